@@ -1,0 +1,61 @@
+package agent
+
+import (
+	"context"
+
+	"github.com/gitfleet/gitfleet/desired"
+)
+
+// Machine is what a Provisioner needs to know about one VM. Dir is the VM's
+// own directory under the state store (mode 0700), where a backend keeps its
+// disks, sockets and logs; Volumes are absolute paths of the VM's volume
+// files, in spec order, each already present when Boot is called.
+type Machine struct {
+	Name    string
+	Dir     string
+	Spec    desired.VMSpec
+	Volumes []string
+	// InstanceID is stable for the VM's life (it changes only when the VM is
+	// destroyed and created again); cloud-init keys first-boot work on it.
+	InstanceID string
+}
+
+// Address is how a VM is reached: IP is the guest's address as the backend
+// knows it, SSH a host:port that forwards to the guest's port 22. Either may
+// be empty.
+type Address struct {
+	IP  string
+	SSH string
+}
+
+// Provisioner is the seam between the reconcile engine and a hypervisor. The
+// engine calls it from one goroutine per VM, so implementations must be safe
+// for concurrent use across VMs. Errors wrapped with Permanent fail a create
+// at once; any other error is transient and retried within the budget.
+//
+// Implementations: package agent/qemu (QEMU), agent/agenttest (in memory).
+type Provisioner interface {
+	// Preflight checks the host can run VMs at all (binaries, accelerator).
+	Preflight(ctx context.Context) error
+	// PrepareRootDisk fetches the image (cached by sha256) and creates the
+	// root disk, or grows it to Spec.DiskGB. It never shrinks a disk and never
+	// replaces an existing one. Idempotent.
+	PrepareRootDisk(ctx context.Context, m Machine) error
+	// Boot writes the cloud-init seed and starts the VM, attaching its
+	// volumes. Booting a VM that runs is a no-op.
+	Boot(ctx context.Context, m Machine) error
+	// Shutdown stops the VM gracefully (ACPI, then harder after timeouts).
+	// Stopping a stopped VM is a no-op. Disks are kept.
+	Shutdown(ctx context.Context, name string) error
+	// Destroy stops the VM and removes everything the backend made for it
+	// under its Dir — never a volume. Destroying an absent VM is a no-op.
+	Destroy(ctx context.Context, name string) error
+	// Running reports whether the VM's process runs (re-attaching after an
+	// agent restart where needed).
+	Running(name string) bool
+	// Address reports how the VM is reached; empty when not (yet) known.
+	Address(name string) Address
+	// FailureReason is the backend's own account of why the VM died (the
+	// tail of the hypervisor's error output); empty when it has none.
+	FailureReason(name string) string
+}

@@ -1,0 +1,57 @@
+package desired
+
+// Snapshot is one host's desired state as the controller publishes it at
+// hosts/<host>.yaml on the gitfleet/snapshots branch (DESIGN.md, Branches and
+// files). Epoch strictly increases per host and is never reused; an agent
+// refuses a snapshot whose epoch is below the last it accepted (the fence).
+//
+// A missing file means "no snapshot yet"; a Snapshot with no VMs is a real,
+// empty desired state. The two are never confused.
+type Snapshot struct {
+	Host   string         `yaml:"host" json:"host"`
+	Epoch  uint64         `yaml:"epoch" json:"epoch"`
+	Source SnapshotSource `yaml:"source" json:"source"`
+	// HostSpec is the Host object's spec (capacity, networks), for admission
+	// and network attachment on the agent.
+	HostSpec HostSpec         `yaml:"hostSpec" json:"hostSpec"`
+	VMs      []SnapshotVM     `yaml:"vms" json:"vms"`
+	Volumes  []SnapshotVolume `yaml:"volumes" json:"volumes"`
+}
+
+// SnapshotSource names the desired-state commit a snapshot was computed from.
+type SnapshotSource struct {
+	Commit string `yaml:"commit" json:"commit"`
+	Branch string `yaml:"branch" json:"branch"`
+}
+
+// SnapshotVM is one VM in a snapshot. SpecHash is the lowercase hex sha256 of
+// the spec's canonical JSON encoding (SpecHash). A tombstoned VM is a pending
+// delete; its last spec is kept so an un-delete restores it unchanged.
+type SnapshotVM struct {
+	Name       string     `yaml:"name" json:"name"`
+	SpecHash   string     `yaml:"specHash" json:"specHash"`
+	Spec       VMSpec     `yaml:"spec" json:"spec"`
+	Tombstoned bool       `yaml:"tombstoned" json:"tombstoned"`
+	Tombstone  *Tombstone `yaml:"tombstone,omitempty" json:"tombstone,omitempty"`
+}
+
+// SnapshotVolume is one volume in a snapshot. SizeGB is in GiB.
+type SnapshotVolume struct {
+	Name       string     `yaml:"name" json:"name"`
+	SizeGB     int        `yaml:"sizeGB" json:"sizeGB"`
+	Tombstoned bool       `yaml:"tombstoned" json:"tombstoned"`
+	Tombstone  *Tombstone `yaml:"tombstone,omitempty" json:"tombstone,omitempty"`
+}
+
+// Tombstone says who removed an object and when: the desired-state commit
+// that removed it (found on the first-parent history), its author and author
+// time (RFC 3339), and the epoch that first published it. Rewritten is true
+// when the history was rewritten and the removal is attributed to the new
+// head rather than to a commit that removed the file.
+type Tombstone struct {
+	Commit    string `yaml:"commit" json:"commit"`
+	Author    string `yaml:"author" json:"author"`
+	Time      string `yaml:"time" json:"time"`
+	Epoch     uint64 `yaml:"epoch" json:"epoch"`
+	Rewritten bool   `yaml:"rewritten,omitempty" json:"rewritten,omitempty"`
+}

@@ -1,0 +1,147 @@
+package desired
+
+// APIVersion is the only apiVersion this release accepts.
+const APIVersion = "gitfleet.dev/v1alpha1"
+
+// Kind names one of the three object kinds.
+type Kind string
+
+// The object kinds of APIVersion.
+const (
+	KindVM     Kind = "VM"
+	KindVolume Kind = "Volume"
+	KindHost   Kind = "Host"
+)
+
+// Power is a VM's desired power state.
+type Power string
+
+// The two power states a VM may ask for. The empty value decodes as
+// PowerRunning.
+const (
+	PowerRunning Power = "running"
+	PowerStopped Power = "stopped"
+)
+
+// Metadata identifies an object. Name is an RFC 1123 DNS label (at most 63
+// characters) and, with the kind, the object's identity in the fleet.
+type Metadata struct {
+	Name   string            `yaml:"name" json:"name"`
+	Labels map[string]string `yaml:"labels,omitempty" json:"labels,omitempty"`
+}
+
+// Artifact is a file fetched by URL (schemes http, https, file) and checked
+// against SHA256, 64 lowercase hex digits of the file's sha256.
+type Artifact struct {
+	URL    string `yaml:"url" json:"url"`
+	SHA256 string `yaml:"sha256" json:"sha256"`
+}
+
+// Kernel is a direct kernel boot: the kernel artifact itself, an optional
+// initrd, and the kernel command line.
+type Kernel struct {
+	URL     string    `yaml:"url" json:"url"`
+	SHA256  string    `yaml:"sha256" json:"sha256"`
+	Initrd  *Artifact `yaml:"initrd,omitempty" json:"initrd,omitempty"`
+	Cmdline string    `yaml:"cmdline,omitempty" json:"cmdline,omitempty"`
+}
+
+// CloudInit is what the VM's NoCloud seed carries. UserData is the user-data
+// document as written (usually starting "#cloud-config"); SSHAuthorizedKeys
+// are merged into it. Both are secrets: they appear in snapshots (the agent
+// needs them) but never in status files or logs.
+type CloudInit struct {
+	SSHAuthorizedKeys []string `yaml:"sshAuthorizedKeys,omitempty" json:"sshAuthorizedKeys,omitempty"`
+	UserData          string   `yaml:"userData,omitempty" json:"userData,omitempty"`
+}
+
+// VMSpec is a VM's desired state.
+type VMSpec struct {
+	// Host names the Host object the VM runs on.
+	Host string `yaml:"host" json:"host"`
+	// VCPUs is the number of virtual CPUs, at least 1.
+	VCPUs int `yaml:"vcpus" json:"vcpus"`
+	// MemoryMB is guest memory in MiB, at least 64.
+	MemoryMB int `yaml:"memoryMB" json:"memoryMB"`
+	// DiskGB is the root disk size in GiB, at least 1. It may grow, never
+	// shrink.
+	DiskGB int `yaml:"diskGB" json:"diskGB"`
+	// Image is the bootable disk image (qcow2 or raw), cached by sha256.
+	// Optional when Kernel is given.
+	Image *Artifact `yaml:"image,omitempty" json:"image,omitempty"`
+	// Kernel is an optional direct kernel boot.
+	Kernel *Kernel `yaml:"kernel,omitempty" json:"kernel,omitempty"`
+	// Power is running (the default) or stopped.
+	Power Power `yaml:"power,omitempty" json:"power,omitempty"`
+	// Network optionally names a network of the VM's Host for a second NIC.
+	Network string `yaml:"network,omitempty" json:"network,omitempty"`
+	// Volumes names Volume objects on the same host, attached in order.
+	Volumes []string `yaml:"volumes,omitempty" json:"volumes,omitempty"`
+	// CloudInit is the NoCloud seed's content.
+	CloudInit *CloudInit `yaml:"cloudInit,omitempty" json:"cloudInit,omitempty"`
+}
+
+// VolumeSpec is a Volume's desired state.
+type VolumeSpec struct {
+	// Host names the Host object the volume lives on.
+	Host string `yaml:"host" json:"host"`
+	// SizeGB is the volume size in GiB, at least 1. A volume is created at
+	// this size and never resized.
+	SizeGB int `yaml:"sizeGB" json:"sizeGB"`
+}
+
+// Capacity is what a host offers its VMs. Zero fields mean "not limited".
+type Capacity struct {
+	VCPUs    int `yaml:"vcpus,omitempty" json:"vcpus,omitempty"`
+	MemoryMB int `yaml:"memoryMB,omitempty" json:"memoryMB,omitempty"`
+}
+
+// Network is a host network a VM's second NIC can join.
+type Network struct {
+	// Bridge is the host bridge device, such as "br0".
+	Bridge string `yaml:"bridge" json:"bridge"`
+}
+
+// HostSpec is a Host's desired state.
+type HostSpec struct {
+	Capacity *Capacity          `yaml:"capacity,omitempty" json:"capacity,omitempty"`
+	Networks map[string]Network `yaml:"networks,omitempty" json:"networks,omitempty"`
+}
+
+// Origin is where an object was read from: a slash-separated path relative
+// to the tree root and the 1-based line and column of the object's document.
+type Origin struct {
+	File string `json:"file"`
+	Line int    `json:"line"`
+	Col  int    `json:"col"`
+}
+
+// VM is a decoded VM object.
+type VM struct {
+	Metadata Metadata `yaml:"metadata" json:"metadata"`
+	Spec     VMSpec   `yaml:"spec" json:"spec"`
+	Origin   Origin   `yaml:"-" json:"-"`
+}
+
+// Volume is a decoded Volume object.
+type Volume struct {
+	Metadata Metadata   `yaml:"metadata" json:"metadata"`
+	Spec     VolumeSpec `yaml:"spec" json:"spec"`
+	Origin   Origin     `yaml:"-" json:"-"`
+}
+
+// Host is a decoded Host object.
+type Host struct {
+	Metadata Metadata `yaml:"metadata" json:"metadata"`
+	Spec     HostSpec `yaml:"spec" json:"spec"`
+	Origin   Origin   `yaml:"-" json:"-"`
+}
+
+// Fleet is a whole, validated desired state: every object of a tree, keyed
+// by metadata.name within each kind. A Fleet returned by Load without error
+// has passed every cross-object check.
+type Fleet struct {
+	VMs     map[string]*VM
+	Volumes map[string]*Volume
+	Hosts   map[string]*Host
+}

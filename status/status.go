@@ -1,0 +1,86 @@
+package status
+
+import "time"
+
+// Status is one host's report, hosts/<host>.yaml on the status branch.
+// Heartbeat increases on every write, so the controller judges liveness from
+// changes of the file by its own clock, never from ObservedAt (the agent's
+// clock, informational only). Secrets never appear here.
+type Status struct {
+	Host  string    `yaml:"host" json:"host"`
+	Agent AgentInfo `yaml:"agent" json:"agent"`
+	// Heartbeat increases by one on every write.
+	Heartbeat  uint64    `yaml:"heartbeat" json:"heartbeat"`
+	ObservedAt time.Time `yaml:"observedAt" json:"observedAt"`
+	// LastSeenEpoch is the highest snapshot epoch this agent accepted.
+	LastSeenEpoch  uint64 `yaml:"lastSeenEpoch" json:"lastSeenEpoch"`
+	FenceViolation bool   `yaml:"fenceViolation" json:"fenceViolation"`
+	// SnapshotError is why the last fetched snapshot was refused, if it was.
+	SnapshotError string       `yaml:"snapshotError,omitempty" json:"snapshotError,omitempty"`
+	VMs           []VM         `yaml:"vms" json:"vms"`
+	Quarantined   []Quarantine `yaml:"quarantined" json:"quarantined"`
+	// Destroyed are destroy acks, repeated on every write until the name
+	// leaves the snapshot.
+	Destroyed []string `yaml:"destroyed" json:"destroyed"`
+	Volumes   []Volume `yaml:"volumes" json:"volumes"`
+	// Orphans are volume files on the host that no snapshot names; they are
+	// reported and kept.
+	Orphans []string `yaml:"orphans,omitempty" json:"orphans,omitempty"`
+}
+
+// AgentInfo describes the agent process that wrote a Status. BootID is the
+// host's kernel boot id (/proc/sys/kernel/random/boot_id); Accel is "kvm" or
+// "tcg".
+type AgentInfo struct {
+	Version string `yaml:"version" json:"version"`
+	BootID  string `yaml:"bootID" json:"bootID"`
+	Accel   string `yaml:"accel" json:"accel"`
+}
+
+// VM phases as reported in status.
+const (
+	PhasePending     = "pending"
+	PhaseCreating    = "creating"
+	PhaseReady       = "ready"
+	PhaseStopped     = "stopped"
+	PhaseFailed      = "failed"
+	PhaseQuarantined = "quarantined"
+)
+
+// VM is one VM's observed state. IP is the guest address if known; SSH is the
+// host:port forward that reaches the guest's port 22, if any. Message carries
+// non-error notes for a person (for example that a changed image does not
+// touch an existing root disk, or image download progress).
+type VM struct {
+	Name      string `yaml:"name" json:"name"`
+	Phase     string `yaml:"phase" json:"phase"`
+	Power     string `yaml:"power" json:"power"`
+	IP        string `yaml:"ip,omitempty" json:"ip,omitempty"`
+	SSH       string `yaml:"ssh,omitempty" json:"ssh,omitempty"`
+	LastError string `yaml:"lastError" json:"lastError"`
+	Message   string `yaml:"message,omitempty" json:"message,omitempty"`
+	SpecHash  string `yaml:"specHash" json:"specHash"`
+}
+
+// Quarantine is a tombstoned VM that has been shut down and waits for its
+// grace to pass before it is destroyed. Since is when the agent's on-disk
+// marker was written.
+type Quarantine struct {
+	Name  string    `yaml:"name" json:"name"`
+	Since time.Time `yaml:"since" json:"since"`
+}
+
+// Volume is one volume's observed state. Present is false only when the
+// volume file is known to be absent; a stat error reads as present. SizeGB is
+// in GiB.
+type Volume struct {
+	Name    string `yaml:"name" json:"name"`
+	Present bool   `yaml:"present" json:"present"`
+	SizeGB  int    `yaml:"sizeGB" json:"sizeGB"`
+}
+
+// Path is where host's status lives on the status branch.
+func Path(host string) string { return "hosts/" + host + ".yaml" }
+
+// SummaryPath is the controller's fleet summary on the status branch.
+const SummaryPath = "README.md"
