@@ -1,0 +1,30 @@
+# gitfleet: `make demo` and `make test` are the two commands a new user runs.
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+
+.PHONY: all build deps test vet demo bench clean
+
+all: build
+
+build:
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/gitfleet ./cmd/gitfleet
+
+deps:
+	./scripts/install-deps.sh
+
+vet:
+	$(GO) vet ./...
+
+# Every test, including the ones that boot real guests under QEMU.
+test: deps vet
+	$(GO) test -timeout 30m ./...
+
+demo: deps build
+	./bin/gitfleet demo
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+clean:
+	rm -rf bin

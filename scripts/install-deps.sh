@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what gitfleet's tests and demo need on Debian or Ubuntu: git, QEMU
+# (qemu-system-x86 and qemu-utils), busybox-static and a distribution kernel
+# package (the tiny test guest boots the host distribution's kernel). Only
+# what is missing is installed; apt-get update runs at most once.
+set -euo pipefail
+
+need=()
+command -v git >/dev/null || need+=(git)
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v qemu-img >/dev/null || need+=(qemu-utils)
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+ls /boot/vmlinuz-* >/dev/null 2>&1 || need+=(linux-image-amd64)
+command -v make >/dev/null || need+=(make)
+
+if [ ${#need[@]} -eq 0 ]; then
+  echo "install-deps: everything is present"
+  exit 0
+fi
+if ! command -v apt-get >/dev/null; then
+  echo "install-deps: please install: ${need[*]} (this script knows only apt-get)" >&2
+  exit 1
+fi
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
