@@ -1,0 +1,167 @@
+package status
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/gitfleet/gitfleet/desired"
+)
+
+// ErrHostMismatch is returned when a status file's host field does not name
+// the host of its path (hosts/<host>.yaml): an agent must write only its own
+// file.
+var ErrHostMismatch = errors.New("status host does not match its path")
+
+// Parse decodes one status file strictly: unknown fields and a document
+// other than a single mapping are errors. name is used in error messages
+// (normally the path on the status branch).
+func Parse(name string, data []byte) (*Status, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var st Status
+	if err := dec.Decode(&st); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("parse status %s: empty file", name)
+		}
+		return nil, fmt.Errorf("parse status %s: %w", name, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("parse status %s: more than one YAML document", name)
+	}
+	if st.Host == "" {
+		return nil, fmt.Errorf("parse status %s: field host is empty", name)
+	}
+	return &st, nil
+}
+
+// Marshal encodes st as the YAML of a status file. Slices that are nil are
+// written as empty lists so a reader never confuses "none" with "unknown".
+func Marshal(st *Status) ([]byte, error) {
+	c := *st
+	if c.VMs == nil {
+		c.VMs = []VM{}
+	}
+	if c.Quarantined == nil {
+		c.Quarantined = []Quarantine{}
+	}
+	if c.Destroyed == nil {
+		c.Destroyed = []string{}
+	}
+	if c.Volumes == nil {
+		c.Volumes = []Volume{}
+	}
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(&c); err != nil {
+		return nil, fmt.Errorf("marshal status of %s: %w", st.Host, err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("marshal status of %s: %w", st.Host, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// HostFromPath returns the host of a status path hosts/<host>.yaml, and
+// false for any other path.
+func HostFromPath(p string) (string, bool) {
+	dir, file := path.Split(p)
+	if dir != "hosts/" || !strings.HasSuffix(file, ".yaml") {
+		return "", false
+	}
+	host := strings.TrimSuffix(file, ".yaml")
+	return host, host != ""
+}
+
+// Report is one host's status file as read from the status branch. ID is
+// the file's blob hash (empty when the tree does not know it): it changes on
+// every write of the agent, which is how the controller judges liveness.
+// Err is set, and Status nil, when the file could not be read or parsed; a
+// broken status file never stops the others from being read.
+type Report struct {
+	Host   string
+	ID     string
+	Status *Status
+	Err    error
+}
+
+// Reader reads all hosts' statuses from a tree of the status branch, caching
+// parsed files by blob hash so that a pass after one agent's write parses one
+// file. A Reader is safe for concurrent use.
+type Reader struct {
+	mu    sync.Mutex
+	cache map[string]*Status // blob hash → parsed status
+}
+
+// NewReader returns a Reader with an empty cache.
+func NewReader() *Reader { return &Reader{cache: map[string]*Status{}} }
+
+// ReadAll returns one Report per hosts/<host>.yaml file of tree, sorted by
+// host. A status whose host field does not match its path gets Err wrapping
+// ErrHostMismatch. An error of the tree itself is returned as an error and
+// never reads as fewer hosts. The returned Statuses are shared with the cache
+// and must not be modified.
+func (r *Reader) ReadAll(tree desired.Tree) ([]Report, error) {
+	var out []Report
+	seen := map[string]bool{}
+	err := tree.Walk(func(f desired.File) error {
+		host, ok := HostFromPath(f.Path)
+		if !ok {
+			return nil
+		}
+		seen[f.ID] = true
+		rep := Report{Host: host, ID: f.ID}
+		rep.Status, rep.Err = r.read(f)
+		if rep.Err == nil && rep.Status.Host != host {
+			rep.Status, rep.Err = nil, fmt.Errorf("read status %s: host %q: %w", f.Path, rep.Status.Host, ErrHostMismatch)
+		}
+		out = append(out, rep)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read statuses: %w", err)
+	}
+	r.mu.Lock()
+	for id := range r.cache {
+		if !seen[id] {
+			delete(r.cache, id)
+		}
+	}
+	r.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
+	return out, nil
+}
+
+func (r *Reader) read(f desired.File) (*Status, error) {
+	if f.ID != "" {
+		r.mu.Lock()
+		st, ok := r.cache[f.ID]
+		r.mu.Unlock()
+		if ok {
+			return st, nil
+		}
+	}
+	data, err := f.Read()
+	if err != nil {
+		return nil, fmt.Errorf("read status %s: %w", f.Path, err)
+	}
+	st, err := Parse(f.Path, data)
+	if err != nil {
+		return nil, err
+	}
+	if f.ID != "" {
+		r.mu.Lock()
+		r.cache[f.ID] = st
+		r.mu.Unlock()
+	}
+	return st, nil
+}

@@ -1,0 +1,226 @@
+package status
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gitfleet/gitfleet/desired"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files under testdata/")
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	p := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(p, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("read golden (run with -update to create): %v", err)
+	}
+	if string(want) != string(got) {
+		t.Errorf("%s differs from the golden file:\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+func sampleStatus() *Status {
+	return &Status{
+		Host:          "hv-a",
+		Agent:         AgentInfo{Version: "1.0.0", BootID: "b0", Accel: "kvm"},
+		Heartbeat:     7,
+		ObservedAt:    time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC),
+		LastSeenEpoch: 4,
+		VMs: []VM{{Name: "web-01", Phase: PhaseReady, Power: "running", IP: "10.0.2.15",
+			SSH: "127.0.0.1:2201", SpecHash: "abc"}},
+		Quarantined: []Quarantine{{Name: "old-01", Since: time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)}},
+		Destroyed:   []string{"gone-01"},
+		Volumes:     []Volume{{Name: "web-01-data", Present: true, SizeGB: 50}},
+	}
+}
+
+func TestMarshalParseRoundTrip(t *testing.T) {
+	st := sampleStatus()
+	data, err := Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "status.yaml", data)
+	back, err := Parse("hosts/hv-a.yaml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(st, back) {
+		t.Errorf("round trip changed the status:\n got %+v\nwant %+v", back, st)
+	}
+}
+
+func TestMarshalWritesEmptyLists(t *testing.T) {
+	data, err := Marshal(&Status{Host: "hv-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"vms: []", "destroyed: []", "volumes: []", "quarantined: []"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("marshalled status lacks %q:\n%s", want, data)
+		}
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"empty", "", "empty file"},
+		{"unknown field", "host: hv-a\nbogus: 1\n", "field bogus not found"},
+		{"no host", "heartbeat: 3\n", "field host is empty"},
+		{"two documents", "host: hv-a\n---\nhost: hv-b\n", "more than one YAML document"},
+		{"wrong type", "host: hv-a\nheartbeat: many\n", "cannot unmarshal"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("hosts/hv-a.yaml", []byte(tc.in))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse error = %v, want one containing %q", err, tc.want)
+			}
+			if !strings.Contains(err.Error(), "hosts/hv-a.yaml") {
+				t.Errorf("error %q does not name the file", err)
+			}
+		})
+	}
+}
+
+// mapTree is a desired.Tree over an in-memory map, path → content, with
+// the content itself as ID.
+type mapTree struct {
+	files map[string]string
+	reads *int
+	err   error
+}
+
+func (m mapTree) Walk(fn func(desired.File) error) error {
+	for p, c := range m.files {
+		c := c
+		f := desired.File{Path: p, ID: "id:" + c, Size: int64(len(c)), Read: func() ([]byte, error) {
+			if m.reads != nil {
+				*m.reads++
+			}
+			return []byte(c), nil
+		}}
+		if err := fn(f); err != nil {
+			return err
+		}
+	}
+	return m.err
+}
+
+func TestReadAll(t *testing.T) {
+	a, _ := Marshal(sampleStatus())
+	b, _ := Marshal(&Status{Host: "hv-b", Heartbeat: 2})
+	imposter, _ := Marshal(&Status{Host: "hv-a"})
+	reads := 0
+	tree := mapTree{reads: &reads, files: map[string]string{
+		"hosts/hv-a.yaml": string(a),
+		"hosts/hv-b.yaml": string(b),
+		"hosts/hv-c.yaml": string(imposter),
+		"hosts/hv-d.yaml": "host: [",
+		"README.md":       "# summary",
+		"hosts/notes.txt": "x",
+	}}
+	r := NewReader()
+	reps, err := r.ReadAll(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hosts []string
+	for _, rep := range reps {
+		hosts = append(hosts, rep.Host)
+	}
+	if want := []string{"hv-a", "hv-b", "hv-c", "hv-d"}; !reflect.DeepEqual(hosts, want) {
+		t.Fatalf("hosts = %v, want %v", hosts, want)
+	}
+	if reps[0].Status == nil || reps[0].Status.Heartbeat != 7 || reps[0].ID == "" {
+		t.Errorf("hv-a report = %+v", reps[0])
+	}
+	if !errors.Is(reps[2].Err, ErrHostMismatch) || reps[2].Status != nil {
+		t.Errorf("hv-c report = %+v, want ErrHostMismatch", reps[2])
+	}
+	if reps[3].Err == nil || reps[3].Status != nil {
+		t.Errorf("hv-d report = %+v, want a parse error", reps[3])
+	}
+	first := reads
+	if _, err := r.ReadAll(tree); err != nil {
+		t.Fatal(err)
+	}
+	// Parsed files are cached by blob hash; only the unparseable one is read again.
+	if got := reads - first; got != 1 {
+		t.Errorf("second ReadAll read %d files, want 1", got)
+	}
+}
+
+func TestReadAllTreeErrorIsAnError(t *testing.T) {
+	_, err := NewReader().ReadAll(mapTree{files: map[string]string{}, err: errors.New("object not found")})
+	if err == nil {
+		t.Fatal("a tree error read as an empty set of statuses")
+	}
+}
+
+func TestHostFromPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"hosts/hv-a.yaml": "hv-a", "hosts/.yaml": "", "README.md": "", "hosts/x/y.yaml": "", "hv-a.yaml": "",
+	} {
+		got, ok := HostFromPath(in)
+		if got != want || ok != (want != "") {
+			t.Errorf("HostFromPath(%q) = %q, %v", in, got, ok)
+		}
+	}
+}
+
+func TestRenderSummary(t *testing.T) {
+	at := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		s    Summary
+	}{
+		{"summary-empty.md", Summary{}},
+		{"summary.md", Summary{
+			Branch:  "main",
+			Applied: "0123456789abcdef0123456789abcdef01234567",
+			Hosts: []HostSummary{
+				{Name: "hv-a", Online: true, Reported: true, Heartbeat: 7, Accel: "kvm", AgentVersion: "1.0.0",
+					Epoch: 4, LastSeenEpoch: 4, VMs: sampleStatus().VMs},
+				{Name: "hv-b", Reported: true, Heartbeat: 3, Accel: "tcg", Epoch: 2, LastSeenEpoch: 1,
+					FenceViolation: true, VMs: []VM{{Name: "db|1", Phase: PhaseFailed, Power: "running",
+						LastError: "boot: qemu exited\nstatus 1"}}},
+				{Name: "hv-c", Epoch: 1},
+				{Name: "hv-d", Reported: true, StatusError: "parse status hosts/hv-d.yaml: empty file"},
+			},
+			Pending: []PendingDelete{
+				{Kind: "VM", Name: "old-01", Host: "hv-a", Commit: "fedcba9876543210fedcba9876543210fedcba98",
+					Author: "Ann <ann@example.com>", Time: at, Epoch: 4},
+				{Kind: "Volume", Name: "old-data", Host: "hv-b", Commit: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+					Author: "Bob <bob@example.com>", Time: at, Epoch: 2, Rewritten: true},
+			},
+			Swept: []SweptDelete{{Kind: "VM", Name: "lost-01", Host: "hv-c", Commit: "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+				At: at.Add(time.Hour), Reason: "host offline for 3m0s, pending for 15m0s"}},
+			Rejected: &Rejection{Commit: "cccccccccccccccccccccccccccccccccccccccc", At: at,
+				Reason: "vms/web.yaml:3:1: spec.vcpus: must be at least 1\nvms/db.yaml:1:1: unknown kind"},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := RenderSummary(tc.s)
+			golden(t, tc.name, got)
+			if again := RenderSummary(tc.s); string(again) != string(got) {
+				t.Error("rendering the same summary twice gave different bytes")
+			}
+		})
+	}
+}

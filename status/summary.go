@@ -1,0 +1,211 @@
+package status
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Summary is what the controller renders into README.md on the status branch
+// (DESIGN.md, Controller semantics 7). It holds no clock reading of its own:
+// rendering the same Summary twice gives the same bytes, so the file is
+// rewritten only when the fleet changed.
+type Summary struct {
+	// Branch and Applied name the desired-state branch and the commit whose
+	// state the snapshots carry; Applied is empty before the first publish.
+	Branch  string
+	Applied string
+	Hosts   []HostSummary
+	Pending []PendingDelete
+	// Swept are the most recent deletes the controller finalized itself for
+	// hosts that were offline, newest last.
+	Swept []SweptDelete
+	// Rejected is the last desired-state commit that was refused, if any.
+	Rejected *Rejection
+}
+
+// HostSummary is one host's line. Online is judged by the controller's own
+// clock from changes of the host's status file. Epoch is the last snapshot
+// epoch published for the host; LastSeenEpoch the last one its agent
+// accepted. VMs are as the host's status reports them.
+type HostSummary struct {
+	Name     string
+	Online   bool
+	Reported bool // a status file exists
+	// StatusError says why the host's status file could not be read.
+	StatusError    string
+	Heartbeat      uint64
+	Accel          string
+	AgentVersion   string
+	Epoch          uint64
+	LastSeenEpoch  uint64
+	FenceViolation bool
+	VMs            []VM
+}
+
+// PendingDelete is a tombstone not finalized yet: who removed what, with
+// which commit, and since when. Time is the removing commit's author time;
+// Rewritten flags a removal attributed to a rewritten history's new head.
+type PendingDelete struct {
+	Kind      string
+	Name      string
+	Host      string
+	Commit    string
+	Author    string
+	Time      time.Time
+	Epoch     uint64
+	Rewritten bool
+}
+
+// SweptDelete is a tombstone the controller finalized because its host was
+// offline past the abandon grace.
+type SweptDelete struct {
+	Kind   string
+	Name   string
+	Host   string
+	Commit string
+	At     time.Time
+	Reason string
+}
+
+// Rejection is a desired-state commit (empty when the fetch itself failed)
+// that was refused, and why. The last good snapshots stayed in place.
+type Rejection struct {
+	Commit string
+	At     time.Time
+	Reason string
+}
+
+// RenderSummary renders s as the Markdown of README.md. Commits are shown by
+// their first 12 hex digits; times in UTC, RFC 3339.
+func RenderSummary(s Summary) []byte {
+	var b bytes.Buffer
+	b.WriteString("# gitfleet status\n\n")
+	b.WriteString("This file is written by the gitfleet controller; each host's agent writes its own `hosts/<host>.yaml`.\n\n")
+	branch := s.Branch
+	if branch == "" {
+		branch = "main"
+	}
+	if s.Applied != "" {
+		fmt.Fprintf(&b, "Desired state: `%s` at `%s`.\n\n", branch, short(s.Applied))
+	} else {
+		fmt.Fprintf(&b, "Desired state: `%s`, nothing applied yet.\n\n", branch)
+	}
+	if s.Rejected != nil {
+		b.WriteString("## Last rejected commit\n\n")
+		commit := "(fetch failed)"
+		if s.Rejected.Commit != "" {
+			commit = "`" + short(s.Rejected.Commit) + "`"
+		}
+		fmt.Fprintf(&b, "%s at %s was rejected; the last good snapshots stay in place.\n\n", commit, stamp(s.Rejected.At))
+		b.WriteString("```\n")
+		b.WriteString(strings.TrimRight(strings.ReplaceAll(s.Rejected.Reason, "```", "'''"), "\n"))
+		b.WriteString("\n```\n\n")
+	}
+
+	b.WriteString("## Hosts\n\n")
+	if len(s.Hosts) == 0 {
+		b.WriteString("No hosts.\n\n")
+	} else {
+		b.WriteString("| host | state | heartbeat | accel | agent | epoch published | epoch seen | VMs |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|\n")
+		for _, h := range s.Hosts {
+			state := "offline"
+			switch {
+			case h.StatusError != "":
+				state = "status unreadable: " + h.StatusError
+			case !h.Reported:
+				state = "no status yet"
+			case h.Online:
+				state = "online"
+			}
+			if h.FenceViolation {
+				state += ", fence violation"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %d | %d | %d |\n",
+				cell(h.Name), cell(state), h.Heartbeat, cell(h.Accel), cell(h.AgentVersion),
+				h.Epoch, h.LastSeenEpoch, len(h.VMs))
+		}
+		b.WriteString("\n")
+	}
+
+	b.WriteString("## VMs\n\n")
+	n := 0
+	for _, h := range s.Hosts {
+		n += len(h.VMs)
+	}
+	if n == 0 {
+		b.WriteString("No VMs reported.\n\n")
+	} else {
+		b.WriteString("| VM | host | phase | power | address | error |\n")
+		b.WriteString("|---|---|---|---|---|---|\n")
+		for _, h := range s.Hosts {
+			for _, vm := range h.VMs {
+				addr := vm.IP
+				if vm.SSH != "" {
+					if addr != "" {
+						addr += ", "
+					}
+					addr += "ssh " + vm.SSH
+				}
+				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n",
+					cell(vm.Name), cell(h.Name), cell(vm.Phase), cell(vm.Power), cell(addr), cell(vm.LastError))
+			}
+		}
+		b.WriteString("\n")
+	}
+
+	b.WriteString("## Pending deletes\n\n")
+	if len(s.Pending) == 0 {
+		b.WriteString("None.\n\n")
+	} else {
+		b.WriteString("| kind | name | host | removed by | author | since | epoch |\n")
+		b.WriteString("|---|---|---|---|---|---|---|\n")
+		for _, p := range s.Pending {
+			by := "`" + short(p.Commit) + "`"
+			if p.Rewritten {
+				by += " (history rewritten)"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %d |\n",
+				cell(p.Kind), cell(p.Name), cell(p.Host), by, cell(p.Author), stamp(p.Time), p.Epoch)
+		}
+		b.WriteString("\n")
+	}
+
+	if len(s.Swept) > 0 {
+		b.WriteString("## Deletes finalized for offline hosts\n\n")
+		b.WriteString("| kind | name | host | removed by | finalized | reason |\n")
+		b.WriteString("|---|---|---|---|---|---|\n")
+		for _, w := range s.Swept {
+			fmt.Fprintf(&b, "| %s | %s | %s | `%s` | %s | %s |\n",
+				cell(w.Kind), cell(w.Name), cell(w.Host), short(w.Commit), stamp(w.At), cell(w.Reason))
+		}
+		b.WriteString("\n")
+	}
+	return b.Bytes()
+}
+
+func short(commit string) string {
+	if len(commit) > 12 {
+		return commit[:12]
+	}
+	return commit
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// cell makes s safe inside one Markdown table cell.
+func cell(s string) string {
+	if s == "" {
+		return "-"
+	}
+	s = strings.ReplaceAll(s, "|", "\\|")
+	s = strings.ReplaceAll(s, "\r", "")
+	return strings.ReplaceAll(s, "\n", " ")
+}
