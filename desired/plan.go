@@ -1,0 +1,424 @@
+package desired
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Action is what a plan does to one object on one host.
+type Action string
+
+// Plan actions. A host move is a Delete on the old host (MovedTo set) and a
+// Create on the new one (MovedFrom set): the object is destroyed and created
+// again, never migrated.
+const (
+	ActionCreate   Action = "create"
+	ActionUpdate   Action = "update"
+	ActionDelete   Action = "delete"
+	ActionUndelete Action = "undelete"
+)
+
+// Plan is what merging head over base would do to the fleet, host by host
+// (the `gitfleet plan` output and the pull-request comment). Errors are the
+// validation errors of head, as FILE:LINE:COL: message; a Plan with errors
+// would be rejected by the controller and its Hosts are empty.
+type Plan struct {
+	Base   string     `json:"base"`
+	Head   string     `json:"head"`
+	Hosts  []HostPlan `json:"hosts"`
+	Errors []string   `json:"errors,omitempty"`
+}
+
+// HostPlan is the changes on one host, ordered deletes first, then
+// un-deletes, creates and updates; by kind and name within each action.
+type HostPlan struct {
+	Host    string       `json:"host"`
+	Changes []PlanChange `json:"changes"`
+}
+
+// PlanChange is one object's change. Fields lists changed fields of an
+// update, by their YAML path ("spec.vcpus"); secret fields
+// (spec.cloudInit.*) show only that they changed. Warnings say what a person
+// must know before merging: data loss, a destroy-and-create host move, a
+// change the agent will not apply to an existing disk.
+type PlanChange struct {
+	Action    Action        `json:"action"`
+	Kind      Kind          `json:"kind"`
+	Name      string        `json:"name"`
+	MovedFrom string        `json:"movedFrom,omitempty"`
+	MovedTo   string        `json:"movedTo,omitempty"`
+	Fields    []FieldChange `json:"fields,omitempty"`
+	Warnings  []string      `json:"warnings,omitempty"`
+}
+
+// FieldChange is one changed field: its YAML path and the old and new values
+// rendered compactly ("" when absent).
+type FieldChange struct {
+	Field string `json:"field"`
+	Old   string `json:"old"`
+	New   string `json:"new"`
+}
+
+// ObjectRef names one object on one host.
+type ObjectRef struct {
+	Kind Kind   `json:"kind"`
+	Name string `json:"name"`
+	Host string `json:"host"`
+}
+
+// PlanOptions adds what the two fleets cannot tell. Pending are the
+// tombstones not yet finalized (from the published snapshots): an object of
+// head that base lacks and that is pending on the same host is an un-delete,
+// not a create.
+type PlanOptions struct {
+	Pending []ObjectRef
+}
+
+// Empty reports whether the plan changes nothing and has no errors.
+func (p *Plan) Empty() bool { return len(p.Hosts) == 0 && len(p.Errors) == 0 }
+
+// ComputePlan diffs two valid fleets. Either may be nil, read as empty.
+// base and head of the returned Plan are left for the caller to fill in.
+func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
+	if base == nil {
+		base = &Fleet{}
+	}
+	if head == nil {
+		head = &Fleet{}
+	}
+	pending := map[ObjectRef]bool{}
+	for _, r := range opts.Pending {
+		pending[r] = true
+	}
+	byHost := map[string][]PlanChange{}
+	add := func(host string, c PlanChange) { byHost[host] = append(byHost[host], c) }
+
+	diff := func(kind Kind, oldObjs, newObjs map[string]planObject) {
+		for name, o := range oldObjs {
+			n, ok := newObjs[name]
+			switch {
+			case !ok:
+				add(o.host, PlanChange{Action: ActionDelete, Kind: kind, Name: name, Warnings: deleteWarnings(kind, "")})
+			case n.host != o.host:
+				add(o.host, PlanChange{Action: ActionDelete, Kind: kind, Name: name, MovedTo: n.host, Warnings: deleteWarnings(kind, n.host)})
+				add(n.host, PlanChange{Action: ActionCreate, Kind: kind, Name: name, MovedFrom: o.host,
+					Warnings: []string{fmt.Sprintf("host move from %s: created empty here, nothing is copied", o.host)}})
+			default:
+				if fields := diffFields(o.fields, n.fields); len(fields) > 0 {
+					add(o.host, PlanChange{Action: ActionUpdate, Kind: kind, Name: name, Fields: fields,
+						Warnings: updateWarnings(kind, fields)})
+				}
+			}
+		}
+		for name, n := range newObjs {
+			if _, ok := oldObjs[name]; ok {
+				continue
+			}
+			if pending[ObjectRef{Kind: kind, Name: name, Host: n.host}] {
+				add(n.host, PlanChange{Action: ActionUndelete, Kind: kind, Name: name,
+					Warnings: []string{"the pending delete is cancelled; the existing disk is kept"}})
+				continue
+			}
+			add(n.host, PlanChange{Action: ActionCreate, Kind: kind, Name: name})
+		}
+	}
+	diff(KindHost, hostObjects(base), hostObjects(head))
+	diff(KindVolume, volumeObjects(base), volumeObjects(head))
+	diff(KindVM, vmObjects(base), vmObjects(head))
+
+	p := &Plan{Hosts: []HostPlan{}}
+	for host, changes := range byHost {
+		sort.Slice(changes, func(i, j int) bool {
+			a, b := changes[i], changes[j]
+			if actionRank[a.Action] != actionRank[b.Action] {
+				return actionRank[a.Action] < actionRank[b.Action]
+			}
+			if kindRank[a.Kind] != kindRank[b.Kind] {
+				return kindRank[a.Kind] < kindRank[b.Kind]
+			}
+			return a.Name < b.Name
+		})
+		p.Hosts = append(p.Hosts, HostPlan{Host: host, Changes: changes})
+	}
+	sort.Slice(p.Hosts, func(i, j int) bool { return p.Hosts[i].Host < p.Hosts[j].Host })
+	return p
+}
+
+var actionRank = map[Action]int{ActionDelete: 0, ActionUndelete: 1, ActionCreate: 2, ActionUpdate: 3}
+var kindRank = map[Kind]int{KindHost: 0, KindVolume: 1, KindVM: 2}
+
+func deleteWarnings(kind Kind, movedTo string) []string {
+	var w []string
+	if movedTo != "" {
+		w = append(w, fmt.Sprintf("host move to %s: destroyed here and created again there", movedTo))
+	}
+	switch kind {
+	case KindVM:
+		w = append(w, "the root disk is destroyed after the tombstone grace")
+	case KindVolume:
+		w = append(w, "data loss: the volume is destroyed after the tombstone grace")
+	}
+	return w
+}
+
+func updateWarnings(kind Kind, fields []FieldChange) []string {
+	var w []string
+	for _, f := range fields {
+		switch {
+		case kind == KindVM && f.Field == "spec.diskGB" && atoi(f.New) < atoi(f.Old):
+			w = append(w, fmt.Sprintf("root disks never shrink: an existing disk stays at %s GB", f.Old))
+		case kind == KindVM && strings.HasPrefix(f.Field, "spec.image."):
+			w = append(w, "a changed image does not touch an existing root disk")
+		case kind == KindVolume && f.Field == "spec.sizeGB":
+			w = append(w, "volumes are never resized: an existing volume keeps its size")
+		}
+	}
+	return dedupe(w)
+}
+
+func atoi(s string) int {
+	var n int
+	fmt.Sscanf(s, "%d", &n)
+	return n
+}
+
+func dedupe(s []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, x := range s {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// planObject is one object reduced to its host and flattened fields.
+type planObject struct {
+	host   string
+	fields map[string]string
+}
+
+func vmObjects(f *Fleet) map[string]planObject {
+	out := make(map[string]planObject, len(f.VMs))
+	for name, vm := range f.VMs {
+		out[name] = planObject{host: vm.Spec.Host, fields: flatten(struct {
+			Metadata Metadata `json:"metadata"`
+			Spec     VMSpec   `json:"spec"`
+		}{vm.Metadata, vm.Spec})}
+	}
+	return out
+}
+
+func volumeObjects(f *Fleet) map[string]planObject {
+	out := make(map[string]planObject, len(f.Volumes))
+	for name, v := range f.Volumes {
+		out[name] = planObject{host: v.Spec.Host, fields: flatten(struct {
+			Metadata Metadata   `json:"metadata"`
+			Spec     VolumeSpec `json:"spec"`
+		}{v.Metadata, v.Spec})}
+	}
+	return out
+}
+
+func hostObjects(f *Fleet) map[string]planObject {
+	out := make(map[string]planObject, len(f.Hosts))
+	for name, h := range f.Hosts {
+		out[name] = planObject{host: name, fields: flatten(struct {
+			Metadata Metadata `json:"metadata"`
+			Spec     HostSpec `json:"spec"`
+		}{h.Metadata, h.Spec})}
+	}
+	return out
+}
+
+// secretFields are shown as changed, never with their values.
+var secretFields = []string{"spec.cloudInit."}
+
+// flatten renders v's JSON form as field path → compact value. Objects are
+// walked; lists and scalars are leaves. metadata.name is left out: it is the
+// identity, not a field. Secret values are kept here and redacted by
+// diffFields.
+func flatten(v any) map[string]string {
+	data, err := json.Marshal(v)
+	if err != nil {
+		// The object types are plain data; encoding cannot fail.
+		panic(fmt.Sprintf("encode object: %v", err))
+	}
+	var tree map[string]any
+	if err := json.Unmarshal(data, &tree); err != nil {
+		panic(fmt.Sprintf("decode object: %v", err))
+	}
+	out := map[string]string{}
+	var walk func(prefix string, x any)
+	walk = func(prefix string, x any) {
+		if m, ok := x.(map[string]any); ok {
+			for k, y := range m {
+				p := k
+				if prefix != "" {
+					p = prefix + "." + k
+				}
+				walk(p, y)
+			}
+			return
+		}
+		b, _ := json.Marshal(x)
+		s := string(b)
+		if str, ok := x.(string); ok {
+			s = str
+		}
+		out[prefix] = s
+	}
+	walk("", tree)
+	delete(out, "metadata.name")
+	return out
+}
+
+func diffFields(old, new map[string]string) []FieldChange {
+	var out []FieldChange
+	keys := map[string]bool{}
+	for k := range old {
+		keys[k] = true
+	}
+	for k := range new {
+		keys[k] = true
+	}
+	for k := range keys {
+		o, n := old[k], new[k]
+		if o == n {
+			continue
+		}
+		secret := false
+		for _, sec := range secretFields {
+			secret = secret || strings.HasPrefix(k, sec)
+		}
+		if secret {
+			o, n = redact(o), redact(n)
+			if o == n {
+				n = "(secret, changed)"
+			}
+		}
+		out = append(out, FieldChange{Field: k, Old: o, New: n})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Field < out[j].Field })
+	return out
+}
+
+func redact(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "(secret)"
+}
+
+// Text renders the plan for a terminal.
+func (p *Plan) Text() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Plan %s -> %s\n", shortRev(p.Base), shortRev(p.Head))
+	if len(p.Errors) > 0 {
+		b.WriteString("\nValidation errors (the controller would reject this commit):\n")
+		for _, e := range p.Errors {
+			fmt.Fprintf(&b, "  %s\n", e)
+		}
+	}
+	if len(p.Hosts) == 0 && len(p.Errors) == 0 {
+		b.WriteString("\nNo changes.\n")
+	}
+	for _, h := range p.Hosts {
+		fmt.Fprintf(&b, "\nhost %s\n", h.Host)
+		for _, c := range h.Changes {
+			fmt.Fprintf(&b, "  %s %s %s %s%s\n", actionSign[c.Action], c.Action, c.Kind, c.Name, moveNote(c))
+			for _, f := range c.Fields {
+				fmt.Fprintf(&b, "      %s: %s -> %s\n", f.Field, orNone(f.Old), orNone(f.New))
+			}
+			for _, w := range c.Warnings {
+				fmt.Fprintf(&b, "      ! %s\n", w)
+			}
+		}
+	}
+	return b.String()
+}
+
+// Markdown renders the plan as a pull-request comment.
+func (p *Plan) Markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "### gitfleet plan `%s` → `%s`\n\n", shortRev(p.Base), shortRev(p.Head))
+	if len(p.Errors) > 0 {
+		b.WriteString("**Validation errors** — the controller would reject this commit and keep the last good state:\n\n```\n")
+		for _, e := range p.Errors {
+			b.WriteString(e + "\n")
+		}
+		b.WriteString("```\n\n")
+	}
+	if len(p.Hosts) == 0 && len(p.Errors) == 0 {
+		b.WriteString("No changes.\n")
+	}
+	counts := map[Action]int{}
+	for _, h := range p.Hosts {
+		for _, c := range h.Changes {
+			counts[c.Action]++
+		}
+	}
+	if len(p.Hosts) > 0 {
+		fmt.Fprintf(&b, "%d to create, %d to update, %d to delete, %d to un-delete.\n\n",
+			counts[ActionCreate], counts[ActionUpdate], counts[ActionDelete], counts[ActionUndelete])
+	}
+	for _, h := range p.Hosts {
+		fmt.Fprintf(&b, "#### host `%s`\n\n", h.Host)
+		for _, c := range h.Changes {
+			mark := ""
+			if len(c.Warnings) > 0 && (c.Action == ActionDelete || c.MovedFrom != "") {
+				mark = "⚠️ "
+			}
+			fmt.Fprintf(&b, "- %s**%s** %s `%s`%s\n", mark, c.Action, c.Kind, c.Name, moveNote(c))
+			for _, f := range c.Fields {
+				fmt.Fprintf(&b, "  - `%s`: `%s` → `%s`\n", f.Field, mdCode(orNone(f.Old)), mdCode(orNone(f.New)))
+			}
+			for _, w := range c.Warnings {
+				fmt.Fprintf(&b, "  - _%s_\n", w)
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// JSON renders the plan as indented JSON.
+func (p *Plan) JSON() ([]byte, error) {
+	data, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode plan: %w", err)
+	}
+	return append(data, '\n'), nil
+}
+
+var actionSign = map[Action]string{ActionCreate: "+", ActionUpdate: "~", ActionDelete: "-", ActionUndelete: "^"}
+
+func moveNote(c PlanChange) string {
+	switch {
+	case c.MovedTo != "":
+		return " (moved to " + c.MovedTo + ")"
+	case c.MovedFrom != "":
+		return " (moved from " + c.MovedFrom + ")"
+	}
+	return ""
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
+func mdCode(s string) string { return strings.ReplaceAll(s, "`", "'") }
+
+func shortRev(s string) string {
+	if len(s) == 40 {
+		return s[:12]
+	}
+	return s
+}

@@ -1,0 +1,188 @@
+package desired
+
+import (
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+var updatePlan = flag.Bool("update-plan", false, "rewrite the plan golden files under testdata/plan/")
+
+func planGolden(t *testing.T, name, got string) {
+	t.Helper()
+	p := filepath.Join("testdata", "plan", name)
+	if *updatePlan || updateFlagSet() {
+		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("read golden (run with -update-plan to create): %v", err)
+	}
+	if string(want) != got {
+		t.Errorf("%s differs from the golden file:\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+// updateFlagSet honours a package-wide -update flag if another test file
+// defines one.
+func updateFlagSet() bool {
+	f := flag.Lookup("update")
+	return f != nil && f.Value.String() == "true"
+}
+
+const testSHA = "64a7b8b7a4ad44f1d2c1e6b8a1c8f1e0c4b1a2d3e4f5a6b7c8d9e0f1a2b3c4d5"
+
+func planVM(name, host string, mod ...func(*VMSpec)) *VM {
+	vm := &VM{Metadata: Metadata{Name: name}, Spec: VMSpec{Host: host, VCPUs: 2, MemoryMB: 2048, DiskGB: 20,
+		Image: &Artifact{URL: "https://example.com/debian.qcow2", SHA256: testSHA}, Power: PowerRunning}}
+	for _, m := range mod {
+		m(&vm.Spec)
+	}
+	return vm
+}
+
+func planFleet(objs ...any) *Fleet {
+	f := &Fleet{VMs: map[string]*VM{}, Volumes: map[string]*Volume{}, Hosts: map[string]*Host{}}
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *VM:
+			f.VMs[o.Metadata.Name] = o
+		case *Volume:
+			f.Volumes[o.Metadata.Name] = o
+		case *Host:
+			f.Hosts[o.Metadata.Name] = o
+		}
+	}
+	return f
+}
+
+func planHost(name string) *Host {
+	return &Host{Metadata: Metadata{Name: name}, Spec: HostSpec{Capacity: &Capacity{VCPUs: 32, MemoryMB: 131072}}}
+}
+
+func planVolume(name, host string, size int) *Volume {
+	return &Volume{Metadata: Metadata{Name: name}, Spec: VolumeSpec{Host: host, SizeGB: size}}
+}
+
+// actions flattens a plan to "host: action kind name" lines.
+func actions(p *Plan) []string {
+	var out []string
+	for _, h := range p.Hosts {
+		for _, c := range h.Changes {
+			out = append(out, h.Host+": "+string(c.Action)+" "+string(c.Kind)+" "+c.Name)
+		}
+	}
+	return out
+}
+
+func TestComputePlanActions(t *testing.T) {
+	hosts := []any{planHost("hv-a"), planHost("hv-b")}
+	with := func(objs ...any) *Fleet { return planFleet(append(append([]any{}, hosts...), objs...)...) }
+	for _, tc := range []struct {
+		name       string
+		base, head *Fleet
+		pending    []ObjectRef
+		want       []string
+	}{
+		{"no change", with(planVM("web-01", "hv-a")), with(planVM("web-01", "hv-a")), nil, nil},
+		{"create", with(), with(planVM("web-01", "hv-a")), nil, []string{"hv-a: create VM web-01"}},
+		{"delete", with(planVM("web-01", "hv-a")), with(), nil, []string{"hv-a: delete VM web-01"}},
+		{"update", with(planVM("web-01", "hv-a")), with(planVM("web-01", "hv-a", func(s *VMSpec) { s.VCPUs = 4 })), nil,
+			[]string{"hv-a: update VM web-01"}},
+		{"host move", with(planVM("web-01", "hv-a")), with(planVM("web-01", "hv-b")), nil,
+			[]string{"hv-a: delete VM web-01", "hv-b: create VM web-01"}},
+		{"undelete", with(), with(planVM("web-01", "hv-a")), []ObjectRef{{Kind: KindVM, Name: "web-01", Host: "hv-a"}},
+			[]string{"hv-a: undelete VM web-01"}},
+		{"pending on another host is a create", with(), with(planVM("web-01", "hv-b")),
+			[]ObjectRef{{Kind: KindVM, Name: "web-01", Host: "hv-a"}}, []string{"hv-b: create VM web-01"}},
+		{"volume delete", with(planVolume("data", "hv-a", 50)), with(), nil, []string{"hv-a: delete Volume data"}},
+		{"new host from empty", nil, planFleet(planHost("hv-c")), nil, []string{"hv-c: create Host hv-c"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := actions(ComputePlan(tc.base, tc.head, PlanOptions{Pending: tc.pending}))
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("plan = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPlanNeverShowsSecrets(t *testing.T) {
+	base := planFleet(planHost("hv-a"), planVM("web-01", "hv-a", func(s *VMSpec) {
+		s.CloudInit = &CloudInit{UserData: "#cloud-config\npassword: hunter2", SSHAuthorizedKeys: []string{"ssh-ed25519 AAAAold"}}
+	}))
+	head := planFleet(planHost("hv-a"), planVM("web-01", "hv-a", func(s *VMSpec) {
+		s.CloudInit = &CloudInit{UserData: "#cloud-config\npassword: hunter3", SSHAuthorizedKeys: []string{"ssh-ed25519 AAAAnew"}}
+	}))
+	p := ComputePlan(base, head, PlanOptions{})
+	js, err := p.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, out := range []string{p.Text(), p.Markdown(), string(js)} {
+		for _, secret := range []string{"hunter", "AAAA"} {
+			if strings.Contains(out, secret) {
+				t.Errorf("plan output shows a secret %q:\n%s", secret, out)
+			}
+		}
+	}
+	if got := actions(p); !reflect.DeepEqual(got, []string{"hv-a: update VM web-01"}) {
+		t.Errorf("a secret-only change must still be an update, got %q", got)
+	}
+}
+
+// TestPlanGolden renders one plan with every kind of change in all three
+// formats.
+func TestPlanGolden(t *testing.T) {
+	base := planFleet(planHost("hv-a"), planHost("hv-b"), planHost("hv-old"),
+		planVM("web-01", "hv-a"),
+		planVM("web-02", "hv-a"),
+		planVM("db-01", "hv-a", func(s *VMSpec) { s.Volumes = []string{"db-data"} }),
+		planVM("mover", "hv-a"),
+		planVolume("db-data", "hv-a", 50),
+		planVolume("scratch", "hv-b", 10),
+	)
+	head := planFleet(planHost("hv-a"), planHost("hv-b"), planHost("hv-new"),
+		planVM("web-01", "hv-a", func(s *VMSpec) {
+			s.VCPUs, s.MemoryMB, s.DiskGB, s.Power = 4, 4096, 10, PowerStopped
+			s.Image = &Artifact{URL: "https://example.com/debian-13.qcow2", SHA256: testSHA}
+		}),
+		planVM("db-01", "hv-a"),
+		planVM("mover", "hv-b"),
+		planVM("back-01", "hv-b"),
+		planVM("new-01", "hv-new", func(s *VMSpec) { s.Volumes = []string{"new-data"} }),
+		planVolume("db-data", "hv-a", 80),
+		planVolume("new-data", "hv-new", 5),
+	)
+	p := ComputePlan(base, head, PlanOptions{Pending: []ObjectRef{{Kind: KindVM, Name: "back-01", Host: "hv-b"}}})
+	p.Base, p.Head = "0123456789abcdef0123456789abcdef01234567", "main"
+	planGolden(t, "full.txt", p.Text())
+	planGolden(t, "full.md", p.Markdown())
+	js, err := p.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	planGolden(t, "full.json", string(js))
+	var back Plan
+	if err := json.Unmarshal(js, &back); err != nil || !reflect.DeepEqual(&back, p) {
+		t.Errorf("JSON does not round-trip: %v", err)
+	}
+
+	withErr := &Plan{Base: "main", Head: "feature", Hosts: []HostPlan{},
+		Errors: []string{"vms/web.yaml:4:3: spec.vcpus: must be at least 1"}}
+	planGolden(t, "errors.txt", withErr.Text())
+	planGolden(t, "errors.md", withErr.Markdown())
+	empty := ComputePlan(base, base, PlanOptions{})
+	empty.Base, empty.Head = "a", "b"
+	if !empty.Empty() {
+		t.Errorf("plan of a fleet against itself is not empty: %q", actions(empty))
+	}
+	planGolden(t, "empty.txt", empty.Text())
+}
