@@ -1,0 +1,298 @@
+package desired
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Loader loads fleets from trees and remembers what it parsed: objects are
+// cached by file path and content ID (File.ID, or the sha256 of the content
+// when the tree gives no ID), so loading a tree that differs from the last
+// one in one file parses one file. Only the files of the latest Load stay
+// cached.
+//
+// A Loader is not safe for concurrent use. The objects of a returned Fleet
+// are shared with the cache and with later Fleets: treat them as read-only.
+type Loader struct {
+	dir   string
+	cache map[string]*parsed
+}
+
+// parsed is the outcome of parsing one file at one path.
+type parsed struct {
+	obj  *object
+	errs []*Error
+}
+
+// NewLoader returns a Loader for the objects under dir, a slash-separated
+// directory relative to the tree root ("" or "." for the whole tree). File
+// paths in errors and Origins stay relative to the tree root.
+func NewLoader(dir string) *Loader {
+	dir = path.Clean(strings.Trim(filepath.ToSlash(dir), "/"))
+	if dir == "." {
+		dir = ""
+	}
+	return &Loader{dir: dir, cache: map[string]*parsed{}}
+}
+
+// LoadDir loads and validates the fleet in directory dir on disk. File
+// paths in errors are relative to dir.
+func LoadDir(dir string) (*Fleet, error) {
+	return NewLoader("").Load(DirTree(dir))
+}
+
+// candidate is one object file to parse.
+type candidate struct {
+	file File
+	key  string // cache key, once known
+	res  *parsed
+	err  error // failure to read
+}
+
+// Load reads every object file under the Loader's directory in t, decodes
+// and validates each, then runs the cross-object checks.
+//
+// Object files are the *.yaml and *.yml files (any letter case) that are
+// neither hidden (name starting with ".") nor below a hidden directory; all
+// other files are ignored. A symlink or a submodule anywhere under the
+// directory (outside hidden directories) is an error: it could hide or
+// duplicate objects, and it is never followed.
+//
+// The result is a Fleet and a nil error, or a nil Fleet and either an
+// ErrorList (every problem in the tree, sorted by file and line; it matches
+// ErrInvalid) or another error when the tree itself could not be read (a
+// missing git object, an unreadable file) — never a smaller fleet.
+func (l *Loader) Load(t Tree) (*Fleet, error) {
+	var cands []*candidate
+	var errs ErrorList
+	err := t.Walk(func(f File) error {
+		rel, ok := l.relative(f.Path)
+		if !ok || hidden(rel) {
+			return nil
+		}
+		switch f.Mode {
+		case Symlink:
+			errs = append(errs, &Error{File: f.Path, Line: 1, Col: 1,
+				Msg: "symlinks are not followed; replace the link by the file it points to, or remove it"})
+			return nil
+		case Submodule:
+			errs = append(errs, &Error{File: f.Path, Line: 1, Col: 1,
+				Msg: "submodules are not read; copy the objects into this repository, or remove the submodule"})
+			return nil
+		}
+		if !isYAML(rel) {
+			return nil
+		}
+		if f.Size > MaxFileSize {
+			errs = append(errs, &Error{File: f.Path, Line: 1, Col: 1,
+				Msg: fmt.Sprintf("file is %d bytes; an object file may be at most %d bytes (1 MiB)", f.Size, MaxFileSize)})
+			return nil
+		}
+		c := &candidate{file: f}
+		if f.ID != "" {
+			c.key = f.Path + "\x00" + f.ID
+		}
+		cands = append(cands, c)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("walk tree: %w", err)
+	}
+	sort.Slice(cands, func(i, j int) bool { return cands[i].file.Path < cands[j].file.Path })
+
+	l.parseAll(cands)
+
+	next := make(map[string]*parsed, len(cands))
+	objs := make([]*object, 0, len(cands))
+	for _, c := range cands {
+		if c.err != nil {
+			return nil, c.err
+		}
+		next[c.key] = c.res
+		errs = append(errs, c.res.errs...)
+		if c.res.obj != nil {
+			objs = append(objs, c.res.obj)
+		}
+	}
+	l.cache = next
+	// With some files rejected, what they define is unknown: the checks
+	// that a referenced object exists would only add false alarms.
+	errs = append(errs, crossCheck(objs, len(errs) == 0)...)
+	if len(errs) > 0 {
+		errs.Sort()
+		return nil, errs
+	}
+	f := &Fleet{
+		VMs:     map[string]*VM{},
+		Volumes: map[string]*Volume{},
+		Hosts:   map[string]*Host{},
+	}
+	for _, o := range objs {
+		switch o.kind {
+		case KindVM:
+			f.VMs[o.name] = o.vm
+		case KindVolume:
+			f.Volumes[o.name] = o.volume
+		case KindHost:
+			f.Hosts[o.name] = o.host
+		}
+	}
+	return f, nil
+}
+
+// parseAll fills in res (or err) of every candidate, from the cache where
+// the key is known and cached, else by reading and parsing, spread over
+// GOMAXPROCS workers.
+func (l *Loader) parseAll(cands []*candidate) {
+	var todo []*candidate
+	for _, c := range cands {
+		if c.key != "" {
+			if r, ok := l.cache[c.key]; ok {
+				c.res = r
+				continue
+			}
+		}
+		todo = append(todo, c)
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	workers := min(runtime.GOMAXPROCS(0), len(todo))
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(todo) {
+					return
+				}
+				l.parseOne(todo[i])
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// parseOne reads and parses one candidate. It reads l.cache but never
+// writes it, so workers may call it concurrently.
+func (l *Loader) parseOne(c *candidate) {
+	data, err := c.file.Read()
+	if err != nil {
+		c.err = fmt.Errorf("read %s: %w", c.file.Path, err)
+		return
+	}
+	if c.key == "" {
+		sum := sha256.Sum256(data)
+		c.key = c.file.Path + "\x00sha256:" + hex.EncodeToString(sum[:])
+		if r, ok := l.cache[c.key]; ok {
+			c.res = r
+			return
+		}
+	}
+	obj, errs := parseFile(c.file.Path, data)
+	c.res = &parsed{obj: obj, errs: errs}
+}
+
+// relative returns p relative to the Loader's directory, and whether p is
+// inside it.
+func (l *Loader) relative(p string) (string, bool) {
+	if l.dir == "" {
+		return p, true
+	}
+	if rest, ok := strings.CutPrefix(p, l.dir+"/"); ok {
+		return rest, true
+	}
+	return "", false
+}
+
+// hidden reports whether any element of the slash-separated path starts
+// with a dot.
+func hidden(p string) bool {
+	for _, e := range strings.Split(p, "/") {
+		if strings.HasPrefix(e, ".") {
+			return true
+		}
+	}
+	return false
+}
+
+func isYAML(p string) bool {
+	ext := strings.ToLower(path.Ext(p))
+	return ext == ".yaml" || ext == ".yml"
+}
+
+// DirTree is the Tree of a directory on disk. Symlinks are reported with
+// mode Symlink and never followed (root itself may be a symlink); ".git"
+// directories are not walked. IDs are left empty, so a Loader identifies
+// contents by their sha256. A special file (device, FIFO, socket) is an
+// error of the tree. Read returns at most MaxFileSize+1 bytes, enough for
+// the Loader to reject a file that grew past the limit.
+func DirTree(root string) Tree { return dirTree(root) }
+
+type dirTree string
+
+func (root dirTree) Walk(fn func(File) error) error {
+	base, err := filepath.EvalSymlinks(string(root))
+	if err != nil {
+		return err
+	}
+	return filepath.WalkDir(base, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if d.Name() == ".git" && p != base {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		rel, err := filepath.Rel(base, p)
+		if err != nil {
+			return err
+		}
+		f := File{Path: filepath.ToSlash(rel)}
+		switch t := d.Type(); {
+		case t&fs.ModeSymlink != 0:
+			f.Mode = Symlink
+			f.Read = func() ([]byte, error) { return nil, fmt.Errorf("%s is a symlink", p) }
+			return fn(f)
+		case t.IsRegular():
+		default:
+			return fmt.Errorf("%s is not a regular file (%s)", p, t)
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		f.Size = info.Size()
+		if info.Mode()&0o111 != 0 {
+			f.Mode = Executable
+		}
+		f.Read = func() ([]byte, error) { return readLimited(p) }
+		return fn(f)
+	})
+}
+
+func readLimited(p string) ([]byte, error) {
+	fh, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	data, err := io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	return data, nil
+}

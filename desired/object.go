@@ -1,0 +1,282 @@
+package desired
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"regexp"
+	"strconv"
+	"unicode/utf8"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// MaxFileSize is the largest object file accepted, in bytes (1 MiB). It also
+// bounds the time and memory any one file can cost the parser.
+const MaxFileSize = 1 << 20
+
+// object is one decoded file: exactly one of vm, volume, host is set. at
+// keeps where the fields the cross-object checks point at were written.
+type object struct {
+	kind   Kind
+	name   string
+	vm     *VM
+	volume *Volume
+	host   *Host
+	at     positions
+}
+
+// positions are the locations cross-object errors are reported at.
+type positions struct {
+	name, host, network, capacityVCPUs, capacityMemory pos
+	volumes                                            []pos
+}
+
+// vmDoc, volumeDoc and hostDoc are the on-disk shapes of the three kinds.
+type vmDoc struct {
+	APIVersion string   `yaml:"apiVersion"`
+	Kind       string   `yaml:"kind"`
+	Metadata   Metadata `yaml:"metadata"`
+	Spec       VMSpec   `yaml:"spec"`
+}
+
+type volumeDoc struct {
+	APIVersion string     `yaml:"apiVersion"`
+	Kind       string     `yaml:"kind"`
+	Metadata   Metadata   `yaml:"metadata"`
+	Spec       VolumeSpec `yaml:"spec"`
+}
+
+type hostDoc struct {
+	APIVersion string   `yaml:"apiVersion"`
+	Kind       string   `yaml:"kind"`
+	Metadata   Metadata `yaml:"metadata"`
+	Spec       HostSpec `yaml:"spec"`
+}
+
+// parseFile decodes and checks one object file. It returns the object when
+// the file has no errors of its own; cross-object checks come later.
+func parseFile(file string, data []byte) (*object, []*Error) {
+	d := newNodeDecoder(file)
+	root := d.document(data)
+	if root == nil {
+		return nil, d.errs
+	}
+	obj := d.object(root)
+	if len(d.errs) > 0 {
+		return nil, d.errs
+	}
+	return obj, nil
+}
+
+// document checks the encoding and returns the root node of the file's one
+// YAML document, or nil after recording why there is none.
+func (d *nodeDecoder) document(data []byte) *yaml.Node {
+	if len(data) > MaxFileSize {
+		d.add(pos{1, 1}, "", "file is %d bytes; an object file may be at most %d bytes (1 MiB)", len(data), MaxFileSize)
+		return nil
+	}
+	switch {
+	case bytes.HasPrefix(data, []byte{0xFE, 0xFF}), bytes.HasPrefix(data, []byte{0xFF, 0xFE}):
+		d.add(pos{1, 1}, "", "file is UTF-16 encoded; save it as UTF-8")
+		return nil
+	case bytes.HasPrefix(data, []byte{0xEF, 0xBB, 0xBF}):
+		data = data[3:] // a UTF-8 byte-order mark carries no content
+	}
+	if !utf8.Valid(data) {
+		p := offsetPos(data, firstInvalidUTF8(data))
+		d.add(p, "", "file is not valid UTF-8; save it as UTF-8")
+		return nil
+	}
+	if i := bytes.IndexByte(data, 0); i >= 0 {
+		d.add(offsetPos(data, i), "", "file contains a NUL byte; is it UTF-16 or binary? save it as UTF-8 text")
+		return nil
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var root *yaml.Node
+	for {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			d.yamlError(data, err)
+			return nil
+		}
+		if len(doc.Content) == 0 || isNull(doc.Content[0]) && doc.Content[0].Style&yaml.TaggedStyle == 0 && doc.Content[0].Anchor == "" {
+			continue // an empty document: "---" alone, or only comments
+		}
+		if root != nil {
+			d.add(nodePos(doc.Content[0]), "", "a second YAML document; each file holds exactly one object (split it into two files)")
+			return nil
+		}
+		root = doc.Content[0]
+	}
+	if root == nil {
+		d.add(pos{1, 1}, "", "no object in file; each *.yaml / *.yml file holds exactly one object (remove the file or give it one)")
+		return nil
+	}
+	if root.Kind != yaml.MappingNode {
+		if d.plain(root, "") {
+			d.add(nodePos(root), "", "an object must be a mapping with apiVersion, kind, metadata and spec; got %s", describe(root))
+		}
+		return nil
+	}
+	if !d.plain(root, "") {
+		return nil
+	}
+	return root
+}
+
+var yamlLineErr = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// yamlError turns a parser error into an Error. Tabs in indentation get a
+// message of their own, since YAML's says nothing useful about them.
+func (d *nodeDecoder) yamlError(data []byte, err error) {
+	if p, ok := tabIndent(data); ok {
+		d.add(p, "", "tab character in indentation; YAML indents with spaces only")
+		return
+	}
+	msg := err.Error()
+	p := pos{1, 1}
+	if m := yamlLineErr.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		p, msg = pos{line, 1}, m[2]
+	} else if len(msg) > 6 && msg[:6] == "yaml: " {
+		msg = msg[6:]
+	}
+	d.add(p, "", "invalid YAML: %s", msg)
+}
+
+// tabIndent finds the first line whose leading whitespace holds a tab.
+func tabIndent(data []byte) (pos, bool) {
+	line := 1
+	for len(data) > 0 {
+		end := bytes.IndexByte(data, '\n')
+		l := data
+		if end >= 0 {
+			l = data[:end]
+		}
+		for i, c := range l {
+			if c == '\t' {
+				return pos{line, i + 1}, true
+			}
+			if c != ' ' {
+				break
+			}
+		}
+		if end < 0 {
+			break
+		}
+		data = data[end+1:]
+		line++
+	}
+	return pos{}, false
+}
+
+func firstInvalidUTF8(b []byte) int {
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size <= 1 {
+			return i
+		}
+		i += size
+	}
+	return len(b)
+}
+
+// offsetPos converts a byte offset into a line and a column counted in
+// characters.
+func offsetPos(b []byte, off int) pos {
+	line := 1 + bytes.Count(b[:off], []byte{'\n'})
+	start := bytes.LastIndexByte(b[:off], '\n') + 1
+	return pos{line, utf8.RuneCount(b[start:off]) + 1}
+}
+
+// object decodes the root mapping according to its kind.
+func (d *nodeDecoder) object(root *yaml.Node) *object {
+	d.pos[""] = fieldPos{key: nodePos(root), val: nodePos(root)}
+	// Find apiVersion and kind first: the kind decides the spec's shape.
+	var apiVersion, kind *yaml.Node
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k := root.Content[i]
+		switch {
+		case k.Kind != yaml.ScalarNode || k.Tag != "!!str":
+		case k.Value == "apiVersion" && apiVersion == nil:
+			apiVersion = root.Content[i+1]
+		case k.Value == "kind" && kind == nil:
+			kind = root.Content[i+1]
+		}
+	}
+	if apiVersion == nil {
+		d.add(nodePos(root), "apiVersion", "missing; write apiVersion: %s", APIVersion)
+	} else if apiVersion.Kind == yaml.ScalarNode && apiVersion.Tag == "!!str" && apiVersion.Value != APIVersion {
+		d.add(nodePos(apiVersion), "apiVersion", "unknown apiVersion %q; this release reads %s", apiVersion.Value, APIVersion)
+	}
+	var target any
+	switch {
+	case kind == nil:
+		d.add(nodePos(root), "kind", "missing; write kind: VM, Volume or Host")
+	case kind.Kind != yaml.ScalarNode || kind.Tag != "!!str":
+		// decodeEnvelope reports it.
+	case kind.Value == string(KindVM):
+		target = &vmDoc{}
+	case kind.Value == string(KindVolume):
+		target = &volumeDoc{}
+	case kind.Value == string(KindHost):
+		target = &hostDoc{}
+	default:
+		d.add(nodePos(kind), "kind", "unknown kind %q; must be VM, Volume or Host", kind.Value)
+	}
+	if target == nil {
+		d.decodeEnvelope(root)
+		return nil
+	}
+	d.decode(root, reflect.ValueOf(target).Elem(), "")
+	for _, f := range []string{"metadata", "spec"} {
+		if _, ok := d.pos[f]; !ok {
+			d.add(nodePos(root), f, "missing")
+		}
+	}
+	origin := Origin{File: d.file, Line: root.Line, Col: root.Column}
+	var obj *object
+	switch doc := target.(type) {
+	case *vmDoc:
+		if doc.Spec.Power == "" {
+			doc.Spec.Power = PowerRunning
+		}
+		obj = &object{kind: KindVM, name: doc.Metadata.Name, vm: &VM{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
+	case *volumeDoc:
+		obj = &object{kind: KindVolume, name: doc.Metadata.Name, volume: &Volume{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
+	case *hostDoc:
+		obj = &object{kind: KindHost, name: doc.Metadata.Name, host: &Host{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
+	}
+	d.check(obj)
+	return obj
+}
+
+// decodeEnvelope reports unknown and duplicate top-level fields and the
+// metadata's errors of an object whose kind is missing or unknown.
+func (d *nodeDecoder) decodeEnvelope(root *yaml.Node) {
+	d.mappingPairs(root, "", func(key string, k, val *yaml.Node, sub string) {
+		switch key {
+		case "apiVersion", "kind":
+			d.plain(val, sub)
+			if val.Kind != yaml.ScalarNode || val.Tag != "!!str" {
+				d.scalarString(val, sub)
+			}
+		case "metadata":
+			var m Metadata
+			d.decode(val, reflect.ValueOf(&m).Elem(), sub)
+		case "spec":
+		default:
+			d.add(nodePos(k), sub, "unknown field %q; known fields: apiVersion, kind, metadata, spec", key)
+		}
+	})
+}
+
+// String names an object for messages: "VM web-01".
+func (o *object) String() string { return fmt.Sprintf("%s %s", o.kind, o.name) }

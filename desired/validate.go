@@ -1,0 +1,366 @@
+package desired
+
+import (
+	"fmt"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Limits of the object fields. The lower bounds are what a VM needs to boot
+// at all; the upper bounds catch a typo (an extra zero) before it reaches a
+// host.
+const (
+	// MaxNameLength is the longest metadata.name, an RFC 1123 label.
+	MaxNameLength = 63
+	// MaxVCPUs is the most virtual CPUs one VM may have.
+	MaxVCPUs = 256
+	// MinMemoryMB and MaxMemoryMB bound a VM's memory, in MiB (64 MiB to
+	// 4 TiB).
+	MinMemoryMB = 64
+	MaxMemoryMB = 4 << 20
+	// MaxDiskGB bounds a VM's root disk, in GiB (64 TiB).
+	MaxDiskGB = 64 << 10
+	// MaxVolumeGB bounds a volume, in GiB (64 TiB).
+	MaxVolumeGB = 64 << 10
+	// MaxHostVCPUs and MaxHostMemoryMB bound a host's declared capacity
+	// (4096 CPUs, 64 TiB in MiB).
+	MaxHostVCPUs    = 4096
+	MaxHostMemoryMB = 64 << 20
+	// MaxBridgeLength is the longest Linux interface name.
+	MaxBridgeLength = 15
+)
+
+var (
+	labelRE    = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	sha256RE   = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$`)
+	bridgeRE   = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]*$`)
+)
+
+// checkName reports why s is not an RFC 1123 label, or "".
+func checkName(s string) string {
+	switch {
+	case s == "":
+		return "must not be empty"
+	case len(s) > MaxNameLength:
+		return fmt.Sprintf("%q is %d characters; a name is at most %d", s, len(s), MaxNameLength)
+	case !labelRE.MatchString(s):
+		return fmt.Sprintf("%q is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit", s)
+	}
+	return ""
+}
+
+// written reports whether field appears in the file.
+func (d *nodeDecoder) written(field string) bool {
+	_, ok := d.pos[field]
+	return ok
+}
+
+// required reports a missing field and returns false, or returns whether
+// the field decoded without error.
+func (d *nodeDecoder) required(field string) bool {
+	if !d.written(field) {
+		parent := parentPath(field)
+		d.add(d.keyPos(parent), field, "missing")
+		return false
+	}
+	return !d.bad[field]
+}
+
+func (d *nodeDecoder) name(field, value string) {
+	if d.bad[field] {
+		return
+	}
+	if msg := checkName(value); msg != "" {
+		d.add(d.valPos(field), field, "%s", msg)
+	}
+}
+
+func (d *nodeDecoder) intRange(field string, v, lo, hi int, unit string) {
+	if !d.written(field) || d.bad[field] {
+		return
+	}
+	if v < lo || v > hi {
+		d.add(d.valPos(field), field, "%d is out of range; must be %d to %d%s", v, lo, hi, unit)
+	}
+}
+
+func (d *nodeDecoder) artifact(field, u, sum string) {
+	if d.required(field + ".url") {
+		if msg := checkURL(u); msg != "" {
+			d.add(d.valPos(field+".url"), field+".url", "%s", msg)
+		}
+	}
+	if d.required(field+".sha256") && !sha256RE.MatchString(sum) {
+		d.add(d.valPos(field+".sha256"), field+".sha256", "must be 64 lowercase hex digits (the file's sha256), got %d characters %q", len(sum), truncate(sum, 70))
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+// checkURL reports why u is not a fetchable artifact URL, or "".
+func checkURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return fmt.Sprintf("not a URL: %v", err)
+	}
+	switch p.Scheme {
+	case "http", "https":
+		if p.Host == "" {
+			return fmt.Sprintf("%q has no host", u)
+		}
+	case "file":
+		if !strings.HasPrefix(p.Path, "/") || p.Host != "" && p.Host != "localhost" {
+			return fmt.Sprintf("%q must be file:///absolute/path", u)
+		}
+	case "":
+		return fmt.Sprintf("%q has no scheme; use http, https or file", u)
+	default:
+		return fmt.Sprintf("scheme %q is not supported; use http, https or file", p.Scheme)
+	}
+	return ""
+}
+
+// check runs the checks that need only the object itself, then records the
+// positions the cross-object checks report at.
+func (d *nodeDecoder) check(o *object) {
+	if d.required("metadata.name") {
+		d.name("metadata.name", o.name)
+	}
+	var labels map[string]string
+	switch o.kind {
+	case KindVM:
+		labels = o.vm.Metadata.Labels
+		d.checkVM(&o.vm.Spec)
+	case KindVolume:
+		labels = o.volume.Metadata.Labels
+		if d.required("spec.host") {
+			d.name("spec.host", o.volume.Spec.Host)
+		}
+		if d.required("spec.sizeGB") {
+			d.intRange("spec.sizeGB", o.volume.Spec.SizeGB, 1, MaxVolumeGB, " GiB")
+		}
+	case KindHost:
+		labels = o.host.Metadata.Labels
+		d.checkHost(&o.host.Spec)
+	}
+	for k, v := range labels {
+		f := "metadata.labels." + k
+		if len(k) > MaxNameLength || !labelKeyRE.MatchString(k) {
+			d.add(d.keyPos(f), f, "label key %q must be 1 to %d letters, digits, '-', '_', '.' or '/', starting and ending with a letter or digit", truncate(k, 70), MaxNameLength)
+		}
+		if len(v) > 253 {
+			d.add(d.valPos(f), f, "label value is %d characters; at most 253", len(v))
+		}
+	}
+	o.at = positions{
+		name:           d.valPos("metadata.name"),
+		host:           d.valPos("spec.host"),
+		network:        d.valPos("spec.network"),
+		capacityVCPUs:  d.valPos("spec.capacity.vcpus"),
+		capacityMemory: d.valPos("spec.capacity.memoryMB"),
+	}
+	if o.kind == KindVM {
+		o.at.volumes = make([]pos, len(o.vm.Spec.Volumes))
+		for i := range o.vm.Spec.Volumes {
+			o.at.volumes[i] = d.valPos("spec.volumes[" + strconv.Itoa(i) + "]")
+		}
+	}
+}
+
+func (d *nodeDecoder) checkVM(s *VMSpec) {
+	if d.required("spec.host") {
+		d.name("spec.host", s.Host)
+	}
+	if d.required("spec.vcpus") {
+		d.intRange("spec.vcpus", s.VCPUs, 1, MaxVCPUs, "")
+	}
+	if d.required("spec.memoryMB") {
+		d.intRange("spec.memoryMB", s.MemoryMB, MinMemoryMB, MaxMemoryMB, " MiB")
+	}
+	if d.required("spec.diskGB") {
+		d.intRange("spec.diskGB", s.DiskGB, 1, MaxDiskGB, " GiB")
+	}
+	if s.Image == nil && s.Kernel == nil && !d.bad["spec.image"] && !d.bad["spec.kernel"] {
+		d.add(d.keyPos("spec"), "spec", "needs an image, a kernel, or both")
+	}
+	if s.Image != nil {
+		d.artifact("spec.image", s.Image.URL, s.Image.SHA256)
+	}
+	if s.Kernel != nil {
+		d.artifact("spec.kernel", s.Kernel.URL, s.Kernel.SHA256)
+		if s.Kernel.Initrd != nil {
+			d.artifact("spec.kernel.initrd", s.Kernel.Initrd.URL, s.Kernel.Initrd.SHA256)
+		}
+	}
+	if d.written("spec.power") && !d.bad["spec.power"] && s.Power != PowerRunning && s.Power != PowerStopped {
+		d.add(d.valPos("spec.power"), "spec.power", "must be running or stopped, got %q", s.Power)
+	}
+	if d.written("spec.network") {
+		d.name("spec.network", s.Network)
+	}
+	seen := make(map[string]int, len(s.Volumes))
+	for i, v := range s.Volumes {
+		f := "spec.volumes[" + strconv.Itoa(i) + "]"
+		d.name(f, v)
+		if j, ok := seen[v]; ok {
+			d.add(d.valPos(f), f, "volume %q is listed twice (first at spec.volumes[%d])", v, j)
+			continue
+		}
+		seen[v] = i
+	}
+	if s.CloudInit != nil {
+		for i, k := range s.CloudInit.SSHAuthorizedKeys {
+			f := "spec.cloudInit.sshAuthorizedKeys[" + strconv.Itoa(i) + "]"
+			if !d.bad[f] && strings.TrimSpace(k) == "" {
+				d.add(d.valPos(f), f, "must not be empty")
+			}
+		}
+	}
+}
+
+func (d *nodeDecoder) checkHost(s *HostSpec) {
+	if c := s.Capacity; c != nil {
+		d.intRange("spec.capacity.vcpus", c.VCPUs, 0, MaxHostVCPUs, " (0 means not limited)")
+		d.intRange("spec.capacity.memoryMB", c.MemoryMB, 0, MaxHostMemoryMB, " MiB (0 means not limited)")
+	}
+	for name, n := range s.Networks {
+		f := "spec.networks." + name
+		if msg := checkName(name); msg != "" {
+			d.add(d.keyPos(f), f, "network name %s", msg)
+		}
+		if d.bad[f] {
+			continue
+		}
+		bf := f + ".bridge"
+		if !d.required(bf) {
+			continue
+		}
+		if len(n.Bridge) > MaxBridgeLength || !bridgeRE.MatchString(n.Bridge) {
+			d.add(d.valPos(bf), bf, "%q is not a Linux interface name (1 to %d letters, digits, '-', '_' or '.')", truncate(n.Bridge, 70), MaxBridgeLength)
+		}
+	}
+}
+
+// crossCheck runs the checks between objects over objs, which are sorted
+// by file. Where two objects conflict, the one in the earlier file is taken
+// as the reference and the error is reported on the later one. complete is
+// false when some files were rejected: then the checks that an object
+// exists, and the capacity sums, are skipped.
+func crossCheck(objs []*object, complete bool) []*Error {
+	var errs []*Error
+	add := func(o *object, p pos, field, format string, args ...any) {
+		errs = append(errs, &Error{File: o.origin().File, Line: p.line, Col: p.col, Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+	hosts := make(map[string]*object)
+	volumes := make(map[string]*object)
+	vms := make(map[string]*object)
+	duplicate := make(map[*object]bool)
+	for _, o := range objs {
+		var m map[string]*object
+		switch o.kind {
+		case KindHost:
+			m = hosts
+		case KindVolume:
+			m = volumes
+		case KindVM:
+			m = vms
+		}
+		if first, ok := m[o.name]; ok {
+			add(o, o.at.name, "metadata.name", "%s %q is also defined in %s:%d:%d; names are unique per kind",
+				o.kind, o.name, first.origin().File, first.at.name.line, first.at.name.col)
+			duplicate[o] = true
+			continue
+		}
+		m[o.name] = o
+	}
+	type usage struct{ vcpus, memoryMB, count int }
+	use := make(map[string]*usage, len(hosts))
+	attached := make(map[string]*object, len(volumes))
+	for _, o := range objs {
+		if duplicate[o] {
+			continue
+		}
+		switch o.kind {
+		case KindVolume:
+			if _, ok := hosts[o.volume.Spec.Host]; !ok && complete {
+				add(o, o.at.host, "spec.host", "Host %q does not exist", o.volume.Spec.Host)
+			}
+		case KindVM:
+			s := &o.vm.Spec
+			h, ok := hosts[s.Host]
+			if !ok && complete {
+				add(o, o.at.host, "spec.host", "Host %q does not exist", s.Host)
+			} else if ok {
+				u := use[s.Host]
+				if u == nil {
+					u = &usage{}
+					use[s.Host] = u
+				}
+				u.vcpus += s.VCPUs
+				u.memoryMB += s.MemoryMB
+				u.count++
+				if s.Network != "" {
+					if _, ok := h.host.Spec.Networks[s.Network]; !ok && complete {
+						add(o, o.at.network, "spec.network", "Host %q has no network %q", s.Host, s.Network)
+					}
+				}
+			}
+			for i, name := range s.Volumes {
+				f := "spec.volumes[" + strconv.Itoa(i) + "]"
+				v, ok := volumes[name]
+				switch {
+				case !ok:
+					if complete {
+						add(o, o.at.volumes[i], f, "Volume %q does not exist", name)
+					}
+					continue
+				case v.volume.Spec.Host != s.Host:
+					add(o, o.at.volumes[i], f, "Volume %q is on host %q, not on this VM's host %q", name, v.volume.Spec.Host, s.Host)
+				}
+				if other, ok := attached[name]; ok && other != o {
+					add(o, o.at.volumes[i], f, "Volume %q is already attached to VM %q (%s:%d:%d); a volume belongs to at most one VM",
+						name, other.name, other.origin().File, other.at.name.line, other.at.name.col)
+					continue
+				}
+				attached[name] = o
+			}
+		}
+	}
+	for _, o := range objs {
+		if !complete || o.kind != KindHost || duplicate[o] || o.host.Spec.Capacity == nil {
+			continue
+		}
+		u := use[o.name]
+		if u == nil {
+			continue
+		}
+		c := o.host.Spec.Capacity
+		if c.VCPUs > 0 && u.vcpus > c.VCPUs {
+			add(o, o.at.capacityVCPUs, "spec.capacity.vcpus", "the %d VMs on this host ask for %d vCPUs in all, more than its capacity of %d",
+				u.count, u.vcpus, c.VCPUs)
+		}
+		if c.MemoryMB > 0 && u.memoryMB > c.MemoryMB {
+			add(o, o.at.capacityMemory, "spec.capacity.memoryMB", "the %d VMs on this host ask for %d MiB of memory in all, more than its capacity of %d MiB",
+				u.count, u.memoryMB, c.MemoryMB)
+		}
+	}
+	return errs
+}
+
+func (o *object) origin() Origin {
+	switch o.kind {
+	case KindVM:
+		return o.vm.Origin
+	case KindVolume:
+		return o.volume.Origin
+	}
+	return o.host.Origin
+}
