@@ -39,7 +39,9 @@ type Provisioner interface {
 	Preflight(ctx context.Context) error
 	// PrepareRootDisk fetches the image (cached by sha256) and creates the
 	// root disk, or grows it to Spec.DiskGB. It never shrinks a disk and never
-	// replaces an existing one. Idempotent.
+	// replaces an existing one. Idempotent. The engine calls it only while
+	// the VM is not running: during a create, or between the graceful
+	// shutdown and the boot that apply a larger diskGB.
 	PrepareRootDisk(ctx context.Context, m Machine) error
 	// Boot writes the cloud-init seed and starts the VM, attaching its
 	// volumes. Booting a VM that runs is a no-op.
@@ -58,4 +60,19 @@ type Provisioner interface {
 	// FailureReason is the backend's own account of why the VM died (the
 	// tail of the hypervisor's error output); empty when it has none.
 	FailureReason(name string) string
+}
+
+// ProgressReporter is implemented by a Provisioner that can say how far a
+// long create step has got (an image download, for example "image 1.2 of
+// 3.4 GB"). The engine shows it as the status message of a VM being
+// created. Optional.
+type ProgressReporter interface {
+	Progress(name string) string
+}
+
+// AccelReporter is implemented by a Provisioner that knows which
+// accelerator its VMs run under ("kvm" or "tcg"), for the status file's
+// agent.accel. Optional.
+type AccelReporter interface {
+	Accel() string
 }

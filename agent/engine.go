@@ -1,0 +1,477 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// Defaults of EngineConfig.
+const (
+	DefaultTombstoneGrace = 5 * time.Minute
+	DefaultVanishGrace    = time.Hour
+	DefaultMaxAttempts    = 3
+)
+
+// Sentinel errors callers test with errors.Is.
+var (
+	// ErrFenced: the snapshot's epoch is below the last accepted one (the
+	// snapshots branch was restored from an older copy). Nothing was done.
+	ErrFenced = errors.New("snapshot fenced: epoch below the last accepted")
+	// ErrCapacity: admitting the VM would exceed the host's capacity. It is
+	// checked again on every tick and spends no create attempt.
+	ErrCapacity = errors.New("capacity limit")
+	// ErrVolumeMissing: a volume the VM names is not on this host yet. It is
+	// checked again on every tick and spends no create attempt.
+	ErrVolumeMissing = errors.New("volume not present on this host")
+)
+
+// EngineConfig configures an Engine. Zero values take the defaults noted.
+type EngineConfig struct {
+	// Host is this host's name, as in the snapshot and status paths.
+	Host        string
+	Store       *Store
+	Provisioner Provisioner
+	// BootID returns the host's boot id; default HostBootID. A create is
+	// complete once its record carries a boot id.
+	BootID func() string
+	// Now is the engine's clock for quarantine and volume graces; default
+	// time.Now.
+	Now func() time.Time
+	// TombstoneGrace is how long a tombstoned VM or volume waits, measured
+	// from its on-disk marker, before it is destroyed (default 5 min).
+	TombstoneGrace time.Duration
+	// VanishGrace is how long a VM absent from the snapshot without a
+	// tombstone waits before it is destroyed (default 1 h).
+	VanishGrace time.Duration
+	// MaxAttempts is the create retry budget per spec (default 3).
+	MaxAttempts int
+	// VMTimeout bounds one VM's pass (the watchdog); 0 means unbounded. A
+	// pass the watchdog ends spends no create attempt.
+	VMTimeout time.Duration
+	Log       logrus.FieldLogger
+}
+
+// Engine is the level-triggered reconcile loop of one host. Tick accepts a
+// snapshot (or refuses it, fenced), converges volumes, and kicks one worker
+// per VM; workers run concurrently with each other and with the caller, and
+// Settle waits for them. Report describes the host at any time.
+//
+// Records live in memory and are written through to the Store on every
+// change; they are read from disk once, at the first tick, so an idle tick
+// touches no file.
+//
+// Methods are safe for concurrent use. Close ends the workers.
+type Engine struct {
+	cfg   EngineConfig
+	store *Store
+	prov  Provisioner
+	log   logrus.FieldLogger
+
+	ctx    context.Context // the workers'
+	cancel context.CancelFunc
+
+	admitMu sync.Mutex // serializes admission across workers
+
+	mu        sync.Mutex
+	idle      *sync.Cond // signalled when inflight drops to 0
+	inflight  int
+	closed    bool
+	loaded    bool
+	recs      map[string]*Record // treat values as immutable: replace, never mutate
+	bad       map[string]error   // names whose records cannot be read
+	snap      *desired.Snapshot  // last accepted
+	want      map[string]*desired.SnapshotVM
+	lastEpoch uint64
+	fenced    bool
+	volumes   []status.Volume
+	orphans   []string
+	workers   map[string]*worker
+	wg        sync.WaitGroup
+}
+
+type worker struct {
+	kick chan struct{}
+}
+
+// NewEngine builds an Engine over cfg.Store. It reads the last accepted
+// snapshot and epoch, so that Tick(ctx, nil) reconciles them while no newer
+// snapshot can be fetched.
+func NewEngine(cfg EngineConfig) (*Engine, error) {
+	if cfg.Store == nil || cfg.Provisioner == nil {
+		return nil, errors.New("new engine: Store and Provisioner are required")
+	}
+	if cfg.BootID == nil {
+		cfg.BootID = HostBootID
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.TombstoneGrace <= 0 {
+		cfg.TombstoneGrace = DefaultTombstoneGrace
+	}
+	if cfg.VanishGrace <= 0 {
+		cfg.VanishGrace = DefaultVanishGrace
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.Log == nil {
+		cfg.Log = logrus.StandardLogger()
+	}
+	e := &Engine{
+		cfg:     cfg,
+		store:   cfg.Store,
+		prov:    cfg.Provisioner,
+		log:     cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
+		recs:    map[string]*Record{},
+		bad:     map[string]error{},
+		want:    map[string]*desired.SnapshotVM{},
+		workers: map[string]*worker{},
+	}
+	e.idle = sync.NewCond(&e.mu)
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	var err error
+	if e.lastEpoch, err = cfg.Store.LastEpoch(); err != nil {
+		return nil, fmt.Errorf("new engine: %w", err)
+	}
+	snap, err := cfg.Store.LoadSnapshot()
+	if err != nil {
+		// The epoch still fences; the snapshot comes back with the next fetch.
+		e.log.WithError(err).Warn("last accepted snapshot unreadable; waiting for a fetch")
+	}
+	if snap != nil && snap.Epoch >= e.lastEpoch {
+		e.accept(snap)
+	}
+	return e, nil
+}
+
+// HostBootID reads the kernel's boot id, which changes on every boot of the
+// host; "" when it cannot be read.
+func HostBootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Snapshot returns the last accepted snapshot, nil when there is none.
+func (e *Engine) Snapshot() *desired.Snapshot {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.snap
+}
+
+// accept makes snap the current desired state; e.mu held or not yet shared.
+func (e *Engine) accept(snap *desired.Snapshot) {
+	e.snap = snap
+	e.want = make(map[string]*desired.SnapshotVM, len(snap.VMs))
+	for i := range snap.VMs {
+		e.want[snap.VMs[i].Name] = &snap.VMs[i]
+	}
+	e.fenced = false
+}
+
+// Tick runs one pass. snap is the snapshot just fetched, or nil to reconcile
+// the last accepted one again (nothing happens while there is none). A
+// snapshot whose epoch is below the last accepted is refused: Tick acts on
+// nothing, marks the host fenced and returns ErrFenced. Otherwise it
+// persists the snapshot and epoch, converges volumes, and kicks every VM's
+// worker; it does not wait for them (see Settle).
+func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := e.load(); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return errors.New("tick: engine closed")
+	}
+	if snap == nil {
+		snap = e.snap
+	}
+	if snap == nil {
+		e.mu.Unlock()
+		return nil // no snapshot yet: nothing to do
+	}
+	if snap.Epoch < e.lastEpoch {
+		e.fenced = true
+		last := e.lastEpoch
+		e.mu.Unlock()
+		e.log.WithField("epoch", snap.Epoch).WithField("lastSeenEpoch", last).Error("refusing a snapshot older than the last accepted; acting on nothing")
+		return fmt.Errorf("tick: epoch %d < %d: %w", snap.Epoch, last, ErrFenced)
+	}
+	isNew := e.snap == nil || snap.Epoch != e.snap.Epoch
+	e.mu.Unlock()
+
+	if isNew {
+		// Snapshot before epoch: a crash in between leaves the new snapshot
+		// with the old epoch, which still passes the fence.
+		if err := e.store.SaveSnapshot(snap); err != nil {
+			return fmt.Errorf("tick: %w", err)
+		}
+		if snap.Epoch > e.lastEpochLocked() {
+			if err := e.store.SaveEpoch(snap.Epoch); err != nil {
+				return fmt.Errorf("tick: %w", err)
+			}
+		}
+		e.log.WithField("epoch", snap.Epoch).WithField("commit", snap.Source.Commit).Info("snapshot accepted")
+	}
+
+	e.mu.Lock()
+	e.accept(snap)
+	if snap.Epoch > e.lastEpoch {
+		e.lastEpoch = snap.Epoch
+	}
+	e.retryBadLocked()
+	inUse := e.volumesInUseLocked(snap)
+	e.mu.Unlock()
+
+	vols, orphans := e.reconcileVolumes(snap, inUse)
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.volumes, e.orphans = vols, orphans
+	for _, name := range e.namesLocked() {
+		if !validName(name) || e.bad[name] != nil {
+			continue // reported, never acted on
+		}
+		e.kickLocked(name)
+	}
+	return nil
+}
+
+func (e *Engine) lastEpochLocked() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lastEpoch
+}
+
+// load reads the records once. Until the vms directory can be listed no
+// tick acts, since an unlisted VM would look like one to create.
+func (e *Engine) load() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.loaded {
+		return nil
+	}
+	recs, bad, err := e.store.LoadRecords()
+	if err != nil {
+		return fmt.Errorf("tick: %w", err)
+	}
+	for name, err := range bad {
+		e.log.WithField("vm", name).WithError(err).Error("vm record unreadable; leaving the VM alone")
+	}
+	e.recs, e.bad, e.loaded = recs, bad, true
+	return nil
+}
+
+// retryBadLocked reads unreadable records again; one that reads now joins
+// the reconcile.
+func (e *Engine) retryBadLocked() {
+	for name := range e.bad {
+		rec, err := e.store.LoadRecord(name)
+		switch {
+		case err == nil:
+			e.recs[name] = rec
+			delete(e.bad, name)
+			e.log.WithField("vm", name).Info("vm record readable again")
+		case errors.Is(err, os.ErrNotExist):
+			delete(e.bad, name)
+		default:
+			e.bad[name] = err
+		}
+	}
+}
+
+// volumesInUseLocked names the tombstoned volumes of snap still attached to
+// a running VM; only those are asked about, so an idle tick asks nothing.
+func (e *Engine) volumesInUseLocked(snap *desired.Snapshot) map[string]bool {
+	var tomb map[string]bool
+	for _, v := range snap.Volumes {
+		if v.Tombstoned {
+			if tomb == nil {
+				tomb = map[string]bool{}
+			}
+			tomb[v.Name] = true
+		}
+	}
+	if tomb == nil {
+		return nil
+	}
+	inUse := map[string]bool{}
+	for name, rec := range e.recs {
+		for _, v := range rec.Spec.Volumes {
+			if tomb[v] && e.prov.Running(name) {
+				inUse[v] = true
+			}
+		}
+	}
+	return inUse
+}
+
+// namesLocked is every VM the engine knows of: the snapshot's and the
+// records', sorted.
+func (e *Engine) namesLocked() []string {
+	names := make([]string, 0, len(e.want)+len(e.recs))
+	for n := range e.want {
+		names = append(names, n)
+	}
+	for n := range e.recs {
+		if e.want[n] == nil {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// kickLocked schedules a pass of name's worker, starting the worker when
+// needed. A worker with a pass already pending is not kicked twice.
+func (e *Engine) kickLocked(name string) {
+	w := e.workers[name]
+	if w == nil {
+		w = &worker{kick: make(chan struct{}, 1)}
+		e.workers[name] = w
+		e.wg.Add(1)
+		go e.run(name, w)
+	}
+	select {
+	case w.kick <- struct{}{}:
+		e.inflight++
+	default:
+	}
+}
+
+// run is one VM's worker: it runs a pass per kick, and ends when the VM is
+// gone from both the snapshot and the records, or when the engine closes.
+func (e *Engine) run(name string, w *worker) {
+	defer e.wg.Done()
+	for {
+		select {
+		case <-e.ctx.Done():
+			e.mu.Lock()
+			if len(w.kick) > 0 {
+				<-w.kick
+				e.doneLocked()
+			}
+			delete(e.workers, name)
+			e.mu.Unlock()
+			return
+		case <-w.kick:
+		}
+		gone := e.pass(name)
+		e.mu.Lock()
+		e.doneLocked()
+		if gone && len(w.kick) == 0 {
+			delete(e.workers, name)
+			e.mu.Unlock()
+			return
+		}
+		e.mu.Unlock()
+	}
+}
+
+func (e *Engine) doneLocked() {
+	e.inflight--
+	if e.inflight == 0 {
+		e.idle.Broadcast()
+	}
+}
+
+// Settle waits until every kicked pass has finished, or ctx ends.
+func (e *Engine) Settle(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() {
+		e.mu.Lock()
+		e.idle.Broadcast()
+		e.mu.Unlock()
+	})
+	defer stop()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for e.inflight > 0 && ctx.Err() == nil {
+		e.idle.Wait()
+	}
+	return ctx.Err()
+}
+
+// Close lets the passes in flight finish until ctx ends, then cancels them
+// and waits for every worker to return. It never stops, shuts down or
+// destroys a VM: the VMs outlive the agent.
+func (e *Engine) Close(ctx context.Context) {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	_ = e.Settle(ctx)
+	e.cancel()
+	e.wg.Wait()
+}
+
+// view returns name's desired entry and a copy of its record; skip is true
+// when the engine is fenced or the record is unreadable.
+func (e *Engine) view(name string) (want *desired.SnapshotVM, rec *Record, hostCap *desired.Capacity, skip bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.fenced || e.bad[name] != nil {
+		return nil, nil, nil, true
+	}
+	if r := e.recs[name]; r != nil {
+		c := *r
+		rec = &c
+	}
+	if e.snap != nil {
+		hostCap = e.snap.HostSpec.Capacity
+	}
+	return e.want[name], rec, hostCap, false
+}
+
+// commit saves rec to disk and publishes it to the engine when it differs
+// from what the engine holds.
+func (e *Engine) commit(rec *Record) error {
+	e.mu.Lock()
+	old := e.recs[rec.Name]
+	e.mu.Unlock()
+	if old != nil && reflect.DeepEqual(old, rec) {
+		return nil
+	}
+	c := *rec
+	if err := e.store.SaveRecord(&c); err != nil {
+		e.log.WithField("vm", rec.Name).WithError(err).Error("save vm record")
+		return err
+	}
+	e.mu.Lock()
+	e.recs[rec.Name] = &c
+	e.mu.Unlock()
+	return nil
+}
+
+func (e *Engine) forget(name string) {
+	e.mu.Lock()
+	delete(e.recs, name)
+	e.mu.Unlock()
+}
+
+func (e *Engine) now() time.Time { return e.cfg.Now() }
+
+func newInstanceID(name string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return name + "-" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,457 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"reflect"
+	"slices"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// step is one named stage of a pass. Names appear in lastError and logs so a
+// reader sees where a create stopped.
+type step struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// Step names of the create sequence, in order.
+const (
+	StepPreflight = "preflight"
+	StepAdmission = "admission"
+	StepRootDisk  = "root disk"
+	StepVolumes   = "volumes"
+	StepBoot      = "boot"
+	StepAddress   = "address"
+)
+
+// runSteps runs steps in order and stops at the first error, which it
+// returns wrapped with the step's name.
+func runSteps(ctx context.Context, steps []step) (failed string, err error) {
+	for _, s := range steps {
+		if err := s.run(ctx); err != nil {
+			return s.name, fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return "", nil
+}
+
+// pass runs one VM's reconcile and reports whether the VM is gone (no record
+// and nothing desired), so its worker can end.
+func (e *Engine) pass(name string) (gone bool) {
+	want, rec, hostCap, skip := e.view(name)
+	if skip {
+		return false
+	}
+	ctx := e.ctx
+	if e.cfg.VMTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.cfg.VMTimeout)
+		defer cancel()
+	}
+	p := &vmPass{e: e, ctx: ctx, log: e.log.WithField("vm", name), want: want, rec: rec, hostCap: hostCap}
+	switch {
+	case rec == nil && (want == nil || want.Tombstoned):
+		return true // nothing here; a tombstone is acked by Report
+	case want == nil:
+		return p.remove(e.cfg.VanishGrace, "vanished from the snapshot without a tombstone")
+	case want.Tombstoned:
+		return p.remove(e.cfg.TombstoneGrace, "tombstoned")
+	default:
+		p.apply()
+		return false
+	}
+}
+
+// vmPass is the state of one pass over one VM.
+type vmPass struct {
+	e       *Engine
+	ctx     context.Context
+	log     logrus.FieldLogger
+	want    *desired.SnapshotVM
+	rec     *Record
+	hostCap *desired.Capacity
+}
+
+func (p *vmPass) machine(spec desired.VMSpec) Machine {
+	m := Machine{Name: p.rec.Name, Dir: p.e.store.VMDir(p.rec.Name), Spec: spec, InstanceID: p.rec.InstanceID}
+	for _, v := range spec.Volumes {
+		if validName(v) {
+			m.Volumes = append(m.Volumes, p.e.store.VolumePath(v))
+		}
+	}
+	return m
+}
+
+// watchdogFired reports whether the pass's own deadline ended it (and not
+// the engine closing).
+func (p *vmPass) watchdogFired() bool {
+	return errors.Is(p.ctx.Err(), context.DeadlineExceeded) && p.e.ctx.Err() == nil
+}
+
+// remove is the delete path: shut down and quarantine, then destroy once
+// grace has passed since the quarantine marker. Only a successful destroy
+// removes the record. It reports whether the VM is gone.
+func (p *vmPass) remove(grace time.Duration, why string) bool {
+	rec := p.rec
+	if rec.QuarantinedAt == nil || p.e.prov.Running(rec.Name) {
+		if err := p.e.prov.Shutdown(p.ctx, rec.Name); err != nil {
+			rec.LastError = "shutdown: " + err.Error()
+			p.log.WithError(err).Warn("shutdown for quarantine failed; retrying next tick")
+			_ = p.e.commit(rec)
+			return false
+		}
+		if rec.QuarantinedAt == nil {
+			t := p.e.now()
+			rec.QuarantinedAt = &t
+			p.log.WithField("reason", why).WithField("grace", grace.String()).Info("vm shut down and quarantined")
+		}
+		rec.Reserved = nil
+		rec.Phase = status.PhaseQuarantined
+		rec.Power = string(desired.PowerStopped)
+		rec.LastError = ""
+		if err := p.e.commit(rec); err != nil {
+			return false
+		}
+	}
+	if p.e.now().Sub(*rec.QuarantinedAt) < grace {
+		return false
+	}
+	if err := p.e.prov.Destroy(p.ctx, rec.Name); err != nil {
+		rec.LastError = "destroy: " + err.Error()
+		p.log.WithError(err).Warn("destroy failed; the record stays and the destroy is retried")
+		_ = p.e.commit(rec)
+		return false
+	}
+	if err := p.e.store.RemoveVM(rec.Name); err != nil {
+		p.log.WithError(err).Warn("vm destroyed but its directory remains; retrying")
+		return false
+	}
+	p.e.forget(rec.Name)
+	p.log.WithField("reason", why).Info("vm destroyed after its grace")
+	return true
+}
+
+// apply drives a desired, non-tombstoned VM toward its spec: create,
+// un-delete, spec edits, power and address.
+func (p *vmPass) apply() {
+	want := p.want
+	if p.rec == nil {
+		p.rec = &Record{
+			Name:       want.Name,
+			InstanceID: newInstanceID(want.Name),
+			Spec:       want.Spec,
+			SpecHash:   want.SpecHash,
+			Phase:      status.PhaseCreating,
+			CreatedAt:  p.e.now(),
+		}
+		// Saved before any step, so an interrupted create is found and
+		// finished by a later pass.
+		if err := p.e.commit(p.rec); err != nil {
+			return
+		}
+	}
+	rec := p.rec
+	if rec.QuarantinedAt != nil {
+		rec.QuarantinedAt = nil
+		rec.LastError = ""
+		rec.Phase = status.PhaseStopped
+		p.log.Info("vm un-deleted; quarantine cleared")
+	}
+	if rec.SpecHash != want.SpecHash {
+		if rec.BootID == "" {
+			// The create never completed: start it over with the new spec and
+			// a fresh budget.
+			rec.Spec, rec.SpecHash = want.Spec, want.SpecHash
+			rec.Attempts, rec.Failed, rec.LastError = 0, false, ""
+			rec.Reserved = nil
+			rec.Phase = status.PhaseCreating
+		} else if !p.edit() {
+			_ = p.e.commit(rec)
+			return
+		}
+	}
+	if rec.BootID == "" {
+		p.create()
+		return
+	}
+	p.converge()
+}
+
+// create runs the create steps. BootID is set only when every step passed:
+// it is the witness that the create completed.
+func (p *vmPass) create() {
+	rec := p.rec
+	if rec.Failed {
+		rec.Phase = status.PhaseFailed
+		_ = p.e.commit(rec)
+		return
+	}
+	spec := rec.Spec
+	m := p.machine(spec)
+	running := spec.Power != desired.PowerStopped
+	steps := []step{
+		{StepPreflight, p.e.prov.Preflight},
+		{StepAdmission, func(context.Context) error { return p.admit(spec) }},
+		{StepRootDisk, func(ctx context.Context) error { return p.e.prov.PrepareRootDisk(ctx, m) }},
+		{StepVolumes, func(context.Context) error { return p.volumesPresent(spec) }},
+		{StepBoot, func(ctx context.Context) error {
+			if !running {
+				return nil
+			}
+			return p.e.prov.Boot(ctx, m)
+		}},
+		{StepAddress, func(context.Context) error { p.noteAddress(); return nil }},
+	}
+	failed, err := runSteps(p.ctx, steps)
+	if err == nil {
+		rec.BootID = p.e.cfg.BootID()
+		rec.DiskGB = spec.DiskGB
+		rec.RootImage = imageSHA(spec)
+		rec.Attempts, rec.LastError = 0, ""
+		rec.Phase, rec.Power = status.PhaseReady, string(desired.PowerRunning)
+		if !running {
+			rec.Phase, rec.Power = status.PhaseStopped, string(desired.PowerStopped)
+		}
+		rec.Message = p.diskMessage()
+		p.log.Info("vm created")
+		_ = p.e.commit(rec)
+		return
+	}
+	msg := err.Error()
+	if failed == StepBoot {
+		msg = withReason(msg, p.e.prov.FailureReason(rec.Name))
+	}
+	rec.LastError = msg
+	switch {
+	case p.watchdogFired():
+		rec.LastError = "watchdog: " + msg
+		rec.Phase = status.PhaseCreating
+		p.log.WithField("step", failed).Warn("create ended by the watchdog; no attempt spent")
+	case p.e.ctx.Err() != nil:
+		return // the agent is stopping: neither an attempt nor a record write
+	case errors.Is(err, ErrCapacity):
+		rec.Phase = status.PhaseFailed
+	case errors.Is(err, ErrVolumeMissing):
+		rec.Phase = status.PhaseCreating
+	case IsPermanent(err):
+		rec.Attempts++
+		rec.Failed = true
+		rec.Phase = status.PhaseFailed
+		p.log.WithField("step", failed).WithError(err).Error("create failed permanently")
+	default:
+		rec.Attempts++
+		rec.Phase = status.PhaseCreating
+		if rec.Attempts >= p.e.cfg.MaxAttempts {
+			rec.Failed = true
+			rec.Phase = status.PhaseFailed
+			p.log.WithField("step", failed).WithField("attempts", rec.Attempts).WithError(err).Error("create failed; retry budget spent")
+		} else {
+			p.log.WithField("step", failed).WithField("attempts", rec.Attempts).WithError(err).Warn("create failed; retrying next tick")
+		}
+	}
+	_ = p.e.commit(rec)
+}
+
+// converge keeps a created VM in its desired power state and notes its
+// address. A VM that should run and does not (host reboot, crashed
+// hypervisor, an edit's restart, an un-delete) is booted again.
+func (p *vmPass) converge() {
+	rec := p.rec
+	spec := rec.Spec
+	running := p.e.prov.Running(rec.Name)
+	if spec.Power != desired.PowerStopped {
+		if !running {
+			if err := p.boot(spec); err != nil {
+				rec.LastError = err.Error()
+				rec.Phase, rec.Power = status.PhaseFailed, string(desired.PowerStopped)
+				if !p.watchdogFired() && p.e.ctx.Err() != nil {
+					return
+				}
+				p.log.WithError(err).Warn("boot failed; retrying next tick")
+				_ = p.e.commit(rec)
+				return
+			}
+		}
+		rec.Phase, rec.Power, rec.LastError = status.PhaseReady, string(desired.PowerRunning), ""
+	} else {
+		if running {
+			if err := p.e.prov.Shutdown(p.ctx, rec.Name); err != nil {
+				rec.LastError = "shutdown: " + err.Error()
+				rec.Power = string(desired.PowerRunning)
+				_ = p.e.commit(rec)
+				return
+			}
+			p.log.Info("vm stopped as its spec asks")
+		}
+		rec.Phase, rec.Power, rec.LastError = status.PhaseStopped, string(desired.PowerStopped), ""
+	}
+	p.noteAddress()
+	rec.Message = p.diskMessage()
+	_ = p.e.commit(rec)
+}
+
+// boot starts a created VM again: admission when it holds no reservation
+// (after an un-delete), its volumes present, then Boot.
+func (p *vmPass) boot(spec desired.VMSpec) error {
+	rec := p.rec
+	why := "vm process gone"
+	if rec.BootID != p.e.cfg.BootID() {
+		why = "host rebooted"
+	}
+	if rec.Reserved == nil {
+		if err := p.admit(spec); err != nil {
+			return fmt.Errorf("%s: %w", StepAdmission, err)
+		}
+	}
+	if err := p.volumesPresent(spec); err != nil {
+		return fmt.Errorf("%s: %w", StepVolumes, err)
+	}
+	p.log.WithField("reason", why).Info("booting vm")
+	if err := p.e.prov.Boot(p.ctx, p.machine(spec)); err != nil {
+		return errors.New(withReason(fmt.Sprintf("%s: %v", StepBoot, err), p.e.prov.FailureReason(rec.Name)))
+	}
+	rec.BootID = p.e.cfg.BootID()
+	return nil
+}
+
+// edit applies a changed spec to a created VM. vCPUs, memory, network,
+// volumes and kernel take a graceful restart; a larger diskGB grows the root
+// disk while the VM is down; a smaller one and a changed image leave the disk
+// as it is (the status message says so). It returns false when the edit
+// could not be applied yet (the record carries why).
+func (p *vmPass) edit() bool {
+	rec, want := p.rec, p.want
+	old, spec := rec.Spec, want.Spec
+	restart := old.VCPUs != spec.VCPUs || old.MemoryMB != spec.MemoryMB ||
+		old.Network != spec.Network || !slices.Equal(old.Volumes, spec.Volumes) ||
+		!reflect.DeepEqual(old.Kernel, spec.Kernel)
+	grow := spec.DiskGB > rec.DiskGB
+	if spec.VCPUs > old.VCPUs || spec.MemoryMB > old.MemoryMB || rec.Reserved == nil {
+		if err := p.admit(spec); err != nil {
+			rec.LastError = fmt.Sprintf("edit: %s: %v", StepAdmission, err)
+			return false
+		}
+	} else {
+		rec.Reserved = &Reservation{VCPUs: spec.VCPUs, MemoryMB: spec.MemoryMB}
+	}
+	if restart || grow {
+		if p.e.prov.Running(rec.Name) {
+			p.log.WithField("restart", restart).WithField("growDisk", grow).Info("spec edited; shutting the vm down to apply it")
+			if err := p.e.prov.Shutdown(p.ctx, rec.Name); err != nil {
+				rec.LastError = "edit: shutdown: " + err.Error()
+				return false
+			}
+		}
+		if grow {
+			if err := p.e.prov.PrepareRootDisk(p.ctx, p.machine(spec)); err != nil {
+				rec.LastError = fmt.Sprintf("edit: %s: %v", StepRootDisk, err)
+				rec.Phase, rec.Power = status.PhaseFailed, string(desired.PowerStopped)
+				return false
+			}
+			p.log.WithField("fromGB", rec.DiskGB).WithField("toGB", spec.DiskGB).Info("root disk grown")
+			rec.DiskGB = spec.DiskGB
+		}
+	}
+	rec.Spec, rec.SpecHash = spec, want.SpecHash
+	rec.Attempts, rec.Failed, rec.LastError = 0, false, ""
+	return true
+}
+
+// admit reserves spec's vCPUs and memory against the host's capacity. It is
+// serialized across workers, so two VMs admitted in one tick see each other.
+// Every VM holding a reservation counts, failed creates included.
+func (p *vmPass) admit(spec desired.VMSpec) error {
+	e := p.e
+	e.admitMu.Lock()
+	defer e.admitMu.Unlock()
+	want := Reservation{VCPUs: spec.VCPUs, MemoryMB: spec.MemoryMB}
+	if c := p.hostCap; c != nil && (c.VCPUs > 0 || c.MemoryMB > 0) {
+		var used Reservation
+		e.mu.Lock()
+		for name, r := range e.recs {
+			if name != p.rec.Name && r.Reserved != nil {
+				used.VCPUs += r.Reserved.VCPUs
+				used.MemoryMB += r.Reserved.MemoryMB
+			}
+		}
+		e.mu.Unlock()
+		if c.VCPUs > 0 && used.VCPUs+want.VCPUs > c.VCPUs {
+			return fmt.Errorf("%w: vcpus: %d in use + %d asked > %d on host", ErrCapacity, used.VCPUs, want.VCPUs, c.VCPUs)
+		}
+		if c.MemoryMB > 0 && used.MemoryMB+want.MemoryMB > c.MemoryMB {
+			return fmt.Errorf("%w: memoryMB: %d in use + %d asked > %d on host", ErrCapacity, used.MemoryMB, want.MemoryMB, c.MemoryMB)
+		}
+	}
+	p.rec.Reserved = &want
+	return p.e.commit(p.rec)
+}
+
+// volumesPresent checks every volume the spec names is a file on this host.
+// A stat error other than "does not exist" counts as present.
+func (p *vmPass) volumesPresent(spec desired.VMSpec) error {
+	for _, v := range spec.Volumes {
+		if err := checkName("volume", v); err != nil {
+			return Permanent(err)
+		}
+		if _, err := os.Stat(p.e.store.VolumePath(v)); errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%s: %w", v, ErrVolumeMissing)
+		}
+	}
+	return nil
+}
+
+// noteAddress records the provisioner's answer. An empty answer is "not
+// known", never "gone": the known address stays.
+func (p *vmPass) noteAddress() {
+	a := p.e.prov.Address(p.rec.Name)
+	if a.IP != "" {
+		p.rec.IP = a.IP
+	}
+	if a.SSH != "" {
+		p.rec.SSH = a.SSH
+	}
+}
+
+// diskMessage tells a person what a spec asks of the root disk that the
+// agent will not do.
+func (p *vmPass) diskMessage() string {
+	rec := p.rec
+	var msgs []string
+	if sha := imageSHA(rec.Spec); rec.RootImage != "" && sha != rec.RootImage {
+		msgs = append(msgs, fmt.Sprintf("image changed: the existing root disk (from image sha256 %.12s) is kept; a new image applies only to a newly created VM", rec.RootImage))
+	}
+	if rec.DiskGB > 0 && rec.Spec.DiskGB < rec.DiskGB {
+		msgs = append(msgs, fmt.Sprintf("diskGB %d is below the root disk's %d GB: disks never shrink", rec.Spec.DiskGB, rec.DiskGB))
+	}
+	switch len(msgs) {
+	case 0:
+		return ""
+	case 1:
+		return msgs[0]
+	}
+	return msgs[0] + "; " + msgs[1]
+}
+
+func imageSHA(spec desired.VMSpec) string {
+	if spec.Image == nil {
+		return ""
+	}
+	return spec.Image.SHA256
+}
+
+// withReason appends the hypervisor's own account of a failure, if any.
+func withReason(msg, reason string) string {
+	if reason == "" {
+		return msg
+	}
+	return msg + ": " + reason
+}

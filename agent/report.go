@@ -1,0 +1,92 @@
+package agent
+
+import (
+	"sort"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// Report describes the host as the engine knows it, in the status file's
+// shape (DESIGN.md, Branches and files). Agent, Heartbeat, ObservedAt and
+// SnapshotError are left for the writer. It reads only memory (and the
+// provisioner's optional progress for VMs being created), so it is cheap.
+//
+//   - VMs: a row per desired, non-tombstoned VM (sorted by name), and per VM
+//     still being shut down for a delete; a VM whose record cannot be read
+//     keeps its row as failed with the reason.
+//   - Quarantined: VMs shut down and waiting for their grace.
+//   - Destroyed: every tombstoned VM of the accepted snapshot that this host
+//     no longer has, repeated on every report until the name leaves the
+//     snapshot.
+//   - Volumes and Orphans: as the last tick found them.
+func (e *Engine) Report() *status.Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := &status.Status{
+		Host:           e.cfg.Host,
+		LastSeenEpoch:  e.lastEpoch,
+		FenceViolation: e.fenced,
+		VMs:            []status.VM{},
+		Quarantined:    []status.Quarantine{},
+		Destroyed:      []string{},
+		Volumes:        append([]status.Volume{}, e.volumes...),
+		Orphans:        append([]string(nil), e.orphans...),
+	}
+	if e.fenced {
+		st.Volumes, st.Orphans = e.reportVolumes(e.snap)
+		if st.Volumes == nil {
+			st.Volumes = []status.Volume{}
+		}
+	}
+	progress, _ := e.prov.(ProgressReporter)
+	for _, name := range e.namesLocked() {
+		want, rec, bad := e.want[name], e.recs[name], e.bad[name]
+		switch {
+		case bad != nil:
+			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhaseFailed, LastError: bad.Error(), SpecHash: hashOf(want)})
+		case !validName(name):
+			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhaseFailed, LastError: checkName("vm", name).Error(), SpecHash: hashOf(want)})
+		case rec == nil:
+			if want == nil {
+				continue
+			}
+			if want.Tombstoned {
+				st.Destroyed = append(st.Destroyed, name)
+				continue
+			}
+			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhasePending, Power: string(desired.PowerStopped), SpecHash: want.SpecHash})
+		case rec.QuarantinedAt != nil:
+			st.Quarantined = append(st.Quarantined, status.Quarantine{Name: name, Since: rec.QuarantinedAt.UTC()})
+		default:
+			row := status.VM{
+				Name:      name,
+				Phase:     rec.Phase,
+				Power:     rec.Power,
+				IP:        rec.IP,
+				SSH:       rec.SSH,
+				LastError: rec.LastError,
+				Message:   rec.Message,
+				SpecHash:  rec.SpecHash,
+			}
+			if row.Power == "" {
+				row.Power = string(desired.PowerStopped)
+			}
+			if rec.Phase == status.PhaseCreating && progress != nil {
+				if msg := progress.Progress(name); msg != "" {
+					row.Message = msg
+				}
+			}
+			st.VMs = append(st.VMs, row)
+		}
+	}
+	sort.Slice(st.Quarantined, func(i, j int) bool { return st.Quarantined[i].Name < st.Quarantined[j].Name })
+	return st
+}
+
+func hashOf(v *desired.SnapshotVM) string {
+	if v == nil {
+		return ""
+	}
+	return v.SpecHash
+}

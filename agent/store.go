@@ -1,0 +1,348 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gitfleet/gitfleet/desired"
+)
+
+// DefaultStateDir is where the agent keeps its state unless configured
+// otherwise.
+const DefaultStateDir = "/var/lib/gitfleet"
+
+// Sentinel errors callers test with errors.Is.
+var (
+	// ErrInvalidName: a VM or volume name is not an RFC 1123 DNS label. It is
+	// never joined into a path.
+	ErrInvalidName = errors.New("not a DNS label")
+	// ErrRecordUnreadable: a VM directory exists but its record cannot be
+	// read or decoded. The VM is left alone until the record is readable
+	// again; it is never created over.
+	ErrRecordUnreadable = errors.New("vm record unreadable")
+)
+
+// Store layout under its root (every directory 0700, every file 0600):
+//
+//	vms/<name>/record.json   one Record per VM; the provisioner owns the rest of vms/<name>/
+//	volumes/<name>           a volume file (sparse, raw)
+//	volumes/<name>.partial   a volume being created; renamed into place when complete
+//	volumes/<name>.tombstone when the volume's tombstone was first seen (RFC 3339 inside)
+//	snapshot.json            the last accepted snapshot
+//	epoch                    the highest snapshot epoch accepted (decimal)
+//	heartbeat                the last status heartbeat written (decimal)
+const (
+	vmsDirName      = "vms"
+	volumesDirName  = "volumes"
+	recordFile      = "record.json"
+	snapshotFile    = "snapshot.json"
+	epochFile       = "epoch"
+	heartbeatFile   = "heartbeat"
+	partialSuffix   = ".partial"
+	tombstoneSuffix = ".tombstone"
+)
+
+// Store is the agent's state on disk. Every write is atomic (temporary file,
+// fsync, rename, fsync of the directory), so a crash leaves either the old or
+// the new content, never a torn file. A Store is safe for concurrent use as
+// long as no two goroutines write the same VM's record, which the engine
+// guarantees by giving each VM one worker.
+type Store struct {
+	root string
+}
+
+// OpenStore opens the state directory root, creating it (and its vms and
+// volumes directories) with mode 0700 when missing, and tightening the mode
+// of an existing root to 0700.
+func OpenStore(root string) (*Store, error) {
+	if root == "" {
+		root = DefaultStateDir
+	}
+	for _, d := range []string{root, filepath.Join(root, vmsDirName), filepath.Join(root, volumesDirName)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("open state store: %w", err)
+		}
+	}
+	if err := os.Chmod(root, 0o700); err != nil {
+		return nil, fmt.Errorf("open state store: %w", err)
+	}
+	return &Store{root: root}, nil
+}
+
+// Root is the state directory.
+func (s *Store) Root() string { return s.root }
+
+// VMDir is the directory of the VM called name. The name must have passed
+// validName.
+func (s *Store) VMDir(name string) string { return filepath.Join(s.root, vmsDirName, name) }
+
+// RecordPath is where the VM's record lives.
+func (s *Store) RecordPath(name string) string { return filepath.Join(s.VMDir(name), recordFile) }
+
+// VolumesDir holds every volume file of this host.
+func (s *Store) VolumesDir() string { return filepath.Join(s.root, volumesDirName) }
+
+// VolumePath is the file of the volume called name. The name must have
+// passed validName.
+func (s *Store) VolumePath(name string) string { return filepath.Join(s.VolumesDir(), name) }
+
+// Record is what the agent remembers about one VM between passes and across
+// restarts: the spec it last applied, how far its create got, and the
+// quarantine marker. It holds the spec's cloud-init secrets, so it is written
+// 0600 under a 0700 directory and never logged.
+type Record struct {
+	Name string `json:"name"`
+	// InstanceID is random, fixed at first create; cloud-init keys its
+	// first-boot work on it.
+	InstanceID string `json:"instanceID"`
+	// Spec and SpecHash are the spec last applied to the VM.
+	Spec     desired.VMSpec `json:"spec"`
+	SpecHash string         `json:"specHash"`
+	// RootImage is the sha256 of the image the root disk was made from.
+	// A later image change leaves the disk as it is.
+	RootImage string `json:"rootImage,omitempty"`
+	// BootID is the host boot id when the create completed, and after every
+	// boot since: the create's completion witness. Empty means the create
+	// never finished and is run again (whatever files exist).
+	BootID string `json:"bootID,omitempty"`
+	// Attempts counts failed create attempts of SpecHash; Failed is set when
+	// they reach the budget or a permanent error occurs. A new SpecHash
+	// resets both.
+	Attempts int  `json:"attempts"`
+	Failed   bool `json:"failed,omitempty"`
+	// Reserved is what the VM holds of the host's capacity once admitted;
+	// nil before admission and after quarantine.
+	Reserved *Reservation `json:"reserved,omitempty"`
+	// DiskGB is the size the root disk was prepared at (GiB); it only grows.
+	DiskGB int `json:"diskGB,omitempty"`
+	// Power is the power state observed at the end of the last pass
+	// ("running" or "stopped").
+	Power string `json:"power,omitempty"`
+	// Phase is the last phase a pass ended in (status.Phase*).
+	Phase     string `json:"phase"`
+	LastError string `json:"lastError,omitempty"`
+	Message   string `json:"message,omitempty"`
+	// IP and SSH are the last non-empty address the provisioner reported.
+	IP  string `json:"ip,omitempty"`
+	SSH string `json:"ssh,omitempty"`
+	// QuarantinedAt is the marker of a pending delete: when the VM was shut
+	// down for its tombstone (or for vanishing from the snapshot). The grace
+	// is measured from it, by the engine's clock.
+	QuarantinedAt *time.Time `json:"quarantinedAt,omitempty"`
+	CreatedAt     time.Time  `json:"createdAt"`
+}
+
+// Reservation is the share of the host's capacity a VM holds: vCPUs and
+// memory in MiB.
+type Reservation struct {
+	VCPUs    int `json:"vcpus"`
+	MemoryMB int `json:"memoryMB"`
+}
+
+// LoadRecords reads every VM record. A directory whose record is missing,
+// unreadable or undecodable lands in bad (wrapping ErrRecordUnreadable) and
+// never in recs, except an empty directory, which a create left before its
+// first record and which reads as absent. The error is for the vms directory
+// itself; recs and bad are still valid for what could be read.
+func (s *Store) LoadRecords() (recs map[string]*Record, bad map[string]error, err error) {
+	recs = map[string]*Record{}
+	bad = map[string]error{}
+	entries, err := os.ReadDir(filepath.Join(s.root, vmsDirName))
+	if err != nil {
+		return recs, bad, fmt.Errorf("list vm records: %w", err)
+	}
+	for _, ent := range entries {
+		name := ent.Name()
+		if !ent.IsDir() || !validName(name) {
+			continue
+		}
+		rec, err := s.LoadRecord(name)
+		switch {
+		case err == nil:
+			recs[name] = rec
+		case errors.Is(err, fs.ErrNotExist):
+			// an empty directory: a create that never saved its record
+		default:
+			bad[name] = err
+		}
+	}
+	return recs, bad, nil
+}
+
+// LoadRecord reads one VM's record. It returns an error matching
+// fs.ErrNotExist only when the VM's directory is absent or empty; a
+// directory with files but no readable record is ErrRecordUnreadable.
+func (s *Store) LoadRecord(name string) (*Record, error) {
+	if err := checkName("vm", name); err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(s.RecordPath(name))
+	if errors.Is(err, fs.ErrNotExist) {
+		ents, derr := os.ReadDir(s.VMDir(name))
+		if errors.Is(derr, fs.ErrNotExist) || (derr == nil && len(ents) == 0) {
+			return nil, fmt.Errorf("vm %s: %w", name, fs.ErrNotExist)
+		}
+		return nil, fmt.Errorf("vm %s: no %s beside the VM's files: %w", name, recordFile, ErrRecordUnreadable)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("vm %s: %v: %w", name, err, ErrRecordUnreadable)
+	}
+	var rec Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("vm %s: decode %s: %v: %w", name, s.RecordPath(name), err, ErrRecordUnreadable)
+	}
+	if rec.Name != name {
+		return nil, fmt.Errorf("vm %s: record names %q: %w", name, rec.Name, ErrRecordUnreadable)
+	}
+	return &rec, nil
+}
+
+// SaveRecord writes rec atomically to its VM's directory, creating the
+// directory when needed.
+func (s *Store) SaveRecord(rec *Record) error {
+	if err := checkName("vm", rec.Name); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode record %s: %w", rec.Name, err)
+	}
+	if err := os.MkdirAll(s.VMDir(rec.Name), 0o700); err != nil {
+		return fmt.Errorf("save record %s: %w", rec.Name, err)
+	}
+	if err := writeFileAtomic(s.RecordPath(rec.Name), data); err != nil {
+		return fmt.Errorf("save record %s: %w", rec.Name, err)
+	}
+	return nil
+}
+
+// RemoveVM deletes the VM's directory, record included. The engine calls it
+// only after the provisioner's Destroy succeeded.
+func (s *Store) RemoveVM(name string) error {
+	if err := checkName("vm", name); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(s.VMDir(name)); err != nil {
+		return fmt.Errorf("remove vm %s: %w", name, err)
+	}
+	return syncDir(filepath.Join(s.root, vmsDirName))
+}
+
+// LoadSnapshot returns the last accepted snapshot, or nil when none was ever
+// accepted.
+func (s *Store) LoadSnapshot() (*desired.Snapshot, error) {
+	data, err := os.ReadFile(filepath.Join(s.root, snapshotFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read accepted snapshot: %w", err)
+	}
+	var snap desired.Snapshot
+	if err := json.Unmarshal(data, &snap); err != nil {
+		return nil, fmt.Errorf("decode accepted snapshot %s: %w", filepath.Join(s.root, snapshotFile), err)
+	}
+	return &snap, nil
+}
+
+// SaveSnapshot records snap as the last accepted snapshot.
+func (s *Store) SaveSnapshot(snap *desired.Snapshot) error {
+	data, err := json.Marshal(snap)
+	if err != nil {
+		return fmt.Errorf("encode accepted snapshot: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(s.root, snapshotFile), data); err != nil {
+		return fmt.Errorf("save accepted snapshot: %w", err)
+	}
+	return nil
+}
+
+// LastEpoch is the highest snapshot epoch accepted on this host, 0 when none.
+func (s *Store) LastEpoch() (uint64, error) { return s.readCounter(epochFile) }
+
+// SaveEpoch records epoch as the highest accepted.
+func (s *Store) SaveEpoch(epoch uint64) error { return s.writeCounter(epochFile, epoch) }
+
+// Heartbeat is the last status heartbeat this host wrote, 0 when none.
+func (s *Store) Heartbeat() (uint64, error) { return s.readCounter(heartbeatFile) }
+
+// SaveHeartbeat records the last status heartbeat.
+func (s *Store) SaveHeartbeat(n uint64) error { return s.writeCounter(heartbeatFile, n) }
+
+func (s *Store) readCounter(file string) (uint64, error) {
+	path := filepath.Join(s.root, file)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	return n, nil
+}
+
+func (s *Store) writeCounter(file string, n uint64) error {
+	path := filepath.Join(s.root, file)
+	if err := writeFileAtomic(path, []byte(strconv.FormatUint(n, 10)+"\n")); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeFileAtomic replaces path with data: a temporary file in the same
+// directory, fsync, rename, fsync of the directory. Mode 0600.
+func writeFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	fail := func(err error) error {
+		_ = f.Close()
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := f.Chmod(0o600); err != nil {
+		return fail(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return syncDir(dir)
+}
+
+// syncDir makes a rename or removal in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
