@@ -5,12 +5,35 @@
 // to one branch by compare-and-swap push (never force), retrying on
 // rejection. A git failure is always returned as an error, never as an empty
 // tree.
+//
+// A Repo keeps one local cache of one remote: a bare repository in
+// Options.CacheDir, or memory storage. Every branch is fetched with an explicit
+// refspec into its remote-tracking ref (+refs/heads/B:refs/remotes/origin/B).
+// Damage to the cache (a missing object, a reference changed under us, a
+// shallow-history gap) is repaired by fetching again and, as the last resort,
+// by cloning the cache afresh; it is never read as an empty tree.
 package gitsource
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"time"
+
+	"github.com/go-git/go-billy/v5/osfs"
+	git "github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/config"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/cache"
+	"github.com/go-git/go-git/v5/plumbing/transport"
+	"github.com/go-git/go-git/v5/storage"
+	"github.com/go-git/go-git/v5/storage/filesystem"
+	"github.com/go-git/go-git/v5/storage/memory"
+	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/desired"
 )
@@ -22,7 +45,25 @@ var (
 	// ErrFileNotFound: the path does not exist in the tree of that commit.
 	// It also matches fs.ErrNotExist.
 	ErrFileNotFound = errors.New("file not found")
+	// ErrShallowHistory: a history walk reached the boundary of a shallow
+	// fetch (Options.Depth > 0); the older history is not in the cache. It is
+	// never read as "history ends here".
+	ErrShallowHistory = errors.New("history beyond a shallow fetch is not available")
+	// ErrConflict: Update was rejected on every attempt (the branch kept
+	// moving under it), or the context ended while it was retrying.
+	ErrConflict = errors.New("update kept being rejected")
+	// ErrObjectMissing: an object the cache should hold is absent or
+	// unreadable. Fetch repairs the cache; the read is never taken as empty.
+	ErrObjectMissing = errors.New("git object missing from cache")
 )
+
+// DefaultCommitter is the identity of commits written by Update when
+// Options.Committer is empty.
+const DefaultCommitter = "gitfleet <gitfleet@localhost>"
+
+// DefaultUpdateAttempts bounds the attempts of one Update when
+// Options.UpdateAttempts is zero.
+const DefaultUpdateAttempts = 10
 
 // Auth holds credentials for a remote. Token is sent as HTTP basic auth
 // password (user Username, or "git" when empty); Username/Password is plain
@@ -40,12 +81,30 @@ type Auth struct {
 type Options struct {
 	// URL of the remote: file://, a local path, http(s)://, ssh:// or scp-like.
 	URL string
-	// CacheDir holds the local bare clone; empty keeps it in memory.
+	// CacheDir holds the local bare clone; empty keeps it in memory. It must
+	// be absent, empty, or a cache a previous Open made: Open refuses any
+	// other non-empty directory, since a repair may delete the cache.
+	// One CacheDir belongs to one Repo (one process) at a time.
 	CacheDir string
 	Auth     Auth
 	// Depth limits fetches to that many commits per branch (0 = full). Agents
 	// use 1 for the snapshots branch.
 	Depth int
+	// Committer is author and committer of commits written by Update, as
+	// "Name <email>"; empty means DefaultCommitter.
+	Committer string
+	// UpdateAttempts bounds the fetch-build-push attempts of one Update; 0
+	// means DefaultUpdateAttempts.
+	UpdateAttempts int
+	// Backoff is the base of Update's jittered exponential backoff between
+	// attempts (the n-th wait is random in [0, Backoff·2ⁿ], at most
+	// MaxBackoff); 0 means 25 ms.
+	Backoff time.Duration
+	// MaxBackoff caps one wait between Update attempts; 0 means 2 s.
+	MaxBackoff time.Duration
+	// Logger receives the package's log lines; nil means the standard logrus
+	// logger. The component field is set to "gitsource".
+	Logger *logrus.Entry
 }
 
 // Commit describes one commit.
@@ -55,10 +114,15 @@ type Commit struct {
 	Time    time.Time
 	Parents []string
 	Message string
+	// Committer is "Name <email>" of the committer, CommitTime the commit
+	// time (Time is the author time).
+	Committer  string
+	CommitTime time.Time
 }
 
 // Change is one path changed between two trees. From is empty for an added
-// file, To for a removed one; both are set (and differ) for a rename.
+// file, To for a removed one; both are set (and differ) for a rename. Both
+// are set and equal for a file modified in place.
 type Change struct {
 	From string
 	To   string
@@ -71,54 +135,236 @@ type Change struct {
 // nothing to write. A Mutation may run several times: once per attempt.
 type Mutation func(tip string, read func(path string) ([]byte, error)) (map[string][]byte, string, error)
 
+// remoteName is the name of the one remote of a cache.
+const remoteName = "origin"
+
 // Repo is one remote and its local cache. Its methods are safe for concurrent
 // use.
-type Repo struct{}
+type Repo struct {
+	opts      Options
+	url       string
+	auth      transport.AuthMethod
+	committer signature
+	log       *logrus.Entry
+
+	// mu guards every access to the storage and the fields below it. go-git
+	// storage is not safe for concurrent use, so reads take it too.
+	mu   sync.Mutex
+	st   storage.Storer
+	repo *git.Repository
+	// verified holds tree hashes whose whole subtree is known present.
+	verified map[plumbing.Hash]struct{}
+	// missing holds objects a read found absent; the next Fetch repairs
+	// them. absent holds objects a fresh clone did not bring back (the
+	// remote no longer has them): they are not repaired again.
+	missing map[plumbing.Hash]struct{}
+	absent  map[plumbing.Hash]struct{}
+	sizes   map[plumbing.Hash]int64
+
+	// updateMu serializes Update calls.
+	updateMu sync.Mutex
+}
 
 // Open opens (or clones into opts.CacheDir) the remote. It does not fetch.
-func Open(ctx context.Context, opts Options) (*Repo, error) { panic("unimplemented") }
-
-// Fetch fetches branch and returns its tip commit hash.
-func (r *Repo) Fetch(ctx context.Context, branch string) (string, error) { panic("unimplemented") }
-
-// RemoteHead resolves branch's tip on the remote without fetching objects.
-func (r *Repo) RemoteHead(ctx context.Context, branch string) (string, error) {
-	panic("unimplemented")
+func Open(ctx context.Context, opts Options) (*Repo, error) {
+	if opts.URL == "" {
+		return nil, errors.New("open git source: empty URL")
+	}
+	u, err := normalizeURL(opts.URL)
+	if err != nil {
+		return nil, fmt.Errorf("open git source %s: %w", opts.URL, err)
+	}
+	auth, err := opts.Auth.method(u)
+	if err != nil {
+		return nil, fmt.Errorf("open git source %s: %w", opts.URL, err)
+	}
+	sig, err := parseSignature(opts.Committer)
+	if err != nil {
+		return nil, fmt.Errorf("open git source %s: committer: %w", opts.URL, err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	r := &Repo{
+		opts:      opts,
+		url:       u,
+		auth:      auth,
+		committer: sig,
+		log:       log.WithField("component", "gitsource"),
+		verified:  map[plumbing.Hash]struct{}{},
+		missing:   map[plumbing.Hash]struct{}{},
+		absent:    map[plumbing.Hash]struct{}{},
+		sizes:     map[plumbing.Hash]int64{},
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.openStorage(false); err != nil {
+		return nil, fmt.Errorf("open git source %s: %w", opts.URL, err)
+	}
+	return r, nil
 }
 
-// Tree returns the tree of commit under dir ("" for the root) as a
-// desired.Tree, with blob hashes as File.ID.
-func (r *Repo) Tree(commit, dir string) (desired.Tree, error) { panic("unimplemented") }
-
-// ReadFile reads path at commit.
-func (r *Repo) ReadFile(commit, path string) ([]byte, error) { panic("unimplemented") }
-
-// Diff lists the changed paths from one commit's tree to another's.
-func (r *Repo) Diff(from, to string) ([]Change, error) { panic("unimplemented") }
-
-// CommitInfo describes one commit.
-func (r *Repo) CommitInfo(hash string) (*Commit, error) { panic("unimplemented") }
-
-// FirstParents walks first-parent history from commit, newest first, calling
-// fn until it returns false or history ends.
-func (r *Repo) FirstParents(from string, fn func(*Commit) (bool, error)) error {
-	panic("unimplemented")
+// normalizeURL makes local paths absolute (go-git resolves them against the
+// working directory of each call otherwise).
+func normalizeURL(raw string) (string, error) {
+	ep, err := transport.NewEndpoint(raw)
+	if err != nil {
+		return "", err
+	}
+	if ep.Protocol != "file" {
+		return raw, nil
+	}
+	p := strings.TrimPrefix(raw, "file://")
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	return abs, nil
 }
 
-// IsAncestor reports whether a is an ancestor of (or equal to) b.
-func (r *Repo) IsAncestor(a, b string) (bool, error) { panic("unimplemented") }
-
-// Update writes one commit to branch by compare-and-swap: fetch, apply
-// mutate on the tip, push without force; on rejection, fetch again and
-// retry with jittered backoff. It returns the new tip (or the unchanged tip
-// when mutate had nothing to write).
-func (r *Repo) Update(ctx context.Context, branch string, mutate Mutation) (string, error) {
-	panic("unimplemented")
+// localPath returns the directory of a local remote, or "" for a network one.
+func (r *Repo) localPath() string {
+	ep, err := transport.NewEndpoint(r.url)
+	if err != nil || ep.Protocol != "file" {
+		return ""
+	}
+	return ep.Path
 }
 
-// Watch sends branch's new tip on the returned channel whenever it changes:
-// polling RemoteHead every interval (jittered), and at once on a change of a
-// local repository's refs (fsnotify). The channel closes when ctx ends.
-func (r *Repo) Watch(ctx context.Context, branch string, interval time.Duration) <-chan string {
-	panic("unimplemented")
+// openStorage opens the cache (or makes a fresh one when fresh is set or
+// none exists) and points its remote at r.url. Caller holds r.mu.
+func (r *Repo) openStorage(fresh bool) error {
+	if r.opts.CacheDir == "" {
+		st := memory.NewStorage()
+		repo, err := git.Init(st, nil)
+		if err != nil {
+			return err
+		}
+		return r.adopt(st, repo)
+	}
+	dir := r.opts.CacheDir
+	if fresh {
+		if err := removeCache(dir); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	st := filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte), filesystem.Options{})
+	if len(ents) == 0 {
+		repo, err := git.Init(st, nil)
+		if err != nil {
+			return fmt.Errorf("init cache %s: %w", dir, err)
+		}
+		return r.adopt(st, repo)
+	}
+	if !isBareRepo(dir) {
+		return fmt.Errorf("cache dir %s is neither empty nor a git cache", dir)
+	}
+	repo, err := git.Open(st, nil)
+	if err != nil {
+		return fmt.Errorf("reopen cache %s: %w", dir, err)
+	}
+	return r.adopt(st, repo)
 }
+
+// isBareRepo reports whether dir looks like a bare repository.
+func isBareRepo(dir string) bool {
+	for _, name := range []string{"HEAD", "objects", "refs"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// removeCache deletes a cache directory, refusing anything that does not look
+// like one.
+func removeCache(dir string) error {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if !isBareRepo(dir) {
+		return fmt.Errorf("refuse to remove %s: not a git cache", dir)
+	}
+	old := fmt.Sprintf("%s.old-%d", dir, time.Now().UnixNano())
+	if err := os.Rename(dir, old); err != nil {
+		return err
+	}
+	return os.RemoveAll(old)
+}
+
+// adopt installs a storage and makes sure its remote points at r.url; when
+// the URL changed, the old remote-tracking refs are dropped. Caller holds
+// r.mu.
+func (r *Repo) adopt(st storage.Storer, repo *git.Repository) error {
+	cfg, err := repo.Config()
+	if err != nil {
+		return err
+	}
+	rc, ok := cfg.Remotes[remoteName]
+	if !ok || len(rc.URLs) != 1 || rc.URLs[0] != r.url {
+		if ok {
+			if err := dropRemoteRefs(st); err != nil {
+				return err
+			}
+		}
+		cfg.Remotes[remoteName] = &config.RemoteConfig{
+			Name:  remoteName,
+			URLs:  []string{r.url},
+			Fetch: []config.RefSpec{"+refs/heads/*:refs/remotes/origin/*"},
+		}
+		if err := st.SetConfig(cfg); err != nil {
+			return err
+		}
+	}
+	r.st, r.repo = st, repo
+	r.verified = map[plumbing.Hash]struct{}{}
+	r.sizes = map[plumbing.Hash]int64{}
+	return nil
+}
+
+// dropRemoteRefs removes every remote-tracking ref of the cache.
+func dropRemoteRefs(st storage.Storer) error {
+	iter, err := st.IterReferences()
+	if err != nil {
+		return err
+	}
+	var names []plumbing.ReferenceName
+	_ = iter.ForEach(func(ref *plumbing.Reference) error {
+		if strings.HasPrefix(ref.Name().String(), "refs/remotes/") {
+			names = append(names, ref.Name())
+		}
+		return nil
+	})
+	for _, n := range names {
+		if err := st.RemoveReference(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// trackingRef is the remote-tracking ref of branch.
+func trackingRef(branch string) plumbing.ReferenceName {
+	return plumbing.ReferenceName("refs/remotes/" + remoteName + "/" + branch)
+}
+
+// checkBranch rejects branch names git would not accept.
+func checkBranch(branch string) error {
+	if branch == "" {
+		return errors.New("empty branch name")
+	}
+	if err := plumbing.ReferenceName("refs/heads/" + branch).Validate(); err != nil {
+		return fmt.Errorf("branch %q: %w", branch, err)
+	}
+	return nil
+}
+
+var _ desired.Tree = (*gitTree)(nil)

@@ -1,0 +1,244 @@
+package gitsource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	git "github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/config"
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/transport"
+	"github.com/go-git/go-git/v5/storage"
+	"github.com/go-git/go-git/v5/storage/memory"
+)
+
+// Fetch fetches branch and returns its tip commit hash.
+//
+// The branch is fetched with the refspec +refs/heads/B:refs/remotes/origin/B,
+// at Options.Depth. The tip's commit and its whole tree are checked present
+// before Fetch returns, so a later Tree or ReadFile of the tip does not find
+// a hole. A remote without the branch gives ErrBranchNotFound (wrapped).
+// Cache damage (a missing object, a ref changed concurrently, a shallow gap,
+// an object an earlier read found missing) is repaired: fetch again with the
+// tracking ref dropped, then clone the cache afresh as the last resort.
+// Network and authentication failures are returned as they are.
+func (r *Repo) Fetch(ctx context.Context, branch string) (string, error) {
+	if err := checkBranch(branch); err != nil {
+		return "", fmt.Errorf("fetch: %w", err)
+	}
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		if attempt > 0 {
+			if err := ctx.Err(); err != nil {
+				return "", fmt.Errorf("fetch %s: %w (after %v)", branch, err, lastErr)
+			}
+			if err := r.repair(ctx, branch, attempt == 2); err != nil {
+				return "", fmt.Errorf("fetch %s: repair cache after %v: %w", branch, lastErr, err)
+			}
+		}
+		tip, err := r.fetchOnce(ctx, branch, attempt == 2)
+		if err == nil {
+			return tip, nil
+		}
+		if !repairable(err) {
+			return "", fmt.Errorf("fetch %s from %s: %w", branch, redactURL(r.url), err)
+		}
+		r.log.WithError(err).WithField("branch", branch).WithField("attempt", attempt+1).Warn("fetch found the cache damaged; repairing")
+		lastErr = err
+	}
+	return "", fmt.Errorf("fetch %s from %s: %w", branch, redactURL(r.url), lastErr)
+}
+
+// fetchOnce fetches branch and verifies the tip. With final set, objects
+// still missing after the fetch are recorded as gone from the remote instead
+// of failing.
+func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	spec := config.RefSpec("+refs/heads/" + branch + ":" + trackingRef(branch).String())
+	err := r.repo.FetchContext(ctx, &git.FetchOptions{
+		RemoteName: remoteName,
+		RefSpecs:   []config.RefSpec{spec},
+		Depth:      r.opts.Depth,
+		Auth:       r.auth,
+		Tags:       git.NoTags,
+	})
+	switch {
+	case err == nil, errors.Is(err, git.NoErrAlreadyUpToDate):
+	case errors.Is(err, git.NoMatchingRefSpecError{}):
+		return "", fmt.Errorf("%w: %s on %s", ErrBranchNotFound, branch, redactURL(r.url))
+	case errors.Is(err, transport.ErrEmptyRemoteRepository):
+		return "", fmt.Errorf("%w: %s on %s (empty repository)", ErrBranchNotFound, branch, redactURL(r.url))
+	default:
+		return "", err
+	}
+	ref, err := r.st.Reference(trackingRef(branch))
+	if err != nil {
+		return "", fmt.Errorf("%w: tracking ref of %s after fetch: %v", ErrObjectMissing, branch, err)
+	}
+	tip := ref.Hash()
+	if err := r.verifyCommit(tip); err != nil {
+		return "", err
+	}
+	for h := range r.missing {
+		if _, err := r.st.EncodedObject(plumbing.AnyObject, h); err == nil {
+			delete(r.missing, h)
+		} else if final {
+			r.log.WithField("object", h.String()).Warn("object not on the remote any more; not repairing it again")
+			r.absent[h] = struct{}{}
+			delete(r.missing, h)
+		} else {
+			return "", fmt.Errorf("%w: %s (found missing by an earlier read)", ErrObjectMissing, h)
+		}
+	}
+	return tip.String(), nil
+}
+
+// repair makes the next fetch of branch transfer its objects again: drop
+// the tracking ref (so the fetch does not stop at "up to date"), or, with
+// reclone set, clone the whole cache afresh and fetch back every branch it
+// tracked.
+func (r *Repo) repair(ctx context.Context, branch string, reclone bool) error {
+	r.mu.Lock()
+	if !reclone {
+		defer r.mu.Unlock()
+		r.verified = map[plumbing.Hash]struct{}{}
+		err := r.st.RemoveReference(trackingRef(branch))
+		if err != nil && !errors.Is(err, plumbing.ErrReferenceNotFound) {
+			return err
+		}
+		return nil
+	}
+	branches, err := trackedBranches(r.st)
+	if err != nil {
+		branches = nil // the refs may be part of the damage
+	}
+	r.log.WithField("branch", branch).Warn("cloning the cache afresh")
+	err = r.openStorage(true)
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	for _, b := range branches {
+		if b == branch {
+			continue
+		}
+		if _, err := r.fetchOnce(ctx, b, true); err != nil {
+			r.log.WithError(err).WithField("branch", b).Warn("refetch after a fresh clone failed; the next Fetch of it retries")
+		}
+	}
+	return nil
+}
+
+// trackedBranches lists the branches the cache tracks.
+func trackedBranches(st storage.Storer) ([]string, error) {
+	iter, err := st.IterReferences()
+	if err != nil {
+		return nil, err
+	}
+	prefix := "refs/remotes/" + remoteName + "/"
+	var out []string
+	err = iter.ForEach(func(ref *plumbing.Reference) error {
+		if n := ref.Name().String(); strings.HasPrefix(n, prefix) {
+			out = append(out, strings.TrimPrefix(n, prefix))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// verifyCommit checks that commit and every object of its tree are present.
+// Trees verified once are remembered (by hash, so a one-file commit checks
+// one path). Caller holds r.mu.
+func (r *Repo) verifyCommit(h plumbing.Hash) error {
+	c, err := object.GetCommit(r.st, h)
+	if err != nil {
+		return fmt.Errorf("%w: commit %s: %v", ErrObjectMissing, h, err)
+	}
+	return r.verifyTree(c.TreeHash)
+}
+
+// verifyTree checks one tree recursively. Caller holds r.mu.
+func (r *Repo) verifyTree(h plumbing.Hash) error {
+	if _, ok := r.verified[h]; ok {
+		return nil
+	}
+	t, err := object.GetTree(r.st, h)
+	if err != nil {
+		return fmt.Errorf("%w: tree %s: %v", ErrObjectMissing, h, err)
+	}
+	for _, e := range t.Entries {
+		switch e.Mode {
+		case filemode.Dir:
+			if err := r.verifyTree(e.Hash); err != nil {
+				return err
+			}
+		case filemode.Submodule:
+			// A gitlink names a commit of another repository.
+		default:
+			if err := r.st.HasEncodedObject(e.Hash); err != nil {
+				return fmt.Errorf("%w: blob %s (%s): %v", ErrObjectMissing, e.Hash, e.Name, err)
+			}
+		}
+	}
+	if len(r.verified) > 1<<20 {
+		r.verified = map[plumbing.Hash]struct{}{}
+	}
+	r.verified[h] = struct{}{}
+	return nil
+}
+
+// repairable reports whether err is damage a refetch or a fresh clone can
+// mend, as opposed to a network, authentication or input failure.
+func repairable(err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, ErrBranchNotFound),
+		errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed),
+		errors.Is(err, transport.ErrRepositoryNotFound), errors.Is(err, transport.ErrInvalidAuthMethod):
+		return false
+	case errors.Is(err, ErrObjectMissing), errors.Is(err, plumbing.ErrObjectNotFound),
+		errors.Is(err, storage.ErrReferenceHasChanged), errors.Is(err, plumbing.ErrReferenceNotFound):
+		return true
+	}
+	msg := strings.ToLower(err.Error())
+	for _, s := range []string{
+		"object not found", "reference has changed concurrently", "shallow",
+		"malformed", "checksum", "invalid object", "zlib", "packfile", "idx file", "unexpected eof",
+	} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// RemoteHead resolves branch's tip on the remote without fetching objects
+// (the ref advertisement only, like git ls-remote). It does not touch the
+// cache. A remote without the branch gives ErrBranchNotFound (wrapped).
+func (r *Repo) RemoteHead(ctx context.Context, branch string) (string, error) {
+	if err := checkBranch(branch); err != nil {
+		return "", fmt.Errorf("remote head: %w", err)
+	}
+	remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: remoteName, URLs: []string{r.url}})
+	refs, err := remote.ListContext(ctx, &git.ListOptions{Auth: r.auth})
+	if err != nil {
+		if errors.Is(err, transport.ErrEmptyRemoteRepository) {
+			return "", fmt.Errorf("remote head %s: %w: %s on %s (empty repository)", branch, ErrBranchNotFound, branch, redactURL(r.url))
+		}
+		return "", fmt.Errorf("remote head %s on %s: %w", branch, redactURL(r.url), err)
+	}
+	want := plumbing.ReferenceName("refs/heads/" + branch)
+	for _, ref := range refs {
+		if ref.Name() == want && ref.Type() == plumbing.HashReference {
+			return ref.Hash().String(), nil
+		}
+	}
+	return "", fmt.Errorf("remote head %s: %w: %s on %s", branch, ErrBranchNotFound, branch, redactURL(r.url))
+}

@@ -1,0 +1,444 @@
+package gitsource
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/mail"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/protocol/packp"
+	"github.com/go-git/go-git/v5/plumbing/protocol/packp/capability"
+	"github.com/go-git/go-git/v5/plumbing/transport"
+	"github.com/go-git/go-git/v5/plumbing/transport/client"
+)
+
+// signature is a commit identity without a time.
+type signature struct{ name, email string }
+
+// parseSignature parses "Name <email>"; empty gives DefaultCommitter.
+func parseSignature(s string) (signature, error) {
+	if s == "" {
+		s = DefaultCommitter
+	}
+	a, err := mail.ParseAddress(s)
+	if err != nil {
+		return signature{}, fmt.Errorf("%q is not \"Name <email>\": %w", s, err)
+	}
+	return signature{name: a.Name, email: a.Address}, nil
+}
+
+// errRejected marks a push the remote refused because the branch moved (or
+// a concurrent push held its lock): Update fetches again and retries.
+var errRejected = errors.New("push rejected")
+
+// Update writes one commit to branch by compare-and-swap: fetch, apply
+// mutate on the tip, push without force; on rejection, fetch again and
+// retry with jittered backoff. It returns the new tip (or the unchanged tip
+// when mutate had nothing to write).
+//
+// A branch absent on the remote is created with a root commit. The commit is
+// built in the object store (no worktree) from the tip's tree with the
+// mutation's paths replaced or removed; directories left empty disappear, as
+// in git. Its push names the fetched tip as the old value, so the remote
+// takes it only if the branch still points there. A mutation that changes
+// nothing (same contents) writes no commit. An error from mutate stops
+// Update and is returned as it is. After Options.UpdateAttempts rejections,
+// or when ctx ends while waiting, the error matches ErrConflict. Update calls
+// on one Repo run one at a time.
+func (r *Repo) Update(ctx context.Context, branch string, mutate Mutation) (string, error) {
+	if err := checkBranch(branch); err != nil {
+		return "", fmt.Errorf("update: %w", err)
+	}
+	r.updateMu.Lock()
+	defer r.updateMu.Unlock()
+	attempts := r.opts.UpdateAttempts
+	if attempts <= 0 {
+		attempts = DefaultUpdateAttempts
+	}
+	base, ceiling := r.opts.Backoff, r.opts.MaxBackoff
+	if base <= 0 {
+		base = 25 * time.Millisecond
+	}
+	if ceiling <= 0 {
+		ceiling = 2 * time.Second
+	}
+	var lastErr error
+	for attempt := 0; attempt < attempts; attempt++ {
+		if attempt > 0 {
+			wait := base << min(attempt-1, 20)
+			if wait > ceiling || wait <= 0 {
+				wait = ceiling
+			}
+			wait = time.Duration(rand.Int64N(int64(wait) + 1))
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return "", fmt.Errorf("update %s: %w: %v (last: %v)", branch, ErrConflict, ctx.Err(), lastErr)
+			case <-t.C:
+			}
+		}
+		tip, err := r.Fetch(ctx, branch)
+		if err != nil && !errors.Is(err, ErrBranchNotFound) {
+			return "", fmt.Errorf("update %s: %w", branch, err)
+		}
+		newTip, err := r.attempt(ctx, branch, tip, mutate)
+		if err == nil {
+			return newTip, nil
+		}
+		if !errors.Is(err, errRejected) {
+			return "", fmt.Errorf("update %s: %w", branch, err)
+		}
+		r.log.WithField("branch", branch).WithField("attempt", attempt+1).Debug(err.Error())
+		lastErr = err
+	}
+	return "", fmt.Errorf("update %s: %w after %d attempts: %v", branch, ErrConflict, attempts, lastErr)
+}
+
+// attempt runs mutate on tip, builds the commit and pushes it.
+func (r *Repo) attempt(ctx context.Context, branch, tip string, mutate Mutation) (string, error) {
+	read := func(p string) ([]byte, error) {
+		if tip == "" {
+			return nil, &notFoundError{commit: "(new branch " + branch + ")", path: p}
+		}
+		return r.ReadFile(tip, p)
+	}
+	files, msg, err := mutate(tip, read)
+	if err != nil {
+		return "", err
+	}
+	if len(files) == 0 {
+		return tip, nil
+	}
+	commit, pack, err := r.build(tip, files, msg)
+	if err != nil {
+		return "", err
+	}
+	if commit.IsZero() {
+		return tip, nil // the contents are already there
+	}
+	if err := r.push(ctx, branch, tip, commit, pack); err != nil {
+		return "", err
+	}
+	r.mu.Lock()
+	err = r.st.SetReference(plumbing.NewHashReference(trackingRef(branch), commit))
+	r.mu.Unlock()
+	if err != nil {
+		// The push stands; the next Fetch sets the tracking ref.
+		r.log.WithError(err).WithField("branch", branch).Warn("record pushed tip")
+	}
+	return commit.String(), nil
+}
+
+// build writes the commit of files on tip into the store and returns it
+// with a pack of the new objects. A zero hash means the tree did not change.
+func (r *Repo) build(tip string, files map[string][]byte, msg string) (plumbing.Hash, []byte, error) {
+	edits := make(map[string][]byte, len(files))
+	for p, data := range files {
+		cp, err := cleanPath(p)
+		if err != nil || cp == "" {
+			return plumbing.ZeroHash, nil, fmt.Errorf("bad path %q: %v", p, err)
+		}
+		edits[cp] = data
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := &builder{r: r}
+	var root plumbing.Hash
+	var parents []plumbing.Hash
+	if tip != "" {
+		c, err := r.resolve(tip)
+		if err != nil {
+			return plumbing.ZeroHash, nil, err
+		}
+		root = c.TreeHash
+		parents = []plumbing.Hash{c.Hash}
+	}
+	newRoot, err := b.edit(root, edits)
+	if err != nil {
+		return plumbing.ZeroHash, nil, err
+	}
+	if newRoot == root && tip != "" {
+		return plumbing.ZeroHash, nil, nil
+	}
+	if newRoot.IsZero() {
+		// Every file removed: git records the empty tree.
+		if newRoot, err = b.writeTree(nil); err != nil {
+			return plumbing.ZeroHash, nil, err
+		}
+	}
+	now := time.Now()
+	sig := object.Signature{Name: r.committer.name, Email: r.committer.email, When: now}
+	if msg == "" {
+		msg = "gitfleet update"
+	}
+	if !strings.HasSuffix(msg, "\n") {
+		msg += "\n"
+	}
+	c := &object.Commit{Author: sig, Committer: sig, Message: msg, TreeHash: newRoot, ParentHashes: parents}
+	ch, err := b.store(c)
+	if err != nil {
+		return plumbing.ZeroHash, nil, err
+	}
+	var buf bytes.Buffer
+	if _, err := packfile.NewEncoder(&buf, r.st, false).Encode(b.written, 0); err != nil {
+		return plumbing.ZeroHash, nil, fmt.Errorf("pack new objects: %w", err)
+	}
+	return ch, buf.Bytes(), nil
+}
+
+// builder edits trees in the object store and remembers what it wrote.
+type builder struct {
+	r       *Repo
+	written []plumbing.Hash
+}
+
+// encodable is an object go-git can encode (blob data aside).
+type encodable interface {
+	Encode(plumbing.EncodedObject) error
+}
+
+func (b *builder) store(o encodable) (plumbing.Hash, error) {
+	obj := b.r.st.NewEncodedObject()
+	if err := o.Encode(obj); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	return b.put(obj)
+}
+
+func (b *builder) put(obj plumbing.EncodedObject) (plumbing.Hash, error) {
+	h, err := b.r.st.SetEncodedObject(obj)
+	if err != nil {
+		return plumbing.ZeroHash, fmt.Errorf("store object: %w", err)
+	}
+	b.written = append(b.written, h)
+	return h, nil
+}
+
+func (b *builder) writeBlob(data []byte) (plumbing.Hash, error) {
+	obj := b.r.st.NewEncodedObject()
+	obj.SetType(plumbing.BlobObject)
+	obj.SetSize(int64(len(data)))
+	w, err := obj.Writer()
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	if _, err := w.Write(data); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	if err := w.Close(); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	return b.put(obj)
+}
+
+// writeTree stores a tree of entries, sorted the way git sorts them
+// (a directory sorts as if its name ended in "/").
+func (b *builder) writeTree(entries []object.TreeEntry) (plumbing.Hash, error) {
+	sort.Slice(entries, func(i, j int) bool {
+		return sortName(entries[i]) < sortName(entries[j])
+	})
+	return b.store(&object.Tree{Entries: entries})
+}
+
+func sortName(e object.TreeEntry) string {
+	if e.Mode == filemode.Dir {
+		return e.Name + "/"
+	}
+	return e.Name
+}
+
+// edit applies edits (paths relative to the tree at h, nil data removes) and
+// returns the new tree's hash: zero when the tree ends up empty, h itself
+// when nothing changed.
+func (b *builder) edit(h plumbing.Hash, edits map[string][]byte) (plumbing.Hash, error) {
+	var entries []object.TreeEntry
+	if !h.IsZero() {
+		t, err := b.r.tree(h)
+		if err != nil {
+			return plumbing.ZeroHash, err
+		}
+		entries = append(entries, t.Entries...)
+	}
+	// Split the edits into this level's files and the subdirectories'.
+	here := map[string][]byte{}
+	below := map[string]map[string][]byte{}
+	for p, data := range edits {
+		dir, rest, nested := strings.Cut(p, "/")
+		if !nested {
+			here[p] = data
+			continue
+		}
+		if below[dir] == nil {
+			below[dir] = map[string][]byte{}
+		}
+		below[dir][rest] = data
+	}
+	index := map[string]int{}
+	for i, e := range entries {
+		index[e.Name] = i
+	}
+	changed := false
+	removed := map[string]bool{}
+	for name, data := range here {
+		i, exists := index[name]
+		if exists && entries[i].Mode == filemode.Dir {
+			return plumbing.ZeroHash, fmt.Errorf("write %s: a directory is in the way", name)
+		}
+		if _, clash := below[name]; clash {
+			return plumbing.ZeroHash, fmt.Errorf("write %s: also written as a directory", name)
+		}
+		if data == nil {
+			if exists {
+				removed[name] = true
+				changed = true
+			}
+			continue
+		}
+		bh, err := b.writeBlob(data)
+		if err != nil {
+			return plumbing.ZeroHash, err
+		}
+		mode := filemode.Regular
+		if exists && entries[i].Mode == filemode.Executable {
+			mode = filemode.Executable
+		}
+		if exists {
+			if entries[i].Hash != bh || entries[i].Mode != mode {
+				entries[i].Hash, entries[i].Mode = bh, mode
+				changed = true
+			}
+			continue
+		}
+		index[name] = len(entries)
+		entries = append(entries, object.TreeEntry{Name: name, Mode: mode, Hash: bh})
+		changed = true
+	}
+	for name, sub := range below {
+		i, exists := index[name]
+		var old plumbing.Hash
+		if exists {
+			if entries[i].Mode != filemode.Dir {
+				return plumbing.ZeroHash, fmt.Errorf("write under %s: a file is in the way", name)
+			}
+			old = entries[i].Hash
+		}
+		nh, err := b.edit(old, sub)
+		if err != nil {
+			return plumbing.ZeroHash, fmt.Errorf("%s/%w", name, err)
+		}
+		switch {
+		case nh == old:
+		case nh.IsZero():
+			removed[name] = true
+			changed = true
+		case exists:
+			entries[i].Hash = nh
+			changed = true
+		default:
+			index[name] = len(entries)
+			entries = append(entries, object.TreeEntry{Name: name, Mode: filemode.Dir, Hash: nh})
+			changed = true
+		}
+	}
+	if !changed {
+		return h, nil
+	}
+	kept := entries[:0]
+	for _, e := range entries {
+		if !removed[e.Name] {
+			kept = append(kept, e)
+		}
+	}
+	if len(kept) == 0 {
+		return plumbing.ZeroHash, nil
+	}
+	return b.writeTree(kept)
+}
+
+// push sends commit (whose objects are in pack) to refs/heads/branch,
+// naming tip as the value the branch must still have. A refusal because the
+// branch moved is errRejected.
+func (r *Repo) push(ctx context.Context, branch, tip string, commit plumbing.Hash, pack []byte) error {
+	ep, err := transport.NewEndpoint(r.url)
+	if err != nil {
+		return err
+	}
+	cl, err := client.NewClient(ep)
+	if err != nil {
+		return err
+	}
+	sess, err := cl.NewReceivePackSession(ep, r.auth)
+	if err != nil {
+		return fmt.Errorf("push %s: %w", branch, err)
+	}
+	defer sess.Close()
+	ar, err := sess.AdvertisedReferencesContext(ctx)
+	if err != nil {
+		return fmt.Errorf("push %s: %w", branch, err)
+	}
+	refs, err := ar.AllReferences()
+	if err != nil {
+		return fmt.Errorf("push %s: %w", branch, err)
+	}
+	name := plumbing.ReferenceName("refs/heads/" + branch)
+	old := plumbing.ZeroHash
+	if tip != "" {
+		old = plumbing.NewHash(tip)
+	}
+	current := plumbing.ZeroHash
+	if ref, err := refs.Reference(name); err == nil {
+		current = ref.Hash()
+	}
+	if current != old {
+		return fmt.Errorf("%w: %s moved from %s to %s", errRejected, branch, short(old.String()), short(current.String()))
+	}
+	req := packp.NewReferenceUpdateRequestFromCapabilities(ar.Capabilities)
+	req.Commands = []*packp.Command{{Name: name, Old: old, New: commit}}
+	req.Packfile = io.NopCloser(bytes.NewReader(pack))
+	if !ar.Capabilities.Supports(capability.ReportStatus) {
+		return fmt.Errorf("push %s: the remote does not report status", branch)
+	}
+	rs, err := sess.ReceivePack(ctx, req)
+	if err != nil {
+		if pushRejected(err) {
+			return fmt.Errorf("%w: %v", errRejected, err)
+		}
+		return fmt.Errorf("push %s: %w", branch, err)
+	}
+	if rs == nil {
+		return fmt.Errorf("push %s: no report from the remote", branch)
+	}
+	if err := rs.Error(); err != nil {
+		if pushRejected(err) {
+			return fmt.Errorf("%w: %v", errRejected, err)
+		}
+		return fmt.Errorf("push %s: %w", branch, err)
+	}
+	return nil
+}
+
+// pushRejected recognizes git receive-pack's refusals of a ref update that
+// lost a race: the ref moved or was locked by a concurrent push.
+func pushRejected(err error) bool {
+	msg := strings.ToLower(err.Error())
+	for _, s := range []string{
+		"failed to update ref", "failed to lock", "cannot lock ref", "stale info",
+		"non-fast-forward", "fetch first", "reference has changed", "is at", "but expected",
+	} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
