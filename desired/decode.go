@@ -376,12 +376,12 @@ var decimal = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
 // scalarInt accepts only a plain decimal integer: no quotes, no floats, no
 // 0x/0o/0b prefixes, no leading zeros, no underscores, no sign prefix "+".
 func (d *nodeDecoder) scalarInt(n *yaml.Node, field string, unsigned bool) (int64, bool) {
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" && n.Tag != "!!float" {
 		d.add(nodePos(n), field, "must be an integer, got %s", describe(n))
 		return 0, false
 	}
 	if !decimal.MatchString(n.Value) {
-		d.add(nodePos(n), field, "must be a plain decimal integer such as 42, got %q", n.Value)
+		d.add(nodePos(n), field, "must be a plain decimal integer such as 42, got %s", n.Value)
 		return 0, false
 	}
 	if unsigned {

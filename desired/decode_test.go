@@ -1,0 +1,254 @@
+package desired
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// vmHead is lines 1-5 of a VM file; spec fields start on line 6.
+const vmHead = "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata:\n  name: web-01\nspec:\n"
+
+// vmBody is a valid spec for vmHead, lines 6-12.
+const vmBody = "  host: hv-a\n  vcpus: 2\n  memoryMB: 2048\n  diskGB: 20\n  image:\n    url: https://example.org/d.qcow2\n    sha256: " + sumA + "\n"
+
+// vm returns vmHead followed by spec lines (each indented by the caller).
+func vm(spec string) string { return vmHead + spec }
+
+func errStrings(errs []*Error) []string {
+	out := make([]string, len(errs))
+	for i, e := range errs {
+		out[i] = e.Error()
+	}
+	return out
+}
+
+// bomb is a billion-laughs document: expanded, it would be 9^6 nodes.
+const bomb = "b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n" +
+	"d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+
+func TestParseFileErrors(t *testing.T) {
+	sum := sumA
+	big := vm(vmBody) + "#" + strings.Repeat("x", MaxFileSize) + "\n"
+	tests := []struct {
+		name  string
+		input string
+		want  []string
+	}{
+		// Unknown fields, duplicate keys, wrong types.
+		{"unknown field with suggestion", vm(strings.Replace(vmBody, "vcpus: 2", "vcpu: 2", 1)), []string{
+			`obj.yaml:5:1: spec.vcpus: missing`,
+			`obj.yaml:7:3: spec.vcpu: unknown field "vcpu"; did you mean "vcpus"?`,
+		}},
+		{"unknown top-level field", vm(vmBody) + "status: {}\n", []string{
+			`obj.yaml:13:1: status: unknown field "status"; known fields: apiVersion, kind, metadata, spec`,
+		}},
+		{"duplicate key", vm(vmBody + "  vcpus: 4\n"), []string{
+			`obj.yaml:13:3: spec.vcpus: duplicate key "vcpus" (first written at line 7); a key may appear only once`,
+		}},
+		{"quoted integer", vm(strings.Replace(vmBody, "vcpus: 2", `vcpus: "2"`, 1)), []string{
+			`obj.yaml:7:10: spec.vcpus: must be an integer, got the string "2"`,
+		}},
+		{"float in integer field", vm(strings.Replace(vmBody, "memoryMB: 2048", "memoryMB: 1e3", 1)), []string{
+			`obj.yaml:8:13: spec.memoryMB: must be a plain decimal integer such as 42, got 1e3`,
+		}},
+		{"boolean in integer field", vm(strings.Replace(vmBody, "diskGB: 20", "diskGB: true", 1)), []string{
+			`obj.yaml:9:11: spec.diskGB: must be an integer, got the boolean true`,
+		}},
+		{"hex integer", vm(strings.Replace(vmBody, "vcpus: 2", "vcpus: 0x2", 1)), []string{
+			`obj.yaml:7:10: spec.vcpus: must be a plain decimal integer such as 42, got 0x2`,
+		}},
+		{"leading zero integer", vm(strings.Replace(vmBody, "memoryMB: 2048", "memoryMB: 02048", 1)), []string{
+			`obj.yaml:8:13: spec.memoryMB: must be a plain decimal integer such as 42, got 02048`,
+		}},
+		{"integer overflow", vm(strings.Replace(vmBody, "diskGB: 20", "diskGB: 99999999999999999999", 1)), []string{
+			`obj.yaml:9:11: spec.diskGB: integer 99999999999999999999 is out of range`,
+		}},
+		{"octal-looking string field", vm(strings.Replace(vmBody, "host: hv-a", "host: 007", 1)), []string{
+			`obj.yaml:6:9: spec.host: must be a string, got the integer 007; if you mean the text, quote it: "007"`,
+		}},
+		{"float-looking string field", vm(vmBody + "  network: 1.10\n"), []string{
+			`obj.yaml:13:12: spec.network: must be a string, got the number 1.10; if you mean the text, quote it: "1.10"`,
+		}},
+		{"exponent-looking label value", strings.Replace(vm(vmBody), "  name: web-01\n", "  name: web-01\n  labels: {build: 1e3}\n", 1), []string{
+			`obj.yaml:5:19: metadata.labels.build: must be a string, got the number 1e3; if you mean the text, quote it: "1e3"`,
+		}},
+		{"boolean in string field", vm(vmBody + "  network: true\n"), []string{
+			`obj.yaml:13:12: spec.network: must be a string, got the boolean true; if you mean the text, quote it: "true"`,
+		}},
+		{"mapping in string field", vm(strings.Replace(vmBody, "host: hv-a", "host: {name: hv-a}", 1)), []string{
+			`obj.yaml:6:9: spec.host: must be a string, got a mapping`,
+		}},
+		{"scalar where a list belongs", vm(vmBody + "  volumes: data-01\n"), []string{
+			`obj.yaml:13:12: spec.volumes: must be a list, got the string "data-01"`,
+		}},
+		{"null list item", vm(vmBody + "  volumes: [data-01, ~]\n"), []string{
+			`obj.yaml:13:22: spec.volumes[1]: must be a string, got null (an empty value); if you mean the text, quote it: "~"`,
+		}},
+		{"list where a mapping belongs", vm(vmBody + "  cloudInit: [x]\n"), []string{
+			`obj.yaml:13:14: spec.cloudInit: must be a mapping, got a list`,
+		}},
+		{"explicit tag", vm(strings.Replace(vmBody, "vcpus: 2", `vcpus: !!int "2"`, 1)), []string{
+			`obj.yaml:7:10: spec.vcpus: explicit tags (!!int) are not supported; write strings in quotes instead`,
+		}},
+		{"non-string key", vm(vmBody + "  1: x\n"), []string{
+			`obj.yaml:13:3: spec: keys must be strings, got the integer 1`,
+		}},
+
+		// Zero, two, or non-mapping documents; apiVersion and kind.
+		{"empty file", "", []string{
+			`obj.yaml:1:1: no object in file; each *.yaml / *.yml file holds exactly one object (remove the file or give it one)`,
+		}},
+		{"only comments", "# web-01 was here\n# gone\n", []string{
+			`obj.yaml:1:1: no object in file; each *.yaml / *.yml file holds exactly one object (remove the file or give it one)`,
+		}},
+		{"only document markers", "---\n---\n...\n", []string{
+			`obj.yaml:1:1: no object in file; each *.yaml / *.yml file holds exactly one object (remove the file or give it one)`,
+		}},
+		{"two objects", vm(vmBody) + "---\n" + vm(vmBody), []string{
+			`obj.yaml:14:1: a second YAML document; each file holds exactly one object (split it into two files)`,
+		}},
+		{"trailing document marker is fine", vm(vmBody) + "---\n", nil},
+		{"list at the top", "- kind: VM\n", []string{
+			`obj.yaml:1:1: an object must be a mapping with apiVersion, kind, metadata and spec; got a list`,
+		}},
+		{"unknown apiVersion", strings.Replace(vm(vmBody), "v1alpha1", "v1", 1), []string{
+			`obj.yaml:1:13: apiVersion: unknown apiVersion "gitfleet.dev/v1"; this release reads gitfleet.dev/v1alpha1`,
+		}},
+		{"unknown kind", strings.Replace(vm(vmBody), "kind: VM", "kind: Vm", 1), []string{
+			`obj.yaml:2:7: kind: unknown kind "Vm"; must be VM, Volume or Host`,
+		}},
+		{"missing kind", strings.Replace(vm(vmBody), "kind: VM\n", "", 1), []string{
+			`obj.yaml:1:1: kind: missing; write kind: VM, Volume or Host`,
+		}},
+		{"missing spec", "apiVersion: gitfleet.dev/v1alpha1\nkind: Volume\nmetadata: {name: data-01}\n", []string{
+			`obj.yaml:1:1: spec: missing`,
+			`obj.yaml:1:1: spec.host: missing`,
+			`obj.yaml:1:1: spec.sizeGB: missing`,
+		}},
+
+		// Encodings, tabs, line ends.
+		{"UTF-8 byte-order mark is stripped", "\xEF\xBB\xBF" + vm(vmBody), nil},
+		{"UTF-16 is rejected", "\xFF\xFEa\x00p\x00i\x00", []string{
+			`obj.yaml:1:1: file is UTF-16 encoded; save it as UTF-8`,
+		}},
+		{"UTF-16 without a byte-order mark is rejected", "a\x00p\x00i\x00:\x00", []string{
+			`obj.yaml:1:2: file contains a NUL byte; is it UTF-16 or binary? save it as UTF-8 text`,
+		}},
+		{"invalid UTF-8", strings.Replace(vm(vmBody), "name: web-01", "name: web-\xff1", 1), []string{
+			`obj.yaml:4:13: file is not valid UTF-8; save it as UTF-8`,
+		}},
+		{"tab in indentation", vm(strings.Replace(vmBody, "  vcpus", "\tvcpus", 1)), []string{
+			`obj.yaml:7:1: tab character in indentation; YAML indents with spaces only`,
+		}},
+		{"tab after spaces in indentation", vm(strings.Replace(vmBody, "    url", "  \turl", 1)), []string{
+			`obj.yaml:11:3: tab character in indentation; YAML indents with spaces only`,
+		}},
+		{"CRLF line ends", strings.ReplaceAll(vm(vmBody), "\n", "\r\n"), nil},
+		{"syntax error", vm(vmBody + "  network: [lan\n"), []string{
+			`obj.yaml:12:1: invalid YAML: did not find expected ',' or ']'`,
+		}},
+
+		// Anchors, aliases, merge keys.
+		{"anchor", vm(strings.Replace(vmBody, "  image:\n", "  image: &img\n", 1)), []string{
+			`obj.yaml:10:10: spec.image: anchors (&img) are not supported; write the value out in full`,
+		}},
+		{"alias", strings.Replace(vm(vmBody), "  name: web-01\n", "  name: &n web-01\n  labels: {app: *n}\n", 1), []string{
+			`obj.yaml:4:9: metadata.name: anchors (&n) are not supported; write the value out in full`,
+			`obj.yaml:5:17: metadata.labels.app: aliases (*n) are not supported; write the value out in full`,
+		}},
+		{"merge key", vm("  <<: {host: hv-a}\n" + strings.Replace(vmBody, "  host: hv-a\n", "", 1)), []string{
+			`obj.yaml:5:1: spec.host: missing`,
+			`obj.yaml:6:3: spec: merge keys (<<) are not supported; write the fields out in full`,
+		}},
+		// The parser never expands aliases, and the decoder rejects the
+		// first anchor it meets, so a bomb costs no more than its size.
+		{"alias bomb", vm(vmBody + "  volumes: &a [x, x, x, x, x, x, x, x, x]\n" + bomb), []string{
+			`obj.yaml:13:12: spec.volumes: anchors (&a) are not supported; write the value out in full`,
+			`obj.yaml:14:1: b: unknown field "b"; known fields: apiVersion, kind, metadata, spec`,
+			`obj.yaml:15:1: c: unknown field "c"; known fields: apiVersion, kind, metadata, spec`,
+			`obj.yaml:16:1: d: unknown field "d"; known fields: apiVersion, kind, metadata, spec`,
+		}},
+		{"alias bomb nested in a known field", strings.Replace(vm(vmBody), "  name: web-01\n", "  name: web-01\n  labels: {a: &a lol, b: &b [*a, *a, *a], c: [*b, *b, *b]}\n", 1), []string{
+			`obj.yaml:5:15: metadata.labels.a: anchors (&a) are not supported; write the value out in full`,
+			`obj.yaml:5:26: metadata.labels.b: anchors (&b) are not supported; write the value out in full`,
+			`obj.yaml:5:46: metadata.labels.c: must be a string, got a list`,
+		}},
+
+		// Size.
+		{"file over 1 MiB", big, []string{
+			fmt.Sprintf(`obj.yaml:1:1: file is %d bytes; an object file may be at most 1048576 bytes (1 MiB)`, len(big)),
+		}},
+		{"file of exactly 1 MiB", vm(vmBody) + "#" + strings.Repeat("x", MaxFileSize-len(vm(vmBody))-2) + "\n", nil},
+
+		// Values of single fields.
+		{"name not a DNS label", strings.Replace(vm(vmBody), "name: web-01", "name: Web_01", 1), []string{
+			`obj.yaml:4:9: metadata.name: "Web_01" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
+		}},
+		{"name too long", strings.Replace(vm(vmBody), "name: web-01", "name: "+strings.Repeat("a", 64), 1), []string{
+			`obj.yaml:4:9: metadata.name: "` + strings.Repeat("a", 64) + `" is 64 characters; a name is at most 63`,
+		}},
+		{"name of 63 characters", strings.Replace(vm(vmBody), "name: web-01", "name: "+strings.Repeat("a", 63), 1), nil},
+		{"yes, no, on and off are strings", strings.Replace(vm(strings.Replace(vmBody, "host: hv-a", "host: no", 1)), "name: web-01", "name: on", 1), nil},
+		{"values out of range", vm("  host: hv-a\n  vcpus: 0\n  memoryMB: 63\n  diskGB: 0\n  image: {url: https://example.org/d.qcow2, sha256: " + sum + "}\n"), []string{
+			`obj.yaml:7:10: spec.vcpus: 0 is out of range; must be 1 to 256`,
+			`obj.yaml:8:13: spec.memoryMB: 63 is out of range; must be 64 to 4194304 MiB`,
+			`obj.yaml:9:11: spec.diskGB: 0 is out of range; must be 1 to 65536 GiB`,
+		}},
+		{"values above the upper bounds", vm("  host: hv-a\n  vcpus: 257\n  memoryMB: 4194305\n  diskGB: 65537\n  image: {url: https://example.org/d.qcow2, sha256: " + sum + "}\n"), []string{
+			`obj.yaml:7:10: spec.vcpus: 257 is out of range; must be 1 to 256`,
+			`obj.yaml:8:13: spec.memoryMB: 4194305 is out of range; must be 64 to 4194304 MiB`,
+			`obj.yaml:9:11: spec.diskGB: 65537 is out of range; must be 1 to 65536 GiB`,
+		}},
+		{"sha256 uppercase", vm(strings.Replace(vmBody, sum, strings.ToUpper(sum), 1)), []string{
+			`obj.yaml:12:13: spec.image.sha256: must be 64 lowercase hex digits (the file's sha256), got 64 characters "` + strings.ToUpper(sum) + `"`,
+		}},
+		{"sha256 too short", vm(strings.Replace(vmBody, sum, "abc123", 1)), []string{
+			`obj.yaml:12:13: spec.image.sha256: must be 64 lowercase hex digits (the file's sha256), got 6 characters "abc123"`,
+		}},
+		{"URL scheme", vm(strings.Replace(vmBody, "https://example.org", "ftp://example.org", 1)), []string{
+			`obj.yaml:11:10: spec.image.url: scheme "ftp" is not supported; use http, https or file`,
+		}},
+		{"URL without scheme", vm(strings.Replace(vmBody, "https://example.org/d.qcow2", "images/d.qcow2", 1)), []string{
+			`obj.yaml:11:10: spec.image.url: "images/d.qcow2" has no scheme; use http, https or file`,
+		}},
+		{"relative file URL", vm(strings.Replace(vmBody, "https://example.org/d.qcow2", "file://d.qcow2", 1)), []string{
+			`obj.yaml:11:10: spec.image.url: "file://d.qcow2" must be file:///absolute/path`,
+		}},
+		{"missing sha256", vm(strings.Replace(vmBody, "    sha256: "+sum+"\n", "", 1)), []string{
+			`obj.yaml:10:3: spec.image.sha256: missing`,
+		}},
+		{"power", vm(vmBody + "  power: off\n"), []string{
+			`obj.yaml:13:10: spec.power: must be running or stopped, got "off"`,
+		}},
+		{"no image and no kernel", vm("  host: hv-a\n  vcpus: 2\n  memoryMB: 2048\n  diskGB: 20\n"), []string{
+			`obj.yaml:5:1: spec: needs an image, a kernel, or both`,
+		}},
+		{"volume listed twice", vm(vmBody + "  volumes: [data-01, data-01]\n"), []string{
+			`obj.yaml:13:22: spec.volumes[1]: volume "data-01" is listed twice (first at spec.volumes[0])`,
+		}},
+		{"volume size", "apiVersion: gitfleet.dev/v1alpha1\nkind: Volume\nmetadata: {name: data-01}\nspec: {host: hv-a, sizeGB: 0}\n", []string{
+			`obj.yaml:4:28: spec.sizeGB: 0 is out of range; must be 1 to 65536 GiB`,
+		}},
+		{"host capacity and networks", "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec:\n  capacity: {vcpus: -1, memoryMB: 1024}\n  networks:\n    LAN: {bridge: br0}\n    wan: {bridge: a-very-long-bridge-name}\n    dmz: {}\n", []string{
+			`obj.yaml:5:21: spec.capacity.vcpus: -1 is out of range; must be 0 to 4096 (0 means not limited)`,
+			`obj.yaml:7:5: spec.networks.LAN: network name "LAN" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
+			`obj.yaml:8:19: spec.networks.wan.bridge: "a-very-long-bridge-name" is not a Linux interface name (1 to 15 letters, digits, '-', '_' or '.')`,
+			`obj.yaml:9:5: spec.networks.dmz.bridge: missing`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			obj, errs := parseFile("obj.yaml", []byte(tt.input))
+			got := errStrings(errs)
+			ErrorList(errs).Sort()
+			got = errStrings(errs)
+			if strings.Join(got, "\n") != strings.Join(tt.want, "\n") {
+				t.Errorf("errors:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(tt.want, "\n     "))
+			}
+			if (obj == nil) != (len(tt.want) > 0) {
+				t.Errorf("object = %v with %d errors; want an object exactly when there are no errors", obj, len(errs))
+			}
+		})
+	}
+}
