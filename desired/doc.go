@@ -9,4 +9,70 @@
 //
 // The contracts here are the ones fixed in DESIGN.md (Objects; Branches and
 // files): identity is kind + metadata.name, never the file path.
+//
+// # Loading
+//
+// A Loader reads a Tree: a directory on disk (DirTree) or a git tree at a
+// commit (package gitsource), through the same code. Object files are the
+// *.yaml and *.yml files (extension in any letter case) under the Loader's
+// directory, except hidden ones: a file or directory whose name starts with
+// "." and everything below it (.github/, .draft.yaml) is ignored, like any
+// file with another extension. Symlinks and submodules under the directory
+// are errors wherever they are (git modes 120000 and 160000; a symlink on
+// disk is never followed), since a link could hide or duplicate objects.
+//
+// Load reports every error at once, sorted by file and line, as an
+// ErrorList of *Error values formatted FILE:LINE:COL: FIELD: message. An
+// ErrorList matches ErrInvalid; any other error from Load is a failure to
+// read the tree and says nothing about its content.
+//
+// # Strict decoding
+//
+// Object files are decoded from the YAML node tree by the yaml struct tags
+// of the types in this package, and nothing is coerced:
+//
+//   - A field that is not in the schema is an error (with a "did you mean"
+//     when a known field is close); so is a key written twice in a mapping.
+//   - A string field takes only a YAML string. A plain scalar that YAML reads
+//     as another type is rejected with advice to quote it, never kept: 007
+//     and 1_000 are integers, 1e3, 1.10 and .inf are floats, true is a
+//     boolean, ~ and an empty value are null. The words yes, no, on and off
+//     are strings in YAML 1.2 and are kept as that text. Rejecting rather
+//     than keeping the literal text is the safer choice: "version: 1.10"
+//     could have been meant as a number by one reader and as text by
+//     another, and a quote settles it in review.
+//   - An integer field takes only a plain decimal integer (42, -1): no
+//     quotes, floats, booleans, 0x/0o prefixes, leading zeros or
+//     underscores. A boolean takes only true or false.
+//   - An empty value (null) of a field is the same as leaving the field
+//     out; a required field left out or empty is reported as missing. In a
+//     list or a map an empty value is a type error.
+//   - Anchors (&a), aliases (*a) and merge keys (<<) are rejected wherever
+//     the decoder meets them, as are explicit tags (!!str). The parser
+//     builds aliases as references and never expands them, so an
+//     alias-expansion bomb costs no more than its size, which MaxFileSize
+//     (1 MiB) bounds, as it bounds the time and memory of any one file.
+//   - A file holds exactly one YAML document that is a mapping. A file with
+//     no document (empty, only comments, only "---") or with a second
+//     non-empty document is an error; a trailing "---" is not.
+//   - A UTF-8 byte-order mark is accepted and stripped; CRLF line ends are
+//     accepted and read as LF. UTF-16 (with or without a byte-order mark),
+//     NUL bytes and invalid UTF-8 are rejected, as are tabs in indentation,
+//     with a message that says so.
+//
+// # Validation
+//
+// Each object is checked on its own (names are RFC 1123 labels of at most
+// 63 characters; sha256 values are 64 lowercase hex digits; URLs use http,
+// https or file:///absolute/path; vcpus, memoryMB, diskGB and sizeGB are
+// within the Min/Max constants; power is running or stopped; a VM has an
+// image, a kernel, or both), then against the others: a name is unique per
+// kind (the error names both files), spec.host names a Host, a VM's network
+// exists on its host, its volumes exist on the same host and belong to at
+// most one VM, and per host the VMs' vcpus and memoryMB (stopped VMs
+// included, as they may start at any time) fit the host's capacity where
+// one is given. When two objects conflict, the one in the file that sorts
+// first is the reference and the error is reported on the other. While some
+// files are rejected, the "does not exist" and capacity checks are skipped:
+// the rejected files may define what they would miss.
 package desired
