@@ -1,0 +1,389 @@
+package fleet
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// input is everything one computation over the snapshots tip needs. The
+// computation is a function of it: the same input gives the same output.
+type input struct {
+	branch string
+	// head is the desired-state commit; fleet its validated state, nil when
+	// it was rejected with loadErr.
+	head    string
+	fleet   *desired.Fleet
+	loadErr error
+	// ledger is the ledger at the snapshots tip; the computation works on a
+	// clone.
+	ledger *Ledger
+	// statuses are the hosts' readable statuses; statusOK is false when the
+	// status branch could not be read, which disables the sweep.
+	statuses map[string]*status.Status
+	statusOK bool
+	// offline reports whether the controller has seen no change of host's
+	// status file for offlineAfter, and for how long.
+	offline func(host string) (bool, time.Duration)
+	now     time.Time
+	grace   time.Duration // abandonGrace
+	// attribute finds who removed each ref since ledger.Applied.
+	attribute func(refs []ref) (map[ref]desired.Tombstone, error)
+	// lastSnapshot returns host's published snapshot at the tip (the last
+	// specs of objects being tombstoned), nil when it has none.
+	lastSnapshot func(host string) (*desired.Snapshot, error)
+	// specHash returns the spec hash of a VM of the fleet.
+	specHash func(vm *desired.VM) string
+}
+
+// output is what the computation decided.
+type output struct {
+	ledger *Ledger
+	// files are snapshot paths → content (nil removes the file).
+	files map[string][]byte
+	// published is host → new epoch for every file written.
+	published map[string]uint64
+	// fenceJumps is host → epoch the ledger jumped to.
+	fenceJumps map[string]uint64
+	tombstoned []*TombstoneRecord
+	undeleted  []ref
+	finalized  []ref
+	swept      []SweepRecord
+}
+
+// SnapshotPath is where host's snapshot lives on the snapshots branch.
+func SnapshotPath(host string) string { return "hosts/" + host + ".yaml" }
+
+// compute runs one pass's decisions over in.ledger (DESIGN.md, Controller
+// semantics 2–6). It never returns a partial result: an error means nothing
+// may be written.
+func compute(in input) (*output, error) {
+	l := in.ledger.clone()
+	out := &output{ledger: l, files: map[string][]byte{}, published: map[string]uint64{}, fenceJumps: map[string]uint64{}}
+
+	// Fence recovery: an agent accepted an epoch the ledger does not know
+	// (the snapshots branch was restored from an old copy). Jump above it
+	// and force the host's snapshot out again.
+	for host, st := range in.statuses {
+		rec := l.host(host)
+		if st.LastSeenEpoch > rec.Epoch {
+			rec.Epoch = st.LastSeenEpoch
+			rec.Hash = ""
+			out.fenceJumps[host] = st.LastSeenEpoch
+		}
+	}
+
+	if in.fleet == nil {
+		// Keep the last good snapshots untouched; only remember why.
+		reason := "unknown error"
+		if in.loadErr != nil {
+			reason = in.loadErr.Error()
+		}
+		if l.Rejected == nil || l.Rejected.Commit != in.head || l.Rejected.Reason != reason {
+			l.Rejected = &Rejection{Commit: in.head, Reason: reason, At: in.now}
+		}
+		return out, nil
+	}
+
+	cur := identities(in.fleet)
+	pending := map[ref]*TombstoneRecord{}
+	for _, t := range l.Tombstones {
+		pending[t.ref()] = t
+	}
+
+	// Un-delete: an object back on the host of its pending tombstone.
+	kept := l.Tombstones[:0:0]
+	for _, t := range l.Tombstones {
+		if cur[t.ref()] {
+			out.undeleted = append(out.undeleted, t.ref())
+			delete(pending, t.ref())
+			continue
+		}
+		kept = append(kept, t)
+	}
+	l.Tombstones = kept
+
+	// Tombstones: objects of the applied state absent now, or moved.
+	if l.Applied != nil {
+		var removed []ref
+		for host, rec := range l.Hosts {
+			for _, n := range rec.VMs {
+				if r := (ref{desired.KindVM, n, host}); !cur[r] && pending[r] == nil {
+					removed = append(removed, r)
+				}
+			}
+			for _, n := range rec.Volumes {
+				if r := (ref{desired.KindVolume, n, host}); !cur[r] && pending[r] == nil {
+					removed = append(removed, r)
+				}
+			}
+		}
+		sort.Slice(removed, func(i, j int) bool { return removed[i].String() < removed[j].String() })
+		if len(removed) > 0 {
+			who, err := in.attribute(removed)
+			if err != nil {
+				return nil, fmt.Errorf("attribute deletes: %w", err)
+			}
+			for _, r := range removed {
+				t := &TombstoneRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Tombstone: who[r], PublishedAt: in.now}
+				t.Tombstone.Epoch = 0 // set when published below
+				last, err := in.lastSnapshot(r.Host)
+				if err != nil {
+					return nil, fmt.Errorf("last spec of %s: %w", r, err)
+				}
+				fillLast(t, last)
+				l.Tombstones = append(l.Tombstones, t)
+				out.tombstoned = append(out.tombstoned, t)
+			}
+		}
+	}
+
+	// Finalize: a fresh ack (DESIGN.md, the epoch rule), or the abandoned
+	// sweep for an offline host. A tombstone not yet published (epoch 0)
+	// is never finalized.
+	kept = l.Tombstones[:0:0]
+	for _, t := range l.Tombstones {
+		if t.Tombstone.Epoch == 0 {
+			kept = append(kept, t)
+			continue
+		}
+		if st := in.statuses[t.Host]; st != nil && acked(st, t) {
+			out.finalized = append(out.finalized, t.ref())
+			continue
+		}
+		if in.statusOK && in.now.Sub(t.PublishedAt) > in.grace {
+			if off, since := in.offline(t.Host); off {
+				sw := SweepRecord{Kind: t.Kind, Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit, At: in.now,
+					Reason: fmt.Sprintf("host offline: no status change for %s; pending for %s (abandon grace %s)",
+						since.Round(time.Second), in.now.Sub(t.PublishedAt).Round(time.Second), in.grace)}
+				out.swept = append(out.swept, sw)
+				l.Sweeps = append(l.Sweeps, sw)
+				continue
+			}
+		}
+		kept = append(kept, t)
+	}
+	l.Tombstones = kept
+	if n := len(l.Sweeps); n > maxSweeps {
+		l.Sweeps = append([]SweepRecord(nil), l.Sweeps[n-maxSweeps:]...)
+	}
+
+	// Publish: build every host's snapshot content, and write the hosts
+	// whose content changed with the next epoch.
+	snaps := buildSnapshots(in.fleet, l.Tombstones, in.specHash)
+	for host := range l.Hosts {
+		if _, ok := snaps[host]; !ok && l.Hosts[host].Hash != "" {
+			// The host left the fleet and has nothing pending: remove its
+			// file, keep its epoch so it is never reused.
+			out.files[SnapshotPath(host)] = nil
+			l.Hosts[host].Hash = ""
+		}
+	}
+	hosts := make([]string, 0, len(snaps))
+	for h := range snaps {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	for _, host := range hosts {
+		s := snaps[host]
+		rec := l.host(host)
+		key := contentKey(s.snap)
+		if key == rec.Hash {
+			continue
+		}
+		rec.Epoch++
+		rec.Hash = key
+		s.snap.Epoch = rec.Epoch
+		s.snap.Source = desired.SnapshotSource{Commit: in.head, Branch: in.branch}
+		for _, t := range s.tombs {
+			if t.Tombstone.Epoch == 0 {
+				t.Tombstone.Epoch = rec.Epoch
+			}
+		}
+		for i := range s.snap.VMs {
+			if tb := s.snap.VMs[i].Tombstone; tb != nil && tb.Epoch == 0 {
+				tb.Epoch = rec.Epoch
+			}
+		}
+		for i := range s.snap.Volumes {
+			if tb := s.snap.Volumes[i].Tombstone; tb != nil && tb.Epoch == 0 {
+				tb.Epoch = rec.Epoch
+			}
+		}
+		data, err := desired.MarshalSnapshot(s.snap)
+		if err != nil {
+			return nil, err
+		}
+		out.files[SnapshotPath(host)] = data
+		out.published[host] = rec.Epoch
+	}
+
+	// Remember the applied identities.
+	for _, rec := range l.Hosts {
+		rec.VMs, rec.Volumes = nil, nil
+	}
+	for r := range cur {
+		rec := l.host(r.Host)
+		switch r.Kind {
+		case desired.KindVM:
+			rec.VMs = append(rec.VMs, r.Name)
+		case desired.KindVolume:
+			rec.Volumes = append(rec.Volumes, r.Name)
+		}
+	}
+	for _, rec := range l.Hosts {
+		sort.Strings(rec.VMs)
+		sort.Strings(rec.Volumes)
+	}
+	l.Applied = &AppliedCommit{Commit: in.head, Branch: in.branch}
+	return out, nil
+}
+
+// fillLast copies a tombstoned object's last spec (VM) or size (Volume)
+// from its host's published snapshot, when it is there.
+func fillLast(t *TombstoneRecord, last *desired.Snapshot) {
+	if last == nil {
+		return
+	}
+	switch t.Kind {
+	case desired.KindVM:
+		for _, vm := range last.VMs {
+			if vm.Name == t.Name {
+				spec := vm.Spec
+				t.Spec = &spec
+			}
+		}
+	case desired.KindVolume:
+		for _, v := range last.Volumes {
+			if v.Name == t.Name {
+				t.SizeGB = v.SizeGB
+			}
+		}
+	}
+}
+
+// acked applies the epoch rule: the host's status lists the destroy (VM) or
+// the volume as absent, and has seen at least the epoch that published the
+// tombstone. An older ack belongs to an older incarnation of the name.
+func acked(st *status.Status, t *TombstoneRecord) bool {
+	if st.LastSeenEpoch < t.Tombstone.Epoch {
+		return false
+	}
+	switch t.Kind {
+	case desired.KindVM:
+		for _, n := range st.Destroyed {
+			if n == t.Name {
+				return true
+			}
+		}
+	case desired.KindVolume:
+		for _, v := range st.Volumes {
+			if v.Name == t.Name && !v.Present {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// identities is the set of VM and Volume refs of a fleet.
+func identities(f *desired.Fleet) map[ref]bool {
+	out := make(map[ref]bool, len(f.VMs)+len(f.Volumes))
+	for name, vm := range f.VMs {
+		out[ref{desired.KindVM, name, vm.Spec.Host}] = true
+	}
+	for name, v := range f.Volumes {
+		out[ref{desired.KindVolume, name, v.Spec.Host}] = true
+	}
+	return out
+}
+
+// hostSnapshot is a snapshot under construction and the ledger tombstones it
+// carries.
+type hostSnapshot struct {
+	snap  *desired.Snapshot
+	tombs []*TombstoneRecord
+}
+
+// buildSnapshots computes, for every host of the fleet or with a pending
+// tombstone, its snapshot without epoch and source: live VMs and volumes and
+// the tombstoned ones, sorted by name. For the live objects it gives what
+// desired.ComputeSnapshots gives (a test pins this), but takes spec hashes
+// from specHash, which caches them across passes: a pass over ten thousand
+// VMs must not re-encode ten thousand specs.
+func buildSnapshots(f *desired.Fleet, tombs []*TombstoneRecord, specHash func(*desired.VM) string) map[string]*hostSnapshot {
+	out := map[string]*hostSnapshot{}
+	get := func(host string) *hostSnapshot {
+		s := out[host]
+		if s == nil {
+			s = &hostSnapshot{snap: &desired.Snapshot{Host: host, VMs: []desired.SnapshotVM{}, Volumes: []desired.SnapshotVolume{}}}
+			out[host] = s
+		}
+		return s
+	}
+	for name, h := range f.Hosts {
+		get(name).snap.HostSpec = h.Spec
+	}
+	for name, vm := range f.VMs {
+		s := get(vm.Spec.Host)
+		s.snap.VMs = append(s.snap.VMs, desired.SnapshotVM{Name: name, SpecHash: specHash(vm), Spec: vm.Spec})
+	}
+	for name, v := range f.Volumes {
+		s := get(v.Spec.Host)
+		s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: name, SizeGB: v.Spec.SizeGB})
+	}
+	for _, t := range tombs {
+		s := get(t.Host)
+		s.tombs = append(s.tombs, t)
+		tb := t.Tombstone
+		switch t.Kind {
+		case desired.KindVM:
+			vm := desired.SnapshotVM{Name: t.Name, Tombstoned: true, Tombstone: &tb}
+			if t.Spec != nil {
+				vm.Spec = *t.Spec
+			}
+			vm.SpecHash = desired.SpecHash(vm.Spec)
+			s.snap.VMs = append(s.snap.VMs, vm)
+		case desired.KindVolume:
+			s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: t.Name, SizeGB: t.SizeGB, Tombstoned: true, Tombstone: &tb})
+		}
+	}
+	for _, s := range out {
+		sort.Slice(s.snap.VMs, func(i, j int) bool { return s.snap.VMs[i].Name < s.snap.VMs[j].Name })
+		sort.Slice(s.snap.Volumes, func(i, j int) bool { return s.snap.Volumes[i].Name < s.snap.Volumes[j].Name })
+	}
+	return out
+}
+
+// contentKey identifies a snapshot's content without its epoch, its source
+// and its tombstones' epochs (fixed once published): two snapshots with the
+// same key need no new epoch. VM specs enter through their spec hashes.
+func contentKey(s *desired.Snapshot) string {
+	h := sha256.New()
+	hs, _ := json.Marshal(s.HostSpec)
+	h.Write(hs)
+	tomb := func(w io.Writer, t *desired.Tombstone) {
+		if t == nil {
+			io.WriteString(w, "\x00-")
+			return
+		}
+		fmt.Fprintf(w, "\x00%s\x00%s\x00%s\x00%t", t.Commit, t.Author, t.Time, t.Rewritten)
+	}
+	for _, vm := range s.VMs {
+		io.WriteString(h, "\x01vm\x00"+vm.Name+"\x00"+vm.SpecHash+"\x00"+strconv.FormatBool(vm.Tombstoned))
+		tomb(h, vm.Tombstone)
+	}
+	for _, v := range s.Volumes {
+		io.WriteString(h, "\x01vol\x00"+v.Name+"\x00"+strconv.Itoa(v.SizeGB)+"\x00"+strconv.FormatBool(v.Tombstoned))
+		tomb(h, v.Tombstone)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

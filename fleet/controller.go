@@ -1,0 +1,634 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// Defaults of Config.
+const (
+	DefaultBranch          = "main"
+	DefaultSnapshotsBranch = "gitfleet/snapshots"
+	DefaultStatusBranch    = "gitfleet/status"
+	DefaultAbandonGrace    = 15 * time.Minute
+	DefaultOfflineAfter    = 3 * time.Minute // three agent heartbeats of 60 s
+	DefaultInterval        = 15 * time.Second
+)
+
+// Config configures a Controller. Zero values take the defaults above.
+type Config struct {
+	// Repo is an opened repository; when nil, New opens URL (with Auth,
+	// cached in CacheDir, in memory when empty).
+	Repo     *gitsource.Repo
+	URL      string
+	Auth     gitsource.Auth
+	CacheDir string
+	// Branch holds the desired state; Path is the objects' directory in it
+	// ("" for the repository root).
+	Branch string
+	Path   string
+	// SnapshotsBranch receives the host snapshots and ledger.yaml;
+	// StatusBranch holds the agents' statuses and the README.md summary.
+	SnapshotsBranch string
+	StatusBranch    string
+	// AbandonGrace is how long a tombstone stays pending on an offline host
+	// before the controller finalizes it itself (default 15 min; keep it
+	// longer than the agents' tombstone grace).
+	AbandonGrace time.Duration
+	// OfflineAfter is how long the controller must see no change of a
+	// host's status file to call it offline (default 3 min: three agent
+	// heartbeats). It is measured by the controller's clock from its own
+	// observations, so a restarted controller waits OfflineAfter again.
+	OfflineAfter time.Duration
+	// Clock returns the current time; nil means time.Now. Tests move it.
+	Clock func() time.Time
+	// Logger receives log lines (component=controller); nil means the
+	// standard logrus logger.
+	Logger *logrus.Entry
+	// Registerer receives the controller's Prometheus metrics; nil means a
+	// private registry (see Controller.Registry).
+	Registerer prometheus.Registerer
+}
+
+// Controller runs passes over one repository. Pass and Run may be called
+// from one goroutine at a time (a second Pass waits for the first); Kick
+// from any goroutine.
+type Controller struct {
+	cfg     Config
+	repo    *gitsource.Repo
+	log     *logrus.Entry
+	clock   func() time.Time
+	metrics *metrics
+	reg     *prometheus.Registry
+
+	kick chan struct{}
+
+	mu       sync.Mutex // one pass at a time; guards everything below
+	loader   *desired.Loader
+	statuses *status.Reader
+	live     *liveness
+	hashes   map[*desired.VM]string
+	// last good load: the commit and its fleet, so an unchanged head is
+	// not loaded again.
+	loadedHead  string
+	loadedFleet *desired.Fleet
+	// ledger cache: the snapshots tip and its parsed ledger.
+	ledgerTip string
+	ledger    *Ledger
+	// skip: the inputs of the last pass that completed.
+	lastKey     string
+	lastPending int
+	summary     []byte // last README.md content known on the status branch
+}
+
+// PassResult says what one pass observed and did.
+type PassResult struct {
+	// Head is the desired-state commit the pass read ("" if the fetch
+	// failed).
+	Head string
+	// Rejected is set when the desired state could not be used (invalid
+	// objects, a fetch or object error): the last good snapshots stayed.
+	Rejected error
+	// Skipped is true when nothing changed since the last pass: no git
+	// write was attempted.
+	Skipped bool
+	// SnapshotsCommit is the snapshots branch tip after the pass.
+	SnapshotsCommit string
+	// Published is host → epoch of every snapshot file written.
+	Published map[string]uint64
+	// Removed lists hosts whose snapshot file was removed (the host left
+	// the fleet with nothing pending).
+	Removed []string
+	// FenceJumps is host → epoch the ledger jumped to because the host had
+	// seen a higher one.
+	FenceJumps map[string]uint64
+	// Tombstoned, Undeleted, Finalized (acked) and Swept (abandoned) list
+	// the objects whose delete moved, as "Kind name@host".
+	Tombstoned, Undeleted, Finalized, Swept []string
+	// Pending is the number of tombstones pending after the pass.
+	Pending int
+	// SummaryWritten is true when README.md on the status branch was
+	// rewritten.
+	SummaryWritten bool
+}
+
+// Changed reports whether the pass wrote anything to the snapshots branch.
+func (r PassResult) Changed() bool { return len(r.Published) > 0 || len(r.Removed) > 0 }
+
+// New returns a Controller. It opens the repository when cfg.Repo is nil but
+// does not fetch; the first Pass does.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Branch == "" {
+		cfg.Branch = DefaultBranch
+	}
+	if cfg.SnapshotsBranch == "" {
+		cfg.SnapshotsBranch = DefaultSnapshotsBranch
+	}
+	if cfg.StatusBranch == "" {
+		cfg.StatusBranch = DefaultStatusBranch
+	}
+	if cfg.AbandonGrace <= 0 {
+		cfg.AbandonGrace = DefaultAbandonGrace
+	}
+	if cfg.OfflineAfter <= 0 {
+		cfg.OfflineAfter = DefaultOfflineAfter
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.NewEntry(logrus.StandardLogger())
+	}
+	cfg.Path = strings.Trim(cfg.Path, "/")
+	if cfg.Path == "." {
+		cfg.Path = ""
+	}
+	c := &Controller{
+		cfg:      cfg,
+		repo:     cfg.Repo,
+		log:      cfg.Logger.WithField("component", "controller"),
+		clock:    cfg.Clock,
+		kick:     make(chan struct{}, 1),
+		loader:   desired.NewLoader(cfg.Path),
+		statuses: status.NewReader(),
+		hashes:   map[*desired.VM]string{},
+	}
+	c.live = newLiveness(cfg.Clock(), cfg.OfflineAfter)
+	reg := cfg.Registerer
+	if reg == nil {
+		c.reg = prometheus.NewRegistry()
+		reg = c.reg
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	c.metrics = m
+	if c.repo == nil {
+		if cfg.URL == "" {
+			return nil, errors.New("fleet: Config needs Repo or URL")
+		}
+		repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: cfg.URL, CacheDir: cfg.CacheDir,
+			Auth: cfg.Auth, Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", cfg.URL, err)
+		}
+		c.repo = repo
+	}
+	return c, nil
+}
+
+// Registry is the private Prometheus registry holding the controller's
+// metrics, or nil when Config.Registerer was given.
+func (c *Controller) Registry() *prometheus.Registry { return c.reg }
+
+// Repo is the repository the controller works on.
+func (c *Controller) Repo() *gitsource.Repo { return c.repo }
+
+// Kick asks Run for a pass at once (a webhook arrived). It never blocks.
+func (c *Controller) Kick() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run runs passes until ctx ends: at once, then every interval (jittered,
+// default 15 s), whenever the desired or status branch moves (Watch: polling,
+// and fsnotify on a local repository), and on Kick. A failed pass is logged
+// and retried at the next trigger. It returns ctx's error.
+func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		interval = DefaultInterval
+	}
+	mainCh := c.repo.Watch(ctx, c.cfg.Branch, interval)
+	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval)
+	for {
+		if _, err := c.Pass(ctx); err != nil && ctx.Err() == nil {
+			c.log.WithError(err).Error("pass failed")
+		}
+		wait := interval/2 + time.Duration(rand.Int64N(int64(interval)+1))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-mainCh:
+		case <-statusCh:
+		case <-c.kick:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// Pass runs one level-triggered pass (DESIGN.md, Controller semantics 1–7):
+// read desired, read statuses, compute tombstones, finalizations and
+// snapshots on the snapshots tip, publish them in one compare-and-swap
+// commit, and rewrite the status summary when it changed. A rejected desired
+// state is not an error of the pass: it is reported in PassResult.Rejected.
+// The error is a failure of git (the pass is retried by Run).
+func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	start := time.Now()
+	res, err := c.pass(ctx)
+	c.metrics.observe(res, err, time.Since(start))
+	log := c.log.WithField("commit", short(res.Head))
+	switch {
+	case err != nil:
+		log.WithError(err).Warn("pass failed")
+	case res.Rejected != nil:
+		log.WithError(res.Rejected).Error("desired state rejected; the last good snapshots stay")
+	case res.Skipped:
+		log.Debug("nothing changed")
+	default:
+		log.WithFields(logrus.Fields{"published": len(res.Published), "pending": res.Pending}).Debug("pass done")
+	}
+	return res, err
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+// pass is Pass's steps, in order; the first error stops it.
+func (c *Controller) pass(ctx context.Context) (PassResult, error) {
+	var res PassResult
+	now := c.clock()
+
+	// Step 1: read desired. Any error keeps the last good snapshots.
+	head, fl, loadErr := c.readDesired(ctx)
+	res.Head = head
+	res.Rejected = loadErr
+
+	// Step 2: read the hosts' statuses; a failure disables the sweep.
+	statusTip, reports, statusErr := c.readStatuses(ctx)
+	statuses := map[string]*status.Status{}
+	if statusErr == nil {
+		for _, rep := range reports {
+			c.live.observe(rep.Host, rep.ID, now)
+			if rep.Status != nil {
+				statuses[rep.Host] = rep.Status
+			} else {
+				c.log.WithField("host", rep.Host).WithError(rep.Err).Warn("status file unreadable")
+			}
+		}
+	} else {
+		c.log.WithError(statusErr).Warn("read statuses; no delete is finalized this pass")
+	}
+	if fl != nil {
+		for h := range fl.Hosts {
+			c.live.observe(h, c.live.id(h), now)
+		}
+	}
+
+	// Skip work when nothing observable changed and no tombstone waits for
+	// time to pass.
+	key := fmt.Sprintf("%s|%s|%v|%s", head, statusTip, statusErr == nil, c.live.offlineSet(now))
+	if loadErr == nil && statusErr == nil && key == c.lastKey && c.lastPending == 0 {
+		res.Skipped = true
+		return res, nil
+	}
+
+	// Step 3: compute on the snapshots tip and publish in one CAS commit.
+	hashes := c.specHashes(fl)
+	var out *output
+	mutate := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		l, err := c.ledgerAt(tip, read)
+		if err != nil {
+			return nil, "", err
+		}
+		o, err := compute(input{
+			branch: c.cfg.Branch, head: head, fleet: fl, loadErr: loadErr,
+			ledger: l, statuses: statuses, statusOK: statusErr == nil,
+			offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
+			now:     now, grace: c.cfg.AbandonGrace,
+			attribute: func(refs []ref) (map[ref]desired.Tombstone, error) {
+				return attribute(c.repo, c.cfg.Path, l.Applied.Commit, head, refs)
+			},
+			lastSnapshot: func(host string) (*desired.Snapshot, error) { return readSnapshot(read, host) },
+			specHash:     func(vm *desired.VM) string { return hashes[vm] },
+		})
+		if err != nil {
+			return nil, "", err
+		}
+		out = o
+		data, err := o.ledger.marshal()
+		if err != nil {
+			return nil, "", err
+		}
+		old, err := read(LedgerPath)
+		if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
+			return nil, "", fmt.Errorf("read %s: %w", LedgerPath, err)
+		}
+		if len(o.files) == 0 && string(old) == string(data) {
+			return nil, "", nil
+		}
+		files := o.files
+		files[LedgerPath] = data
+		return files, commitMessage(head, o), nil
+	}
+	tip, err := c.repo.Update(ctx, c.cfg.SnapshotsBranch, mutate)
+	if err != nil {
+		return res, fmt.Errorf("publish snapshots: %w", err)
+	}
+	res.SnapshotsCommit = tip
+	if out == nil {
+		return res, errors.New("publish snapshots: no computation ran")
+	}
+	// The written ledger is the ledger at the new tip.
+	c.ledgerTip, c.ledger = tip, out.ledger
+	c.report(&res, out)
+
+	// Step 4: the summary on the status branch.
+	sum := c.summarize(out.ledger, fl, reports, statusErr == nil, now)
+	written, err := c.writeSummary(ctx, sum)
+	if err != nil {
+		return res, fmt.Errorf("write summary: %w", err)
+	}
+	res.SummaryWritten = written
+	c.lastKey = key
+	if written {
+		// Our own write moved the status tip; the next pass sees it.
+		c.lastKey = ""
+	}
+	c.lastPending = len(out.ledger.Tombstones)
+	return res, nil
+}
+
+// readDesired fetches the desired branch and loads its tree. The error is
+// the reason the desired state is rejected.
+func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, error) {
+	head, err := c.repo.Fetch(ctx, c.cfg.Branch)
+	if err != nil {
+		return "", nil, fmt.Errorf("fetch %s: %w", c.cfg.Branch, err)
+	}
+	if head == c.loadedHead && c.loadedFleet != nil {
+		return head, c.loadedFleet, nil
+	}
+	tree, err := c.repo.Tree(head, "")
+	if err != nil {
+		return head, nil, fmt.Errorf("read tree of %s: %w", short(head), err)
+	}
+	fl, err := c.loader.Load(tree)
+	if err != nil {
+		return head, nil, err
+	}
+	c.loadedHead, c.loadedFleet = head, fl
+	return head, fl, nil
+}
+
+// readStatuses fetches the status branch (absent: no statuses yet) and
+// reads every host's status.
+func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, error) {
+	tip, err := c.repo.Fetch(ctx, c.cfg.StatusBranch)
+	if errors.Is(err, gitsource.ErrBranchNotFound) {
+		return "", nil, nil
+	}
+	if err != nil {
+		return "", nil, fmt.Errorf("fetch %s: %w", c.cfg.StatusBranch, err)
+	}
+	tree, err := c.repo.Tree(tip, "")
+	if err != nil {
+		return tip, nil, fmt.Errorf("read tree of %s: %w", short(tip), err)
+	}
+	reps, err := c.statuses.ReadAll(tree)
+	if err != nil {
+		return tip, nil, err
+	}
+	return tip, reps, nil
+}
+
+// specHashes returns the spec hash of every VM of fl, reusing the hashes of
+// objects the Loader kept from the last load.
+func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]string {
+	if fl == nil {
+		return c.hashes
+	}
+	next := make(map[*desired.VM]string, len(fl.VMs))
+	for _, vm := range fl.VMs {
+		h, ok := c.hashes[vm]
+		if !ok {
+			h = desired.SpecHash(vm.Spec)
+		}
+		next[vm] = h
+	}
+	c.hashes = next
+	return next
+}
+
+// ledgerAt returns the ledger at tip, from the cache when tip is the one
+// last written or read.
+func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*Ledger, error) {
+	if tip != "" && tip == c.ledgerTip && c.ledger != nil {
+		return c.ledger, nil
+	}
+	data, err := read(LedgerPath)
+	if errors.Is(err, gitsource.ErrFileNotFound) {
+		return newLedger(), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", LedgerPath, err)
+	}
+	l, err := parseLedger(data)
+	if err != nil {
+		return nil, err
+	}
+	c.ledgerTip, c.ledger = tip, l
+	return l, nil
+}
+
+// readSnapshot reads host's snapshot at the tip; nil when it has none or it
+// cannot be parsed (then a tombstone carries no last spec).
+func readSnapshot(read func(string) ([]byte, error), host string) (*desired.Snapshot, error) {
+	data, err := read(SnapshotPath(host))
+	if errors.Is(err, gitsource.ErrFileNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", SnapshotPath(host), err)
+	}
+	s, err := desired.ParseSnapshot(data)
+	if err != nil {
+		return nil, nil
+	}
+	return s, nil
+}
+
+func commitMessage(head string, o *output) string {
+	var b strings.Builder
+	hosts := make([]string, 0, len(o.published))
+	for h := range o.published {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	if len(hosts) > 0 {
+		fmt.Fprintf(&b, "Publish %d host snapshot(s) from %s\n\n", len(hosts), short(head))
+		for _, h := range hosts {
+			fmt.Fprintf(&b, "%s: epoch %d\n", h, o.published[h])
+		}
+	} else {
+		fmt.Fprintf(&b, "Update the ledger at %s\n", short(head))
+	}
+	for _, t := range o.tombstoned {
+		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", t.ref(), short(t.Tombstone.Commit), t.Tombstone.Author)
+	}
+	for _, r := range o.finalized {
+		fmt.Fprintf(&b, "finalized %s (acked)\n", r)
+	}
+	for _, s := range o.swept {
+		fmt.Fprintf(&b, "finalized %s %s on %s (%s)\n", s.Kind, s.Name, s.Host, s.Reason)
+	}
+	return b.String()
+}
+
+func refName(r ref) string { return fmt.Sprintf("%s %s@%s", r.Kind, r.Name, r.Host) }
+
+// report copies the computation's decisions into res and logs them.
+func (c *Controller) report(res *PassResult, o *output) {
+	res.Published = o.published
+	res.FenceJumps = o.fenceJumps
+	for p, data := range o.files {
+		if data == nil {
+			if h, ok := status.HostFromPath(p); ok {
+				res.Removed = append(res.Removed, h)
+			}
+		}
+	}
+	sort.Strings(res.Removed)
+	for _, t := range o.tombstoned {
+		res.Tombstoned = append(res.Tombstoned, refName(t.ref()))
+		c.log.WithFields(logrus.Fields{"host": t.Host, "kind": t.Kind, "name": t.Name,
+			"commit": short(t.Tombstone.Commit), "author": t.Tombstone.Author, "rewritten": t.Tombstone.Rewritten}).Info("tombstoned")
+	}
+	for _, r := range o.undeleted {
+		res.Undeleted = append(res.Undeleted, refName(r))
+		c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name}).Info("un-deleted")
+	}
+	for _, r := range o.finalized {
+		res.Finalized = append(res.Finalized, refName(r))
+		c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name}).Info("delete finalized: acked")
+	}
+	for _, s := range o.swept {
+		res.Swept = append(res.Swept, refName(ref{s.Kind, s.Name, s.Host}))
+		c.log.WithFields(logrus.Fields{"host": s.Host, "kind": s.Kind, "name": s.Name}).Warn("delete finalized: " + s.Reason)
+	}
+	for h, e := range o.fenceJumps {
+		c.log.WithFields(logrus.Fields{"host": h, "epoch": e}).Warn("fence recovery: a host saw an epoch above the ledger's; jumping past it")
+	}
+	for h, e := range o.published {
+		c.log.WithFields(logrus.Fields{"host": h, "epoch": e}).Debug("snapshot published")
+	}
+	res.Pending = len(o.ledger.Tombstones)
+}
+
+// summarize builds the README.md summary.
+func (c *Controller) summarize(l *Ledger, fl *desired.Fleet, reports []status.Report, statusOK bool, now time.Time) status.Summary {
+	s := status.Summary{Branch: c.cfg.Branch}
+	if l.Applied != nil {
+		s.Applied = l.Applied.Commit
+	}
+	if l.Rejected != nil {
+		s.Rejected = &status.Rejection{Commit: l.Rejected.Commit, At: l.Rejected.At, Reason: l.Rejected.Reason}
+	}
+	hosts := map[string]*status.HostSummary{}
+	get := func(name string) *status.HostSummary {
+		h := hosts[name]
+		if h == nil {
+			h = &status.HostSummary{Name: name}
+			hosts[name] = h
+		}
+		return h
+	}
+	if fl != nil {
+		for name := range fl.Hosts {
+			get(name)
+		}
+	}
+	for name, rec := range l.Hosts {
+		if rec.Hash != "" || fl == nil {
+			get(name).Epoch = rec.Epoch
+		}
+	}
+	for _, rep := range reports {
+		h := get(rep.Host)
+		h.Reported = true
+		if rep.Err != nil {
+			h.StatusError = rep.Err.Error()
+			continue
+		}
+		st := rep.Status
+		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
+		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
+	}
+	for _, h := range hosts {
+		if rec := l.Hosts[h.Name]; rec != nil {
+			h.Epoch = rec.Epoch
+		}
+		if statusOK && h.Reported {
+			off, _ := c.live.offline(h.Name, now)
+			h.Online = !off
+		}
+		s.Hosts = append(s.Hosts, *h)
+	}
+	sort.Slice(s.Hosts, func(i, j int) bool { return s.Hosts[i].Name < s.Hosts[j].Name })
+	for _, t := range l.Tombstones {
+		at, _ := time.Parse(time.RFC3339, t.Tombstone.Time)
+		s.Pending = append(s.Pending, status.PendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host,
+			Commit: t.Tombstone.Commit, Author: t.Tombstone.Author, Time: at, Epoch: t.Tombstone.Epoch,
+			Rewritten: t.Tombstone.Rewritten})
+	}
+	sweeps := l.Sweeps
+	if len(sweeps) > 10 {
+		sweeps = sweeps[len(sweeps)-10:]
+	}
+	for _, w := range sweeps {
+		s.Swept = append(s.Swept, status.SweptDelete{Kind: string(w.Kind), Name: w.Name, Host: w.Host,
+			Commit: w.Commit, At: w.At, Reason: w.Reason})
+	}
+	return s
+}
+
+// writeSummary rewrites README.md on the status branch when its content
+// changed, touching no other file.
+func (c *Controller) writeSummary(ctx context.Context, s status.Summary) (bool, error) {
+	data := status.RenderSummary(s)
+	if string(data) == string(c.summary) {
+		return false, nil
+	}
+	wrote := false
+	_, err := c.repo.Update(ctx, c.cfg.StatusBranch, func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		wrote = false
+		old, err := read(status.SummaryPath)
+		if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
+			return nil, "", fmt.Errorf("read %s: %w", status.SummaryPath, err)
+		}
+		if string(old) == string(data) {
+			return nil, "", nil
+		}
+		wrote = true
+		return map[string][]byte{status.SummaryPath: data}, "Update the fleet summary", nil
+	})
+	if err != nil {
+		return false, err
+	}
+	c.summary = data
+	return wrote, nil
+}

@@ -1,0 +1,79 @@
+package fleet
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the controller's Prometheus series:
+//
+//	gitfleet_controller_passes_total{result}     passes by result: published, unchanged, skipped, rejected, error
+//	gitfleet_controller_rejected_commits_total   desired-state commits refused (each distinct commit once)
+//	gitfleet_controller_tombstones_pending       pending deletes after the last pass
+//	gitfleet_controller_finalized_total{how}     deletes finalized: ack or sweep
+//	gitfleet_controller_host_epoch{host}         last epoch published per host
+//	gitfleet_controller_pass_seconds             pass duration
+type metrics struct {
+	passes       *prometheus.CounterVec
+	rejected     prometheus.Counter
+	pending      prometheus.Gauge
+	finalized    *prometheus.CounterVec
+	epochs       *prometheus.GaugeVec
+	duration     prometheus.Histogram
+	lastRejected string
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gitfleet_controller_passes_total",
+			Help: "Controller passes by result (published, unchanged, skipped, rejected, error)."}, []string{"result"}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "gitfleet_controller_rejected_commits_total",
+			Help: "Desired-state commits (or fetches) refused; the last good snapshots stayed."}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_tombstones_pending",
+			Help: "Deletes published and not yet finalized."}),
+		finalized: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gitfleet_controller_finalized_total",
+			Help: "Deletes finalized, by an ack of the host or by the abandoned-host sweep."}, []string{"how"}),
+		epochs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gitfleet_controller_host_epoch",
+			Help: "Last snapshot epoch published per host."}, []string{"host"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gitfleet_controller_pass_seconds",
+			Help: "Duration of controller passes in seconds.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+	}
+	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.finalized, m.epochs, m.duration} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register controller metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observe(res PassResult, err error, d time.Duration) {
+	m.duration.Observe(d.Seconds())
+	result := "unchanged"
+	switch {
+	case err != nil:
+		result = "error"
+	case res.Rejected != nil:
+		result = "rejected"
+		key := res.Head + "\x00" + res.Rejected.Error()
+		if key != m.lastRejected {
+			m.lastRejected = key
+			m.rejected.Inc()
+		}
+	case res.Skipped:
+		result = "skipped"
+	case res.Changed():
+		result = "published"
+	}
+	m.passes.WithLabelValues(result).Inc()
+	if err != nil || res.Skipped {
+		return
+	}
+	m.pending.Set(float64(res.Pending))
+	m.finalized.WithLabelValues("ack").Add(float64(len(res.Finalized)))
+	m.finalized.WithLabelValues("sweep").Add(float64(len(res.Swept)))
+	for h, e := range res.Published {
+		m.epochs.WithLabelValues(h).Set(float64(e))
+	}
+}
