@@ -43,7 +43,10 @@ func short(h string) string {
 // repairs the cache, and returns the error to give the caller. Caller holds
 // r.mu.
 func (r *Repo) missingObject(what string, h plumbing.Hash, err error) error {
-	if errors.Is(err, plumbing.ErrObjectNotFound) {
+	// A commit beyond a shallow boundary is expected to be absent; trees and
+	// blobs of a fetched commit never are.
+	expected := r.opts.Depth > 0 && what == "commit"
+	if errors.Is(err, plumbing.ErrObjectNotFound) && !expected {
 		if _, gone := r.absent[h]; !gone {
 			r.missing[h] = struct{}{}
 		}
@@ -444,23 +447,31 @@ func (r *Repo) FirstParents(from string, fn func(*Commit) (bool, error)) error {
 func (r *Repo) IsAncestor(a, b string) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ca, err := r.resolve(a)
-	if err != nil {
-		return false, fmt.Errorf("is ancestor: %w", err)
+	// a need not be in the cache (it may lie beyond a shallow boundary):
+	// only its hash is looked for.
+	var target plumbing.Hash
+	if plumbing.IsHash(a) {
+		target = plumbing.NewHash(a)
+	} else {
+		ca, err := r.resolve(a)
+		if err != nil {
+			return false, fmt.Errorf("is ancestor: %w", err)
+		}
+		target = ca.Hash
 	}
 	cb, err := r.resolve(b)
 	if err != nil {
 		return false, fmt.Errorf("is ancestor: %w", err)
 	}
-	if ca.Hash == cb.Hash {
+	if target == cb.Hash {
 		return true, nil
 	}
 	shallow, err := r.shallow()
 	if err != nil {
 		return false, err
 	}
-	// A commit is never older than its ancestors by commit time is not
-	// guaranteed (clock skew), so the walk is exhaustive, pruned by seen.
+	// Commit times cannot prune the walk (clocks skew), so it visits every
+	// commit reachable from b once.
 	seen := map[plumbing.Hash]bool{cb.Hash: true}
 	queue := []plumbing.Hash{cb.Hash}
 	hitShallow := false
@@ -476,7 +487,7 @@ func (r *Repo) IsAncestor(a, b string) (bool, error) {
 			return false, fmt.Errorf("is ancestor: %w", r.missingObject("commit", h, err))
 		}
 		for _, p := range c.ParentHashes {
-			if p == ca.Hash {
+			if p == target {
 				return true, nil
 			}
 			if !seen[p] {
