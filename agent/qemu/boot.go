@@ -1,0 +1,359 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/agent"
+)
+
+// launch is everything the QEMU command line is built from.
+type launch struct {
+	name    string
+	dir     string // the VM's directory; QEMU runs with it as working directory
+	accel   string
+	vcpus   int
+	memMB   int
+	root    string
+	seed    string
+	volumes []string
+	kernel  string
+	initrd  string
+	cmdline string
+	mac     string
+	sshPort int
+}
+
+// escapeOpt doubles commas, QEMU's escape inside an option value.
+func escapeOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// diskSerial is the virtio serial a guest sees for a volume (at most 20
+// bytes, the virtio-blk limit): the volume file's name without extension.
+func diskSerial(path string) string {
+	s := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	if len(s) > 20 {
+		s = s[:20]
+	}
+	return escapeOpt(s)
+}
+
+// args renders the qemu-system-x86_64 arguments. The QMP socket is given
+// relative to the VM's directory (QEMU's working directory) so a deep
+// state directory never overflows sun_path; the pidfile is absolute and,
+// with -name, identifies the process as this VM's in /proc/PID/cmdline.
+func (l launch) args() []string {
+	machine := "q35,accel=" + l.accel
+	a := []string{
+		"-name", "guest=" + l.name,
+		"-machine", machine,
+	}
+	if l.accel == AccelKVM {
+		a = append(a, "-cpu", "host")
+	}
+	a = append(a,
+		"-smp", strconv.Itoa(l.vcpus),
+		"-m", strconv.Itoa(l.memMB),
+		"-nodefaults", "-no-user-config", "-display", "none",
+		"-pidfile", filepath.Join(l.dir, PidFile),
+		"-qmp", "unix:"+QMPSocket+",server=on,wait=off",
+		"-serial", "file:"+escapeOpt(filepath.Join(l.dir, SerialLog)),
+		"-drive", "file="+escapeOpt(l.root)+",if=none,id=root,format=qcow2,cache=writeback,aio=threads,discard=unmap",
+		"-device", "virtio-blk-pci,drive=root,serial=gitfleet-root,bootindex=0",
+		"-drive", "file="+escapeOpt(l.seed)+",if=none,id=seed,format=raw,readonly=on",
+		"-device", "virtio-blk-pci,drive=seed,serial="+SeedLabel,
+	)
+	for i, v := range l.volumes {
+		id := "vol" + strconv.Itoa(i)
+		a = append(a,
+			"-drive", "file="+escapeOpt(v)+",if=none,id="+id+",format=raw,cache=writeback,aio=threads,discard=unmap",
+			"-device", "virtio-blk-pci,drive="+id+",serial="+diskSerial(v),
+		)
+	}
+	a = append(a,
+		"-netdev", fmt.Sprintf("user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22", l.sshPort),
+		"-device", "virtio-net-pci,netdev=net0,mac="+l.mac,
+		"-device", "virtio-rng-pci",
+	)
+	if l.kernel != "" {
+		a = append(a, "-kernel", l.kernel)
+		if l.initrd != "" {
+			a = append(a, "-initrd", l.initrd)
+		}
+		if l.cmdline != "" {
+			a = append(a, "-append", l.cmdline)
+		}
+	}
+	return a
+}
+
+// scopeArgs wraps a command so systemd runs it in its own transient scope
+// unit, outside the agent's unit: systemd-run --scope execs the command in
+// place, so the pid stays QEMU's.
+func scopeArgs(name string, cmd []string) []string {
+	return append([]string{"systemd-run", "--scope", "--quiet", "--collect", "--unit", "gitfleet-vm-" + name, "--"}, cmd...)
+}
+
+// Boot writes the NoCloud seed, makes sure the VM has its SSH port, and
+// starts QEMU detached (its own session; under systemd with SystemdScope,
+// its own scope) so it outlives the agent. It returns once QEMU answers on
+// QMP, or with QEMU's own error output when QEMU exits first. Booting a VM
+// that runs is a no-op.
+func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
+	st := p.state(m.Name, m.Dir)
+	if st == nil {
+		return agent.Permanent(fmt.Errorf("vm %s: no directory", m.Name))
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	log := p.log.WithField("vm", m.Name)
+	if p.running(st) {
+		return nil
+	}
+	if pid := st.pid(); pid != 0 {
+		// Alive but its guest is dead (shut down, crashed): stop it first.
+		if err := p.stop(ctx, st, false, log); err != nil {
+			return err
+		}
+	}
+	if _, err := os.Stat(st.path(RootDiskFile)); err != nil {
+		return fmt.Errorf("boot: root disk: %w (PrepareRootDisk first)", err)
+	}
+	for _, v := range m.Volumes {
+		if _, err := os.Stat(v); err != nil {
+			return fmt.Errorf("boot: volume: %w", err)
+		}
+	}
+	a, err := p.fetchArtifacts(ctx, m.Spec)
+	if err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	mac := macFor(m.Name)
+	files, err := seedFiles(m.Name, m.InstanceID, mac, m.Spec.CloudInit)
+	if err != nil {
+		return agent.Permanent(fmt.Errorf("boot: seed: %w", err))
+	}
+	if err := writeSeedISO(st.path(SeedFile), files); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	port, err := p.sshPort(st)
+	if err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	l := launch{
+		name: m.Name, dir: st.dir, accel: p.accel,
+		vcpus: max(m.Spec.VCPUs, 1), memMB: m.Spec.MemoryMB,
+		root: st.path(RootDiskFile), seed: st.path(SeedFile), volumes: m.Volumes,
+		kernel: a.kernel, initrd: a.initrd, mac: mac, sshPort: port,
+	}
+	if l.memMB <= 0 {
+		l.memMB = 512
+	}
+	if m.Spec.Kernel != nil {
+		l.cmdline = m.Spec.Kernel.Cmdline
+	}
+	return p.start(ctx, st, l, log)
+}
+
+// sshPort returns the VM's forwarded SSH port, allocating and persisting
+// one when it has none or when its old one is taken by someone else.
+func (p *Provisioner) sshPort(st *vmState) (int, error) {
+	file := st.path(PortFile)
+	port, err := readPort(file)
+	if err != nil {
+		p.log.WithField("vm", st.name).WithError(err).Warn("ssh port file unreadable; allocating a new port")
+	}
+	if port > 0 && portFree(port) {
+		return port, nil
+	}
+	if port, err = freePort(); err != nil {
+		return 0, err
+	}
+	tmp := file + ".partial"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(port)+"\n"), 0o644); err != nil {
+		return 0, fmt.Errorf("save ssh port: %w", err)
+	}
+	if err := os.Rename(tmp, file); err != nil {
+		return 0, fmt.Errorf("save ssh port: %w", err)
+	}
+	return port, nil
+}
+
+// start runs QEMU and waits until it answers on QMP.
+func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *logrus.Entry) error {
+	for _, f := range []string{PidFile, QMPSocket} {
+		if err := os.Remove(st.path(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("boot: clear stale %s: %w", f, err)
+		}
+	}
+	logf, err := os.OpenFile(st.path(QEMULog), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	defer logf.Close()
+	argv := append([]string{p.cfg.QEMU}, l.args()...)
+	if p.scope {
+		argv = scopeArgs(l.name, argv)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = st.dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// A session of its own: no signal aimed at the agent's process group
+	// (a terminal's ^C, a unit's stop) reaches QEMU.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	st.exitMu.Lock()
+	st.exit = ""
+	st.exitMu.Unlock()
+	started := time.Now()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("boot: start %s: %w", argv[0], err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		// Reap QEMU when it exits while this agent runs, and keep how.
+		err := cmd.Wait()
+		st.exitMu.Lock()
+		if err != nil {
+			st.exit = "qemu exited: " + err.Error()
+		} else {
+			st.exit = "qemu exited"
+		}
+		st.exitMu.Unlock()
+		close(exited)
+	}()
+	log.WithFields(logrus.Fields{"pid": cmd.Process.Pid, "accel": l.accel, "ssh": l.sshPort}).Info("qemu started")
+
+	wait, cancel := context.WithTimeout(ctx, p.cfg.BootTimeout)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-exited:
+			reason := p.failureText(st)
+			log.WithField("reason", reason).Error("qemu exited during boot")
+			return fmt.Errorf("boot: qemu exited: %s", reason)
+		case <-wait.Done():
+			cmd.Process.Kill()
+			<-exited
+			return fmt.Errorf("boot: qemu did not answer on QMP within %s: %s", p.cfg.BootTimeout, p.failureText(st))
+		case <-tick.C:
+		}
+		if st.pid() == 0 {
+			continue
+		}
+		qctx, qcancel := context.WithTimeout(wait, time.Second)
+		status, err := qmpStatus(qctx, st.path(QMPSocket))
+		qcancel()
+		if err == nil {
+			log.WithFields(logrus.Fields{"status": status, "seconds": time.Since(started).Seconds()}).Info("qemu up")
+			return nil
+		}
+	}
+}
+
+func (p *Provisioner) failureText(st *vmState) string {
+	if r := p.FailureReason(st.name); r != "" {
+		return r
+	}
+	return "(no output)"
+}
+
+// Shutdown stops the VM: ACPI powerdown over QMP, then, each after its
+// timeout, QMP quit, SIGTERM and SIGKILL. Stopping a stopped VM is a no-op;
+// disks are kept.
+func (p *Provisioner) Shutdown(ctx context.Context, name string) error {
+	st := p.state(name, "")
+	if st == nil {
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return p.stop(ctx, st, true, p.log.WithField("vm", name))
+}
+
+// stop runs the stop ladder; graceful=false skips the ACPI powerdown.
+func (p *Provisioner) stop(ctx context.Context, st *vmState, graceful bool, log *logrus.Entry) error {
+	pid := st.pid()
+	if pid == 0 {
+		return nil
+	}
+	sock := st.path(QMPSocket)
+	type step struct {
+		name    string
+		do      func() error
+		timeout time.Duration
+	}
+	steps := []step{
+		{"powerdown", func() error { _, err := qmpCommand(ctx, sock, "system_powerdown", nil); return err }, p.cfg.PowerdownTimeout},
+		{"quit", func() error { _, err := qmpCommand(ctx, sock, "quit", nil); return err }, p.cfg.KillTimeout},
+		{"sigterm", func() error { return syscall.Kill(pid, syscall.SIGTERM) }, p.cfg.KillTimeout},
+		{"sigkill", func() error { return syscall.Kill(pid, syscall.SIGKILL) }, p.cfg.KillTimeout},
+	}
+	if !graceful {
+		steps = steps[1:]
+	}
+	for _, s := range steps {
+		if err := s.do(); err != nil {
+			log.WithField("step", s.name).WithError(err).Warn("stop step failed")
+		}
+		if p.waitGone(ctx, st, s.timeout) {
+			log.WithField("step", s.name).Info("qemu stopped")
+			os.Remove(sock)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("stop %s: %w", st.name, ctx.Err())
+		}
+	}
+	return fmt.Errorf("stop %s: qemu pid %d survived SIGKILL", st.name, pid)
+}
+
+// waitGone waits up to timeout for the VM's QEMU to be gone.
+func (p *Provisioner) waitGone(ctx context.Context, st *vmState, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if st.pid() == 0 {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Destroy stops the VM and removes every file the backend made in its
+// directory (see the package comment). Volumes, and anything else in the
+// directory, are left alone. Destroying an absent VM is a no-op.
+func (p *Provisioner) Destroy(ctx context.Context, name string) error {
+	st := p.state(name, "")
+	if st == nil {
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	log := p.log.WithField("vm", name)
+	if err := p.stop(ctx, st, true, log); err != nil {
+		return fmt.Errorf("destroy: %w", err)
+	}
+	for _, f := range ownedFiles {
+		if err := os.RemoveAll(st.path(f)); err != nil {
+			return fmt.Errorf("destroy %s: %w", name, err)
+		}
+	}
+	p.mu.Lock()
+	delete(p.machines, name)
+	p.mu.Unlock()
+	log.Info("destroyed")
+	return nil
+}

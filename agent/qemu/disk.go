@@ -1,0 +1,133 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/desired"
+)
+
+const gib = int64(1) << 30
+
+// artifacts are the cached paths of a spec's downloads; empty when the spec
+// has none.
+type artifacts struct {
+	image, imageFormat string
+	kernel, initrd     string
+}
+
+// fetchArtifacts downloads (or finds cached) everything spec names and
+// checks the image is a qcow2 or raw disk without a backing file of its own.
+func (p *Provisioner) fetchArtifacts(ctx context.Context, spec desired.VMSpec) (artifacts, error) {
+	var a artifacts
+	var err error
+	if spec.Image != nil {
+		if a.image, err = p.images.fetch(ctx, *spec.Image); err != nil {
+			return a, fmt.Errorf("fetch image: %w", err)
+		}
+		info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, a.image)
+		if err != nil {
+			return a, fmt.Errorf("inspect image: %w", err)
+		}
+		if info.Format != "qcow2" && info.Format != "raw" {
+			return a, agent.Permanent(fmt.Errorf("image %s is %s: want qcow2 or raw", redactURL(spec.Image.URL), info.Format))
+		}
+		if info.BackingFilename != "" {
+			return a, agent.Permanent(fmt.Errorf("image %s has a backing file of its own (%s): want a self-contained image", redactURL(spec.Image.URL), info.BackingFilename))
+		}
+		a.imageFormat = info.Format
+	}
+	if spec.Kernel != nil {
+		if a.kernel, err = p.images.fetch(ctx, desired.Artifact{URL: spec.Kernel.URL, SHA256: spec.Kernel.SHA256}); err != nil {
+			return a, fmt.Errorf("fetch kernel: %w", err)
+		}
+		if spec.Kernel.Initrd != nil {
+			if a.initrd, err = p.images.fetch(ctx, *spec.Kernel.Initrd); err != nil {
+				return a, fmt.Errorf("fetch initrd: %w", err)
+			}
+		}
+	}
+	if a.image == "" && a.kernel == "" {
+		return a, agent.Permanent(errors.New("spec has neither image nor kernel: nothing to boot"))
+	}
+	return a, nil
+}
+
+// PrepareRootDisk fetches the spec's artifacts into the cache and creates
+// the root disk: a qcow2 overlay on the cached image (backing format given
+// explicitly) of max(diskGB, image size), or a blank qcow2 of diskGB for a
+// kernel-only spec. An existing root disk is never replaced; it is grown
+// to diskGB when smaller (online through QMP block_resize while the VM
+// runs) and never shrunk.
+func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) error {
+	st := p.state(m.Name, m.Dir)
+	if st == nil {
+		return agent.Permanent(fmt.Errorf("vm %s: no directory", m.Name))
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	log := p.log.WithField("vm", m.Name)
+
+	a, err := p.fetchArtifacts(ctx, m.Spec)
+	if err != nil {
+		return err
+	}
+	want := int64(m.Spec.DiskGB) * gib
+	root := st.path(RootDiskFile)
+	if _, err := os.Stat(root); err == nil {
+		return p.growRootDisk(ctx, st, want, log)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("root disk: %w", err)
+	}
+
+	partial := root + ".partial"
+	os.Remove(partial)
+	args := []string{"create", "-q", "-f", "qcow2"}
+	size := want
+	if a.image != "" {
+		info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, a.image)
+		if err != nil {
+			return fmt.Errorf("root disk: %w", err)
+		}
+		size = max(size, info.VirtualSize)
+		args = append(args, "-F", a.imageFormat, "-b", a.image)
+	}
+	args = append(args, partial, strconv.FormatInt(size, 10))
+	if out, err := exec.CommandContext(ctx, p.cfg.QEMUImg, args...).CombinedOutput(); err != nil {
+		os.Remove(partial)
+		return fmt.Errorf("root disk: qemu-img create: %v: %s", err, trimTail(out, 1024))
+	}
+	if err := os.Rename(partial, root); err != nil {
+		return fmt.Errorf("root disk: %w", err)
+	}
+	log.WithFields(logrus.Fields{"bytes": size, "backing": a.image != ""}).Info("root disk created")
+	return nil
+}
+
+// growRootDisk grows the root disk to want bytes when it is smaller.
+func (p *Provisioner) growRootDisk(ctx context.Context, st *vmState, want int64, log *logrus.Entry) error {
+	root := st.path(RootDiskFile)
+	info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, root)
+	if err != nil {
+		return fmt.Errorf("root disk: %w", err)
+	}
+	if info.VirtualSize >= want {
+		return nil // never shrink
+	}
+	if p.running(st) {
+		if _, err := qmpCommand(ctx, st.path(QMPSocket), "block_resize", map[string]any{"device": "root", "size": want}); err != nil {
+			return fmt.Errorf("root disk: grow online: %w", err)
+		}
+	} else if out, err := exec.CommandContext(ctx, p.cfg.QEMUImg, "resize", "-q", root, strconv.FormatInt(want, 10)).CombinedOutput(); err != nil {
+		return fmt.Errorf("root disk: qemu-img resize: %v: %s", err, trimTail(out, 1024))
+	}
+	log.WithFields(logrus.Fields{"from": info.VirtualSize, "to": want}).Info("root disk grown")
+	return nil
+}

@@ -1,0 +1,60 @@
+package qemu
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// GuestIP is the guest's address on QEMU's user-mode network (slirp hands
+// out 10.0.2.15 to the first DHCP client of each VM's private network).
+const GuestIP = "10.0.2.15"
+
+// macFor derives a VM's MAC from its name: stable across reboots, restarts
+// and hosts, locally administered (bit 1 of the first octet set) and
+// unicast (bit 0 clear), so it never collides with a vendor's range.
+func macFor(name string) string {
+	h := sha256.Sum256([]byte("gitfleet-mac:" + name))
+	h[0] = (h[0] | 0x02) &^ 0x01
+	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", h[0], h[1], h[2], h[3], h[4], h[5])
+}
+
+// freePort asks the kernel for a free TCP port on 127.0.0.1.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("allocate ssh port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// portFree reports whether port can be bound on 127.0.0.1 right now.
+func portFree(port int) bool {
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
+// readPort reads a port file ("2201\n"); 0 when absent.
+func readPort(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read ssh port: %w", err)
+	}
+	p, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || p <= 0 || p > 65535 {
+		return 0, fmt.Errorf("read ssh port %s: bad content %q", path, b)
+	}
+	return p, nil
+}

@@ -1,0 +1,349 @@
+// Package qemu is the agent's QEMU backend: an agent.Provisioner that runs
+// each VM as a qemu-system-x86_64 process (q35, virtio disk and net,
+// user-mode networking with an SSH port forwarded on 127.0.0.1, a NoCloud
+// seed) that outlives the agent and is re-attached after an agent restart.
+//
+// Everything the backend keeps for a VM lives in the VM's directory
+// (agent.Machine.Dir):
+//
+//	root.qcow2   root disk: qcow2 overlay on the cached image, or blank
+//	seed.iso     NoCloud seed, ISO9660 labelled cidata
+//	qemu.pid     QEMU's pidfile
+//	qmp.sock     QMP monitor socket
+//	serial.log   the guest's first serial port
+//	qemu.log     QEMU's own stdout and stderr (FailureReason's source)
+//	ssh-port     the forwarded SSH port on 127.0.0.1, kept across restarts
+//
+// Destroy removes exactly these files and nothing else; volumes are never
+// touched. Downloaded artifacts live in Config.CacheDir as <sha256>.
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/agent"
+)
+
+// Files the backend makes in a VM's directory.
+const (
+	RootDiskFile = "root.qcow2"
+	SeedFile     = "seed.iso"
+	PidFile      = "qemu.pid"
+	QMPSocket    = "qmp.sock"
+	SerialLog    = "serial.log"
+	QEMULog      = "qemu.log"
+	PortFile     = "ssh-port"
+)
+
+// ownedFiles are what Destroy removes from a VM's directory.
+var ownedFiles = []string{
+	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
+	PidFile, QMPSocket, SerialLog, QEMULog, PortFile,
+}
+
+// Config configures the QEMU backend. Zero values take the defaults given.
+type Config struct {
+	// CacheDir holds downloaded images, kernels and initrds by sha256.
+	// Required.
+	CacheDir string
+	// MachineDir maps a VM name to its directory, for calls that only
+	// carry the name (Running, Address, Shutdown, Destroy, FailureReason)
+	// about a VM this Provisioner has not seen in PrepareRootDisk or Boot
+	// yet — typically right after an agent restart. Without it such a VM
+	// reads as not running and Shutdown/Destroy of it are no-ops.
+	MachineDir func(name string) string
+	// Accel is "auto" (default), "kvm" or "tcg". Auto picks KVM only when
+	// /proc/cpuinfo shows vmx or svm and /dev/kvm opens read-write.
+	Accel string
+	// QEMU is the qemu-system-x86_64 binary (default: found in PATH).
+	QEMU string
+	// QEMUImg is the qemu-img binary (default: found in PATH).
+	QEMUImg string
+	// BootTimeout bounds how long Boot waits for QEMU to write its pidfile
+	// and answer on QMP (default 30 s).
+	BootTimeout time.Duration
+	// PowerdownTimeout is how long Shutdown waits for the guest to power
+	// off after an ACPI powerdown before it asks QEMU to quit (default 60 s).
+	PowerdownTimeout time.Duration
+	// KillTimeout is how long each harder step (QMP quit, SIGTERM) gets
+	// before the next (default 5 s).
+	KillTimeout time.Duration
+	// SystemdScope opts in to running each VM in its own transient systemd
+	// scope (systemd-run --scope --unit gitfleet-vm-<name>) when the agent
+	// itself runs under systemd, so restarting the agent's unit leaves the
+	// guests alone. Ignored when systemd is not detected.
+	SystemdScope bool
+	// HTTPClient fetches http(s) artifacts (default: http.DefaultClient).
+	HTTPClient *http.Client
+	// Logger receives the backend's logs (default: logrus' standard logger),
+	// with component=qemu.
+	Logger logrus.FieldLogger
+
+	// cpuinfo and kvmDev are the files accel detection reads (tests).
+	cpuinfo, kvmDev string
+}
+
+// Provisioner runs VMs with QEMU. It is safe for concurrent use; calls for
+// one VM are serialized.
+type Provisioner struct {
+	cfg    Config
+	accel  string
+	scope  bool
+	log    *logrus.Entry
+	images *imageCache
+
+	mu       sync.Mutex
+	machines map[string]*vmState
+}
+
+// vmState is what the Provisioner remembers about one VM in memory; all of
+// it can be rebuilt from the VM's directory.
+type vmState struct {
+	mu   sync.Mutex // serializes operations on this VM
+	name string
+	dir  string
+	// exit is set when a QEMU this Provisioner started exited: a summary
+	// of its exit status for FailureReason.
+	exitMu sync.Mutex
+	exit   string
+}
+
+var _ agent.Provisioner = (*Provisioner)(nil)
+
+// New checks cfg and returns a Provisioner. It resolves the binaries and
+// the accelerator but starts nothing; Preflight checks the host further.
+func New(cfg Config) (*Provisioner, error) {
+	if cfg.CacheDir == "" {
+		return nil, errors.New("qemu: Config.CacheDir is required")
+	}
+	if cfg.QEMU == "" {
+		cfg.QEMU = "qemu-system-x86_64"
+	}
+	if cfg.QEMUImg == "" {
+		cfg.QEMUImg = "qemu-img"
+	}
+	if cfg.BootTimeout <= 0 {
+		cfg.BootTimeout = 30 * time.Second
+	}
+	if cfg.PowerdownTimeout <= 0 {
+		cfg.PowerdownTimeout = 60 * time.Second
+	}
+	if cfg.KillTimeout <= 0 {
+		cfg.KillTimeout = 5 * time.Second
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = http.DefaultClient
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.StandardLogger()
+	}
+	if cfg.cpuinfo == "" {
+		cfg.cpuinfo = "/proc/cpuinfo"
+	}
+	if cfg.kvmDev == "" {
+		cfg.kvmDev = "/dev/kvm"
+	}
+	p := &Provisioner{cfg: cfg, machines: map[string]*vmState{}}
+	p.log = cfg.Logger.WithField("component", "qemu")
+	switch cfg.Accel {
+	case "", AccelAuto:
+		p.accel = detectAccel(cfg.cpuinfo, cfg.kvmDev)
+	case AccelKVM, AccelTCG:
+		p.accel = cfg.Accel
+	default:
+		return nil, fmt.Errorf("qemu: accel %q: want auto, kvm or tcg", cfg.Accel)
+	}
+	p.scope = cfg.SystemdScope && underSystemd()
+	p.images = newImageCache(cfg.CacheDir, cfg.HTTPClient, p.log)
+	return p, nil
+}
+
+// underSystemd reports whether this process runs as (part of) a systemd
+// unit on a systemd-booted host.
+func underSystemd() bool {
+	if _, err := os.Stat("/run/systemd/system"); err != nil {
+		return false
+	}
+	if os.Getenv("INVOCATION_ID") == "" {
+		return false
+	}
+	_, err := exec.LookPath("systemd-run")
+	return err == nil
+}
+
+// Accel is the accelerator VMs run with: "kvm" or "tcg" (for status).
+func (p *Provisioner) Accel() string { return p.accel }
+
+// Progress reports a running download of the artifact with this sha256:
+// bytes fetched so far and the total (-1 when the server did not say). ok
+// is false when no download of it is running.
+func (p *Provisioner) Progress(sha256 string) (done, total int64, ok bool) {
+	return p.images.progress(sha256)
+}
+
+// Preflight checks that QEMU and qemu-img run, that the cache directory is
+// writable, and that the chosen accelerator is available.
+func (p *Provisioner) Preflight(ctx context.Context) error {
+	for _, bin := range []string{p.cfg.QEMU, p.cfg.QEMUImg} {
+		out, err := exec.CommandContext(ctx, bin, "--version").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("preflight: %s --version: %v: %s", bin, err, trimTail(out, 512))
+		}
+	}
+	if err := os.MkdirAll(p.cfg.CacheDir, 0o755); err != nil {
+		return fmt.Errorf("preflight: image cache: %w", err)
+	}
+	probe, err := os.CreateTemp(p.cfg.CacheDir, ".probe-")
+	if err != nil {
+		return fmt.Errorf("preflight: image cache not writable: %w", err)
+	}
+	probe.Close()
+	os.Remove(probe.Name())
+	if p.accel == AccelKVM {
+		f, err := os.OpenFile(p.cfg.kvmDev, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("preflight: accel kvm: %w", err)
+		}
+		f.Close()
+	}
+	return nil
+}
+
+// state returns the remembered state of a VM, learning its directory from
+// dir (non-empty when the caller has an agent.Machine) or from
+// Config.MachineDir. nil when the VM's directory is unknown.
+func (p *Provisioner) state(name, dir string) *vmState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.machines[name]
+	if st == nil {
+		if dir == "" && p.cfg.MachineDir != nil {
+			dir = p.cfg.MachineDir(name)
+		}
+		if dir == "" {
+			return nil
+		}
+		st = &vmState{name: name, dir: dir}
+		p.machines[name] = st
+	}
+	if dir != "" && st.dir != dir {
+		st.dir = dir
+	}
+	return st
+}
+
+func (st *vmState) path(file string) string { return filepath.Join(st.dir, file) }
+
+// pid returns the pid of this VM's QEMU when it is alive, 0 otherwise. The
+// pidfile alone is not trusted: /proc/PID/cmdline must carry this VM's
+// -name and this VM's pidfile path, so a pid reused by another process
+// never reads as the VM.
+func (st *vmState) pid() int {
+	b, err := os.ReadFile(st.path(PidFile))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	if !cmdlineNames(pid, st.name, st.path(PidFile)) {
+		return 0
+	}
+	return pid
+}
+
+// cmdlineNames reports whether process pid is a QEMU started for VM name
+// with pidfile.
+func cmdlineNames(pid int, name, pidfile string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(b) == 0 {
+		return false // gone, or a zombie
+	}
+	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	var nameOK, pidOK bool
+	for i := 0; i+1 < len(args); i++ {
+		switch args[i] {
+		case "-name":
+			nameOK = args[i+1] == "guest="+name
+		case "-pidfile":
+			pidOK = args[i+1] == pidfile
+		}
+	}
+	return nameOK && pidOK
+}
+
+// deadStates are QMP run states in which the guest no longer runs although
+// QEMU's process may still be alive.
+var deadStates = map[string]bool{"shutdown": true, "internal-error": true, "guest-panicked": true}
+
+// Running reports whether the VM's QEMU runs: its pidfile names a live
+// process whose command line is this VM's, and QMP query-status does not
+// report a dead guest. A QEMU that is alive but does not answer on QMP
+// within a few seconds counts as running (it holds the disks).
+func (p *Provisioner) Running(name string) bool {
+	st := p.state(name, "")
+	if st == nil {
+		return false
+	}
+	return p.running(st)
+}
+
+func (p *Provisioner) running(st *vmState) bool {
+	if st.pid() == 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	status, err := qmpStatus(ctx, st.path(QMPSocket))
+	if err != nil {
+		p.log.WithFields(logrus.Fields{"vm": st.name}).WithError(err).Warn("qemu alive but QMP does not answer")
+		return true
+	}
+	return !deadStates[status]
+}
+
+// Address reports the SSH forward ("127.0.0.1:PORT") once a port is
+// allocated, and the guest's user-mode address while the VM runs.
+func (p *Provisioner) Address(name string) agent.Address {
+	st := p.state(name, "")
+	if st == nil {
+		return agent.Address{}
+	}
+	var a agent.Address
+	if port, err := readPort(st.path(PortFile)); err == nil && port > 0 {
+		a.SSH = "127.0.0.1:" + strconv.Itoa(port)
+	}
+	if st.pid() != 0 {
+		a.IP = GuestIP
+	}
+	return a
+}
+
+// FailureReason is the tail of QEMU's own output (qemu.log), or, when it
+// wrote nothing, how the QEMU this Provisioner started exited.
+func (p *Provisioner) FailureReason(name string) string {
+	st := p.state(name, "")
+	if st == nil {
+		return ""
+	}
+	b, _ := os.ReadFile(st.path(QEMULog))
+	if tail := trimTail(b, 1024); len(tail) > 0 {
+		return string(tail)
+	}
+	st.exitMu.Lock()
+	defer st.exitMu.Unlock()
+	return st.exit
+}
