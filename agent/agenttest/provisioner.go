@@ -1,0 +1,364 @@
+// Package agenttest is test support for package agent: Provisioner, an
+// in-memory implementation of agent.Provisioner that keeps VMs as entries in
+// a map, hands out sticky addresses, and lets a test inject errors, crashes,
+// host reboots, late addresses and the hypervisor's failure reason.
+//
+// It is a real implementation of the seam, not a script: Boot refuses a
+// volume path that is not a file (as a hypervisor would), Destroy releases
+// the address, PrepareRootDisk never shrinks a disk.
+package agenttest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"sync"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/desired"
+)
+
+var (
+	_ agent.Provisioner      = (*Provisioner)(nil)
+	_ agent.ProgressReporter = (*Provisioner)(nil)
+	_ agent.AccelReporter    = (*Provisioner)(nil)
+)
+
+// Op names a Provisioner method, for recorded calls and injected errors.
+type Op string
+
+// The operations a Provisioner records.
+const (
+	OpPreflight Op = "preflight"
+	OpRootDisk  Op = "rootdisk"
+	OpBoot      Op = "boot"
+	OpShutdown  Op = "shutdown"
+	OpDestroy   Op = "destroy"
+)
+
+// Call is one recorded invocation, failed ones included.
+type Call struct {
+	Op   Op
+	Name string // empty for Preflight
+}
+
+// Hook runs at the start of every operation, before injected errors; a
+// non-nil error fails the operation. It may block (until ctx ends, to play a
+// wedged hypervisor).
+type Hook func(ctx context.Context, op Op, name string) error
+
+// Provisioner keeps VMs in memory. The zero value is not usable; call New.
+// Safe for concurrent use.
+type Provisioner struct {
+	mu        sync.Mutex
+	running   map[string]bool
+	disks     map[string]int // root disk size in GiB
+	addrs     map[string]agent.Address
+	booted    map[string]agent.Machine
+	reasons   map[string]string
+	progress  map[string]string
+	sticky    map[Op]error
+	once      map[Op]error
+	calls     []Call
+	nextIP    int
+	late      bool
+	hook      Hook
+	subnetFmt string
+}
+
+// New returns an empty in-memory Provisioner whose guests get addresses
+// 10.77.1.2, 10.77.1.3, … and SSH forwards 127.0.0.1:2202, …
+func New() *Provisioner {
+	return &Provisioner{
+		running:   map[string]bool{},
+		disks:     map[string]int{},
+		addrs:     map[string]agent.Address{},
+		booted:    map[string]agent.Machine{},
+		reasons:   map[string]string{},
+		progress:  map[string]string{},
+		sticky:    map[Op]error{},
+		once:      map[Op]error{},
+		nextIP:    2,
+		subnetFmt: "10.77.1.%d",
+	}
+}
+
+// FailAlways makes every call of op fail with err until cleared with nil.
+func (p *Provisioner) FailAlways(op Op, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err == nil {
+		delete(p.sticky, op)
+		return
+	}
+	p.sticky[op] = err
+}
+
+// FailOnce makes the next call of op fail with err.
+func (p *Provisioner) FailOnce(op Op, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.once[op] = err
+}
+
+// SetHook installs h (nil removes it).
+func (p *Provisioner) SetHook(h Hook) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hook = h
+}
+
+// SetLateAddress switches to the shape of a host-run DHCP server: Boot
+// assigns no address; one exists only after AnswerAddress.
+func (p *Provisioner) SetLateAddress(late bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.late = late
+}
+
+// AnswerAddress plays the guest asking for its address after boot.
+func (p *Provisioner) AnswerAddress(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.attachLocked(name)
+}
+
+// ForgetAddresses drops every address the backend knows, as a restarted
+// backend that cannot answer for running guests.
+func (p *Provisioner) ForgetAddresses() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.addrs = map[string]agent.Address{}
+}
+
+// Crash ends the VM's process without a stop request.
+func (p *Provisioner) Crash(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.running[name] = false
+}
+
+// Reboot plays a host reboot: every VM stops.
+func (p *Provisioner) Reboot() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.running = map[string]bool{}
+}
+
+// SetFailureReason sets what the "hypervisor" left behind for name.
+func (p *Provisioner) SetFailureReason(name, reason string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reasons[name] = reason
+}
+
+// SetProgress sets what Progress answers for name.
+func (p *Provisioner) SetProgress(name, msg string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.progress[name] = msg
+}
+
+// Calls returns the names of every recorded call of op, in order.
+func (p *Provisioner) Calls(op Op) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, c := range p.calls {
+		if c.Op == op {
+			out = append(out, c.Name)
+		}
+	}
+	return out
+}
+
+// AllCalls returns every recorded call, in order.
+func (p *Provisioner) AllCalls() []Call {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Call(nil), p.calls...)
+}
+
+// ResetCalls forgets the recorded calls.
+func (p *Provisioner) ResetCalls() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls = nil
+}
+
+// BootedWith returns the Machine name was last booted with.
+func (p *Provisioner) BootedWith(name string) (agent.Machine, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.booted[name]
+	return m, ok
+}
+
+// DiskGB is the size of name's root disk in GiB, 0 when it has none.
+func (p *Provisioner) DiskGB(name string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.disks[name]
+}
+
+// RunningCount is the number of running VMs.
+func (p *Provisioner) RunningCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, r := range p.running {
+		if r {
+			n++
+		}
+	}
+	return n
+}
+
+// begin records the call and returns the error it should fail with.
+func (p *Provisioner) begin(ctx context.Context, op Op, name string) error {
+	p.mu.Lock()
+	p.calls = append(p.calls, Call{Op: op, Name: name})
+	hook := p.hook
+	p.mu.Unlock()
+	if hook != nil {
+		if err := hook(ctx, op, name); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err, ok := p.once[op]; ok {
+		delete(p.once, op)
+		return err
+	}
+	return p.sticky[op]
+}
+
+// Preflight implements agent.Provisioner.
+func (p *Provisioner) Preflight(ctx context.Context) error { return p.begin(ctx, OpPreflight, "") }
+
+// PrepareRootDisk implements agent.Provisioner: it creates the root disk at
+// Spec.DiskGB, or grows it; a smaller size leaves it as it is. It refuses a
+// running VM, as growing a disk under a guest is not allowed.
+func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) error {
+	if err := p.begin(ctx, OpRootDisk, m.Name); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.running[m.Name] {
+		return fmt.Errorf("prepare root disk of %s: vm is running", m.Name)
+	}
+	if m.Spec.DiskGB > p.disks[m.Name] {
+		p.disks[m.Name] = m.Spec.DiskGB
+	}
+	return nil
+}
+
+// Boot implements agent.Provisioner. It fails, as a hypervisor would, when
+// the VM has no root disk or a volume path is not a file.
+func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
+	if err := p.begin(ctx, OpBoot, m.Name); err != nil {
+		return err
+	}
+	for _, v := range m.Volumes {
+		if _, err := os.Stat(v); errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("boot %s: volume %s: %w", m.Name, v, err)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.disks[m.Name] == 0 {
+		return fmt.Errorf("boot %s: no root disk", m.Name)
+	}
+	if p.running[m.Name] {
+		return nil
+	}
+	p.booted[m.Name] = m
+	p.running[m.Name] = true
+	if !p.late {
+		p.attachLocked(m.Name)
+	}
+	return nil
+}
+
+func (p *Provisioner) attachLocked(name string) {
+	if _, ok := p.addrs[name]; ok {
+		return
+	}
+	n := p.nextIP
+	p.nextIP++
+	p.addrs[name] = agent.Address{IP: fmt.Sprintf(p.subnetFmt, n), SSH: fmt.Sprintf("127.0.0.1:%d", 2200+n)}
+}
+
+// Shutdown implements agent.Provisioner.
+func (p *Provisioner) Shutdown(ctx context.Context, name string) error {
+	if err := p.begin(ctx, OpShutdown, name); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.running[name] = false
+	return nil
+}
+
+// Destroy implements agent.Provisioner: the VM, its disk and its address
+// go.
+func (p *Provisioner) Destroy(ctx context.Context, name string) error {
+	if err := p.begin(ctx, OpDestroy, name); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.running, name)
+	delete(p.disks, name)
+	delete(p.addrs, name)
+	delete(p.booted, name)
+	return nil
+}
+
+// Running implements agent.Provisioner.
+func (p *Provisioner) Running(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.running[name]
+}
+
+// Address implements agent.Provisioner.
+func (p *Provisioner) Address(name string) agent.Address {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.addrs[name]
+}
+
+// FailureReason implements agent.Provisioner.
+func (p *Provisioner) FailureReason(name string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reasons[name]
+}
+
+// Progress implements agent.ProgressReporter.
+func (p *Provisioner) Progress(name string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.progress[name]
+}
+
+// Accel implements agent.AccelReporter; the in-memory backend reports
+// "none".
+func (p *Provisioner) Accel() string { return "none" }
+
+// Spec is a convenience for tests: a minimal valid VM spec on host.
+func Spec(host string) desired.VMSpec {
+	return desired.VMSpec{
+		Host: host, VCPUs: 1, MemoryMB: 512, DiskGB: 5,
+		Image: &desired.Artifact{URL: "https://images.example/base.qcow2", SHA256: "aa" + fmt.Sprintf("%062d", 0)},
+		Power: desired.PowerRunning,
+	}
+}

@@ -1,0 +1,784 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/agenttest"
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+const testHost = "hv-a"
+
+// clock is the engine's injectable clock; tests move it forward instead of
+// sleeping through graces.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// fixture is one host: a state directory, the in-memory backend, a clock and
+// a boot id, and the engine over them.
+type fixture struct {
+	t     *testing.T
+	dir   string
+	store *agent.Store
+	prov  *agenttest.Provisioner
+	clock *clock
+	mu    sync.Mutex
+	boot  string
+	eng   *agent.Engine
+	// tune adjusts the engine config before every (re)start.
+	tune func(*agent.EngineConfig)
+}
+
+func newFixture(t *testing.T, tune ...func(*agent.EngineConfig)) *fixture {
+	t.Helper()
+	f := &fixture{t: t, dir: t.TempDir(), prov: agenttest.New(), boot: "boot-1",
+		clock: &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}
+	if len(tune) > 0 {
+		f.tune = tune[0]
+	}
+	f.start()
+	return f
+}
+
+func (f *fixture) bootID() string { f.mu.Lock(); defer f.mu.Unlock(); return f.boot }
+
+// rebootHost plays a host reboot: a new boot id and every VM stopped.
+func (f *fixture) rebootHost() {
+	f.mu.Lock()
+	f.boot += "'"
+	f.mu.Unlock()
+	f.prov.Reboot()
+}
+
+func (f *fixture) config() agent.EngineConfig {
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	cfg := agent.EngineConfig{
+		Host: testHost, Store: f.store, Provisioner: f.prov,
+		BootID: f.bootID, Now: f.clock.Now, Log: log,
+		TombstoneGrace: 5 * time.Minute, VanishGrace: time.Hour, MaxAttempts: 3,
+	}
+	if f.tune != nil {
+		f.tune(&cfg)
+	}
+	return cfg
+}
+
+// start opens the store and builds an engine over it, as an agent process
+// starting does: nothing survives but what is on disk.
+func (f *fixture) start() {
+	f.t.Helper()
+	st, err := agent.OpenStore(f.dir)
+	require.NoError(f.t, err)
+	f.store = st
+	eng, err := agent.NewEngine(f.config())
+	require.NoError(f.t, err)
+	f.eng = eng
+	f.t.Cleanup(func() { eng.Close(context.Background()) })
+}
+
+// restart ends the engine and starts a new one over the same directory and
+// backend (the VMs outlive the agent).
+func (f *fixture) restart() {
+	f.eng.Close(context.Background())
+	f.start()
+}
+
+// step runs one tick over snap (nil: the last accepted) and waits for every
+// worker's pass before reporting, which production never does but a test
+// must to observe a tick.
+func (f *fixture) step(snap *desired.Snapshot) *status.Status {
+	f.t.Helper()
+	err := f.eng.Tick(context.Background(), snap)
+	if err != nil && !errors.Is(err, agent.ErrFenced) {
+		f.t.Fatalf("tick: %v", err)
+	}
+	require.NoError(f.t, f.eng.Settle(context.Background()))
+	return f.eng.Report()
+}
+
+func (f *fixture) record(name string) *agent.Record {
+	f.t.Helper()
+	rec, err := f.store.LoadRecord(name)
+	require.NoError(f.t, err)
+	return rec
+}
+
+func snap(epoch uint64, vms ...desired.SnapshotVM) *desired.Snapshot {
+	return &desired.Snapshot{Host: testHost, Epoch: epoch, VMs: vms, Volumes: []desired.SnapshotVolume{}}
+}
+
+func withVolumes(s *desired.Snapshot, vols ...desired.SnapshotVolume) *desired.Snapshot {
+	s.Volumes = vols
+	return s
+}
+
+func withCapacity(s *desired.Snapshot, vcpus, memMB int) *desired.Snapshot {
+	s.HostSpec.Capacity = &desired.Capacity{VCPUs: vcpus, MemoryMB: memMB}
+	return s
+}
+
+func vm(name string, edits ...func(*desired.VMSpec)) desired.SnapshotVM {
+	spec := agenttest.Spec(testHost)
+	for _, e := range edits {
+		e(&spec)
+	}
+	return desired.SnapshotVM{Name: name, SpecHash: desired.SpecHash(spec), Spec: spec}
+}
+
+func tombstoned(v desired.SnapshotVM) desired.SnapshotVM { v.Tombstoned = true; return v }
+
+func vcpus(n int) func(*desired.VMSpec)        { return func(s *desired.VMSpec) { s.VCPUs = n } }
+func memoryMB(n int) func(*desired.VMSpec)     { return func(s *desired.VMSpec) { s.MemoryMB = n } }
+func diskGB(n int) func(*desired.VMSpec)       { return func(s *desired.VMSpec) { s.DiskGB = n } }
+func stopped(s *desired.VMSpec)                { s.Power = desired.PowerStopped }
+func volumes(v ...string) func(*desired.VMSpec) { return func(s *desired.VMSpec) { s.Volumes = v } }
+func network(n string) func(*desired.VMSpec)   { return func(s *desired.VMSpec) { s.Network = n } }
+func image(sha string) func(*desired.VMSpec) {
+	return func(s *desired.VMSpec) {
+		s.Image = &desired.Artifact{URL: "https://images.example/" + sha[:4] + ".qcow2", SHA256: sha}
+	}
+}
+
+func row(t *testing.T, st *status.Status, name string) status.VM {
+	t.Helper()
+	for _, v := range st.VMs {
+		if v.Name == name {
+			return v
+		}
+	}
+	t.Fatalf("no status row for vm %s in %+v", name, st.VMs)
+	return status.VM{}
+}
+
+func hasRow(st *status.Status, name string) bool {
+	for _, v := range st.VMs {
+		if v.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func quarantined(st *status.Status) []string {
+	var out []string
+	for _, q := range st.Quarantined {
+		out = append(out, q.Name)
+	}
+	return out
+}
+
+var errTransient = errors.New("disk busy")
+
+func TestCreateRunsTheStepsInOrderAndReportsReady(t *testing.T) {
+	f := newFixture(t)
+	st := f.step(snap(1, vm("web-01")))
+
+	var ops []agenttest.Op
+	for _, c := range f.prov.AllCalls() {
+		ops = append(ops, c.Op)
+	}
+	assert.Equal(t, []agenttest.Op{agenttest.OpPreflight, agenttest.OpRootDisk, agenttest.OpBoot}, ops)
+	r := row(t, st, "web-01")
+	assert.Equal(t, status.PhaseReady, r.Phase)
+	assert.Equal(t, "running", r.Power)
+	assert.Equal(t, "10.77.1.2", r.IP)
+	assert.Equal(t, "127.0.0.1:2202", r.SSH)
+	assert.Empty(t, r.LastError)
+	assert.Equal(t, vm("web-01").SpecHash, r.SpecHash)
+	assert.Equal(t, uint64(1), st.LastSeenEpoch)
+	assert.False(t, st.FenceViolation)
+
+	rec := f.record("web-01")
+	assert.Equal(t, "boot-1", rec.BootID, "the boot id witnesses the completed create")
+	assert.NotEmpty(t, rec.InstanceID)
+	m, ok := f.prov.BootedWith("web-01")
+	require.True(t, ok)
+	assert.Equal(t, f.store.VMDir("web-01"), m.Dir)
+	assert.Equal(t, rec.InstanceID, m.InstanceID)
+}
+
+func TestAStoppedVMIsCreatedButNotBooted(t *testing.T) {
+	f := newFixture(t)
+	st := f.step(snap(1, vm("web-01", stopped)))
+	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpRootDisk))
+	assert.Empty(t, f.prov.Calls(agenttest.OpBoot))
+	assert.Equal(t, status.PhaseStopped, row(t, st, "web-01").Phase)
+}
+
+func TestAnInterruptedCreateIsRunAgainWhateverFilesExist(t *testing.T) {
+	f := newFixture(t)
+	// A create that wrote its record and a disk but never booted: no boot id.
+	spec := vm("web-01")
+	require.NoError(t, f.store.SaveRecord(&agent.Record{Name: "web-01", InstanceID: "i-1", Spec: spec.Spec, SpecHash: spec.SpecHash, Phase: status.PhaseCreating}))
+	require.NoError(t, os.WriteFile(filepath.Join(f.store.VMDir("web-01"), "root.qcow2"), []byte("partial"), 0o600))
+	f.restart()
+
+	st := f.step(snap(1, spec))
+	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpRootDisk), "the root disk step runs again")
+	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpBoot))
+	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+	assert.Equal(t, "i-1", f.record("web-01").InstanceID, "the instance id survives")
+}
+
+func TestAnUnreadableRecordIsLeftAloneNeverCreatedOver(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01"), vm("web-02")))
+	f.eng.Close(context.Background())
+	require.NoError(t, os.WriteFile(f.store.RecordPath("web-01"), []byte("{not json"), 0o600))
+	f.prov.Crash("web-01") // even a VM that needs a boot is not touched
+	f.prov.ResetCalls()
+	f.start()
+
+	st := f.step(snap(2, vm("web-01"), tombstoned(vm("web-02"))))
+	assert.NotContains(t, f.prov.Calls(agenttest.OpRootDisk), "web-01")
+	assert.NotContains(t, f.prov.Calls(agenttest.OpBoot), "web-01")
+	r := row(t, st, "web-01")
+	assert.Equal(t, status.PhaseFailed, r.Phase)
+	assert.Contains(t, r.LastError, "unreadable")
+
+	t.Run("a tombstone of an unreadable record is not acked", func(t *testing.T) {
+		f.eng.Close(context.Background())
+		require.NoError(t, os.WriteFile(f.store.RecordPath("web-02"), []byte("garbage"), 0o600))
+		f.start()
+		f.clock.Add(time.Hour)
+		st := f.step(snap(2, vm("web-01"), tombstoned(vm("web-02"))))
+		assert.NotContains(t, st.Destroyed, "web-02")
+		assert.Empty(t, f.prov.Calls(agenttest.OpDestroy))
+	})
+
+	t.Run("a directory with files but no record is unreadable too", func(t *testing.T) {
+		require.NoError(t, os.WriteFile(filepath.Join(f.store.VMDir("web-02"), "root.qcow2"), nil, 0o600))
+		require.NoError(t, os.Remove(f.store.RecordPath("web-02")))
+		_, err := f.store.LoadRecord("web-02")
+		assert.ErrorIs(t, err, agent.ErrRecordUnreadable)
+	})
+
+	t.Run("once readable again the VM is reconciled", func(t *testing.T) {
+		spec := vm("web-01")
+		require.NoError(t, f.store.SaveRecord(&agent.Record{Name: "web-01", InstanceID: "i-1", Spec: spec.Spec, SpecHash: spec.SpecHash, BootID: "boot-1", DiskGB: 5, Phase: status.PhaseReady}))
+		st := f.step(snap(3, vm("web-01")))
+		assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+		assert.Contains(t, f.prov.Calls(agenttest.OpBoot), "web-01", "the lost VM is booted again")
+		assert.NotContains(t, f.prov.Calls(agenttest.OpRootDisk), "web-01", "and never re-created")
+	})
+}
+
+func TestRecordsThatCannotBeListedStopTheTick(t *testing.T) {
+	f := newFixture(t)
+	vms := filepath.Join(f.dir, "vms")
+	require.NoError(t, os.RemoveAll(vms))
+	require.NoError(t, os.WriteFile(vms, nil, 0o600)) // not a directory: ReadDir fails
+	err := f.eng.Tick(context.Background(), snap(1, vm("web-01")))
+	require.Error(t, err)
+	require.NoError(t, f.eng.Settle(context.Background()))
+	assert.Empty(t, f.prov.AllCalls(), "an unlisted VM would look like one to create")
+
+	require.NoError(t, os.Remove(vms))
+	require.NoError(t, os.Mkdir(vms, 0o700))
+	st := f.step(snap(1, vm("web-01")))
+	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+}
+
+func TestAdmissionAgainstHostCapacity(t *testing.T) {
+	cases := []struct {
+		name      string
+		snap      *desired.Snapshot
+		bootOnce  error
+		wantBoots int
+		wantErr   string
+	}{
+		{name: "two VMs over the vCPU cap: one boots", wantBoots: 1, wantErr: "vcpus",
+			snap: withCapacity(snap(1, vm("a", vcpus(2)), vm("b", vcpus(2))), 3, 0)},
+		{name: "two VMs over the memory cap: one boots", wantBoots: 1, wantErr: "memoryMB",
+			snap: withCapacity(snap(1, vm("a", memoryMB(1024)), vm("b", memoryMB(1024))), 0, 1536)},
+		{name: "a failed create still counts against its sibling", wantBoots: 0, wantErr: "vcpus", bootOnce: errTransient,
+			snap: withCapacity(snap(1, vm("a", vcpus(2)), vm("b", vcpus(2))), 3, 0)},
+		{name: "both fit", wantBoots: 2,
+			snap: withCapacity(snap(1, vm("a", vcpus(2)), vm("b", vcpus(2))), 4, 0)},
+		{name: "no capacity means no limit", wantBoots: 2,
+			snap: snap(1, vm("a", vcpus(64)), vm("b", vcpus(64)))},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			if tc.bootOnce != nil {
+				f.prov.FailOnce(agenttest.OpBoot, tc.bootOnce)
+			}
+			st := f.step(tc.snap)
+			assert.Equal(t, tc.wantBoots, f.prov.RunningCount())
+			if tc.wantErr == "" {
+				return
+			}
+			var blocked []status.VM
+			for _, r := range st.VMs {
+				if strings.Contains(r.LastError, "capacity limit") && strings.Contains(r.LastError, tc.wantErr) {
+					blocked = append(blocked, r)
+				}
+			}
+			require.Len(t, blocked, 1, "exactly one VM is refused: %+v", st.VMs)
+			assert.Equal(t, status.PhaseFailed, blocked[0].Phase)
+			assert.Zero(t, f.record(blocked[0].Name).Attempts, "a capacity refusal spends no attempt")
+		})
+	}
+}
+
+func TestCapacityFreedByADeleteAdmitsTheWaitingVM(t *testing.T) {
+	f := newFixture(t, func(c *agent.EngineConfig) { c.TombstoneGrace = time.Minute })
+	f.step(withCapacity(snap(1, vm("a", vcpus(2))), 3, 0))
+	st := f.step(withCapacity(snap(2, vm("a", vcpus(2)), vm("b", vcpus(2))), 3, 0))
+	require.Equal(t, status.PhaseFailed, row(t, st, "b").Phase)
+
+	f.step(withCapacity(snap(3, tombstoned(vm("a", vcpus(2))), vm("b", vcpus(2))), 3, 0))
+	st = f.step(withCapacity(snap(3, tombstoned(vm("a", vcpus(2))), vm("b", vcpus(2))), 3, 0))
+	assert.Equal(t, status.PhaseReady, row(t, st, "b").Phase, "a quarantined VM holds no capacity")
+}
+
+func TestFenceRefusesAnOlderSnapshotAndActsOnNothing(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(5, vm("web-01"), vm("old-01")))
+	f.step(snap(6, vm("web-01"), tombstoned(vm("old-01"))))
+	f.prov.Crash("web-01") // even a lost VM waits while fenced
+	f.prov.ResetCalls()
+
+	st := f.step(snap(3)) // a restored branch: everything "missing", lower epoch
+	assert.True(t, st.FenceViolation)
+	assert.Equal(t, uint64(6), st.LastSeenEpoch)
+	assert.Empty(t, f.prov.AllCalls(), "a fenced tick calls the provisioner for nothing")
+	assert.Equal(t, []string{"old-01"}, quarantined(st), "the report still shows quarantined VMs")
+	assert.False(t, hasRow(st, "old-01"), "a quarantined VM is not an active row")
+	assert.True(t, hasRow(st, "web-01"))
+
+	f.clock.Add(time.Hour)
+	st = f.step(snap(3))
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy), "no grace runs out while fenced")
+	assert.True(t, st.FenceViolation)
+
+	t.Run("the fence survives a restart", func(t *testing.T) {
+		f.restart()
+		st := f.step(snap(4))
+		assert.True(t, st.FenceViolation)
+		assert.Empty(t, f.prov.AllCalls())
+	})
+
+	t.Run("a newer epoch lifts the fence", func(t *testing.T) {
+		st := f.step(snap(7, vm("web-01"), tombstoned(vm("old-01"))))
+		assert.False(t, st.FenceViolation)
+		assert.Equal(t, uint64(7), st.LastSeenEpoch)
+		assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpBoot))
+	})
+}
+
+func TestCreateRetryBudget(t *testing.T) {
+	t.Run("transient errors retry until the budget is spent", func(t *testing.T) {
+		f := newFixture(t)
+		f.prov.FailAlways(agenttest.OpRootDisk, errTransient)
+		for i := 1; i < 3; i++ {
+			r := row(t, f.step(snap(1, vm("web-01"))), "web-01")
+			assert.Equal(t, status.PhaseCreating, r.Phase, "attempt %d", i)
+			assert.Equal(t, "root disk: disk busy", r.LastError)
+		}
+		assert.Equal(t, status.PhaseFailed, row(t, f.step(snap(1, vm("web-01"))), "web-01").Phase)
+		f.prov.FailAlways(agenttest.OpRootDisk, nil) // the cause clears, too late
+		assert.Equal(t, status.PhaseFailed, row(t, f.step(snap(1, vm("web-01"))), "web-01").Phase)
+		assert.Len(t, f.prov.Calls(agenttest.OpRootDisk), 3, "no fourth attempt")
+
+		t.Run("an edited spec gets a fresh budget", func(t *testing.T) {
+			st := f.step(snap(2, vm("web-01", memoryMB(1024))))
+			assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+			assert.Len(t, f.prov.Calls(agenttest.OpRootDisk), 4)
+			assert.Zero(t, f.record("web-01").Attempts)
+		})
+	})
+
+	t.Run("a permanent error fails at once", func(t *testing.T) {
+		f := newFixture(t)
+		f.prov.FailAlways(agenttest.OpRootDisk, agent.Permanent(errors.New("diskGB 1 is smaller than the image")))
+		r := row(t, f.step(snap(1, vm("web-01"))), "web-01")
+		assert.Equal(t, status.PhaseFailed, r.Phase)
+		assert.Contains(t, r.LastError, "smaller than the image")
+		f.step(snap(1, vm("web-01")))
+		assert.Len(t, f.prov.Calls(agenttest.OpRootDisk), 1)
+	})
+
+	t.Run("a preflight refusal comes before the disk", func(t *testing.T) {
+		f := newFixture(t)
+		f.prov.FailAlways(agenttest.OpPreflight, agent.Permanent(errors.New("no qemu-system-x86_64 on this host")))
+		r := row(t, f.step(snap(1, vm("web-01"))), "web-01")
+		assert.Equal(t, status.PhaseFailed, r.Phase)
+		assert.Equal(t, "preflight: no qemu-system-x86_64 on this host", r.LastError)
+		assert.Empty(t, f.prov.Calls(agenttest.OpRootDisk))
+	})
+
+	t.Run("the budget survives a restart", func(t *testing.T) {
+		f := newFixture(t)
+		f.prov.FailAlways(agenttest.OpBoot, errTransient)
+		f.step(snap(1, vm("web-01")))
+		f.step(snap(1, vm("web-01")))
+		f.restart()
+		assert.Equal(t, status.PhaseFailed, row(t, f.step(nil), "web-01").Phase)
+		assert.Len(t, f.prov.Calls(agenttest.OpBoot), 3)
+	})
+}
+
+func TestWatchdog(t *testing.T) {
+	wedge := func(ctx context.Context, op agenttest.Op, _ string) error {
+		if op == agenttest.OpRootDisk {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}
+
+	t.Run("a wedged step is ended and spends no attempt", func(t *testing.T) {
+		f := newFixture(t, func(c *agent.EngineConfig) { c.VMTimeout = 50 * time.Millisecond })
+		f.prov.SetHook(wedge)
+		st := f.step(snap(1, vm("web-01"), vm("web-02")))
+		for _, name := range []string{"web-01", "web-02"} {
+			r := row(t, st, name)
+			assert.Equal(t, status.PhaseCreating, r.Phase, name)
+			assert.Contains(t, r.LastError, "watchdog")
+			assert.Contains(t, r.LastError, "deadline exceeded")
+			assert.Zero(t, f.record(name).Attempts, "%s: the watchdog's failure is not the VM's", name)
+		}
+		f.prov.SetHook(nil)
+		assert.Equal(t, status.PhaseReady, row(t, f.step(nil), "web-01").Phase)
+	})
+
+	t.Run("zero means no deadline", func(t *testing.T) {
+		f := newFixture(t)
+		sawDeadline := false
+		f.prov.SetHook(func(ctx context.Context, _ agenttest.Op, _ string) error {
+			if _, ok := ctx.Deadline(); ok {
+				sawDeadline = true
+			}
+			return nil
+		})
+		f.step(snap(1, vm("web-01")))
+		assert.False(t, sawDeadline)
+	})
+}
+
+func TestPower(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
+	st := f.step(snap(2, vm("web-01", stopped)))
+	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpShutdown))
+	r := row(t, st, "web-01")
+	assert.Equal(t, status.PhaseStopped, r.Phase)
+	assert.Equal(t, "stopped", r.Power)
+
+	f.rebootHost()
+	f.step(snap(2, vm("web-01", stopped)))
+	assert.Len(t, f.prov.Calls(agenttest.OpBoot), 1, "a stopped VM stays stopped across a host reboot")
+
+	st = f.step(snap(3, vm("web-01")))
+	assert.Len(t, f.prov.Calls(agenttest.OpBoot), 2, "back to running boots it")
+	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+}
+
+func TestALostVMIsBootedAgain(t *testing.T) {
+	cases := []struct {
+		name   string
+		lose   func(f *fixture)
+		reason string
+		want   string
+	}{
+		{name: "host reboot", lose: func(f *fixture) { f.rebootHost() }},
+		{name: "hypervisor crash", lose: func(f *fixture) { f.prov.Crash("web-01") }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.step(snap(1, vm("web-01")))
+			tc.lose(f)
+			st := f.step(snap(1, vm("web-01")))
+			assert.Len(t, f.prov.Calls(agenttest.OpBoot), 2)
+			assert.Len(t, f.prov.Calls(agenttest.OpRootDisk), 1, "booted again, not created again")
+			r := row(t, st, "web-01")
+			assert.Equal(t, status.PhaseReady, r.Phase)
+			assert.Equal(t, "10.77.1.2", r.IP)
+			assert.Equal(t, f.bootID(), f.record("web-01").BootID)
+		})
+	}
+}
+
+func TestAFailedBootSaysWhyAndIsRetried(t *testing.T) {
+	cases := []struct {
+		reason, want string
+	}{
+		{reason: "qemu: could not open disk image: Permission denied", want: "boot: start failed: qemu: could not open disk image: Permission denied"},
+		{reason: "", want: "boot: start failed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.want, func(t *testing.T) {
+			f := newFixture(t)
+			f.step(snap(1, vm("web-01")))
+			f.prov.Crash("web-01")
+			f.prov.FailOnce(agenttest.OpBoot, errors.New("start failed"))
+			f.prov.SetFailureReason("web-01", tc.reason)
+			r := row(t, f.step(snap(1, vm("web-01"))), "web-01")
+			assert.Equal(t, status.PhaseFailed, r.Phase)
+			assert.Equal(t, tc.want, r.LastError)
+
+			r = row(t, f.step(snap(1, vm("web-01"))), "web-01")
+			assert.Equal(t, status.PhaseReady, r.Phase)
+			assert.Empty(t, r.LastError, "a successful boot clears the error")
+			assert.Empty(t, f.record("web-01").LastError)
+		})
+	}
+}
+
+func TestDeleteQuarantinesThenDestroysAfterTheGrace(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
+	st := f.step(snap(2, tombstoned(vm("web-01"))))
+	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpShutdown))
+	assert.Equal(t, []string{"web-01"}, quarantined(st))
+	assert.Equal(t, f.clock.Now(), st.Quarantined[0].Since)
+	assert.False(t, hasRow(st, "web-01"))
+	assert.Empty(t, st.Destroyed, "still in its grace")
+
+	f.clock.Add(4 * time.Minute)
+	f.restart() // the grace is measured from the marker on disk
+	st = f.step(snap(2, tombstoned(vm("web-01"))))
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy))
+
+	f.clock.Add(2 * time.Minute)
+	st = f.step(snap(2, tombstoned(vm("web-01"))))
+	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpDestroy))
+	assert.Equal(t, []string{"web-01"}, st.Destroyed)
+	assert.Empty(t, st.Quarantined)
+	_, err := os.Stat(f.store.VMDir("web-01"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "the record and the VM's directory are gone")
+	assert.Empty(t, f.prov.Address("web-01"), "destroy releases the address")
+
+	st = f.step(snap(2, tombstoned(vm("web-01"))))
+	assert.Equal(t, []string{"web-01"}, st.Destroyed, "the ack is repeated until the name leaves the snapshot")
+	st = f.step(snap(3))
+	assert.Empty(t, st.Destroyed)
+}
+
+func TestAFailedDestroyKeepsTheRecordAndRetries(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
+	f.step(snap(2, tombstoned(vm("web-01"))))
+	f.prov.FailAlways(agenttest.OpDestroy, errTransient)
+	f.clock.Add(6 * time.Minute)
+	st := f.step(snap(2, tombstoned(vm("web-01"))))
+	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpDestroy))
+	assert.NotContains(t, st.Destroyed, "web-01", "nothing to ack while the backend holds the VM")
+	assert.Equal(t, "destroy: disk busy", f.record("web-01").LastError)
+
+	f.prov.FailAlways(agenttest.OpDestroy, nil)
+	st = f.step(snap(2, tombstoned(vm("web-01"))))
+	assert.Len(t, f.prov.Calls(agenttest.OpDestroy), 2)
+	assert.Contains(t, st.Destroyed, "web-01")
+}
+
+func TestAVMThatVanishesWithoutATombstoneWaitsTheVanishGrace(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
+	st := f.step(snap(2))
+	assert.Equal(t, []string{"web-01"}, quarantined(st))
+	f.clock.Add(30 * time.Minute)
+	f.step(snap(2))
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy), "well past the tombstone grace, inside the vanish grace")
+	f.clock.Add(31 * time.Minute)
+	st = f.step(snap(2))
+	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpDestroy))
+	assert.Empty(t, st.Destroyed, "nothing to ack: the snapshot never asked")
+}
+
+func TestATombstoneThisHostNeverHadIsAckedEveryTime(t *testing.T) {
+	f := newFixture(t)
+	for i := 0; i < 2; i++ {
+		st := f.step(snap(1, tombstoned(vm("ghost"))))
+		assert.Equal(t, []string{"ghost"}, st.Destroyed)
+	}
+	assert.Empty(t, f.prov.AllCalls())
+}
+
+func TestUndelete(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
+	f.step(snap(2, tombstoned(vm("web-01"))))
+	f.clock.Add(2 * time.Minute)
+	st := f.step(snap(3, vm("web-01")))
+	assert.Empty(t, st.Quarantined)
+	r := row(t, st, "web-01")
+	assert.Equal(t, status.PhaseReady, r.Phase, "the VM runs again")
+	assert.Len(t, f.prov.Calls(agenttest.OpRootDisk), 1, "on the disk it had")
+	assert.Nil(t, f.record("web-01").QuarantinedAt)
+
+	f.clock.Add(24 * time.Hour)
+	st = f.step(snap(4, tombstoned(vm("web-01"))))
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy), "a second delete gets a whole new grace")
+	assert.Equal(t, []string{"web-01"}, quarantined(st))
+}
+
+func TestAddresses(t *testing.T) {
+	t.Run("an address found after boot is picked up and kept", func(t *testing.T) {
+		f := newFixture(t)
+		f.prov.SetLateAddress(true)
+		r := row(t, f.step(snap(1, vm("web-01"))), "web-01")
+		assert.Equal(t, status.PhaseReady, r.Phase, "no address yet is not a failure")
+		assert.Empty(t, r.IP)
+		f.prov.AnswerAddress("web-01")
+		r = row(t, f.step(nil), "web-01")
+		assert.Equal(t, "10.77.1.2", r.IP)
+		assert.Equal(t, "10.77.1.2", f.record("web-01").IP, "persisted, not only reported")
+	})
+	t.Run("an empty answer keeps the known address", func(t *testing.T) {
+		f := newFixture(t)
+		f.step(snap(1, vm("web-01")))
+		f.prov.ForgetAddresses()
+		r := row(t, f.step(nil), "web-01")
+		assert.Equal(t, "10.77.1.2", r.IP)
+		assert.Equal(t, "127.0.0.1:2202", r.SSH)
+	})
+}
+
+func TestSpecEditsOnARunningVM(t *testing.T) {
+	const otherImage = "bb00000000000000000000000000000000000000000000000000000000000000"
+	cases := []struct {
+		name        string
+		edit        func(*desired.VMSpec)
+		restart     bool
+		rootDisk    bool
+		wantDiskGB  int
+		wantMessage string
+	}{
+		{name: "vcpus", edit: vcpus(4), restart: true, wantDiskGB: 5},
+		{name: "memory", edit: memoryMB(4096), restart: true, wantDiskGB: 5},
+		{name: "network", edit: network("lan"), restart: true, wantDiskGB: 5},
+		{name: "volumes", edit: volumes("data"), restart: true, wantDiskGB: 5},
+		{name: "diskGB grows", edit: diskGB(20), restart: true, rootDisk: true, wantDiskGB: 20},
+		{name: "diskGB never shrinks", edit: diskGB(2), wantDiskGB: 5, wantMessage: "never shrink"},
+		{name: "a new image leaves the root disk", edit: image(otherImage), wantDiskGB: 5, wantMessage: "existing root disk"},
+		{name: "cloud-init applies at the next boot", edit: func(s *desired.VMSpec) {
+			s.CloudInit = &desired.CloudInit{UserData: "#cloud-config\n"}
+		}, wantDiskGB: 5},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			vols := []desired.SnapshotVolume{{Name: "data", SizeGB: 1}}
+			f.step(withVolumes(snap(1, vm("web-01")), vols...))
+			f.prov.ResetCalls()
+
+			edited := vm("web-01", tc.edit)
+			st := f.step(withVolumes(snap(2, edited), vols...))
+			r := row(t, st, "web-01")
+			assert.Equal(t, status.PhaseReady, r.Phase)
+			assert.Equal(t, edited.SpecHash, r.SpecHash, "the edit is applied")
+			assert.Contains(t, r.Message, tc.wantMessage)
+			if tc.wantMessage == "" {
+				assert.Empty(t, r.Message)
+			}
+			var ops []agenttest.Op
+			for _, c := range f.prov.AllCalls() {
+				ops = append(ops, c.Op)
+			}
+			switch {
+			case tc.rootDisk:
+				assert.Equal(t, []agenttest.Op{agenttest.OpShutdown, agenttest.OpRootDisk, agenttest.OpBoot}, ops)
+			case tc.restart:
+				assert.Equal(t, []agenttest.Op{agenttest.OpShutdown, agenttest.OpBoot}, ops, "a graceful restart")
+			default:
+				assert.Empty(t, ops, "the running VM is left alone")
+			}
+			assert.Equal(t, tc.wantDiskGB, f.prov.DiskGB("web-01"))
+			if tc.restart {
+				m, _ := f.prov.BootedWith("web-01")
+				assert.Equal(t, edited.Spec, m.Spec, "booted with the new spec")
+			}
+		})
+	}
+}
+
+func TestAnEditThatDoesNotFitKeepsTheRunningVM(t *testing.T) {
+	f := newFixture(t)
+	f.step(withCapacity(snap(1, vm("web-01", vcpus(2))), 3, 0))
+	f.prov.ResetCalls()
+	st := f.step(withCapacity(snap(2, vm("web-01", vcpus(4))), 3, 0))
+	r := row(t, st, "web-01")
+	assert.Contains(t, r.LastError, "capacity limit")
+	assert.Equal(t, vm("web-01", vcpus(2)).SpecHash, r.SpecHash, "still the old spec")
+	assert.Empty(t, f.prov.Calls(agenttest.OpShutdown))
+	assert.Equal(t, 1, f.prov.RunningCount())
+}
+
+func TestARestartedAgentKeepsEveryVM(t *testing.T) {
+	f := newFixture(t)
+	s := snap(1, vm("a"), vm("b"), vm("c", stopped))
+	f.step(s)
+	f.prov.ResetCalls()
+	f.restart()
+	st := f.step(s)
+	assert.Empty(t, f.prov.AllCalls(), "nothing is created, booted or stopped again")
+	assert.Equal(t, status.PhaseReady, row(t, st, "a").Phase)
+	assert.Equal(t, status.PhaseReady, row(t, st, "b").Phase)
+	assert.Equal(t, status.PhaseStopped, row(t, st, "c").Phase)
+}
+
+func TestTheLastAcceptedSnapshotIsReconciledWithoutGit(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
+	f.restart()
+	f.rebootHost()
+	st := f.step(nil) // nothing fetched: the snapshot on disk is the desired state
+	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+	assert.Len(t, f.prov.Calls(agenttest.OpBoot), 2)
+	assert.Equal(t, uint64(1), st.LastSeenEpoch)
+}
+
+func TestNoSnapshotYetDoesNothing(t *testing.T) {
+	f := newFixture(t)
+	st := f.step(nil)
+	assert.Empty(t, f.prov.AllCalls())
+	assert.Empty(t, st.VMs)
+	assert.Zero(t, st.LastSeenEpoch)
+}
+
+func TestInvalidVMNamesAreReportedNotJoinedIntoPaths(t *testing.T) {
+	f := newFixture(t)
+	bad := vm("x")
+	bad.Name = "../../etc"
+	st := f.step(snap(1, bad))
+	assert.Empty(t, f.prov.AllCalls())
+	r := row(t, st, "../../etc")
+	assert.Equal(t, status.PhaseFailed, r.Phase)
+	assert.Contains(t, r.LastError, "DNS label")
+}
+
+func TestProgressIsShownWhileCreating(t *testing.T) {
+	f := newFixture(t)
+	f.prov.FailAlways(agenttest.OpRootDisk, errTransient)
+	f.prov.SetProgress("web-01", "image 1.2 of 3.4 GB")
+	r := row(t, f.step(snap(1, vm("web-01"))), "web-01")
+	assert.Equal(t, "image 1.2 of 3.4 GB", r.Message)
+}

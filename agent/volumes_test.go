@@ -1,0 +1,225 @@
+package agent_test
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/agenttest"
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+func vol(name string, sizeGB int) desired.SnapshotVolume {
+	return desired.SnapshotVolume{Name: name, SizeGB: sizeGB}
+}
+
+func tombVol(name string, sizeGB int) desired.SnapshotVolume {
+	v := vol(name, sizeGB)
+	v.Tombstoned = true
+	return v
+}
+
+func volRow(t *testing.T, st *status.Status, name string) status.Volume {
+	t.Helper()
+	for _, v := range st.Volumes {
+		if v.Name == name {
+			return v
+		}
+	}
+	t.Fatalf("no volume row %s in %+v", name, st.Volumes)
+	return status.Volume{}
+}
+
+func TestAVolumeIsCreatedSparseAtItsSize(t *testing.T) {
+	f := newFixture(t)
+	st := f.step(withVolumes(snap(1), vol("data", 50)))
+	assert.Equal(t, status.Volume{Name: "data", Present: true, SizeGB: 50}, volRow(t, st, "data"))
+	fi, err := os.Stat(f.store.VolumePath("data"))
+	require.NoError(t, err)
+	assert.Equal(t, int64(50)<<30, fi.Size())
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	blocks := fi.Sys().(*syscall.Stat_t).Blocks
+	assert.Less(t, blocks, int64(1024), "sparse: no data blocks written")
+	_, err = os.Stat(f.store.VolumePath("data") + ".partial")
+	assert.ErrorIs(t, err, os.ErrNotExist, "the temporary was renamed into place")
+}
+
+func TestATornPartialIsReplacedNotTrusted(t *testing.T) {
+	f := newFixture(t)
+	require.NoError(t, os.WriteFile(f.store.VolumePath("data")+".partial", []byte("torn"), 0o600))
+	st := f.step(withVolumes(snap(1), vol("data", 2)))
+	assert.Equal(t, 2, volRow(t, st, "data").SizeGB)
+	assert.Empty(t, st.Orphans, "a temporary is not an orphan")
+}
+
+func TestAVolumeIsNeverResized(t *testing.T) {
+	for _, size := range []int{1, 100} {
+		f := newFixture(t)
+		f.step(withVolumes(snap(1), vol("data", 10)))
+		st := f.step(withVolumes(snap(2), vol("data", size)))
+		assert.Equal(t, 10, volRow(t, st, "data").SizeGB, "asked %d GB", size)
+	}
+}
+
+func TestOrphanVolumesAreReportedAndKept(t *testing.T) {
+	f := newFixture(t)
+	f.step(withVolumes(snap(1), vol("data", 1), vol("logs", 1)))
+	f.clock.Add(48 * time.Hour)
+	st := f.step(withVolumes(snap(2), vol("data", 1)))
+	assert.Equal(t, []string{"logs"}, st.Orphans)
+	_, err := os.Stat(f.store.VolumePath("logs"))
+	assert.NoError(t, err, "a volume the snapshot forgot is kept")
+
+	st = f.step(snap(3))
+	assert.Equal(t, []string{"data", "logs"}, st.Orphans, "an empty snapshot deletes no volume either")
+}
+
+func TestATombstonedVolumeIsDeletedOnlyAfterItsGrace(t *testing.T) {
+	f := newFixture(t)
+	f.step(withVolumes(snap(1), vol("data", 1)))
+	st := f.step(withVolumes(snap(2), tombVol("data", 1)))
+	assert.True(t, volRow(t, st, "data").Present)
+	marker := f.store.VolumePath("data") + ".tombstone"
+	_, err := os.Stat(marker)
+	require.NoError(t, err, "the grace starts from a marker on disk")
+
+	f.clock.Add(4 * time.Minute)
+	f.restart() // restating the tombstone, or restarting, does not restart the clock
+	st = f.step(withVolumes(snap(3), tombVol("data", 1)))
+	assert.True(t, volRow(t, st, "data").Present)
+
+	f.clock.Add(time.Minute)
+	st = f.step(withVolumes(snap(3), tombVol("data", 1)))
+	assert.Equal(t, status.Volume{Name: "data", Present: false}, volRow(t, st, "data"))
+	for _, p := range []string{f.store.VolumePath("data"), marker} {
+		_, err := os.Stat(p)
+		assert.ErrorIs(t, err, os.ErrNotExist, p)
+	}
+}
+
+func TestAnUndeletedVolumeForgetsItsPendingReclaim(t *testing.T) {
+	f := newFixture(t)
+	f.step(withVolumes(snap(1), vol("data", 1)))
+	f.step(withVolumes(snap(2), tombVol("data", 1)))
+	f.clock.Add(4 * time.Minute)
+	f.step(withVolumes(snap(3), vol("data", 1)))
+	f.clock.Add(4 * time.Minute)
+	st := f.step(withVolumes(snap(4), tombVol("data", 1)))
+	assert.True(t, volRow(t, st, "data").Present, "a new delete gets a whole new grace")
+}
+
+func TestATombstonedVolumeAttachedToARunningVMWaits(t *testing.T) {
+	f := newFixture(t)
+	f.step(withVolumes(snap(1, vm("web-01", volumes("data"))), vol("data", 1)))
+	f.clock.Add(time.Hour)
+	f.step(withVolumes(snap(2, vm("web-01", volumes("data"))), tombVol("data", 1)))
+	f.clock.Add(time.Hour)
+	st := f.step(withVolumes(snap(2, vm("web-01", volumes("data"))), tombVol("data", 1)))
+	assert.True(t, volRow(t, st, "data").Present)
+}
+
+func TestATombstonedVolumeThatIsNotHereIsReportedAbsent(t *testing.T) {
+	f := newFixture(t)
+	st := f.step(withVolumes(snap(1), tombVol("data", 1)))
+	assert.Equal(t, status.Volume{Name: "data", Present: false}, volRow(t, st, "data"))
+}
+
+func TestAStatErrorReadsAsPresent(t *testing.T) {
+	f := newFixture(t)
+	p := f.store.VolumePath("data")
+	require.NoError(t, os.Symlink(filepath.Base(p), p)) // a loop: stat fails, not with "does not exist"
+	st := f.step(withVolumes(snap(1), vol("data", 1)))
+	assert.True(t, volRow(t, st, "data").Present)
+	target, err := os.Readlink(p)
+	require.NoError(t, err, "nothing was created over it")
+	assert.Equal(t, "data", target)
+}
+
+func TestVolumeNamesAreCheckedBeforeAnyPath(t *testing.T) {
+	f := newFixture(t)
+	outside := filepath.Join(f.dir, "precious")
+	require.NoError(t, os.WriteFile(outside, []byte("keep"), 0o600))
+	names := []string{"../precious", "a/b", "Data", "with.dot", "", "-x"}
+	var vols []desired.SnapshotVolume
+	for _, n := range names {
+		vols = append(vols, tombVol(n, 1))
+	}
+	f.step(withVolumes(snap(1), vols...))
+	f.clock.Add(time.Hour)
+	st := f.step(withVolumes(snap(1), vols...))
+	for _, n := range names {
+		assert.False(t, volRow(t, st, n).Present, "%q", n)
+	}
+	data, err := os.ReadFile(outside)
+	require.NoError(t, err)
+	assert.Equal(t, "keep", string(data))
+	ents, err := os.ReadDir(f.store.VolumesDir())
+	require.NoError(t, err)
+	assert.Empty(t, ents, "nothing made for a name that is not one")
+}
+
+func TestVolumesExistBeforeTheVMBoots(t *testing.T) {
+	f := newFixture(t)
+	st := f.step(withVolumes(snap(1, vm("web-01", volumes("data", "logs"))), vol("data", 1), vol("logs", 2)))
+	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+	m, ok := f.prov.BootedWith("web-01")
+	require.True(t, ok)
+	assert.Equal(t, []string{f.store.VolumePath("data"), f.store.VolumePath("logs")}, m.Volumes, "in spec order")
+}
+
+func TestAVMWhoseVolumeIsNotHereWaitsWithoutSpendingAttempts(t *testing.T) {
+	f := newFixture(t)
+	for i := 0; i < 4; i++ {
+		r := row(t, f.step(snap(1, vm("web-01", volumes("data")))), "web-01")
+		assert.Equal(t, status.PhaseCreating, r.Phase)
+		assert.Contains(t, r.LastError, "volume not present")
+	}
+	assert.Empty(t, f.prov.Calls(agenttest.OpBoot))
+	st := f.step(withVolumes(snap(2, vm("web-01", volumes("data"))), vol("data", 1)))
+	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+}
+
+func TestTheStoreIsPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	st, err := agent.OpenStore(dir)
+	require.NoError(t, err)
+	fi, err := os.Stat(st.Root())
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
+	require.NoError(t, st.SaveRecord(&agent.Record{Name: "web-01"}))
+	fi, err = os.Stat(st.RecordPath("web-01"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	ents, err := os.ReadDir(st.VMDir("web-01"))
+	require.NoError(t, err)
+	assert.Len(t, ents, 1, "no temporary left beside the record")
+	assert.ErrorIs(t, st.SaveRecord(&agent.Record{Name: "../x"}), agent.ErrInvalidName)
+}
+
+func TestTheStoreKeepsCounters(t *testing.T) {
+	st, err := agent.OpenStore(t.TempDir())
+	require.NoError(t, err)
+	for _, c := range []struct {
+		get  func() (uint64, error)
+		save func(uint64) error
+	}{{st.LastEpoch, st.SaveEpoch}, {st.Heartbeat, st.SaveHeartbeat}} {
+		n, err := c.get()
+		require.NoError(t, err)
+		assert.Zero(t, n)
+		require.NoError(t, c.save(42))
+		n, err = c.get()
+		require.NoError(t, err)
+		assert.Equal(t, uint64(42), n)
+	}
+	snap, err := st.LoadSnapshot()
+	require.NoError(t, err)
+	assert.Nil(t, snap, "none accepted yet")
+}
