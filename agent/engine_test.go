@@ -151,12 +151,12 @@ func vm(name string, edits ...func(*desired.VMSpec)) desired.SnapshotVM {
 
 func tombstoned(v desired.SnapshotVM) desired.SnapshotVM { v.Tombstoned = true; return v }
 
-func vcpus(n int) func(*desired.VMSpec)        { return func(s *desired.VMSpec) { s.VCPUs = n } }
-func memoryMB(n int) func(*desired.VMSpec)     { return func(s *desired.VMSpec) { s.MemoryMB = n } }
-func diskGB(n int) func(*desired.VMSpec)       { return func(s *desired.VMSpec) { s.DiskGB = n } }
-func stopped(s *desired.VMSpec)                { s.Power = desired.PowerStopped }
+func vcpus(n int) func(*desired.VMSpec)         { return func(s *desired.VMSpec) { s.VCPUs = n } }
+func memoryMB(n int) func(*desired.VMSpec)      { return func(s *desired.VMSpec) { s.MemoryMB = n } }
+func diskGB(n int) func(*desired.VMSpec)        { return func(s *desired.VMSpec) { s.DiskGB = n } }
+func stopped(s *desired.VMSpec)                 { s.Power = desired.PowerStopped }
 func volumes(v ...string) func(*desired.VMSpec) { return func(s *desired.VMSpec) { s.Volumes = v } }
-func network(n string) func(*desired.VMSpec)   { return func(s *desired.VMSpec) { s.Network = n } }
+func network(n string) func(*desired.VMSpec)    { return func(s *desired.VMSpec) { s.Network = n } }
 func image(sha string) func(*desired.VMSpec) {
 	return func(s *desired.VMSpec) {
 		s.Image = &desired.Artifact{URL: "https://images.example/" + sha[:4] + ".qcow2", SHA256: sha}
