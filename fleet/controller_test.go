@@ -1,0 +1,543 @@
+package fleet
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+func baseFleet() map[string]string {
+	return map[string]string{
+		"hosts/hv-a.yaml": hostYAML("hv-a"),
+		"hosts/hv-b.yaml": hostYAML("hv-b"),
+		"vms/web-01.yaml": vmYAML("web-01", "hv-a", 2),
+		"vms/db-01.yaml":  vmYAML("db-01", "hv-b", 2, "db-data"),
+		"vols/db.yaml":    volumeYAML("db-data", "hv-b", 50),
+		"README.md":       "# our fleet\n",
+	}
+}
+
+func TestCreateAndEdit(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	res := e.pass()
+	if res.Rejected != nil {
+		t.Fatalf("rejected: %v", res.Rejected)
+	}
+	if res.Published["hv-a"] != 1 || res.Published["hv-b"] != 1 {
+		t.Fatalf("published = %v, want both hosts at epoch 1", res.Published)
+	}
+	a := e.snapshot("hv-a")
+	if a.Epoch != 1 || vmOf(a, "web-01") == nil || vmOf(a, "web-01").Tombstoned || a.Source.Commit != res.Head || a.Source.Branch != "main" {
+		t.Fatalf("hv-a snapshot = %+v", a)
+	}
+	if v := volOf(e.snapshot("hv-b"), "db-data"); v == nil || v.SizeGB != 50 {
+		t.Fatalf("hv-b volume = %+v", v)
+	}
+	if l := e.ledger(); l.Applied == nil || l.Applied.Commit != res.Head || l.Hosts["hv-a"].Epoch != 1 {
+		t.Fatalf("ledger = %+v", l)
+	}
+	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
+	if !strings.Contains(readme, "| hv-a |") || !strings.Contains(readme, short(res.Head)) {
+		t.Errorf("summary lacks the host or the commit:\n%s", readme)
+	}
+
+	// Nothing changed: no new commit on either branch.
+	tip := e.snapshotsTip()
+	statusTip := gittest.Rev(t, e.dir, "refs/heads/"+DefaultStatusBranch)
+	if res := e.pass(); res.Changed() || res.SummaryWritten {
+		t.Fatalf("an idle pass wrote: %+v", res)
+	}
+	if e.snapshotsTip() != tip || gittest.Rev(t, e.dir, "refs/heads/"+DefaultStatusBranch) != statusTip {
+		t.Fatal("an idle pass moved a branch")
+	}
+
+	// Edit: only the edited host gets a new epoch.
+	old := vmOf(a, "web-01").SpecHash
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 4)}, Message: "more cpus"})
+	res = e.pass()
+	if len(res.Published) != 1 || res.Published["hv-a"] != 2 {
+		t.Fatalf("published = %v, want only hv-a at epoch 2", res.Published)
+	}
+	vm := vmOf(e.snapshot("hv-a"), "web-01")
+	if vm.Spec.VCPUs != 4 || vm.SpecHash == old || vm.SpecHash != desired.SpecHash(vm.Spec) {
+		t.Fatalf("edited VM = %+v", vm)
+	}
+	if e.snapshot("hv-b").Epoch != 1 {
+		t.Fatal("an untouched host got a new epoch")
+	}
+}
+
+func TestDeleteTombstoneAckFinalize(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	del := e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Author: "Ann Admin <ann@example.com>",
+		Message: "retire web-01", Time: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)})
+	res := e.pass()
+	if len(res.Tombstoned) != 1 || res.Published["hv-a"] != 2 {
+		t.Fatalf("result = %+v, want one tombstone published at epoch 2", res)
+	}
+	vm := vmOf(e.snapshot("hv-a"), "web-01")
+	if vm == nil || !vm.Tombstoned || vm.Tombstone == nil {
+		t.Fatalf("web-01 = %+v, want tombstoned", vm)
+	}
+	want := desired.Tombstone{Commit: del, Author: "Ann Admin <ann@example.com>", Time: "2026-11-29T12:00:00Z", Epoch: 2}
+	if *vm.Tombstone != want {
+		t.Fatalf("tombstone = %+v, want %+v", *vm.Tombstone, want)
+	}
+	if vm.Spec.VCPUs != 2 || vm.Spec.Host != "hv-a" {
+		t.Errorf("tombstone lost the last spec: %+v", vm.Spec)
+	}
+	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
+	if !strings.Contains(readme, "web-01") || !strings.Contains(readme, "Ann Admin") {
+		t.Errorf("summary does not show the pending delete:\n%s", readme)
+	}
+
+	// A stale ack (an older incarnation, seen at epoch 1) is ignored.
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1, Destroyed: []string{"web-01"}})
+	res = e.pass()
+	if len(res.Finalized) != 0 || vmOf(e.snapshot("hv-a"), "web-01") == nil {
+		t.Fatalf("a stale ack finalized: %+v", res)
+	}
+
+	// The fresh ack finalizes: the VM leaves the snapshot with a new epoch.
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 2, LastSeenEpoch: 2, Destroyed: []string{"web-01"}})
+	res = e.pass()
+	if len(res.Finalized) != 1 || res.Published["hv-a"] != 3 || res.Pending != 0 {
+		t.Fatalf("result = %+v, want web-01 finalized at epoch 3", res)
+	}
+	if vmOf(e.snapshot("hv-a"), "web-01") != nil || len(e.ledger().Tombstones) != 0 {
+		t.Fatal("finalized VM still in the snapshot or ledger")
+	}
+}
+
+func TestVolumeTombstoneFinalizedOnPresentFalse(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 2)}, Remove: []string{"vols/db.yaml"}})
+	res := e.pass()
+	v := volOf(e.snapshot("hv-b"), "db-data")
+	if v == nil || !v.Tombstoned || v.SizeGB != 50 || v.Tombstone.Epoch != 2 {
+		t.Fatalf("volume = %+v, result %+v", v, res)
+	}
+	// present: true is no ack.
+	writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 1, LastSeenEpoch: 2,
+		Volumes: []status.Volume{{Name: "db-data", Present: true, SizeGB: 50}}})
+	if res := e.pass(); len(res.Finalized) != 0 {
+		t.Fatalf("a present volume was finalized: %+v", res)
+	}
+	writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 2, LastSeenEpoch: 2,
+		Volumes: []status.Volume{{Name: "db-data", Present: false}}})
+	if res := e.pass(); len(res.Finalized) != 1 || volOf(e.snapshot("hv-b"), "db-data") != nil {
+		t.Fatalf("absent volume not finalized: %+v", res)
+	}
+}
+
+func TestUndelete(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}})
+	e.pass()
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01-again.yaml": vmYAML("web-01", "hv-a", 2)}})
+	res := e.pass()
+	if len(res.Undeleted) != 1 || res.Pending != 0 {
+		t.Fatalf("result = %+v, want web-01 un-deleted", res)
+	}
+	vm := vmOf(e.snapshot("hv-a"), "web-01")
+	if vm == nil || vm.Tombstoned || vm.Tombstone != nil || e.snapshot("hv-a").Epoch != 3 {
+		t.Fatalf("web-01 = %+v, want live again at epoch 3", vm)
+	}
+}
+
+func TestRenameAndMoveFileIsNoDelete(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	tip := e.snapshotsTip()
+	e.commit(gittest.Edit{Rename: map[string]string{"vms/web-01.yaml": "web/frontend/web-01.yml"}})
+	res := e.pass()
+	if len(res.Tombstoned) != 0 || res.Changed() {
+		t.Fatalf("a rename changed the fleet: %+v", res)
+	}
+	if e.snapshot("hv-a").Epoch != 1 {
+		t.Fatal("a rename bumped the epoch")
+	}
+	// Only the ledger's applied commit moved.
+	if e.snapshotsTip() == tip || e.ledger().Applied.Commit != res.Head {
+		t.Fatal("ledger does not record the applied commit")
+	}
+}
+
+func TestHostMove(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	mv := e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-b", 2)}, Message: "move web-01"})
+	res := e.pass()
+	if len(res.Tombstoned) != 1 || res.Published["hv-a"] != 2 || res.Published["hv-b"] != 2 {
+		t.Fatalf("result = %+v", res)
+	}
+	old := vmOf(e.snapshot("hv-a"), "web-01")
+	if old == nil || !old.Tombstoned || old.Tombstone.Commit != mv {
+		t.Fatalf("old host's web-01 = %+v, want tombstoned by %s", old, mv)
+	}
+	if n := vmOf(e.snapshot("hv-b"), "web-01"); n == nil || n.Tombstoned {
+		t.Fatalf("new host's web-01 = %+v", n)
+	}
+}
+
+func TestMergeCommitAttribution(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	main := gittest.Rev(t, e.dir, "refs/heads/main")
+	gittest.SetBranch(t, e.dir, "cleanup", main)
+	e.commit(gittest.Edit{Branch: "cleanup", Remove: []string{"vms/web-01.yaml"}, Author: "Side Branch <side@example.com>"})
+	e.commit(gittest.Edit{Write: map[string]string{"notes.txt": "unrelated"}})
+	merge := gittest.Merge(t, e.dir, "main", "cleanup", "Merge cleanup")
+	e.commit(gittest.Edit{Write: map[string]string{"notes.txt": "later"}, Author: "Later Person <later@example.com>"})
+	res := e.pass()
+	if len(res.Tombstoned) != 1 {
+		t.Fatalf("result = %+v", res)
+	}
+	tb := vmOf(e.snapshot("hv-a"), "web-01").Tombstone
+	if tb.Commit != merge || tb.Rewritten {
+		t.Fatalf("tombstone = %+v, want the merge %s on the first-parent history", tb, merge)
+	}
+}
+
+func TestDeleteAttributedAcrossSeveralCommits(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	del := e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Author: "Deleter <d@example.com>"})
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-02.yaml": vmYAML("web-02", "hv-a", 1)}, Author: "Other <o@example.com>"})
+	e.pass()
+	tb := vmOf(e.snapshot("hv-a"), "web-01").Tombstone
+	if tb.Commit != del || tb.Author != "Deleter <d@example.com>" {
+		t.Fatalf("tombstone = %+v, want commit %s by Deleter", tb, del)
+	}
+}
+
+func TestForcePushToOlderCommit(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	first := gittest.Rev(t, e.dir, "refs/heads/main")
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-02.yaml": vmYAML("web-02", "hv-a", 1)}})
+	e.pass()
+	gittest.SetBranch(t, e.dir, "main", first)
+	res := e.pass()
+	if res.Rejected != nil || len(res.Tombstoned) != 1 {
+		t.Fatalf("result = %+v, want web-02 tombstoned", res)
+	}
+	tb := vmOf(e.snapshot("hv-a"), "web-02").Tombstone
+	if tb.Commit != first || !tb.Rewritten {
+		t.Fatalf("tombstone = %+v, want attributed to the new head %s and flagged rewritten", tb, first)
+	}
+	if vm := vmOf(e.snapshot("hv-a"), "web-01"); vm == nil || vm.Tombstoned {
+		t.Fatal("a force-push cost a VM that is still desired")
+	}
+}
+
+func TestInvalidCommitKeepsLastGood(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	tip := e.snapshotsTip()
+	a := e.snapshot("hv-a")
+	bad := e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata: {name: web-01}\nspec: {host: hv-a, vcpus: 0}\n"},
+		Remove: []string{"vms/db-01.yaml"}})
+	res := e.pass()
+	if res.Rejected == nil || res.Head != bad {
+		t.Fatalf("result = %+v, want %s rejected", res, bad)
+	}
+	if !strings.Contains(res.Rejected.Error(), "vms/web-01.yaml:") {
+		t.Errorf("rejection %q does not name the file", res.Rejected)
+	}
+	if got := e.snapshot("hv-a"); got.Epoch != a.Epoch || vmOf(e.snapshot("hv-b"), "db-01").Tombstoned {
+		t.Fatal("a rejected commit touched the snapshots")
+	}
+	l := e.ledger()
+	if l.Rejected == nil || l.Rejected.Commit != bad || l.Applied.Commit == bad {
+		t.Fatalf("ledger = %+v, want the rejection recorded", l)
+	}
+	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
+	if !strings.Contains(readme, "Last rejected commit") || !strings.Contains(readme, short(bad)) {
+		t.Errorf("summary does not report the rejection:\n%s", readme)
+	}
+	if e.snapshotsTip() == tip {
+		t.Error("the rejection was not recorded in the ledger")
+	}
+	// A second pass over the same bad head writes nothing more.
+	tip = e.snapshotsTip()
+	e.pass()
+	if e.snapshotsTip() != tip {
+		t.Error("the same rejection was written twice")
+	}
+
+	// The fixing commit applies, including the delete it carried.
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 3)}})
+	res = e.pass()
+	if res.Rejected != nil || res.Published["hv-a"] != 2 || len(res.Tombstoned) != 1 {
+		t.Fatalf("fix result = %+v", res)
+	}
+}
+
+func TestFetchFailureKeepsLastGood(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	tip := e.snapshotsTip()
+
+	t.Run("branch gone", func(t *testing.T) {
+		main := gittest.Rev(t, e.dir, "refs/heads/main")
+		gittest.DeleteBranch(t, e.dir, "main")
+		defer gittest.SetBranch(t, e.dir, "main", main)
+		res, err := e.c.Pass(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Rejected == nil || len(res.Tombstoned) != 0 || res.Changed() {
+			t.Fatalf("result = %+v: a missing branch must be a rejection, never an empty fleet", res)
+		}
+		if e.snapshot("hv-a").Epoch != 1 || vmOf(e.snapshot("hv-a"), "web-01").Tombstoned {
+			t.Fatal("the snapshots changed")
+		}
+	})
+	t.Run("remote unreachable", func(t *testing.T) {
+		moved := e.dir + ".away"
+		if err := os.Rename(e.dir, moved); err != nil {
+			t.Fatal(err)
+		}
+		res, err := e.c.Pass(context.Background())
+		if err := os.Rename(moved, e.dir); err != nil {
+			t.Fatal(err)
+		}
+		if err == nil && res.Rejected == nil {
+			t.Fatalf("an unreachable remote passed silently: %+v", res)
+		}
+		if len(res.Tombstoned) != 0 || res.Changed() {
+			t.Fatalf("result = %+v", res)
+		}
+	})
+	res := e.pass()
+	if res.Rejected != nil || len(res.Tombstoned) != 0 || e.snapshot("hv-a").Epoch != 1 {
+		t.Fatalf("after recovery: %+v", res)
+	}
+	if e.snapshotsTip() == tip {
+		t.Error("the fetch failure was not recorded in the ledger")
+	}
+	if l := e.ledger(); l.Rejected == nil || !strings.Contains(l.Rejected.Reason, "fetch main") {
+		t.Errorf("ledger rejection = %+v, want the fetch failure", l.Rejected)
+	}
+}
+
+func TestAbandonedSweep(t *testing.T) {
+	files := baseFleet()
+	files["vms/web-02.yaml"] = vmYAML("web-02", "hv-b", 1)
+	e := newEnv(t, files)
+	e.pass()
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml", "vms/web-02.yaml"}})
+	// Both hosts report once.
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1})
+	writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 1, LastSeenEpoch: 1})
+	if res := e.pass(); len(res.Tombstoned) != 2 {
+		t.Fatalf("result = %+v", res)
+	}
+	// hv-b keeps reporting (online, but never acks); hv-a falls silent.
+	hb := uint64(1)
+	step := func(d time.Duration) PassResult {
+		e.clock.Add(d)
+		hb++
+		writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: hb, LastSeenEpoch: 2})
+		return e.pass()
+	}
+	for i := 0; i < 14; i++ {
+		if res := step(time.Minute); len(res.Swept) != 0 {
+			t.Fatalf("swept before the abandon grace at minute %d: %+v", i+1, res)
+		}
+	}
+	res := step(2 * time.Minute) // 16 minutes pending, hv-a silent for 16
+	if len(res.Swept) != 1 || res.Swept[0] != "VM web-01@hv-a" {
+		t.Fatalf("swept = %v, want only web-01 on the offline hv-a", res.Swept)
+	}
+	l := e.ledger()
+	if len(l.Sweeps) != 1 || !strings.Contains(l.Sweeps[0].Reason, "offline") || len(l.Tombstones) != 1 || l.Tombstones[0].Host != "hv-b" {
+		t.Fatalf("ledger sweeps = %+v tombstones = %+v", l.Sweeps, l.Tombstones)
+	}
+	if vmOf(e.snapshot("hv-a"), "web-01") != nil {
+		t.Error("swept VM still in the snapshot")
+	}
+	// The online host is never swept, however long.
+	for i := 0; i < 5; i++ {
+		if res := step(10 * time.Minute); len(res.Swept) != 0 {
+			t.Fatalf("an online host was swept: %+v", res)
+		}
+	}
+}
+
+func TestRestartNeverSweepsAtOnce(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}})
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1})
+	e.pass()
+	// A long time later the controller restarts: the host may look stale by
+	// any other clock, but this controller has not watched it yet.
+	e.clock.Add(time.Hour)
+	e.c = e.newController()
+	if res := e.pass(); len(res.Swept) != 0 {
+		t.Fatalf("a restarted controller swept at once: %+v", res)
+	}
+	e.clock.Add(2 * time.Minute)
+	if res := e.pass(); len(res.Swept) != 0 {
+		t.Fatalf("swept before offlineAfter: %+v", res)
+	}
+	e.clock.Add(2 * time.Minute)
+	if res := e.pass(); len(res.Swept) != 1 {
+		t.Fatalf("not swept after offlineAfter on a silent host: %+v", res)
+	}
+}
+
+func TestFenceRecovery(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	// The agent saw epoch 50 on a snapshots branch since restored from an
+	// old copy.
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: 50})
+	res := e.pass()
+	if res.FenceJumps["hv-a"] != 50 || res.Published["hv-a"] != 51 {
+		t.Fatalf("result = %+v, want hv-a jumped to 50 and published at 51", res)
+	}
+	if s := e.snapshot("hv-a"); s.Epoch != 51 {
+		t.Fatalf("hv-a epoch = %d", s.Epoch)
+	}
+	if e.snapshot("hv-b").Epoch != 1 {
+		t.Error("fence recovery touched another host")
+	}
+	if res := e.pass(); len(res.Published) != 0 {
+		t.Fatalf("fence recovery repeats: %+v", res)
+	}
+}
+
+func TestFenceRecoveryWhileRejected(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	e.commit(gittest.Edit{Write: map[string]string{"vms/bad.yaml": "kind: nonsense\n"}})
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: 50})
+	if res := e.pass(); res.Rejected == nil || e.ledger().Hosts["hv-a"].Epoch != 50 {
+		t.Fatalf("result = %+v, ledger epoch %d", res, e.ledger().Hosts["hv-a"].Epoch)
+	}
+	e.commit(gittest.Edit{Remove: []string{"vms/bad.yaml"}})
+	if res := e.pass(); res.Published["hv-a"] != 51 {
+		t.Fatalf("result = %+v, want hv-a published at 51", res)
+	}
+}
+
+func TestHostLeavesFleet(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml", "hosts/hv-a.yaml"}})
+	res := e.pass()
+	if s := e.snapshot("hv-a"); s == nil || !vmOf(s, "web-01").Tombstoned {
+		t.Fatalf("the host's file must stay while its delete is pending: %+v", res)
+	}
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 2, Destroyed: []string{"web-01"}})
+	res = e.pass()
+	if len(res.Removed) != 1 || e.snapshot("hv-a") != nil {
+		t.Fatalf("result = %+v, want hv-a's file removed", res)
+	}
+	if e.ledger().Hosts["hv-a"].Epoch != 2 {
+		t.Fatal("a removed host's epoch was forgotten (it must never be reused)")
+	}
+	// It comes back: the epoch continues.
+	e.commit(gittest.Edit{Write: map[string]string{"hosts/hv-a.yaml": hostYAML("hv-a")}})
+	if res := e.pass(); res.Published["hv-a"] != 3 {
+		t.Fatalf("result = %+v, want hv-a at epoch 3", res)
+	}
+}
+
+func TestTwoControllersRacing(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	other := e.newController()
+	for round := 0; round < 4; round++ {
+		e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", round+1)}})
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i, c := range []*Controller{e.c, other} {
+			wg.Add(1)
+			go func(i int, c *Controller) {
+				defer wg.Done()
+				_, errs[i] = c.Pass(context.Background())
+			}(i, c)
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if got := e.snapshot("hv-a").Epoch; got != uint64(round+1) {
+			t.Fatalf("round %d: hv-a epoch %d, want %d (one epoch per change, never two)", round, got, round+1)
+		}
+	}
+	// Every published version of hv-a's file carries a distinct epoch.
+	log := gittest.Git(t, e.dir, "log", "--format=%H", "refs/heads/"+DefaultSnapshotsBranch, "--", SnapshotPath("hv-a"))
+	seen := map[uint64]bool{}
+	for _, h := range strings.Fields(log) {
+		s, err := desired.ParseSnapshot([]byte(gittest.Show(t, e.dir, h, SnapshotPath("hv-a")) + "\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[s.Epoch] {
+			t.Fatalf("epoch %d published twice", s.Epoch)
+		}
+		seen[s.Epoch] = true
+	}
+}
+
+func TestConcurrentStatusWriters(t *testing.T) {
+	dir := gittest.NewBare(t)
+	url := gittest.Serve(t, strings.TrimSuffix(dir, "/repo.git")) + "/repo.git"
+	const writers = 8
+	var wg sync.WaitGroup
+	for i := 0; i < writers; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			host := "hv-" + string(rune('a'+i))
+			for hb := uint64(1); hb <= 3; hb++ {
+				st := &status.Status{Host: host, Heartbeat: hb}
+				writeStatus(t, url, st)
+			}
+		}(i)
+	}
+	wg.Wait()
+	files := gittest.Files(t, dir, "refs/heads/"+DefaultStatusBranch)
+	if len(files) != writers {
+		t.Fatalf("status branch holds %v, want %d host files (a lost update)", files, writers)
+	}
+	for _, f := range files {
+		st, err := status.Parse(f, []byte(gittest.Show(t, dir, "refs/heads/"+DefaultStatusBranch, f)+"\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Heartbeat != 3 {
+			t.Errorf("%s heartbeat %d, want 3 (a lost update)", f, st.Heartbeat)
+		}
+	}
+}
+
+func TestIdempotentAfterCrash(t *testing.T) {
+	// A pass computes and publishes in one commit; a controller that died
+	// before writing the summary, run again, converges with nothing new.
+	e := newEnv(t, baseFleet())
+	e.pass()
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}})
+	e.pass()
+	tip := e.snapshotsTip()
+	e.c = e.newController()
+	if res := e.pass(); res.Changed() || len(res.Tombstoned) != 0 || e.snapshotsTip() != tip {
+		t.Fatalf("a fresh controller redid work: %+v", res)
+	}
+}

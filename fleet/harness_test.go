@@ -1,0 +1,220 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+const imageSHA = "64a7b8b7a4ad44f1d2c1e6b8a1c8f1e0c4b1a2d3e4f5a6b7c8d9e0f1a2b3c4d5"
+
+func hostYAML(name string) string {
+	return fmt.Sprintf(`apiVersion: gitfleet.dev/v1alpha1
+kind: Host
+metadata:
+  name: %s
+spec:
+  capacity: {vcpus: 32, memoryMB: 131072}
+`, name)
+}
+
+func vmYAML(name, host string, vcpus int, volumes ...string) string {
+	vols := ""
+	if len(volumes) > 0 {
+		vols = "  volumes: [" + strings.Join(volumes, ", ") + "]\n"
+	}
+	return fmt.Sprintf(`apiVersion: gitfleet.dev/v1alpha1
+kind: VM
+metadata:
+  name: %s
+spec:
+  host: %s
+  vcpus: %d
+  memoryMB: 512
+  diskGB: 2
+  image:
+    url: https://example.com/debian.qcow2
+    sha256: %s
+%s`, name, host, vcpus, imageSHA, vols)
+}
+
+func volumeYAML(name, host string, size int) string {
+	return fmt.Sprintf(`apiVersion: gitfleet.dev/v1alpha1
+kind: Volume
+metadata: {name: %s}
+spec: {host: %s, sizeGB: %d}
+`, name, host, size)
+}
+
+// clock is a test clock the controller reads.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// env is one fleet repository (a bare repository in t.TempDir()), a
+// controller over it and a clock.
+type env struct {
+	t     testing.TB
+	dir   string // the bare repository
+	url   string
+	clock *clock
+	c     *Controller
+}
+
+func quietLogger() *logrus.Entry {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return logrus.NewEntry(l)
+}
+
+func newEnv(t testing.TB, files map[string]string) *env {
+	t.Helper()
+	dir := gittest.NewBare(t)
+	e := &env{t: t, dir: dir, url: dir, clock: &clock{now: time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)}}
+	if files != nil {
+		e.commit(gittest.Edit{Write: files, Message: "initial fleet"})
+	}
+	e.c = e.newController()
+	return e
+}
+
+func (e *env) newController() *Controller {
+	e.t.Helper()
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: e.url, Logger: quietLogger()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c, err := New(Config{Repo: repo, Clock: e.clock.Now, Logger: quietLogger()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+func (e *env) commit(ed gittest.Edit) string {
+	e.t.Helper()
+	return gittest.Commit(e.t, e.dir, ed)
+}
+
+// pass runs one pass and fails the test on a git error.
+func (e *env) pass() PassResult {
+	e.t.Helper()
+	res, err := e.c.Pass(context.Background())
+	if err != nil {
+		e.t.Fatalf("pass: %v", err)
+	}
+	return res
+}
+
+// snapshot reads host's snapshot at the snapshots tip; nil when absent.
+func (e *env) snapshot(host string) *desired.Snapshot {
+	e.t.Helper()
+	files := gittest.Files(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch)
+	found := false
+	for _, f := range files {
+		found = found || f == SnapshotPath(host)
+	}
+	if !found {
+		return nil
+	}
+	s, err := desired.ParseSnapshot([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, SnapshotPath(host)) + "\n"))
+	if err != nil {
+		e.t.Fatalf("snapshot of %s: %v", host, err)
+	}
+	return s
+}
+
+func (e *env) ledger() *Ledger {
+	e.t.Helper()
+	l, err := parseLedger([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, LedgerPath) + "\n"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return l
+}
+
+func (e *env) snapshotsTip() string {
+	return gittest.Rev(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch)
+}
+
+// writeStatus plays an agent: it writes host's status file on the status
+// branch with a compare-and-swap Update of its own repository clone.
+func writeStatus(t testing.TB, url string, st *status.Status) {
+	t.Helper()
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: url, Logger: quietLogger(),
+		Committer: "agent " + st.Host + " <agent@" + st.Host + ">", UpdateAttempts: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := putStatus(repo, st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func putStatus(repo *gitsource.Repo, st *status.Status) error {
+	data, err := status.Marshal(st)
+	if err != nil {
+		return err
+	}
+	_, err = repo.Update(context.Background(), DefaultStatusBranch, func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		return map[string][]byte{status.Path(st.Host): data}, "status of " + st.Host, nil
+	})
+	return err
+}
+
+// vm finds name in a snapshot.
+func vmOf(s *desired.Snapshot, name string) *desired.SnapshotVM {
+	if s == nil {
+		return nil
+	}
+	for i := range s.VMs {
+		if s.VMs[i].Name == name {
+			return &s.VMs[i]
+		}
+	}
+	return nil
+}
+
+func volOf(s *desired.Snapshot, name string) *desired.SnapshotVolume {
+	if s == nil {
+		return nil
+	}
+	for i := range s.Volumes {
+		if s.Volumes[i].Name == name {
+			return &s.Volumes[i]
+		}
+	}
+	return nil
+}
+
+func mustErr(t testing.TB, err error, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("error = %v, want %v", err, target)
+	}
+}
