@@ -50,6 +50,8 @@ type download struct {
 	err   error
 	bytes atomic.Int64
 	total atomic.Int64 // -1 while unknown
+	// waiters counts callers that joined this download after it started.
+	waiters atomic.Int32
 }
 
 func newImageCache(dir string, client *http.Client, log *logrus.Entry) *imageCache {
@@ -87,6 +89,8 @@ func (c *imageCache) fetch(ctx context.Context, a desired.Artifact) (string, err
 		d = &download{done: make(chan struct{})}
 		d.total.Store(-1)
 		c.inflight[a.SHA256] = d
+	} else {
+		d.waiters.Add(1)
 	}
 	c.mu.Unlock()
 

@@ -1,0 +1,223 @@
+package qemu
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gitfleet/gitfleet/desired"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files under testdata/")
+
+func TestDetectAccel(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	vmx := write("cpuinfo-vmx", "processor\t: 0\nflags\t\t: fpu vme de pse vmx sse2\n")
+	svm := write("cpuinfo-svm", "processor\t: 0\nflags\t\t: fpu svm lm\n")
+	none := write("cpuinfo-none", "processor\t: 0\nflags\t\t: fpu vme de pse sse2 hypervisor\n")
+	kvm := write("kvm", "")
+	missing := filepath.Join(dir, "no-kvm")
+
+	for _, tc := range []struct {
+		name, cpuinfo, kvm, want string
+	}{
+		{"vmx and kvm", vmx, kvm, AccelKVM},
+		{"svm and kvm", svm, kvm, AccelKVM},
+		{"flags but no /dev/kvm", vmx, missing, AccelTCG},
+		{"/dev/kvm but no flags", none, kvm, AccelTCG},
+		{"no cpuinfo", missing, kvm, AccelTCG},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := detectAccel(tc.cpuinfo, tc.kvm); got != tc.want {
+				t.Errorf("detectAccel = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// On this project's machines /dev/kvm exists but the CPU flags show no
+// hardware virtualization, and such a /dev/kvm hangs QEMU: auto must pick
+// TCG.
+func TestAutoPicksTCGWithoutVirtFlags(t *testing.T) {
+	if cpuHasVirt("/proc/cpuinfo") {
+		t.Skip("this CPU shows vmx/svm: auto may rightly pick KVM here")
+	}
+	p, err := New(Config{CacheDir: t.TempDir(), Accel: AccelAuto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Accel() != AccelTCG {
+		t.Errorf("auto picked %s on a CPU without vmx/svm, want tcg", p.Accel())
+	}
+	if _, err := New(Config{CacheDir: t.TempDir(), Accel: "xen"}); err == nil {
+		t.Error("New accepted accel xen")
+	}
+}
+
+func TestMACFor(t *testing.T) {
+	a, b := macFor("web-01"), macFor("web-02")
+	if a != macFor("web-01") {
+		t.Error("MAC is not stable for one name")
+	}
+	if a == b {
+		t.Errorf("web-01 and web-02 share MAC %s", a)
+	}
+	for _, mac := range []string{a, b} {
+		var first byte
+		if _, err := fmt.Sscanf(mac[:2], "%x", &first); err != nil {
+			t.Fatal(err)
+		}
+		if first&0x02 == 0 || first&0x01 != 0 {
+			t.Errorf("MAC %s is not locally administered unicast", mac)
+		}
+	}
+}
+
+func TestArgsGolden(t *testing.T) {
+	l := launch{
+		name: "web-01", dir: "/var/lib/gitfleet/vms/web-01", accel: AccelTCG,
+		vcpus: 2, memMB: 512,
+		root: "/var/lib/gitfleet/vms/web-01/root.qcow2", seed: "/var/lib/gitfleet/vms/web-01/seed.iso",
+		volumes: []string{"/var/lib/gitfleet/volumes/web-01-data.img", "/srv/odd,name.img"},
+		kernel:  "/var/cache/gitfleet/k", initrd: "/var/cache/gitfleet/i", cmdline: "console=ttyS0",
+		mac: macFor("web-01"), sshPort: 2201,
+	}
+	got := strings.Join(l.args(), "\n") + "\n"
+	got += "--- kvm\n" + strings.Join(launch{name: "k", dir: "/d", accel: AccelKVM, vcpus: 1, memMB: 128, root: "/d/r", seed: "/d/s", mac: macFor("k"), sshPort: 1}.args()[:6], "\n") + "\n"
+	got += "--- scope\n" + strings.Join(scopeArgs("web-01", []string{"qemu-system-x86_64", "-name", "guest=web-01"}), "\n") + "\n"
+	golden := filepath.Join("testdata", "args.golden")
+	if *update {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create)", err)
+	}
+	if got != string(want) {
+		t.Errorf("args differ from %s (run with -update after checking):\n%s", golden, got)
+	}
+}
+
+func TestCmdlineNames(t *testing.T) {
+	// This test process is not a QEMU for any VM.
+	if cmdlineNames(os.Getpid(), "web-01", "/x/qemu.pid") {
+		t.Error("the test process reads as VM web-01")
+	}
+	if cmdlineNames(1<<30, "web-01", "/x/qemu.pid") {
+		t.Error("a pid that does not exist reads as VM web-01")
+	}
+}
+
+func TestMergeUserData(t *testing.T) {
+	key1, key2 := "ssh-ed25519 AAAAkey1 a@b", "ssh-ed25519 AAAAkey2 c@d"
+	for _, tc := range []struct {
+		name     string
+		userData string
+		keys     []string
+		want     []string // substrings
+		notWant  []string
+	}{
+		{"empty, no keys", "", nil, []string{"#cloud-config\n"}, []string{"ssh_authorized_keys"}},
+		{"empty, keys", "", []string{key1}, []string{"#cloud-config\n", "ssh_authorized_keys:", key1}, nil},
+		{"cloud-config merged once", "#cloud-config\npackages: [nginx]\nssh_authorized_keys:\n  - " + key1 + "\n", []string{key1, key2},
+			[]string{"#cloud-config\n", "packages:", "nginx", key1, key2}, nil},
+		{"cloud-config kept as written without keys", "#cloud-config\n# a comment\nruncmd: [ls]\n", nil,
+			[]string{"# a comment"}, nil},
+		{"script wrapped in multipart", "#!/bin/sh\necho hi\n", []string{key1},
+			[]string{"multipart/mixed", "text/cloud-config", "text/x-shellscript", "echo hi", key1}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := mergeUserData(tc.userData, tc.keys)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !bytes.Contains(got, []byte(w)) {
+					t.Errorf("user-data lacks %q:\n%s", w, got)
+				}
+			}
+			for _, w := range tc.notWant {
+				if bytes.Contains(got, []byte(w)) {
+					t.Errorf("user-data has %q:\n%s", w, got)
+				}
+			}
+			if n := bytes.Count(got, []byte(key1)); len(tc.keys) > 0 && n != 1 {
+				t.Errorf("key1 appears %d times, want once:\n%s", n, got)
+			}
+		})
+	}
+	if _, err := mergeUserData("#cloud-config\nssh_authorized_keys: notalist\n", []string{key1}); err == nil {
+		t.Error("ssh_authorized_keys as a string was accepted")
+	}
+}
+
+func TestSeedISOReadsBack(t *testing.T) {
+	mac := macFor("web-01")
+	files, err := seedFiles("web-01", "i-0123", mac, &desired.CloudInit{
+		SSHAuthorizedKeys: []string{"ssh-ed25519 AAAAx u@h"},
+		UserData:          "#cloud-config\nhostname: ignored\n",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), SeedFile)
+	if err := writeSeedISO(path, files); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path + ".partial"); !os.IsNotExist(err) {
+		t.Errorf("partial seed left behind: %v", err)
+	}
+	label, got, err := readSeedISO(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if label != SeedLabel {
+		t.Errorf("label %q, want %q", label, SeedLabel)
+	}
+	for _, name := range []string{"meta-data", "user-data", "network-config"} {
+		if !bytes.Equal(got[name], files[name]) {
+			t.Errorf("%s read back as %q, wrote %q", name, got[name], files[name])
+		}
+	}
+	for _, want := range []string{"instance-id: i-0123", "local-hostname: web-01"} {
+		if !bytes.Contains(got["meta-data"], []byte(want)) {
+			t.Errorf("meta-data lacks %q: %s", want, got["meta-data"])
+		}
+	}
+	for _, want := range []string{"version: 2", "macaddress: " + mac, "dhcp4: true"} {
+		if !bytes.Contains(got["network-config"], []byte(want)) {
+			t.Errorf("network-config lacks %q: %s", want, got["network-config"])
+		}
+	}
+	// Rewriting (a later boot) replaces the seed in place.
+	files["meta-data"] = []byte("instance-id: i-0123\nlocal-hostname: web-01b\n")
+	if err := writeSeedISO(path, files); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, err = readSeedISO(path); err != nil || !bytes.Contains(got["meta-data"], []byte("web-01b")) {
+		t.Errorf("rewritten seed: %v %q", err, got["meta-data"])
+	}
+}
+
+func TestTrimTail(t *testing.T) {
+	in := []byte("line one\nline two\nqemu-system-x86_64: -drive x: Could not open\n\n")
+	if got := string(trimTail(in, 30)); got != "qemu-system-x86_64: -drive x: Could not open" && !strings.HasSuffix(got, "Could not open") {
+		t.Errorf("trimTail = %q", got)
+	}
+	if got := string(trimTail(in, 1000)); !strings.HasPrefix(got, "line one") {
+		t.Errorf("trimTail kept %q", got)
+	}
+}
