@@ -109,6 +109,8 @@ func ServeWith(t testing.TB, projectRoot string, opts ServeOptions) string {
 			"GIT_CONFIG_NOSYSTEM=1",
 			"GIT_CONFIG_GLOBAL=/dev/null",
 		},
+		// git's complaints (a lost ref-lock race, say) go to the test log.
+		Stderr: logWriter{t},
 	}
 	var h http.Handler = backend
 	if opts.Username != "" || opts.Password != "" {
@@ -125,6 +127,14 @@ func ServeWith(t testing.TB, projectRoot string, opts ServeOptions) string {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// logWriter sends what it is given to the test log.
+type logWriter struct{ t testing.TB }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Logf("git http-backend: %s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }
 
 // Edit is one commit a test writes to a branch.

@@ -1,0 +1,64 @@
+package gitsource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+
+	git "github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/config"
+	"github.com/go-git/go-git/v5/plumbing"
+)
+
+// hexPrefix matches a full or abbreviated commit hash.
+var hexPrefix = regexp.MustCompile(`^[0-9a-f]{4,40}$`)
+
+// ErrUnknownRevision: Resolve found neither a branch nor a commit of that
+// name on the remote.
+var ErrUnknownRevision = errors.New("unknown revision")
+
+// Resolve turns rev into a commit hash and makes sure the commit is in the
+// cache: rev is a branch name on the remote (fetched as Fetch does) or a
+// full or abbreviated (at least 4 hex digits) commit hash reachable from one
+// of the remote's branches (every branch is fetched to find it). Neither
+// gives an error matching ErrUnknownRevision; network failures are returned
+// as they are.
+func (r *Repo) Resolve(ctx context.Context, rev string) (string, error) {
+	hexRev := hexPrefix.MatchString(rev)
+	if checkBranch(rev) == nil {
+		tip, err := r.Fetch(ctx, rev)
+		if err == nil {
+			return tip, nil
+		}
+		if !errors.Is(err, ErrBranchNotFound) || !hexRev {
+			if errors.Is(err, ErrBranchNotFound) {
+				return "", fmt.Errorf("resolve %q: %w: %v", rev, ErrUnknownRevision, err)
+			}
+			return "", fmt.Errorf("resolve %q: %w", rev, err)
+		}
+	}
+	if !hexRev {
+		return "", fmt.Errorf("resolve %q: %w: not a branch name or a commit hash", rev, ErrUnknownRevision)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err := r.repo.FetchContext(ctx, &git.FetchOptions{
+		RemoteName: remoteName,
+		RefSpecs:   []config.RefSpec{"+refs/heads/*:refs/remotes/" + remoteName + "/*"},
+		Depth:      r.opts.Depth,
+		Auth:       r.auth,
+		Tags:       git.NoTags,
+	})
+	if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
+		return "", fmt.Errorf("resolve %q: fetch all branches from %s: %w", rev, redactURL(r.url), err)
+	}
+	h, err := r.repo.ResolveRevision(plumbing.Revision(rev))
+	if err != nil {
+		return "", fmt.Errorf("resolve %q: %w: %v", rev, ErrUnknownRevision, err)
+	}
+	if err := r.verifyCommit(*h); err != nil {
+		return "", fmt.Errorf("resolve %q: %w", rev, err)
+	}
+	return h.String(), nil
+}
