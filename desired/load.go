@@ -39,11 +39,34 @@ type parsed struct {
 // directory relative to the tree root ("" or "." for the whole tree). File
 // paths in errors and Origins stay relative to the tree root.
 func NewLoader(dir string) *Loader {
-	dir = path.Clean(strings.Trim(filepath.ToSlash(dir), "/"))
-	if dir == "." {
+	dir = filepath.ToSlash(dir)
+	if dir != "" {
+		dir = path.Clean(dir)
+	}
+	if dir == "." || dir == "/" {
 		dir = ""
 	}
 	return &Loader{dir: dir, cache: map[string]*parsed{}}
+}
+
+// PrefixTree presents t with every path under prefix, a slash-separated
+// directory: "vms/a.yaml" becomes prefix + "/vms/a.yaml". With
+// NewLoader(prefix), errors then name files as prefix/... in their location
+// and in their messages, such as the paths a command line was given.
+func PrefixTree(t Tree, prefix string) Tree {
+	return prefixTree{t: t, prefix: strings.TrimSuffix(filepath.ToSlash(prefix), "/") + "/"}
+}
+
+type prefixTree struct {
+	t      Tree
+	prefix string
+}
+
+func (p prefixTree) Walk(fn func(File) error) error {
+	return p.t.Walk(func(f File) error {
+		f.Path = p.prefix + f.Path
+		return fn(f)
+	})
 }
 
 // LoadDir loads and validates the fleet in directory dir on disk. File

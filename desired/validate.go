@@ -60,9 +60,14 @@ func (d *nodeDecoder) written(field string) bool {
 
 // required reports a missing field and returns false, or returns whether
 // the field decoded without error.
+//
+// A field whose parent is missing or rejected is not reported again.
 func (d *nodeDecoder) required(field string) bool {
 	if !d.written(field) {
 		parent := parentPath(field)
+		if parent != "" && (!d.written(parent) || d.bad[parent]) {
+			return false
+		}
 		d.add(d.keyPos(parent), field, "missing")
 		return false
 	}
@@ -188,7 +193,7 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 	if d.required("spec.diskGB") {
 		d.intRange("spec.diskGB", s.DiskGB, 1, MaxDiskGB, " GiB")
 	}
-	if s.Image == nil && s.Kernel == nil && !d.bad["spec.image"] && !d.bad["spec.kernel"] {
+	if s.Image == nil && s.Kernel == nil && d.written("spec") && !d.bad["spec"] && !d.bad["spec.image"] && !d.bad["spec.kernel"] {
 		d.add(d.keyPos("spec"), "spec", "needs an image, a kernel, or both")
 	}
 	if s.Image != nil {

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+// runCLI runs the gitfleet command line in-process and returns its exit
+// code and standard output. Flags keep their values between runs of the
+// shared rootCmd, so they are reset first.
+func runCLI(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	var out bytes.Buffer
+	for _, c := range rootCmd.Commands() {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			_ = f.Value.Set(f.DefValue)
+			f.Changed = false
+		})
+	}
+	rootCmd.SetOut(&out)
+	t.Cleanup(func() { rootCmd.SetOut(nil) })
+	code := run(args)
+	return code, out.String()
+}
+
+func writeFleet(t *testing.T, files map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	for p, c := range files {
+		full := filepath.Join(root, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+const testHost = "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {capacity: {vcpus: 2}}\n"
+
+func testVM(name string, vcpus string) string {
+	return "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata: {name: " + name + "}\nspec:\n  host: hv-a\n  vcpus: " + vcpus +
+		"\n  memoryMB: 512\n  diskGB: 5\n  image: {url: https://example.org/i.qcow2, sha256: " + strings.Repeat("ab", 32) + "}\n"
+}
+
+func TestValidateExamplesFleet(t *testing.T) {
+	code, out := runCLI(t, "validate", filepath.Join("..", "..", "examples", "fleet"))
+	if code != 0 || out != "7 objects: 4 VMs, 1 volume, 2 hosts\n" {
+		t.Fatalf("exit %d, output %q", code, out)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	good := writeFleet(t, map[string]string{"h.yaml": testHost, "vms/a.yaml": testVM("a", "1")})
+	bad := writeFleet(t, map[string]string{
+		"h.yaml":     testHost,
+		"vms/a.yaml": testVM("a", "2"),
+		"vms/b.yaml": testVM("b", `"1"`),
+		"vms/c.yaml": testVM("a", "1"),
+	})
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string // exact output; "{DIR}" stands for the bad fleet
+	}{
+		{"valid", []string{"validate", good}, 0, "2 objects: 1 VM, 0 volumes, 1 host\n"},
+		{"every error with its location", []string{"validate", bad}, 1,
+			"{DIR}/vms/b.yaml:6:10: spec.vcpus: must be an integer, got the string \"1\"\n" +
+				"{DIR}/vms/c.yaml:3:18: metadata.name: VM \"a\" is also defined in {DIR}/vms/a.yaml:3:18; names are unique per kind\n"},
+		{"capacity", []string{"validate", writeFleet(t, map[string]string{"h.yaml": testHost, "a.yaml": testVM("a", "2"), "b.yaml": testVM("b", "1")})}, 1,
+			"{TMP}/h.yaml:4:26: spec.capacity.vcpus: the 2 VMs on this host ask for 3 vCPUs in all, more than its capacity of 2\n"},
+		{"too many arguments", []string{"validate", good, bad}, 2, ""},
+		{"not a directory", []string{"validate", filepath.Join(good, "h.yaml")}, 2, ""},
+		{"missing directory", []string{"validate", filepath.Join(good, "nope")}, 2, ""},
+		{"unknown format", []string{"validate", "--format", "xml", good}, 2, ""},
+		{"unknown flag", []string{"validate", "--formt", "json", good}, 2, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out := runCLI(t, tt.args...)
+			want := strings.ReplaceAll(tt.want, "{DIR}", bad)
+			want = strings.ReplaceAll(want, "{TMP}", tt.args[len(tt.args)-1])
+			if code != tt.code || out != want {
+				t.Errorf("exit %d, output:\n%s\nwant exit %d, output:\n%s", code, out, tt.code, want)
+			}
+		})
+	}
+}
+
+func TestValidateDefaultsToCurrentDirectory(t *testing.T) {
+	t.Chdir(writeFleet(t, map[string]string{"h.yaml": testHost, "broken.yml": "kind: VM\n"}))
+	code, out := runCLI(t, "validate")
+	if code != 1 || !strings.HasPrefix(out, "broken.yml:1:1: apiVersion: missing") {
+		t.Errorf("exit %d, output %q", code, out)
+	}
+}
+
+func TestValidateJSON(t *testing.T) {
+	good := writeFleet(t, map[string]string{"h.yaml": testHost})
+	bad := writeFleet(t, map[string]string{"h.yaml": testHost, "v.yaml": testVM("a", "0")})
+	for _, tt := range []struct {
+		dir   string
+		code  int
+		valid bool
+		errs  []string
+	}{
+		{good, 0, true, nil},
+		{bad, 1, false, []string{filepath.Join(bad, "v.yaml") + ":6:10: spec.vcpus: 0 is out of range; must be 1 to 256"}},
+	} {
+		code, out := runCLI(t, "validate", "--format", "json", tt.dir)
+		var rep struct {
+			Dir     string `json:"dir"`
+			Valid   bool   `json:"valid"`
+			Objects int    `json:"objects"`
+			Hosts   int    `json:"hosts"`
+			Errors  []struct {
+				File    string `json:"file"`
+				Line    int    `json:"line"`
+				Col     int    `json:"col"`
+				Field   string `json:"field"`
+				Message string `json:"message"`
+			} `json:"errors"`
+		}
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("output is not JSON: %v\n%s", err, out)
+		}
+		var got []string
+		for _, e := range rep.Errors {
+			got = append(got, e.File+":"+itoa(e.Line)+":"+itoa(e.Col)+": "+e.Field+": "+e.Message)
+		}
+		if code != tt.code || rep.Valid != tt.valid || rep.Dir != tt.dir || strings.Join(got, "\n") != strings.Join(tt.errs, "\n") {
+			t.Errorf("exit %d, report %+v; want exit %d, valid %v, errors %q", code, rep, tt.code, tt.valid, tt.errs)
+		}
+		if tt.valid && (rep.Objects != 1 || rep.Hosts != 1) {
+			t.Errorf("counts: %+v", rep)
+		}
+	}
+}
+
+func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }

@@ -1,0 +1,127 @@
+package desired
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"go.yaml.in/yaml/v3"
+)
+
+func compileSchema(t *testing.T) *jsonschema.Schema {
+	t.Helper()
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(JSONSchema()))
+	if err != nil {
+		t.Fatalf("schema is not JSON: %v", err)
+	}
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
+	if err := c.AddResource(SchemaID, doc); err != nil {
+		t.Fatal(err)
+	}
+	sch, err := c.Compile(SchemaID)
+	if err != nil {
+		t.Fatalf("schema does not compile as draft 2020-12: %v", err)
+	}
+	return sch
+}
+
+// yamlInstance converts one object file to the JSON value a schema checks.
+func yamlInstance(t *testing.T, data []byte) any {
+	t.Helper()
+	var v any
+	if err := yaml.Unmarshal(data, &v); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inst
+}
+
+func TestSchemaAcceptsExamplesAndTestFleet(t *testing.T) {
+	sch := compileSchema(t)
+	var files []string
+	err := filepath.WalkDir(filepath.Join("..", "examples", "fleet"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".yaml") {
+			files = append(files, p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 7 {
+		t.Fatalf("found %d example object files, want 7", len(files))
+	}
+	for _, p := range files {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sch.Validate(yamlInstance(t, data)); err != nil {
+			t.Errorf("%s does not validate against the schema: %v", p, err)
+		}
+	}
+	for p, content := range goodFleet {
+		if !strings.HasPrefix(p, ".") && (strings.HasSuffix(p, ".yaml") || strings.HasSuffix(p, ".yml")) {
+			if err := sch.Validate(yamlInstance(t, []byte(content))); err != nil {
+				t.Errorf("%s does not validate against the schema: %v", p, err)
+			}
+		}
+	}
+}
+
+func TestSchemaRejectsBadObjects(t *testing.T) {
+	sch := compileSchema(t)
+	for name, input := range map[string]string{
+		"unknown field":       vm(vmBody + "  gpus: 1\n"),
+		"string for integer":  vm(strings.Replace(vmBody, "vcpus: 2", `vcpus: "2"`, 1)),
+		"vcpus zero":          vm(strings.Replace(vmBody, "vcpus: 2", "vcpus: 0", 1)),
+		"bad name":            strings.Replace(vm(vmBody), "name: web-01", "name: Web_01", 1),
+		"bad sha256":          vm(strings.Replace(vmBody, sumA, "ABC", 1)),
+		"ftp URL":             vm(strings.Replace(vmBody, "https://", "ftp://", 1)),
+		"power":               vm(vmBody + "  power: off\n"),
+		"no image or kernel":  vm("  host: hv-a\n  vcpus: 2\n  memoryMB: 2048\n  diskGB: 20\n"),
+		"unknown kind":        strings.Replace(vm(vmBody), "kind: VM", "kind: Vm", 1),
+		"unknown apiVersion":  strings.Replace(vm(vmBody), "v1alpha1", "v1", 1),
+		"volume spec on VM":   "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata: {name: a}\nspec: {host: hv-a, sizeGB: 1}\n",
+		"host without bridge": "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: a}\nspec: {networks: {lan: {}}}\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, errs := parseFile("obj.yaml", []byte(input)); errs == nil {
+				t.Fatalf("the decoder accepts the input the schema should reject")
+			}
+			if err := sch.Validate(yamlInstance(t, []byte(input))); err == nil {
+				t.Errorf("schema accepts a bad object")
+			}
+		})
+	}
+}
+
+// TestSchemaFileIsCurrent keeps the copy in examples/fleet, which editors
+// read through each file's yaml-language-server line, equal to JSONSchema.
+func TestSchemaFileIsCurrent(t *testing.T) {
+	p := filepath.Join("..", "examples", "fleet", ".gitfleet", "schema.json")
+	if *update {
+		if err := os.WriteFile(p, JSONSchema(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, JSONSchema()) {
+		t.Errorf("%s is stale; regenerate it with go test ./desired -run TestSchemaFileIsCurrent -update", p)
+	}
+}
