@@ -101,6 +101,7 @@ type Engine struct {
 	orphans   []string
 	workers   map[string]*worker
 	wg        sync.WaitGroup
+	changed   chan struct{}
 }
 
 type worker struct {
@@ -141,6 +142,7 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		bad:     map[string]error{},
 		want:    map[string]*desired.SnapshotVM{},
 		workers: map[string]*worker{},
+		changed: make(chan struct{}, 1),
 	}
 	e.idle = sync.NewCond(&e.mu)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
@@ -459,6 +461,7 @@ func (e *Engine) commit(rec *Record) error {
 	e.mu.Lock()
 	e.recs[rec.Name] = &c
 	e.mu.Unlock()
+	e.signal()
 	return nil
 }
 
@@ -466,7 +469,20 @@ func (e *Engine) forget(name string) {
 	e.mu.Lock()
 	delete(e.recs, name)
 	e.mu.Unlock()
+	e.signal()
 }
+
+func (e *Engine) signal() {
+	select {
+	case e.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Changed receives a value after a worker changed a VM's record, so the
+// caller can report without waiting for the next tick. It holds one value:
+// several changes read as one.
+func (e *Engine) Changed() <-chan struct{} { return e.changed }
 
 func (e *Engine) now() time.Time { return e.cfg.Now() }
 

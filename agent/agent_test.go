@@ -1,0 +1,281 @@
+package agent_test
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/agenttest"
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// hostAgent is one host's agent over a real bare repository: the state
+// directory, the in-memory backend and a clock survive restarts.
+type hostAgent struct {
+	t     *testing.T
+	url   string
+	dir   string
+	prov  *agenttest.Provisioner
+	clock *clock
+	tune  func(*agent.EngineConfig)
+
+	eng *agent.Engine
+	ag  *agent.Agent
+}
+
+func quietLog() *logrus.Logger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return l
+}
+
+func newHostAgent(t *testing.T, url string, clk *clock, tune func(*agent.EngineConfig)) *hostAgent {
+	h := &hostAgent{t: t, url: url, dir: t.TempDir(), prov: agenttest.New(), clock: clk, tune: tune}
+	h.start()
+	return h
+}
+
+func (h *hostAgent) start() {
+	t := h.t
+	t.Helper()
+	store, err := agent.OpenStore(filepath.Join(h.dir, "state"))
+	require.NoError(t, err)
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{
+		URL: h.url, CacheDir: filepath.Join(h.dir, "git"), Depth: 1, Logger: quietLog().WithField("test", t.Name()),
+	})
+	require.NoError(t, err)
+	cfg := agent.EngineConfig{Host: testHost, Store: store, Provisioner: h.prov, BootID: func() string { return "boot-1" },
+		Now: h.clock.Now, Log: quietLog()}
+	if h.tune != nil {
+		h.tune(&cfg)
+	}
+	h.eng, err = agent.NewEngine(cfg)
+	require.NoError(t, err)
+	h.ag, err = agent.New(agent.Config{Host: testHost, Repo: repo, Engine: h.eng, Store: store,
+		Version: "test", BootID: func() string { return "boot-1" }, Now: h.clock.Now, Log: quietLog()})
+	require.NoError(t, err)
+	eng := h.eng
+	t.Cleanup(func() { eng.Close(context.Background()) })
+}
+
+func (h *hostAgent) restart() {
+	h.eng.Close(context.Background())
+	h.start()
+}
+
+func (h *hostAgent) once() error {
+	return h.ag.Once(context.Background())
+}
+
+// publish commits snap as the host's snapshot, as the controller would.
+func publish(t *testing.T, bare string, s *desired.Snapshot) string {
+	t.Helper()
+	data, err := desired.MarshalSnapshot(s)
+	require.NoError(t, err)
+	return gittest.Commit(t, bare, gittest.Edit{Branch: agent.SnapshotsBranch, Write: map[string]string{"hosts/" + s.Host + ".yaml": string(data)}})
+}
+
+// readStatus reads the host's status from the status branch; nil when none.
+func readStatus(t *testing.T, bare string) *status.Status {
+	t.Helper()
+	out, err := gitShow(bare, agent.StatusBranch+":hosts/"+testHost+".yaml")
+	if err != nil {
+		return nil
+	}
+	st, err := status.Parse("hosts/"+testHost+".yaml", out)
+	require.NoError(t, err)
+	return st
+}
+
+func statusTip(t *testing.T, bare string) string {
+	t.Helper()
+	return gittest.Git(t, bare, "rev-parse", agent.StatusBranch)
+}
+
+func newClock() *clock { return &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
+
+func TestAgentWithoutASnapshotDoesNothingButReport(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	h := newHostAgent(t, bare, newClock(), nil)
+	require.NoError(t, h.once())
+	assert.Empty(t, h.prov.AllCalls())
+	st := readStatus(t, bare)
+	require.NotNil(t, st, "the status is written for liveness")
+	assert.Empty(t, st.VMs)
+	assert.Zero(t, st.LastSeenEpoch)
+
+	// A snapshots branch without this host's file is still "no snapshot".
+	publish(t, bare, &desired.Snapshot{Host: "hv-b", Epoch: 1})
+	require.NoError(t, h.once())
+	assert.Empty(t, h.prov.AllCalls())
+}
+
+func TestAgentMakesThePublishedVMsAndReportsThem(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	h := newHostAgent(t, bare, newClock(), nil)
+	s := withVolumes(snap(1, vm("web-01", volumes("data"))), vol("data", 1))
+	s.Source = desired.SnapshotSource{Commit: "abc", Branch: "main"}
+	publish(t, bare, s)
+	require.NoError(t, h.once())
+
+	st := readStatus(t, bare)
+	require.NotNil(t, st)
+	assert.Equal(t, testHost, st.Host)
+	assert.Equal(t, uint64(1), st.LastSeenEpoch)
+	assert.Equal(t, status.AgentInfo{Version: "test", BootID: "boot-1", Accel: "none"}, st.Agent)
+	require.Len(t, st.VMs, 1)
+	assert.Equal(t, status.PhaseReady, st.VMs[0].Phase)
+	assert.Equal(t, "10.77.1.2", st.VMs[0].IP)
+	assert.Equal(t, []status.Volume{{Name: "data", Present: true, SizeGB: 1}}, st.Volumes)
+	assert.Equal(t, uint64(1), st.Heartbeat)
+}
+
+func TestAgentWritesStatusOnlyOnChangeOrHeartbeat(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	clk := newClock()
+	h := newHostAgent(t, bare, clk, nil)
+	publish(t, bare, snap(1, vm("web-01")))
+	require.NoError(t, h.once())
+	tip := statusTip(t, bare)
+
+	clk.Add(30 * time.Second)
+	require.NoError(t, h.once())
+	assert.Equal(t, tip, statusTip(t, bare), "nothing changed, heartbeat not due: no commit")
+
+	clk.Add(31 * time.Second)
+	require.NoError(t, h.once())
+	assert.NotEqual(t, tip, statusTip(t, bare), "the heartbeat is due")
+	assert.Equal(t, uint64(2), readStatus(t, bare).Heartbeat)
+
+	tip = statusTip(t, bare)
+	h.prov.Crash("web-01")
+	h.prov.FailAlways(agenttest.OpBoot, errTransient)
+	require.NoError(t, h.once())
+	assert.NotEqual(t, tip, statusTip(t, bare), "a changed status is written at once")
+	assert.Equal(t, status.PhaseFailed, readStatus(t, bare).VMs[0].Phase)
+
+	t.Run("the heartbeat counter survives restarts and a lost state file", func(t *testing.T) {
+		h.restart()
+		clk.Add(time.Minute)
+		require.NoError(t, h.once())
+		assert.Equal(t, uint64(4), readStatus(t, bare).Heartbeat)
+		require.NoError(t, os.Remove(filepath.Join(h.dir, "state", "heartbeat")))
+		h.restart()
+		clk.Add(time.Minute)
+		require.NoError(t, h.once())
+		assert.Equal(t, uint64(5), readStatus(t, bare).Heartbeat, "never below the branch's")
+	})
+}
+
+func TestAgentRefusesASnapshotThatDoesNotParse(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	h := newHostAgent(t, bare, newClock(), nil)
+	publish(t, bare, snap(1, vm("web-01")))
+	require.NoError(t, h.once())
+
+	gittest.Commit(t, bare, gittest.Edit{Branch: agent.SnapshotsBranch, Write: map[string]string{"hosts/hv-a.yaml": "host: hv-a\nepoch: 2\nvms: [{name: web-01, bogus: 1}]\n"}})
+	h.prov.Crash("web-01")
+	h.prov.ResetCalls()
+	require.NoError(t, h.once(), "a refused snapshot is reported in status, not a failed step")
+	st := readStatus(t, bare)
+	assert.Contains(t, st.SnapshotError, "snapshot refused")
+	assert.Contains(t, st.SnapshotError, "hosts/hv-a.yaml")
+	assert.Equal(t, uint64(1), st.LastSeenEpoch)
+	require.Len(t, st.VMs, 1, "never read as an empty desired state")
+	assert.Equal(t, status.PhaseReady, st.VMs[0].Phase, "the last accepted snapshot is still reconciled")
+	assert.Empty(t, h.prov.Calls(agenttest.OpShutdown))
+
+	publish(t, bare, snap(3, vm("web-01")))
+	require.NoError(t, h.once())
+	st = readStatus(t, bare)
+	assert.Empty(t, st.SnapshotError)
+	assert.Equal(t, uint64(3), st.LastSeenEpoch)
+}
+
+func TestAgentKeepsConvergingWhileGitIsUnreachable(t *testing.T) {
+	gittest.NeedGit(t)
+	root := t.TempDir()
+	bare := gittest.NewBare(t)
+	require.NoError(t, os.Rename(bare, filepath.Join(root, "fleet.git")))
+	url := gittest.Serve(t, root) + "/fleet.git"
+	bare = filepath.Join(root, "fleet.git")
+	h := newHostAgent(t, url, newClock(), nil)
+	publish(t, bare, snap(1, vm("web-01"), vm("web-02")))
+	require.NoError(t, h.once())
+
+	require.NoError(t, os.Rename(bare, bare+".away")) // the server answers 404 now
+	h.restart()
+	h.prov.Reboot()
+	err := h.once()
+	require.Error(t, err, "the status cannot be written")
+	assert.ElementsMatch(t, []string{"web-01", "web-02", "web-01", "web-02"}, h.prov.Calls(agenttest.OpBoot), "the lost VMs are booted again from the snapshot on disk")
+	assert.Equal(t, 2, h.prov.RunningCount())
+
+	require.NoError(t, os.Rename(bare+".away", bare))
+	require.NoError(t, h.once())
+	assert.Len(t, readStatus(t, bare).VMs, 2)
+}
+
+func TestAgentRunStopsWithoutTouchingVMs(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	h := newHostAgent(t, bare, newClock(), nil)
+	publish(t, bare, snap(1, vm("web-01")))
+	require.NoError(t, h.once())
+	h.prov.ResetCalls()
+	h.prov.Crash("web-01")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	var pings int
+	ag, err := agent.New(agent.Config{Host: testHost, Repo: mustOpen(t, bare), Engine: h.eng, Store: mustStore(t, h.dir),
+		Version: "test", Now: h.clock.Now, Log: quietLog(), TickInterval: time.Hour,
+		Ready: func() { close(ready) }, Alive: func() { pings++ }})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(ctx) }()
+	<-ready
+	cancel() // SIGTERM
+	require.NoError(t, <-done)
+	assert.Positive(t, pings)
+	assert.Empty(t, h.prov.Calls(agenttest.OpShutdown), "stopping the agent stops no VM")
+	assert.Empty(t, h.prov.Calls(agenttest.OpDestroy))
+	st := readStatus(t, bare)
+	require.Len(t, st.VMs, 1)
+	assert.Equal(t, status.PhaseReady, st.VMs[0].Phase, "the tick under way finished and its status was written")
+}
+
+func mustOpen(t *testing.T, url string) *gitsource.Repo {
+	t.Helper()
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: url, Depth: 1, Logger: quietLog().WithField("test", t.Name())})
+	require.NoError(t, err)
+	return repo
+}
+
+func mustStore(t *testing.T, dir string) *agent.Store {
+	t.Helper()
+	st, err := agent.OpenStore(filepath.Join(dir, "state"))
+	require.NoError(t, err)
+	return st
+}
+
+func gitShow(bare, rev string) ([]byte, error) {
+	cmd := exec.Command("git", "--git-dir", bare, "show", rev)
+	return cmd.Output()
+}
