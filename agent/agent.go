@@ -75,7 +75,7 @@ type Agent struct {
 	source *Source
 	log    logrus.FieldLogger
 
-	mu          sync.Mutex // serializes steps and status writes
+	mu          sync.Mutex        // serializes steps and status writes
 	current     *desired.Snapshot // the last snapshot fetched (maybe fenced); nil: the engine's last accepted
 	fetchFailed bool
 	snapErr     string
