@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -217,4 +219,19 @@ func mustErr(t testing.TB, err error, target error) {
 	if !errors.Is(err, target) {
 		t.Fatalf("error = %v, want %v", err, target)
 	}
+}
+
+// writeTree writes files under dir and returns dir.
+func writeTree(t testing.TB, dir string, files map[string]string) string {
+	t.Helper()
+	for p, c := range files {
+		full := filepath.Join(dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }

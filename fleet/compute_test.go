@@ -1,0 +1,208 @@
+package fleet
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+func loadFiles(t *testing.T, files map[string]string) *desired.Fleet {
+	t.Helper()
+	dir := t.TempDir()
+	w := writeTree(t, dir, files)
+	f, err := desired.LoadDir(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestBuildSnapshotsMatchesDesired pins that the controller's cached
+// snapshot builder gives exactly desired.ComputeSnapshots for live objects.
+func TestBuildSnapshotsMatchesDesired(t *testing.T) {
+	files := baseFleet()
+	files["vms/web-02.yaml"] = vmYAML("web-02", "hv-a", 3)
+	files["hosts/hv-c.yaml"] = hostYAML("hv-c")
+	f := loadFiles(t, files)
+	got := buildSnapshots(f, nil, func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) })
+	want := desired.ComputeSnapshots(f)
+	if len(got) != len(want) {
+		t.Fatalf("hosts: got %d, want %d", len(got), len(want))
+	}
+	for h, w := range want {
+		if !reflect.DeepEqual(got[h].snap, w) {
+			t.Errorf("host %s:\n got %+v\nwant %+v", h, got[h].snap, w)
+		}
+	}
+}
+
+func TestContentKeyIgnoresEpochAndSource(t *testing.T) {
+	f := loadFiles(t, baseFleet())
+	hash := func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }
+	a := buildSnapshots(f, nil, hash)["hv-a"].snap
+	k := contentKey(a)
+	a.Epoch, a.Source = 9, desired.SnapshotSource{Commit: "x", Branch: "y"}
+	if contentKey(a) != k {
+		t.Error("epoch or source changed the content key")
+	}
+	tomb := &TombstoneRecord{Kind: desired.KindVM, Name: "gone", Host: "hv-a", Tombstone: desired.Tombstone{Commit: "c", Epoch: 0}}
+	b := buildSnapshots(f, []*TombstoneRecord{tomb}, hash)["hv-a"].snap
+	kb := contentKey(b)
+	if kb == k {
+		t.Error("a tombstone did not change the content key")
+	}
+	tomb.Tombstone.Epoch = 7
+	if contentKey(buildSnapshots(f, []*TombstoneRecord{tomb}, hash)["hv-a"].snap) != kb {
+		t.Error("a tombstone's publishing epoch changed the content key")
+	}
+}
+
+func TestAckedEpochRule(t *testing.T) {
+	vm := &TombstoneRecord{Kind: desired.KindVM, Name: "old", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
+	vol := &TombstoneRecord{Kind: desired.KindVolume, Name: "data", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
+	for _, tc := range []struct {
+		name string
+		t    *TombstoneRecord
+		st   status.Status
+		want bool
+	}{
+		{"fresh destroy ack", vm, status.Status{LastSeenEpoch: 5, Destroyed: []string{"old"}}, true},
+		{"later epoch", vm, status.Status{LastSeenEpoch: 9, Destroyed: []string{"old"}}, true},
+		{"stale ack", vm, status.Status{LastSeenEpoch: 4, Destroyed: []string{"old"}}, false},
+		{"no ack", vm, status.Status{LastSeenEpoch: 9, Destroyed: []string{"other"}}, false},
+		{"quarantined is no ack", vm, status.Status{LastSeenEpoch: 9, Quarantined: []status.Quarantine{{Name: "old"}}}, false},
+		{"volume absent", vol, status.Status{LastSeenEpoch: 5, Volumes: []status.Volume{{Name: "data", Present: false}}}, true},
+		{"volume present", vol, status.Status{LastSeenEpoch: 5, Volumes: []status.Volume{{Name: "data", Present: true}}}, false},
+		{"volume unlisted", vol, status.Status{LastSeenEpoch: 5}, false},
+		{"volume stale", vol, status.Status{LastSeenEpoch: 4, Volumes: []status.Volume{{Name: "data"}}}, false},
+		{"volume name in destroyed", vol, status.Status{LastSeenEpoch: 5, Destroyed: []string{"data"}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := acked(&tc.st, tc.t); got != tc.want {
+				t.Errorf("acked = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLedgerRoundTripAndStrictness(t *testing.T) {
+	l := newLedger()
+	l.Applied = &AppliedCommit{Commit: "abc", Branch: "main"}
+	l.Hosts["hv-a"] = &HostRecord{Epoch: 3, Hash: "k", VMs: []string{"a", "b"}, Volumes: []string{"v"}}
+	spec := desired.VMSpec{Host: "hv-a", VCPUs: 1}
+	l.Tombstones = []*TombstoneRecord{{Kind: desired.KindVM, Name: "z", Host: "hv-a", Spec: &spec,
+		Tombstone: desired.Tombstone{Commit: "c", Epoch: 3}, PublishedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
+	data, err := l.marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := parseLedger(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, l) {
+		t.Errorf("round trip:\n got %+v\nwant %+v", back, l)
+	}
+	for name, bad := range map[string]string{
+		"unknown field": "version: 1\nhosts: {}\nsurprise: 1\n",
+		"wrong version": "version: 2\nhosts: {}\n",
+		"bad tombstone": "version: 1\nhosts: {}\ntombstones: [{kind: Host, name: x, host: y}]\n",
+	} {
+		if _, err := parseLedger([]byte(bad)); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
+	}
+}
+
+func TestLivenessByOwnClock(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := newLiveness(start, 3*time.Minute)
+	if off, _ := l.offline("never-seen", start.Add(2*time.Minute)); off {
+		t.Error("an unseen host is offline before offlineAfter from the start")
+	}
+	if off, _ := l.offline("never-seen", start.Add(3*time.Minute)); !off {
+		t.Error("an unseen host is still online after offlineAfter")
+	}
+	l.observe("h", "id1", start)
+	l.observe("h", "id1", start.Add(2*time.Minute)) // same content: no change
+	if off, _ := l.offline("h", start.Add(3*time.Minute)); !off {
+		t.Error("an unchanged file kept the host online")
+	}
+	l.observe("h", "id2", start.Add(3*time.Minute))
+	if off, _ := l.offline("h", start.Add(5*time.Minute)); off {
+		t.Error("a changed file did not reset the clock")
+	}
+}
+
+// TestRunKickedByWebhook runs the loop against a repository served over
+// HTTP (no file watching) with a long interval: only the signed webhook can
+// start the pass that publishes a new commit.
+func TestRunKickedByWebhook(t *testing.T) {
+	dir := gittest.NewBare(t)
+	url := gittest.Serve(t, strings.TrimSuffix(dir, "/repo.git")) + "/repo.git"
+	gittest.Commit(t, dir, gittest.Edit{Write: baseFleet()})
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: url, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{Repo: repo, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, time.Hour) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	e := &env{t: t, dir: dir}
+	waitFor(t, func() bool { return hasBranch(t, dir, DefaultSnapshotsBranch) && e.snapshot("hv-a") != nil })
+	gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 8)}})
+
+	hook := httptest.NewServer(WebhookHandler([]byte("k"), c.Kick))
+	defer hook.Close()
+	body := `{"ref":"refs/heads/main"}`
+	m := hmac.New(sha256.New, []byte("k"))
+	m.Write([]byte(body))
+	req, _ := http.NewRequest("POST", hook.URL+"/hooks/github", strings.NewReader(body))
+	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(m.Sum(nil)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("webhook status %d", resp.StatusCode)
+	}
+	waitFor(t, func() bool { return vmOf(e.snapshot("hv-a"), "web-01").Spec.VCPUs == 8 })
+}
+
+func hasBranch(t *testing.T, dir, branch string) bool {
+	return strings.Contains(gittest.Git(t, dir, "branch", "--list", branch), branch)
+}
+
+// waitFor polls cond until it holds; a generous deadline only guards
+// against hanging forever.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition never held")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
