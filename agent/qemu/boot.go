@@ -68,7 +68,7 @@ func (l launch) args() []string {
 		"-qmp", "unix:"+QMPSocket+",server=on,wait=off",
 		"-serial", "file:"+escapeOpt(filepath.Join(l.dir, SerialLog)),
 		"-drive", "file="+escapeOpt(l.root)+",if=none,id=root,format=qcow2,cache=writeback,aio=threads,discard=unmap",
-		"-device", "virtio-blk-pci,drive=root,serial=gitfleet-root,bootindex=0",
+		"-device", "virtio-blk-pci,drive=root,serial=gitfleet-root,bootindex=1",
 		"-drive", "file="+escapeOpt(l.seed)+",if=none,id=seed,format=raw,readonly=on",
 		"-device", "virtio-blk-pci,drive=seed,serial="+SeedLabel,
 	)

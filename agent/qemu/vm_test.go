@@ -1,0 +1,423 @@
+package qemu
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/tinyguest"
+)
+
+// These tests boot real VMs under TCG: the tiny guest (Debian kernel and a
+// busybox initramfs, see internal/tinyguest) served from a local HTTP
+// server, so they need no network beyond loopback.
+
+func needQEMU(t testing.TB) {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86 qemu-utils busybox-static)")
+	}
+	needQEMUImg(t)
+}
+
+var (
+	guestOnce sync.Once
+	guest     *tinyguest.Guest
+	guestErr  error
+)
+
+// tinyGuest builds the tiny guest once per test binary, in a cache dir
+// kept across runs ($GITFLEET_TEST_CACHE or the user cache dir).
+func tinyGuest(t testing.TB) *tinyguest.Guest {
+	guestOnce.Do(func() {
+		dir := os.Getenv("GITFLEET_TEST_CACHE")
+		if dir == "" {
+			d, err := os.UserCacheDir()
+			if err != nil {
+				d = os.TempDir()
+			}
+			dir = filepath.Join(d, "gitfleet-test")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		guest, guestErr = tinyguest.Build(ctx, filepath.Join(dir, "tinyguest"))
+	})
+	if guestErr != nil {
+		t.Fatalf("build tiny guest: %v", guestErr)
+	}
+	return guest
+}
+
+// guestSpec serves the tiny guest's kernel and initrd from srv and returns
+// a kernel-boot spec for it.
+func guestSpec(t testing.TB, srv *artifactServer) desired.VMSpec {
+	g := tinyGuest(t)
+	k, err := os.ReadFile(g.Kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i, err := os.ReadFile(g.Initrd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ka := srv.add("/tiny/vmlinuz", k)
+	ia := srv.add("/tiny/initrd", i)
+	return desired.VMSpec{
+		VCPUs: 1, MemoryMB: 128, DiskGB: 1,
+		Kernel: &desired.Kernel{URL: ka.URL, SHA256: ka.SHA256, Initrd: &ia, Cmdline: g.Cmdline},
+		CloudInit: &desired.CloudInit{
+			SSHAuthorizedKeys: []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAItest test@gitfleet"},
+		},
+	}
+}
+
+// newTestProvisioner makes a TCG provisioner whose MachineDir maps names
+// under vmRoot, as the agent's state store would.
+func newTestProvisioner(t testing.TB, cache, vmRoot string, srv *artifactServer) *Provisioner {
+	p, err := New(Config{
+		CacheDir: cache, Accel: AccelTCG, HTTPClient: srv.Client(),
+		MachineDir:       func(name string) string { return filepath.Join(vmRoot, name) },
+		PowerdownTimeout: 30 * time.Second, KillTimeout: 5 * time.Second,
+		BootTimeout: 60 * time.Second,
+		Logger:      quietLog().Logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// serial reads the guest's serial log.
+func serial(dir string) string {
+	b, _ := os.ReadFile(filepath.Join(dir, SerialLog))
+	return string(b)
+}
+
+// waitSerial waits for a line containing want on the serial console. The
+// deadline only bounds a broken guest; nothing here asserts on time.
+func waitSerial(t *testing.T, dir, want string) string {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for time.Now().Before(deadline) {
+		if s := serial(dir); strings.Contains(s, want) {
+			return s
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("no %q on the serial console; it has:\n%s", want, serial(dir))
+	return ""
+}
+
+// guestLines returns the tiny guest's own lines ("tinyguest: ...").
+func guestLines(s string) []string {
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); strings.HasPrefix(l, tinyguest.LinePrefix) {
+			out = append(out, strings.TrimPrefix(l, tinyguest.LinePrefix))
+		}
+	}
+	return out
+}
+
+func dirEntries(t *testing.T, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return names
+}
+
+func TestVMLifecycle(t *testing.T) {
+	needQEMU(t)
+	t.Parallel()
+	srv := newArtifactServer(t)
+	spec := guestSpec(t, srv)
+	cache := t.TempDir()
+	// A state directory deep enough that <dir>/qmp.sock overflows the
+	// 108-byte sun_path: QMP must still work.
+	vmRoot := filepath.Join(t.TempDir(), strings.Repeat("deep-state-directory-", 4))
+	name := "web-01"
+	dir := filepath.Join(vmRoot, name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(filepath.Join(dir, QMPSocket)); n <= maxSunPath {
+		t.Fatalf("test directory too short (%d) to exercise the sun_path limit", n)
+	}
+	// The volume lives inside the VM's directory on purpose: Destroy must
+	// still leave it alone.
+	vol := filepath.Join(dir, "web-01-data.img")
+	const volBytes = 64 << 20
+	if err := os.WriteFile(vol, []byte("guest data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(vol, volBytes); err != nil {
+		t.Fatal(err)
+	}
+	m := agent.Machine{Name: name, Dir: dir, Spec: spec, Volumes: []string{vol}, InstanceID: "i-lifecycle-1"}
+
+	p := newTestProvisioner(t, cache, vmRoot, srv)
+	t.Cleanup(func() { p.Destroy(context.Background(), name) })
+	ctx := context.Background()
+	if err := p.Preflight(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p.Running(name) {
+		t.Fatal("running before boot")
+	}
+	if err := p.PrepareRootDisk(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Boot(ctx, m); err != nil {
+		t.Fatalf("boot: %v\nqemu: %s", err, p.FailureReason(name))
+	}
+	if !p.Running(name) {
+		t.Fatalf("not running after boot: %s", p.FailureReason(name))
+	}
+	pid := p.machines[name].pid()
+
+	t.Run("guest reads its seed, disks and network", func(t *testing.T) {
+		lines := guestLines(waitSerial(t, dir, "tinyguest: ready"))
+		want := []string{
+			"instance-id=" + m.InstanceID + " hostname=" + name,
+			"serial=gitfleet-root bytes=" + strconv.FormatInt(1*gib, 10),
+			"serial=web-01-data bytes=" + strconv.Itoa(volBytes),
+			"nic eth0 mac=" + macFor(name),
+			"lease eth0 ip=" + GuestIP,
+		}
+		joined := strings.Join(lines, "\n")
+		for _, w := range want {
+			if !strings.Contains(joined, w) {
+				t.Errorf("guest never said %q; it said:\n%s", w, joined)
+			}
+		}
+	})
+
+	t.Run("ssh port forwarded on loopback", func(t *testing.T) {
+		addr := p.Address(name)
+		port, err := readPort(filepath.Join(dir, PortFile))
+		if err != nil || port == 0 {
+			t.Fatalf("port file: %d %v", port, err)
+		}
+		if addr.SSH != fmt.Sprintf("127.0.0.1:%d", port) || addr.IP != GuestIP {
+			t.Errorf("Address = %+v, want ssh 127.0.0.1:%d ip %s", addr, port, GuestIP)
+		}
+		c, err := net.DialTimeout("tcp", addr.SSH, 5*time.Second)
+		if err != nil {
+			t.Fatalf("nothing listens on the forwarded port: %v", err)
+		}
+		c.Close()
+	})
+
+	t.Run("agent restart re-attaches without rebooting", func(t *testing.T) {
+		p2 := newTestProvisioner(t, cache, vmRoot, srv)
+		if !p2.Running(name) {
+			t.Fatal("a new provisioner does not see the running VM")
+		}
+		if err := p2.Boot(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		if got := p2.machines[name].pid(); got != pid {
+			t.Errorf("pid %d after re-attach and Boot, want the original %d", got, pid)
+		}
+		if n := strings.Count(serial(dir), "tinyguest: init"); n != 1 {
+			t.Errorf("guest booted %d times, want once", n)
+		}
+		if addr := p2.Address(name); addr.SSH != p.Address(name).SSH {
+			t.Errorf("ssh address changed across restart: %s vs %s", addr.SSH, p.Address(name).SSH)
+		}
+		p = p2 // the rest runs on the re-attached provisioner
+	})
+
+	t.Run("graceful stop powers the guest off", func(t *testing.T) {
+		if err := p.Shutdown(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		if p.Running(name) {
+			t.Fatal("running after Shutdown")
+		}
+		if !strings.Contains(serial(dir), "tinyguest: power button") {
+			t.Errorf("guest never saw the ACPI power button: stop was not graceful\n%s", serial(dir))
+		}
+		if err := syscall.Kill(pid, 0); err == nil && cmdlineNames(pid, name, filepath.Join(dir, PidFile)) {
+			t.Errorf("qemu pid %d still alive", pid)
+		}
+		if err := p.Shutdown(ctx, name); err != nil {
+			t.Errorf("stopping a stopped VM: %v", err)
+		}
+	})
+
+	t.Run("destroy leaves nothing but the volume", func(t *testing.T) {
+		if err := p.Destroy(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		if got := dirEntries(t, dir); len(got) != 1 || got[0] != filepath.Base(vol) {
+			t.Errorf("after destroy the VM dir holds %v, want only the volume", got)
+		}
+		b, err := os.ReadFile(vol)
+		if err != nil || len(b) != volBytes || !bytes.HasPrefix(b, []byte("guest data")) {
+			t.Errorf("volume changed: %d bytes, err %v", len(b), err)
+		}
+		if err := p.Destroy(ctx, name); err != nil {
+			t.Errorf("destroying an absent VM: %v", err)
+		}
+	})
+}
+
+func TestVMFailures(t *testing.T) {
+	needQEMU(t)
+	t.Parallel()
+	srv := newArtifactServer(t)
+	spec := guestSpec(t, srv)
+	cache := t.TempDir()
+	vmRoot := t.TempDir()
+	ctx := context.Background()
+	p := newTestProvisioner(t, cache, vmRoot, srv)
+
+	t.Run("qemu refusing to start reports its own reason", func(t *testing.T) {
+		name := "bad-kernel"
+		junk := srv.add("/junk-kernel", []byte("this is not a kernel image"))
+		bad := spec
+		bad.Kernel = &desired.Kernel{URL: junk.URL, SHA256: junk.SHA256}
+		m := agent.Machine{Name: name, Dir: filepath.Join(vmRoot, name), Spec: bad, InstanceID: "i-bad"}
+		os.MkdirAll(m.Dir, 0o700)
+		t.Cleanup(func() { p.Destroy(context.Background(), name) })
+		if err := p.PrepareRootDisk(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		err := p.Boot(ctx, m)
+		if err == nil {
+			t.Fatal("boot of a junk kernel succeeded")
+		}
+		reason := p.FailureReason(name)
+		if !strings.Contains(reason, "kernel") || !strings.Contains(err.Error(), reason) {
+			t.Errorf("boot error %q / failure reason %q: want QEMU's own message in both", err, reason)
+		}
+		if p.Running(name) {
+			t.Error("running after a failed boot")
+		}
+	})
+
+	t.Run("a killed qemu reads as failed with its reason", func(t *testing.T) {
+		name := "killed"
+		m := agent.Machine{Name: name, Dir: filepath.Join(vmRoot, name), Spec: spec, InstanceID: "i-killed"}
+		os.MkdirAll(m.Dir, 0o700)
+		t.Cleanup(func() { p.Destroy(context.Background(), name) })
+		if err := p.PrepareRootDisk(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Boot(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		pid := p.machines[name].pid()
+		if pid == 0 {
+			t.Fatal("no pid")
+		}
+		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); p.Running(name) && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if p.Running(name) {
+			t.Fatal("still running after SIGTERM")
+		}
+		if reason := p.FailureReason(name); !regexp.MustCompile(`terminating on signal 15`).MatchString(reason) {
+			t.Errorf("failure reason %q, want QEMU's 'terminating on signal 15'", reason)
+		}
+		if a := p.Address(name); a.IP != "" {
+			t.Errorf("dead VM reports IP %q", a.IP)
+		}
+		// It boots again on the same disk and port.
+		port := p.Address(name).SSH
+		if err := p.Boot(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Address(name).SSH; got != port {
+			t.Errorf("ssh port moved from %s to %s", port, got)
+		}
+		if p.FailureReason(name) != "" {
+			t.Errorf("a fresh boot still reports the old failure %q", p.FailureReason(name))
+		}
+		waitSerial(t, m.Dir, "tinyguest: ready")
+	})
+
+	t.Run("wrong sha256 fails at once", func(t *testing.T) {
+		name := "wrong-sum"
+		bad := spec
+		k := *spec.Kernel
+		k.SHA256 = strings.Repeat("0", 64)
+		bad.Kernel = &k
+		m := agent.Machine{Name: name, Dir: filepath.Join(vmRoot, name), Spec: bad, InstanceID: "i-w"}
+		os.MkdirAll(m.Dir, 0o700)
+		err := p.PrepareRootDisk(ctx, m)
+		if !agent.IsPermanent(err) || !strings.Contains(err.Error(), spec.Kernel.SHA256) || !strings.Contains(err.Error(), k.SHA256) {
+			t.Errorf("error %v: want a permanent error naming both hashes", err)
+		}
+		if _, err := os.Stat(filepath.Join(m.Dir, RootDiskFile)); !os.IsNotExist(err) {
+			t.Errorf("root disk made despite the bad artifact: %v", err)
+		}
+	})
+}
+
+// BenchmarkBootToFirstSerialLine measures, under TCG, the time from the
+// Boot call to the guest's first line on the serial console (and to the
+// tiny guest's "ready", reported as ms-to-ready).
+func BenchmarkBootToFirstSerialLine(b *testing.B) {
+	needQEMU(b)
+	srv := newArtifactServer(b)
+	spec := guestSpec(b, srv)
+	cache := b.TempDir()
+	vmRoot := b.TempDir()
+	p := newTestProvisioner(b, cache, vmRoot, srv)
+	p.cfg.PowerdownTimeout = 10 * time.Second
+	ctx := context.Background()
+	var toReady time.Duration
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		name := fmt.Sprintf("bench-%d", i)
+		m := agent.Machine{Name: name, Dir: filepath.Join(vmRoot, name), Spec: spec, InstanceID: name}
+		os.MkdirAll(m.Dir, 0o700)
+		if err := p.PrepareRootDisk(ctx, m); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		if err := p.Boot(ctx, m); err != nil {
+			b.Fatal(err)
+		}
+		for serial(m.Dir) == "" {
+			time.Sleep(5 * time.Millisecond)
+		}
+		b.StopTimer()
+		for !strings.Contains(serial(m.Dir), "tinyguest: ready") {
+			time.Sleep(5 * time.Millisecond)
+		}
+		toReady += time.Since(start)
+		if err := p.Destroy(ctx, name); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(toReady.Milliseconds())/float64(b.N), "ms-to-ready")
+}
