@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/sirupsen/logrus"
+	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/agenttest"
+	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/gitsource"
+)
+
+// agentFileConfig is the agent's YAML configuration file:
+//
+//	repo:
+//	  url: https://git.example.com/infra/fleet.git
+//	  auth: {tokenFile: /etc/gitfleet/token}   # or username/password(File), sshKeyFile, knownHostsFile
+//	host: hv-a
+//	stateDir: /var/lib/gitfleet
+//	backend: qemu                              # qemu (default) or memory
+//	qemu: {accel: auto, systemdScope: true}
+//	intervals: {tick: 10s, poll: 15s, heartbeat: 60s}
+//	graces: {tombstone: 5m, vanish: 1h}
+//	vmTimeout: 30m                             # per-VM watchdog; 0 = none
+//	maxAttempts: 3
+//	logLevel: info
+//
+// Durations are Go durations ("90s", "5m"). Secrets go in files
+// (passwordFile, tokenFile) or GITFLEET_TOKEN, never on the command line.
+type agentFileConfig struct {
+	Repo struct {
+		URL  string `yaml:"url"`
+		Auth struct {
+			Username       string `yaml:"username"`
+			Password       string `yaml:"password"`
+			PasswordFile   string `yaml:"passwordFile"`
+			Token          string `yaml:"token"`
+			TokenFile      string `yaml:"tokenFile"`
+			SSHKeyFile     string `yaml:"sshKeyFile"`
+			KnownHostsFile string `yaml:"knownHostsFile"`
+		} `yaml:"auth"`
+	} `yaml:"repo"`
+	Host     string `yaml:"host"`
+	StateDir string `yaml:"stateDir"`
+	Backend  string `yaml:"backend"`
+	QEMU     struct {
+		Accel        string `yaml:"accel"`
+		SystemdScope bool   `yaml:"systemdScope"`
+	} `yaml:"qemu"`
+	Intervals struct {
+		Tick      duration `yaml:"tick"`
+		Poll      duration `yaml:"poll"`
+		Heartbeat duration `yaml:"heartbeat"`
+	} `yaml:"intervals"`
+	Graces struct {
+		Tombstone duration `yaml:"tombstone"`
+		Vanish    duration `yaml:"vanish"`
+	} `yaml:"graces"`
+	VMTimeout   duration `yaml:"vmTimeout"`
+	MaxAttempts int      `yaml:"maxAttempts"`
+	LogLevel    string   `yaml:"logLevel"`
+}
+
+// duration is a time.Duration written as a Go duration string in YAML.
+type duration time.Duration
+
+func (d *duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil || v < 0 {
+		return fmt.Errorf("line %d: %q is not a duration like 10s or 5m", n.Line, n.Value)
+	}
+	*d = duration(v)
+	return nil
+}
+
+// loadAgentConfig reads path strictly: an unknown field is an error naming
+// its line.
+func loadAgentConfig(path string) (*agentFileConfig, error) {
+	var c agentFileConfig
+	if path == "" {
+		return &c, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read agent config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("agent config %s: %w", path, err)
+	}
+	return &c, nil
+}
+
+// backends builds the provisioner a config's backend names.
+var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error){
+	"qemu": func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error) {
+		_, underSystemd := os.LookupEnv("INVOCATION_ID")
+		return qemu.New(qemu.Config{
+			CacheDir:     filepath.Join(store.Root(), "images"),
+			MachineDir:   store.VMDir,
+			Accel:        c.QEMU.Accel,
+			SystemdScope: c.QEMU.SystemdScope && underSystemd,
+			Logger:       log,
+		})
+	},
+	// memory keeps VMs in a map: for trying gitfleet out and for tests.
+	"memory": func(*agentFileConfig, *agent.Store, *logrus.Logger) (agent.Provisioner, error) {
+		return agenttest.New(), nil
+	},
+}
+
+func init() {
+	var (
+		configPath, repoURL, host, stateDir string
+		once                                bool
+	)
+	cmd := &cobra.Command{
+		Use:   "agent --config FILE",
+		Short: "Run this host's agent: reconcile its VMs and volumes with its snapshot",
+		Long: `Agent fetches this host's snapshot from the gitfleet/snapshots branch,
+reconciles VMs and volumes toward it, and writes the host's status to the
+gitfleet/status branch. --repo, --host and --state-dir override the config
+file (environment: GITFLEET_CONFIG, GITFLEET_REPO, GITFLEET_HOST,
+GITFLEET_STATE_DIR; GITFLEET_TOKEN supplies a token).
+
+SIGTERM or SIGINT finishes the work under way, writes the status and exits 0;
+VMs keep running. --once runs one pass, waits for it, writes the status and
+exits: 0 on success, 1 on failure.`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return &exitError{code: 2, err: fmt.Errorf("agent takes no arguments, got %q", args)}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fromEnv(&configPath, "GITFLEET_CONFIG")
+			fromEnv(&repoURL, "GITFLEET_REPO")
+			fromEnv(&host, "GITFLEET_HOST")
+			fromEnv(&stateDir, "GITFLEET_STATE_DIR")
+			c, err := loadAgentConfig(configPath)
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			if repoURL != "" {
+				c.Repo.URL = repoURL
+			}
+			if host != "" {
+				c.Host = host
+			}
+			if stateDir != "" {
+				c.StateDir = stateDir
+			}
+			if c.Repo.URL == "" || c.Host == "" {
+				return &exitError{code: 2, err: errors.New("agent needs a repository and a host: --config FILE, or --repo and --host")}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return runAgent(ctx, c, once, cmd.ErrOrStderr())
+		},
+	}
+	cmd.Flags().StringVar(&configPath, "config", "", "agent configuration file (YAML)")
+	cmd.Flags().StringVar(&repoURL, "repo", "", "fleet repository URL (overrides repo.url)")
+	cmd.Flags().StringVar(&host, "host", "", "this host's name (overrides host)")
+	cmd.Flags().StringVar(&stateDir, "state-dir", "", "state directory (overrides stateDir; default "+agent.DefaultStateDir+")")
+	cmd.Flags().BoolVar(&once, "once", false, "run one pass, write the status and exit")
+	rootCmd.AddCommand(cmd)
+}
+
+// fromEnv sets *v from the environment variable when the flag was not given.
+func fromEnv(v *string, name string) {
+	if *v == "" {
+		*v = os.Getenv(name)
+	}
+}
+
+func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writer) error {
+	log := logrus.New()
+	log.SetOutput(logOut)
+	if c.LogLevel != "" {
+		lvl, err := logrus.ParseLevel(c.LogLevel)
+		if err != nil {
+			return &exitError{code: 1, err: fmt.Errorf("agent config: logLevel: %w", err)}
+		}
+		log.SetLevel(lvl)
+	}
+	auth, err := repoAuth(c)
+	if err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	backend := c.Backend
+	if backend == "" {
+		backend = "qemu"
+	}
+	newBackend, ok := backends[backend]
+	if !ok {
+		return &exitError{code: 1, err: fmt.Errorf("agent config: backend %q: want qemu or memory", backend)}
+	}
+	store, err := agent.OpenStore(c.StateDir)
+	if err != nil {
+		return err
+	}
+	prov, err := newBackend(c, store, log)
+	if err != nil {
+		return fmt.Errorf("backend %s: %w", backend, err)
+	}
+	repo, err := gitsource.Open(ctx, gitsource.Options{
+		URL: c.Repo.URL, CacheDir: filepath.Join(store.Root(), "git"), Auth: auth, Depth: 1,
+		Committer: "gitfleet agent " + c.Host + " <agent@" + c.Host + ">",
+		Logger:    log.WithField("host", c.Host),
+	})
+	if err != nil {
+		return err
+	}
+	eng, err := agent.NewEngine(agent.EngineConfig{
+		Host: c.Host, Store: store, Provisioner: prov,
+		TombstoneGrace: time.Duration(c.Graces.Tombstone), VanishGrace: time.Duration(c.Graces.Vanish),
+		MaxAttempts: c.MaxAttempts, VMTimeout: time.Duration(c.VMTimeout), Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	cfg := agent.Config{
+		Host: c.Host, Repo: repo, Engine: eng, Store: store, Version: version,
+		TickInterval: time.Duration(c.Intervals.Tick), PollInterval: time.Duration(c.Intervals.Poll),
+		Heartbeat: time.Duration(c.Intervals.Heartbeat), Log: log,
+	}
+	if !once {
+		cfg.Ready = func() { _, _ = daemon.SdNotify(false, daemon.SdNotifyReady) }
+		if every, err := daemon.SdWatchdogEnabled(false); err == nil && every > 0 {
+			cfg.AliveEvery = every / 3
+			cfg.Alive = func() { _, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog) }
+		}
+	}
+	ag, err := agent.New(cfg)
+	if err != nil {
+		return err
+	}
+	if once {
+		err := ag.Once(ctx)
+		closeCtx, cancel := context.WithTimeout(context.Background(), agent.DefaultStopTimeout)
+		defer cancel()
+		eng.Close(closeCtx)
+		return err
+	}
+	err = ag.Run(ctx)
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	return err
+}
+
+// repoAuth builds the repository credentials, reading secrets from files
+// or GITFLEET_TOKEN.
+func repoAuth(c *agentFileConfig) (gitsource.Auth, error) {
+	a := c.Repo.Auth
+	auth := gitsource.Auth{Username: a.Username, Password: a.Password, Token: a.Token,
+		SSHKeyFile: a.SSHKeyFile, KnownHostsFile: a.KnownHostsFile}
+	for _, f := range []struct {
+		path string
+		dst  *string
+	}{{a.PasswordFile, &auth.Password}, {a.TokenFile, &auth.Token}} {
+		if f.path == "" {
+			continue
+		}
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			return auth, fmt.Errorf("agent config: %w", err)
+		}
+		*f.dst = strings.TrimSpace(string(b))
+	}
+	if auth.Token == "" {
+		auth.Token = os.Getenv("GITFLEET_TOKEN")
+	}
+	return auth, nil
+}

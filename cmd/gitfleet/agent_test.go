@@ -1,0 +1,90 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent/agenttest"
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+func writeAgentConfig(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "agent.yaml")
+	require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+	return p
+}
+
+func TestAgentOnceReconcilesAndWritesStatus(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	spec := agenttest.Spec("hv-a")
+	snap := &desired.Snapshot{Host: "hv-a", Epoch: 1,
+		VMs:     []desired.SnapshotVM{{Name: "web-01", SpecHash: desired.SpecHash(spec), Spec: spec}},
+		Volumes: []desired.SnapshotVolume{}}
+	data, err := desired.MarshalSnapshot(snap)
+	require.NoError(t, err)
+	gittest.Commit(t, bare, gittest.Edit{Branch: "gitfleet/snapshots", Write: map[string]string{"hosts/hv-a.yaml": string(data)}})
+
+	state := filepath.Join(t.TempDir(), "state")
+	cfg := writeAgentConfig(t, "repo: {url: "+bare+"}\nhost: hv-a\nstateDir: "+state+
+		"\nbackend: memory\nintervals: {heartbeat: 30s}\ngraces: {tombstone: 1m}\nlogLevel: warn\n")
+	code, _ := runCLI(t, "agent", "--config", cfg, "--once")
+	require.Equal(t, 0, code)
+
+	out, err := exec.Command("git", "--git-dir", bare, "show", "gitfleet/status:hosts/hv-a.yaml").Output()
+	require.NoError(t, err)
+	st, err := status.Parse("hosts/hv-a.yaml", out)
+	require.NoError(t, err)
+	require.Len(t, st.VMs, 1)
+	assert.Equal(t, status.PhaseReady, st.VMs[0].Phase)
+	assert.Equal(t, uint64(1), st.LastSeenEpoch)
+	fi, err := os.Stat(state)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
+
+	t.Run("flags override the file", func(t *testing.T) {
+		code, _ := runCLI(t, "agent", "--config", cfg, "--host", "hv-b", "--state-dir", filepath.Join(t.TempDir(), "s"), "--once")
+		require.Equal(t, 0, code)
+		_, err := exec.Command("git", "--git-dir", bare, "show", "gitfleet/status:hosts/hv-b.yaml").Output()
+		assert.NoError(t, err, "hv-b reported as itself")
+	})
+}
+
+func TestAgentRejectsBadInvocations(t *testing.T) {
+	cases := []struct {
+		name   string
+		config string
+		args   []string
+		code   int
+	}{
+		{name: "no host", config: "repo: {url: /nowhere}\n", code: 2},
+		{name: "no repository", config: "host: hv-a\n", code: 2},
+		{name: "unknown field", config: "repo: {url: /x}\nhost: hv-a\nhots: typo\n", code: 1},
+		{name: "bad duration", config: "repo: {url: /x}\nhost: hv-a\nintervals: {tick: soon}\n", code: 1},
+		{name: "unknown backend", config: "repo: {url: /x}\nhost: hv-a\nbackend: xen\n", code: 1},
+		{name: "missing config file", args: []string{"--config", "/does/not/exist.yaml"}, code: 1},
+		{name: "stray argument", config: "repo: {url: /x}\nhost: hv-a\n", args: []string{"extra"}, code: 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("GITFLEET_REPO", "")
+			t.Setenv("GITFLEET_HOST", "")
+			args := []string{"agent", "--once", "--state-dir", t.TempDir()}
+			if tc.config != "" {
+				args = append(args, "--config", writeAgentConfig(t, tc.config))
+			}
+			args = append(args, tc.args...)
+			code, _ := runCLI(t, args...)
+			assert.Equal(t, tc.code, code, strings.Join(args, " "))
+		})
+	}
+}
