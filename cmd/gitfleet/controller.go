@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sirupsen/logrus"
+	"github.com/spf13/cobra"
+
+	"github.com/gitfleet/gitfleet/fleet"
+	"github.com/gitfleet/gitfleet/gitsource"
+)
+
+// repoFlags are the flags that name a remote repository and its
+// credentials, shared by controller, plan and status. Each falls back to a
+// GITFLEET_* environment variable.
+type repoFlags struct {
+	url        string
+	token      string
+	sshKey     string
+	knownHosts string
+}
+
+func (f *repoFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.url, "repo", os.Getenv("GITFLEET_REPO"), "fleet repository: URL (file, http(s), ssh) or local path ($GITFLEET_REPO)")
+	cmd.Flags().StringVar(&f.token, "token", "", "token for an http(s) remote (default $GITFLEET_GIT_TOKEN)")
+	cmd.Flags().StringVar(&f.sshKey, "ssh-key", os.Getenv("GITFLEET_SSH_KEY"), "private key file for an ssh remote ($GITFLEET_SSH_KEY)")
+	cmd.Flags().StringVar(&f.knownHosts, "known-hosts", os.Getenv("GITFLEET_KNOWN_HOSTS"), "known_hosts file for an ssh remote (default ~/.ssh/known_hosts; $GITFLEET_KNOWN_HOSTS)")
+}
+
+// auth returns the credentials; the token is read from the environment
+// when the flag is empty, so it need not appear on a command line.
+func (f *repoFlags) auth() gitsource.Auth {
+	tok := f.token
+	if tok == "" {
+		tok = os.Getenv("GITFLEET_GIT_TOKEN")
+	}
+	return gitsource.Auth{Token: tok, SSHKeyFile: f.sshKey, KnownHostsFile: f.knownHosts}
+}
+
+func (f *repoFlags) check() error {
+	if f.url == "" {
+		return &exitError{code: 2, err: errors.New("--repo is required (or set GITFLEET_REPO)")}
+	}
+	return nil
+}
+
+// envDuration is the duration in environment variable name, or def.
+func envDuration(name string, def time.Duration) time.Duration {
+	if v := os.Getenv(name); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return def
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func init() {
+	var (
+		repo                       repoFlags
+		branch, path, cacheDir     string
+		listen, secret             string
+		once                       bool
+		interval, grace, offline   time.Duration
+		snapshotsBranch, statusBra string
+	)
+	cmd := &cobra.Command{
+		Use:   "controller --repo URL",
+		Short: "Publish host snapshots from the desired branch and finalize deletes",
+		Long: `The controller reads the desired state on --branch, publishes one snapshot
+per host and ledger.yaml on the gitfleet/snapshots branch, finalizes deletes
+acknowledged on the gitfleet/status branch (or abandoned by offline hosts),
+and keeps README.md there as the fleet summary.
+
+It runs a pass at once, then every --interval (jittered), whenever the
+repository moves, and on a signed push webhook (--listen serves
+POST /hooks/github, /hooks/gitea, /hooks/gitlab with the secret from
+--webhook-secret or GITFLEET_WEBHOOK_SECRET, and GET /metrics).
+
+With --once it runs one pass and exits: 0 when it published or had nothing
+to do, 1 when the desired state was rejected (the last good snapshots stay)
+or git failed, 2 for usage errors.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := repo.check(); err != nil {
+				return err
+			}
+			if secret == "" {
+				secret = os.Getenv("GITFLEET_WEBHOOK_SECRET")
+			}
+			log := logrus.StandardLogger()
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			c, err := fleet.New(fleet.Config{
+				URL: repo.url, Auth: repo.auth(), CacheDir: cacheDir,
+				Branch: branch, Path: path, SnapshotsBranch: snapshotsBranch, StatusBranch: statusBra,
+				AbandonGrace: grace, OfflineAfter: offline,
+				Logger: logrus.NewEntry(log),
+			})
+			if err != nil {
+				return err
+			}
+			if once {
+				res, err := c.Pass(ctx)
+				if err != nil {
+					return &exitError{code: 1, err: err}
+				}
+				if res.Rejected != nil {
+					return &exitError{code: 1, err: fmt.Errorf("desired state at %s rejected; the last good snapshots stay:\n%w", res.Head, res.Rejected)}
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "applied %s: %d snapshot(s) published, %d delete(s) pending\n", res.Head, len(res.Published), res.Pending)
+				return nil
+			}
+			if listen != "" {
+				if secret == "" {
+					log.Warn("no webhook secret: /hooks/* refuse every request")
+				}
+				mux := http.NewServeMux()
+				mux.Handle("/hooks/", fleet.WebhookHandler([]byte(secret), c.Kick))
+				mux.Handle("/metrics", promhttp.HandlerFor(c.Registry(), promhttp.HandlerOpts{}))
+				ln, err := net.Listen("tcp", listen)
+				if err != nil {
+					return &exitError{code: 2, err: fmt.Errorf("--listen %s: %w", listen, err)}
+				}
+				srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+				go func() {
+					if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+						log.WithError(err).Error("http server")
+					}
+				}()
+				defer srv.Shutdown(context.Background())
+				log.WithField("addr", ln.Addr().String()).Info("serving webhooks and metrics")
+			}
+			err = c.Run(ctx, interval)
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		},
+	}
+	repo.add(cmd)
+	f := cmd.Flags()
+	f.StringVar(&branch, "branch", envOr("GITFLEET_BRANCH", fleet.DefaultBranch), "branch holding the desired state ($GITFLEET_BRANCH)")
+	f.StringVar(&path, "path", os.Getenv("GITFLEET_PATH"), "directory of the objects in the repository; default the root ($GITFLEET_PATH)")
+	f.StringVar(&cacheDir, "cache-dir", os.Getenv("GITFLEET_CACHE_DIR"), "directory for the local clone; default in memory ($GITFLEET_CACHE_DIR)")
+	f.BoolVar(&once, "once", false, "run one pass and exit")
+	f.DurationVar(&interval, "interval", envDuration("GITFLEET_INTERVAL", fleet.DefaultInterval), "poll interval, jittered ($GITFLEET_INTERVAL)")
+	f.StringVar(&listen, "listen", os.Getenv("GITFLEET_LISTEN"), "address for webhooks and /metrics, such as :8080 ($GITFLEET_LISTEN)")
+	f.StringVar(&secret, "webhook-secret", "", "webhook secret (default $GITFLEET_WEBHOOK_SECRET)")
+	f.DurationVar(&grace, "abandon-grace", envDuration("GITFLEET_ABANDON_GRACE", fleet.DefaultAbandonGrace), "how long a delete waits on an offline host before the controller finalizes it")
+	f.DurationVar(&offline, "offline-after", envDuration("GITFLEET_OFFLINE_AFTER", fleet.DefaultOfflineAfter), "no status change for this long makes a host offline")
+	f.StringVar(&snapshotsBranch, "snapshots-branch", fleet.DefaultSnapshotsBranch, "branch the snapshots are published on")
+	f.StringVar(&statusBra, "status-branch", fleet.DefaultStatusBranch, "branch the agents report on")
+	rootCmd.AddCommand(cmd)
+}

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/fleet"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+const cliSHA = "64a7b8b7a4ad44f1d2c1e6b8a1c8f1e0c4b1a2d3e4f5a6b7c8d9e0f1a2b3c4d5"
+
+func cliVM(name, host, vcpus string) string {
+	return "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata: {name: " + name + "}\nspec:\n  host: " + host +
+		"\n  vcpus: " + vcpus + "\n  memoryMB: 512\n  diskGB: 2\n  image: {url: https://example.com/d.qcow2, sha256: " + cliSHA + "}\n"
+}
+
+func cliFleet(t *testing.T) string {
+	t.Helper()
+	dir := gittest.NewBare(t)
+	gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{
+		"fleet/hv-a.yaml":   testHost,
+		"fleet/web-01.yaml": cliVM("web-01", "hv-a", "1"),
+		"fleet/db-01.yaml":  cliVM("db-01", "hv-a", "1"),
+		"README.md":         "# fleet\n",
+	}})
+	return dir
+}
+
+func TestControllerOnce(t *testing.T) {
+	dir := cliFleet(t)
+	if code, _ := runCLI(t, "controller", "--once"); code != 2 {
+		t.Fatalf("no --repo: exit %d, want 2", code)
+	}
+	code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once")
+	if code != 0 || !strings.Contains(out, "1 snapshot(s) published") {
+		t.Fatalf("exit %d, output %q", code, out)
+	}
+	snap, err := desired.ParseSnapshot([]byte(gittest.Show(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch, "hosts/hv-a.yaml") + "\n"))
+	if err != nil || len(snap.VMs) != 2 || snap.Epoch != 1 {
+		t.Fatalf("snapshot %+v, %v", snap, err)
+	}
+	// Nothing to do is a success too.
+	if code, _ := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 {
+		t.Fatalf("idle pass: exit %d", code)
+	}
+	// A rejected commit exits 1 and leaves the snapshot as it was.
+	gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"fleet/web-01.yaml": cliVM("web-01", "hv-nowhere", "1")}})
+	if code, _ := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 1 {
+		t.Fatalf("rejected commit: exit %d, want 1", code)
+	}
+	if got := gittest.Show(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch, "hosts/hv-a.yaml"); !strings.Contains(got, "epoch: 1") {
+		t.Fatalf("snapshot changed after a rejected commit:\n%s", got)
+	}
+}
+
+func TestPlanCommand(t *testing.T) {
+	dir := cliFleet(t)
+	base := gittest.Rev(t, dir, "refs/heads/main")
+	gittest.SetBranch(t, dir, "change", base)
+	gittest.Commit(t, dir, gittest.Edit{Branch: "change", Remove: []string{"fleet/db-01.yaml"},
+		Write: map[string]string{"fleet/web-01.yaml": cliVM("web-01", "hv-a", "2")}})
+
+	code, out := runCLI(t, "plan", "--repo", dir, "--path", "fleet", "--base", "main", "--head", "change")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	for _, want := range []string{"- delete VM db-01", "root disk is destroyed", "~ update VM web-01", "spec.vcpus: 1 -> 2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text plan lacks %q:\n%s", want, out)
+		}
+	}
+	// A short hash works as a revision; markdown is the PR comment.
+	code, out = runCLI(t, "plan", "--repo", "file://"+dir, "--path", "fleet", "--base", base[:10], "--head", "change", "--format", "markdown")
+	if code != 0 || !strings.Contains(out, "### gitfleet plan") || !strings.Contains(out, "**delete** VM `db-01`") {
+		t.Fatalf("exit %d, markdown:\n%s", code, out)
+	}
+	code, out = runCLI(t, "plan", "--repo", dir, "--path", "fleet", "--base", "main", "--head", "change", "--format", "json")
+	var p desired.Plan
+	if code != 0 || json.Unmarshal([]byte(out), &p) != nil || len(p.Hosts) != 1 || len(p.Hosts[0].Changes) != 2 {
+		t.Fatalf("exit %d, json:\n%s", code, out)
+	}
+
+	// Validation errors: printed, exit 1.
+	gittest.Commit(t, dir, gittest.Edit{Branch: "change", Write: map[string]string{"fleet/web-01.yaml": cliVM("web-01", "hv-a", "0")}})
+	code, out = runCLI(t, "plan", "--repo", dir, "--path", "fleet", "--base", "main", "--head", "change")
+	if code != 1 || !strings.Contains(out, "fleet/web-01.yaml:") {
+		t.Fatalf("exit %d, want 1 with the error:\n%s", code, out)
+	}
+	if code, _ := runCLI(t, "plan", "--repo", dir, "--base", "main", "--head", "no-such-branch"); code != 1 {
+		t.Fatalf("unknown head: exit %d, want 1", code)
+	}
+	if code, _ := runCLI(t, "plan", "--repo", dir, "--base", "main"); code != 2 {
+		t.Fatalf("missing --head: exit %d, want 2", code)
+	}
+}
+
+func TestPlanShowsUndelete(t *testing.T) {
+	dir := cliFleet(t)
+	if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 {
+		t.Fatal(out)
+	}
+	gittest.Commit(t, dir, gittest.Edit{Remove: []string{"fleet/db-01.yaml"}})
+	if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 {
+		t.Fatal(out)
+	}
+	main := gittest.Rev(t, dir, "refs/heads/main")
+	gittest.SetBranch(t, dir, "restore", main)
+	gittest.Commit(t, dir, gittest.Edit{Branch: "restore", Write: map[string]string{"fleet/db-01.yaml": cliVM("db-01", "hv-a", "1")}})
+	code, out := runCLI(t, "plan", "--repo", dir, "--path", "fleet", "--base", "main", "--head", "restore")
+	if code != 0 || !strings.Contains(out, "^ undelete VM db-01") {
+		t.Fatalf("exit %d, want an un-delete:\n%s", code, out)
+	}
+}
+
+func TestStatusCommand(t *testing.T) {
+	dir := cliFleet(t)
+	code, out := runCLI(t, "status", "--repo", dir)
+	if code != 0 || !strings.Contains(out, "No host has reported yet") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := status.Marshal(&status.Status{Host: "hv-a", Heartbeat: 4, LastSeenEpoch: 2, Agent: status.AgentInfo{Accel: "tcg"},
+		VMs: []status.VM{{Name: "web-01", Phase: status.PhaseReady, Power: "running", SSH: "127.0.0.1:2201"}}})
+	if _, err := repo.Update(context.Background(), fleet.DefaultStatusBranch, func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		return map[string][]byte{"hosts/hv-a.yaml": data, "hosts/hv-b.yaml": []byte("not: [valid")}, "status", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	code, out = runCLI(t, "status", "--repo", dir)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	for _, want := range []string{"hv-a", "tcg", "web-01", "ready", "ssh 127.0.0.1:2201", "hv-b", "unreadable"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	code, out = runCLI(t, "status", "--repo", dir, "--format", "json")
+	var rep statusReport
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || len(rep.Hosts) != 1 || rep.Hosts[0].Heartbeat != 4 || rep.Unreadable["hv-b"] == "" {
+		t.Fatalf("exit %d, json:\n%s", code, out)
+	}
+}

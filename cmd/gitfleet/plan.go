@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/fleet"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+func init() {
+	var (
+		repo                   repoFlags
+		base, head, path, form string
+	)
+	cmd := &cobra.Command{
+		Use:   "plan --repo R --base REV --head REV",
+		Short: "Show what merging head over base would do, host by host",
+		Long: `Plan loads the desired state at --base and at --head (branch names or commit
+hashes) and prints, per host, the creates, updates (field by field),
+deletes, un-deletes (a pending delete the head brings back), host moves
+(destroy and create) and volume deletes (data loss). Secret fields show only
+that they changed. --format markdown is a pull-request comment.
+
+Exit status: 0 when head is valid, 1 when head has validation errors (they
+are printed; the controller would reject it) or git failed, 2 for usage
+errors.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := repo.check(); err != nil {
+				return err
+			}
+			if base == "" || head == "" {
+				return &exitError{code: 2, err: errors.New("--base and --head are required")}
+			}
+			if form != "text" && form != "markdown" && form != "json" {
+				return &exitError{code: 2, err: fmt.Errorf("--format must be text, markdown or json, got %q", form)}
+			}
+			return runPlan(cmd.Context(), cmd.OutOrStdout(), repo, base, head, path, form)
+		},
+	}
+	repo.add(cmd)
+	cmd.Flags().StringVar(&base, "base", "", "revision the change starts from: a branch or a commit hash")
+	cmd.Flags().StringVar(&head, "head", "", "revision of the change: a branch or a commit hash")
+	cmd.Flags().StringVar(&path, "path", envOr("GITFLEET_PATH", ""), "directory of the objects in the repository ($GITFLEET_PATH)")
+	cmd.Flags().StringVar(&form, "format", "text", "output format: text, markdown or json")
+	rootCmd.AddCommand(cmd)
+}
+
+func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev, path, format string) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	repo, err := gitsource.Open(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth()})
+	if err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	load := func(rev string) (string, *desired.Fleet, error) {
+		commit, err := repo.Resolve(ctx, rev)
+		if err != nil {
+			return "", nil, err
+		}
+		tree, err := repo.Tree(commit, "")
+		if err != nil {
+			return commit, nil, err
+		}
+		f, err := desired.NewLoader(path).Load(tree)
+		return commit, f, err
+	}
+	baseCommit, baseFleet, err := load(baseRev)
+	if err != nil {
+		return &exitError{code: 1, err: fmt.Errorf("base %s: %w", baseRev, err)}
+	}
+	headCommit, headFleet, headErr := load(headRev)
+	var list desired.ErrorList
+	if headErr != nil && !errors.As(headErr, &list) {
+		return &exitError{code: 1, err: fmt.Errorf("head %s: %w", headRev, headErr)}
+	}
+	var p *desired.Plan
+	if headErr == nil {
+		p = desired.ComputePlan(baseFleet, headFleet, desired.PlanOptions{Pending: pendingDeletes(ctx, repo)})
+	} else {
+		p = &desired.Plan{Hosts: []desired.HostPlan{}}
+		for _, e := range list {
+			p.Errors = append(p.Errors, e.Error())
+		}
+	}
+	p.Base, p.Head = label(baseRev, baseCommit), label(headRev, headCommit)
+	switch format {
+	case "markdown":
+		_, err = io.WriteString(out, p.Markdown())
+	case "json":
+		var data []byte
+		if data, err = p.JSON(); err == nil {
+			_, err = out.Write(data)
+		}
+	default:
+		_, err = io.WriteString(out, p.Text())
+	}
+	if err != nil {
+		return err
+	}
+	if len(p.Errors) > 0 {
+		return &exitError{code: 1, err: fmt.Errorf("head %s: %s", headRev, plural(len(p.Errors), "validation error", "validation errors"))}
+	}
+	return nil
+}
+
+// label names a revision for a person: the name given, and the commit when
+// the name was not already the full hash.
+func label(rev, commit string) string {
+	if rev == commit || commit == "" {
+		return commit
+	}
+	return rev + " (" + commit[:12] + ")"
+}
+
+// pendingDeletes lists the tombstones the published snapshots carry, so the
+// plan tells an un-delete from a create. A repository without snapshots
+// (or one that cannot be read) has none.
+func pendingDeletes(ctx context.Context, repo *gitsource.Repo) []desired.ObjectRef {
+	tip, err := repo.Fetch(ctx, fleet.DefaultSnapshotsBranch)
+	if err != nil {
+		return nil
+	}
+	tree, err := repo.Tree(tip, "")
+	if err != nil {
+		return nil
+	}
+	var refs []desired.ObjectRef
+	_ = tree.Walk(func(f desired.File) error {
+		if _, ok := status.HostFromPath(f.Path); !ok {
+			return nil
+		}
+		data, err := f.Read()
+		if err != nil {
+			return nil
+		}
+		s, err := desired.ParseSnapshot(data)
+		if err != nil {
+			return nil
+		}
+		for _, vm := range s.VMs {
+			if vm.Tombstoned {
+				refs = append(refs, desired.ObjectRef{Kind: desired.KindVM, Name: vm.Name, Host: s.Host})
+			}
+		}
+		for _, v := range s.Volumes {
+			if v.Tombstoned {
+				refs = append(refs, desired.ObjectRef{Kind: desired.KindVolume, Name: v.Name, Host: s.Host})
+			}
+		}
+		return nil
+	})
+	return refs
+}
