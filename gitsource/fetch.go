@@ -40,8 +40,11 @@ func (r *Repo) Fetch(ctx context.Context, branch string) (string, error) {
 				return "", fmt.Errorf("fetch %s: repair cache after %v: %w", branch, lastErr, err)
 			}
 		}
-		tip, err := r.fetchOnce(ctx, branch, attempt == 2)
+		tip, fetched, err := r.fetchOnce(ctx, branch, attempt == 2)
 		if err == nil {
+			if fetched {
+				r.maintain(ctx, branch)
+			}
 			return tip, nil
 		}
 		if !repairable(err) {
@@ -53,14 +56,14 @@ func (r *Repo) Fetch(ctx context.Context, branch string) (string, error) {
 	return "", fmt.Errorf("fetch %s from %s: %w", branch, redactURL(r.url), lastErr)
 }
 
-// fetchOnce fetches branch and verifies the tip. With final set, objects
-// still missing after the fetch are recorded as gone from the remote instead
-// of failing.
-func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (string, error) {
+// fetchOnce fetches branch and verifies the tip; fetched tells whether
+// objects arrived. With final set, objects still missing after the fetch
+// are recorded as gone from the remote instead of failing.
+func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (tip string, fetched bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	spec := config.RefSpec("+refs/heads/" + branch + ":" + trackingRef(branch).String())
-	err := r.repo.FetchContext(ctx, &git.FetchOptions{
+	err = r.repo.FetchContext(ctx, &git.FetchOptions{
 		RemoteName: remoteName,
 		RefSpecs:   []config.RefSpec{spec},
 		Depth:      r.opts.Depth,
@@ -68,21 +71,23 @@ func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (string
 		Tags:       git.NoTags,
 	})
 	switch {
-	case err == nil, errors.Is(err, git.NoErrAlreadyUpToDate):
+	case err == nil:
+		fetched = true
+	case errors.Is(err, git.NoErrAlreadyUpToDate):
 	case errors.Is(err, git.NoMatchingRefSpecError{}):
-		return "", fmt.Errorf("%w: %s on %s", ErrBranchNotFound, branch, redactURL(r.url))
+		return "", false, fmt.Errorf("%w: %s on %s", ErrBranchNotFound, branch, redactURL(r.url))
 	case errors.Is(err, transport.ErrEmptyRemoteRepository):
-		return "", fmt.Errorf("%w: %s on %s (empty repository)", ErrBranchNotFound, branch, redactURL(r.url))
+		return "", false, fmt.Errorf("%w: %s on %s (empty repository)", ErrBranchNotFound, branch, redactURL(r.url))
 	default:
-		return "", err
+		return "", false, err
 	}
 	ref, err := r.st.Reference(trackingRef(branch))
 	if err != nil {
-		return "", fmt.Errorf("%w: tracking ref of %s after fetch: %v", ErrObjectMissing, branch, err)
+		return "", false, fmt.Errorf("%w: tracking ref of %s after fetch: %v", ErrObjectMissing, branch, err)
 	}
-	tip := ref.Hash()
-	if err := r.verifyCommit(tip); err != nil {
-		return "", err
+	h := ref.Hash()
+	if err := r.verifyCommit(h); err != nil {
+		return "", false, err
 	}
 	for h := range r.missing {
 		if _, err := r.st.EncodedObject(plumbing.AnyObject, h); err == nil {
@@ -92,10 +97,10 @@ func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (string
 			r.absent[h] = struct{}{}
 			delete(r.missing, h)
 		} else {
-			return "", fmt.Errorf("%w: %s (found missing by an earlier read)", ErrObjectMissing, h)
+			return "", false, fmt.Errorf("%w: %s (found missing by an earlier read)", ErrObjectMissing, h)
 		}
 	}
-	return tip.String(), nil
+	return h.String(), fetched, nil
 }
 
 // repair makes the next fetch of branch transfer its objects again: drop
@@ -127,7 +132,7 @@ func (r *Repo) repair(ctx context.Context, branch string, reclone bool) error {
 		if b == branch {
 			continue
 		}
-		if _, err := r.fetchOnce(ctx, b, true); err != nil {
+		if _, _, err := r.fetchOnce(ctx, b, true); err != nil {
 			r.log.WithError(err).WithField("branch", b).Warn("refetch after a fresh clone failed; the next Fetch of it retries")
 		}
 	}

@@ -160,6 +160,9 @@ type Repo struct {
 	missing map[plumbing.Hash]struct{}
 	absent  map[plumbing.Hash]struct{}
 	sizes   map[plumbing.Hash]int64
+	// baseline is the object count of a memory cache after its last fresh
+	// clone (see maintain).
+	baseline int
 
 	// updateMu serializes Update calls.
 	updateMu sync.Mutex
@@ -325,6 +328,7 @@ func (r *Repo) adopt(st storage.Storer, repo *git.Repository) error {
 		}
 	}
 	r.st, r.repo = st, repo
+	r.baseline = 0
 	r.verified = map[plumbing.Hash]struct{}{}
 	r.sizes = map[plumbing.Hash]int64{}
 	return nil

@@ -137,6 +137,7 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, mutate Mutation)
 		// The push stands; the next Fetch sets the tracking ref.
 		r.log.WithError(err).WithField("branch", branch).Warn("record pushed tip")
 	}
+	r.maintain(ctx, branch)
 	return commit.String(), nil
 }
 

@@ -1,0 +1,124 @@
+package gitsource
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+)
+
+func countPacks(t *testing.T, cache string) (packs, loose int) {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(cache, "objects", "pack"))
+	require.NoError(t, err)
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".pack") {
+			packs++
+		}
+	}
+	dirs, err := os.ReadDir(filepath.Join(cache, "objects"))
+	require.NoError(t, err)
+	for _, d := range dirs {
+		if len(d.Name()) == 2 {
+			fs, err := os.ReadDir(filepath.Join(cache, "objects", d.Name()))
+			require.NoError(t, err)
+			loose += len(fs)
+		}
+	}
+	return packs, loose
+}
+
+// TestCompactKeepsEveryObject: a cache that accumulated packs and loose
+// objects is merged down, and every commit, tree and blob stays readable.
+func TestCompactKeepsEveryObject(t *testing.T) {
+	defer func(p, l int) { maxPacks, maxLoose = p, l }(maxPacks, maxLoose)
+	maxPacks, maxLoose = 4, 8
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	cache := t.TempDir()
+	r, err := Open(ctx, Options{URL: rm, CacheDir: cache})
+	require.NoError(t, err)
+	var commits []string
+	for i := 0; i < 12; i++ {
+		if i%2 == 0 {
+			// A person's commit: arrives as a pack.
+			gittest.Commit(t, rm, Edit(fmt.Sprintf("vms/%d.yaml", i)))
+			tip, err := r.Fetch(ctx, "main")
+			require.NoError(t, err)
+			commits = append(commits, tip)
+		} else {
+			// Our own commit: written as loose objects.
+			tip, err := r.Update(ctx, "main", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+				return map[string][]byte{fmt.Sprintf("hosts/%d.yaml", i): []byte(fmt.Sprint(i))}, "ours", nil
+			})
+			require.NoError(t, err)
+			commits = append(commits, tip)
+		}
+		packs, loose := countPacks(t, cache)
+		assert.LessOrEqual(t, packs, maxPacks+1, "after step %d", i)
+		assert.LessOrEqual(t, loose, maxLoose+8, "after step %d", i)
+	}
+	// Everything is still there, from a fresh open of the cache too.
+	for _, rr := range []*Repo{r, mustOpen(t, Options{URL: rm, CacheDir: cache})} {
+		for i, c := range commits {
+			tr, err := rr.Tree(c, "")
+			require.NoError(t, err)
+			n := 0
+			require.NoError(t, tr.Walk(func(f desired.File) error {
+				_, err := f.Read()
+				n++
+				return err
+			}))
+			assert.Equal(t, i+1, n, "files at commit %d", i)
+		}
+		var walked int
+		require.NoError(t, rr.FirstParents(commits[len(commits)-1], func(*Commit) (bool, error) { walked++; return true, nil }))
+		assert.Equal(t, len(commits), walked)
+	}
+}
+
+// Edit is a one-file gittest edit.
+func Edit(path string) gittest.Edit {
+	return gittest.Edit{Write: map[string]string{path: path + "\n"}}
+}
+
+func mustOpen(t *testing.T, o Options) *Repo {
+	t.Helper()
+	r, err := Open(context.Background(), o)
+	require.NoError(t, err)
+	return r
+}
+
+// TestMemoryCacheIsBounded: a memory cache that keeps growing is cloned
+// afresh (shallow here, so the fresh clone is small) and keeps working.
+func TestMemoryCacheIsBounded(t *testing.T) {
+	defer func(g, f int) { memoryGrowth, memoryFloor = g, f }(memoryGrowth, memoryFloor)
+	memoryGrowth, memoryFloor = 2, 10
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	r, err := Open(ctx, Options{URL: rm, Depth: 1})
+	require.NoError(t, err)
+	for i := 0; i < 30; i++ {
+		want := gittest.Commit(t, rm, Edit(fmt.Sprintf("hosts/%d.yaml", i)))
+		tip, err := r.Fetch(ctx, "main")
+		require.NoError(t, err)
+		require.Equal(t, want, tip)
+		data, err := r.ReadFile(tip, fmt.Sprintf("hosts/%d.yaml", i))
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprintf("hosts/%d.yaml\n", i), string(data))
+	}
+	r.mu.Lock()
+	n := r.objectCount()
+	r.mu.Unlock()
+	// Depth 1 of a 30-file tree: 1 commit, 2 trees, 30 blobs, and less than
+	// memoryGrowth times that of leftovers.
+	assert.Less(t, n, 2*33+1)
+}
