@@ -175,6 +175,15 @@ func TestVMLifecycle(t *testing.T) {
 	if err := os.Truncate(vol, volBytes); err != nil {
 		t.Fatal(err)
 	}
+	// A small qcow2 base image through the image cache: the root disk is
+	// an overlay on it, grown to diskGB.
+	base := filepath.Join(t.TempDir(), "base.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", base, "64M").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	baseBytes, _ := os.ReadFile(base)
+	img := srv.add("/base.qcow2", baseBytes)
+	spec.Image = &img
 	m := agent.Machine{Name: name, Dir: dir, Spec: spec, Volumes: []string{vol}, InstanceID: "i-lifecycle-1"}
 
 	p := newTestProvisioner(t, cache, vmRoot, srv)
