@@ -144,6 +144,7 @@ type Edit struct {
 	// Write maps paths (slash-separated, nested allowed) to new contents.
 	Write map[string]string
 	// Remove lists paths to delete (a directory removes everything below).
+	// Renames apply first, then removals, then writes.
 	Remove []string
 	// Rename maps an old path to a new one, keeping the contents (git sees
 	// a rename).
@@ -221,11 +222,6 @@ func commit(dir string, e Edit) (string, error) {
 		_, err = g([]byte(info.String()), "update-index", "--index-info")
 		return err
 	}
-	for _, p := range e.Remove {
-		if err := remove(p); err != nil {
-			return "", err
-		}
-	}
 	olds := make([]string, 0, len(e.Rename))
 	for o := range e.Rename {
 		olds = append(olds, o)
@@ -244,6 +240,11 @@ func commit(dir string, e Edit) (string, error) {
 			return "", err
 		}
 		if _, err := g(nil, "update-index", "--add", "--cacheinfo", f[0]+","+f[1]+","+e.Rename[old]); err != nil {
+			return "", err
+		}
+	}
+	for _, p := range e.Remove {
+		if err := remove(p); err != nil {
 			return "", err
 		}
 	}
