@@ -135,14 +135,14 @@ func New(cfg Config) (*Agent, error) {
 func (a *Agent) Once(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	tickErr := a.tickLocked(ctx, true)
+	fetchErr, tickErr := a.tickLocked(ctx, true)
+	if errors.Is(tickErr, ErrFenced) {
+		tickErr = nil // reported in the status
+	}
 	if err := a.cfg.Engine.Settle(ctx); err != nil {
 		return err
 	}
-	if err := a.writeStatusLocked(ctx); err != nil {
-		return err
-	}
-	return tickErr
+	return errors.Join(fetchErr, tickErr, a.writeStatusLocked(ctx))
 }
 
 // Run is the agent's loop: a step at once, then on every jittered tick and
@@ -218,7 +218,7 @@ func (a *Agent) step(ctx context.Context, fetch bool) {
 	defer a.mu.Unlock()
 	sctx, cancel := a.stepContext(ctx)
 	defer cancel()
-	if err := a.tickLocked(sctx, fetch); err != nil && !errors.Is(err, ErrFenced) {
+	if _, err := a.tickLocked(sctx, fetch); err != nil && !errors.Is(err, ErrFenced) {
 		a.log.WithError(err).Warn("tick")
 	}
 	if err := a.writeStatusLocked(sctx); err != nil {
@@ -246,7 +246,8 @@ func (a *Agent) stop() error {
 // failed) and ticks the engine. A fetch failure leaves the engine on the
 // last snapshot it accepted; a snapshot that does not parse is refused,
 // reported in the status, and the engine stays on its last accepted one.
-func (a *Agent) tickLocked(ctx context.Context, fetch bool) error {
+// fetchErr is git's failure (already logged), tickErr the engine's.
+func (a *Agent) tickLocked(ctx context.Context, fetch bool) (fetchErr, tickErr error) {
 	if fetch || a.fetchFailed {
 		snap, tip, err := a.source.Fetch(ctx)
 		switch {
@@ -262,6 +263,7 @@ func (a *Agent) tickLocked(ctx context.Context, fetch bool) error {
 				a.log.WithError(err).Warn("cannot fetch the snapshot; reconciling the last accepted one")
 			}
 			a.fetchFailed = true
+			fetchErr = err
 		default:
 			a.fetchFailed = false
 			a.snapErr = ""
@@ -270,7 +272,7 @@ func (a *Agent) tickLocked(ctx context.Context, fetch bool) error {
 			}
 		}
 	}
-	return a.cfg.Engine.Tick(ctx, a.current)
+	return fetchErr, a.cfg.Engine.Tick(ctx, a.current)
 }
 
 // statusLocked is the status as it would be written now, heartbeat and
