@@ -133,7 +133,7 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 			return fmt.Errorf("boot: volume: %w", err)
 		}
 	}
-	a, err := p.fetchArtifacts(ctx, m.Spec)
+	a, err := p.fetchArtifacts(ctx, st, m.Spec)
 	if err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}

@@ -25,11 +25,16 @@ type artifacts struct {
 
 // fetchArtifacts downloads (or finds cached) everything spec names and
 // checks the image is a qcow2 or raw disk without a backing file of its own.
-func (p *Provisioner) fetchArtifacts(ctx context.Context, spec desired.VMSpec) (artifacts, error) {
+func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desired.VMSpec) (artifacts, error) {
 	var a artifacts
 	var err error
+	defer st.fetching.Store("")
+	fetch := func(art desired.Artifact) (string, error) {
+		st.fetching.Store(art.SHA256)
+		return p.images.fetch(ctx, art)
+	}
 	if spec.Image != nil {
-		if a.image, err = p.images.fetch(ctx, *spec.Image); err != nil {
+		if a.image, err = fetch(*spec.Image); err != nil {
 			return a, fmt.Errorf("fetch image: %w", err)
 		}
 		info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, a.image)
@@ -45,11 +50,11 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, spec desired.VMSpec) (
 		a.imageFormat = info.Format
 	}
 	if spec.Kernel != nil {
-		if a.kernel, err = p.images.fetch(ctx, desired.Artifact{URL: spec.Kernel.URL, SHA256: spec.Kernel.SHA256}); err != nil {
+		if a.kernel, err = fetch(desired.Artifact{URL: spec.Kernel.URL, SHA256: spec.Kernel.SHA256}); err != nil {
 			return a, fmt.Errorf("fetch kernel: %w", err)
 		}
 		if spec.Kernel.Initrd != nil {
-			if a.initrd, err = p.images.fetch(ctx, *spec.Kernel.Initrd); err != nil {
+			if a.initrd, err = fetch(*spec.Kernel.Initrd); err != nil {
 				return a, fmt.Errorf("fetch initrd: %w", err)
 			}
 		}
@@ -75,7 +80,7 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 	defer st.mu.Unlock()
 	log := p.log.WithField("vm", m.Name)
 
-	a, err := p.fetchArtifacts(ctx, m.Spec)
+	a, err := p.fetchArtifacts(ctx, st, m.Spec)
 	if err != nil {
 		return err
 	}

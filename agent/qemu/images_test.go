@@ -364,3 +364,39 @@ func TestPrepareRootDisk(t *testing.T) {
 		}
 	})
 }
+
+// A VM waiting for a download reports its progress by name.
+func TestVMProgress(t *testing.T) {
+	needQEMUImg(t)
+	srv := newArtifactServer(t)
+	data := make([]byte, 256<<10)
+	art := srv.add("/k", data)
+	gate := make(chan struct{})
+	srv.gate = gate
+	p, err := New(Config{CacheDir: t.TempDir(), HTTPClient: srv.Client(), Accel: AccelTCG, Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := agent.Machine{Name: "vm", Dir: t.TempDir(), Spec: desired.VMSpec{DiskGB: 1, Kernel: &desired.Kernel{URL: art.URL, SHA256: art.SHA256}}}
+	if _, _, ok := p.VMProgress("vm"); ok {
+		t.Error("progress before any download")
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- p.PrepareRootDisk(context.Background(), m) }()
+	for {
+		if done, total, ok := p.VMProgress("vm"); ok && done == int64(len(data)/2) {
+			if total != int64(len(data)) {
+				t.Errorf("total %d, want %d", total, len(data))
+			}
+			break
+		}
+		waitABit()
+	}
+	close(gate)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := p.VMProgress("vm"); ok {
+		t.Error("progress still reported after the download")
+	}
+}

@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -81,9 +82,10 @@ type Config struct {
 	// before the next (default 5 s).
 	KillTimeout time.Duration
 	// SystemdScope opts in to running each VM in its own transient systemd
-	// scope (systemd-run --scope --unit gitfleet-vm-<name>) when the agent
-	// itself runs under systemd, so restarting the agent's unit leaves the
-	// guests alone. Ignored when systemd is not detected.
+	// scope (systemd-run --scope --unit gitfleet-vm-<name>) when systemd is
+	// detected, so restarting the agent's unit leaves the guests alone.
+	// Without it QEMU only gets a session of its own, and the agent's unit
+	// needs KillMode=process for its VMs to survive a restart of the unit.
 	SystemdScope bool
 	// HTTPClient fetches http(s) artifacts (default: http.DefaultClient).
 	HTTPClient *http.Client
@@ -118,6 +120,9 @@ type vmState struct {
 	// of its exit status for FailureReason.
 	exitMu sync.Mutex
 	exit   string
+	// fetching is the sha256 of the artifact the VM waits for ("" or nil
+	// when none).
+	fetching atomic.Value
 }
 
 var _ agent.Provisioner = (*Provisioner)(nil)
@@ -170,21 +175,34 @@ func New(cfg Config) (*Provisioner, error) {
 	return p, nil
 }
 
-// underSystemd reports whether this process runs as (part of) a systemd
-// unit on a systemd-booted host.
+// underSystemd reports whether systemd can put a VM in a scope of its own:
+// this process runs in a unit (INVOCATION_ID) or systemd is the init
+// (/run/systemd/system), and systemd-run is installed.
 func underSystemd() bool {
-	if _, err := os.Stat("/run/systemd/system"); err != nil {
+	_, err := os.Stat("/run/systemd/system")
+	if err != nil && os.Getenv("INVOCATION_ID") == "" {
 		return false
 	}
-	if os.Getenv("INVOCATION_ID") == "" {
-		return false
-	}
-	_, err := exec.LookPath("systemd-run")
+	_, err = exec.LookPath("systemd-run")
 	return err == nil
 }
 
 // Accel is the accelerator VMs run with: "kvm" or "tcg" (for status).
 func (p *Provisioner) Accel() string { return p.accel }
+
+// VMProgress reports the download the named VM's PrepareRootDisk or Boot
+// is waiting for, as Progress does; ok is false when it waits for none.
+func (p *Provisioner) VMProgress(name string) (done, total int64, ok bool) {
+	st := p.state(name, "")
+	if st == nil {
+		return 0, 0, false
+	}
+	sum, _ := st.fetching.Load().(string)
+	if sum == "" {
+		return 0, 0, false
+	}
+	return p.images.progress(sum)
+}
 
 // Progress reports a running download of the artifact with this sha256:
 // bytes fetched so far and the total (-1 when the server did not say). ok
