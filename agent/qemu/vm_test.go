@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -17,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/desired"
@@ -189,22 +192,19 @@ func TestVMLifecycle(t *testing.T) {
 	p := newTestProvisioner(t, cache, vmRoot, srv)
 	t.Cleanup(func() { p.Destroy(context.Background(), name) })
 	ctx := context.Background()
-	if err := p.Preflight(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if p.Running(name) {
 		t.Fatal("running before boot")
 	}
-	if err := p.PrepareRootDisk(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Boot(ctx, m); err != nil {
-		t.Fatalf("boot: %v\nqemu: %s", err, p.FailureReason(name))
-	}
+	// The first agent is a separate process that boots the VM and exits,
+	// as an agent does when it is restarted: QEMU must outlive it.
+	agentOut := runAgentProcess(t, helperJob{Machine: m, Cache: cache})
 	if !p.Running(name) {
-		t.Fatalf("not running after boot: %s", p.FailureReason(name))
+		t.Fatalf("the VM the exited agent booted is not running: %s\nagent said:\n%s", p.FailureReason(name), agentOut)
 	}
 	pid := p.machines[name].pid()
+	if !strings.Contains(agentOut, fmt.Sprintf("booted pid=%d", pid)) {
+		t.Fatalf("pidfile names %d, the exited agent said:\n%s", pid, agentOut)
+	}
 
 	t.Run("guest reads its seed, disks and network", func(t *testing.T) {
 		lines := guestLines(waitSerial(t, dir, "tinyguest: ready"))
@@ -240,23 +240,20 @@ func TestVMLifecycle(t *testing.T) {
 	})
 
 	t.Run("agent restart re-attaches without rebooting", func(t *testing.T) {
-		p2 := newTestProvisioner(t, cache, vmRoot, srv)
-		if !p2.Running(name) {
-			t.Fatal("a new provisioner does not see the running VM")
-		}
-		if err := p2.Boot(ctx, m); err != nil {
+		// p never booted this VM; it found it by pidfile, command line and QMP.
+		if err := p.Boot(ctx, m); err != nil {
 			t.Fatal(err)
 		}
-		if got := p2.machines[name].pid(); got != pid {
+		if got := p.machines[name].pid(); got != pid {
 			t.Errorf("pid %d after re-attach and Boot, want the original %d", got, pid)
 		}
 		if n := strings.Count(serial(dir), "tinyguest: init"); n != 1 {
 			t.Errorf("guest booted %d times, want once", n)
 		}
-		if addr := p2.Address(name); addr.SSH != p.Address(name).SSH {
-			t.Errorf("ssh address changed across restart: %s vs %s", addr.SSH, p.Address(name).SSH)
+		st, err := qmpStatus(ctx, filepath.Join(dir, QMPSocket))
+		if err != nil || st != "running" {
+			t.Errorf("QMP query-status through the long socket path: %q %v", st, err)
 		}
-		p = p2 // the rest runs on the re-attached provisioner
 	})
 
 	t.Run("graceful stop powers the guest off", func(t *testing.T) {
@@ -292,6 +289,59 @@ func TestVMLifecycle(t *testing.T) {
 			t.Errorf("destroying an absent VM: %v", err)
 		}
 	})
+}
+
+// helperJob is what runAgentProcess hands the helper agent process.
+type helperJob struct {
+	Machine agent.Machine
+	Cache   string
+}
+
+const helperEnv = "GITFLEET_QEMU_TEST_AGENT"
+
+// runAgentProcess runs TestHelperAgentProcess in a child process that
+// prepares and boots job's VM, then exits; it returns the child's output.
+func runAgentProcess(t *testing.T, job helperJob) string {
+	t.Helper()
+	b, err := json.Marshal(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperAgentProcess$", "-test.v")
+	cmd.Env = append(os.Environ(), helperEnv+"="+string(b))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("agent process: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// TestHelperAgentProcess is the body of the child process runAgentProcess
+// starts; run on its own it skips.
+func TestHelperAgentProcess(t *testing.T) {
+	raw := os.Getenv(helperEnv)
+	if raw == "" {
+		t.Skip("helper: runs only as the agent process TestVMLifecycle starts")
+	}
+	var job helperJob
+	if err := json.Unmarshal([]byte(raw), &job); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{CacheDir: job.Cache, Accel: AccelTCG, BootTimeout: 60 * time.Second, Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := p.Preflight(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.PrepareRootDisk(ctx, job.Machine); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Boot(ctx, job.Machine); err != nil {
+		t.Fatalf("boot: %v", err)
+	}
+	fmt.Printf("booted pid=%d\n", p.machines[job.Machine.Name].pid())
 }
 
 func TestVMFailures(t *testing.T) {
@@ -370,6 +420,46 @@ func TestVMFailures(t *testing.T) {
 			t.Errorf("a fresh boot still reports the old failure %q", p.FailureReason(name))
 		}
 		waitSerial(t, m.Dir, "tinyguest: ready")
+	})
+
+	t.Run("a guest that ignores ACPI is quit after the powerdown timeout", func(t *testing.T) {
+		// Without its initrd the kernel panics (no root) and never
+		// handles the power button.
+		name := "deaf"
+		logger, hook := logtest.NewNullLogger()
+		pq, err := New(Config{CacheDir: cache, Accel: AccelTCG, HTTPClient: srv.Client(), Logger: logger,
+			PowerdownTimeout: 2 * time.Second, KillTimeout: 5 * time.Second, BootTimeout: 60 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deaf := spec
+		k := *spec.Kernel
+		k.Initrd = nil
+		deaf.Kernel = &k
+		m := agent.Machine{Name: name, Dir: filepath.Join(vmRoot, name), Spec: deaf, InstanceID: "i-deaf"}
+		os.MkdirAll(m.Dir, 0o700)
+		t.Cleanup(func() { pq.Destroy(context.Background(), name) })
+		if err := pq.PrepareRootDisk(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := pq.Boot(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := pq.Shutdown(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		if pq.Running(name) {
+			t.Fatal("running after Shutdown")
+		}
+		var stoppedBy string
+		for _, e := range hook.AllEntries() {
+			if e.Message == "qemu stopped" {
+				stoppedBy, _ = e.Data["step"].(string)
+			}
+		}
+		if stoppedBy != "quit" {
+			t.Errorf("stopped by step %q, want quit (after the ignored powerdown)", stoppedBy)
+		}
 	})
 
 	t.Run("wrong sha256 fails at once", func(t *testing.T) {
