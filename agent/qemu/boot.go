@@ -172,11 +172,18 @@ func (p *Provisioner) sshPort(st *vmState) (int, error) {
 	if err != nil {
 		p.log.WithField("vm", st.name).WithError(err).Warn("ssh port file unreadable; allocating a new port")
 	}
-	if port > 0 && portFree(port) {
+	if port > 0 && p.reservePort(port, st.name) && portFree(port) {
 		return port, nil
 	}
-	if port, err = freePort(); err != nil {
-		return 0, err
+	// Two VMs booting at once could be handed one port between probe and
+	// QEMU's bind: ports given to other VMs of this Provisioner are skipped.
+	for {
+		if port, err = freePort(); err != nil {
+			return 0, err
+		}
+		if p.reservePort(port, st.name) {
+			break
+		}
 	}
 	tmp := file + ".partial"
 	if err := os.WriteFile(tmp, []byte(strconv.Itoa(port)+"\n"), 0o644); err != nil {
@@ -186,6 +193,23 @@ func (p *Provisioner) sshPort(st *vmState) (int, error) {
 		return 0, fmt.Errorf("save ssh port: %w", err)
 	}
 	return port, nil
+}
+
+// reservePort records port as name's; false when another VM of this
+// Provisioner has it.
+func (p *Provisioner) reservePort(port int, name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if owner, ok := p.ports[port]; ok && owner != name {
+		return false
+	}
+	for other, owner := range p.ports {
+		if owner == name && other != port {
+			delete(p.ports, other)
+		}
+	}
+	p.ports[port] = name
+	return true
 }
 
 // start runs QEMU and waits until it answers on QMP.
@@ -353,6 +377,11 @@ func (p *Provisioner) Destroy(ctx context.Context, name string) error {
 	}
 	p.mu.Lock()
 	delete(p.machines, name)
+	for port, owner := range p.ports {
+		if owner == name {
+			delete(p.ports, port)
+		}
+	}
 	p.mu.Unlock()
 	log.Info("destroyed")
 	return nil

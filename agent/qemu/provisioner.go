@@ -15,7 +15,14 @@
 //	ssh-port     the forwarded SSH port on 127.0.0.1, kept across restarts
 //
 // Destroy removes exactly these files and nothing else; volumes are never
-// touched. Downloaded artifacts live in Config.CacheDir as <sha256>.
+// touched. Downloaded artifacts live in Config.CacheDir as <sha256>; root
+// disks are overlays backed by them, so a cached image must not be removed
+// while a VM's root disk uses it.
+//
+// QEMU is started in a session of its own with its output going to
+// qemu.log, so it outlives the agent; a restarted agent finds it again by
+// pidfile, /proc/PID/cmdline (which must name the VM and its pidfile, so a
+// reused pid never passes) and QMP query-status.
 package qemu
 
 import (
@@ -108,6 +115,7 @@ type Provisioner struct {
 
 	mu       sync.Mutex
 	machines map[string]*vmState
+	ports    map[int]string // forwarded SSH port -> VM name
 }
 
 // vmState is what the Provisioner remembers about one VM in memory; all of
@@ -160,7 +168,7 @@ func New(cfg Config) (*Provisioner, error) {
 	if cfg.kvmDev == "" {
 		cfg.kvmDev = "/dev/kvm"
 	}
-	p := &Provisioner{cfg: cfg, machines: map[string]*vmState{}}
+	p := &Provisioner{cfg: cfg, machines: map[string]*vmState{}, ports: map[int]string{}}
 	p.log = cfg.Logger.WithField("component", "qemu")
 	switch cfg.Accel {
 	case "", AccelAuto:

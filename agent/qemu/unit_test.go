@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -219,5 +220,50 @@ func TestTrimTail(t *testing.T) {
 	}
 	if got := string(trimTail(in, 1000)); !strings.HasPrefix(got, "line one") {
 		t.Errorf("trimTail kept %q", got)
+	}
+}
+
+func TestSSHPortPersistedAndReallocated(t *testing.T) {
+	p, err := New(Config{CacheDir: t.TempDir(), Accel: AccelTCG, Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := p.state("a", t.TempDir())
+	b := p.state("b", t.TempDir())
+	pa, err := p.sshPort(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb, err := p.sshPort(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pa == pb {
+		t.Fatalf("two VMs share port %d", pa)
+	}
+	if saved, _ := readPort(a.path(PortFile)); saved != pa {
+		t.Errorf("port file says %d, allocated %d", saved, pa)
+	}
+	// A new Provisioner (agent restart) keeps the port.
+	p2, _ := New(Config{CacheDir: t.TempDir(), Accel: AccelTCG, Logger: quietLog().Logger})
+	if again, err := p2.sshPort(p2.state("a", a.dir)); err != nil || again != pa {
+		t.Errorf("after restart: port %d (%v), want %d", again, err, pa)
+	}
+	// Someone else took it while the VM was down: a new one is allocated
+	// and saved.
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", pa))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	moved, err := p2.sshPort(p2.state("a", a.dir))
+	if err != nil || moved == pa {
+		t.Fatalf("taken port: got %d (%v)", moved, err)
+	}
+	if saved, _ := readPort(a.path(PortFile)); saved != moved {
+		t.Errorf("port file says %d, allocated %d", saved, moved)
+	}
+	if addr := p2.Address("a"); addr.SSH != fmt.Sprintf("127.0.0.1:%d", moved) || addr.IP != "" {
+		t.Errorf("Address of a stopped VM = %+v", addr)
 	}
 }
