@@ -24,7 +24,7 @@ import (
 // hostAgent is one host's agent over a real bare repository: the state
 // directory, the in-memory backend and a clock survive restarts.
 type hostAgent struct {
-	t     *testing.T
+	t     testing.TB
 	url   string
 	dir   string
 	prov  *agenttest.Provisioner
@@ -41,7 +41,7 @@ func quietLog() *logrus.Logger {
 	return l
 }
 
-func newHostAgent(t *testing.T, url string, clk *clock, tune func(*agent.EngineConfig)) *hostAgent {
+func newHostAgent(t testing.TB, url string, clk *clock, tune func(*agent.EngineConfig)) *hostAgent {
 	h := &hostAgent{t: t, url: url, dir: t.TempDir(), prov: agenttest.New(), clock: clk, tune: tune}
 	h.start()
 	return h
@@ -80,7 +80,7 @@ func (h *hostAgent) once() error {
 }
 
 // publish commits snap as the host's snapshot, as the controller would.
-func publish(t *testing.T, bare string, s *desired.Snapshot) string {
+func publish(t testing.TB, bare string, s *desired.Snapshot) string {
 	t.Helper()
 	data, err := desired.MarshalSnapshot(s)
 	require.NoError(t, err)
@@ -261,14 +261,14 @@ func TestAgentRunStopsWithoutTouchingVMs(t *testing.T) {
 	assert.Equal(t, status.PhaseReady, st.VMs[0].Phase, "the tick under way finished and its status was written")
 }
 
-func mustOpen(t *testing.T, url string) *gitsource.Repo {
+func mustOpen(t testing.TB, url string) *gitsource.Repo {
 	t.Helper()
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: url, Depth: 1, Logger: quietLog().WithField("test", t.Name())})
 	require.NoError(t, err)
 	return repo
 }
 
-func mustStore(t *testing.T, dir string) *agent.Store {
+func mustStore(t testing.TB, dir string) *agent.Store {
 	t.Helper()
 	st, err := agent.OpenStore(filepath.Join(dir, "state"))
 	require.NoError(t, err)

@@ -40,7 +40,7 @@ func (c *clock) Add(d time.Duration) {
 // fixture is one host: a state directory, the in-memory backend, a clock and
 // a boot id, and the engine over them.
 type fixture struct {
-	t     *testing.T
+	t     testing.TB
 	dir   string
 	store *agent.Store
 	prov  *agenttest.Provisioner
@@ -52,7 +52,7 @@ type fixture struct {
 	tune func(*agent.EngineConfig)
 }
 
-func newFixture(t *testing.T, tune ...func(*agent.EngineConfig)) *fixture {
+func newFixture(t testing.TB, tune ...func(*agent.EngineConfig)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, dir: t.TempDir(), prov: agenttest.New(), boot: "boot-1",
 		clock: &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}
