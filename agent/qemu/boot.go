@@ -333,6 +333,7 @@ func (p *Provisioner) stop(ctx context.Context, st *vmState, graceful bool, log 
 		if p.waitGone(ctx, st, s.timeout) {
 			log.WithField("step", s.name).Info("qemu stopped")
 			os.Remove(sock)
+			os.Remove(st.path(PidFile))
 			return nil
 		}
 		if ctx.Err() != nil {

@@ -370,6 +370,16 @@ func (p *Provisioner) FailureReason(name string) string {
 		return string(tail)
 	}
 	st.exitMu.Lock()
-	defer st.exitMu.Unlock()
-	return st.exit
+	exit := st.exit
+	st.exitMu.Unlock()
+	if exit != "" {
+		return exit
+	}
+	// QEMU removes its pidfile when it exits in order; one left behind
+	// naming no live QEMU means it was killed (after an agent restart we
+	// cannot know by what).
+	if b, err := os.ReadFile(st.path(PidFile)); err == nil && st.pid() == 0 {
+		return fmt.Sprintf("qemu (pid %s) is gone without a message: killed?", strings.TrimSpace(string(b)))
+	}
+	return ""
 }

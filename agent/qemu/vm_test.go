@@ -420,6 +420,23 @@ func TestVMFailures(t *testing.T) {
 			t.Errorf("a fresh boot still reports the old failure %q", p.FailureReason(name))
 		}
 		waitSerial(t, m.Dir, "tinyguest: ready")
+
+		// SIGKILL leaves QEMU no word to say; a restarted agent, which
+		// never saw the exit status, still reports the VM as failed.
+		pid = p.machines[name].pid()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		fresh := newTestProvisioner(t, cache, vmRoot, srv)
+		for deadline := time.Now().Add(30 * time.Second); fresh.Running(name) && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if fresh.Running(name) {
+			t.Fatal("still running after SIGKILL")
+		}
+		if reason := fresh.FailureReason(name); !strings.Contains(reason, "gone without a message") {
+			t.Errorf("after SIGKILL the failure reason is %q", reason)
+		}
 	})
 
 	t.Run("a guest that ignores ACPI is quit after the powerdown timeout", func(t *testing.T) {
