@@ -264,9 +264,8 @@ func (d *nodeDecoder) decodeEnvelope(root *yaml.Node) {
 	d.mappingPairs(root, "", func(key string, k, val *yaml.Node, sub string) {
 		switch key {
 		case "apiVersion", "kind":
-			d.plain(val, sub)
-			if val.Kind != yaml.ScalarNode || val.Tag != "!!str" {
-				d.scalarString(val, sub)
+			if d.plain(val, sub) {
+				d.scalarString(val, sub) // reports a value that is not a string
 			}
 		case "metadata":
 			var m Metadata
