@@ -22,7 +22,7 @@ func fuzzSeeds(f *testing.F) {
 	}
 	for _, s := range []string{
 		"", "---\n", "\xEF\xBB\xBF" + vm(vmBody), strings.ReplaceAll(vm(vmBody), "\n", "\r\n"),
-		vm(vmBody) + "---\n" + vm(vmBody), vm(vmBody + "  volumes: &a [x]\n") + bomb,
+		vm(vmBody) + "---\n" + vm(vmBody), vm(vmBody+"  volumes: &a [x]\n") + bomb,
 		"a: &a [*a]\n", "{a: [[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]}\n", vm("\tvcpus: 1\n"),
 		vm(vmBody + "  <<: {power: stopped}\n"), "\xFF\xFEa\x00", vm(vmBody + "  power: !!str on\n"),
 	} {
