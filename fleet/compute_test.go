@@ -115,10 +115,16 @@ func TestLedgerRoundTripAndStrictness(t *testing.T) {
 	if !reflect.DeepEqual(back, l) {
 		t.Errorf("round trip:\n got %+v\nwant %+v", back, l)
 	}
+	// A ledger in block YAML (edited by hand) reads the same.
+	y, err := parseLedger([]byte("version: 1\napplied: {commit: abc, branch: main}\nhosts:\n  hv-a: {epoch: 3, hash: k, vms: [a, b], volumes: [v]}\n"))
+	if err != nil || y.Hosts["hv-a"].Epoch != 3 || y.Applied.Commit != "abc" || len(y.Hosts["hv-a"].VMs) != 2 {
+		t.Errorf("YAML ledger: %+v, %v", y, err)
+	}
 	for name, bad := range map[string]string{
-		"unknown field": "version: 1\nhosts: {}\nsurprise: 1\n",
-		"wrong version": "version: 2\nhosts: {}\n",
-		"bad tombstone": "version: 1\nhosts: {}\ntombstones: [{kind: Host, name: x, host: y}]\n",
+		"unknown json field": `{"version": 1, "hosts": {}, "surprise": 1}`,
+		"unknown field":      "version: 1\nhosts: {}\nsurprise: 1\n",
+		"wrong version":      "version: 2\nhosts: {}\n",
+		"bad tombstone":      "version: 1\nhosts: {}\ntombstones: [{kind: Host, name: x, host: y}]\n",
 	} {
 		if _, err := parseLedger([]byte(bad)); err == nil {
 			t.Errorf("%s: parsed", name)

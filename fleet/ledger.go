@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -27,34 +28,34 @@ const maxSweeps = 100
 // in the same commit as the host snapshots it describes, so the two never
 // disagree.
 type Ledger struct {
-	Version int `yaml:"version"`
+	Version int `yaml:"version" json:"version"`
 	// Applied is the last desired-state commit whose snapshots were
 	// published; nil before the first publish.
-	Applied *AppliedCommit `yaml:"applied,omitempty"`
+	Applied *AppliedCommit `yaml:"applied,omitempty" json:"applied,omitempty"`
 	// Rejected is the last desired-state commit that was refused (or a fetch
 	// that failed, with an empty commit).
-	Rejected *Rejection `yaml:"rejected,omitempty"`
+	Rejected *Rejection `yaml:"rejected,omitempty" json:"rejected,omitempty"`
 	// Hosts is per host: its epoch and the identities it held in Applied.
-	Hosts map[string]*HostRecord `yaml:"hosts"`
+	Hosts map[string]*HostRecord `yaml:"hosts" json:"hosts"`
 	// Tombstones are the pending deletes, sorted by host, kind and name.
-	Tombstones []*TombstoneRecord `yaml:"tombstones"`
+	Tombstones []*TombstoneRecord `yaml:"tombstones" json:"tombstones"`
 	// Sweeps are the last deletes the controller finalized itself because
 	// the host was offline, oldest first, at most 100.
-	Sweeps []SweepRecord `yaml:"sweeps,omitempty"`
+	Sweeps []SweepRecord `yaml:"sweeps,omitempty" json:"sweeps,omitempty"`
 }
 
 // AppliedCommit names a desired-state commit.
 type AppliedCommit struct {
-	Commit string `yaml:"commit"`
-	Branch string `yaml:"branch"`
+	Commit string `yaml:"commit" json:"commit"`
+	Branch string `yaml:"branch" json:"branch"`
 }
 
 // Rejection is a refused desired-state commit and why. At is the
 // controller's clock when it was first refused.
 type Rejection struct {
-	Commit string    `yaml:"commit"`
-	Reason string    `yaml:"reason"`
-	At     time.Time `yaml:"at"`
+	Commit string    `yaml:"commit" json:"commit"`
+	Reason string    `yaml:"reason" json:"reason"`
+	At     time.Time `yaml:"at" json:"at"`
 }
 
 // HostRecord is one host's line in the ledger. Epoch is the last epoch
@@ -64,10 +65,10 @@ type Rejection struct {
 // jump to force a republish). VMs and Volumes are the names the host held in
 // the applied desired state, sorted: the base tombstones are derived from.
 type HostRecord struct {
-	Epoch   uint64   `yaml:"epoch"`
-	Hash    string   `yaml:"hash,omitempty"`
-	VMs     []string `yaml:"vms,flow,omitempty"`
-	Volumes []string `yaml:"volumes,flow,omitempty"`
+	Epoch   uint64   `yaml:"epoch" json:"epoch"`
+	Hash    string   `yaml:"hash,omitempty" json:"hash,omitempty"`
+	VMs     []string `yaml:"vms,flow,omitempty" json:"vms,omitempty"`
+	Volumes []string `yaml:"volumes,flow,omitempty" json:"volumes,omitempty"`
 }
 
 // TombstoneRecord is one pending delete: the object's last spec (VM) or size
@@ -75,23 +76,23 @@ type HostRecord struct {
 // the tombstone was first published (the abandon grace counts from it).
 // Tombstone.Epoch is the epoch that first published it.
 type TombstoneRecord struct {
-	Kind        desired.Kind      `yaml:"kind"`
-	Name        string            `yaml:"name"`
-	Host        string            `yaml:"host"`
-	Spec        *desired.VMSpec   `yaml:"spec,omitempty"`
-	SizeGB      int               `yaml:"sizeGB,omitempty"`
-	Tombstone   desired.Tombstone `yaml:"tombstone"`
-	PublishedAt time.Time         `yaml:"publishedAt"`
+	Kind        desired.Kind      `yaml:"kind" json:"kind"`
+	Name        string            `yaml:"name" json:"name"`
+	Host        string            `yaml:"host" json:"host"`
+	Spec        *desired.VMSpec   `yaml:"spec,omitempty" json:"spec,omitempty"`
+	SizeGB      int               `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
+	Tombstone   desired.Tombstone `yaml:"tombstone" json:"tombstone"`
+	PublishedAt time.Time         `yaml:"publishedAt" json:"publishedAt"`
 }
 
 // SweepRecord is a delete the controller finalized without an ack.
 type SweepRecord struct {
-	Kind   desired.Kind `yaml:"kind"`
-	Name   string       `yaml:"name"`
-	Host   string       `yaml:"host"`
-	Commit string       `yaml:"commit"`
-	At     time.Time    `yaml:"at"`
-	Reason string       `yaml:"reason"`
+	Kind   desired.Kind `yaml:"kind" json:"kind"`
+	Name   string       `yaml:"name" json:"name"`
+	Host   string       `yaml:"host" json:"host"`
+	Commit string       `yaml:"commit" json:"commit"`
+	At     time.Time    `yaml:"at" json:"at"`
+	Reason string       `yaml:"reason" json:"reason"`
 }
 
 // ref is an object on a host: the unit tombstones are kept for.
@@ -111,13 +112,25 @@ func newLedger() *Ledger {
 }
 
 // parseLedger decodes ledger.yaml strictly. A ledger that cannot be read
-// stops the pass: writing over it could reuse epochs.
+// stops the pass: writing over it could reuse epochs. The controller writes
+// the ledger in JSON, the subset of YAML that encodes ten thousand names in
+// milliseconds; a ledger in YAML's other styles (edited by hand, say) is
+// read too.
 func parseLedger(data []byte) (*Ledger, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
 	l := newLedger()
-	if err := dec.Decode(l); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("parse %s: %w", LedgerPath, err)
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(l); err != nil {
+		var syn *json.SyntaxError
+		if !errors.As(err, &syn) {
+			return nil, fmt.Errorf("parse %s: %w", LedgerPath, err)
+		}
+		l = newLedger()
+		ydec := yaml.NewDecoder(bytes.NewReader(data))
+		ydec.KnownFields(true)
+		if err := ydec.Decode(l); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("parse %s: %w", LedgerPath, err)
+		}
 	}
 	if l.Version != ledgerVersion {
 		return nil, fmt.Errorf("parse %s: version %d, this controller reads version %d", LedgerPath, l.Version, ledgerVersion)
@@ -133,20 +146,81 @@ func parseLedger(data []byte) (*Ledger, error) {
 	return l, nil
 }
 
-// marshal encodes the ledger with tombstones sorted, so equal ledgers give
-// equal bytes.
+// marshal encodes the ledger as JSON (valid YAML) with one host, tombstone
+// or sweep per line: compact for ten thousand names, and a change to one
+// host is a one-line diff. Tombstones are sorted and map keys sorted, so
+// equal ledgers give equal bytes.
 func (l *Ledger) marshal() ([]byte, error) {
 	sortTombstones(l.Tombstones)
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(l); err != nil {
-		return nil, fmt.Errorf("marshal %s: %w", LedgerPath, err)
+	var b bytes.Buffer
+	put := func(v any) error {
+		data, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("marshal %s: %w", LedgerPath, err)
+		}
+		b.Write(data)
+		return nil
 	}
-	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("marshal %s: %w", LedgerPath, err)
+	fmt.Fprintf(&b, "{\"version\": %d,\n", l.Version)
+	if l.Applied != nil {
+		b.WriteString("\"applied\": ")
+		if err := put(l.Applied); err != nil {
+			return nil, err
+		}
+		b.WriteString(",\n")
 	}
-	return buf.Bytes(), nil
+	if l.Rejected != nil {
+		b.WriteString("\"rejected\": ")
+		if err := put(l.Rejected); err != nil {
+			return nil, err
+		}
+		b.WriteString(",\n")
+	}
+	hosts := make([]string, 0, len(l.Hosts))
+	for h := range l.Hosts {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	b.WriteString("\"hosts\": {")
+	for i, h := range hosts {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("\n  ")
+		if err := put(h); err != nil {
+			return nil, err
+		}
+		b.WriteString(": ")
+		if err := put(l.Hosts[h]); err != nil {
+			return nil, err
+		}
+	}
+	b.WriteString("},\n\"tombstones\": [")
+	for i, t := range l.Tombstones {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("\n  ")
+		if err := put(t); err != nil {
+			return nil, err
+		}
+	}
+	b.WriteString("]")
+	if len(l.Sweeps) > 0 {
+		b.WriteString(",\n\"sweeps\": [")
+		for i, w := range l.Sweeps {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("\n  ")
+			if err := put(w); err != nil {
+				return nil, err
+			}
+		}
+		b.WriteString("]")
+	}
+	b.WriteString("}\n")
+	return b.Bytes(), nil
 }
 
 func sortTombstones(ts []*TombstoneRecord) {

@@ -1,0 +1,120 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+)
+
+// Fleet size of the benchmarks: 10,000 VMs on 1,000 hosts.
+const (
+	benchHosts = 1000
+	benchVMs   = 10000
+)
+
+// bigRepo makes a bare repository whose main branch holds benchHosts Host
+// objects and benchVMs VM objects, written in one commit with git
+// fast-import (a process per file would take minutes).
+func bigRepo(b testing.TB) string {
+	b.Helper()
+	dir := gittest.NewBare(b)
+	var s bytes.Buffer
+	s.WriteString("commit refs/heads/main\ncommitter Bench <bench@example.com> 1764471600 +0000\ndata 11\nbig fleet\n\n")
+	file := func(p, content string) {
+		fmt.Fprintf(&s, "M 100644 inline %s\ndata %d\n%s\n", p, len(content), content)
+	}
+	for h := 0; h < benchHosts; h++ {
+		file(fmt.Sprintf("hosts/hv-%04d.yaml", h), hostYAML(fmt.Sprintf("hv-%04d", h)))
+	}
+	for v := 0; v < benchVMs; v++ {
+		file(fmt.Sprintf("vms/%02d/vm-%05d.yaml", v%100, v), vmYAML(fmt.Sprintf("vm-%05d", v), fmt.Sprintf("hv-%04d", v%benchHosts), 1+v%2))
+	}
+	cmd := exec.Command("git", "fast-import", "--quiet")
+	cmd.Dir = dir
+	cmd.Stdin = &s
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("fast-import: %v\n%s", err, out)
+	}
+	return dir
+}
+
+func benchController(b testing.TB, dir string, clk *clock) *Controller {
+	b.Helper()
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: dir, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := New(Config{Repo: repo, Clock: clk.Now, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// BenchmarkFirstPass is a new controller's first pass over the big fleet:
+// clone, load 11,000 files, publish 1,000 snapshots and the ledger.
+func BenchmarkFirstPass(b *testing.B) {
+	template := bigRepo(b)
+	clk := &clock{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		dir := filepath.Join(b.TempDir(), "repo.git")
+		if out, err := exec.Command("cp", "-a", template, dir).CombinedOutput(); err != nil {
+			b.Fatalf("copy: %v %s", err, out)
+		}
+		c := benchController(b, dir, clk)
+		b.StartTimer()
+		res, err := c.Pass(context.Background())
+		if err != nil || res.Rejected != nil || len(res.Published) != benchHosts {
+			b.Fatalf("first pass: %v, %v, published %d", err, res.Rejected, len(res.Published))
+		}
+	}
+}
+
+// BenchmarkOneFileCommitPass is the steady state: a commit changing one VM
+// file, and the pass that publishes it (goal: under 100 ms).
+func BenchmarkOneFileCommitPass(b *testing.B) {
+	dir := bigRepo(b)
+	clk := &clock{}
+	c := benchController(b, dir, clk)
+	if _, err := c.Pass(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		gittest.Commit(b, dir, gittest.Edit{Write: map[string]string{"vms/07/vm-00007.yaml": vmYAML("vm-00007", "hv-0007", 3+i%2)}})
+		b.StartTimer()
+		res, err := c.Pass(context.Background())
+		if err != nil || len(res.Published) != 1 {
+			b.Fatalf("pass: %v, result %+v", err, res)
+		}
+	}
+}
+
+// BenchmarkIdlePass is a pass with nothing new: the poll's cost.
+func BenchmarkIdlePass(b *testing.B) {
+	dir := bigRepo(b)
+	c := benchController(b, dir, &clock{})
+	for i := 0; i < 2; i++ {
+		if _, err := c.Pass(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := c.Pass(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+var _ = os.Getenv
