@@ -778,7 +778,10 @@ func TestInvalidVMNamesAreReportedNotJoinedIntoPaths(t *testing.T) {
 func TestProgressIsShownWhileCreating(t *testing.T) {
 	f := newFixture(t)
 	f.prov.FailAlways(agenttest.OpRootDisk, errTransient)
-	f.prov.SetProgress("web-01", "image 1.2 of 3.4 GB")
+	f.prov.SetProgress("web-01", 1<<29, 2<<30)
 	r := row(t, f.step(snap(1, vm("web-01"))), "web-01")
-	assert.Equal(t, "image 1.2 of 3.4 GB", r.Message)
+	assert.Equal(t, "downloading: 0.50 of 2.00 GB (25%)", r.Message)
+	f.prov.SetProgress("web-01", 1<<30, -1)
+	r = row(t, f.step(nil), "web-01")
+	assert.Equal(t, "downloading: 1.00 GB so far", r.Message)
 }

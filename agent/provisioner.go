@@ -62,12 +62,13 @@ type Provisioner interface {
 	FailureReason(name string) string
 }
 
-// ProgressReporter is implemented by a Provisioner that can say how far a
-// long create step has got (an image download, for example "image 1.2 of
-// 3.4 GB"). The engine shows it as the status message of a VM being
-// created. Optional.
+// ProgressReporter is implemented by a Provisioner that downloads
+// artifacts (images, kernels) during PrepareRootDisk or Boot: VMProgress
+// reports the download the named VM waits for, in bytes fetched so far and
+// the total (-1 when unknown); ok is false when it waits for none. The
+// engine shows it as the status message of a VM being created. Optional.
 type ProgressReporter interface {
-	Progress(name string) string
+	VMProgress(name string) (done, total int64, ok bool)
 }
 
 // AccelReporter is implemented by a Provisioner that knows which

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"sort"
 
 	"github.com/gitfleet/gitfleet/desired"
@@ -73,8 +74,8 @@ func (e *Engine) Report() *status.Status {
 				row.Power = string(desired.PowerStopped)
 			}
 			if rec.Phase == status.PhaseCreating && progress != nil {
-				if msg := progress.Progress(name); msg != "" {
-					row.Message = msg
+				if done, total, ok := progress.VMProgress(name); ok {
+					row.Message = progressMessage(done, total)
 				}
 			}
 			st.VMs = append(st.VMs, row)
@@ -89,4 +90,13 @@ func hashOf(v *desired.SnapshotVM) string {
 		return ""
 	}
 	return v.SpecHash
+}
+
+// progressMessage renders a download's progress for a person, in GB.
+func progressMessage(done, total int64) string {
+	const gb = 1 << 30
+	if total <= 0 {
+		return fmt.Sprintf("downloading: %.2f GB so far", float64(done)/gb)
+	}
+	return fmt.Sprintf("downloading: %.2f of %.2f GB (%d%%)", float64(done)/gb, float64(total)/gb, done*100/total)
 }

@@ -58,7 +58,7 @@ type Provisioner struct {
 	addrs     map[string]agent.Address
 	booted    map[string]agent.Machine
 	reasons   map[string]string
-	progress  map[string]string
+	progress  map[string][2]int64
 	sticky    map[Op]error
 	once      map[Op]error
 	calls     []Call
@@ -77,7 +77,7 @@ func New() *Provisioner {
 		addrs:     map[string]agent.Address{},
 		booted:    map[string]agent.Machine{},
 		reasons:   map[string]string{},
-		progress:  map[string]string{},
+		progress:  map[string][2]int64{},
 		sticky:    map[Op]error{},
 		once:      map[Op]error{},
 		nextIP:    2,
@@ -154,11 +154,16 @@ func (p *Provisioner) SetFailureReason(name, reason string) {
 	p.reasons[name] = reason
 }
 
-// SetProgress sets what Progress answers for name.
-func (p *Provisioner) SetProgress(name, msg string) {
+// SetProgress sets what VMProgress answers for name: bytes done of total
+// (-1 unknown). A negative done clears it.
+func (p *Provisioner) SetProgress(name string, done, total int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.progress[name] = msg
+	if done < 0 {
+		delete(p.progress, name)
+		return
+	}
+	p.progress[name] = [2]int64{done, total}
 }
 
 // Calls returns the names of every recorded call of op, in order.
@@ -343,11 +348,12 @@ func (p *Provisioner) FailureReason(name string) string {
 	return p.reasons[name]
 }
 
-// Progress implements agent.ProgressReporter.
-func (p *Provisioner) Progress(name string) string {
+// VMProgress implements agent.ProgressReporter.
+func (p *Provisioner) VMProgress(name string) (done, total int64, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.progress[name]
+	v, ok := p.progress[name]
+	return v[0], v[1], ok
 }
 
 // Accel implements agent.AccelReporter; the in-memory backend reports

@@ -106,6 +106,12 @@ func loadAgentConfig(path string) (*agentFileConfig, error) {
 	return &c, nil
 }
 
+// The QEMU backend reports accelerator and download progress in status.
+var (
+	_ agent.AccelReporter    = (*qemu.Provisioner)(nil)
+	_ agent.ProgressReporter = (*qemu.Provisioner)(nil)
+)
+
 // backends builds the provisioner a config's backend names.
 var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error){
 	"qemu": func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error) {
