@@ -109,6 +109,9 @@ type PassResult struct {
 	SnapshotsCommit string
 	// Published is host → epoch of every snapshot file written.
 	Published map[string]uint64
+	// Epochs is host → last epoch published, for every host the ledger
+	// knows (after the pass; nil when the pass was skipped or failed).
+	Epochs map[string]uint64
 	// Removed lists hosts whose snapshot file was removed (the host left
 	// the fleet with nothing pending).
 	Removed []string
@@ -505,6 +508,10 @@ func refName(r ref) string { return fmt.Sprintf("%s %s@%s", r.Kind, r.Name, r.Ho
 func (c *Controller) report(res *PassResult, o *output) {
 	res.Published = o.published
 	res.FenceJumps = o.fenceJumps
+	res.Epochs = make(map[string]uint64, len(o.ledger.Hosts))
+	for h, rec := range o.ledger.Hosts {
+		res.Epochs[h] = rec.Epoch
+	}
 	for p, data := range o.files {
 		if data == nil {
 			if h, ok := status.HostFromPath(p); ok {

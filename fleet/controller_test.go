@@ -269,6 +269,9 @@ func TestInvalidCommitKeepsLastGood(t *testing.T) {
 	if e.snapshotsTip() == tip {
 		t.Error("the rejection was not recorded in the ledger")
 	}
+	if got := metricValue(t, e.c, "gitfleet_controller_rejected_commits_total"); got != 1 {
+		t.Errorf("rejected commits metric = %v, want 1", got)
+	}
 	// A second pass over the same bad head writes nothing more.
 	tip = e.snapshotsTip()
 	e.pass()
@@ -281,6 +284,18 @@ func TestInvalidCommitKeepsLastGood(t *testing.T) {
 	res = e.pass()
 	if res.Rejected != nil || res.Published["hv-a"] != 2 || len(res.Tombstoned) != 1 {
 		t.Fatalf("fix result = %+v", res)
+	}
+	if got := metricValue(t, e.c, "gitfleet_controller_rejected_commits_total"); got != 1 {
+		t.Errorf("rejected commits metric = %v after two passes over one bad commit, want 1", got)
+	}
+	if got := metricValue(t, e.c, "gitfleet_controller_tombstones_pending"); got != 1 {
+		t.Errorf("pending metric = %v, want 1", got)
+	}
+	if got := metricValue(t, e.c, "gitfleet_controller_host_epoch", "host", "hv-a"); got != 2 {
+		t.Errorf("hv-a epoch metric = %v, want 2", got)
+	}
+	if got := metricValue(t, e.c, "gitfleet_controller_passes_total", "result", "rejected"); got != 2 {
+		t.Errorf("rejected passes = %v, want 2", got)
 	}
 }
 

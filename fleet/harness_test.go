@@ -235,3 +235,35 @@ func writeTree(t testing.TB, dir string, files map[string]string) string {
 	}
 	return dir
 }
+
+// metricValue returns the value of a counter or gauge series of the
+// controller's registry whose labels include labels (name=value pairs).
+func metricValue(t testing.TB, c *Controller, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := c.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					found = found || (lp.GetName() == labels[i] && lp.GetValue() == labels[i+1])
+				}
+				if !found {
+					continue series
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}

@@ -73,7 +73,7 @@ func (m *metrics) observe(res PassResult, err error, d time.Duration) {
 	m.pending.Set(float64(res.Pending))
 	m.finalized.WithLabelValues("ack").Add(float64(len(res.Finalized)))
 	m.finalized.WithLabelValues("sweep").Add(float64(len(res.Swept)))
-	for h, e := range res.Published {
+	for h, e := range res.Epochs {
 		m.epochs.WithLabelValues(h).Set(float64(e))
 	}
 }
