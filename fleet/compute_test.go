@@ -212,3 +212,21 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestRunReactsToLocalCommit runs the loop on a local repository with a long
+// interval: the commit is noticed through the repository's refs at once.
+func TestRunReactsToLocalCommit(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.c.Run(ctx, time.Hour) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != context.Canceled {
+			t.Errorf("Run returned %v, want context.Canceled", err)
+		}
+	}()
+	waitFor(t, func() bool { return hasBranch(t, e.dir, DefaultSnapshotsBranch) && e.snapshot("hv-a") != nil })
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 6)}})
+	waitFor(t, func() bool { return vmOf(e.snapshot("hv-a"), "web-01").Spec.VCPUs == 6 })
+}
