@@ -95,13 +95,20 @@ type candidate struct {
 // The result is a Fleet and a nil error, or a nil Fleet and either an
 // ErrorList (every problem in the tree, sorted by file and line; it matches
 // ErrInvalid) or another error when the tree itself could not be read (a
-// missing git object, an unreadable file) — never a smaller fleet.
+// missing git object, an unreadable file) — never a smaller fleet. A
+// Loader with a directory rejects a tree with nothing under it: a renamed
+// directory must not read as a fleet without objects.
 func (l *Loader) Load(t Tree) (*Fleet, error) {
 	var cands []*candidate
 	var errs ErrorList
+	seen := false // any entry under the directory
 	err := t.Walk(func(f File) error {
 		rel, ok := l.relative(f.Path)
-		if !ok || hidden(rel) {
+		if !ok {
+			return nil
+		}
+		seen = true
+		if hidden(rel) {
 			return nil
 		}
 		switch f.Mode {
@@ -131,6 +138,11 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("walk tree: %w", err)
+	}
+	if !seen && l.dir != "" {
+		// A renamed or mistyped directory must not read as an empty fleet.
+		return nil, ErrorList{{File: l.dir, Line: 1, Col: 1,
+			Msg: "the fleet directory is missing or empty; to remove every object, delete the object files and keep the directory (with a README, say)"}}
 	}
 	sort.Slice(cands, func(i, j int) bool { return cands[i].file.Path < cands[j].file.Path })
 
@@ -258,9 +270,10 @@ func isYAML(p string) bool {
 // DirTree is the Tree of a directory on disk. Symlinks are reported with
 // mode Symlink and never followed (root itself may be a symlink); ".git"
 // directories are not walked. IDs are left empty, so a Loader identifies
-// contents by their sha256. A special file (device, FIFO, socket) is an
-// error of the tree. Read returns at most MaxFileSize+1 bytes, enough for
-// the Loader to reject a file that grew past the limit.
+// contents by their sha256. A special file (device, FIFO, socket) named
+// *.yaml or *.yml is an error of the tree. Read returns at most MaxFileSize+1 bytes, enough for
+// the Loader to reject a file that grew past the limit. Other special files
+// are not reported.
 func DirTree(root string) Tree { return dirTree(root) }
 
 type dirTree string
@@ -291,8 +304,10 @@ func (root dirTree) Walk(fn func(File) error) error {
 			f.Read = func() ([]byte, error) { return nil, fmt.Errorf("%s is a symlink", p) }
 			return fn(f)
 		case t.IsRegular():
-		default:
+		case isYAML(p):
 			return fmt.Errorf("%s is not a regular file (%s)", p, t)
+		default:
+			return nil // a socket or FIFO that no Loader would read
 		}
 		info, err := d.Info()
 		if err != nil {

@@ -150,6 +150,14 @@ func TestLoaderDirectory(t *testing.T) {
 	if _, err := NewLoader("").Load(newMemTree(files, nil)); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Load of the whole tree: err = %v; want the broken files rejected", err)
 	}
+	_, err := NewLoader("flet").Load(newMemTree(files, nil))
+	if want := "flet:1:1: the fleet directory is missing or empty; to remove every object, delete the object files and keep the directory (with a README, say)"; err == nil || err.Error() != want {
+		t.Errorf("Load of a missing directory: err = %v, want %s", err, want)
+	}
+	f, err := NewLoader("fleet").Load(newMemTree(map[string]string{"fleet/README.md": "empty for now\n"}, nil))
+	if err != nil || len(f.VMs)+len(f.Volumes)+len(f.Hosts) != 0 {
+		t.Errorf("Load of a directory without objects: %v, %v; want an empty fleet", f, err)
+	}
 }
 
 func TestLoaderCachesByID(t *testing.T) {
