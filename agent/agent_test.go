@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"os"
@@ -278,4 +279,30 @@ func mustStore(t testing.TB, dir string) *agent.Store {
 func gitShow(bare, rev string) ([]byte, error) {
 	cmd := exec.Command("git", "--git-dir", bare, "show", rev)
 	return cmd.Output()
+}
+
+func TestSecretsStayOutOfStatusAndLogs(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	const userData, key = "#cloud-config\npassword: hunter2-user-data\n", "ssh-ed25519 AAAAC3NzaSECRETKEY"
+	var logs bytes.Buffer
+	log := logrus.New()
+	log.SetOutput(&logs)
+	log.SetLevel(logrus.DebugLevel)
+	h := newHostAgent(t, bare, newClock(), func(c *agent.EngineConfig) { c.Log = log })
+	secret := vm("web-01", func(s *desired.VMSpec) {
+		s.CloudInit = &desired.CloudInit{UserData: userData, SSHAuthorizedKeys: []string{key}}
+	})
+	h.prov.FailOnce(agenttest.OpBoot, errTransient) // an error path logs too
+	publish(t, bare, snap(1, secret))
+	require.NoError(t, h.once())
+	require.NoError(t, h.once())
+	raw, err := gitShow(bare, agent.StatusBranch+":hosts/"+testHost+".yaml")
+	require.NoError(t, err)
+	require.Contains(t, string(raw), "web-01")
+	require.NotEmpty(t, logs.String())
+	for _, s := range []string{"hunter2", "SECRETKEY"} {
+		assert.NotContains(t, string(raw), s, "status")
+		assert.NotContains(t, logs.String(), s, "logs")
+	}
 }

@@ -213,6 +213,10 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		e.mu.Unlock()
 		return nil // no snapshot yet: nothing to do
 	}
+	if e.cfg.Host != "" && snap.Host != e.cfg.Host {
+		e.mu.Unlock()
+		return fmt.Errorf("tick: snapshot is for host %q, not %q: %w", snap.Host, e.cfg.Host, ErrSnapshotInvalid)
+	}
 	if snap.Epoch < e.lastEpoch {
 		e.fenced = true
 		last := e.lastEpoch

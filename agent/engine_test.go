@@ -676,6 +676,9 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 		{name: "memory", edit: memoryMB(4096), restart: true, wantDiskGB: 5},
 		{name: "network", edit: network("lan"), restart: true, wantDiskGB: 5},
 		{name: "volumes", edit: volumes("data"), restart: true, wantDiskGB: 5},
+		{name: "kernel", edit: func(s *desired.VMSpec) {
+			s.Kernel = &desired.Kernel{URL: "https://images.example/vmlinuz", SHA256: otherImage, Cmdline: "console=ttyS0"}
+		}, restart: true, wantDiskGB: 5},
 		{name: "diskGB grows", edit: diskGB(20), restart: true, rootDisk: true, wantDiskGB: 20},
 		{name: "diskGB never shrinks", edit: diskGB(2), wantDiskGB: 5, wantMessage: "never shrink"},
 		{name: "a new image leaves the root disk", edit: image(otherImage), wantDiskGB: 5, wantMessage: "existing root disk"},
@@ -754,6 +757,17 @@ func TestTheLastAcceptedSnapshotIsReconciledWithoutGit(t *testing.T) {
 	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
 	assert.Len(t, f.prov.Calls(agenttest.OpBoot), 2)
 	assert.Equal(t, uint64(1), st.LastSeenEpoch)
+}
+
+func TestASnapshotForAnotherHostIsRefused(t *testing.T) {
+	f := newFixture(t)
+	other := snap(1, vm("web-01"))
+	other.Host = "hv-b"
+	err := f.eng.Tick(context.Background(), other)
+	assert.ErrorIs(t, err, agent.ErrSnapshotInvalid)
+	require.NoError(t, f.eng.Settle(context.Background()))
+	assert.Empty(t, f.prov.AllCalls())
+	assert.Zero(t, f.eng.Report().LastSeenEpoch)
 }
 
 func TestNoSnapshotYetDoesNothing(t *testing.T) {

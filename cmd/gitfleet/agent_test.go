@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
+	"time"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -87,4 +89,28 @@ func TestAgentRejectsBadInvocations(t *testing.T) {
 			assert.Equal(t, tc.code, code, strings.Join(args, " "))
 		})
 	}
+}
+
+func TestAgentExitsZeroOnSIGTERM(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	cfg := writeAgentConfig(t, "repo: {url: "+bare+"}\nhost: hv-a\nstateDir: "+filepath.Join(t.TempDir(), "state")+
+		"\nbackend: memory\nlogLevel: error\n")
+	done := make(chan int, 1)
+	go func() {
+		code, _ := runCLI(t, "agent", "--config", cfg)
+		done <- code
+	}()
+	// The first status on the branch means the loop runs, its signal handler
+	// installed before it started.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := exec.Command("git", "--git-dir", bare, "rev-parse", "--verify", "-q", "gitfleet/status").Output(); err == nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the agent never wrote its status")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
+	assert.Equal(t, 0, <-done)
 }
