@@ -218,10 +218,13 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		return fmt.Errorf("tick: snapshot is for host %q, not %q: %w", snap.Host, e.cfg.Host, ErrSnapshotInvalid)
 	}
 	if snap.Epoch < e.lastEpoch {
+		was := e.fenced
 		e.fenced = true
 		last := e.lastEpoch
 		e.mu.Unlock()
-		e.log.WithField("epoch", snap.Epoch).WithField("lastSeenEpoch", last).Error("refusing a snapshot older than the last accepted; acting on nothing")
+		if !was {
+			e.log.WithField("epoch", snap.Epoch).WithField("lastSeenEpoch", last).Error("refusing a snapshot older than the last accepted; acting on nothing")
+		}
 		return fmt.Errorf("tick: epoch %d < %d: %w", snap.Epoch, last, ErrFenced)
 	}
 	isNew := e.snap == nil || snap.Epoch != e.snap.Epoch

@@ -244,6 +244,22 @@ func TestAnInterruptedCreateIsRunAgainWhateverFilesExist(t *testing.T) {
 	assert.Equal(t, "i-1", f.record("web-01").InstanceID, "the instance id survives")
 }
 
+func TestACreateThatBootedButNeverRecordedItIsWitnessedNotRedone(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
+	f.eng.Close(context.Background())
+	rec := f.record("web-01")
+	rec.BootID, rec.Phase = "", status.PhaseCreating // the agent stopped between boot and record
+	require.NoError(t, f.store.SaveRecord(rec))
+	f.prov.ResetCalls()
+	f.start()
+
+	st := f.step(nil)
+	assert.Empty(t, f.prov.Calls(agenttest.OpRootDisk), "the running VM's disk is not prepared again")
+	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+	assert.Equal(t, "boot-1", f.record("web-01").BootID)
+}
+
 func TestAnUnreadableRecordIsLeftAloneNeverCreatedOver(t *testing.T) {
 	f := newFixture(t)
 	f.step(snap(1, vm("web-01"), vm("web-02")))

@@ -198,10 +198,19 @@ func (p *vmPass) create() {
 	spec := rec.Spec
 	m := p.machine(spec)
 	running := spec.Power != desired.PowerStopped
+	// A VM that runs although its create never recorded completion was
+	// booted just before the agent stopped: its root disk is in use and is
+	// not prepared again; the remaining steps witness the create.
+	booted := p.e.prov.Running(rec.Name)
 	steps := []step{
 		{StepPreflight, p.e.prov.Preflight},
 		{StepAdmission, func(context.Context) error { return p.admit(spec) }},
-		{StepRootDisk, func(ctx context.Context) error { return p.e.prov.PrepareRootDisk(ctx, m) }},
+		{StepRootDisk, func(ctx context.Context) error {
+			if booted {
+				return nil
+			}
+			return p.e.prov.PrepareRootDisk(ctx, m)
+		}},
 		{StepVolumes, func(context.Context) error { return p.volumesPresent(spec) }},
 		{StepBoot, func(ctx context.Context) error {
 			if !running {
