@@ -306,3 +306,33 @@ func TestSecretsStayOutOfStatusAndLogs(t *testing.T) {
 		assert.NotContains(t, logs.String(), s, "logs")
 	}
 }
+
+func TestAgentRunReactsToANewSnapshotAtOnce(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	h := newHostAgent(t, bare, newClock(), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	ag, err := agent.New(agent.Config{Host: testHost, Repo: mustOpen(t, bare), Engine: h.eng, Store: mustStore(t, h.dir),
+		Version: "test", Log: quietLog(), TickInterval: time.Hour, PollInterval: time.Hour, Heartbeat: time.Hour,
+		Ready: func() { close(ready) }})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	<-ready
+
+	// Ticks and polls are an hour apart: only the local repository's
+	// change notification and the workers' change signal can bring the VM
+	// to ready in the status.
+	publish(t, bare, snap(1, vm("web-01")))
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if st := readStatus(t, bare); st != nil && len(st.VMs) == 1 && st.VMs[0].Phase == status.PhaseReady {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the new snapshot was not acted on")
+		time.Sleep(50 * time.Millisecond)
+	}
+	assert.Equal(t, []string{"web-01"}, h.prov.Calls(agenttest.OpBoot))
+}
