@@ -256,6 +256,24 @@ func TestVMLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("root disk grows online with the spec", func(t *testing.T) {
+		grown := m
+		grown.Spec.DiskGB = 2
+		if err := p.PrepareRootDisk(ctx, grown); err != nil {
+			t.Fatal(err)
+		}
+		info, err := qemuImgInfo(ctx, "qemu-img", filepath.Join(dir, RootDiskFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.VirtualSize != 2*gib {
+			t.Errorf("root disk %d bytes after growing to 2 GiB", info.VirtualSize)
+		}
+		if got := p.machines[name].pid(); got != pid {
+			t.Errorf("growing restarted QEMU: pid %d, was %d", got, pid)
+		}
+	})
+
 	t.Run("graceful stop powers the guest off", func(t *testing.T) {
 		if err := p.Shutdown(ctx, name); err != nil {
 			t.Fatal(err)
