@@ -1,0 +1,129 @@
+package agent_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/tinyguest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// fileArtifact names a local file by file:// URL and sha256.
+func fileArtifact(t *testing.T, path string) desired.Artifact {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	sum := sha256.Sum256(data)
+	return desired.Artifact{URL: "file://" + path, SHA256: hex.EncodeToString(sum[:])}
+}
+
+// TestEngineWithRealQEMU runs the engine over the QEMU provisioner under
+// TCG with the tiny guest: create with a volume, an agent restart that
+// re-attaches instead of booting again, then delete through quarantine and
+// destroy, leaving the volume.
+func TestEngineWithRealQEMU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a real VM; skipped with -short")
+	}
+	for _, bin := range []string{"qemu-system-x86_64", "qemu-img"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s not installed (apt-get install qemu-system-x86 qemu-utils busybox-static)", bin)
+		}
+	}
+	cacheRoot := os.Getenv("GITFLEET_TEST_CACHE")
+	if cacheRoot == "" {
+		d, err := os.UserCacheDir()
+		require.NoError(t, err)
+		cacheRoot = filepath.Join(d, "gitfleet-test")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	g, err := tinyguest.Build(ctx, filepath.Join(cacheRoot, "tinyguest"))
+	if err != nil {
+		t.Skipf("no tiny guest on this host: %v", err)
+	}
+	base := filepath.Join(t.TempDir(), "base.qcow2")
+	out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", base, "64M").CombinedOutput()
+	require.NoError(t, err, string(out))
+	kernel, initrd, image := fileArtifact(t, g.Kernel), fileArtifact(t, g.Initrd), fileArtifact(t, base)
+
+	spec := desired.VMSpec{Host: testHost, VCPUs: 1, MemoryMB: 128, DiskGB: 1, Power: desired.PowerRunning,
+		Image:   &image,
+		Kernel:  &desired.Kernel{URL: kernel.URL, SHA256: kernel.SHA256, Initrd: &initrd, Cmdline: g.Cmdline},
+		Volumes: []string{"web-01-data"}}
+	vmEntry := desired.SnapshotVM{Name: "web-01", SpecHash: desired.SpecHash(spec), Spec: spec}
+	volumes := []desired.SnapshotVolume{{Name: "web-01-data", SizeGB: 1}}
+
+	dir := t.TempDir()
+	clk := newClock()
+	var store *agent.Store
+	var prov *qemu.Provisioner
+	var eng *agent.Engine
+	start := func() {
+		store, err = agent.OpenStore(filepath.Join(dir, "state"))
+		require.NoError(t, err)
+		prov, err = qemu.New(qemu.Config{CacheDir: filepath.Join(dir, "images"), MachineDir: store.VMDir, Accel: "tcg",
+			PowerdownTimeout: 20 * time.Second, KillTimeout: 5 * time.Second, BootTimeout: 90 * time.Second, Logger: quietLog()})
+		require.NoError(t, err)
+		eng, err = agent.NewEngine(agent.EngineConfig{Host: testHost, Store: store, Provisioner: prov,
+			Now: clk.Now, TombstoneGrace: time.Minute, Log: quietLog()})
+		require.NoError(t, err)
+	}
+	step := func(s *desired.Snapshot) *status.Status {
+		t.Helper()
+		require.NoError(t, eng.Tick(context.Background(), s))
+		require.NoError(t, eng.Settle(context.Background()))
+		return eng.Report()
+	}
+	start()
+	t.Cleanup(func() {
+		eng.Close(context.Background())
+		_ = prov.Destroy(context.Background(), "web-01")
+	})
+
+	st := step(&desired.Snapshot{Host: testHost, Epoch: 1, VMs: []desired.SnapshotVM{vmEntry}, Volumes: volumes})
+	r := row(t, st, "web-01")
+	require.Equal(t, status.PhaseReady, r.Phase, r.LastError)
+	assert.NotEmpty(t, r.SSH, "user-mode networking forwards SSH")
+	assert.Equal(t, "tcg", prov.Accel())
+	pid, err := os.ReadFile(filepath.Join(store.VMDir("web-01"), qemu.PidFile))
+	require.NoError(t, err)
+
+	// The agent restarts; QEMU does not.
+	eng.Close(context.Background())
+	start()
+	st = step(nil)
+	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+	again, err := os.ReadFile(filepath.Join(store.VMDir("web-01"), qemu.PidFile))
+	require.NoError(t, err)
+	assert.Equal(t, string(pid), string(again), "re-attached, not booted again")
+
+	deleted := vmEntry
+	deleted.Tombstoned = true
+	tomb := &desired.Snapshot{Host: testHost, Epoch: 2, VMs: []desired.SnapshotVM{deleted}, Volumes: volumes}
+	st = step(tomb)
+	require.Len(t, st.Quarantined, 1)
+	assert.False(t, prov.Running("web-01"), "shut down for its quarantine")
+	_, err = os.Stat(filepath.Join(store.VMDir("web-01"), qemu.RootDiskFile))
+	assert.NoError(t, err, "the disk is kept through the grace")
+
+	clk.Add(2 * time.Minute)
+	st = step(tomb)
+	assert.Equal(t, []string{"web-01"}, st.Destroyed)
+	_, err = os.Stat(store.VMDir("web-01"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	_, err = os.Stat(store.VolumePath("web-01-data"))
+	assert.NoError(t, err, "a VM's destroy never takes its volume")
+}
