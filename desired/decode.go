@@ -33,6 +33,9 @@ type nodeDecoder struct {
 	errs []*Error
 	pos  map[string]fieldPos
 	bad  map[string]bool // fields with an error already
+	// snapshot words document-level errors for a snapshot file rather
+	// than an object file.
+	snapshot bool
 }
 
 func newNodeDecoder(file string) *nodeDecoder {

@@ -110,16 +110,26 @@ func (d *nodeDecoder) document(data []byte) *yaml.Node {
 			continue // an empty document: "---" alone, or only comments
 		}
 		if root != nil {
+			if d.snapshot {
+				d.add(nodePos(doc.Content[0]), "", "a second YAML document; a snapshot is one document")
+				return nil
+			}
 			d.add(nodePos(doc.Content[0]), "", "a second YAML document; each file holds exactly one object (split it into two files)")
 			return nil
 		}
 		root = doc.Content[0]
 	}
-	if root == nil {
+	switch {
+	case root == nil && d.snapshot:
+		d.add(pos{1, 1}, "", "empty snapshot; a snapshot is a mapping with host, vms and volumes")
+		return nil
+	case root == nil:
 		d.add(pos{1, 1}, "", "no object in file; each *.yaml / *.yml file holds exactly one object (remove the file or give it one)")
 		return nil
-	}
-	if root.Kind != yaml.MappingNode {
+	case root.Kind != yaml.MappingNode && d.snapshot:
+		d.add(nodePos(root), "", "a snapshot must be a mapping with host, vms and volumes; got %s", describe(root))
+		return nil
+	case root.Kind != yaml.MappingNode:
 		if d.plain(root, "") {
 			d.add(nodePos(root), "", "an object must be a mapping with apiVersion, kind, metadata and spec; got %s", describe(root))
 		}

@@ -131,6 +131,7 @@ func MarshalSnapshot(s *Snapshot) ([]byte, error) {
 // LINE:COL: message; callers add the path.
 func ParseSnapshot(data []byte) (*Snapshot, error) {
 	d := newNodeDecoder("")
+	d.snapshot = true
 	root := d.document(data)
 	if root == nil {
 		return nil, ErrorList(d.errs)

@@ -3,6 +3,7 @@ package desired
 import (
 	"bytes"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -45,5 +46,39 @@ func TestComputeSnapshotsRoundTrip(t *testing.T) {
 		if !reflect.DeepEqual(back, s) {
 			t.Errorf("round trip of %s:\n got %+v\nwant %+v", s.Host, back, s)
 		}
+	}
+}
+
+func TestParseSnapshotErrors(t *testing.T) {
+	valid := "host: hv-a\nepoch: 4\nsource: {commit: abc, branch: main}\nhostSpec: {}\nvms:\n  - name: web-01\n    specHash: HASH\n    spec: {host: hv-a, vcpus: 1, memoryMB: 512, diskGB: 5, power: running}\n    tombstoned: false\nvolumes: []\n"
+	spec := VMSpec{Host: "hv-a", VCPUs: 1, MemoryMB: 512, DiskGB: 5, Power: PowerRunning}
+	valid = strings.Replace(valid, "HASH", SpecHash(spec), 1)
+	if s, err := ParseSnapshot([]byte(valid)); err != nil || !reflect.DeepEqual(s.VMs[0].Spec, spec) || s.Epoch != 4 {
+		t.Fatalf("ParseSnapshot(valid) = %+v, %v", s, err)
+	}
+	tests := []struct{ name, input, want string }{
+		{"empty", "", "1:1: empty snapshot; a snapshot is a mapping with host, vms and volumes"},
+		{"not a mapping", "- host: hv-a\n", "1:1: a snapshot must be a mapping with host, vms and volumes; got a list"},
+		{"two documents", valid + "---\nhost: hv-b\n", "12:1: a second YAML document; a snapshot is one document"},
+		{"unknown field", strings.Replace(valid, "epoch: 4", "epoc: 4", 1), "2:1: epoc: unknown field \"epoc\"; did you mean \"epoch\"?"},
+		{"vms missing", strings.Replace(valid, "vms:", "vns:", 1), "1:1: vms: missing\n5:1: vns: unknown field \"vns\"; did you mean \"vms\"?"},
+		{"negative epoch", strings.Replace(valid, "epoch: 4", "epoch: -4", 1), "2:8: epoch: must be a non-negative integer below 2^63, got -4"},
+		{"quoted boolean", strings.Replace(valid, "tombstoned: false", `tombstoned: "false"`, 1), "9:17: vms[0].tombstoned: must be true or false, got the string \"false\""},
+		{"spec edited without its hash", strings.Replace(valid, "vcpus: 1", "vcpus: 2", 1),
+			"7:15: vms[0].specHash: \"" + SpecHash(spec) + "\" does not match the spec, whose hash is " + SpecHash(VMSpec{Host: "hv-a", VCPUs: 2, MemoryMB: 512, DiskGB: 5, Power: PowerRunning})},
+		{"duplicate VM", strings.Replace(valid, "volumes: []\n", "", 1) + strings.Join(strings.SplitAfter(valid, "\n")[5:9], "") + "volumes: []\n",
+			"10:11: vms[1].name: VM \"web-01\" is listed twice"},
+		{"bad host name", strings.Replace(valid, "host: hv-a\nepoch", "host: HV_A\nepoch", 1), "1:7: host: \"HV_A\" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := ParseSnapshot([]byte(tt.input))
+			if err == nil || err.Error() != tt.want {
+				t.Errorf("ParseSnapshot = %+v, %v\nwant error %s", s, err, tt.want)
+			}
+			if err != nil && s != nil {
+				t.Errorf("a snapshot with an error")
+			}
+		})
 	}
 }
