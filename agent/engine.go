@@ -85,6 +85,7 @@ type Engine struct {
 	cancel context.CancelFunc
 
 	admitMu sync.Mutex // serializes admission across workers
+	tickMu  sync.Mutex // one Tick at a time
 
 	mu        sync.Mutex
 	idle      *sync.Cond // signalled when inflight drops to 0
@@ -193,11 +194,14 @@ func (e *Engine) accept(snap *desired.Snapshot) {
 // snapshot whose epoch is below the last accepted is refused: Tick acts on
 // nothing, marks the host fenced and returns ErrFenced. Otherwise it
 // persists the snapshot and epoch, converges volumes, and kicks every VM's
-// worker; it does not wait for them (see Settle).
+// worker; it does not wait for them (see Settle). Concurrent calls run one
+// after the other.
 func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	e.tickMu.Lock()
+	defer e.tickMu.Unlock()
 	if err := e.load(); err != nil {
 		return err
 	}
@@ -236,7 +240,7 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		if err := e.store.SaveSnapshot(snap); err != nil {
 			return fmt.Errorf("tick: %w", err)
 		}
-		if snap.Epoch > e.lastEpochLocked() {
+		if snap.Epoch > e.currentEpoch() {
 			if err := e.store.SaveEpoch(snap.Epoch); err != nil {
 				return fmt.Errorf("tick: %w", err)
 			}
@@ -267,7 +271,7 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 	return nil
 }
 
-func (e *Engine) lastEpochLocked() uint64 {
+func (e *Engine) currentEpoch() uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.lastEpoch
