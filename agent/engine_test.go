@@ -335,6 +335,8 @@ func TestAdmissionAgainstHostCapacity(t *testing.T) {
 			snap: withCapacity(snap(1, vm("a", vcpus(2)), vm("b", vcpus(2))), 3, 0)},
 		{name: "both fit", wantBoots: 2,
 			snap: withCapacity(snap(1, vm("a", vcpus(2)), vm("b", vcpus(2))), 4, 0)},
+		{name: "ten VMs started together, room for four", wantBoots: 4,
+			snap: withCapacity(snap(1, vm("a"), vm("b"), vm("c"), vm("d"), vm("e"), vm("f"), vm("g"), vm("h"), vm("i"), vm("j")), 4, 0)},
 		{name: "no capacity means no limit", wantBoots: 2,
 			snap: snap(1, vm("a", vcpus(64)), vm("b", vcpus(64)))},
 	}
@@ -359,6 +361,17 @@ func TestAdmissionAgainstHostCapacity(t *testing.T) {
 			assert.Equal(t, status.PhaseFailed, blocked[0].Phase)
 			assert.Zero(t, f.record(blocked[0].Name).Attempts, "a capacity refusal spends no attempt")
 		})
+	}
+}
+
+func TestVMsCreatedTogetherGetDistinctAddresses(t *testing.T) {
+	f := newFixture(t)
+	st := f.step(snap(1, vm("a"), vm("b"), vm("c")))
+	seen := map[string]string{}
+	for _, r := range st.VMs {
+		require.NotEmpty(t, r.IP, r.Name)
+		assert.NotContains(t, seen, r.IP, "%s and %s share an address", r.Name, seen[r.IP])
+		seen[r.IP] = r.Name
 	}
 }
 
