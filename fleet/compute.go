@@ -93,7 +93,10 @@ func compute(in input) (*output, error) {
 		return out, nil
 	}
 
-	cur := identities(in.fleet)
+	// Group the live objects per host, sorted by name, without specs: a
+	// spec is copied only into a snapshot that is written.
+	snaps := buildSnapshots(in.fleet, nil, in.specHash, false)
+	live := func(r ref) bool { return snaps[r.Host].has(r.Kind, r.Name) }
 	pending := map[ref]*TombstoneRecord{}
 	for _, t := range l.Tombstones {
 		pending[t.ref()] = t
@@ -102,7 +105,7 @@ func compute(in input) (*output, error) {
 	// Un-delete: an object back on the host of its pending tombstone.
 	kept := l.Tombstones[:0:0]
 	for _, t := range l.Tombstones {
-		if cur[t.ref()] {
+		if live(t.ref()) {
 			out.undeleted = append(out.undeleted, t.ref())
 			delete(pending, t.ref())
 			continue
@@ -116,12 +119,12 @@ func compute(in input) (*output, error) {
 		var removed []ref
 		for host, rec := range l.Hosts {
 			for _, n := range rec.VMs {
-				if r := (ref{desired.KindVM, n, host}); !cur[r] && pending[r] == nil {
+				if r := (ref{desired.KindVM, n, host}); !live(r) && pending[r] == nil {
 					removed = append(removed, r)
 				}
 			}
 			for _, n := range rec.Volumes {
-				if r := (ref{desired.KindVolume, n, host}); !cur[r] && pending[r] == nil {
+				if r := (ref{desired.KindVolume, n, host}); !live(r) && pending[r] == nil {
 					removed = append(removed, r)
 				}
 			}
@@ -178,7 +181,17 @@ func compute(in input) (*output, error) {
 
 	// Publish: build every host's snapshot content, and write the hosts
 	// whose content changed with the next epoch.
-	snaps := buildSnapshots(in.fleet, l.Tombstones, in.specHash)
+	addTombstones(snaps, l.Tombstones)
+	// Remember the applied identities: the live names per host.
+	for host, rec := range l.Hosts {
+		if snaps[host] == nil {
+			rec.VMs, rec.Volumes = nil, nil
+		}
+	}
+	for host, s := range snaps {
+		rec := l.host(host)
+		rec.VMs, rec.Volumes = s.liveNames()
+	}
 	for host := range l.Hosts {
 		if _, ok := snaps[host]; !ok && l.Hosts[host].Hash != "" {
 			// The host left the fleet and has nothing pending: remove its
@@ -201,6 +214,11 @@ func compute(in input) (*output, error) {
 		}
 		rec.Epoch++
 		rec.Hash = key
+		for i := range s.snap.VMs {
+			if vm := &s.snap.VMs[i]; !vm.Tombstoned {
+				vm.Spec = in.fleet.VMs[vm.Name].Spec
+			}
+		}
 		s.snap.Epoch = rec.Epoch
 		s.snap.Source = desired.SnapshotSource{Commit: in.head, Branch: in.branch}
 		for _, t := range s.tombs {
@@ -226,23 +244,6 @@ func compute(in input) (*output, error) {
 		out.published[host] = rec.Epoch
 	}
 
-	// Remember the applied identities.
-	for _, rec := range l.Hosts {
-		rec.VMs, rec.Volumes = nil, nil
-	}
-	for r := range cur {
-		rec := l.host(r.Host)
-		switch r.Kind {
-		case desired.KindVM:
-			rec.VMs = append(rec.VMs, r.Name)
-		case desired.KindVolume:
-			rec.Volumes = append(rec.Volumes, r.Name)
-		}
-	}
-	for _, rec := range l.Hosts {
-		sort.Strings(rec.VMs)
-		sort.Strings(rec.Volumes)
-	}
 	l.Applied = &AppliedCommit{Commit: in.head, Branch: in.branch}
 	return out, nil
 }
@@ -294,18 +295,6 @@ func acked(st *status.Status, t *TombstoneRecord) bool {
 	return false
 }
 
-// identities is the set of VM and Volume refs of a fleet.
-func identities(f *desired.Fleet) map[ref]bool {
-	out := make(map[ref]bool, len(f.VMs)+len(f.Volumes))
-	for name, vm := range f.VMs {
-		out[ref{desired.KindVM, name, vm.Spec.Host}] = true
-	}
-	for name, v := range f.Volumes {
-		out[ref{desired.KindVolume, name, v.Spec.Host}] = true
-	}
-	return out
-}
-
 // hostSnapshot is a snapshot under construction and the ledger tombstones it
 // carries.
 type hostSnapshot struct {
@@ -313,13 +302,46 @@ type hostSnapshot struct {
 	tombs []*TombstoneRecord
 }
 
+// has reports whether s holds a live object of kind named name (s may be
+// nil). The lists are sorted by name.
+func (s *hostSnapshot) has(kind desired.Kind, name string) bool {
+	if s == nil {
+		return false
+	}
+	switch kind {
+	case desired.KindVM:
+		i := sort.Search(len(s.snap.VMs), func(i int) bool { return s.snap.VMs[i].Name >= name })
+		return i < len(s.snap.VMs) && s.snap.VMs[i].Name == name && !s.snap.VMs[i].Tombstoned
+	case desired.KindVolume:
+		i := sort.Search(len(s.snap.Volumes), func(i int) bool { return s.snap.Volumes[i].Name >= name })
+		return i < len(s.snap.Volumes) && s.snap.Volumes[i].Name == name && !s.snap.Volumes[i].Tombstoned
+	}
+	return false
+}
+
+// liveNames lists the names of the live VMs and volumes, sorted.
+func (s *hostSnapshot) liveNames() (vms, vols []string) {
+	for _, vm := range s.snap.VMs {
+		if !vm.Tombstoned {
+			vms = append(vms, vm.Name)
+		}
+	}
+	for _, v := range s.snap.Volumes {
+		if !v.Tombstoned {
+			vols = append(vols, v.Name)
+		}
+	}
+	return vms, vols
+}
+
 // buildSnapshots computes, for every host of the fleet or with a pending
 // tombstone, its snapshot without epoch and source: live VMs and volumes and
 // the tombstoned ones, sorted by name. For the live objects it gives what
 // desired.ComputeSnapshots gives (a test pins this), but takes spec hashes
-// from specHash, which caches them across passes: a pass over ten thousand
-// VMs must not re-encode ten thousand specs.
-func buildSnapshots(f *desired.Fleet, tombs []*TombstoneRecord, specHash func(*desired.VM) string) map[string]*hostSnapshot {
+// from specHash, which caches them across passes, and copies the live specs
+// only withSpecs: a pass over ten thousand VMs must neither re-encode nor
+// copy ten thousand specs to find the one host that changed.
+func buildSnapshots(f *desired.Fleet, tombs []*TombstoneRecord, specHash func(*desired.VM) string, withSpecs bool) map[string]*hostSnapshot {
 	out := map[string]*hostSnapshot{}
 	get := func(host string) *hostSnapshot {
 		s := out[host]
@@ -334,14 +356,34 @@ func buildSnapshots(f *desired.Fleet, tombs []*TombstoneRecord, specHash func(*d
 	}
 	for name, vm := range f.VMs {
 		s := get(vm.Spec.Host)
-		s.snap.VMs = append(s.snap.VMs, desired.SnapshotVM{Name: name, SpecHash: specHash(vm), Spec: vm.Spec})
+		e := desired.SnapshotVM{Name: name, SpecHash: specHash(vm)}
+		if withSpecs {
+			e.Spec = vm.Spec
+		}
+		s.snap.VMs = append(s.snap.VMs, e)
 	}
 	for name, v := range f.Volumes {
 		s := get(v.Spec.Host)
 		s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: name, SizeGB: v.Spec.SizeGB})
 	}
+	for _, s := range out {
+		sortEntries(s)
+	}
+	addTombstones(out, tombs)
+	return out
+}
+
+// addTombstones adds the tombstoned entries to the hosts' snapshots, with
+// their last specs, keeping the lists sorted.
+func addTombstones(out map[string]*hostSnapshot, tombs []*TombstoneRecord) {
+	touched := map[*hostSnapshot]bool{}
 	for _, t := range tombs {
-		s := get(t.Host)
+		s := out[t.Host]
+		if s == nil {
+			s = &hostSnapshot{snap: &desired.Snapshot{Host: t.Host, VMs: []desired.SnapshotVM{}, Volumes: []desired.SnapshotVolume{}}}
+			out[t.Host] = s
+		}
+		touched[s] = true
 		s.tombs = append(s.tombs, t)
 		tb := t.Tombstone
 		switch t.Kind {
@@ -356,11 +398,14 @@ func buildSnapshots(f *desired.Fleet, tombs []*TombstoneRecord, specHash func(*d
 			s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: t.Name, SizeGB: t.SizeGB, Tombstoned: true, Tombstone: &tb})
 		}
 	}
-	for _, s := range out {
-		sort.Slice(s.snap.VMs, func(i, j int) bool { return s.snap.VMs[i].Name < s.snap.VMs[j].Name })
-		sort.Slice(s.snap.Volumes, func(i, j int) bool { return s.snap.Volumes[i].Name < s.snap.Volumes[j].Name })
+	for s := range touched {
+		sortEntries(s)
 	}
-	return out
+}
+
+func sortEntries(s *hostSnapshot) {
+	sort.Slice(s.snap.VMs, func(i, j int) bool { return s.snap.VMs[i].Name < s.snap.VMs[j].Name })
+	sort.Slice(s.snap.Volumes, func(i, j int) bool { return s.snap.Volumes[i].Name < s.snap.Volumes[j].Name })
 }
 
 // contentKey identifies a snapshot's content without its epoch, its source

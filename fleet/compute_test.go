@@ -36,7 +36,7 @@ func TestBuildSnapshotsMatchesDesired(t *testing.T) {
 	files["vms/web-02.yaml"] = vmYAML("web-02", "hv-a", 3)
 	files["hosts/hv-c.yaml"] = hostYAML("hv-c")
 	f := loadFiles(t, files)
-	got := buildSnapshots(f, nil, func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) })
+	got := buildSnapshots(f, nil, func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }, true)
 	want := desired.ComputeSnapshots(f)
 	if len(got) != len(want) {
 		t.Fatalf("hosts: got %d, want %d", len(got), len(want))
@@ -51,20 +51,20 @@ func TestBuildSnapshotsMatchesDesired(t *testing.T) {
 func TestContentKeyIgnoresEpochAndSource(t *testing.T) {
 	f := loadFiles(t, baseFleet())
 	hash := func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }
-	a := buildSnapshots(f, nil, hash)["hv-a"].snap
+	a := buildSnapshots(f, nil, hash, false)["hv-a"].snap
 	k := contentKey(a)
 	a.Epoch, a.Source = 9, desired.SnapshotSource{Commit: "x", Branch: "y"}
 	if contentKey(a) != k {
 		t.Error("epoch or source changed the content key")
 	}
 	tomb := &TombstoneRecord{Kind: desired.KindVM, Name: "gone", Host: "hv-a", Tombstone: desired.Tombstone{Commit: "c", Epoch: 0}}
-	b := buildSnapshots(f, []*TombstoneRecord{tomb}, hash)["hv-a"].snap
+	b := buildSnapshots(f, []*TombstoneRecord{tomb}, hash, false)["hv-a"].snap
 	kb := contentKey(b)
 	if kb == k {
 		t.Error("a tombstone did not change the content key")
 	}
 	tomb.Tombstone.Epoch = 7
-	if contentKey(buildSnapshots(f, []*TombstoneRecord{tomb}, hash)["hv-a"].snap) != kb {
+	if contentKey(buildSnapshots(f, []*TombstoneRecord{tomb}, hash, false)["hv-a"].snap) != kb {
 		t.Error("a tombstone's publishing epoch changed the content key")
 	}
 }
