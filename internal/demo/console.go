@@ -1,0 +1,69 @@
+package demo
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/gitfleet/gitfleet/internal/tinyguest"
+)
+
+// console follows one VM's serial log and returns the tiny guest's lines
+// (those holding tinyguest.LinePrefix) that were completed since the
+// last call, without the prefix. QEMU truncates the log when it starts the
+// guest again; a log shorter than what was read, or a call to restart,
+// starts from the top.
+type console struct {
+	path   string
+	offset int64
+	tail   []byte // an incomplete last line
+	booted bool   // the guest printed "ready"
+}
+
+// restart makes the next read start from the top of the log (the guest is
+// being booted again).
+func (c *console) restart() {
+	c.offset, c.tail, c.booted = 0, nil, false
+}
+
+func (c *console) read() []string {
+	f, err := os.Open(c.path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() < c.offset {
+		c.restart()
+	}
+	if _, err := f.Seek(c.offset, io.SeekStart); err != nil {
+		return nil
+	}
+	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil || len(data) == 0 {
+		return nil
+	}
+	c.offset += int64(len(data))
+	data = append(c.tail, data...)
+	end := bytes.LastIndexByte(data, '\n')
+	if end < 0 {
+		c.tail = data
+		return nil
+	}
+	c.tail = append([]byte(nil), data[end+1:]...)
+	var lines []string
+	for _, line := range strings.Split(string(data[:end]), "\n") {
+		line = strings.TrimRight(line, "\r")
+		// A kernel message may be printed into the middle of a line.
+		i := strings.Index(line, tinyguest.LinePrefix)
+		if i < 0 {
+			continue
+		}
+		msg := line[i+len(tinyguest.LinePrefix):]
+		if msg == "ready" {
+			c.booted = true
+		}
+		lines = append(lines, msg)
+	}
+	return lines
+}

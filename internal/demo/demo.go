@@ -1,0 +1,576 @@
+// Package demo is `gitfleet demo`: on one machine, without internet, it
+// builds (or reuses) the tiny guest, creates a bare repository holding a
+// small fleet — one Host, two VMs, one Volume — and runs the controller and
+// an agent with the QEMU backend in this process against that repository's
+// file:// URL. It prints each VM's phase as it changes, a summary once every
+// VM has settled, and how to change the fleet with git; it then keeps
+// applying pushes until its context ends.
+//
+// Everything lives under one directory (Layout), so re-running resumes
+// where the last run stopped — pushes, disks and volumes are kept — and
+// removing the directory removes everything. On exit the demo shuts its
+// guests down (their disks stay) unless Config.Keep is set, in which case
+// they keep running and the next run re-attaches them.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/fleet"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// Defaults of Config: short intervals, so a push lands within seconds.
+const (
+	DefaultTickInterval       = 3 * time.Second
+	DefaultPollInterval       = 5 * time.Second
+	DefaultControllerInterval = 5 * time.Second
+	DefaultHeartbeat          = 15 * time.Second
+	// DefaultTombstoneGrace is the demo agent's grace between a VM's or
+	// volume's file being deleted and its disk being destroyed (5 min in a
+	// real fleet).
+	DefaultTombstoneGrace = time.Minute
+)
+
+// ErrBusy is returned when another demo runs on the same directory.
+var ErrBusy = errors.New("another gitfleet demo runs on this directory")
+
+// Layout is where the demo keeps everything, under Dir.
+type Layout struct{ Dir string }
+
+// Repo is the bare repository holding the fleet (fleet.git).
+func (l Layout) Repo() string { return filepath.Join(l.Dir, "fleet.git") }
+
+// Images holds the kernel and initramfs the fleet's file:// URLs name.
+func (l Layout) Images() string { return filepath.Join(l.Dir, "images") }
+
+// ControllerCache is the controller's clone of the repository.
+func (l Layout) ControllerCache() string { return filepath.Join(l.Dir, "controller", "git") }
+
+// AgentCache is the agent's clone of the repository.
+func (l Layout) AgentCache() string { return filepath.Join(l.Dir, "agent", "git") }
+
+// State is the agent's state store: VMs' directories (disks, serial logs)
+// under vms/, volumes under volumes/.
+func (l Layout) State() string { return filepath.Join(l.Dir, "agent", "state") }
+
+// ImageCache is the QEMU backend's artifact cache (by sha256).
+func (l Layout) ImageCache() string { return filepath.Join(l.Dir, "agent", "cache") }
+
+// Log is the controller's and agent's log file.
+func (l Layout) Log() string { return filepath.Join(l.Dir, "demo.log") }
+
+// DefaultDir is the demo's directory when none is given:
+// $XDG_STATE_HOME/gitfleet/demo, or ~/.local/state/gitfleet/demo.
+func DefaultDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "gitfleet", "demo")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "gitfleet", "demo")
+	}
+	return filepath.Join(os.TempDir(), "gitfleet-demo")
+}
+
+// Config configures Run. Zero values take the defaults noted.
+type Config struct {
+	// Dir holds everything the demo makes (default DefaultDir()).
+	Dir string
+	// CacheDir is where the tiny guest is built and cached (default
+	// DefaultCacheDir()).
+	CacheDir string
+	// Keep leaves the guests running when Run returns.
+	Keep bool
+	// Accel is the QEMU accelerator: auto (default), kvm or tcg.
+	Accel string
+	// Out receives the demo's progress and summary (default os.Stdout).
+	Out io.Writer
+	// Command is how the printed instructions call gitfleet (default
+	// "gitfleet").
+	Command string
+	// Version is the agent version reported in status.
+	Version string
+	// TickInterval, PollInterval and Heartbeat configure the agent;
+	// ControllerInterval the controller's polling; TombstoneGrace the
+	// agent's grace before a deleted VM or volume is destroyed. See the
+	// Default* constants.
+	TickInterval       time.Duration
+	PollInterval       time.Duration
+	Heartbeat          time.Duration
+	ControllerInterval time.Duration
+	TombstoneGrace     time.Duration
+	// OnSettled, if set, is called once, after the summary is printed, the
+	// first time every VM is ready or stopped. Tests use it to end the run.
+	OnSettled func(*status.Status)
+}
+
+func (c *Config) defaults() error {
+	if c.Dir == "" {
+		c.Dir = DefaultDir()
+	}
+	abs, err := filepath.Abs(c.Dir)
+	if err != nil {
+		return fmt.Errorf("demo directory %s: %w", c.Dir, err)
+	}
+	c.Dir = abs
+	if c.CacheDir == "" {
+		c.CacheDir = DefaultCacheDir()
+	}
+	if c.Accel == "" {
+		c.Accel = qemu.AccelAuto
+	}
+	if c.Out == nil {
+		c.Out = os.Stdout
+	}
+	if c.Command == "" {
+		c.Command = "gitfleet"
+	}
+	if c.Version == "" {
+		c.Version = "dev"
+	}
+	if c.TickInterval <= 0 {
+		c.TickInterval = DefaultTickInterval
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.ControllerInterval <= 0 {
+		c.ControllerInterval = DefaultControllerInterval
+	}
+	if c.TombstoneGrace <= 0 {
+		c.TombstoneGrace = DefaultTombstoneGrace
+	}
+	return nil
+}
+
+// Run runs the demo until ctx ends (Ctrl-C), then stops the controller and
+// the agent, shuts the guests down unless cfg.Keep, and says what stays
+// where. It returns an error wrapping ErrMissingTools when QEMU is not
+// installed, ErrBusy when another demo holds the directory, or a failure to
+// build the guest or set up the repository; once the fleet runs, failures
+// of a VM are shown, not returned.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.defaults(); err != nil {
+		return err
+	}
+	if err := CheckTools(); err != nil {
+		return err
+	}
+	l := Layout{Dir: cfg.Dir}
+	if err := os.MkdirAll(l.Dir, 0o755); err != nil {
+		return fmt.Errorf("demo directory: %w", err)
+	}
+	unlock, err := lockDir(l.Dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	out := cfg.Out
+	start := time.Now()
+	fmt.Fprintf(out, "gitfleet demo in %s\n", l.Dir)
+
+	fmt.Fprintf(out, "  tiny guest: building or reusing it in %s ...\n", cfg.CacheDir)
+	g, err := PrepareGuest(ctx, cfg.CacheDir, l.Images())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "  tiny guest: %s and %s (%.1fs)\n", filepath.Base(g.Kernel), filepath.Base(g.Initrd), time.Since(start).Seconds())
+
+	logFile, err := os.OpenFile(l.Log(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("demo log: %w", err)
+	}
+	defer logFile.Close()
+	logger := logrus.New()
+	logger.SetOutput(logFile)
+	logger.SetLevel(logrus.InfoLevel)
+	log := logrus.NewEntry(logger)
+
+	url, created, err := SetupRepo(ctx, l.Repo(), FleetFiles(g), log)
+	if err != nil {
+		return err
+	}
+	if created {
+		fmt.Fprintf(out, "  repository: %s, with the demo fleet committed to %s\n", url, MainBranch)
+	} else {
+		fmt.Fprintf(out, "  repository: %s (resumed: its %s branch is kept as it is)\n", url, MainBranch)
+	}
+
+	rt, err := startFleet(ctx, cfg, l, url, logger)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "  controller and agent: running, accelerator %s (logs: %s)\n", rt.prov.Accel(), l.Log())
+	if rt.prov.Accel() == qemu.AccelTCG {
+		fmt.Fprintln(out, "  (no usable KVM here: the guests run under QEMU's TCG emulation, slower but fine for the demo)")
+	}
+	fmt.Fprintln(out)
+
+	w := newWatcher(out, start, l)
+	settled := false
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-rt.failed:
+			break loop
+		case <-t.C:
+		}
+		st := rt.eng.Report()
+		w.observe(st)
+		if !settled && w.settled(st) {
+			settled = true
+			fmt.Fprintf(out, "\nThe fleet is up after %.1fs.\n\n", time.Since(start).Seconds())
+			printSummary(out, cfg, l, url, st)
+			if cfg.OnSettled != nil {
+				cfg.OnSettled(st)
+			}
+		}
+	}
+	fmt.Fprintln(out, "\nStopping the controller and the agent ...")
+	runErr := rt.stop()
+	vms := filepath.Join(l.State(), "vms")
+	if cfg.Keep {
+		fmt.Fprintf(out, "The VMs keep running (--keep), their disks in %s; the next `%s demo --dir %s` re-attaches them.\n",
+			vms, cfg.Command, l.Dir)
+		fmt.Fprintf(out, "To remove everything: run that without --keep, stop it with Ctrl-C, then rm -rf %s\n", l.Dir)
+	} else {
+		shutdownAll(out, rt)
+		fmt.Fprintf(out, "The VMs are shut down. Their disks stay in %s; the next `%s demo --dir %s` boots them again.\n",
+			vms, cfg.Command, l.Dir)
+		fmt.Fprintf(out, "To remove everything: rm -rf %s\n", l.Dir)
+	}
+	return runErr
+}
+
+// runtime is the running controller and agent.
+type runtime struct {
+	prov   *qemu.Provisioner
+	eng    *agent.Engine
+	store  *agent.Store
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	errMu  sync.Mutex
+	err    error
+	failed chan struct{} // closed when the controller or agent returned early
+	once   sync.Once
+}
+
+// startFleet opens the repository twice (a full clone for the controller, a
+// shallow one for the agent, as on separate machines) and starts the
+// controller's and the agent's loops.
+func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *logrus.Logger) (*runtime, error) {
+	log := logrus.NewEntry(logger)
+	ctrl, err := fleet.New(fleet.Config{URL: url, CacheDir: l.ControllerCache(), Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
+	}
+	store, err := agent.OpenStore(l.State())
+	if err != nil {
+		return nil, fmt.Errorf("agent state: %w", err)
+	}
+	prov, err := qemu.New(qemu.Config{
+		CacheDir:         l.ImageCache(),
+		MachineDir:       store.VMDir,
+		Accel:            cfg.Accel,
+		BootTimeout:      60 * time.Second,
+		PowerdownTimeout: 20 * time.Second,
+		Logger:           logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("qemu backend: %w", err)
+	}
+	eng, err := agent.NewEngine(agent.EngineConfig{
+		Host: HostName, Store: store, Provisioner: prov,
+		TombstoneGrace: cfg.TombstoneGrace, Log: logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent engine: %w", err)
+	}
+	repo, err := gitsource.Open(ctx, gitsource.Options{URL: url, CacheDir: l.AgentCache(), Depth: 1, Logger: log})
+	if err != nil {
+		eng.Close(context.Background())
+		return nil, fmt.Errorf("agent repository: %w", err)
+	}
+	ag, err := agent.New(agent.Config{
+		Host: HostName, Repo: repo, Engine: eng, Store: store,
+		TickInterval: cfg.TickInterval, PollInterval: cfg.PollInterval, Heartbeat: cfg.Heartbeat,
+		StopTimeout: 30 * time.Second, Version: cfg.Version, Log: logger,
+	})
+	if err != nil {
+		eng.Close(context.Background())
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	rt := &runtime{prov: prov, eng: eng, store: store, cancel: cancel, failed: make(chan struct{})}
+	rt.goRun("controller", func() error { return ctrl.Run(rctx, cfg.ControllerInterval) })
+	rt.goRun("agent", func() error { return ag.Run(rctx) })
+	return rt, nil
+}
+
+// goRun runs fn; an error other than the context's is kept for stop and
+// ends the demo.
+func (rt *runtime) goRun(name string, fn func() error) {
+	rt.wg.Add(1)
+	go func() {
+		defer rt.wg.Done()
+		err := fn()
+		if err != nil && !errors.Is(err, context.Canceled) {
+			rt.errMu.Lock()
+			rt.err = errors.Join(rt.err, fmt.Errorf("%s: %w", name, err))
+			rt.errMu.Unlock()
+			rt.once.Do(func() { close(rt.failed) })
+		}
+	}()
+}
+
+// stop ends both loops and waits for them (the agent finishes the passes in
+// flight and writes its status once more).
+func (rt *runtime) stop() error {
+	rt.cancel()
+	rt.wg.Wait()
+	rt.errMu.Lock()
+	defer rt.errMu.Unlock()
+	return rt.err
+}
+
+// shutdownAll shuts every VM the agent has a record of down gracefully.
+func shutdownAll(out io.Writer, rt *runtime) {
+	recs, _, err := rt.store.LoadRecords()
+	if err != nil {
+		fmt.Fprintf(out, "cannot list the VMs to shut down: %v\n", err)
+		return
+	}
+	names := make([]string, 0, len(recs))
+	for name := range recs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, name := range names {
+		if !rt.prov.Running(name) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			err := rt.prov.Shutdown(ctx, name)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				fmt.Fprintf(out, "  %s: shutdown failed: %v\n", name, err)
+			} else {
+				fmt.Fprintf(out, "  %s: shut down\n", name)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// bootWait bounds how long the summary waits, after a VM is ready, for its
+// console to show the tiny guest's "ready" line (a VM that boots another
+// image never prints it).
+const bootWait = 2 * time.Minute
+
+// watcher prints one line per change of a VM's phase, power or error, the
+// tiny guest's console lines, and when a VM is quarantined, destroyed or
+// gone.
+type watcher struct {
+	out         io.Writer
+	start       time.Time
+	layout      Layout
+	seen        map[string]status.VM
+	consoles    map[string]*console
+	readyAt     map[string]time.Time
+	quarantined map[string]bool
+	destroyed   []string
+}
+
+func newWatcher(out io.Writer, start time.Time, l Layout) *watcher {
+	return &watcher{out: out, start: start, layout: l, seen: map[string]status.VM{},
+		consoles: map[string]*console{}, readyAt: map[string]time.Time{}, quarantined: map[string]bool{}}
+}
+
+// settled reports whether the host reports at least one VM, every VM is
+// ready or stopped with nothing quarantined, and every ready VM's guest
+// has booted (or bootWait has passed).
+func (w *watcher) settled(st *status.Status) bool {
+	if len(st.VMs) == 0 || len(st.Quarantined) > 0 {
+		return false
+	}
+	for _, vm := range st.VMs {
+		switch vm.Phase {
+		case status.PhaseStopped:
+		case status.PhaseReady:
+			if c := w.consoles[vm.Name]; (c == nil || !c.booted) && time.Since(w.readyAt[vm.Name]) < bootWait {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func (w *watcher) observe(st *status.Status) {
+	now := map[string]bool{}
+	for _, vm := range st.VMs {
+		now[vm.Name] = true
+		old, ok := w.seen[vm.Name]
+		if !ok || old.Phase != vm.Phase || old.Power != vm.Power || old.LastError != vm.LastError {
+			w.seen[vm.Name] = vm
+			w.phaseChanged(vm, old)
+		}
+		if c := w.consoles[vm.Name]; c != nil {
+			for _, msg := range c.read() {
+				w.line("%-10s %-9s %s", vm.Name, "console", msg)
+			}
+		}
+	}
+	for _, q := range st.Quarantined {
+		now[q.Name] = true
+		if !w.quarantined[q.Name] {
+			w.quarantined[q.Name] = true
+			delete(w.seen, q.Name)
+			w.line("%-10s %-9s %-8s %s", q.Name, status.PhaseQuarantined, "stopped", "its file was deleted: shut down, destroyed after the grace")
+		}
+	}
+	for name := range w.quarantined {
+		if !now[name] {
+			delete(w.quarantined, name)
+		}
+	}
+	for name := range w.seen {
+		if !now[name] {
+			delete(w.seen, name)
+			delete(w.consoles, name)
+			w.line("%-10s %s", name, "gone from this host's status")
+		}
+	}
+	for _, name := range st.Destroyed {
+		if !contains(w.destroyed, name) {
+			w.destroyed = append(w.destroyed, name)
+			w.line("%-10s %s", name, "destroyed: its disks are removed; volumes stay until their own file is deleted")
+		}
+	}
+}
+
+// phaseChanged prints vm's new phase and follows its console while it
+// runs.
+func (w *watcher) phaseChanged(vm, old status.VM) {
+	detail := ""
+	switch {
+	case vm.LastError != "":
+		detail = "error: " + vm.LastError
+	case vm.Phase == status.PhaseReady && vm.SSH != "":
+		detail = "ssh forward " + vm.SSH
+	case vm.Message != "":
+		detail = vm.Message
+	}
+	w.line("%-10s %-9s %-8s %s", vm.Name, vm.Phase, vm.Power, detail)
+	if vm.Phase == status.PhaseReady && old.Phase != status.PhaseReady {
+		w.readyAt[vm.Name] = time.Now()
+		c := w.consoles[vm.Name]
+		if c == nil {
+			c = &console{path: filepath.Join(w.layout.State(), "vms", vm.Name, qemu.SerialLog)}
+			w.consoles[vm.Name] = c
+		} else if old.Phase != "" {
+			c.restart() // booted again: QEMU starts a fresh log
+		}
+	}
+}
+
+func (w *watcher) line(format string, args ...any) {
+	fmt.Fprintf(w.out, "[%6.1fs] %s\n", time.Since(w.start).Seconds(), strings.TrimRight(fmt.Sprintf(format, args...), " "))
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// printSummary prints the fleet's VMs and volumes and how to change them.
+func printSummary(out io.Writer, cfg Config, l Layout, url string, st *status.Status) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VM\tPHASE\tPOWER\tSSH FORWARD\tSERIAL LOG")
+	for _, vm := range st.VMs {
+		ssh := vm.SSH
+		if ssh == "" {
+			ssh = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", vm.Name, vm.Phase, vm.Power, ssh,
+			filepath.Join(l.State(), "vms", vm.Name, qemu.SerialLog))
+	}
+	tw.Flush()
+	for _, v := range st.Volumes {
+		state := "present"
+		if !v.Present {
+			state = "absent"
+		}
+		fmt.Fprintf(out, "Volume %s: %s, %d GB, %s\n", v.Name, state, v.SizeGB, filepath.Join(l.State(), "volumes", v.Name))
+	}
+	fmt.Fprintf(out, `(The tiny guest runs no SSH server: its serial log shows what it saw. With a
+cloud image, "ssh -p PORT user@127.0.0.1" reaches the guest through the forward.)
+
+Change the fleet with git, from another terminal:
+  git clone %[1]s demo-fleet && cd demo-fleet
+  # stop hello-2, or add a third VM (or both):
+  sed -i 's/power: running/power: stopped/' vms/hello-2.yaml
+  sed 's/hello-2/hello-3/g' vms/hello-2.yaml > vms/hello-3.yaml
+  git add -A && git commit -m "change the demo fleet" && git push
+  # watch it land: this terminal prints each change; the live state is on
+  # the gitfleet/status branch, README.md there is the controller's summary:
+  %[2]s status --repo %[1]s
+  git fetch origin gitfleet/status && git show FETCH_HEAD:README.md
+
+Deleting a VM's file quarantines it; its disk is destroyed %[3]s later.
+This demo applies pushes until Ctrl-C. Then it shuts the VMs down (their
+disks stay; the next run boots them again), or leaves them running with --keep.
+
+`, url, cfg.Command, cfg.TombstoneGrace)
+}
+
+// lockDir takes an exclusive, non-blocking flock on dir/.lock.
+func lockDir(dir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lock demo directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s", ErrBusy, dir)
+		}
+		return nil, fmt.Errorf("lock demo directory: %w", err)
+	}
+	return func() { f.Close() }, nil
+}

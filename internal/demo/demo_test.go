@@ -1,0 +1,449 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+func quietLog() *logrus.Entry {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return logrus.NewEntry(l)
+}
+
+// fakeGuest writes two small files standing for a kernel and an initramfs
+// under dir and returns them as a Guest.
+func fakeGuest(t *testing.T, dir string) Guest {
+	t.Helper()
+	k, i := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd")
+	require.NoError(t, os.WriteFile(k, []byte("kernel"), 0o644))
+	require.NoError(t, os.WriteFile(i, []byte("initrd"), 0o644))
+	ks, err := fileSHA256(k)
+	require.NoError(t, err)
+	is, err := fileSHA256(i)
+	require.NoError(t, err)
+	return Guest{Kernel: k, KernelSHA256: ks, Initrd: i, InitrdSHA256: is, Cmdline: "console=ttyS0"}
+}
+
+func writeFiles(t *testing.T, dir string, files map[string][]byte) {
+	t.Helper()
+	for p, data := range files {
+		full := filepath.Join(dir, filepath.FromSlash(p))
+		require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
+		require.NoError(t, os.WriteFile(full, data, 0o644))
+	}
+}
+
+func TestFleetFilesValidate(t *testing.T) {
+	g := fakeGuest(t, t.TempDir())
+	dir := t.TempDir()
+	writeFiles(t, dir, FleetFiles(g))
+
+	f, err := desired.LoadDir(dir)
+	require.NoError(t, err, "the demo fleet must validate")
+	require.Len(t, f.Hosts, 1)
+	require.Contains(t, f.Hosts, HostName)
+	require.Len(t, f.VMs, len(VMNames))
+	require.Len(t, f.Volumes, 1)
+	assert.Equal(t, HostName, f.Volumes[VolumeName].Spec.Host)
+
+	for i, name := range VMNames {
+		t.Run(name, func(t *testing.T) {
+			vm := f.VMs[name]
+			require.NotNil(t, vm)
+			s := vm.Spec
+			assert.Equal(t, HostName, s.Host)
+			assert.Equal(t, 1, s.VCPUs)
+			assert.GreaterOrEqual(t, s.MemoryMB, 128)
+			assert.LessOrEqual(t, s.MemoryMB, 256)
+			assert.Equal(t, desired.PowerRunning, s.Power)
+			require.NotNil(t, s.Kernel)
+			require.NotNil(t, s.Kernel.Initrd)
+			// The URLs name the files and the sums are theirs.
+			for _, a := range []desired.Artifact{{URL: s.Kernel.URL, SHA256: s.Kernel.SHA256}, *s.Kernel.Initrd} {
+				path, ok := strings.CutPrefix(a.URL, "file://")
+				require.True(t, ok, a.URL)
+				sum, err := fileSHA256(path)
+				require.NoError(t, err)
+				assert.Equal(t, sum, a.SHA256, a.URL)
+			}
+			require.NotNil(t, s.CloudInit)
+			assert.True(t, strings.HasPrefix(s.CloudInit.UserData, "#cloud-config\n"))
+			if i == 0 {
+				assert.Equal(t, []string{VolumeName}, s.Volumes)
+			} else {
+				assert.Empty(t, s.Volumes)
+			}
+		})
+	}
+
+	// The edits the demo prints must keep the fleet valid.
+	t.Run("printed edits", func(t *testing.T) {
+		p := filepath.Join(dir, "vms", "hello-2.yaml")
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		stopped := strings.Replace(string(b), "power: running", "power: stopped", 1)
+		require.NotEqual(t, string(b), stopped, "the stop edit must change the file")
+		require.NoError(t, os.WriteFile(p, []byte(stopped), 0o644))
+		third := strings.ReplaceAll(stopped, "hello-2", "hello-3")
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "vms", "hello-3.yaml"), []byte(third), 0o644))
+		f, err := desired.LoadDir(dir)
+		require.NoError(t, err)
+		assert.Equal(t, desired.PowerStopped, f.VMs["hello-2"].Spec.Power)
+		assert.Contains(t, f.VMs, "hello-3")
+	})
+}
+
+// TestFleetFilesGolden pins the files the demo commits, with fixed paths.
+func TestFleetFilesGolden(t *testing.T) {
+	g := Guest{Kernel: "/demo/images/vmlinuz", KernelSHA256: strings.Repeat("a", 64),
+		Initrd: "/demo/images/initrd", InitrdSHA256: strings.Repeat("b", 64), Cmdline: "console=ttyS0 loglevel=4"}
+	files := FleetFiles(g)
+	var buf bytes.Buffer
+	for _, p := range sortedKeys(files) {
+		buf.WriteString("=== " + p + "\n")
+		buf.Write(files[p])
+	}
+	golden := filepath.Join("testdata", "fleet.golden")
+	if *update {
+		require.NoError(t, os.MkdirAll("testdata", 0o755))
+		require.NoError(t, os.WriteFile(golden, buf.Bytes(), 0o644))
+	}
+	want, err := os.ReadFile(golden)
+	require.NoError(t, err, "run go test -update to create it")
+	assert.Equal(t, string(want), buf.String())
+}
+
+func sortedKeys(m map[string][]byte) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	for i := range keys {
+		for j := i + 1; j < len(keys); j++ {
+			if keys[j] < keys[i] {
+				keys[i], keys[j] = keys[j], keys[i]
+			}
+		}
+	}
+	return keys
+}
+
+func TestSetupRepoCreatesThenResumes(t *testing.T) {
+	gittest.NeedGit(t)
+	ctx := context.Background()
+	g := fakeGuest(t, t.TempDir())
+	path := filepath.Join(t.TempDir(), "fleet.git")
+
+	url, created, err := SetupRepo(ctx, path, FleetFiles(g), quietLog())
+	require.NoError(t, err)
+	assert.True(t, created)
+	assert.Equal(t, "file://"+path, url)
+	first := gittest.Rev(t, path, "main")
+	assert.Equal(t, "refs/heads/main", gittest.Git(t, path, "symbolic-ref", "HEAD"), "a clone must check out main")
+
+	// What is on main loads and validates, read through git.
+	repo, err := gitsource.Open(ctx, gitsource.Options{URL: url, Logger: quietLog()})
+	require.NoError(t, err)
+	head, err := repo.Fetch(ctx, "main")
+	require.NoError(t, err)
+	tree, err := repo.Tree(head, "")
+	require.NoError(t, err)
+	f, err := desired.NewLoader("").Load(tree)
+	require.NoError(t, err)
+	assert.Len(t, f.VMs, 2)
+
+	// Someone pushes; a second setup keeps their commit.
+	edited := gittest.Commit(t, path, gittest.Edit{Remove: []string{"vms/hello-2.yaml"}, Message: "remove hello-2"})
+	require.NotEqual(t, first, edited)
+	_, created, err = SetupRepo(ctx, path, FleetFiles(g), quietLog())
+	require.NoError(t, err)
+	assert.False(t, created)
+	assert.Equal(t, edited, gittest.Rev(t, path, "main"))
+}
+
+func TestCheckToolsNamesTheMissing(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	err := CheckTools()
+	require.ErrorIs(t, err, ErrMissingTools)
+	for _, want := range []string{"qemu-system-x86_64", "qemu-img", "make demo", "install-deps.sh"} {
+		assert.Contains(t, err.Error(), want)
+	}
+}
+
+func TestConsoleFollowsTheSerialLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "serial.log")
+	c := &console{path: path}
+	assert.Empty(t, c.read(), "no log yet")
+
+	appendTo := func(s string) {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		require.NoError(t, err)
+		_, err = f.WriteString(s)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+	}
+	appendTo("SeaBIOS noise\r\ntinyguest: init 6.1.0\r\ntinyguest: see")
+	assert.Equal(t, []string{"init 6.1.0"}, c.read(), "a partial line waits for its end")
+	appendTo("d none\nkernel: something\n[   12.5] clocksource: unstabletinyguest: ready\n")
+	assert.Equal(t, []string{"seed none", "ready"}, c.read())
+	assert.True(t, c.booted)
+	assert.Empty(t, c.read())
+
+	// QEMU truncates the log when it boots the guest again.
+	require.NoError(t, os.WriteFile(path, []byte("tinyguest: init 6.1.0\n"), 0o644))
+	assert.Equal(t, []string{"init 6.1.0"}, c.read())
+	assert.False(t, c.booted)
+}
+
+func TestWatcherSettled(t *testing.T) {
+	ready := func(name string) status.VM { return status.VM{Name: name, Phase: status.PhaseReady, Power: "running"} }
+	tests := []struct {
+		name   string
+		st     status.Status
+		booted []string
+		want   bool
+	}{
+		{"no VMs yet", status.Status{}, nil, false},
+		{"one creating", status.Status{VMs: []status.VM{ready("a"), {Name: "b", Phase: status.PhaseCreating}}}, []string{"a"}, false},
+		{"ready but not booted", status.Status{VMs: []status.VM{ready("a"), ready("b")}}, []string{"a"}, false},
+		{"ready and booted", status.Status{VMs: []status.VM{ready("a"), ready("b")}}, []string{"a", "b"}, true},
+		{"one stopped", status.Status{VMs: []status.VM{ready("a"), {Name: "b", Phase: status.PhaseStopped}}}, []string{"a"}, true},
+		{"one failed", status.Status{VMs: []status.VM{ready("a"), {Name: "b", Phase: status.PhaseFailed}}}, []string{"a"}, false},
+		{"one quarantined", status.Status{VMs: []status.VM{ready("a")}, Quarantined: []status.Quarantine{{Name: "b"}}}, []string{"a"}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWatcher(io.Discard, time.Now(), Layout{Dir: t.TempDir()})
+			for _, vm := range tc.st.VMs {
+				w.readyAt[vm.Name] = time.Now()
+			}
+			for _, name := range tc.booted {
+				w.consoles[name] = &console{booted: true}
+			}
+			assert.Equal(t, tc.want, w.settled(&tc.st))
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and a concurrent reader.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// testCacheDir is the tiny guest cache the test suites share across runs.
+func testCacheDir() string {
+	if d := os.Getenv("GITFLEET_TEST_CACHE"); d != "" {
+		return filepath.Join(d, "tinyguest")
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		d = os.TempDir()
+	}
+	return filepath.Join(d, "gitfleet-test", "tinyguest")
+}
+
+// qemuPid is the live QEMU of a demo VM, or 0.
+func qemuPid(l Layout, vm string) int {
+	b, err := os.ReadFile(filepath.Join(l.State(), "vms", vm, qemu.PidFile))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return 0
+	}
+	return pid
+}
+
+// readStatus reads the demo host's status from the status branch of the
+// bare repository.
+func readStatus(t *testing.T, l Layout) *status.Status {
+	t.Helper()
+	out, err := gitShow(l.Repo(), "gitfleet/status:"+status.Path(HostName))
+	if err != nil {
+		return nil
+	}
+	st, err := status.Parse(status.Path(HostName), []byte(out))
+	require.NoError(t, err)
+	return st
+}
+
+// gitShow prints rev (such as "branch:path") of the bare repository.
+func gitShow(repo, rev string) (string, error) {
+	out, err := exec.Command("git", "--git-dir", repo, "show", rev).Output()
+	return string(out), err
+}
+
+func vmPhase(st *status.Status, name string) string {
+	if st == nil {
+		return ""
+	}
+	for _, vm := range st.VMs {
+		if vm.Name == name {
+			return vm.Phase
+		}
+	}
+	return ""
+}
+
+// TestRunBootsTheFleetAppliesAPushAndResumes runs the demo with real QEMU:
+// both VMs become ready and boot; a push that stops hello-2 lands while it
+// runs; on exit the guests are shut down. A second run on the same
+// directory resumes (the push is kept, hello-1 boots again) and, with Keep,
+// leaves hello-1 running.
+func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
+	if err := CheckTools(); err != nil {
+		t.Skip(err)
+	}
+	gittest.NeedGit(t)
+	l := Layout{Dir: t.TempDir()}
+	t.Cleanup(func() {
+		for _, vm := range []string{"hello-1", "hello-2"} {
+			if pid := qemuPid(l, vm); pid > 0 {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	cfg := Config{Dir: l.Dir, CacheDir: testCacheDir(), Accel: os.Getenv("GITFLEET_TEST_ACCEL"),
+		TickInterval: time.Second, PollInterval: 2 * time.Second, ControllerInterval: 2 * time.Second,
+		Heartbeat: 5 * time.Second}
+
+	// First run: settle, push "hello-2 stopped", see it land, stop.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out1 syncBuffer
+	settled := make(chan *status.Status, 1)
+	cfg.Out = &out1
+	cfg.OnSettled = func(st *status.Status) { settled <- st }
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+
+	var st *status.Status
+	select {
+	case st = <-settled:
+	case err := <-done:
+		t.Fatalf("demo ended before the fleet settled: %v\n%s", err, out1.String())
+	case <-ctx.Done():
+		t.Fatalf("the fleet did not settle:\n%s", out1.String())
+	}
+	for _, name := range VMNames {
+		assert.Equal(t, status.PhaseReady, vmPhase(st, name), name)
+		assert.NotZero(t, qemuPid(l, name), "%s runs", name)
+	}
+	vol, err := os.Stat(filepath.Join(l.State(), "volumes", VolumeName))
+	require.NoError(t, err, "the volume is made")
+	assert.Equal(t, int64(1<<30), vol.Size())
+
+	b := []byte(gittest.Show(t, l.Repo(), "main", "vms/hello-2.yaml"))
+	gittest.Commit(t, l.Repo(), gittest.Edit{
+		Write:   map[string]string{"vms/hello-2.yaml": strings.Replace(string(b), "power: running", "power: stopped", 1)},
+		Message: "stop hello-2",
+	})
+	for vmPhase(readStatus(t, l), "hello-2") != status.PhaseStopped {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("hello-2 never reported stopped:\n%s", out1.String())
+		case err := <-done:
+			t.Fatalf("demo ended early: %v\n%s", err, out1.String())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	cancel()
+	require.NoError(t, <-done)
+	text := out1.String()
+	for _, want := range []string{
+		"with the demo fleet committed to main",
+		"The fleet is up after",
+		"hello-1    console   ready",
+		"hello-2    console   ready",
+		"hello-1    ready     running  ssh forward 127.0.0.1:",
+		"hello-2    stopped",
+		"git clone " + RepoURL(l.Repo()),
+		"status --repo " + RepoURL(l.Repo()),
+		filepath.Join(l.State(), "vms", "hello-1", qemu.SerialLog),
+		"The VMs are shut down",
+		"rm -rf " + l.Dir,
+	} {
+		assert.Contains(t, text, want)
+	}
+	for _, name := range VMNames {
+		assert.Zero(t, qemuPid(l, name), "%s is shut down on exit", name)
+	}
+	assert.FileExists(t, filepath.Join(l.State(), "vms", "hello-1", qemu.RootDiskFile), "disks stay")
+	if t.Failed() {
+		logs, _ := os.ReadFile(l.Log())
+		t.Logf("output:\n%s\nlogs:\n%s", text, logs)
+		return
+	}
+
+	// Second run: resume, keep.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel2()
+	var out2 syncBuffer
+	cfg.Out, cfg.Keep = &out2, true
+	cfg.OnSettled = func(st *status.Status) {
+		assert.Equal(t, status.PhaseReady, vmPhase(st, "hello-1"))
+		assert.Equal(t, status.PhaseStopped, vmPhase(st, "hello-2"))
+		cancel2()
+	}
+	require.NoError(t, Run(ctx2, cfg))
+	text = out2.String()
+	assert.Contains(t, text, "resumed")
+	assert.Contains(t, text, "The fleet is up after")
+	assert.Contains(t, text, "The VMs keep running (--keep)")
+	assert.NotZero(t, qemuPid(l, "hello-1"), "hello-1 keeps running with Keep")
+	assert.Zero(t, qemuPid(l, "hello-2"))
+	if t.Failed() {
+		t.Logf("output:\n%s", text)
+	}
+}
+
+// TestRunRefusesASecondDemoOnOneDirectory pins the directory lock.
+func TestRunRefusesASecondDemoOnOneDirectory(t *testing.T) {
+	if err := CheckTools(); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	unlock, err := lockDir(dir)
+	require.NoError(t, err)
+	defer unlock()
+	err = Run(context.Background(), Config{Dir: dir, CacheDir: t.TempDir(), Out: io.Discard})
+	require.ErrorIs(t, err, ErrBusy)
+}
