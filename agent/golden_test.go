@@ -1,0 +1,50 @@
+package agent_test
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/agenttest"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+// TestStatusFileGolden pins the whole status file an agent writes for a
+// host with a running VM, a stopped one, one failing, one quarantined, an
+// ack, volumes and an orphan.
+func TestStatusFileGolden(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	clk := newClock()
+	h := newHostAgent(t, bare, clk, nil)
+	vols := []string{"web-01-data"}
+	publish(t, bare, withVolumes(snap(1, vm("web-01", volumes(vols...)), vm("db-01", stopped), vm("old-01", stopped), vm("bad-01", stopped)),
+		vol("web-01-data", 10), vol("scratch", 1)))
+	require.NoError(t, h.once())
+
+	h.prov.FailAlways(agenttest.OpBoot, agent.Permanent(errTransient))
+	h.prov.SetFailureReason("bad-01", "qemu-system-x86_64: -drive: Could not open root.qcow2")
+	clk.Add(time.Minute)
+	publish(t, bare, withVolumes(snap(2, vm("web-01", volumes(vols...)), vm("db-01", stopped), tombstoned(vm("old-01", stopped)), vm("bad-01"), tombstoned(vm("gone-01"))),
+		vol("web-01-data", 10)))
+	require.NoError(t, h.once())
+
+	got, err := gitShow(bare, agent.StatusBranch+":hosts/"+testHost+".yaml")
+	require.NoError(t, err)
+	golden := filepath.Join("testdata", "status.golden")
+	if *update {
+		require.NoError(t, os.MkdirAll("testdata", 0o755))
+		require.NoError(t, os.WriteFile(golden, got, 0o644))
+	}
+	want, err := os.ReadFile(golden)
+	require.NoError(t, err, "run go test -run TestStatusFileGolden -update to create it")
+	assert.Equal(t, string(want), string(got))
+}
