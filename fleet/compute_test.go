@@ -230,3 +230,20 @@ func TestRunReactsToLocalCommit(t *testing.T) {
 	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 6)}})
 	waitFor(t, func() bool { return vmOf(e.snapshot("hv-a"), "web-01").Spec.VCPUs == 6 })
 }
+
+func TestMissing(t *testing.T) {
+	for _, tc := range []struct {
+		had, now, want []string
+	}{
+		{nil, []string{"a"}, nil},
+		{[]string{"a", "b", "c"}, []string{"a", "c"}, []string{"b"}},
+		{[]string{"a", "b"}, nil, []string{"a", "b"}},
+		{[]string{"b", "d"}, []string{"a", "c", "e"}, []string{"b", "d"}},
+		{[]string{"a", "z"}, []string{"a", "m", "z"}, nil},
+	} {
+		got := missing(tc.had, len(tc.now), func(i int) string { return tc.now[i] })
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("missing(%v, %v) = %v, want %v", tc.had, tc.now, got, tc.want)
+		}
+	}
+}
