@@ -33,6 +33,9 @@ type nodeDecoder struct {
 	errs []*Error
 	pos  map[string]fieldPos
 	bad  map[string]bool // fields with an error already
+	// empty holds the key positions of fields written with an empty
+	// (null) value, which decode as if left out.
+	empty map[string]pos
 	// snapshot words document-level errors for a snapshot file rather
 	// than an object file.
 	snapshot bool
@@ -317,10 +320,16 @@ func (d *nodeDecoder) decodeStruct(n *yaml.Node, v reflect.Value, field string) 
 			d.add(nodePos(k), sub, "%s", msg)
 			return
 		}
-		d.pos[sub] = fieldPos{key: nodePos(k), val: nodePos(val)}
 		if isNull(val) && val.Style&yaml.TaggedStyle == 0 && val.Anchor == "" {
-			return // an empty value is the same as leaving the field out
+			// An empty value is the same as leaving the field out; only
+			// a "missing" error points at it.
+			if d.empty == nil {
+				d.empty = make(map[string]pos)
+			}
+			d.empty[sub] = nodePos(k)
+			return
 		}
+		d.pos[sub] = fieldPos{key: nodePos(k), val: nodePos(val)}
 		d.decode(val, v.Field(info.fields[i].index), sub)
 	})
 }

@@ -224,6 +224,29 @@ func TestParseFileErrors(t *testing.T) {
 		{"volume listed twice", vm(vmBody + "  volumes: [data-01, data-01]\n"), []string{
 			`obj.yaml:13:22: spec.volumes[1]: volume "data-01" is listed twice (first at spec.volumes[0])`,
 		}},
+		{"label key", strings.Replace(vm(vmBody), "  name: web-01\n", "  name: web-01\n  labels: {\"-team\": web}\n", 1), []string{
+			`obj.yaml:5:12: metadata.labels.-team: label key "-team" must be 1 to 63 letters, digits, '-', '_', '.' or '/', starting and ending with a letter or digit`,
+		}},
+		{"kernel and initrd", vm(strings.Replace(vmBody, "  image:\n    url: https://example.org/d.qcow2\n    sha256: "+sum+"\n",
+			"  kernel:\n    sha256: "+sum+"\n    initrd: {url: https://example.org/initrd, sha256: "+sum[:63]+"}\n    cmdline: console=ttyS0\n", 1)), []string{
+			`obj.yaml:10:3: spec.kernel.url: missing`,
+			`obj.yaml:12:55: spec.kernel.initrd.sha256: must be 64 lowercase hex digits (the file's sha256), got 63 characters "` + sum[:63] + `"`,
+		}},
+		{"names of referenced objects", vm(strings.Replace(vmBody, "host: hv-a", "host: hv.a", 1) + "  network: LAN\n  volumes: [data_01]\n"), []string{
+			`obj.yaml:6:9: spec.host: "hv.a" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
+			`obj.yaml:13:12: spec.network: "LAN" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
+			`obj.yaml:14:13: spec.volumes[0]: "data_01" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
+		}},
+		{"empty ssh key", vm(vmBody + "  cloudInit: {sshAuthorizedKeys: [\" \"], userData: \"#cloud-config\\n\"}\n"), []string{
+			`obj.yaml:13:35: spec.cloudInit.sshAuthorizedKeys[0]: must not be empty`,
+		}},
+		{"empty spec", "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec:\n", []string{
+			`obj.yaml:4:1: spec: missing (the value is empty)`,
+		}},
+		{"empty value is an absent field", vm(vmBody + "  network:\n  cloudInit: ~\n"), nil},
+		{"empty required value", vm(strings.Replace(vmBody, "vcpus: 2", "vcpus:", 1)), []string{
+			`obj.yaml:7:3: spec.vcpus: missing (the value is empty)`,
+		}},
 		{"volume size", "apiVersion: gitfleet.dev/v1alpha1\nkind: Volume\nmetadata: {name: data-01}\nspec: {host: hv-a, sizeGB: 0}\n", []string{
 			`obj.yaml:4:28: spec.sizeGB: 0 is out of range; must be 1 to 65536 GiB`,
 		}},

@@ -246,11 +246,8 @@ func (d *nodeDecoder) object(root *yaml.Node) *object {
 		return nil
 	}
 	d.decode(root, reflect.ValueOf(target).Elem(), "")
-	for _, f := range []string{"metadata", "spec"} {
-		if _, ok := d.pos[f]; !ok {
-			d.add(nodePos(root), f, "missing")
-		}
-	}
+	d.required("metadata")
+	d.required("spec")
 	origin := Origin{File: d.file, Line: root.Line, Col: root.Column}
 	var obj *object
 	switch doc := target.(type) {

@@ -68,6 +68,10 @@ func (d *nodeDecoder) required(field string) bool {
 		if parent != "" && (!d.written(parent) || d.bad[parent]) {
 			return false
 		}
+		if p, ok := d.empty[field]; ok {
+			d.add(p, field, "missing (the value is empty)")
+			return false
+		}
 		d.add(d.keyPos(parent), field, "missing")
 		return false
 	}
