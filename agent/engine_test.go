@@ -621,6 +621,8 @@ func TestAFailedDestroyKeepsTheRecordAndRetries(t *testing.T) {
 	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpDestroy))
 	assert.NotContains(t, st.Destroyed, "web-01", "nothing to ack while the backend holds the VM")
 	assert.Equal(t, "destroy: disk busy", f.record("web-01").LastError)
+	require.Len(t, st.Quarantined, 1)
+	assert.Equal(t, "destroy: disk busy", st.Quarantined[0].LastError, "the failure is visible in status")
 
 	f.prov.FailAlways(agenttest.OpDestroy, nil)
 	st = f.step(snap(2, tombstoned(vm("web-01"))))

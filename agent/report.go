@@ -58,7 +58,7 @@ func (e *Engine) Report() *status.Status {
 			}
 			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhasePending, Power: string(desired.PowerStopped), SpecHash: want.SpecHash})
 		case rec.QuarantinedAt != nil:
-			st.Quarantined = append(st.Quarantined, status.Quarantine{Name: name, Since: rec.QuarantinedAt.UTC()})
+			st.Quarantined = append(st.Quarantined, status.Quarantine{Name: name, Since: rec.QuarantinedAt.UTC(), LastError: rec.LastError})
 		default:
 			row := status.VM{
 				Name:      name,

@@ -68,6 +68,9 @@ type VM struct {
 type Quarantine struct {
 	Name  string    `yaml:"name" json:"name"`
 	Since time.Time `yaml:"since" json:"since"`
+	// LastError is why the last shutdown or destroy of the quarantined VM
+	// failed; empty when none did. The destroy is retried every tick.
+	LastError string `yaml:"lastError,omitempty" json:"lastError,omitempty"`
 }
 
 // Volume is one volume's observed state. Present is false only when the
