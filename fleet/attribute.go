@@ -13,6 +13,10 @@ import (
 	"github.com/gitfleet/gitfleet/gitsource"
 )
 
+// maxAttributionWalk bounds the commits one attribution walks; objects not
+// found within it are attributed to the head.
+const maxAttributionWalk = 1000
+
 // history is the part of a git repository attribution reads.
 type history interface {
 	IsAncestor(a, b string) (bool, error)
@@ -54,14 +58,18 @@ func attribute(h history, dir, applied, head string, refs []ref) (map[ref]desire
 		}
 		return out, nil
 	}
+	walked := 0
 	missing := make(map[ref]bool, len(refs))
 	for _, r := range refs {
 		missing[r] = true
 	}
 	err = h.FirstParents(head, func(c *gitsource.Commit) (bool, error) {
-		if c.Hash == applied || len(missing) == 0 || len(c.Parents) == 0 {
+		// applied is an ancestor, but may lie off the first-parent line
+		// (reached through a merge's second parent): bound the walk.
+		if c.Hash == applied || len(missing) == 0 || len(c.Parents) == 0 || walked >= maxAttributionWalk {
 			return false, nil
 		}
+		walked++
 		parent := c.Parents[0]
 		changes, err := h.Diff(parent, c.Hash)
 		if err != nil {

@@ -87,7 +87,7 @@ func compute(in input) (*output, error) {
 		if in.loadErr != nil {
 			reason = in.loadErr.Error()
 		}
-		if l.Rejected == nil || l.Rejected.Commit != in.head || l.Rejected.Reason != reason {
+		if l.Rejected == nil || l.Rejected.Commit != in.head || l.Rejected.Reason != reason || l.Rejected.Superseded != "" {
 			l.Rejected = &Rejection{Commit: in.head, Reason: reason, At: in.now}
 		}
 		return out, nil
@@ -252,6 +252,9 @@ func compute(in input) (*output, error) {
 	}
 
 	l.Applied = &AppliedCommit{Commit: in.head, Branch: in.branch}
+	if l.Rejected != nil && l.Rejected.Superseded == "" {
+		l.Rejected.Superseded = in.head
+	}
 	return out, nil
 }
 

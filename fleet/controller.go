@@ -26,6 +26,7 @@ const (
 	DefaultAbandonGrace    = 15 * time.Minute
 	DefaultOfflineAfter    = 3 * time.Minute // three agent heartbeats of 60 s
 	DefaultInterval        = 15 * time.Second
+	DefaultSummaryInterval = 30 * time.Second
 )
 
 // Config configures a Controller. Zero values take the defaults above.
@@ -53,6 +54,12 @@ type Config struct {
 	// heartbeats). It is measured by the controller's clock from its own
 	// observations, so a restarted controller waits OfflineAfter again.
 	OfflineAfter time.Duration
+	// SummaryInterval is the least time between two rewrites of README.md
+	// by the controller's clock (default 30 s; negative: whenever it
+	// changed). The summary shows heartbeats, which a thousand agents move
+	// every second; the status branch must stay free for their writes. A
+	// change held back is written by a later pass.
+	SummaryInterval time.Duration
 	// Clock returns the current time; nil means time.Now. Tests move it.
 	Clock func() time.Time
 	// Logger receives log lines (component=controller); nil means the
@@ -92,6 +99,10 @@ type Controller struct {
 	lastKey     string
 	lastPending int
 	summary     []byte // last README.md content known on the status branch
+	summaryAt   time.Time
+	summaryDue  bool // a changed summary waits for SummaryInterval
+	// rejectLogged is the last rejection logged.
+	rejectLogged string
 }
 
 // PassResult says what one pass observed and did.
@@ -152,6 +163,9 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
+	if cfg.SummaryInterval == 0 {
+		cfg.SummaryInterval = DefaultSummaryInterval
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -210,9 +224,10 @@ func (c *Controller) Kick() {
 }
 
 // Run runs passes until ctx ends: at once, then every interval (jittered,
-// default 15 s), whenever the desired or status branch moves (Watch: polling,
-// and fsnotify on a local repository), and on Kick. A failed pass is logged
-// and retried at the next trigger. It returns ctx's error.
+// default 15 s), whenever the desired branch moves (Watch: polling, and
+// fsnotify on a local repository), on Kick, and when the status branch moves
+// (at most one such pass per 2 s). A failed pass is logged and retried at
+// the next trigger. It returns ctx's error.
 func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultInterval
@@ -220,6 +235,7 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	mainCh := c.repo.Watch(ctx, c.cfg.Branch, interval)
 	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval)
 	for {
+		started := time.Now()
 		if _, err := c.Pass(ctx); err != nil && ctx.Err() == nil {
 			c.log.WithError(err).Error("pass failed")
 		}
@@ -230,13 +246,30 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 			t.Stop()
 			return ctx.Err()
 		case <-mainCh:
-		case <-statusCh:
 		case <-c.kick:
 		case <-t.C:
+		case <-statusCh:
+			// Agents write often; a status change waits out the gap so
+			// a thousand heartbeats do not become a thousand passes.
+			gap := time.NewTimer(time.Until(started.Add(statusGap)))
+			select {
+			case <-ctx.Done():
+				gap.Stop()
+				t.Stop()
+				return ctx.Err()
+			case <-mainCh:
+			case <-c.kick:
+			case <-gap.C:
+			}
+			gap.Stop()
 		}
 		t.Stop()
 	}
 }
+
+// statusGap is the least time between the starts of two passes when the
+// second is started by a status change.
+const statusGap = 2 * time.Second
 
 // Pass runs one level-triggered pass (DESIGN.md, Controller semantics 1–7):
 // read desired, read statuses, compute tombstones, finalizations and
@@ -255,7 +288,11 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	case err != nil:
 		log.WithError(err).Warn("pass failed")
 	case res.Rejected != nil:
-		log.WithError(res.Rejected).Error("desired state rejected; the last good snapshots stay")
+		// Once per rejection, not once per pass.
+		if key := res.Head + "\x00" + res.Rejected.Error(); key != c.rejectLogged {
+			c.rejectLogged = key
+			log.WithError(res.Rejected).Error("desired state rejected; the last good snapshots stay")
+		}
 	case res.Skipped:
 		log.Debug("nothing changed")
 	default:
@@ -305,7 +342,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	// Skip work when nothing observable changed and no tombstone waits for
 	// time to pass.
 	key := fmt.Sprintf("%s|%s|%v|%s", head, statusTip, statusErr == nil, c.live.offlineSet(now))
-	if loadErr == nil && statusErr == nil && key == c.lastKey && c.lastPending == 0 {
+	if loadErr == nil && statusErr == nil && key == c.lastKey && c.lastPending == 0 && !c.summaryDue {
 		res.Skipped = true
 		return res, nil
 	}
@@ -362,7 +399,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 
 	// Step 4: the summary on the status branch.
 	sum := c.summarize(out.ledger, fl, reports, statusErr == nil, now)
-	written, err := c.writeSummary(ctx, sum)
+	written, err := c.writeSummary(ctx, sum, now)
 	if err != nil {
 		return res, fmt.Errorf("write summary: %w", err)
 	}
@@ -553,7 +590,8 @@ func (c *Controller) summarize(l *Ledger, fl *desired.Fleet, reports []status.Re
 		s.Applied = l.Applied.Commit
 	}
 	if l.Rejected != nil {
-		s.Rejected = &status.Rejection{Commit: l.Rejected.Commit, At: l.Rejected.At, Reason: l.Rejected.Reason}
+		s.Rejected = &status.Rejection{Commit: l.Rejected.Commit, At: l.Rejected.At, Reason: l.Rejected.Reason,
+			SupersededBy: l.Rejected.Superseded}
 	}
 	hosts := map[string]*status.HostSummary{}
 	get := func(name string) *status.HostSummary {
@@ -615,9 +653,14 @@ func (c *Controller) summarize(l *Ledger, fl *desired.Fleet, reports []status.Re
 
 // writeSummary rewrites README.md on the status branch when its content
 // changed, touching no other file.
-func (c *Controller) writeSummary(ctx context.Context, s status.Summary) (bool, error) {
+func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now time.Time) (bool, error) {
 	data := status.RenderSummary(s)
 	if string(data) == string(c.summary) {
+		c.summaryDue = false
+		return false, nil
+	}
+	if c.cfg.SummaryInterval > 0 && !c.summaryAt.IsZero() && now.Sub(c.summaryAt) < c.cfg.SummaryInterval {
+		c.summaryDue = true
 		return false, nil
 	}
 	wrote := false
@@ -636,6 +679,6 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary) (bool, 
 	if err != nil {
 		return false, err
 	}
-	c.summary = data
+	c.summary, c.summaryAt, c.summaryDue = data, now, false
 	return wrote, nil
 }

@@ -288,6 +288,13 @@ func TestInvalidCommitKeepsLastGood(t *testing.T) {
 	if got := metricValue(t, e.c, "gitfleet_controller_rejected_commits_total"); got != 1 {
 		t.Errorf("rejected commits metric = %v after two passes over one bad commit, want 1", got)
 	}
+	if l := e.ledger(); l.Rejected == nil || l.Rejected.Commit != bad || l.Rejected.Superseded != res.Head {
+		t.Errorf("ledger rejection = %+v, want %s superseded by %s", l.Rejected, bad, res.Head)
+	}
+	readme = gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
+	if !strings.Contains(readme, "has been applied since") {
+		t.Errorf("summary does not say the rejection was superseded:\n%s", readme)
+	}
 	if got := metricValue(t, e.c, "gitfleet_controller_tombstones_pending"); got != 1 {
 		t.Errorf("pending metric = %v, want 1", got)
 	}
@@ -554,5 +561,31 @@ func TestIdempotentAfterCrash(t *testing.T) {
 	e.c = e.newController()
 	if res := e.pass(); res.Changed() || len(res.Tombstoned) != 0 || e.snapshotsTip() != tip {
 		t.Fatalf("a fresh controller redid work: %+v", res)
+	}
+}
+
+func TestSummaryRewrittenAtMostEveryInterval(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.c.cfg.SummaryInterval = time.Minute
+	e.pass()
+	statusTip := func() string { return gittest.Rev(t, e.dir, "refs/heads/"+DefaultStatusBranch) }
+	summary := func() string { return gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath) }
+	// A heartbeat changes the summary; within the interval it waits.
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 41})
+	tip := statusTip()
+	e.clock.Add(10 * time.Second)
+	if res := e.pass(); res.SummaryWritten || statusTip() != tip {
+		t.Fatalf("summary rewritten within the interval: %+v", res)
+	}
+	// Nothing else changes, but the held-back summary is still written
+	// once the interval has passed: the pass is not skipped.
+	e.clock.Add(time.Minute)
+	if res := e.pass(); !res.SummaryWritten || !strings.Contains(summary(), "| hv-a | online | 41 |") {
+		t.Fatalf("held-back summary never written: %+v\n%s", res, summary())
+	}
+	tip = statusTip()
+	e.clock.Add(time.Minute) // hv-a still online: nothing to show
+	if res := e.pass(); res.SummaryWritten || statusTip() != tip {
+		t.Fatalf("an unchanged summary was rewritten: %+v", res)
 	}
 }

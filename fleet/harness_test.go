@@ -111,7 +111,7 @@ func (e *env) newController() *Controller {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	c, err := New(Config{Repo: repo, Clock: e.clock.Now, Logger: quietLogger()})
+	c, err := New(Config{Repo: repo, Clock: e.clock.Now, Logger: quietLogger(), SummaryInterval: -1})
 	if err != nil {
 		e.t.Fatal(err)
 	}

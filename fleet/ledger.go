@@ -51,11 +51,13 @@ type AppliedCommit struct {
 }
 
 // Rejection is a refused desired-state commit and why. At is the
-// controller's clock when it was first refused.
+// controller's clock when it was first refused; Superseded is the commit
+// applied after it, empty while the rejection stands.
 type Rejection struct {
-	Commit string    `yaml:"commit" json:"commit"`
-	Reason string    `yaml:"reason" json:"reason"`
-	At     time.Time `yaml:"at" json:"at"`
+	Commit     string    `yaml:"commit" json:"commit"`
+	Reason     string    `yaml:"reason" json:"reason"`
+	At         time.Time `yaml:"at" json:"at"`
+	Superseded string    `yaml:"superseded,omitempty" json:"superseded,omitempty"`
 }
 
 // HostRecord is one host's line in the ledger. Epoch is the last epoch

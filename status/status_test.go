@@ -191,6 +191,8 @@ func TestRenderSummary(t *testing.T) {
 		s    Summary
 	}{
 		{"summary-empty.md", Summary{}},
+		{"summary-superseded.md", Summary{Applied: "dddddddddddddddddddddddddddddddddddddddd",
+			Rejected: &Rejection{At: at, Reason: "fetch main: connection refused", SupersededBy: "dddddddddddddddddddddddddddddddddddddddd"}}},
 		{"summary.md", Summary{
 			Branch:  "main",
 			Applied: "0123456789abcdef0123456789abcdef01234567",

@@ -71,10 +71,13 @@ type SweptDelete struct {
 
 // Rejection is a desired-state commit (empty when the fetch itself failed)
 // that was refused, and why. The last good snapshots stayed in place.
+// SupersededBy is the commit applied since, empty while the rejection
+// stands.
 type Rejection struct {
-	Commit string
-	At     time.Time
-	Reason string
+	Commit       string
+	At           time.Time
+	Reason       string
+	SupersededBy string
 }
 
 // RenderSummary renders s as the Markdown of README.md. Commits are shown by
@@ -98,7 +101,11 @@ func RenderSummary(s Summary) []byte {
 		if s.Rejected.Commit != "" {
 			commit = "`" + short(s.Rejected.Commit) + "`"
 		}
-		fmt.Fprintf(&b, "%s at %s was rejected; the last good snapshots stay in place.\n\n", commit, stamp(s.Rejected.At))
+		if s.Rejected.SupersededBy != "" {
+			fmt.Fprintf(&b, "%s at %s was rejected; `%s` has been applied since.\n\n", commit, stamp(s.Rejected.At), short(s.Rejected.SupersededBy))
+		} else {
+			fmt.Fprintf(&b, "%s at %s was rejected; the last good snapshots stay in place.\n\n", commit, stamp(s.Rejected.At))
+		}
 		b.WriteString("```\n")
 		b.WriteString(strings.TrimRight(strings.ReplaceAll(s.Rejected.Reason, "```", "'''"), "\n"))
 		b.WriteString("\n```\n\n")
