@@ -101,6 +101,7 @@ func TestAgentAndControllerTogether(t *testing.T) {
 		"vms/web-01.yaml":   vmFile("web-01", testHost, "  volumes: [web-01-data]\n"),
 		"vms/old-01.yaml":   vmFile("old-01", testHost, ""),
 		"volumes/data.yaml": volumeFile("web-01-data", testHost, 1),
+		"volumes/tmp.yaml":  volumeFile("scratch", testHost, 1),
 	})
 
 	t.Run("a pushed VM shows ready in status", func(t *testing.T) {
@@ -112,8 +113,27 @@ func TestAgentAndControllerTogether(t *testing.T) {
 			assert.Equal(t, status.PhaseReady, v.Phase, v.Name)
 			assert.NotEmpty(t, v.IP, v.Name)
 		}
-		assert.Equal(t, []status.Volume{{Name: "web-01-data", Present: true, SizeGB: 1}}, st.Volumes)
+		assert.ElementsMatch(t, []status.Volume{{Name: "web-01-data", Present: true, SizeGB: 1}, {Name: "scratch", Present: true, SizeGB: 1}}, st.Volumes)
 		assert.Equal(t, res.Published[testHost], st.LastSeenEpoch)
+	})
+
+	t.Run("a deleted volume is kept through its grace, then reclaimed and finalized", func(t *testing.T) {
+		gittest.Commit(t, e.bare, gittest.Edit{Branch: "main", Remove: []string{"volumes/tmp.yaml"}, Message: "drop scratch"})
+		e.pass()
+		st := e.agentOnce()
+		assert.Contains(t, st.Volumes, status.Volume{Name: "scratch", Present: true, SizeGB: 1})
+		e.pass()
+		e.host.clock.Add(2 * time.Minute)
+		st = e.agentOnce()
+		assert.Contains(t, st.Volumes, status.Volume{Name: "scratch", Present: false})
+		res := e.pass()
+		assert.Contains(t, res.Finalized, "Volume scratch@"+testHost)
+		for _, v := range e.snapshot().Volumes {
+			assert.NotEqual(t, "scratch", v.Name, "finalized: it leaves the snapshot")
+		}
+		st = e.agentOnce()
+		assert.Equal(t, []status.Volume{{Name: "web-01-data", Present: true, SizeGB: 1}}, st.Volumes)
+		assert.Empty(t, st.Orphans)
 	})
 
 	t.Run("a deleted file goes quarantined, destroyed, acked, finalized", func(t *testing.T) {
