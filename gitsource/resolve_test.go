@@ -2,44 +2,50 @@ package gitsource_test
 
 import (
 	"context"
+	"errors"
 	"testing"
-
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 )
 
 func TestResolve(t *testing.T) {
+	dir := gittest.NewBare(t)
+	first := gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"a.yaml": "a: 1\n"}})
+	second := gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"a.yaml": "a: 2\n"}})
+	gittest.SetBranch(t, dir, "feature", first)
+	side := gittest.Commit(t, dir, gittest.Edit{Branch: "feature", Write: map[string]string{"b.yaml": "b: 1\n"}})
 	ctx := context.Background()
-	eachTransport(t, func(t *testing.T, rm remote) {
-		c1 := gittest.Commit(t, rm.dir, gittest.Edit{Write: map[string]string{"a": "1"}})
-		c2 := gittest.Commit(t, rm.dir, gittest.Edit{Write: map[string]string{"a": "2"}})
-		gittest.SetBranch(t, rm.dir, "feature", c1)
-		f1 := gittest.Commit(t, rm.dir, gittest.Edit{Branch: "feature", Write: map[string]string{"f": "1"}})
-		r := open(t, gitsource.Options{URL: rm.url})
-		for _, tc := range []struct {
-			rev, want string
-		}{
-			{"main", c2},
-			{"feature", f1},
-			{c1, c1},
-			{f1[:10], f1},
-		} {
-			t.Run(tc.rev, func(t *testing.T) {
-				got, err := r.Resolve(ctx, tc.rev)
-				require.NoError(t, err)
-				assert.Equal(t, tc.want, got)
-				_, err = r.Tree(got, "")
-				assert.NoError(t, err, "the resolved commit is in the cache")
-			})
+	for _, tc := range []struct {
+		rev, want string
+	}{
+		{"main", second},
+		{"feature", side},
+		{first, first},
+		{second[:8], second},
+		{side[:12], side}, // only on another branch: every branch is fetched
+	} {
+		t.Run(tc.rev, func(t *testing.T) {
+			repo, err := gitsource.Open(ctx, gitsource.Options{URL: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := repo.Resolve(ctx, tc.rev)
+			if err != nil || got != tc.want {
+				t.Fatalf("Resolve(%q) = %q, %v; want %q", tc.rev, got, err, tc.want)
+			}
+			if _, err := repo.ReadFile(got, "a.yaml"); err != nil {
+				t.Errorf("the resolved commit is not readable: %v", err)
+			}
+		})
+	}
+	repo, err := gitsource.Open(ctx, gitsource.Options{URL: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rev := range []string{"no-such-branch", "deadbeef", "HEAD~1"} {
+		if _, err := repo.Resolve(ctx, rev); !errors.Is(err, gitsource.ErrUnknownRevision) {
+			t.Errorf("Resolve(%q) error = %v, want ErrUnknownRevision", rev, err)
 		}
-		for _, rev := range []string{"nope", "0000000000000000000000000000000000000001", "deadbeef", "HEAD~1"} {
-			t.Run("unknown "+rev, func(t *testing.T) {
-				_, err := r.Resolve(ctx, rev)
-				assert.ErrorIs(t, err, gitsource.ErrUnknownRevision)
-			})
-		}
-	})
+	}
 }
