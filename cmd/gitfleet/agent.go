@@ -32,7 +32,7 @@ import (
 //	host: hv-a
 //	stateDir: /var/lib/gitfleet
 //	backend: qemu                              # qemu (default) or memory
-//	qemu: {accel: auto, systemdScope: true}
+//	qemu: {accel: auto, systemdScope: true}    # systemdScope defaults to true
 //	intervals: {tick: 10s, poll: 15s, heartbeat: 60s}
 //	graces: {tombstone: 5m, vanish: 1h}
 //	vmTimeout: 30m                             # per-VM watchdog; 0 = none
@@ -58,8 +58,11 @@ type agentFileConfig struct {
 	StateDir string `yaml:"stateDir"`
 	Backend  string `yaml:"backend"`
 	QEMU     struct {
-		Accel        string `yaml:"accel"`
-		SystemdScope bool   `yaml:"systemdScope"`
+		Accel string `yaml:"accel"`
+		// SystemdScope (default true) starts each QEMU in its own
+		// transient scope when the agent runs under systemd, so a restart
+		// of the agent's unit leaves the guests running.
+		SystemdScope *bool `yaml:"systemdScope"`
 	} `yaml:"qemu"`
 	Intervals struct {
 		Tick      duration `yaml:"tick"`
@@ -115,12 +118,11 @@ var (
 // backends builds the provisioner a config's backend names.
 var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error){
 	"qemu": func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error) {
-		_, underSystemd := os.LookupEnv("INVOCATION_ID")
 		return qemu.New(qemu.Config{
 			CacheDir:     filepath.Join(store.Root(), "images"),
 			MachineDir:   store.VMDir,
 			Accel:        c.QEMU.Accel,
-			SystemdScope: c.QEMU.SystemdScope && underSystemd,
+			SystemdScope: c.QEMU.SystemdScope == nil || *c.QEMU.SystemdScope,
 			Logger:       log,
 		})
 	},
