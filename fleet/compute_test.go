@@ -247,3 +247,32 @@ func TestMissing(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseLedger: a ledger either fails to parse or re-encodes into one
+// that parses to the same thing.
+func FuzzParseLedger(f *testing.F) {
+	l := newLedger()
+	l.Applied = &AppliedCommit{Commit: "abc", Branch: "main"}
+	l.Hosts["hv-a"] = &HostRecord{Epoch: 3, Hash: "k", VMs: []string{"a"}}
+	seed, _ := l.marshal()
+	f.Add(seed)
+	f.Add([]byte("version: 1\nhosts: {hv-a: {epoch: 2}}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		l, err := parseLedger(data)
+		if err != nil {
+			return
+		}
+		out, err := l.marshal()
+		if err != nil {
+			t.Fatalf("marshal: %v", err)
+		}
+		back, err := parseLedger(out)
+		if err != nil {
+			t.Fatalf("reparse %s: %v", out, err)
+		}
+		again, _ := back.marshal()
+		if string(again) != string(out) {
+			t.Fatalf("not stable:\n%s\n%s", out, again)
+		}
+	})
+}
