@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -259,7 +260,11 @@ func (r *Repo) openStorage(fresh bool) error {
 	if err != nil {
 		return err
 	}
-	st := filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte), filesystem.Options{})
+	// Pack files stay open between reads (maintain keeps them few): opening
+	// one per object read would dominate a walk of a large tree. (go-git's
+	// ExclusiveAccess would also spare the loose-object lookups, but it does
+	// not see packs a fetch adds.)
+	st := filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte), filesystem.Options{MaxOpenDescriptors: 2 * maxPacks})
 	if len(ents) == 0 {
 		repo, err := git.Init(st, nil)
 		if err != nil {
@@ -327,10 +332,30 @@ func (r *Repo) adopt(st storage.Storer, repo *git.Repository) error {
 			return err
 		}
 	}
+	r.closeStorage()
 	r.st, r.repo = st, repo
 	r.baseline = 0
 	r.verified = map[plumbing.Hash]struct{}{}
 	r.sizes = map[plumbing.Hash]int64{}
+	return nil
+}
+
+// closeStorage releases the open files of the current storage, if any.
+// Caller holds r.mu.
+func (r *Repo) closeStorage() {
+	if c, ok := r.st.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			r.log.WithError(err).Debug("close cache")
+		}
+	}
+}
+
+// Close releases the files the cache keeps open. Reads after Close fail;
+// the Repo must not be used after it.
+func (r *Repo) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closeStorage()
 	return nil
 }
 

@@ -20,10 +20,11 @@ var ErrUnknownRevision = errors.New("unknown revision")
 
 // Resolve turns rev into a commit hash and makes sure the commit is in the
 // cache: rev is a branch name on the remote (fetched as Fetch does) or a
-// full or abbreviated (at least 4 hex digits) commit hash reachable from one
-// of the remote's branches (every branch is fetched to find it). Neither
-// gives an error matching ErrUnknownRevision; network failures are returned
-// as they are.
+// full or abbreviated (at least 4 hex digits) commit hash reachable from any
+// of the remote's refs or its HEAD (all are fetched, under refs/resolve/, to
+// find it: a pull request's head is often on no branch). Neither gives an
+// error matching ErrUnknownRevision; network failures are returned as they
+// are.
 func (r *Repo) Resolve(ctx context.Context, rev string) (string, error) {
 	hexRev := hexPrefix.MatchString(rev)
 	if checkBranch(rev) == nil {
@@ -45,7 +46,7 @@ func (r *Repo) Resolve(ctx context.Context, rev string) (string, error) {
 	defer r.mu.Unlock()
 	err := r.repo.FetchContext(ctx, &git.FetchOptions{
 		RemoteName: remoteName,
-		RefSpecs:   []config.RefSpec{"+refs/heads/*:refs/remotes/" + remoteName + "/*"},
+		RefSpecs:   []config.RefSpec{"+refs/*:refs/resolve/*", "+HEAD:refs/resolve/HEAD"},
 		Depth:      r.opts.Depth,
 		Auth:       r.auth,
 		Tags:       git.NoTags,

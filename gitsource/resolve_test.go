@@ -15,6 +15,11 @@ func TestResolve(t *testing.T) {
 	second := gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"a.yaml": "a: 2\n"}})
 	gittest.SetBranch(t, dir, "feature", first)
 	side := gittest.Commit(t, dir, gittest.Edit{Branch: "feature", Write: map[string]string{"b.yaml": "b: 1\n"}})
+	// A pull request's head lives on no branch.
+	gittest.SetBranch(t, dir, "tmp", first)
+	pr := gittest.Commit(t, dir, gittest.Edit{Branch: "tmp", Write: map[string]string{"c.yaml": "c: 1\n"}})
+	gittest.Git(t, dir, "update-ref", "refs/pull/7/head", pr)
+	gittest.DeleteBranch(t, dir, "tmp")
 	ctx := context.Background()
 	for _, tc := range []struct {
 		rev, want string
@@ -24,6 +29,7 @@ func TestResolve(t *testing.T) {
 		{first, first},
 		{second[:8], second},
 		{side[:12], side}, // only on another branch: every branch is fetched
+		{pr, pr},
 	} {
 		t.Run(tc.rev, func(t *testing.T) {
 			repo, err := gitsource.Open(ctx, gitsource.Options{URL: dir})

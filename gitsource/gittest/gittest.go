@@ -260,16 +260,39 @@ func commit(dir string, e Edit) (string, error) {
 		paths = append(paths, p)
 	}
 	sort.Strings(paths)
-	for _, p := range paths {
-		h, err := g([]byte(e.Write[p]), "hash-object", "-w", "--stdin")
+	if len(paths) > 0 {
+		// Two git processes for any number of files: hash every blob from
+		// a scratch directory, then stage them all at once.
+		scratch, err := os.MkdirTemp("", "gittest-blobs-*")
 		if err != nil {
 			return "", err
 		}
-		m := mode[p]
-		if m == "" {
-			m = "100644"
+		defer os.RemoveAll(scratch)
+		var list strings.Builder
+		for i, p := range paths {
+			f := filepath.Join(scratch, fmt.Sprint(i))
+			if err := os.WriteFile(f, []byte(e.Write[p]), 0o644); err != nil {
+				return "", err
+			}
+			list.WriteString(f + "\n")
 		}
-		if _, err := g(nil, "update-index", "--add", "--cacheinfo", m+","+h+","+p); err != nil {
+		out, err := g([]byte(list.String()), "hash-object", "-w", "--no-filters", "--stdin-paths")
+		if err != nil {
+			return "", err
+		}
+		hashes := strings.Split(out, "\n")
+		if len(hashes) != len(paths) {
+			return "", fmt.Errorf("hash-object gave %d hashes for %d files", len(hashes), len(paths))
+		}
+		var info strings.Builder
+		for i, p := range paths {
+			m := mode[p]
+			if m == "" {
+				m = "100644"
+			}
+			fmt.Fprintf(&info, "%s %s\t%s\n", m, hashes[i], p)
+		}
+		if _, err := g([]byte(info.String()), "update-index", "--add", "--index-info"); err != nil {
 			return "", err
 		}
 	}
