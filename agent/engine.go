@@ -254,10 +254,10 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		e.lastEpoch = snap.Epoch
 	}
 	e.retryBadLocked()
-	inUse := e.volumesInUseLocked(snap)
+	users := e.volumeUsersLocked(snap)
 	e.mu.Unlock()
 
-	vols, orphans := e.reconcileVolumes(snap, inUse)
+	vols, orphans := e.reconcileVolumes(snap, e.volumesInUse(users))
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -314,26 +314,41 @@ func (e *Engine) retryBadLocked() {
 	}
 }
 
-// volumesInUseLocked names the tombstoned volumes of snap still attached to
-// a running VM; only those are asked about, so an idle tick asks nothing.
-func (e *Engine) volumesInUseLocked(snap *desired.Snapshot) map[string]bool {
-	var tomb map[string]bool
+// volumeUsersLocked maps each tombstoned volume of snap to the VMs whose
+// recorded spec attaches it; only those are asked about, so an idle tick
+// asks nothing.
+func (e *Engine) volumeUsersLocked(snap *desired.Snapshot) map[string][]string {
+	var users map[string][]string
 	for _, v := range snap.Volumes {
 		if v.Tombstoned {
-			if tomb == nil {
-				tomb = map[string]bool{}
+			if users == nil {
+				users = map[string][]string{}
 			}
-			tomb[v.Name] = true
+			users[v.Name] = nil
 		}
 	}
-	if tomb == nil {
+	if users == nil {
 		return nil
 	}
-	inUse := map[string]bool{}
 	for name, rec := range e.recs {
 		for _, v := range rec.Spec.Volumes {
-			if tomb[v] && e.prov.Running(name) {
+			if _, ok := users[v]; ok {
+				users[v] = append(users[v], name)
+			}
+		}
+	}
+	return users
+}
+
+// volumesInUse names the volumes of users attached to a running VM. It
+// asks the provisioner, which may take seconds, so it runs without e.mu.
+func (e *Engine) volumesInUse(users map[string][]string) map[string]bool {
+	inUse := map[string]bool{}
+	for v, vms := range users {
+		for _, name := range vms {
+			if e.prov.Running(name) {
 				inUse[v] = true
+				break
 			}
 		}
 	}
