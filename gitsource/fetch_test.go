@@ -2,6 +2,7 @@ package gitsource_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -205,4 +206,30 @@ func TestAuthOverHTTP(t *testing.T) {
 		})
 	}
 	assert.Equal(t, []string{"a", "basic", "token"}, gittest.Files(t, dir, "main"), "only authenticated writes landed")
+}
+
+// TestShallowCacheDeepened: a cache left shallow by an earlier Depth is not
+// trusted for full history: reopened with Depth 0 it is cloned afresh.
+func TestShallowCacheDeepened(t *testing.T) {
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	var commits []string
+	for i := 0; i < 3; i++ {
+		commits = append(commits, gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"a": fmt.Sprint(i)}}))
+	}
+	cache := t.TempDir()
+	r := open(t, gitsource.Options{URL: rm, CacheDir: cache, Depth: 1})
+	_, err := r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+
+	r = open(t, gitsource.Options{URL: rm, CacheDir: cache})
+	tip, err := r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	var walked []string
+	require.NoError(t, r.FirstParents(tip, func(c *gitsource.Commit) (bool, error) {
+		walked = append(walked, c.Hash)
+		return true, nil
+	}))
+	assert.Equal(t, []string{commits[2], commits[1], commits[0]}, walked)
 }

@@ -279,6 +279,14 @@ func (r *Repo) openStorage(fresh bool) error {
 	if err != nil {
 		return fmt.Errorf("reopen cache %s: %w", dir, err)
 	}
+	if shallow, err := st.Shallow(); r.opts.Depth == 0 && (err != nil || len(shallow) > 0) {
+		// A shallow cache (from an earlier Depth) would leave holes in the
+		// full history this Repo promises; go-git cannot deepen it, so
+		// start afresh.
+		_ = st.Close()
+		r.log.WithField("cache", dir).Info("cache is shallow but full history is wanted; cloning afresh")
+		return r.openStorage(true)
+	}
 	return r.adopt(st, repo)
 }
 
