@@ -31,7 +31,7 @@ type repoFlags struct {
 
 func (f *repoFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.url, "repo", os.Getenv("GITFLEET_REPO"), "fleet repository: URL (file, http(s), ssh) or local path ($GITFLEET_REPO)")
-	cmd.Flags().StringVar(&f.token, "token", "", "token for an http(s) remote (default $GITFLEET_GIT_TOKEN)")
+	cmd.Flags().StringVar(&f.token, "token", "", "token for an http(s) remote; better set $GITFLEET_TOKEN, which stays off the command line")
 	cmd.Flags().StringVar(&f.sshKey, "ssh-key", os.Getenv("GITFLEET_SSH_KEY"), "private key file for an ssh remote ($GITFLEET_SSH_KEY)")
 	cmd.Flags().StringVar(&f.knownHosts, "known-hosts", os.Getenv("GITFLEET_KNOWN_HOSTS"), "known_hosts file for an ssh remote (default ~/.ssh/known_hosts; $GITFLEET_KNOWN_HOSTS)")
 }
@@ -41,7 +41,7 @@ func (f *repoFlags) add(cmd *cobra.Command) {
 func (f *repoFlags) auth() gitsource.Auth {
 	tok := f.token
 	if tok == "" {
-		tok = os.Getenv("GITFLEET_GIT_TOKEN")
+		tok = os.Getenv("GITFLEET_TOKEN")
 	}
 	return gitsource.Auth{Token: tok, SSHKeyFile: f.sshKey, KnownHostsFile: f.knownHosts}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -84,6 +85,15 @@ func TestPlanCommand(t *testing.T) {
 	var p desired.Plan
 	if code != 0 || json.Unmarshal([]byte(out), &p) != nil || len(p.Hosts) != 1 || len(p.Hosts[0].Changes) != 2 {
 		t.Fatalf("exit %d, json:\n%s", code, out)
+	}
+
+	// A working copy, as a CI checkout gives: hashes on no local branch.
+	work := filepath.Join(t.TempDir(), "work")
+	gittest.Git(t, "", "clone", "--quiet", dir, work)
+	head := gittest.Rev(t, dir, "refs/heads/change")
+	code, out = runCLI(t, "plan", "--repo", work, "--path", "fleet", "--base", base, "--head", head)
+	if code != 0 || !strings.Contains(out, "- delete VM db-01") {
+		t.Fatalf("plan in a working copy: exit %d\n%s", code, out)
 	}
 
 	// Validation errors: printed, exit 1.
