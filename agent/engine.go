@@ -109,9 +109,10 @@ type worker struct {
 	kick chan struct{}
 }
 
-// NewEngine builds an Engine over cfg.Store. It reads the last accepted
-// snapshot and epoch, so that Tick(ctx, nil) reconciles them while no newer
-// snapshot can be fetched.
+// NewEngine builds an Engine over cfg.Store. It binds the store to cfg.Host
+// (ErrHostMismatch when it belongs to another host) and reads the last
+// accepted snapshot and epoch, so that Tick(ctx, nil) reconciles them while
+// no newer snapshot can be fetched.
 func NewEngine(cfg EngineConfig) (*Engine, error) {
 	if cfg.Store == nil || cfg.Provisioner == nil {
 		return nil, errors.New("new engine: Store and Provisioner are required")
@@ -147,6 +148,11 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	}
 	e.idle = sync.NewCond(&e.mu)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	if cfg.Host != "" {
+		if err := cfg.Store.ClaimHost(cfg.Host); err != nil {
+			return nil, fmt.Errorf("new engine: %w", err)
+		}
+	}
 	var err error
 	if e.lastEpoch, err = cfg.Store.LastEpoch(); err != nil {
 		return nil, fmt.Errorf("new engine: %w", err)

@@ -801,6 +801,15 @@ func TestASnapshotForAnotherHostIsRefused(t *testing.T) {
 	assert.Zero(t, f.eng.Report().LastSeenEpoch)
 }
 
+func TestAStateDirectoryServesOneHost(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
+	cfg := f.config()
+	cfg.Host = "hv-b" // a typo in the config
+	_, err := agent.NewEngine(cfg)
+	assert.ErrorIs(t, err, agent.ErrHostMismatch)
+}
+
 func TestNoSnapshotYetDoesNothing(t *testing.T) {
 	f := newFixture(t)
 	st := f.step(nil)

@@ -23,6 +23,10 @@ var (
 	// ErrInvalidName: a VM or volume name is not an RFC 1123 DNS label. It is
 	// never joined into a path.
 	ErrInvalidName = errors.New("not a DNS label")
+	// ErrHostMismatch: the state directory belongs to another host. A
+	// mistyped host name would otherwise read that host's snapshot and
+	// quarantine every VM of this one.
+	ErrHostMismatch = errors.New("state directory belongs to another host")
 	// ErrRecordUnreadable: a VM directory exists but its record cannot be
 	// read or decoded. The VM is left alone until the record is readable
 	// again; it is never created over.
@@ -38,6 +42,7 @@ var (
 //	snapshot.json            the last accepted snapshot
 //	epoch                    the highest snapshot epoch accepted (decimal)
 //	heartbeat                the last status heartbeat written (decimal)
+//	host                     the host this directory belongs to
 const (
 	vmsDirName      = "vms"
 	volumesDirName  = "volumes"
@@ -45,6 +50,7 @@ const (
 	snapshotFile    = "snapshot.json"
 	epochFile       = "epoch"
 	heartbeatFile   = "heartbeat"
+	hostFile        = "host"
 	partialSuffix   = ".partial"
 	tombstoneSuffix = ".tombstone"
 )
@@ -233,6 +239,26 @@ func (s *Store) RemoveVM(name string) error {
 		return fmt.Errorf("remove vm %s: %w", name, err)
 	}
 	return syncDir(filepath.Join(s.root, vmsDirName))
+}
+
+// ClaimHost binds the state directory to host on first use and afterwards
+// returns ErrHostMismatch for any other host.
+func (s *Store) ClaimHost(host string) error {
+	path := filepath.Join(s.root, hostFile)
+	data, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if err := writeFileAtomic(path, []byte(host+"\n")); err != nil {
+			return fmt.Errorf("claim state directory for %s: %w", host, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	if owner := strings.TrimSpace(string(data)); owner != host {
+		return fmt.Errorf("%s is host %q's, not %q (remove %s only if the host was renamed): %w", s.root, owner, host, path, ErrHostMismatch)
+	}
+	return nil
 }
 
 // LoadSnapshot returns the last accepted snapshot, or nil when none was ever
