@@ -492,7 +492,11 @@ func (w *watcher) phaseChanged(vm, old status.VM) {
 	case vm.Message != "":
 		detail = vm.Message
 	}
-	w.line("%-10s %-9s %-8s %s", vm.Name, vm.Phase, vm.Power, detail)
+	power := vm.Power
+	if vm.Phase == status.PhasePending || vm.Phase == status.PhaseCreating {
+		power = "" // what it will be is the spec's; what it is says nothing yet
+	}
+	w.line("%-10s %-9s %-8s %s", vm.Name, vm.Phase, power, detail)
 	if vm.Phase == status.PhaseReady && old.Phase != status.PhaseReady {
 		w.readyAt[vm.Name] = time.Now()
 		c := w.consoles[vm.Name]
@@ -543,9 +547,8 @@ cloud image, "ssh -p PORT user@127.0.0.1" reaches the guest through the forward.
 
 Change the fleet with git, from another terminal:
   git clone %[1]s demo-fleet && cd demo-fleet
-  # stop hello-2, or add a third VM (or both):
-  sed -i 's/power: running/power: stopped/' vms/hello-2.yaml
-  sed 's/hello-2/hello-3/g' vms/hello-2.yaml > vms/hello-3.yaml
+  sed 's/hello-2/hello-3/g' vms/hello-2.yaml > vms/hello-3.yaml    # add a third VM
+  sed -i 's/power: running/power: stopped/' vms/hello-2.yaml       # stop hello-2
   git add -A && git commit -m "change the demo fleet" && git push
   # watch it land: this terminal prints each change; the live state is on
   # the gitfleet/status branch, README.md there is the controller's summary:

@@ -105,15 +105,17 @@ func TestFleetFilesValidate(t *testing.T) {
 		p := filepath.Join(dir, "vms", "hello-2.yaml")
 		b, err := os.ReadFile(p)
 		require.NoError(t, err)
+		third := strings.ReplaceAll(string(b), "hello-2", "hello-3")
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "vms", "hello-3.yaml"), []byte(third), 0o644))
 		stopped := strings.Replace(string(b), "power: running", "power: stopped", 1)
 		require.NotEqual(t, string(b), stopped, "the stop edit must change the file")
 		require.NoError(t, os.WriteFile(p, []byte(stopped), 0o644))
-		third := strings.ReplaceAll(stopped, "hello-2", "hello-3")
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "vms", "hello-3.yaml"), []byte(third), 0o644))
 		f, err := desired.LoadDir(dir)
 		require.NoError(t, err)
 		assert.Equal(t, desired.PowerStopped, f.VMs["hello-2"].Spec.Power)
-		assert.Contains(t, f.VMs, "hello-3")
+		if assert.Contains(t, f.VMs, "hello-3") {
+			assert.Equal(t, desired.PowerRunning, f.VMs["hello-3"].Spec.Power)
+		}
 	})
 }
 
