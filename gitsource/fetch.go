@@ -118,6 +118,13 @@ func (r *Repo) repair(ctx context.Context, branch string, reclone bool) error {
 		}
 		return nil
 	}
+	r.mu.Unlock()
+	// A fresh clone throws the cache away: first make sure the remote
+	// answers, so a network failure never costs the cache.
+	if _, err := r.RemoteHead(ctx, branch); err != nil && !errors.Is(err, ErrBranchNotFound) {
+		return err
+	}
+	r.mu.Lock()
 	branches, err := trackedBranches(r.st)
 	if err != nil {
 		branches = nil // the refs may be part of the damage
@@ -215,7 +222,7 @@ func repairable(err error) bool {
 	msg := strings.ToLower(err.Error())
 	for _, s := range []string{
 		"object not found", "reference has changed concurrently", "shallow",
-		"malformed", "checksum", "invalid object", "zlib", "packfile", "idx file", "unexpected eof",
+		"malformed", "checksum", "invalid object", "zlib", "packfile", "idx file",
 	} {
 		if strings.Contains(msg, s) {
 			return true

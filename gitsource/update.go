@@ -435,7 +435,7 @@ func pushRejected(err error) bool {
 	msg := strings.ToLower(err.Error())
 	for _, s := range []string{
 		"failed to update ref", "failed to lock", "cannot lock ref", "stale info",
-		"non-fast-forward", "fetch first", "reference has changed", "is at", "but expected",
+		"non-fast-forward", "fetch first", "reference has changed", "but expected",
 	} {
 		if strings.Contains(msg, s) {
 			return true
