@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
@@ -430,8 +432,8 @@ func addTombstones(out map[string]*hostSnapshot, tombs []*TombstoneRecord) {
 }
 
 func sortEntries(s *hostSnapshot) {
-	sort.Slice(s.snap.VMs, func(i, j int) bool { return s.snap.VMs[i].Name < s.snap.VMs[j].Name })
-	sort.Slice(s.snap.Volumes, func(i, j int) bool { return s.snap.Volumes[i].Name < s.snap.Volumes[j].Name })
+	slices.SortFunc(s.snap.VMs, func(a, b desired.SnapshotVM) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(s.snap.Volumes, func(a, b desired.SnapshotVolume) int { return strings.Compare(a.Name, b.Name) })
 }
 
 // contentKey identifies a snapshot's content without its epoch, its source
