@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -26,7 +27,12 @@ initramfs built once and cached.
 
 Everything lives in --dir; running the demo again resumes it. Ctrl-C stops it
 and shuts the VMs down (disks stay) unless --keep is given.`,
-		Args: cobra.NoArgs,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return &exitError{code: 2, err: fmt.Errorf("demo takes no arguments, got %q", args)}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
