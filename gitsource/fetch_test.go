@@ -233,3 +233,44 @@ func TestShallowCacheDeepened(t *testing.T) {
 	}))
 	assert.Equal(t, []string{commits[2], commits[1], commits[0]}, walked)
 }
+
+// TestHistoryHoleRepaired: a commit missing in the middle of fetched
+// history fails the walk (never ends it early) and the next Fetch brings it
+// back.
+func TestHistoryHoleRepaired(t *testing.T) {
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"a": "0"}})
+	cache := t.TempDir()
+	r := open(t, gitsource.Options{URL: rm, CacheDir: cache})
+	var ours []string
+	for i := 1; i <= 3; i++ {
+		tip, err := r.Update(ctx, "main", setFile("a", fmt.Sprint(i)))
+		require.NoError(t, err)
+		ours = append(ours, tip)
+	}
+	hole := ours[1]
+	require.NoError(t, os.Remove(filepath.Join(cache, "objects", hole[:2], hole[2:])))
+
+	count := func() (int, error) {
+		n := 0
+		err := r.FirstParents(ours[2], func(*gitsource.Commit) (bool, error) { n++; return true, nil })
+		return n, err
+	}
+	n, err := count()
+	assert.ErrorIs(t, err, gitsource.ErrObjectMissing)
+	assert.Equal(t, 1, n)
+	ok, err := r.IsAncestor(ours[0], ours[2])
+	assert.ErrorIs(t, err, gitsource.ErrObjectMissing)
+	assert.False(t, ok)
+
+	tip, err := r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	assert.Equal(t, ours[2], tip)
+	n, err = count()
+	require.NoError(t, err)
+	assert.Equal(t, 4, n)
+	ok, err = r.IsAncestor(ours[0], ours[2])
+	require.NoError(t, err)
+	assert.True(t, ok)
+}

@@ -73,6 +73,19 @@ func (r *Repo) resolve(rev string) (*object.Commit, error) {
 	}
 	c, err := object.GetCommit(r.st, h)
 	if err != nil {
+		// A commit the caller names may simply not be fetched (yet), or be
+		// gone from the remote: not a sign of a damaged cache, so it is not
+		// recorded for repair. A missing parent is (see parent).
+		return nil, fmt.Errorf("%w: commit %s (not fetched, or not on the remote): %v", ErrObjectMissing, h, err)
+	}
+	return c, nil
+}
+
+// parent loads a commit reached through a parent link: its absence means a
+// hole in fetched history, recorded for repair. Caller holds r.mu.
+func (r *Repo) parent(h plumbing.Hash) (*object.Commit, error) {
+	c, err := object.GetCommit(r.st, h)
+	if err != nil {
 		return nil, r.missingObject("commit", h, err)
 	}
 	return c, nil
@@ -431,7 +444,7 @@ func (r *Repo) FirstParents(from string, fn func(*Commit) (bool, error)) error {
 		}
 		parent := c.ParentHashes[0]
 		r.mu.Lock()
-		c, err = r.resolve(parent.String())
+		c, err = r.parent(parent)
 		r.mu.Unlock()
 		if err != nil {
 			return fmt.Errorf("first parents of %s: %w", short(from), err)
@@ -482,9 +495,9 @@ func (r *Repo) IsAncestor(a, b string) (bool, error) {
 			hitShallow = true
 			continue
 		}
-		c, err := object.GetCommit(r.st, h)
+		c, err := r.parent(h)
 		if err != nil {
-			return false, fmt.Errorf("is ancestor: %w", r.missingObject("commit", h, err))
+			return false, fmt.Errorf("is ancestor: %w", err)
 		}
 		for _, p := range c.ParentHashes {
 			if p == target {
