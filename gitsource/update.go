@@ -198,10 +198,12 @@ func (r *Repo) build(tip string, files map[string][]byte, msg string) (plumbing.
 	return ch, buf.Bytes(), nil
 }
 
-// builder edits trees in the object store and remembers what it wrote.
+// builder edits trees in the object store and remembers what it wrote
+// (each object once: a pack must not hold one twice).
 type builder struct {
 	r       *Repo
 	written []plumbing.Hash
+	seen    map[plumbing.Hash]bool
 }
 
 // encodable is an object go-git can encode (blob data aside).
@@ -222,7 +224,13 @@ func (b *builder) put(obj plumbing.EncodedObject) (plumbing.Hash, error) {
 	if err != nil {
 		return plumbing.ZeroHash, fmt.Errorf("store object: %w", err)
 	}
-	b.written = append(b.written, h)
+	if !b.seen[h] {
+		if b.seen == nil {
+			b.seen = map[plumbing.Hash]bool{}
+		}
+		b.seen[h] = true
+		b.written = append(b.written, h)
+	}
 	return h, nil
 }
 

@@ -157,3 +157,17 @@ func TestUpdateMutationError(t *testing.T) {
 	assert.ErrorIs(t, err, boom)
 	assert.Equal(t, before, gittest.Rev(t, rm, "main"))
 }
+
+// TestUpdateSameContentTwice: two new files with the same contents (one blob)
+// push cleanly.
+func TestUpdateSameContentTwice(t *testing.T) {
+	eachTransport(t, func(t *testing.T, rm remote) {
+		r := open(t, gitsource.Options{URL: rm.url})
+		tip, err := r.Update(context.Background(), "main", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+			return map[string][]byte{"a.yaml": []byte("same\n"), "b/a.yaml": []byte("same\n"), "c/a.yaml": []byte("same\n")}, "twins", nil
+		})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"a.yaml", "b/a.yaml", "c/a.yaml"}, gittest.Files(t, rm.dir, tip))
+		gittest.Git(t, rm.dir, "fsck", "--strict", "--no-dangling")
+	})
+}
