@@ -12,6 +12,25 @@
 // Damage to the cache (a missing object, a reference changed under us, a
 // shallow-history gap) is repaired by fetching again and, as the last resort,
 // by cloning the cache afresh; it is never read as an empty tree.
+//
+// A typical reader fetches, then reads at the commit Fetch returned:
+//
+//	tip, err := repo.Fetch(ctx, "main")        // ErrBranchNotFound: no branch yet
+//	tree, err := repo.Tree(tip, "")            // a desired.Tree for the loader
+//	changes, err := repo.Diff(lastTip, tip)    // renames paired
+//
+// A writer hands Update a function of the tip; it runs once per attempt:
+//
+//	tip, err := repo.Update(ctx, "gitfleet/status", func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+//		return map[string][]byte{"hosts/hv-a.yaml": data}, "status of hv-a", nil
+//	})
+//
+// All methods of a Repo are safe for concurrent use; reads and fetches of
+// one Repo take turns on its cache, Updates run one at a time. One CacheDir
+// belongs to one Repo at a time. The cache keeps itself compact: past 16
+// pack files (each fetch adds one) or 2048 loose objects (each Update adds
+// a few) they are merged, and a memory cache that grew fourfold since its
+// last clone is cloned afresh.
 package gitsource
 
 import (
@@ -35,8 +54,6 @@ import (
 	"github.com/go-git/go-git/v5/storage/filesystem"
 	"github.com/go-git/go-git/v5/storage/memory"
 	"github.com/sirupsen/logrus"
-
-	"github.com/gitfleet/gitfleet/desired"
 )
 
 // Sentinel errors callers test with errors.Is.
@@ -403,5 +420,3 @@ func checkBranch(branch string) error {
 	}
 	return nil
 }
-
-var _ desired.Tree = (*gitTree)(nil)

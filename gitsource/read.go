@@ -243,6 +243,8 @@ type gitTree struct {
 	root plumbing.Hash
 }
 
+var _ desired.Tree = (*gitTree)(nil)
+
 // Walk implements desired.Tree. The entries are listed under the Repo's
 // lock, then fn is called without it (so fn may call File.Read and other
 // Repo methods).
