@@ -226,17 +226,28 @@ func Run(ctx context.Context, cfg Config) error {
 	fmt.Fprintln(out)
 
 	w := newWatcher(out, start, l)
+	lrepo, err := gitsource.Open(ctx, gitsource.Options{URL: url, Logger: log})
+	if err != nil {
+		rt.stop()
+		return err
+	}
+	lw := &ledgerWatch{repo: lrepo}
 	settled := false
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 loop:
-	for {
+	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
 			break loop
 		case <-rt.failed:
 			break loop
 		case <-t.C:
+		}
+		if n%4 == 0 {
+			for _, msg := range lw.read(ctx) {
+				w.line("%s", msg)
+			}
 		}
 		st := rt.eng.Report()
 		w.observe(st)

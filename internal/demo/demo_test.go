@@ -21,6 +21,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/status"
@@ -374,7 +375,7 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 	assert.Equal(t, int64(1<<30), vol.Size())
 
 	b := []byte(gittest.Show(t, l.Repo(), "main", "vms/hello-2.yaml"))
-	gittest.Commit(t, l.Repo(), gittest.Edit{
+	stop := gittest.Commit(t, l.Repo(), gittest.Edit{
 		Write:   map[string]string{"vms/hello-2.yaml": strings.Replace(string(b), "power: running", "power: stopped", 1)},
 		Message: "stop hello-2",
 	})
@@ -387,6 +388,14 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+	// The demo reads the ledger every 2 s: wait for it to tell of the push.
+	for !strings.Contains(out1.String(), "controller applied main at "+stop[:12]) {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the demo never said it applied %s:\n%s", stop, out1.String())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 	cancel()
 	require.NoError(t, <-done)
 	text := out1.String()
@@ -397,6 +406,7 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 		"hello-2    console   ready",
 		"hello-1    ready     running  ssh forward 127.0.0.1:",
 		"hello-2    stopped",
+		"controller applied main at " + stop[:12],
 		"git clone " + RepoURL(l.Repo()),
 		"status --repo " + RepoURL(l.Repo()),
 		filepath.Join(l.State(), "vms", "hello-1", qemu.SerialLog),
@@ -448,4 +458,30 @@ func TestRunRefusesASecondDemoOnOneDirectory(t *testing.T) {
 	defer unlock()
 	err = Run(context.Background(), Config{Dir: dir, CacheDir: t.TempDir(), Out: io.Discard})
 	require.ErrorIs(t, err, ErrBusy)
+}
+
+func TestLedgerWatchPrintsAppliedAndRejected(t *testing.T) {
+	lw := &ledgerWatch{}
+	at := time.Date(2026, 11, 30, 4, 0, 0, 0, time.UTC)
+	steps := []struct {
+		name   string
+		ledger fleet.Ledger
+		want   []string
+	}{
+		{"nothing yet", fleet.Ledger{}, nil},
+		{"first apply", fleet.Ledger{Applied: &fleet.AppliedCommit{Commit: "aaaaaaaaaaaaaaaa", Branch: "main"}},
+			[]string{"controller applied main at aaaaaaaaaaaa: snapshots published"}},
+		{"same again", fleet.Ledger{Applied: &fleet.AppliedCommit{Commit: "aaaaaaaaaaaaaaaa", Branch: "main"}}, nil},
+		{"a bad push", fleet.Ledger{Applied: &fleet.AppliedCommit{Commit: "aaaaaaaaaaaaaaaa", Branch: "main"},
+			Rejected: &fleet.Rejection{Commit: "bbbbbbbbbbbbbbbb", Reason: "vms/x.yaml:3:1: bad", At: at}},
+			[]string{"controller REJECTED bbbbbbbbbbbb; the last good state stays. Fix it and push again:\n           vms/x.yaml:3:1: bad"}},
+		{"the fix", fleet.Ledger{Applied: &fleet.AppliedCommit{Commit: "cccccccccccccccc", Branch: "main"},
+			Rejected: &fleet.Rejection{Commit: "bbbbbbbbbbbbbbbb", Reason: "vms/x.yaml:3:1: bad", At: at, Superseded: "cccccccccccccccc"}},
+			[]string{"controller applied main at cccccccccccc: snapshots published"}},
+	}
+	for _, step := range steps {
+		t.Run(step.name, func(t *testing.T) {
+			assert.Equal(t, step.want, lw.changes(&step.ledger))
+		})
+	}
 }
