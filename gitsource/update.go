@@ -52,9 +52,10 @@ var errRejected = errors.New("push rejected")
 // in git. Its push names the fetched tip as the old value, so the remote
 // takes it only if the branch still points there. A mutation that changes
 // nothing (same contents) writes no commit. An error from mutate stops
-// Update and is returned as it is. After Options.UpdateAttempts rejections,
-// or when ctx ends while waiting, the error matches ErrConflict. Update calls
-// on one Repo run one at a time.
+// Update and is returned as it is. After Options.UpdateAttempts rejections
+// the error matches ErrConflict; when ctx ends, it matches ctx's error (and
+// ErrConflict too if ctx ended while waiting to retry). Update calls on one
+// Repo run one at a time.
 func (r *Repo) Update(ctx context.Context, branch string, mutate Mutation) (string, error) {
 	if err := checkBranch(branch); err != nil {
 		return "", fmt.Errorf("update: %w", err)
@@ -84,7 +85,7 @@ func (r *Repo) Update(ctx context.Context, branch string, mutate Mutation) (stri
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return "", fmt.Errorf("update %s: %w: %v (last: %v)", branch, ErrConflict, ctx.Err(), lastErr)
+				return "", fmt.Errorf("update %s: %w: %w (last: %v)", branch, ErrConflict, ctx.Err(), lastErr)
 			case <-t.C:
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -170,4 +171,41 @@ func TestUpdateSameContentTwice(t *testing.T) {
 		assert.Equal(t, []string{"a.yaml", "b/a.yaml", "c/a.yaml"}, gittest.Files(t, rm.dir, tip))
 		gittest.Git(t, rm.dir, "fsck", "--strict", "--no-dangling")
 	})
+}
+
+// TestUpdateGivesUp: a writer that loses every race stops after
+// UpdateAttempts with ErrConflict, or when its context ends with the
+// context's error; nothing of its own is written.
+func TestUpdateGivesUp(t *testing.T) {
+	rm := gittest.NewBare(t)
+	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"a": "0"}})
+	// Each attempt, someone else pushes first.
+	n := 0
+	loser := func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		n++
+		gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"other": fmt.Sprint(n)}})
+		return map[string][]byte{"mine": []byte("x")}, "mine", nil
+	}
+	t.Run("attempts", func(t *testing.T) {
+		n = 0
+		r := open(t, gitsource.Options{URL: rm, UpdateAttempts: 3, Backoff: time.Millisecond})
+		_, err := r.Update(context.Background(), "main", loser)
+		assert.ErrorIs(t, err, gitsource.ErrConflict)
+		assert.Equal(t, 3, n)
+	})
+	t.Run("context", func(t *testing.T) {
+		n = 0
+		r := open(t, gitsource.Options{URL: rm, UpdateAttempts: 1000, Backoff: 10 * time.Millisecond})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		_, err := r.Update(ctx, "main", func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+			if n == 4 {
+				cancel()
+			}
+			return loser(tip, read)
+		})
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, 5, n, "no attempt after the context ended")
+	})
+	assert.NotContains(t, gittest.Files(t, rm, "main"), "mine")
 }
