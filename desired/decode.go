@@ -42,7 +42,7 @@ type nodeDecoder struct {
 }
 
 func newNodeDecoder(file string) *nodeDecoder {
-	return &nodeDecoder{file: file, pos: make(map[string]fieldPos, 32)}
+	return &nodeDecoder{file: file, pos: make(map[string]fieldPos, 16)}
 }
 
 // maxErrorsPerFile bounds the errors reported for one file, so a large

@@ -317,20 +317,33 @@ func (root dirTree) Walk(fn func(File) error) error {
 		if info.Mode()&0o111 != 0 {
 			f.Mode = Executable
 		}
-		f.Read = func() ([]byte, error) { return readLimited(p) }
+		size := f.Size
+		f.Read = func() ([]byte, error) { return readLimited(p, size) }
 		return fn(f)
 	})
 }
 
-func readLimited(p string) ([]byte, error) {
+// readLimited reads at most MaxFileSize+1 bytes of the file at p, sizing
+// its buffer by size, the file's size when it was listed.
+func readLimited(p string, size int64) ([]byte, error) {
 	fh, err := os.Open(p)
 	if err != nil {
 		return nil, err
 	}
 	defer fh.Close()
-	data, err := io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
-	if err != nil {
-		return nil, err
+	r := io.LimitReader(fh, MaxFileSize+1)
+	buf := make([]byte, 0, min(max(size, 0), MaxFileSize)+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
-	return data, nil
 }
