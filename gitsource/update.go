@@ -170,7 +170,9 @@ func (r *Repo) build(tip string, files map[string][]byte, msg string) (plumbing.
 	if err != nil {
 		return plumbing.ZeroHash, nil, err
 	}
-	if newRoot == root && tip != "" {
+	if newRoot == root {
+		// Nothing changed (or, on a new branch, only absent paths were
+		// removed): no commit.
 		return plumbing.ZeroHash, nil, nil
 	}
 	if newRoot.IsZero() {

@@ -209,3 +209,18 @@ func TestUpdateGivesUp(t *testing.T) {
 	})
 	assert.NotContains(t, gittest.Files(t, rm, "main"), "mine")
 }
+
+// TestUpdateRemovingOnNewBranch: removing paths from a branch that does not
+// exist writes nothing (no empty root commit).
+func TestUpdateRemovingOnNewBranch(t *testing.T) {
+	rm := gittest.NewBare(t)
+	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"a": "0"}})
+	r := open(t, gitsource.Options{URL: rm})
+	tip, err := r.Update(context.Background(), "gitfleet/status", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		return map[string][]byte{"hosts/gone.yaml": nil}, "remove", nil
+	})
+	require.NoError(t, err)
+	assert.Empty(t, tip)
+	_, err = r.RemoteHead(context.Background(), "gitfleet/status")
+	assert.ErrorIs(t, err, gitsource.ErrBranchNotFound)
+}
