@@ -21,6 +21,12 @@
 // are errors wherever they are (git modes 120000 and 160000; a symlink on
 // disk is never followed), since a link could hide or duplicate objects.
 //
+// A Loader given a directory rejects a tree with nothing under it, so a
+// renamed or mistyped directory never reads as a fleet without objects.
+// Parsed files are cached by path and content (the git blob hash, or the
+// sha256 of a file on disk): a reload after a one-file change parses one
+// file, then runs the cross-object checks over the whole fleet again.
+//
 // Load reports every error at once, sorted by file and line, as an
 // ErrorList of *Error values formatted FILE:LINE:COL: FIELD: message. An
 // ErrorList matches ErrInvalid; any other error from Load is a failure to
