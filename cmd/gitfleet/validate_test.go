@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/spf13/pflag"
@@ -147,3 +148,21 @@ func TestValidateJSON(t *testing.T) {
 }
 
 func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
+
+func TestValidateReadFailure(t *testing.T) {
+	dir := writeFleet(t, map[string]string{"h.yaml": testHost})
+	if err := syscall.Mkfifo(filepath.Join(dir, "pipe.yaml"), 0o644); err != nil {
+		t.Skipf("cannot make a FIFO here: %v", err)
+	}
+	code, out := runCLI(t, "validate", "--format", "json", dir)
+	var rep struct {
+		Valid     bool   `json:"valid"`
+		ReadError string `json:"readError"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+	if code != 1 || rep.Valid || !strings.Contains(rep.ReadError, "pipe.yaml is not a regular file") {
+		t.Errorf("exit %d, report %+v; want exit 1 and the read error", code, rep)
+	}
+}
