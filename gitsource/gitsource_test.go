@@ -317,8 +317,22 @@ func TestWatchSeesPush(t *testing.T) {
 		require.Equal(t, c1, <-ch)
 		c2 := gittest.Commit(t, rm.dir, gittest.Edit{Write: map[string]string{"a": "2"}})
 		require.Equal(t, c2, <-ch)
+
+		// A branch that does not exist yet is reported once it appears
+		// (the directory refs/heads/gitfleet/ is new, too).
+		status := r.Watch(ctx, "gitfleet/status", interval)
+		s1 := gittest.Commit(t, rm.dir, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{"hosts/a.yaml": "1"}})
+		require.Equal(t, s1, <-status)
+		s2 := gittest.Commit(t, rm.dir, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{"hosts/a.yaml": "2"}})
+		require.Equal(t, s2, <-status)
+
+		// A force-push back is a change too.
+		gittest.SetBranch(t, rm.dir, "main", c1)
+		require.Equal(t, c1, <-ch)
 		cancel()
 		for range ch {
+		}
+		for range status {
 		}
 	})
 }
