@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 )
 
@@ -48,11 +47,7 @@ func bigRepo(b testing.TB) string {
 
 func benchController(b testing.TB, dir string, clk *clock) *Controller {
 	b.Helper()
-	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: dir, Logger: quietLogger()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	c, err := New(Config{Repo: repo, Clock: clk.Now, Logger: quietLogger()})
+	c, err := New(Config{URL: dir, Clock: clk.Now, Logger: quietLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}

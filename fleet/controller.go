@@ -32,8 +32,15 @@ const (
 // Config configures a Controller. Zero values take the defaults above.
 type Config struct {
 	// Repo is an opened repository; when nil, New opens URL (with Auth,
-	// cached in CacheDir, in memory when empty).
-	Repo     *gitsource.Repo
+	// cached in CacheDir, in memory when empty). It serves the desired
+	// branch, whose whole history attribution walks.
+	Repo *gitsource.Repo
+	// TipRepo serves the snapshots and status branches, of which only the
+	// tips are read. When nil and URL is set, New opens URL at depth 1 in
+	// memory and opens it afresh every hour, so the status branch (a commit
+	// per agent heartbeat) never piles up in the controller; when nil
+	// without URL, Repo serves them too.
+	TipRepo  *gitsource.Repo
 	URL      string
 	Auth     gitsource.Auth
 	CacheDir string
@@ -74,12 +81,16 @@ type Config struct {
 // from one goroutine at a time (a second Pass waits for the first); Kick
 // from any goroutine.
 type Controller struct {
-	cfg     Config
-	repo    *gitsource.Repo
-	log     *logrus.Entry
-	clock   func() time.Time
-	metrics *metrics
-	reg     *prometheus.Registry
+	cfg  Config
+	repo *gitsource.Repo
+	// tips serves the snapshots and status branches; tipsOpened is when
+	// New or renewTips opened it (zero when it is not renewed).
+	tips       *gitsource.Repo
+	tipsOpened time.Time
+	log        *logrus.Entry
+	clock      func() time.Time
+	metrics    *metrics
+	reg        *prometheus.Registry
 
 	kick chan struct{}
 
@@ -205,14 +216,39 @@ func New(cfg Config) (*Controller, error) {
 		}
 		c.repo = repo
 	}
+	c.tips = cfg.TipRepo
+	if c.tips == nil {
+		c.tips = c.repo
+		if cfg.URL != "" {
+			if err := c.renewTips(); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return c, nil
+}
+
+// tipsRenewal is how long a tip repository opened by the controller is kept
+// before it is opened afresh (by the controller's clock).
+const tipsRenewal = time.Hour
+
+// renewTips opens a fresh depth-1, in-memory repository for the snapshots
+// and status branches.
+func (c *Controller) renewTips() error {
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: c.cfg.URL, Auth: c.cfg.Auth,
+		Depth: 1, Logger: c.cfg.Logger})
+	if err != nil {
+		return fmt.Errorf("open %s: %w", c.cfg.URL, err)
+	}
+	c.tips, c.tipsOpened = repo, c.clock()
+	return nil
 }
 
 // Registry is the private Prometheus registry holding the controller's
 // metrics, or nil when Config.Registerer was given.
 func (c *Controller) Registry() *prometheus.Registry { return c.reg }
 
-// Repo is the repository the controller works on.
+// Repo is the repository of the desired branch.
 func (c *Controller) Repo() *gitsource.Repo { return c.repo }
 
 // Kick asks Run for a pass at once (a webhook arrived). It never blocks.
@@ -233,7 +269,7 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 		interval = DefaultInterval
 	}
 	mainCh := c.repo.Watch(ctx, c.cfg.Branch, interval)
-	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval)
+	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval) // resolves heads only: the cache does not grow
 	for {
 		started := time.Now()
 		if _, err := c.Pass(ctx); err != nil && ctx.Err() == nil {
@@ -312,6 +348,14 @@ func short(h string) string {
 func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	var res PassResult
 	now := c.clock()
+	if !c.tipsOpened.IsZero() && now.Sub(c.tipsOpened) > tipsRenewal {
+		if err := c.renewTips(); err != nil {
+			c.log.WithError(err).Warn("renew the tip repository; keeping the old one")
+		} else {
+			// The ledger cache is keyed by tip and stays valid.
+			c.log.Debug("tip repository opened afresh")
+		}
+	}
 
 	// Step 1: read desired. Any error keeps the last good snapshots.
 	head, fl, loadErr := c.readDesired(ctx)
@@ -385,7 +429,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		files[LedgerPath] = data
 		return files, commitMessage(head, o), nil
 	}
-	tip, err := c.repo.Update(ctx, c.cfg.SnapshotsBranch, mutate)
+	tip, err := c.tips.Update(ctx, c.cfg.SnapshotsBranch, mutate)
 	if err != nil {
 		return res, fmt.Errorf("publish snapshots: %w", err)
 	}
@@ -438,14 +482,14 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 // readStatuses fetches the status branch (absent: no statuses yet) and
 // reads every host's status.
 func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, error) {
-	tip, err := c.repo.Fetch(ctx, c.cfg.StatusBranch)
+	tip, err := c.tips.Fetch(ctx, c.cfg.StatusBranch)
 	if errors.Is(err, gitsource.ErrBranchNotFound) {
 		return "", nil, nil
 	}
 	if err != nil {
 		return "", nil, fmt.Errorf("fetch %s: %w", c.cfg.StatusBranch, err)
 	}
-	tree, err := c.repo.Tree(tip, "")
+	tree, err := c.tips.Tree(tip, "")
 	if err != nil {
 		return tip, nil, fmt.Errorf("read tree of %s: %w", short(tip), err)
 	}
@@ -664,7 +708,7 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now tim
 		return false, nil
 	}
 	wrote := false
-	_, err := c.repo.Update(ctx, c.cfg.StatusBranch, func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+	_, err := c.tips.Update(ctx, c.cfg.StatusBranch, func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		wrote = false
 		old, err := read(status.SummaryPath)
 		if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {

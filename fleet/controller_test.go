@@ -589,3 +589,21 @@ func TestSummaryRewrittenAtMostEveryInterval(t *testing.T) {
 		t.Fatalf("an unchanged summary was rewritten: %+v", res)
 	}
 }
+
+// TestTipRepositoryRenewed: the snapshots and status branches are read
+// through a depth-1 repository opened afresh every hour, and a pass on the
+// fresh one carries on from the ledger at the tip.
+func TestTipRepositoryRenewed(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	old := e.c.tips
+	e.clock.Add(2 * time.Hour)
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}})
+	res := e.pass()
+	if e.c.tips == old {
+		t.Fatal("the tip repository was not opened afresh")
+	}
+	if len(res.Tombstoned) != 1 || res.Published["hv-a"] != 2 {
+		t.Fatalf("pass on a fresh tip repository: %+v", res)
+	}
+}

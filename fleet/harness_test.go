@@ -105,13 +105,12 @@ func newEnv(t testing.TB, files map[string]string) *env {
 	return e
 }
 
+// newController opens the repository by URL, as `gitfleet controller`
+// does: the desired branch in full, the snapshots and status branches at
+// depth 1, renewed every hour of the test clock.
 func (e *env) newController() *Controller {
 	e.t.Helper()
-	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: e.url, Logger: quietLogger()})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	c, err := New(Config{Repo: repo, Clock: e.clock.Now, Logger: quietLogger(), SummaryInterval: -1})
+	c, err := New(Config{URL: e.url, Clock: e.clock.Now, Logger: quietLogger(), SummaryInterval: -1})
 	if err != nil {
 		e.t.Fatal(err)
 	}
