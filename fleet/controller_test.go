@@ -607,3 +607,22 @@ func TestTipRepositoryRenewed(t *testing.T) {
 		t.Fatalf("pass on a fresh tip repository: %+v", res)
 	}
 }
+
+// TestOverHTTP runs a delete through to its finalization against git's
+// smart HTTP server (git http-backend), the transport of a real fleet.
+func TestOverHTTP(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.url = gittest.Serve(t, strings.TrimSuffix(e.dir, "/repo.git")) + "/repo.git"
+	e.c = e.newController()
+	if res := e.pass(); res.Published["hv-a"] != 1 {
+		t.Fatalf("first pass over HTTP: %+v", res)
+	}
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}})
+	if res := e.pass(); len(res.Tombstoned) != 1 {
+		t.Fatalf("delete over HTTP: %+v", res)
+	}
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 2, Destroyed: []string{"web-01"}})
+	if res := e.pass(); len(res.Finalized) != 1 || vmOf(e.snapshot("hv-a"), "web-01") != nil {
+		t.Fatalf("ack over HTTP: %+v", res)
+	}
+}
