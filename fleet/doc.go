@@ -18,4 +18,24 @@
 // Any failure to read the desired state (a bad file, a fetch failure, a
 // missing object) keeps the last good snapshots untouched; a git failure is
 // reported and retried, never turned into a delete.
+//
+// ledger.yaml, beside the snapshots, is the controller's only memory. It is
+// JSON (a subset of YAML) with one host, tombstone or sweep per line:
+//
+//	{"version": 1,
+//	"applied": {"commit": "<sha>", "branch": "main"},
+//	"rejected": {"commit": "<sha>", "reason": "vms/web.yaml:4:3: ...", "at": "...", "superseded": "<sha>"},
+//	"hosts": {
+//	  "hv-a": {"epoch": 42, "hash": "<content key>", "vms": ["web-01"], "volumes": ["web-01-data"]}},
+//	"tombstones": [
+//	  {"kind": "VM", "name": "old-01", "host": "hv-a", "spec": {...}, "tombstone": {"commit": "<sha>",
+//	   "author": "Ann <ann@example.com>", "time": "...", "epoch": 41}, "publishedAt": "..."}],
+//	"sweeps": [{"kind": "VM", "name": "lost-01", "host": "hv-c", "commit": "<sha>", "at": "...", "reason": "host offline: ..."}]}
+//
+// hosts[h].vms and volumes are the names h held in the applied commit: the
+// next commit's tombstones are what it lacks. hash identifies the published
+// snapshot's content without its epoch, so an unchanged host keeps its
+// epoch. A host's epoch stays after its file is removed and is never
+// reused. The whole file is rewritten in the same commit as the snapshots
+// it describes.
 package fleet
