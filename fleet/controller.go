@@ -331,8 +331,11 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 		}
 	case res.Skipped:
 		log.Debug("nothing changed")
+	case res.Changed():
+		log.WithFields(logrus.Fields{"published": len(res.Published), "removed": len(res.Removed),
+			"pending": res.Pending, "snapshots": short(res.SnapshotsCommit)}).Info("snapshots published")
 	default:
-		log.WithFields(logrus.Fields{"published": len(res.Published), "pending": res.Pending}).Debug("pass done")
+		log.WithFields(logrus.Fields{"pending": res.Pending}).Debug("pass done, nothing to publish")
 	}
 	return res, err
 }
