@@ -178,9 +178,9 @@ type Repo struct {
 	missing map[plumbing.Hash]struct{}
 	absent  map[plumbing.Hash]struct{}
 	sizes   map[plumbing.Hash]int64
-	// baseline is the object count of a memory cache after its last fresh
-	// clone (see maintain).
-	baseline int
+	// baseline is the size of the cache after its last fresh clone: objects
+	// of a memory cache, bytes of packs on disk (see maintain).
+	baseline int64
 
 	// updateMu serializes Update calls.
 	updateMu sync.Mutex
@@ -262,7 +262,7 @@ func (r *Repo) openStorage(fresh bool) error {
 		if err != nil {
 			return err
 		}
-		return r.adopt(st, repo)
+		return r.adopt(st, repo, true)
 	}
 	dir := r.opts.CacheDir
 	if fresh {
@@ -287,7 +287,7 @@ func (r *Repo) openStorage(fresh bool) error {
 		if err != nil {
 			return fmt.Errorf("init cache %s: %w", dir, err)
 		}
-		return r.adopt(st, repo)
+		return r.adopt(st, repo, true)
 	}
 	if !isBareRepo(dir) {
 		return fmt.Errorf("cache dir %s is neither empty nor a git cache", dir)
@@ -304,7 +304,7 @@ func (r *Repo) openStorage(fresh bool) error {
 		r.log.WithField("cache", dir).Info("cache is shallow but full history is wanted; cloning afresh")
 		return r.openStorage(true)
 	}
-	return r.adopt(st, repo)
+	return r.adopt(st, repo, false)
 }
 
 // isBareRepo reports whether dir looks like a bare repository.
@@ -334,9 +334,11 @@ func removeCache(dir string) error {
 }
 
 // adopt installs a storage and makes sure its remote points at r.url; when
-// the URL changed, the old remote-tracking refs are dropped. Caller holds
+// the URL changed, the old remote-tracking refs are dropped. The caches of
+// facts about objects (present, sizes) survive a reopen of the same store
+// (objects are immutable and only a fresh store loses them). Caller holds
 // r.mu.
-func (r *Repo) adopt(st storage.Storer, repo *git.Repository) error {
+func (r *Repo) adopt(st storage.Storer, repo *git.Repository, fresh bool) error {
 	cfg, err := repo.Config()
 	if err != nil {
 		return err
@@ -359,9 +361,11 @@ func (r *Repo) adopt(st storage.Storer, repo *git.Repository) error {
 	}
 	r.closeStorage()
 	r.st, r.repo = st, repo
-	r.baseline = 0
-	r.verified = map[plumbing.Hash]struct{}{}
-	r.sizes = map[plumbing.Hash]int64{}
+	if fresh {
+		r.baseline = 0
+		r.verified = map[plumbing.Hash]struct{}{}
+		r.sizes = map[plumbing.Hash]int64{}
+	}
 	return nil
 }
 

@@ -17,27 +17,55 @@ import (
 // Cache upkeep. Every fetch that brings objects adds a pack file to a cache
 // on disk, and every Update adds loose objects; go-git looks an object up in
 // every pack in turn, so a long-running cache would slow down pack by pack.
-// A memory cache only grows. maintain bounds both. (Variables so that tests
-// can lower them.)
+// A memory cache only grows. A shallow cache (Depth > 0) gains a line in its
+// shallow list per fetch, and go-git sends the whole list with every fetch;
+// it also keeps the objects of every tip it ever fetched, though it needs
+// only the current ones. maintain bounds all of these. (Variables so that
+// tests can lower them.)
 var (
 	// maxPacks: past this many packs, all but the largest are merged.
 	maxPacks = 16
 	// maxLoose: past this many loose objects, they are packed too.
 	maxLoose = 2048
-	// memoryGrowth and memoryFloor: a memory cache holding more than
-	// memoryGrowth times the objects it held after its last fresh clone
-	// (and more than memoryFloor) is cloned afresh.
-	memoryGrowth = 4
-	memoryFloor  = 20000
+	// maxShallow: a shallow cache with a longer shallow list is cloned
+	// afresh (cheap: only the tips).
+	maxShallow = 512
+	// growth: a memory cache, or a shallow cache on disk, that grew past
+	// growth times its size after its last fresh clone, and past its floor,
+	// is cloned afresh. A full cache on disk is only compacted: its history
+	// is what it is for.
+	growth = 4
+	// memoryFloor is in objects, diskFloor in bytes of pack files.
+	memoryFloor = 20000
+	diskFloor   = int64(64 << 20)
 )
 
-// maintain keeps the cache compact after a fetch of branch brought objects.
-// Failures are logged, never returned: the cache still works, only slower.
+// maintain keeps the cache compact after a fetch of branch brought objects
+// (or an Update wrote some). Failures are logged, never returned: the cache
+// still works, only slower.
 func (r *Repo) maintain(ctx context.Context, branch string) {
 	r.mu.Lock()
+	why := r.upkeep()
+	r.mu.Unlock()
+	if why == "" {
+		return
+	}
+	r.log.WithField("why", why).Info("cloning the cache afresh to keep it small")
+	if err := r.repair(ctx, branch, true); err != nil {
+		r.log.WithError(err).Warn("fresh clone of the cache")
+		return
+	}
+	if _, _, err := r.fetchOnce(ctx, branch, true); err != nil {
+		r.log.WithError(err).WithField("branch", branch).Warn("refetch after a fresh clone failed; the next Fetch retries")
+	}
+}
+
+// upkeep compacts a cache on disk and says why the cache should be cloned
+// afresh ("" when it should not). Caller holds r.mu.
+func (r *Repo) upkeep() string {
+	var size, floor int64
 	switch st := r.st.(type) {
 	case *filesystem.Storage:
-		defer r.mu.Unlock()
 		compacted, err := compact(st)
 		if err != nil {
 			r.log.WithError(err).Warn("compact the cache")
@@ -47,34 +75,46 @@ func (r *Repo) maintain(ctx context.Context, branch string) {
 			// so it sees the new packs only.
 			if err := r.openStorage(false); err != nil {
 				r.log.WithError(err).Error("reopen the cache after compacting")
+				return ""
 			}
 		}
+		if r.opts.Depth == 0 {
+			return ""
+		}
+		size, floor = packBytes(r.st.(*filesystem.Storage)), diskFloor
 	case *memory.Storage:
-		n := len(st.ObjectStorage.Objects)
-		if r.baseline == 0 {
-			r.baseline = n
-		}
-		grown := n > memoryFloor && n > memoryGrowth*r.baseline
-		r.mu.Unlock()
-		if !grown {
-			return
-		}
-		r.log.WithField("objects", n).Info("memory cache grew; cloning it afresh")
-		if err := r.repair(ctx, branch, true); err != nil {
-			r.log.WithError(err).Warn("fresh clone of the memory cache")
-			return
-		}
-		if _, _, err := r.fetchOnce(ctx, branch, true); err != nil {
-			r.log.WithError(err).WithField("branch", branch).Warn("refetch after a fresh clone failed; the next Fetch retries")
-		}
-		r.mu.Lock()
-		if ms, ok := r.st.(*memory.Storage); ok {
-			r.baseline = len(ms.ObjectStorage.Objects)
-		}
-		r.mu.Unlock()
+		size, floor = int64(len(st.ObjectStorage.Objects)), int64(memoryFloor)
 	default:
-		r.mu.Unlock()
+		return ""
 	}
+	if r.opts.Depth > 0 {
+		if sh, err := r.st.Shallow(); err == nil && len(sh) > maxShallow {
+			return fmt.Sprintf("%d shallow commits listed", len(sh))
+		}
+	}
+	if r.baseline == 0 {
+		r.baseline = max(size, 1)
+	}
+	if size > floor && size > int64(growth)*r.baseline {
+		return fmt.Sprintf("grew from %d to %d", r.baseline, size)
+	}
+	return ""
+}
+
+// packBytes is the total size of the pack files of a cache on disk.
+func packBytes(st *filesystem.Storage) int64 {
+	packs, err := st.ObjectPacks()
+	if err != nil {
+		return 0
+	}
+	fs := st.Filesystem()
+	var n int64
+	for _, h := range packs {
+		if fi, err := fs.Stat(fs.Join("objects", "pack", "pack-"+h.String()+".pack")); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
 }
 
 // compact merges every pack but the largest, and the loose objects, into

@@ -2,6 +2,8 @@ package gitsource
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/go-git/go-git/v5/storage/filesystem"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
@@ -100,8 +104,8 @@ func mustOpen(t *testing.T, o Options) *Repo {
 // TestMemoryCacheIsBounded: a memory cache that keeps growing is cloned
 // afresh (shallow here, so the fresh clone is small) and keeps working.
 func TestMemoryCacheIsBounded(t *testing.T) {
-	defer func(g, f int) { memoryGrowth, memoryFloor = g, f }(memoryGrowth, memoryFloor)
-	memoryGrowth, memoryFloor = 2, 10
+	defer func(g, f, s int) { growth, memoryFloor, maxShallow = g, f, s }(growth, memoryFloor, maxShallow)
+	growth, memoryFloor, maxShallow = 2, 10, 1000
 	ctx := context.Background()
 	rm := gittest.NewBare(t)
 	r, err := Open(ctx, Options{URL: rm, Depth: 1})
@@ -119,6 +123,64 @@ func TestMemoryCacheIsBounded(t *testing.T) {
 	n := r.objectCount()
 	r.mu.Unlock()
 	// Depth 1 of a 30-file tree: 1 commit, 2 trees, 30 blobs, and less than
-	// memoryGrowth times that of leftovers.
+	// growth times that of leftovers.
 	assert.Less(t, n, 2*33+1)
+}
+
+// TestShallowDiskCacheIsBounded: a shallow cache on disk is cloned afresh
+// when its shallow list grows long, or its packs grow past their floor and
+// a multiple of their size after the last clone; it keeps working.
+func TestShallowDiskCacheIsBounded(t *testing.T) {
+	defer func(g, s int, f int64) { growth, maxShallow, diskFloor = g, s, f }(growth, maxShallow, diskFloor)
+	for _, tc := range []struct {
+		name       string
+		maxShallow int
+		diskFloor  int64
+	}{
+		{"shallow list", 5, 1 << 40},
+		{"size", 1 << 20, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			growth, maxShallow, diskFloor = 2, tc.maxShallow, tc.diskFloor
+			ctx := context.Background()
+			rm := gittest.NewBare(t)
+			cache := t.TempDir()
+			r, err := Open(ctx, Options{URL: rm, CacheDir: cache, Depth: 1})
+			require.NoError(t, err)
+			maxLines := 0
+			for i := 0; i < 20; i++ {
+				// Each commit rewrites a big file that does not compress,
+				// so old tips weigh.
+				noise := make([]byte, 4096)
+				_, _ = rand.Read(noise)
+				want := gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{
+					"big": hex.EncodeToString(noise),
+					"n":   fmt.Sprint(i),
+				}})
+				tip, err := r.Fetch(ctx, "main")
+				require.NoError(t, err)
+				require.Equal(t, want, tip)
+				data, err := r.ReadFile(tip, "n")
+				require.NoError(t, err)
+				assert.Equal(t, fmt.Sprint(i), string(data))
+				r.mu.Lock()
+				sh, err := r.st.Shallow()
+				r.mu.Unlock()
+				require.NoError(t, err)
+				maxLines = max(maxLines, len(sh))
+			}
+			packs, _ := countPacks(t, cache)
+			assert.LessOrEqual(t, packs, maxPacks+1)
+			if tc.name == "shallow list" {
+				assert.LessOrEqual(t, maxLines, tc.maxShallow+1)
+			} else {
+				// 20 tips of over 4 KB each would be there without a fresh
+				// clone.
+				r.mu.Lock()
+				size := packBytes(r.st.(*filesystem.Storage))
+				r.mu.Unlock()
+				assert.Less(t, size, int64(20*1000))
+			}
+		})
+	}
 }
