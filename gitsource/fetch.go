@@ -41,10 +41,11 @@ func (r *Repo) Fetch(ctx context.Context, branch string) (string, error) {
 			}
 		}
 		tip, fetched, err := r.fetchOnce(ctx, branch, attempt == 2)
+		if err == nil && fetched && r.maintain(ctx, branch) {
+			// A fresh clone: fetch again, so the tip returned is in it.
+			tip, _, err = r.fetchOnce(ctx, branch, true)
+		}
 		if err == nil {
-			if fetched {
-				r.maintain(ctx, branch)
-			}
 			return tip, nil
 		}
 		if !repairable(err) {

@@ -41,23 +41,22 @@ var (
 )
 
 // maintain keeps the cache compact after a fetch of branch brought objects
-// (or an Update wrote some). Failures are logged, never returned: the cache
-// still works, only slower.
-func (r *Repo) maintain(ctx context.Context, branch string) {
+// (or an Update wrote some). It reports whether it cloned the cache afresh
+// (then the caller must fetch branch again: what it fetched before may be
+// gone). Failures are logged, never returned: the cache still works, only
+// slower.
+func (r *Repo) maintain(ctx context.Context, branch string) bool {
 	r.mu.Lock()
 	why := r.upkeep()
 	r.mu.Unlock()
 	if why == "" {
-		return
+		return false
 	}
 	r.log.WithField("why", why).Info("cloning the cache afresh to keep it small")
 	if err := r.repair(ctx, branch, true); err != nil {
 		r.log.WithError(err).Warn("fresh clone of the cache")
-		return
 	}
-	if _, _, err := r.fetchOnce(ctx, branch, true); err != nil {
-		r.log.WithError(err).WithField("branch", branch).Warn("refetch after a fresh clone failed; the next Fetch retries")
-	}
+	return true
 }
 
 // upkeep compacts a cache on disk and says why the cache should be cloned

@@ -52,7 +52,8 @@ var errRejected = errors.New("push rejected")
 // in git. Its push names the fetched tip as the old value, so the remote
 // takes it only if the branch still points there. A mutation that changes
 // nothing (same contents) writes no commit. An error from mutate stops
-// Update and is returned as it is. After Options.UpdateAttempts rejections
+// Update and is returned as it is (unless it wraps ErrObjectMissing from
+// read: that attempt is retried). After Options.UpdateAttempts rejections
 // the error matches ErrConflict; when ctx ends, it matches ctx's error (and
 // ErrConflict too if ctx ended while waiting to retry). Update calls on one
 // Repo run one at a time.
@@ -97,7 +98,9 @@ func (r *Repo) Update(ctx context.Context, branch string, mutate Mutation) (stri
 		if err == nil {
 			return newTip, nil
 		}
-		if !errors.Is(err, errRejected) {
+		// A tip gone from the cache (a fresh clone between the fetch and
+		// the build) is retried like a rejection.
+		if !errors.Is(err, errRejected) && !errors.Is(err, ErrObjectMissing) {
 			return "", fmt.Errorf("update %s: %w", branch, err)
 		}
 		r.log.WithField("branch", branch).WithField("attempt", attempt+1).Debug(err.Error())
