@@ -336,3 +336,30 @@ func TestWatchSeesPush(t *testing.T) {
 		}
 	})
 }
+
+// TestSubmoduleEntry: a gitlink shows as a Submodule entry (its commit is
+// not in this repository and is not needed), and is not a file to read.
+func TestSubmoduleEntry(t *testing.T) {
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	other := "0123456789abcdef0123456789abcdef01234567"
+	c := gittest.Commit(t, rm, gittest.Edit{
+		Write:     map[string]string{"vms/a.yaml": "a\n"},
+		Submodule: map[string]string{"vms/vendored": other},
+	})
+	r := open(t, gitsource.Options{URL: rm, CacheDir: t.TempDir()})
+	tip, err := r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	require.Equal(t, c, tip)
+	tr, err := r.Tree(tip, "vms")
+	require.NoError(t, err)
+	_, files := walk(t, tr)
+	require.Contains(t, files, "vendored")
+	assert.Equal(t, desired.Submodule, files["vendored"].Mode)
+	assert.Equal(t, other, files["vendored"].ID)
+	_, err = files["vendored"].Read()
+	assert.Error(t, err)
+	_, err = r.ReadFile(tip, "vms/vendored")
+	assert.Error(t, err)
+	assert.NotErrorIs(t, err, gitsource.ErrFileNotFound)
+}

@@ -152,6 +152,9 @@ type Edit struct {
 	// Executable and Symlink list paths of Write to record with mode 100755
 	// or 120000 (the contents are the link target).
 	Executable, Symlink []string
+	// Submodule maps paths to commit hashes recorded as gitlinks (mode
+	// 160000); the commits need not exist in the repository.
+	Submodule map[string]string
 	// Author is "Name <email>"; empty means "Test Person <person@example.com>".
 	Author string
 	// Message defaults to "test commit".
@@ -291,6 +294,15 @@ func commit(dir string, e Edit) (string, error) {
 				m = "100644"
 			}
 			fmt.Fprintf(&info, "%s %s\t%s\n", m, hashes[i], p)
+		}
+		if _, err := g([]byte(info.String()), "update-index", "--add", "--index-info"); err != nil {
+			return "", err
+		}
+	}
+	if len(e.Submodule) > 0 {
+		var info strings.Builder
+		for p, h := range e.Submodule {
+			fmt.Fprintf(&info, "160000 %s\t%s\n", h, p)
 		}
 		if _, err := g([]byte(info.String()), "update-index", "--add", "--index-info"); err != nil {
 			return "", err
