@@ -330,9 +330,9 @@ func tail(b []byte, n int) []byte {
 	return b
 }
 
-// push commits the given writes and removals in the working clone and
-// pushes them over HTTP, as a person would.
-func (f *fleetUnderTest) push(msg string, write map[string]string, remove ...string) {
+// push commits the given writes and removals in the working clone,
+// pushes them over HTTP, as a person would, and returns the commit.
+func (f *fleetUnderTest) push(msg string, write map[string]string, remove ...string) string {
 	f.t.Helper()
 	for p, content := range write {
 		full := filepath.Join(f.work, filepath.FromSlash(p))
@@ -345,6 +345,7 @@ func (f *fleetUnderTest) push(msg string, write map[string]string, remove ...str
 	gittest.Git(f.t, f.work, "add", "-A")
 	gittest.Git(f.t, f.work, "-c", "user.name=E2E Person", "-c", "user.email=person@example.com", "commit", "--quiet", "-m", msg)
 	gittest.Git(f.t, f.work, "push", "--quiet", "origin", "HEAD:main")
+	return gittest.Git(f.t, f.work, "rev-parse", "HEAD")
 }
 
 // show reads branch:path in the bare repository; ok is false when absent.
@@ -600,12 +601,16 @@ func TestVMLifecycle(t *testing.T) {
 
 	// Delete the VM's file → quarantined → destroyed after the grace →
 	// finalized → gone from the snapshot; the volume stays.
-	f.push("remove vm-a", nil, "vms/"+vm+".yaml")
+	removal := f.push("remove vm-a", nil, "vms/"+vm+".yaml")
 	f.waitFor("vm-a tombstoned in the snapshot", func() (bool, string) {
 		s := f.snapshot()
 		v := snapVM(s, vm)
 		return v != nil && v.Tombstoned && v.Tombstone != nil, fmt.Sprintf("%+v", v)
 	})
+	if ts := snapVM(f.snapshot(), vm).Tombstone; assert.NotNil(t, ts) {
+		assert.Equal(t, removal, ts.Commit, "the tombstone names the removing commit")
+		assert.Contains(t, ts.Author, "E2E Person")
+	}
 	var since time.Time
 	f.waitFor("vm-a quarantined in status", func() (bool, string) {
 		st := f.status()
