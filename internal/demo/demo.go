@@ -276,8 +276,8 @@ loop:
 	return runErr
 }
 
-// runtime is the running controller and agent.
-type runtime struct {
+// stack is the running controller and agent.
+type stack struct {
 	prov   *qemu.Provisioner
 	eng    *agent.Engine
 	store  *agent.Store
@@ -292,7 +292,7 @@ type runtime struct {
 // startFleet opens the repository twice (a full clone for the controller, a
 // shallow one for the agent, as on separate machines) and starts the
 // controller's and the agent's loops.
-func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *logrus.Logger) (*runtime, error) {
+func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *logrus.Logger) (*stack, error) {
 	log := logrus.NewEntry(logger)
 	ctrl, err := fleet.New(fleet.Config{URL: url, CacheDir: l.ControllerCache(), Logger: log})
 	if err != nil {
@@ -335,7 +335,7 @@ func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *l
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	rt := &runtime{prov: prov, eng: eng, store: store, cancel: cancel, failed: make(chan struct{})}
+	rt := &stack{prov: prov, eng: eng, store: store, cancel: cancel, failed: make(chan struct{})}
 	rt.goRun("controller", func() error { return ctrl.Run(rctx, cfg.ControllerInterval) })
 	rt.goRun("agent", func() error { return ag.Run(rctx) })
 	return rt, nil
@@ -343,7 +343,7 @@ func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *l
 
 // goRun runs fn; an error other than the context's is kept for stop and
 // ends the demo.
-func (rt *runtime) goRun(name string, fn func() error) {
+func (rt *stack) goRun(name string, fn func() error) {
 	rt.wg.Add(1)
 	go func() {
 		defer rt.wg.Done()
@@ -359,7 +359,7 @@ func (rt *runtime) goRun(name string, fn func() error) {
 
 // stop ends both loops and waits for them (the agent finishes the passes in
 // flight and writes its status once more).
-func (rt *runtime) stop() error {
+func (rt *stack) stop() error {
 	rt.cancel()
 	rt.wg.Wait()
 	rt.errMu.Lock()
@@ -368,7 +368,7 @@ func (rt *runtime) stop() error {
 }
 
 // shutdownAll shuts every VM the agent has a record of down gracefully.
-func shutdownAll(out io.Writer, rt *runtime) {
+func shutdownAll(out io.Writer, rt *stack) {
 	recs, _, err := rt.store.LoadRecords()
 	if err != nil {
 		fmt.Fprintf(out, "cannot list the VMs to shut down: %v\n", err)
