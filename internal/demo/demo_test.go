@@ -485,3 +485,42 @@ func TestLedgerWatchPrintsAppliedAndRejected(t *testing.T) {
 		})
 	}
 }
+
+// TestWatcherPrintsEachChangeOnce follows one VM from creation to its
+// delete: a line per change, nothing for a status that did not change.
+func TestWatcherPrintsEachChangeOnce(t *testing.T) {
+	var out bytes.Buffer
+	w := newWatcher(&out, time.Now(), Layout{Dir: t.TempDir()})
+	vm := func(phase, power, ssh, lastError string) *status.Status {
+		return &status.Status{VMs: []status.VM{{Name: "hello-1", Phase: phase, Power: power, SSH: ssh, LastError: lastError}}}
+	}
+	steps := []struct {
+		st   *status.Status
+		want string // the line printed, without its time stamp; "" for none
+	}{
+		{vm(status.PhaseCreating, "stopped", "", ""), "hello-1    creating"},
+		{vm(status.PhaseCreating, "stopped", "", ""), ""},
+		{vm(status.PhaseReady, "running", "127.0.0.1:2201", ""), "hello-1    ready     running  ssh forward 127.0.0.1:2201"},
+		{vm(status.PhaseReady, "running", "127.0.0.1:2201", ""), ""},
+		{vm(status.PhaseFailed, "stopped", "", "boot: qemu exited"), "hello-1    failed    stopped  error: boot: qemu exited"},
+		{vm(status.PhaseStopped, "stopped", "", ""), "hello-1    stopped   stopped"},
+		{&status.Status{Quarantined: []status.Quarantine{{Name: "hello-1"}}},
+			"hello-1    quarantined stopped  its file was deleted: shut down, destroyed after the grace"},
+		{&status.Status{Quarantined: []status.Quarantine{{Name: "hello-1"}}}, ""},
+		{&status.Status{Destroyed: []string{"hello-1"}},
+			"hello-1    destroyed: its disks are removed; volumes stay until their own file is deleted"},
+		{&status.Status{}, ""},
+	}
+	for i, step := range steps {
+		out.Reset()
+		w.observe(step.st)
+		got := out.String()
+		if step.want == "" {
+			assert.Empty(t, got, "step %d", i)
+			continue
+		}
+		_, line, ok := strings.Cut(strings.TrimSuffix(got, "\n"), "] ")
+		assert.True(t, ok && strings.HasPrefix(got, "["), "step %d: time stamp in %q", i, got)
+		assert.Equal(t, step.want, line, "step %d", i)
+	}
+}
