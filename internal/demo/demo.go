@@ -408,7 +408,12 @@ func shutdownAll(out io.Writer, rt *stack) {
 // image never prints it).
 const bootWait = 2 * time.Minute
 
-// watcher prints one line per change of a VM's phase, power or error, the
+// progressEvery is the least time between two progress lines of one VM
+// being created.
+const progressEvery = 5 * time.Second
+
+// watcher prints one line per change of a VM's phase, power or error (and
+// while a VM is created, its progress message every progressEvery), the
 // tiny guest's console lines, and when a VM is quarantined, destroyed or
 // gone.
 type watcher struct {
@@ -418,13 +423,14 @@ type watcher struct {
 	seen        map[string]status.VM
 	consoles    map[string]*console
 	readyAt     map[string]time.Time
+	msgAt       map[string]time.Time // when a VM's line was last printed
 	quarantined map[string]bool
 	destroyed   []string
 }
 
 func newWatcher(out io.Writer, start time.Time, l Layout) *watcher {
 	return &watcher{out: out, start: start, layout: l, seen: map[string]status.VM{},
-		consoles: map[string]*console{}, readyAt: map[string]time.Time{}, quarantined: map[string]bool{}}
+		consoles: map[string]*console{}, readyAt: map[string]time.Time{}, msgAt: map[string]time.Time{}, quarantined: map[string]bool{}}
 }
 
 // settled reports whether the host reports at least one VM, every VM is
@@ -453,9 +459,16 @@ func (w *watcher) observe(st *status.Status) {
 	for _, vm := range st.VMs {
 		now[vm.Name] = true
 		old, ok := w.seen[vm.Name]
-		if !ok || old.Phase != vm.Phase || old.Power != vm.Power || old.LastError != vm.LastError {
+		switch {
+		case !ok || old.Phase != vm.Phase || old.Power != vm.Power || old.LastError != vm.LastError:
 			w.seen[vm.Name] = vm
+			w.msgAt[vm.Name] = time.Now()
 			w.phaseChanged(vm, old)
+		case vm.Phase == status.PhaseCreating && vm.Message != old.Message && time.Since(w.msgAt[vm.Name]) >= progressEvery:
+			// A long create step (an image download) says how far it got.
+			w.seen[vm.Name] = vm
+			w.msgAt[vm.Name] = time.Now()
+			w.line("%-10s %-9s %-8s %s", vm.Name, vm.Phase, "", vm.Message)
 		}
 		if c := w.consoles[vm.Name]; c != nil {
 			for _, msg := range c.read() {

@@ -500,6 +500,8 @@ func TestWatcherPrintsEachChangeOnce(t *testing.T) {
 	}{
 		{vm(status.PhaseCreating, "stopped", "", ""), "hello-1    creating"},
 		{vm(status.PhaseCreating, "stopped", "", ""), ""},
+		{withMessage(vm(status.PhaseCreating, "stopped", "", ""), "image 1 of 3 MB"), ""}, // too soon after the last line
+		{withMessage(vm(status.PhaseCreating, "stopped", "", ""), "image 2 of 3 MB"), "hello-1    creating           image 2 of 3 MB"},
 		{vm(status.PhaseReady, "running", "127.0.0.1:2201", ""), "hello-1    ready     running  ssh forward 127.0.0.1:2201"},
 		{vm(status.PhaseReady, "running", "127.0.0.1:2201", ""), ""},
 		{vm(status.PhaseFailed, "stopped", "", "boot: qemu exited"), "hello-1    failed    stopped  error: boot: qemu exited"},
@@ -513,6 +515,9 @@ func TestWatcherPrintsEachChangeOnce(t *testing.T) {
 	}
 	for i, step := range steps {
 		out.Reset()
+		if strings.Contains(step.want, "image 2") {
+			w.msgAt["hello-1"] = time.Now().Add(-progressEvery) // as if 5 s passed
+		}
 		w.observe(step.st)
 		got := out.String()
 		if step.want == "" {
@@ -523,4 +528,9 @@ func TestWatcherPrintsEachChangeOnce(t *testing.T) {
 		assert.True(t, ok && strings.HasPrefix(got, "["), "step %d: time stamp in %q", i, got)
 		assert.Equal(t, step.want, line, "step %d", i)
 	}
+}
+
+func withMessage(st *status.Status, msg string) *status.Status {
+	st.VMs[0].Message = msg
+	return st
 }
