@@ -22,6 +22,12 @@ type Status struct {
 	// Destroyed are destroy acks, repeated on every write until the name
 	// leaves the snapshot.
 	Destroyed []string `yaml:"destroyed" json:"destroyed"`
+	// Vanished are VMs this host still has although the accepted snapshot
+	// no longer names them and holds no tombstone for them (a repository
+	// restored from a backup, a hand-edited snapshots branch, a controller
+	// bug). The agent never destroys such a VM; see Vanished. Omitted when
+	// empty.
+	Vanished []Vanished `yaml:"vanished,omitempty" json:"vanished,omitempty"`
 	Volumes   []Volume `yaml:"volumes" json:"volumes"`
 	// Orphans are volume files on the host that no snapshot names; they are
 	// reported and kept.
@@ -70,6 +76,30 @@ type Quarantine struct {
 	Since time.Time `yaml:"since" json:"since"`
 	// LastError is why the last shutdown or destroy of the quarantined VM
 	// failed; empty when none did. The destroy is retried every tick.
+	LastError string `yaml:"lastError,omitempty" json:"lastError,omitempty"`
+}
+
+// Vanished is a VM absent from the accepted snapshot without a tombstone.
+// The agent leaves it exactly as it is (a running VM keeps running) for
+// vanishGrace, measured from Since; then it shuts it down gracefully and
+// keeps it (record, root disk, volumes): Quarantined becomes true. It stays so
+// until the VM reappears in a snapshot (it is reconciled again: booted when
+// its spec says running) or a tombstone for it arrives (the normal delete:
+// quarantine, tombstoneGrace from a fresh marker, destroy, ack). Only a
+// tombstone, that is a reviewed delete, ever destroys it.
+type Vanished struct {
+	Name string `yaml:"name" json:"name"`
+	// Since is when the agent first found the VM absent; it is kept in the
+	// VM's record on the host, so an agent restart does not reset it.
+	Since time.Time `yaml:"since" json:"since"`
+	// Power is the power state last observed ("running" or "stopped").
+	Power string `yaml:"power" json:"power"`
+	// Quarantined is true once vanishGrace has passed and the VM was shut
+	// down and kept.
+	Quarantined bool `yaml:"quarantined" json:"quarantined"`
+	// Reason says, for a person, why the VM is listed and what ends it.
+	Reason string `yaml:"reason" json:"reason"`
+	// LastError is why the last shutdown failed; it is retried every tick.
 	LastError string `yaml:"lastError,omitempty" json:"lastError,omitempty"`
 }
 
