@@ -28,7 +28,7 @@ type Status struct {
 	// bug). The agent never destroys such a VM; see Vanished. Omitted when
 	// empty.
 	Vanished []Vanished `yaml:"vanished,omitempty" json:"vanished,omitempty"`
-	Volumes   []Volume `yaml:"volumes" json:"volumes"`
+	Volumes  []Volume   `yaml:"volumes" json:"volumes"`
 	// Orphans are volume files on the host that no snapshot names; they are
 	// reported and kept.
 	Orphans []string `yaml:"orphans,omitempty" json:"orphans,omitempty"`
