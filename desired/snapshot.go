@@ -45,9 +45,11 @@ type SnapshotVolume struct {
 
 // Tombstone says who removed an object and when: the desired-state commit
 // that removed it (found on the first-parent history), its author and author
-// time (RFC 3339), and the epoch that first published it. Rewritten is true
-// when the history was rewritten and the removal is attributed to the new
-// head rather than to a commit that removed the file.
+// time (RFC 3339), and the epoch that first published it. Rewritten is kept
+// for compatibility with snapshots published by earlier releases, where it
+// flagged a removal attributed to a rewritten history's new head; the
+// controller no longer tombstones on a rewritten history (it keeps the
+// objects, see the fleet package), so it publishes Rewritten false.
 type Tombstone struct {
 	Commit    string `yaml:"commit" json:"commit"`
 	Author    string `yaml:"author" json:"author"`

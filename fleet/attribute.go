@@ -33,7 +33,9 @@ var _ history = (*gitsource.Repo)(nil)
 // applied, the newest commit whose first parent had the ref and which does
 // not. A merge commit whose side branch deleted a file is therefore the
 // removing commit. When applied is not an ancestor of head (a force-push or
-// rewrite), every ref is attributed to head and flagged Rewritten. dir is the
+// rewrite), every ref is attributed to head and flagged Rewritten; compute
+// never asks then, since a rewritten history retains what it dropped
+// instead of tombstoning it. dir is the
 // objects' directory in the tree ("" for the root). Git errors are returned,
 // never read as "not found".
 func attribute(h history, dir, applied, head string, refs []ref) (map[ref]desired.Tombstone, error) {

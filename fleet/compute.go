@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -13,13 +14,18 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/status"
 )
 
 // input is everything one computation over the snapshots tip needs. The
 // computation is a function of it: the same input gives the same output.
 type input struct {
+	// branch and path are the desired branch and the objects' directory
+	// this controller is configured with; a ledger computed from others is
+	// refused.
 	branch string
+	path   string
 	// head is the desired-state commit; fleet its validated state, nil when
 	// it was rejected with loadErr.
 	head    string
@@ -39,6 +45,13 @@ type input struct {
 	grace   time.Duration // abandonGrace
 	// attribute finds who removed each ref since ledger.Applied.
 	attribute func(refs []ref) (map[ref]desired.Tombstone, error)
+	// rewritten reports whether ledger.Applied is not an ancestor of head
+	// (a force-push, a reset, an unrelated history): then objects absent
+	// from head are retained, never tombstoned.
+	rewritten func() (bool, error)
+	// readTip reads a file at the snapshots tip (gitsource.ErrFileNotFound
+	// when absent); nil skips the check of the published files.
+	readTip func(path string) ([]byte, error)
 	// lastSnapshot returns host's published snapshot at the tip (the last
 	// specs of objects being tombstoned), nil when it has none.
 	lastSnapshot func(host string) (*desired.Snapshot, error)
@@ -56,13 +69,42 @@ type output struct {
 	// fenceJumps is host → epoch the ledger jumped to.
 	fenceJumps map[string]uint64
 	tombstoned []*TombstoneRecord
-	undeleted  []ref
-	finalized  []ref
-	swept      []SweepRecord
+	// retained are the objects kept after a history rewrite this pass;
+	// unretained those desired again on their host.
+	retained   []*RetainedRecord
+	unretained []ref
+	// repaired are hosts whose file at the tip differed from the one the
+	// ledger published (edited or removed by hand): published again.
+	repaired  []string
+	undeleted []ref
+	finalized []ref
+	swept     []SweepRecord
 }
 
 // SnapshotPath is where host's snapshot lives on the snapshots branch.
 func SnapshotPath(host string) string { return "hosts/" + host + ".yaml" }
+
+// MaxEpoch bounds snapshot epochs (2^53, exact in a float64 and so in any
+// JSON reader). A status asking for a fence jump beyond it is refused, never
+// followed: an epoch must never wrap round to a low number an agent would
+// fence out, or that a later publish would reuse.
+const MaxEpoch uint64 = 1 << 53
+
+// ErrLedgerMismatch is returned by a pass whose configured desired branch or
+// objects' directory differs from the one the ledger on the snapshots branch
+// was computed from. Publishing would read everything the other
+// configuration applied as deleted; nothing is written.
+var ErrLedgerMismatch = errors.New("the ledger was computed from another desired branch or path")
+
+// ErrEpochBound is returned by a pass that would publish an epoch at or
+// above MaxEpoch; nothing is written.
+var ErrEpochBound = errors.New("epoch beyond the bound")
+
+// fileHash identifies the bytes of a published snapshot file.
+func fileHash(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:8])
+}
 
 // compute runs one pass's decisions over in.ledger (DESIGN.md, Controller
 // semantics 2–6). It never returns a partial result: an error means nothing
@@ -71,10 +113,35 @@ func compute(in input) (*output, error) {
 	l := in.ledger.clone()
 	out := &output{ledger: l, files: map[string][]byte{}, published: map[string]uint64{}, fenceJumps: map[string]uint64{}}
 
+	// A ledger of another branch or directory: refuse before anything.
+	if a := l.Applied; a != nil && (a.Branch != in.branch || (a.Path != nil && *a.Path != in.path)) {
+		had := "(not recorded)"
+		if a.Path != nil {
+			had = dirName(*a.Path)
+		}
+		return nil, fmt.Errorf("%w: %s was computed from branch %q, path %s; this controller reads branch %q, path %s: refusing to publish (start it with --branch %s --path %s, or give it its own snapshots and status branches)",
+			ErrLedgerMismatch, LedgerPath, a.Branch, had, in.branch, dirName(in.path), a.Branch, dirName(derefOr(a.Path, in.path)))
+	}
+
 	// Fence recovery: an agent accepted an epoch the ledger does not know
 	// (the snapshots branch was restored from an old copy). Jump above it
-	// and force the host's snapshot out again.
-	for host, st := range in.statuses {
+	// and force the host's snapshot out again. A jump to MaxEpoch or beyond
+	// is refused: the status is corrupt or forged, and following it would
+	// wrap the epoch.
+	fenced := make([]string, 0, len(in.statuses))
+	for host := range in.statuses {
+		fenced = append(fenced, host)
+	}
+	sort.Strings(fenced)
+	for _, host := range fenced {
+		st := in.statuses[host]
+		if st.LastSeenEpoch >= MaxEpoch && st.LastSeenEpoch > l.host(host).Epoch {
+			return nil, fmt.Errorf("%w: host %s: its status (%s on the status branch) reports lastSeenEpoch %d, at or above %d: refusing the fence jump; correct or remove that status file",
+				ErrEpochBound, host, status.Path(host), st.LastSeenEpoch, MaxEpoch)
+		}
+	}
+	for _, host := range fenced {
+		st := in.statuses[host]
 		rec := l.host(host)
 		if st.LastSeenEpoch > rec.Epoch {
 			rec.Epoch = st.LastSeenEpoch
@@ -103,6 +170,17 @@ func compute(in input) (*output, error) {
 	for _, t := range l.Tombstones {
 		pending[t.ref()] = t
 	}
+
+	// A retained object desired on its host again leaves the list.
+	keptRetained := l.Retained[:0:0]
+	for _, r := range l.Retained {
+		if live(r.ref()) {
+			out.unretained = append(out.unretained, r.ref())
+			continue
+		}
+		keptRetained = append(keptRetained, r)
+	}
+	l.Retained = keptRetained
 
 	// Un-delete: an object back on the host of its pending tombstone.
 	kept := l.Tombstones[:0:0]
@@ -139,7 +217,30 @@ func compute(in input) (*output, error) {
 			}
 		}
 		sort.Slice(removed, func(i, j int) bool { return removed[i].String() < removed[j].String() })
+		rewritten := false
 		if len(removed) > 0 {
+			var err error
+			if rewritten, err = in.rewritten(); err != nil {
+				return nil, fmt.Errorf("is the applied commit %s an ancestor of %s: %w", short(l.Applied.Commit), short(in.head), err)
+			}
+		}
+		if rewritten {
+			// A rewritten history is no reviewed delete: keep every
+			// object it dropped, live, with its last spec.
+			for _, r := range removed {
+				last, err := in.lastSnapshot(r.Host)
+				if err != nil {
+					return nil, fmt.Errorf("last spec of %s: %w", r, err)
+				}
+				k := &RetainedRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Commit: in.head, Since: in.now}
+				t := &TombstoneRecord{Kind: r.Kind}
+				t.Name = r.Name
+				fillLast(t, last)
+				k.Spec, k.SizeGB = t.Spec, t.SizeGB
+				l.Retained = append(l.Retained, k)
+				out.retained = append(out.retained, k)
+			}
+		} else if len(removed) > 0 {
 			who, err := in.attribute(removed)
 			if err != nil {
 				return nil, fmt.Errorf("attribute deletes: %w", err)
@@ -201,12 +302,30 @@ func compute(in input) (*output, error) {
 		rec := l.host(host)
 		rec.VMs, rec.Volumes = s.liveNames()
 	}
+	// Retained objects are published live but stay out of the applied
+	// names: a later commit lacking them is no delete of theirs.
+	addRetained(snaps, l.Retained)
+	// A host that left the desired state with the rewrite keeps its last
+	// host spec (capacity, networks) while it holds retained objects.
+	for _, k := range l.Retained {
+		if _, ok := in.fleet.Hosts[k.Host]; ok || snaps[k.Host] == nil || snaps[k.Host].hostSpecSet {
+			continue
+		}
+		last, err := in.lastSnapshot(k.Host)
+		if err != nil {
+			return nil, fmt.Errorf("last host spec of %s: %w", k.Host, err)
+		}
+		if last != nil {
+			snaps[k.Host].snap.HostSpec = last.HostSpec
+		}
+		snaps[k.Host].hostSpecSet = true
+	}
 	for host := range l.Hosts {
 		if _, ok := snaps[host]; !ok && l.Hosts[host].Hash != "" {
 			// The host left the fleet and has nothing pending: remove its
 			// file, keep its epoch so it is never reused.
 			out.files[SnapshotPath(host)] = nil
-			l.Hosts[host].Hash = ""
+			l.Hosts[host].Hash, l.Hosts[host].File = "", ""
 		}
 	}
 	hosts := make([]string, 0, len(snaps))
@@ -219,12 +338,22 @@ func compute(in input) (*output, error) {
 		rec := l.host(host)
 		key := contentKey(s.snap)
 		if key == rec.Hash {
-			continue
+			same, err := tipHolds(in.readTip, host, rec.File)
+			if err != nil {
+				return nil, err
+			}
+			if same {
+				continue
+			}
+			out.repaired = append(out.repaired, host)
+		}
+		if rec.Epoch+1 >= MaxEpoch {
+			return nil, fmt.Errorf("%w: host %s: the next epoch would be %d (bound %d); refusing to publish", ErrEpochBound, host, rec.Epoch+1, MaxEpoch)
 		}
 		rec.Epoch++
 		rec.Hash = key
 		for i := range s.snap.VMs {
-			if vm := &s.snap.VMs[i]; !vm.Tombstoned {
+			if vm := &s.snap.VMs[i]; !vm.Tombstoned && !s.kept[vm.Name] {
 				vm.Spec = in.fleet.VMs[vm.Name].Spec
 			}
 		}
@@ -251,13 +380,86 @@ func compute(in input) (*output, error) {
 		}
 		out.files[SnapshotPath(host)] = data
 		out.published[host] = rec.Epoch
+		rec.File = fileHash(data)
 	}
 
-	l.Applied = &AppliedCommit{Commit: in.head, Branch: in.branch}
+	p := in.path
+	l.Applied = &AppliedCommit{Commit: in.head, Branch: in.branch, Path: &p}
 	if l.Rejected != nil && l.Rejected.Superseded == "" {
 		l.Rejected.Superseded = in.head
 	}
 	return out, nil
+}
+
+// tipHolds reports whether host's file at the snapshots tip is the one the
+// ledger published (file, its fileHash). A missing file, or one edited by
+// hand, is not; a ledger without file hashes (an older release) is not
+// either, so its hosts are published once more. A read error other than
+// "not found" is returned.
+func tipHolds(read func(string) ([]byte, error), host, file string) (bool, error) {
+	if read == nil {
+		return true, nil
+	}
+	if file == "" {
+		return false, nil
+	}
+	data, err := read(SnapshotPath(host))
+	if errors.Is(err, gitsource.ErrFileNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", SnapshotPath(host), err)
+	}
+	return fileHash(data) == file, nil
+}
+
+// dirName shows an objects' directory for a person.
+func dirName(p string) string {
+	if p == "" {
+		return "(the repository root)"
+	}
+	return strconv.Quote(p)
+}
+
+func derefOr(p *string, def string) string {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// addRetained adds the retained objects to their hosts' snapshots as live
+// entries with their last spec (VM) or size (Volume). A VM whose last spec
+// is unknown is left out (publishing an empty spec would read as an edit).
+func addRetained(out map[string]*hostSnapshot, kept []*RetainedRecord) {
+	touched := map[*hostSnapshot]bool{}
+	for _, r := range kept {
+		if r.Kind == desired.KindVM && r.Spec == nil {
+			continue
+		}
+		s := out[r.Host]
+		if s == nil {
+			s = &hostSnapshot{snap: &desired.Snapshot{Host: r.Host, VMs: []desired.SnapshotVM{}, Volumes: []desired.SnapshotVolume{}}}
+			out[r.Host] = s
+		}
+		if s.has(r.Kind, r.Name) {
+			continue
+		}
+		touched[s] = true
+		switch r.Kind {
+		case desired.KindVM:
+			if s.kept == nil {
+				s.kept = map[string]bool{}
+			}
+			s.kept[r.Name] = true
+			s.snap.VMs = append(s.snap.VMs, desired.SnapshotVM{Name: r.Name, Spec: *r.Spec, SpecHash: desired.SpecHash(*r.Spec)})
+		case desired.KindVolume:
+			s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: r.Name, SizeGB: r.SizeGB})
+		}
+	}
+	for s := range touched {
+		sortEntries(s)
+	}
 }
 
 // missing returns the names of had (sorted) that the sorted list of n
@@ -328,6 +530,10 @@ func acked(st *status.Status, t *TombstoneRecord) bool {
 type hostSnapshot struct {
 	snap  *desired.Snapshot
 	tombs []*TombstoneRecord
+	// kept names the retained VMs, whose specs come from the ledger.
+	kept map[string]bool
+	// hostSpecSet is true once a retained-only host got its last spec.
+	hostSpecSet bool
 }
 
 // has reports whether s holds a live object of kind named name (s may be

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"path"
 	"sort"
 	"strings"
 	"sync"
@@ -143,6 +144,15 @@ type PassResult struct {
 	// Tombstoned, Undeleted, Finalized (acked) and Swept (abandoned) list
 	// the objects whose delete moved, as "Kind name@host".
 	Tombstoned, Undeleted, Finalized, Swept []string
+	// Retained lists the objects a history rewrite dropped that this pass
+	// kept (never tombstoned); Unretained those desired again on their
+	// host. RetainedTotal is the number kept after the pass.
+	Retained, Unretained []string
+	RetainedTotal        int
+	// Repaired lists hosts whose file on the snapshots branch differed from
+	// the published one (edited or removed by hand): published again with
+	// a new epoch.
+	Repaired []string
 	// Pending is the number of tombstones pending after the pass.
 	Pending int
 	// SummaryWritten is true when README.md on the status branch was
@@ -180,9 +190,13 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
-	cfg.Path = strings.Trim(cfg.Path, "/")
-	if cfg.Path == "." {
-		cfg.Path = ""
+	p, err := CleanPath(cfg.Path)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Path = p
+	if err := distinctBranches(cfg.Branch, cfg.SnapshotsBranch, cfg.StatusBranch); err != nil {
+		return nil, err
 	}
 	c := &Controller{
 		cfg:      cfg,
@@ -226,6 +240,48 @@ func New(cfg Config) (*Controller, error) {
 		}
 	}
 	return c, nil
+}
+
+// ErrConfig is wrapped by New's errors for a configuration that must not
+// run: an objects' path outside the repository, or branches that overlap.
+var ErrConfig = errors.New("invalid controller configuration")
+
+// CleanPath normalizes an objects' directory as the loader reads it:
+// path.Clean, without leading or trailing slashes, "" for the repository
+// root, so "./fleet", "fleet/" and "fleet" are one directory. An absolute
+// path or one that climbs out with ".." is an ErrConfig error.
+func CleanPath(p string) (string, error) {
+	if p == "" {
+		return "", nil
+	}
+	if strings.HasPrefix(p, "/") {
+		return "", fmt.Errorf("%w: path %q is absolute; give the objects' directory relative to the repository root", ErrConfig, p)
+	}
+	c := path.Clean(p)
+	if c == ".." || strings.HasPrefix(c, "../") {
+		return "", fmt.Errorf("%w: path %q leaves the repository", ErrConfig, p)
+	}
+	if c == "." {
+		return "", nil
+	}
+	return c, nil
+}
+
+// distinctBranches refuses a configuration where the desired, snapshots and
+// status branches are not three different branches (the controller would
+// write its files over the desired state, or over the agents' statuses).
+func distinctBranches(desiredBranch, snapshots, statusBranch string) error {
+	norm := func(b string) string { return strings.TrimPrefix(b, "refs/heads/") }
+	d, sn, st := norm(desiredBranch), norm(snapshots), norm(statusBranch)
+	switch {
+	case d == sn:
+		return fmt.Errorf("%w: the snapshots branch and the desired branch are both %q; they must be different branches", ErrConfig, d)
+	case d == st:
+		return fmt.Errorf("%w: the status branch and the desired branch are both %q; they must be different branches", ErrConfig, d)
+	case sn == st:
+		return fmt.Errorf("%w: the snapshots branch and the status branch are both %q; they must be different branches", ErrConfig, sn)
+	}
+	return nil
 }
 
 // tipsRenewal is how long a tip repository opened by the controller is kept
@@ -404,12 +460,18 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		}
 		o, err := compute(input{
 			branch: c.cfg.Branch, head: head, fleet: fl, loadErr: loadErr,
+			path:   c.cfg.Path,
 			ledger: l, statuses: statuses, statusOK: statusErr == nil,
 			offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
 			now:     now, grace: c.cfg.AbandonGrace,
 			attribute: func(refs []ref) (map[ref]desired.Tombstone, error) {
 				return attribute(c.repo, c.cfg.Path, l.Applied.Commit, head, refs)
 			},
+			rewritten: func() (bool, error) {
+				anc, err := c.repo.IsAncestor(l.Applied.Commit, head)
+				return !anc, err
+			},
+			readTip:      read,
 			lastSnapshot: func(host string) (*desired.Snapshot, error) { return readSnapshot(read, host) },
 			specHash:     func(vm *desired.VM) string { return hashes[vm] },
 		})
@@ -464,6 +526,9 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 // the reason the desired state is rejected.
 func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, error) {
 	head, err := c.repo.Fetch(ctx, c.cfg.Branch)
+	if errors.Is(err, gitsource.ErrBranchNotFound) {
+		return "", nil, fmt.Errorf("the desired branch %q is missing from the repository (deleted, or never pushed): %w", c.cfg.Branch, err)
+	}
 	if err != nil {
 		return "", nil, fmt.Errorf("fetch %s: %w", c.cfg.Branch, err)
 	}
@@ -571,8 +636,19 @@ func commitMessage(head string, o *output) string {
 		for _, h := range hosts {
 			fmt.Fprintf(&b, "%s: epoch %d\n", h, o.published[h])
 		}
-	} else {
+	} else if head != "" {
 		fmt.Fprintf(&b, "Update the ledger at %s\n", short(head))
+	} else {
+		fmt.Fprintf(&b, "Update the ledger: the desired state could not be read\n")
+	}
+	for _, k := range o.retained {
+		fmt.Fprintf(&b, "kept %s after a history rewrite at %s\n", k.ref(), short(k.Commit))
+	}
+	for _, r := range o.unretained {
+		fmt.Fprintf(&b, "%s desired again: no longer kept\n", r)
+	}
+	for _, h := range o.repaired {
+		fmt.Fprintf(&b, "%s: the file on the branch differed from the published one; published again\n", h)
 	}
 	for _, t := range o.tombstoned {
 		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", t.ref(), short(t.Tombstone.Commit), t.Tombstone.Author)
@@ -627,7 +703,21 @@ func (c *Controller) report(res *PassResult, o *output) {
 	for h, e := range o.published {
 		c.log.WithFields(logrus.Fields{"host": h, "epoch": e}).Debug("snapshot published")
 	}
+	for _, k := range o.retained {
+		res.Retained = append(res.Retained, refName(k.ref()))
+		c.log.WithFields(logrus.Fields{"host": k.Host, "kind": k.Kind, "name": k.Name, "commit": short(k.Commit)}).
+			Warn("history rewritten: object absent from the new head kept, not deleted; restore its file, or re-add and delete it in a reviewed commit")
+	}
+	for _, r := range o.unretained {
+		res.Unretained = append(res.Unretained, refName(r))
+		c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name}).Info("kept object desired again")
+	}
+	for _, h := range o.repaired {
+		res.Repaired = append(res.Repaired, h)
+		c.log.WithFields(logrus.Fields{"host": h, "epoch": o.published[h]}).Warn("snapshot file on the branch differed from the published one; published again")
+	}
 	res.Pending = len(o.ledger.Tombstones)
+	res.RetainedTotal = len(o.ledger.Retained)
 }
 
 // summarize builds the README.md summary.
@@ -687,6 +777,11 @@ func (c *Controller) summarize(l *Ledger, fl *desired.Fleet, reports []status.Re
 			Commit: t.Tombstone.Commit, Author: t.Tombstone.Author, Time: at, Epoch: t.Tombstone.Epoch,
 			Rewritten: t.Tombstone.Rewritten})
 	}
+	for _, k := range l.Retained {
+		s.Retained = append(s.Retained, status.RetainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host,
+			Commit: k.Commit, Since: k.Since})
+	}
+	s.Unmanaged = unmanaged(l, fl, reports)
 	sweeps := l.Sweeps
 	if len(sweeps) > 10 {
 		sweeps = sweeps[len(sweeps)-10:]
@@ -696,6 +791,52 @@ func (c *Controller) summarize(l *Ledger, fl *desired.Fleet, reports []status.Re
 			Commit: w.Commit, At: w.At, Reason: w.Reason})
 	}
 	return s
+}
+
+// unmanaged lists the VMs hosts report that neither the desired state nor
+// the ledger knows on that host (a repository restored from a backup that
+// lacks them, say): the agents keep them, and the summary says so.
+func unmanaged(l *Ledger, fl *desired.Fleet, reports []status.Report) []status.UnmanagedVM {
+	known := map[string]bool{} // host + "\x00" + name
+	mark := func(host, name string) { known[host+"\x00"+name] = true }
+	if fl != nil {
+		for name, vm := range fl.VMs {
+			mark(vm.Spec.Host, name)
+		}
+	}
+	for host, rec := range l.Hosts {
+		for _, n := range rec.VMs {
+			mark(host, n)
+		}
+	}
+	for _, t := range l.Tombstones {
+		if t.Kind == desired.KindVM {
+			mark(t.Host, t.Name)
+		}
+	}
+	for _, k := range l.Retained {
+		if k.Kind == desired.KindVM {
+			mark(k.Host, k.Name)
+		}
+	}
+	var out []status.UnmanagedVM
+	for _, rep := range reports {
+		if rep.Status == nil {
+			continue
+		}
+		for _, vm := range rep.Status.VMs {
+			if !known[rep.Host+"\x00"+vm.Name] {
+				out = append(out, status.UnmanagedVM{Name: vm.Name, Host: rep.Host, Phase: vm.Phase})
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Host != out[j].Host {
+			return out[i].Host < out[j].Host
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
 }
 
 // writeSummary rewrites README.md on the status branch when its content

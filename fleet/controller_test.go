@@ -221,26 +221,6 @@ func TestDeleteAttributedAcrossSeveralCommits(t *testing.T) {
 	}
 }
 
-func TestForcePushToOlderCommit(t *testing.T) {
-	e := newEnv(t, baseFleet())
-	e.pass()
-	first := gittest.Rev(t, e.dir, "refs/heads/main")
-	e.commit(gittest.Edit{Write: map[string]string{"vms/web-02.yaml": vmYAML("web-02", "hv-a", 1)}})
-	e.pass()
-	gittest.SetBranch(t, e.dir, "main", first)
-	res := e.pass()
-	if res.Rejected != nil || len(res.Tombstoned) != 1 {
-		t.Fatalf("result = %+v, want web-02 tombstoned", res)
-	}
-	tb := vmOf(e.snapshot("hv-a"), "web-02").Tombstone
-	if tb.Commit != first || !tb.Rewritten {
-		t.Fatalf("tombstone = %+v, want attributed to the new head %s and flagged rewritten", tb, first)
-	}
-	if vm := vmOf(e.snapshot("hv-a"), "web-01"); vm == nil || vm.Tombstoned {
-		t.Fatal("a force-push cost a VM that is still desired")
-	}
-}
-
 func TestInvalidCommitKeepsLastGood(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.pass()

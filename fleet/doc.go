@@ -30,7 +30,25 @@
 //	"tombstones": [
 //	  {"kind": "VM", "name": "old-01", "host": "hv-a", "spec": {...}, "tombstone": {"commit": "<sha>",
 //	   "author": "Ann <ann@example.com>", "time": "...", "epoch": 41}, "publishedAt": "..."}],
-//	"sweeps": [{"kind": "VM", "name": "lost-01", "host": "hv-c", "commit": "<sha>", "at": "...", "reason": "host offline: ..."}]}
+//	"sweeps": [{"kind": "VM", "name": "lost-01", "host": "hv-c", "commit": "<sha>", "at": "...", "reason": "host offline: ..."}],
+//	"retained": [{"kind": "VM", "name": "web-02", "host": "hv-a", "spec": {...}, "commit": "<rewriting head>", "since": "..."}]}
+//
+// applied records the desired branch and the objects' directory (path) too:
+// a controller configured with another branch or path refuses to publish
+// (ErrLedgerMismatch) rather than read the other one's objects as deleted.
+//
+// When the applied commit is not an ancestor of the new head (a
+// force-push, a reset, an unrelated history), the objects the new head lacks
+// are not tombstoned: they are retained, published live with their last
+// spec, listed in the summary and counted by gitfleet_controller_retained.
+// They are in neither the desired state nor hosts[h].vms, so no later
+// commit tombstones them; one desired on its host again leaves the list.
+// Deleting one takes a reviewed delete: add its file back, then delete it.
+// Tombstones pending before the rewrite stay pending.
+//
+// hosts[h].file is a hash of the published hosts/<h>.yaml: a file on the
+// branch tip that differs (edited or removed by hand) is published again
+// with a new epoch.
 //
 // hosts[h].vms and volumes are the names h held in the applied commit: the
 // next commit's tombstones are what it lacks. hash identifies the published

@@ -42,12 +42,40 @@ type Ledger struct {
 	// Sweeps are the last deletes the controller finalized itself because
 	// the host was offline, oldest first, at most 100.
 	Sweeps []SweepRecord `yaml:"sweeps,omitempty" json:"sweeps,omitempty"`
+	// Retained are the objects a history rewrite dropped from the desired
+	// state (the applied commit is not an ancestor of the new head): kept
+	// live in their host's snapshot with their last spec, never
+	// tombstoned, sorted by host, kind and name. One leaves the list when
+	// it is desired on its host again; deleting it takes a reviewed delete
+	// (add the file back, then delete it).
+	Retained []*RetainedRecord `yaml:"retained,omitempty" json:"retained,omitempty"`
 }
 
-// AppliedCommit names a desired-state commit.
+// RetainedRecord is an object kept after a history rewrite: its last spec
+// (VM) or size in GB (Volume), the rewriting head commit (Commit) and
+// Since, the controller's clock when it was first kept.
+type RetainedRecord struct {
+	Kind   desired.Kind    `yaml:"kind" json:"kind"`
+	Name   string          `yaml:"name" json:"name"`
+	Host   string          `yaml:"host" json:"host"`
+	Spec   *desired.VMSpec `yaml:"spec,omitempty" json:"spec,omitempty"`
+	SizeGB int             `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
+	Commit string          `yaml:"commit" json:"commit"`
+	Since  time.Time       `yaml:"since" json:"since"`
+}
+
+func (r *RetainedRecord) ref() ref { return ref{r.Kind, r.Name, r.Host} }
+
+// AppliedCommit names a desired-state commit, the branch it was read from
+// and the objects' directory in its tree (Path, "" for the root; nil in a
+// ledger written before the path was recorded, read as "any path"). A
+// controller configured with another branch or path refuses to publish over
+// this ledger (ErrLedgerMismatch): its desired state would read as deleting
+// everything the other one applied.
 type AppliedCommit struct {
-	Commit string `yaml:"commit" json:"commit"`
-	Branch string `yaml:"branch" json:"branch"`
+	Commit string  `yaml:"commit" json:"commit"`
+	Branch string  `yaml:"branch" json:"branch"`
+	Path   *string `yaml:"path,omitempty" json:"path,omitempty"`
 }
 
 // Rejection is a refused desired-state commit and why. At is the
@@ -66,9 +94,13 @@ type Rejection struct {
 // its epoch and source (empty when no file is published, or after a fence
 // jump to force a republish). VMs and Volumes are the names the host held in
 // the applied desired state, sorted: the base tombstones are derived from.
+// File is the SHA-256 (first 16 hex digits) of the bytes of the published
+// hosts/<host>.yaml: a file on the branch tip that differs (edited or
+// removed by hand) is published again with a new epoch.
 type HostRecord struct {
 	Epoch   uint64   `yaml:"epoch" json:"epoch"`
 	Hash    string   `yaml:"hash,omitempty" json:"hash,omitempty"`
+	File    string   `yaml:"file,omitempty" json:"file,omitempty"`
 	VMs     []string `yaml:"vms,flow,omitempty" json:"vms,omitempty"`
 	Volumes []string `yaml:"volumes,flow,omitempty" json:"volumes,omitempty"`
 }
@@ -143,6 +175,11 @@ func parseLedger(data []byte) (*Ledger, error) {
 	for i, t := range l.Tombstones {
 		if t == nil || t.Name == "" || t.Host == "" || (t.Kind != desired.KindVM && t.Kind != desired.KindVolume) {
 			return nil, fmt.Errorf("parse %s: tombstones[%d]: needs kind VM or Volume, name and host", LedgerPath, i)
+		}
+	}
+	for i, r := range l.Retained {
+		if r == nil || r.Name == "" || r.Host == "" || (r.Kind != desired.KindVM && r.Kind != desired.KindVolume) {
+			return nil, fmt.Errorf("parse %s: retained[%d]: needs kind VM or Volume, name and host", LedgerPath, i)
 		}
 	}
 	return l, nil
@@ -221,6 +258,20 @@ func (l *Ledger) marshal() ([]byte, error) {
 		}
 		b.WriteString("]")
 	}
+	if len(l.Retained) > 0 {
+		sortRetained(l.Retained)
+		b.WriteString(",\n\"retained\": [")
+		for i, r := range l.Retained {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("\n  ")
+			if err := put(r); err != nil {
+				return nil, err
+			}
+		}
+		b.WriteString("]")
+	}
 	b.WriteString("}\n")
 	return b.Bytes(), nil
 }
@@ -238,12 +289,29 @@ func sortTombstones(ts []*TombstoneRecord) {
 	})
 }
 
+func sortRetained(rs []*RetainedRecord) {
+	sort.Slice(rs, func(i, j int) bool {
+		a, b := rs[i], rs[j]
+		if a.Host != b.Host {
+			return a.Host < b.Host
+		}
+		if a.Kind != b.Kind {
+			return a.Kind < b.Kind
+		}
+		return a.Name < b.Name
+	})
+}
+
 // clone returns a deep copy a pass may modify. Specs of tombstones are
 // shared: a pass never modifies a spec.
 func (l *Ledger) clone() *Ledger {
 	c := *l
 	if l.Applied != nil {
 		a := *l.Applied
+		if l.Applied.Path != nil {
+			p := *l.Applied.Path
+			a.Path = &p
+		}
 		c.Applied = &a
 	}
 	if l.Rejected != nil {
@@ -261,6 +329,11 @@ func (l *Ledger) clone() *Ledger {
 		c.Tombstones[i] = &tt
 	}
 	c.Sweeps = append([]SweepRecord(nil), l.Sweeps...)
+	c.Retained = make([]*RetainedRecord, len(l.Retained))
+	for i, r := range l.Retained {
+		rr := *r
+		c.Retained[i] = &rr
+	}
 	return &c
 }
 

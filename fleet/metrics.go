@@ -12,6 +12,7 @@ import (
 //	gitfleet_controller_passes_total{result}     passes by result: published, unchanged, skipped, rejected, error
 //	gitfleet_controller_rejected_commits_total   desired-state commits refused (each distinct commit once)
 //	gitfleet_controller_tombstones_pending       pending deletes after the last pass
+//	gitfleet_controller_retained                 objects kept after a history rewrite (never tombstoned)
 //	gitfleet_controller_finalized_total{how}     deletes finalized: ack or sweep
 //	gitfleet_controller_host_epoch{host}         last epoch published per host
 //	gitfleet_controller_pass_seconds             pass duration
@@ -19,6 +20,7 @@ type metrics struct {
 	passes       *prometheus.CounterVec
 	rejected     prometheus.Counter
 	pending      prometheus.Gauge
+	retained     prometheus.Gauge
 	finalized    *prometheus.CounterVec
 	epochs       *prometheus.GaugeVec
 	duration     prometheus.Histogram
@@ -33,6 +35,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Desired-state commits (or fetches) refused; the last good snapshots stayed."}),
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_tombstones_pending",
 			Help: "Deletes published and not yet finalized."}),
+		retained: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_retained",
+			Help: "Objects a history rewrite dropped from the desired state, kept instead of deleted."}),
 		finalized: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gitfleet_controller_finalized_total",
 			Help: "Deletes finalized, by an ack of the host or by the abandoned-host sweep."}, []string{"how"}),
 		epochs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gitfleet_controller_host_epoch",
@@ -40,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gitfleet_controller_pass_seconds",
 			Help: "Duration of controller passes in seconds.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
 	}
-	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.finalized, m.epochs, m.duration} {
+	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register controller metrics: %w", err)
 		}
@@ -71,6 +75,7 @@ func (m *metrics) observe(res PassResult, err error, d time.Duration) {
 		return
 	}
 	m.pending.Set(float64(res.Pending))
+	m.retained.Set(float64(res.RetainedTotal))
 	m.finalized.WithLabelValues("ack").Add(float64(len(res.Finalized)))
 	m.finalized.WithLabelValues("sweep").Add(float64(len(res.Swept)))
 	for h, e := range res.Epochs {

@@ -23,6 +23,31 @@ type Summary struct {
 	Swept []SweptDelete
 	// Rejected is the last desired-state commit that was refused, if any.
 	Rejected *Rejection
+	// Retained are objects a history rewrite dropped from the desired
+	// state, kept running instead of deleted.
+	Retained []RetainedObject
+	// Unmanaged are VMs a host reports that neither the desired state nor
+	// the controller's ledger knows (a repository restored from a backup
+	// that lacks them, say); the agents keep them.
+	Unmanaged []UnmanagedVM
+}
+
+// RetainedObject is an object kept after a history rewrite: Commit is the
+// rewriting head, Since the controller's clock when it was first kept.
+type RetainedObject struct {
+	Kind   string
+	Name   string
+	Host   string
+	Commit string
+	Since  time.Time
+}
+
+// UnmanagedVM is a VM on a host that the desired state does not declare and
+// the controller never published there.
+type UnmanagedVM struct {
+	Name  string
+	Host  string
+	Phase string
 }
 
 // HostSummary is one host's line. Online is judged by the controller's own
@@ -46,7 +71,9 @@ type HostSummary struct {
 
 // PendingDelete is a tombstone not finalized yet: who removed what, with
 // which commit, and since when. Time is the removing commit's author time;
-// Rewritten flags a removal attributed to a rewritten history's new head.
+// Rewritten flags a removal attributed to a rewritten history's new head (a
+// ledger of an earlier release only: a rewrite now keeps what it dropped,
+// see Summary.Retained).
 type PendingDelete struct {
 	Kind      string
 	Name      string
@@ -97,7 +124,7 @@ func RenderSummary(s Summary) []byte {
 	}
 	if s.Rejected != nil {
 		b.WriteString("## Last rejected commit\n\n")
-		commit := "(fetch failed)"
+		commit := "(no commit: the desired branch could not be read)"
 		if s.Rejected.Commit != "" {
 			commit = "`" + short(s.Rejected.Commit) + "`"
 		}
@@ -176,6 +203,28 @@ func RenderSummary(s Summary) []byte {
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %d |\n",
 				cell(p.Kind), cell(p.Name), cell(p.Host), by, cell(p.Author), stamp(p.Time), p.Epoch)
+		}
+		b.WriteString("\n")
+	}
+
+	if len(s.Retained) > 0 {
+		b.WriteString("## Kept after a history rewrite\n\n")
+		b.WriteString("These objects left the desired state through a rewritten history (a force-push, a reset), not a reviewed delete: they keep running with their last spec. Restore the file, or re-add and delete it in a reviewed commit.\n\n")
+		b.WriteString("| kind | name | host | state | since |\n")
+		b.WriteString("|---|---|---|---|---|\n")
+		for _, k := range s.Retained {
+			fmt.Fprintf(&b, "| %s | %s | %s | kept after a history rewrite at `%s`: restore the file, or re-add and delete it in a reviewed commit | %s |\n",
+				cell(k.Kind), cell(k.Name), cell(k.Host), short(k.Commit), stamp(k.Since))
+		}
+		b.WriteString("\n")
+	}
+
+	if len(s.Unmanaged) > 0 {
+		b.WriteString("## On hosts, not in the desired state\n\n")
+		b.WriteString("| VM | host | phase | state |\n")
+		b.WriteString("|---|---|---|---|\n")
+		for _, u := range s.Unmanaged {
+			fmt.Fprintf(&b, "| %s | %s | %s | on host, not in the desired state: kept |\n", cell(u.Name), cell(u.Host), cell(u.Phase))
 		}
 		b.WriteString("\n")
 	}

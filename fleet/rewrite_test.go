@@ -1,0 +1,325 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+func (e *env) summary() string {
+	e.t.Helper()
+	return gittest.Show(e.t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
+}
+
+// A reset to an older commit (a force-push) drops web-02 from the desired
+// state: it is kept, never tombstoned, until a reviewed delete.
+func TestForcePushToOlderCommitRetains(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	first := gittest.Rev(t, e.dir, "refs/heads/main")
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-02.yaml": vmYAML("web-02", "hv-a", 1)}})
+	e.pass()
+	gittest.SetBranch(t, e.dir, "main", first)
+	res := e.pass()
+	if res.Rejected != nil || len(res.Tombstoned) != 0 || len(res.Retained) != 1 || res.Retained[0] != "VM web-02@hv-a" {
+		t.Fatalf("result = %+v, want web-02 retained, nothing tombstoned", res)
+	}
+	vm := vmOf(e.snapshot("hv-a"), "web-02")
+	if vm == nil || vm.Tombstoned || vm.Tombstone != nil || vm.Spec.VCPUs != 1 || vm.SpecHash != desired.SpecHash(vm.Spec) {
+		t.Fatalf("web-02 in the snapshot = %+v, want live with its last spec", vm)
+	}
+	if res.Published["hv-a"] != 0 {
+		t.Errorf("retaining an unchanged VM published a new epoch: %v", res.Published)
+	}
+	l := e.ledger()
+	if len(l.Retained) != 1 || l.Retained[0].Commit != first || l.Retained[0].Since.IsZero() ||
+		l.Retained[0].Spec == nil || l.Retained[0].Spec.VCPUs != 1 || len(l.Tombstones) != 0 {
+		t.Fatalf("ledger retained = %+v, tombstones %+v", l.Retained, l.Tombstones)
+	}
+	if got := metricValue(t, e.c, "gitfleet_controller_retained"); got != 1 {
+		t.Errorf("gitfleet_controller_retained = %v, want 1", got)
+	}
+	if want := "kept after a history rewrite at `" + short(first) + "`: restore the file, or re-add and delete it in a reviewed commit"; !strings.Contains(e.summary(), want) {
+		t.Errorf("summary lacks %q:\n%s", want, e.summary())
+	}
+
+	// A fast-forward commit without web-02 is no delete of it.
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-03.yaml": vmYAML("web-03", "hv-a", 1)}})
+	res = e.pass()
+	if len(res.Tombstoned) != 0 || res.RetainedTotal != 1 {
+		t.Fatalf("a later commit tombstoned a retained object: %+v", res)
+	}
+	if vm := vmOf(e.snapshot("hv-a"), "web-02"); vm == nil || vm.Tombstoned || vmOf(e.snapshot("hv-a"), "web-03") == nil {
+		t.Fatalf("after a fast-forward: web-02 = %+v, web-03 created? snapshot %+v", vm, e.snapshot("hv-a"))
+	}
+
+	// Re-adding the file: it leaves the retained list and is desired again.
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-02.yaml": vmYAML("web-02", "hv-a", 1)}})
+	res = e.pass()
+	if len(res.Unretained) != 1 || res.RetainedTotal != 0 || len(e.ledger().Retained) != 0 {
+		t.Fatalf("re-added: %+v, ledger retained %+v", res, e.ledger().Retained)
+	}
+	if got := metricValue(t, e.c, "gitfleet_controller_retained"); got != 0 {
+		t.Errorf("gitfleet_controller_retained = %v, want 0", got)
+	}
+	// And a reviewed delete deletes it.
+	del := e.commit(gittest.Edit{Remove: []string{"vms/web-02.yaml"}, Message: "retire web-02"})
+	res = e.pass()
+	if len(res.Tombstoned) != 1 {
+		t.Fatalf("reviewed delete: %+v", res)
+	}
+	if tb := vmOf(e.snapshot("hv-a"), "web-02").Tombstone; tb == nil || tb.Commit != del || tb.Rewritten {
+		t.Fatalf("tombstone = %+v, want commit %s", tb, del)
+	}
+}
+
+// A force-push of an unrelated history holding only a README costs
+// nothing: every object is kept with its last spec, hosts keep their files,
+// and a delete reviewed before the rewrite stays pending.
+func TestForcePushUnrelatedHistoryKeepsEverything(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	del := e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Message: "retire web-01"})
+	if res := e.pass(); len(res.Tombstoned) != 1 {
+		t.Fatalf("reviewed delete: %+v", res)
+	}
+	// The unrelated history keeps hv-a only: hv-b leaves the fleet with it.
+	orphan := e.commit(gittest.Edit{Branch: "orphan", Write: map[string]string{"README.md": "# Initial commit\n",
+		"hosts/hv-a.yaml": hostYAML("hv-a")}, Message: "Initial commit"})
+	gittest.SetBranch(t, e.dir, "main", orphan)
+	res := e.pass()
+	if res.Rejected != nil || len(res.Tombstoned) != 0 || len(res.Finalized) != 0 || len(res.Removed) != 0 {
+		t.Fatalf("result = %+v, want nothing tombstoned or removed", res)
+	}
+	if want := []string{"VM db-01@hv-b", "Volume db-data@hv-b"}; strings.Join(res.Retained, ",") != strings.Join(want, ",") {
+		t.Fatalf("retained = %v, want %v", res.Retained, want)
+	}
+	b := e.snapshot("hv-b")
+	if vm := vmOf(b, "db-01"); vm == nil || vm.Tombstoned || vm.Spec.VCPUs != 2 || len(vm.Spec.Volumes) != 1 {
+		t.Fatalf("db-01 = %+v, want kept live with its last spec", vm)
+	}
+	if v := volOf(b, "db-data"); v == nil || v.Tombstoned || v.SizeGB != 50 {
+		t.Fatalf("db-data = %+v, want kept live at 50 GB", v)
+	}
+	if b.HostSpec.Capacity.VCPUs != 32 {
+		t.Errorf("hv-b lost its host spec: %+v", b.HostSpec)
+	}
+	if vm := vmOf(e.snapshot("hv-a"), "web-01"); vm == nil || !vm.Tombstoned || vm.Tombstone.Commit != del {
+		t.Fatalf("the pending reviewed delete of web-01 = %+v, want still pending from %s", vm, del)
+	}
+	// Stable: another pass changes nothing.
+	if res := e.pass(); res.Changed() || len(res.Retained) != 0 || len(res.Tombstoned) != 0 {
+		t.Fatalf("second pass after the rewrite: %+v", res)
+	}
+}
+
+// A VM a host runs that neither the desired state nor the ledger knows (a
+// repository restored from a backup that lacks it) is listed as kept.
+func TestSummaryListsVMsOnHostNotDesired(t *testing.T) {
+	files := baseFleet()
+	delete(files, "vms/web-01.yaml")
+	e := newEnv(t, files)
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 3, LastSeenEpoch: 7,
+		VMs: []status.VM{{Name: "web-01", Phase: "ready", Power: "running"}}})
+	writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 3, LastSeenEpoch: 7,
+		VMs: []status.VM{{Name: "db-01", Phase: "ready", Power: "running"}}})
+	res := e.pass()
+	if len(res.Tombstoned) != 0 {
+		t.Fatalf("a fresh ledger tombstoned: %+v", res)
+	}
+	sum := e.summary()
+	if !strings.Contains(sum, "| web-01 | hv-a | ready | on host, not in the desired state: kept |") {
+		t.Errorf("summary does not list web-01 as kept:\n%s", sum)
+	}
+	if strings.Contains(sum, "| db-01 | hv-b | ready | on host, not in the desired state") {
+		t.Errorf("summary lists a desired VM as not desired:\n%s", sum)
+	}
+}
+
+// A hand edit of the snapshots branch (same epoch, a VM removed) and a
+// hand-removed host file are published again with a new epoch.
+func TestHandEditedSnapshotRepublished(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	a := e.snapshot("hv-a")
+	a.VMs = nil
+	data, err := desired.MarshalSnapshot(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Write: map[string]string{SnapshotPath("hv-a"): string(data)},
+		Remove: []string{SnapshotPath("hv-b")}, Message: "hand edit"})
+	e.c = e.newController()
+	res := e.pass()
+	if res.Published["hv-a"] != 2 || res.Published["hv-b"] != 2 || strings.Join(res.Repaired, ",") != "hv-a,hv-b" {
+		t.Fatalf("result = %+v, want hv-a and hv-b repaired at epoch 2", res)
+	}
+	if vm := vmOf(e.snapshot("hv-a"), "web-01"); vm == nil || vm.Tombstoned {
+		t.Fatalf("web-01 not restored: %+v", e.snapshot("hv-a"))
+	}
+	if s := e.snapshot("hv-b"); s == nil || vmOf(s, "db-01") == nil {
+		t.Fatalf("hv-b not restored: %+v", s)
+	}
+	if res := e.pass(); res.Changed() {
+		t.Fatalf("repair repeats: %+v", res)
+	}
+}
+
+// A controller on another branch or path than the ledger's refuses to
+// publish, and says which.
+func TestLedgerOfAnotherBranchOrPathRefused(t *testing.T) {
+	files := map[string]string{}
+	for p, c := range baseFleet() {
+		files["fleet/"+p] = c
+	}
+	dir := gittest.NewBare(t)
+	gittest.Commit(t, dir, gittest.Edit{Write: files})
+	e := &env{t: t, dir: dir, url: dir, clock: &clock{}}
+	c, err := New(Config{URL: dir, Path: "fleet", Logger: quietLogger(), SummaryInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+	gittest.Git(t, e.dir, "branch", "other", "main")
+	tip := e.snapshotsTip()
+	for _, tc := range []struct {
+		name         string
+		cfg          Config
+		want1, want2 string
+	}{
+		{"branch", Config{Branch: "other", Path: "./fleet/"}, `branch "main"`, `branch "other"`},
+		{"path", Config{}, "(the repository root)", `path "fleet"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.URL, cfg.Clock, cfg.Logger, cfg.SummaryInterval = e.url, e.clock.Now, quietLogger(), -1
+			c, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = c.Pass(context.Background())
+			if !errors.Is(err, ErrLedgerMismatch) || !strings.Contains(err.Error(), tc.want1) || !strings.Contains(err.Error(), tc.want2) {
+				t.Fatalf("error = %v, want ErrLedgerMismatch naming %s and %s", err, tc.want1, tc.want2)
+			}
+			if e.snapshotsTip() != tip {
+				t.Fatal("a refused pass moved the snapshots branch")
+			}
+		})
+	}
+}
+
+func TestNewRefusesOverlappingBranchesAndBadPaths(t *testing.T) {
+	dir := gittest.NewBare(t)
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"snapshots on main", Config{SnapshotsBranch: "main"}, "snapshots branch and the desired branch"},
+		{"status on main", Config{StatusBranch: "refs/heads/main"}, "status branch and the desired branch"},
+		{"snapshots is status", Config{SnapshotsBranch: "x", StatusBranch: "x"}, "snapshots branch and the status branch"},
+		{"absolute path", Config{Path: "/fleet"}, "absolute"},
+		{"path climbs out", Config{Path: "fleet/../../x"}, "leaves the repository"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.URL, cfg.Logger = dir, quietLogger()
+			_, err := New(cfg)
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %v, want ErrConfig saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCleanPath(t *testing.T) {
+	for in, want := range map[string]string{"": "", ".": "", "./": "", "fleet": "fleet", "./fleet": "fleet",
+		"fleet/": "fleet", "./fleet/": "fleet", "a//b/": "a/b", "a/../b": "b"} {
+		got, err := CleanPath(in)
+		if err != nil || got != want {
+			t.Errorf("CleanPath(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
+// --path ./fleet attributes a delete to the commit that made it, as
+// --path fleet does.
+func TestDotSlashPathAttributesDeletes(t *testing.T) {
+	files := map[string]string{}
+	for p, c := range baseFleet() {
+		files["fleet/"+p] = c
+	}
+	dir := gittest.NewBare(t)
+	gittest.Commit(t, dir, gittest.Edit{Write: files})
+	e := &env{t: t, dir: dir, url: dir, clock: &clock{}}
+	c, err := New(Config{URL: dir, Path: "./fleet", Logger: quietLogger(), SummaryInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+	del := e.commit(gittest.Edit{Remove: []string{"fleet/vms/web-01.yaml"}, Message: "retire web-01"})
+	e.commit(gittest.Edit{Write: map[string]string{"notes.txt": "unrelated\n"}})
+	if res := e.pass(); len(res.Tombstoned) != 1 {
+		t.Fatalf("result = %+v", res)
+	}
+	if tb := vmOf(e.snapshot("hv-a"), "web-01").Tombstone; tb.Commit != del {
+		t.Fatalf("tombstone commit = %s, want the deleting commit %s", tb.Commit, del)
+	}
+}
+
+// A status claiming an epoch at the bound (or the top of uint64) is
+// refused, never followed round to epoch 0.
+func TestEpochJumpBeyondBoundRefused(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	tip := e.snapshotsTip()
+	for _, seen := range []uint64{math.MaxUint64, MaxEpoch} {
+		writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: seen % 1000, LastSeenEpoch: seen})
+		_, err := e.c.Pass(context.Background())
+		if !errors.Is(err, ErrEpochBound) || !strings.Contains(err.Error(), "hv-a") || !strings.Contains(err.Error(), status.Path("hv-a")) {
+			t.Fatalf("lastSeenEpoch %d: error = %v, want ErrEpochBound naming hv-a and its status", seen, err)
+		}
+		if e.snapshotsTip() != tip {
+			t.Fatal("a refused jump published")
+		}
+	}
+	// Just below the bound is a legal jump.
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 5, LastSeenEpoch: MaxEpoch - 2})
+	if res := e.pass(); res.Published["hv-a"] != MaxEpoch-1 {
+		t.Fatalf("result = %+v", res)
+	}
+}
+
+// A deleted desired branch says so, in the rejection, the ledger and the
+// snapshots commit.
+func TestMissingDesiredBranchSaysSo(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	gittest.DeleteBranch(t, e.dir, "main")
+	res := e.pass()
+	want := `the desired branch "main" is missing`
+	if res.Rejected == nil || !strings.Contains(res.Rejected.Error(), want) {
+		t.Fatalf("rejected = %v, want %q", res.Rejected, want)
+	}
+	if l := e.ledger(); l.Rejected == nil || !strings.Contains(l.Rejected.Reason, want) {
+		t.Fatalf("ledger rejection = %+v", l.Rejected)
+	}
+	msg := gittest.Git(t, e.dir, "log", "-1", "--format=%B", "refs/heads/"+DefaultSnapshotsBranch)
+	if strings.Contains(msg, "at \n") || strings.HasSuffix(strings.TrimSpace(msg), " at") {
+		t.Errorf("commit message names an empty commit: %q", msg)
+	}
+	if sum := e.summary(); !strings.Contains(sum, want) || !strings.Contains(sum, "(no commit: the desired branch could not be read)") {
+		t.Errorf("summary:\n%s", sum)
+	}
+	if vmOf(e.snapshot("hv-a"), "web-01") == nil {
+		t.Fatal("a missing branch cost a VM")
+	}
+}
