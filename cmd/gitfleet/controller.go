@@ -92,9 +92,16 @@ repository moves, and on a signed push webhook (--listen serves
 POST /hooks/github, /hooks/gitea, /hooks/gitlab with the secret from
 --webhook-secret or GITFLEET_WEBHOOK_SECRET, and GET /metrics).
 
+The desired, snapshots and status branches must be three different
+branches, and --path a directory inside the repository ("./fleet", "fleet/"
+and "fleet" are the same). A controller whose --branch or --path differs
+from the one the ledger on the snapshots branch was computed from refuses
+to publish.
+
 With --once it runs one pass and exits: 0 when it published or had nothing
-to do, 1 when the desired state was rejected (the last good snapshots stay)
-or git failed, 2 for usage errors.`,
+to do, 1 when the desired state was rejected (the last good snapshots stay),
+the ledger belongs to another branch or path, or git failed, 2 for usage
+errors (overlapping branches, a path outside the repository).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := repo.check(); err != nil {
@@ -112,6 +119,9 @@ or git failed, 2 for usage errors.`,
 				AbandonGrace: grace, OfflineAfter: offline,
 				Logger: logrus.NewEntry(log),
 			})
+			if errors.Is(err, fleet.ErrConfig) {
+				return &exitError{code: 2, err: err}
+			}
 			if err != nil {
 				return err
 			}
@@ -119,6 +129,9 @@ or git failed, 2 for usage errors.`,
 				res, err := c.Pass(ctx)
 				if err != nil {
 					return &exitError{code: 1, err: err}
+				}
+				if res.Rejected != nil && res.Head == "" {
+					return &exitError{code: 1, err: fmt.Errorf("desired state could not be read; the last good snapshots stay:\n%w", res.Rejected)}
 				}
 				if res.Rejected != nil {
 					return &exitError{code: 1, err: fmt.Errorf("desired state at %s rejected; the last good snapshots stay:\n%w", res.Head, res.Rejected)}

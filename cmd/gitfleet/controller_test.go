@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -57,6 +58,76 @@ func TestControllerOnce(t *testing.T) {
 	}
 	if got := gittest.Show(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch, "hosts/hv-a.yaml"); !strings.Contains(got, "epoch: 1") {
 		t.Fatalf("snapshot changed after a rejected commit:\n%s", got)
+	}
+}
+
+// runCLIStderr is runCLI returning standard error too, where run prints
+// a failing command's error.
+func runCLIStderr(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	saved := os.Stderr
+	os.Stderr = f
+	code, out := runCLI(t, args...)
+	os.Stderr = saved
+	data, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, out, string(data)
+}
+
+func TestControllerRefusesBadConfiguration(t *testing.T) {
+	dir := cliFleet(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"snapshots on the desired branch", []string{"--snapshots-branch", "main"}, "snapshots branch and the desired branch"},
+		{"status on the snapshots branch", []string{"--status-branch", fleet.DefaultSnapshotsBranch}, "snapshots branch and the status branch"},
+		{"path outside the repository", []string{"--path", "../fleet"}, "leaves the repository"},
+		{"absolute path", []string{"--path", "/fleet"}, "absolute"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, out := runCLIStderr(t, append([]string{"controller", "--repo", dir, "--once"}, tc.args...)...)
+			if code != 2 || !strings.Contains(out, tc.want) {
+				t.Fatalf("exit %d, output %q; want 2 saying %q", code, out, tc.want)
+			}
+		})
+	}
+	if got := gittest.Git(t, dir, "for-each-ref", "--format=%(refname)"); strings.TrimSpace(got) != "refs/heads/main" {
+		t.Fatalf("a refused controller wrote branches: %s", got)
+	}
+}
+
+// "./fleet/" is "fleet"; a controller on another branch than the ledger's
+// exits 1 naming both; a deleted desired branch says it is missing.
+func TestControllerPathBranchAndMissingBranch(t *testing.T) {
+	dir := cliFleet(t)
+	if code, out := runCLI(t, "controller", "--repo", dir, "--path", "./fleet/", "--once"); code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 || !strings.Contains(out, "0 snapshot(s) published") {
+		t.Fatalf("--path fleet after ./fleet/: exit %d: %s", code, out)
+	}
+	tip := gittest.Rev(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch)
+	gittest.Git(t, dir, "branch", "other", "main")
+	code, _, out := runCLIStderr(t, "controller", "--repo", dir, "--path", "fleet", "--branch", "other", "--once")
+	if code != 1 || !strings.Contains(out, `branch "main"`) || !strings.Contains(out, `branch "other"`) {
+		t.Fatalf("other branch: exit %d, output %q", code, out)
+	}
+	if gittest.Rev(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch) != tip {
+		t.Fatal("a refused controller published")
+	}
+	gittest.DeleteBranch(t, dir, "main")
+	code, _, out = runCLIStderr(t, "controller", "--repo", dir, "--path", "fleet", "--once")
+	if code != 1 || !strings.Contains(out, `the desired branch "main" is missing`) || strings.Contains(out, "desired state at  rejected") {
+		t.Fatalf("missing branch: exit %d, output %q", code, out)
 	}
 }
 
