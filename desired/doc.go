@@ -21,8 +21,13 @@
 // are errors wherever they are (git modes 120000 and 160000; a symlink on
 // disk is never followed), since a link could hide or duplicate objects.
 //
-// A Loader given a directory rejects a tree with nothing under it, so a
-// renamed or mistyped directory never reads as a fleet without objects.
+// A tree without a single object file under the Loader's directory (or
+// under the root) is rejected, with one error naming the directory, for
+// every reader alike: validate, the controller and plan. Hidden files and
+// files of other kinds (README.md, .gitfleet/schema.json) do not count, so
+// a directory renamed, moved or mistyped, or emptied by mistake, never
+// reads as "delete every VM and volume". To delete every VM, delete the VM
+// files and keep the Host files.
 // Parsed files are cached by path and content (the git blob hash, or the
 // sha256 of a file on disk): a reload after a one-file change parses one
 // file, then runs the cross-object checks over the whole fleet again.

@@ -95,19 +95,24 @@ type candidate struct {
 // The result is a Fleet and a nil error, or a nil Fleet and either an
 // ErrorList (every problem in the tree, sorted by file and line; it matches
 // ErrInvalid) or another error when the tree itself could not be read (a
-// missing git object, an unreadable file) — never a smaller fleet. A
-// Loader with a directory rejects a tree with nothing under it: a renamed
-// directory must not read as a fleet without objects.
+// missing git object, an unreadable file) — never a smaller fleet.
+//
+// A tree without a single object file under the directory (or under the
+// root, for a Loader without one) is rejected with one Error naming the
+// directory (File is the directory, or "." for the root), whatever else the
+// directory holds: hidden files and files of other kinds (README.md,
+// .gitfleet/schema.json) are no objects. A fleet without objects would read
+// as "delete every VM and volume", and a directory that was renamed, moved
+// or mistyped must not read that way. To delete every VM, keep the Host
+// files.
 func (l *Loader) Load(t Tree) (*Fleet, error) {
 	var cands []*candidate
 	var errs ErrorList
-	seen := false // any entry under the directory
 	err := t.Walk(func(f File) error {
 		rel, ok := l.relative(f.Path)
 		if !ok {
 			return nil
 		}
-		seen = true
 		if hidden(rel) {
 			return nil
 		}
@@ -139,10 +144,8 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("walk tree: %w", err)
 	}
-	if !seen && l.dir != "" {
-		// A renamed or mistyped directory must not read as an empty fleet.
-		return nil, ErrorList{{File: l.dir, Line: 1, Col: 1,
-			Msg: "the fleet directory is missing or empty; to remove every object, delete the object files and keep the directory (with a README, say)"}}
+	if len(cands) == 0 && len(errs) == 0 {
+		return nil, ErrorList{l.noObjects()}
 	}
 	sort.Slice(cands, func(i, j int) bool { return cands[i].file.Path < cands[j].file.Path })
 
@@ -237,6 +240,20 @@ func (l *Loader) parseOne(c *candidate) {
 	}
 	obj, errs := parseFile(c.file.Path, data)
 	c.res = &parsed{obj: obj, errs: errs}
+}
+
+// noObjects is the error of a tree without object files under the
+// Loader's directory. Every caller (validate on a directory, the controller
+// and plan on a git tree) gets this same message for the same directory.
+func (l *Loader) noObjects() *Error {
+	const why = "a fleet without objects would delete every VM and volume, so it is refused " +
+		"(to delete every VM and volume, delete their files and keep the Host files)"
+	if l.dir == "" {
+		return &Error{File: ".", Line: 1, Col: 1,
+			Msg: "no objects under the repository root: no *.yaml or *.yml file outside hidden directories; " + why}
+	}
+	return &Error{File: l.dir, Line: 1, Col: 1,
+		Msg: fmt.Sprintf("no objects under %q: the directory is missing or holds no *.yaml or *.yml file outside hidden directories; %s", l.dir, why)}
 }
 
 // relative returns p relative to the Loader's directory, and whether p is

@@ -151,12 +151,64 @@ func TestLoaderDirectory(t *testing.T) {
 		t.Errorf("Load of the whole tree: err = %v; want the broken files rejected", err)
 	}
 	_, err := NewLoader("flet").Load(newMemTree(files, nil))
-	if want := "flet:1:1: the fleet directory is missing or empty; to remove every object, delete the object files and keep the directory (with a README, say)"; err == nil || err.Error() != want {
+	if want := noObjectsUnder("flet"); err == nil || err.Error() != want {
 		t.Errorf("Load of a missing directory: err = %v, want %s", err, want)
 	}
-	f, err := NewLoader("fleet").Load(newMemTree(map[string]string{"fleet/README.md": "empty for now\n"}, nil))
-	if err != nil || len(f.VMs)+len(f.Volumes)+len(f.Hosts) != 0 {
-		t.Errorf("Load of a directory without objects: %v, %v; want an empty fleet", f, err)
+}
+
+// noObjectsUnder is the one error of a tree without objects under dir.
+func noObjectsUnder(dir string) string {
+	const why = "; a fleet without objects would delete every VM and volume, so it is refused " +
+		"(to delete every VM and volume, delete their files and keep the Host files)"
+	if dir == "" {
+		return ".:1:1: no objects under the repository root: no *.yaml or *.yml file outside hidden directories" + why
+	}
+	return dir + ":1:1: no objects under \"" + dir + "\": the directory is missing or holds no *.yaml or *.yml file outside hidden directories" + why
+}
+
+// TestLoaderRefusesAFleetWithoutObjects pins that a tree with no object
+// file under the directory is rejected, never read as "delete everything":
+// hidden files, hidden directories and files of other kinds do not count.
+// A fleet of Hosts alone is how every VM is deleted, and it loads.
+func TestLoaderRefusesAFleetWithoutObjects(t *testing.T) {
+	host := goodFleet["hosts/hv-b.yml"]
+	tests := []struct {
+		name  string
+		dir   string
+		files map[string]string
+		want  string // the error, or "" for a fleet of one host
+	}{
+		{"empty tree at the root", "", nil, noObjectsUnder("")},
+		{"root with only other files", "", map[string]string{
+			"README.md": "# fleet\n", ".gitfleet/schema.json": "{}", ".github/workflows/ci.yml": "on: push\n", ".draft.yaml": host,
+		}, noObjectsUnder("")},
+		{"empty tree, directory", "fleet", nil, noObjectsUnder("fleet")},
+		{"directory missing, objects elsewhere", "fleet", map[string]string{"moved/hv-b.yaml": host}, noObjectsUnder("fleet")},
+		{"directory with a README", "fleet", map[string]string{"fleet/README.md": "empty for now\n"}, noObjectsUnder("fleet")},
+		{"directory with only hidden files", "fleet", map[string]string{
+			"fleet/.gitfleet/schema.json": "{}", "fleet/.keep": "", "fleet/.old/hv-b.yaml": host, "hv-b.yaml": host,
+		}, noObjectsUnder("fleet")},
+		{"directory with only a subdirectory of other files", "fleet", map[string]string{"fleet/vms/notes.txt": "moved\n"}, noObjectsUnder("fleet")},
+		{"hosts alone at the root", "", map[string]string{"hv-b.yaml": host, "README.md": "x\n"}, ""},
+		{"hosts alone in the directory", "fleet", map[string]string{"fleet/hosts/hv-b.yaml": host}, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// The same tree as a git tree would give it and on disk.
+			trees := map[string]Tree{"memory": newMemTree(tc.files, nil), "disk": DirTree(writeTree(t, tc.files))}
+			for kind, tree := range trees {
+				f, err := NewLoader(tc.dir).Load(tree)
+				if tc.want == "" {
+					if err != nil || len(f.Hosts) != 1 || len(f.VMs)+len(f.Volumes) != 0 {
+						t.Errorf("%s: Load = %v, %v; want a fleet of one host", kind, f, err)
+					}
+					continue
+				}
+				if f != nil || !errors.Is(err, ErrInvalid) || err.Error() != tc.want {
+					t.Errorf("%s: Load = %v, err =\n%v\nwant\n%s", kind, f, err, tc.want)
+				}
+			}
+		})
 	}
 }
 

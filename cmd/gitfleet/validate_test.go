@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,10 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
 )
 
 // runCLI runs the gitfleet command line in-process and returns its exit
@@ -164,5 +170,48 @@ func TestValidateReadFailure(t *testing.T) {
 	}
 	if code != 1 || rep.Valid || !strings.Contains(rep.ReadError, "pipe.yaml is not a regular file") {
 		t.Errorf("exit %d, report %+v; want exit 1 and the read error", code, rep)
+	}
+}
+
+// TestValidateRefusesAFleetWithoutObjects pins that validate on a directory
+// without objects fails with the very message the controller and plan get
+// from the same directory of a git tree: a fleet without objects would
+// delete every VM, so no reader takes it for a valid fleet.
+func TestValidateRefusesAFleetWithoutObjects(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	commit := gittest.Commit(t, bare, gittest.Edit{Write: map[string]string{
+		"README.md": "# fleet\n", ".gitfleet/schema.json": "{}\n", "fleet/.gitfleet/schema.json": "{}\n", "fleet/README.md": "moved\n",
+	}})
+	ctx := context.Background()
+	repo, err := gitsource.Open(ctx, gitsource.Options{URL: bare, CacheDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Fetch(ctx, "main"); err != nil {
+		t.Fatal(err)
+	}
+	tree, err := repo.Tree(commit, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(writeFleet(t, map[string]string{"README.md": "# fleet\n", "fleet/.gitfleet/schema.json": "{}\n", "fleet/README.md": "moved\n"}))
+	if err := os.Mkdir("empty", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ validateDir, loaderDir string }{
+		{".", ""},
+		{"fleet", "fleet"},
+		{"fleet/", "fleet"},
+		{"empty", "empty"},
+	} {
+		_, loadErr := desired.NewLoader(tc.loaderDir).Load(tree)
+		if !errors.Is(loadErr, desired.ErrInvalid) || !strings.Contains(loadErr.Error(), "no objects under") {
+			t.Fatalf("loader on %q of the git tree: %v; want the fleet refused", tc.loaderDir, loadErr)
+		}
+		code, out := runCLI(t, "validate", tc.validateDir)
+		if code != 1 || out != loadErr.Error()+"\n" {
+			t.Errorf("validate %s: exit %d, output:\n%s\nwant exit 1 and the loader's error:\n%s", tc.validateDir, code, out, loadErr)
+		}
 	}
 }
