@@ -23,12 +23,16 @@ const (
 // Plan is what merging head over base would do to the fleet, host by host
 // (the `gitfleet plan` output and the pull-request comment). Errors are the
 // validation errors of head, as FILE:LINE:COL: message; a Plan with errors
-// would be rejected by the controller and its Hosts are empty.
+// would be rejected by the controller and its Hosts are empty. Warnings
+// say what a reader must know before trusting the plan (a base that does
+// not validate, so the plan was computed against another base); they are
+// shown at the top.
 type Plan struct {
-	Base   string     `json:"base"`
-	Head   string     `json:"head"`
-	Hosts  []HostPlan `json:"hosts"`
-	Errors []string   `json:"errors,omitempty"`
+	Base     string     `json:"base"`
+	Head     string     `json:"head"`
+	Hosts    []HostPlan `json:"hosts"`
+	Errors   []string   `json:"errors,omitempty"`
+	Warnings []string   `json:"warnings,omitempty"`
 }
 
 // HostPlan is the changes on one host, ordered deletes first, then
@@ -318,6 +322,9 @@ func redact(s string) string {
 func (p *Plan) Text() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Plan %s -> %s\n", shortRev(p.Base), shortRev(p.Head))
+	for _, w := range p.Warnings {
+		fmt.Fprintf(&b, "\n! %s\n", w)
+	}
 	if len(p.Errors) > 0 {
 		b.WriteString("\nValidation errors (the controller would reject this commit):\n")
 		for _, e := range p.Errors {
@@ -346,6 +353,9 @@ func (p *Plan) Text() string {
 func (p *Plan) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "### gitfleet plan `%s` → `%s`\n\n", shortRev(p.Base), shortRev(p.Head))
+	for _, w := range p.Warnings {
+		fmt.Fprintf(&b, "> ⚠️ %s\n\n", w)
+	}
 	if len(p.Errors) > 0 {
 		b.WriteString("**Validation errors** — the controller would reject this commit and keep the last good state:\n\n```\n")
 		for _, e := range p.Errors {

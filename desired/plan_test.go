@@ -179,6 +179,14 @@ func TestPlanGolden(t *testing.T) {
 		Errors: []string{"vms/web.yaml:4:3: spec.vcpus: must be at least 1"}}
 	planGolden(t, "errors.txt", withErr.Text())
 	planGolden(t, "errors.md", withErr.Markdown())
+	warned := ComputePlan(nil, planFleet(planHost("hv-a"), planVM("web-01", "hv-a")), PlanOptions{})
+	warned.Base, warned.Head = "main", "fix"
+	warned.Warnings = []string{"base main does not validate (1 error); planned against an empty base: every object of head shows as a create"}
+	planGolden(t, "warned.txt", warned.Text())
+	planGolden(t, "warned.md", warned.Markdown())
+	if txt := warned.Text(); !strings.HasPrefix(txt, "Plan main -> fix\n\n! base main does not validate") {
+		t.Errorf("the warning is not at the top:\n%s", txt)
+	}
 	empty := ComputePlan(base, base, PlanOptions{})
 	empty.Base, empty.Head = "a", "b"
 	if !empty.Empty() {

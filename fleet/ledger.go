@@ -185,6 +185,11 @@ func parseLedger(data []byte) (*Ledger, error) {
 	return l, nil
 }
 
+// ParseLedger decodes ledger.yaml as the controller reads it (strict; an
+// unknown version or field is an error). Tools such as `gitfleet plan` use
+// it to find the last applied commit.
+func ParseLedger(data []byte) (*Ledger, error) { return parseLedger(data) }
+
 // marshal encodes the ledger as JSON (valid YAML) with one host, tombstone
 // or sweep per line: compact for ten thousand names, and a change to one
 // host is a one-line diff. Tombstones are sorted and map keys sorted, so

@@ -131,6 +131,47 @@ func TestControllerPathBranchAndMissingBranch(t *testing.T) {
 	}
 }
 
+// A pull request fixing a broken main gets a plan and exit 0: against the
+// last applied commit when the controller has one, else against an empty
+// base, with a warning at the top either way. A broken head still exits 1.
+func TestPlanWithBaseThatDoesNotValidate(t *testing.T) {
+	for _, withController := range []bool{true, false} {
+		t.Run(map[bool]string{true: "applied commit", false: "empty base"}[withController], func(t *testing.T) {
+			dir := cliFleet(t)
+			if withController {
+				if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 {
+					t.Fatalf("controller: exit %d: %s", code, out)
+				}
+			}
+			gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"fleet/web-01.yaml": cliVM("web-01", "hv-nowhere", "1")}})
+			gittest.SetBranch(t, dir, "fix", gittest.Rev(t, dir, "refs/heads/main"))
+			gittest.Commit(t, dir, gittest.Edit{Branch: "fix", Write: map[string]string{"fleet/web-01.yaml": cliVM("web-01", "hv-a", "2")},
+				Remove: []string{"fleet/db-01.yaml"}})
+			code, out := runCLI(t, "plan", "--repo", dir, "--path", "fleet", "--base", "main", "--head", "fix")
+			if code != 0 {
+				t.Fatalf("exit %d, want 0 (head is valid)\n%s", code, out)
+			}
+			lines := strings.Split(out, "\n")
+			if len(lines) < 3 || !strings.HasPrefix(lines[2], "! base main does not validate (1 error)") {
+				t.Fatalf("no warning at the top:\n%s", out)
+			}
+			want := []string{"planned against an empty base", "+ create Host hv-a", "+ create VM web-01"}
+			if withController {
+				want = []string{"the last commit the controller applied", "~ update VM web-01", "spec.vcpus: 1 -> 2", "- delete VM db-01"}
+			}
+			for _, w := range want {
+				if !strings.Contains(out, w) {
+					t.Errorf("plan lacks %q:\n%s", w, out)
+				}
+			}
+			gittest.Commit(t, dir, gittest.Edit{Branch: "fix", Write: map[string]string{"fleet/db-02.yaml": cliVM("db-02", "hv-gone", "1")}})
+			if code, out := runCLI(t, "plan", "--repo", dir, "--path", "fleet", "--base", "main", "--head", "fix"); code != 1 {
+				t.Fatalf("broken head: exit %d, want 1\n%s", code, out)
+			}
+		})
+	}
+}
+
 func TestPlanCommand(t *testing.T) {
 	dir := cliFleet(t)
 	base := gittest.Rev(t, dir, "refs/heads/main")

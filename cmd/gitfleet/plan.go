@@ -28,9 +28,14 @@ deletes, un-deletes (a pending delete the head brings back), host moves
 (destroy and create) and volume deletes (data loss). Secret fields show only
 that they changed. --format markdown is a pull-request comment.
 
-Exit status: 0 when head is valid, 1 when head has validation errors (they
-are printed; the controller would reject it) or git failed, 2 for usage
-errors.`,
+Exit status follows head alone: 0 when head is valid, 1 when head has
+validation errors (they are printed; the controller would reject it) or git
+failed, 2 for usage errors. A base that does not validate (a pull request
+fixing a broken main) still gets a plan: it is computed against the last
+commit the controller applied (applied.commit of ledger.yaml on the
+snapshots branch), the state the fleet actually runs, or, when there is
+none or it does not validate either, against an empty base; a warning at
+the top of the plan says which.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := repo.check(); err != nil {
@@ -74,7 +79,22 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 		return commit, f, err
 	}
 	baseCommit, baseFleet, err := load(baseRev)
-	if err != nil {
+	var warnings []string
+	var baseList desired.ErrorList
+	if errors.As(err, &baseList) {
+		// The base does not validate: plan against the state the fleet
+		// runs, else against nothing, and say so at the top.
+		what := fmt.Sprintf("base %s does not validate (%s)", baseRev, plural(len(baseList), "error", "errors"))
+		if applied := appliedCommit(ctx, repo); applied != "" {
+			if _, f, aerr := load(applied); aerr == nil {
+				baseFleet = f
+				warnings = append(warnings, fmt.Sprintf("%s; planned against %s, the last commit the controller applied", what, short(applied)))
+			}
+		}
+		if baseFleet == nil {
+			warnings = append(warnings, what+"; planned against an empty base: every object of head shows as a create")
+		}
+	} else if err != nil {
 		return &exitError{code: 1, err: fmt.Errorf("base %s: %w", baseRev, err)}
 	}
 	headCommit, headFleet, headErr := load(headRev)
@@ -92,6 +112,7 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 		}
 	}
 	p.Base, p.Head = label(baseRev, baseCommit), label(headRev, headCommit)
+	p.Warnings = warnings
 	switch format {
 	case "markdown":
 		_, err = io.WriteString(out, p.Markdown())
@@ -119,6 +140,32 @@ func label(rev, commit string) string {
 		return commit
 	}
 	return rev + " (" + commit[:12] + ")"
+}
+
+// appliedCommit is the last desired-state commit the controller applied,
+// from ledger.yaml on the snapshots branch; "" when there is none or it
+// cannot be read.
+func appliedCommit(ctx context.Context, repo *gitsource.Repo) string {
+	tip, err := repo.Fetch(ctx, fleet.DefaultSnapshotsBranch)
+	if err != nil {
+		return ""
+	}
+	data, err := repo.ReadFile(tip, fleet.LedgerPath)
+	if err != nil {
+		return ""
+	}
+	l, err := fleet.ParseLedger(data)
+	if err != nil || l.Applied == nil {
+		return ""
+	}
+	return l.Applied.Commit
+}
+
+func short(commit string) string {
+	if len(commit) > 12 {
+		return commit[:12]
+	}
+	return commit
 }
 
 // pendingDeletes lists the tombstones the published snapshots carry, so the
