@@ -88,7 +88,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Repo == nil || cfg.Engine == nil || cfg.Store == nil || cfg.Host == "" {
 		return nil, errors.New("new agent: Host, Repo, Engine and Store are required")
 	}
-	if err := checkName("host", cfg.Host); err != nil {
+	if err := CheckHostName(cfg.Host); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	if cfg.StatusBranch == "" {
@@ -280,7 +280,9 @@ func (a *Agent) tickLocked(ctx context.Context, fetch bool) (fetchErr, tickErr e
 func (a *Agent) statusLocked() *status.Status {
 	st := a.cfg.Engine.Report()
 	st.Agent = status.AgentInfo{Version: a.cfg.Version, BootID: a.cfg.BootID(), Accel: a.cfg.Accel}
-	st.SnapshotError = a.snapErr
+	if a.snapErr != "" {
+		st.SnapshotError = a.snapErr
+	}
 	return st
 }
 

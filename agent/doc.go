@@ -18,5 +18,11 @@
 // The promise the package keeps: nothing a guest wrote is destroyed except by
 // a tombstone in an accepted snapshot whose grace has passed. A failure to
 // read git, a record or a file is reported and retried, never read as
-// "delete".
+// "delete". Absence is not a delete either: a VM the snapshot drops without
+// a tombstone (a repository restored from a backup, a hand-edited snapshots
+// branch, a controller bug) is left as it is for vanishGrace, then shut down
+// and kept, and reported as vanished; a volume the snapshot drops is kept as
+// an orphan. A snapshot at the last accepted epoch with other content is
+// refused like an older one (fenceViolation): only a higher epoch changes
+// what a host runs.
 package agent

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -29,8 +30,10 @@ const (
 // Sentinel errors callers test with errors.Is.
 var (
 	// ErrFenced: the snapshot's epoch is below the last accepted one (the
-	// snapshots branch was restored from an older copy). Nothing was done.
-	ErrFenced = errors.New("snapshot fenced: epoch below the last accepted")
+	// snapshots branch was restored from an older copy), or equal to it with
+	// different content (the branch was edited by hand, or two controllers
+	// publish). Nothing was done; the status reports fenceViolation.
+	ErrFenced = errors.New("snapshot fenced")
 	// ErrCapacity: admitting the VM would exceed the host's capacity. It is
 	// checked again on every tick and spends no create attempt.
 	ErrCapacity = errors.New("capacity limit")
@@ -55,7 +58,14 @@ type EngineConfig struct {
 	// from its on-disk marker, before it is destroyed (default 5 min).
 	TombstoneGrace time.Duration
 	// VanishGrace is how long a VM absent from the snapshot without a
-	// tombstone waits before it is destroyed (default 1 h).
+	// tombstone is left exactly as it is (a running VM keeps running),
+	// measured from the VanishedAt marker in its record (default 1 h). After
+	// it the VM is shut down gracefully and kept, record, root disk and
+	// volumes, until it reappears or its tombstone arrives. It is never
+	// destroyed for vanishing: only a tombstone, a reviewed delete, destroys a
+	// VM. (Earlier versions destroyed a vanished VM after this grace; a
+	// repository restored from a backup, a hand-edited snapshots branch or a
+	// controller bug then cost every VM the snapshot lacked.)
 	VanishGrace time.Duration
 	// MaxAttempts is the create retry budget per spec (default 3).
 	MaxAttempts int
@@ -97,7 +107,16 @@ type Engine struct {
 	snap      *desired.Snapshot  // last accepted
 	want      map[string]*desired.SnapshotVM
 	lastEpoch uint64
+	// lastHash is SnapshotHash of the snapshot accepted at lastEpoch; ""
+	// when unknown (then a same-epoch snapshot is accepted and hashed).
+	lastHash string
+	// snapHash is SnapshotHash of snap.
+	snapHash string
+	// hashed memoizes SnapshotHash of the last snapshot Tick checked.
+	hashed    *desired.Snapshot
+	hashedSum string
 	fenced    bool
+	fenceMsg  string
 	volumes   []status.Volume
 	orphans   []string
 	workers   map[string]*worker
@@ -149,6 +168,9 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	e.idle = sync.NewCond(&e.mu)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	if cfg.Host != "" {
+		if err := CheckHostName(cfg.Host); err != nil {
+			return nil, fmt.Errorf("new engine: %w", err)
+		}
 		if err := cfg.Store.ClaimHost(cfg.Host); err != nil {
 			return nil, fmt.Errorf("new engine: %w", err)
 		}
@@ -163,9 +185,53 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		e.log.WithError(err).Warn("last accepted snapshot unreadable; waiting for a fetch")
 	}
 	if snap != nil && snap.Epoch >= e.lastEpoch {
+		if e.snapHash, err = SnapshotHash(snap); err != nil {
+			return nil, fmt.Errorf("new engine: %w", err)
+		}
 		e.accept(snap)
 	}
+	epoch, hash, err := cfg.Store.AcceptedHash()
+	if err != nil {
+		// The snapshot on disk is the witness instead (below).
+		e.log.WithError(err).Warn("hash of the last accepted snapshot unreadable")
+		epoch, hash = 0, ""
+	}
+	switch {
+	case epoch == e.lastEpoch && hash != "":
+		e.lastHash = hash
+	case e.snap != nil && e.snap.Epoch == e.lastEpoch:
+		// Written by a version that kept no hash, or a crash came between
+		// the epoch and the hash: the snapshot on disk is the witness.
+		e.lastHash = e.snapHash
+	}
 	return e, nil
+}
+
+// SnapshotHash is the lowercase hex sha256 of snap's canonical encoding
+// (desired.MarshalSnapshot): two snapshots with the same hash ask for the
+// same thing. The engine keeps the hash of the snapshot it accepted at its
+// last epoch, so that another snapshot at that epoch is refused.
+func SnapshotHash(snap *desired.Snapshot) (string, error) {
+	data, err := desired.MarshalSnapshot(snap)
+	if err != nil {
+		return "", fmt.Errorf("hash snapshot: %w", err)
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// hashOfLocked is SnapshotHash memoized for the snapshot last asked about:
+// the agent ticks the same parsed snapshot again and again.
+func (e *Engine) hashOfLocked(snap *desired.Snapshot) (string, error) {
+	if snap == e.hashed {
+		return e.hashedSum, nil
+	}
+	h, err := SnapshotHash(snap)
+	if err != nil {
+		return "", err
+	}
+	e.hashed, e.hashedSum = snap, h
+	return h, nil
 }
 
 // HostBootID reads the kernel's boot id, which changes on every boot of the
@@ -192,7 +258,17 @@ func (e *Engine) accept(snap *desired.Snapshot) {
 	for i := range snap.VMs {
 		e.want[snap.VMs[i].Name] = &snap.VMs[i]
 	}
-	e.fenced = false
+	e.fenced, e.fenceMsg = false, ""
+}
+
+// fenceLocked marks the host fenced with msg and returns the tick's error.
+func (e *Engine) fenceLocked(snap *desired.Snapshot, msg string) error {
+	was := e.fenced && e.fenceMsg == msg
+	e.fenced, e.fenceMsg = true, msg
+	if !was {
+		e.log.WithField("epoch", snap.Epoch).WithField("lastSeenEpoch", e.lastEpoch).WithField("commit", snap.Source.Commit).Error(msg)
+	}
+	return fmt.Errorf("tick: %s: %w", msg, ErrFenced)
 }
 
 // Tick runs one pass. snap is the snapshot just fetched, or nil to reconcile
@@ -228,16 +304,34 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		return fmt.Errorf("tick: snapshot is for host %q, not %q: %w", snap.Host, e.cfg.Host, ErrSnapshotInvalid)
 	}
 	if snap.Epoch < e.lastEpoch {
-		was := e.fenced
-		e.fenced = true
-		last := e.lastEpoch
+		err := e.fenceLocked(snap, fmt.Sprintf("snapshot epoch %d is below the last accepted epoch %d (the snapshots branch was restored from an older copy?); refused, acting on nothing until a newer epoch is published", snap.Epoch, e.lastEpoch))
 		e.mu.Unlock()
-		if !was {
-			e.log.WithField("epoch", snap.Epoch).WithField("lastSeenEpoch", last).Error("refusing a snapshot older than the last accepted; acting on nothing")
-		}
-		return fmt.Errorf("tick: epoch %d < %d: %w", snap.Epoch, last, ErrFenced)
+		return err
 	}
-	isNew := e.snap == nil || snap.Epoch != e.snap.Epoch
+	hash, err := e.hashOfLocked(snap)
+	if err != nil {
+		e.mu.Unlock()
+		return fmt.Errorf("tick: %w", err)
+	}
+	if snap.Epoch == e.lastEpoch && e.lastHash != "" && hash != e.lastHash {
+		// The same epoch with other content: a hand edit of the snapshots
+		// branch, or a second controller. Only a higher epoch may change
+		// what this host runs. The snapshot accepted at this epoch, hashed
+		// by this version, may still match (an upgrade changed the
+		// encoding).
+		same := false
+		if e.snap != nil && e.snap.Epoch == snap.Epoch {
+			h, err := SnapshotHash(e.snap)
+			same = err == nil && h == hash
+		}
+		if !same {
+			err := e.fenceLocked(snap, fmt.Sprintf("snapshot at epoch %d differs from the one accepted at that epoch (sha256 %.12s, accepted %.12s): the snapshots branch was edited by hand or another controller published; refused, acting on nothing until a newer epoch is published", snap.Epoch, hash, e.lastHash))
+			e.mu.Unlock()
+			return err
+		}
+	}
+	isNew := e.snap == nil || snap.Epoch != e.snap.Epoch || hash != e.snapHash
+	saveHash := snap.Epoch > e.lastEpoch || hash != e.lastHash
 	e.mu.Unlock()
 
 	if isNew {
@@ -253,11 +347,22 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		}
 		e.log.WithField("epoch", snap.Epoch).WithField("commit", snap.Source.Commit).Info("snapshot accepted")
 	}
+	if saveHash {
+		// After the epoch: a crash in between leaves no hash for the new
+		// epoch, and the next engine hashes the snapshot on disk instead.
+		if err := e.store.SaveAcceptedHash(snap.Epoch, hash); err != nil {
+			return fmt.Errorf("tick: %w", err)
+		}
+	}
 
 	e.mu.Lock()
 	e.accept(snap)
+	e.snapHash = hash
 	if snap.Epoch > e.lastEpoch {
 		e.lastEpoch = snap.Epoch
+	}
+	if snap.Epoch == e.lastEpoch {
+		e.lastHash = hash
 	}
 	e.retryBadLocked()
 	users := e.volumeUsersLocked(snap)

@@ -421,6 +421,83 @@ func TestFenceRefusesAnOlderSnapshotAndActsOnNothing(t *testing.T) {
 	})
 }
 
+func TestASnapshotAtTheSameEpochWithOtherContentIsAFenceViolation(t *testing.T) {
+	edits := []struct {
+		name string
+		snap *desired.Snapshot
+	}{
+		{"a vm removed", snap(6, vm("web-01"))},
+		{"a vm tombstoned", snap(6, vm("web-01"), tombstoned(vm("db-01")))},
+		{"a spec edited", snap(6, vm("web-01"), vm("db-01", vcpus(4)))},
+	}
+	for _, tc := range edits {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.step(snap(6, vm("web-01"), vm("db-01")))
+			f.prov.ResetCalls()
+
+			st := f.step(tc.snap)
+			assert.True(t, st.FenceViolation)
+			assert.Contains(t, st.SnapshotError, "snapshot at epoch 6 differs from the one accepted at that epoch")
+			assert.Equal(t, uint64(6), st.LastSeenEpoch)
+			f.clock.Add(48 * time.Hour)
+			st = f.step(tc.snap)
+			assert.Empty(t, f.prov.AllCalls(), "a fenced tick acts on nothing")
+			assert.Equal(t, vm("db-01").SpecHash, row(t, st, "db-01").SpecHash)
+			assert.Empty(t, st.Vanished)
+			assert.Empty(t, st.Quarantined)
+			err := f.eng.Tick(context.Background(), tc.snap)
+			assert.ErrorIs(t, err, agent.ErrFenced)
+
+			f.restart()
+			st = f.step(tc.snap)
+			assert.True(t, st.FenceViolation, "the accepted content survives a restart")
+			assert.Empty(t, f.prov.AllCalls())
+
+			st = f.step(snap(6, vm("web-01"), vm("db-01")))
+			assert.False(t, st.FenceViolation, "the accepted content at the same epoch is a re-fetch")
+			assert.Empty(t, st.SnapshotError)
+
+			st = f.step(tc.snap)
+			require.True(t, st.FenceViolation)
+			st = f.step(snap(7, vm("web-01"), vm("db-01")))
+			assert.False(t, st.FenceViolation, "a newer epoch lifts the fence")
+			assert.Empty(t, st.SnapshotError)
+		})
+	}
+
+	t.Run("identical content parsed again is accepted", func(t *testing.T) {
+		f := newFixture(t)
+		f.step(snap(6, vm("web-01")))
+		for i := 0; i < 2; i++ {
+			st := f.step(snap(6, vm("web-01")))
+			assert.False(t, st.FenceViolation)
+			f.restart()
+		}
+		assert.Len(t, f.prov.Calls(agenttest.OpBoot), 1)
+	})
+
+	t.Run("state written without the hash still fences, from the snapshot on disk", func(t *testing.T) {
+		f := newFixture(t)
+		f.step(snap(6, vm("web-01"), vm("db-01")))
+		f.eng.Close(context.Background())
+		require.NoError(t, os.Remove(filepath.Join(f.dir, "accepted")))
+		f.start()
+		st := f.step(snap(6, vm("web-01")))
+		assert.True(t, st.FenceViolation)
+		st = f.step(snap(6, vm("web-01"), vm("db-01")))
+		assert.False(t, st.FenceViolation)
+	})
+
+	t.Run("a lower epoch says why too", func(t *testing.T) {
+		f := newFixture(t)
+		f.step(snap(6, vm("web-01")))
+		st := f.step(snap(5, vm("web-01")))
+		assert.True(t, st.FenceViolation)
+		assert.Contains(t, st.SnapshotError, "snapshot epoch 5 is below the last accepted epoch 6")
+	})
+}
+
 func TestCreateRetryBudget(t *testing.T) {
 	t.Run("transient errors retry until the budget is spent", func(t *testing.T) {
 		f := newFixture(t)
@@ -630,18 +707,211 @@ func TestAFailedDestroyKeepsTheRecordAndRetries(t *testing.T) {
 	assert.Contains(t, st.Destroyed, "web-01")
 }
 
-func TestAVMThatVanishesWithoutATombstoneWaitsTheVanishGrace(t *testing.T) {
+func TestARemovalThatFailsHalfWayKeepsTheRecordAndIsRetried(t *testing.T) {
 	f := newFixture(t)
 	f.step(snap(1, vm("web-01")))
-	st := f.step(snap(2))
-	assert.Equal(t, []string{"web-01"}, quarantined(st))
-	f.clock.Add(30 * time.Minute)
+	dir := f.store.VMDir("web-01")
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "run"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "run", "serial.log"), []byte("boot"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "aaa.qcow2"), []byte("disk"), 0o600))
+	f.step(snap(2, tombstoned(vm("web-01"))))
+	f.clock.Add(5 * time.Minute)
+
+	var removed []string
+	agent.SetRemoveHook(f.store, func(path string) error {
+		if filepath.Base(path) == "run" {
+			return errors.New("device or resource busy")
+		}
+		removed = append(removed, filepath.Base(path))
+		return nil
+	})
+	st := f.step(nil)
+	assert.NotContains(t, removed, "record.json", "the record goes last")
+	assert.Empty(t, st.Destroyed, "nothing acked while state remains")
+	require.Equal(t, []string{"web-01"}, quarantined(st))
+	assert.Contains(t, st.Quarantined[0].LastError, "device or resource busy")
+	rec, err := f.store.LoadRecord("web-01")
+	require.NoError(t, err, "the record is still readable")
+	assert.NotNil(t, rec.QuarantinedAt)
+
+	f.restart()
+	agent.SetRemoveHook(f.store, nil)
+	st = f.step(nil)
+	assert.Equal(t, []string{"web-01"}, st.Destroyed, "the destroy is retried and acked")
+	assert.Len(t, f.prov.Calls(agenttest.OpDestroy), 2)
+	_, err = os.Stat(dir)
+	assert.ErrorIs(t, err, os.ErrNotExist)
+}
+
+func TestRemoveVMRemovesTheRecordLast(t *testing.T) {
+	st, err := agent.OpenStore(t.TempDir())
+	require.NoError(t, err)
+	require.NoError(t, st.SaveRecord(&agent.Record{Name: "web-01", Phase: status.PhaseQuarantined}))
+	dir := st.VMDir("web-01")
+	for _, n := range []string{"a.qcow2", "seed.img", "zz.pid"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), nil, 0o600))
+	}
+	var order []string
+	agent.SetRemoveHook(st, func(path string) error {
+		order = append(order, filepath.Base(path))
+		if filepath.Base(path) == "zz.pid" {
+			return errors.New("operation not permitted")
+		}
+		return nil
+	})
+	require.Error(t, st.RemoveVM("web-01"))
+	_, err = st.LoadRecord("web-01")
+	require.NoError(t, err, "a failure half-way leaves the record readable")
+
+	order = nil
+	agent.SetRemoveHook(st, func(path string) error { order = append(order, filepath.Base(path)); return nil })
+	require.NoError(t, st.RemoveVM("web-01"))
+	assert.Equal(t, "record.json", order[len(order)-1])
+	_, err = os.Stat(dir)
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	assert.NoError(t, st.RemoveVM("web-01"), "already gone")
+}
+
+func vanished(st *status.Status) []string {
+	var out []string
+	for _, v := range st.Vanished {
+		out = append(out, v.Name)
+	}
+	return out
+}
+
+// A VM absent from the snapshot without a tombstone (a restored repository,
+// a hand-edited snapshots branch) is never destroyed: it is left as it is
+// for the vanish grace, then shut down and kept until it comes back.
+func TestAVanishedVMIsKeptNeverDestroyed(t *testing.T) {
+	f := newFixture(t)
+	t0 := f.clock.Now()
+	f.step(withVolumes(snap(1, vm("web-01", volumes("data")), vm("db-01")), vol("data", 1)))
+	f.prov.ResetCalls()
+
+	st := f.step(snap(2, vm("db-01")))
+	assert.Empty(t, f.prov.Calls(agenttest.OpShutdown), "nothing happens to it inside the vanish grace")
+	assert.True(t, f.prov.Running("web-01"), "a running VM keeps running")
+	require.Equal(t, []string{"web-01"}, vanished(st))
+	v := st.Vanished[0]
+	assert.Equal(t, t0, v.Since)
+	assert.Equal(t, "running", v.Power)
+	assert.False(t, v.Quarantined)
+	assert.Contains(t, v.Reason, "without a tombstone")
+	assert.Empty(t, quarantined(st), "not a pending delete")
+	assert.False(t, hasRow(st, "web-01"))
+	assert.Equal(t, []string{"data"}, st.Orphans, "its volume is an orphan, kept")
+
+	f.clock.Add(59 * time.Minute)
+	f.restart() // the grace runs from the marker on disk
+	st = f.step(nil)
+	assert.Empty(t, f.prov.Calls(agenttest.OpShutdown))
+	require.Equal(t, []string{"web-01"}, vanished(st))
+	assert.Equal(t, t0, st.Vanished[0].Since, "a restart does not reset the grace")
+
+	f.clock.Add(time.Minute)
+	st = f.step(nil)
+	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpShutdown), "shut down gracefully after the grace")
+	assert.False(t, f.prov.Running("web-01"))
+	require.Equal(t, []string{"web-01"}, vanished(st))
+	assert.True(t, st.Vanished[0].Quarantined)
+	assert.Equal(t, "stopped", st.Vanished[0].Power)
+	assert.Contains(t, st.Vanished[0].Reason, "kept")
+
+	f.clock.Add(30 * 24 * time.Hour)
+	st = f.step(nil)
+	f.restart()
+	st = f.step(nil)
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy), "never destroyed without a tombstone")
+	assert.Empty(t, st.Destroyed, "nothing acked")
+	assert.Equal(t, []string{"web-01"}, vanished(st))
+	assert.Equal(t, vm("web-01").Spec.DiskGB, f.prov.DiskGB("web-01"), "the root disk is kept")
+	assert.NotZero(t, f.prov.DiskGB("web-01"))
+	_, err := os.Stat(f.store.VolumePath("data"))
+	assert.NoError(t, err, "the volume is kept")
+	rec := f.record("web-01")
+	require.NotNil(t, rec.VanishedAt)
+	assert.Equal(t, t0, *rec.VanishedAt)
+
+	t.Run("reappearing resumes it on its disk", func(t *testing.T) {
+		f.prov.ResetCalls()
+		st := f.step(withVolumes(snap(3, vm("web-01", volumes("data")), vm("db-01")), vol("data", 1)))
+		assert.Empty(t, st.Vanished)
+		assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+		assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpBoot), "booted again")
+		assert.Empty(t, f.prov.Calls(agenttest.OpRootDisk), "on the disk it had")
+		assert.Nil(t, f.record("web-01").VanishedAt, "the marker is cleared")
+	})
+}
+
+func TestAVanishedVMIsDeletedOnlyByItsTombstone(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
 	f.step(snap(2))
-	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy), "well past the tombstone grace, inside the vanish grace")
-	f.clock.Add(31 * time.Minute)
-	st = f.step(snap(2))
+	f.clock.Add(2 * time.Hour)
+	f.step(snap(2))
+	require.False(t, f.prov.Running("web-01"), "shut down after the vanish grace")
+
+	t1 := f.clock.Now()
+	st := f.step(snap(3, tombstoned(vm("web-01"))))
+	assert.Empty(t, st.Vanished)
+	require.Len(t, st.Quarantined, 1)
+	assert.Equal(t, t1, st.Quarantined[0].Since, "the tombstone grace runs from its own marker")
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy))
+
+	f.clock.Add(4 * time.Minute)
+	st = f.step(nil)
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy), "the hours it spent vanished do not count")
+	f.clock.Add(time.Minute)
+	st = f.step(nil)
 	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpDestroy))
-	assert.Empty(t, st.Destroyed, "nothing to ack: the snapshot never asked")
+	assert.Equal(t, []string{"web-01"}, st.Destroyed, "acked as a delete")
+}
+
+func TestAWithdrawnTombstoneDestroysNothingAndAReturningOneStartsAgain(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
+	f.step(snap(2, tombstoned(vm("web-01"))))
+	f.clock.Add(4 * time.Minute)
+	// The snapshots branch loses the tombstone (restored, hand-edited): the
+	// VM is neither named nor tombstoned any more.
+	st := f.step(snap(3))
+	assert.Empty(t, st.Quarantined)
+	assert.Equal(t, []string{"web-01"}, vanished(st))
+	f.clock.Add(48 * time.Hour)
+	st = f.step(nil)
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy))
+	assert.Empty(t, st.Destroyed)
+	assert.Equal(t, []string{"web-01"}, vanished(st))
+
+	st = f.step(snap(4, tombstoned(vm("web-01"))))
+	assert.Equal(t, []string{"web-01"}, quarantined(st))
+	f.clock.Add(4 * time.Minute)
+	f.step(nil)
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy), "a returning tombstone gets a whole new grace")
+	f.clock.Add(time.Minute)
+	st = f.step(nil)
+	assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpDestroy))
+	assert.Equal(t, []string{"web-01"}, st.Destroyed)
+}
+
+func TestAFailedShutdownOfAVanishedVMIsRetried(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01")))
+	f.step(snap(2))
+	f.clock.Add(time.Hour)
+	f.prov.FailAlways(agenttest.OpShutdown, errTransient)
+	st := f.step(nil)
+	require.Len(t, st.Vanished, 1)
+	assert.Equal(t, "shutdown: disk busy", st.Vanished[0].LastError)
+	assert.False(t, st.Vanished[0].Quarantined)
+	assert.True(t, f.prov.Running("web-01"))
+
+	f.prov.FailAlways(agenttest.OpShutdown, nil)
+	st = f.step(nil)
+	assert.True(t, st.Vanished[0].Quarantined)
+	assert.Empty(t, st.Vanished[0].LastError)
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy))
 }
 
 func TestATombstoneThisHostNeverHadIsAckedEveryTime(t *testing.T) {

@@ -32,3 +32,14 @@ func checkName(kind, name string) error {
 	}
 	return nil
 }
+
+// CheckHostName returns an error wrapping ErrInvalidName, naming the host and
+// the rule, when host is not an RFC 1123 DNS label. A host name becomes a
+// path on the snapshots and status branches, a directory's owner and a
+// committer address, so it is checked before any of them is built.
+func CheckHostName(host string) error {
+	if !validName(host) {
+		return fmt.Errorf("host %q is %w: 1 to 63 lowercase letters, digits and '-', starting and ending with a letter or digit", host, ErrInvalidName)
+	}
+	return nil
+}

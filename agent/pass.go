@@ -8,7 +8,6 @@ import (
 	"os"
 	"reflect"
 	"slices"
-	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -62,9 +61,10 @@ func (e *Engine) pass(name string) (gone bool) {
 	case rec == nil && (want == nil || want.Tombstoned):
 		return true // nothing here; a tombstone is acked by Report
 	case want == nil:
-		return p.remove(e.cfg.VanishGrace, "vanished from the snapshot without a tombstone")
+		p.vanished()
+		return false
 	case want.Tombstoned:
-		return p.remove(e.cfg.TombstoneGrace, "tombstoned")
+		return p.remove()
 	default:
 		p.apply()
 		return false
@@ -97,11 +97,59 @@ func (p *vmPass) watchdogFired() bool {
 	return errors.Is(p.ctx.Err(), context.DeadlineExceeded) && p.e.ctx.Err() == nil
 }
 
-// remove is the delete path: shut down and quarantine, then destroy once
-// grace has passed since the quarantine marker. Only a successful destroy
-// removes the record. It reports whether the VM is gone.
-func (p *vmPass) remove(grace time.Duration, why string) bool {
+// vanished keeps a VM the accepted snapshot no longer names and holds no
+// tombstone for. Absence is not a delete: a repository restored from a
+// backup, a hand-edited snapshots branch or a controller bug all look like
+// it, and none of them is a reviewed delete. So the VM is left exactly as it
+// is for VanishGrace, measured from the VanishedAt marker in its record (a
+// restart does not reset it); then it is shut down gracefully and kept,
+// record, root disk and volumes, for as long as it stays absent. Its
+// reappearance resumes it (apply); its tombstone deletes it (remove).
+//
+// This departs on purpose from the earlier behaviour, which shut the VM down
+// at once and destroyed it after VanishGrace.
+func (p *vmPass) vanished() {
 	rec := p.rec
+	if rec.VanishedAt == nil {
+		t := p.e.now()
+		rec.VanishedAt = &t
+		if rec.QuarantinedAt != nil {
+			// Its tombstone left the snapshot without the VM coming back:
+			// the delete is no longer asked for. The VM stays down; a
+			// tombstone that returns gets a whole new grace.
+			rec.QuarantinedAt = nil
+			rec.LastError = ""
+		}
+		p.log.WithField("grace", p.e.cfg.VanishGrace.String()).Warn("vm absent from the snapshot without a tombstone; left as it is, then shut down and kept after the grace; never destroyed without a tombstone")
+		_ = p.e.commit(rec)
+		return
+	}
+	if p.e.now().Sub(*rec.VanishedAt) < p.e.cfg.VanishGrace {
+		return
+	}
+	if p.e.prov.Running(rec.Name) {
+		if err := p.e.prov.Shutdown(p.ctx, rec.Name); err != nil {
+			rec.LastError = "shutdown: " + err.Error()
+			p.log.WithError(err).Warn("shutdown of a vanished vm failed; retrying next tick")
+			_ = p.e.commit(rec)
+			return
+		}
+		p.log.Warn("vm still absent from the snapshot after its vanish grace; shut down and kept (disk, volumes, record)")
+	}
+	rec.Reserved = nil
+	rec.Phase = status.PhaseQuarantined
+	rec.Power = string(desired.PowerStopped)
+	rec.LastError = ""
+	_ = p.e.commit(rec)
+}
+
+// remove is the delete path of a tombstoned VM: shut down and quarantine,
+// then destroy once TombstoneGrace has passed since the quarantine marker.
+// Only a successful destroy removes the record. It reports whether the VM is
+// gone.
+func (p *vmPass) remove() bool {
+	rec := p.rec
+	grace := p.e.cfg.TombstoneGrace
 	if rec.QuarantinedAt == nil || p.e.prov.Running(rec.Name) {
 		if err := p.e.prov.Shutdown(p.ctx, rec.Name); err != nil {
 			rec.LastError = "shutdown: " + err.Error()
@@ -112,7 +160,8 @@ func (p *vmPass) remove(grace time.Duration, why string) bool {
 		if rec.QuarantinedAt == nil {
 			t := p.e.now()
 			rec.QuarantinedAt = &t
-			p.log.WithField("reason", why).WithField("grace", grace.String()).Info("vm shut down and quarantined")
+			rec.VanishedAt = nil
+			p.log.WithField("grace", grace.String()).Info("tombstoned vm shut down and quarantined")
 		}
 		rec.Reserved = nil
 		rec.Phase = status.PhaseQuarantined
@@ -132,11 +181,15 @@ func (p *vmPass) remove(grace time.Duration, why string) bool {
 		return false
 	}
 	if err := p.e.store.RemoveVM(rec.Name); err != nil {
+		// The record is removed last, so it is still readable and the
+		// destroy is retried next tick; nothing is acked meanwhile.
+		rec.LastError = "destroy: remove state: " + err.Error()
 		p.log.WithError(err).Warn("vm destroyed but its directory remains; retrying")
+		_ = p.e.commit(rec)
 		return false
 	}
 	p.e.forget(rec.Name)
-	p.log.WithField("reason", why).Info("vm destroyed after its grace")
+	p.log.Info("tombstoned vm destroyed after its grace")
 	return true
 }
 
@@ -165,6 +218,14 @@ func (p *vmPass) apply() {
 		rec.LastError = ""
 		rec.Phase = status.PhaseStopped
 		p.log.Info("vm un-deleted; quarantine cleared")
+	}
+	if rec.VanishedAt != nil {
+		rec.VanishedAt = nil
+		rec.LastError = ""
+		if rec.Phase == status.PhaseQuarantined {
+			rec.Phase = status.PhaseStopped
+		}
+		p.log.Info("vm back in the snapshot; vanish marker cleared")
 	}
 	if rec.SpecHash != want.SpecHash {
 		if rec.BootID == "" {

@@ -3,20 +3,25 @@ package agent
 import (
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/status"
 )
 
 // Report describes the host as the engine knows it, in the status file's
-// shape (DESIGN.md, Branches and files). Agent, Heartbeat, ObservedAt and
-// SnapshotError are left for the writer. It reads only memory (and the
+// shape (DESIGN.md, Branches and files). Agent, Heartbeat and ObservedAt
+// are left for the writer; SnapshotError says why the host is fenced, if it
+// is, and the writer may put a fetch's refusal there instead. It reads only memory (and the
 // provisioner's optional progress for VMs being created), so it is cheap.
 //
 //   - VMs: a row per desired, non-tombstoned VM (sorted by name), and per VM
 //     still being shut down for a delete; a VM whose record cannot be read
 //     keeps its row as failed with the reason.
-//   - Quarantined: VMs shut down and waiting for their grace.
+//   - Quarantined: tombstoned VMs shut down and waiting for their grace.
+//   - Vanished: VMs this host keeps although the snapshot dropped them
+//     without a tombstone: left as they are for VanishGrace, then shut down
+//     and kept (Quarantined set), never destroyed.
 //   - Destroyed: every tombstoned VM of the accepted snapshot that this host
 //     no longer has, repeated on every report until the name leaves the
 //     snapshot.
@@ -28,6 +33,7 @@ func (e *Engine) Report() *status.Status {
 		Host:           e.cfg.Host,
 		LastSeenEpoch:  e.lastEpoch,
 		FenceViolation: e.fenced,
+		SnapshotError:  e.fenceMsg,
 		VMs:            []status.VM{},
 		Quarantined:    []status.Quarantine{},
 		Destroyed:      []string{},
@@ -59,6 +65,8 @@ func (e *Engine) Report() *status.Status {
 			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhasePending, Power: string(desired.PowerStopped), SpecHash: want.SpecHash})
 		case rec.QuarantinedAt != nil:
 			st.Quarantined = append(st.Quarantined, status.Quarantine{Name: name, Since: rec.QuarantinedAt.UTC(), LastError: rec.LastError})
+		case want == nil:
+			st.Vanished = append(st.Vanished, e.vanishedRow(rec))
 		default:
 			row := status.VM{
 				Name:      name,
@@ -81,8 +89,33 @@ func (e *Engine) Report() *status.Status {
 			st.VMs = append(st.VMs, row)
 		}
 	}
+	sort.Slice(st.Vanished, func(i, j int) bool { return st.Vanished[i].Name < st.Vanished[j].Name })
 	sort.Slice(st.Quarantined, func(i, j int) bool { return st.Quarantined[i].Name < st.Quarantined[j].Name })
 	return st
+}
+
+// vanishedRow reports a VM the snapshot dropped without a tombstone. A
+// record without a VanishedAt marker yet (its pass has not run) counts from
+// now.
+func (e *Engine) vanishedRow(rec *Record) status.Vanished {
+	since := e.now()
+	if rec.VanishedAt != nil {
+		since = *rec.VanishedAt
+	}
+	v := status.Vanished{Name: rec.Name, Since: since.UTC(), Power: rec.Power, LastError: rec.LastError}
+	if v.Power == "" {
+		v.Power = string(desired.PowerStopped)
+	}
+	grace := e.cfg.VanishGrace
+	if rec.VanishedAt != nil && rec.Phase == status.PhaseQuarantined && e.now().Sub(since) >= grace {
+		v.Quarantined = true
+		v.Reason = fmt.Sprintf("absent from snapshot epoch %d without a tombstone since %s; shut down after vanishGrace %s and kept with its disk and volumes; it runs again if a snapshot names it, and only a tombstone deletes it",
+			e.lastEpoch, since.UTC().Format(time.RFC3339), grace)
+	} else {
+		v.Reason = fmt.Sprintf("absent from snapshot epoch %d without a tombstone since %s; left as it is until %s, then shut down and kept; never destroyed without a tombstone",
+			e.lastEpoch, since.UTC().Format(time.RFC3339), since.Add(grace).UTC().Format(time.RFC3339))
+	}
+	return v
 }
 
 func hashOf(v *desired.SnapshotVM) string {

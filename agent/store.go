@@ -41,6 +41,7 @@ var (
 //	volumes/<name>.tombstone when the volume's tombstone was first seen (RFC 3339 inside)
 //	snapshot.json            the last accepted snapshot
 //	epoch                    the highest snapshot epoch accepted (decimal)
+//	accepted                 "<epoch> <sha256>": the hash of the snapshot accepted at that epoch
 //	heartbeat                the last status heartbeat written (decimal)
 //	host                     the host this directory belongs to
 const (
@@ -49,6 +50,7 @@ const (
 	recordFile      = "record.json"
 	snapshotFile    = "snapshot.json"
 	epochFile       = "epoch"
+	acceptedFile    = "accepted"
 	heartbeatFile   = "heartbeat"
 	hostFile        = "host"
 	partialSuffix   = ".partial"
@@ -62,6 +64,9 @@ const (
 // guarantees by giving each VM one worker.
 type Store struct {
 	root string
+	// removeHook, when set (by tests), runs before every removal of
+	// RemoveVM and fails it by returning an error.
+	removeHook func(path string) error
 }
 
 // OpenStore opens the state directory root, creating it (and its vms and
@@ -139,10 +144,17 @@ type Record struct {
 	IP  string `json:"ip,omitempty"`
 	SSH string `json:"ssh,omitempty"`
 	// QuarantinedAt is the marker of a pending delete: when the VM was shut
-	// down for its tombstone (or for vanishing from the snapshot). The grace
-	// is measured from it, by the engine's clock.
+	// down for its tombstone. The tombstone grace is measured from it, by the
+	// engine's clock. It is cleared when the tombstone leaves the snapshot
+	// without the VM coming back (the VM then counts as vanished), so a
+	// tombstone that returns later gets a whole new grace.
 	QuarantinedAt *time.Time `json:"quarantinedAt,omitempty"`
-	CreatedAt     time.Time  `json:"createdAt"`
+	// VanishedAt is when the VM was first found absent from the accepted
+	// snapshot without a tombstone. The vanish grace is measured from it;
+	// after the grace the VM is shut down and kept, never destroyed. It is
+	// cleared when the VM reappears or its tombstone arrives.
+	VanishedAt *time.Time `json:"vanishedAt,omitempty"`
+	CreatedAt  time.Time  `json:"createdAt"`
 }
 
 // Reservation is the share of the host's capacity a VM holds: vCPUs and
@@ -229,16 +241,48 @@ func (s *Store) SaveRecord(rec *Record) error {
 	return nil
 }
 
-// RemoveVM deletes the VM's directory, record included. The engine calls it
-// only after the provisioner's Destroy succeeded.
+// RemoveVM deletes the VM's directory: every other entry first, then the
+// record, then the directory itself. The engine calls it only after the
+// provisioner's Destroy succeeded. A failure half-way leaves the record
+// readable, so the VM is still known, nothing is acked, and the destroy is
+// retried on the next tick; a directory already gone is no error.
 func (s *Store) RemoveVM(name string) error {
 	if err := checkName("vm", name); err != nil {
 		return err
 	}
-	if err := os.RemoveAll(s.VMDir(name)); err != nil {
+	dir := s.VMDir(name)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove vm %s: %w", name, err)
+	}
+	for _, ent := range ents {
+		if ent.Name() == recordFile {
+			continue
+		}
+		if err := s.removeAll(filepath.Join(dir, ent.Name())); err != nil {
+			return fmt.Errorf("remove vm %s: %w", name, err)
+		}
+	}
+	if err := s.removeAll(filepath.Join(dir, recordFile)); err != nil {
+		return fmt.Errorf("remove vm %s: %w", name, err)
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove vm %s: %w", name, err)
 	}
 	return syncDir(filepath.Join(s.root, vmsDirName))
+}
+
+// removeAll is os.RemoveAll unless a test replaced it.
+func (s *Store) removeAll(path string) error {
+	if s.removeHook != nil {
+		if err := s.removeHook(path); err != nil {
+			return err
+		}
+	}
+	return os.RemoveAll(path)
 }
 
 // ClaimHost binds the state directory to host on first use and afterwards
@@ -295,6 +339,38 @@ func (s *Store) LastEpoch() (uint64, error) { return s.readCounter(epochFile) }
 
 // SaveEpoch records epoch as the highest accepted.
 func (s *Store) SaveEpoch(epoch uint64) error { return s.writeCounter(epochFile, epoch) }
+
+// AcceptedHash returns the epoch and hash SaveAcceptedHash last recorded;
+// 0 and "" when none was.
+func (s *Store) AcceptedHash() (epoch uint64, hash string, err error) {
+	path := filepath.Join(s.root, acceptedFile)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, "", nil
+	}
+	if err != nil {
+		return 0, "", fmt.Errorf("read %s: %w", path, err)
+	}
+	f := strings.Fields(string(data))
+	if len(f) != 2 {
+		return 0, "", fmt.Errorf("read %s: want \"<epoch> <sha256>\", got %q", path, strings.TrimSpace(string(data)))
+	}
+	if epoch, err = strconv.ParseUint(f[0], 10, 64); err != nil {
+		return 0, "", fmt.Errorf("read %s: %w", path, err)
+	}
+	return epoch, f[1], nil
+}
+
+// SaveAcceptedHash records hash (SnapshotHash) as the content of the
+// snapshot accepted at epoch, so a different snapshot at the same epoch is
+// recognized as a fence violation, also after a restart.
+func (s *Store) SaveAcceptedHash(epoch uint64, hash string) error {
+	path := filepath.Join(s.root, acceptedFile)
+	if err := writeFileAtomic(path, []byte(strconv.FormatUint(epoch, 10)+" "+hash+"\n")); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
 
 // Heartbeat is the last status heartbeat this host wrote, 0 when none.
 func (s *Store) Heartbeat() (uint64, error) { return s.readCounter(heartbeatFile) }

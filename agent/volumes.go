@@ -21,7 +21,8 @@ const maxVolumeGB = 1 << 20
 // reconcileVolumes drives the volumes directory toward snap and reports a row
 // for every volume the snapshot names (present or not: silence would read as
 // gone) and the names of orphans, files no snapshot names. Orphans are kept:
-// automation never deletes a volume except for its own tombstone.
+// automation never deletes a volume except for its own tombstone, and an
+// orphan's pending reclaim marker is removed.
 //
 // It runs inside Tick, before any VM worker is kicked, so a VM's volumes
 // exist when it boots. Sparse creation costs nothing, so it is synchronous.
@@ -39,7 +40,15 @@ func (e *Engine) reconcileVolumes(snap *desired.Snapshot, inUse map[string]bool)
 		named[v.Name] = true
 		rows = append(rows, e.convergeVolume(v, inUse[v.Name]))
 	}
-	return rows, e.orphanVolumes(named)
+	orphans := e.orphanVolumes(named)
+	for _, n := range orphans {
+		// A reclaim the snapshot no longer asks for is forgotten: if the
+		// tombstone returns, it gets a whole new grace.
+		if err := os.Remove(e.volumeMarker(n)); err == nil {
+			e.log.WithField("volume", n).Warn("tombstoned volume left the snapshot without a finalized delete; kept as an orphan, its pending reclaim forgotten")
+		}
+	}
+	return rows, orphans
 }
 
 // reportVolumes describes the snapshot's volumes and the orphans without

@@ -81,6 +81,37 @@ func TestOrphanVolumesAreReportedAndKept(t *testing.T) {
 	assert.Equal(t, []string{"data", "logs"}, st.Orphans, "an empty snapshot deletes no volume either")
 }
 
+func TestAVolumeGoneFromTheSnapshotWithItsVMIsKept(t *testing.T) {
+	f := newFixture(t)
+	f.step(withVolumes(snap(1, vm("web-01", volumes("data"))), vol("data", 1)))
+	// A restored repository lacks both the VM and its volume, untombstoned.
+	st := f.step(snap(2))
+	f.clock.Add(365 * 24 * time.Hour)
+	st = f.step(snap(2))
+	assert.Equal(t, []string{"data"}, st.Orphans)
+	_, err := os.Stat(f.store.VolumePath("data"))
+	assert.NoError(t, err, "an orphan is kept, however long")
+	assert.Equal(t, []string{"web-01"}, vanished(st))
+}
+
+func TestAVolumeTombstoneThatLeavesTheSnapshotIsForgotten(t *testing.T) {
+	f := newFixture(t)
+	f.step(withVolumes(snap(1), vol("data", 1)))
+	f.step(withVolumes(snap(2), tombVol("data", 1)))
+	f.clock.Add(4 * time.Minute)
+	st := f.step(snap(3)) // the tombstone is lost, not finalized
+	assert.Equal(t, []string{"data"}, st.Orphans)
+	_, err := os.Stat(f.store.VolumePath("data") + ".tombstone")
+	assert.ErrorIs(t, err, os.ErrNotExist, "the pending reclaim is forgotten")
+
+	f.clock.Add(time.Hour)
+	st = f.step(withVolumes(snap(4), tombVol("data", 1)))
+	assert.True(t, volRow(t, st, "data").Present, "a returning tombstone gets a whole new grace")
+	f.clock.Add(5 * time.Minute)
+	st = f.step(nil)
+	assert.False(t, volRow(t, st, "data").Present)
+}
+
 func TestATombstonedVolumeIsDeletedOnlyAfterItsGrace(t *testing.T) {
 	f := newFixture(t)
 	f.step(withVolumes(snap(1), vol("data", 1)))
