@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"time"
@@ -84,14 +85,14 @@ type duration time.Duration
 func (d *duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
 	if err != nil || v < 0 {
-		return fmt.Errorf("line %d: %q is not a duration like 10s or 5m", n.Line, n.Value)
+		return fmt.Errorf("line %d, column %d: %q is not a duration like 10s or 5m", n.Line, n.Column, n.Value)
 	}
 	*d = duration(v)
 	return nil
 }
 
-// loadAgentConfig reads path strictly: an unknown field is an error naming
-// its line.
+// loadAgentConfig reads path strictly: an unknown field is an error of the
+// form "FILE:LINE:COL: unknown field "x" in graces (known: ...)".
 func loadAgentConfig(path string) (*agentFileConfig, error) {
 	var c agentFileConfig
 	if path == "" {
@@ -101,12 +102,62 @@ func loadAgentConfig(path string) (*agentFileConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read agent config: %w", err)
 	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("agent config %s: %w", path, err)
+	}
+	if len(doc.Content) > 0 {
+		if err := checkKnownFields(path, doc.Content[0], reflect.TypeOf(c), ""); err != nil {
+			return nil, err
+		}
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("agent config %s: %w", path, err)
 	}
 	return &c, nil
+}
+
+// checkKnownFields walks the mappings of n against the yaml tags of the
+// struct type t and returns the first key t does not know, as
+// FILE:LINE:COL with its section (a dotted path; "" is the top level).
+func checkKnownFields(path string, n *yaml.Node, t reflect.Type, section string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n.Kind != yaml.MappingNode || t.Kind() != reflect.Struct {
+		return nil
+	}
+	fields := map[string]reflect.Type{}
+	var known []string
+	for i := 0; i < t.NumField(); i++ {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		fields[name] = t.Field(i).Type
+		known = append(known, name)
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key, val := n.Content[i], n.Content[i+1]
+		ft, ok := fields[key.Value]
+		if !ok {
+			where := "the top level"
+			if section != "" {
+				where = section
+			}
+			return fmt.Errorf("%s:%d:%d: unknown field %q in %s (known: %s)", path, key.Line, key.Column, key.Value, where, strings.Join(known, ", "))
+		}
+		sub := key.Value
+		if section != "" {
+			sub = section + "." + key.Value
+		}
+		if err := checkKnownFields(path, val, ft, sub); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // The QEMU backend reports accelerator and download progress in status.
@@ -160,9 +211,21 @@ exits: 0 on success, 1 on failure.`,
 			fromEnv(&repoURL, "GITFLEET_REPO")
 			fromEnv(&host, "GITFLEET_HOST")
 			fromEnv(&stateDir, "GITFLEET_STATE_DIR")
+			if host != "" {
+				// Before anything else: the name becomes paths and a
+				// committer address.
+				if err := agent.CheckHostName(host); err != nil {
+					return &exitError{code: 2, err: fmt.Errorf("--host: %w", err)}
+				}
+			}
 			c, err := loadAgentConfig(configPath)
 			if err != nil {
 				return &exitError{code: 1, err: err}
+			}
+			if host == "" && c.Host != "" {
+				if err := agent.CheckHostName(c.Host); err != nil {
+					return &exitError{code: 1, err: fmt.Errorf("agent config %s: %w", configPath, err)}
+				}
 			}
 			if repoURL != "" {
 				c.Repo.URL = repoURL

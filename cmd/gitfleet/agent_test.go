@@ -91,6 +91,59 @@ func TestAgentRejectsBadInvocations(t *testing.T) {
 	}
 }
 
+func TestAgentConfigErrorsNameFileLineAndField(t *testing.T) {
+	cases := []struct {
+		name, config string
+		want         []string
+	}{
+		{"unknown field in a section", "repo: {url: /x}\nhost: hv-a\ngraces:\n  vanish: 1h\n  tombstom: 5m\n",
+			[]string{"agent.yaml:5:3: unknown field \"tombstom\" in graces", "known: tombstone, vanish"}},
+		{"unknown field at the top", "repo: {url: /x}\nhots: hv-a\n",
+			[]string{"agent.yaml:2:1: unknown field \"hots\" in the top level"}},
+		{"unknown field two levels down", "repo:\n  url: /x\n  auth: {tokenFiel: /t}\n",
+			[]string{"agent.yaml:3:10: unknown field \"tokenFiel\" in repo.auth"}},
+		{"bad duration", "repo: {url: /x}\nhost: hv-a\nintervals: {tick: soon}\n",
+			[]string{"agent.yaml", "line 3, column 19: \"soon\" is not a duration"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := writeAgentConfig(t, tc.config)
+			code, _, stderr := runCLIStderr(t, "agent", "--once", "--state-dir", t.TempDir(), "--config", cfg)
+			assert.Equal(t, 1, code)
+			for _, w := range tc.want {
+				assert.Contains(t, stderr, w)
+			}
+			assert.NotContains(t, stderr, "struct")
+			assert.NotContains(t, stderr, "main.")
+		})
+	}
+}
+
+func TestAgentRefusesAHostThatIsNotADNSLabel(t *testing.T) {
+	t.Setenv("GITFLEET_HOST", "")
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"flag", []string{"--host", "../README", "--repo", "/nowhere"}, 2, `--host: host "../README" is not a DNS label`},
+		{"flag with a dot", []string{"--host", "hv-a.example.com", "--repo", "/nowhere"}, 2, `host "hv-a.example.com" is not a DNS label`},
+		{"config", []string{"--config", writeAgentConfig(t, "repo: {url: /nowhere}\nhost: HV_A\n")}, 1, `host "HV_A" is not a DNS label`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "state")
+			args := append([]string{"agent", "--once", "--state-dir", state}, tc.args...)
+			code, _, stderr := runCLIStderr(t, args...)
+			assert.Equal(t, tc.code, code)
+			assert.Contains(t, stderr, tc.want)
+			assert.NotContains(t, stderr, "committer")
+			_, err := os.Stat(state)
+			assert.ErrorIs(t, err, os.ErrNotExist, "refused before anything was made")
+		})
+	}
+}
+
 func TestAgentExitsZeroOnSIGTERM(t *testing.T) {
 	gittest.NeedGit(t)
 	bare := gittest.NewBare(t)
