@@ -107,6 +107,10 @@ type Controller struct {
 	// ledger cache: the snapshots tip and its parsed ledger.
 	ledgerTip string
 	ledger    *Ledger
+	// verifiedTip is the snapshots tip whose host files are known to be
+	// the ones the ledger published (this controller wrote or checked
+	// them); a pass on another tip checks every file.
+	verifiedTip string
 	// skip: the inputs of the last pass that completed.
 	lastKey     string
 	lastPending int
@@ -444,7 +448,14 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 
 	// Skip work when nothing observable changed and no tombstone waits for
 	// time to pass.
-	key := fmt.Sprintf("%s|%s|%v|%s", head, statusTip, statusErr == nil, c.live.offlineSet(now))
+	// The snapshots tip is in the key too (the ref advertisement only): a
+	// hand edit of the snapshots branch is repaired at the next pass.
+	snapsTip, _ := c.tips.RemoteHead(ctx, c.cfg.SnapshotsBranch)
+	offlineSet := c.live.offlineSet(now)
+	keyAt := func(snaps string) string {
+		return fmt.Sprintf("%s|%s|%s|%v|%s", head, snaps, statusTip, statusErr == nil, offlineSet)
+	}
+	key := keyAt(snapsTip)
 	if loadErr == nil && statusErr == nil && key == c.lastKey && c.lastPending == 0 && !c.summaryDue {
 		res.Skipped = true
 		return res, nil
@@ -457,6 +468,10 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		l, err := c.ledgerAt(tip, read)
 		if err != nil {
 			return nil, "", err
+		}
+		verify := read
+		if tip != "" && tip == c.verifiedTip {
+			verify = nil
 		}
 		o, err := compute(input{
 			branch: c.cfg.Branch, head: head, fleet: fl, loadErr: loadErr,
@@ -471,7 +486,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 				anc, err := c.repo.IsAncestor(l.Applied.Commit, head)
 				return !anc, err
 			},
-			readTip:      read,
+			readTip:      verify,
 			lastSnapshot: func(host string) (*desired.Snapshot, error) { return readSnapshot(read, host) },
 			specHash:     func(vm *desired.VM) string { return hashes[vm] },
 		})
@@ -502,8 +517,9 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	if out == nil {
 		return res, errors.New("publish snapshots: no computation ran")
 	}
-	// The written ledger is the ledger at the new tip.
-	c.ledgerTip, c.ledger = tip, out.ledger
+	// The written ledger is the ledger at the new tip, and its files are
+	// the ones it describes.
+	c.ledgerTip, c.ledger, c.verifiedTip = tip, out.ledger, tip
 	c.report(&res, out)
 
 	// Step 4: the summary on the status branch.
@@ -513,7 +529,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		return res, fmt.Errorf("write summary: %w", err)
 	}
 	res.SummaryWritten = written
-	c.lastKey = key
+	c.lastKey = keyAt(tip)
 	if written {
 		// Our own write moved the status tip; the next pass sees it.
 		c.lastKey = ""
