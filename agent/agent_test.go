@@ -209,6 +209,71 @@ func TestAgentRefusesASnapshotThatDoesNotParse(t *testing.T) {
 	assert.Equal(t, uint64(3), st.LastSeenEpoch)
 }
 
+// A hand edit of the snapshots branch that keeps the epoch (a VM removed,
+// another tombstoned) is refused and reported; the host keeps both VMs.
+func TestAgentRefusesAHandEditAtTheSameEpoch(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	clk := newClock()
+	h := newHostAgent(t, bare, clk, nil)
+	publish(t, bare, snap(6, vm("web-01"), vm("db-01")))
+	require.NoError(t, h.once())
+	h.prov.ResetCalls()
+
+	publish(t, bare, snap(6, tombstoned(vm("db-01"))))
+	require.NoError(t, h.once(), "a fenced snapshot is reported in status, not a failed step")
+	clk.Add(24 * time.Hour)
+	h.restart()
+	require.NoError(t, h.once())
+	st := readStatus(t, bare)
+	assert.True(t, st.FenceViolation)
+	assert.Contains(t, st.SnapshotError, "differs from the one accepted")
+	assert.Equal(t, uint64(6), st.LastSeenEpoch)
+	assert.Empty(t, h.prov.AllCalls(), "nothing shut down, nothing destroyed")
+	assert.Len(t, st.VMs, 2)
+	assert.Empty(t, st.Quarantined)
+	assert.Empty(t, st.Destroyed)
+
+	publish(t, bare, snap(7, vm("web-01"), vm("db-01")))
+	require.NoError(t, h.once())
+	st = readStatus(t, bare)
+	assert.False(t, st.FenceViolation)
+	assert.Empty(t, st.SnapshotError)
+	assert.Equal(t, uint64(7), st.LastSeenEpoch)
+}
+
+// A repository restored from a backup that lacks a VM publishes a higher
+// epoch without it and without a tombstone: the VM is reported, shut down
+// after the vanish grace and kept, never destroyed.
+func TestAgentKeepsAVMARestoredRepositoryForgot(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	clk := newClock()
+	h := newHostAgent(t, bare, clk, nil)
+	publish(t, bare, snap(7, vm("web-01"), vm("db-01")))
+	require.NoError(t, h.once())
+
+	publish(t, bare, snap(8, vm("db-01")))
+	require.NoError(t, h.once())
+	st := readStatus(t, bare)
+	require.Len(t, st.Vanished, 1)
+	assert.Equal(t, "web-01", st.Vanished[0].Name)
+	assert.Equal(t, clk.Now(), st.Vanished[0].Since)
+	assert.False(t, st.Vanished[0].Quarantined)
+	assert.True(t, h.prov.Running("web-01"), "left as it is")
+
+	clk.Add(7 * 24 * time.Hour)
+	h.restart()
+	require.NoError(t, h.once())
+	st = readStatus(t, bare)
+	require.Len(t, st.Vanished, 1)
+	assert.True(t, st.Vanished[0].Quarantined)
+	assert.Contains(t, st.Vanished[0].Reason, "only a tombstone deletes it")
+	assert.False(t, h.prov.Running("web-01"))
+	assert.Empty(t, h.prov.Calls(agenttest.OpDestroy))
+	assert.Empty(t, st.Destroyed)
+}
+
 func TestAgentKeepsConvergingWhileGitIsUnreachable(t *testing.T) {
 	gittest.NeedGit(t)
 	root := t.TempDir()

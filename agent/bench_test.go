@@ -96,3 +96,15 @@ func BenchmarkIdleAgentMinute(b *testing.B) {
 	require.NoError(b, <-done)
 	b.ReportMetric(float64(used)/float64(time.Millisecond)/float64(b.N), "cpu-ms/min")
 }
+
+// BenchmarkSnapshotHash500 is the cost of the same-epoch fence check on a
+// snapshot parsed afresh (a new tip): one canonical encoding and a sha256.
+func BenchmarkSnapshotHash500(b *testing.B) {
+	s := bigSnapshot(1, 500)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := agent.SnapshotHash(s); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

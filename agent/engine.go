@@ -112,7 +112,8 @@ type Engine struct {
 	lastHash string
 	// snapHash is SnapshotHash of snap.
 	snapHash string
-	// hashed memoizes SnapshotHash of the last snapshot Tick checked.
+	// hashed memoizes SnapshotHash of the last snapshot Tick checked;
+	// guarded by tickMu.
 	hashed    *desired.Snapshot
 	hashedSum string
 	fenced    bool
@@ -220,9 +221,9 @@ func SnapshotHash(snap *desired.Snapshot) (string, error) {
 	return hex.EncodeToString(sum[:]), nil
 }
 
-// hashOfLocked is SnapshotHash memoized for the snapshot last asked about:
-// the agent ticks the same parsed snapshot again and again.
-func (e *Engine) hashOfLocked(snap *desired.Snapshot) (string, error) {
+// hashOf is SnapshotHash memoized for the snapshot last asked about: the
+// agent ticks the same parsed snapshot again and again. e.tickMu held.
+func (e *Engine) hashOf(snap *desired.Snapshot) (string, error) {
 	if snap == e.hashed {
 		return e.hashedSum, nil
 	}
@@ -308,23 +309,21 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		e.mu.Unlock()
 		return err
 	}
-	hash, err := e.hashOfLocked(snap)
+	e.mu.Unlock()
+	// Hashed without e.mu (500 VMs take tens of ms), so Report is not held
+	// up; only Tick, serialized by tickMu, changes what is checked below.
+	hash, err := e.hashOf(snap)
 	if err != nil {
-		e.mu.Unlock()
 		return fmt.Errorf("tick: %w", err)
 	}
+	e.mu.Lock()
 	if snap.Epoch == e.lastEpoch && e.lastHash != "" && hash != e.lastHash {
 		// The same epoch with other content: a hand edit of the snapshots
 		// branch, or a second controller. Only a higher epoch may change
 		// what this host runs. The snapshot accepted at this epoch, hashed
 		// by this version, may still match (an upgrade changed the
-		// encoding).
-		same := false
-		if e.snap != nil && e.snap.Epoch == snap.Epoch {
-			h, err := SnapshotHash(e.snap)
-			same = err == nil && h == hash
-		}
-		if !same {
+		// encoding the stored hash was made with).
+		if same := e.snap != nil && e.snap.Epoch == snap.Epoch && e.snapHash == hash; !same {
 			err := e.fenceLocked(snap, fmt.Sprintf("snapshot at epoch %d differs from the one accepted at that epoch (sha256 %.12s, accepted %.12s): the snapshots branch was edited by hand or another controller published; refused, acting on nothing until a newer epoch is published", snap.Epoch, hash, e.lastHash))
 			e.mu.Unlock()
 			return err

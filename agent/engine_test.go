@@ -489,6 +489,22 @@ func TestASnapshotAtTheSameEpochWithOtherContentIsAFenceViolation(t *testing.T) 
 		assert.False(t, st.FenceViolation)
 	})
 
+	t.Run("a hash made by another encoding yields to the snapshot on disk", func(t *testing.T) {
+		f := newFixture(t)
+		f.step(snap(6, vm("web-01"), vm("db-01")))
+		f.eng.Close(context.Background())
+		accepted := filepath.Join(f.dir, "accepted")
+		require.NoError(t, os.WriteFile(accepted, []byte("6 0123456789abcdef\n"), 0o600))
+		f.start()
+		st := f.step(snap(6, vm("web-01"), vm("db-01")))
+		assert.False(t, st.FenceViolation, "the same content as the accepted snapshot")
+		data, err := os.ReadFile(accepted)
+		require.NoError(t, err)
+		assert.NotContains(t, string(data), "0123456789abcdef", "the hash is rewritten")
+		st = f.step(snap(6, vm("web-01")))
+		assert.True(t, st.FenceViolation)
+	})
+
 	t.Run("a lower epoch says why too", func(t *testing.T) {
 		f := newFixture(t)
 		f.step(snap(6, vm("web-01")))
@@ -1078,6 +1094,17 @@ func TestAStateDirectoryServesOneHost(t *testing.T) {
 	cfg.Host = "hv-b" // a typo in the config
 	_, err := agent.NewEngine(cfg)
 	assert.ErrorIs(t, err, agent.ErrHostMismatch)
+
+	t.Run("a host that is not a DNS label claims nothing", func(t *testing.T) {
+		st, err := agent.OpenStore(t.TempDir())
+		require.NoError(t, err)
+		cfg := f.config()
+		cfg.Store, cfg.Host = st, "../README"
+		_, err = agent.NewEngine(cfg)
+		assert.ErrorIs(t, err, agent.ErrInvalidName)
+		_, err = os.Stat(filepath.Join(st.Root(), "host"))
+		assert.ErrorIs(t, err, os.ErrNotExist)
+	})
 }
 
 func TestNoSnapshotYetDoesNothing(t *testing.T) {
@@ -1108,4 +1135,44 @@ func TestProgressIsShownWhileCreating(t *testing.T) {
 	f.prov.SetProgress("web-01", 1<<30, -1)
 	r = row(t, f.step(nil), "web-01")
 	assert.Equal(t, "downloading: 1.00 GB so far", r.Message)
+}
+
+// The hash of the snapshot kept on disk (JSON) equals the hash of the same
+// snapshot fetched from the branch (YAML): state written before hashes were
+// kept fences by it without refusing a plain re-fetch.
+func TestTheSnapshotOnDiskHashesAsTheFetchedOne(t *testing.T) {
+	full := vm("web-01", volumes("data", "logs"), image("aa00000000000000000000000000000000000000000000000000000000000000"), func(s *desired.VMSpec) {
+		s.Kernel = &desired.Kernel{URL: "https://k.example/vmlinuz", SHA256: strings.Repeat("b", 64), Initrd: &desired.Artifact{URL: "https://k.example/initrd", SHA256: strings.Repeat("c", 64)}, Cmdline: "console=ttyS0"}
+		s.CloudInit = &desired.CloudInit{SSHAuthorizedKeys: []string{"ssh-ed25519 AAAA test"}, UserData: "#cloud-config\n"}
+		s.Network = "lan"
+	})
+	gone := tombstoned(vm("old-01", stopped))
+	gone.Tombstone = &desired.Tombstone{Commit: "0123abcd", Author: "A <a@example.com>", Time: "2026-01-02T03:04:05Z", Epoch: 5}
+	s := withVolumes(withCapacity(snap(6, full, vm("bare-01"), gone), 8, 16384), vol("data", 10), tombVol("logs", 1))
+	s.HostSpec.Networks = map[string]desired.Network{"lan": {Bridge: "br0"}}
+	s.Source = desired.SnapshotSource{Commit: "0123abcd", Branch: "main"}
+
+	data, err := desired.MarshalSnapshot(s)
+	require.NoError(t, err)
+	fetched, err := desired.ParseSnapshot(data)
+	require.NoError(t, err)
+	st, err := agent.OpenStore(t.TempDir())
+	require.NoError(t, err)
+	require.NoError(t, st.SaveSnapshot(fetched))
+	onDisk, err := st.LoadSnapshot()
+	require.NoError(t, err)
+
+	want, err := agent.SnapshotHash(fetched)
+	require.NoError(t, err)
+	got, err := agent.SnapshotHash(onDisk)
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+	empty, err := desired.ParseSnapshot([]byte("host: hv-a\nepoch: 1\nsource: {commit: a, branch: main}\nhostSpec: {}\nvms: []\nvolumes: []\n"))
+	require.NoError(t, err)
+	require.NoError(t, st.SaveSnapshot(empty))
+	onDisk, err = st.LoadSnapshot()
+	require.NoError(t, err)
+	want, _ = agent.SnapshotHash(empty)
+	got, _ = agent.SnapshotHash(onDisk)
+	assert.Equal(t, want, got)
 }

@@ -26,6 +26,18 @@ func TestValidName(t *testing.T) {
 	}
 }
 
+func TestCheckHostName(t *testing.T) {
+	if err := CheckHostName("hv-a"); err != nil {
+		t.Errorf("CheckHostName(hv-a) = %v", err)
+	}
+	for _, h := range []string{"../README", "hv-a.example.com", "HV-A", ""} {
+		err := CheckHostName(h)
+		if !errors.Is(err, ErrInvalidName) || !strings.Contains(err.Error(), "host \""+h+"\" is not a DNS label") {
+			t.Errorf("CheckHostName(%q) = %v, want ErrInvalidName naming the host", h, err)
+		}
+	}
+}
+
 // FuzzValidName holds validName to the RFC 1123 label grammar.
 func FuzzValidName(f *testing.F) {
 	for _, s := range []string{"web-01", "", "-", "a--b", "../etc", "x.y"} {
