@@ -18,15 +18,16 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
 
 // TestStatusFileGolden pins the whole status file an agent writes for a
-// host with a running VM, a stopped one, one failing, one quarantined, an
-// ack, volumes and an orphan.
+// host with a running VM, a stopped one, one failing, one quarantined, one
+// vanished (dropped from the snapshot without a tombstone), an ack, volumes
+// and an orphan.
 func TestStatusFileGolden(t *testing.T) {
 	gittest.NeedGit(t)
 	bare := gittest.NewBare(t)
 	clk := newClock()
 	h := newHostAgent(t, bare, clk, nil)
 	vols := []string{"web-01-data"}
-	publish(t, bare, withVolumes(snap(1, vm("web-01", volumes(vols...)), vm("db-01", stopped), vm("old-01", stopped), vm("bad-01", stopped)),
+	publish(t, bare, withVolumes(snap(1, vm("web-01", volumes(vols...)), vm("db-01", stopped), vm("old-01", stopped), vm("bad-01", stopped), vm("lost-01")),
 		vol("web-01-data", 10), vol("scratch", 1)))
 	require.NoError(t, h.once())
 
