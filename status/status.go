@@ -13,9 +13,14 @@ type Status struct {
 	Heartbeat  uint64    `yaml:"heartbeat" json:"heartbeat"`
 	ObservedAt time.Time `yaml:"observedAt" json:"observedAt"`
 	// LastSeenEpoch is the highest snapshot epoch this agent accepted.
-	LastSeenEpoch  uint64 `yaml:"lastSeenEpoch" json:"lastSeenEpoch"`
-	FenceViolation bool   `yaml:"fenceViolation" json:"fenceViolation"`
-	// SnapshotError is why the last fetched snapshot was refused, if it was.
+	LastSeenEpoch uint64 `yaml:"lastSeenEpoch" json:"lastSeenEpoch"`
+	// FenceViolation is true while the agent refuses the snapshot on the
+	// branch and acts on nothing: its epoch is below LastSeenEpoch, or equal
+	// to it with content other than what was accepted at that epoch. Only a
+	// snapshot at a higher epoch (or the accepted content again) lifts it.
+	FenceViolation bool `yaml:"fenceViolation" json:"fenceViolation"`
+	// SnapshotError is why the last fetched snapshot was refused, if it was
+	// (a fence violation, or a file that does not parse).
 	SnapshotError string       `yaml:"snapshotError,omitempty" json:"snapshotError,omitempty"`
 	VMs           []VM         `yaml:"vms" json:"vms"`
 	Quarantined   []Quarantine `yaml:"quarantined" json:"quarantined"`
