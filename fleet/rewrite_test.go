@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
@@ -324,5 +326,70 @@ func TestMissingDesiredBranchSaysSo(t *testing.T) {
 	}
 	if vmOf(e.snapshot("hv-a"), "web-01") == nil {
 		t.Fatal("a missing branch cost a VM")
+	}
+}
+
+func TestLedgerRoundTripRetainedPathFile(t *testing.T) {
+	l := newLedger()
+	p := "fleet"
+	l.Applied = &AppliedCommit{Commit: "abc", Branch: "main", Path: &p}
+	l.Hosts["hv-a"] = &HostRecord{Epoch: 3, Hash: "k", File: "0011223344556677", VMs: []string{"a"}}
+	l.Tombstones = []*TombstoneRecord{}
+	spec := desired.VMSpec{Host: "hv-a", VCPUs: 1}
+	since := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l.Retained = []*RetainedRecord{
+		{Kind: desired.KindVolume, Name: "v", Host: "hv-a", SizeGB: 5, Commit: "d", Since: since},
+		{Kind: desired.KindVM, Name: "r", Host: "hv-a", Spec: &spec, Commit: "d", Since: since},
+	}
+	data, err := l.marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := parseLedger(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, l) {
+		t.Errorf("round trip:\n got %+v\nwant %+v", back, l)
+	}
+	if back.Retained[0].Kind != desired.KindVM {
+		t.Error("retained records are not sorted by host, kind and name")
+	}
+	if _, err := parseLedger([]byte("version: 1\nhosts: {}\nretained: [{kind: Host, name: x, host: y}]\n")); err == nil {
+		t.Error("a retained Host parsed")
+	}
+	// A ledger written before the path was recorded is read as any path.
+	old, err := parseLedger([]byte(`{"version": 1, "applied": {"commit": "abc", "branch": "main"}, "hosts": {}, "tombstones": []}`))
+	if err != nil || old.Applied.Path != nil {
+		t.Fatalf("old ledger: %+v, %v", old, err)
+	}
+}
+
+// A rewrite that moves a VM to another host keeps it on the old host (no
+// reviewed delete) and creates it on the new one; moving it back in a
+// reviewed commit makes it desired again.
+func TestRewriteThatMovesAVMKeepsTheOldOne(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	moved := e.commit(gittest.Edit{Branch: "rewrite", Write: func() map[string]string {
+		f := baseFleet()
+		f["vms/web-01.yaml"] = vmYAML("web-01", "hv-b", 2)
+		return f
+	}(), Message: "unrelated history"})
+	gittest.SetBranch(t, e.dir, "main", moved)
+	res := e.pass()
+	if len(res.Tombstoned) != 0 || strings.Join(res.Retained, ",") != "VM web-01@hv-a" {
+		t.Fatalf("result = %+v, want web-01 kept on hv-a", res)
+	}
+	if vm := vmOf(e.snapshot("hv-a"), "web-01"); vm == nil || vm.Tombstoned {
+		t.Fatalf("web-01 on hv-a = %+v", vm)
+	}
+	if vm := vmOf(e.snapshot("hv-b"), "web-01"); vm == nil || vm.Tombstoned || vm.Spec.Host != "hv-b" {
+		t.Fatalf("web-01 on hv-b = %+v", vm)
+	}
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 2)}, Message: "back to hv-a"})
+	res = e.pass()
+	if strings.Join(res.Unretained, ",") != "VM web-01@hv-a" || len(res.Tombstoned) != 1 || res.Tombstoned[0] != "VM web-01@hv-b" {
+		t.Fatalf("result = %+v, want web-01 desired on hv-a again and its hv-b copy tombstoned by the reviewed move", res)
 	}
 }
