@@ -1,9 +1,13 @@
 package desired
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -449,4 +453,298 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// yamlDocuments parses data as a YAML stream and returns the root nodes of
+// its documents that are not empty, stopping at the second such document.
+// An empty document is "---" alone or only comments: its root is an untagged
+// null without an anchor.
+func yamlDocuments(data []byte) ([]*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var roots []*yaml.Node
+	for len(roots) < 2 {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(doc.Content) == 0 || isNull(doc.Content[0]) && doc.Content[0].Style&yaml.TaggedStyle == 0 && doc.Content[0].Anchor == "" {
+			continue
+		}
+		roots = append(roots, doc.Content[0])
+	}
+	return roots, nil
+}
+
+// reparseTabLines parses data again after the parser rejected it with
+// err. The parser rejects lines YAML reads as blank or as a comment when
+// their leading whitespace holds a tab, wherever a block structure is open,
+// although YAML 1.2 allows them: a tab is separation there, not
+// indentation. So those lines are cleared of their tabs (blankTabLines)
+// and the data parsed again.
+//
+// Clearing a line keeps the meaning of the file everywhere except where a
+// block scalar (| or >) may hold it as content (see tabLinesInBlocks):
+// those lines are kept as written, the rest cleared, and the data parsed
+// once more; what the parser still rejects there is an error. It returns
+// the documents (as yamlDocuments does) and the data they were parsed
+// from, or the error to report and the data it refers to; both have the
+// lines and columns of data.
+func reparseTabLines(data []byte, err error) ([]*yaml.Node, []byte, error) {
+	cleared, changed := blankTabLines(data, nil)
+	if len(changed) == 0 {
+		return nil, data, err
+	}
+	roots, err := yamlDocuments(cleared)
+	if err != nil {
+		return nil, cleared, err
+	}
+	in := tabLinesInBlocks(cleared, roots, changed)
+	if len(in) == 0 {
+		return roots, cleared, nil
+	}
+	keep := make(map[int]bool, len(in))
+	for _, p := range in {
+		keep[p.line] = true
+	}
+	cleared, changed = blankTabLines(data, keep)
+	if len(changed) == 0 {
+		return nil, data, &blockTabError{at: in[0]}
+	}
+	if roots, err = yamlDocuments(cleared); err != nil {
+		return nil, cleared, err
+	}
+	if in := tabLinesInBlocks(cleared, roots, changed); len(in) > 0 {
+		// Keeping some lines moved a block scalar: never guess.
+		return nil, cleared, &blockTabError{at: in[0]}
+	}
+	return roots, cleared, nil
+}
+
+// blockTabError is a tab where a block scalar's indentation is expected.
+type blockTabError struct{ at pos }
+
+func (e *blockTabError) Error() string {
+	return fmt.Sprintf("line %d: tab character in the indentation of a block scalar", e.at.line)
+}
+
+// blankTabLines returns a copy of data in which each line of only spaces
+// and tabs that holds a tab becomes empty, and each comment line whose
+// leading whitespace holds a tab ("\t# note") has spaces for its tabs,
+// except the lines (1-based) in keep. Every line and every column stays
+// where it was. It returns the position of the first tab of each line it
+// changed, in line order; with none, it returns data itself.
+func blankTabLines(data []byte, keep map[int]bool) ([]byte, []pos) {
+	var out []byte
+	var changed []pos
+	for start, line := 0, 1; start < len(data); line++ {
+		end := len(data)
+		if i := bytes.IndexByte(data[start:], '\n'); i >= 0 {
+			end = start + i
+		}
+		l := bytes.TrimSuffix(data[start:end], []byte{'\r'})
+		ws := len(l) - len(bytes.TrimLeft(l, " \t"))
+		if tab := bytes.IndexByte(l[:ws], '\t'); tab >= 0 && (ws == len(l) || l[ws] == '#') && !keep[line] {
+			if out == nil {
+				out = append(make([]byte, 0, len(data)), data[:start]...)
+			}
+			if ws < len(l) {
+				out = append(out, bytes.Repeat([]byte{' '}, ws)...)
+			}
+			out = append(out, data[start+ws:end]...) // the comment, or a '\r'
+			changed = append(changed, pos{line, tab + 1})
+		} else if out != nil {
+			out = append(out, data[start:end]...)
+		}
+		if end < len(data) && out != nil {
+			out = append(out, '\n')
+		}
+		start = end + 1
+	}
+	if out == nil {
+		return data, nil
+	}
+	return out, changed
+}
+
+// splitLines splits data into lines without their line ends.
+func splitLines(data []byte) [][]byte {
+	lines := bytes.Split(data, []byte{'\n'})
+	for i, l := range lines {
+		lines[i] = bytes.TrimSuffix(l, []byte{'\r'})
+	}
+	return lines
+}
+
+// indentOf returns the number of spaces a line starts with and whether it
+// holds anything but spaces and tabs.
+func indentOf(l []byte) (int, bool) {
+	sp := len(l) - len(bytes.TrimLeft(l, " "))
+	return sp, len(bytes.TrimLeft(l, " \t")) > 0
+}
+
+// tabLinesInBlocks returns those of changed (the lines blankTabLines
+// cleared in cleared, in line order) that a block scalar of roots may hold:
+// lines after its header and before the next node, unless the line is
+// blank or a comment left of the scalar's indentation with no more content
+// after it, where it ends the scalar and clearing it changes nothing. With
+// keep chomping (|+, >+) a cleared line would add a line end, and with an
+// indentation indicator (|2) the indentation is not known here, so every
+// such line counts.
+func tabLinesInBlocks(cleared []byte, roots []*yaml.Node, changed []pos) []pos {
+	var starts, blocks []pos
+	var walk func(n *yaml.Node)
+	walk = func(n *yaml.Node) {
+		starts = append(starts, nodePos(n))
+		if n.Kind == yaml.AliasNode {
+			return // its target is walked where it was defined
+		}
+		if n.Kind == yaml.ScalarNode && n.Style&(yaml.LiteralStyle|yaml.FoldedStyle) != 0 {
+			blocks = append(blocks, nodePos(n))
+		}
+		for _, c := range n.Content {
+			walk(c)
+		}
+	}
+	for _, r := range roots {
+		walk(r)
+	}
+	if len(blocks) == 0 {
+		return nil
+	}
+	lines := splitLines(cleared)
+	isChanged := make(map[int]bool, len(changed))
+	for _, c := range changed {
+		isChanged[c.line] = true
+	}
+	before := func(a, b pos) bool { return a.line < b.line || a.line == b.line && a.col < b.col }
+	sort.Slice(starts, func(i, j int) bool { return before(starts[i], starts[j]) })
+	var in []pos
+	for _, b := range blocks {
+		end := len(lines) + 1 // the line of the next node, or past the end
+		if i := sort.Search(len(starts), func(i int) bool { return before(b, starts[i]) }); i < len(starts) {
+			end = starts[i].line
+		}
+		first := sort.Search(len(changed), func(i int) bool { return changed[i].line > b.line })
+		if first == len(changed) || changed[first].line >= end {
+			continue
+		}
+		// The header's indicators, and the scalar's indentation: that of
+		// its first line with content (-1: none, or not known). Cleared
+		// lines are left out: what they are is the question.
+		header := lines[b.line-1]
+		header = header[min(b.col, len(header)):]
+		indicators := header[:len(header)-len(bytes.TrimLeft(header, "0123456789+-"))]
+		n, last := -1, 0 // last: the last line the scalar holds content on
+		if bytes.ContainsAny(indicators, "+0123456789") {
+			last = end
+		} else {
+			for l := b.line + 1; l < end; l++ {
+				if isChanged[l] {
+					continue
+				}
+				sp, content := indentOf(lines[l-1])
+				if content && n < 0 {
+					n = sp
+				}
+				if content && sp >= n {
+					last = l
+				}
+			}
+			if n < 0 {
+				last = end
+			}
+		}
+		for i := first; i < len(changed) && changed[i].line < end; i++ {
+			if c := changed[i]; c.line < last || c.col-1 >= n {
+				in = append(in, c)
+			}
+		}
+	}
+	sort.Slice(in, func(i, j int) bool { return in[i].line < in[j].line })
+	return in
+}
+
+// blockTabLine finds the line of a tab where a block scalar's indentation
+// is expected, for a parser error at line: that line if its indentation
+// holds a tab, else the first line after it whose indentation has a tab
+// left of the indentation of the first line with content after it.
+func blockTabLine(data []byte, line int) (pos, bool) {
+	lines := splitLines(data)
+	if line < 1 || line > len(lines) {
+		return pos{}, false
+	}
+	if sp, _ := indentOf(lines[line-1]); sp < len(lines[line-1]) && lines[line-1][sp] == '\t' {
+		return pos{line, sp + 1}, true
+	}
+	n := -1
+	for l := line + 1; l <= len(lines); l++ {
+		sp, content := indentOf(lines[l-1])
+		if sp < len(lines[l-1]) && lines[l-1][sp] == '\t' && (n < 0 || sp < n) {
+			return pos{l, sp + 1}, true
+		}
+		if content && n < 0 {
+			n = sp
+		}
+	}
+	return pos{}, false
+}
+
+var yamlLineErr = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// blockTabMsg and tabIndentMsg are the messages of a tab used as
+// indentation, which the parser's own messages say nothing useful about.
+const (
+	blockTabMsg  = "tab character in the indentation of a block scalar (| or >); YAML indents with spaces only, and a blank line inside the block may hold only spaces"
+	tabIndentMsg = "tab character in indentation; YAML indents with spaces only"
+)
+
+// yamlError turns a parser error into an Error. A tab used as indentation
+// before a key, a value or a list item, or where a block scalar's lines
+// are indented, gets a message of its own, on the line of the tab: the
+// parser names that line, the one before it, or the block scalar's header.
+func (d *nodeDecoder) yamlError(data []byte, err error) {
+	var bt *blockTabError
+	if errors.As(err, &bt) {
+		d.add(bt.at, "", blockTabMsg)
+		return
+	}
+	msg := err.Error()
+	p := pos{1, 1}
+	if m := yamlLineErr.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		p, msg = pos{line, 1}, m[2]
+	} else {
+		msg = strings.TrimPrefix(msg, "yaml: ")
+	}
+	switch {
+	case strings.Contains(msg, "where an indentation space is expected"):
+		if t, ok := blockTabLine(data, p.line); ok {
+			d.add(t, "", blockTabMsg)
+			return
+		}
+	case strings.Contains(msg, "tab character"), strings.Contains(msg, "cannot start any token"):
+		if t, ok := tabIndent(data, p.line, p.line+1); ok {
+			d.add(t, "", tabIndentMsg)
+			return
+		}
+	}
+	d.add(p, "", "invalid YAML: %s", msg)
+}
+
+// tabIndent finds the first line from line first to line last (1-based)
+// whose leading whitespace holds a tab before content, and returns the
+// position of that tab.
+func tabIndent(data []byte, first, last int) (pos, bool) {
+	lines := splitLines(data)
+	for l := max(first, 1); l <= min(last, len(lines)); l++ {
+		ws := len(lines[l-1]) - len(bytes.TrimLeft(lines[l-1], " \t"))
+		if tab := bytes.IndexByte(lines[l-1][:ws], '\t'); tab >= 0 && ws < len(lines[l-1]) {
+			return pos{l, tab + 1}, true
+		}
+	}
+	return pos{}, false
 }

@@ -68,8 +68,18 @@
 //     non-empty document is an error; a trailing "---" is not.
 //   - A UTF-8 byte-order mark is accepted and stripped; CRLF line ends are
 //     accepted and read as LF. UTF-16 (with or without a byte-order mark),
-//     NUL bytes and invalid UTF-8 are rejected, as are tabs in indentation,
-//     with a message that says so.
+//     NUL bytes and invalid UTF-8 are rejected, with a message that says so.
+//   - A tab used as indentation, before a key, a value or a list item, is
+//     rejected with a message that says so, as YAML has it. Elsewhere a tab
+//     is what YAML makes of it: a line of only spaces and tabs is blank, a
+//     tab before a comment, after content, inside a flow ([a,<TAB>b]) or in
+//     a block scalar's content (after its indentation) is kept or skipped
+//     as YAML says. The YAML parser rejects some of these lines (a blank
+//     line holding a tab, a comment indented by a tab); they are then read
+//     as blank or as comments. Inside a block scalar (| or >) such a line
+//     is content or ends the scalar, so there a tab left of the block's
+//     indentation is an error, unless the line only ends the scalar and
+//     reading it as blank changes nothing (not with keep chomping, |+).
 //
 // # Validation
 //

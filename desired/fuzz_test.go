@@ -25,6 +25,7 @@ func fuzzSeeds(f *testing.F) {
 		vm(vmBody) + "---\n" + vm(vmBody), vm(vmBody+"  volumes: &a [x]\n") + bomb,
 		"a: &a [*a]\n", "{a: [[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]}\n", vm("\tvcpus: 1\n"),
 		vm(vmBody + "  <<: {power: stopped}\n"), "\xFF\xFEa\x00", vm(vmBody + "  power: !!str on\n"),
+		vm("\t\n" + vmBody + "\t# c\n  cloudInit:\n    userData: |\n      a\n      \t\n\t\n      b\n \t\n"),
 	} {
 		f.Add([]byte(s))
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -74,11 +75,17 @@ func newMemTree(files map[string]string, reads *int) *memTree {
 
 func hashOf(s string) string { return SpecHash(VMSpec{Host: s})[:12] }
 
+// readsMu guards the read counters: the Loader reads files from several
+// goroutines.
+var readsMu sync.Mutex
+
 func (t *memTree) add(f File, content string) {
 	reads := t.reads
 	f.Read = func() ([]byte, error) {
 		if reads != nil {
+			readsMu.Lock()
 			*reads++
+			readsMu.Unlock()
 		}
 		return []byte(content), nil
 	}

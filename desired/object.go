@@ -2,12 +2,8 @@ package desired
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"reflect"
-	"regexp"
-	"strconv"
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
@@ -94,30 +90,24 @@ func (d *nodeDecoder) document(data []byte) *yaml.Node {
 		d.add(offsetPos(data, i), "", "file contains a NUL byte; is it UTF-16 or binary? save it as UTF-8 text")
 		return nil
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var root *yaml.Node
-	for {
-		var doc yaml.Node
-		err := dec.Decode(&doc)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
+	roots, err := yamlDocuments(data)
+	if err != nil {
+		if roots, data, err = reparseTabLines(data, err); err != nil {
 			d.yamlError(data, err)
 			return nil
 		}
-		if len(doc.Content) == 0 || isNull(doc.Content[0]) && doc.Content[0].Style&yaml.TaggedStyle == 0 && doc.Content[0].Anchor == "" {
-			continue // an empty document: "---" alone, or only comments
-		}
-		if root != nil {
-			if d.snapshot {
-				d.add(nodePos(doc.Content[0]), "", "a second YAML document; a snapshot is one document")
-				return nil
-			}
-			d.add(nodePos(doc.Content[0]), "", "a second YAML document; each file holds exactly one object (split it into two files)")
+	}
+	var root *yaml.Node
+	if len(roots) > 0 {
+		root = roots[0]
+	}
+	if len(roots) > 1 {
+		if d.snapshot {
+			d.add(nodePos(roots[1]), "", "a second YAML document; a snapshot is one document")
 			return nil
 		}
-		root = doc.Content[0]
+		d.add(nodePos(roots[1]), "", "a second YAML document; each file holds exactly one object (split it into two files)")
+		return nil
 	}
 	switch {
 	case root == nil && d.snapshot:
@@ -139,52 +129,6 @@ func (d *nodeDecoder) document(data []byte) *yaml.Node {
 		return nil
 	}
 	return root
-}
-
-var yamlLineErr = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
-// yamlError turns a parser error into an Error. Tabs in indentation get a
-// message of their own, since YAML's says nothing useful about them.
-func (d *nodeDecoder) yamlError(data []byte, err error) {
-	if p, ok := tabIndent(data); ok {
-		d.add(p, "", "tab character in indentation; YAML indents with spaces only")
-		return
-	}
-	msg := err.Error()
-	p := pos{1, 1}
-	if m := yamlLineErr.FindStringSubmatch(msg); m != nil {
-		line, _ := strconv.Atoi(m[1])
-		p, msg = pos{line, 1}, m[2]
-	} else if len(msg) > 6 && msg[:6] == "yaml: " {
-		msg = msg[6:]
-	}
-	d.add(p, "", "invalid YAML: %s", msg)
-}
-
-// tabIndent finds the first line whose leading whitespace holds a tab.
-func tabIndent(data []byte) (pos, bool) {
-	line := 1
-	for len(data) > 0 {
-		end := bytes.IndexByte(data, '\n')
-		l := data
-		if end >= 0 {
-			l = data[:end]
-		}
-		for i, c := range l {
-			if c == '\t' {
-				return pos{line, i + 1}, true
-			}
-			if c != ' ' {
-				break
-			}
-		}
-		if end < 0 {
-			break
-		}
-		data = data[end+1:]
-		line++
-	}
-	return pos{}, false
 }
 
 func firstInvalidUTF8(b []byte) int {
