@@ -380,6 +380,11 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	res, err := c.pass(ctx)
 	c.metrics.observe(res, err, time.Since(start))
 	log := c.log.WithField("commit", short(res.Head))
+	if res.Head == "" {
+		// No commit was read (a failed fetch, a missing branch): name the
+		// branch instead of an empty commit.
+		log = c.log.WithField("branch", c.cfg.Branch)
+	}
 	switch {
 	case err != nil:
 		log.WithError(err).Warn("pass failed")

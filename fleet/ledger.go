@@ -80,9 +80,11 @@ type AppliedCommit struct {
 
 // Rejection is a refused desired-state commit and why. At is the
 // controller's clock when it was first refused; Superseded is the commit
-// applied after it, empty while the rejection stands.
+// applied after it, empty while the rejection stands. Commit is omitted
+// when no commit could be read (a failed fetch, a missing branch): Reason
+// says why.
 type Rejection struct {
-	Commit     string    `yaml:"commit" json:"commit"`
+	Commit     string    `yaml:"commit,omitempty" json:"commit,omitempty"`
 	Reason     string    `yaml:"reason" json:"reason"`
 	At         time.Time `yaml:"at" json:"at"`
 	Superseded string    `yaml:"superseded,omitempty" json:"superseded,omitempty"`

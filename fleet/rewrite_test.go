@@ -317,6 +317,9 @@ func TestMissingDesiredBranchSaysSo(t *testing.T) {
 	if l := e.ledger(); l.Rejected == nil || !strings.Contains(l.Rejected.Reason, want) {
 		t.Fatalf("ledger rejection = %+v", l.Rejected)
 	}
+	if raw := gittest.Show(t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, LedgerPath); strings.Contains(raw, `"commit":""`) {
+		t.Errorf("the ledger records an empty commit:\n%s", raw)
+	}
 	msg := gittest.Git(t, e.dir, "log", "-1", "--format=%B", "refs/heads/"+DefaultSnapshotsBranch)
 	if strings.Contains(msg, "at \n") || strings.HasSuffix(strings.TrimSpace(msg), " at") {
 		t.Errorf("commit message names an empty commit: %q", msg)
