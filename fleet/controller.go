@@ -46,11 +46,15 @@ type Config struct {
 	Auth     gitsource.Auth
 	CacheDir string
 	// Branch holds the desired state; Path is the objects' directory in it
-	// ("" for the repository root).
+	// ("" for the repository root), normalized by CleanPath ("./fleet",
+	// "fleet/" and "fleet" are one directory; an absolute path or one with
+	// ".." leaving the repository is an ErrConfig error).
 	Branch string
 	Path   string
 	// SnapshotsBranch receives the host snapshots and ledger.yaml;
 	// StatusBranch holds the agents' statuses and the README.md summary.
+	// Branch, SnapshotsBranch and StatusBranch must be three different
+	// branches (New returns an ErrConfig error otherwise).
 	SnapshotsBranch string
 	StatusBranch    string
 	// AbandonGrace is how long a tombstone stays pending on an offline host
@@ -168,7 +172,9 @@ type PassResult struct {
 func (r PassResult) Changed() bool { return len(r.Published) > 0 || len(r.Removed) > 0 }
 
 // New returns a Controller. It opens the repository when cfg.Repo is nil but
-// does not fetch; the first Pass does.
+// does not fetch; the first Pass does. A configuration that must not run
+// (overlapping branches, a path outside the repository) is an error
+// wrapping ErrConfig, returned before anything is opened.
 func New(cfg Config) (*Controller, error) {
 	if cfg.Branch == "" {
 		cfg.Branch = DefaultBranch
