@@ -378,7 +378,10 @@ const statusGap = 2 * time.Second
 // snapshots on the snapshots tip, publish them in one compare-and-swap
 // commit, and rewrite the status summary when it changed. A rejected desired
 // state is not an error of the pass: it is reported in PassResult.Rejected.
-// The error is a failure of git (the pass is retried by Run).
+// The error is a failure of git (the pass is retried by Run), or a refusal
+// that writes nothing: ErrLedgerMismatch (the ledger belongs to another
+// branch or path) or ErrEpochBound (a status asks for an epoch past
+// MaxEpoch), both wrapped with the names a person needs to fix it.
 func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
