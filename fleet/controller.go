@@ -825,7 +825,9 @@ func (c *Controller) summarize(l *Ledger, fl *desired.Fleet, reports []status.Re
 
 // unmanaged lists the VMs hosts report that neither the desired state nor
 // the ledger knows on that host (a repository restored from a backup that
-// lacks them, say): the agents keep them, and the summary says so.
+// lacks them, say), and every VM a host reports as vanished (dropped from its
+// snapshot without a tombstone): the agents keep them, and the summary says
+// so.
 func unmanaged(l *Ledger, fl *desired.Fleet, reports []status.Report) []status.UnmanagedVM {
 	known := map[string]bool{} // host + "\x00" + name
 	mark := func(host, name string) { known[host+"\x00"+name] = true }
@@ -858,6 +860,15 @@ func unmanaged(l *Ledger, fl *desired.Fleet, reports []status.Report) []status.U
 			if !known[rep.Host+"\x00"+vm.Name] {
 				out = append(out, status.UnmanagedVM{Name: vm.Name, Host: rep.Host, Phase: vm.Phase})
 			}
+		}
+		// A VM the agent's accepted snapshot dropped without a tombstone is
+		// reported apart from its VMs, and is kept whatever the ledger says.
+		for _, v := range rep.Status.Vanished {
+			phase := "vanished, " + v.Power
+			if v.Quarantined {
+				phase = "vanished, shut down"
+			}
+			out = append(out, status.UnmanagedVM{Name: v.Name, Host: rep.Host, Phase: phase})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {

@@ -130,7 +130,8 @@ func TestSummaryListsVMsOnHostNotDesired(t *testing.T) {
 	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 3, LastSeenEpoch: 7,
 		VMs: []status.VM{{Name: "web-01", Phase: "ready", Power: "running"}}})
 	writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 3, LastSeenEpoch: 7,
-		VMs: []status.VM{{Name: "db-01", Phase: "ready", Power: "running"}}})
+		VMs:      []status.VM{{Name: "db-01", Phase: "ready", Power: "running"}},
+		Vanished: []status.Vanished{{Name: "old-01", Power: "stopped", Quarantined: true}}})
 	res := e.pass()
 	if len(res.Tombstoned) != 0 {
 		t.Fatalf("a fresh ledger tombstoned: %+v", res)
@@ -138,6 +139,9 @@ func TestSummaryListsVMsOnHostNotDesired(t *testing.T) {
 	sum := e.summary()
 	if !strings.Contains(sum, "| web-01 | hv-a | ready | on host, not in the desired state: kept |") {
 		t.Errorf("summary does not list web-01 as kept:\n%s", sum)
+	}
+	if !strings.Contains(sum, "| old-01 | hv-b | vanished, shut down | on host, not in the desired state: kept |") {
+		t.Errorf("summary does not list the vanished old-01 as kept:\n%s", sum)
 	}
 	if strings.Contains(sum, "| db-01 | hv-b | ready | on host, not in the desired state") {
 		t.Errorf("summary lists a desired VM as not desired:\n%s", sum)
