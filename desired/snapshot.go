@@ -57,3 +57,31 @@ type Tombstone struct {
 	Epoch     uint64 `yaml:"epoch" json:"epoch"`
 	Rewritten bool   `yaml:"rewritten,omitempty" json:"rewritten,omitempty"`
 }
+
+// VM returns the snapshot's entry for the VM name, or nil when the snapshot
+// (which may be nil) has none.
+func (s *Snapshot) VM(name string) *SnapshotVM {
+	if s == nil {
+		return nil
+	}
+	for i := range s.VMs {
+		if s.VMs[i].Name == name {
+			return &s.VMs[i]
+		}
+	}
+	return nil
+}
+
+// Volume returns the snapshot's entry for the volume name, or nil when the
+// snapshot (which may be nil) has none.
+func (s *Snapshot) Volume(name string) *SnapshotVolume {
+	if s == nil {
+		return nil
+	}
+	for i := range s.Volumes {
+		if s.Volumes[i].Name == name {
+			return &s.Volumes[i]
+		}
+	}
+	return nil
+}

@@ -405,54 +405,6 @@ func (f *fleetUnderTest) waitFor(what string, cond func() (bool, string)) {
 	}
 }
 
-func statusVM(st *status.Status, name string) *status.VM {
-	if st == nil {
-		return nil
-	}
-	for i := range st.VMs {
-		if st.VMs[i].Name == name {
-			return &st.VMs[i]
-		}
-	}
-	return nil
-}
-
-func statusVolume(st *status.Status, name string) *status.Volume {
-	if st == nil {
-		return nil
-	}
-	for i := range st.Volumes {
-		if st.Volumes[i].Name == name {
-			return &st.Volumes[i]
-		}
-	}
-	return nil
-}
-
-func snapVM(s *desired.Snapshot, name string) *desired.SnapshotVM {
-	if s == nil {
-		return nil
-	}
-	for i := range s.VMs {
-		if s.VMs[i].Name == name {
-			return &s.VMs[i]
-		}
-	}
-	return nil
-}
-
-func snapVolume(s *desired.Snapshot, name string) *desired.SnapshotVolume {
-	if s == nil {
-		return nil
-	}
-	for i := range s.Volumes {
-		if s.Volumes[i].Name == name {
-			return &s.Volumes[i]
-		}
-	}
-	return nil
-}
-
 func quarantine(st *status.Status, name string) *status.Quarantine {
 	if st == nil {
 		return nil
@@ -479,7 +431,7 @@ func vmState(st *status.Status, name string) string {
 	if st == nil {
 		return "no status yet"
 	}
-	if vm := statusVM(st, name); vm != nil {
+	if vm := st.VM(name); vm != nil {
 		return fmt.Sprintf("%s phase=%s power=%s lastError=%q message=%q (heartbeat %d)", name, vm.Phase, vm.Power, vm.LastError, vm.Message, st.Heartbeat)
 	}
 	return fmt.Sprintf("%s not in vms; quarantined=%v destroyed=%v (heartbeat %d)", name, st.Quarantined, st.Destroyed, st.Heartbeat)
@@ -571,7 +523,7 @@ func TestVMLifecycle(t *testing.T) {
 	})
 	f.waitFor("vm-a ready in status", func() (bool, string) {
 		st := f.status()
-		v := statusVM(st, vm)
+		v := st.VM(vm)
 		return v != nil && v.Phase == status.PhaseReady && v.Power == "running" && v.SSH != "", vmState(st, vm)
 	})
 	assert.Len(t, f.guestPids(vm), 1, "one QEMU for vm-a")
@@ -584,7 +536,7 @@ func TestVMLifecycle(t *testing.T) {
 	f.push("stop vm-a", map[string]string{"vms/" + vm + ".yaml": f.art.vmFile(vm, "stopped", []string{vol}, false)})
 	f.waitFor("vm-a stopped in status", func() (bool, string) {
 		st := f.status()
-		v := statusVM(st, vm)
+		v := st.VM(vm)
 		return v != nil && v.Phase == status.PhaseStopped && v.Power == "stopped", vmState(st, vm)
 	})
 	assert.Empty(t, f.guestPids(vm), "no QEMU for a stopped VM")
@@ -604,10 +556,10 @@ func TestVMLifecycle(t *testing.T) {
 	removal := f.push("remove vm-a", nil, "vms/"+vm+".yaml")
 	f.waitFor("vm-a tombstoned in the snapshot", func() (bool, string) {
 		s := f.snapshot()
-		v := snapVM(s, vm)
+		v := s.VM(vm)
 		return v != nil && v.Tombstoned && v.Tombstone != nil, fmt.Sprintf("%+v", v)
 	})
-	if ts := snapVM(f.snapshot(), vm).Tombstone; assert.NotNil(t, ts) {
+	if ts := f.snapshot().VM(vm).Tombstone; assert.NotNil(t, ts) {
 		assert.Equal(t, removal, ts.Commit, "the tombstone names the removing commit")
 		assert.Contains(t, ts.Author, "E2E Person")
 	}
@@ -627,11 +579,11 @@ func TestVMLifecycle(t *testing.T) {
 	}
 	f.waitFor("vm-a finalized: gone from the snapshot", func() (bool, string) {
 		s := f.snapshot()
-		return s != nil && snapVM(s, vm) == nil, fmt.Sprintf("%+v", snapVM(s, vm))
+		return s != nil && s.VM(vm) == nil, fmt.Sprintf("%+v", s.VM(vm))
 	})
 	f.waitFor("vm-a gone from status", func() (bool, string) {
 		st := f.status()
-		return st != nil && statusVM(st, vm) == nil && quarantine(st, vm) == nil && !contains(st.Destroyed, vm), vmState(st, vm)
+		return st != nil && st.VM(vm) == nil && quarantine(st, vm) == nil && !contains(st.Destroyed, vm), vmState(st, vm)
 	})
 	assert.NoFileExists(t, filepath.Join(f.vmDir(vm), "root.qcow2"), "destroyed")
 	assert.Empty(t, f.guestPids(vm))
@@ -643,9 +595,9 @@ func TestVMLifecycle(t *testing.T) {
 	vf.Close()
 	assert.Equal(t, marker, got, "the volume is untouched")
 	s := f.snapshot()
-	require.NotNil(t, snapVolume(s, vol))
-	assert.False(t, snapVolume(s, vol).Tombstoned)
-	if v := statusVolume(f.status(), vol); assert.NotNil(t, v) {
+	require.NotNil(t, s.Volume(vol))
+	assert.False(t, s.Volume(vol).Tombstoned)
+	if v := f.status().Volume(vol); assert.NotNil(t, v) {
 		assert.True(t, v.Present)
 	}
 
@@ -653,14 +605,14 @@ func TestVMLifecycle(t *testing.T) {
 	// finalized.
 	f.push("remove vm-a-data", nil, "volumes/"+vol+".yaml")
 	f.waitFor("vm-a-data tombstoned in the snapshot", func() (bool, string) {
-		v := snapVolume(f.snapshot(), vol)
+		v := f.snapshot().Volume(vol)
 		return v != nil && v.Tombstoned, fmt.Sprintf("%+v", v)
 	})
 	f.waitFor("vm-a-data reclaimed and finalized", func() (bool, string) {
 		_, statErr := os.Stat(f.volumePath(vol))
 		s, st := f.snapshot(), f.status()
-		return os.IsNotExist(statErr) && s != nil && snapVolume(s, vol) == nil && st != nil && statusVolume(st, vol) == nil,
-			fmt.Sprintf("stat: %v; snapshot: %+v; status: %+v", statErr, snapVolume(s, vol), statusVolume(st, vol))
+		return os.IsNotExist(statErr) && s != nil && s.Volume(vol) == nil && st != nil && st.Volume(vol) == nil,
+			fmt.Sprintf("stat: %v; snapshot: %+v; status: %+v", statErr, s.Volume(vol), st.Volume(vol))
 	})
 	assert.Empty(t, f.strays(), "nothing left behind")
 }
@@ -697,7 +649,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 
 	f.waitFor("vm-b ready after the restart", func() (bool, string) {
 		st := f.status()
-		v := statusVM(st, vm)
+		v := st.VM(vm)
 		return v != nil && v.Phase == status.PhaseReady, vmState(st, vm)
 	})
 	f.waitFor("vm-b's guest booted", func() (bool, string) {
@@ -717,7 +669,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 	f.startAgent()
 	f.waitFor("the restarted agent reports vm-b ready again", func() (bool, string) {
 		st := f.status()
-		v := statusVM(st, vm)
+		v := st.VM(vm)
 		return st != nil && st.Heartbeat > before+1 && v != nil && v.Phase == status.PhaseReady, vmState(st, vm)
 	})
 	assert.Equal(t, []int{pids[0]}, f.guestPids(vm), "the same QEMU, re-attached")
@@ -740,7 +692,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 	f.startAgent()
 	f.waitFor("vm-c ready after the restart", func() (bool, string) {
 		st := f.status()
-		v := statusVM(st, vm2)
+		v := st.VM(vm2)
 		return v != nil && v.Phase == status.PhaseReady, vmState(st, vm2)
 	})
 	f.waitFor("vm-c's guest booted", func() (bool, string) {

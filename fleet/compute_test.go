@@ -193,7 +193,7 @@ func TestRunKickedByWebhook(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("webhook status %d", resp.StatusCode)
 	}
-	waitFor(t, func() bool { return vmOf(e.snapshot("hv-a"), "web-01").Spec.VCPUs == 8 })
+	waitFor(t, func() bool { return e.snapshot("hv-a").VM("web-01").Spec.VCPUs == 8 })
 }
 
 func hasBranch(t *testing.T, dir, branch string) bool {
@@ -228,7 +228,7 @@ func TestRunReactsToLocalCommit(t *testing.T) {
 	}()
 	waitFor(t, func() bool { return hasBranch(t, e.dir, DefaultSnapshotsBranch) && e.snapshot("hv-a") != nil })
 	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 6)}})
-	waitFor(t, func() bool { return vmOf(e.snapshot("hv-a"), "web-01").Spec.VCPUs == 6 })
+	waitFor(t, func() bool { return e.snapshot("hv-a").VM("web-01").Spec.VCPUs == 6 })
 }
 
 func TestMissing(t *testing.T) {

@@ -34,10 +34,10 @@ func TestCreateAndEdit(t *testing.T) {
 		t.Fatalf("published = %v, want both hosts at epoch 1", res.Published)
 	}
 	a := e.snapshot("hv-a")
-	if a.Epoch != 1 || vmOf(a, "web-01") == nil || vmOf(a, "web-01").Tombstoned || a.Source.Commit != res.Head || a.Source.Branch != "main" {
+	if a.Epoch != 1 || a.VM("web-01") == nil || a.VM("web-01").Tombstoned || a.Source.Commit != res.Head || a.Source.Branch != "main" {
 		t.Fatalf("hv-a snapshot = %+v", a)
 	}
-	if v := volOf(e.snapshot("hv-b"), "db-data"); v == nil || v.SizeGB != 50 {
+	if v := e.snapshot("hv-b").Volume("db-data"); v == nil || v.SizeGB != 50 {
 		t.Fatalf("hv-b volume = %+v", v)
 	}
 	if l := e.ledger(); l.Applied == nil || l.Applied.Commit != res.Head || l.Hosts["hv-a"].Epoch != 1 {
@@ -59,13 +59,13 @@ func TestCreateAndEdit(t *testing.T) {
 	}
 
 	// Edit: only the edited host gets a new epoch.
-	old := vmOf(a, "web-01").SpecHash
+	old := a.VM("web-01").SpecHash
 	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 4)}, Message: "more cpus"})
 	res = e.pass()
 	if len(res.Published) != 1 || res.Published["hv-a"] != 2 {
 		t.Fatalf("published = %v, want only hv-a at epoch 2", res.Published)
 	}
-	vm := vmOf(e.snapshot("hv-a"), "web-01")
+	vm := e.snapshot("hv-a").VM("web-01")
 	if vm.Spec.VCPUs != 4 || vm.SpecHash == old || vm.SpecHash != desired.SpecHash(vm.Spec) {
 		t.Fatalf("edited VM = %+v", vm)
 	}
@@ -83,7 +83,7 @@ func TestDeleteTombstoneAckFinalize(t *testing.T) {
 	if len(res.Tombstoned) != 1 || res.Published["hv-a"] != 2 {
 		t.Fatalf("result = %+v, want one tombstone published at epoch 2", res)
 	}
-	vm := vmOf(e.snapshot("hv-a"), "web-01")
+	vm := e.snapshot("hv-a").VM("web-01")
 	if vm == nil || !vm.Tombstoned || vm.Tombstone == nil {
 		t.Fatalf("web-01 = %+v, want tombstoned", vm)
 	}
@@ -102,7 +102,7 @@ func TestDeleteTombstoneAckFinalize(t *testing.T) {
 	// A stale ack (an older incarnation, seen at epoch 1) is ignored.
 	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1, Destroyed: []string{"web-01"}})
 	res = e.pass()
-	if len(res.Finalized) != 0 || vmOf(e.snapshot("hv-a"), "web-01") == nil {
+	if len(res.Finalized) != 0 || e.snapshot("hv-a").VM("web-01") == nil {
 		t.Fatalf("a stale ack finalized: %+v", res)
 	}
 
@@ -112,7 +112,7 @@ func TestDeleteTombstoneAckFinalize(t *testing.T) {
 	if len(res.Finalized) != 1 || res.Published["hv-a"] != 3 || res.Pending != 0 {
 		t.Fatalf("result = %+v, want web-01 finalized at epoch 3", res)
 	}
-	if vmOf(e.snapshot("hv-a"), "web-01") != nil || len(e.ledger().Tombstones) != 0 {
+	if e.snapshot("hv-a").VM("web-01") != nil || len(e.ledger().Tombstones) != 0 {
 		t.Fatal("finalized VM still in the snapshot or ledger")
 	}
 }
@@ -122,7 +122,7 @@ func TestVolumeTombstoneFinalizedOnPresentFalse(t *testing.T) {
 	e.pass()
 	e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 2)}, Remove: []string{"vols/db.yaml"}})
 	res := e.pass()
-	v := volOf(e.snapshot("hv-b"), "db-data")
+	v := e.snapshot("hv-b").Volume("db-data")
 	if v == nil || !v.Tombstoned || v.SizeGB != 50 || v.Tombstone.Epoch != 2 {
 		t.Fatalf("volume = %+v, result %+v", v, res)
 	}
@@ -134,7 +134,7 @@ func TestVolumeTombstoneFinalizedOnPresentFalse(t *testing.T) {
 	}
 	writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 2, LastSeenEpoch: 2,
 		Volumes: []status.Volume{{Name: "db-data", Present: false}}})
-	if res := e.pass(); len(res.Finalized) != 1 || volOf(e.snapshot("hv-b"), "db-data") != nil {
+	if res := e.pass(); len(res.Finalized) != 1 || e.snapshot("hv-b").Volume("db-data") != nil {
 		t.Fatalf("absent volume not finalized: %+v", res)
 	}
 }
@@ -149,7 +149,7 @@ func TestUndelete(t *testing.T) {
 	if len(res.Undeleted) != 1 || res.Pending != 0 {
 		t.Fatalf("result = %+v, want web-01 un-deleted", res)
 	}
-	vm := vmOf(e.snapshot("hv-a"), "web-01")
+	vm := e.snapshot("hv-a").VM("web-01")
 	if vm == nil || vm.Tombstoned || vm.Tombstone != nil || e.snapshot("hv-a").Epoch != 3 {
 		t.Fatalf("web-01 = %+v, want live again at epoch 3", vm)
 	}
@@ -181,11 +181,11 @@ func TestHostMove(t *testing.T) {
 	if len(res.Tombstoned) != 1 || res.Published["hv-a"] != 2 || res.Published["hv-b"] != 2 {
 		t.Fatalf("result = %+v", res)
 	}
-	old := vmOf(e.snapshot("hv-a"), "web-01")
+	old := e.snapshot("hv-a").VM("web-01")
 	if old == nil || !old.Tombstoned || old.Tombstone.Commit != mv {
 		t.Fatalf("old host's web-01 = %+v, want tombstoned by %s", old, mv)
 	}
-	if n := vmOf(e.snapshot("hv-b"), "web-01"); n == nil || n.Tombstoned {
+	if n := e.snapshot("hv-b").VM("web-01"); n == nil || n.Tombstoned {
 		t.Fatalf("new host's web-01 = %+v", n)
 	}
 }
@@ -203,7 +203,7 @@ func TestMergeCommitAttribution(t *testing.T) {
 	if len(res.Tombstoned) != 1 {
 		t.Fatalf("result = %+v", res)
 	}
-	tb := vmOf(e.snapshot("hv-a"), "web-01").Tombstone
+	tb := e.snapshot("hv-a").VM("web-01").Tombstone
 	if tb.Commit != merge || tb.Rewritten {
 		t.Fatalf("tombstone = %+v, want the merge %s on the first-parent history", tb, merge)
 	}
@@ -215,7 +215,7 @@ func TestDeleteAttributedAcrossSeveralCommits(t *testing.T) {
 	del := e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Author: "Deleter <d@example.com>"})
 	e.commit(gittest.Edit{Write: map[string]string{"vms/web-02.yaml": vmYAML("web-02", "hv-a", 1)}, Author: "Other <o@example.com>"})
 	e.pass()
-	tb := vmOf(e.snapshot("hv-a"), "web-01").Tombstone
+	tb := e.snapshot("hv-a").VM("web-01").Tombstone
 	if tb.Commit != del || tb.Author != "Deleter <d@example.com>" {
 		t.Fatalf("tombstone = %+v, want commit %s by Deleter", tb, del)
 	}
@@ -235,7 +235,7 @@ func TestInvalidCommitKeepsLastGood(t *testing.T) {
 	if !strings.Contains(res.Rejected.Error(), "vms/web-01.yaml:") {
 		t.Errorf("rejection %q does not name the file", res.Rejected)
 	}
-	if got := e.snapshot("hv-a"); got.Epoch != a.Epoch || vmOf(e.snapshot("hv-b"), "db-01").Tombstoned {
+	if got := e.snapshot("hv-a"); got.Epoch != a.Epoch || e.snapshot("hv-b").VM("db-01").Tombstoned {
 		t.Fatal("a rejected commit touched the snapshots")
 	}
 	l := e.ledger()
@@ -302,7 +302,7 @@ func TestFetchFailureKeepsLastGood(t *testing.T) {
 		if res.Rejected == nil || len(res.Tombstoned) != 0 || res.Changed() {
 			t.Fatalf("result = %+v: a missing branch must be a rejection, never an empty fleet", res)
 		}
-		if e.snapshot("hv-a").Epoch != 1 || vmOf(e.snapshot("hv-a"), "web-01").Tombstoned {
+		if e.snapshot("hv-a").Epoch != 1 || e.snapshot("hv-a").VM("web-01").Tombstoned {
 			t.Fatal("the snapshots changed")
 		}
 	})
@@ -367,7 +367,7 @@ func TestAbandonedSweep(t *testing.T) {
 	if len(l.Sweeps) != 1 || !strings.Contains(l.Sweeps[0].Reason, "offline") || len(l.Tombstones) != 1 || l.Tombstones[0].Host != "hv-b" {
 		t.Fatalf("ledger sweeps = %+v tombstones = %+v", l.Sweeps, l.Tombstones)
 	}
-	if vmOf(e.snapshot("hv-a"), "web-01") != nil {
+	if e.snapshot("hv-a").VM("web-01") != nil {
 		t.Error("swept VM still in the snapshot")
 	}
 	// The online host is never swept, however long.
@@ -441,7 +441,7 @@ func TestHostLeavesFleet(t *testing.T) {
 	e.pass()
 	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml", "hosts/hv-a.yaml"}})
 	res := e.pass()
-	if s := e.snapshot("hv-a"); s == nil || !vmOf(s, "web-01").Tombstoned {
+	if s := e.snapshot("hv-a"); s == nil || !s.VM("web-01").Tombstoned {
 		t.Fatalf("the host's file must stay while its delete is pending: %+v", res)
 	}
 	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 2, Destroyed: []string{"web-01"}})
@@ -602,7 +602,7 @@ func TestOverHTTP(t *testing.T) {
 		t.Fatalf("delete over HTTP: %+v", res)
 	}
 	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 2, Destroyed: []string{"web-01"}})
-	if res := e.pass(); len(res.Finalized) != 1 || vmOf(e.snapshot("hv-a"), "web-01") != nil {
+	if res := e.pass(); len(res.Finalized) != 1 || e.snapshot("hv-a").VM("web-01") != nil {
 		t.Fatalf("ack over HTTP: %+v", res)
 	}
 }

@@ -188,31 +188,6 @@ func putStatus(repo *gitsource.Repo, st *status.Status) error {
 	return err
 }
 
-// vm finds name in a snapshot.
-func vmOf(s *desired.Snapshot, name string) *desired.SnapshotVM {
-	if s == nil {
-		return nil
-	}
-	for i := range s.VMs {
-		if s.VMs[i].Name == name {
-			return &s.VMs[i]
-		}
-	}
-	return nil
-}
-
-func volOf(s *desired.Snapshot, name string) *desired.SnapshotVolume {
-	if s == nil {
-		return nil
-	}
-	for i := range s.Volumes {
-		if s.Volumes[i].Name == name {
-			return &s.Volumes[i]
-		}
-	}
-	return nil
-}
-
 func mustErr(t testing.TB, err error, target error) {
 	t.Helper()
 	if !errors.Is(err, target) {

@@ -32,7 +32,7 @@ func TestForcePushToOlderCommitRetains(t *testing.T) {
 	if res.Rejected != nil || len(res.Tombstoned) != 0 || len(res.Retained) != 1 || res.Retained[0] != "VM web-02@hv-a" {
 		t.Fatalf("result = %+v, want web-02 retained, nothing tombstoned", res)
 	}
-	vm := vmOf(e.snapshot("hv-a"), "web-02")
+	vm := e.snapshot("hv-a").VM("web-02")
 	if vm == nil || vm.Tombstoned || vm.Tombstone != nil || vm.Spec.VCPUs != 1 || vm.SpecHash != desired.SpecHash(vm.Spec) {
 		t.Fatalf("web-02 in the snapshot = %+v, want live with its last spec", vm)
 	}
@@ -57,7 +57,7 @@ func TestForcePushToOlderCommitRetains(t *testing.T) {
 	if len(res.Tombstoned) != 0 || res.RetainedTotal != 1 {
 		t.Fatalf("a later commit tombstoned a retained object: %+v", res)
 	}
-	if vm := vmOf(e.snapshot("hv-a"), "web-02"); vm == nil || vm.Tombstoned || vmOf(e.snapshot("hv-a"), "web-03") == nil {
+	if vm := e.snapshot("hv-a").VM("web-02"); vm == nil || vm.Tombstoned || e.snapshot("hv-a").VM("web-03") == nil {
 		t.Fatalf("after a fast-forward: web-02 = %+v, web-03 created? snapshot %+v", vm, e.snapshot("hv-a"))
 	}
 
@@ -76,7 +76,7 @@ func TestForcePushToOlderCommitRetains(t *testing.T) {
 	if len(res.Tombstoned) != 1 {
 		t.Fatalf("reviewed delete: %+v", res)
 	}
-	if tb := vmOf(e.snapshot("hv-a"), "web-02").Tombstone; tb == nil || tb.Commit != del || tb.Rewritten {
+	if tb := e.snapshot("hv-a").VM("web-02").Tombstone; tb == nil || tb.Commit != del || tb.Rewritten {
 		t.Fatalf("tombstone = %+v, want commit %s", tb, del)
 	}
 }
@@ -103,16 +103,16 @@ func TestForcePushUnrelatedHistoryKeepsEverything(t *testing.T) {
 		t.Fatalf("retained = %v, want %v", res.Retained, want)
 	}
 	b := e.snapshot("hv-b")
-	if vm := vmOf(b, "db-01"); vm == nil || vm.Tombstoned || vm.Spec.VCPUs != 2 || len(vm.Spec.Volumes) != 1 {
+	if vm := b.VM("db-01"); vm == nil || vm.Tombstoned || vm.Spec.VCPUs != 2 || len(vm.Spec.Volumes) != 1 {
 		t.Fatalf("db-01 = %+v, want kept live with its last spec", vm)
 	}
-	if v := volOf(b, "db-data"); v == nil || v.Tombstoned || v.SizeGB != 50 {
+	if v := b.Volume("db-data"); v == nil || v.Tombstoned || v.SizeGB != 50 {
 		t.Fatalf("db-data = %+v, want kept live at 50 GB", v)
 	}
 	if b.HostSpec.Capacity.VCPUs != 32 {
 		t.Errorf("hv-b lost its host spec: %+v", b.HostSpec)
 	}
-	if vm := vmOf(e.snapshot("hv-a"), "web-01"); vm == nil || !vm.Tombstoned || vm.Tombstone.Commit != del {
+	if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || !vm.Tombstoned || vm.Tombstone.Commit != del {
 		t.Fatalf("the pending reviewed delete of web-01 = %+v, want still pending from %s", vm, del)
 	}
 	// Stable: another pass changes nothing.
@@ -169,10 +169,10 @@ func TestHandEditedSnapshotRepublished(t *testing.T) {
 	if res.Published["hv-a"] != 2 || res.Published["hv-b"] != 2 || strings.Join(res.Repaired, ",") != "hv-a,hv-b" {
 		t.Fatalf("result = %+v, want hv-a and hv-b repaired at epoch 2", res)
 	}
-	if vm := vmOf(e.snapshot("hv-a"), "web-01"); vm == nil || vm.Tombstoned {
+	if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || vm.Tombstoned {
 		t.Fatalf("web-01 not restored: %+v", e.snapshot("hv-a"))
 	}
-	if s := e.snapshot("hv-b"); s == nil || vmOf(s, "db-01") == nil {
+	if s := e.snapshot("hv-b"); s == nil || s.VM("db-01") == nil {
 		t.Fatalf("hv-b not restored: %+v", s)
 	}
 	if res := e.pass(); res.Changed() {
@@ -279,7 +279,7 @@ func TestDotSlashPathAttributesDeletes(t *testing.T) {
 	if res := e.pass(); len(res.Tombstoned) != 1 {
 		t.Fatalf("result = %+v", res)
 	}
-	if tb := vmOf(e.snapshot("hv-a"), "web-01").Tombstone; tb.Commit != del {
+	if tb := e.snapshot("hv-a").VM("web-01").Tombstone; tb.Commit != del {
 		t.Fatalf("tombstone commit = %s, want the deleting commit %s", tb.Commit, del)
 	}
 }
@@ -331,7 +331,7 @@ func TestMissingDesiredBranchSaysSo(t *testing.T) {
 	if sum := e.summary(); !strings.Contains(sum, want) || !strings.Contains(sum, "(no commit: the desired branch could not be read)") {
 		t.Errorf("summary:\n%s", sum)
 	}
-	if vmOf(e.snapshot("hv-a"), "web-01") == nil {
+	if e.snapshot("hv-a").VM("web-01") == nil {
 		t.Fatal("a missing branch cost a VM")
 	}
 }
@@ -388,10 +388,10 @@ func TestRewriteThatMovesAVMKeepsTheOldOne(t *testing.T) {
 	if len(res.Tombstoned) != 0 || strings.Join(res.Retained, ",") != "VM web-01@hv-a" {
 		t.Fatalf("result = %+v, want web-01 kept on hv-a", res)
 	}
-	if vm := vmOf(e.snapshot("hv-a"), "web-01"); vm == nil || vm.Tombstoned {
+	if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || vm.Tombstoned {
 		t.Fatalf("web-01 on hv-a = %+v", vm)
 	}
-	if vm := vmOf(e.snapshot("hv-b"), "web-01"); vm == nil || vm.Tombstoned || vm.Spec.Host != "hv-b" {
+	if vm := e.snapshot("hv-b").VM("web-01"); vm == nil || vm.Tombstoned || vm.Spec.Host != "hv-b" {
 		t.Fatalf("web-01 on hv-b = %+v", vm)
 	}
 	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 2)}, Message: "back to hv-a"})

@@ -122,3 +122,32 @@ func Path(host string) string { return "hosts/" + host + ".yaml" }
 
 // SummaryPath is the controller's fleet summary on the status branch.
 const SummaryPath = "README.md"
+
+// VM returns the status row of the VM name, or nil when the status (which
+// may be nil) has none. Quarantined and vanished VMs are listed apart and
+// are not found here.
+func (s *Status) VM(name string) *VM {
+	if s == nil {
+		return nil
+	}
+	for i := range s.VMs {
+		if s.VMs[i].Name == name {
+			return &s.VMs[i]
+		}
+	}
+	return nil
+}
+
+// Volume returns the status row of the volume name, or nil when the status
+// (which may be nil) has none.
+func (s *Status) Volume(name string) *Volume {
+	if s == nil {
+		return nil
+	}
+	for i := range s.Volumes {
+		if s.Volumes[i].Name == name {
+			return &s.Volumes[i]
+		}
+	}
+	return nil
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/internal/tinyguest"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -42,9 +43,9 @@ func fakeGuest(t *testing.T, dir string) Guest {
 	k, i := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd")
 	require.NoError(t, os.WriteFile(k, []byte("kernel"), 0o644))
 	require.NoError(t, os.WriteFile(i, []byte("initrd"), 0o644))
-	ks, err := fileSHA256(k)
+	ks, err := tinyguest.FileSHA256(k)
 	require.NoError(t, err)
-	is, err := fileSHA256(i)
+	is, err := tinyguest.FileSHA256(i)
 	require.NoError(t, err)
 	return Guest{Kernel: k, KernelSHA256: ks, Initrd: i, InitrdSHA256: is, Cmdline: "console=ttyS0"}
 }
@@ -87,7 +88,7 @@ func TestFleetFilesValidate(t *testing.T) {
 			for _, a := range []desired.Artifact{{URL: s.Kernel.URL, SHA256: s.Kernel.SHA256}, *s.Kernel.Initrd} {
 				path, ok := strings.CutPrefix(a.URL, "file://")
 				require.True(t, ok, a.URL)
-				sum, err := fileSHA256(path)
+				sum, err := tinyguest.FileSHA256(path)
 				require.NoError(t, err)
 				assert.Equal(t, sum, a.SHA256, a.URL)
 			}

@@ -89,7 +89,7 @@ func PrepareGuest(ctx context.Context, cacheDir, imagesDir string) (Guest, error
 // same sha256 is there, and returns the destination path.
 func copyArtifact(src, dir, sum string) (string, error) {
 	dst := filepath.Join(dir, filepath.Base(src))
-	if have, err := fileSHA256(dst); err == nil && have == sum {
+	if have, err := tinyguest.FileSHA256(dst); err == nil && have == sum {
 		return dst, nil
 	}
 	in, err := os.Open(src)
@@ -118,17 +118,4 @@ func copyArtifact(src, dir, sum string) (string, error) {
 		return "", fmt.Errorf("copy %s: %w", src, err)
 	}
 	return dst, nil
-}
-
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -298,7 +298,7 @@ func storeByContent(cacheDir, stem, src string, data []byte) (string, string, er
 	sum := sha256.Sum256(data)
 	hexsum := hex.EncodeToString(sum[:])
 	dst := filepath.Join(cacheDir, stem+"-"+hexsum[:12])
-	if have, err := fileSHA256(dst); err == nil && have == hexsum {
+	if have, err := FileSHA256(dst); err == nil && have == hexsum {
 		return dst, hexsum, nil
 	}
 	tmp := dst + ".partial"
@@ -311,7 +311,9 @@ func storeByContent(cacheDir, stem, src string, data []byte) (string, string, er
 	return dst, hexsum, nil
 }
 
-func fileSHA256(path string) (string, error) {
+// FileSHA256 returns the lowercase hex sha256 of the file at path, the form
+// artifact specs carry.
+func FileSHA256(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err

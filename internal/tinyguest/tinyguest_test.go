@@ -122,7 +122,7 @@ func TestBuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, a := range []struct{ path, sum string }{{g.Kernel, g.KernelSHA256}, {g.Initrd, g.InitrdSHA256}} {
-		have, err := fileSHA256(a.path)
+		have, err := FileSHA256(a.path)
 		if err != nil {
 			t.Fatal(err)
 		}
