@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -63,5 +64,10 @@ func run(args []string) int {
 		return ee.code
 	}
 	fmt.Fprintln(os.Stderr, "gitfleet:", err)
+	if strings.HasPrefix(err.Error(), "unknown command ") {
+		// cobra reports a mistyped subcommand as a plain error; it is a
+		// usage error like any other.
+		return 2
+	}
 	return 1
 }
