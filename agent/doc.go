@@ -2,7 +2,7 @@
 // the gitfleet/snapshots branch, fences snapshots older than the last one it
 // accepted, converges volumes, runs one reconcile worker per VM against a
 // Provisioner, keeps its state on disk, and writes this host's status to the
-// gitfleet/status branch (DESIGN.md, Agent semantics).
+// gitfleet/status branch (docs/DESIGN.md, Agent semantics).
 //
 // The pieces, from the bottom up:
 //

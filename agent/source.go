@@ -11,7 +11,7 @@ import (
 	"github.com/gitfleet/gitfleet/status"
 )
 
-// Branches the agent reads and writes (DESIGN.md, Branches and files).
+// Branches the agent reads and writes (docs/DESIGN.md, Branches and files).
 const (
 	SnapshotsBranch = "gitfleet/snapshots"
 	StatusBranch    = "gitfleet/status"

@@ -7,7 +7,7 @@
 // file that is not a valid object is an error, never skipped: skipping a file
 // would read as deleting what it defined.
 //
-// The contracts here are the ones fixed in DESIGN.md (Objects; Branches and
+// The contracts here are the ones fixed in docs/DESIGN.md (Objects; Branches and
 // files): identity is kind + metadata.name, never the file path.
 //
 // # Loading

@@ -1,7 +1,7 @@
 package desired
 
 // Snapshot is one host's desired state as the controller publishes it at
-// hosts/<host>.yaml on the gitfleet/snapshots branch (DESIGN.md, Branches and
+// hosts/<host>.yaml on the gitfleet/snapshots branch (docs/DESIGN.md, Branches and
 // files). Epoch strictly increases per host and is never reused; an agent
 // refuses a snapshot whose epoch is below the last it accepted (the fence).
 //

@@ -106,7 +106,7 @@ func fileHash(data []byte) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// compute runs one pass's decisions over in.ledger (DESIGN.md, Controller
+// compute runs one pass's decisions over in.ledger (docs/DESIGN.md, Controller
 // semantics 2–6). It never returns a partial result: an error means nothing
 // may be written.
 func compute(in input) (*output, error) {
@@ -259,7 +259,7 @@ func compute(in input) (*output, error) {
 		}
 	}
 
-	// Finalize: a fresh ack (DESIGN.md, the epoch rule), or the abandoned
+	// Finalize: a fresh ack (docs/DESIGN.md, the epoch rule), or the abandoned
 	// sweep for an offline host. A tombstone not yet published (epoch 0)
 	// is never finalized.
 	kept = l.Tombstones[:0:0]

@@ -1,4 +1,4 @@
-// Package fleet is the gitfleet controller (DESIGN.md, Controller
+// Package fleet is the gitfleet controller (docs/DESIGN.md, Controller
 // semantics 1–7). One level-triggered pass reads the desired state at the
 // head of the main branch, derives tombstones for objects that left it,
 // finalizes tombstones that their hosts acknowledged (or that an offline
