@@ -68,9 +68,12 @@ type Config struct {
 	OfflineAfter time.Duration
 	// SummaryInterval is the least time between two rewrites of README.md
 	// by the controller's clock (default 30 s; negative: whenever it
-	// changed). The summary shows heartbeats, which a thousand agents move
-	// every second; the status branch must stay free for their writes. A
-	// change held back is written by a later pass.
+	// changed) when only heartbeat counters changed. The summary shows
+	// heartbeats, which a thousand agents move every second; the status
+	// branch must stay free for their writes. A change held back is written
+	// by a later pass. Any other change (phases, pending deletes, errors,
+	// epochs, a rejected commit, a host going online or offline) is
+	// written at once.
 	SummaryInterval time.Duration
 	// Clock returns the current time; nil means time.Now. Tests move it.
 	Clock func() time.Time
@@ -119,6 +122,7 @@ type Controller struct {
 	lastKey     string
 	lastPending int
 	summary     []byte // last README.md content known on the status branch
+	summaryKey  []byte // summary with heartbeat-driven fields blanked
 	summaryAt   time.Time
 	summaryDue  bool // a changed summary waits for SummaryInterval
 	// rejectLogged is the last rejection logged.
@@ -373,7 +377,7 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 // second is started by a status change.
 const statusGap = 2 * time.Second
 
-// Pass runs one level-triggered pass (DESIGN.md, Controller semantics 1–7):
+// Pass runs one level-triggered pass (docs/DESIGN.md, Controller semantics 1–7):
 // read desired, read statuses, compute tombstones, finalizations and
 // snapshots on the snapshots tip, publish them in one compare-and-swap
 // commit, and rewrite the status summary when it changed. A rejected desired
@@ -888,7 +892,9 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now tim
 		c.summaryDue = false
 		return false, nil
 	}
-	if c.cfg.SummaryInterval > 0 && !c.summaryAt.IsZero() && now.Sub(c.summaryAt) < c.cfg.SummaryInterval {
+	key := summaryKey(s)
+	heartbeatsOnly := string(key) == string(c.summaryKey)
+	if heartbeatsOnly && c.cfg.SummaryInterval > 0 && !c.summaryAt.IsZero() && now.Sub(c.summaryAt) < c.cfg.SummaryInterval {
 		c.summaryDue = true
 		return false, nil
 	}
@@ -908,6 +914,19 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now tim
 	if err != nil {
 		return false, err
 	}
-	c.summary, c.summaryAt, c.summaryDue = data, now, false
+	c.summary, c.summaryKey, c.summaryAt, c.summaryDue = data, key, now, false
 	return wrote, nil
+}
+
+// summaryKey renders s with its heartbeat-driven fields (the hosts'
+// heartbeat counters) blanked: two summaries with equal keys differ only in
+// what agents move on every write, which SummaryInterval may hold back.
+func summaryKey(s status.Summary) []byte {
+	hosts := make([]status.HostSummary, len(s.Hosts))
+	copy(hosts, s.Hosts)
+	for i := range hosts {
+		hosts[i].Heartbeat = 0
+	}
+	s.Hosts = hosts
+	return status.RenderSummary(s)
 }

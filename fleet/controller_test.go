@@ -547,7 +547,9 @@ func TestIdempotentAfterCrash(t *testing.T) {
 func TestSummaryRewrittenAtMostEveryInterval(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.c.cfg.SummaryInterval = time.Minute
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 40})
 	e.pass()
+	e.pass() // sees its own write
 	statusTip := func() string { return gittest.Rev(t, e.dir, "refs/heads/"+DefaultStatusBranch) }
 	summary := func() string { return gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath) }
 	// A heartbeat changes the summary; within the interval it waits.
@@ -567,6 +569,56 @@ func TestSummaryRewrittenAtMostEveryInterval(t *testing.T) {
 	e.clock.Add(time.Minute) // hv-a still online: nothing to show
 	if res := e.pass(); res.SummaryWritten || statusTip() != tip {
 		t.Fatalf("an unchanged summary was rewritten: %+v", res)
+	}
+}
+
+// TestSummaryRewrittenAtOnceBeyondHeartbeats: within SummaryInterval a
+// change of anything but heartbeat counters (a VM's phase, a pending delete
+// published, a finalized delete) is written by the pass that saw it.
+func TestSummaryRewrittenAtOnceBeyondHeartbeats(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.c.cfg.SummaryInterval = time.Hour
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1,
+		VMs: []status.VM{{Name: "web-01", Phase: status.PhaseCreating, Power: "running"}}})
+	e.pass()
+	summary := func() string { return gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath) }
+	steps := []struct {
+		name  string
+		do    func()
+		wants string
+	}{
+		{"phase", func() {
+			writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 2, LastSeenEpoch: 1,
+				VMs: []status.VM{{Name: "web-01", Phase: status.PhaseReady, Power: "running"}}})
+		}, "| web-01 | hv-a | ready | running |"},
+		{"tombstone", func() {
+			e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Author: "Ann Admin <ann@example.com>", Message: "retire web-01"})
+		}, "| VM | web-01 | hv-a |"},
+		{"finalized", func() {
+			writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 3, LastSeenEpoch: e.snapshot("hv-a").Epoch, Destroyed: []string{"web-01"}})
+		}, "## Pending deletes\n\nNone."},
+	}
+	for _, st := range steps {
+		e.clock.Add(5 * time.Second)
+		st.do()
+		if res := e.pass(); !res.SummaryWritten || !strings.Contains(summary(), st.wants) {
+			t.Fatalf("%s: summary not rewritten at once (want %q): %+v\n%s", st.name, st.wants, res, summary())
+		}
+		e.pass() // sees its own write
+	}
+	// The agent accepts the last epoch: written at once; then a heartbeat
+	// alone waits for the interval.
+	epoch := e.snapshot("hv-a").Epoch
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 4, LastSeenEpoch: epoch})
+	e.clock.Add(5 * time.Second)
+	if res := e.pass(); !res.SummaryWritten {
+		t.Fatalf("the accepted epoch was not written at once: %+v\n%s", res, summary())
+	}
+	e.pass()
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 5, LastSeenEpoch: epoch})
+	e.clock.Add(5 * time.Second)
+	if res := e.pass(); res.SummaryWritten || strings.Contains(summary(), "| hv-a | online | 5 |") {
+		t.Fatalf("a heartbeat-only change was written within the interval: %+v\n%s", res, summary())
 	}
 }
 
