@@ -612,6 +612,8 @@ func TestPower(t *testing.T) {
 	r := row(t, st, "web-01")
 	assert.Equal(t, status.PhaseStopped, r.Phase)
 	assert.Equal(t, "stopped", r.Power)
+	assert.Empty(t, r.IP, "a stopped VM answers on no address")
+	assert.Empty(t, r.SSH, "a stopped VM has no SSH forward")
 
 	f.rebootHost()
 	f.step(snap(2, vm("web-01", stopped)))
@@ -619,7 +621,9 @@ func TestPower(t *testing.T) {
 
 	st = f.step(snap(3, vm("web-01")))
 	assert.Len(t, f.prov.Calls(agenttest.OpBoot), 2, "back to running boots it")
-	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+	r = row(t, st, "web-01")
+	assert.Equal(t, status.PhaseReady, r.Phase)
+	assert.Equal(t, "10.77.1.2", r.IP, "running again shows the address")
 }
 
 func TestALostVMIsBootedAgain(t *testing.T) {

@@ -10,14 +10,15 @@ import (
 )
 
 // Report describes the host as the engine knows it, in the status file's
-// shape (DESIGN.md, Branches and files). Agent, Heartbeat and ObservedAt
+// shape (docs/DESIGN.md, Branches and files). Agent, Heartbeat and ObservedAt
 // are left for the writer; SnapshotError says why the host is fenced, if it
 // is, and the writer may put a fetch's refusal there instead. It reads only memory (and the
 // provisioner's optional progress for VMs being created), so it is cheap.
 //
 //   - VMs: a row per desired, non-tombstoned VM (sorted by name), and per VM
 //     still being shut down for a delete; a VM whose record cannot be read
-//     keeps its row as failed with the reason.
+//     keeps its row as failed with the reason. IP and SSH are shown only
+//     while the VM's power is running.
 //   - Quarantined: tombstoned VMs shut down and waiting for their grace.
 //   - Vanished: VMs this host keeps although the snapshot dropped them
 //     without a tombstone: left as they are for VanishGrace, then shut down
@@ -80,6 +81,12 @@ func (e *Engine) Report() *status.Status {
 			}
 			if row.Power == "" {
 				row.Power = string(desired.PowerStopped)
+			}
+			if row.Power != string(desired.PowerRunning) {
+				// A VM that is not running answers on no address: the
+				// record keeps them for the next boot, the report does
+				// not show them.
+				row.IP, row.SSH = "", ""
 			}
 			if rec.Phase == status.PhaseCreating && progress != nil {
 				if done, total, ok := progress.VMProgress(name); ok {
