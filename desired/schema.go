@@ -8,8 +8,10 @@ import (
 // SchemaID is the $id of the JSON Schema JSONSchema returns.
 const SchemaID = "https://gitfleet.dev/schemas/v1alpha1/object.json"
 
-// JSONSchema returns a JSON Schema (draft 2020-12) of one object file: a
-// oneOf over the kinds VM, Volume and Host, each with its fields, types,
+// JSONSchema returns a JSON Schema (draft 2020-12) of one object file: kind
+// must be VM, Volume or Host, and an if/then on kind checks the object
+// against that kind's definition alone (so a validator reports errors of the
+// object's own kind, never of the others), each with its fields, types,
 // required fields and the per-object limits of this package (name pattern
 // and length, integer ranges, sha256 and URL shapes, power values). Editors
 // use it to complete and check object files as they are written. The
@@ -113,14 +115,28 @@ func JSONSchema() []byte {
 		"$id":         SchemaID,
 		"title":       "gitfleet object",
 		"description": fmt.Sprintf("One object file of a gitfleet fleet (%s): a VM, a Volume or a Host.", APIVersion),
-		"oneOf":       []obj{ref("VM"), ref("Volume"), ref("Host")},
-		"$defs":       defs,
+		"type":        "object",
+		"required":    []string{"kind"},
+		"properties": obj{
+			"kind": obj{"enum": []string{string(KindVM), string(KindVolume), string(KindHost)},
+				"description": "The object's kind; it chooses the rest of the schema."},
+		},
+		"allOf": []obj{onKind(KindVM), onKind(KindVolume), onKind(KindHost)},
+		"$defs": defs,
 	}
 	b, err := json.MarshalIndent(schema, "", "  ")
 	if err != nil {
 		panic(fmt.Sprintf("desired: encode schema: %v", err))
 	}
 	return append(b, '\n')
+}
+
+// onKind applies the definition of kind k to objects whose kind is k.
+func onKind(k Kind) obj {
+	return obj{
+		"if":   obj{"required": []string{"kind"}, "properties": obj{"kind": obj{"const": string(k)}}},
+		"then": obj{"$ref": "#/$defs/" + string(k)},
+	}
 }
 
 // obj is a JSON object under construction; encoding/json sorts its keys.

@@ -3,6 +3,8 @@ package desired
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -123,5 +125,42 @@ func TestSchemaFileIsCurrent(t *testing.T) {
 	}
 	if !bytes.Equal(got, JSONSchema()) {
 		t.Errorf("%s is stale; regenerate it with go test ./desired -run TestSchemaFileIsCurrent -update", p)
+	}
+}
+
+// TestSchemaErrorsNameOnlyTheObjectsKind: a bad object is checked against
+// its own kind's definition alone, so the validator's errors never mention
+// the other kinds (no "'Volume' was expected" noise for a VM).
+func TestSchemaErrorsNameOnlyTheObjectsKind(t *testing.T) {
+	sch := compileSchema(t)
+	for name, tc := range map[string]struct {
+		input  string
+		own    string
+		others []string
+	}{
+		"VM":     {vm(vmBody + "  gpus: 1\n"), "$defs/VM", []string{"$defs/Volume", "$defs/Host", "'Volume'", "'Host'"}},
+		"Volume": {"apiVersion: gitfleet.dev/v1alpha1\nkind: Volume\nmetadata: {name: a}\nspec: {host: hv-a, sizeGB: 0}\n", "$defs/Volume", []string{"$defs/VM", "$defs/Host", "'VM'", "'Host'"}},
+		"Host":   {"apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: a}\nspec: {networks: {lan: {}}}\n", "$defs/Host", []string{"$defs/VM", "$defs/Volume", "'VM'", "'Volume'"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := sch.Validate(yamlInstance(t, []byte(tc.input)))
+			var ve *jsonschema.ValidationError
+			if !errors.As(err, &ve) {
+				t.Fatalf("got %v, want a validation error", err)
+			}
+			out, jerr := json.Marshal(ve.DetailedOutput())
+			if jerr != nil {
+				t.Fatal(jerr)
+			}
+			text := string(out) + "\n" + fmt.Sprintf("%v", err)
+			if !strings.Contains(text, tc.own) {
+				t.Errorf("errors do not come from %s:\n%s", tc.own, text)
+			}
+			for _, o := range tc.others {
+				if strings.Contains(text, o) {
+					t.Errorf("errors mention %s:\n%s", o, text)
+				}
+			}
+		})
 	}
 }
