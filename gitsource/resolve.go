@@ -34,7 +34,7 @@ func (r *Repo) Resolve(ctx context.Context, rev string) (string, error) {
 		}
 		if !errors.Is(err, ErrBranchNotFound) || !hexRev {
 			if errors.Is(err, ErrBranchNotFound) {
-				return "", fmt.Errorf("resolve %q: %w: %v", rev, ErrUnknownRevision, err)
+				return "", fmt.Errorf("resolve %q: %w: no branch of that name on %s, and not a commit hash", rev, ErrUnknownRevision, redactURL(r.url))
 			}
 			return "", fmt.Errorf("resolve %q: %w", rev, err)
 		}
@@ -62,4 +62,32 @@ func (r *Repo) Resolve(ctx context.Context, rev string) (string, error) {
 		return "", fmt.Errorf("resolve %q: %w", rev, err)
 	}
 	return h.String(), nil
+}
+
+// ResolveExpr turns rev into a commit hash as Resolve does, and also accepts
+// any git revision expression (HEAD, HEAD~1, main~1, origin/main, a tag, an
+// abbreviated hash) when the remote is a local repository: rev is resolved
+// there first with go-git's Repository.ResolveRevision (the path names the
+// repository itself: a working tree's top or a bare repository), then the
+// commit is made readable through Resolve. A network remote, or a local one where the
+// expression does not resolve, goes to Resolve alone. An unknown revision
+// gives an error matching ErrUnknownRevision.
+func (r *Repo) ResolveExpr(ctx context.Context, rev string) (string, error) {
+	dir := r.localPath()
+	if dir == "" {
+		return r.Resolve(ctx, rev)
+	}
+	local, err := git.PlainOpen(dir)
+	if err != nil {
+		return r.Resolve(ctx, rev)
+	}
+	h, lerr := local.ResolveRevision(plumbing.Revision(rev))
+	if lerr != nil {
+		commit, err := r.Resolve(ctx, rev)
+		if errors.Is(err, ErrUnknownRevision) {
+			return "", fmt.Errorf("resolve %q: %w: %s has no branch, tag or commit of that name and the expression does not resolve there", rev, ErrUnknownRevision, dir)
+		}
+		return commit, err
+	}
+	return r.Resolve(ctx, h.String())
 }

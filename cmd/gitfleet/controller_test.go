@@ -207,6 +207,17 @@ func TestPlanCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "- delete VM db-01") {
 		t.Fatalf("plan in a working copy: exit %d\n%s", code, out)
 	}
+	// In a local repository, git revision expressions.
+	for _, revs := range [][2]string{{"HEAD", "origin/change"}, {"origin/change~1", "origin/change"}, {"main", "origin/change"}} {
+		code, out = runCLI(t, "plan", "--repo", work, "--path", "fleet", "--base", revs[0], "--head", revs[1])
+		if code != 0 || !strings.Contains(out, "- delete VM db-01") || !strings.Contains(out, revs[1]+" ("+head[:12]+")") {
+			t.Fatalf("plan --base %s --head %s: exit %d\n%s", revs[0], revs[1], code, out)
+		}
+	}
+	code, _, stderr := runCLIStderr(t, "plan", "--repo", work, "--path", "fleet", "--base", "HEAD~9", "--head", "HEAD")
+	if code != 1 || strings.Count(stderr, "HEAD~9") != 1 || strings.Count(stderr, work) != 1 || !strings.Contains(stderr, "--base") {
+		t.Fatalf("unknown --base HEAD~9: exit %d, want 1 with one clear line:\n%s", code, stderr)
+	}
 
 	// Validation errors: printed, exit 1.
 	gittest.Commit(t, dir, gittest.Edit{Branch: "change", Write: map[string]string{"fleet/web-01.yaml": cliVM("web-01", "hv-a", "0")}})

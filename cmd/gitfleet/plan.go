@@ -22,11 +22,15 @@ func init() {
 	cmd := &cobra.Command{
 		Use:   "plan --repo R --base REV --head REV",
 		Short: "Show what merging head over base would do, host by host",
-		Long: `Plan loads the desired state at --base and at --head (branch names or commit
-hashes) and prints, per host, the creates, updates (field by field),
+		Long: `Plan loads the desired state at --base and at --head and prints, per host, the creates, updates (field by field),
 deletes, un-deletes (a pending delete the head brings back), host moves
 (destroy and create) and volume deletes (data loss). Secret fields show only
 that they changed. --format markdown is a pull-request comment.
+
+A revision is a branch name or a commit hash (full or at least 4 hex
+digits) on any repository; when --repo is a local repository (a path or
+file:// URL naming its top directory) it is any git revision expression
+there too: HEAD, HEAD~1, main~1, origin/main, a tag.
 
 Exit status follows head alone: 0 when head is valid, 1 when head has
 validation errors (they are printed; the controller would reject it) or git
@@ -51,8 +55,8 @@ the top of the plan says which.`,
 		},
 	}
 	repo.add(cmd)
-	cmd.Flags().StringVar(&base, "base", "", "revision the change starts from: a branch or a commit hash")
-	cmd.Flags().StringVar(&head, "head", "", "revision of the change: a branch or a commit hash")
+	cmd.Flags().StringVar(&base, "base", "", "revision the change starts from: a branch or commit hash; in a local repository also HEAD~1, origin/main, a tag")
+	cmd.Flags().StringVar(&head, "head", "", "revision of the change: a branch or commit hash; in a local repository also HEAD, main~1, a tag")
 	cmd.Flags().StringVar(&path, "path", envOr("GITFLEET_PATH", ""), "directory of the objects in the repository ($GITFLEET_PATH)")
 	cmd.Flags().StringVar(&form, "format", "text", "output format: text, markdown or json")
 	rootCmd.AddCommand(cmd)
@@ -67,7 +71,7 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 		return &exitError{code: 1, err: err}
 	}
 	load := func(rev string) (string, *desired.Fleet, error) {
-		commit, err := repo.Resolve(ctx, rev)
+		commit, err := repo.ResolveExpr(ctx, rev)
 		if err != nil {
 			return "", nil, err
 		}
@@ -95,12 +99,12 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 			warnings = append(warnings, what+"; planned against an empty base: every object of head shows as a create")
 		}
 	} else if err != nil {
-		return &exitError{code: 1, err: fmt.Errorf("base %s: %w", baseRev, err)}
+		return &exitError{code: 1, err: fmt.Errorf("--base: %w", err)}
 	}
 	headCommit, headFleet, headErr := load(headRev)
 	var list desired.ErrorList
 	if headErr != nil && !errors.As(headErr, &list) {
-		return &exitError{code: 1, err: fmt.Errorf("head %s: %w", headRev, headErr)}
+		return &exitError{code: 1, err: fmt.Errorf("--head: %w", headErr)}
 	}
 	var p *desired.Plan
 	if headErr == nil {
