@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/fleet"
@@ -253,16 +254,35 @@ func TestPlanShowsUndelete(t *testing.T) {
 
 func TestStatusCommand(t *testing.T) {
 	dir := cliFleet(t)
-	code, out := runCLI(t, "status", "--repo", dir)
-	if code != 0 || !strings.Contains(out, "No host has reported yet") {
-		t.Fatalf("exit %d:\n%s", code, out)
+	// No status branch: said so, exit 1, never "no host has reported".
+	code, out, stderr := runCLIStderr(t, "status", "--repo", dir)
+	if code != 1 || strings.Contains(out, "No host has reported yet") || !strings.Contains(stderr, "has no branch gitfleet/status") {
+		t.Fatalf("no status branch: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr)
+	}
+	// The controller publishes, then deletes db-01: a pending delete.
+	if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 {
+		t.Fatal(out)
+	}
+	del := gittest.Commit(t, dir, gittest.Edit{Remove: []string{"fleet/db-01.yaml"}, Author: "Ann Admin <ann@example.com>",
+		Time: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)})
+	if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 {
+		t.Fatal(out)
 	}
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
+	since := time.Date(2026, 11, 29, 12, 5, 0, 0, time.UTC)
 	data, _ := status.Marshal(&status.Status{Host: "hv-a", Heartbeat: 4, LastSeenEpoch: 2, Agent: status.AgentInfo{Accel: "tcg"},
-		VMs: []status.VM{{Name: "web-01", Phase: status.PhaseReady, Power: "running", SSH: "127.0.0.1:2201"}}})
+		VMs: []status.VM{
+			{Name: "web-01", Phase: status.PhaseReady, Power: "running", SSH: "127.0.0.1:2201"},
+			// As an earlier agent reported a stopped VM: the table hides the stale address.
+			{Name: "idle-01", Phase: status.PhaseStopped, Power: "stopped", IP: "10.0.2.15", SSH: "127.0.0.1:36261"},
+		},
+		Quarantined: []status.Quarantine{{Name: "db-01", Since: since}},
+		Destroyed:   []string{"gone-01"},
+		Vanished:    []status.Vanished{{Name: "lost-01", Since: since, Power: "running", Reason: "absent"}},
+	})
 	if _, err := repo.Update(context.Background(), fleet.DefaultStatusBranch, func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		return map[string][]byte{"hosts/hv-a.yaml": data, "hosts/hv-b.yaml": []byte("not: [valid")}, "status", nil
 	}); err != nil {
@@ -272,14 +292,33 @@ func TestStatusCommand(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
-	for _, want := range []string{"hv-a", "tcg", "web-01", "ready", "ssh 127.0.0.1:2201", "hv-b", "unreadable"} {
+	for _, want := range []string{"hv-a", "tcg", "web-01", "ready", "ssh 127.0.0.1:2201", "hv-b", "unreadable",
+		"hv-a  quarantined  stopped", "shut down since 2026-11-29T12:05:00Z",
+		"gone-01", "destroy acked",
+		"lost-01", "vanished", "never destroyed",
+		"Pending deletes:", "VM    db-01  hv-a  " + del[:12] + "  Ann Admin <ann@example.com>  2026-11-29T12:00:00Z"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "idle-01") && (strings.Contains(line, "10.0.2.15") || strings.Contains(line, "36261")) {
+			t.Errorf("a stopped VM shows an address: %s", line)
+		}
+	}
 	code, out = runCLI(t, "status", "--repo", dir, "--format", "json")
 	var rep statusReport
-	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || len(rep.Hosts) != 1 || rep.Hosts[0].Heartbeat != 4 || rep.Unreadable["hv-b"] == "" {
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || len(rep.Hosts) != 1 || rep.Hosts[0].Heartbeat != 4 || rep.Unreadable["hv-b"] == "" ||
+		len(rep.Hosts[0].Quarantined) != 1 || len(rep.PendingDeletes) != 1 || rep.PendingDeletes[0].Commit != del || rep.PendingDeletes[0].Author != "Ann Admin <ann@example.com>" {
 		t.Fatalf("exit %d, json:\n%s", code, out)
+	}
+
+	// A clone has the status branch only as origin/gitfleet/status: the
+	// error points at the fleet's remote.
+	work := filepath.Join(t.TempDir(), "work")
+	gittest.Git(t, "", "clone", "--quiet", dir, work)
+	code, out, stderr = runCLIStderr(t, "status", "--repo", work)
+	if code != 1 || strings.Contains(out, "No host has reported yet") || !strings.Contains(stderr, "origin/gitfleet/status") || !strings.Contains(stderr, "--repo "+dir) {
+		t.Fatalf("status in a clone: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr)
 	}
 }

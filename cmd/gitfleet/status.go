@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
+	git "github.com/go-git/go-git/v5"
+	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/spf13/cobra"
 
 	"github.com/gitfleet/gitfleet/fleet"
@@ -19,19 +22,33 @@ import (
 
 func init() {
 	var (
-		repo         repoFlags
-		branch, form string
+		repo                    repoFlags
+		branch, snapshots, form string
 	)
 	cmd := &cobra.Command{
 		Use:   "status --repo URL",
 		Short: "Show the fleet as the hosts report it on the status branch",
 		Long: `Status reads every host's status file on the status branch and prints the
 hosts (heartbeat, accelerator, last accepted epoch, fence violation, last
-report by the agent's clock) and their VMs (phase, power, address, error).
---format json prints the status files themselves.
+report by the agent's clock); every VM a host reports (phase, power,
+address, error, note): its VMs, the quarantined ones waiting for their
+grace before a delete (with since when), the ones it has destroyed (destroy
+acks the controller has not finalized yet) and the vanished ones (absent
+from the snapshot without a tombstone: kept, never destroyed); and the
+pending deletes, from the controller's ledger (ledger.yaml on the snapshots
+branch): who removed what, with which commit and when. A VM that is not
+running shows no address.
 
-Exit status: 0, or 1 when the status branch cannot be read (a repository
-without one has no statuses yet and prints none), 2 for usage errors.`,
+--format json prints {"commit", "hosts", "unreadable", "pendingDeletes",
+"pendingError"}: the status files themselves, the hosts whose file could
+not be read with why, the pending deletes (kind, name, host, commit,
+author, time, epoch, publishedAt) and why they could not be read, if so.
+
+Exit status: 0; 1 when the status branch is missing (no agent has
+reported to this repository, or --repo names a clone rather than the
+fleet's remote: point it at the remote) or cannot be read, or the pending
+deletes cannot be read (what could be read is printed); 2 for usage
+errors.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := repo.check(); err != nil {
@@ -40,24 +57,46 @@ without one has no statuses yet and prints none), 2 for usage errors.`,
 			if form != "table" && form != "json" {
 				return &exitError{code: 2, err: fmt.Errorf("--format must be table or json, got %q", form)}
 			}
-			return runStatus(cmd.Context(), cmd.OutOrStdout(), repo, branch, form)
+			return runStatus(cmd.Context(), cmd.OutOrStdout(), repo, branch, snapshots, form)
 		},
 	}
 	repo.add(cmd)
 	cmd.Flags().StringVar(&branch, "status-branch", fleet.DefaultStatusBranch, "branch the agents report on")
+	cmd.Flags().StringVar(&snapshots, "snapshots-branch", fleet.DefaultSnapshotsBranch, "branch the controller publishes snapshots and its ledger on")
 	cmd.Flags().StringVar(&form, "format", "table", "output format: table or json")
 	rootCmd.AddCommand(cmd)
 }
 
-// statusReport is the --format json output: every host's status, and the
-// hosts whose file could not be read with why.
+// statusReport is the --format json output: every host's status, the hosts
+// whose file could not be read with why, and the pending deletes from the
+// controller's ledger.
 type statusReport struct {
 	Commit     string            `json:"commit"`
 	Hosts      []*status.Status  `json:"hosts"`
 	Unreadable map[string]string `json:"unreadable,omitempty"`
+	// PendingDeletes are the tombstones the controller has published and
+	// not finalized (ledger.yaml on the snapshots branch); empty when the
+	// controller has published nothing yet.
+	PendingDeletes []pendingDelete `json:"pendingDeletes"`
+	// PendingError says why the pending deletes could not be read.
+	PendingError string `json:"pendingError,omitempty"`
 }
 
-func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, format string) error {
+// pendingDelete is one tombstone: the object, the desired-state commit that
+// removed it with its author and author time, the epoch that first
+// published it and when the controller published it (its own clock).
+type pendingDelete struct {
+	Kind        string    `json:"kind"`
+	Name        string    `json:"name"`
+	Host        string    `json:"host"`
+	Commit      string    `json:"commit"`
+	Author      string    `json:"author"`
+	Time        string    `json:"time"`
+	Epoch       uint64    `json:"epoch"`
+	PublishedAt time.Time `json:"publishedAt"`
+}
+
+func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, snapshots, format string) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -65,46 +104,132 @@ func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, format 
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
-	rep := statusReport{Hosts: []*status.Status{}}
+	rep := statusReport{Hosts: []*status.Status{}, PendingDeletes: []pendingDelete{}}
 	tip, err := repo.Fetch(ctx, branch)
-	switch {
-	case errors.Is(err, gitsource.ErrBranchNotFound):
-	case err != nil:
+	if errors.Is(err, gitsource.ErrBranchNotFound) {
+		return &exitError{code: 1, err: missingStatusBranch(rf.url, branch)}
+	}
+	if err != nil {
 		return &exitError{code: 1, err: err}
-	default:
-		rep.Commit = tip
-		tree, err := repo.Tree(tip, "")
-		if err != nil {
-			return &exitError{code: 1, err: err}
-		}
-		reports, err := status.NewReader().ReadAll(tree)
-		if err != nil {
-			return &exitError{code: 1, err: err}
-		}
-		for _, r := range reports {
-			if r.Err != nil {
-				if rep.Unreadable == nil {
-					rep.Unreadable = map[string]string{}
-				}
-				rep.Unreadable[r.Host] = r.Err.Error()
-				continue
+	}
+	rep.Commit = tip
+	tree, err := repo.Tree(tip, "")
+	if err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	reports, err := status.NewReader().ReadAll(tree)
+	if err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	for _, r := range reports {
+		if r.Err != nil {
+			if rep.Unreadable == nil {
+				rep.Unreadable = map[string]string{}
 			}
-			rep.Hosts = append(rep.Hosts, r.Status)
+			rep.Unreadable[r.Host] = r.Err.Error()
+			continue
 		}
+		rep.Hosts = append(rep.Hosts, r.Status)
+	}
+	if rep.PendingDeletes, err = readPendingDeletes(ctx, repo, snapshots); err != nil {
+		rep.PendingDeletes, rep.PendingError = []pendingDelete{}, err.Error()
 	}
 	if format == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		err = enc.Encode(rep)
+	} else {
+		err = writeStatusTable(out, rep)
 	}
-	return writeStatusTable(out, rep)
+	if err != nil {
+		return err
+	}
+	if rep.PendingError != "" {
+		return &exitError{code: 1, err: fmt.Errorf("pending deletes: %s", rep.PendingError)}
+	}
+	return nil
+}
+
+// missingStatusBranch explains a repository without the status branch. A
+// local clone of the fleet has it only as a remote-tracking branch (say
+// origin/gitfleet/status): the statuses live on the fleet's remote, which
+// the error names.
+func missingStatusBranch(url, branch string) error {
+	err := fmt.Errorf("%s has no branch %s: no agent has reported to this repository yet, or --repo does not name the fleet's repository", url, branch)
+	local, oerr := git.PlainOpen(strings.TrimPrefix(url, "file://"))
+	if oerr != nil {
+		return err
+	}
+	remotes, rerr := local.Remotes()
+	if rerr != nil {
+		return err
+	}
+	sort.Slice(remotes, func(i, j int) bool { return remotes[i].Config().Name < remotes[j].Config().Name })
+	for _, r := range remotes {
+		name := r.Config().Name
+		if _, err := local.Reference(plumbing.NewRemoteReferenceName(name, branch), false); err != nil || len(r.Config().URLs) == 0 {
+			continue
+		}
+		return fmt.Errorf("%s has no branch %s, only %s/%s from its remote %q: this is a clone; point --repo at the fleet's remote: --repo %s",
+			url, branch, name, branch, name, r.Config().URLs[0])
+	}
+	return err
+}
+
+// readPendingDeletes reads the tombstones from the controller's ledger on
+// the snapshots branch; none when the branch does not exist yet.
+func readPendingDeletes(ctx context.Context, repo *gitsource.Repo, branch string) ([]pendingDelete, error) {
+	out := []pendingDelete{}
+	tip, err := repo.Fetch(ctx, branch)
+	if errors.Is(err, gitsource.ErrBranchNotFound) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	data, err := repo.ReadFile(tip, fleet.LedgerPath)
+	if errors.Is(err, gitsource.ErrFileNotFound) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	l, err := fleet.ParseLedger(data)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range l.Tombstones {
+		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit,
+			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt})
+	}
+	return out, nil
 }
 
 func writeStatusTable(out io.Writer, rep statusReport) error {
 	if len(rep.Hosts) == 0 && len(rep.Unreadable) == 0 {
-		_, err := fmt.Fprintln(out, "No host has reported yet.")
+		fmt.Fprintln(out, "No host has reported yet.")
+	} else if err := writeHostsAndVMs(out, rep); err != nil {
 		return err
 	}
+	fmt.Fprintln(out)
+	switch {
+	case rep.PendingError != "":
+		_, err := fmt.Fprintf(out, "Pending deletes: unknown (%s)\n", rep.PendingError)
+		return err
+	case len(rep.PendingDeletes) == 0:
+		_, err := fmt.Fprintln(out, "Pending deletes: none.")
+		return err
+	}
+	fmt.Fprintln(out, "Pending deletes:")
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tNAME\tHOST\tREMOVED BY\tAUTHOR\tSINCE\tEPOCH")
+	for _, p := range rep.PendingDeletes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(short(p.Commit)), dash(p.Author), dash(p.Time), p.Epoch)
+	}
+	return tw.Flush()
+}
+
+func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOST\tHEARTBEAT\tEPOCH\tACCEL\tVMS\tREPORTED\tNOTE")
 	for _, st := range rep.Hosts {
@@ -112,11 +237,7 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 		if st.FenceViolation {
 			note = "fence violation " + note
 		}
-		reported := "-"
-		if !st.ObservedAt.IsZero() {
-			reported = st.ObservedAt.UTC().Format(time.RFC3339)
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t%s\n", st.Host, st.Heartbeat, st.LastSeenEpoch, dash(st.Agent.Accel), len(st.VMs), reported, dash(note))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t%s\n", st.Host, st.Heartbeat, st.LastSeenEpoch, dash(st.Agent.Accel), len(st.VMs), stampOrDash(st.ObservedAt), dash(note))
 	}
 	bad := make([]string, 0, len(rep.Unreadable))
 	for h := range rep.Unreadable {
@@ -131,27 +252,51 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 	}
 	n := 0
 	for _, st := range rep.Hosts {
-		n += len(st.VMs)
+		n += len(st.VMs) + len(st.Quarantined) + len(st.Destroyed) + len(st.Vanished)
 	}
 	if n == 0 {
 		return nil
 	}
 	fmt.Fprintln(out)
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VM\tHOST\tPHASE\tPOWER\tADDRESS\tERROR")
+	fmt.Fprintln(tw, "VM\tHOST\tPHASE\tPOWER\tADDRESS\tERROR\tNOTE")
 	for _, st := range rep.Hosts {
 		for _, vm := range st.VMs {
-			addr := vm.IP
-			if vm.SSH != "" {
-				if addr != "" {
-					addr += " "
+			addr := ""
+			if vm.Power == "running" {
+				addr = vm.IP
+				if vm.SSH != "" {
+					if addr != "" {
+						addr += " "
+					}
+					addr += "ssh " + vm.SSH
 				}
-				addr += "ssh " + vm.SSH
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", vm.Name, st.Host, vm.Phase, dash(vm.Power), dash(addr), dash(vm.LastError))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", vm.Name, st.Host, vm.Phase, dash(vm.Power), dash(addr), dash(vm.LastError), dash(vm.Message))
+		}
+		for _, q := range st.Quarantined {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t%s\t%s\n", q.Name, st.Host, status.PhaseQuarantined, "stopped", dash(q.LastError),
+				"pending delete: shut down since "+stampOrDash(q.Since)+", destroyed after the grace")
+		}
+		for _, name := range st.Destroyed {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t-\t%s\n", name, st.Host, "destroyed", "destroy acked; the controller finalizes the delete")
+		}
+		for _, v := range st.Vanished {
+			note := "not in the snapshot, no tombstone, since " + stampOrDash(v.Since) + ": left as it is, never destroyed"
+			if v.Quarantined {
+				note = "not in the snapshot, no tombstone, since " + stampOrDash(v.Since) + ": shut down and kept, never destroyed"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t%s\t%s\n", v.Name, st.Host, "vanished", dash(v.Power), dash(v.LastError), note)
 		}
 	}
 	return tw.Flush()
+}
+
+func stampOrDash(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 func dash(s string) string {
