@@ -21,9 +21,18 @@ func init() {
 		Short: "Boot a small fleet of tiny VMs on this machine from a local git repository",
 		Long: `demo creates a bare repository holding a small fleet (one host, two tiny VMs,
 one volume), runs the controller and an agent against it with real QEMU, shows
-the VMs' progress and, once they are ready, how to change the fleet with a git
-push. It needs no internet: the guests boot a Debian kernel and a busybox
-initramfs built once and cached.
+the VMs' progress and, once their guests have booted, how to change the fleet
+with a git push.
+
+The guests boot a Debian kernel with a busybox initramfs, built once and
+cached. The kernel is the one already downloaded into the cache, if any;
+else this machine's own (/boot/vmlinuz-* with uncompressed modules in
+/lib/modules) when it is readable; else the package linux-image-amd64
+depends on, fetched once with apt-get download (the only network access). The cache (--cache) is, by default,
+$XDG_CACHE_HOME/gitfleet/tinyguest (~/.cache/gitfleet/tinyguest); when that
+holds no downloaded kernel but the test suite's cache
+($XDG_CACHE_HOME/gitfleet-test/tinyguest) does, the demo uses that one. The
+first progress line names the cache used.
 
 Everything lives in --dir; running the demo again resumes it. Ctrl-C stops it
 and shuts the VMs down (disks stay) unless --keep is given.`,
@@ -53,7 +62,7 @@ and shuts the VMs down (disks stay) unless --keep is given.`,
 	cmd.SetContext(context.Background())
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", demoEnv("GITFLEET_DEMO_DIR", ""), "directory for the demo's repository, disks and logs (default $XDG_STATE_HOME/gitfleet/demo or ~/.local/state/gitfleet/demo) [GITFLEET_DEMO_DIR]")
-	f.StringVar(&cache, "cache", demoEnv("GITFLEET_DEMO_CACHE", ""), "where the tiny guest is built and cached (default $XDG_CACHE_HOME/gitfleet/tinyguest) [GITFLEET_DEMO_CACHE]")
+	f.StringVar(&cache, "cache", demoEnv("GITFLEET_DEMO_CACHE", ""), "where the tiny guest is built and cached (default $XDG_CACHE_HOME/gitfleet/tinyguest, or the test suite's $XDG_CACHE_HOME/gitfleet-test/tinyguest when only that holds a downloaded kernel; see above) [GITFLEET_DEMO_CACHE]")
 	f.StringVar(&accel, "accel", demoEnv("GITFLEET_ACCEL", "auto"), "QEMU accelerator: auto, kvm or tcg [GITFLEET_ACCEL]")
 	f.BoolVar(&keep, "keep", false, "leave the VMs running when the demo stops")
 	rootCmd.AddCommand(cmd)

@@ -27,6 +27,19 @@ func (c *console) restart() {
 	c.offset, c.tail, c.booted = 0, nil, false
 }
 
+// skip reads the log up to its current end without returning its lines,
+// noting whether the guest printed "ready": for a guest that was already
+// running, whose lines are old news.
+func (c *console) skip() {
+	for {
+		at := c.offset
+		c.read()
+		if c.offset == at {
+			return
+		}
+	}
+}
+
 func (c *console) read() []string {
 	f, err := os.Open(c.path)
 	if err != nil {

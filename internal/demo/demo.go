@@ -215,6 +215,15 @@ func Run(ctx context.Context, cfg Config) error {
 		fmt.Fprintf(out, "  repository: %s (resumed: its %s branch is kept as it is)\n", url, MainBranch)
 	}
 
+	lrepo, err := gitsource.Open(ctx, gitsource.Options{URL: url, Logger: log})
+	if err != nil {
+		return err
+	}
+	lw := &ledgerWatch{repo: lrepo}
+	if msg := lw.baseline(ctx); msg != "" {
+		fmt.Fprintf(out, "  %s\n", msg)
+	}
+
 	rt, err := startFleet(ctx, cfg, l, url, logger)
 	if err != nil {
 		return err
@@ -226,12 +235,7 @@ func Run(ctx context.Context, cfg Config) error {
 	fmt.Fprintln(out)
 
 	w := newWatcher(out, start, l)
-	lrepo, err := gitsource.Open(ctx, gitsource.Options{URL: url, Logger: log})
-	if err != nil {
-		rt.stop()
-		return err
-	}
-	lw := &ledgerWatch{repo: lrepo}
+	w.attached = rt.attached
 	settled := false
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
@@ -244,17 +248,20 @@ loop:
 			break loop
 		case <-t.C:
 		}
-		if n%4 == 0 {
+		st := rt.eng.Report()
+		// The ledger is read every 2 s, and at once when the agent took a
+		// snapshot newer than the ledger told of: the controller's lines
+		// then come before the agent's lines they caused.
+		if n%4 == 0 || lw.due(HostName, st.LastSeenEpoch) {
 			for _, msg := range lw.read(ctx) {
 				w.line("%s", msg)
 			}
 		}
-		st := rt.eng.Report()
 		w.observe(st)
 		if !settled && w.settled(st) {
 			settled = true
-			fmt.Fprintf(out, "\nThe fleet is up after %.1fs.\n\n", time.Since(start).Seconds())
-			printSummary(out, cfg, l, url, st)
+			fmt.Fprintf(out, "\nThe fleet is up after %.1fs: %s.\n\n", time.Since(start).Seconds(), w.upSummary(st))
+			printSummary(out, cfg, l, url, st, w.booted)
 			if cfg.OnSettled != nil {
 				cfg.OnSettled(st)
 			}
@@ -287,6 +294,10 @@ type stack struct {
 	err    error
 	failed chan struct{} // closed when the controller or agent returned early
 	once   sync.Once
+	// attached are the VMs whose QEMU was already running when the demo
+	// started (a run with Keep left them): their serial logs hold an old
+	// boot.
+	attached map[string]bool
 }
 
 // startFleet opens the repository twice (a full clone for the controller, a
@@ -334,8 +345,17 @@ func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *l
 		eng.Close(context.Background())
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	// Before the agent runs, a live QEMU can only be one a past run left.
+	attached := map[string]bool{}
+	if recs, _, err := store.LoadRecords(); err == nil {
+		for name := range recs {
+			if prov.Running(name) {
+				attached[name] = true
+			}
+		}
+	}
 	rctx, cancel := context.WithCancel(ctx)
-	rt := &stack{prov: prov, eng: eng, store: store, cancel: cancel, failed: make(chan struct{})}
+	rt := &stack{prov: prov, eng: eng, store: store, cancel: cancel, failed: make(chan struct{}), attached: attached}
 	rt.goRun("controller", func() error { return ctrl.Run(rctx, cfg.ControllerInterval) })
 	rt.goRun("agent", func() error { return ag.Run(rctx) })
 	return rt, nil
@@ -412,10 +432,17 @@ const bootWait = 2 * time.Minute
 // being created.
 const progressEvery = 5 * time.Second
 
+// rowFormat lays out a line about one VM: name, phase (wide enough for
+// "quarantined"), power, detail. consoleFormat is a console line.
+const (
+	rowFormat     = "%-10s %-11s %-8s %s"
+	consoleFormat = "%-10s %-11s %s"
+)
+
 // watcher prints one line per change of a VM's phase, power or error (and
 // while a VM is created, its progress message every progressEvery), the
-// tiny guest's console lines, and when a VM is quarantined, destroyed or
-// gone.
+// tiny guest's console lines, and when a VM is quarantined, vanished,
+// destroyed or gone.
 type watcher struct {
 	out         io.Writer
 	start       time.Time
@@ -425,12 +452,24 @@ type watcher struct {
 	readyAt     map[string]time.Time
 	msgAt       map[string]time.Time // when a VM's line was last printed
 	quarantined map[string]bool
+	vanished    map[string]string // name → the state last printed
 	destroyed   []string
+	// attached are VMs whose QEMU ran before the demo started: their
+	// console is followed from its end, not replayed.
+	attached map[string]bool
 }
 
 func newWatcher(out io.Writer, start time.Time, l Layout) *watcher {
 	return &watcher{out: out, start: start, layout: l, seen: map[string]status.VM{},
-		consoles: map[string]*console{}, readyAt: map[string]time.Time{}, msgAt: map[string]time.Time{}, quarantined: map[string]bool{}}
+		consoles: map[string]*console{}, readyAt: map[string]time.Time{}, msgAt: map[string]time.Time{},
+		quarantined: map[string]bool{}, vanished: map[string]string{}, attached: map[string]bool{}}
+}
+
+// booted reports whether the VM's console showed the tiny guest's "ready"
+// line since its QEMU last started.
+func (w *watcher) booted(name string) bool {
+	c := w.consoles[name]
+	return c != nil && c.booted
 }
 
 // settled reports whether the host reports at least one VM, every VM is
@@ -444,7 +483,7 @@ func (w *watcher) settled(st *status.Status) bool {
 		switch vm.Phase {
 		case status.PhaseStopped:
 		case status.PhaseReady:
-			if c := w.consoles[vm.Name]; (c == nil || !c.booted) && time.Since(w.readyAt[vm.Name]) < bootWait {
+			if !w.booted(vm.Name) && time.Since(w.readyAt[vm.Name]) < bootWait {
 				return false
 			}
 		default:
@@ -452,6 +491,42 @@ func (w *watcher) settled(st *status.Status) bool {
 		}
 	}
 	return true
+}
+
+// upSummary says what "up" means for a settled st: how many guests have
+// booted, which ran QEMU without printing a boot line, how many are
+// stopped.
+func (w *watcher) upSummary(st *status.Status) string {
+	var booted, stopped int
+	var silent []string
+	for _, vm := range st.VMs {
+		switch {
+		case vm.Phase == status.PhaseStopped:
+			stopped++
+		case w.booted(vm.Name):
+			booted++
+		default:
+			silent = append(silent, vm.Name)
+		}
+	}
+	var parts []string
+	if booted > 0 {
+		parts = append(parts, plural(booted, "guest")+" booted")
+	}
+	if len(silent) > 0 {
+		parts = append(parts, fmt.Sprintf("QEMU runs %s but no boot line came within %s", strings.Join(silent, ", "), bootWait))
+	}
+	if stopped > 0 {
+		parts = append(parts, plural(stopped, "VM")+" stopped")
+	}
+	return strings.Join(parts, ", ")
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func (w *watcher) observe(st *status.Status) {
@@ -468,11 +543,14 @@ func (w *watcher) observe(st *status.Status) {
 			// A long create step (an image download) says how far it got.
 			w.seen[vm.Name] = vm
 			w.msgAt[vm.Name] = time.Now()
-			w.line("%-10s %-9s %-8s %s", vm.Name, vm.Phase, "", vm.Message)
+			w.line(rowFormat, vm.Name, vm.Phase, "", vm.Message)
 		}
 		if c := w.consoles[vm.Name]; c != nil {
 			for _, msg := range c.read() {
-				w.line("%-10s %-9s %s", vm.Name, "console", msg)
+				if msg == "ready" {
+					msg = fmt.Sprintf("ready: the guest has booted, %.1fs after QEMU started", time.Since(w.readyAt[vm.Name]).Seconds())
+				}
+				w.line(consoleFormat, vm.Name, "console", msg)
 			}
 		}
 	}
@@ -481,12 +559,32 @@ func (w *watcher) observe(st *status.Status) {
 		if !w.quarantined[q.Name] {
 			w.quarantined[q.Name] = true
 			delete(w.seen, q.Name)
-			w.line("%-10s %-9s %-8s %s", q.Name, status.PhaseQuarantined, "stopped", "its file was deleted: shut down, destroyed after the grace")
+			w.line(rowFormat, q.Name, status.PhaseQuarantined, "stopped", "its file was deleted: shut down, destroyed after the grace")
 		}
 	}
 	for name := range w.quarantined {
 		if !now[name] {
 			delete(w.quarantined, name)
+		}
+	}
+	for _, v := range st.Vanished {
+		now[v.Name] = true
+		power, detail := v.Power, v.Reason
+		if v.Quarantined {
+			power = "stopped"
+		}
+		if v.LastError != "" {
+			detail = "error: " + v.LastError
+		}
+		if state := power + "\x00" + detail; w.vanished[v.Name] != state {
+			w.vanished[v.Name] = state
+			delete(w.seen, v.Name)
+			w.line(rowFormat, v.Name, "vanished", power, detail)
+		}
+	}
+	for name := range w.vanished {
+		if !now[name] {
+			delete(w.vanished, name)
 		}
 	}
 	for name := range w.seen {
@@ -505,31 +603,46 @@ func (w *watcher) observe(st *status.Status) {
 }
 
 // phaseChanged prints vm's new phase and follows its console while it
-// runs.
+// runs. A VM becoming ready means its QEMU runs; its guest is still
+// booting until the console shows the boot line.
 func (w *watcher) phaseChanged(vm, old status.VM) {
-	detail := ""
+	becameReady := vm.Phase == status.PhaseReady && old.Phase != status.PhaseReady
+	attached := becameReady && old.Phase == "" && w.attached[vm.Name]
+	var notes []string
 	switch {
 	case vm.LastError != "":
-		detail = "error: " + vm.LastError
-	case vm.Phase == status.PhaseReady && vm.SSH != "":
-		detail = "ssh forward " + vm.SSH
+		notes = append(notes, "error: "+vm.LastError)
+	case attached:
+		notes = append(notes, "QEMU was already running: re-attached")
+	case becameReady:
+		notes = append(notes, "QEMU up, the guest boots")
 	case vm.Message != "":
-		detail = vm.Message
+		notes = append(notes, vm.Message)
+	}
+	if vm.Phase == status.PhaseReady && vm.SSH != "" {
+		notes = append(notes, "ssh forward "+vm.SSH)
 	}
 	power := vm.Power
 	if vm.Phase == status.PhasePending || vm.Phase == status.PhaseCreating {
 		power = "" // what it will be is the spec's; what it is says nothing yet
 	}
-	w.line("%-10s %-9s %-8s %s", vm.Name, vm.Phase, power, detail)
-	if vm.Phase == status.PhaseReady && old.Phase != status.PhaseReady {
+	w.line(rowFormat, vm.Name, vm.Phase, power, strings.Join(notes, "; "))
+	if becameReady {
 		w.readyAt[vm.Name] = time.Now()
 		c := w.consoles[vm.Name]
-		if c == nil {
+		switch {
+		case c == nil:
 			c = &console{path: filepath.Join(w.layout.State(), "vms", vm.Name, qemu.SerialLog)}
 			w.consoles[vm.Name] = c
-		} else if old.Phase != "" {
+		case old.Phase != "":
 			c.restart() // booted again: QEMU starts a fresh log
 		}
+		if attached {
+			// Its log holds a boot of an earlier run: note whether it
+			// finished, print only what comes next.
+			c.skip()
+		}
+		delete(w.attached, vm.Name)
 	}
 }
 
@@ -546,16 +659,23 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// printSummary prints the fleet's VMs and volumes and how to change them.
-func printSummary(out io.Writer, cfg Config, l Layout, url string, st *status.Status) {
+// printSummary prints the fleet's VMs and volumes and how to change them;
+// booted tells whether a VM's guest has printed its boot line.
+func printSummary(out io.Writer, cfg Config, l Layout, url string, st *status.Status, booted func(string) bool) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VM\tPHASE\tPOWER\tSSH FORWARD\tSERIAL LOG")
+	fmt.Fprintln(tw, "VM\tPHASE\tPOWER\tGUEST\tSSH FORWARD\tSERIAL LOG")
 	for _, vm := range st.VMs {
-		ssh := vm.SSH
-		if ssh == "" {
-			ssh = "-"
+		ssh, guest := "-", "-"
+		if vm.Phase == status.PhaseReady {
+			if vm.SSH != "" {
+				ssh = vm.SSH
+			}
+			guest = "no boot line"
+			if booted(vm.Name) {
+				guest = "booted"
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", vm.Name, vm.Phase, vm.Power, ssh,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", vm.Name, vm.Phase, vm.Power, guest, ssh,
 			filepath.Join(l.State(), "vms", vm.Name, qemu.SerialLog))
 	}
 	tw.Flush()

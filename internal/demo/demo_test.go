@@ -400,14 +400,16 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 	text := out1.String()
+	t.Logf("first run:\n%s", text)
 	for _, want := range []string{
 		"with the demo fleet committed to main",
 		"The fleet is up after",
-		"hello-1    console   ready",
-		"hello-2    console   ready",
-		"hello-1    ready     running  ssh forward 127.0.0.1:",
+		"hello-1    console     ready: the guest has booted",
+		"hello-2    console     ready: the guest has booted",
+		"hello-1    ready       running  QEMU up, the guest boots; ssh forward 127.0.0.1:",
 		"hello-2    stopped",
-		"controller applied main at " + stop[:12],
+		"controller applied main at " + stop[:12] + ": snapshot published for demo (epoch 2)",
+		": 2 guests booted.",
 		"git clone " + RepoURL(l.Repo()),
 		"status --repo " + RepoURL(l.Repo()),
 		filepath.Join(l.State(), "vms", "hello-1", qemu.SerialLog),
@@ -416,6 +418,11 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 	} {
 		assert.Contains(t, text, want)
 	}
+	// The agent stops hello-2 only after the controller published the
+	// push: the lines come in that order.
+	applied := strings.Index(text, "controller applied main at "+stop[:12])
+	stopped := strings.Index(text, "hello-2    stopped")
+	assert.True(t, applied >= 0 && stopped > applied, "the applied line comes before the stop it caused")
 	for _, name := range VMNames {
 		assert.Zero(t, qemuPid(l, name), "%s is shut down on exit", name)
 	}
@@ -438,11 +445,34 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 	}
 	require.NoError(t, Run(ctx2, cfg))
 	text = out2.String()
+	t.Logf("second run:\n%s", text)
 	assert.Contains(t, text, "resumed")
+	assert.Contains(t, text, "snapshots: main at "+stop[:12]+", applied by the last run; published for demo (epoch 2)")
 	assert.Contains(t, text, "The fleet is up after")
 	assert.Contains(t, text, "The VMs keep running (--keep)")
+	assert.NotContains(t, text, "snapshot published", "a resume publishes nothing new")
+	assert.NotContains(t, text, "controller applied", "nothing was pushed since the last run")
 	assert.NotZero(t, qemuPid(l, "hello-1"), "hello-1 keeps running with Keep")
 	assert.Zero(t, qemuPid(l, "hello-2"))
+	if t.Failed() {
+		t.Logf("output:\n%s", text)
+		return
+	}
+
+	// Third run: hello-1 is re-attached, its old console is not replayed
+	// and its boot counts (it settles without waiting for a new one).
+	ctx3, cancel3 := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel3()
+	var out3 syncBuffer
+	cfg.Out, cfg.Keep = &out3, false
+	cfg.OnSettled = func(*status.Status) { cancel3() }
+	require.NoError(t, Run(ctx3, cfg))
+	text = out3.String()
+	t.Logf("third run:\n%s", text)
+	assert.Contains(t, text, "hello-1    ready       running  QEMU was already running: re-attached")
+	assert.Contains(t, text, ": 1 guest booted, 1 VM stopped.")
+	assert.NotContains(t, text, "hello-1    console", "an old boot's console lines are not replayed")
+	assert.Zero(t, qemuPid(l, "hello-1"), "shut down without Keep")
 	if t.Failed() {
 		t.Logf("output:\n%s", text)
 	}
@@ -461,30 +491,74 @@ func TestRunRefusesASecondDemoOnOneDirectory(t *testing.T) {
 	require.ErrorIs(t, err, ErrBusy)
 }
 
-func TestLedgerWatchPrintsAppliedAndRejected(t *testing.T) {
-	lw := &ledgerWatch{}
+// TestLedgerWatchSaysWhatTheControllerDid follows the ledger through a
+// fleet's life: a snapshot is said to be published only when a host's
+// epoch moved; an applied commit that changed no snapshot (a revert) is
+// said to be ledger-only; deletes are told when published, finalized,
+// swept or cancelled.
+func TestLedgerWatchSaysWhatTheControllerDid(t *testing.T) {
 	at := time.Date(2026, 11, 30, 4, 0, 0, 0, time.UTC)
+	applied := func(commit string) *fleet.AppliedCommit { return &fleet.AppliedCommit{Commit: commit, Branch: "main"} }
+	hosts := func(epoch uint64, vms ...string) map[string]*fleet.HostRecord {
+		return map[string]*fleet.HostRecord{"demo": {Epoch: epoch, VMs: vms}}
+	}
+	tomb := func(name, commit string) *fleet.TombstoneRecord {
+		return &fleet.TombstoneRecord{Kind: desired.KindVM, Name: name, Host: "demo", Tombstone: desired.Tombstone{Commit: commit}}
+	}
+	lw := &ledgerWatch{}
 	steps := []struct {
 		name   string
 		ledger fleet.Ledger
 		want   []string
 	}{
 		{"nothing yet", fleet.Ledger{}, nil},
-		{"first apply", fleet.Ledger{Applied: &fleet.AppliedCommit{Commit: "aaaaaaaaaaaaaaaa", Branch: "main"}},
-			[]string{"controller applied main at aaaaaaaaaaaa: snapshots published"}},
-		{"same again", fleet.Ledger{Applied: &fleet.AppliedCommit{Commit: "aaaaaaaaaaaaaaaa", Branch: "main"}}, nil},
-		{"a bad push", fleet.Ledger{Applied: &fleet.AppliedCommit{Commit: "aaaaaaaaaaaaaaaa", Branch: "main"},
+		{"first apply", fleet.Ledger{Applied: applied("aaaaaaaaaaaaaaaa"), Hosts: hosts(1, "a", "b")},
+			[]string{"controller applied main at aaaaaaaaaaaa: snapshot published for demo (epoch 1)"}},
+		{"same again", fleet.Ledger{Applied: applied("aaaaaaaaaaaaaaaa"), Hosts: hosts(1, "a", "b")}, nil},
+		{"a bad push", fleet.Ledger{Applied: applied("aaaaaaaaaaaaaaaa"), Hosts: hosts(1, "a", "b"),
 			Rejected: &fleet.Rejection{Commit: "bbbbbbbbbbbbbbbb", Reason: "vms/x.yaml:3:1: bad", At: at}},
 			[]string{"controller REJECTED bbbbbbbbbbbb; the last good state stays. Fix it and push again:\n           vms/x.yaml:3:1: bad"}},
-		{"the fix", fleet.Ledger{Applied: &fleet.AppliedCommit{Commit: "cccccccccccccccc", Branch: "main"},
+		{"its revert changes no snapshot", fleet.Ledger{Applied: applied("cccccccccccccccc"), Hosts: hosts(1, "a", "b"),
 			Rejected: &fleet.Rejection{Commit: "bbbbbbbbbbbbbbbb", Reason: "vms/x.yaml:3:1: bad", At: at, Superseded: "cccccccccccccccc"}},
-			[]string{"controller applied main at cccccccccccc: snapshots published"}},
+			[]string{"controller applied main at cccccccccccc: no host's snapshot changed, only the ledger records the commit"}},
+		{"a delete", fleet.Ledger{Applied: applied("dddddddddddddddd"), Hosts: hosts(2, "a"), Tombstones: []*fleet.TombstoneRecord{tomb("b", "dddddddddddddddd")}},
+			[]string{"controller applied main at dddddddddddd: snapshot published for demo (epoch 2)",
+				"controller published the delete of VM b on demo (removed by dddddddddddd): shut down now, destroyed after the agent's grace"}},
+		{"the agent acked it", fleet.Ledger{Applied: applied("dddddddddddddddd"), Hosts: hosts(3, "a")},
+			[]string{"controller finalized the delete of VM b on demo: the agent destroyed it", "controller: snapshot published for demo (epoch 3)"}},
+		{"another delete", fleet.Ledger{Applied: applied("eeeeeeeeeeeeeeee"), Hosts: hosts(4), Tombstones: []*fleet.TombstoneRecord{tomb("a", "eeeeeeeeeeeeeeee")}},
+			[]string{"controller applied main at eeeeeeeeeeee: snapshot published for demo (epoch 4)",
+				"controller published the delete of VM a on demo (removed by eeeeeeeeeeee): shut down now, destroyed after the agent's grace"}},
+		{"undone by a push", fleet.Ledger{Applied: applied("ffffffffffffffff"), Hosts: hosts(5, "a")},
+			[]string{"controller applied main at ffffffffffff: snapshot published for demo (epoch 5)",
+				"controller cancelled the delete of VM a on demo: its file is back"}},
+		{"a third delete", fleet.Ledger{Applied: applied("1111111111111111"), Hosts: hosts(6), Tombstones: []*fleet.TombstoneRecord{tomb("a", "1111111111111111")}},
+			[]string{"controller applied main at 111111111111: snapshot published for demo (epoch 6)",
+				"controller published the delete of VM a on demo (removed by 111111111111): shut down now, destroyed after the agent's grace"}},
+		{"swept while the host was offline", fleet.Ledger{Applied: applied("1111111111111111"), Hosts: hosts(7),
+			Sweeps: []fleet.SweepRecord{{Kind: desired.KindVM, Name: "a", Host: "demo", Reason: "host offline past the abandon grace"}}},
+			[]string{"controller finalized the delete of VM a on demo itself: host offline past the abandon grace",
+				"controller: snapshot published for demo (epoch 7)"}},
+		{"a ledger-only commit", fleet.Ledger{Applied: applied("1111111111111111"), Hosts: hosts(7),
+			Sweeps: []fleet.SweepRecord{{Kind: desired.KindVM, Name: "a", Host: "demo", Reason: "host offline past the abandon grace"}}}, nil},
 	}
 	for _, step := range steps {
 		t.Run(step.name, func(t *testing.T) {
 			assert.Equal(t, step.want, lw.changes(&step.ledger))
 		})
 	}
+}
+
+// TestLedgerWatchDue pins when the ledger is read at once: the agent took
+// an epoch the ledger has not told of, once per such epoch.
+func TestLedgerWatchDue(t *testing.T) {
+	lw := &ledgerWatch{}
+	assert.False(t, lw.due("demo", 0), "no snapshot yet")
+	assert.True(t, lw.due("demo", 1))
+	assert.False(t, lw.due("demo", 1), "once per epoch, even if the read failed")
+	lw.changes(&fleet.Ledger{Applied: &fleet.AppliedCommit{Commit: "a", Branch: "main"}, Hosts: map[string]*fleet.HostRecord{"demo": {Epoch: 2}}})
+	assert.False(t, lw.due("demo", 2), "the ledger told of epoch 2")
+	assert.True(t, lw.due("demo", 3))
 }
 
 // TestWatcherPrintsEachChangeOnce follows one VM from creation to its
@@ -502,11 +576,14 @@ func TestWatcherPrintsEachChangeOnce(t *testing.T) {
 		{vm(status.PhaseCreating, "stopped", "", ""), "hello-1    creating"},
 		{vm(status.PhaseCreating, "stopped", "", ""), ""},
 		{withMessage(vm(status.PhaseCreating, "stopped", "", ""), "image 1 of 3 MB"), ""}, // too soon after the last line
-		{withMessage(vm(status.PhaseCreating, "stopped", "", ""), "image 2 of 3 MB"), "hello-1    creating           image 2 of 3 MB"},
-		{vm(status.PhaseReady, "running", "127.0.0.1:2201", ""), "hello-1    ready     running  ssh forward 127.0.0.1:2201"},
+		{withMessage(vm(status.PhaseCreating, "stopped", "", ""), "image 2 of 3 MB"), "hello-1    creating             image 2 of 3 MB"},
+		{vm(status.PhaseReady, "running", "127.0.0.1:2201", ""), "hello-1    ready       running  QEMU up, the guest boots; ssh forward 127.0.0.1:2201"},
 		{vm(status.PhaseReady, "running", "127.0.0.1:2201", ""), ""},
-		{vm(status.PhaseFailed, "stopped", "", "boot: qemu exited"), "hello-1    failed    stopped  error: boot: qemu exited"},
-		{vm(status.PhaseStopped, "stopped", "", ""), "hello-1    stopped   stopped"},
+		{vm(status.PhaseFailed, "stopped", "", "boot: qemu exited"), "hello-1    failed      stopped  error: boot: qemu exited"},
+		{vm(status.PhaseStopped, "stopped", "", ""), "hello-1    stopped     stopped"},
+		{&status.Status{Vanished: []status.Vanished{{Name: "hello-1", Power: "stopped", Reason: "absent from the snapshot"}}},
+			"hello-1    vanished    stopped  absent from the snapshot"},
+		{&status.Status{Vanished: []status.Vanished{{Name: "hello-1", Power: "stopped", Reason: "absent from the snapshot"}}}, ""},
 		{&status.Status{Quarantined: []status.Quarantine{{Name: "hello-1"}}},
 			"hello-1    quarantined stopped  its file was deleted: shut down, destroyed after the grace"},
 		{&status.Status{Quarantined: []status.Quarantine{{Name: "hello-1"}}}, ""},
@@ -534,4 +611,113 @@ func TestWatcherPrintsEachChangeOnce(t *testing.T) {
 func withMessage(st *status.Status, msg string) *status.Status {
 	st.VMs[0].Message = msg
 	return st
+}
+
+// TestWatcherLinesAlign pins that every phase, "quarantined" and
+// "vanished" included, leaves the power and detail columns where they are.
+func TestWatcherLinesAlign(t *testing.T) {
+	var out bytes.Buffer
+	w := newWatcher(&out, time.Now(), Layout{Dir: t.TempDir()})
+	w.observe(&status.Status{VMs: []status.VM{{Name: "a", Phase: status.PhaseStopped, Power: "stopped", Message: "by its spec"}}})
+	w.observe(&status.Status{
+		Quarantined: []status.Quarantine{{Name: "a"}},
+		Vanished:    []status.Vanished{{Name: "b", Power: "running", Reason: "kept"}},
+	})
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Len(t, lines, 3, out.String())
+	// name (10) + space + phase (11) + space: the power column at 23.
+	for _, l := range lines {
+		_, rest, _ := strings.Cut(l, "] ")
+		require.Greater(t, len(rest), 23, l)
+		power := rest[23:]
+		assert.True(t, strings.HasPrefix(power, "stopped  ") || strings.HasPrefix(power, "running  "), "power column in %q", l)
+		assert.Equal(t, byte(' '), rest[22], "the phase fits its column in %q", l)
+	}
+}
+
+// TestWatcherReattachDoesNotReplayTheConsole pins that a VM whose QEMU
+// ran before the demo started is followed from its log's end: its old
+// lines are not printed as new, its earlier boot counts, and what the
+// guest prints next is shown.
+func TestWatcherReattachDoesNotReplayTheConsole(t *testing.T) {
+	l := Layout{Dir: t.TempDir()}
+	logs := map[string]string{}
+	for _, name := range []string{"old", "new"} {
+		dir := filepath.Join(l.State(), "vms", name)
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		logs[name] = filepath.Join(dir, qemu.SerialLog)
+		require.NoError(t, os.WriteFile(logs[name], []byte("tinyguest: init 6.1.0\ntinyguest: ready\n"), 0o644))
+	}
+	var out bytes.Buffer
+	w := newWatcher(&out, time.Now(), l)
+	w.attached = map[string]bool{"old": true}
+	st := &status.Status{VMs: []status.VM{
+		{Name: "new", Phase: status.PhaseReady, Power: "running"},
+		{Name: "old", Phase: status.PhaseReady, Power: "running"},
+	}}
+	w.observe(st)
+	text := out.String()
+	assert.Contains(t, text, "old        ready       running  QEMU was already running: re-attached")
+	assert.NotContains(t, text, "old        console")
+	assert.Contains(t, text, "new        ready       running  QEMU up, the guest boots")
+	assert.Contains(t, text, "new        console     init 6.1.0")
+	assert.Contains(t, text, "new        console     ready: the guest has booted")
+	assert.True(t, w.booted("old"), "the earlier boot's ready line counts")
+	assert.True(t, w.settled(st))
+	assert.Equal(t, "2 guests booted", w.upSummary(st))
+
+	out.Reset()
+	f, err := os.OpenFile(logs["old"], os.O_APPEND|os.O_WRONLY, 0o644)
+	require.NoError(t, err)
+	_, err = f.WriteString("tinyguest: power button\n")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	w.observe(st)
+	assert.Contains(t, out.String(), "old        console     power button")
+	assert.Equal(t, 1, strings.Count(out.String(), "\n"), out.String())
+}
+
+func TestUpSummary(t *testing.T) {
+	w := newWatcher(io.Discard, time.Now(), Layout{Dir: t.TempDir()})
+	w.consoles["a"] = &console{booted: true}
+	st := &status.Status{VMs: []status.VM{
+		{Name: "a", Phase: status.PhaseReady},
+		{Name: "b", Phase: status.PhaseReady},
+		{Name: "c", Phase: status.PhaseStopped},
+	}}
+	assert.Equal(t, "1 guest booted, QEMU runs b but no boot line came within 2m0s, 1 VM stopped", w.upSummary(st))
+}
+
+func TestDefaultCacheDir(t *testing.T) {
+	withKernel := func(dir string) {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, "kernel"), 0o755))
+	}
+	tests := []struct {
+		name        string
+		own, test   bool
+		wantTestDir bool
+	}{
+		{"neither has a kernel", false, false, false},
+		{"only the test cache has one", false, true, true},
+		{"both have one", true, true, false},
+		{"only its own has one", true, false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			base := t.TempDir()
+			t.Setenv("XDG_CACHE_HOME", base)
+			own, test := filepath.Join(base, "gitfleet", "tinyguest"), filepath.Join(base, "gitfleet-test", "tinyguest")
+			if tc.own {
+				withKernel(own)
+			}
+			if tc.test {
+				withKernel(test)
+			}
+			want := own
+			if tc.wantTestDir {
+				want = test
+			}
+			assert.Equal(t, want, DefaultCacheDir())
+		})
+	}
 }

@@ -39,10 +39,13 @@ func CheckTools() error {
 }
 
 // DefaultCacheDir is where the demo builds the tiny guest:
-// $XDG_CACHE_HOME/gitfleet (or ~/.cache/gitfleet), in its tinyguest
-// subdirectory. When that has no kernel yet but the test suite's cache
-// (…/gitfleet-test/tinyguest) has one, that one is used, so a machine that
-// ran the tests needs no download.
+// $XDG_CACHE_HOME/gitfleet/tinyguest (os.UserCacheDir, so
+// ~/.cache/gitfleet/tinyguest without XDG_CACHE_HOME). When that holds no
+// downloaded kernel (a kernel/ directory, made when the host's /boot
+// kernel cannot be used) but the test suite's cache
+// (…/gitfleet-test/tinyguest) holds one, that one is returned, so a
+// machine that ran the tests downloads no second kernel. `gitfleet demo
+// --help` says the same.
 func DefaultCacheDir() string {
 	base, err := os.UserCacheDir()
 	if err != nil {
