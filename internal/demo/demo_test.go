@@ -461,21 +461,53 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 
 	// Third run: hello-1 is re-attached, its old console is not replayed
 	// and its boot counts (it settles without waiting for a new one).
+	// Then hello-2's file is deleted: the demo tells the delete from its
+	// publish to its finalization, each line after its cause.
 	ctx3, cancel3 := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel3()
 	var out3 syncBuffer
-	cfg.Out, cfg.Keep = &out3, false
-	cfg.OnSettled = func(*status.Status) { cancel3() }
-	require.NoError(t, Run(ctx3, cfg))
+	cfg.Out, cfg.Keep, cfg.TombstoneGrace = &out3, false, time.Second
+	settled3 := make(chan struct{})
+	cfg.OnSettled = func(*status.Status) { close(settled3) }
+	done3 := make(chan error, 1)
+	go func() { done3 <- Run(ctx3, cfg) }()
+	select {
+	case <-settled3:
+	case err := <-done3:
+		t.Fatalf("demo ended before the fleet settled: %v\n%s", err, out3.String())
+	}
+	del := gittest.Commit(t, l.Repo(), gittest.Edit{Remove: []string{"vms/hello-2.yaml"}, Message: "delete hello-2"})
+	finalized := "controller finalized the delete of VM hello-2 on demo: the agent destroyed it"
+	for !strings.Contains(out3.String(), finalized) {
+		select {
+		case <-ctx3.Done():
+			t.Fatalf("the demo never said the delete was finalized:\n%s", out3.String())
+		case err := <-done3:
+			t.Fatalf("demo ended early: %v\n%s", err, out3.String())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	cancel3()
+	require.NoError(t, <-done3)
 	text = out3.String()
 	t.Logf("third run:\n%s", text)
 	assert.Contains(t, text, "hello-1    ready       running  QEMU was already running: re-attached")
 	assert.Contains(t, text, ": 1 guest booted, 1 VM stopped.")
 	assert.NotContains(t, text, "hello-1    console", "an old boot's console lines are not replayed")
-	assert.Zero(t, qemuPid(l, "hello-1"), "shut down without Keep")
-	if t.Failed() {
-		t.Logf("output:\n%s", text)
+	order := []string{
+		"controller applied main at " + del[:12] + ": snapshot published for demo (epoch 3)",
+		"controller published the delete of VM hello-2 on demo (removed by " + del[:12] + ")",
+		"hello-2    quarantined stopped  its file was deleted",
+		"hello-2    destroyed",
+		finalized,
 	}
+	last := -1
+	for _, want := range order {
+		i := strings.Index(text, want)
+		assert.Greater(t, i, last, "%q comes after the line before it", want)
+		last = i
+	}
+	assert.Zero(t, qemuPid(l, "hello-1"), "shut down without Keep")
 }
 
 // TestRunRefusesASecondDemoOnOneDirectory pins the directory lock.
