@@ -2,9 +2,11 @@
 // builds (or reuses) the tiny guest, creates a bare repository holding a
 // small fleet — one Host, two VMs, one Volume — and runs the controller and
 // an agent with the QEMU backend in this process against that repository's
-// file:// URL. It prints each VM's phase as it changes, a summary once every
-// VM has settled, and how to change the fleet with git; it then keeps
-// applying pushes until its context ends.
+// file:// URL. It prints what the controller did (from its ledger, each
+// line before the agent's lines it caused), each VM's phase as it changes,
+// the tiny guest's console lines, a summary once every running guest has
+// booted, and how to change the fleet with git; it then keeps applying
+// pushes until its context ends.
 //
 // Everything lives under one directory (Layout), so re-running resumes
 // where the last run stopped — pushes, disks and volumes are kept — and
