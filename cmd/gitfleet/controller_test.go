@@ -321,4 +321,10 @@ func TestStatusCommand(t *testing.T) {
 	if code != 1 || strings.Contains(out, "No host has reported yet") || !strings.Contains(stderr, "origin/gitfleet/status") || !strings.Contains(stderr, "--repo "+dir) {
 		t.Fatalf("status in a clone: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr)
 	}
+	// As a person types it, in the clone.
+	t.Chdir(work)
+	code, _, stderr = runCLIStderr(t, "status", "--repo", ".")
+	if code != 1 || !strings.Contains(stderr, work+" has no branch gitfleet/status") || !strings.Contains(stderr, "--repo "+dir) {
+		t.Fatalf("status --repo . in a clone: exit %d\nstderr:\n%s", code, stderr)
+	}
 }

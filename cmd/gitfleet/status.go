@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -155,8 +156,13 @@ func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, snapsho
 // origin/gitfleet/status): the statuses live on the fleet's remote, which
 // the error names.
 func missingStatusBranch(url, branch string) error {
-	err := fmt.Errorf("%s has no branch %s: no agent has reported to this repository yet, or --repo does not name the fleet's repository", url, branch)
 	local, oerr := git.PlainOpen(strings.TrimPrefix(url, "file://"))
+	if oerr == nil {
+		if abs, aerr := filepath.Abs(strings.TrimPrefix(url, "file://")); aerr == nil {
+			url = abs
+		}
+	}
+	err := fmt.Errorf("%s has no branch %s: no agent has reported to this repository yet, or --repo does not name the fleet's repository", url, branch)
 	if oerr != nil {
 		return err
 	}
