@@ -26,10 +26,14 @@ func TestStatusFileGolden(t *testing.T) {
 	bare := gittest.NewBare(t)
 	clk := newClock()
 	h := newHostAgent(t, bare, clk, nil)
+	// Two VMs boot at once; addresses are handed out as the test answers,
+	// not in the order the workers happen to run, so the file is stable.
+	h.prov.SetLateAddress(true)
 	vols := []string{"web-01-data"}
 	publish(t, bare, withVolumes(snap(1, vm("web-01", volumes(vols...)), vm("db-01", stopped), vm("old-01", stopped), vm("bad-01", stopped), vm("lost-01")),
 		vol("web-01-data", 10), vol("scratch", 1)))
 	require.NoError(t, h.once())
+	h.prov.AnswerAddress("web-01")
 
 	h.prov.FailAlways(agenttest.OpBoot, agent.Permanent(errTransient))
 	h.prov.SetFailureReason("bad-01", "qemu-system-x86_64: -drive: Could not open root.qcow2")

@@ -8,7 +8,7 @@ import (
 )
 
 // Summary is what the controller renders into README.md on the status branch
-// (DESIGN.md, Controller semantics 7). It holds no clock reading of its own:
+// (docs/DESIGN.md, Controller semantics 7). It holds no clock reading of its own:
 // rendering the same Summary twice gives the same bytes, so the file is
 // rewritten only when the fleet changed.
 type Summary struct {
