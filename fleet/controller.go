@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -833,27 +834,29 @@ func (c *Controller) summarize(l *Ledger, fl *desired.Fleet, reports []status.Re
 // snapshot without a tombstone): the agents keep them, and the summary says
 // so.
 func unmanaged(l *Ledger, fl *desired.Fleet, reports []status.Report) []status.UnmanagedVM {
-	known := map[string]bool{} // host + "\x00" + name
-	mark := func(host, name string) { known[host+"\x00"+name] = true }
-	if fl != nil {
-		for name, vm := range fl.VMs {
-			mark(vm.Spec.Host, name)
+	// Every pass renders the summary, so the common case (each reported VM
+	// is desired on its host) costs one map lookup per VM; the ledger's
+	// lists are only searched for the rare VM the desired state lacks.
+	known := func(host, name string) bool {
+		if fl != nil {
+			if vm, ok := fl.VMs[name]; ok && vm.Spec.Host == host {
+				return true
+			}
 		}
-	}
-	for host, rec := range l.Hosts {
-		for _, n := range rec.VMs {
-			mark(host, n)
+		if rec, ok := l.Hosts[host]; ok && slices.Contains(rec.VMs, name) {
+			return true
 		}
-	}
-	for _, t := range l.Tombstones {
-		if t.Kind == desired.KindVM {
-			mark(t.Host, t.Name)
+		for _, t := range l.Tombstones {
+			if t.Kind == desired.KindVM && t.Host == host && t.Name == name {
+				return true
+			}
 		}
-	}
-	for _, k := range l.Retained {
-		if k.Kind == desired.KindVM {
-			mark(k.Host, k.Name)
+		for _, k := range l.Retained {
+			if k.Kind == desired.KindVM && k.Host == host && k.Name == name {
+				return true
+			}
 		}
+		return false
 	}
 	var out []status.UnmanagedVM
 	for _, rep := range reports {
@@ -861,7 +864,7 @@ func unmanaged(l *Ledger, fl *desired.Fleet, reports []status.Report) []status.U
 			continue
 		}
 		for _, vm := range rep.Status.VMs {
-			if !known[rep.Host+"\x00"+vm.Name] {
+			if !known(rep.Host, vm.Name) {
 				out = append(out, status.UnmanagedVM{Name: vm.Name, Host: rep.Host, Phase: vm.Phase})
 			}
 		}
