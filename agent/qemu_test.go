@@ -42,15 +42,9 @@ func TestEngineWithRealQEMU(t *testing.T) {
 			t.Skipf("%s not installed (apt-get install qemu-system-x86 qemu-utils busybox-static)", bin)
 		}
 	}
-	cacheRoot := os.Getenv("GITFLEET_TEST_CACHE")
-	if cacheRoot == "" {
-		d, err := os.UserCacheDir()
-		require.NoError(t, err)
-		cacheRoot = filepath.Join(d, "gitfleet-test")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	g, err := tinyguest.Build(ctx, filepath.Join(cacheRoot, "tinyguest"))
+	g, err := tinyguest.Build(ctx, tinyguest.TestCacheDir())
 	if err != nil {
 		t.Skipf("no tiny guest on this host: %v", err)
 	}

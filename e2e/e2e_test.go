@@ -101,17 +101,9 @@ type artifacts struct {
 
 func serveArtifacts(t *testing.T) *artifacts {
 	t.Helper()
-	cache := os.Getenv("GITFLEET_TEST_CACHE")
-	if cache == "" {
-		d, err := os.UserCacheDir()
-		if err != nil {
-			d = os.TempDir()
-		}
-		cache = filepath.Join(d, "gitfleet-test")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	g, err := tinyguest.Build(ctx, filepath.Join(cache, "tinyguest"))
+	g, err := tinyguest.Build(ctx, tinyguest.TestCacheDir())
 	require.NoError(t, err, "build the tiny guest")
 	a := &artifacts{guest: g, hit: make(chan struct{}, 16), gate: make(chan struct{})}
 	a.kernel, err = os.ReadFile(g.Kernel)

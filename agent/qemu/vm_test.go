@@ -47,17 +47,9 @@ var (
 // kept across runs ($GITFLEET_TEST_CACHE or the user cache dir).
 func tinyGuest(t testing.TB) *tinyguest.Guest {
 	guestOnce.Do(func() {
-		dir := os.Getenv("GITFLEET_TEST_CACHE")
-		if dir == "" {
-			d, err := os.UserCacheDir()
-			if err != nil {
-				d = os.TempDir()
-			}
-			dir = filepath.Join(d, "gitfleet-test")
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		guest, guestErr = tinyguest.Build(ctx, filepath.Join(dir, "tinyguest"))
+		guest, guestErr = tinyguest.Build(ctx, tinyguest.TestCacheDir())
 	})
 	if guestErr != nil {
 		t.Fatalf("build tiny guest: %v", guestErr)

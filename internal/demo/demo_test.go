@@ -271,18 +271,6 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// testCacheDir is the tiny guest cache the test suites share across runs.
-func testCacheDir() string {
-	if d := os.Getenv("GITFLEET_TEST_CACHE"); d != "" {
-		return filepath.Join(d, "tinyguest")
-	}
-	d, err := os.UserCacheDir()
-	if err != nil {
-		d = os.TempDir()
-	}
-	return filepath.Join(d, "gitfleet-test", "tinyguest")
-}
-
 // qemuPid is the live QEMU of a demo VM, or 0.
 func qemuPid(l Layout, vm string) int {
 	b, err := os.ReadFile(filepath.Join(l.State(), "vms", vm, qemu.PidFile))
@@ -345,7 +333,7 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 			}
 		}
 	})
-	cfg := Config{Dir: l.Dir, CacheDir: testCacheDir(), Accel: os.Getenv("GITFLEET_TEST_ACCEL"),
+	cfg := Config{Dir: l.Dir, CacheDir: tinyguest.TestCacheDir(), Accel: os.Getenv("GITFLEET_TEST_ACCEL"),
 		TickInterval: time.Second, PollInterval: 2 * time.Second, ControllerInterval: 2 * time.Second,
 		Heartbeat: 5 * time.Second}
 

@@ -325,3 +325,18 @@ func FileSHA256(path string) (string, error) {
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// TestCacheDir is where the test suites build the tiny guest and keep it
+// across runs, so only the first run on a machine unpacks a kernel:
+// $GITFLEET_TEST_CACHE/tinyguest, or <user cache dir>/gitfleet-test/tinyguest
+// (os.UserCacheDir, falling back to the temporary directory).
+func TestCacheDir() string {
+	if d := os.Getenv("GITFLEET_TEST_CACHE"); d != "" {
+		return filepath.Join(d, "tinyguest")
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		d = os.TempDir()
+	}
+	return filepath.Join(d, "gitfleet-test", "tinyguest")
+}

@@ -14,19 +14,6 @@ import (
 	"testing"
 )
 
-// testCacheDir is reused across test runs so only the first run on a
-// machine downloads the kernel package.
-func testCacheDir(t *testing.T) string {
-	if d := os.Getenv("GITFLEET_TEST_CACHE"); d != "" {
-		return filepath.Join(d, "tinyguest")
-	}
-	d, err := os.UserCacheDir()
-	if err != nil {
-		d = os.TempDir()
-	}
-	return filepath.Join(d, "gitfleet-test", "tinyguest")
-}
-
 type readEntry struct {
 	mode       uint32
 	rmaj, rmin uint32
@@ -116,7 +103,7 @@ func TestBuild(t *testing.T) {
 	if _, err := os.Stat(BusyboxPath); err != nil {
 		t.Skipf("busybox-static not installed (%s): %v", BusyboxPath, err)
 	}
-	dir := testCacheDir(t)
+	dir := TestCacheDir()
 	g, err := Build(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
