@@ -364,10 +364,10 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		e.lastHash = hash
 	}
 	e.retryBadLocked()
-	users := e.volumeUsersLocked(snap)
+	inUse := e.volumesInUseLocked(snap)
 	e.mu.Unlock()
 
-	vols, orphans := e.reconcileVolumes(snap, e.volumesInUse(users))
+	vols, orphans := e.reconcileVolumes(snap, inUse)
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -424,41 +424,27 @@ func (e *Engine) retryBadLocked() {
 	}
 }
 
-// volumeUsersLocked maps each tombstoned volume of snap to the VMs whose
-// recorded spec attaches it; only those are asked about, so an idle tick
-// asks nothing.
-func (e *Engine) volumeUsersLocked(snap *desired.Snapshot) map[string][]string {
-	var users map[string][]string
+// volumesInUseLocked names the tombstoned volumes of snap that a VM on this
+// host still attaches: one whose record (kept until a successful destroy)
+// lists it, whatever its power state, and whether the snapshot still names
+// the VM or not (a stopped, vanished or quarantined VM keeps its volumes).
+// While any record cannot be read, every tombstoned volume counts as in use:
+// what that VM attaches is unknown. A volume in use waits; its grace does
+// not make it deletable under a VM.
+func (e *Engine) volumesInUseLocked(snap *desired.Snapshot) map[string]bool {
+	inUse := map[string]bool{}
 	for _, v := range snap.Volumes {
 		if v.Tombstoned {
-			if users == nil {
-				users = map[string][]string{}
-			}
-			users[v.Name] = nil
+			inUse[v.Name] = len(e.bad) > 0
 		}
 	}
-	if users == nil {
+	if len(inUse) == 0 {
 		return nil
 	}
-	for name, rec := range e.recs {
+	for _, rec := range e.recs {
 		for _, v := range rec.Spec.Volumes {
-			if _, ok := users[v]; ok {
-				users[v] = append(users[v], name)
-			}
-		}
-	}
-	return users
-}
-
-// volumesInUse names the volumes of users attached to a running VM. It
-// asks the provisioner, which may take seconds, so it runs without e.mu.
-func (e *Engine) volumesInUse(users map[string][]string) map[string]bool {
-	inUse := map[string]bool{}
-	for v, vms := range users {
-		for _, name := range vms {
-			if e.prov.Running(name) {
+			if _, ok := inUse[v]; ok {
 				inUse[v] = true
-				break
 			}
 		}
 	}

@@ -156,7 +156,7 @@ func (e *Engine) reclaimVolume(name string, inUse bool) status.Volume {
 		return row
 	}
 	if inUse {
-		e.log.WithField("volume", name).Info("tombstoned volume still attached to a running VM; waiting")
+		e.log.WithField("volume", name).Info("tombstoned volume still attached to a VM on this host (or a VM record is unreadable); waiting")
 		return row
 	}
 	if err := os.Remove(e.store.VolumePath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -154,6 +155,56 @@ func TestATombstonedVolumeAttachedToARunningVMWaits(t *testing.T) {
 	f.clock.Add(time.Hour)
 	st := f.step(withVolumes(snap(2, vm("web-01", volumes("data"))), tombVol("data", 1)))
 	assert.True(t, volRow(t, st, "data").Present)
+}
+
+// A volume is reclaimed only once no VM on the host attaches it: a stopped
+// VM, one the snapshot dropped (vanished), or one whose record cannot be
+// read (what it attaches is unknown) all keep it.
+func TestATombstonedVolumeWaitsForEveryVMThatMayAttachIt(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		after func(f *fixture) *desired.Snapshot // the snapshot that tombstones data
+	}{
+		{"stopped VM", func(f *fixture) *desired.Snapshot {
+			return withVolumes(snap(2, vm("db-01", volumes("data"), stopped)), tombVol("data", 1))
+		}},
+		{"vanished VM", func(f *fixture) *desired.Snapshot {
+			return withVolumes(snap(2), tombVol("data", 1))
+		}},
+		{"unreadable record", func(f *fixture) *desired.Snapshot {
+			f.eng.Close(context.Background())
+			require.NoError(t, os.WriteFile(f.store.RecordPath("db-01"), []byte("{not json"), 0o600))
+			f.start()
+			return withVolumes(snap(2, tombstoned(vm("db-01", volumes("data")))), tombVol("data", 1))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.step(withVolumes(snap(1, vm("db-01", volumes("data"))), vol("data", 1)))
+			next := tc.after(f)
+			f.step(next)
+			for i := 0; i < 3; i++ {
+				f.clock.Add(time.Hour)
+				f.step(next)
+			}
+			_, err := os.Stat(f.store.VolumePath("data"))
+			require.NoError(t, err, "the volume a VM on this host attaches was deleted")
+		})
+	}
+}
+
+// Deleting a VM and its volume in one reviewed change destroys the VM
+// first; the volume goes at the next tick after that.
+func TestAVolumeDeletedWithItsVMGoesAfterTheVM(t *testing.T) {
+	f := newFixture(t)
+	f.step(withVolumes(snap(1, vm("db-01", volumes("data"))), vol("data", 1)))
+	gone := withVolumes(snap(2, tombstoned(vm("db-01", volumes("data")))), tombVol("data", 1))
+	f.step(gone)
+	f.clock.Add(time.Hour)
+	st := f.step(gone)
+	assert.Contains(t, st.Destroyed, "db-01")
+	st = f.step(gone)
+	assert.False(t, volRow(t, st, "data").Present, "reclaimed once the VM was destroyed")
 }
 
 func TestATombstonedVolumeThatIsNotHereIsReportedAbsent(t *testing.T) {
