@@ -42,6 +42,9 @@ type imageCache struct {
 
 	mu       sync.Mutex
 	inflight map[string]*download
+	// verified are the cached files this process has hashed and found
+	// whole; a file is hashed once per process, at its first use.
+	verified map[string]bool
 }
 
 // download is one running fetch; waiters block on done.
@@ -55,7 +58,7 @@ type download struct {
 }
 
 func newImageCache(dir string, client *http.Client, log *logrus.Entry) *imageCache {
-	return &imageCache{dir: dir, client: client, log: log, inflight: map[string]*download{}}
+	return &imageCache{dir: dir, client: client, log: log, inflight: map[string]*download{}, verified: map[string]bool{}}
 }
 
 func (c *imageCache) path(sum string) string { return filepath.Join(c.dir, sum) }
@@ -81,7 +84,7 @@ func (c *imageCache) fetch(ctx context.Context, a desired.Artifact) (string, err
 	}
 	dst := c.path(a.SHA256)
 	if _, err := os.Stat(dst); err == nil {
-		return dst, nil
+		return dst, c.verify(dst, a.SHA256)
 	}
 	c.mu.Lock()
 	d, running := c.inflight[a.SHA256]
@@ -110,7 +113,39 @@ func (c *imageCache) fetch(ctx context.Context, a desired.Artifact) (string, err
 	if d.err != nil {
 		return "", d.err
 	}
+	c.mu.Lock()
+	c.verified[a.SHA256] = true
+	c.mu.Unlock()
 	return dst, nil
+}
+
+// verify hashes a cached file the first time this process uses it. A file
+// that no longer matches its name is damage on the host's disk: it is
+// reported as a permanent error and left in place, since existing root disks
+// may be overlays on it and replacing it would change what they read.
+func (c *imageCache) verify(path, sum string) error {
+	c.mu.Lock()
+	ok := c.verified[sum]
+	c.mu.Unlock()
+	if ok {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("image cache: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return fmt.Errorf("image cache: read %s: %w", path, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != sum {
+		return agent.Permanent(fmt.Errorf("image cache: %s is damaged: %w: expected %s, actual %s (move it aside to download it again; root disks backed by it may be damaged too)", path, ErrChecksumMismatch, sum, got))
+	}
+	c.mu.Lock()
+	c.verified[sum] = true
+	c.mu.Unlock()
+	return nil
 }
 
 // download streams a into the cache, hashing on the way.

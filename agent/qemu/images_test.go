@@ -181,6 +181,47 @@ func TestImageCacheFetch(t *testing.T) {
 
 // Concurrent requests for one image share one download, and progress is
 // visible while it runs.
+// A cached file is trusted by its name only after this process hashed it
+// once: a damaged file is refused, named, and left in place.
+func TestImageCacheVerifiesACachedFileOnFirstUse(t *testing.T) {
+	srv := newArtifactServer(t)
+	data := []byte(strings.Repeat("disk image bytes ", 4096))
+	good := srv.add("/img.raw", data)
+	dir := t.TempDir()
+	if _, err := newImageCache(dir, srv.Client(), quietLog()).fetch(context.Background(), good); err != nil {
+		t.Fatal(err)
+	}
+	cached := filepath.Join(dir, good.SHA256)
+
+	// An agent restart: a new cache over the same directory.
+	c := newImageCache(dir, srv.Client(), quietLog())
+	if _, err := c.fetch(context.Background(), good); err != nil {
+		t.Fatalf("intact cached file refused: %v", err)
+	}
+	if err := os.WriteFile(cached, []byte("not an image"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.fetch(context.Background(), good); err != nil {
+		t.Fatalf("a file this process verified is hashed again: %v", err)
+	}
+
+	c = newImageCache(dir, srv.Client(), quietLog())
+	before := srv.count("/img.raw")
+	_, err := c.fetch(context.Background(), good)
+	if err == nil || !agent.IsPermanent(err) || !errors.Is(err, ErrChecksumMismatch) {
+		t.Fatalf("damaged cached file: error %v, want a permanent checksum mismatch", err)
+	}
+	if !strings.Contains(err.Error(), cached) || !strings.Contains(err.Error(), good.SHA256) {
+		t.Errorf("error %q does not name the file and its expected hash", err)
+	}
+	if got, _ := os.ReadFile(cached); string(got) != "not an image" {
+		t.Error("the damaged file was replaced; overlays backed by it would change under their VMs")
+	}
+	if n := srv.count("/img.raw"); n != before {
+		t.Errorf("a damaged cache downloaded again (%d requests)", n-before)
+	}
+}
+
 func TestImageCacheSharedDownloadAndProgress(t *testing.T) {
 	srv := newArtifactServer(t)
 	data := make([]byte, 1<<20)
