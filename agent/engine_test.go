@@ -757,8 +757,8 @@ func TestARemovalThatFailsHalfWayKeepsTheRecordAndIsRetried(t *testing.T) {
 	f.restart()
 	agent.SetRemoveHook(f.store, nil)
 	st = f.step(nil)
-	assert.Equal(t, []string{"web-01"}, st.Destroyed, "the destroy is retried and acked")
-	assert.Len(t, f.prov.Calls(agenttest.OpDestroy), 2)
+	assert.Equal(t, []string{"web-01"}, st.Destroyed, "the removal is retried and acked")
+	assert.Len(t, f.prov.Calls(agenttest.OpDestroy), 1, "the destroy is on record; only the removal is retried")
 	_, err = os.Stat(dir)
 	assert.ErrorIs(t, err, os.ErrNotExist)
 }
@@ -1179,4 +1179,79 @@ func TestTheSnapshotOnDiskHashesAsTheFetchedOne(t *testing.T) {
 	want, _ = agent.SnapshotHash(empty)
 	got, _ = agent.SnapshotHash(onDisk)
 	assert.Equal(t, want, got)
+}
+
+func TestADestroyWhoseRemovalDidNotFinish(t *testing.T) {
+	// destroyUnfinished destroys web-01 after its grace with every removal
+	// failing, so the record stays behind with its DestroyedAt; kill plays
+	// an agent killed between Destroy and RemoveVM: the disk holds exactly
+	// what it held when the removal began.
+	destroyUnfinished := func(t *testing.T, kill bool) *fixture {
+		f := newFixture(t)
+		f.step(snap(1, vm("web-01")))
+		f.step(snap(2, tombstoned(vm("web-01"))))
+		f.clock.Add(6 * time.Minute)
+		var atRemoval []byte
+		agent.SetRemoveHook(f.store, func(path string) error {
+			if atRemoval == nil {
+				data, err := os.ReadFile(f.store.RecordPath("web-01"))
+				require.NoError(t, err)
+				atRemoval = data
+			}
+			return errors.New("device or resource busy")
+		})
+		st := f.step(nil)
+		require.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpDestroy))
+		require.Empty(t, st.Destroyed, "nothing acked while state remains")
+		require.NotNil(t, atRemoval)
+		assert.Contains(t, string(atRemoval), `"destroyedAt"`, "the destroy is on disk before the removal starts")
+		if kill {
+			f.eng.Close(context.Background())
+			require.NoError(t, os.WriteFile(f.store.RecordPath("web-01"), atRemoval, 0o600))
+			f.start()
+		}
+		agent.SetRemoveHook(f.store, nil)
+		f.prov.ResetCalls()
+		return f
+	}
+	for _, kill := range []bool{false, true} {
+		name := "removal failed"
+		if kill {
+			name = "killed between destroy and removal"
+		}
+		t.Run(name+": un-delete creates it again", func(t *testing.T) {
+			f := destroyUnfinished(t, kill)
+			old := f.record("web-01")
+			require.NotNil(t, old.DestroyedAt)
+			st := f.step(snap(3, vm("web-01")))
+			r := row(t, st, "web-01")
+			assert.Equal(t, status.PhaseReady, r.Phase, r.LastError)
+			assert.Empty(t, r.LastError)
+			assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpRootDisk), "a fresh root disk")
+			assert.Equal(t, []string{"web-01"}, f.prov.Calls(agenttest.OpBoot))
+			rec := f.record("web-01")
+			assert.NotEqual(t, old.InstanceID, rec.InstanceID, "a new instance for cloud-init")
+			assert.Nil(t, rec.DestroyedAt)
+			assert.Nil(t, rec.QuarantinedAt)
+			assert.NotEmpty(t, rec.BootID)
+			m, ok := f.prov.BootedWith("web-01")
+			require.True(t, ok)
+			assert.Equal(t, rec.InstanceID, m.InstanceID)
+
+			f.restart()
+			st = f.step(nil)
+			assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase, "stays created across a restart")
+			assert.Len(t, f.prov.Calls(agenttest.OpRootDisk), 1)
+		})
+		t.Run(name+": still tombstoned, the removal finishes and is acked", func(t *testing.T) {
+			f := destroyUnfinished(t, kill)
+			st := f.step(nil)
+			assert.Equal(t, []string{"web-01"}, st.Destroyed)
+			assert.Empty(t, st.Quarantined)
+			assert.Empty(t, f.prov.Calls(agenttest.OpDestroy), "destroyed once already")
+			assert.Empty(t, f.prov.Calls(agenttest.OpBoot))
+			_, err := os.Stat(f.store.VMDir("web-01"))
+			assert.ErrorIs(t, err, os.ErrNotExist)
+		})
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -149,6 +150,11 @@ func (p *vmPass) vanished() {
 // gone.
 func (p *vmPass) remove() bool {
 	rec := p.rec
+	if rec.DestroyedAt != nil {
+		// Destroyed on an earlier pass, but the state directory was not
+		// removed (a failure, or the agent was killed): finish the removal.
+		return p.removeState()
+	}
 	grace := p.e.cfg.TombstoneGrace
 	if rec.QuarantinedAt == nil || p.e.prov.Running(rec.Name) {
 		if err := p.e.prov.Shutdown(p.ctx, rec.Name); err != nil {
@@ -180,16 +186,36 @@ func (p *vmPass) remove() bool {
 		_ = p.e.commit(rec)
 		return false
 	}
+	// The destroy is witnessed on disk before the directory goes, so a
+	// removal cut short is never mistaken for a VM with its root disk.
+	t := p.e.now()
+	rec.DestroyedAt = &t
+	rec.Reserved = nil
+	rec.LastError = ""
+	if err := p.e.commit(rec); err != nil {
+		// Not witnessed: the next tick destroys again (a no-op for a gone VM).
+		rec.DestroyedAt = nil
+		return false
+	}
+	p.log.Info("tombstoned vm destroyed after its grace")
+	return p.removeState()
+}
+
+// removeState removes the state directory of a VM whose destroy succeeded
+// and is recorded (DestroyedAt), then forgets it. It reports whether the VM
+// is gone.
+func (p *vmPass) removeState() bool {
+	rec := p.rec
 	if err := p.e.store.RemoveVM(rec.Name); err != nil {
-		// The record is removed last, so it is still readable and the
-		// destroy is retried next tick; nothing is acked meanwhile.
+		// The record is removed last, so it is still readable (with its
+		// DestroyedAt) and the removal is retried next tick; nothing is
+		// acked meanwhile.
 		rec.LastError = "destroy: remove state: " + err.Error()
 		p.log.WithError(err).Warn("vm destroyed but its directory remains; retrying")
 		_ = p.e.commit(rec)
 		return false
 	}
 	p.e.forget(rec.Name)
-	p.log.Info("tombstoned vm destroyed after its grace")
 	return true
 }
 
@@ -213,6 +239,13 @@ func (p *vmPass) apply() {
 		}
 	}
 	rec := p.rec
+	if rec.DestroyedAt != nil {
+		p.recreate()
+		rec = p.rec
+		if err := p.e.commit(rec); err != nil {
+			return
+		}
+	}
 	if rec.QuarantinedAt != nil {
 		rec.QuarantinedAt = nil
 		rec.LastError = ""
@@ -245,6 +278,25 @@ func (p *vmPass) apply() {
 		return
 	}
 	p.converge()
+}
+
+// recreate turns the record of a VM that was destroyed (its removal never
+// finished) and is wanted again into a new create: new InstanceID, the
+// wanted spec, no completion witness, a fresh budget. Its root disk is gone,
+// so booting it is not an option; what is left of its directory is created
+// over, as for any interrupted create.
+func (p *vmPass) recreate() {
+	old := p.rec
+	p.log.WithField("destroyedAt", old.DestroyedAt.UTC().Format(time.RFC3339)).Warn("vm un-deleted after its destroy; creating it again from scratch (its root disk is gone)")
+	p.rec = &Record{
+		Name:       old.Name,
+		InstanceID: newInstanceID(old.Name),
+		Spec:       p.want.Spec,
+		SpecHash:   p.want.SpecHash,
+		Phase:      status.PhaseCreating,
+		Message:    "re-created: the VM was destroyed before it was un-deleted; its earlier root disk is gone",
+		CreatedAt:  p.e.now(),
+	}
 }
 
 // create runs the create steps. BootID is set only when every step passed:

@@ -154,7 +154,14 @@ type Record struct {
 	// after the grace the VM is shut down and kept, never destroyed. It is
 	// cleared when the VM reappears or its tombstone arrives.
 	VanishedAt *time.Time `json:"vanishedAt,omitempty"`
-	CreatedAt  time.Time  `json:"createdAt"`
+	// DestroyedAt is when the provisioner's Destroy of the VM succeeded. It
+	// is saved after Destroy and before RemoveVM, so a removal that fails or
+	// is cut short by a kill leaves a record that says the root disk is
+	// gone: a tombstone still present only finishes the removal, and an
+	// un-delete runs the whole create again (new InstanceID, fresh root
+	// disk) instead of booting a disk that no longer exists.
+	DestroyedAt *time.Time `json:"destroyedAt,omitempty"`
+	CreatedAt   time.Time  `json:"createdAt"`
 }
 
 // Reservation is the share of the host's capacity a VM holds: vCPUs and
