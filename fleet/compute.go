@@ -79,6 +79,10 @@ type output struct {
 	undeleted []ref
 	finalized []ref
 	swept     []SweepRecord
+	// rejected is set when the desired state was refused by the
+	// computation itself (a VM attaching a retained VM's volume): the
+	// output is then that of a rejected commit.
+	rejected error
 }
 
 // SnapshotPath is where host's snapshot lives on the snapshots branch.
@@ -237,6 +241,12 @@ func compute(in input) (*output, error) {
 				t.Name = r.Name
 				fillLast(t, last)
 				k.Spec, k.SizeGB = t.Spec, t.SizeGB
+				if k.Kind == desired.KindVM && k.Spec == nil {
+					// Publishing it without its spec would read as a
+					// vanished VM; refuse rather than drop it.
+					return nil, fmt.Errorf("%w: VM %s on host %s, dropped by the history rewrite at %s, has no last spec: %s is missing or unreadable on the snapshots branch; restore that file, or restore the VM's file on the desired branch",
+						ErrNoLastSpec, r.Name, r.Host, short(in.head), SnapshotPath(r.Host))
+				}
 				l.Retained = append(l.Retained, k)
 				out.retained = append(out.retained, k)
 			}
@@ -257,6 +267,19 @@ func compute(in input) (*output, error) {
 				out.tombstoned = append(out.tombstoned, t)
 			}
 		}
+	}
+
+	// A live VM attaching a volume a retained VM on its host lists would
+	// share that volume with it: reject the desired state.
+	if err := retainedConflict(in.fleet, l.Retained); err != nil {
+		rej := in
+		rej.fleet, rej.loadErr = nil, err
+		o, cerr := compute(rej)
+		if cerr != nil {
+			return nil, cerr
+		}
+		o.rejected = err
+		return o, nil
 	}
 
 	// Finalize: a fresh ack (docs/DESIGN.md, the epoch rule), or the abandoned
@@ -389,6 +412,58 @@ func compute(in input) (*output, error) {
 		l.Rejected.Superseded = in.head
 	}
 	return out, nil
+}
+
+// ErrNoLastSpec is returned by a pass that would retain a VM after a
+// history rewrite but finds no last spec of it (its host's snapshot file is
+// missing from the snapshots tip or unreadable); nothing is written.
+var ErrNoLastSpec = errors.New("no last spec of a VM to retain")
+
+// ErrRetainedVolume is wrapped by the rejection of a desired state in which
+// a live VM attaches a volume that a retained VM on the same host lists.
+var ErrRetainedVolume = errors.New("volume attached by a retained VM")
+
+// retainedConflict returns an error wrapping ErrRetainedVolume naming the
+// first (by VM name) live VM of f that attaches a volume a retained VM on
+// the same host lists, nil when there is none. Retained VMs desired again on
+// their host have already left kept.
+func retainedConflict(f *desired.Fleet, kept []*RetainedRecord) error {
+	type hv struct{ host, vol string }
+	holders := map[hv]*RetainedRecord{}
+	for _, k := range kept {
+		if k.Kind != desired.KindVM || k.Spec == nil {
+			continue
+		}
+		for _, v := range k.Spec.Volumes {
+			if holders[hv{k.Host, v}] == nil {
+				holders[hv{k.Host, v}] = k
+			}
+		}
+	}
+	if len(holders) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(f.VMs))
+	for n := range f.VMs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		vm := f.VMs[n]
+		for _, v := range vm.Spec.Volumes {
+			k := holders[hv{vm.Spec.Host, v}]
+			if k == nil || k.Name == n {
+				continue
+			}
+			file := ""
+			if vm.Origin.File != "" {
+				file = " (" + vm.Origin.File + ")"
+			}
+			return fmt.Errorf("%w: VM %s%s attaches volume %s on host %s, which VM %s lists: VM %s was kept after a history rewrite at %s; restore its file or re-add and delete it first",
+				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, short(k.Commit))
+		}
+	}
+	return nil
 }
 
 // tipHolds reports whether host's file at the snapshots tip is the one the

@@ -540,6 +540,11 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	// the ones it describes.
 	c.ledgerTip, c.ledger, c.verifiedTip = tip, out.ledger, tip
 	c.report(&res, out)
+	if out.rejected != nil {
+		// Refused by the computation: report it like any rejection, and
+		// summarize without the refused state.
+		res.Rejected, fl = out.rejected, nil
+	}
 
 	// Step 4: the summary on the status branch.
 	sum := c.summarize(out.ledger, fl, reports, statusErr == nil, now)
@@ -549,7 +554,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	}
 	res.SummaryWritten = written
 	c.lastKey = keyAt(tip)
-	if written {
+	if written || out.rejected != nil {
 		// Our own write moved the status tip; the next pass sees it.
 		c.lastKey = ""
 	}
