@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -108,7 +109,8 @@ type Engine struct {
 	want      map[string]*desired.SnapshotVM
 	lastEpoch uint64
 	// lastHash is SnapshotHash of the snapshot accepted at lastEpoch; ""
-	// when unknown (then a same-epoch snapshot is accepted and hashed).
+	// when unknown: then a snapshot at lastEpoch (above 0) is refused, since
+	// nothing says what was accepted at it, and lastEpoch+1 is awaited.
 	lastHash string
 	// snapHash is SnapshotHash of snap.
 	snapHash string
@@ -275,7 +277,9 @@ func (e *Engine) fenceLocked(snap *desired.Snapshot, msg string) error {
 // Tick runs one pass. snap is the snapshot just fetched, or nil to reconcile
 // the last accepted one again (nothing happens while there is none). A
 // snapshot whose epoch is below the last accepted is refused: Tick acts on
-// nothing, marks the host fenced and returns ErrFenced. Otherwise it
+// nothing, marks the host fenced and returns ErrFenced; so is one at the
+// last accepted epoch with other content, or at that epoch when the state
+// directory no longer records what was accepted at it. Otherwise it
 // persists the snapshot and epoch, converges volumes, and kicks every VM's
 // worker; it does not wait for them (see Settle). Concurrent calls run one
 // after the other.
@@ -317,6 +321,16 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		return fmt.Errorf("tick: %w", err)
 	}
 	e.mu.Lock()
+	if snap.Epoch == e.lastEpoch && e.lastEpoch > 0 && e.lastHash == "" {
+		// The epoch file survived but neither the accepted hash nor the
+		// snapshot did: what was accepted at this epoch is unknown, so a
+		// snapshot at it cannot be told from a hand edit or a second
+		// controller. Refusing it until the next epoch is safe and
+		// recoverable; accepting it would switch the same-epoch fence off.
+		err := e.fenceLocked(snap, fmt.Sprintf("state directory has epoch %d but no record of its content (%s and %s are missing or unreadable); refused, waiting for epoch %d: the controller publishes it on the next change to this host's desired state, so merge any change for this host to force it", e.lastEpoch, filepath.Join(e.store.Root(), acceptedFile), filepath.Join(e.store.Root(), snapshotFile), e.lastEpoch+1))
+		e.mu.Unlock()
+		return err
+	}
 	if snap.Epoch == e.lastEpoch && e.lastHash != "" && hash != e.lastHash {
 		// The same epoch with other content: a hand edit of the snapshots
 		// branch, or a second controller. Only a higher epoch may change
