@@ -41,6 +41,11 @@ var (
 	// ErrVolumeMissing: a volume the VM names is not on this host yet. It is
 	// checked again on every tick and spends no create attempt.
 	ErrVolumeMissing = errors.New("volume not present on this host")
+	// ErrVolumeUnusable: something is at a volume's path but it cannot be
+	// attached: a symlink to nothing (checked again on every tick, spends
+	// no create attempt) or not a regular file (a permanent error). The
+	// agent never deletes or replaces what is there.
+	ErrVolumeUnusable = errors.New("volume path holds no usable file")
 )
 
 // EngineConfig configures an Engine. Zero values take the defaults noted.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"reflect"
 	"slices"
 	"time"
@@ -364,6 +362,10 @@ func (p *vmPass) create() {
 		rec.Phase = status.PhaseFailed
 	case errors.Is(err, ErrVolumeMissing):
 		rec.Phase = status.PhaseCreating
+	case errors.Is(err, ErrVolumeUnusable) && !IsPermanent(err):
+		// A symlink to nothing: shown as failed with why, checked again
+		// every tick, no attempt spent; fixing the link resumes the create.
+		rec.Phase = status.PhaseFailed
 	case IsPermanent(err):
 		rec.Attempts++
 		rec.Failed = true
@@ -518,14 +520,21 @@ func (p *vmPass) admit(spec desired.VMSpec) error {
 }
 
 // volumesPresent checks every volume the spec names is a file on this host.
-// A stat error other than "does not exist" counts as present.
+// Nothing at the path is ErrVolumeMissing; a symlink to nothing or a path
+// that is not a regular file is ErrVolumeUnusable (the latter permanent),
+// never handed to the hypervisor. A stat error other than "does not exist"
+// counts as present.
 func (p *vmPass) volumesPresent(spec desired.VMSpec) error {
 	for _, v := range spec.Volumes {
 		if err := checkName("volume", v); err != nil {
 			return Permanent(err)
 		}
-		if _, err := os.Stat(p.e.store.VolumePath(v)); errors.Is(err, fs.ErrNotExist) {
+		_, present, err := inspectVolume(p.e.store.VolumePath(v))
+		switch {
+		case !present:
 			return fmt.Errorf("%s: %w", v, ErrVolumeMissing)
+		case errors.Is(err, ErrVolumeUnusable):
+			return fmt.Errorf("volume %s: %w", v, err)
 		}
 	}
 	return nil

@@ -94,16 +94,41 @@ func (e *Engine) orphanVolumes(named map[string]bool) []string {
 // evidence of absence: any other error reads as present (size unknown, 0),
 // because absence is what leads to creating the file, and a create ends in a
 // rename over the path.
+// Something that is there but is no usable volume (a symlink to nothing, a
+// directory, a device) is present too, with Error saying what it is: it is
+// never created over, deleted or replaced.
 func (e *Engine) statVolume(name string) status.Volume {
-	fi, err := os.Stat(e.store.VolumePath(name))
+	fi, present, err := inspectVolume(e.store.VolumePath(name))
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
+	case !present:
 		return status.Volume{Name: name, Present: false}
 	case err != nil:
-		e.log.WithField("volume", name).WithError(err).Warn("cannot stat volume; treating it as present")
-		return status.Volume{Name: name, Present: true}
+		e.log.WithField("volume", name).WithError(err).Warn("volume path holds no usable file; treating it as present and leaving it as it is")
+		return status.Volume{Name: name, Present: true, Error: err.Error()}
 	}
 	return status.Volume{Name: name, Present: true, SizeGB: int(fi.Size() >> 30)}
+}
+
+// inspectVolume says what is at a volume's path. present is false only when
+// nothing at all is there (not even a symlink). err is non-nil for a
+// present path that is no usable volume: a symlink whose target does not
+// exist (ErrVolumeUnusable), something other than a regular file
+// (Permanent, ErrVolumeUnusable), or a stat error (present, size unknown).
+func inspectVolume(path string) (fi fs.FileInfo, present bool, err error) {
+	fi, err = os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if _, lerr := os.Lstat(path); lerr == nil {
+			target, _ := os.Readlink(path)
+			return nil, true, fmt.Errorf("%s is a symlink to %q, which does not exist; fix or remove the link: %w", path, target, ErrVolumeUnusable)
+		}
+		return nil, false, nil
+	case err != nil:
+		return nil, true, fmt.Errorf("stat %s: %w", path, err)
+	case !fi.Mode().IsRegular():
+		return fi, true, Permanent(fmt.Errorf("%s is not a regular file (mode %s); refusing to attach it, and it is never deleted or replaced: %w", path, fi.Mode().Type(), ErrVolumeUnusable))
+	}
+	return fi, true, nil
 }
 
 // convergeVolume brings one named volume toward its spec and reports it.
@@ -140,6 +165,12 @@ func (e *Engine) reclaimVolume(name string, inUse bool) status.Volume {
 	row := e.statVolume(name)
 	if !row.Present {
 		_ = os.Remove(e.volumeMarker(name))
+		return row
+	}
+	if _, _, err := inspectVolume(e.store.VolumePath(name)); errors.Is(err, ErrVolumeUnusable) {
+		// Not a volume the agent made: a tombstone is no permission to
+		// remove a directory, a device or a link.
+		e.log.WithField("volume", name).WithError(err).Warn("tombstoned volume path holds no volume file; left as it is")
 		return row
 	}
 	since, err := readMarker(e.volumeMarker(name))

@@ -219,6 +219,7 @@ func TestAStatErrorReadsAsPresent(t *testing.T) {
 	require.NoError(t, os.Symlink(filepath.Base(p), p)) // a loop: stat fails, not with "does not exist"
 	st := f.step(withVolumes(snap(1), vol("data", 1)))
 	assert.True(t, volRow(t, st, "data").Present)
+	assert.Contains(t, volRow(t, st, "data").Error, "stat "+p, "and says why its size is unknown")
 	target, err := os.Readlink(p)
 	require.NoError(t, err, "nothing was created over it")
 	assert.Equal(t, "data", target)
@@ -304,4 +305,92 @@ func TestTheStoreKeepsCounters(t *testing.T) {
 	snap, err := st.LoadSnapshot()
 	require.NoError(t, err)
 	assert.Nil(t, snap, "none accepted yet")
+}
+
+func TestADanglingSymlinkIsAPresentVolumeThatSaysWhy(t *testing.T) {
+	f := newFixture(t)
+	p := f.store.VolumePath("data")
+	target := filepath.Join(f.dir, "elsewhere", "data.img")
+	require.NoError(t, os.Symlink(target, p))
+	s := withVolumes(snap(1, vm("web-01", volumes("data"))), vol("data", 1))
+	for i := 0; i < 4; i++ {
+		st := f.step(s)
+		v := volRow(t, st, "data")
+		assert.True(t, v.Present, "a link is there: never created over")
+		assert.Contains(t, v.Error, "symlink")
+		assert.Contains(t, v.Error, target)
+		r := row(t, st, "web-01")
+		assert.Equal(t, status.PhaseFailed, r.Phase)
+		assert.Contains(t, r.LastError, "volume data: "+p+" is a symlink to")
+		assert.Contains(t, r.LastError, "which does not exist")
+	}
+	assert.Zero(t, f.record("web-01").Attempts, "no attempt spent: it is checked again every tick")
+	assert.Empty(t, f.prov.Calls(agenttest.OpBoot))
+	got, err := os.Readlink(p)
+	require.NoError(t, err, "the link is left as it is")
+	assert.Equal(t, target, got)
+
+	// The operator restores the link's target: the create goes on.
+	require.NoError(t, os.MkdirAll(filepath.Dir(target), 0o700))
+	require.NoError(t, os.WriteFile(target, nil, 0o600))
+	require.NoError(t, os.Truncate(target, 1<<30))
+	st := f.step(s)
+	assert.Equal(t, status.Volume{Name: "data", Present: true, SizeGB: 1}, volRow(t, st, "data"))
+	r := row(t, st, "web-01")
+	assert.Equal(t, status.PhaseReady, r.Phase, r.LastError)
+	assert.Empty(t, r.LastError)
+}
+
+func TestAVolumePathThatIsNotARegularFileIsNeverAttached(t *testing.T) {
+	f := newFixture(t)
+	p := f.store.VolumePath("data")
+	require.NoError(t, os.Mkdir(p, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(p, "keep"), []byte("guest data"), 0o600))
+	s := withVolumes(snap(1, vm("web-01", volumes("data"))), vol("data", 1))
+	st := f.step(s)
+	v := volRow(t, st, "data")
+	assert.True(t, v.Present)
+	assert.Zero(t, v.SizeGB)
+	assert.Contains(t, v.Error, p+" is not a regular file")
+	r := row(t, st, "web-01")
+	assert.Equal(t, status.PhaseFailed, r.Phase)
+	assert.Contains(t, r.LastError, "volume data: "+p+" is not a regular file")
+	assert.Contains(t, r.LastError, "refusing to attach it")
+	assert.True(t, f.record("web-01").Failed, "a permanent error")
+	assert.Empty(t, f.prov.Calls(agenttest.OpBoot), "never handed to the hypervisor")
+
+	t.Run("a created VM whose volume became a directory is not booted", func(t *testing.T) {
+		f := newFixture(t)
+		s := withVolumes(snap(1, vm("web-01", volumes("data"))), vol("data", 1))
+		require.Equal(t, status.PhaseReady, row(t, f.step(s), "web-01").Phase)
+		f.prov.Crash("web-01")
+		require.NoError(t, os.Remove(f.store.VolumePath("data")))
+		require.NoError(t, os.Mkdir(f.store.VolumePath("data"), 0o700))
+		f.prov.ResetCalls()
+		r := row(t, f.step(s), "web-01")
+		assert.Equal(t, status.PhaseFailed, r.Phase)
+		assert.Contains(t, r.LastError, "is not a regular file")
+		assert.Empty(t, f.prov.Calls(agenttest.OpBoot))
+	})
+
+	data, err := os.ReadFile(filepath.Join(p, "keep"))
+	require.NoError(t, err, "never deleted or replaced")
+	assert.Equal(t, "guest data", string(data))
+
+	t.Run("its tombstone removes nothing either", func(t *testing.T) {
+		// No VM attaches it and the grace is over: the agent made no
+		// such thing and removes none, not even an empty directory.
+		f := newFixture(t)
+		p := f.store.VolumePath("data")
+		require.NoError(t, os.Mkdir(p, 0o700))
+		f.step(withVolumes(snap(1), tombVol("data", 1)))
+		f.clock.Add(time.Hour)
+		st := f.step(withVolumes(snap(1), tombVol("data", 1)))
+		v := volRow(t, st, "data")
+		assert.True(t, v.Present)
+		assert.Contains(t, v.Error, "not a regular file")
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		assert.True(t, fi.IsDir())
+	})
 }

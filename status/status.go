@@ -115,6 +115,10 @@ type Volume struct {
 	Name    string `yaml:"name" json:"name"`
 	Present bool   `yaml:"present" json:"present"`
 	SizeGB  int    `yaml:"sizeGB" json:"sizeGB"`
+	// Error says why a present volume cannot be used or measured: the path
+	// is not a regular file, is a symlink to nothing, or cannot be stat'ed.
+	// Empty when the volume is a usable file or absent.
+	Error string `yaml:"error,omitempty" json:"error,omitempty"`
 }
 
 // Path is where host's status lives on the status branch.
