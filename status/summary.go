@@ -142,8 +142,7 @@ func RenderSummary(s Summary) []byte {
 	if len(s.Hosts) == 0 {
 		b.WriteString("No hosts.\n\n")
 	} else {
-		b.WriteString("| host | state | heartbeat | accel | agent | epoch published | epoch seen | VMs |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|\n")
+		tableHeader(&b, "host", "state", "heartbeat", "accel", "agent", "epoch published", "epoch seen", "VMs")
 		for _, h := range s.Hosts {
 			state := "offline"
 			switch {
@@ -172,8 +171,7 @@ func RenderSummary(s Summary) []byte {
 	if n == 0 {
 		b.WriteString("No VMs reported.\n\n")
 	} else {
-		b.WriteString("| VM | host | phase | power | address | error |\n")
-		b.WriteString("|---|---|---|---|---|---|\n")
+		tableHeader(&b, "VM", "host", "phase", "power", "address", "error")
 		for _, h := range s.Hosts {
 			for _, vm := range h.VMs {
 				addr := vm.IP
@@ -194,8 +192,7 @@ func RenderSummary(s Summary) []byte {
 	if len(s.Pending) == 0 {
 		b.WriteString("None.\n\n")
 	} else {
-		b.WriteString("| kind | name | host | removed by | author | since | epoch |\n")
-		b.WriteString("|---|---|---|---|---|---|---|\n")
+		tableHeader(&b, "kind", "name", "host", "removed by", "author", "since", "epoch")
 		for _, p := range s.Pending {
 			by := "`" + short(p.Commit) + "`"
 			if p.Rewritten {
@@ -210,8 +207,7 @@ func RenderSummary(s Summary) []byte {
 	if len(s.Retained) > 0 {
 		b.WriteString("## Kept after a history rewrite\n\n")
 		b.WriteString("These objects left the desired state through a rewritten history (a force-push, a reset), not a reviewed delete: they keep running with their last spec. Restore the file, or re-add and delete it in a reviewed commit.\n\n")
-		b.WriteString("| kind | name | host | state | since |\n")
-		b.WriteString("|---|---|---|---|---|\n")
+		tableHeader(&b, "kind", "name", "host", "state", "since")
 		for _, k := range s.Retained {
 			fmt.Fprintf(&b, "| %s | %s | %s | kept after a history rewrite at `%s`: restore the file, or re-add and delete it in a reviewed commit | %s |\n",
 				cell(k.Kind), cell(k.Name), cell(k.Host), short(k.Commit), stamp(k.Since))
@@ -221,8 +217,7 @@ func RenderSummary(s Summary) []byte {
 
 	if len(s.Unmanaged) > 0 {
 		b.WriteString("## On hosts, not in the desired state\n\n")
-		b.WriteString("| VM | host | phase | state |\n")
-		b.WriteString("|---|---|---|---|\n")
+		tableHeader(&b, "VM", "host", "phase", "state")
 		for _, u := range s.Unmanaged {
 			fmt.Fprintf(&b, "| %s | %s | %s | on host, not in the desired state: kept |\n", cell(u.Name), cell(u.Host), cell(u.Phase))
 		}
@@ -231,8 +226,7 @@ func RenderSummary(s Summary) []byte {
 
 	if len(s.Swept) > 0 {
 		b.WriteString("## Deletes finalized for offline hosts\n\n")
-		b.WriteString("| kind | name | host | removed by | finalized | reason |\n")
-		b.WriteString("|---|---|---|---|---|---|\n")
+		tableHeader(&b, "kind", "name", "host", "removed by", "finalized", "reason")
 		for _, w := range s.Swept {
 			fmt.Fprintf(&b, "| %s | %s | %s | `%s` | %s | %s |\n",
 				cell(w.Kind), cell(w.Name), cell(w.Host), short(w.Commit), stamp(w.At), cell(w.Reason))
@@ -240,6 +234,12 @@ func RenderSummary(s Summary) []byte {
 		b.WriteString("\n")
 	}
 	return b.Bytes()
+}
+
+// tableHeader writes a Markdown table's header row and its separator.
+func tableHeader(b *bytes.Buffer, columns ...string) {
+	b.WriteString("| " + strings.Join(columns, " | ") + " |\n")
+	b.WriteString(strings.Repeat("|---", len(columns)) + "|\n")
 }
 
 func short(commit string) string {
