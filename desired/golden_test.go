@@ -2,32 +2,11 @@ package desired
 
 import (
 	"errors"
-	"flag"
-	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/gitfleet/gitfleet/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files under testdata/")
-
-// golden compares got with testdata/<name>, or rewrites it under -update.
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	p := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(p, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if string(got) != string(want) {
-		t.Errorf("output differs from %s (go test -update rewrites it):\n--- got\n%s--- want\n%s", p, got, want)
-	}
-}
 
 // TestLoadGolden loads each fleet under testdata/load/ and pins its whole
 // error output in testdata/load/<name>.golden.
@@ -39,7 +18,7 @@ func TestLoadGolden(t *testing.T) {
 			if !errors.As(err, &list) {
 				t.Fatalf("err = %v; want an ErrorList", err)
 			}
-			golden(t, filepath.Join("load", name+".golden"), []byte(list.Error()+"\n"))
+			golden.Check(t, "load/"+name+".golden", []byte(list.Error()+"\n"))
 		})
 	}
 }

@@ -2,39 +2,17 @@ package desired
 
 import (
 	"encoding/json"
-	"flag"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/gitfleet/gitfleet/internal/golden"
 )
 
-var updatePlan = flag.Bool("update-plan", false, "rewrite the plan golden files under testdata/plan/")
-
+// planGolden compares got with testdata/plan/<name>; -update rewrites it.
 func planGolden(t *testing.T, name, got string) {
 	t.Helper()
-	p := filepath.Join("testdata", "plan", name)
-	if *updatePlan || updateFlagSet() {
-		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("read golden (run with -update-plan to create): %v", err)
-	}
-	if string(want) != got {
-		t.Errorf("%s differs from the golden file:\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
-}
-
-// updateFlagSet honours a package-wide -update flag if another test file
-// defines one.
-func updateFlagSet() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
+	golden.Check(t, "plan/"+name, []byte(got))
 }
 
 const testSHA = "64a7b8b7a4ad44f1d2c1e6b8a1c8f1e0c4b1a2d3e4f5a6b7c8d9e0f1a2b3c4d5"

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gitfleet/gitfleet/internal/golden"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"go.yaml.in/yaml/v3"
 )
@@ -114,7 +115,7 @@ func TestSchemaRejectsBadObjects(t *testing.T) {
 // read through each file's yaml-language-server line, equal to JSONSchema.
 func TestSchemaFileIsCurrent(t *testing.T) {
 	p := filepath.Join("..", "examples", "fleet", ".gitfleet", "schema.json")
-	if *update {
+	if golden.Update() {
 		if err := os.WriteFile(p, JSONSchema(), 0o644); err != nil {
 			t.Fatal(err)
 		}
