@@ -180,21 +180,28 @@ func TestHandEditedSnapshotRepublished(t *testing.T) {
 	}
 }
 
-// A controller on another branch or path than the ledger's refuses to
-// publish, and says which.
-func TestLedgerOfAnotherBranchOrPathRefused(t *testing.T) {
+// newEnvUnder is newEnv with baseFleet kept under fleet/ in the repository
+// and the controller reading it through Config.Path path.
+func newEnvUnder(t testing.TB, path string) *env {
+	t.Helper()
 	files := map[string]string{}
 	for p, c := range baseFleet() {
 		files["fleet/"+p] = c
 	}
-	dir := gittest.NewBare(t)
-	gittest.Commit(t, dir, gittest.Edit{Write: files})
-	e := &env{t: t, dir: dir, url: dir, clock: &clock{}}
-	c, err := New(Config{URL: dir, Path: "fleet", Logger: quietLogger(), SummaryInterval: -1})
+	e := newEnv(t, nil)
+	e.commit(gittest.Edit{Write: files, Message: "initial fleet"})
+	c, err := New(Config{URL: e.url, Path: path, Clock: e.clock.Now, Logger: quietLogger(), SummaryInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.c = c
+	return e
+}
+
+// A controller on another branch or path than the ledger's refuses to
+// publish, and says which.
+func TestLedgerOfAnotherBranchOrPathRefused(t *testing.T) {
+	e := newEnvUnder(t, "fleet")
 	e.pass()
 	gittest.Git(t, e.dir, "branch", "other", "main")
 	tip := e.snapshotsTip()
@@ -261,18 +268,7 @@ func TestCleanPath(t *testing.T) {
 // --path ./fleet attributes a delete to the commit that made it, as
 // --path fleet does.
 func TestDotSlashPathAttributesDeletes(t *testing.T) {
-	files := map[string]string{}
-	for p, c := range baseFleet() {
-		files["fleet/"+p] = c
-	}
-	dir := gittest.NewBare(t)
-	gittest.Commit(t, dir, gittest.Edit{Write: files})
-	e := &env{t: t, dir: dir, url: dir, clock: &clock{}}
-	c, err := New(Config{URL: dir, Path: "./fleet", Logger: quietLogger(), SummaryInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.c = c
+	e := newEnvUnder(t, "./fleet")
 	e.pass()
 	del := e.commit(gittest.Edit{Remove: []string{"fleet/vms/web-01.yaml"}, Message: "retire web-01"})
 	e.commit(gittest.Edit{Write: map[string]string{"notes.txt": "unrelated\n"}})
