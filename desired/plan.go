@@ -206,37 +206,31 @@ type planObject struct {
 	fields map[string]string
 }
 
-func vmObjects(f *Fleet) map[string]planObject {
-	out := make(map[string]planObject, len(f.VMs))
-	for name, vm := range f.VMs {
-		out[name] = planObject{host: vm.Spec.Host, fields: flatten(struct {
+// planObjects reduces each object of one kind to its host and the flattened
+// fields of its metadata and spec; view picks those three out of an object.
+func planObjects[T any](objs map[string]*T, view func(name string, o *T) (host string, meta Metadata, spec any)) map[string]planObject {
+	out := make(map[string]planObject, len(objs))
+	for name, o := range objs {
+		host, meta, spec := view(name, o)
+		out[name] = planObject{host: host, fields: flatten(struct {
 			Metadata Metadata `json:"metadata"`
-			Spec     VMSpec   `json:"spec"`
-		}{vm.Metadata, vm.Spec})}
+			Spec     any      `json:"spec"`
+		}{meta, spec})}
 	}
 	return out
+}
+
+func vmObjects(f *Fleet) map[string]planObject {
+	return planObjects(f.VMs, func(_ string, vm *VM) (string, Metadata, any) { return vm.Spec.Host, vm.Metadata, vm.Spec })
 }
 
 func volumeObjects(f *Fleet) map[string]planObject {
-	out := make(map[string]planObject, len(f.Volumes))
-	for name, v := range f.Volumes {
-		out[name] = planObject{host: v.Spec.Host, fields: flatten(struct {
-			Metadata Metadata   `json:"metadata"`
-			Spec     VolumeSpec `json:"spec"`
-		}{v.Metadata, v.Spec})}
-	}
-	return out
+	return planObjects(f.Volumes, func(_ string, v *Volume) (string, Metadata, any) { return v.Spec.Host, v.Metadata, v.Spec })
 }
 
+// hostObjects places each host on itself.
 func hostObjects(f *Fleet) map[string]planObject {
-	out := make(map[string]planObject, len(f.Hosts))
-	for name, h := range f.Hosts {
-		out[name] = planObject{host: name, fields: flatten(struct {
-			Metadata Metadata `json:"metadata"`
-			Spec     HostSpec `json:"spec"`
-		}{h.Metadata, h.Spec})}
-	}
-	return out
+	return planObjects(f.Hosts, func(name string, h *Host) (string, Metadata, any) { return name, h.Metadata, h.Spec })
 }
 
 // secretFields are shown as changed, never with their values.
