@@ -52,11 +52,13 @@ type Config struct {
 	StepTimeout time.Duration
 	StopTimeout time.Duration
 	// Version, Accel and BootID describe the agent in its status. Accel
-	// defaults to the provisioner's (AccelReporter); BootID to HostBootID.
+	// defaults to the provisioner's (AccelReporter); BootID to the
+	// Engine's (itself HostBootID by default).
 	Version string
 	Accel   string
 	BootID  func() string
-	// Now is the clock of the heartbeat and observedAt; default time.Now.
+	// Now is the clock of the heartbeat and observedAt; Now and Log default
+	// to the Engine's.
 	Now func() time.Time
 	Log logrus.FieldLogger
 	// Ready is called once, after the first step (systemd READY=1); Alive
@@ -109,14 +111,16 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.StopTimeout <= 0 {
 		cfg.StopTimeout = DefaultStopTimeout
 	}
+	// The engine already holds defaulted ones: the status then reports the
+	// boot id and clock the engine's records were written with.
 	if cfg.BootID == nil {
-		cfg.BootID = HostBootID
+		cfg.BootID = cfg.Engine.cfg.BootID
 	}
 	if cfg.Now == nil {
-		cfg.Now = time.Now
+		cfg.Now = cfg.Engine.cfg.Now
 	}
 	if cfg.Log == nil {
-		cfg.Log = logrus.StandardLogger()
+		cfg.Log = cfg.Engine.cfg.Log
 	}
 	if cfg.Accel == "" {
 		if a, ok := cfg.Engine.prov.(AccelReporter); ok {
