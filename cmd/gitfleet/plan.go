@@ -63,9 +63,6 @@ the top of the plan says which.`,
 }
 
 func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev, path, format string) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	repo, err := gitsource.Open(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth()})
 	if err != nil {
 		return &exitError{code: 1, err: err}

@@ -98,9 +98,6 @@ type pendingDelete struct {
 }
 
 func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, snapshots, format string) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	repo, err := gitsource.Open(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth(), Depth: 1})
 	if err != nil {
 		return &exitError{code: 1, err: err}
