@@ -109,9 +109,9 @@ func scopeArgs(name string, cmd []string) []string {
 // QMP, or with QEMU's own error output when QEMU exits first. Booting a VM
 // that runs is a no-op.
 func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
-	st := p.state(m.Name, m.Dir)
-	if st == nil {
-		return agent.Permanent(fmt.Errorf("vm %s: no directory", m.Name))
+	st, err := p.machineState(m)
+	if err != nil {
+		return err
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()

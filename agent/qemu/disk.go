@@ -72,9 +72,9 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 // to diskGB when smaller (online through QMP block_resize while the VM
 // runs) and never shrunk.
 func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) error {
-	st := p.state(m.Name, m.Dir)
-	if st == nil {
-		return agent.Permanent(fmt.Errorf("vm %s: no directory", m.Name))
+	st, err := p.machineState(m)
+	if err != nil {
+		return err
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()

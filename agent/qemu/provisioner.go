@@ -270,6 +270,16 @@ func (p *Provisioner) state(name, dir string) *vmState {
 	return st
 }
 
+// machineState is state for a VM being prepared or booted: m.Dir is where
+// its files go, and a Machine without one is a permanent error.
+func (p *Provisioner) machineState(m agent.Machine) (*vmState, error) {
+	st := p.state(m.Name, m.Dir)
+	if st == nil {
+		return nil, agent.Permanent(fmt.Errorf("vm %s: no directory", m.Name))
+	}
+	return st, nil
+}
+
 func (st *vmState) path(file string) string { return filepath.Join(st.dir, file) }
 
 // pid returns the pid of this VM's QEMU when it is alive, 0 otherwise. The

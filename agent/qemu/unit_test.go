@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/desired"
 )
 
@@ -265,5 +267,24 @@ func TestSSHPortPersistedAndReallocated(t *testing.T) {
 	}
 	if addr := p2.Address("a"); addr.SSH != fmt.Sprintf("127.0.0.1:%d", moved) || addr.IP != "" {
 		t.Errorf("Address of a stopped VM = %+v", addr)
+	}
+}
+
+func TestMachineWithoutDirectoryIsPermanent(t *testing.T) {
+	p, err := New(Config{CacheDir: t.TempDir(), Accel: AccelTCG, Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := agent.Machine{Name: "nowhere", Spec: desired.VMSpec{DiskGB: 1}}
+	for name, step := range map[string]func(context.Context, agent.Machine) error{
+		"PrepareRootDisk": p.PrepareRootDisk,
+		"Boot":            p.Boot,
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := step(context.Background(), m)
+			if !agent.IsPermanent(err) || !strings.Contains(err.Error(), "nowhere: no directory") {
+				t.Errorf("%s without a directory: %v, want a permanent error naming the VM", name, err)
+			}
+		})
 	}
 }
