@@ -107,7 +107,7 @@ type Controller struct {
 	loader   *desired.Loader
 	statuses *status.Reader
 	live     *liveness
-	hashes   map[*desired.VM]string
+	hashes   map[*desired.VM]string // spec hash of every VM of loadedFleet
 	// last good load: the commit and its fleet, so an unchanged head is
 	// not loaded again.
 	loadedHead  string
@@ -481,7 +481,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	}
 
 	// Step 3: compute on the snapshots tip and publish in one CAS commit.
-	hashes := c.specHashes(fl)
+	hashes := c.hashes
 	var out *output
 	mutate := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		l, err := c.ledgerAt(tip, read)
@@ -584,6 +584,7 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 		return head, nil, err
 	}
 	c.loadedHead, c.loadedFleet = head, fl
+	c.hashes = c.specHashes(fl)
 	return head, fl, nil
 }
 
@@ -609,11 +610,9 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 }
 
 // specHashes returns the spec hash of every VM of fl, reusing the hashes of
-// objects the Loader kept from the last load.
+// objects the Loader kept from the last load. It runs once per loaded
+// commit, not once per pass.
 func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]string {
-	if fl == nil {
-		return c.hashes
-	}
 	next := make(map[*desired.VM]string, len(fl.VMs))
 	for _, vm := range fl.VMs {
 		h, ok := c.hashes[vm]
