@@ -349,7 +349,8 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		}
 	}
 	isNew := e.snap == nil || snap.Epoch != e.snap.Epoch || hash != e.snapHash
-	saveHash := snap.Epoch > e.lastEpoch || hash != e.lastHash
+	newEpoch := snap.Epoch > e.lastEpoch
+	saveHash := newEpoch || hash != e.lastHash
 	e.mu.Unlock()
 
 	if isNew {
@@ -358,7 +359,7 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		if err := e.store.SaveSnapshot(snap); err != nil {
 			return fmt.Errorf("tick: %w", err)
 		}
-		if snap.Epoch > e.currentEpoch() {
+		if newEpoch {
 			if err := e.store.SaveEpoch(snap.Epoch); err != nil {
 				return fmt.Errorf("tick: %w", err)
 			}
@@ -376,12 +377,9 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 	e.mu.Lock()
 	e.accept(snap)
 	e.snapHash = hash
-	if snap.Epoch > e.lastEpoch {
-		e.lastEpoch = snap.Epoch
-	}
-	if snap.Epoch == e.lastEpoch {
-		e.lastHash = hash
-	}
+	// An epoch below lastEpoch was refused above, and only Tick, serialized
+	// by tickMu, changes lastEpoch: snap is now the last accepted epoch.
+	e.lastEpoch, e.lastHash = snap.Epoch, hash
 	e.retryBadLocked()
 	inUse := e.volumesInUseLocked(snap)
 	e.mu.Unlock()
@@ -398,12 +396,6 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		e.kickLocked(name)
 	}
 	return nil
-}
-
-func (e *Engine) currentEpoch() uint64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.lastEpoch
 }
 
 // load reads the records once. Until the vms directory can be listed no
