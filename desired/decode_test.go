@@ -273,6 +273,21 @@ func TestParseFileErrors(t *testing.T) {
 	}
 }
 
+// TestYAML11WordsStayText pins that yes, no, on, off, y and n, which
+// YAML 1.1 reads as booleans, reach a string field as the very text written.
+func TestYAML11WordsStayText(t *testing.T) {
+	input := strings.Replace(vm(strings.Replace(vmBody, "host: hv-a", "host: no", 1)), "  name: web-01\n",
+		"  name: on\n  labels: {a: yes, b: off, c: y, d: n}\n", 1)
+	obj, errs := parseFile("obj.yaml", []byte(input))
+	if len(errs) > 0 || obj == nil {
+		t.Fatalf("errors: %s", strings.Join(errStrings(errs), "; "))
+	}
+	want := map[string]string{"a": "yes", "b": "off", "c": "y", "d": "n"}
+	if obj.vm.Metadata.Name != "on" || obj.vm.Spec.Host != "no" || fmt.Sprint(obj.vm.Metadata.Labels) != fmt.Sprint(want) {
+		t.Errorf("name %q, host %q, labels %v; want on, no and %v", obj.vm.Metadata.Name, obj.vm.Spec.Host, obj.vm.Metadata.Labels, want)
+	}
+}
+
 // TestParseFileTabs pins where a tab is YAML and where it is rejected: a
 // line of only spaces and tabs, a tab after content, in a flow, in a
 // comment or in a block scalar's content is valid and keeps its meaning;
