@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -142,7 +143,7 @@ func TestValidateJSON(t *testing.T) {
 		}
 		var got []string
 		for _, e := range rep.Errors {
-			got = append(got, e.File+":"+itoa(e.Line)+":"+itoa(e.Col)+": "+e.Field+": "+e.Message)
+			got = append(got, e.File+":"+strconv.Itoa(e.Line)+":"+strconv.Itoa(e.Col)+": "+e.Field+": "+e.Message)
 		}
 		if code != tt.code || rep.Valid != tt.valid || rep.Dir != tt.dir || strings.Join(got, "\n") != strings.Join(tt.errs, "\n") {
 			t.Errorf("exit %d, report %+v; want exit %d, valid %v, errors %q", code, rep, tt.code, tt.valid, tt.errs)
@@ -152,8 +153,6 @@ func TestValidateJSON(t *testing.T) {
 		}
 	}
 }
-
-func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
 
 func TestValidateReadFailure(t *testing.T) {
 	dir := writeFleet(t, map[string]string{"h.yaml": testHost})
