@@ -116,6 +116,13 @@ func joinPath(parent, name string) string {
 	return parent + "." + name
 }
 
+// indexPath is the field path of item i of the list at field, such as
+// "spec.volumes[0]": the key under which the decoder records the item's
+// position and the checks look it up.
+func indexPath(field string, i int) string {
+	return field + "[" + strconv.Itoa(i) + "]"
+}
+
 // describe names what a node holds, for "must be X, got Y" messages.
 func describe(n *yaml.Node) string {
 	switch n.Kind {
@@ -364,7 +371,7 @@ func (d *nodeDecoder) decodeSlice(n *yaml.Node, v reflect.Value, field string) {
 	}
 	s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
 	for i, item := range n.Content {
-		sub := field + "[" + strconv.Itoa(i) + "]"
+		sub := indexPath(field, i)
 		d.pos[sub] = fieldPos{key: nodePos(item), val: nodePos(item)}
 		d.decode(item, s.Index(i), sub)
 	}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
-	"strconv"
 	"strings"
 )
 
@@ -179,7 +178,7 @@ func (d *nodeDecoder) check(o *object) {
 	if o.kind == KindVM {
 		o.at.volumes = make([]pos, len(o.vm.Spec.Volumes))
 		for i := range o.vm.Spec.Volumes {
-			o.at.volumes[i] = d.valPos("spec.volumes[" + strconv.Itoa(i) + "]")
+			o.at.volumes[i] = d.valPos(indexPath("spec.volumes", i))
 		}
 	}
 }
@@ -217,7 +216,7 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 	}
 	seen := make(map[string]int, len(s.Volumes))
 	for i, v := range s.Volumes {
-		f := "spec.volumes[" + strconv.Itoa(i) + "]"
+		f := indexPath("spec.volumes", i)
 		d.name(f, v)
 		if j, ok := seen[v]; ok {
 			d.add(d.valPos(f), f, "volume %q is listed twice (first at spec.volumes[%d])", v, j)
@@ -227,7 +226,7 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 	}
 	if s.CloudInit != nil {
 		for i, k := range s.CloudInit.SSHAuthorizedKeys {
-			f := "spec.cloudInit.sshAuthorizedKeys[" + strconv.Itoa(i) + "]"
+			f := indexPath("spec.cloudInit.sshAuthorizedKeys", i)
 			if !d.bad[f] && strings.TrimSpace(k) == "" {
 				d.add(d.valPos(f), f, "must not be empty")
 			}
@@ -323,7 +322,7 @@ func crossCheck(objs []*object, complete bool) []*Error {
 				}
 			}
 			for i, name := range s.Volumes {
-				f := "spec.volumes[" + strconv.Itoa(i) + "]"
+				f := indexPath("spec.volumes", i)
 				v, ok := volumes[name]
 				switch {
 				case !ok:
