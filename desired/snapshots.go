@@ -152,7 +152,7 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 	}
 	seen := make(map[string]bool, len(s.VMs))
 	for i, vm := range s.VMs {
-		f := fmt.Sprintf("vms[%d]", i)
+		f := indexPath("vms", i)
 		if d.required(f+".name") && !d.bad[f+".name"] {
 			d.name(f+".name", vm.Name)
 			if seen[vm.Name] {
@@ -168,7 +168,7 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 	}
 	seen = make(map[string]bool, len(s.Volumes))
 	for i, v := range s.Volumes {
-		f := fmt.Sprintf("volumes[%d]", i)
+		f := indexPath("volumes", i)
 		if d.required(f+".name") && !d.bad[f+".name"] {
 			d.name(f+".name", v.Name)
 			if seen[v.Name] {
