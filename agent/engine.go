@@ -359,12 +359,14 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		if err := e.store.SaveSnapshot(snap); err != nil {
 			return fmt.Errorf("tick: %w", err)
 		}
-		if newEpoch {
-			if err := e.store.SaveEpoch(snap.Epoch); err != nil {
-				return fmt.Errorf("tick: %w", err)
-			}
-		}
 		e.log.WithField("epoch", snap.Epoch).WithField("commit", snap.Source.Commit).Info("snapshot accepted")
+	}
+	if newEpoch {
+		// Also when the snapshot was already on disk (that crash): an epoch
+		// left behind would let another snapshot at this one pass as newer.
+		if err := e.store.SaveEpoch(snap.Epoch); err != nil {
+			return fmt.Errorf("tick: %w", err)
+		}
 	}
 	if saveHash {
 		// After the epoch: a crash in between leaves no hash for the new

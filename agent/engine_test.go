@@ -386,6 +386,31 @@ func TestCapacityFreedByADeleteAdmitsTheWaitingVM(t *testing.T) {
 	assert.Equal(t, status.PhaseReady, row(t, st, "b").Phase, "a quarantined VM holds no capacity")
 }
 
+// A crash between saving the snapshot and saving its epoch leaves the
+// snapshot of the next epoch on disk with the old epoch. The engine that
+// starts over it reconciles that snapshot, so it must also record its epoch:
+// otherwise, after the next restart, another snapshot at that epoch (a hand
+// edit) would pass as a new epoch.
+func TestFenceRecordsTheEpochOfASnapshotSavedBeforeACrash(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(1, vm("web-01"), vm("db-01")))
+	require.NoError(t, f.store.SaveSnapshot(snap(2, vm("web-01"), vm("db-01")))) // then the crash
+	f.restart()
+	st := f.step(nil)
+	assert.False(t, st.FenceViolation)
+	assert.Equal(t, uint64(2), st.LastSeenEpoch)
+	epoch, err := f.store.LastEpoch()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), epoch, "the epoch file catches up with the snapshot reconciled")
+
+	f.restart()
+	f.prov.ResetCalls()
+	st = f.step(snap(2, tombstoned(vm("db-01"))))
+	assert.True(t, st.FenceViolation, "a different snapshot at the accepted epoch is refused")
+	assert.Empty(t, f.prov.AllCalls())
+	assert.Empty(t, quarantined(st))
+}
+
 func TestFenceRefusesAnOlderSnapshotAndActsOnNothing(t *testing.T) {
 	f := newFixture(t)
 	f.step(snap(5, vm("web-01"), vm("old-01")))
