@@ -100,7 +100,7 @@ spec: {host: hv-a, sizeGB: 50}
 	".hidden-notes.yaml": "- ignored\n",
 }
 
-// copyMap returns a copy of m with the changes applied; an empty value
+// withFiles returns a copy of m with the changes applied; an empty value
 // removes the file.
 func withFiles(m map[string]string, changes map[string]string) map[string]string {
 	out := make(map[string]string, len(m)+len(changes))
