@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
@@ -347,7 +350,7 @@ func (f *fleetUnderTest) show(branch, path string) ([]byte, bool) {
 }
 
 func (f *fleetUnderTest) status() *status.Status {
-	b, ok := f.show("gitfleet/status", status.Path(host))
+	b, ok := f.show(agent.StatusBranch, status.Path(host))
 	if !ok {
 		return nil
 	}
@@ -357,7 +360,7 @@ func (f *fleetUnderTest) status() *status.Status {
 }
 
 func (f *fleetUnderTest) snapshot() *desired.Snapshot {
-	b, ok := f.show("gitfleet/snapshots", "hosts/"+host+".yaml")
+	b, ok := f.show(agent.SnapshotsBranch, agent.SnapshotPath(host))
 	if !ok {
 		return nil
 	}
@@ -407,15 +410,6 @@ func quarantine(st *status.Status, name string) *status.Quarantine {
 		}
 	}
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // vmState is how a condition reports a VM in its "last seen".
@@ -470,7 +464,7 @@ func (f *fleetUnderTest) guestPids(name string) []int { return qemuPids(f.vmDir(
 
 // serial is a VM's serial console log.
 func (f *fleetUnderTest) serial(name string) string {
-	b, _ := os.ReadFile(filepath.Join(f.vmDir(name), "serial.log"))
+	b, _ := os.ReadFile(filepath.Join(f.vmDir(name), qemu.SerialLog))
 	return string(b)
 }
 
@@ -487,9 +481,9 @@ func (f *fleetUnderTest) strays(running ...string) []string {
 		if strings.HasSuffix(base, ".partial") || strings.HasSuffix(base, ".work") || strings.HasPrefix(base, ".tmp") {
 			out = append(out, p)
 		}
-		if base == "qemu.pid" || base == "qmp.sock" {
+		if base == qemu.PidFile || base == qemu.QMPSocket {
 			vm := filepath.Base(filepath.Dir(p))
-			if !contains(running, vm) {
+			if !slices.Contains(running, vm) {
 				out = append(out, p)
 			}
 		}
@@ -532,7 +526,7 @@ func TestVMLifecycle(t *testing.T) {
 		return v != nil && v.Phase == status.PhaseStopped && v.Power == "stopped", vmState(st, vm)
 	})
 	assert.Empty(t, f.guestPids(vm), "no QEMU for a stopped VM")
-	assert.FileExists(t, filepath.Join(f.vmDir(vm), "root.qcow2"), "stopping keeps the disk")
+	assert.FileExists(t, filepath.Join(f.vmDir(vm), qemu.RootDiskFile), "stopping keeps the disk")
 	assert.Contains(t, f.serial(vm), "tinyguest: power button", "stopped through an ACPI powerdown")
 
 	// Mark the volume, to see it untouched later.
@@ -565,7 +559,7 @@ func TestVMLifecycle(t *testing.T) {
 		return q != nil, vmState(st, vm)
 	})
 	if time.Since(since) < tombstoneGrace-2*time.Second {
-		assert.FileExists(t, filepath.Join(f.vmDir(vm), "root.qcow2"), "quarantine keeps the disk until the grace has passed")
+		assert.FileExists(t, filepath.Join(f.vmDir(vm), qemu.RootDiskFile), "quarantine keeps the disk until the grace has passed")
 	} else {
 		t.Logf("quarantine seen %s after it began: too late to check the disk is kept during the grace", time.Since(since))
 	}
@@ -575,9 +569,9 @@ func TestVMLifecycle(t *testing.T) {
 	})
 	f.waitFor("vm-a gone from status", func() (bool, string) {
 		st := f.status()
-		return st != nil && st.VM(vm) == nil && quarantine(st, vm) == nil && !contains(st.Destroyed, vm), vmState(st, vm)
+		return st != nil && st.VM(vm) == nil && quarantine(st, vm) == nil && !slices.Contains(st.Destroyed, vm), vmState(st, vm)
 	})
-	assert.NoFileExists(t, filepath.Join(f.vmDir(vm), "root.qcow2"), "destroyed")
+	assert.NoFileExists(t, filepath.Join(f.vmDir(vm), qemu.RootDiskFile), "destroyed")
 	assert.Empty(t, f.guestPids(vm))
 	got := make([]byte, len(marker))
 	vf, err = os.Open(f.volumePath(vol))
@@ -650,7 +644,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 	})
 	pids := f.guestPids(vm)
 	require.Len(t, pids, 1, "exactly one QEMU for vm-b")
-	pidfile, err := os.ReadFile(filepath.Join(f.vmDir(vm), "qemu.pid"))
+	pidfile, err := os.ReadFile(filepath.Join(f.vmDir(vm), qemu.PidFile))
 	require.NoError(t, err)
 	assert.Equal(t, strconv.Itoa(pids[0]), strings.TrimSpace(string(pidfile)), "the pidfile names the live QEMU")
 	assert.Empty(t, f.strays(vm), "nothing leaked")
