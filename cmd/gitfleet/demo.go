@@ -61,17 +61,9 @@ and shuts the VMs down (disks stay) unless --keep is given.`,
 	}
 	cmd.SetContext(context.Background())
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", demoEnv("GITFLEET_DEMO_DIR", ""), "directory for the demo's repository, disks and logs (default $XDG_STATE_HOME/gitfleet/demo or ~/.local/state/gitfleet/demo) [GITFLEET_DEMO_DIR]")
-	f.StringVar(&cache, "cache", demoEnv("GITFLEET_DEMO_CACHE", ""), "where the tiny guest is built and cached (default $XDG_CACHE_HOME/gitfleet/tinyguest, or the test suite's $XDG_CACHE_HOME/gitfleet-test/tinyguest when only that holds a downloaded kernel; see above) [GITFLEET_DEMO_CACHE]")
-	f.StringVar(&accel, "accel", demoEnv("GITFLEET_ACCEL", "auto"), "QEMU accelerator: auto, kvm or tcg [GITFLEET_ACCEL]")
+	f.StringVar(&dir, "dir", envOr("GITFLEET_DEMO_DIR", ""), "directory for the demo's repository, disks and logs (default $XDG_STATE_HOME/gitfleet/demo or ~/.local/state/gitfleet/demo) [GITFLEET_DEMO_DIR]")
+	f.StringVar(&cache, "cache", envOr("GITFLEET_DEMO_CACHE", ""), "where the tiny guest is built and cached (default $XDG_CACHE_HOME/gitfleet/tinyguest, or the test suite's $XDG_CACHE_HOME/gitfleet-test/tinyguest when only that holds a downloaded kernel; see above) [GITFLEET_DEMO_CACHE]")
+	f.StringVar(&accel, "accel", envOr("GITFLEET_ACCEL", "auto"), "QEMU accelerator: auto, kvm or tcg [GITFLEET_ACCEL]")
 	f.BoolVar(&keep, "keep", false, "leave the VMs running when the demo stops")
 	rootCmd.AddCommand(cmd)
-}
-
-// demoEnv is the value of the environment variable name, or def when unset.
-func demoEnv(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-	return def
 }
