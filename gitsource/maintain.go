@@ -82,7 +82,7 @@ func (r *Repo) upkeep() string {
 		}
 		size, floor = packBytes(r.st.(*filesystem.Storage)), diskFloor
 	case *memory.Storage:
-		size, floor = int64(len(st.ObjectStorage.Objects)), int64(memoryFloor)
+		size, floor = int64(r.objectCount()), int64(memoryFloor)
 	default:
 		return ""
 	}
