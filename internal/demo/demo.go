@@ -72,6 +72,18 @@ func (l Layout) AgentCache() string { return filepath.Join(l.Dir, "agent", "git"
 // under vms/, volumes under volumes/.
 func (l Layout) State() string { return filepath.Join(l.Dir, "agent", "state") }
 
+// VMs holds the VMs' directories in the agent's state store (agent.Store's
+// vms/).
+func (l Layout) VMs() string { return filepath.Join(l.State(), "vms") }
+
+// SerialLog is the serial console log QEMU writes for the VM name.
+func (l Layout) SerialLog(name string) string {
+	return filepath.Join(l.VMs(), name, qemu.SerialLog)
+}
+
+// Volume is the file of the volume name (agent.Store's volumes/NAME).
+func (l Layout) Volume(name string) string { return filepath.Join(l.State(), "volumes", name) }
+
 // ImageCache is the QEMU backend's artifact cache (by sha256).
 func (l Layout) ImageCache() string { return filepath.Join(l.Dir, "agent", "cache") }
 
@@ -271,7 +283,7 @@ loop:
 	}
 	fmt.Fprintln(out, "\nStopping the controller and the agent ...")
 	runErr := rt.stop()
-	vms := filepath.Join(l.State(), "vms")
+	vms := l.VMs()
 	if cfg.Keep {
 		fmt.Fprintf(out, "The VMs keep running (--keep), their disks in %s; the next `%s demo --dir %s` re-attaches them.\n",
 			vms, cfg.Command, l.Dir)
@@ -634,7 +646,7 @@ func (w *watcher) phaseChanged(vm, old status.VM) {
 		c := w.consoles[vm.Name]
 		switch {
 		case c == nil:
-			c = &console{path: filepath.Join(w.layout.State(), "vms", vm.Name, qemu.SerialLog)}
+			c = &console{path: w.layout.SerialLog(vm.Name)}
 			w.consoles[vm.Name] = c
 		case old.Phase != "":
 			c.restart() // booted again: QEMU starts a fresh log
@@ -678,7 +690,7 @@ func printSummary(out io.Writer, cfg Config, l Layout, url string, st *status.St
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", vm.Name, vm.Phase, vm.Power, guest, ssh,
-			filepath.Join(l.State(), "vms", vm.Name, qemu.SerialLog))
+			l.SerialLog(vm.Name))
 	}
 	tw.Flush()
 	for _, v := range st.Volumes {
@@ -686,7 +698,7 @@ func printSummary(out io.Writer, cfg Config, l Layout, url string, st *status.St
 		if !v.Present {
 			state = "absent"
 		}
-		fmt.Fprintf(out, "Volume %s: %s, %d GB, %s\n", v.Name, state, v.SizeGB, filepath.Join(l.State(), "volumes", v.Name))
+		fmt.Fprintf(out, "Volume %s: %s, %d GB, %s\n", v.Name, state, v.SizeGB, l.Volume(v.Name))
 	}
 	fmt.Fprintf(out, `(The tiny guest runs no SSH server: its serial log shows what it saw. With a
 cloud image, "ssh -p PORT user@127.0.0.1" reaches the guest through the forward.)

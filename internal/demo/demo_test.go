@@ -304,13 +304,8 @@ func gitShow(repo, rev string) (string, error) {
 }
 
 func vmPhase(st *status.Status, name string) string {
-	if st == nil {
-		return ""
-	}
-	for _, vm := range st.VMs {
-		if vm.Name == name {
-			return vm.Phase
-		}
+	if vm := st.VM(name); vm != nil {
+		return vm.Phase
 	}
 	return ""
 }
