@@ -378,6 +378,36 @@ func TestAbandonedSweep(t *testing.T) {
 	}
 }
 
+// A pending tombstone keeps passes from being skipped: when every host is
+// silent and nothing else changes, the passing of time alone brings the
+// abandoned sweep.
+func TestSweepWhenOnlyTimePasses(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}})
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1})
+	if res := e.pass(); len(res.Tombstoned) != 1 {
+		t.Fatalf("result = %+v", res)
+	}
+	// hv-a falls silent: one pass sees it go offline, the next sees
+	// nothing new.
+	for _, d := range []time.Duration{4 * time.Minute, time.Minute} {
+		e.clock.Add(d)
+		if res := e.pass(); len(res.Swept) != 0 {
+			t.Fatalf("swept before the abandon grace: %+v", res)
+		}
+	}
+	e.clock.Add(20 * time.Minute)
+	res := e.pass()
+	if res.Skipped || len(res.Swept) != 1 || res.Swept[0] != "VM web-01@hv-a" {
+		t.Fatalf("result = %+v, want web-01 swept on the offline hv-a", res)
+	}
+	e.pass() // reads the summary the sweep wrote
+	if res := e.pass(); !res.Skipped {
+		t.Fatalf("a pass with nothing pending and nothing new was not skipped: %+v", res)
+	}
+}
+
 func TestRestartNeverSweepsAtOnce(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.pass()
