@@ -119,13 +119,14 @@ type Controller struct {
 	// the ones the ledger published (this controller wrote or checked
 	// them); a pass on another tip checks every file.
 	verifiedTip string
-	// skip: the inputs of the last pass that completed.
-	lastKey     string
-	lastPending int
-	summary     []byte // last README.md content known on the status branch
-	summaryKey  []byte // summary with heartbeat-driven fields blanked
-	summaryAt   time.Time
-	summaryDue  bool // a changed summary waits for SummaryInterval
+	// lastKey is the inputs of the last pass that completed and left
+	// nothing waiting ("" when something waits): a pass on the same
+	// inputs is skipped.
+	lastKey    string
+	summary    []byte // last README.md content known on the status branch
+	summaryKey []byte // summary with heartbeat-driven fields blanked
+	summaryAt  time.Time
+	summaryDue bool // a changed summary waits for SummaryInterval
 	// rejectLogged is the last rejection logged.
 	rejectLogged string
 }
@@ -465,8 +466,8 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		}
 	}
 
-	// Skip work when nothing observable changed and no tombstone waits for
-	// time to pass.
+	// Skip work when nothing observable changed since a pass that left
+	// nothing waiting (lastKey, set at the end of a pass).
 	// The snapshots tip is in the key too (the ref advertisement only): a
 	// hand edit of the snapshots branch is repaired at the next pass.
 	snapsTip, _ := c.tips.RemoteHead(ctx, c.cfg.SnapshotsBranch)
@@ -475,7 +476,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		return fmt.Sprintf("%s|%s|%s|%v|%s", head, snaps, statusTip, statusErr == nil, offlineSet)
 	}
 	key := keyAt(snapsTip)
-	if loadErr == nil && statusErr == nil && key == c.lastKey && c.lastPending == 0 && !c.summaryDue {
+	if loadErr == nil && statusErr == nil && key == c.lastKey {
 		res.Skipped = true
 		return res, nil
 	}
@@ -553,12 +554,14 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		return res, fmt.Errorf("write summary: %w", err)
 	}
 	res.SummaryWritten = written
-	c.lastKey = keyAt(tip)
-	if written || out.rejected != nil {
-		// Our own write moved the status tip; the next pass sees it.
-		c.lastKey = ""
+	// The next pass may skip on the same inputs only when this one left
+	// nothing waiting: no rejection to retry, no tombstone waiting for an
+	// ack or for time to pass, no summary held back, and no summary just
+	// written (our write moved the status tip; the next pass reads it).
+	c.lastKey = ""
+	if res.Rejected == nil && statusErr == nil && len(out.ledger.Tombstones) == 0 && !written && !c.summaryDue {
+		c.lastKey = keyAt(tip)
 	}
-	c.lastPending = len(out.ledger.Tombstones)
 	return res, nil
 }
 
