@@ -64,8 +64,9 @@ func (h *hostAgent) start() {
 	}
 	h.eng, err = agent.NewEngine(cfg)
 	require.NoError(t, err)
-	h.ag, err = agent.New(agent.Config{Host: testHost, Repo: repo, Engine: h.eng, Store: store,
-		Version: "test", BootID: func() string { return "boot-1" }, Now: h.clock.Now, Log: quietLog()})
+	// BootID, Now and Log come from the engine, so the agent's own log lines
+	// go where a test's tune sends the engine's.
+	h.ag, err = agent.New(agent.Config{Host: testHost, Repo: repo, Engine: h.eng, Store: store, Version: "test"})
 	require.NoError(t, err)
 	eng := h.eng
 	t.Cleanup(func() { eng.Close(context.Background()) })
@@ -354,7 +355,7 @@ func TestSecretsStayOutOfStatusAndLogs(t *testing.T) {
 	log := logrus.New()
 	log.SetOutput(&logs)
 	log.SetLevel(logrus.DebugLevel)
-	h := newHostAgent(t, bare, newClock(), func(c *agent.EngineConfig) { c.Log = log })
+	h := newHostAgent(t, bare, newClock(), func(c *agent.EngineConfig) { c.Log = log }) // the agent's log too
 	secret := vm("web-01", func(s *desired.VMSpec) {
 		s.CloudInit = &desired.CloudInit{UserData: userData, SSHAuthorizedKeys: []string{key}}
 	})
