@@ -2,36 +2,14 @@ package status
 
 import (
 	"errors"
-	"flag"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files under testdata/")
-
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	p := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(p, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("read golden (run with -update to create): %v", err)
-	}
-	if string(want) != string(got) {
-		t.Errorf("%s differs from the golden file:\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
-}
 
 func sampleStatus() *Status {
 	return &Status{
@@ -54,7 +32,7 @@ func TestMarshalParseRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "status.yaml", data)
+	golden.Check(t, "status.yaml", data)
 	back, err := Parse("hosts/hv-a.yaml", data)
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +197,7 @@ func TestRenderSummary(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := RenderSummary(tc.s)
-			golden(t, tc.name, got)
+			golden.Check(t, tc.name, got)
 			if again := RenderSummary(tc.s); string(again) != string(got) {
 				t.Error("rendering the same summary twice gave different bytes")
 			}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gitfleet/gitfleet/internal/golden"
 )
 
 // Objects kept after a history rewrite and VMs on a host that the desired
@@ -20,7 +22,7 @@ func TestRenderSummaryKept(t *testing.T) {
 		Unmanaged: []UnmanagedVM{{Name: "old|01", Host: "hv-b", Phase: PhaseReady}},
 	}
 	got := RenderSummary(s)
-	golden(t, "summary-kept.md", got)
+	golden.Check(t, "summary-kept.md", got)
 	for _, want := range []string{
 		"kept after a history rewrite at `eeeeeeeeeeee`: restore the file, or re-add and delete it in a reviewed commit",
 		"| old\\|01 | hv-b | ready | on host, not in the desired state: kept |",
