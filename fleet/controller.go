@@ -462,7 +462,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	}
 	if fl != nil {
 		for h := range fl.Hosts {
-			c.live.observe(h, c.live.id(h), now)
+			c.live.watch(h, now)
 		}
 	}
 

@@ -29,26 +29,25 @@ func newLiveness(start time.Time, after time.Duration) *liveness {
 	return &liveness{after: after, start: start, seen: map[string]sighting{}}
 }
 
-// observe records that host's status file has content id at now.
+// observe records that host's status file has content id at now. The
+// clock restarts when the content changed, and starts at the first
+// sighting whatever the file says.
 func (l *liveness) observe(host, id string, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s, ok := l.seen[host]
-	if !ok {
-		// First sighting: the clock starts now, whatever the file says.
-		l.seen[host] = sighting{id: id, since: now}
-		return
-	}
-	if s.id != id {
+	if s, ok := l.seen[host]; !ok || s.id != id {
 		l.seen[host] = sighting{id: id, since: now}
 	}
 }
 
-// id is the last content seen for host ("" when none).
-func (l *liveness) id(host string) string {
+// watch starts host's clock at now, with no status file seen, unless the
+// host was observed before.
+func (l *liveness) watch(host string, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.seen[host].id
+	if _, ok := l.seen[host]; !ok {
+		l.seen[host] = sighting{since: now}
+	}
 }
 
 // offline reports whether host's status has not changed for offlineAfter,
