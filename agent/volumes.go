@@ -99,6 +99,11 @@ func (e *Engine) orphanVolumes(named map[string]bool) []string {
 // never created over, deleted or replaced.
 func (e *Engine) statVolume(name string) status.Volume {
 	fi, present, err := inspectVolume(e.store.VolumePath(name))
+	return e.volumeRow(name, fi, present, err)
+}
+
+// volumeRow is statVolume's row for what inspectVolume found.
+func (e *Engine) volumeRow(name string, fi fs.FileInfo, present bool, err error) status.Volume {
 	switch {
 	case !present:
 		return status.Volume{Name: name, Present: false}
@@ -162,12 +167,13 @@ func (e *Engine) volumeMarker(name string) string {
 // restarts and does not restart with every snapshot that restates the
 // tombstone. A volume still attached to a running VM waits for that VM.
 func (e *Engine) reclaimVolume(name string, inUse bool) status.Volume {
-	row := e.statVolume(name)
-	if !row.Present {
+	fi, present, err := inspectVolume(e.store.VolumePath(name))
+	row := e.volumeRow(name, fi, present, err)
+	if !present {
 		_ = os.Remove(e.volumeMarker(name))
 		return row
 	}
-	if _, _, err := inspectVolume(e.store.VolumePath(name)); errors.Is(err, ErrVolumeUnusable) {
+	if errors.Is(err, ErrVolumeUnusable) {
 		// Not a volume the agent made: a tombstone is no permission to
 		// remove a directory, a device or a link.
 		e.log.WithField("volume", name).WithError(err).Warn("tombstoned volume path holds no volume file; left as it is")
