@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -186,13 +185,6 @@ func putStatus(repo *gitsource.Repo, st *status.Status) error {
 		return map[string][]byte{status.Path(st.Host): data}, "status of " + st.Host, nil
 	})
 	return err
-}
-
-func mustErr(t testing.TB, err error, target error) {
-	t.Helper()
-	if !errors.Is(err, target) {
-		t.Fatalf("error = %v, want %v", err, target)
-	}
 }
 
 // writeTree writes files under dir and returns dir.
