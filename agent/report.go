@@ -52,9 +52,9 @@ func (e *Engine) Report() *status.Status {
 		want, rec, bad := e.want[name], e.recs[name], e.bad[name]
 		switch {
 		case bad != nil:
-			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhaseFailed, LastError: bad.Error(), SpecHash: hashOf(want)})
+			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhaseFailed, LastError: bad.Error(), SpecHash: specHashOf(want)})
 		case !validName(name):
-			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhaseFailed, LastError: checkName("vm", name).Error(), SpecHash: hashOf(want)})
+			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhaseFailed, LastError: checkName("vm", name).Error(), SpecHash: specHashOf(want)})
 		case rec == nil:
 			if want == nil {
 				continue
@@ -125,7 +125,8 @@ func (e *Engine) vanishedRow(rec *Record) status.Vanished {
 	return v
 }
 
-func hashOf(v *desired.SnapshotVM) string {
+// specHashOf is v's SpecHash, "" for a VM the snapshot does not name.
+func specHashOf(v *desired.SnapshotVM) string {
 	if v == nil {
 		return ""
 	}
