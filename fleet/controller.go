@@ -788,7 +788,7 @@ func (c *Controller) summarize(l *Ledger, fl *desired.Fleet, reports []status.Re
 	}
 	for name, rec := range l.Hosts {
 		if rec.Hash != "" || fl == nil {
-			get(name).Epoch = rec.Epoch
+			get(name) // its epoch is set below, with every host's
 		}
 	}
 	for _, rep := range reports {
