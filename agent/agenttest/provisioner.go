@@ -52,36 +52,37 @@ type Hook func(ctx context.Context, op Op, name string) error
 // Provisioner keeps VMs in memory. The zero value is not usable; call New.
 // Safe for concurrent use.
 type Provisioner struct {
-	mu        sync.Mutex
-	running   map[string]bool
-	disks     map[string]int // root disk size in GiB
-	addrs     map[string]agent.Address
-	booted    map[string]agent.Machine
-	reasons   map[string]string
-	progress  map[string][2]int64
-	sticky    map[Op]error
-	once      map[Op]error
-	calls     []Call
-	nextIP    int
-	late      bool
-	hook      Hook
-	subnetFmt string
+	mu       sync.Mutex
+	running  map[string]bool
+	disks    map[string]int // root disk size in GiB
+	addrs    map[string]agent.Address
+	booted   map[string]agent.Machine
+	reasons  map[string]string
+	progress map[string][2]int64
+	sticky   map[Op]error
+	once     map[Op]error
+	calls    []Call
+	nextIP   int
+	late     bool
+	hook     Hook
 }
+
+// guestIPFormat makes the n-th guest's address (n from 2).
+const guestIPFormat = "10.77.1.%d"
 
 // New returns an empty in-memory Provisioner whose guests get addresses
 // 10.77.1.2, 10.77.1.3, … and SSH forwards 127.0.0.1:2202, …
 func New() *Provisioner {
 	return &Provisioner{
-		running:   map[string]bool{},
-		disks:     map[string]int{},
-		addrs:     map[string]agent.Address{},
-		booted:    map[string]agent.Machine{},
-		reasons:   map[string]string{},
-		progress:  map[string][2]int64{},
-		sticky:    map[Op]error{},
-		once:      map[Op]error{},
-		nextIP:    2,
-		subnetFmt: "10.77.1.%d",
+		running:  map[string]bool{},
+		disks:    map[string]int{},
+		addrs:    map[string]agent.Address{},
+		booted:   map[string]agent.Machine{},
+		reasons:  map[string]string{},
+		progress: map[string][2]int64{},
+		sticky:   map[Op]error{},
+		once:     map[Op]error{},
+		nextIP:   2,
 	}
 }
 
@@ -298,7 +299,7 @@ func (p *Provisioner) attachLocked(name string) {
 	}
 	n := p.nextIP
 	p.nextIP++
-	p.addrs[name] = agent.Address{IP: fmt.Sprintf(p.subnetFmt, n), SSH: fmt.Sprintf("127.0.0.1:%d", 2200+n)}
+	p.addrs[name] = agent.Address{IP: fmt.Sprintf(guestIPFormat, n), SSH: fmt.Sprintf("127.0.0.1:%d", 2200+n)}
 }
 
 // Shutdown implements agent.Provisioner.
