@@ -3,6 +3,7 @@ package qemu
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +33,7 @@ func userDataExamples(t *testing.T) map[string]string {
 // keys travel in meta-data, never merged into user-data.
 func TestSeedCarriesUserDataByteForByte(t *testing.T) {
 	keys := []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKey1 a@b", "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQKey2 c@d"}
+	metas := map[string][]byte{}
 	for name, ud := range userDataExamples(t) {
 		t.Run(name, func(t *testing.T) {
 			files, err := seedFiles("web-01", "web-01-0123", macFor("web-01"), &desired.CloudInit{SSHAuthorizedKeys: keys, UserData: ud})
@@ -49,14 +51,21 @@ func TestSeedCarriesUserDataByteForByte(t *testing.T) {
 			if !bytes.Equal(got["user-data"], []byte(ud)) {
 				t.Errorf("user-data in the seed differs from the spec's:\n got %q\nwant %q", got["user-data"], ud)
 			}
-			md := cloudInitLoad(t, got["meta-data"])
-			if md["instance-id"] != "web-01-0123" || md["local-hostname"] != "web-01" {
-				t.Errorf("meta-data as cloud-init reads it: %v", md)
-			}
-			if pk, _ := json.Marshal(md["public-keys"]); string(pk) != mustJSON(t, keys) {
-				t.Errorf("meta-data public-keys as cloud-init reads them: %s, want %s", pk, mustJSON(t, keys))
-			}
+			metas[name] = got["meta-data"]
 		})
+	}
+	var names []string
+	var docs [][]byte
+	for name, md := range metas {
+		names, docs = append(names, name), append(docs, md)
+	}
+	for i, md := range cloudInitLoad(t, docs...) {
+		if md["instance-id"] != "web-01-0123" || md["local-hostname"] != "web-01" {
+			t.Errorf("%s: meta-data as cloud-init reads it: %v", names[i], md)
+		}
+		if pk, _ := json.Marshal(md["public-keys"]); string(pk) != mustJSON(t, keys) {
+			t.Errorf("%s: meta-data public-keys as cloud-init reads them: %s, want %s", names[i], pk, mustJSON(t, keys))
+		}
 	}
 }
 
@@ -64,19 +73,24 @@ func TestSeedCarriesUserDataByteForByte(t *testing.T) {
 // back, through cloud-init's own loader, as the strings gitfleet wrote,
 // including those YAML 1.1 resolves to something else when left plain.
 func TestSeedStringsSurviveYAML11(t *testing.T) {
-	for _, name := range []string{"no", "on", "1e3", "2001-12-14", "0777", "web-01"} {
+	names := []string{"no", "on", "1e3", "2001-12-14", "0777", "web-01"}
+	var docs [][]byte
+	for _, name := range names {
 		files, err := seedFiles(name, name, "52:54:00:12:34:56", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		md := cloudInitLoad(t, files["meta-data"])
+		docs = append(docs, files["meta-data"], files["network-config"])
+	}
+	read := cloudInitLoad(t, docs...)
+	for i, name := range names {
+		md, nc := read[2*i], read[2*i+1]
 		if md["instance-id"] != name || md["local-hostname"] != name {
 			t.Errorf("name %q: meta-data reads back as %v", name, md)
 		}
 		if _, ok := md["public-keys"]; ok {
 			t.Errorf("name %q: public-keys present without keys: %v", name, md)
 		}
-		nc := cloudInitLoad(t, files["network-config"])
 		nic, _ := nc["ethernets"].(map[string]any)[NICName].(map[string]any)
 		if mac := nic["match"].(map[string]any)["macaddress"]; mac != "52:54:00:12:34:56" {
 			t.Errorf("network-config macaddress reads back as %v (%T)", mac, mac)
@@ -108,7 +122,7 @@ func TestNetworkConfigRendersForEveryRenderer(t *testing.T) {
 		want             map[string][]string // file -> substrings
 	}{
 		{"eni", "debian", map[string][]string{
-			"etc/network/interfaces.d/50-cloud-init":    {"auto " + NICName + "\n", "iface " + NICName + " inet dhcp"},
+			"etc/network/interfaces.d/50-cloud-init":   {"auto " + NICName + "\n", "iface " + NICName + " inet dhcp"},
 			"etc/udev/rules.d/70-persistent-net.rules": {`ATTR{address}=="` + mac + `", NAME="` + NICName + `"`},
 		}},
 		{"networkd", "debian", map[string][]string{
@@ -139,33 +153,59 @@ func TestNetworkConfigRendersForEveryRenderer(t *testing.T) {
 	}
 }
 
-// cloudInitLoad reads a YAML document with cloud-init's own loader
-// (cloudinit.util.load_yaml, PyYAML under YAML 1.1) and returns it as JSON
-// decodes it.
-func cloudInitLoad(t *testing.T, doc []byte) map[string]any {
+// cloudInitLoad reads YAML documents with cloud-init's own loader
+// (cloudinit.util.load_yaml, PyYAML under YAML 1.1), in one interpreter,
+// and returns each as JSON decodes it.
+func cloudInitLoad(t *testing.T, docs ...[]byte) []map[string]any {
 	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not installed (cloud-init's package brings it)")
-	}
-	const script = `import sys, json, datetime
+	const script = `import sys, json
 from cloudinit import util
-v = util.load_yaml(sys.stdin.read())
-json.dump(v, sys.stdout, default=lambda o: "NOT A STRING: %r" % (o,))`
-	cmd := exec.Command(py, "-c", script)
-	cmd.Stdin = bytes.NewReader(doc)
+docs = json.load(sys.stdin)
+json.dump([util.load_yaml(d) for d in docs], sys.stdout, default=lambda o: "NOT A STRING: %r" % (o,))`
+	in := make([]string, len(docs))
+	for i, d := range docs {
+		in[i] = string(d)
+	}
+	cmd := exec.Command(cloudInitPython(t), "-c", script)
+	cmd.Stdin = strings.NewReader(mustJSON(t, in))
 	out, err := cmd.Output()
 	if err != nil {
-		if ee, ok := err.(*exec.ExitError); ok && strings.Contains(string(ee.Stderr), "No module named 'cloudinit'") {
-			t.Skip("cloud-init's python module not installed (scripts/install-deps.sh installs it)")
-		}
-		t.Fatalf("cloud-init load_yaml: %v", err)
+		t.Fatalf("cloud-init load_yaml: %v: %s", err, exitStderr(err))
 	}
-	var v map[string]any
-	if err := json.Unmarshal(out, &v); err != nil {
-		t.Fatalf("cloud-init load_yaml of %q gave %s: %v", doc, out, err)
+	var v []map[string]any
+	if err := json.Unmarshal(out, &v); err != nil || len(v) != len(docs) {
+		t.Fatalf("cloud-init load_yaml gave %s: %v", out, err)
 	}
 	return v
+}
+
+// cloudInitPython is the interpreter cloud-init runs under (its script's
+// #! line), which is the one that can import its modules; the test skips
+// when cloud-init is not installed.
+func cloudInitPython(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("cloud-init")
+	if err != nil {
+		t.Skip("cloud-init not installed (scripts/install-deps.sh installs it)")
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	fields := strings.Fields(strings.TrimPrefix(line, "#!"))
+	if !strings.HasPrefix(line, "#!") || len(fields) == 0 {
+		t.Fatalf("%s has no #! line naming its python", bin)
+	}
+	return fields[0]
+}
+
+func exitStderr(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(ee.Stderr)
+	}
+	return ""
 }
 
 func mustJSON(t *testing.T, v any) string {
