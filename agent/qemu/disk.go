@@ -65,6 +65,23 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 	return a, nil
 }
 
+// Stage fetches and verifies every artifact m.Spec names (see
+// fetchArtifacts) and renders m's seed, leaving the VM and its files as
+// they are.
+func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
+	st, err := p.machineState(m)
+	if err != nil {
+		return err
+	}
+	if _, err := p.fetchArtifacts(ctx, st, m.Spec); err != nil {
+		return err
+	}
+	if _, err := seedFiles(m.Name, m.InstanceID, macFor(m.Name), m.Spec.CloudInit); err != nil {
+		return agent.Permanent(fmt.Errorf("seed: %w", err))
+	}
+	return nil
+}
+
 // PrepareRootDisk fetches the spec's artifacts into the cache and creates
 // the root disk: a qcow2 overlay on the cached image (backing format given
 // explicitly) of max(diskGB, image size), or a blank qcow2 of diskGB for a
