@@ -58,8 +58,41 @@ func TestComputeGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			golden.Check(t, "compute/"+name, runScenario(t, a))
+			got := runScenario(t, a)
+			if !golden.Update() {
+				diffSections(t, a, got)
+			}
+			golden.Check(t, "compute/"+name, got)
 		})
+	}
+}
+
+// diffSections names each out section of got that differs from the
+// scenario a (missing from it, or extra), with both texts, before
+// golden.Check shows the whole files.
+func diffSections(t *testing.T, a *txtar.Archive, got []byte) {
+	t.Helper()
+	sections := func(a *txtar.Archive) map[string]string {
+		m := map[string]string{}
+		for _, f := range a.Files {
+			if _, rest, _ := strings.Cut(f.Name, "/"); strings.HasPrefix(rest, "out/") {
+				m[f.Name] = string(f.Data)
+			}
+		}
+		return m
+	}
+	want, have := sections(a), sections(txtar.Parse(got))
+	for _, name := range sortedKeys(have) {
+		if w, ok := want[name]; !ok {
+			t.Errorf("section %s is new:\n%s", name, have[name])
+		} else if w != have[name] {
+			t.Errorf("section %s differs:\n--- got\n%s--- want\n%s", name, have[name], w)
+		}
+	}
+	for _, name := range sortedKeys(want) {
+		if _, ok := have[name]; !ok {
+			t.Errorf("section %s is gone:\n%s", name, want[name])
+		}
 	}
 }
 
