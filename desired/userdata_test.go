@@ -212,3 +212,24 @@ func cloudInit(t *testing.T, script string, input any) []byte {
 	}
 	return out
 }
+
+// FuzzCheckUserData feeds CheckUserData arbitrary documents: it must never
+// panic, and every problem it reports has a message and a line within the
+// document (or none).
+func FuzzCheckUserData(f *testing.F) {
+	for _, seed := range []string{
+		"", "#cloud-config\na: 1\na: 2\n", "#cloud-config-archive\n- 'a: [b'\n- [x]\n",
+		"Content-Type: multipart/mixed; boundary=\"b\"\nMIME-Version: 1.0\n\n--b\nContent-Type: text/plain\n\n#cloud-config\nx: 1\nx: 2\n--b--\n",
+		"#!/bin/sh\n", "\x1f\x8b\x08\x00", "#cloud-config\n{a: 1, a: 2}\n", "## template: jinja\n#cloud-config\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		lines := bytes.Count(doc, []byte("\n")) + 1
+		for _, p := range CheckUserData(doc) {
+			if p.Msg == "" || p.Line < 0 || p.Line > lines {
+				t.Fatalf("problem %+v for a document of %d lines", p, lines)
+			}
+		}
+	})
+}
