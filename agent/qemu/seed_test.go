@@ -99,9 +99,10 @@ func TestSeedStringsSurviveYAML11(t *testing.T) {
 }
 
 // TestNetworkConfigRendersForEveryRenderer renders the seed's
-// network-config with cloud-init's own renderers (net-convert) and checks
-// each configures DHCP on an interface that matches the VM's NIC: by MAC,
-// renamed to NICName.
+// network-config with each of cloud-init's renderers (net-convert: eni,
+// networkd, netplan, sysconfig, NetworkManager) and checks each configures
+// DHCP on the interface that is the VM's NIC: matched by its MAC, renamed
+// to NICName.
 func TestNetworkConfigRendersForEveryRenderer(t *testing.T) {
 	ci, err := exec.LookPath("cloud-init")
 	if err != nil {
@@ -130,6 +131,12 @@ func TestNetworkConfigRendersForEveryRenderer(t *testing.T) {
 		}},
 		{"netplan", "ubuntu", map[string][]string{
 			"etc/netplan/50-cloud-init.yaml": {"macaddress: " + mac, "set-name: " + NICName, "dhcp4: true"},
+		}},
+		{"sysconfig", "centos", map[string][]string{
+			"etc/sysconfig/network-scripts/ifcfg-" + NICName: {"DEVICE=" + NICName, "HWADDR=" + mac, "BOOTPROTO=dhcp"},
+		}},
+		{"network-manager", "centos", map[string][]string{
+			"etc/NetworkManager/system-connections/cloud-init-" + NICName + ".nmconnection": {"mac-address=" + strings.ToUpper(mac), "method=auto"},
 		}},
 	} {
 		t.Run(tc.renderer, func(t *testing.T) {
