@@ -30,6 +30,10 @@ const (
 	StepVolumes   = "volumes"
 	StepBoot      = "boot"
 	StepAddress   = "address"
+	// StepStage is the make-before-break step of an edit of a created VM:
+	// the new spec's artifacts fetched and verified, its seed rendered,
+	// the running VM untouched.
+	StepStage = "stage"
 )
 
 // runSteps runs steps in order and stops at the first error, which it
@@ -508,10 +512,6 @@ func (p *vmPass) edit() bool {
 	rec.Attempts, rec.Failed, rec.LastError, rec.EditHash = 0, false, "", ""
 	return true
 }
-
-// StepStage names the make-before-break step of an edit: the new spec's
-// artifacts fetched and verified, its seed rendered, the VM untouched.
-const StepStage = "stage"
 
 // editFailed records why an edit was not applied and what it costs, as
 // create does for a create: the watchdog and capacity spend no attempt, a

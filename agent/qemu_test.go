@@ -136,7 +136,10 @@ func TestEngineWithRealQEMU(t *testing.T) {
 		http.Error(w, "try later", http.StatusServiceUnavailable)
 	}))
 	defer srv.Close()
-	unreachable := edit(3, func(s *desired.VMSpec) { s.Kernel.URL = srv.URL + "/vmlinuz"; s.Kernel.SHA256 = strings.Repeat("1", 64) })
+	unreachable := edit(3, func(s *desired.VMSpec) {
+		s.Kernel.URL = srv.URL + "/vmlinuz"
+		s.Kernel.SHA256 = strings.Repeat("1", 64)
+	})
 	for i := 0; i < 5; i++ {
 		r = row(t, step(unreachable), "web-01")
 	}
