@@ -15,6 +15,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -57,24 +58,24 @@ func TestContentKeyIgnoresEpochAndSource(t *testing.T) {
 	if contentKey(a) != k {
 		t.Error("epoch or source changed the content key")
 	}
-	tomb := &TombstoneRecord{Kind: desired.KindVM, Name: "gone", Host: "hv-a", Tombstone: desired.Tombstone{Commit: "c", Epoch: 0}}
-	b := buildSnapshots(f, []*TombstoneRecord{tomb}, hash, false)["hv-a"].snap
+	tomb := &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: "gone", Host: "hv-a", Tombstone: desired.Tombstone{Commit: "c", Epoch: 0}}
+	b := buildSnapshots(f, []*snapshots.TombstoneRecord{tomb}, hash, false)["hv-a"].snap
 	kb := contentKey(b)
 	if kb == k {
 		t.Error("a tombstone did not change the content key")
 	}
 	tomb.Tombstone.Epoch = 7
-	if contentKey(buildSnapshots(f, []*TombstoneRecord{tomb}, hash, false)["hv-a"].snap) != kb {
+	if contentKey(buildSnapshots(f, []*snapshots.TombstoneRecord{tomb}, hash, false)["hv-a"].snap) != kb {
 		t.Error("a tombstone's publishing epoch changed the content key")
 	}
 }
 
 func TestAckedEpochRule(t *testing.T) {
-	vm := &TombstoneRecord{Kind: desired.KindVM, Name: "old", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
-	vol := &TombstoneRecord{Kind: desired.KindVolume, Name: "data", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
+	vm := &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: "old", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
+	vol := &snapshots.TombstoneRecord{Kind: desired.KindVolume, Name: "data", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
 	for _, tc := range []struct {
 		name string
-		t    *TombstoneRecord
+		t    *snapshots.TombstoneRecord
 		st   status.Status
 		want bool
 	}{
@@ -94,41 +95,6 @@ func TestAckedEpochRule(t *testing.T) {
 				t.Errorf("acked = %v, want %v", got, tc.want)
 			}
 		})
-	}
-}
-
-func TestLedgerRoundTripAndStrictness(t *testing.T) {
-	l := newLedger()
-	l.Applied = &AppliedCommit{Commit: "abc", Branch: "main"}
-	l.Hosts["hv-a"] = &HostRecord{Epoch: 3, Hash: "k", VMs: []string{"a", "b"}, Volumes: []string{"v"}}
-	spec := desired.VMSpec{Host: "hv-a", VCPUs: 1}
-	l.Tombstones = []*TombstoneRecord{{Kind: desired.KindVM, Name: "z", Host: "hv-a", Spec: &spec,
-		Tombstone: desired.Tombstone{Commit: "c", Epoch: 3}, PublishedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
-	data, err := l.marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := parseLedger(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(back, l) {
-		t.Errorf("round trip:\n got %+v\nwant %+v", back, l)
-	}
-	// A ledger in block YAML (edited by hand) reads the same.
-	y, err := parseLedger([]byte("version: 1\napplied: {commit: abc, branch: main}\nhosts:\n  hv-a: {epoch: 3, hash: k, vms: [a, b], volumes: [v]}\n"))
-	if err != nil || y.Hosts["hv-a"].Epoch != 3 || y.Applied.Commit != "abc" || len(y.Hosts["hv-a"].VMs) != 2 {
-		t.Errorf("YAML ledger: %+v, %v", y, err)
-	}
-	for name, bad := range map[string]string{
-		"unknown json field": `{"version": 1, "hosts": {}, "surprise": 1}`,
-		"unknown field":      "version: 1\nhosts: {}\nsurprise: 1\n",
-		"wrong version":      "version: 2\nhosts: {}\n",
-		"bad tombstone":      "version: 1\nhosts: {}\ntombstones: [{kind: Host, name: x, host: y}]\n",
-	} {
-		if _, err := parseLedger([]byte(bad)); err == nil {
-			t.Errorf("%s: parsed", name)
-		}
 	}
 }
 
@@ -246,33 +212,4 @@ func TestMissing(t *testing.T) {
 			t.Errorf("missing(%v, %v) = %v, want %v", tc.had, tc.now, got, tc.want)
 		}
 	}
-}
-
-// FuzzParseLedger: a ledger either fails to parse or re-encodes into one
-// that parses to the same thing.
-func FuzzParseLedger(f *testing.F) {
-	l := newLedger()
-	l.Applied = &AppliedCommit{Commit: "abc", Branch: "main"}
-	l.Hosts["hv-a"] = &HostRecord{Epoch: 3, Hash: "k", VMs: []string{"a"}}
-	seed, _ := l.marshal()
-	f.Add(seed)
-	f.Add([]byte("version: 1\nhosts: {hv-a: {epoch: 2}}\n"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		l, err := parseLedger(data)
-		if err != nil {
-			return
-		}
-		out, err := l.marshal()
-		if err != nil {
-			t.Fatalf("marshal: %v", err)
-		}
-		back, err := parseLedger(out)
-		if err != nil {
-			t.Fatalf("reparse %s: %v", out, err)
-		}
-		again, _ := back.marshal()
-		if string(again) != string(out) {
-			t.Fatalf("not stable:\n%s\n%s", out, again)
-		}
-	})
 }

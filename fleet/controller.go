@@ -17,6 +17,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -114,7 +115,7 @@ type Controller struct {
 	loadedFleet *desired.Fleet
 	// ledger cache: the snapshots tip and its parsed ledger.
 	ledgerTip string
-	ledger    *Ledger
+	ledger    *snapshots.Ledger
 	// verifiedTip is the snapshots tip whose host files are known to be
 	// the ones the ledger published (this controller wrote or checked
 	// them); a pass on another tip checks every file.
@@ -558,19 +559,19 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 			return nil, "", err
 		}
 		out = o
-		data, err := o.ledger.marshal()
+		data, err := o.ledger.Marshal()
 		if err != nil {
 			return nil, "", err
 		}
-		old, err := read(LedgerPath)
+		old, err := read(snapshots.LedgerPath)
 		if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
-			return nil, "", fmt.Errorf("read %s: %w", LedgerPath, err)
+			return nil, "", fmt.Errorf("read %s: %w", snapshots.LedgerPath, err)
 		}
 		if len(o.files) == 0 && string(old) == string(data) {
 			return nil, "", nil
 		}
 		files := o.files
-		files[LedgerPath] = data
+		files[snapshots.LedgerPath] = data
 		return files, commitMessage(head, o), nil
 	}
 	tip, err := c.tips.Update(ctx, c.cfg.SnapshotsBranch, mutate)
@@ -590,7 +591,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 // ledger is l and whose files read returns; verify checks the published
 // files (nil when the tip is known to hold them).
 func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs observation, now time.Time,
-	l *Ledger, read, verify func(string) ([]byte, error)) input {
+	l *snapshots.Ledger, read, verify func(string) ([]byte, error)) input {
 	hashes := c.hashes
 	return input{
 		branch: c.cfg.Branch, head: head, fleet: fl, loadErr: loadErr,
@@ -676,18 +677,18 @@ func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]string {
 
 // ledgerAt returns the ledger at tip, from the cache when tip is the one
 // last written or read.
-func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*Ledger, error) {
+func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*snapshots.Ledger, error) {
 	if tip != "" && tip == c.ledgerTip && c.ledger != nil {
 		return c.ledger, nil
 	}
-	data, err := read(LedgerPath)
+	data, err := read(snapshots.LedgerPath)
 	if errors.Is(err, gitsource.ErrFileNotFound) {
-		return newLedger(), nil
+		return snapshots.NewLedger(), nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", LedgerPath, err)
+		return nil, fmt.Errorf("read %s: %w", snapshots.LedgerPath, err)
 	}
-	l, err := parseLedger(data)
+	l, err := snapshots.ParseLedger(data)
 	if err != nil {
 		return nil, err
 	}
@@ -730,7 +731,7 @@ func commitMessage(head string, o *output) string {
 		fmt.Fprintf(&b, "Update the ledger: the desired state could not be read\n")
 	}
 	for _, k := range o.retained {
-		fmt.Fprintf(&b, "kept %s after a history rewrite at %s\n", k.ref(), short(k.Commit))
+		fmt.Fprintf(&b, "kept %s after a history rewrite at %s\n", k.Ref(), short(k.Commit))
 	}
 	for _, r := range o.unretained {
 		fmt.Fprintf(&b, "%s desired again: no longer kept\n", r)
@@ -739,7 +740,7 @@ func commitMessage(head string, o *output) string {
 		fmt.Fprintf(&b, "%s: the file on the branch differed from the published one; published again\n", h)
 	}
 	for _, t := range o.tombstoned {
-		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", t.ref(), short(t.Tombstone.Commit), t.Tombstone.Author)
+		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", t.Ref(), short(t.Tombstone.Commit), t.Tombstone.Author)
 	}
 	for _, r := range o.finalized {
 		fmt.Fprintf(&b, "finalized %s (acked)\n", r)
@@ -769,7 +770,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 	}
 	sort.Strings(res.Removed)
 	for _, t := range o.tombstoned {
-		res.Tombstoned = append(res.Tombstoned, refName(t.ref()))
+		res.Tombstoned = append(res.Tombstoned, refName(t.Ref()))
 		c.log.WithFields(logrus.Fields{"host": t.Host, "kind": t.Kind, "name": t.Name,
 			"commit": short(t.Tombstone.Commit), "author": t.Tombstone.Author, "rewritten": t.Tombstone.Rewritten}).Info("tombstoned")
 	}
@@ -782,7 +783,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 		c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name}).Info("delete finalized: acked")
 	}
 	for _, s := range o.swept {
-		res.Swept = append(res.Swept, refName(ref{s.Kind, s.Name, s.Host}))
+		res.Swept = append(res.Swept, refName(ref{Kind: s.Kind, Name: s.Name, Host: s.Host}))
 		c.log.WithFields(logrus.Fields{"host": s.Host, "kind": s.Kind, "name": s.Name}).Warn("delete finalized: " + s.Reason)
 	}
 	for h, e := range o.fenceJumps {
@@ -792,7 +793,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 		c.log.WithFields(logrus.Fields{"host": h, "epoch": e}).Debug("snapshot published")
 	}
 	for _, k := range o.retained {
-		res.Retained = append(res.Retained, refName(k.ref()))
+		res.Retained = append(res.Retained, refName(k.Ref()))
 		c.log.WithFields(logrus.Fields{"host": k.Host, "kind": k.Kind, "name": k.Name, "commit": short(k.Commit)}).
 			Warn("history rewritten: object absent from the new head kept, not deleted; restore its file, or re-add and delete it in a reviewed commit")
 	}
@@ -809,7 +810,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 }
 
 // summarize builds the README.md summary.
-func (c *Controller) summarize(l *Ledger, fl *desired.Fleet, reports []status.Report, statusOK bool, now time.Time) status.Summary {
+func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report, statusOK bool, now time.Time) status.Summary {
 	s := status.Summary{Branch: c.cfg.Branch}
 	if l.Applied != nil {
 		s.Applied = l.Applied.Commit
@@ -886,7 +887,7 @@ func (c *Controller) summarize(l *Ledger, fl *desired.Fleet, reports []status.Re
 // lacks them, say), and every VM a host reports as vanished (dropped from its
 // snapshot without a tombstone): the agents keep them, and the summary says
 // so.
-func unmanaged(l *Ledger, fl *desired.Fleet, reports []status.Report) []status.UnmanagedVM {
+func unmanaged(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report) []status.UnmanagedVM {
 	// Every pass renders the summary, so the common case (each reported VM
 	// is desired on its host) costs one map lookup per VM; the ledger's
 	// lists are only searched for the rare VM the desired state lacks.

@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -149,9 +150,9 @@ func (e *env) snapshot(host string) *desired.Snapshot {
 	return s
 }
 
-func (e *env) ledger() *Ledger {
+func (e *env) ledger() *snapshots.Ledger {
 	e.t.Helper()
-	l, err := parseLedger([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, LedgerPath) + "\n"))
+	l, err := snapshots.ParseLedger([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, snapshots.LedgerPath) + "\n"))
 	if err != nil {
 		e.t.Fatal(err)
 	}

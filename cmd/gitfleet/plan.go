@@ -11,6 +11,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -151,11 +152,11 @@ func appliedCommit(ctx context.Context, repo *gitsource.Repo) string {
 	if err != nil {
 		return ""
 	}
-	data, err := repo.ReadFile(tip, fleet.LedgerPath)
+	data, err := repo.ReadFile(tip, snapshots.LedgerPath)
 	if err != nil {
 		return ""
 	}
-	l, err := fleet.ParseLedger(data)
+	l, err := snapshots.ParseLedger(data)
 	if err != nil || l.Applied == nil {
 		return ""
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -190,14 +191,14 @@ func readPendingDeletes(ctx context.Context, repo *gitsource.Repo, branch string
 	if err != nil {
 		return nil, err
 	}
-	data, err := repo.ReadFile(tip, fleet.LedgerPath)
+	data, err := repo.ReadFile(tip, snapshots.LedgerPath)
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return out, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	l, err := fleet.ParseLedger(data)
+	l, err := snapshots.ParseLedger(data)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 // ledgerWatch reports what the controller did, read from ledger.yaml on the
@@ -27,7 +28,7 @@ type ledgerWatch struct {
 	// epochs is host → last epoch seen published.
 	epochs map[string]uint64
 	// tombstones are the pending deletes seen, by tombKey.
-	tombstones map[string]*fleet.TombstoneRecord
+	tombstones map[string]*snapshots.TombstoneRecord
 	// sweeps is the number of sweep records seen.
 	sweeps int
 	// forced is the agent epoch a read was last forced for (see due).
@@ -35,12 +36,12 @@ type ledgerWatch struct {
 }
 
 // ledgerPath is the controller's ledger on the snapshots branch.
-const ledgerPath = fleet.LedgerPath
+const ledgerPath = snapshots.LedgerPath
 
 // fetch reads the ledger at the snapshots branch's tip; nil when the branch
 // is not written yet or cannot be read (the controller's log has the
 // details).
-func (lw *ledgerWatch) fetch(ctx context.Context) *fleet.Ledger {
+func (lw *ledgerWatch) fetch(ctx context.Context) *snapshots.Ledger {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	tip, err := lw.repo.Fetch(ctx, fleet.DefaultSnapshotsBranch)
@@ -51,7 +52,7 @@ func (lw *ledgerWatch) fetch(ctx context.Context) *fleet.Ledger {
 	if err != nil {
 		return nil
 	}
-	var l fleet.Ledger
+	var l snapshots.Ledger
 	if err := yaml.Unmarshal(data, &l); err != nil {
 		return nil
 	}
@@ -96,16 +97,18 @@ func (lw *ledgerWatch) due(host string, agentEpoch uint64) bool {
 	return true
 }
 
-func tombKey(t *fleet.TombstoneRecord) string { return string(t.Kind) + " " + t.Name + "@" + t.Host }
+func tombKey(t *snapshots.TombstoneRecord) string {
+	return string(t.Kind) + " " + t.Name + "@" + t.Host
+}
 
 // changes compares l with what was seen before and returns, in order: the
 // applied commit (with the snapshots it published, or none), the rejected
 // commit, then each delete published, cancelled or finalized, then a
 // publish no applied commit explains (a delete moved).
-func (lw *ledgerWatch) changes(l *fleet.Ledger) []string {
+func (lw *ledgerWatch) changes(l *snapshots.Ledger) []string {
 	if lw.epochs == nil {
 		lw.epochs = map[string]uint64{}
-		lw.tombstones = map[string]*fleet.TombstoneRecord{}
+		lw.tombstones = map[string]*snapshots.TombstoneRecord{}
 	}
 	var published []string
 	for _, h := range hostNames(l) {
@@ -136,7 +139,7 @@ func (lw *ledgerWatch) changes(l *fleet.Ledger) []string {
 				short(l.Rejected.Commit), reason))
 		}
 	}
-	now := map[string]*fleet.TombstoneRecord{}
+	now := map[string]*snapshots.TombstoneRecord{}
 	for _, t := range l.Tombstones {
 		k := tombKey(t)
 		now[k] = t
@@ -149,7 +152,7 @@ func (lw *ledgerWatch) changes(l *fleet.Ledger) []string {
 	if len(sweeps) < lw.sweeps {
 		lw.sweeps = 0 // the list is bounded: the oldest fell off
 	}
-	swept := map[string]fleet.SweepRecord{}
+	swept := map[string]snapshots.SweepRecord{}
 	for _, s := range sweeps[min(lw.sweeps, len(sweeps)):] {
 		swept[string(s.Kind)+" "+s.Name+"@"+s.Host] = s
 	}
@@ -180,7 +183,7 @@ func (lw *ledgerWatch) changes(l *fleet.Ledger) []string {
 }
 
 // desiredOn reports whether the ledger lists t's object on its host again.
-func desiredOn(l *fleet.Ledger, t *fleet.TombstoneRecord) bool {
+func desiredOn(l *snapshots.Ledger, t *snapshots.TombstoneRecord) bool {
 	h := l.Hosts[t.Host]
 	if h == nil {
 		return false
@@ -191,7 +194,7 @@ func desiredOn(l *fleet.Ledger, t *fleet.TombstoneRecord) bool {
 	return slices.Contains(h.VMs, t.Name)
 }
 
-func hostNames(l *fleet.Ledger) []string {
+func hostNames(l *snapshots.Ledger) []string {
 	hosts := make([]string, 0, len(l.Hosts))
 	for h, rec := range l.Hosts {
 		if rec != nil {
@@ -204,7 +207,7 @@ func hostNames(l *fleet.Ledger) []string {
 
 // epochList is " for demo (epoch 3)", or " for a (epoch 2), b (epoch 5)";
 // "" for no host.
-func epochList(l *fleet.Ledger, hosts []string) string {
+func epochList(l *snapshots.Ledger, hosts []string) string {
 	if len(hosts) == 0 {
 		return ""
 	}

@@ -1,0 +1,79 @@
+// Package snapshots owns the gitfleet/snapshots branch (docs/DESIGN.md,
+// Branches and files): its name, where its files live, and ledger.yaml.
+//
+// The branch holds, written by the controller only, one snapshot per host
+// at Path(host) (hosts/<host>.yaml; the format is desired.Snapshot, parsed
+// by desired.ParseSnapshot) and the controller's Ledger at LedgerPath.
+// Every reader of the ledger (the controller, `gitfleet plan`, `gitfleet
+// status`, the demo) reads it with ParseLedger, strictly, through
+// LedgerAt or ReadLedger.
+package snapshots
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+
+	"github.com/gitfleet/gitfleet/gitsource"
+)
+
+// Branch is the default name of the snapshots branch.
+const Branch = "gitfleet/snapshots"
+
+// Path is where host's snapshot lives on the snapshots branch.
+func Path(host string) string { return "hosts/" + host + ".yaml" }
+
+// HostFromPath returns the host of a snapshot path hosts/<host>.yaml, and
+// false for any other path (ledger.yaml, say).
+func HostFromPath(p string) (string, bool) {
+	dir, file := path.Split(p)
+	if dir != "hosts/" || !strings.HasSuffix(file, ".yaml") {
+		return "", false
+	}
+	host := strings.TrimSuffix(file, ".yaml")
+	return host, host != ""
+}
+
+// LedgerAt reads the ledger with read (a reader of one tip of the
+// snapshots branch, returning an error wrapping gitsource.ErrFileNotFound
+// for a missing file): NewLedger when the tip has none, an error when it
+// cannot be read or parsed (ParseLedger).
+func LedgerAt(read func(path string) ([]byte, error)) (*Ledger, error) {
+	data, err := read(LedgerPath)
+	if errors.Is(err, gitsource.ErrFileNotFound) {
+		return NewLedger(), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", LedgerPath, err)
+	}
+	return ParseLedger(data)
+}
+
+// ReadLedger fetches branch of repo and reads the ledger at its tip. It
+// returns a nil ledger and nil error when the branch or its ledger does
+// not exist yet (the controller has not published), and the tip it read
+// ("" when the branch is missing). Any other error is git's, or the
+// ledger's (ParseLedger), and wraps the branch name.
+func ReadLedger(ctx context.Context, repo *gitsource.Repo, branch string) (*Ledger, string, error) {
+	tip, err := repo.Fetch(ctx, branch)
+	if errors.Is(err, gitsource.ErrBranchNotFound) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("fetch %s: %w", branch, err)
+	}
+	data, err := repo.ReadFile(tip, LedgerPath)
+	if errors.Is(err, gitsource.ErrFileNotFound) {
+		return nil, tip, nil
+	}
+	if err != nil {
+		return nil, tip, fmt.Errorf("read %s on %s: %w", LedgerPath, branch, err)
+	}
+	l, err := ParseLedger(data)
+	if err != nil {
+		return nil, tip, fmt.Errorf("%s: %w", branch, err)
+	}
+	return l, tip, nil
+}
