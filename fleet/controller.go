@@ -681,14 +681,7 @@ func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*s
 	if tip != "" && tip == c.ledgerTip && c.ledger != nil {
 		return c.ledger, nil
 	}
-	data, err := read(snapshots.LedgerPath)
-	if errors.Is(err, gitsource.ErrFileNotFound) {
-		return snapshots.NewLedger(), nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", snapshots.LedgerPath, err)
-	}
-	l, err := snapshots.ParseLedger(data)
+	l, err := snapshots.LedgerAt(read)
 	if err != nil {
 		return nil, err
 	}

@@ -43,7 +43,6 @@ func TestLedgerRoundTripAndStrictness(t *testing.T) {
 	}
 }
 
-
 func TestLedgerRoundTripRetainedPathFile(t *testing.T) {
 	l := NewLedger()
 	p := "fleet"

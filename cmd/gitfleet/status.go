@@ -184,23 +184,12 @@ func missingStatusBranch(url, branch string) error {
 // the snapshots branch; none when the branch does not exist yet.
 func readPendingDeletes(ctx context.Context, repo *gitsource.Repo, branch string) ([]pendingDelete, error) {
 	out := []pendingDelete{}
-	tip, err := repo.Fetch(ctx, branch)
-	if errors.Is(err, gitsource.ErrBranchNotFound) {
+	l, _, err := snapshots.ReadLedger(ctx, repo, branch)
+	if err != nil {
+		return nil, err
+	}
+	if l == nil {
 		return out, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	data, err := repo.ReadFile(tip, snapshots.LedgerPath)
-	if errors.Is(err, gitsource.ErrFileNotFound) {
-		return out, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	l, err := snapshots.ParseLedger(data)
-	if err != nil {
-		return nil, err
 	}
 	for _, t := range l.Tombstones {
 		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit,

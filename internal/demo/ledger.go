@@ -8,10 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/snapshots"
 )
@@ -35,28 +32,17 @@ type ledgerWatch struct {
 	forced uint64
 }
 
-// ledgerPath is the controller's ledger on the snapshots branch.
-const ledgerPath = snapshots.LedgerPath
-
-// fetch reads the ledger at the snapshots branch's tip; nil when the branch
-// is not written yet or cannot be read (the controller's log has the
-// details).
+// fetch reads the ledger at the snapshots branch's tip, as strictly as the
+// controller does; nil when the branch is not written yet or cannot be read
+// (the controller's log has the details).
 func (lw *ledgerWatch) fetch(ctx context.Context) *snapshots.Ledger {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	tip, err := lw.repo.Fetch(ctx, fleet.DefaultSnapshotsBranch)
+	l, _, err := snapshots.ReadLedger(ctx, lw.repo, snapshots.Branch)
 	if err != nil {
 		return nil
 	}
-	data, err := lw.repo.ReadFile(tip, ledgerPath)
-	if err != nil {
-		return nil
-	}
-	var l snapshots.Ledger
-	if err := yaml.Unmarshal(data, &l); err != nil {
-		return nil
-	}
-	return &l
+	return l
 }
 
 // baseline reads the ledger as the last run left it, before the controller
