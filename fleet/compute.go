@@ -86,9 +86,6 @@ type output struct {
 	rejected error
 }
 
-// SnapshotPath is where host's snapshot lives on the snapshots branch.
-func SnapshotPath(host string) string { return "hosts/" + host + ".yaml" }
-
 // MaxEpoch bounds snapshot epochs (2^53, exact in a float64 and so in any
 // JSON reader). A status asking for a fence jump beyond it is refused, never
 // followed: an epoch must never wrap round to a low number an agent would
@@ -351,7 +348,7 @@ func (p *computePass) retain(removed []ref) error {
 		k.Spec, k.SizeGB = t.Spec, t.SizeGB
 		if k.Kind == desired.KindVM && k.Spec == nil {
 			return fmt.Errorf("%w: VM %s on host %s, dropped by the history rewrite at %s, has no last spec: %s is missing or unreadable on the snapshots branch; restore that file, or restore the VM's file on the desired branch",
-				ErrNoLastSpec, r.Name, r.Host, short(p.in.head), SnapshotPath(r.Host))
+				ErrNoLastSpec, r.Name, r.Host, short(p.in.head), snapshots.Path(r.Host))
 		}
 		p.l.Retained = append(p.l.Retained, k)
 		p.out.retained = append(p.out.retained, k)
@@ -481,7 +478,7 @@ func (p *computePass) keepRetainedHostSpecs() error {
 func (p *computePass) removeDeparted() error {
 	for host, rec := range p.l.Hosts {
 		if _, ok := p.snaps[host]; !ok && rec.Hash != "" {
-			p.out.files[SnapshotPath(host)] = nil
+			p.out.files[snapshots.Path(host)] = nil
 			rec.Hash, rec.File = "", ""
 		}
 	}
@@ -554,7 +551,7 @@ func (p *computePass) publishHost(host string, s *hostSnapshot, key string) erro
 	if err != nil {
 		return err
 	}
-	p.out.files[SnapshotPath(host)] = data
+	p.out.files[snapshots.Path(host)] = data
 	p.out.published[host] = rec.Epoch
 	rec.File = fileHash(data)
 	return nil
@@ -635,12 +632,12 @@ func tipHolds(read func(string) ([]byte, error), host, file string) (bool, error
 	if file == "" {
 		return false, nil
 	}
-	data, err := read(SnapshotPath(host))
+	data, err := read(snapshots.Path(host))
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read %s: %w", SnapshotPath(host), err)
+		return false, fmt.Errorf("read %s: %w", snapshots.Path(host), err)
 	}
 	return fileHash(data) == file, nil
 }

@@ -24,8 +24,8 @@ import (
 // Defaults of Config.
 const (
 	DefaultBranch          = "main"
-	DefaultSnapshotsBranch = "gitfleet/snapshots"
-	DefaultStatusBranch    = "gitfleet/status"
+	DefaultSnapshotsBranch = snapshots.Branch
+	DefaultStatusBranch    = status.Branch
 	DefaultAbandonGrace    = 15 * time.Minute
 	DefaultOfflineAfter    = 3 * time.Minute // three agent heartbeats of 60 s
 	DefaultInterval        = 15 * time.Second
@@ -692,12 +692,12 @@ func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*s
 // readSnapshot reads host's snapshot at the tip; nil when it has none or it
 // cannot be parsed (then a tombstone carries no last spec).
 func readSnapshot(read func(string) ([]byte, error), host string) (*desired.Snapshot, error) {
-	data, err := read(SnapshotPath(host))
+	data, err := read(snapshots.Path(host))
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", SnapshotPath(host), err)
+		return nil, fmt.Errorf("read %s: %w", snapshots.Path(host), err)
 	}
 	s, err := desired.ParseSnapshot(data)
 	if err != nil {
@@ -756,7 +756,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 	}
 	for p, data := range o.files {
 		if data == nil {
-			if h, ok := status.HostFromPath(p); ok {
+			if h, ok := snapshots.HostFromPath(p); ok {
 				res.Removed = append(res.Removed, h)
 			}
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -514,10 +515,10 @@ func TestTwoControllersRacing(t *testing.T) {
 		}
 	}
 	// Every published version of hv-a's file carries a distinct epoch.
-	log := gittest.Git(t, e.dir, "log", "--format=%H", "refs/heads/"+DefaultSnapshotsBranch, "--", SnapshotPath("hv-a"))
+	log := gittest.Git(t, e.dir, "log", "--format=%H", "refs/heads/"+DefaultSnapshotsBranch, "--", snapshots.Path("hv-a"))
 	seen := map[uint64]bool{}
 	for _, h := range strings.Fields(log) {
-		s, err := desired.ParseSnapshot([]byte(gittest.Show(t, e.dir, h, SnapshotPath("hv-a")) + "\n"))
+		s, err := desired.ParseSnapshot([]byte(gittest.Show(t, e.dir, h, snapshots.Path("hv-a")) + "\n"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -138,12 +138,12 @@ func (e *env) snapshot(host string) *desired.Snapshot {
 	files := gittest.Files(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch)
 	found := false
 	for _, f := range files {
-		found = found || f == SnapshotPath(host)
+		found = found || f == snapshots.Path(host)
 	}
 	if !found {
 		return nil
 	}
-	s, err := desired.ParseSnapshot([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, SnapshotPath(host)) + "\n"))
+	s, err := desired.ParseSnapshot([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, snapshots.Path(host)) + "\n"))
 	if err != nil {
 		e.t.Fatalf("snapshot of %s: %v", host, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 // A VM kept after a history rewrite still holds its volumes: a commit adding
@@ -103,7 +104,7 @@ func TestRewriteClaimingDroppedVolumeRejected(t *testing.T) {
 func TestRetainWithoutLastSpecRefuses(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.pass()
-	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Remove: []string{SnapshotPath("hv-b")}})
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Remove: []string{snapshots.Path("hv-b")}})
 	tip := e.snapshotsTip()
 	orphan := e.commit(gittest.Edit{Branch: "orphan", Message: "Initial", Write: map[string]string{
 		"hosts/hv-a.yaml": hostYAML("hv-a"), "hosts/hv-b.yaml": hostYAML("hv-b"),
@@ -114,7 +115,7 @@ func TestRetainWithoutLastSpecRefuses(t *testing.T) {
 	if !errors.Is(err, ErrNoLastSpec) {
 		t.Fatalf("pass error = %v, want ErrNoLastSpec", err)
 	}
-	for _, want := range []string{"VM db-01", "host hv-b", SnapshotPath("hv-b")} {
+	for _, want := range []string{"VM db-01", "host hv-b", snapshots.Path("hv-b")} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}

@@ -162,8 +162,8 @@ func TestHandEditedSnapshotRepublished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Write: map[string]string{SnapshotPath("hv-a"): string(data)},
-		Remove: []string{SnapshotPath("hv-b")}, Message: "hand edit"})
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Write: map[string]string{snapshots.Path("hv-a"): string(data)},
+		Remove: []string{snapshots.Path("hv-b")}, Message: "hand edit"})
 	res := e.pass()
 	if res.Published["hv-a"] != 2 || res.Published["hv-b"] != 2 || strings.Join(res.Repaired, ",") != "hv-a,hv-b" {
 		t.Fatalf("result = %+v, want hv-a and hv-b repaired at epoch 2", res)

@@ -121,6 +121,9 @@ type Volume struct {
 	Error string `yaml:"error,omitempty" json:"error,omitempty"`
 }
 
+// Branch is the default name of the status branch.
+const Branch = "gitfleet/status"
+
 // Path is where host's status lives on the status branch.
 func Path(host string) string { return "hosts/" + host + ".yaml" }
 
