@@ -295,7 +295,7 @@ func (p *computePass) tombstoneOrRetain() error {
 	}
 	rewritten, err := p.in.rewritten()
 	if err != nil {
-		return fmt.Errorf("is the applied commit %s an ancestor of %s: %w", short(p.l.Applied.Commit), short(p.in.head), err)
+		return fmt.Errorf("is the applied commit %s an ancestor of %s: %w", desired.Hash(p.l.Applied.Commit).Short(), desired.Hash(p.in.head).Short(), err)
 	}
 	if rewritten {
 		return p.retain(removed)
@@ -348,7 +348,7 @@ func (p *computePass) retain(removed []ref) error {
 		k.Spec, k.SizeGB = t.Spec, t.SizeGB
 		if k.Kind == desired.KindVM && k.Spec == nil {
 			return fmt.Errorf("%w: VM %s on host %s, dropped by the history rewrite at %s, has no last spec: %s is missing or unreadable on the snapshots branch; restore that file, or restore the VM's file on the desired branch",
-				ErrNoLastSpec, r.Name, r.Host, short(p.in.head), snapshots.Path(r.Host))
+				ErrNoLastSpec, r.Name, r.Host, desired.Hash(p.in.head).Short(), snapshots.Path(r.Host))
 		}
 		p.l.Retained = append(p.l.Retained, k)
 		p.out.retained = append(p.out.retained, k)
@@ -614,7 +614,7 @@ func retainedConflict(f *desired.Fleet, kept []*snapshots.RetainedRecord) error 
 				file = " (" + vm.Origin.File + ")"
 			}
 			return fmt.Errorf("%w: VM %s%s attaches volume %s on host %s, which VM %s lists: VM %s was kept after a history rewrite at %s; restore its file or re-add and delete it first",
-				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, short(k.Commit))
+				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, desired.Hash(k.Commit).Short())
 		}
 	}
 	return nil

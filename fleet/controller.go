@@ -395,7 +395,7 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	start := time.Now()
 	res, err := c.pass(ctx)
 	c.metrics.observe(res, err, time.Since(start))
-	log := c.log.WithField("commit", short(res.Head))
+	log := c.log.WithField("commit", desired.Hash(res.Head).Short())
 	if res.Head == "" {
 		// No commit was read (a failed fetch, a missing branch): name the
 		// branch instead of an empty commit.
@@ -414,18 +414,11 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 		log.Debug("nothing changed")
 	case res.Changed():
 		log.WithFields(logrus.Fields{"published": len(res.Published), "removed": len(res.Removed),
-			"pending": res.Pending, "snapshots": short(res.SnapshotsCommit)}).Info("snapshots published")
+			"pending": res.Pending, "snapshots": desired.Hash(res.SnapshotsCommit).Short()}).Info("snapshots published")
 	default:
 		log.WithFields(logrus.Fields{"pending": res.Pending}).Debug("pass done, nothing to publish")
 	}
 	return res, err
-}
-
-func short(h string) string {
-	if len(h) > 12 {
-		return h[:12]
-	}
-	return h
 }
 
 // pass is Pass's steps, in order; the first error stops it.
@@ -627,7 +620,7 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 	}
 	tree, err := c.repo.Tree(head, "")
 	if err != nil {
-		return head, nil, fmt.Errorf("read tree of %s: %w", short(head), err)
+		return head, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(head).Short(), err)
 	}
 	fl, err := c.loader.Load(tree)
 	if err != nil {
@@ -650,7 +643,7 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 	}
 	tree, err := c.tips.Tree(tip, "")
 	if err != nil {
-		return tip, nil, fmt.Errorf("read tree of %s: %w", short(tip), err)
+		return tip, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(tip).Short(), err)
 	}
 	reps, err := c.statuses.ReadAll(tree)
 	if err != nil {
@@ -714,17 +707,17 @@ func commitMessage(head string, o *output) string {
 	}
 	sort.Strings(hosts)
 	if len(hosts) > 0 {
-		fmt.Fprintf(&b, "Publish %d host snapshot(s) from %s\n\n", len(hosts), short(head))
+		fmt.Fprintf(&b, "Publish %d host snapshot(s) from %s\n\n", len(hosts), desired.Hash(head).Short())
 		for _, h := range hosts {
 			fmt.Fprintf(&b, "%s: epoch %d\n", h, o.published[h])
 		}
 	} else if head != "" {
-		fmt.Fprintf(&b, "Update the ledger at %s\n", short(head))
+		fmt.Fprintf(&b, "Update the ledger at %s\n", desired.Hash(head).Short())
 	} else {
 		fmt.Fprintf(&b, "Update the ledger: the desired state could not be read\n")
 	}
 	for _, k := range o.retained {
-		fmt.Fprintf(&b, "kept %s after a history rewrite at %s\n", k.Ref(), short(k.Commit))
+		fmt.Fprintf(&b, "kept %s after a history rewrite at %s\n", k.Ref(), desired.Hash(k.Commit).Short())
 	}
 	for _, r := range o.unretained {
 		fmt.Fprintf(&b, "%s desired again: no longer kept\n", r)
@@ -733,7 +726,7 @@ func commitMessage(head string, o *output) string {
 		fmt.Fprintf(&b, "%s: the file on the branch differed from the published one; published again\n", h)
 	}
 	for _, t := range o.tombstoned {
-		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", t.Ref(), short(t.Tombstone.Commit), t.Tombstone.Author)
+		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", t.Ref(), desired.Hash(t.Tombstone.Commit).Short(), t.Tombstone.Author)
 	}
 	for _, r := range o.finalized {
 		fmt.Fprintf(&b, "finalized %s (acked)\n", r)
@@ -765,7 +758,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 	for _, t := range o.tombstoned {
 		res.Tombstoned = append(res.Tombstoned, refName(t.Ref()))
 		c.log.WithFields(logrus.Fields{"host": t.Host, "kind": t.Kind, "name": t.Name,
-			"commit": short(t.Tombstone.Commit), "author": t.Tombstone.Author, "rewritten": t.Tombstone.Rewritten}).Info("tombstoned")
+			"commit": desired.Hash(t.Tombstone.Commit).Short(), "author": t.Tombstone.Author, "rewritten": t.Tombstone.Rewritten}).Info("tombstoned")
 	}
 	for _, r := range o.undeleted {
 		res.Undeleted = append(res.Undeleted, refName(r))
@@ -787,7 +780,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 	}
 	for _, k := range o.retained {
 		res.Retained = append(res.Retained, refName(k.Ref()))
-		c.log.WithFields(logrus.Fields{"host": k.Host, "kind": k.Kind, "name": k.Name, "commit": short(k.Commit)}).
+		c.log.WithFields(logrus.Fields{"host": k.Host, "kind": k.Kind, "name": k.Name, "commit": desired.Hash(k.Commit).Short()}).
 			Warn("history rewritten: object absent from the new head kept, not deleted; restore its file, or re-add and delete it in a reviewed commit")
 	}
 	for _, r := range o.unretained {

@@ -45,7 +45,7 @@ func TestCreateAndEdit(t *testing.T) {
 		t.Fatalf("ledger = %+v", l)
 	}
 	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
-	if !strings.Contains(readme, "| hv-a |") || !strings.Contains(readme, short(res.Head)) {
+	if !strings.Contains(readme, "| hv-a |") || !strings.Contains(readme, desired.Hash(res.Head).Short()) {
 		t.Errorf("summary lacks the host or the commit:\n%s", readme)
 	}
 
@@ -244,7 +244,7 @@ func TestInvalidCommitKeepsLastGood(t *testing.T) {
 		t.Fatalf("ledger = %+v, want the rejection recorded", l)
 	}
 	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
-	if !strings.Contains(readme, "Last rejected commit") || !strings.Contains(readme, short(bad)) {
+	if !strings.Contains(readme, "Last rejected commit") || !strings.Contains(readme, desired.Hash(bad).Short()) {
 		t.Errorf("summary does not report the rejection:\n%s", readme)
 	}
 	if e.snapshotsTip() == tip {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
 )
@@ -34,7 +35,7 @@ func TestRetainedVolumeClaimRejected(t *testing.T) {
 		t.Fatalf("rejected = %v, want ErrRetainedVolume", res.Rejected)
 	}
 	for _, want := range []string{"VM web-09", "vms/web-09.yaml", "volume db-data", "host hv-b", "VM db-01",
-		"kept after a history rewrite at " + short(orphan) + "; restore its file or re-add and delete it first"} {
+		"kept after a history rewrite at " + desired.Hash(orphan).Short() + "; restore its file or re-add and delete it first"} {
 		if !strings.Contains(res.Rejected.Error(), want) {
 			t.Errorf("rejection %q lacks %q", res.Rejected, want)
 		}

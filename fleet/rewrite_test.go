@@ -46,7 +46,7 @@ func TestForcePushToOlderCommitRetains(t *testing.T) {
 	if got := metricValue(t, e.c, "gitfleet_controller_retained"); got != 1 {
 		t.Errorf("gitfleet_controller_retained = %v, want 1", got)
 	}
-	if want := "kept after a history rewrite at `" + short(first) + "`: restore the file, or re-add and delete it in a reviewed commit"; !strings.Contains(e.summary(), want) {
+	if want := "kept after a history rewrite at `" + desired.Hash(first).Short() + "`: restore the file, or re-add and delete it in a reviewed commit"; !strings.Contains(e.summary(), want) {
 		t.Errorf("summary lacks %q:\n%s", want, e.summary())
 	}
 

@@ -97,7 +97,7 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 		if applied := appliedCommit(ledger); applied != "" {
 			if _, f, aerr := load(applied); aerr == nil {
 				baseFleet = f
-				warnings = append(warnings, fmt.Sprintf("%s; planned against %s, the last commit the controller applied", what, short(applied)))
+				warnings = append(warnings, fmt.Sprintf("%s; planned against %s, the last commit the controller applied", what, desired.Hash(applied).Short()))
 			}
 		}
 		if baseFleet == nil {
@@ -148,7 +148,7 @@ func label(rev, commit string) string {
 	if rev == commit || commit == "" {
 		return commit
 	}
-	return rev + " (" + commit[:12] + ")"
+	return rev + " (" + desired.Hash(commit).Short() + ")"
 }
 
 // appliedCommit is the last desired-state commit the controller applied
@@ -158,13 +158,6 @@ func appliedCommit(l *snapshots.Ledger) string {
 		return ""
 	}
 	return l.Applied.Commit
-}
-
-func short(commit string) string {
-	if len(commit) > 12 {
-		return commit[:12]
-	}
-	return commit
 }
 
 // pendingDeletes lists the tombstones the controller published (the

@@ -16,6 +16,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/spf13/cobra"
 
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/snapshots"
@@ -217,7 +218,7 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tNAME\tHOST\tREMOVED BY\tAUTHOR\tSINCE\tEPOCH")
 	for _, p := range rep.PendingDeletes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(short(p.Commit)), dash(p.Author), dash(p.Time), p.Epoch)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(desired.Hash(p.Commit).Short()), dash(p.Author), dash(p.Time), p.Epoch)
 	}
 	return tw.Flush()
 }

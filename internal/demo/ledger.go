@@ -57,7 +57,7 @@ func (lw *ledgerWatch) baseline(ctx context.Context) string {
 	if l.Applied == nil {
 		return ""
 	}
-	return fmt.Sprintf("snapshots: %s at %s, applied by the last run; published%s", l.Applied.Branch, short(l.Applied.Commit), epochList(l, hostNames(l)))
+	return fmt.Sprintf("snapshots: %s at %s, applied by the last run; published%s", l.Applied.Branch, shownCommit(l.Applied.Commit), epochList(l, hostNames(l)))
 }
 
 // read fetches the ledger and returns the lines to print for what changed
@@ -111,7 +111,7 @@ func (lw *ledgerWatch) changes(l *snapshots.Ledger) []string {
 		if len(published) > 0 {
 			what = "snapshot published" + epochList(l, published)
 		}
-		out = append(out, fmt.Sprintf("controller applied %s at %s: %s", l.Applied.Branch, short(l.Applied.Commit), what))
+		out = append(out, fmt.Sprintf("controller applied %s at %s: %s", l.Applied.Branch, shownCommit(l.Applied.Commit), what))
 	}
 	rej := ""
 	if l.Rejected != nil && l.Rejected.Superseded == "" {
@@ -122,7 +122,7 @@ func (lw *ledgerWatch) changes(l *snapshots.Ledger) []string {
 		if rej != "" {
 			reason := strings.ReplaceAll(strings.TrimSpace(l.Rejected.Reason), "\n", "\n           ")
 			out = append(out, fmt.Sprintf("controller REJECTED %s; the last good state stays. Fix it and push again:\n           %s",
-				short(l.Rejected.Commit), reason))
+				shownCommit(l.Rejected.Commit), reason))
 		}
 	}
 	now := map[string]*snapshots.TombstoneRecord{}
@@ -131,7 +131,7 @@ func (lw *ledgerWatch) changes(l *snapshots.Ledger) []string {
 		now[k] = t
 		if lw.tombstones[k] == nil {
 			out = append(out, fmt.Sprintf("controller published the delete of %s %s on %s (removed by %s): shut down now, destroyed after the agent's grace",
-				t.Kind, t.Name, t.Host, short(t.Tombstone.Commit)))
+				t.Kind, t.Name, t.Host, shownCommit(t.Tombstone.Commit)))
 		}
 	}
 	sweeps := l.Sweeps
@@ -204,12 +204,11 @@ func epochList(l *snapshots.Ledger, hosts []string) string {
 	return " for " + strings.Join(parts, ", ")
 }
 
-func short(commit string) string {
+// shownCommit names a commit for the demo's narration: abbreviated, and
+// "(fetch failed)" for none.
+func shownCommit(commit string) string {
 	if commit == "" {
 		return "(fetch failed)"
 	}
-	if len(commit) > 12 {
-		return commit[:12]
-	}
-	return commit
+	return desired.Hash(commit).Short()
 }
