@@ -198,7 +198,7 @@ func ParseLedger(data []byte) (*Ledger, error) {
 // host is a one-line diff. Tombstones are sorted and map keys sorted, so
 // equal ledgers give equal bytes.
 func (l *Ledger) Marshal() ([]byte, error) {
-	sortTombstones(l.Tombstones)
+	sortByRef(l.Tombstones)
 	w := &ledgerWriter{}
 	fmt.Fprintf(&w.b, "{\"version\": %d,\n", l.Version)
 	if l.Applied != nil {
@@ -231,7 +231,7 @@ func (l *Ledger) Marshal() ([]byte, error) {
 		w.b.WriteString("]")
 	}
 	if len(l.Retained) > 0 {
-		sortRetained(l.Retained)
+		sortByRef(l.Retained)
 		w.b.WriteString(",\n\"retained\": [")
 		w.lines(len(l.Retained), func(i int) { w.put(l.Retained[i]) })
 		w.b.WriteString("]")
@@ -273,22 +273,10 @@ func (w *ledgerWriter) lines(n int, item func(i int)) {
 	}
 }
 
-func sortTombstones(ts []*TombstoneRecord) {
-	sort.Slice(ts, func(i, j int) bool {
-		a, b := ts[i], ts[j]
-		if a.Host != b.Host {
-			return a.Host < b.Host
-		}
-		if a.Kind != b.Kind {
-			return a.Kind < b.Kind
-		}
-		return a.Name < b.Name
-	})
-}
-
-func sortRetained(rs []*RetainedRecord) {
+// sortByRef sorts records by host, kind and name.
+func sortByRef[T interface{ Ref() Ref }](rs []T) {
 	sort.Slice(rs, func(i, j int) bool {
-		a, b := rs[i], rs[j]
+		a, b := rs[i].Ref(), rs[j].Ref()
 		if a.Host != b.Host {
 			return a.Host < b.Host
 		}

@@ -13,28 +13,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
-	"strings"
 
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/hostfile"
 )
 
 // Branch is the default name of the snapshots branch.
 const Branch = "gitfleet/snapshots"
 
-// Path is where host's snapshot lives on the snapshots branch.
-func Path(host string) string { return "hosts/" + host + ".yaml" }
+// Path is where host's snapshot lives on the snapshots branch:
+// hosts/<host>.yaml.
+func Path(host string) string { return hostfile.Path(host) }
 
 // HostFromPath returns the host of a snapshot path hosts/<host>.yaml, and
 // false for any other path (ledger.yaml, say).
-func HostFromPath(p string) (string, bool) {
-	dir, file := path.Split(p)
-	if dir != "hosts/" || !strings.HasSuffix(file, ".yaml") {
-		return "", false
-	}
-	host := strings.TrimSuffix(file, ".yaml")
-	return host, host != ""
-}
+func HostFromPath(p string) (string, bool) { return hostfile.Host(p) }
 
 // LedgerAt reads the ledger with read (a reader of one tip of the
 // snapshots branch, returning an error wrapping gitsource.ErrFileNotFound
