@@ -799,11 +799,12 @@ func (s *hostSnapshot) liveNames() (vms, vols []string) {
 
 // buildSnapshots computes, for every host of the fleet or with a pending
 // tombstone, its snapshot without epoch and source: live VMs and volumes and
-// the tombstoned ones, sorted by name. For the live objects it gives what
-// desired.ComputeSnapshots gives (a test pins this), but takes spec hashes
-// from specHash, which caches them across passes, and copies the live specs
-// only withSpecs: a pass over ten thousand VMs must neither re-encode nor
-// copy ten thousand specs to find the one host that changed.
+// the tombstoned ones, sorted by name; a Host with nothing on it gets an
+// empty snapshot (a real, empty desired state). It is the one builder of
+// snapshots. It takes spec hashes from specHash, which caches them across
+// passes, and copies the live specs only withSpecs: a pass over ten
+// thousand VMs must neither re-encode nor copy ten thousand specs to find
+// the one host that changed.
 func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHash func(*desired.VM) string, withSpecs bool) map[string]*hostSnapshot {
 	out := map[string]*hostSnapshot{}
 	get := func(host string) *hostSnapshot {

@@ -30,21 +30,44 @@ func loadFiles(t *testing.T, files map[string]string) *desired.Fleet {
 	return f
 }
 
-// TestBuildSnapshotsMatchesDesired pins that the controller's cached
-// snapshot builder gives exactly desired.ComputeSnapshots for live objects.
-func TestBuildSnapshotsMatchesDesired(t *testing.T) {
+// TestBuildSnapshotsRoundTrip pins the snapshot builder on live objects:
+// one snapshot per host, also a host with nothing on it (a real, empty
+// desired state), VMs and volumes sorted by name with their spec hashes and
+// sizes, the Host's spec, and bytes that parse back to the same snapshot.
+func TestBuildSnapshotsRoundTrip(t *testing.T) {
 	files := baseFleet()
 	files["vms/web-02.yaml"] = vmYAML("web-02", "hv-a", 3)
 	files["hosts/hv-c.yaml"] = hostYAML("hv-c")
 	f := loadFiles(t, files)
-	got := buildSnapshots(f, nil, func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }, true)
-	want := desired.ComputeSnapshots(f)
-	if len(got) != len(want) {
-		t.Fatalf("hosts: got %d, want %d", len(got), len(want))
+	snaps := buildSnapshots(f, nil, func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }, true)
+	if len(snaps) != 3 || snaps["hv-c"] == nil || len(snaps["hv-c"].snap.VMs) != 0 {
+		t.Fatalf("got %d snapshots, want one per host (3), hv-c empty", len(snaps))
 	}
-	for h, w := range want {
-		if !reflect.DeepEqual(got[h].snap, w) {
-			t.Errorf("host %s:\n got %+v\nwant %+v", h, got[h].snap, w)
+	a := snaps["hv-a"].snap
+	if len(a.VMs) != 2 || a.VMs[0].Name != "web-01" || a.VMs[1].Name != "web-02" {
+		t.Fatalf("hv-a VMs = %+v, want web-01, web-02 in order", a.VMs)
+	}
+	if a.VMs[1].SpecHash != desired.SpecHash(f.VMs["web-02"].Spec) || !reflect.DeepEqual(a.VMs[1].Spec, f.VMs["web-02"].Spec) {
+		t.Errorf("web-02 = %+v", a.VMs[1])
+	}
+	if b := snaps["hv-b"].snap; len(b.Volumes) != 1 || b.Volumes[0] != (desired.SnapshotVolume{Name: "db-data", SizeGB: 50}) {
+		t.Errorf("hv-b volumes = %+v", b.Volumes)
+	}
+	if a.HostSpec.Capacity == nil || a.HostSpec.Capacity.VCPUs != 32 {
+		t.Errorf("hv-a hostSpec = %+v", a.HostSpec)
+	}
+	for _, s := range snaps {
+		s.snap.Epoch, s.snap.Source = 7, desired.SnapshotSource{Commit: "0123abcd", Branch: "main"}
+		data, err := desired.MarshalSnapshot(s.snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := desired.ParseSnapshot(data)
+		if err != nil {
+			t.Fatalf("ParseSnapshot(MarshalSnapshot(%s)): %v\n%s", s.snap.Host, err, data)
+		}
+		if !reflect.DeepEqual(back, s.snap) {
+			t.Errorf("round trip of %s:\n got %+v\nwant %+v", s.snap.Host, back, s.snap)
 		}
 	}
 }
