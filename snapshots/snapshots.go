@@ -7,6 +7,23 @@
 // Every reader of the ledger (the controller, `gitfleet plan`, `gitfleet
 // status`, the demo) reads it with ParseLedger, strictly, through
 // LedgerAt or ReadLedger.
+//
+// ledger.yaml is JSON (a subset of YAML) with one host, tombstone or sweep
+// per line:
+//
+//	{"version": 1,
+//	"applied": {"commit": "<sha>", "branch": "main"},
+//	"rejected": {"commit": "<sha>", "reason": "vms/web.yaml:4:3: ...", "at": "...", "superseded": "<sha>"},
+//	"hosts": {
+//	  "hv-a": {"epoch": 42, "hash": "<content key>", "vms": ["web-01"], "volumes": ["web-01-data"]}},
+//	"tombstones": [
+//	  {"kind": "VM", "name": "old-01", "host": "hv-a", "spec": {...}, "tombstone": {"commit": "<sha>",
+//	   "author": "Ann <ann@example.com>", "time": "...", "epoch": 41}, "publishedAt": "..."}],
+//	"sweeps": [{"kind": "VM", "name": "lost-01", "host": "hv-c", "commit": "<sha>", "at": "...", "reason": "host offline: ..."}],
+//	"retained": [{"kind": "VM", "name": "web-02", "host": "hv-a", "spec": {...}, "commit": "<rewriting head>", "since": "..."}]}
+//
+// The meaning of the records (when a tombstone is finalized, what a
+// retained object is) is the controller's: see package fleet.
 package snapshots
 
 import (
