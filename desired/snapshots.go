@@ -73,6 +73,13 @@ func cloneHostSpec(h HostSpec) HostSpec {
 		h.Capacity = &c
 	}
 	h.Networks = maps.Clone(h.Networks)
+	for name, n := range h.Networks {
+		if n.NAT != nil {
+			c := *n.NAT
+			n.NAT = &c
+			h.Networks[name] = n
+		}
+	}
 	return h
 }
 
@@ -90,6 +97,16 @@ func cloneVMSpec(s VMSpec) VMSpec {
 		s.Kernel = &k
 	}
 	s.Volumes = slices.Clone(s.Volumes)
+	if s.Static != nil {
+		st := *s.Static
+		st.Addresses = slices.Clone(st.Addresses)
+		if st.Nameservers != nil {
+			ns := *st.Nameservers
+			ns.Addresses, ns.Search = slices.Clone(ns.Addresses), slices.Clone(ns.Search)
+			st.Nameservers = &ns
+		}
+		s.Static = &st
+	}
 	if s.CloudInit != nil {
 		c := *s.CloudInit
 		c.SSHAuthorizedKeys = slices.Clone(c.SSHAuthorizedKeys)
