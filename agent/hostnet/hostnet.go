@@ -130,8 +130,9 @@ func New(cfg Config) (*Manager, error) {
 // a running dnsmasq: one that died is started again) and every bridge
 // network's bridge is checked to exist. A nat network this Manager made
 // that nets no longer names is torn down (dnsmasq stopped, bridge and
-// rules removed, its directory deleted) unless inUse names it: a VM record
-// still lists it. It tries every network and returns the errors joined.
+// rules removed, its directory deleted) unless inUse names it (a VM record
+// still lists it) or inUse is nil (what VMs use is unknown: nothing is torn
+// down). It tries every network and returns the errors joined.
 func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -157,7 +158,7 @@ func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network
 		if n, ok := nets[name]; ok && n.NAT != nil {
 			continue
 		}
-		if inUse[name] {
+		if inUse == nil || inUse[name] {
 			m.log.WithField("network", name).Info("network no longer named by the host but still used by a VM; kept")
 			continue
 		}

@@ -324,7 +324,10 @@ func TestNATNetworkIsTornDownOnlyWhenUnused(t *testing.T) {
 	if _, err := netlink.LinkByName("gf-lab"); err != nil || f.m.dnsmasqPid("lab") != pid {
 		t.Fatalf("a network in use was torn down: %v", err)
 	}
-	if err := f.m.Reconcile(ctx, nil, nil); err != nil {
+	if err := f.m.Reconcile(ctx, nil, nil); err != nil || f.m.dnsmasqPid("lab") != pid {
+		t.Fatalf("Reconcile while use is unknown: %v; want the network kept", err)
+	}
+	if err := f.m.Reconcile(ctx, nil, map[string]bool{}); err != nil {
 		t.Fatalf("Reconcile without the network: %v", err)
 	}
 	if _, err := netlink.LinkByName("gf-lab"); err == nil {
