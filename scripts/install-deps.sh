@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what gitfleet's tests and demo need on Debian or Ubuntu: git, QEMU
-# (qemu-system-x86 and qemu-utils), busybox-static and a distribution kernel
-# package (the tiny test guest boots the host distribution's kernel). Only
+# (qemu-system-x86 and qemu-utils), busybox-static, a distribution kernel
+# package (the tiny test guest boots the host distribution's kernel), and
+# dnsmasq, nftables and iproute2 for host networks. Only
 # what is missing is installed; apt-get update runs at most once.
 set -euo pipefail
 
@@ -12,6 +13,11 @@ command -v qemu-img >/dev/null || need+=(qemu-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || need+=(linux-image-amd64)
 command -v make >/dev/null || need+=(make)
+# Host networks: dnsmasq and nft run nat networks; ip (iproute2) makes the
+# network namespaces their tests run in.
+command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
+command -v nft >/dev/null || need+=(nftables)
+command -v ip >/dev/null || need+=(iproute2)
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "install-deps: everything is present"
