@@ -173,12 +173,16 @@ func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network
 // of the network's bridge, and returns the attachment. On a nat network it
 // also reserves the VM's address for mac: static when valid (the VM's
 // static address; an error when another VM holds it), else the address
-// reserved before, else a free one chosen from the VM's name. Attaching an
+// reserved before, else a free one chosen from the VM's name. A VM moved
+// from another nat network loses its reservation there. Attaching an
 // attached VM is a no-op that returns the same attachment.
 func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) (Attachment, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var a Attachment
+	if err := m.release(vm, name); err != nil {
+		return a, err
+	}
 	if def.NAT != nil {
 		prefix, err := def.NAT.Prefix()
 		if err != nil {
@@ -214,21 +218,34 @@ func (m *Manager) Detach(vm string) error {
 	if err := deleteLink(TapName(vm)); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
-	nets, err := m.natNetworks()
-	if err != nil {
+	if err := m.release(vm, ""); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
+	return nil
+}
+
+// release drops VM vm's reservations on every nat network but keep. The
+// dnsmasq of a network that lost one gets its new configuration on the
+// next ensure.
+func (m *Manager) release(vm, keep string) error {
+	nets, err := m.natNetworks()
+	if err != nil {
+		return err
+	}
 	for _, name := range nets {
+		if name == keep {
+			continue
+		}
 		hosts, err := m.readHosts(name)
 		if err != nil {
-			return fmt.Errorf("detach %s: %w", vm, err)
+			return err
 		}
 		if _, ok := hosts[vm]; !ok {
 			continue
 		}
 		delete(hosts, vm)
 		if err := m.writeHosts(name, hosts); err != nil {
-			return fmt.Errorf("detach %s: %w", vm, err)
+			return err
 		}
 	}
 	return nil

@@ -408,3 +408,43 @@ func TestBridgeNetworkAttachesToTheExistingBridgeOnly(t *testing.T) {
 		t.Errorf("br0 changed:\n%s\nwas\n%s", after, before)
 	}
 }
+
+func TestAVMMovedToAnotherNetworkLeavesTheFirst(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	a := desired.Network{NAT: &desired.NAT{CIDR: "10.82.0.0/24"}}
+	b := desired.Network{NAT: &desired.NAT{CIDR: "10.83.0.0/24"}}
+	mac, _ := net.ParseMAC("52:54:00:00:0c:01")
+	if _, err := f.m.Attach(ctx, "one", a, "app-01", mac, netip.Addr{}); err != nil {
+		t.Fatalf("Attach one: %v", err)
+	}
+	static := netip.MustParseAddr("10.83.0.40")
+	att, err := f.m.Attach(ctx, "two", b, "app-01", mac, static)
+	if err != nil {
+		t.Fatalf("Attach two: %v", err)
+	}
+	if att.Address != static {
+		t.Errorf("reserved %s on two; want the static %s", att.Address, static)
+	}
+	one, _ := f.m.readHosts("one")
+	if _, ok := one["app-01"]; ok {
+		t.Errorf("app-01 keeps its reservation on one: %v", one)
+	}
+	br, _ := netlink.LinkByName("gf-two")
+	tap, err := netlink.LinkByName(att.Tap)
+	if err != nil || tap.Attrs().MasterIndex != br.Attrs().Index {
+		t.Fatalf("tap %s: %v; want it moved to gf-two", att.Tap, err)
+	}
+	conf, _ := os.ReadFile(filepath.Join(f.dir, "networks", "two", DnsmasqConf))
+	if !strings.Contains(string(conf), "dhcp-host="+mac.String()+",10.83.0.40,app-01") {
+		t.Errorf("dnsmasq of two lacks app-01's static reservation:\n%s", conf)
+	}
+	// Another VM may not take that static address.
+	other, _ := net.ParseMAC("52:54:00:00:0c:02")
+	if _, err := f.m.Attach(ctx, "two", b, "app-02", other, static); err == nil || !strings.Contains(err.Error(), "app-01") {
+		t.Errorf("a second VM took app-01's static address: %v", err)
+	}
+}

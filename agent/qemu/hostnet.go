@@ -67,6 +67,13 @@ func (p *Provisioner) ReconcileNetworks(ctx context.Context, nets map[string]des
 // no SSH forward.
 func (p *Provisioner) attach(ctx context.Context, st *vmState, m agent.Machine, mac string) (hostnet.Attachment, error) {
 	if m.Spec.Network == "" {
+		// Back to user-mode networking: drop the tap and reservation of
+		// a network the VM was on.
+		if _, err := os.Stat(st.path(NetFile)); err == nil && p.cfg.Networks != nil {
+			if err := p.cfg.Networks.Detach(m.Name); err != nil {
+				return hostnet.Attachment{}, err
+			}
+		}
 		if err := os.Remove(st.path(NetFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return hostnet.Attachment{}, err
 		}
@@ -139,13 +146,17 @@ func staticFor(s *desired.StaticIP, att hostnet.Attachment) *desired.StaticIP {
 	return &c
 }
 
-// networkAddress is the address of a VM on a host network, from NetFile:
-// its first static address, else what Config.Networks learned (lease or
-// neighbour table). ok is false for a VM on user-mode networking.
+// networkAddress is the address of a running VM on a host network, from
+// NetFile: its first static address, else what Config.Networks learned
+// (lease or neighbour table); invalid while the VM does not run. ok is
+// false for a VM on user-mode networking.
 func (p *Provisioner) networkAddress(st *vmState) (ip netip.Addr, ok bool) {
 	b, err := os.ReadFile(st.path(NetFile))
 	if err != nil {
 		return netip.Addr{}, false
+	}
+	if st.pid() == 0 {
+		return netip.Addr{}, true
 	}
 	var r netRecord
 	if err := json.Unmarshal(b, &r); err != nil {

@@ -84,6 +84,20 @@ func (f *netFixture) boot(p *Provisioner, m agent.Machine) {
 	f.t.Cleanup(func() { p.Destroy(context.Background(), m.Name) })
 }
 
+// exampleNetwork is network name of host hv-a in the example fleet
+// (examples/fleet), so the tests prove the fleet people copy.
+func exampleNetwork(t *testing.T, name string) desired.Network {
+	fl, err := desired.LoadDir(filepath.Join("..", "..", "examples", "fleet"))
+	if err != nil {
+		t.Fatalf("load the example fleet: %v", err)
+	}
+	n, ok := fl.Hosts["hv-a"].Spec.Networks[name]
+	if !ok {
+		t.Fatalf("the example host hv-a has no network %q", name)
+	}
+	return n
+}
+
 func run(t *testing.T, name string, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
@@ -98,7 +112,8 @@ func TestGuestOnNATNetworkGetsItsReservedLease(t *testing.T) {
 	}
 	f := newNetFixture(t)
 	p, _ := f.provisioner()
-	lab := desired.Network{NAT: &desired.NAT{CIDR: "10.81.0.0/24"}}
+	lab := exampleNetwork(t, "lab")
+	cidr := netip.MustParsePrefix(lab.NAT.CIDR)
 	nets := map[string]desired.Network{"lab": lab}
 	ctx := context.Background()
 	if err := p.ReconcileNetworks(ctx, nets, map[string]bool{}); err != nil {
@@ -110,10 +125,11 @@ func TestGuestOnNATNetworkGetsItsReservedLease(t *testing.T) {
 	lines := strings.Join(guestLines(waitSerial(t, m.Dir, "tinyguest: ready")), "\n")
 	addr := p.Address(m.Name)
 	ip, err := netip.ParseAddr(addr.IP)
-	if err != nil || !netip.MustParsePrefix("10.81.0.0/24").Contains(ip) {
-		t.Fatalf("Address = %+v; want the lease in 10.81.0.0/24 (guest said:\n%s)", addr, lines)
+	if err != nil || !cidr.Contains(ip) {
+		t.Fatalf("Address = %+v; want the lease in %s (guest said:\n%s)", addr, cidr, lines)
 	}
-	for _, want := range []string{"lease eth0 ip=" + addr.IP + " router=10.81.0.1", "ping 10.81.0.1 ok"} {
+	gw := lab.NAT.Gateway().String()
+	for _, want := range []string{"lease eth0 ip=" + addr.IP + " router=" + gw, "ping " + gw + " ok"} {
 		if !strings.Contains(lines, want) {
 			t.Errorf("guest never said %q; it said:\n%s", want, lines)
 		}
@@ -188,7 +204,10 @@ func TestGuestOnBridgeNetworkJoinsTheLAN(t *testing.T) {
 
 	f := newNetFixture(t)
 	p, _ := f.provisioner()
-	lan := desired.Network{Bridge: "br0"}
+	lan := exampleNetwork(t, "lan")
+	if lan.Bridge != "br0" {
+		t.Fatalf("the example's lan is %+v; this test makes br0", lan)
+	}
 	if err := p.ReconcileNetworks(context.Background(), map[string]desired.Network{"lan": lan}, map[string]bool{}); err != nil {
 		t.Fatalf("ReconcileNetworks: %v", err)
 	}
@@ -207,5 +226,45 @@ func TestGuestOnBridgeNetworkJoinsTheLAN(t *testing.T) {
 	}
 	if _, err := netlink.LinkByName("gf-lan"); err == nil {
 		t.Errorf("a bridge network made a bridge of its own")
+	}
+}
+
+func TestLeavingANetworkDropsTheTapAndReservation(t *testing.T) {
+	for _, bin := range []string{"dnsmasq", "nft"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newNetFixture(t)
+	p, _ := f.provisioner()
+	lab := desired.Network{NAT: &desired.NAT{CIDR: "10.84.0.0/24"}}
+	dir := filepath.Join(f.vmRoot, "app-01")
+	os.MkdirAll(dir, 0o700)
+	m := agent.Machine{Name: "app-01", Dir: dir, Spec: desired.VMSpec{Network: "lab"}, Network: &lab}
+	st, _ := p.machineState(m)
+	ctx := context.Background()
+	att, err := p.attach(ctx, st, m, macFor(m.Name))
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	if _, err := netlink.LinkByName(att.Tap); err != nil {
+		t.Fatalf("tap: %v", err)
+	}
+	m.Spec.Network, m.Network = "", nil
+	if att, err := p.attach(ctx, st, m, macFor(m.Name)); err != nil || att.Tap != "" {
+		t.Fatalf("attach to user-mode networking = %+v, %v", att, err)
+	}
+	if _, err := netlink.LinkByName(hostnet.TapName(m.Name)); err == nil {
+		t.Errorf("the tap survived the move to user-mode networking")
+	}
+	if _, err := os.Stat(filepath.Join(dir, NetFile)); !os.IsNotExist(err) {
+		t.Errorf("%s: %v; want it removed", NetFile, err)
+	}
+	b, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.HostsFile))
+	if strings.Contains(string(b), m.Name) {
+		t.Errorf("reservation survived: %s", b)
 	}
 }
