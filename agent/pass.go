@@ -490,6 +490,11 @@ func (p *vmPass) edit() bool {
 			rec.DiskGB = spec.DiskGB
 		}
 	}
+	if old.Network != spec.Network || !reflect.DeepEqual(old.Static, spec.Static) {
+		// The known address belongs to the old network: forget it rather
+		// than show it until the new one is learned.
+		rec.IP, rec.SSH = "", ""
+	}
 	rec.Spec, rec.SpecHash = spec, want.SpecHash
 	rec.Attempts, rec.Failed, rec.LastError = 0, false, ""
 	return true
