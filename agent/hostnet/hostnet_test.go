@@ -448,3 +448,38 @@ func TestAVMMovedToAnotherNetworkLeavesTheFirst(t *testing.T) {
 		t.Errorf("a second VM took app-01's static address: %v", err)
 	}
 }
+
+func TestRenumberingANATNetworkMovesItsReservations(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	mac, _ := net.ParseMAC("52:54:00:00:0d:01")
+	old := desired.Network{NAT: &desired.NAT{CIDR: "10.90.0.0/24"}}
+	if _, err := f.m.Attach(ctx, "lab", old, "app-01", mac, netip.Addr{}); err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	renumbered := desired.Network{NAT: &desired.NAT{CIDR: "10.91.0.0/24"}}
+	if err := f.m.Reconcile(ctx, map[string]desired.Network{"lab": renumbered}, map[string]bool{"lab": true}); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	hosts, _ := f.m.readHosts("lab")
+	p := netip.MustParsePrefix("10.91.0.0/24")
+	if r := hosts["app-01"]; !guestAddr(p, r.Addr) {
+		t.Errorf("app-01 reserved %s after renumbering; want an address of %s", r.Addr, p)
+	}
+	br, _ := netlink.LinkByName("gf-lab")
+	addrs, _ := netlink.AddrList(br, netlink.FAMILY_V4)
+	if len(addrs) != 1 || addrs[0].IPNet.String() != "10.91.0.1/24" {
+		t.Errorf("gf-lab addresses = %v; want only 10.91.0.1/24", addrs)
+	}
+	guest := f.peer("g", "gf-lab", mac.String())
+	if got := f.dhcp(guest); got != hosts["app-01"].Addr {
+		t.Errorf("guest leased %s; want the renumbered %s", got, hosts["app-01"].Addr)
+	}
+	rules := f.run("nft", "list", "table", "inet", NftTable)
+	if !strings.Contains(rules, "10.91.0.0/24") || strings.Contains(rules, "10.90.0.0/24") {
+		t.Errorf("rules do not follow the new CIDR:\n%s", rules)
+	}
+}

@@ -66,7 +66,47 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 	if err != nil {
 		return err
 	}
+	if renumber(prefix, hosts) {
+		if err := m.writeHosts(name, hosts); err != nil {
+			return err
+		}
+		m.log.WithField("network", name).WithField("cidr", prefix).Info("reservations renumbered into the new CIDR")
+	}
 	return m.ensureDnsmasq(ctx, name, prefix, gw, hosts)
+}
+
+// renumber gives every reservation that is no guest address of prefix (the
+// network's CIDR changed) a new one, and reports whether any changed.
+// Guests move to it at their next DHCP renewal, when dnsmasq refuses the
+// old address.
+func renumber(prefix netip.Prefix, hosts map[string]reservation) bool {
+	taken := map[netip.Addr]string{}
+	for vm, r := range hosts {
+		taken[r.Addr] = vm
+	}
+	changed := false
+	for _, vm := range sortedKeys(hosts) {
+		r := hosts[vm]
+		if guestAddr(prefix, r.Addr) {
+			continue
+		}
+		a, err := pick(prefix, vm, taken)
+		if err != nil {
+			continue // the network is full; the VM's next Attach reports it
+		}
+		delete(taken, r.Addr)
+		taken[a] = vm
+		r.Addr = a
+		hosts[vm] = r
+		changed = true
+	}
+	return changed
+}
+
+// guestAddr reports whether a is an address prefix can give a guest: inside
+// it, and neither its network, first (the bridge's) nor broadcast address.
+func guestAddr(prefix netip.Prefix, a netip.Addr) bool {
+	return prefix.Contains(a) && a != prefix.Addr() && a != prefix.Addr().Next() && a != desired.Broadcast(prefix)
 }
 
 // enableForwarding turns IPv4 forwarding on (net.ipv4.ip_forward=1, for
@@ -153,7 +193,7 @@ func (m *Manager) reserve(name string, prefix netip.Prefix, vm string, mac net.H
 			return netip.Addr{}, fmt.Errorf("static address %s on network %s is reserved for VM %s", static, name, other)
 		}
 		addr = static
-	case had && prefix.Contains(old.Addr) && old.Addr != prefix.Addr().Next():
+	case had && guestAddr(prefix, old.Addr):
 		addr = old.Addr
 	default:
 		if addr, err = pick(prefix, vm, taken); err != nil {
