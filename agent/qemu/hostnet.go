@@ -45,6 +45,7 @@ var (
 type netRecord struct {
 	Network string            `json:"network"`
 	Def     desired.Network   `json:"def"`
+	Tap     string            `json:"tap"`
 	MAC     string            `json:"mac"`
 	Static  *desired.StaticIP `json:"static,omitempty"`
 }
@@ -103,7 +104,7 @@ func (p *Provisioner) attach(ctx context.Context, st *vmState, m agent.Machine, 
 	if err != nil {
 		return att, err
 	}
-	rec, err := json.Marshal(netRecord{Network: m.Spec.Network, Def: *m.Network, MAC: mac, Static: m.Spec.Static})
+	rec, err := json.Marshal(netRecord{Network: m.Spec.Network, Def: *m.Network, Tap: att.Tap, MAC: mac, Static: m.Spec.Static})
 	if err != nil {
 		return att, err
 	}
