@@ -453,9 +453,9 @@ func (p *vmPass) boot(spec desired.VMSpec) error {
 }
 
 // edit applies a changed spec to a created VM. vCPUs, memory, network,
-// static addresses, volumes and kernel take a graceful restart; a larger diskGB grows the root
-// disk while the VM is down; a smaller one and a changed image leave the disk
-// as it is (the status message says so). It returns false when the edit
+// static addresses, volumes and kernel take a graceful restart; a larger
+// diskGB grows the root disk while the VM is down; a smaller one and a
+// changed image leave the disk as it is (the status message says so). It returns false when the edit
 // could not be applied yet (the record carries why).
 func (p *vmPass) edit() bool {
 	rec, want := p.rec, p.want

@@ -16,8 +16,9 @@ type Machine struct {
 	Spec    desired.VMSpec
 	Volumes []string
 	// Network is the definition of the host network Spec.Network names,
-	// from the snapshot's host spec; nil when Spec.Network is empty (the
-	// VM's NIC is on the backend's private user-mode network).
+	// from the snapshot's host spec. nil when Spec.Network is empty (the
+	// VM's NIC is on the backend's private user-mode network) or names no
+	// network of the host (a backend refuses to boot it, permanently).
 	Network *desired.Network
 	// InstanceID is stable for the VM's life (it changes only when the VM is
 	// destroyed and created again); cloud-init keys first-boot work on it.
