@@ -1066,9 +1066,9 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 		{name: "vcpus", edit: vcpus(4), restart: true, wantDiskGB: 5},
 		{name: "memory", edit: memoryMB(4096), restart: true, wantDiskGB: 5},
 		{name: "network", edit: network("lan"), restart: true, wantDiskGB: 5},
-		{name: "static address", edit: func(s *desired.VMSpec) {
+		{name: "static addresses apply at the next boot", edit: func(s *desired.VMSpec) {
 			s.Static = &desired.StaticIP{Addresses: []string{"10.77.0.9/24"}}
-		}, restart: true, wantDiskGB: 5},
+		}, wantDiskGB: 5},
 		{name: "volumes", edit: volumes("data"), restart: true, wantDiskGB: 5},
 		{name: "kernel", edit: func(s *desired.VMSpec) {
 			s.Kernel = &desired.Kernel{URL: "https://images.example/vmlinuz", SHA256: otherImage, Cmdline: "console=ttyS0"}

@@ -453,7 +453,7 @@ func (p *vmPass) boot(spec desired.VMSpec) error {
 }
 
 // edit applies a changed spec to a created VM. vCPUs, memory, network,
-// static addresses, volumes and kernel take a graceful restart; a larger
+// volumes and kernel take a graceful restart; a larger
 // diskGB grows the root disk while the VM is down; a smaller one and a
 // changed image leave the disk as it is (the status message says so). It returns false when the edit
 // could not be applied yet (the record carries why).
@@ -461,7 +461,7 @@ func (p *vmPass) edit() bool {
 	rec, want := p.rec, p.want
 	old, spec := rec.Spec, want.Spec
 	restart := old.VCPUs != spec.VCPUs || old.MemoryMB != spec.MemoryMB ||
-		old.Network != spec.Network || !reflect.DeepEqual(old.Static, spec.Static) || !slices.Equal(old.Volumes, spec.Volumes) ||
+		old.Network != spec.Network || !slices.Equal(old.Volumes, spec.Volumes) ||
 		!reflect.DeepEqual(old.Kernel, spec.Kernel)
 	grow := spec.DiskGB > rec.DiskGB
 	if spec.VCPUs > old.VCPUs || spec.MemoryMB > old.MemoryMB || rec.Reserved == nil {
@@ -490,7 +490,7 @@ func (p *vmPass) edit() bool {
 			rec.DiskGB = spec.DiskGB
 		}
 	}
-	if old.Network != spec.Network || !reflect.DeepEqual(old.Static, spec.Static) {
+	if old.Network != spec.Network {
 		// The known address belongs to the old network: forget it rather
 		// than show it until the new one is learned.
 		rec.IP, rec.SSH = "", ""

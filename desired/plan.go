@@ -180,7 +180,7 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 		case kind == KindVM && f.Field == "spec.network":
 			w = append(w, "the VM restarts with its NIC on the new network, at a new address")
 		case kind == KindVM && strings.HasPrefix(f.Field, "spec.static."):
-			w = append(w, "the VM restarts to take its new static addresses")
+			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot: a created VM keeps its addresses unless its image applies network config on every boot")
 		}
 	}
 	if kind == KindHost {

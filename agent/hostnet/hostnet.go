@@ -252,18 +252,23 @@ func (m *Manager) release(vm, keep string) error {
 }
 
 // Address reports the IPv4 address of the guest whose NIC has mac on
-// network name: on a nat network its lease from dnsmasq's lease file; on a
-// bridge network the host's neighbour table entry for mac on the bridge
-// (the host learns it once the guest talks to it). Invalid when unknown.
+// network name: on a nat network its lease from dnsmasq's lease file; else
+// (a bridge network, or a guest configured statically) the host's
+// neighbour table entry for mac on the network's bridge, which the host
+// learns once the guest talks to it. Invalid when unknown.
 func (m *Manager) Address(name string, def desired.Network, mac net.HardwareAddr) netip.Addr {
+	bridge := def.Bridge
 	if def.NAT != nil {
 		a, err := leaseFor(filepath.Join(m.cfg.Dir, name, LeasesFile), mac)
 		if err != nil {
 			m.log.WithField("network", name).WithError(err).Warn("read leases")
 		}
-		return a
+		if a.IsValid() {
+			return a
+		}
+		bridge = desired.NATBridge(name)
 	}
-	a, err := neighbourFor(def.Bridge, mac)
+	a, err := neighbourFor(bridge, mac)
 	if err != nil {
 		m.log.WithField("network", name).WithError(err).Debug("neighbour lookup")
 	}

@@ -194,6 +194,16 @@ func TestNATNetworkServesGuestsAndIsolatesTheHost(t *testing.T) {
 		t.Fatalf("Address = %s; want the lease %s", got, a.Address)
 	}
 
+	// A guest configured statically takes no lease: its address is learned
+	// from the neighbour table once it talks to the host.
+	smac, _ := net.ParseMAC("52:54:00:12:34:57")
+	static := f.peer("s", "gf-lab", smac.String())
+	f.run("ip", "netns", "exec", static, "ip", "addr", "add", "10.77.0.200/24", "dev", "eth0")
+	f.run("ip", "netns", "exec", static, "busybox", "ping", "-c", "1", "-W", "2", "10.77.0.1")
+	if got := f.m.Address("lab", nets["lab"], smac); got != netip.MustParseAddr("10.77.0.200") {
+		t.Errorf("Address of a static guest = %s; want 10.77.0.200 from the neighbour table", got)
+	}
+
 	// The guest reaches the gateway by ping, and a machine beyond the
 	// host only through masquerading: the uplink namespace has no route
 	// back to 10.77.0.0/24.

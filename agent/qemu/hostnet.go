@@ -148,9 +148,9 @@ func staticFor(s *desired.StaticIP, att hostnet.Attachment) *desired.StaticIP {
 }
 
 // networkAddress is the address of a running VM on a host network, from
-// NetFile: its first static address, else what Config.Networks learned
-// (lease or neighbour table); invalid while the VM does not run. ok is
-// false for a VM on user-mode networking.
+// NetFile: what Config.Networks observes (its lease, or the host's
+// neighbour table), else its first static address; invalid while the VM
+// does not run. ok is false for a VM on user-mode networking.
 func (p *Provisioner) networkAddress(st *vmState) (ip netip.Addr, ok bool) {
 	b, err := os.ReadFile(st.path(NetFile))
 	if err != nil {
@@ -164,16 +164,17 @@ func (p *Provisioner) networkAddress(st *vmState) (ip netip.Addr, ok bool) {
 		p.log.WithField("vm", st.name).WithError(err).Warn("network record unreadable")
 		return netip.Addr{}, true
 	}
+	if hw, err := net.ParseMAC(r.MAC); err == nil && p.cfg.Networks != nil {
+		if a := p.cfg.Networks.Address(r.Network, r.Def, hw); a.IsValid() {
+			return a, true
+		}
+	}
 	if r.Static != nil && len(r.Static.Addresses) > 0 {
 		if pfx, err := netip.ParsePrefix(r.Static.Addresses[0]); err == nil {
 			return pfx.Addr(), true
 		}
 	}
-	hw, err := net.ParseMAC(r.MAC)
-	if err != nil || p.cfg.Networks == nil {
-		return netip.Addr{}, true
-	}
-	return p.cfg.Networks.Address(r.Network, r.Def, hw), true
+	return netip.Addr{}, true
 }
 
 // writeFileAtomic writes data to path through path+".partial" and a
