@@ -248,6 +248,8 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	st.exitMu.Lock()
 	st.exit = ""
+	st.starts++
+	start := st.starts
 	st.exitMu.Unlock()
 	started := time.Now()
 	if err := cmd.Start(); err != nil {
@@ -258,9 +260,13 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 		// Reap QEMU when it exits while this agent runs, and keep how.
 		err := cmd.Wait()
 		st.exitMu.Lock()
-		if err != nil {
+		// A QEMU reaped after a newer one started (a stop that saw
+		// it gone before this goroutine ran) says nothing of the new one.
+		switch {
+		case st.starts != start:
+		case err != nil:
 			st.exit = "qemu exited: " + err.Error()
-		} else {
+		default:
 			st.exit = "qemu exited"
 		}
 		st.exitMu.Unlock()

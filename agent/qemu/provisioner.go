@@ -137,6 +137,9 @@ type vmState struct {
 	// of its exit status for FailureReason.
 	exitMu sync.Mutex
 	exit   string
+	// starts counts the QEMUs this Provisioner started for the VM, so the
+	// exit of an older one is not taken for the newest one's.
+	starts int
 	// fetching is the sha256 of the artifact the VM waits for ("" or nil
 	// when none).
 	fetching atomic.Value
