@@ -83,9 +83,10 @@ const (
 	// EffectNextBoot: a restart-class change of a VM whose spec says
 	// stopped: it applies when the VM is next booted.
 	EffectNextBoot Effect = "applies at next boot"
-	// EffectNotApplied: image, cloudInit and a smaller diskGB are kept in
-	// the spec but never applied to the existing VM; the image and
-	// cloudInit apply only when the VM is created again.
+	// EffectNotApplied: image, cloudInit, static addresses (cloud-init's
+	// network-config, applied at first boot) and a smaller diskGB are kept
+	// in the spec but never applied to the existing VM; all but diskGB
+	// apply when the VM is created again.
 	EffectNotApplied Effect = "not applied to the existing VM"
 )
 
@@ -93,7 +94,7 @@ const (
 // the VM's power in head being power.
 func vmFieldEffect(field, old, new, power string) Effect {
 	switch {
-	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."):
+	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."):
 		return EffectNotApplied
 	case field == "spec.diskGB":
 		if atoi(new) < atoi(old) {
@@ -229,7 +230,14 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 			w = append(w, CloudInitEditWarning)
 		case kind == KindVolume && f.Field == "spec.sizeGB":
 			w = append(w, "volumes are never resized: an existing volume keeps its size")
+		case kind == KindVM && f.Field == "spec.network":
+			w = append(w, "the VM restarts with its NIC on the new network, at a new address")
+		case kind == KindVM && strings.HasPrefix(f.Field, "spec.static."):
+			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot: a created VM keeps its addresses unless its image applies network config on every boot")
 		}
+	}
+	if kind == KindHost {
+		w = append(w, networkWarnings(fields)...)
 	}
 	return dedupe(w)
 }
@@ -238,6 +246,35 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 // existing VM.
 const CloudInitEditWarning = "cloudInit is not applied to the existing VM: cloud-init seeds a VM once, at its first boot, and never removes a key it installed; " +
 	"to rotate an SSH key, add the new key to and remove the old one from ~/.ssh/authorized_keys inside the guest; this cloudInit seeds the VM only if it is created again"
+
+// networkWarnings says what a Host's changed networks do to their guests:
+// a renumbered nat network, a network removed.
+func networkWarnings(fields []FieldChange) []string {
+	var w []string
+	removed := map[string]bool{}
+	var names []string
+	for _, f := range fields {
+		rest, ok := strings.CutPrefix(f.Field, "spec.networks.")
+		if !ok {
+			continue
+		}
+		name, leaf, _ := strings.Cut(rest, ".")
+		if _, seen := removed[name]; !seen {
+			names = append(names, name)
+			removed[name] = true
+		}
+		removed[name] = removed[name] && f.New == ""
+		if leaf == "nat.cidr" && f.Old != "" && f.New != "" {
+			w = append(w, fmt.Sprintf("network %s is renumbered: its guests get new addresses at their next DHCP renewal (within 30 minutes) or restart", name))
+		}
+	}
+	for _, name := range names {
+		if removed[name] {
+			w = append(w, fmt.Sprintf("network %s is removed from the host once no VM there uses it", name))
+		}
+	}
+	return w
+}
 
 func atoi(s string) int {
 	var n int

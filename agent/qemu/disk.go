@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
 )
 
@@ -76,7 +77,9 @@ func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
 	if _, err := p.fetchArtifacts(ctx, st, m.Spec); err != nil {
 		return err
 	}
-	if _, err := seedFiles(m.Name, m.InstanceID, macFor(m.Name), m.Spec.CloudInit); err != nil {
+	// Rendered without the host network's defaults (gateway, DNS), which
+	// only attaching the VM to it gives; the rest of the seed is Boot's.
+	if _, err := seedFiles(m.Name, m.InstanceID, macFor(m.Name), m.Spec.CloudInit, staticFor(m.Spec.Static, hostnet.Attachment{})); err != nil {
 		return agent.Permanent(fmt.Errorf("seed: %w", err))
 	}
 	return nil

@@ -35,9 +35,9 @@ const NICName = "nic0"
 //   - user-data: the spec's userData byte for byte, never parsed or
 //     re-encoded (cloud-init reads YAML 1.1 and keeps comments, dates and
 //     key order meaningful to the person who wrote them).
-//   - network-config: version 2, DHCP on the NIC whose MAC is mac, renamed
-//     to NICName.
-func seedFiles(name, instanceID, mac string, ci *desired.CloudInit) (map[string][]byte, error) {
+//   - network-config: version 2 for the NIC whose MAC is mac, renamed to
+//     NICName: DHCP, or static's addresses when static is not nil.
+func seedFiles(name, instanceID, mac string, ci *desired.CloudInit, static *desired.StaticIP) (map[string][]byte, error) {
 	var keys []string
 	userData := ""
 	if ci != nil {
@@ -47,20 +47,44 @@ func seedFiles(name, instanceID, mac string, ci *desired.CloudInit) (map[string]
 	if err != nil {
 		return nil, err
 	}
+	nic := map[string]any{
+		"match":    map[string]string{"macaddress": mac},
+		"set-name": NICName,
+		"dhcp4":    true,
+	}
+	applyStatic(nic, static)
 	netcfg, err := yaml11(map[string]any{
-		"version": 2,
-		"ethernets": map[string]any{
-			NICName: map[string]any{
-				"match":    map[string]string{"macaddress": mac},
-				"set-name": NICName,
-				"dhcp4":    true,
-			},
-		},
+		"version":   2,
+		"ethernets": map[string]any{NICName: nic},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("network-config: %w", err)
 	}
 	return map[string][]byte{"meta-data": meta, "user-data": []byte(userData), "network-config": netcfg}, nil
+}
+
+// applyStatic turns a network-config v2 ethernet entry from DHCP to
+// static's addresses, default route (gateway4, written as netplan's
+// routes) and nameservers. A nil static changes nothing.
+func applyStatic(nic map[string]any, static *desired.StaticIP) {
+	if static == nil {
+		return
+	}
+	nic["dhcp4"] = false
+	nic["addresses"] = static.Addresses
+	if static.Gateway4 != "" {
+		nic["routes"] = []map[string]string{{"to": "0.0.0.0/0", "via": static.Gateway4}}
+	}
+	if ns := static.Nameservers; ns != nil && (len(ns.Addresses) > 0 || len(ns.Search) > 0) {
+		m := map[string][]string{}
+		if len(ns.Addresses) > 0 {
+			m["addresses"] = ns.Addresses
+		}
+		if len(ns.Search) > 0 {
+			m["search"] = ns.Search
+		}
+		nic["nameservers"] = m
+	}
 }
 
 // metaData renders NoCloud meta-data.

@@ -36,7 +36,7 @@ func TestSeedCarriesUserDataByteForByte(t *testing.T) {
 	metas := map[string][]byte{}
 	for name, ud := range userDataExamples(t) {
 		t.Run(name, func(t *testing.T) {
-			files, err := seedFiles("web-01", "web-01-0123", macFor("web-01"), &desired.CloudInit{SSHAuthorizedKeys: keys, UserData: ud})
+			files, err := seedFiles("web-01", "web-01-0123", macFor("web-01"), &desired.CloudInit{SSHAuthorizedKeys: keys, UserData: ud}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,7 +76,7 @@ func TestSeedStringsSurviveYAML11(t *testing.T) {
 	names := []string{"no", "on", "1e3", "2001-12-14", "0777", "web-01"}
 	var docs [][]byte
 	for _, name := range names {
-		files, err := seedFiles(name, name, "52:54:00:12:34:56", nil)
+		files, err := seedFiles(name, name, "52:54:00:12:34:56", nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +109,7 @@ func TestNetworkConfigRendersForEveryRenderer(t *testing.T) {
 		t.Skip("cloud-init not installed (scripts/install-deps.sh installs it)")
 	}
 	mac := macFor("web-01")
-	files, err := seedFiles("web-01", "web-01-0123", mac, nil)
+	files, err := seedFiles("web-01", "web-01-0123", mac, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
