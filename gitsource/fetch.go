@@ -64,12 +64,14 @@ func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (tip st
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	spec := config.RefSpec("+refs/heads/" + branch + ":" + trackingRef(branch).String())
-	err = r.repo.FetchContext(ctx, &git.FetchOptions{
-		RemoteName: remoteName,
-		RefSpecs:   []config.RefSpec{spec},
-		Depth:      r.opts.Depth,
-		Auth:       r.auth,
-		Tags:       git.NoTags,
+	err = r.remote(ctx, func(ctx context.Context) error {
+		return r.repo.FetchContext(ctx, &git.FetchOptions{
+			RemoteName: remoteName,
+			RefSpecs:   []config.RefSpec{spec},
+			Depth:      r.opts.Depth,
+			Auth:       r.auth,
+			Tags:       git.NoTags,
+		})
 	})
 	switch {
 	case err == nil:
@@ -211,7 +213,7 @@ func repairable(err error) bool {
 	switch {
 	case err == nil:
 		return false
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrTimeout),
 		errors.Is(err, ErrBranchNotFound),
 		errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed),
 		errors.Is(err, transport.ErrRepositoryNotFound), errors.Is(err, transport.ErrInvalidAuthMethod):
@@ -240,7 +242,11 @@ func (r *Repo) RemoteHead(ctx context.Context, branch string) (string, error) {
 		return "", fmt.Errorf("remote head: %w", err)
 	}
 	remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: remoteName, URLs: []string{r.url}})
-	refs, err := remote.ListContext(ctx, &git.ListOptions{Auth: r.auth})
+	var refs []*plumbing.Reference
+	err := r.remote(ctx, func(ctx context.Context) (err error) {
+		refs, err = remote.ListContext(ctx, &git.ListOptions{Auth: r.auth})
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, transport.ErrEmptyRemoteRepository) {
 			return "", fmt.Errorf("remote head %s: %w: %s on %s (empty repository)", branch, ErrBranchNotFound, branch, redactURL(r.url))

@@ -73,7 +73,16 @@ var (
 	// ErrObjectMissing: an object the cache should hold is absent or
 	// unreadable. Fetch repairs the cache; the read is never taken as empty.
 	ErrObjectMissing = errors.New("git object missing from cache")
+	// ErrTimeout: a git operation with the remote (fetch, ls-remote, push)
+	// ran past Options.Timeout and was stopped (the connection closed, a
+	// local git server process killed). The error also matches
+	// context.DeadlineExceeded. Nothing in the cache changed for it.
+	ErrTimeout = errors.New("git operation timed out")
 )
+
+// DefaultTimeout bounds one git operation with the remote when
+// Options.Timeout is zero.
+const DefaultTimeout = 60 * time.Second
 
 // DefaultCommitter is the identity of commits written by Update when
 // Options.Committer is empty.
@@ -120,6 +129,12 @@ type Options struct {
 	Backoff time.Duration
 	// MaxBackoff caps one wait between Update attempts; 0 means 2 s.
 	MaxBackoff time.Duration
+	// Timeout bounds each operation with the remote — one fetch, one
+	// ls-remote, one push — on every transport: an http request is
+	// cancelled, a local (file) or ssh server is killed or disconnected
+	// when it passes. 0 means DefaultTimeout. A caller's context can end
+	// an operation sooner.
+	Timeout time.Duration
 	// Logger receives the package's log lines; nil means the standard logrus
 	// logger. The component field is set to "gitsource".
 	Logger *logrus.Entry
@@ -424,3 +439,36 @@ func checkBranch(branch string) error {
 	}
 	return nil
 }
+
+// remote runs op, one operation with the remote, under Options.Timeout. An
+// op that its deadline ended gives an error matching ErrTimeout (and
+// context.DeadlineExceeded); an end of ctx itself is returned as it is.
+func (r *Repo) remote(ctx context.Context, op func(context.Context) error) error {
+	timeout := r.opts.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	octx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := op(octx)
+	if err != nil && octx.Err() != nil && ctx.Err() == nil {
+		return &timeoutError{after: timeout, err: err}
+	}
+	return err
+}
+
+// timeoutError is an operation its deadline stopped.
+type timeoutError struct {
+	after time.Duration
+	err   error
+}
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("%v after %v: %v", ErrTimeout, e.after, e.err)
+}
+
+func (e *timeoutError) Is(target error) bool {
+	return target == ErrTimeout || target == context.DeadlineExceeded
+}
+
+func (e *timeoutError) Unwrap() error { return e.err }

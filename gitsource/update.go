@@ -131,7 +131,8 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, mutate Mutation)
 	if commit.IsZero() {
 		return tip, nil // the contents are already there
 	}
-	if err := r.push(ctx, branch, tip, commit, pack); err != nil {
+	err = r.remote(ctx, func(ctx context.Context) error { return r.push(ctx, branch, tip, commit, pack) })
+	if err != nil {
 		return "", err
 	}
 	r.mu.Lock()
