@@ -13,6 +13,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -340,15 +341,18 @@ func (a *Agent) fetch(ctx context.Context) error {
 	switch {
 	case errors.Is(err, ErrSnapshotInvalid):
 		a.fetchFailed = false
-		if a.snapErr != err.Error() {
-			a.log.WithField("commit", tip).WithError(err).Error("snapshot refused; keeping the last accepted one")
+		// Written to the status branch and the log: valid UTF-8, no
+		// control characters, a long list cut with a count.
+		reason := safetext.Lines(err.Error())
+		if a.snapErr != reason {
+			a.log.WithField("commit", tip).WithField("error", reason).Error("snapshot refused; keeping the last accepted one")
 		}
-		a.snapErr = err.Error()
+		a.snapErr = reason
 		a.current = nil
 		return nil
 	case err != nil:
 		if !a.fetchFailed {
-			a.log.WithError(err).Warn("cannot fetch the snapshot; reconciling the last accepted one")
+			a.log.WithField("error", safetext.Line(err.Error())).Warn("cannot fetch the snapshot; reconciling the last accepted one")
 		}
 		a.fetchFailed = true
 		return err
