@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,8 +19,8 @@ import (
 )
 
 // faultTimeout is the git deadline of the fault tests: short, so a stall
-// is detected quickly.
-const faultTimeout = 2 * time.Second
+// is detected quickly, long enough for a loaded machine to fetch.
+const faultTimeout = 5 * time.Second
 
 // noise is n bytes that do not compress, so a pack holding them is about n
 // bytes long.
@@ -116,4 +117,37 @@ func TestFullDiskUnderCache(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, c2, tip)
 	t.Logf("full disk: recovered %v after space was freed", time.Since(start).Round(time.Millisecond))
+}
+
+// TestSSHServerThatNeverAnswers: an ssh server that accepts the connection
+// and never sends its version (go-git runs the ssh handshake without a
+// context) fails the fetch at the deadline instead of hanging.
+func TestSSHServerThatNeverAnswers(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // held open, never answered
+		}
+	}()
+	keys := gittest.ServeSSH(t, t.TempDir()) // a client key and known_hosts
+	r := open(t, gitsource.Options{URL: "ssh://git@" + ln.Addr().String() + "/fleet.git", Timeout: faultTimeout,
+		Auth: gitsource.Auth{SSHKeyFile: keys.KeyFile, KnownHostsFile: keys.KnownHostsFile}})
+	start := time.Now()
+	_, err = r.Fetch(context.Background(), "main")
+	t.Logf("stalled ssh server: detected after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	assert.ErrorIs(t, err, gitsource.ErrTimeout)
+	_, err = r.RemoteHead(context.Background(), "main")
+	assert.ErrorIs(t, err, gitsource.ErrTimeout)
 }

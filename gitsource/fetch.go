@@ -76,6 +76,8 @@ func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (tip st
 			Depth:      r.opts.Depth,
 			Auth:       r.auth,
 			Tags:       git.NoTags,
+			// ProxyOptions: the ssh deadline (see sshdeadline.go).
+			ProxyOptions: r.proxyOptions(),
 		})
 	})
 	switch {
@@ -278,7 +280,7 @@ func (r *Repo) RemoteHead(ctx context.Context, branch string) (string, error) {
 	remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: remoteName, URLs: []string{r.url}})
 	var refs []*plumbing.Reference
 	err := r.remote(ctx, func(ctx context.Context) (err error) {
-		refs, err = remote.ListContext(ctx, &git.ListOptions{Auth: r.auth})
+		refs, err = remote.ListContext(ctx, &git.ListOptions{Auth: r.auth, ProxyOptions: r.proxyOptions()})
 		return err
 	})
 	if err != nil {

@@ -9,9 +9,12 @@
 // A Repo keeps one local cache of one remote: a bare repository in
 // Options.CacheDir, or memory storage. Every branch is fetched with an explicit
 // refspec into its remote-tracking ref (+refs/heads/B:refs/remotes/origin/B).
-// Damage to the cache (a missing object, a reference changed under us, a
-// shallow-history gap) is repaired by fetching again and, as the last resort,
-// by cloning the cache afresh; it is never read as an empty tree.
+// Damage to the cache (a missing object, an empty or garbage ref file, a
+// truncated pack, a stale lock, a missing HEAD, a reference changed under us,
+// a shallow-history gap) is repaired by fetching again and, as the last
+// resort, by cloning the cache afresh; it is never read as an empty tree.
+// Every operation with the remote ends by Options.Timeout on every
+// transport (ErrTimeout); a SHA-256 repository is ErrObjectFormat.
 //
 // A typical reader fetches, then reads at the commit Fetch returned:
 //
@@ -38,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -543,14 +547,14 @@ func checkBranch(branch string) error {
 // op that its deadline ended gives an error matching ErrTimeout (and
 // context.DeadlineExceeded); an end of ctx itself is returned as it is.
 func (r *Repo) remote(ctx context.Context, op func(context.Context) error) error {
-	timeout := r.opts.Timeout
-	if timeout <= 0 {
-		timeout = DefaultTimeout
-	}
+	timeout := r.timeout()
 	octx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	deadline, _ := octx.Deadline()
 	err := op(octx)
-	if err != nil && octx.Err() != nil && ctx.Err() == nil {
+	// The ssh deadline ends the connection itself, a moment after the
+	// context's: its i/o timeout is the same deadline.
+	if err != nil && ctx.Err() == nil && (octx.Err() != nil || !time.Now().Before(deadline) || netTimeout(err)) {
 		return &timeoutError{after: timeout, err: err}
 	}
 	if f := objectFormat(err); f != "" {
@@ -575,6 +579,20 @@ func objectFormat(err error) string {
 		return ""
 	}
 	return m[1]
+}
+
+// netTimeout reports whether err is a network i/o timeout.
+func netTimeout(err error) bool {
+	var ne net.Error
+	return (errors.As(err, &ne) && ne.Timeout()) || strings.Contains(err.Error(), "i/o timeout")
+}
+
+// timeout is the bound of one operation with the remote.
+func (r *Repo) timeout() time.Duration {
+	if r.opts.Timeout <= 0 {
+		return DefaultTimeout
+	}
+	return r.opts.Timeout
 }
 
 // timeoutError is an operation its deadline stopped.

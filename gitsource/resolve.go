@@ -51,6 +51,8 @@ func (r *Repo) Resolve(ctx context.Context, rev string) (string, error) {
 			Depth:      r.opts.Depth,
 			Auth:       r.auth,
 			Tags:       git.NoTags,
+			// ProxyOptions: the ssh deadline (see sshdeadline.go).
+			ProxyOptions: r.proxyOptions(),
 		})
 	})
 	if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {

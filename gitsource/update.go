@@ -390,6 +390,7 @@ func (r *Repo) push(ctx context.Context, branch, tip string, commit plumbing.Has
 	if err != nil {
 		return err
 	}
+	ep.Proxy = r.proxyOptions() // the ssh deadline (see sshdeadline.go)
 	cl, err := client.NewClient(ep)
 	if err != nil {
 		return err
