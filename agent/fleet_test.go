@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -236,7 +237,7 @@ func TestSweptDeleteCompletesWhenTheHostReturns(t *testing.T) {
 	old := e.snapshot().VM("old-01")
 	require.NotNil(t, old, "the swept tombstone stays in the host's snapshot")
 	assert.True(t, old.Tombstoned)
-	ledger, err := fleet.ParseLedger([]byte(gittest.Show(t, e.bare, "refs/heads/"+agent.SnapshotsBranch, fleet.LedgerPath)))
+	ledger, err := snapshots.ParseLedger([]byte(gittest.Show(t, e.bare, "refs/heads/"+agent.SnapshotsBranch, snapshots.LedgerPath)))
 	require.NoError(t, err)
 	require.Len(t, ledger.Tombstones, 1)
 	assert.NotNil(t, ledger.Tombstones[0].SweptAt)
