@@ -37,6 +37,7 @@ import (
 //	intervals: {tick: 10s, poll: 15s, heartbeat: 60s}
 //	graces: {tombstone: 5m, vanish: 1h}
 //	vmTimeout: 30m                             # per-VM watchdog; 0 = none
+//	readyTimeout: 10m                          # guest silent this long after boot: lastError says so
 //	maxAttempts: 3
 //	logLevel: info
 //
@@ -74,9 +75,10 @@ type agentFileConfig struct {
 		Tombstone duration `yaml:"tombstone"`
 		Vanish    duration `yaml:"vanish"`
 	} `yaml:"graces"`
-	VMTimeout   duration `yaml:"vmTimeout"`
-	MaxAttempts int      `yaml:"maxAttempts"`
-	LogLevel    string   `yaml:"logLevel"`
+	VMTimeout    duration `yaml:"vmTimeout"`
+	ReadyTimeout duration `yaml:"readyTimeout"`
+	MaxAttempts  int      `yaml:"maxAttempts"`
+	LogLevel     string   `yaml:"logLevel"`
 }
 
 // duration is a time.Duration written as a Go duration string in YAML.
@@ -300,7 +302,7 @@ func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writ
 	eng, err := agent.NewEngine(agent.EngineConfig{
 		Host: c.Host, Store: store, Provisioner: prov,
 		TombstoneGrace: time.Duration(c.Graces.Tombstone), VanishGrace: time.Duration(c.Graces.Vanish),
-		MaxAttempts: c.MaxAttempts, VMTimeout: time.Duration(c.VMTimeout), Log: log,
+		MaxAttempts: c.MaxAttempts, VMTimeout: time.Duration(c.VMTimeout), ReadyTimeout: time.Duration(c.ReadyTimeout), Log: log,
 	})
 	if err != nil {
 		return err
