@@ -223,7 +223,9 @@ func TestConsoleFollowsTheSerialLog(t *testing.T) {
 
 func TestWatcherSettled(t *testing.T) {
 	ready := func(name string) status.VM { return status.VM{Name: name, Phase: status.PhaseReady, Power: "running"} }
-	booting := func(name string) status.VM { return status.VM{Name: name, Phase: status.PhaseBooting, Power: "running"} }
+	booting := func(name string) status.VM {
+		return status.VM{Name: name, Phase: status.PhaseBooting, Power: "running"}
+	}
 	tests := []struct {
 		name  string
 		st    status.Status
