@@ -109,3 +109,18 @@ func TestStoppingIsShownWhileTheShutdownRuns(t *testing.T) {
 	assert.Equal(t, status.PhaseStopping, <-seen)
 	assert.Equal(t, status.PhaseStopped, row(t, st, "web-01").Phase)
 }
+
+func TestReadyIsNeverShownForABootThatHasNotAnswered(t *testing.T) {
+	f := newFixture(t)
+	f.prov.SetSilentGuests(true)
+	f.step(snap(1, vm("web-01")))
+	f.prov.Answer("web-01", agent.ReadySSH)
+	waitRow(t, f, "web-01", func(r status.VM) bool { return r.Phase == status.PhaseReady })
+
+	// The guest's hypervisor dies (or the agent restarts onto a new boot):
+	// before any pass looks, the record still says ready; status must not.
+	f.prov.Crash("web-01")
+	assert.Equal(t, status.PhaseBooting, row(t, f.eng.Report(), "web-01").Phase)
+	r := row(t, f.step(nil), "web-01")
+	assert.Equal(t, status.PhaseBooting, r.Phase, "booted again, silent")
+}
