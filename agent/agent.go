@@ -149,6 +149,12 @@ func (a *Agent) Once(ctx context.Context) error {
 	return errors.Join(fetchErr, tickErr, a.writeStatusLocked(ctx))
 }
 
+// reportGather is how long Run waits after a worker's change before it
+// writes the status, so a burst of changes makes one write. It is short
+// because a guest's first answer should show as ready within moments
+// (docs/DESIGN.md, Phases and readiness).
+const reportGather = 250 * time.Millisecond
+
 // Run is the agent's loop: a step at once, then on every jittered tick and
 // at once when the snapshots branch moves; a status write whenever a worker
 // changed something. When ctx ends it lets the passes in flight finish
@@ -189,7 +195,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.step(ctx, true)
 		case <-a.cfg.Engine.Changed():
 			if report == nil {
-				report = time.After(time.Second) // gather a burst of changes
+				report = time.After(reportGather)
 			}
 			continue
 		case <-report:
