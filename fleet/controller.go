@@ -431,14 +431,7 @@ func short(h string) string {
 func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	var res PassResult
 	now := c.clock()
-	if !c.tipsOpened.IsZero() && now.Sub(c.tipsOpened) > tipsRenewal {
-		if err := c.renewTips(); err != nil {
-			c.log.WithError(err).Warn("renew the tip repository; keeping the old one")
-		} else {
-			// The ledger cache is keyed by tip and stays valid.
-			c.log.Debug("tip repository opened afresh")
-		}
-	}
+	c.renewTipsWhenDue(now)
 
 	// Step 1: read desired. Any error keeps the last good snapshots.
 	head, fl, loadErr := c.readDesired(ctx)
@@ -446,25 +439,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	res.Rejected = loadErr
 
 	// Step 2: read the hosts' statuses; a failure disables the sweep.
-	statusTip, reports, statusErr := c.readStatuses(ctx)
-	statuses := map[string]*status.Status{}
-	if statusErr == nil {
-		for _, rep := range reports {
-			c.live.observe(rep.Host, rep.ID, now)
-			if rep.Status != nil {
-				statuses[rep.Host] = rep.Status
-			} else {
-				c.log.WithField("host", rep.Host).WithError(rep.Err).Warn("status file unreadable")
-			}
-		}
-	} else {
-		c.log.WithError(statusErr).Warn("read statuses; no delete is finalized this pass")
-	}
-	if fl != nil {
-		for h := range fl.Hosts {
-			c.live.watch(h, now)
-		}
-	}
+	obs := c.observe(ctx, fl, now)
 
 	// Skip work when nothing observable changed since a pass that left
 	// nothing waiting (lastKey, set at the end of a pass).
@@ -473,16 +448,101 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	snapsTip, _ := c.tips.RemoteHead(ctx, c.cfg.SnapshotsBranch)
 	offlineSet := c.live.offlineSet(now)
 	keyAt := func(snaps string) string {
-		return fmt.Sprintf("%s|%s|%s|%v|%s", head, snaps, statusTip, statusErr == nil, offlineSet)
+		return fmt.Sprintf("%s|%s|%s|%v|%s", head, snaps, obs.tip, obs.err == nil, offlineSet)
 	}
 	key := keyAt(snapsTip)
-	if loadErr == nil && statusErr == nil && key == c.lastKey {
+	if loadErr == nil && obs.err == nil && key == c.lastKey {
 		res.Skipped = true
 		return res, nil
 	}
 
 	// Step 3: compute on the snapshots tip and publish in one CAS commit.
-	hashes := c.hashes
+	out, tip, err := c.publish(ctx, head, fl, loadErr, obs, now)
+	res.SnapshotsCommit = tip
+	if err != nil {
+		return res, err
+	}
+	c.report(&res, out)
+	if out.rejected != nil {
+		// Refused by the computation: report it like any rejection, and
+		// summarize without the refused state.
+		res.Rejected, fl = out.rejected, nil
+	}
+
+	// Step 4: the summary on the status branch.
+	sum := c.summarize(out.ledger, fl, obs.reports, obs.err == nil, now)
+	written, err := c.writeSummary(ctx, sum, now)
+	if err != nil {
+		return res, fmt.Errorf("write summary: %w", err)
+	}
+	res.SummaryWritten = written
+	// The next pass may skip on the same inputs only when this one left
+	// nothing waiting: no rejection to retry, no tombstone waiting for an
+	// ack or for time to pass, no summary held back, and no summary just
+	// written (our write moved the status tip; the next pass reads it).
+	c.lastKey = ""
+	if res.Rejected == nil && obs.err == nil && len(out.ledger.Tombstones) == 0 && !written && !c.summaryDue {
+		c.lastKey = keyAt(tip)
+	}
+	return res, nil
+}
+
+// renewTipsWhenDue opens the tip repository afresh once it is older than
+// tipsRenewal; a failure keeps the old one.
+func (c *Controller) renewTipsWhenDue(now time.Time) {
+	if c.tipsOpened.IsZero() || now.Sub(c.tipsOpened) <= tipsRenewal {
+		return
+	}
+	if err := c.renewTips(); err != nil {
+		c.log.WithError(err).Warn("renew the tip repository; keeping the old one")
+		return
+	}
+	// The ledger cache is keyed by tip and stays valid.
+	c.log.Debug("tip repository opened afresh")
+}
+
+// observation is what a pass read of the status branch.
+type observation struct {
+	// tip is the status branch tip ("" when absent); err why it could not
+	// be read (then statuses is empty and no delete is finalized).
+	tip     string
+	err     error
+	reports []status.Report
+	// statuses are the readable statuses by host.
+	statuses map[string]*status.Status
+}
+
+// observe reads the hosts' statuses and feeds the liveness clock with
+// them and with the hosts fl desires (fl may be nil).
+func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Time) observation {
+	var obs observation
+	obs.tip, obs.reports, obs.err = c.readStatuses(ctx)
+	obs.statuses = map[string]*status.Status{}
+	if obs.err == nil {
+		for _, rep := range obs.reports {
+			c.live.observe(rep.Host, rep.ID, now)
+			if rep.Status != nil {
+				obs.statuses[rep.Host] = rep.Status
+			} else {
+				c.log.WithField("host", rep.Host).WithError(rep.Err).Warn("status file unreadable")
+			}
+		}
+	} else {
+		c.log.WithError(obs.err).Warn("read statuses; no delete is finalized this pass")
+	}
+	if fl != nil {
+		for h := range fl.Hosts {
+			c.live.watch(h, now)
+		}
+	}
+	return obs
+}
+
+// publish computes the pass's decisions on the snapshots tip and writes
+// them in one compare-and-swap commit (recomputed on a moved tip). It
+// returns the computation's output and the new tip (the tip also with the
+// error of a write that ran no computation).
+func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet, loadErr error, obs observation, now time.Time) (*output, string, error) {
 	var out *output
 	mutate := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		l, err := c.ledgerAt(tip, read)
@@ -493,23 +553,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		if tip != "" && tip == c.verifiedTip {
 			verify = nil
 		}
-		o, err := compute(input{
-			branch: c.cfg.Branch, head: head, fleet: fl, loadErr: loadErr,
-			path:   c.cfg.Path,
-			ledger: l, statuses: statuses, statusOK: statusErr == nil,
-			offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
-			now:     now, grace: c.cfg.AbandonGrace,
-			attribute: func(refs []ref) (map[ref]desired.Tombstone, error) {
-				return attribute(c.repo, c.cfg.Path, l.Applied.Commit, head, refs)
-			},
-			rewritten: func() (bool, error) {
-				anc, err := c.repo.IsAncestor(l.Applied.Commit, head)
-				return !anc, err
-			},
-			readTip:      verify,
-			lastSnapshot: func(host string) (*desired.Snapshot, error) { return readSnapshot(read, host) },
-			specHash:     func(vm *desired.VM) string { return hashes[vm] },
-		})
+		o, err := compute(c.input(head, fl, loadErr, obs, now, l, read, verify))
 		if err != nil {
 			return nil, "", err
 		}
@@ -531,38 +575,40 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	}
 	tip, err := c.tips.Update(ctx, c.cfg.SnapshotsBranch, mutate)
 	if err != nil {
-		return res, fmt.Errorf("publish snapshots: %w", err)
+		return nil, "", fmt.Errorf("publish snapshots: %w", err)
 	}
-	res.SnapshotsCommit = tip
 	if out == nil {
-		return res, errors.New("publish snapshots: no computation ran")
+		return nil, tip, errors.New("publish snapshots: no computation ran")
 	}
 	// The written ledger is the ledger at the new tip, and its files are
 	// the ones it describes.
 	c.ledgerTip, c.ledger, c.verifiedTip = tip, out.ledger, tip
-	c.report(&res, out)
-	if out.rejected != nil {
-		// Refused by the computation: report it like any rejection, and
-		// summarize without the refused state.
-		res.Rejected, fl = out.rejected, nil
-	}
+	return out, tip, nil
+}
 
-	// Step 4: the summary on the status branch.
-	sum := c.summarize(out.ledger, fl, reports, statusErr == nil, now)
-	written, err := c.writeSummary(ctx, sum, now)
-	if err != nil {
-		return res, fmt.Errorf("write summary: %w", err)
+// input is compute's input for one attempt on the snapshots tip whose
+// ledger is l and whose files read returns; verify checks the published
+// files (nil when the tip is known to hold them).
+func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs observation, now time.Time,
+	l *Ledger, read, verify func(string) ([]byte, error)) input {
+	hashes := c.hashes
+	return input{
+		branch: c.cfg.Branch, head: head, fleet: fl, loadErr: loadErr,
+		path:   c.cfg.Path,
+		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil,
+		offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
+		now:     now, grace: c.cfg.AbandonGrace,
+		attribute: func(refs []ref) (map[ref]desired.Tombstone, error) {
+			return attribute(c.repo, c.cfg.Path, l.Applied.Commit, head, refs)
+		},
+		rewritten: func() (bool, error) {
+			anc, err := c.repo.IsAncestor(l.Applied.Commit, head)
+			return !anc, err
+		},
+		readTip:      verify,
+		lastSnapshot: func(host string) (*desired.Snapshot, error) { return readSnapshot(read, host) },
+		specHash:     func(vm *desired.VM) string { return hashes[vm] },
 	}
-	res.SummaryWritten = written
-	// The next pass may skip on the same inputs only when this one left
-	// nothing waiting: no rejection to retry, no tombstone waiting for an
-	// ack or for time to pass, no summary held back, and no summary just
-	// written (our write moved the status tip; the next pass reads it).
-	c.lastKey = ""
-	if res.Rejected == nil && statusErr == nil && len(out.ledger.Tombstones) == 0 && !written && !c.summaryDue {
-		c.lastKey = keyAt(tip)
-	}
-	return res, nil
 }
 
 // readDesired fetches the desired branch and loads its tree. The error is

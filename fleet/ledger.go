@@ -198,89 +198,78 @@ func ParseLedger(data []byte) (*Ledger, error) { return parseLedger(data) }
 // equal ledgers give equal bytes.
 func (l *Ledger) marshal() ([]byte, error) {
 	sortTombstones(l.Tombstones)
-	var b bytes.Buffer
-	put := func(v any) error {
-		data, err := json.Marshal(v)
-		if err != nil {
-			return fmt.Errorf("marshal %s: %w", LedgerPath, err)
-		}
-		b.Write(data)
-		return nil
-	}
-	fmt.Fprintf(&b, "{\"version\": %d,\n", l.Version)
+	w := &ledgerWriter{}
+	fmt.Fprintf(&w.b, "{\"version\": %d,\n", l.Version)
 	if l.Applied != nil {
-		b.WriteString("\"applied\": ")
-		if err := put(l.Applied); err != nil {
-			return nil, err
-		}
-		b.WriteString(",\n")
+		w.b.WriteString("\"applied\": ")
+		w.put(l.Applied)
+		w.b.WriteString(",\n")
 	}
 	if l.Rejected != nil {
-		b.WriteString("\"rejected\": ")
-		if err := put(l.Rejected); err != nil {
-			return nil, err
-		}
-		b.WriteString(",\n")
+		w.b.WriteString("\"rejected\": ")
+		w.put(l.Rejected)
+		w.b.WriteString(",\n")
 	}
 	hosts := make([]string, 0, len(l.Hosts))
 	for h := range l.Hosts {
 		hosts = append(hosts, h)
 	}
 	sort.Strings(hosts)
-	b.WriteString("\"hosts\": {")
-	for i, h := range hosts {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString("\n  ")
-		if err := put(h); err != nil {
-			return nil, err
-		}
-		b.WriteString(": ")
-		if err := put(l.Hosts[h]); err != nil {
-			return nil, err
-		}
-	}
-	b.WriteString("},\n\"tombstones\": [")
-	for i, t := range l.Tombstones {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString("\n  ")
-		if err := put(t); err != nil {
-			return nil, err
-		}
-	}
-	b.WriteString("]")
+	w.b.WriteString("\"hosts\": {")
+	w.lines(len(hosts), func(i int) {
+		w.put(hosts[i])
+		w.b.WriteString(": ")
+		w.put(l.Hosts[hosts[i]])
+	})
+	w.b.WriteString("},\n\"tombstones\": [")
+	w.lines(len(l.Tombstones), func(i int) { w.put(l.Tombstones[i]) })
+	w.b.WriteString("]")
 	if len(l.Sweeps) > 0 {
-		b.WriteString(",\n\"sweeps\": [")
-		for i, w := range l.Sweeps {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString("\n  ")
-			if err := put(w); err != nil {
-				return nil, err
-			}
-		}
-		b.WriteString("]")
+		w.b.WriteString(",\n\"sweeps\": [")
+		w.lines(len(l.Sweeps), func(i int) { w.put(l.Sweeps[i]) })
+		w.b.WriteString("]")
 	}
 	if len(l.Retained) > 0 {
 		sortRetained(l.Retained)
-		b.WriteString(",\n\"retained\": [")
-		for i, r := range l.Retained {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString("\n  ")
-			if err := put(r); err != nil {
-				return nil, err
-			}
-		}
-		b.WriteString("]")
+		w.b.WriteString(",\n\"retained\": [")
+		w.lines(len(l.Retained), func(i int) { w.put(l.Retained[i]) })
+		w.b.WriteString("]")
 	}
-	b.WriteString("}\n")
-	return b.Bytes(), nil
+	w.b.WriteString("}\n")
+	if w.err != nil {
+		return nil, w.err
+	}
+	return w.b.Bytes(), nil
+}
+
+// ledgerWriter builds the bytes of ledger.yaml and keeps the first error.
+type ledgerWriter struct {
+	b   bytes.Buffer
+	err error
+}
+
+// put writes v as compact JSON.
+func (w *ledgerWriter) put(v any) {
+	if w.err != nil {
+		return
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		w.err = fmt.Errorf("marshal %s: %w", LedgerPath, err)
+		return
+	}
+	w.b.Write(data)
+}
+
+// lines writes n items, each on its own indented line, comma-separated.
+func (w *ledgerWriter) lines(n int, item func(i int)) {
+	for i := range n {
+		if i > 0 {
+			w.b.WriteByte(',')
+		}
+		w.b.WriteString("\n  ")
+		item(i)
+	}
 }
 
 func sortTombstones(ts []*TombstoneRecord) {
