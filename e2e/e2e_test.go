@@ -36,6 +36,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -48,6 +49,11 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	if b := os.Getenv(binaryEnv); b != "" {
+		// A test re-run inside its network namespace uses the parent's build.
+		binary = b
+		return m.Run()
+	}
 	for _, bin := range []string{"qemu-system-x86_64", "qemu-img", "git"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			skipReason = bin + " is not installed (apt-get install qemu-system-x86 qemu-utils git busybox-static, or make test)"
@@ -70,8 +76,12 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "go build gitfleet: %v\n%s", err, out)
 		return 1
 	}
+	os.Setenv(binaryEnv, binary)
 	return m.Run()
 }
+
+// binaryEnv hands the built binary to a test re-run in a network namespace.
+const binaryEnv = "GITFLEET_E2E_BINARY"
 
 const host = "e2e"
 
@@ -361,7 +371,7 @@ func (f *fleetUnderTest) status() *status.Status {
 }
 
 func (f *fleetUnderTest) snapshot() *desired.Snapshot {
-	b, ok := f.show(agent.SnapshotsBranch, agent.SnapshotPath(host))
+	b, ok := f.show(agent.SnapshotsBranch, snapshots.Path(host))
 	if !ok {
 		return nil
 	}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/safetext"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -33,7 +35,7 @@ type input struct {
 	loadErr error
 	// ledger is the ledger at the snapshots tip; the computation works on a
 	// clone.
-	ledger *Ledger
+	ledger *snapshots.Ledger
 	// statuses are the hosts' readable statuses; statusOK is false when the
 	// status branch could not be read, which disables the sweep.
 	statuses map[string]*status.Status
@@ -61,32 +63,29 @@ type input struct {
 
 // output is what the computation decided.
 type output struct {
-	ledger *Ledger
+	ledger *snapshots.Ledger
 	// files are snapshot paths → content (nil removes the file).
 	files map[string][]byte
 	// published is host → new epoch for every file written.
 	published map[string]uint64
 	// fenceJumps is host → epoch the ledger jumped to.
 	fenceJumps map[string]uint64
-	tombstoned []*TombstoneRecord
+	tombstoned []*snapshots.TombstoneRecord
 	// retained are the objects kept after a history rewrite this pass;
 	// unretained those desired again on their host.
-	retained   []*RetainedRecord
+	retained   []*snapshots.RetainedRecord
 	unretained []ref
 	// repaired are hosts whose file at the tip differed from the one the
 	// ledger published (edited or removed by hand): published again.
 	repaired  []string
 	undeleted []ref
 	finalized []ref
-	swept     []SweepRecord
+	swept     []snapshots.SweepRecord
 	// rejected is set when the desired state was refused by the
 	// computation itself (a VM attaching a retained VM's volume): the
 	// output is then that of a rejected commit.
 	rejected error
 }
-
-// SnapshotPath is where host's snapshot lives on the snapshots branch.
-func SnapshotPath(host string) string { return "hosts/" + host + ".yaml" }
 
 // MaxEpoch bounds snapshot epochs (2^53, exact in a float64 and so in any
 // JSON reader). A status asking for a fence jump beyond it is refused, never
@@ -114,7 +113,7 @@ func fileHash(data []byte) string {
 // semantics 1–6) as the steps of computeSteps, in order. It never returns a
 // partial result: an error means nothing may be written.
 func compute(in input) (*output, error) {
-	p := &computePass{in: in, l: in.ledger.clone()}
+	p := &computePass{in: in, l: in.ledger.Clone()}
 	p.out = &output{ledger: p.l, files: map[string][]byte{}, published: map[string]uint64{}, fenceJumps: map[string]uint64{}}
 	for _, s := range computeSteps() {
 		if err := s.run(p); err != nil {
@@ -163,14 +162,14 @@ func computeSteps() []computeStep {
 // computePass is the state compute's steps share.
 type computePass struct {
 	in  input
-	l   *Ledger // a clone of in.ledger, the ledger to write
+	l   *snapshots.Ledger // a clone of in.ledger, the ledger to write
 	out *output
 	// snaps are the hosts' snapshots under construction, live objects
 	// first (groupLive), then tombstones and retained objects (assemble).
 	snaps map[string]*hostSnapshot
 	// pending are the tombstones pending at the start, less those
 	// un-deleted.
-	pending map[ref]*TombstoneRecord
+	pending map[ref]*snapshots.TombstoneRecord
 	// done ends the pass after the current step with out as it stands.
 	done bool
 }
@@ -188,7 +187,7 @@ func (p *computePass) guardLedger() error {
 		had = dirName(*a.Path)
 	}
 	return fmt.Errorf("%w: %s was computed from branch %q, path %s; this controller reads branch %q, path %s: refusing to publish (start it with --branch %s --path %s, or give it its own snapshots and status branches)",
-		ErrLedgerMismatch, LedgerPath, a.Branch, had, in.branch, dirName(in.path), a.Branch, dirName(derefOr(a.Path, in.path)))
+		ErrLedgerMismatch, snapshots.LedgerPath, a.Branch, had, in.branch, dirName(in.path), a.Branch, dirName(derefOr(a.Path, in.path)))
 }
 
 // recoverFence follows an agent that accepted an epoch the ledger does not
@@ -204,14 +203,14 @@ func (p *computePass) recoverFence() error {
 	sort.Strings(fenced)
 	for _, host := range fenced {
 		st := p.in.statuses[host]
-		if st.LastSeenEpoch >= MaxEpoch && st.LastSeenEpoch > p.l.host(host).Epoch {
+		if st.LastSeenEpoch >= MaxEpoch && st.LastSeenEpoch > p.l.Host(host).Epoch {
 			return fmt.Errorf("%w: host %s: its status (%s on the status branch) reports lastSeenEpoch %d, at or above %d: refusing the fence jump; correct or remove that status file",
 				ErrEpochBound, host, status.Path(host), st.LastSeenEpoch, MaxEpoch)
 		}
 	}
 	for _, host := range fenced {
 		st := p.in.statuses[host]
-		rec := p.l.host(host)
+		rec := p.l.Host(host)
 		if st.LastSeenEpoch > rec.Epoch {
 			rec.Epoch = st.LastSeenEpoch
 			rec.Hash = ""
@@ -230,10 +229,12 @@ func (p *computePass) keepLastGood() error {
 	}
 	reason := "unknown error"
 	if p.in.loadErr != nil {
-		reason = p.in.loadErr.Error()
+		// Written to ledger.yaml and README.md: valid UTF-8, no control
+		// characters, the first errors of a long list and a count.
+		reason = safetext.Lines(p.in.loadErr.Error())
 	}
 	if r := p.l.Rejected; r == nil || r.Commit != p.in.head || r.Reason != reason || r.Superseded != "" {
-		p.l.Rejected = &Rejection{Commit: p.in.head, Reason: reason, At: p.in.now}
+		p.l.Rejected = &snapshots.Rejection{Commit: p.in.head, Reason: reason, At: p.in.now}
 	}
 	p.done = true
 	return nil
@@ -243,9 +244,9 @@ func (p *computePass) keepLastGood() error {
 // specs: a spec is copied only into a snapshot that is written (publish).
 func (p *computePass) groupLive() error {
 	p.snaps = buildSnapshots(p.in.fleet, nil, p.in.specHash, false)
-	p.pending = map[ref]*TombstoneRecord{}
+	p.pending = map[ref]*snapshots.TombstoneRecord{}
 	for _, t := range p.l.Tombstones {
-		p.pending[t.ref()] = t
+		p.pending[t.Ref()] = t
 	}
 	return nil
 }
@@ -258,8 +259,8 @@ func (p *computePass) live(r ref) bool { return p.snaps[r.Host].has(r.Kind, r.Na
 func (p *computePass) unretain() error {
 	kept := p.l.Retained[:0:0]
 	for _, r := range p.l.Retained {
-		if p.live(r.ref()) {
-			p.out.unretained = append(p.out.unretained, r.ref())
+		if p.live(r.Ref()) {
+			p.out.unretained = append(p.out.unretained, r.Ref())
 			continue
 		}
 		kept = append(kept, r)
@@ -273,9 +274,9 @@ func (p *computePass) unretain() error {
 func (p *computePass) undelete() error {
 	kept := p.l.Tombstones[:0:0]
 	for _, t := range p.l.Tombstones {
-		if p.live(t.ref()) {
-			p.out.undeleted = append(p.out.undeleted, t.ref())
-			delete(p.pending, t.ref())
+		if p.live(t.Ref()) {
+			p.out.undeleted = append(p.out.undeleted, t.Ref())
+			delete(p.pending, t.Ref())
 			continue
 		}
 		kept = append(kept, t)
@@ -297,7 +298,7 @@ func (p *computePass) tombstoneOrRetain() error {
 	}
 	rewritten, err := p.in.rewritten()
 	if err != nil {
-		return fmt.Errorf("is the applied commit %s an ancestor of %s: %w", short(p.l.Applied.Commit), short(p.in.head), err)
+		return fmt.Errorf("is the applied commit %s an ancestor of %s: %w", desired.Hash(p.l.Applied.Commit).Short(), desired.Hash(p.in.head).Short(), err)
 	}
 	if rewritten {
 		return p.retain(removed)
@@ -319,12 +320,12 @@ func (p *computePass) removed() []ref {
 		}
 		// Both lists are sorted by name: walk them together.
 		for _, n := range missing(rec.VMs, len(vms), func(i int) string { return vms[i].Name }) {
-			if r := (ref{desired.KindVM, n, host}); p.pending[r] == nil {
+			if r := (ref{Kind: desired.KindVM, Name: n, Host: host}); p.pending[r] == nil {
 				removed = append(removed, r)
 			}
 		}
 		for _, n := range missing(rec.Volumes, len(vols), func(i int) string { return vols[i].Name }) {
-			if r := (ref{desired.KindVolume, n, host}); p.pending[r] == nil {
+			if r := (ref{Kind: desired.KindVolume, Name: n, Host: host}); p.pending[r] == nil {
 				removed = append(removed, r)
 			}
 		}
@@ -343,14 +344,14 @@ func (p *computePass) retain(removed []ref) error {
 		if err != nil {
 			return fmt.Errorf("last spec of %s: %w", r, err)
 		}
-		k := &RetainedRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Commit: p.in.head, Since: p.in.now}
-		t := &TombstoneRecord{Kind: r.Kind}
+		k := &snapshots.RetainedRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Commit: p.in.head, Since: p.in.now}
+		t := &snapshots.TombstoneRecord{Kind: r.Kind}
 		t.Name = r.Name
 		fillLast(t, last)
 		k.Spec, k.SizeGB = t.Spec, t.SizeGB
 		if k.Kind == desired.KindVM && k.Spec == nil {
 			return fmt.Errorf("%w: VM %s on host %s, dropped by the history rewrite at %s, has no last spec: %s is missing or unreadable on the snapshots branch; restore that file, or restore the VM's file on the desired branch",
-				ErrNoLastSpec, r.Name, r.Host, short(p.in.head), SnapshotPath(r.Host))
+				ErrNoLastSpec, r.Name, r.Host, desired.Hash(p.in.head).Short(), snapshots.Path(r.Host))
 		}
 		p.l.Retained = append(p.l.Retained, k)
 		p.out.retained = append(p.out.retained, k)
@@ -367,7 +368,7 @@ func (p *computePass) tombstone(removed []ref) error {
 		return fmt.Errorf("attribute deletes: %w", err)
 	}
 	for _, r := range removed {
-		t := &TombstoneRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Tombstone: who[r], PublishedAt: p.in.now}
+		t := &snapshots.TombstoneRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Tombstone: who[r], PublishedAt: p.in.now}
 		t.Tombstone.Epoch = 0 // set when published
 		last, err := p.in.lastSnapshot(r.Host)
 		if err != nil {
@@ -400,9 +401,11 @@ func (p *computePass) rejectConflicts() error {
 }
 
 // finalize ends a published tombstone on a fresh ack (docs/DESIGN.md, the
-// epoch rule), or by the abandoned sweep when its host is offline past the
-// abandon grace (never when the statuses could not be read). A tombstone
-// not yet published (epoch 0) is never finalized.
+// epoch rule). The abandoned sweep, when its host is offline past the
+// abandon grace (never when the statuses could not be read), marks it swept
+// but keeps it: it stays in the host's snapshot until the host acks, so a
+// swept delete still completes on a host that comes back. A tombstone not
+// yet published (epoch 0) is never finalized.
 func (p *computePass) finalize() error {
 	in := p.in
 	kept := p.l.Tombstones[:0:0]
@@ -412,24 +415,29 @@ func (p *computePass) finalize() error {
 			continue
 		}
 		if st := in.statuses[t.Host]; st != nil && acked(st, t) {
-			p.out.finalized = append(p.out.finalized, t.ref())
+			p.out.finalized = append(p.out.finalized, t.Ref())
 			continue
 		}
-		if in.statusOK && in.now.Sub(t.PublishedAt) > in.grace {
+		if t.SweptAt == nil && in.statusOK && in.now.Sub(t.PublishedAt) > in.grace {
 			if off, since := in.offline(t.Host); off {
-				sw := SweepRecord{Kind: t.Kind, Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit, At: in.now,
-					Reason: fmt.Sprintf("host offline: no status change for %s; pending for %s (abandon grace %s)",
+				sw := snapshots.SweepRecord{Kind: t.Kind, Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit, At: in.now,
+					Reason: fmt.Sprintf("host offline: no status change for %s; pending for %s (abandon grace %s); the tombstone stays delivered until the host acks",
 						since.Round(time.Second), in.now.Sub(t.PublishedAt).Round(time.Second), in.grace)}
 				p.out.swept = append(p.out.swept, sw)
 				p.l.Sweeps = append(p.l.Sweeps, sw)
-				continue
+				// Finalized for the fleet, still delivered to the host: a
+				// host that comes back destroys it as a normal delete.
+				at := in.now
+				swept := *t
+				swept.SweptAt = &at
+				t = &swept
 			}
 		}
 		kept = append(kept, t)
 	}
 	p.l.Tombstones = kept
-	if n := len(p.l.Sweeps); n > maxSweeps {
-		p.l.Sweeps = append([]SweepRecord(nil), p.l.Sweeps[n-maxSweeps:]...)
+	if n := len(p.l.Sweeps); n > snapshots.MaxSweeps {
+		p.l.Sweeps = append([]snapshots.SweepRecord(nil), p.l.Sweeps[n-snapshots.MaxSweeps:]...)
 	}
 	return nil
 }
@@ -446,7 +454,7 @@ func (p *computePass) assemble() error {
 		}
 	}
 	for host, s := range p.snaps {
-		rec := p.l.host(host)
+		rec := p.l.Host(host)
 		rec.VMs, rec.Volumes = s.liveNames()
 	}
 	addRetained(p.snaps, p.l.Retained)
@@ -480,7 +488,7 @@ func (p *computePass) keepRetainedHostSpecs() error {
 func (p *computePass) removeDeparted() error {
 	for host, rec := range p.l.Hosts {
 		if _, ok := p.snaps[host]; !ok && rec.Hash != "" {
-			p.out.files[SnapshotPath(host)] = nil
+			p.out.files[snapshots.Path(host)] = nil
 			rec.Hash, rec.File = "", ""
 		}
 	}
@@ -498,7 +506,7 @@ func (p *computePass) publish() error {
 	sort.Strings(hosts)
 	for _, host := range hosts {
 		s := p.snaps[host]
-		rec := p.l.host(host)
+		rec := p.l.Host(host)
 		key := contentKey(s.snap)
 		if key == rec.Hash {
 			same, err := tipHolds(p.in.readTip, host, rec.File)
@@ -521,7 +529,7 @@ func (p *computePass) publish() error {
 // next epoch (ErrEpochBound at MaxEpoch), with the live specs, and stamps
 // that epoch on the tombstones it publishes first.
 func (p *computePass) publishHost(host string, s *hostSnapshot, key string) error {
-	rec := p.l.host(host)
+	rec := p.l.Host(host)
 	if rec.Epoch+1 >= MaxEpoch {
 		return fmt.Errorf("%w: host %s: the next epoch would be %d (bound %d); refusing to publish", ErrEpochBound, host, rec.Epoch+1, MaxEpoch)
 	}
@@ -553,7 +561,7 @@ func (p *computePass) publishHost(host string, s *hostSnapshot, key string) erro
 	if err != nil {
 		return err
 	}
-	p.out.files[SnapshotPath(host)] = data
+	p.out.files[snapshots.Path(host)] = data
 	p.out.published[host] = rec.Epoch
 	rec.File = fileHash(data)
 	return nil
@@ -563,7 +571,7 @@ func (p *computePass) publishHost(host string, s *hostSnapshot, key string) erro
 // path it was read from, and marks a standing rejection superseded by it.
 func (p *computePass) recordApplied() error {
 	path := p.in.path
-	p.l.Applied = &AppliedCommit{Commit: p.in.head, Branch: p.in.branch, Path: &path}
+	p.l.Applied = &snapshots.AppliedCommit{Commit: p.in.head, Branch: p.in.branch, Path: &path}
 	if p.l.Rejected != nil && p.l.Rejected.Superseded == "" {
 		p.l.Rejected.Superseded = p.in.head
 	}
@@ -583,9 +591,9 @@ var ErrRetainedVolume = errors.New("volume attached by a retained VM")
 // first (by VM name) live VM of f that attaches a volume a retained VM on
 // the same host lists, nil when there is none. Retained VMs desired again on
 // their host have already left kept.
-func retainedConflict(f *desired.Fleet, kept []*RetainedRecord) error {
+func retainedConflict(f *desired.Fleet, kept []*snapshots.RetainedRecord) error {
 	type hv struct{ host, vol string }
-	holders := map[hv]*RetainedRecord{}
+	holders := map[hv]*snapshots.RetainedRecord{}
 	for _, k := range kept {
 		if k.Kind != desired.KindVM || k.Spec == nil {
 			continue
@@ -616,7 +624,7 @@ func retainedConflict(f *desired.Fleet, kept []*RetainedRecord) error {
 				file = " (" + vm.Origin.File + ")"
 			}
 			return fmt.Errorf("%w: VM %s%s attaches volume %s on host %s, which VM %s lists: VM %s was kept after a history rewrite at %s; restore its file or re-add and delete it first",
-				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, short(k.Commit))
+				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, desired.Hash(k.Commit).Short())
 		}
 	}
 	return nil
@@ -634,12 +642,12 @@ func tipHolds(read func(string) ([]byte, error), host, file string) (bool, error
 	if file == "" {
 		return false, nil
 	}
-	data, err := read(SnapshotPath(host))
+	data, err := read(snapshots.Path(host))
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read %s: %w", SnapshotPath(host), err)
+		return false, fmt.Errorf("read %s: %w", snapshots.Path(host), err)
 	}
 	return fileHash(data) == file, nil
 }
@@ -662,7 +670,7 @@ func derefOr(p *string, def string) string {
 // addRetained adds the retained objects to their hosts' snapshots as live
 // entries with their last spec (VM) or size (Volume). A VM whose last spec
 // is unknown is left out (publishing an empty spec would read as an edit).
-func addRetained(out map[string]*hostSnapshot, kept []*RetainedRecord) {
+func addRetained(out map[string]*hostSnapshot, kept []*snapshots.RetainedRecord) {
 	touched := map[*hostSnapshot]bool{}
 	for _, r := range kept {
 		if r.Kind == desired.KindVM && r.Spec == nil {
@@ -711,7 +719,7 @@ func missing(had []string, n int, name func(int) string) []string {
 
 // fillLast copies a tombstoned object's last spec (VM) or size (Volume)
 // from its host's published snapshot, when it is there.
-func fillLast(t *TombstoneRecord, last *desired.Snapshot) {
+func fillLast(t *snapshots.TombstoneRecord, last *desired.Snapshot) {
 	if last == nil {
 		return
 	}
@@ -735,7 +743,7 @@ func fillLast(t *TombstoneRecord, last *desired.Snapshot) {
 // acked applies the epoch rule: the host's status lists the destroy (VM) or
 // the volume as absent, and has seen at least the epoch that published the
 // tombstone. An older ack belongs to an older incarnation of the name.
-func acked(st *status.Status, t *TombstoneRecord) bool {
+func acked(st *status.Status, t *snapshots.TombstoneRecord) bool {
 	if st.LastSeenEpoch < t.Tombstone.Epoch {
 		return false
 	}
@@ -760,7 +768,7 @@ func acked(st *status.Status, t *TombstoneRecord) bool {
 // carries.
 type hostSnapshot struct {
 	snap  *desired.Snapshot
-	tombs []*TombstoneRecord
+	tombs []*snapshots.TombstoneRecord
 	// kept names the retained VMs, whose specs come from the ledger.
 	kept map[string]bool
 	// hostSpecSet is true once a retained-only host got its last spec.
@@ -801,12 +809,13 @@ func (s *hostSnapshot) liveNames() (vms, vols []string) {
 
 // buildSnapshots computes, for every host of the fleet or with a pending
 // tombstone, its snapshot without epoch and source: live VMs and volumes and
-// the tombstoned ones, sorted by name. For the live objects it gives what
-// desired.ComputeSnapshots gives (a test pins this), but takes spec hashes
-// from specHash, which caches them across passes, and copies the live specs
-// only withSpecs: a pass over ten thousand VMs must neither re-encode nor
-// copy ten thousand specs to find the one host that changed.
-func buildSnapshots(f *desired.Fleet, tombs []*TombstoneRecord, specHash func(*desired.VM) string, withSpecs bool) map[string]*hostSnapshot {
+// the tombstoned ones, sorted by name; a Host with nothing on it gets an
+// empty snapshot (a real, empty desired state). It is the one builder of
+// snapshots. It takes spec hashes from specHash, which caches them across
+// passes, and copies the live specs only withSpecs: a pass over ten
+// thousand VMs must neither re-encode nor copy ten thousand specs to find
+// the one host that changed.
+func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHash func(*desired.VM) string, withSpecs bool) map[string]*hostSnapshot {
 	out := map[string]*hostSnapshot{}
 	get := func(host string) *hostSnapshot {
 		s := out[host]
@@ -840,7 +849,7 @@ func buildSnapshots(f *desired.Fleet, tombs []*TombstoneRecord, specHash func(*d
 
 // addTombstones adds the tombstoned entries to the hosts' snapshots, with
 // their last specs, keeping the lists sorted.
-func addTombstones(out map[string]*hostSnapshot, tombs []*TombstoneRecord) {
+func addTombstones(out map[string]*hostSnapshot, tombs []*snapshots.TombstoneRecord) {
 	touched := map[*hostSnapshot]bool{}
 	for _, t := range tombs {
 		s := out[t.Host]
@@ -899,3 +908,6 @@ func contentKey(s *desired.Snapshot) string {
 	// ledger's bytes.
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
+
+// ref is an object on a host: the unit tombstones are kept for.
+type ref = snapshots.Ref

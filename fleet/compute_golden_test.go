@@ -17,6 +17,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/golden"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -167,7 +168,7 @@ func runScenario(t *testing.T, a *txtar.Archive) []byte {
 // setup applies a section that precedes the passes.
 func (sc *scenario) setup(f txtar.File) {
 	switch {
-	case f.Name == LedgerPath:
+	case f.Name == snapshots.LedgerPath:
 		sc.ledger = f.Data
 	case strings.HasPrefix(f.Name, "tip/"):
 		sc.tip[strings.TrimPrefix(f.Name, "tip/")] = f.Data
@@ -199,7 +200,7 @@ func (sc *scenario) pass(num int, files []txtar.File) []txtar.File {
 			if err := dec.Decode(&cfg); err != nil {
 				t.Fatalf("%s: %v", f.Name, err)
 			}
-		case name == LedgerPath:
+		case name == snapshots.LedgerPath:
 			sc.ledger = f.Data
 		case strings.HasPrefix(name, "desired/"):
 			putFile(sc.desired, strings.TrimPrefix(name, "desired/"), f.Data)
@@ -220,11 +221,11 @@ func (sc *scenario) pass(num int, files []txtar.File) []txtar.File {
 	if err != nil {
 		return []txtar.File{{Name: prefix + "decisions", Data: []byte("error: " + err.Error() + "\n")}}
 	}
-	ledger, err := o.ledger.marshal()
+	ledger, err := o.ledger.Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := []txtar.File{{Name: prefix + "decisions", Data: decisions(o)}, {Name: prefix + LedgerPath, Data: ledger}}
+	res := []txtar.File{{Name: prefix + "decisions", Data: decisions(o)}, {Name: prefix + snapshots.LedgerPath, Data: ledger}}
 	paths := make([]string, 0, len(o.files))
 	for p := range o.files {
 		paths = append(paths, p)
@@ -246,10 +247,10 @@ func (sc *scenario) pass(num int, files []txtar.File) []txtar.File {
 // input builds compute's input for pass num from the carried state.
 func (sc *scenario) input(num int, cfg passConfig) input {
 	t := sc.t
-	l := newLedger()
+	l := snapshots.NewLedger()
 	if sc.ledger != nil {
 		var err error
-		if l, err = parseLedger(sc.ledger); err != nil {
+		if l, err = snapshots.ParseLedger(sc.ledger); err != nil {
 			t.Fatalf("pass %d: %v", num, err)
 		}
 	}
@@ -328,16 +329,16 @@ func decisions(o *output) []byte {
 		fmt.Fprintf(&b, "undelete %s\n", r)
 	}
 	for _, k := range o.retained {
-		fmt.Fprintf(&b, "retain %s (history rewritten at %s)\n", k.ref(), k.Commit)
+		fmt.Fprintf(&b, "retain %s (history rewritten at %s)\n", k.Ref(), k.Commit)
 	}
 	for _, tr := range o.tombstoned {
-		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", tr.ref(), tr.Tombstone.Commit, tr.Tombstone.Author)
+		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", tr.Ref(), tr.Tombstone.Commit, tr.Tombstone.Author)
 	}
 	for _, r := range o.finalized {
 		fmt.Fprintf(&b, "finalize %s (acked)\n", r)
 	}
 	for _, s := range o.swept {
-		fmt.Fprintf(&b, "sweep %s (%s)\n", ref{s.Kind, s.Name, s.Host}, s.Reason)
+		fmt.Fprintf(&b, "sweep %s (%s)\n", ref{Kind: s.Kind, Name: s.Name, Host: s.Host}, s.Reason)
 	}
 	for _, h := range o.repaired {
 		fmt.Fprintf(&b, "repair %s\n", h)

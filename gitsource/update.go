@@ -20,6 +20,8 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp/capability"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/go-git/go-git/v5/plumbing/transport/client"
+
+	"github.com/gitfleet/gitfleet/desired"
 )
 
 // signature is a commit identity without a time.
@@ -131,7 +133,8 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, mutate Mutation)
 	if commit.IsZero() {
 		return tip, nil // the contents are already there
 	}
-	if err := r.push(ctx, branch, tip, commit, pack); err != nil {
+	err = r.remote(ctx, func(ctx context.Context) error { return r.push(ctx, branch, tip, commit, pack) })
+	if err != nil {
 		return "", err
 	}
 	r.mu.Lock()
@@ -389,6 +392,7 @@ func (r *Repo) push(ctx context.Context, branch, tip string, commit plumbing.Has
 	if err != nil {
 		return err
 	}
+	ep.Proxy = r.proxyOptions() // the ssh deadline (see sshdeadline.go)
 	cl, err := client.NewClient(ep)
 	if err != nil {
 		return err
@@ -416,7 +420,7 @@ func (r *Repo) push(ctx context.Context, branch, tip string, commit plumbing.Has
 		current = ref.Hash()
 	}
 	if current != old {
-		return fmt.Errorf("%w: %s moved from %s to %s", errRejected, branch, short(old.String()), short(current.String()))
+		return fmt.Errorf("%w: %s moved from %s to %s", errRejected, branch, desired.Hash(old.String()).Short(), desired.Hash(current.String()).Short())
 	}
 	req := packp.NewReferenceUpdateRequestFromCapabilities(ar.Capabilities)
 	req.Commands = []*packp.Command{{Name: name, Old: old, New: commit}}

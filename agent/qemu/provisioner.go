@@ -1,7 +1,9 @@
 // Package qemu is the agent's QEMU backend: an agent.Provisioner that runs
-// each VM as a qemu-system-x86_64 process (q35, virtio disk and net,
-// user-mode networking with an SSH port forwarded on 127.0.0.1, a NoCloud
-// seed) that outlives the agent and is re-attached after an agent restart.
+// each VM as a qemu-system-x86_64 process (q35, virtio disk and net, a
+// NoCloud seed) that outlives the agent and is re-attached after an agent
+// restart. A VM's one NIC is on the host network its spec names (a tap
+// from Config.Networks), or else on QEMU's user-mode network with an SSH
+// port forwarded on 127.0.0.1.
 //
 // Everything the backend keeps for a VM lives in the VM's directory
 // (agent.Machine.Dir):
@@ -15,6 +17,7 @@
 //	serial.log   the guest's first serial port
 //	qemu.log     QEMU's own stdout and stderr (FailureReason's source)
 //	ssh-port     the forwarded SSH port on 127.0.0.1, kept across restarts
+//	network.json the host network the NIC is on (absent on user-mode networking)
 //
 // Destroy removes exactly these files and nothing else; volumes are never
 // touched. Downloaded artifacts live in Config.CacheDir as <sha256>; root
@@ -32,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,7 +66,8 @@ const (
 // ownedFiles are what Destroy removes from a VM's directory.
 var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
-	PidFile, QMPSocket, SerialLog, QEMULog, PortFile, QGASocket, ReadyFile, ReadyFile + ".partial",
+	PidFile, QMPSocket, SerialLog, QEMULog, PortFile, NetFile, NetFile + ".partial",
+	QGASocket, ReadyFile, ReadyFile + ".partial",
 }
 
 // Config configures the QEMU backend. Zero values take the defaults given.
@@ -98,6 +103,11 @@ type Config struct {
 	// Without it QEMU only gets a session of its own, and the agent's unit
 	// needs KillMode=process for its VMs to survive a restart of the unit.
 	SystemdScope bool
+	// Networks attaches VMs whose spec names a network to the host's
+	// networks (see package agent/hostnet). Without it such a VM fails to
+	// boot with a permanent error; VMs without a network use QEMU's
+	// user-mode networking either way.
+	Networks HostNetworks
 	// HTTPClient fetches http(s) artifacts (default: http.DefaultClient).
 	HTTPClient *http.Client
 	// Logger receives the backend's logs (default: logrus' standard logger),
@@ -132,6 +142,9 @@ type vmState struct {
 	// of its exit status for FailureReason.
 	exitMu sync.Mutex
 	exit   string
+	// starts counts the QEMUs this Provisioner started for the VM, so the
+	// exit of an older one is not taken for the newest one's.
+	starts int
 	// fetching is the sha256 of the artifact the VM waits for ("" or nil
 	// when none).
 	fetching atomic.Value
@@ -360,14 +373,23 @@ func (p *Provisioner) running(st *vmState) bool {
 	return !deadStates[status]
 }
 
-// Address reports the SSH forward ("127.0.0.1:PORT") once a port is
-// allocated, and the guest's user-mode address while the VM runs.
+// Address reports how the guest is reached. On a host network, while the
+// VM runs: IP is its lease (nat), else the address the host's neighbour
+// table holds for its MAC, else its first static address; SSH is IP:22. On user-mode
+// networking: the SSH forward ("127.0.0.1:PORT") once a port is allocated,
+// and the guest's user-mode address while the VM runs.
 func (p *Provisioner) Address(name string) agent.Address {
 	st := p.state(name, "")
 	if st == nil {
 		return agent.Address{}
 	}
 	var a agent.Address
+	if ip, ok := p.networkAddress(st); ok {
+		if ip.IsValid() {
+			a.IP, a.SSH = ip.String(), netip.AddrPortFrom(ip, 22).String()
+		}
+		return a
+	}
 	if port, err := readPort(st.path(PortFile)); err == nil && port > 0 {
 		a.SSH = "127.0.0.1:" + strconv.Itoa(port)
 	}

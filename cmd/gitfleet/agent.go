@@ -21,6 +21,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/agenttest"
+	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource"
 )
@@ -35,6 +36,7 @@ import (
 //	backend: qemu                              # qemu (default) or memory
 //	qemu: {accel: auto, systemdScope: true}    # systemdScope defaults to true
 //	intervals: {tick: 10s, poll: 15s, heartbeat: 60s}
+//	gitTimeout: 60s                            # bounds each fetch, ls-remote, push
 //	graces: {tombstone: 5m, vanish: 1h}
 //	vmTimeout: 30m                             # per-VM watchdog; 0 = none
 //	readyTimeout: 10m                          # guest silent this long after boot: lastError says so
@@ -75,6 +77,10 @@ type agentFileConfig struct {
 		Tombstone duration `yaml:"tombstone"`
 		Vanish    duration `yaml:"vanish"`
 	} `yaml:"graces"`
+	// GitTimeout bounds each operation with the remote (default
+	// gitsource.DefaultTimeout, 60 s); a stalled remote never holds the
+	// agent past it, and never holds the reconcile tick at all.
+	GitTimeout   duration `yaml:"gitTimeout"`
 	VMTimeout    duration `yaml:"vmTimeout"`
 	ReadyTimeout duration `yaml:"readyTimeout"`
 	MaxAttempts  int      `yaml:"maxAttempts"`
@@ -171,15 +177,22 @@ var (
 // backends builds the provisioner a config's backend names.
 var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error){
 	"qemu": func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error) {
+		nets, err := hostnet.New(hostnet.Config{Dir: filepath.Join(store.Root(), "networks"), Logger: log})
+		if err != nil {
+			return nil, err
+		}
 		return qemu.New(qemu.Config{
 			CacheDir:     filepath.Join(store.Root(), "images"),
 			MachineDir:   store.VMDir,
 			Accel:        c.QEMU.Accel,
 			SystemdScope: c.QEMU.SystemdScope == nil || *c.QEMU.SystemdScope,
+			Networks:     nets,
 			Logger:       log,
 		})
 	},
-	// memory keeps VMs in a map: for trying gitfleet out and for tests.
+	// memory keeps VMs in a map: for trying gitfleet out and for tests,
+	// in one process. Its VMs end with the process: a later run (--once
+	// ones included) finds none and reports every VM failed to boot.
 	"memory": func(*agentFileConfig, *agent.Store, *logrus.Logger) (agent.Provisioner, error) {
 		return agenttest.New(), nil
 	},
@@ -293,6 +306,7 @@ func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writ
 	}
 	repo, err := gitsource.Open(ctx, gitsource.Options{
 		URL: c.Repo.URL, CacheDir: filepath.Join(store.Root(), "git"), Auth: auth, Depth: 1,
+		Timeout:   time.Duration(c.GitTimeout),
 		Committer: "gitfleet agent " + c.Host + " <agent@" + c.Host + ">",
 		Logger:    log.WithField("host", c.Host),
 	})
@@ -313,6 +327,8 @@ func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writ
 		Heartbeat: time.Duration(c.Intervals.Heartbeat), Log: log,
 	}
 	if !once {
+		// READY=1 once the state is loaded, before any git operation;
+		// watchdog pings from the reconcile loop, on every tick.
 		cfg.Ready = func() { _, _ = daemon.SdNotify(false, daemon.SdNotifyReady) }
 		if every, err := daemon.SdWatchdogEnabled(false); err == nil && every > 0 {
 			cfg.AliveEvery = every / 3

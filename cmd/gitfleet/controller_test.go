@@ -252,6 +252,30 @@ func TestPlanShowsUndelete(t *testing.T) {
 	}
 }
 
+// plan reads the ledger of the snapshots branch it is given: the pending
+// delete published on another branch shows as an un-delete only with
+// --snapshots-branch naming it.
+func TestPlanReadsTheSnapshotsBranchItIsGiven(t *testing.T) {
+	dir := cliFleet(t)
+	ctl := []string{"controller", "--repo", dir, "--path", "fleet", "--once", "--snapshots-branch", "fleet/snaps", "--status-branch", "fleet/status"}
+	if code, out := runCLI(t, ctl...); code != 0 {
+		t.Fatal(out)
+	}
+	gittest.Commit(t, dir, gittest.Edit{Remove: []string{"fleet/db-01.yaml"}})
+	if code, out := runCLI(t, ctl...); code != 0 {
+		t.Fatal(out)
+	}
+	gittest.SetBranch(t, dir, "restore", gittest.Rev(t, dir, "refs/heads/main"))
+	gittest.Commit(t, dir, gittest.Edit{Branch: "restore", Write: map[string]string{"fleet/db-01.yaml": cliVM("db-01", "hv-a", "1")}})
+	plan := []string{"plan", "--repo", dir, "--path", "fleet", "--base", "main", "--head", "restore"}
+	if code, out := runCLI(t, plan...); code != 0 || !strings.Contains(out, "+ create VM db-01") {
+		t.Fatalf("default snapshots branch: exit %d, want a create:\n%s", code, out)
+	}
+	if code, out := runCLI(t, append(plan, "--snapshots-branch", "fleet/snaps")...); code != 0 || !strings.Contains(out, "^ undelete VM db-01") {
+		t.Fatalf("--snapshots-branch fleet/snaps: exit %d, want an un-delete:\n%s", code, out)
+	}
+}
+
 func TestStatusCommand(t *testing.T) {
 	dir := cliFleet(t)
 	// No status branch: said so, exit 1, never "no host has reported".
@@ -326,5 +350,30 @@ func TestStatusCommand(t *testing.T) {
 	code, _, stderr = runCLIStderr(t, "status", "--repo", ".")
 	if code != 1 || !strings.Contains(stderr, work+" has no branch gitfleet/status") || !strings.Contains(stderr, "--repo "+dir) {
 		t.Fatalf("status --repo . in a clone: exit %d\nstderr:\n%s", code, stderr)
+	}
+}
+
+// TestControllerOnceAgainstAStalledRemote: `controller --once` against a
+// remote that accepts and never answers exits 1 as unreadable, bounded by
+// --git-timeout (it printed how long it took), and writes nothing.
+func TestControllerOnceAgainstAStalledRemote(t *testing.T) {
+	root := t.TempDir()
+	bare := filepath.Join(root, "fleet.git")
+	gittest.Git(t, "", "init", "--quiet", "--bare", "--initial-branch=main", bare)
+	gittest.Commit(t, bare, gittest.Edit{Write: map[string]string{"hosts/hv-a.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {capacity: {vcpus: 1, memoryMB: 512}}\n"}})
+	srv := gittest.ServeFaulty(t, root)
+	srv.Set(gittest.Stall, 0)
+	for name, url := range map[string]string{"file": "file://" + bare, "http": srv.HTTPURL + "/fleet.git"} {
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			code, _, stderr := runCLIStderr(t, "controller", "--repo", url, "--once", "--git-timeout", "2s", "--cache-dir", filepath.Join(t.TempDir(), "cache"))
+			t.Logf("controller --once --git-timeout 2s against a stalled %s remote: exit %d after %v", name, code, time.Since(start).Round(time.Millisecond))
+			if code != 1 || !strings.Contains(stderr, "unreadable") || !strings.Contains(stderr, "timed out after 2s") || strings.Contains(stderr, "rejected") {
+				t.Errorf("exit %d, stderr:\n%s\nwant exit 1, unreadable, timed out after 2s", code, stderr)
+			}
+		})
+	}
+	if got := gittest.Git(t, bare, "branch", "--list", "gitfleet/*"); got != "" {
+		t.Errorf("branches written: %s", got)
 	}
 }

@@ -16,8 +16,10 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/spf13/cobra"
 
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -97,6 +99,9 @@ type pendingDelete struct {
 	Time        string    `json:"time"`
 	Epoch       uint64    `json:"epoch"`
 	PublishedAt time.Time `json:"publishedAt"`
+	// SweptAt is set when the controller finalized the delete while the
+	// host was offline: it waits for the host's ack all the same.
+	SweptAt *time.Time `json:"sweptAt,omitempty"`
 }
 
 func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, snapshots, format string) error {
@@ -185,27 +190,16 @@ func missingStatusBranch(url, branch string) error {
 // the snapshots branch; none when the branch does not exist yet.
 func readPendingDeletes(ctx context.Context, repo *gitsource.Repo, branch string) ([]pendingDelete, error) {
 	out := []pendingDelete{}
-	tip, err := repo.Fetch(ctx, branch)
-	if errors.Is(err, gitsource.ErrBranchNotFound) {
+	l, _, err := snapshots.ReadLedger(ctx, repo, branch)
+	if err != nil {
+		return nil, err
+	}
+	if l == nil {
 		return out, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	data, err := repo.ReadFile(tip, fleet.LedgerPath)
-	if errors.Is(err, gitsource.ErrFileNotFound) {
-		return out, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	l, err := fleet.ParseLedger(data)
-	if err != nil {
-		return nil, err
 	}
 	for _, t := range l.Tombstones {
 		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit,
-			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt})
+			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt, SweptAt: t.SweptAt})
 	}
 	return out, nil
 }
@@ -229,7 +223,11 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tNAME\tHOST\tREMOVED BY\tAUTHOR\tSINCE\tEPOCH")
 	for _, p := range rep.PendingDeletes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(short(p.Commit)), dash(p.Author), dash(p.Time), p.Epoch)
+		since := dash(p.Time)
+		if p.SweptAt != nil {
+			since += " (swept: host offline; waits for its ack)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(desired.Hash(p.Commit).Short()), dash(p.Author), since, p.Epoch)
 	}
 	return tw.Flush()
 }

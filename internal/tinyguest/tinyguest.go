@@ -2,7 +2,7 @@
 // works: a Debian kernel and a busybox-static initramfs whose /init loads
 // the virtio and filesystem modules, mounts the NoCloud seed, prints the
 // instance-id and the size of every disk to the serial console, asks for a
-// DHCP lease and stays up until an ACPI powerdown.
+// DHCP lease, pings its router once and stays up until an ACPI powerdown.
 //
 // Every line the guest prints starts with "tinyguest: " but the readiness
 // marker, in this order:
@@ -12,6 +12,7 @@
 //	tinyguest: disk vdX serial=<virtio serial> bytes=<size in bytes>   (one per disk)
 //	tinyguest: nic eth0 mac=<mac>
 //	tinyguest: lease eth0 ip=<ip> router=<ip>
+//	tinyguest: ping <router> ok   (or "failed": one ICMP echo to the router)
 //	tinyguest: ready
 //	GITFLEET-GUEST-READY   (gitfleet's console readiness marker, alone on its line)
 //	tinyguest: power button   (on ACPI powerdown, just before it powers off)

@@ -1,4 +1,4 @@
-package fleet
+package snapshots
 
 import (
 	"bytes"
@@ -20,8 +20,8 @@ const LedgerPath = "ledger.yaml"
 // ledgerVersion is the format of ledger.yaml this release writes and reads.
 const ledgerVersion = 1
 
-// maxSweeps bounds the sweep records kept in the ledger (newest kept).
-const maxSweeps = 100
+// MaxSweeps bounds the sweep records kept in the ledger (newest kept).
+const MaxSweeps = 100
 
 // Ledger is the controller's memory, ledger.yaml on the snapshots branch. It
 // holds only what a pass needs to recover after a restart, and is rewritten
@@ -64,7 +64,8 @@ type RetainedRecord struct {
 	Since  time.Time       `yaml:"since" json:"since"`
 }
 
-func (r *RetainedRecord) ref() ref { return ref{r.Kind, r.Name, r.Host} }
+// Ref is the object r keeps.
+func (r *RetainedRecord) Ref() Ref { return Ref{Kind: r.Kind, Name: r.Name, Host: r.Host} }
 
 // AppliedCommit names a desired-state commit, the branch it was read from
 // and the objects' directory in its tree (Path, "" for the root; nil in a
@@ -110,7 +111,12 @@ type HostRecord struct {
 // TombstoneRecord is one pending delete: the object's last spec (VM) or size
 // (Volume), its attribution, and PublishedAt, the controller's clock when
 // the tombstone was first published (the abandon grace counts from it).
-// Tombstone.Epoch is the epoch that first published it.
+// Tombstone.Epoch is the epoch that first published it. SweptAt is set
+// when the abandoned-host sweep finalized it (its host was offline past the
+// abandon grace): the delete counts as done for the fleet, but the
+// tombstone stays in the ledger and in its host's snapshot until that host
+// acks the destroy, so a host that returns destroys it as a normal delete
+// instead of finding a VM dropped without a tombstone.
 type TombstoneRecord struct {
 	Kind        desired.Kind      `yaml:"kind" json:"kind"`
 	Name        string            `yaml:"name" json:"name"`
@@ -119,9 +125,11 @@ type TombstoneRecord struct {
 	SizeGB      int               `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
 	Tombstone   desired.Tombstone `yaml:"tombstone" json:"tombstone"`
 	PublishedAt time.Time         `yaml:"publishedAt" json:"publishedAt"`
+	SweptAt     *time.Time        `yaml:"sweptAt,omitempty" json:"sweptAt,omitempty"`
 }
 
-// SweepRecord is a delete the controller finalized without an ack.
+// SweepRecord is a delete the controller finalized without an ack (its
+// tombstone stays delivered until the host acks; see TombstoneRecord).
 type SweepRecord struct {
 	Kind   desired.Kind `yaml:"kind" json:"kind"`
 	Name   string       `yaml:"name" json:"name"`
@@ -131,29 +139,34 @@ type SweepRecord struct {
 	Reason string       `yaml:"reason" json:"reason"`
 }
 
-// ref is an object on a host: the unit tombstones are kept for.
-type ref struct {
+// Ref is an object on a host: the unit tombstones and retained objects are
+// kept for.
+type Ref struct {
 	Kind desired.Kind
 	Name string
 	Host string
 }
 
-func (t *TombstoneRecord) ref() ref { return ref{t.Kind, t.Name, t.Host} }
+// Ref is the object t deletes.
+func (t *TombstoneRecord) Ref() Ref { return Ref{Kind: t.Kind, Name: t.Name, Host: t.Host} }
 
-func (r ref) String() string { return fmt.Sprintf("%s %s on %s", r.Kind, r.Name, r.Host) }
+// String is "Kind name on host", for messages.
+func (r Ref) String() string { return fmt.Sprintf("%s %s on %s", r.Kind, r.Name, r.Host) }
 
-// newLedger is the ledger of a snapshots branch that has none yet.
-func newLedger() *Ledger {
+// NewLedger is the ledger of a snapshots branch that has none yet.
+func NewLedger() *Ledger {
 	return &Ledger{Version: ledgerVersion, Hosts: map[string]*HostRecord{}}
 }
 
-// parseLedger decodes ledger.yaml strictly. A ledger that cannot be read
-// stops the pass: writing over it could reuse epochs. The controller writes
-// the ledger in JSON, the subset of YAML that encodes ten thousand names in
+// ParseLedger decodes ledger.yaml strictly: an unknown version or field, or
+// a tombstone or retained object without kind, name and host, is an error
+// naming the file. A ledger that cannot be read stops the controller's
+// pass: writing over it could reuse epochs. The controller writes the
+// ledger in JSON, the subset of YAML that encodes ten thousand names in
 // milliseconds; a ledger in YAML's other styles (edited by hand, say) is
 // read too.
-func parseLedger(data []byte) (*Ledger, error) {
-	l := newLedger()
+func ParseLedger(data []byte) (*Ledger, error) {
+	l := NewLedger()
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(l); err != nil {
@@ -161,7 +174,7 @@ func parseLedger(data []byte) (*Ledger, error) {
 		if !errors.As(err, &syn) {
 			return nil, fmt.Errorf("parse %s: %w", LedgerPath, err)
 		}
-		l = newLedger()
+		l = NewLedger()
 		ydec := yaml.NewDecoder(bytes.NewReader(data))
 		ydec.KnownFields(true)
 		if err := ydec.Decode(l); err != nil && !errors.Is(err, io.EOF) {
@@ -187,17 +200,12 @@ func parseLedger(data []byte) (*Ledger, error) {
 	return l, nil
 }
 
-// ParseLedger decodes ledger.yaml as the controller reads it (strict; an
-// unknown version or field is an error). Tools such as `gitfleet plan` use
-// it to find the last applied commit.
-func ParseLedger(data []byte) (*Ledger, error) { return parseLedger(data) }
-
-// marshal encodes the ledger as JSON (valid YAML) with one host, tombstone
+// Marshal encodes the ledger as JSON (valid YAML) with one host, tombstone
 // or sweep per line: compact for ten thousand names, and a change to one
 // host is a one-line diff. Tombstones are sorted and map keys sorted, so
 // equal ledgers give equal bytes.
-func (l *Ledger) marshal() ([]byte, error) {
-	sortTombstones(l.Tombstones)
+func (l *Ledger) Marshal() ([]byte, error) {
+	sortByRef(l.Tombstones)
 	w := &ledgerWriter{}
 	fmt.Fprintf(&w.b, "{\"version\": %d,\n", l.Version)
 	if l.Applied != nil {
@@ -230,7 +238,7 @@ func (l *Ledger) marshal() ([]byte, error) {
 		w.b.WriteString("]")
 	}
 	if len(l.Retained) > 0 {
-		sortRetained(l.Retained)
+		sortByRef(l.Retained)
 		w.b.WriteString(",\n\"retained\": [")
 		w.lines(len(l.Retained), func(i int) { w.put(l.Retained[i]) })
 		w.b.WriteString("]")
@@ -272,22 +280,10 @@ func (w *ledgerWriter) lines(n int, item func(i int)) {
 	}
 }
 
-func sortTombstones(ts []*TombstoneRecord) {
-	sort.Slice(ts, func(i, j int) bool {
-		a, b := ts[i], ts[j]
-		if a.Host != b.Host {
-			return a.Host < b.Host
-		}
-		if a.Kind != b.Kind {
-			return a.Kind < b.Kind
-		}
-		return a.Name < b.Name
-	})
-}
-
-func sortRetained(rs []*RetainedRecord) {
+// sortByRef sorts records by host, kind and name.
+func sortByRef[T interface{ Ref() Ref }](rs []T) {
 	sort.Slice(rs, func(i, j int) bool {
-		a, b := rs[i], rs[j]
+		a, b := rs[i].Ref(), rs[j].Ref()
 		if a.Host != b.Host {
 			return a.Host < b.Host
 		}
@@ -298,9 +294,9 @@ func sortRetained(rs []*RetainedRecord) {
 	})
 }
 
-// clone returns a deep copy a pass may modify. Specs of tombstones are
+// Clone returns a deep copy a pass may modify. Specs of tombstones are
 // shared: a pass never modifies a spec.
-func (l *Ledger) clone() *Ledger {
+func (l *Ledger) Clone() *Ledger {
 	c := *l
 	if l.Applied != nil {
 		a := *l.Applied
@@ -333,8 +329,8 @@ func (l *Ledger) clone() *Ledger {
 	return &c
 }
 
-// host returns the record of host, creating it.
-func (l *Ledger) host(name string) *HostRecord {
+// Host returns the record of host, creating it.
+func (l *Ledger) Host(name string) *HostRecord {
 	rec := l.Hosts[name]
 	if rec == nil {
 		rec = &HostRecord{}
