@@ -177,7 +177,7 @@ func (a *Agent) Once(ctx context.Context) error {
 // The git loop fetches the snapshot at once, whenever the snapshots branch
 // moves (polled every PollInterval; watched for a local repository), and
 // again every TickInterval after a failed fetch; it writes the status when
-// its content changed (a worker's change is gathered for a second) or the
+// its content changed (a worker's change is gathered for reportGather) or the
 // heartbeat is due.
 //
 // Ready is called first: the state is loaded before Run. When ctx ends,
@@ -279,11 +279,17 @@ func (a *Agent) gitLoop(ctx context.Context, fetched chan<- struct{}) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(time.Second):
+			case <-time.After(reportGather):
 			}
 		}
 	}
 }
+
+// reportGather is how long the git loop waits after a worker's change
+// before it writes the status, so a burst of changes makes one write. It is
+// short because a guest's first answer should show as ready within moments
+// (docs/DESIGN.md, Phases and readiness).
+const reportGather = 250 * time.Millisecond
 
 // stepContext bounds one git step.
 func (a *Agent) stepContext(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -26,6 +26,12 @@ const (
 	DefaultTombstoneGrace = 5 * time.Minute
 	DefaultVanishGrace    = time.Hour
 	DefaultMaxAttempts    = 3
+	DefaultReadyTimeout   = 10 * time.Minute
+	// ReadyPollInterval is how often the engine asks the provisioner
+	// whether a booting guest has answered; a guest that has makes its
+	// VM's pass run at once, so status shows ready within this interval
+	// plus one pass of the guest's first answer.
+	ReadyPollInterval = 200 * time.Millisecond
 )
 
 // Sentinel errors callers test with errors.Is.
@@ -77,7 +83,12 @@ type EngineConfig struct {
 	// VMTimeout bounds one VM's pass (the watchdog); 0 means unbounded. A
 	// pass the watchdog ends spends no create attempt.
 	VMTimeout time.Duration
-	Log       logrus.FieldLogger
+	// ReadyTimeout is how long a running VM's guest may take to prove it
+	// is up (Provisioner.Readiness), measured from the start of its boot,
+	// before lastError says it has not answered (default 10 min). The VM
+	// stays booting and is never restarted or destroyed for it.
+	ReadyTimeout time.Duration
+	Log          logrus.FieldLogger
 }
 
 // Engine is the level-triggered reconcile loop of one host. Tick accepts a
@@ -158,6 +169,9 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = DefaultMaxAttempts
 	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = DefaultReadyTimeout
+	}
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
 	}
@@ -211,7 +225,40 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		// the epoch and the hash: the snapshot on disk is the witness.
 		e.lastHash = e.snapHash
 	}
+	e.wg.Add(1)
+	go e.watchReadiness()
 	return e, nil
+}
+
+// watchReadiness runs, every ReadyPollInterval, the pass of each booting
+// VM whose guest has answered or whose ReadyTimeout has just run out, so
+// its phase changes within moments instead of at the next tick. It asks
+// the provisioner's memory only (Readiness never waits for a guest).
+func (e *Engine) watchReadiness() {
+	defer e.wg.Done()
+	t := time.NewTicker(ReadyPollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+		e.mu.Lock()
+		if !e.closed && !e.fenced {
+			for name, rec := range e.recs {
+				if rec.Phase != status.PhaseBooting {
+					continue
+				}
+				r := e.prov.Readiness(name)
+				overdue := !r.Booted.IsZero() && e.now().Sub(r.Booted) >= e.cfg.ReadyTimeout && !strings.HasPrefix(rec.LastError, notAnswered)
+				if r.Ready || overdue {
+					e.kickLocked(name)
+				}
+			}
+		}
+		e.mu.Unlock()
+	}
 }
 
 // SnapshotHash is the lowercase hex sha256 of snap's canonical encoding

@@ -345,7 +345,8 @@ func (p *vmPass) create() {
 		rec.DiskGB = spec.DiskGB
 		rec.RootImage = imageSHA(spec)
 		rec.Attempts, rec.LastError = 0, ""
-		rec.Phase, rec.Power = status.PhaseReady, string(desired.PowerRunning)
+		rec.Power = string(desired.PowerRunning)
+		p.noteReadiness()
 		if !running {
 			rec.Phase, rec.Power = status.PhaseStopped, string(desired.PowerStopped)
 		}
@@ -415,9 +416,12 @@ func (p *vmPass) converge(editErr string) {
 				return
 			}
 		}
-		rec.Phase, rec.Power, rec.LastError = status.PhaseReady, string(desired.PowerRunning), editErr
+		rec.Power, rec.LastError = string(desired.PowerRunning), editErr
+		p.noteReadiness()
 	} else {
 		if running {
+			rec.Phase = status.PhaseStopping
+			_ = p.e.commit(rec)
 			if err := p.e.prov.Shutdown(p.ctx, rec.Name); err != nil {
 				rec.LastError = "shutdown: " + err.Error()
 				rec.Power = string(desired.PowerRunning)
@@ -431,6 +435,38 @@ func (p *vmPass) converge(editErr string) {
 	p.noteAddress()
 	rec.Message = p.diskMessage()
 	_ = p.e.commit(rec)
+}
+
+// notAnswered starts the lastError of a VM whose guest has not proved it
+// is up within ReadyTimeout.
+const notAnswered = "not ready: the guest has not answered"
+
+// noteReadiness sets the phase of a VM that runs: ready once its guest has
+// answered in this boot (Provisioner.Readiness), booting until then. A
+// guest still silent ReadyTimeout after its boot began keeps its VM
+// booting, with lastError saying so; it is never restarted or destroyed
+// for it.
+func (p *vmPass) noteReadiness() {
+	rec := p.rec
+	r := p.e.prov.Readiness(rec.Name)
+	if r.Ready {
+		if rec.Phase != status.PhaseReady {
+			p.log.WithFields(logrus.Fields{"via": r.Via, "addr": r.Addr, "seconds": r.At.Sub(r.Booted).Seconds()}).Info("guest answered; vm ready")
+		}
+		rec.Phase = status.PhaseReady
+		return
+	}
+	rec.Phase = status.PhaseBooting
+	if !r.Booted.IsZero() && p.e.now().Sub(r.Booted) >= p.e.cfg.ReadyTimeout {
+		rec.LastError = fmt.Sprintf("%s within readyTimeout %s of its boot at %s (no SSH banner, no qemu-guest-agent ping, no %s console line); the VM is left running",
+			notAnswered, p.e.cfg.ReadyTimeout, r.Booted.UTC().Format(time.RFC3339), ConsoleReadyMarker)
+		p.e.mu.Lock()
+		prev := p.e.recs[rec.Name]
+		p.e.mu.Unlock()
+		if prev == nil || !strings.HasPrefix(prev.LastError, notAnswered) {
+			p.log.Warn(rec.LastError)
+		}
+	}
 }
 
 // boot starts a created VM again: admission when it holds no reservation

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
 )
@@ -74,6 +75,46 @@ type Provisioner interface {
 	// FailureReason is the backend's own account of why the VM died (the
 	// tail of the hypervisor's error output); empty when it has none.
 	FailureReason(name string) string
+	// Readiness reports whether the guest of the running VM has proved it
+	// is up in its current boot (see Readiness). It reads memory only and
+	// never waits for the guest: a backend probes in the background from
+	// Boot (or from re-attaching after an agent restart) on, each probe
+	// bounded in time. The zero Readiness means the VM does not run.
+	Readiness(name string) Readiness
+}
+
+// Ways a guest proves it is up, as Readiness.Via and in logs.
+const (
+	// ReadySSH: an SSH identification line ("SSH-2.0-…", RFC 4253 4.2)
+	// was read from the guest's port 22, at its address or its forward.
+	ReadySSH = "ssh"
+	// ReadyGuestAgent: qemu-guest-agent answered guest-ping over the
+	// virtio-serial channel org.qemu.guest_agent.0.
+	ReadyGuestAgent = "guest-agent"
+	// ReadyConsole: the guest printed ConsoleReadyMarker as a line of its
+	// own on its first serial port (for guests with neither sshd nor a
+	// guest agent).
+	ReadyConsole = "console"
+)
+
+// ConsoleReadyMarker is the line a guest without sshd or a guest agent
+// prints on its first serial port (ttyS0), alone on its line, to declare
+// itself ready: for example `echo GITFLEET-GUEST-READY >/dev/ttyS0`.
+const ConsoleReadyMarker = "GITFLEET-GUEST-READY"
+
+// Readiness is what a Provisioner knows of one VM's current boot.
+//
+// Booted is when the boot began (the hypervisor process started); zero
+// when the VM does not run. Ready is set once the guest answered in this
+// boot and stays set until the VM stops: At is when it first answered,
+// Via how (ReadySSH, ReadyGuestAgent or ReadyConsole) and Addr, for
+// ReadySSH, the host:port that answered.
+type Readiness struct {
+	Booted time.Time
+	Ready  bool
+	At     time.Time
+	Via    string
+	Addr   string
 }
 
 // ProgressReporter is implemented by a Provisioner that downloads

@@ -96,7 +96,12 @@ func TestEngineWithRealQEMU(t *testing.T) {
 
 	st := step(&desired.Snapshot{Host: testHost, Epoch: 1, VMs: []desired.SnapshotVM{vmEntry}, Volumes: volumes})
 	r := row(t, st, "web-01")
-	require.Equal(t, status.PhaseReady, r.Phase, r.LastError)
+	// QEMU is up, the guest has not answered yet: booting, not ready.
+	require.Equal(t, status.PhaseBooting, r.Phase, r.LastError)
+	// The tiny guest declares itself on its console; the engine notices
+	// without a tick.
+	r = waitPhase(t, eng, "web-01", status.PhaseReady)
+	assert.Empty(t, r.LastError)
 	assert.NotEmpty(t, r.SSH, "user-mode networking forwards SSH")
 	assert.Equal(t, "tcg", prov.Accel())
 	pid, err := os.ReadFile(filepath.Join(store.VMDir("web-01"), qemu.PidFile))
@@ -160,7 +165,7 @@ func TestEngineWithRealQEMU(t *testing.T) {
 	eng.Close(context.Background())
 	start()
 	st = step(nil)
-	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase)
+	assert.Equal(t, status.PhaseReady, row(t, st, "web-01").Phase, "the guest answered in this boot: a restarted agent knows it at once")
 	again, err := os.ReadFile(filepath.Join(store.VMDir("web-01"), qemu.PidFile))
 	require.NoError(t, err)
 	assert.Equal(t, string(pid), string(again), "re-attached, not booted again")
@@ -181,4 +186,21 @@ func TestEngineWithRealQEMU(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist)
 	_, err = os.Stat(store.VolumePath("web-01-data"))
 	assert.NoError(t, err, "a VM's destroy never takes its volume")
+}
+
+// waitPhase polls the engine's report, without ticking it, until the VM
+// shows phase (at most 2 min) and returns its row.
+func waitPhase(t *testing.T, eng *agent.Engine, name, phase string) status.VM {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		r := row(t, eng.Report(), name)
+		if r.Phase == phase {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("vm %s still %s (%s), want %s", name, r.Phase, r.LastError, phase)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -13,12 +13,14 @@ import (
 // shape (docs/DESIGN.md, Branches and files). Agent, Heartbeat and ObservedAt
 // are left for the writer; SnapshotError says why the host is fenced, if it
 // is, and the writer may put a fetch's refusal there instead. It reads only memory (and the
-// provisioner's optional progress for VMs being created), so it is cheap.
+// provisioner's optional progress for VMs being created, and its Readiness
+// for VMs recorded ready), so it is cheap.
 //
 //   - VMs: a row per desired, non-tombstoned VM (sorted by name), and per VM
 //     still being shut down for a delete; a VM whose record cannot be read
 //     keeps its row as failed with the reason. IP and SSH are shown only
-//     while the VM's power is running.
+//     while the VM's power is running. A VM recorded ready whose current
+//     boot has not answered (Provisioner.Readiness) is shown booting.
 //   - Quarantined: tombstoned VMs shut down and waiting for their grace.
 //   - Vanished: VMs this host keeps although the snapshot dropped them
 //     without a tombstone: left as they are for VanishGrace, then shut down
@@ -81,6 +83,12 @@ func (e *Engine) Report() *status.Status {
 			}
 			if row.Power == "" {
 				row.Power = string(desired.PowerStopped)
+			}
+			if row.Phase == status.PhaseReady && !e.prov.Readiness(name).Ready {
+				// The record says a boot answered, but not this one (the
+				// agent restarted and no pass has looked yet, or the VM
+				// died): ready is shown only for the boot that answered.
+				row.Phase = status.PhaseBooting
 			}
 			if row.Power != string(desired.PowerRunning) {
 				// A VM that is not running answers on no address: the

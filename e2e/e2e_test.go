@@ -246,6 +246,7 @@ backend: qemu
 qemu: {accel: %s}
 intervals: {tick: 1s, poll: 2s, heartbeat: 5s}
 graces: {tombstone: %s}
+readyTimeout: 10m
 logLevel: debug
 `, f.url, host, f.stateDir, envOr("GITFLEET_TEST_ACCEL", "auto"), tombstoneGrace)
 	require.NoError(t, os.WriteFile(f.agentCfg, []byte(cfg), 0o644))
@@ -383,8 +384,15 @@ func (f *fleetUnderTest) snapshot() *desired.Snapshot {
 // test exits, the test fails with cond's last account of what it saw.
 func (f *fleetUnderTest) waitFor(what string, cond func() (bool, string)) {
 	f.t.Helper()
+	f.waitWithin(waitLimit, what, cond)
+}
+
+// waitWithin is waitFor with its own limit, for waits that are long by
+// nature (a real distribution booting under TCG).
+func (f *fleetUnderTest) waitWithin(limit time.Duration, what string, cond func() (bool, string)) {
+	f.t.Helper()
 	start := time.Now()
-	deadline := start.Add(waitLimit)
+	deadline := start.Add(limit)
 	last := ""
 	for {
 		ok, seen := cond()
@@ -404,7 +412,7 @@ func (f *fleetUnderTest) waitFor(what string, cond func() (bool, string)) {
 			}
 		}
 		if time.Now().After(deadline) {
-			f.t.Fatalf("waiting for %s: gave up after %s; last seen: %s", what, waitLimit, last)
+			f.t.Fatalf("waiting for %s: gave up after %s; last seen: %s", what, limit, last)
 		}
 		time.Sleep(300 * time.Millisecond)
 	}

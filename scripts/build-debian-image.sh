@@ -23,7 +23,7 @@
 # The guest runs cloud-init (NoCloud only, so no datasource probing), with
 # the network rendered by netplan to systemd-networkd as in Debian 12's own
 # cloud images; openssh-server (host keys are made by cloud-init on first
-# boot, never shipped); qemu-guest-agent, started after sshd; sudo. Cloud-init's default user
+# boot, never shipped); qemu-guest-agent, started once sshd listens; sudo. Cloud-init's default user
 # is "debian" and receives the seed's ssh_authorized_keys.
 #
 # Packages come through the host's own apt sources (deb822
@@ -101,12 +101,19 @@ rm -f "$root"/etc/ssh/ssh_host_*
 rm -f "$root/var/lib/dbus/machine-id"
 echo localhost >"$root/etc/hostname"
 # gitfleet counts a guest-agent ping as the guest being up; starting the
-# agent only once sshd listens (ssh.service is Type=notify) makes "ready"
-# imply that SSH answers.
+# agent only once sshd listens on port 22 makes "ready" imply that SSH
+# answers. Ordering after ssh.service alone is not enough: a start of sshd
+# that fails or times out (90 s, easily reached under TCG on busy cores)
+# completes the job too, and sshd listens only after its restart.
 mkdir -p "$root/etc/systemd/system/qemu-guest-agent.service.d"
 cat >"$root/etc/systemd/system/qemu-guest-agent.service.d/gitfleet-after-ssh.conf" <<'UNIT'
 [Unit]
+Wants=ssh.service
 After=ssh.service
+
+[Service]
+ExecStartPre=/bin/sh -c 'until ss -Hltn "sport = :22" | grep -q .; do sleep 1; done'
+TimeoutStartSec=infinity
 UNIT
 # The serial console is the guest's only console; no timers that fetch.
 chroot "$root" systemctl mask apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true

@@ -52,11 +52,18 @@ type AgentInfo struct {
 	Accel   string `yaml:"accel" json:"accel"`
 }
 
-// VM phases as reported in status.
+// VM phases as reported in status. A VM that runs is booting until its
+// guest proves it is up (an SSH banner, a qemu-guest-agent ping or the
+// console marker line; docs/DESIGN.md, Readiness), then ready; a booting
+// VM whose guest has not answered within the agent's readyTimeout stays
+// booting with lastError saying so. Stopping is shown while a shutdown the
+// spec asked for runs.
 const (
 	PhasePending     = "pending"
 	PhaseCreating    = "creating"
+	PhaseBooting     = "booting"
 	PhaseReady       = "ready"
+	PhaseStopping    = "stopping"
 	PhaseStopped     = "stopped"
 	PhaseFailed      = "failed"
 	PhaseQuarantined = "quarantined"

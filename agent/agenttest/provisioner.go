@@ -1,7 +1,8 @@
 // Package agenttest is test support for package agent: Provisioner, an
 // in-memory implementation of agent.Provisioner that keeps VMs as entries in
 // a map, hands out sticky addresses, and lets a test inject errors, crashes,
-// host reboots, late addresses and the hypervisor's failure reason.
+// host reboots, late addresses, silent guests and the hypervisor's failure
+// reason.
 //
 // It is a real implementation of the seam, not a script: Boot refuses a
 // volume path that is not a file (as a hypervisor would), Destroy releases
@@ -15,6 +16,7 @@ import (
 	"io/fs"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/desired"
@@ -68,6 +70,11 @@ type Provisioner struct {
 	nextIP   int
 	late     bool
 	hook     Hook
+	// boots holds each running VM's Readiness; silent makes new boots wait
+	// for Answer instead of answering at once.
+	boots  map[string]agent.Readiness
+	silent bool
+	now    func() time.Time
 }
 
 // guestIPFormat makes the n-th guest's address (n from 2).
@@ -87,8 +94,47 @@ func New() *Provisioner {
 		progress: map[string][2]int64{},
 		sticky:   map[Op]error{},
 		once:     map[Op]error{},
+		boots:    map[string]agent.Readiness{},
 		nextIP:   2,
+		now:      time.Now,
 	}
+}
+
+// SetSilentGuests makes the guests of later boots stay silent (booting)
+// until Answer; by default a guest answers over SSH the moment it boots.
+func (p *Provisioner) SetSilentGuests(silent bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.silent = silent
+}
+
+// SetClock sets the clock that stamps boots and answers (default time.Now),
+// to match an engine's EngineConfig.Now.
+func (p *Provisioner) SetClock(now func() time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.now = now
+}
+
+// Answer plays the running guest name proving it is up, via how (one of
+// agent.ReadySSH, agent.ReadyGuestAgent, agent.ReadyConsole). It does
+// nothing for a VM that does not run.
+func (p *Provisioner) Answer(name, via string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.answerLocked(name, via)
+}
+
+func (p *Provisioner) answerLocked(name, via string) {
+	r, ok := p.boots[name]
+	if !ok || !p.running[name] || r.Ready {
+		return
+	}
+	r.Ready, r.At, r.Via = true, p.now(), via
+	if via == agent.ReadySSH {
+		r.Addr = p.addrs[name].SSH
+	}
+	p.boots[name] = r
 }
 
 // FailAlways makes every call of op fail with err until cleared with nil.
@@ -324,6 +370,10 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	if !p.late {
 		p.attachLocked(m.Name)
 	}
+	p.boots[m.Name] = agent.Readiness{Booted: p.now()}
+	if !p.silent {
+		p.answerLocked(m.Name, agent.ReadySSH)
+	}
 	return nil
 }
 
@@ -344,6 +394,7 @@ func (p *Provisioner) Shutdown(ctx context.Context, name string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.running[name] = false
+	delete(p.boots, name)
 	return nil
 }
 
@@ -359,7 +410,19 @@ func (p *Provisioner) Destroy(ctx context.Context, name string) error {
 	delete(p.disks, name)
 	delete(p.addrs, name)
 	delete(p.booted, name)
+	delete(p.boots, name)
 	return nil
+}
+
+// Readiness implements agent.Provisioner: the zero value for a VM that
+// does not run.
+func (p *Provisioner) Readiness(name string) agent.Readiness {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.running[name] {
+		return agent.Readiness{}
+	}
+	return p.boots[name]
 }
 
 // Running implements agent.Provisioner.

@@ -88,6 +88,11 @@ func (l launch) args() []string {
 		"-netdev", netdev,
 		"-device", "virtio-net-pci,netdev=net0,mac="+l.mac,
 		"-device", "virtio-rng-pci",
+		// The guest agent's channel, always present: a guest that runs
+		// qemu-guest-agent answers on it (readiness, addresses).
+		"-chardev", "socket,id=qga0,path="+QGASocket+",server=on,wait=off",
+		"-device", "virtio-serial-pci,id=serial0",
+		"-device", "virtserialport,bus=serial0.0,chardev=qga0,name="+QGAChannel,
 	)
 	if l.kernel != "" {
 		a = append(a, "-kernel", l.kernel)
@@ -226,7 +231,8 @@ func (p *Provisioner) reservePort(port int, name string) bool {
 
 // start runs QEMU and waits until it answers on QMP.
 func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *logrus.Entry) error {
-	for _, f := range []string{PidFile, QMPSocket} {
+	st.stopWatch()
+	for _, f := range []string{PidFile, QMPSocket, QGASocket, ReadyFile} {
 		if err := os.Remove(st.path(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("boot: clear stale %s: %w", f, err)
 		}
@@ -298,6 +304,7 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 		qcancel()
 		if err == nil {
 			log.WithFields(logrus.Fields{"status": status, "seconds": time.Since(started).Seconds()}).Info("qemu up")
+			p.watch(st, st.pid()) // probe the guest from now on
 			return nil
 		}
 	}
@@ -350,6 +357,7 @@ func (p *Provisioner) stop(ctx context.Context, st *vmState, graceful bool, log 
 		}
 		if p.waitGone(ctx, st, s.timeout) {
 			log.WithField("step", s.name).Info("qemu stopped")
+			st.stopWatch()
 			os.Remove(sock)
 			os.Remove(st.path(PidFile))
 			return nil

@@ -12,6 +12,8 @@
 //	seed.iso     NoCloud seed, ISO9660 labelled cidata
 //	qemu.pid     QEMU's pidfile
 //	qmp.sock     QMP monitor socket
+//	qga.sock     host end of the guest agent's virtio-serial channel
+//	ready        the first answer of the current boot (pid, how, when)
 //	serial.log   the guest's first serial port
 //	qemu.log     QEMU's own stdout and stderr (FailureReason's source)
 //	ssh-port     the forwarded SSH port on 127.0.0.1, kept across restarts
@@ -57,12 +59,15 @@ const (
 	SerialLog    = "serial.log"
 	QEMULog      = "qemu.log"
 	PortFile     = "ssh-port"
+	QGASocket    = "qga.sock"
+	ReadyFile    = "ready"
 )
 
 // ownedFiles are what Destroy removes from a VM's directory.
 var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
 	PidFile, QMPSocket, SerialLog, QEMULog, PortFile, NetFile, NetFile + ".partial",
+	QGASocket, ReadyFile, ReadyFile + ".partial",
 }
 
 // Config configures the QEMU backend. Zero values take the defaults given.
@@ -143,6 +148,11 @@ type vmState struct {
 	// fetching is the sha256 of the artifact the VM waits for ("" or nil
 	// when none).
 	fetching atomic.Value
+	// watch probes the current boot's readiness (ready.go).
+	watchMu sync.Mutex
+	watch   *bootWatch
+	// qgaMu serializes conversations on the guest agent's channel.
+	qgaMu sync.Mutex
 }
 
 var _ agent.Provisioner = (*Provisioner)(nil)

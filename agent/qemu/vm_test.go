@@ -129,6 +129,22 @@ func guestLines(s string) []string {
 	return out
 }
 
+// waitReady polls Readiness until the guest has answered (at most 2 min).
+func waitReady(t *testing.T, p *Provisioner, name string) agent.Readiness {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		r := p.Readiness(name)
+		if r.Ready {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("guest never answered: %+v", r)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func dirEntries(t *testing.T, dir string) []string {
 	t.Helper()
 	es, err := os.ReadDir(dir)
@@ -215,6 +231,29 @@ func TestVMLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("tiny guest is ready by its console marker, not by the forward", func(t *testing.T) {
+		// p re-attached to a QEMU another process started: its probes
+		// began at its first Readiness call.
+		r := waitReady(t, p, name)
+		if r.Via != agent.ReadyConsole {
+			t.Errorf("ready via %q, want %q: the guest runs neither sshd nor a guest agent, so the forward that accepts and closes must not count", r.Via, agent.ReadyConsole)
+		}
+		if r.Booted.IsZero() || r.At.Before(r.Booted) {
+			t.Errorf("booted %v, answered %v", r.Booted, r.At)
+		}
+		// Another restarted agent reads the answer of this boot at once.
+		again := newTestProvisioner(t, cache, vmRoot, srv).Readiness(name)
+		if !again.Ready || again.Via != r.Via || !again.At.Equal(r.At) {
+			t.Errorf("after another restart Readiness = %+v, want the saved %+v", again, r)
+		}
+		// The guest agent's channel exists but nothing answers on it.
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if err := qgaCall(pctx, filepath.Join(dir, QGASocket), "guest-ping", nil, nil); err == nil {
+			t.Error("guest-ping answered in a guest without qemu-guest-agent")
+		}
+	})
+
 	t.Run("ssh port forwarded on loopback", func(t *testing.T) {
 		addr := p.Address(name)
 		port, err := readPort(filepath.Join(dir, PortFile))
@@ -272,6 +311,9 @@ func TestVMLifecycle(t *testing.T) {
 		}
 		if p.Running(name) {
 			t.Fatal("running after Shutdown")
+		}
+		if r := p.Readiness(name); r != (agent.Readiness{}) {
+			t.Errorf("Readiness of a stopped VM = %+v, want zero", r)
 		}
 		if !strings.Contains(serial(dir), "tinyguest: power button") {
 			t.Errorf("guest never saw the ACPI power button: stop was not graceful\n%s", serial(dir))

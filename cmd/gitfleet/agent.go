@@ -39,6 +39,7 @@ import (
 //	gitTimeout: 60s                            # bounds each fetch, ls-remote, push
 //	graces: {tombstone: 5m, vanish: 1h}
 //	vmTimeout: 30m                             # per-VM watchdog; 0 = none
+//	readyTimeout: 10m                          # guest silent this long after boot: lastError says so
 //	maxAttempts: 3
 //	logLevel: info
 //
@@ -79,10 +80,11 @@ type agentFileConfig struct {
 	// GitTimeout bounds each operation with the remote (default
 	// gitsource.DefaultTimeout, 60 s); a stalled remote never holds the
 	// agent past it, and never holds the reconcile tick at all.
-	GitTimeout  duration `yaml:"gitTimeout"`
-	VMTimeout   duration `yaml:"vmTimeout"`
-	MaxAttempts int      `yaml:"maxAttempts"`
-	LogLevel    string   `yaml:"logLevel"`
+	GitTimeout   duration `yaml:"gitTimeout"`
+	VMTimeout    duration `yaml:"vmTimeout"`
+	ReadyTimeout duration `yaml:"readyTimeout"`
+	MaxAttempts  int      `yaml:"maxAttempts"`
+	LogLevel     string   `yaml:"logLevel"`
 }
 
 // duration is a time.Duration written as a Go duration string in YAML.
@@ -314,7 +316,7 @@ func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writ
 	eng, err := agent.NewEngine(agent.EngineConfig{
 		Host: c.Host, Store: store, Provisioner: prov,
 		TombstoneGrace: time.Duration(c.Graces.Tombstone), VanishGrace: time.Duration(c.Graces.Vanish),
-		MaxAttempts: c.MaxAttempts, VMTimeout: time.Duration(c.VMTimeout), Log: log,
+		MaxAttempts: c.MaxAttempts, VMTimeout: time.Duration(c.VMTimeout), ReadyTimeout: time.Duration(c.ReadyTimeout), Log: log,
 	})
 	if err != nil {
 		return err

@@ -18,18 +18,16 @@ type console struct {
 	path   string
 	offset int64
 	tail   []byte // an incomplete last line
-	booted bool   // the guest printed "ready"
 }
 
 // restart makes the next read start from the top of the log (the guest is
 // being booted again).
 func (c *console) restart() {
-	c.offset, c.tail, c.booted = 0, nil, false
+	c.offset, c.tail = 0, nil
 }
 
-// skip reads the log up to its current end without returning its lines,
-// noting whether the guest printed "ready": for a guest that was already
-// running, whose lines are old news.
+// skip reads the log up to its current end without returning its lines:
+// for a guest that was already running, whose lines are old news.
 func (c *console) skip() {
 	for {
 		at := c.offset
@@ -72,11 +70,7 @@ func (c *console) read() []string {
 		if i < 0 {
 			continue
 		}
-		msg := line[i+len(tinyguest.LinePrefix):]
-		if msg == "ready" {
-			c.booted = true
-		}
-		lines = append(lines, msg)
+		lines = append(lines, line[i+len(tinyguest.LinePrefix):])
 	}
 	return lines
 }

@@ -275,7 +275,7 @@ loop:
 		if !settled && w.settled(st) {
 			settled = true
 			fmt.Fprintf(out, "\nThe fleet is up after %.1fs: %s.\n\n", time.Since(start).Seconds(), w.upSummary(st))
-			printSummary(out, cfg, l, url, st, w.booted)
+			printSummary(out, cfg, l, url, st)
 			if cfg.OnSettled != nil {
 				cfg.OnSettled(st)
 			}
@@ -437,9 +437,8 @@ func shutdownAll(out io.Writer, rt *stack) {
 	wg.Wait()
 }
 
-// bootWait bounds how long the summary waits, after a VM is ready, for its
-// console to show the tiny guest's "ready" line (a VM that boots another
-// image never prints it).
+// bootWait bounds how long the summary waits for a booting VM's guest to
+// answer (status ready) before it says the guest has not.
 const bootWait = 2 * time.Minute
 
 // progressEvery is the least time between two progress lines of one VM
@@ -463,7 +462,7 @@ type watcher struct {
 	layout      Layout
 	seen        map[string]status.VM
 	consoles    map[string]*console
-	readyAt     map[string]time.Time
+	upAt        map[string]time.Time // when a VM's QEMU was last seen coming up
 	msgAt       map[string]time.Time // when a VM's line was last printed
 	quarantined map[string]bool
 	vanished    map[string]string // name → the state last printed
@@ -475,29 +474,22 @@ type watcher struct {
 
 func newWatcher(out io.Writer, start time.Time, l Layout) *watcher {
 	return &watcher{out: out, start: start, layout: l, seen: map[string]status.VM{},
-		consoles: map[string]*console{}, readyAt: map[string]time.Time{}, msgAt: map[string]time.Time{},
+		consoles: map[string]*console{}, upAt: map[string]time.Time{}, msgAt: map[string]time.Time{},
 		quarantined: map[string]bool{}, vanished: map[string]string{}, attached: map[string]bool{}}
 }
 
-// booted reports whether the VM's console showed the tiny guest's "ready"
-// line since its QEMU last started.
-func (w *watcher) booted(name string) bool {
-	c := w.consoles[name]
-	return c != nil && c.booted
-}
-
 // settled reports whether the host reports at least one VM, every VM is
-// ready or stopped with nothing quarantined, and every ready VM's guest
-// has booted (or bootWait has passed).
+// ready (its guest answered) or stopped with nothing quarantined; a VM
+// still booting bootWait after its QEMU came up no longer holds it back.
 func (w *watcher) settled(st *status.Status) bool {
 	if len(st.VMs) == 0 || len(st.Quarantined) > 0 {
 		return false
 	}
 	for _, vm := range st.VMs {
 		switch vm.Phase {
-		case status.PhaseStopped:
-		case status.PhaseReady:
-			if !w.booted(vm.Name) && time.Since(w.readyAt[vm.Name]) < bootWait {
+		case status.PhaseStopped, status.PhaseReady:
+		case status.PhaseBooting:
+			if time.Since(w.upAt[vm.Name]) < bootWait {
 				return false
 			}
 		default:
@@ -508,27 +500,27 @@ func (w *watcher) settled(st *status.Status) bool {
 }
 
 // upSummary says what "up" means for a settled st: how many guests have
-// booted, which ran QEMU without printing a boot line, how many are
+// answered, which run QEMU without their guest answering, how many are
 // stopped.
 func (w *watcher) upSummary(st *status.Status) string {
-	var booted, stopped int
+	var ready, stopped int
 	var silent []string
 	for _, vm := range st.VMs {
-		switch {
-		case vm.Phase == status.PhaseStopped:
+		switch vm.Phase {
+		case status.PhaseStopped:
 			stopped++
-		case w.booted(vm.Name):
-			booted++
+		case status.PhaseReady:
+			ready++
 		default:
 			silent = append(silent, vm.Name)
 		}
 	}
 	var parts []string
-	if booted > 0 {
-		parts = append(parts, plural(booted, "guest")+" booted")
+	if ready > 0 {
+		parts = append(parts, plural(ready, "guest")+" ready")
 	}
 	if len(silent) > 0 {
-		parts = append(parts, fmt.Sprintf("QEMU runs %s but no boot line came within %s", strings.Join(silent, ", "), bootWait))
+		parts = append(parts, fmt.Sprintf("QEMU runs %s but the guest has not answered within %s", strings.Join(silent, ", "), bootWait))
 	}
 	if stopped > 0 {
 		parts = append(parts, plural(stopped, "VM")+" stopped")
@@ -562,7 +554,7 @@ func (w *watcher) observe(st *status.Status) {
 		if c := w.consoles[vm.Name]; c != nil {
 			for _, msg := range c.read() {
 				if msg == "ready" {
-					msg = fmt.Sprintf("ready: the guest has booted, %.1fs after QEMU started", time.Since(w.readyAt[vm.Name]).Seconds())
+					msg = fmt.Sprintf("ready: the guest has booted, %.1fs after QEMU started", time.Since(w.upAt[vm.Name]).Seconds())
 				}
 				w.line(consoleFormat, vm.Name, "console", msg)
 			}
@@ -616,24 +608,29 @@ func (w *watcher) observe(st *status.Status) {
 	}
 }
 
+// up reports whether a phase means the VM's QEMU runs.
+func up(phase string) bool { return phase == status.PhaseBooting || phase == status.PhaseReady }
+
 // phaseChanged prints vm's new phase and follows its console while it
-// runs. A VM becoming ready means its QEMU runs; its guest is still
-// booting until the console shows the boot line.
+// runs. Booting means QEMU runs and the guest has not answered yet; ready
+// means it has (docs/DESIGN.md, Readiness).
 func (w *watcher) phaseChanged(vm, old status.VM) {
-	becameReady := vm.Phase == status.PhaseReady && old.Phase != status.PhaseReady
-	attached := becameReady && old.Phase == "" && w.attached[vm.Name]
+	cameUp := up(vm.Phase) && !up(old.Phase)
+	attached := cameUp && old.Phase == "" && w.attached[vm.Name]
 	var notes []string
 	switch {
 	case vm.LastError != "":
 		notes = append(notes, "error: "+vm.LastError)
 	case attached:
 		notes = append(notes, "QEMU was already running: re-attached")
-	case becameReady:
+	case vm.Phase == status.PhaseBooting:
 		notes = append(notes, "QEMU up, the guest boots")
+	case vm.Phase == status.PhaseReady && old.Phase == status.PhaseBooting:
+		notes = append(notes, fmt.Sprintf("the guest answered, %.1fs after QEMU came up", time.Since(w.upAt[vm.Name]).Seconds()))
 	case vm.Message != "":
 		notes = append(notes, vm.Message)
 	}
-	if vm.Phase == status.PhaseReady && vm.SSH != "" {
+	if up(vm.Phase) && vm.SSH != "" {
 		notes = append(notes, "ssh forward "+vm.SSH)
 	}
 	power := vm.Power
@@ -641,8 +638,8 @@ func (w *watcher) phaseChanged(vm, old status.VM) {
 		power = "" // what it will be is the spec's; what it is says nothing yet
 	}
 	w.line(rowFormat, vm.Name, vm.Phase, power, strings.Join(notes, "; "))
-	if becameReady {
-		w.readyAt[vm.Name] = time.Now()
+	if cameUp {
+		w.upAt[vm.Name] = time.Now()
 		c := w.consoles[vm.Name]
 		switch {
 		case c == nil:
@@ -652,8 +649,8 @@ func (w *watcher) phaseChanged(vm, old status.VM) {
 			c.restart() // booted again: QEMU starts a fresh log
 		}
 		if attached {
-			// Its log holds a boot of an earlier run: note whether it
-			// finished, print only what comes next.
+			// Its log holds a boot of an earlier run: print only what
+			// comes next.
 			c.skip()
 		}
 		delete(w.attached, vm.Name)
@@ -673,23 +670,17 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// printSummary prints the fleet's VMs and volumes and how to change them;
-// booted tells whether a VM's guest has printed its boot line.
-func printSummary(out io.Writer, cfg Config, l Layout, url string, st *status.Status, booted func(string) bool) {
+// printSummary prints the fleet's VMs and volumes and how to change them.
+// PHASE is the status's: ready only once the guest answered.
+func printSummary(out io.Writer, cfg Config, l Layout, url string, st *status.Status) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VM\tPHASE\tPOWER\tGUEST\tSSH FORWARD\tSERIAL LOG")
+	fmt.Fprintln(tw, "VM\tPHASE\tPOWER\tSSH FORWARD\tSERIAL LOG")
 	for _, vm := range st.VMs {
-		ssh, guest := "-", "-"
-		if vm.Phase == status.PhaseReady {
-			if vm.SSH != "" {
-				ssh = vm.SSH
-			}
-			guest = "no boot line"
-			if booted(vm.Name) {
-				guest = "booted"
-			}
+		ssh := "-"
+		if up(vm.Phase) && vm.SSH != "" {
+			ssh = vm.SSH
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", vm.Name, vm.Phase, vm.Power, guest, ssh,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", vm.Name, vm.Phase, vm.Power, ssh,
 			l.SerialLog(vm.Name))
 	}
 	tw.Flush()

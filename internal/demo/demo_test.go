@@ -214,39 +214,38 @@ func TestConsoleFollowsTheSerialLog(t *testing.T) {
 	assert.Equal(t, []string{"init 6.1.0"}, c.read(), "a partial line waits for its end")
 	appendTo("d none\nkernel: something\n[   12.5] clocksource: unstabletinyguest: ready\n")
 	assert.Equal(t, []string{"seed none", "ready"}, c.read())
-	assert.True(t, c.booted)
 	assert.Empty(t, c.read())
 
 	// QEMU truncates the log when it boots the guest again.
 	require.NoError(t, os.WriteFile(path, []byte("tinyguest: init 6.1.0\n"), 0o644))
 	assert.Equal(t, []string{"init 6.1.0"}, c.read())
-	assert.False(t, c.booted)
 }
 
 func TestWatcherSettled(t *testing.T) {
 	ready := func(name string) status.VM { return status.VM{Name: name, Phase: status.PhaseReady, Power: "running"} }
+	booting := func(name string) status.VM {
+		return status.VM{Name: name, Phase: status.PhaseBooting, Power: "running"}
+	}
 	tests := []struct {
-		name   string
-		st     status.Status
-		booted []string
-		want   bool
+		name  string
+		st    status.Status
+		upFor time.Duration // how long ago the VMs' QEMU came up
+		want  bool
 	}{
-		{"no VMs yet", status.Status{}, nil, false},
-		{"one creating", status.Status{VMs: []status.VM{ready("a"), {Name: "b", Phase: status.PhaseCreating}}}, []string{"a"}, false},
-		{"ready but not booted", status.Status{VMs: []status.VM{ready("a"), ready("b")}}, []string{"a"}, false},
-		{"ready and booted", status.Status{VMs: []status.VM{ready("a"), ready("b")}}, []string{"a", "b"}, true},
-		{"one stopped", status.Status{VMs: []status.VM{ready("a"), {Name: "b", Phase: status.PhaseStopped}}}, []string{"a"}, true},
-		{"one failed", status.Status{VMs: []status.VM{ready("a"), {Name: "b", Phase: status.PhaseFailed}}}, []string{"a"}, false},
-		{"one quarantined", status.Status{VMs: []status.VM{ready("a")}, Quarantined: []status.Quarantine{{Name: "b"}}}, []string{"a"}, false},
+		{"no VMs yet", status.Status{}, 0, false},
+		{"one creating", status.Status{VMs: []status.VM{ready("a"), {Name: "b", Phase: status.PhaseCreating}}}, 0, false},
+		{"one booting", status.Status{VMs: []status.VM{ready("a"), booting("b")}}, 0, false},
+		{"one booting past the wait", status.Status{VMs: []status.VM{ready("a"), booting("b")}}, bootWait + time.Second, true},
+		{"all ready", status.Status{VMs: []status.VM{ready("a"), ready("b")}}, 0, true},
+		{"one stopped", status.Status{VMs: []status.VM{ready("a"), {Name: "b", Phase: status.PhaseStopped}}}, 0, true},
+		{"one failed", status.Status{VMs: []status.VM{ready("a"), {Name: "b", Phase: status.PhaseFailed}}}, 0, false},
+		{"one quarantined", status.Status{VMs: []status.VM{ready("a")}, Quarantined: []status.Quarantine{{Name: "b"}}}, 0, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWatcher(io.Discard, time.Now(), Layout{Dir: t.TempDir()})
 			for _, vm := range tc.st.VMs {
-				w.readyAt[vm.Name] = time.Now()
-			}
-			for _, name := range tc.booted {
-				w.consoles[name] = &console{booted: true}
+				w.upAt[vm.Name] = time.Now().Add(-tc.upFor)
 			}
 			assert.Equal(t, tc.want, w.settled(&tc.st))
 		})
@@ -389,10 +388,11 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 		"The fleet is up after",
 		"hello-1    console     ready: the guest has booted",
 		"hello-2    console     ready: the guest has booted",
-		"hello-1    ready       running  QEMU up, the guest boots; ssh forward 127.0.0.1:",
+		"hello-1    booting     running  QEMU up, the guest boots; ssh forward 127.0.0.1:",
+		"hello-1    ready       running  the guest answered, ",
 		"hello-2    stopped",
 		"controller applied main at " + stop[:12] + ": snapshot published for demo (epoch 2)",
-		": 2 guests booted.",
+		": 2 guests ready.",
 		"git clone " + RepoURL(l.Repo()),
 		"status --repo " + RepoURL(l.Repo()),
 		filepath.Join(l.State(), "vms", "hello-1", qemu.SerialLog),
@@ -475,7 +475,7 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 	text = out3.String()
 	t.Logf("third run:\n%s", text)
 	assert.Contains(t, text, "hello-1    ready       running  QEMU was already running: re-attached")
-	assert.Contains(t, text, ": 1 guest booted, 1 VM stopped.")
+	assert.Contains(t, text, ": 1 guest ready, 1 VM stopped.")
 	assert.NotContains(t, text, "hello-1    console", "an old boot's console lines are not replayed")
 	order := []string{
 		"controller applied main at " + del[:12] + ": snapshot published for demo (epoch 3)",
@@ -594,7 +594,9 @@ func TestWatcherPrintsEachChangeOnce(t *testing.T) {
 		{vm(status.PhaseCreating, "stopped", "", ""), ""},
 		{withMessage(vm(status.PhaseCreating, "stopped", "", ""), "image 1 of 3 MB"), ""}, // too soon after the last line
 		{withMessage(vm(status.PhaseCreating, "stopped", "", ""), "image 2 of 3 MB"), "hello-1    creating             image 2 of 3 MB"},
-		{vm(status.PhaseReady, "running", "127.0.0.1:2201", ""), "hello-1    ready       running  QEMU up, the guest boots; ssh forward 127.0.0.1:2201"},
+		{vm(status.PhaseBooting, "running", "127.0.0.1:2201", ""), "hello-1    booting     running  QEMU up, the guest boots; ssh forward 127.0.0.1:2201"},
+		{vm(status.PhaseBooting, "running", "127.0.0.1:2201", ""), ""},
+		{vm(status.PhaseReady, "running", "127.0.0.1:2201", ""), "hello-1    ready       running  the guest answered, 0.0s after QEMU came up; ssh forward 127.0.0.1:2201"},
 		{vm(status.PhaseReady, "running", "127.0.0.1:2201", ""), ""},
 		{vm(status.PhaseFailed, "stopped", "", "boot: qemu exited"), "hello-1    failed      stopped  error: boot: qemu exited"},
 		{vm(status.PhaseStopped, "stopped", "", ""), "hello-1    stopped     stopped"},
@@ -669,19 +671,22 @@ func TestWatcherReattachDoesNotReplayTheConsole(t *testing.T) {
 	w := newWatcher(&out, time.Now(), l)
 	w.attached = map[string]bool{"old": true}
 	st := &status.Status{VMs: []status.VM{
-		{Name: "new", Phase: status.PhaseReady, Power: "running"},
+		{Name: "new", Phase: status.PhaseBooting, Power: "running"},
 		{Name: "old", Phase: status.PhaseReady, Power: "running"},
 	}}
 	w.observe(st)
 	text := out.String()
 	assert.Contains(t, text, "old        ready       running  QEMU was already running: re-attached")
 	assert.NotContains(t, text, "old        console")
-	assert.Contains(t, text, "new        ready       running  QEMU up, the guest boots")
+	assert.Contains(t, text, "new        booting     running  QEMU up, the guest boots")
 	assert.Contains(t, text, "new        console     init 6.1.0")
 	assert.Contains(t, text, "new        console     ready: the guest has booted")
-	assert.True(t, w.booted("old"), "the earlier boot's ready line counts")
+	assert.False(t, w.settled(st), "new's guest has not answered yet")
+	st.VMs[0].Phase = status.PhaseReady
+	w.observe(st)
+	assert.Contains(t, out.String(), "new        ready       running  the guest answered, ")
 	assert.True(t, w.settled(st))
-	assert.Equal(t, "2 guests booted", w.upSummary(st))
+	assert.Equal(t, "2 guests ready", w.upSummary(st))
 
 	out.Reset()
 	f, err := os.OpenFile(logs["old"], os.O_APPEND|os.O_WRONLY, 0o644)
@@ -689,6 +694,7 @@ func TestWatcherReattachDoesNotReplayTheConsole(t *testing.T) {
 	_, err = f.WriteString("tinyguest: power button\n")
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
+	out.Reset()
 	w.observe(st)
 	assert.Contains(t, out.String(), "old        console     power button")
 	assert.Equal(t, 1, strings.Count(out.String(), "\n"), out.String())
@@ -696,13 +702,12 @@ func TestWatcherReattachDoesNotReplayTheConsole(t *testing.T) {
 
 func TestUpSummary(t *testing.T) {
 	w := newWatcher(io.Discard, time.Now(), Layout{Dir: t.TempDir()})
-	w.consoles["a"] = &console{booted: true}
 	st := &status.Status{VMs: []status.VM{
 		{Name: "a", Phase: status.PhaseReady},
-		{Name: "b", Phase: status.PhaseReady},
+		{Name: "b", Phase: status.PhaseBooting},
 		{Name: "c", Phase: status.PhaseStopped},
 	}}
-	assert.Equal(t, "1 guest booted, QEMU runs b but no boot line came within 2m0s, 1 VM stopped", w.upSummary(st))
+	assert.Equal(t, "1 guest ready, QEMU runs b but the guest has not answered within 2m0s, 1 VM stopped", w.upSummary(st))
 }
 
 func TestDefaultCacheDir(t *testing.T) {

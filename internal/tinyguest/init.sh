@@ -62,4 +62,7 @@ else
 	say "nic none"
 fi
 say "ready"
+# gitfleet's console readiness marker (agent.ConsoleReadyMarker): this guest
+# runs neither sshd nor a guest agent, so it declares itself up this way.
+echo "GITFLEET-GUEST-READY"
 while :; do sleep 3600; done

@@ -4,7 +4,8 @@
 // instance-id and the size of every disk to the serial console, asks for a
 // DHCP lease, pings its router once and stays up until an ACPI powerdown.
 //
-// Every line the guest prints starts with "tinyguest: ", in this order:
+// Every line the guest prints starts with "tinyguest: " but the readiness
+// marker, in this order:
 //
 //	tinyguest: init <kernel release>
 //	tinyguest: seed /dev/vdX instance-id=<id> hostname=<name>   (or "seed none")
@@ -13,6 +14,7 @@
 //	tinyguest: lease eth0 ip=<ip> router=<ip>
 //	tinyguest: ping <router> ok   (or "failed": one ICMP echo to the router)
 //	tinyguest: ready
+//	GITFLEET-GUEST-READY   (gitfleet's console readiness marker, alone on its line)
 //	tinyguest: power button   (on ACPI powerdown, just before it powers off)
 //
 // Build needs busybox-static (/bin/busybox) on the host, and a Debian
@@ -50,7 +52,8 @@ var udhcpcScript []byte
 // first serial port, which gitfleet's QEMU backend writes to a file.
 const Cmdline = "console=ttyS0 loglevel=4"
 
-// LinePrefix starts every line the guest's /init prints.
+// LinePrefix starts every line the guest's /init prints but the
+// readiness marker.
 const LinePrefix = "tinyguest: "
 
 // Guest is a built tiny guest: absolute paths of its kernel and initramfs

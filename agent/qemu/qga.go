@@ -1,0 +1,161 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// QGAChannel is the virtio-serial port name qemu-guest-agent opens in the
+// guest (/dev/virtio-ports/org.qemu.guest_agent.0); Debian's
+// qemu-guest-agent unit starts when it appears.
+const QGAChannel = "org.qemu.guest_agent.0"
+
+// dialUnix connects to the unix socket at sock within ctx. Paths longer
+// than sun_path allows are reached through /proc/self/fd/N/<base> with N
+// an O_PATH descriptor of the directory.
+func dialUnix(ctx context.Context, sock string) (net.Conn, error) {
+	addr := sock
+	if len(sock) > maxSunPath {
+		dirfd, err := unix.Open(filepath.Dir(sock), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open socket directory: %w", err)
+		}
+		defer unix.Close(dirfd)
+		addr = fmt.Sprintf("/proc/self/fd/%d/%s", dirfd, filepath.Base(sock))
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", addr)
+}
+
+// qgaCall runs one qemu-guest-agent command over the socket at sock (the
+// host end of the VM's QGAChannel) and decodes its "return" into out (nil
+// to discard it). Every read and write is bounded by ctx (10 s when it has
+// no deadline): a guest without an agent costs at most that.
+//
+// The protocol is QMP's JSON without a greeting. The channel may still hold
+// a reply to an exchange an earlier, timed-out call abandoned, so each call
+// first sends 0xFF (which resets the agent's parser) and
+// guest-sync-delimited with a random id; the agent answers with 0xFF and
+// that id, and everything before is dropped. (QEMU's qemu-ga reference,
+// "guest-sync-delimited".)
+func qgaCall(ctx context.Context, sock, command string, args, out any) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	conn, err := dialUnix(ctx, sock)
+	if err != nil {
+		return fmt.Errorf("guest agent %s: %w", command, err)
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	defer stop()
+
+	id := rand.Int64N(1 << 53) // exact in a JSON number
+	sync, _ := json.Marshal(map[string]any{"execute": "guest-sync-delimited", "arguments": map[string]any{"id": id}})
+	if _, err := conn.Write(append(append([]byte{0xff}, sync...), '\n')); err != nil {
+		return fmt.Errorf("guest agent %s: sync: %w", command, err)
+	}
+	r := bufio.NewReader(conn)
+	for synced := false; !synced; {
+		if _, err := r.ReadBytes(0xff); err != nil {
+			return fmt.Errorf("guest agent %s: sync: %w", command, err)
+		}
+		var resp struct {
+			Return *int64 `json:"return"`
+		}
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			return fmt.Errorf("guest agent %s: sync: %w", command, err)
+		}
+		synced = json.Unmarshal(line, &resp) == nil && resp.Return != nil && *resp.Return == id
+	}
+
+	req := map[string]any{"execute": command}
+	if args != nil {
+		req["arguments"] = args
+	}
+	b, _ := json.Marshal(req)
+	if _, err := conn.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("guest agent %s: %w", command, err)
+	}
+	for {
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			return fmt.Errorf("guest agent %s: %w", command, err)
+		}
+		var resp struct {
+			Return json.RawMessage `json:"return"`
+			Error  *struct {
+				Class string `json:"class"`
+				Desc  string `json:"desc"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(line, &resp) != nil {
+			continue // not a reply (a stray 0xFF, a partial line)
+		}
+		if resp.Error != nil {
+			return fmt.Errorf("guest agent %s: %s: %s", command, resp.Error.Class, resp.Error.Desc)
+		}
+		if resp.Return == nil {
+			continue
+		}
+		if out == nil {
+			return nil
+		}
+		if err := json.Unmarshal(resp.Return, out); err != nil {
+			return fmt.Errorf("guest agent %s: decode reply: %w", command, err)
+		}
+		return nil
+	}
+}
+
+// GuestInterface is one network interface as qemu-guest-agent's
+// guest-network-get-interfaces reports it: Name as the guest calls it
+// ("eth0", "lo"), MAC in lowercase colon form ("" for lo on some guests),
+// and its addresses.
+type GuestInterface struct {
+	Name      string           `json:"name"`
+	MAC       string           `json:"hardware-address"`
+	Addresses []GuestIPAddress `json:"ip-addresses"`
+}
+
+// GuestIPAddress is one address of a GuestInterface: Type is "ipv4" or
+// "ipv6", Address the textual address, Prefix its prefix length in bits.
+type GuestIPAddress struct {
+	Type    string `json:"ip-address-type"`
+	Address string `json:"ip-address"`
+	Prefix  int    `json:"prefix"`
+}
+
+// GuestInterfaces asks the named VM's qemu-guest-agent for its network
+// interfaces (guest-network-get-interfaces), within ctx (10 s when it has
+// no deadline). It fails when the VM is unknown or not running, or when
+// the guest runs no agent or it does not answer in time. Calls for one VM
+// are serialized with the readiness probe, since the channel carries one
+// conversation at a time.
+func (p *Provisioner) GuestInterfaces(ctx context.Context, name string) ([]GuestInterface, error) {
+	st := p.state(name, "")
+	if st == nil || st.pid() == 0 {
+		return nil, fmt.Errorf("guest interfaces of %s: vm not running", name)
+	}
+	st.qgaMu.Lock()
+	defer st.qgaMu.Unlock()
+	var ifs []GuestInterface
+	if err := qgaCall(ctx, st.path(QGASocket), "guest-network-get-interfaces", nil, &ifs); err != nil {
+		return nil, fmt.Errorf("guest interfaces of %s: %w", name, err)
+	}
+	return ifs, nil
+}
