@@ -12,6 +12,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 const gib = int64(1) << 30
@@ -42,10 +43,10 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 			return a, fmt.Errorf("inspect image: %w", err)
 		}
 		if info.Format != "qcow2" && info.Format != "raw" {
-			return a, agent.Permanent(fmt.Errorf("image %s is %s: want qcow2 or raw", redactURL(spec.Image.URL), info.Format))
+			return a, agent.Permanent(fmt.Errorf("image %s is %s: want qcow2 or raw", redact.URL(spec.Image.URL), info.Format))
 		}
 		if info.BackingFilename != "" {
-			return a, agent.Permanent(fmt.Errorf("image %s has a backing file of its own (%s): want a self-contained image", redactURL(spec.Image.URL), info.BackingFilename))
+			return a, agent.Permanent(fmt.Errorf("image %s has a backing file of its own (%s): want a self-contained image", redact.URL(spec.Image.URL), info.BackingFilename))
 		}
 		a.imageFormat = info.Format
 	}

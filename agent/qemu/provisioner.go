@@ -29,7 +29,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,8 +93,10 @@ type Config struct {
 	// Without it QEMU only gets a session of its own, and the agent's unit
 	// needs KillMode=process for its VMs to survive a restart of the unit.
 	SystemdScope bool
-	// HTTPClient fetches http(s) artifacts (default: http.DefaultClient).
-	HTTPClient *http.Client
+	// Artifacts says where images, kernels and initrds may be fetched
+	// from; the zero value allows no file:// URL and no download from a
+	// loopback, link-local or private address (see ArtifactPolicy).
+	Artifacts ArtifactPolicy
 	// Logger receives the backend's logs (default: logrus' standard logger),
 	// with component=qemu.
 	Logger logrus.FieldLogger
@@ -156,9 +157,6 @@ func New(cfg Config) (*Provisioner, error) {
 	if cfg.KillTimeout <= 0 {
 		cfg.KillTimeout = 5 * time.Second
 	}
-	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = http.DefaultClient
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = logrus.StandardLogger()
 	}
@@ -179,7 +177,7 @@ func New(cfg Config) (*Provisioner, error) {
 		return nil, fmt.Errorf("qemu: accel %q: want auto, kvm or tcg", cfg.Accel)
 	}
 	p.scope = cfg.SystemdScope && underSystemd()
-	p.images = newImageCache(cfg.CacheDir, cfg.HTTPClient, p.log)
+	p.images = newImageCache(cfg.CacheDir, cfg.Artifacts, p.log)
 	return p, nil
 }
 
@@ -228,7 +226,7 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 			return fmt.Errorf("preflight: %s --version: %v: %s", bin, err, trimTail(out, 512))
 		}
 	}
-	if err := os.MkdirAll(p.cfg.CacheDir, 0o755); err != nil {
+	if err := os.MkdirAll(p.cfg.CacheDir, 0o700); err != nil {
 		return fmt.Errorf("preflight: image cache: %w", err)
 	}
 	probe, err := os.CreateTemp(p.cfg.CacheDir, ".probe-")

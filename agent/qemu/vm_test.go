@@ -84,7 +84,7 @@ func guestSpec(t testing.TB, srv *artifactServer) desired.VMSpec {
 // under vmRoot, as the agent's state store would.
 func newTestProvisioner(t testing.TB, cache, vmRoot string, srv *artifactServer) *Provisioner {
 	p, err := New(Config{
-		CacheDir: cache, Accel: AccelTCG, HTTPClient: srv.Client(),
+		CacheDir: cache, Accel: AccelTCG, Artifacts: loopbackPolicy(),
 		MachineDir:       func(name string) string { return filepath.Join(vmRoot, name) },
 		PowerdownTimeout: 30 * time.Second, KillTimeout: 5 * time.Second,
 		BootTimeout: 60 * time.Second,
@@ -454,7 +454,7 @@ func TestVMFailures(t *testing.T) {
 		// handles the power button.
 		name := "deaf"
 		logger, hook := logtest.NewNullLogger()
-		pq, err := New(Config{CacheDir: cache, Accel: AccelTCG, HTTPClient: srv.Client(), Logger: logger,
+		pq, err := New(Config{CacheDir: cache, Accel: AccelTCG, Artifacts: loopbackPolicy(), Logger: logger,
 			PowerdownTimeout: 2 * time.Second, KillTimeout: 5 * time.Second, BootTimeout: 60 * time.Second})
 		if err != nil {
 			t.Fatal(err)

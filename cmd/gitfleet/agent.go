@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -34,9 +35,15 @@ import (
 //	stateDir: /var/lib/gitfleet
 //	backend: qemu                              # qemu (default) or memory
 //	qemu: {accel: auto, systemdScope: true}    # systemdScope defaults to true
+//	artifacts:                                 # where VM images, kernels, initrds may come from
+//	  fileRoots: [/srv/images]                 # file:// only under these (default: none)
+//	  allowNetworks: [192.0.2.0/24]            # private/loopback ranges a download may reach (default: none)
+//	  maxSizeGB: 64                            # largest artifact (default 64)
+//	  timeout: 30m                             # one download, end to end (default 30m)
+//	  stallTimeout: 60s                        # no byte for this long fails it (default 60s)
 //	intervals: {tick: 10s, poll: 15s, heartbeat: 60s}
 //	graces: {tombstone: 5m, vanish: 1h}
-//	vmTimeout: 30m                             # per-VM watchdog; 0 = none
+//	vmTimeout: 30m                             # per-VM watchdog (default 30m); 0 = none
 //	maxAttempts: 3
 //	logLevel: info
 //
@@ -65,6 +72,13 @@ type agentFileConfig struct {
 		// of the agent's unit leaves the guests running.
 		SystemdScope *bool `yaml:"systemdScope"`
 	} `yaml:"qemu"`
+	Artifacts struct {
+		FileRoots     []string `yaml:"fileRoots"`
+		AllowNetworks []string `yaml:"allowNetworks"`
+		MaxSizeGB     int64    `yaml:"maxSizeGB"`
+		Timeout       duration `yaml:"timeout"`
+		StallTimeout  duration `yaml:"stallTimeout"`
+	} `yaml:"artifacts"`
 	Intervals struct {
 		Tick      duration `yaml:"tick"`
 		Poll      duration `yaml:"poll"`
@@ -74,9 +88,23 @@ type agentFileConfig struct {
 		Tombstone duration `yaml:"tombstone"`
 		Vanish    duration `yaml:"vanish"`
 	} `yaml:"graces"`
-	VMTimeout   duration `yaml:"vmTimeout"`
-	MaxAttempts int      `yaml:"maxAttempts"`
-	LogLevel    string   `yaml:"logLevel"`
+	// VMTimeout is the per-VM watchdog; nil (absent) means
+	// defaultVMTimeout, an explicit 0 none.
+	VMTimeout   *duration `yaml:"vmTimeout"`
+	MaxAttempts int       `yaml:"maxAttempts"`
+	LogLevel    string    `yaml:"logLevel"`
+}
+
+// defaultVMTimeout bounds one VM's pass when the config does not say: a
+// create stuck on a hung server or a wedged QEMU ends, and the VM's next
+// pass (a reviewed delete among them) runs.
+const defaultVMTimeout = 30 * time.Minute
+
+func (c *agentFileConfig) vmTimeout() time.Duration {
+	if c.VMTimeout == nil {
+		return defaultVMTimeout
+	}
+	return time.Duration(*c.VMTimeout)
 }
 
 // duration is a time.Duration written as a Go duration string in YAML.
@@ -169,7 +197,12 @@ var (
 // backends builds the provisioner a config's backend names.
 var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error){
 	"qemu": func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error) {
+		policy, err := artifactPolicy(c)
+		if err != nil {
+			return nil, err
+		}
 		return qemu.New(qemu.Config{
+			Artifacts:    policy,
 			CacheDir:     filepath.Join(store.Root(), "images"),
 			MachineDir:   store.VMDir,
 			Accel:        c.QEMU.Accel,
@@ -181,6 +214,30 @@ var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logr
 	"memory": func(*agentFileConfig, *agent.Store, *logrus.Logger) (agent.Provisioner, error) {
 		return agenttest.New(), nil
 	},
+}
+
+// artifactPolicy turns the config's artifacts section into the QEMU
+// backend's policy: roots must be absolute, networks CIDR prefixes.
+func artifactPolicy(c *agentFileConfig) (qemu.ArtifactPolicy, error) {
+	a := c.Artifacts
+	p := qemu.ArtifactPolicy{Timeout: time.Duration(a.Timeout), StallTimeout: time.Duration(a.StallTimeout), MaxSize: a.MaxSizeGB << 30}
+	if a.MaxSizeGB < 0 {
+		return p, fmt.Errorf("agent config: artifacts.maxSizeGB %d: want a positive number", a.MaxSizeGB)
+	}
+	for _, r := range a.FileRoots {
+		if !filepath.IsAbs(r) {
+			return p, fmt.Errorf("agent config: artifacts.fileRoots: %q is not an absolute path", r)
+		}
+		p.FileRoots = append(p.FileRoots, filepath.Clean(r))
+	}
+	for _, n := range a.AllowNetworks {
+		pfx, err := netip.ParsePrefix(n)
+		if err != nil {
+			return p, fmt.Errorf("agent config: artifacts.allowNetworks: %q is not a CIDR prefix like 192.0.2.0/24", n)
+		}
+		p.AllowNetworks = append(p.AllowNetworks, pfx.Masked())
+	}
+	return p, nil
 }
 
 func init() {
@@ -300,7 +357,7 @@ func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writ
 	eng, err := agent.NewEngine(agent.EngineConfig{
 		Host: c.Host, Store: store, Provisioner: prov,
 		TombstoneGrace: time.Duration(c.Graces.Tombstone), VanishGrace: time.Duration(c.Graces.Vanish),
-		MaxAttempts: c.MaxAttempts, VMTimeout: time.Duration(c.VMTimeout), Log: log,
+		MaxAttempts: c.MaxAttempts, VMTimeout: c.vmTimeout(), Log: log,
 	})
 	if err != nil {
 		return err

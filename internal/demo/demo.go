@@ -330,6 +330,7 @@ func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *l
 	prov, err := qemu.New(qemu.Config{
 		CacheDir:         l.ImageCache(),
 		MachineDir:       store.VMDir,
+		Artifacts:        qemu.ArtifactPolicy{FileRoots: []string{l.Images()}},
 		Accel:            cfg.Accel,
 		BootTimeout:      60 * time.Second,
 		PowerdownTimeout: 20 * time.Second,
