@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // input is everything one computation over the snapshots tip needs. The
@@ -158,7 +159,8 @@ func compute(in input) (*output, error) {
 		// Keep the last good snapshots untouched; only remember why.
 		reason := "unknown error"
 		if in.loadErr != nil {
-			reason = in.loadErr.Error()
+			// A fetch error may quote the remote's URL with its token.
+			reason = redact.Text(in.loadErr.Error())
 		}
 		if l.Rejected == nil || l.Rejected.Commit != in.head || l.Rejected.Reason != reason || l.Rejected.Superseded != "" {
 			l.Rejected = &Rejection{Commit: in.head, Reason: reason, At: in.now}

@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // ErrHostMismatch is returned when a status file's host field does not name
@@ -45,8 +46,11 @@ func Parse(name string, data []byte) (*Status, error) {
 
 // Marshal encodes st as the YAML of a status file. Slices that are nil are
 // written as empty lists so a reader never confuses "none" with "unknown".
+// Every free-text field (errors, messages, reasons) is passed through
+// redact.Text: an error that quotes a URL with a token never reaches the
+// branch.
 func Marshal(st *Status) ([]byte, error) {
-	c := *st
+	c := redacted(st)
 	if c.VMs == nil {
 		c.VMs = []VM{}
 	}
@@ -164,4 +168,26 @@ func (r *Reader) read(f desired.File) (*Status, error) {
 		r.mu.Unlock()
 	}
 	return st, nil
+}
+
+// redacted returns a copy of st (sharing nothing Marshal changes) with its
+// free-text fields redacted.
+func redacted(st *Status) Status {
+	c := *st
+	c.SnapshotError = redact.Text(c.SnapshotError)
+	c.VMs = append([]VM(nil), st.VMs...)
+	for i := range c.VMs {
+		c.VMs[i].LastError = redact.Text(c.VMs[i].LastError)
+		c.VMs[i].Message = redact.Text(c.VMs[i].Message)
+	}
+	c.Quarantined = append([]Quarantine(nil), st.Quarantined...)
+	for i := range c.Quarantined {
+		c.Quarantined[i].LastError = redact.Text(c.Quarantined[i].LastError)
+	}
+	c.Vanished = append([]Vanished(nil), st.Vanished...)
+	for i := range c.Vanished {
+		c.Vanished[i].LastError = redact.Text(c.Vanished[i].LastError)
+		c.Vanished[i].Reason = redact.Text(c.Vanished[i].Reason)
+	}
+	return c
 }

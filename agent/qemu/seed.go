@@ -75,7 +75,7 @@ func mergeUserData(userData string, keys []string) ([]byte, error) {
 		}
 		doc := map[string]any{}
 		if err := yaml.Unmarshal([]byte(userData), &doc); err != nil {
-			return nil, fmt.Errorf("user-data: parse #cloud-config: %w", err)
+			return nil, fmt.Errorf("user-data: parse #cloud-config: %w", secretYAMLError(err))
 		}
 		if doc == nil {
 			doc = map[string]any{}

@@ -288,3 +288,24 @@ func TestMachineWithoutDirectoryIsPermanent(t *testing.T) {
 		})
 	}
 }
+
+// A malformed user-data never reaches an error, not even a prefix of it.
+func TestMergeUserDataErrorsQuoteNoSecret(t *testing.T) {
+	for _, ud := range []string{
+		"#cloud-config\nS3CR3T-password-in-a-scalar",
+		"#cloud-config\n- S3CR3T-in-a-list\n",
+		"#cloud-config\nssh_authorized_keys: S3CR3T-not-a-list\n",
+		"#cloud-config\nssh_authorized_keys: [{S3CR3T: x}]\n",
+		"#cloud-config\nkey: \"S3CR3T unterminated\n",
+		"#cloud-config\nkey: [S3CR3T\n",
+	} {
+		_, err := mergeUserData(ud, []string{"ssh-ed25519 AAAA"})
+		if err == nil {
+			t.Errorf("%q: no error", ud)
+			continue
+		}
+		if strings.Contains(err.Error(), "S3CR3T") {
+			t.Errorf("error quotes the user-data: %v", err)
+		}
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent/agenttest"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // agentFileConfig is the agent's YAML configuration file:
@@ -317,7 +318,7 @@ func fromEnv(v *string, name string) {
 }
 
 func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writer) error {
-	log := logrus.New()
+	log := redact.Logger(logrus.New())
 	log.SetOutput(logOut)
 	if c.LogLevel != "" {
 		lvl, err := logrus.ParseLevel(c.LogLevel)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // repoFlags are the flags that name a remote repository and its
@@ -110,7 +111,7 @@ errors (overlapping branches, a path outside the repository).`,
 			if secret == "" {
 				secret = os.Getenv("GITFLEET_WEBHOOK_SECRET")
 			}
-			log := logrus.StandardLogger()
+			log := redact.Logger(logrus.StandardLogger())
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			c, err := fleet.New(fleet.Config{

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+)
+
+// A token given in the repository URL, in any form, reaches no log line,
+// no error printed, and no commit on any branch — also when the fetch
+// fails and the controller records why.
+func TestRepoTokenReachesNoLogAndNoBranch(t *testing.T) {
+	const token = "glpat-SeCrEt-0123456789"
+	root := t.TempDir()
+	bare := filepath.Join(root, "fleet.git")
+	gittest.Git(t, "", "clone", "-q", "--bare", cliFleet(t), bare)
+	gittest.Git(t, bare, "config", "http.receivepack", "true")
+	base := gittest.Serve(t, root)
+	host := strings.TrimPrefix(base, "http://")
+
+	logf, err := os.CreateTemp(t.TempDir(), "log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	saved := logrus.StandardLogger().Out
+	logrus.SetOutput(logf)
+	t.Cleanup(func() { logrus.SetOutput(saved) })
+
+	var printed strings.Builder
+	for _, url := range []string{
+		"http://" + token + "@" + host + "/fleet.git",
+		"http://oauth2:" + token + "@" + host + "/fleet.git",
+		"http://" + host + "/fleet.git?private_token=" + token,
+	} {
+		// A branch that does not exist: the pass fails, and the
+		// controller writes why into the ledger and the summary.
+		_, out, errOut := runCLIStderr(t, "controller", "--repo", url, "--branch", "nosuch", "--path", "fleet", "--once")
+		printed.WriteString(out + errOut)
+		_, out, errOut = runCLIStderr(t, "controller", "--repo", url, "--path", "fleet", "--once")
+		printed.WriteString(out + errOut)
+		_, out, errOut = runCLIStderr(t, "status", "--repo", url)
+		printed.WriteString(out + errOut)
+	}
+	if refs := gittest.Git(t, bare, "for-each-ref"); !strings.Contains(refs, "gitfleet/snapshots") {
+		t.Fatalf("the controller wrote no branch, so the test proves nothing: %s", refs)
+	}
+	history := gittest.Git(t, bare, "log", "-p", "--all", "--format=%H %an %ae %s%n%b")
+	if strings.Contains(history, token) {
+		t.Errorf("a branch's history holds the token")
+	}
+	if !strings.Contains(history, "nosuch") {
+		t.Errorf("no commit records the failed fetch, so the test proves nothing")
+	}
+	logs, _ := os.ReadFile(logf.Name())
+	if len(logs) == 0 {
+		t.Error("the controller logged nothing, so the test proves nothing")
+	}
+	for name, text := range map[string]string{"log": string(logs), "output": printed.String()} {
+		for _, line := range strings.Split(text, "\n") {
+			if strings.Contains(line, token) {
+				t.Errorf("%s line holds the token: %s", name, line)
+			}
+		}
+	}
+}
+
+// The controller's --cache-dir holds the clone (user-data) and the
+// remote's URL: it is made 0700, and an existing one is closed down.
+func TestControllerCacheDirIsPrivate(t *testing.T) {
+	dir := cliFleet(t)
+	for _, existing := range []bool{false, true} {
+		cache := filepath.Join(t.TempDir(), "cache")
+		if existing {
+			if err := os.Mkdir(cache, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if code, _ := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--cache-dir", cache, "--once"); code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		fi, err := os.Stat(cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o700 {
+			t.Errorf("cache dir (existing: %v) has mode %o, want 700", existing, fi.Mode().Perm())
+		}
+	}
+}
+
+// validate never echoes a secret field's value, not even a prefix.
+func TestValidateEchoesNoSecret(t *testing.T) {
+	vm := testVM("a", "1") + "  cloudInit:\n    sshAuthorizedKeys: \"S3CR3T-key-not-a-list\"\n    userData: 12345678\n"
+	code, out := runCLI(t, "validate", writeFleet(t, map[string]string{"h.yaml": testHost, "a.yaml": vm}))
+	if code != 1 || !strings.Contains(out, "spec.cloudInit.sshAuthorizedKeys") || !strings.Contains(out, "spec.cloudInit.userData") {
+		t.Fatalf("exit %d, output %q: want both fields reported", code, out)
+	}
+	if strings.Contains(out, "S3CR3T") || strings.Contains(out, "12345678") {
+		t.Errorf("validate echoes a secret: %s", out)
+	}
+}
