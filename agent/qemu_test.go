@@ -69,7 +69,7 @@ func TestEngineWithRealQEMU(t *testing.T) {
 		store, err = agent.OpenStore(filepath.Join(dir, "state"))
 		require.NoError(t, err)
 		prov, err = qemu.New(qemu.Config{CacheDir: filepath.Join(dir, "images"), MachineDir: store.VMDir, Accel: "tcg",
-			Artifacts: qemu.ArtifactPolicy{FileRoots: []string{filepath.Dir(g.Kernel), filepath.Dir(g.Initrd), filepath.Dir(base)}},
+			Artifacts:        qemu.ArtifactPolicy{FileRoots: []string{filepath.Dir(g.Kernel), filepath.Dir(g.Initrd), filepath.Dir(base)}},
 			PowerdownTimeout: 20 * time.Second, KillTimeout: 5 * time.Second, BootTimeout: 90 * time.Second, Logger: quietLog()})
 		require.NoError(t, err)
 		eng, err = agent.NewEngine(agent.EngineConfig{Host: testHost, Store: store, Provisioner: prov,
