@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,6 +105,7 @@ func TestEngineWithRealQEMU(t *testing.T) {
 	again, err := os.ReadFile(filepath.Join(store.VMDir("web-01"), qemu.PidFile))
 	require.NoError(t, err)
 	assert.Equal(t, string(pid), string(again), "re-attached, not booted again")
+	assertQEMUFiles(t, strings.TrimSpace(string(pid)), filepath.Join(dir, "images"), store.VMDir("web-01"), store.VolumePath("web-01-data"))
 
 	deleted := vmEntry
 	deleted.Tombstoned = true
@@ -121,4 +123,27 @@ func TestEngineWithRealQEMU(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist)
 	_, err = os.Stat(store.VolumePath("web-01-data"))
 	assert.NoError(t, err, "a VM's destroy never takes its volume")
+}
+
+// assertQEMUFiles checks that QEMU (pid) holds no file outside allowed:
+// the image cache, the VM's directory, its volumes. Devices, pipes,
+// sockets and anonymous files are not files a guest reads.
+func assertQEMUFiles(t *testing.T, pid string, allowed ...string) {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/" + pid + "/fd")
+	require.NoError(t, err)
+	held := 0
+	for _, fd := range fds {
+		target, err := os.Readlink("/proc/" + pid + "/fd/" + fd.Name())
+		if err != nil || !strings.HasPrefix(target, "/") || strings.HasPrefix(target, "/dev/") {
+			continue
+		}
+		held++
+		ok := false
+		for _, a := range allowed {
+			ok = ok || target == a || strings.HasPrefix(target, a+"/")
+		}
+		assert.True(t, ok, "qemu holds %s, outside the image cache, the VM's directory and its volumes", target)
+	}
+	assert.NotZero(t, held, "qemu holds no file at all: the check proves nothing")
 }

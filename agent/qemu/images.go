@@ -304,12 +304,21 @@ type imageInfo struct {
 	Format          string `json:"format"`
 	VirtualSize     int64  `json:"virtual-size"`
 	BackingFilename string `json:"backing-filename"`
+	FormatSpecific  struct {
+		Type string `json:"type"`
+		Data struct {
+			DataFile string `json:"data-file"`
+		} `json:"data"`
+	} `json:"format-specific"`
 }
 
-// qemuImgInfo runs qemu-img info on path. -U reads an image a running QEMU
-// holds locked.
-func qemuImgInfo(ctx context.Context, qemuImg, path string) (*imageInfo, error) {
-	out, err := exec.CommandContext(ctx, qemuImg, "info", "-U", "--output=json", path).Output()
+// dataFile is a qcow2's external data file, "" when it has none.
+func (i *imageInfo) dataFile() string { return i.FormatSpecific.Data.DataFile }
+
+// qemuImgInfo runs qemu-img info on path read as format (never probed).
+// -U reads an image a running QEMU holds locked.
+func qemuImgInfo(ctx context.Context, qemuImg, path, format string) (*imageInfo, error) {
+	out, err := exec.CommandContext(ctx, qemuImg, "info", "-U", "-f", format, "--output=json", path).Output()
 	if err != nil {
 		return nil, fmt.Errorf("qemu-img info %s: %w%s", path, err, stderrOf(err))
 	}

@@ -348,7 +348,7 @@ func TestPrepareRootDisk(t *testing.T) {
 	ctx := context.Background()
 	info := func(path string) *imageInfo {
 		t.Helper()
-		i, err := qemuImgInfo(ctx, qemuImg, path)
+		i, err := qemuImgInfo(ctx, qemuImg, path, "qcow2")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -254,7 +254,7 @@ func TestVMLifecycle(t *testing.T) {
 		if err := p.PrepareRootDisk(ctx, grown); err != nil {
 			t.Fatal(err)
 		}
-		info, err := qemuImgInfo(ctx, "qemu-img", filepath.Join(dir, RootDiskFile))
+		info, err := qemuImgInfo(ctx, "qemu-img", filepath.Join(dir, RootDiskFile), "qcow2")
 		if err != nil {
 			t.Fatal(err)
 		}
