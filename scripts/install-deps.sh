@@ -12,8 +12,19 @@ command -v qemu-img >/dev/null || need+=(qemu-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || need+=(linux-image-amd64)
 command -v make >/dev/null || need+=(make)
+command -v nft >/dev/null || need+=(nftables)
+
+# The agent runs QEMU as this unprivileged system user (agent config
+# qemu.user), with an nftables guard keyed on it.
+qemu_user() {
+  id gitfleet-qemu >/dev/null 2>&1 && return
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo useradd --system --no-create-home --shell /usr/sbin/nologin gitfleet-qemu
+}
 
 if [ ${#need[@]} -eq 0 ]; then
+  qemu_user
   echo "install-deps: everything is present"
   exit 0
 fi
@@ -27,3 +38,4 @@ echo "install-deps: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+qemu_user

@@ -32,6 +32,8 @@ type launch struct {
 	cmdline string
 	mac     string
 	sshPort int
+	runAs   string // -runas user; "" stays root
+	sandbox bool
 }
 
 // escapeOpt doubles commas, QEMU's escape inside an option value.
@@ -64,6 +66,14 @@ func (l launch) args() []string {
 		"-smp", strconv.Itoa(l.vcpus),
 		"-m", strconv.Itoa(l.memMB),
 		"-nodefaults", "-no-user-config", "-display", "none",
+	)
+	if l.sandbox {
+		a = append(a, sandboxArgs(l.runAs != "")...)
+	}
+	if l.runAs != "" {
+		a = append(a, "-runas", l.runAs)
+	}
+	a = append(a,
 		"-pidfile", filepath.Join(l.dir, PidFile),
 		"-qmp", "unix:"+QMPSocket+",server=on,wait=off",
 		"-serial", "file:"+escapeOpt(filepath.Join(l.dir, SerialLog)),
@@ -154,6 +164,13 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 		vcpus: max(m.Spec.VCPUs, 1), memMB: m.Spec.MemoryMB,
 		root: st.path(RootDiskFile), seed: st.path(SeedFile), volumes: m.Volumes,
 		kernel: a.kernel, initrd: a.initrd, mac: mac, sshPort: port,
+		sandbox: !p.cfg.NoSandbox,
+	}
+	if p.user != nil {
+		l.runAs = p.user.name
+		if err := p.user.own(st.dir); err != nil {
+			return fmt.Errorf("boot: %w", err)
+		}
 	}
 	if l.memMB <= 0 {
 		l.memMB = 512

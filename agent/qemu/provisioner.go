@@ -93,6 +93,20 @@ type Config struct {
 	// Without it QEMU only gets a session of its own, and the agent's unit
 	// needs KillMode=process for its VMs to survive a restart of the unit.
 	SystemdScope bool
+	// RunAs is the unprivileged system user QEMU drops to once it has
+	// opened its files (-runas). With it, Preflight installs an nftables
+	// guard (nft must be installed) that refuses connections from that
+	// user to any address of the host, so a guest cannot reach the host's
+	// loopback services through user-mode networking's gateway
+	// (10.0.2.2), and each VM's directory is given to that user (0700).
+	// "" keeps QEMU root and the guard off: guests then reach the host's
+	// 127.0.0.1. The agent's config defaults it to DefaultQEMUUser.
+	RunAs string
+	// NoSandbox turns QEMU's seccomp sandbox (-sandbox on,...) off; it is
+	// on by default.
+	NoSandbox bool
+	// NFT is the nft binary (default: found in PATH).
+	NFT string
 	// Artifacts says where images, kernels and initrds may be fetched
 	// from; the zero value allows no file:// URL and no download from a
 	// loopback, link-local or private address (see ArtifactPolicy).
@@ -113,6 +127,7 @@ type Provisioner struct {
 	scope  bool
 	log    *logrus.Entry
 	images *imageCache
+	user   *qemuUser // nil: QEMU runs as the agent's user
 
 	mu       sync.Mutex
 	machines map[string]*vmState
@@ -166,6 +181,7 @@ func New(cfg Config) (*Provisioner, error) {
 	if cfg.kvmDev == "" {
 		cfg.kvmDev = "/dev/kvm"
 	}
+	var err error
 	p := &Provisioner{cfg: cfg, machines: map[string]*vmState{}, ports: map[int]string{}}
 	p.log = cfg.Logger.WithField("component", "qemu")
 	switch cfg.Accel {
@@ -177,6 +193,13 @@ func New(cfg Config) (*Provisioner, error) {
 		return nil, fmt.Errorf("qemu: accel %q: want auto, kvm or tcg", cfg.Accel)
 	}
 	p.scope = cfg.SystemdScope && underSystemd()
+	if p.user, err = lookupQEMUUser(cfg.RunAs); err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
+	if cfg.NFT == "" {
+		cfg.NFT = "nft"
+		p.cfg.NFT = "nft"
+	}
 	p.images = newImageCache(cfg.CacheDir, cfg.Artifacts, p.log)
 	return p, nil
 }
@@ -235,6 +258,16 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 	}
 	probe.Close()
 	os.Remove(probe.Name())
+	if err := os.Chmod(p.cfg.CacheDir, 0o700); err != nil {
+		return fmt.Errorf("preflight: image cache: %w", err)
+	}
+	if p.user != nil {
+		if err := installGuard(ctx, p.cfg.NFT, p.user.uid); err != nil {
+			return fmt.Errorf("preflight: %w", err)
+		}
+	} else {
+		p.log.Warn("qemu runs as root without a guard: guests reach the host's 127.0.0.1 through 10.0.2.2 (set qemu.user)")
+	}
 	if p.accel == AccelKVM {
 		f, err := os.OpenFile(p.cfg.kvmDev, os.O_RDWR, 0)
 		if err != nil {

@@ -35,7 +35,7 @@ import (
 //	host: hv-a
 //	stateDir: /var/lib/gitfleet
 //	backend: qemu                              # qemu (default) or memory
-//	qemu: {accel: auto, systemdScope: true}    # systemdScope defaults to true
+//	qemu: {accel: auto, systemdScope: true, user: gitfleet-qemu}  # systemdScope defaults to true; user: see below
 //	artifacts:                                 # where VM images, kernels, initrds may come from
 //	  fileRoots: [/srv/images]                 # file:// only under these (default: none)
 //	  allowNetworks: [192.0.2.0/24]            # private/loopback ranges a download may reach (default: none)
@@ -72,6 +72,12 @@ type agentFileConfig struct {
 		// transient scope when the agent runs under systemd, so a restart
 		// of the agent's unit leaves the guests running.
 		SystemdScope *bool `yaml:"systemdScope"`
+		// User is the unprivileged user QEMU runs as, with the nftables
+		// guard that keeps guests off the host's addresses; absent means
+		// qemu.DefaultQEMUUser, "root" keeps QEMU root without a guard.
+		User *string `yaml:"user"`
+		// NoSandbox turns QEMU's seccomp sandbox off (default on).
+		NoSandbox bool `yaml:"noSandbox"`
 	} `yaml:"qemu"`
 	Artifacts struct {
 		FileRoots     []string `yaml:"fileRoots"`
@@ -202,7 +208,16 @@ var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logr
 		if err != nil {
 			return nil, err
 		}
+		runAs := qemu.DefaultQEMUUser
+		if c.QEMU.User != nil {
+			runAs = *c.QEMU.User
+		}
+		if runAs == "root" {
+			runAs = ""
+		}
 		return qemu.New(qemu.Config{
+			RunAs:        runAs,
+			NoSandbox:    c.QEMU.NoSandbox,
 			Artifacts:    policy,
 			CacheDir:     filepath.Join(store.Root(), "images"),
 			MachineDir:   store.VMDir,

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -103,5 +104,18 @@ func TestValidateEchoesNoSecret(t *testing.T) {
 	}
 	if strings.Contains(out, "S3CR3T") || strings.Contains(out, "12345678") {
 		t.Errorf("validate echoes a secret: %s", out)
+	}
+}
+
+// The agent's unit is hardened: systemd-analyze security rates its
+// exposure 4.0 or lower (the unhardened unit rated 9.6, "UNSAFE").
+func TestAgentUnitIsHardened(t *testing.T) {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("systemd-analyze not installed (apt-get install systemd)")
+	}
+	unit := filepath.Join("..", "..", "examples", "systemd", "gitfleet-agent.service")
+	out, err := exec.Command("systemd-analyze", "security", "--offline=true", "--threshold=40", unit).CombinedOutput()
+	if err != nil {
+		t.Errorf("%v: exposure above 4.0:\n%s", err, out)
 	}
 }

@@ -12,6 +12,7 @@
 //	tinyguest: nic eth0 mac=<mac>
 //	tinyguest: lease eth0 ip=<ip> router=<ip>
 //	tinyguest: ready
+//	tinyguest: probe <line>   (each line the seed's user-data prints, when it is a #!/bin/sh script)
 //	tinyguest: power button   (on ACPI powerdown, just before it powers off)
 //
 // Build needs busybox-static (/bin/busybox) on the host, and a Debian
