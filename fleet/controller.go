@@ -506,9 +506,11 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 				anc, err := c.repo.IsAncestor(l.Applied.Commit, head)
 				return !anc, err
 			},
-			readTip:      verify,
-			lastSnapshot: func(host string) (*desired.Snapshot, error) { return readSnapshot(read, host) },
-			specHash:     func(vm *desired.VM) string { return hashes[vm] },
+			readTip: verify,
+			lastSnapshot: func(host string) (*desired.Snapshot, error) {
+				return readSnapshot(c.bounded(tip, read, desired.MaxSnapshotBytes), host)
+			},
+			specHash: func(vm *desired.VM) string { return hashes[vm] },
 		})
 		if err != nil {
 			return nil, "", err
@@ -628,13 +630,29 @@ func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]string {
 	return next
 }
 
+// MaxLedgerBytes is the largest ledger.yaml the controller reads (64 MiB;
+// ten thousand objects take a few). A bigger one is refused by its size
+// before it is read: the pass fails and says so, as for a ledger that does
+// not parse.
+const MaxLedgerBytes = 64 << 20
+
+// bounded is read limited to files of max bytes at tip, checked before a
+// file is read (gitsource.ErrFileTooLarge); read as it is when the branch
+// has no tip yet.
+func (c *Controller) bounded(tip string, read func(string) ([]byte, error), max int64) func(string) ([]byte, error) {
+	if tip == "" {
+		return read
+	}
+	return func(p string) ([]byte, error) { return c.tips.ReadFileMax(tip, p, max) }
+}
+
 // ledgerAt returns the ledger at tip, from the cache when tip is the one
 // last written or read.
 func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*Ledger, error) {
 	if tip != "" && tip == c.ledgerTip && c.ledger != nil {
 		return c.ledger, nil
 	}
-	data, err := read(LedgerPath)
+	data, err := c.bounded(tip, read, MaxLedgerBytes)(LedgerPath)
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return newLedger(), nil
 	}
@@ -655,6 +673,9 @@ func readSnapshot(read func(string) ([]byte, error), host string) (*desired.Snap
 	data, err := read(SnapshotPath(host))
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil
+	}
+	if errors.Is(err, gitsource.ErrFileTooLarge) {
+		return nil, nil // refused like one that does not parse
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", SnapshotPath(host), err)

@@ -16,6 +16,16 @@ import (
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
+// MaxFileBytes is the largest status file a reader parses (4 MiB; a host
+// with ten thousand VMs writes well under 1 MiB). A bigger file, forged or
+// broken, is refused by its size before it is read, and reported as the
+// host's status error.
+const MaxFileBytes = 4 << 20
+
+// ErrFileTooLarge is wrapped by the error of a status file over
+// MaxFileBytes.
+var ErrFileTooLarge = errors.New("status file too large")
+
 // ErrHostMismatch is returned when a status file's host field does not name
 // the host of its path (hosts/<host>.yaml): an agent must write only its own
 // file.
@@ -154,9 +164,15 @@ func (r *Reader) read(f desired.File) (*Status, error) {
 			return st, nil
 		}
 	}
+	if f.Size > MaxFileBytes {
+		return nil, fmt.Errorf("read status %s: %w: %d bytes, the limit is %d", f.Path, ErrFileTooLarge, f.Size, MaxFileBytes)
+	}
 	data, err := f.Read()
 	if err != nil {
 		return nil, fmt.Errorf("read status %s: %w", f.Path, err)
+	}
+	if int64(len(data)) > MaxFileBytes {
+		return nil, fmt.Errorf("read status %s: %w: %d bytes, the limit is %d", f.Path, ErrFileTooLarge, len(data), MaxFileBytes)
 	}
 	st, err := Parse(f.Path, data)
 	if err != nil {

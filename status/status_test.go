@@ -243,3 +243,35 @@ func TestSummaryCellsEscapeMarkdownAndHTML(t *testing.T) {
 		t.Errorf("summary has %d fences, want the reason's 2:\n%s", n, got)
 	}
 }
+
+// A status file over MaxFileBytes is refused by its size, without being
+// read, and reported as that host's error; the other hosts are read.
+func TestReadAllRefusesAHugeStatusUnread(t *testing.T) {
+	good, _ := Marshal(&Status{Host: "hv-b"})
+	tree := fileTree{
+		{Path: "hosts/hv-a.yaml", ID: "a", Size: MaxFileBytes + 1, Read: func() ([]byte, error) {
+			t.Error("the huge status was read")
+			return nil, errors.New("read")
+		}},
+		{Path: "hosts/hv-b.yaml", ID: "b", Size: int64(len(good)), Read: func() ([]byte, error) { return good, nil }},
+	}
+	reps, err := NewReader().ReadAll(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 2 || !errors.Is(reps[0].Err, ErrFileTooLarge) || reps[1].Err != nil {
+		t.Fatalf("reports %+v: want hv-a refused as too large, hv-b read", reps)
+	}
+}
+
+// fileTree is a desired.Tree over a list of files.
+type fileTree []desired.File
+
+func (ft fileTree) Walk(fn func(desired.File) error) error {
+	for _, f := range ft {
+		if err := fn(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}

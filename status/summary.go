@@ -258,6 +258,10 @@ func stamp(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
+// maxCell is the most characters of one value a summary cell shows: an
+// error of any length never makes the README large.
+const maxCell = 500
+
 // cell makes s safe inside one Markdown table cell: credentials in URLs
 // are redacted (see internal/redact), line breaks become spaces, and every
 // character Markdown or HTML gives a meaning to is escaped, so text from an
@@ -268,6 +272,9 @@ func cell(s string) string {
 		return "-"
 	}
 	s = redact.Text(s)
+	if r := []rune(s); len(r) > maxCell {
+		s = string(r[:maxCell]) + "…"
+	}
 	var b strings.Builder
 	for _, r := range s {
 		switch r {

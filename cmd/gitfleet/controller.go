@@ -151,9 +151,9 @@ errors (overlapping branches, a path outside the repository).`,
 				if err != nil {
 					return &exitError{code: 2, err: fmt.Errorf("--listen %s: %w", listen, err)}
 				}
-				srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+				srv := fleet.NewServer(ln, mux, fleet.ServerOptions{})
 				go func() {
-					if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					if err := srv.Serve(); err != nil {
 						log.WithError(err).Error("http server")
 					}
 				}()
@@ -174,7 +174,7 @@ errors (overlapping branches, a path outside the repository).`,
 	f.StringVar(&cacheDir, "cache-dir", os.Getenv("GITFLEET_CACHE_DIR"), "directory for the local clone; default in memory ($GITFLEET_CACHE_DIR)")
 	f.BoolVar(&once, "once", false, "run one pass and exit")
 	f.DurationVar(&interval, "interval", envDuration("GITFLEET_INTERVAL", fleet.DefaultInterval), "poll interval, jittered ($GITFLEET_INTERVAL)")
-	f.StringVar(&listen, "listen", os.Getenv("GITFLEET_LISTEN"), "address for webhooks and /metrics, such as :8080 ($GITFLEET_LISTEN)")
+	f.StringVar(&listen, "listen", os.Getenv("GITFLEET_LISTEN"), "address for webhooks and /metrics, such as "+fleet.DefaultListen+"; off when empty ($GITFLEET_LISTEN)")
 	f.StringVar(&secret, "webhook-secret", "", "webhook secret (default $GITFLEET_WEBHOOK_SECRET)")
 	f.DurationVar(&grace, "abandon-grace", envDuration("GITFLEET_ABANDON_GRACE", fleet.DefaultAbandonGrace), "how long a delete waits on an offline host before the controller finalizes it")
 	f.DurationVar(&offline, "offline-after", envDuration("GITFLEET_OFFLINE_AFTER", fleet.DefaultOfflineAfter), "no status change for this long makes a host offline")

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sirupsen/logrus"
@@ -117,5 +118,49 @@ func TestAgentUnitIsHardened(t *testing.T) {
 	out, err := exec.Command("systemd-analyze", "security", "--offline=true", "--threshold=40", unit).CombinedOutput()
 	if err != nil {
 		t.Errorf("%v: exposure above 4.0:\n%s", err, out)
+	}
+}
+
+// TestHelperCLI runs the command line given in GITFLEET_HELPER_ARGS (unit-separator
+// separated) in a process of its own, for tests that measure the process;
+// it does nothing in a normal run.
+func TestHelperCLI(t *testing.T) {
+	args := os.Getenv("GITFLEET_HELPER_ARGS")
+	if args == "" {
+		return
+	}
+	os.Exit(run(strings.Split(args, "\x1f")))
+}
+
+// A forged 50 MB status file is refused by its size: the controller reports
+// it as the host's status error, and its peak memory stays under 300 MB.
+func TestForgedHugeStatusIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("commits a 50 MB file; skipped with -short")
+	}
+	dir := cliFleet(t)
+	if code, _ := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 {
+		t.Fatalf("first pass: exit %d", code)
+	}
+	huge := "host: hv-a\nheartbeat: 1\nvms:\n" + strings.Repeat("  - {name: web-01, phase: ready, lastError: \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}\n", 50<<20/80)
+	gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{"hosts/hv-a.yaml": huge}})
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperCLI$")
+	cmd.Env = append(os.Environ(), "GITFLEET_HELPER_ARGS="+strings.Join([]string{"controller", "--repo", dir, "--path", "fleet", "--once"}, "\x1f"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("controller: %v\n%s", err, out)
+	}
+	rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss // KiB
+	t.Logf("controller peak RSS with a %d MB status: %d MB", len(huge)>>20, rss>>10)
+	if rss > 300<<10 {
+		t.Errorf("controller peak RSS %d MB, want under 300 MB", rss>>10)
+	}
+	readme := gittest.Show(t, dir, "refs/heads/gitfleet/status", "README.md")
+	if !strings.Contains(readme, "status file too large") {
+		t.Errorf("README does not report the refused status:\n%.2000s", readme)
+	}
+	if len(readme) > 1<<20 {
+		t.Errorf("README is %d bytes", len(readme))
 	}
 }
