@@ -412,7 +412,7 @@ func TestSourceRefusesAHugeSnapshotUnread(t *testing.T) {
 	gittest.NeedGit(t)
 	bare := gittest.NewBare(t)
 	huge := "host: hv-a\nepoch: 1\n#" + string(bytes.Repeat([]byte("x"), desired.MaxSnapshotBytes)) + "\n"
-	gittest.Commit(t, bare, gittest.Edit{Branch: agent.SnapshotsBranch, Write: map[string]string{agent.SnapshotPath("hv-a"): huge}})
+	gittest.Commit(t, bare, gittest.Edit{Branch: agent.SnapshotsBranch, Write: map[string]string{"hosts/hv-a.yaml": huge}})
 	_, _, err := agent.NewSource(mustOpen(t, bare), "hv-a", "").Fetch(context.Background())
 	require.ErrorIs(t, err, agent.ErrSnapshotInvalid)
 	assert.ErrorIs(t, err, gitsource.ErrFileTooLarge)

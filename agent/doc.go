@@ -2,7 +2,10 @@
 // the gitfleet/snapshots branch, fences snapshots older than the last one it
 // accepted, converges volumes, runs one reconcile worker per VM against a
 // Provisioner, keeps its state on disk, and writes this host's status to the
-// gitfleet/status branch (docs/DESIGN.md, Agent semantics).
+// gitfleet/status branch (docs/DESIGN.md, Agent semantics). It owns no
+// branch file's format: it reads hosts/<host>.yaml of the snapshots branch
+// (packages snapshots and desired) and writes its own hosts/<host>.yaml of
+// the status branch (package status).
 //
 // The pieces, from the bottom up:
 //

@@ -69,9 +69,8 @@ type EngineConfig struct {
 	// it the VM is shut down gracefully and kept, record, root disk and
 	// volumes, until it reappears or its tombstone arrives. It is never
 	// destroyed for vanishing: only a tombstone, a reviewed delete, destroys a
-	// VM. (Earlier versions destroyed a vanished VM after this grace; a
-	// repository restored from a backup, a hand-edited snapshots branch or a
-	// controller bug then cost every VM the snapshot lacked.)
+	// VM: a repository restored from a backup, a hand-edited snapshots
+	// branch or a controller bug must not cost a VM the snapshot lacks.
 	VanishGrace time.Duration
 	// MaxAttempts is the create retry budget per spec (default 3).
 	MaxAttempts int

@@ -104,9 +104,6 @@ func (p *vmPass) watchdogFired() bool {
 // restart does not reset it); then it is shut down gracefully and kept,
 // record, root disk and volumes, for as long as it stays absent. Its
 // reappearance resumes it (apply); its tombstone deletes it (remove).
-//
-// This departs on purpose from the earlier behaviour, which shut the VM down
-// at once and destroyed it after VanishGrace.
 func (p *vmPass) vanished() {
 	rec := p.rec
 	if rec.VanishedAt == nil {

@@ -8,22 +8,21 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
-// Branches the agent reads and writes (docs/DESIGN.md, Branches and files).
+// Branches the agent reads and writes by default (docs/DESIGN.md, Branches
+// and files), as their owners name them.
 const (
-	SnapshotsBranch = "gitfleet/snapshots"
-	StatusBranch    = "gitfleet/status"
+	SnapshotsBranch = snapshots.Branch
+	StatusBranch    = status.Branch
 )
 
 // ErrSnapshotInvalid: the host's snapshot file exists but does not parse or
 // names another host. It is refused and reported, never read as an empty
 // desired state.
 var ErrSnapshotInvalid = errors.New("snapshot refused")
-
-// SnapshotPath is where host's snapshot lives on the snapshots branch.
-func SnapshotPath(host string) string { return status.Path(host) }
 
 // Source reads one host's snapshot from the snapshots branch of a
 // repository. It parses a tip once: fetching the same tip again returns the
@@ -76,7 +75,7 @@ func (s *Source) Fetch(ctx context.Context) (*desired.Snapshot, string, error) {
 }
 
 func (s *Source) read(tip string) (*desired.Snapshot, error) {
-	path := SnapshotPath(s.host)
+	path := snapshots.Path(s.host)
 	data, err := s.repo.ReadFileMax(tip, path, desired.MaxSnapshotBytes)
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil

@@ -1,7 +1,11 @@
 // Package desired is gitfleet's object model: the VM, Volume and Host kinds of
 // apiVersion gitfleet.dev/v1alpha1, their strict YAML decoding and validation
 // with FILE:LINE:COL errors, loading a whole repository tree into a Fleet,
-// computing one Snapshot per host, and the Plan between two fleets.
+// and the Plan between two fleets. It owns the format of the object files
+// on the desired branch and of the snapshot files (hosts/<host>.yaml on the
+// snapshots branch: Snapshot, ParseSnapshot, MarshalSnapshot); package
+// snapshots owns that branch's names and ledger, and the controller builds
+// the snapshots.
 //
 // Every *.yaml / *.yml file outside dot-directories is exactly one object. A
 // file that is not a valid object is an error, never skipped: skipping a file

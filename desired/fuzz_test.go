@@ -72,8 +72,9 @@ func FuzzParseSnapshot(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	for _, s := range ComputeSnapshots(fl) {
-		s.Epoch = 3
+	for name, vm := range fl.VMs {
+		s := &Snapshot{Host: vm.Spec.Host, Epoch: 3, VMs: []SnapshotVM{{Name: name, SpecHash: SpecHash(vm.Spec), Spec: vm.Spec}},
+			Volumes: []SnapshotVolume{}}
 		b, err := MarshalSnapshot(s)
 		if err != nil {
 			f.Fatal(err)

@@ -320,7 +320,7 @@ func maskSecret(s string) string {
 // Text renders the plan for a terminal.
 func (p *Plan) Text() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Plan %s -> %s\n", shortRev(p.Base), shortRev(p.Head))
+	fmt.Fprintf(&b, "Plan %s -> %s\n", Hash(p.Base).Short(), Hash(p.Head).Short())
 	for _, w := range p.Warnings {
 		fmt.Fprintf(&b, "\n! %s\n", w)
 	}
@@ -351,7 +351,7 @@ func (p *Plan) Text() string {
 // Markdown renders the plan as a pull-request comment.
 func (p *Plan) Markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "### gitfleet plan `%s` → `%s`\n\n", shortRev(p.Base), shortRev(p.Head))
+	fmt.Fprintf(&b, "### gitfleet plan `%s` → `%s`\n\n", Hash(p.Base).Short(), Hash(p.Head).Short())
 	for _, w := range p.Warnings {
 		fmt.Fprintf(&b, "> ⚠️ %s\n\n", w)
 	}
@@ -424,10 +424,3 @@ func orNone(s string) string {
 }
 
 func mdCode(s string) string { return strings.ReplaceAll(s, "`", "'") }
-
-func shortRev(s string) string {
-	if len(s) == 40 {
-		return s[:12]
-	}
-	return s
-}

@@ -6,10 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"reflect"
-	"slices"
-	"sort"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -27,75 +24,6 @@ func SpecHash(spec VMSpec) string {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
-}
-
-// ComputeSnapshots returns the desired half of each host's snapshot, keyed
-// by host name: one Snapshot per Host object, also for a host with no VMs
-// and no volumes (a real, empty desired state). VMs and volumes are sorted
-// by name, none tombstoned; HostSpec is the Host's spec. Epoch and Source
-// are left zero for the controller to set, as are tombstones. The snapshots
-// share nothing with f.
-func ComputeSnapshots(f *Fleet) map[string]*Snapshot {
-	out := make(map[string]*Snapshot, len(f.Hosts))
-	for name, h := range f.Hosts {
-		out[name] = &Snapshot{
-			Host:     name,
-			HostSpec: cloneHostSpec(h.Spec),
-			VMs:      []SnapshotVM{},
-			Volumes:  []SnapshotVolume{},
-		}
-	}
-	for name, vm := range f.VMs {
-		s := out[vm.Spec.Host]
-		if s == nil {
-			continue // impossible in a validated Fleet
-		}
-		spec := cloneVMSpec(vm.Spec)
-		s.VMs = append(s.VMs, SnapshotVM{Name: name, SpecHash: SpecHash(spec), Spec: spec})
-	}
-	for name, v := range f.Volumes {
-		s := out[v.Spec.Host]
-		if s == nil {
-			continue
-		}
-		s.Volumes = append(s.Volumes, SnapshotVolume{Name: name, SizeGB: v.Spec.SizeGB})
-	}
-	for _, s := range out {
-		sort.Slice(s.VMs, func(i, j int) bool { return s.VMs[i].Name < s.VMs[j].Name })
-		sort.Slice(s.Volumes, func(i, j int) bool { return s.Volumes[i].Name < s.Volumes[j].Name })
-	}
-	return out
-}
-
-func cloneHostSpec(h HostSpec) HostSpec {
-	if h.Capacity != nil {
-		c := *h.Capacity
-		h.Capacity = &c
-	}
-	h.Networks = maps.Clone(h.Networks)
-	return h
-}
-
-func cloneVMSpec(s VMSpec) VMSpec {
-	if s.Image != nil {
-		a := *s.Image
-		s.Image = &a
-	}
-	if s.Kernel != nil {
-		k := *s.Kernel
-		if k.Initrd != nil {
-			a := *k.Initrd
-			k.Initrd = &a
-		}
-		s.Kernel = &k
-	}
-	s.Volumes = slices.Clone(s.Volumes)
-	if s.CloudInit != nil {
-		c := *s.CloudInit
-		c.SSHAuthorizedKeys = slices.Clone(c.SSHAuthorizedKeys)
-		s.CloudInit = &c
-	}
-	return s
 }
 
 // MarshalSnapshot encodes s as the YAML of hosts/<host>.yaml: two-space

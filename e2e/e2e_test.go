@@ -36,6 +36,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -360,7 +361,7 @@ func (f *fleetUnderTest) status() *status.Status {
 }
 
 func (f *fleetUnderTest) snapshot() *desired.Snapshot {
-	b, ok := f.show(agent.SnapshotsBranch, agent.SnapshotPath(host))
+	b, ok := f.show(agent.SnapshotsBranch, snapshots.Path(host))
 	if !ok {
 		return nil
 	}

@@ -162,7 +162,7 @@ func identify(h history, commit, p string) (ref, bool, error) {
 	}
 	switch doc.Kind {
 	case desired.KindVM, desired.KindVolume:
-		return ref{doc.Kind, doc.Metadata.Name, doc.Spec.Host}, true, nil
+		return ref{Kind: doc.Kind, Name: doc.Metadata.Name, Host: doc.Spec.Host}, true, nil
 	}
 	return ref{}, false, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/redact"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -34,7 +35,7 @@ type input struct {
 	loadErr error
 	// ledger is the ledger at the snapshots tip; the computation works on a
 	// clone.
-	ledger *Ledger
+	ledger *snapshots.Ledger
 	// statuses are the hosts' readable statuses; statusOK is false when the
 	// status branch could not be read, which disables the sweep.
 	statuses map[string]*status.Status
@@ -62,32 +63,29 @@ type input struct {
 
 // output is what the computation decided.
 type output struct {
-	ledger *Ledger
+	ledger *snapshots.Ledger
 	// files are snapshot paths → content (nil removes the file).
 	files map[string][]byte
 	// published is host → new epoch for every file written.
 	published map[string]uint64
 	// fenceJumps is host → epoch the ledger jumped to.
 	fenceJumps map[string]uint64
-	tombstoned []*TombstoneRecord
+	tombstoned []*snapshots.TombstoneRecord
 	// retained are the objects kept after a history rewrite this pass;
 	// unretained those desired again on their host.
-	retained   []*RetainedRecord
+	retained   []*snapshots.RetainedRecord
 	unretained []ref
 	// repaired are hosts whose file at the tip differed from the one the
 	// ledger published (edited or removed by hand): published again.
 	repaired  []string
 	undeleted []ref
 	finalized []ref
-	swept     []SweepRecord
+	swept     []snapshots.SweepRecord
 	// rejected is set when the desired state was refused by the
 	// computation itself (a VM attaching a retained VM's volume): the
 	// output is then that of a rejected commit.
 	rejected error
 }
-
-// SnapshotPath is where host's snapshot lives on the snapshots branch.
-func SnapshotPath(host string) string { return "hosts/" + host + ".yaml" }
 
 // MaxEpoch bounds snapshot epochs (2^53, exact in a float64 and so in any
 // JSON reader). A status asking for a fence jump beyond it is refused, never
@@ -112,308 +110,464 @@ func fileHash(data []byte) string {
 }
 
 // compute runs one pass's decisions over in.ledger (docs/DESIGN.md, Controller
-// semantics 2–6). It never returns a partial result: an error means nothing
-// may be written.
+// semantics 1–6) as the steps of computeSteps, in order. It never returns a
+// partial result: an error means nothing may be written.
 func compute(in input) (*output, error) {
-	l := in.ledger.clone()
-	out := &output{ledger: l, files: map[string][]byte{}, published: map[string]uint64{}, fenceJumps: map[string]uint64{}}
-
-	// A ledger of another branch or directory: refuse before anything.
-	if a := l.Applied; a != nil && (a.Branch != in.branch || (a.Path != nil && *a.Path != in.path)) {
-		had := "(not recorded)"
-		if a.Path != nil {
-			had = dirName(*a.Path)
+	p := &computePass{in: in, l: in.ledger.Clone()}
+	p.out = &output{ledger: p.l, files: map[string][]byte{}, published: map[string]uint64{}, fenceJumps: map[string]uint64{}}
+	for _, s := range computeSteps() {
+		if err := s.run(p); err != nil {
+			return nil, err
 		}
-		return nil, fmt.Errorf("%w: %s was computed from branch %q, path %s; this controller reads branch %q, path %s: refusing to publish (start it with --branch %s --path %s, or give it its own snapshots and status branches)",
-			ErrLedgerMismatch, LedgerPath, a.Branch, had, in.branch, dirName(in.path), a.Branch, dirName(derefOr(a.Path, in.path)))
+		if p.done {
+			break
+		}
 	}
+	return p.out, nil
+}
 
-	// Fence recovery: an agent accepted an epoch the ledger does not know
-	// (the snapshots branch was restored from an old copy). Jump above it
-	// and force the host's snapshot out again. A jump to MaxEpoch or beyond
-	// is refused: the status is corrupt or forged, and following it would
-	// wrap the epoch.
-	fenced := make([]string, 0, len(in.statuses))
-	for host := range in.statuses {
+// computeStep is one named decision of compute. A step changes the pass's
+// ledger clone and output, or returns an error that stops the pass with
+// nothing written (the errors already name what to fix, so they are not
+// wrapped with the step's name), or sets done to end the pass with the
+// output as it stands.
+type computeStep struct {
+	name string
+	run  func(p *computePass) error
+}
+
+// computeSteps returns compute's decisions in the order they must be
+// taken: the guards first (nothing is decided over a foreign or corrupt
+// branch), then what the desired state brings back, then what it drops,
+// then what the hosts acknowledged, and last what is published. (A
+// function, not a variable: rejectConflicts runs compute again.)
+func computeSteps() []computeStep {
+	return []computeStep{
+		{"guard ledger", (*computePass).guardLedger},
+		{"recover fence", (*computePass).recoverFence},
+		{"keep last good", (*computePass).keepLastGood},
+		{"group live objects", (*computePass).groupLive},
+		{"un-retain", (*computePass).unretain},
+		{"un-delete", (*computePass).undelete},
+		{"tombstone or retain", (*computePass).tombstoneOrRetain},
+		{"reject conflicts", (*computePass).rejectConflicts},
+		{"finalize", (*computePass).finalize},
+		{"assemble snapshots", (*computePass).assemble},
+		{"remove departed hosts", (*computePass).removeDeparted},
+		{"publish", (*computePass).publish},
+		{"record applied", (*computePass).recordApplied},
+	}
+}
+
+// computePass is the state compute's steps share.
+type computePass struct {
+	in  input
+	l   *snapshots.Ledger // a clone of in.ledger, the ledger to write
+	out *output
+	// snaps are the hosts' snapshots under construction, live objects
+	// first (groupLive), then tombstones and retained objects (assemble).
+	snaps map[string]*hostSnapshot
+	// pending are the tombstones pending at the start, less those
+	// un-deleted.
+	pending map[ref]*snapshots.TombstoneRecord
+	// done ends the pass after the current step with out as it stands.
+	done bool
+}
+
+// guardLedger refuses a ledger computed from another desired branch or
+// objects' directory (ErrLedgerMismatch): publishing over it would read as
+// deleting everything the other configuration applied.
+func (p *computePass) guardLedger() error {
+	a, in := p.l.Applied, p.in
+	if a == nil || (a.Branch == in.branch && (a.Path == nil || *a.Path == in.path)) {
+		return nil
+	}
+	had := "(not recorded)"
+	if a.Path != nil {
+		had = dirName(*a.Path)
+	}
+	return fmt.Errorf("%w: %s was computed from branch %q, path %s; this controller reads branch %q, path %s: refusing to publish (start it with --branch %s --path %s, or give it its own snapshots and status branches)",
+		ErrLedgerMismatch, snapshots.LedgerPath, a.Branch, had, in.branch, dirName(in.path), a.Branch, dirName(derefOr(a.Path, in.path)))
+}
+
+// recoverFence follows an agent that accepted an epoch the ledger does not
+// know (the snapshots branch was restored from an old copy): the host's
+// epoch jumps to it and its snapshot is forced out again. A jump to
+// MaxEpoch or beyond is refused (ErrEpochBound): the status is corrupt or
+// forged, and following it would wrap the epoch.
+func (p *computePass) recoverFence() error {
+	fenced := make([]string, 0, len(p.in.statuses))
+	for host := range p.in.statuses {
 		fenced = append(fenced, host)
 	}
 	sort.Strings(fenced)
 	for _, host := range fenced {
-		st := in.statuses[host]
-		if st.LastSeenEpoch >= MaxEpoch && st.LastSeenEpoch > l.host(host).Epoch {
-			return nil, fmt.Errorf("%w: host %s: its status (%s on the status branch) reports lastSeenEpoch %d, at or above %d: refusing the fence jump; correct or remove that status file",
+		st := p.in.statuses[host]
+		if st.LastSeenEpoch >= MaxEpoch && st.LastSeenEpoch > p.l.Host(host).Epoch {
+			return fmt.Errorf("%w: host %s: its status (%s on the status branch) reports lastSeenEpoch %d, at or above %d: refusing the fence jump; correct or remove that status file",
 				ErrEpochBound, host, status.Path(host), st.LastSeenEpoch, MaxEpoch)
 		}
 	}
 	for _, host := range fenced {
-		st := in.statuses[host]
-		rec := l.host(host)
+		st := p.in.statuses[host]
+		rec := p.l.Host(host)
 		if st.LastSeenEpoch > rec.Epoch {
 			rec.Epoch = st.LastSeenEpoch
 			rec.Hash = ""
-			out.fenceJumps[host] = st.LastSeenEpoch
+			p.out.fenceJumps[host] = st.LastSeenEpoch
 		}
 	}
+	return nil
+}
 
-	if in.fleet == nil {
-		// Keep the last good snapshots untouched; only remember why.
-		reason := "unknown error"
-		if in.loadErr != nil {
-			// A fetch error may quote the remote's URL with its token.
-			reason = redact.Text(in.loadErr.Error())
-		}
-		if l.Rejected == nil || l.Rejected.Commit != in.head || l.Rejected.Reason != reason || l.Rejected.Superseded != "" {
-			l.Rejected = &Rejection{Commit: in.head, Reason: reason, At: in.now}
-		}
-		return out, nil
+// keepLastGood ends the pass of a rejected desired state: the last good
+// snapshots stay untouched, and the ledger only remembers why (once per
+// commit and reason, keeping when it was first refused).
+func (p *computePass) keepLastGood() error {
+	if p.in.fleet != nil {
+		return nil
 	}
-
-	// Group the live objects per host, sorted by name, without specs: a
-	// spec is copied only into a snapshot that is written.
-	snaps := buildSnapshots(in.fleet, nil, in.specHash, false)
-	live := func(r ref) bool { return snaps[r.Host].has(r.Kind, r.Name) }
-	pending := map[ref]*TombstoneRecord{}
-	for _, t := range l.Tombstones {
-		pending[t.ref()] = t
+	reason := "unknown error"
+	if p.in.loadErr != nil {
+		// A fetch error may quote the remote's URL with its token.
+		reason = redact.Text(p.in.loadErr.Error())
 	}
+	if r := p.l.Rejected; r == nil || r.Commit != p.in.head || r.Reason != reason || r.Superseded != "" {
+		p.l.Rejected = &snapshots.Rejection{Commit: p.in.head, Reason: reason, At: p.in.now}
+	}
+	p.done = true
+	return nil
+}
 
-	// A retained object desired on its host again leaves the list.
-	keptRetained := l.Retained[:0:0]
-	for _, r := range l.Retained {
-		if live(r.ref()) {
-			out.unretained = append(out.unretained, r.ref())
+// groupLive groups the live objects per host, sorted by name, without
+// specs: a spec is copied only into a snapshot that is written (publish).
+func (p *computePass) groupLive() error {
+	p.snaps = buildSnapshots(p.in.fleet, nil, p.in.specHash, false)
+	p.pending = map[ref]*snapshots.TombstoneRecord{}
+	for _, t := range p.l.Tombstones {
+		p.pending[t.Ref()] = t
+	}
+	return nil
+}
+
+// live reports whether r is desired on its host.
+func (p *computePass) live(r ref) bool { return p.snaps[r.Host].has(r.Kind, r.Name) }
+
+// unretain takes a retained object desired on its host again off the
+// list. Desired on another host, it stays retained on its old one.
+func (p *computePass) unretain() error {
+	kept := p.l.Retained[:0:0]
+	for _, r := range p.l.Retained {
+		if p.live(r.Ref()) {
+			p.out.unretained = append(p.out.unretained, r.Ref())
 			continue
 		}
-		keptRetained = append(keptRetained, r)
+		kept = append(kept, r)
 	}
-	l.Retained = keptRetained
+	p.l.Retained = kept
+	return nil
+}
 
-	// Un-delete: an object back on the host of its pending tombstone.
-	kept := l.Tombstones[:0:0]
-	for _, t := range l.Tombstones {
-		if live(t.ref()) {
-			out.undeleted = append(out.undeleted, t.ref())
-			delete(pending, t.ref())
+// undelete drops the pending tombstone of an object back on its host: the
+// object keeps what it had (a VM its disk).
+func (p *computePass) undelete() error {
+	kept := p.l.Tombstones[:0:0]
+	for _, t := range p.l.Tombstones {
+		if p.live(t.Ref()) {
+			p.out.undeleted = append(p.out.undeleted, t.Ref())
+			delete(p.pending, t.Ref())
 			continue
 		}
 		kept = append(kept, t)
 	}
-	l.Tombstones = kept
+	p.l.Tombstones = kept
+	return nil
+}
 
-	// Tombstones: objects of the applied state absent now, or moved.
-	if l.Applied != nil {
-		var removed []ref
-		for host, rec := range l.Hosts {
-			s := snaps[host]
-			var vms []desired.SnapshotVM
-			var vols []desired.SnapshotVolume
-			if s != nil {
-				vms, vols = s.snap.VMs, s.snap.Volumes
-			}
-			// Both lists are sorted by name: walk them together.
-			for _, n := range missing(rec.VMs, len(vms), func(i int) string { return vms[i].Name }) {
-				if r := (ref{desired.KindVM, n, host}); pending[r] == nil {
-					removed = append(removed, r)
-				}
-			}
-			for _, n := range missing(rec.Volumes, len(vols), func(i int) string { return vols[i].Name }) {
-				if r := (ref{desired.KindVolume, n, host}); pending[r] == nil {
-					removed = append(removed, r)
-				}
+// tombstoneOrRetain handles the objects of the applied state absent now,
+// or moved: tombstoned when the applied commit is an ancestor of the head
+// (a reviewed delete), retained when the history was rewritten.
+func (p *computePass) tombstoneOrRetain() error {
+	if p.l.Applied == nil {
+		return nil
+	}
+	removed := p.removed()
+	if len(removed) == 0 {
+		return nil
+	}
+	rewritten, err := p.in.rewritten()
+	if err != nil {
+		return fmt.Errorf("is the applied commit %s an ancestor of %s: %w", desired.Hash(p.l.Applied.Commit).Short(), desired.Hash(p.in.head).Short(), err)
+	}
+	if rewritten {
+		return p.retain(removed)
+	}
+	return p.tombstone(removed)
+}
+
+// removed lists the objects the ledger's hosts held in the applied state
+// that their hosts' snapshots now lack and that have no pending tombstone,
+// sorted.
+func (p *computePass) removed() []ref {
+	var removed []ref
+	for host, rec := range p.l.Hosts {
+		s := p.snaps[host]
+		var vms []desired.SnapshotVM
+		var vols []desired.SnapshotVolume
+		if s != nil {
+			vms, vols = s.snap.VMs, s.snap.Volumes
+		}
+		// Both lists are sorted by name: walk them together.
+		for _, n := range missing(rec.VMs, len(vms), func(i int) string { return vms[i].Name }) {
+			if r := (ref{Kind: desired.KindVM, Name: n, Host: host}); p.pending[r] == nil {
+				removed = append(removed, r)
 			}
 		}
-		sort.Slice(removed, func(i, j int) bool { return removed[i].String() < removed[j].String() })
-		rewritten := false
-		if len(removed) > 0 {
-			var err error
-			if rewritten, err = in.rewritten(); err != nil {
-				return nil, fmt.Errorf("is the applied commit %s an ancestor of %s: %w", short(l.Applied.Commit), short(in.head), err)
-			}
-		}
-		if rewritten {
-			// A rewritten history is no reviewed delete: keep every
-			// object it dropped, live, with its last spec.
-			for _, r := range removed {
-				last, err := in.lastSnapshot(r.Host)
-				if err != nil {
-					return nil, fmt.Errorf("last spec of %s: %w", r, err)
-				}
-				k := &RetainedRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Commit: in.head, Since: in.now}
-				t := &TombstoneRecord{Kind: r.Kind}
-				t.Name = r.Name
-				fillLast(t, last)
-				k.Spec, k.SizeGB = t.Spec, t.SizeGB
-				if k.Kind == desired.KindVM && k.Spec == nil {
-					// Publishing it without its spec would read as a
-					// vanished VM; refuse rather than drop it.
-					return nil, fmt.Errorf("%w: VM %s on host %s, dropped by the history rewrite at %s, has no last spec: %s is missing or unreadable on the snapshots branch; restore that file, or restore the VM's file on the desired branch",
-						ErrNoLastSpec, r.Name, r.Host, short(in.head), SnapshotPath(r.Host))
-				}
-				l.Retained = append(l.Retained, k)
-				out.retained = append(out.retained, k)
-			}
-		} else if len(removed) > 0 {
-			who, err := in.attribute(removed)
-			if err != nil {
-				return nil, fmt.Errorf("attribute deletes: %w", err)
-			}
-			for _, r := range removed {
-				t := &TombstoneRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Tombstone: who[r], PublishedAt: in.now}
-				t.Tombstone.Epoch = 0 // set when published below
-				last, err := in.lastSnapshot(r.Host)
-				if err != nil {
-					return nil, fmt.Errorf("last spec of %s: %w", r, err)
-				}
-				fillLast(t, last)
-				l.Tombstones = append(l.Tombstones, t)
-				out.tombstoned = append(out.tombstoned, t)
+		for _, n := range missing(rec.Volumes, len(vols), func(i int) string { return vols[i].Name }) {
+			if r := (ref{Kind: desired.KindVolume, Name: n, Host: host}); p.pending[r] == nil {
+				removed = append(removed, r)
 			}
 		}
 	}
+	sort.Slice(removed, func(i, j int) bool { return removed[i].String() < removed[j].String() })
+	return removed
+}
 
-	// A live VM attaching a volume a retained VM on its host lists would
-	// share that volume with it: reject the desired state.
-	if err := retainedConflict(in.fleet, l.Retained); err != nil {
-		rej := in
-		rej.fleet, rej.loadErr = nil, err
-		o, cerr := compute(rej)
-		if cerr != nil {
-			return nil, cerr
+// retain keeps every object a rewritten history dropped, live, with its
+// last spec: a rewritten history is no reviewed delete. A VM without a last
+// spec is refused (ErrNoLastSpec): publishing it without its spec would
+// read as a vanished VM.
+func (p *computePass) retain(removed []ref) error {
+	for _, r := range removed {
+		last, err := p.in.lastSnapshot(r.Host)
+		if err != nil {
+			return fmt.Errorf("last spec of %s: %w", r, err)
 		}
-		o.rejected = err
-		return o, nil
+		k := &snapshots.RetainedRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Commit: p.in.head, Since: p.in.now}
+		t := &snapshots.TombstoneRecord{Kind: r.Kind}
+		t.Name = r.Name
+		fillLast(t, last)
+		k.Spec, k.SizeGB = t.Spec, t.SizeGB
+		if k.Kind == desired.KindVM && k.Spec == nil {
+			return fmt.Errorf("%w: VM %s on host %s, dropped by the history rewrite at %s, has no last spec: %s is missing or unreadable on the snapshots branch; restore that file, or restore the VM's file on the desired branch",
+				ErrNoLastSpec, r.Name, r.Host, desired.Hash(p.in.head).Short(), snapshots.Path(r.Host))
+		}
+		p.l.Retained = append(p.l.Retained, k)
+		p.out.retained = append(p.out.retained, k)
 	}
+	return nil
+}
 
-	// Finalize: a fresh ack (docs/DESIGN.md, the epoch rule), or the abandoned
-	// sweep for an offline host. A tombstone not yet published (epoch 0)
-	// is never finalized.
-	kept = l.Tombstones[:0:0]
-	for _, t := range l.Tombstones {
+// tombstone records a pending delete of every removed object, attributed
+// to the commit that removed it and carrying its last spec. Its epoch is
+// set when it is first published.
+func (p *computePass) tombstone(removed []ref) error {
+	who, err := p.in.attribute(removed)
+	if err != nil {
+		return fmt.Errorf("attribute deletes: %w", err)
+	}
+	for _, r := range removed {
+		t := &snapshots.TombstoneRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Tombstone: who[r], PublishedAt: p.in.now}
+		t.Tombstone.Epoch = 0 // set when published
+		last, err := p.in.lastSnapshot(r.Host)
+		if err != nil {
+			return fmt.Errorf("last spec of %s: %w", r, err)
+		}
+		fillLast(t, last)
+		p.l.Tombstones = append(p.l.Tombstones, t)
+		p.out.tombstoned = append(p.out.tombstoned, t)
+	}
+	return nil
+}
+
+// rejectConflicts rejects a desired state in which a live VM attaches a
+// volume a retained VM on its host lists (it would share that volume): the
+// pass's output becomes that of a rejected commit, computed afresh.
+func (p *computePass) rejectConflicts() error {
+	err := retainedConflict(p.in.fleet, p.l.Retained)
+	if err == nil {
+		return nil
+	}
+	rej := p.in
+	rej.fleet, rej.loadErr = nil, err
+	o, cerr := compute(rej)
+	if cerr != nil {
+		return cerr
+	}
+	o.rejected = err
+	p.out, p.done = o, true
+	return nil
+}
+
+// finalize ends a published tombstone on a fresh ack (docs/DESIGN.md, the
+// epoch rule), or by the abandoned sweep when its host is offline past the
+// abandon grace (never when the statuses could not be read). A tombstone
+// not yet published (epoch 0) is never finalized.
+func (p *computePass) finalize() error {
+	in := p.in
+	kept := p.l.Tombstones[:0:0]
+	for _, t := range p.l.Tombstones {
 		if t.Tombstone.Epoch == 0 {
 			kept = append(kept, t)
 			continue
 		}
 		if st := in.statuses[t.Host]; st != nil && acked(st, t) {
-			out.finalized = append(out.finalized, t.ref())
+			p.out.finalized = append(p.out.finalized, t.Ref())
 			continue
 		}
 		if in.statusOK && in.now.Sub(t.PublishedAt) > in.grace {
 			if off, since := in.offline(t.Host); off {
-				sw := SweepRecord{Kind: t.Kind, Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit, At: in.now,
+				sw := snapshots.SweepRecord{Kind: t.Kind, Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit, At: in.now,
 					Reason: fmt.Sprintf("host offline: no status change for %s; pending for %s (abandon grace %s)",
 						since.Round(time.Second), in.now.Sub(t.PublishedAt).Round(time.Second), in.grace)}
-				out.swept = append(out.swept, sw)
-				l.Sweeps = append(l.Sweeps, sw)
+				p.out.swept = append(p.out.swept, sw)
+				p.l.Sweeps = append(p.l.Sweeps, sw)
 				continue
 			}
 		}
 		kept = append(kept, t)
 	}
-	l.Tombstones = kept
-	if n := len(l.Sweeps); n > maxSweeps {
-		l.Sweeps = append([]SweepRecord(nil), l.Sweeps[n-maxSweeps:]...)
+	p.l.Tombstones = kept
+	if n := len(p.l.Sweeps); n > snapshots.MaxSweeps {
+		p.l.Sweeps = append([]snapshots.SweepRecord(nil), p.l.Sweeps[n-snapshots.MaxSweeps:]...)
 	}
+	return nil
+}
 
-	// Publish: build every host's snapshot content, and write the hosts
-	// whose content changed with the next epoch.
-	addTombstones(snaps, l.Tombstones)
-	// Remember the applied identities: the live names per host.
-	for host, rec := range l.Hosts {
-		if snaps[host] == nil {
+// assemble completes every host's snapshot content: the pending tombstones,
+// then the applied names recorded in the ledger (the live objects only),
+// then the retained objects, published live but kept out of the applied
+// names, so that a later commit lacking them is no delete of theirs.
+func (p *computePass) assemble() error {
+	addTombstones(p.snaps, p.l.Tombstones)
+	for host, rec := range p.l.Hosts {
+		if p.snaps[host] == nil {
 			rec.VMs, rec.Volumes = nil, nil
 		}
 	}
-	for host, s := range snaps {
-		rec := l.host(host)
+	for host, s := range p.snaps {
+		rec := p.l.Host(host)
 		rec.VMs, rec.Volumes = s.liveNames()
 	}
-	// Retained objects are published live but stay out of the applied
-	// names: a later commit lacking them is no delete of theirs.
-	addRetained(snaps, l.Retained)
-	// A host that left the desired state with the rewrite keeps its last
-	// host spec (capacity, networks) while it holds retained objects.
-	for _, k := range l.Retained {
-		if _, ok := in.fleet.Hosts[k.Host]; ok || snaps[k.Host] == nil || snaps[k.Host].hostSpecSet {
+	addRetained(p.snaps, p.l.Retained)
+	return p.keepRetainedHostSpecs()
+}
+
+// keepRetainedHostSpecs gives a host that left the desired state with a
+// rewrite its last host spec (capacity, networks) while it holds retained
+// objects.
+func (p *computePass) keepRetainedHostSpecs() error {
+	for _, k := range p.l.Retained {
+		s := p.snaps[k.Host]
+		if _, ok := p.in.fleet.Hosts[k.Host]; ok || s == nil || s.hostSpecSet {
 			continue
 		}
-		last, err := in.lastSnapshot(k.Host)
+		last, err := p.in.lastSnapshot(k.Host)
 		if err != nil {
-			return nil, fmt.Errorf("last host spec of %s: %w", k.Host, err)
+			return fmt.Errorf("last host spec of %s: %w", k.Host, err)
 		}
 		if last != nil {
-			snaps[k.Host].snap.HostSpec = last.HostSpec
+			s.snap.HostSpec = last.HostSpec
 		}
-		snaps[k.Host].hostSpecSet = true
+		s.hostSpecSet = true
 	}
-	for host := range l.Hosts {
-		if _, ok := snaps[host]; !ok && l.Hosts[host].Hash != "" {
-			// The host left the fleet and has nothing pending: remove its
-			// file, keep its epoch so it is never reused.
-			out.files[SnapshotPath(host)] = nil
-			l.Hosts[host].Hash, l.Hosts[host].File = "", ""
+	return nil
+}
+
+// removeDeparted removes the file of a host that left the fleet and has
+// nothing pending or retained; its epoch stays in the ledger so it is never
+// reused.
+func (p *computePass) removeDeparted() error {
+	for host, rec := range p.l.Hosts {
+		if _, ok := p.snaps[host]; !ok && rec.Hash != "" {
+			p.out.files[snapshots.Path(host)] = nil
+			rec.Hash, rec.File = "", ""
 		}
 	}
-	hosts := make([]string, 0, len(snaps))
-	for h := range snaps {
+	return nil
+}
+
+// publish writes, with the next epoch, every host whose snapshot content
+// changed, or whose file at the snapshots tip is not the one the ledger
+// published (repaired).
+func (p *computePass) publish() error {
+	hosts := make([]string, 0, len(p.snaps))
+	for h := range p.snaps {
 		hosts = append(hosts, h)
 	}
 	sort.Strings(hosts)
 	for _, host := range hosts {
-		s := snaps[host]
-		rec := l.host(host)
+		s := p.snaps[host]
+		rec := p.l.Host(host)
 		key := contentKey(s.snap)
 		if key == rec.Hash {
-			same, err := tipHolds(in.readTip, host, rec.File)
+			same, err := tipHolds(p.in.readTip, host, rec.File)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			if same {
 				continue
 			}
-			out.repaired = append(out.repaired, host)
+			p.out.repaired = append(p.out.repaired, host)
 		}
-		if rec.Epoch+1 >= MaxEpoch {
-			return nil, fmt.Errorf("%w: host %s: the next epoch would be %d (bound %d); refusing to publish", ErrEpochBound, host, rec.Epoch+1, MaxEpoch)
+		if err := p.publishHost(host, s, key); err != nil {
+			return err
 		}
-		rec.Epoch++
-		rec.Hash = key
-		for i := range s.snap.VMs {
-			if vm := &s.snap.VMs[i]; !vm.Tombstoned && !s.kept[vm.Name] {
-				vm.Spec = in.fleet.VMs[vm.Name].Spec
-			}
-		}
-		s.snap.Epoch = rec.Epoch
-		s.snap.Source = desired.SnapshotSource{Commit: in.head, Branch: in.branch}
-		for _, t := range s.tombs {
-			if t.Tombstone.Epoch == 0 {
-				t.Tombstone.Epoch = rec.Epoch
-			}
-		}
-		for i := range s.snap.VMs {
-			if tb := s.snap.VMs[i].Tombstone; tb != nil && tb.Epoch == 0 {
-				tb.Epoch = rec.Epoch
-			}
-		}
-		for i := range s.snap.Volumes {
-			if tb := s.snap.Volumes[i].Tombstone; tb != nil && tb.Epoch == 0 {
-				tb.Epoch = rec.Epoch
-			}
-		}
-		data, err := desired.MarshalSnapshot(s.snap)
-		if err != nil {
-			return nil, err
-		}
-		out.files[SnapshotPath(host)] = data
-		out.published[host] = rec.Epoch
-		rec.File = fileHash(data)
 	}
+	return nil
+}
 
-	p := in.path
-	l.Applied = &AppliedCommit{Commit: in.head, Branch: in.branch, Path: &p}
-	if l.Rejected != nil && l.Rejected.Superseded == "" {
-		l.Rejected.Superseded = in.head
+// publishHost writes host's snapshot s, of content key, under the host's
+// next epoch (ErrEpochBound at MaxEpoch), with the live specs, and stamps
+// that epoch on the tombstones it publishes first.
+func (p *computePass) publishHost(host string, s *hostSnapshot, key string) error {
+	rec := p.l.Host(host)
+	if rec.Epoch+1 >= MaxEpoch {
+		return fmt.Errorf("%w: host %s: the next epoch would be %d (bound %d); refusing to publish", ErrEpochBound, host, rec.Epoch+1, MaxEpoch)
 	}
-	return out, nil
+	rec.Epoch++
+	rec.Hash = key
+	for i := range s.snap.VMs {
+		if vm := &s.snap.VMs[i]; !vm.Tombstoned && !s.kept[vm.Name] {
+			vm.Spec = p.in.fleet.VMs[vm.Name].Spec
+		}
+	}
+	s.snap.Epoch = rec.Epoch
+	s.snap.Source = desired.SnapshotSource{Commit: p.in.head, Branch: p.in.branch}
+	for _, t := range s.tombs {
+		if t.Tombstone.Epoch == 0 {
+			t.Tombstone.Epoch = rec.Epoch
+		}
+	}
+	for i := range s.snap.VMs {
+		if tb := s.snap.VMs[i].Tombstone; tb != nil && tb.Epoch == 0 {
+			tb.Epoch = rec.Epoch
+		}
+	}
+	for i := range s.snap.Volumes {
+		if tb := s.snap.Volumes[i].Tombstone; tb != nil && tb.Epoch == 0 {
+			tb.Epoch = rec.Epoch
+		}
+	}
+	data, err := desired.MarshalSnapshot(s.snap)
+	if err != nil {
+		return err
+	}
+	p.out.files[snapshots.Path(host)] = data
+	p.out.published[host] = rec.Epoch
+	rec.File = fileHash(data)
+	return nil
+}
+
+// recordApplied records head as the applied commit, with the branch and
+// path it was read from, and marks a standing rejection superseded by it.
+func (p *computePass) recordApplied() error {
+	path := p.in.path
+	p.l.Applied = &snapshots.AppliedCommit{Commit: p.in.head, Branch: p.in.branch, Path: &path}
+	if p.l.Rejected != nil && p.l.Rejected.Superseded == "" {
+		p.l.Rejected.Superseded = p.in.head
+	}
+	return nil
 }
 
 // ErrNoLastSpec is returned by a pass that would retain a VM after a
@@ -429,9 +583,9 @@ var ErrRetainedVolume = errors.New("volume attached by a retained VM")
 // first (by VM name) live VM of f that attaches a volume a retained VM on
 // the same host lists, nil when there is none. Retained VMs desired again on
 // their host have already left kept.
-func retainedConflict(f *desired.Fleet, kept []*RetainedRecord) error {
+func retainedConflict(f *desired.Fleet, kept []*snapshots.RetainedRecord) error {
 	type hv struct{ host, vol string }
-	holders := map[hv]*RetainedRecord{}
+	holders := map[hv]*snapshots.RetainedRecord{}
 	for _, k := range kept {
 		if k.Kind != desired.KindVM || k.Spec == nil {
 			continue
@@ -462,7 +616,7 @@ func retainedConflict(f *desired.Fleet, kept []*RetainedRecord) error {
 				file = " (" + vm.Origin.File + ")"
 			}
 			return fmt.Errorf("%w: VM %s%s attaches volume %s on host %s, which VM %s lists: VM %s was kept after a history rewrite at %s; restore its file or re-add and delete it first",
-				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, short(k.Commit))
+				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, desired.Hash(k.Commit).Short())
 		}
 	}
 	return nil
@@ -480,12 +634,12 @@ func tipHolds(read func(string) ([]byte, error), host, file string) (bool, error
 	if file == "" {
 		return false, nil
 	}
-	data, err := read(SnapshotPath(host))
+	data, err := read(snapshots.Path(host))
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read %s: %w", SnapshotPath(host), err)
+		return false, fmt.Errorf("read %s: %w", snapshots.Path(host), err)
 	}
 	return fileHash(data) == file, nil
 }
@@ -508,7 +662,7 @@ func derefOr(p *string, def string) string {
 // addRetained adds the retained objects to their hosts' snapshots as live
 // entries with their last spec (VM) or size (Volume). A VM whose last spec
 // is unknown is left out (publishing an empty spec would read as an edit).
-func addRetained(out map[string]*hostSnapshot, kept []*RetainedRecord) {
+func addRetained(out map[string]*hostSnapshot, kept []*snapshots.RetainedRecord) {
 	touched := map[*hostSnapshot]bool{}
 	for _, r := range kept {
 		if r.Kind == desired.KindVM && r.Spec == nil {
@@ -557,7 +711,7 @@ func missing(had []string, n int, name func(int) string) []string {
 
 // fillLast copies a tombstoned object's last spec (VM) or size (Volume)
 // from its host's published snapshot, when it is there.
-func fillLast(t *TombstoneRecord, last *desired.Snapshot) {
+func fillLast(t *snapshots.TombstoneRecord, last *desired.Snapshot) {
 	if last == nil {
 		return
 	}
@@ -581,7 +735,7 @@ func fillLast(t *TombstoneRecord, last *desired.Snapshot) {
 // acked applies the epoch rule: the host's status lists the destroy (VM) or
 // the volume as absent, and has seen at least the epoch that published the
 // tombstone. An older ack belongs to an older incarnation of the name.
-func acked(st *status.Status, t *TombstoneRecord) bool {
+func acked(st *status.Status, t *snapshots.TombstoneRecord) bool {
 	if st.LastSeenEpoch < t.Tombstone.Epoch {
 		return false
 	}
@@ -606,7 +760,7 @@ func acked(st *status.Status, t *TombstoneRecord) bool {
 // carries.
 type hostSnapshot struct {
 	snap  *desired.Snapshot
-	tombs []*TombstoneRecord
+	tombs []*snapshots.TombstoneRecord
 	// kept names the retained VMs, whose specs come from the ledger.
 	kept map[string]bool
 	// hostSpecSet is true once a retained-only host got its last spec.
@@ -647,12 +801,13 @@ func (s *hostSnapshot) liveNames() (vms, vols []string) {
 
 // buildSnapshots computes, for every host of the fleet or with a pending
 // tombstone, its snapshot without epoch and source: live VMs and volumes and
-// the tombstoned ones, sorted by name. For the live objects it gives what
-// desired.ComputeSnapshots gives (a test pins this), but takes spec hashes
-// from specHash, which caches them across passes, and copies the live specs
-// only withSpecs: a pass over ten thousand VMs must neither re-encode nor
-// copy ten thousand specs to find the one host that changed.
-func buildSnapshots(f *desired.Fleet, tombs []*TombstoneRecord, specHash func(*desired.VM) string, withSpecs bool) map[string]*hostSnapshot {
+// the tombstoned ones, sorted by name; a Host with nothing on it gets an
+// empty snapshot (a real, empty desired state). It is the one builder of
+// snapshots. It takes spec hashes from specHash, which caches them across
+// passes, and copies the live specs only withSpecs: a pass over ten
+// thousand VMs must neither re-encode nor copy ten thousand specs to find
+// the one host that changed.
+func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHash func(*desired.VM) string, withSpecs bool) map[string]*hostSnapshot {
 	out := map[string]*hostSnapshot{}
 	get := func(host string) *hostSnapshot {
 		s := out[host]
@@ -686,7 +841,7 @@ func buildSnapshots(f *desired.Fleet, tombs []*TombstoneRecord, specHash func(*d
 
 // addTombstones adds the tombstoned entries to the hosts' snapshots, with
 // their last specs, keeping the lists sorted.
-func addTombstones(out map[string]*hostSnapshot, tombs []*TombstoneRecord) {
+func addTombstones(out map[string]*hostSnapshot, tombs []*snapshots.TombstoneRecord) {
 	touched := map[*hostSnapshot]bool{}
 	for _, t := range tombs {
 		s := out[t.Host]
@@ -745,3 +900,6 @@ func contentKey(s *desired.Snapshot) string {
 	// ledger's bytes.
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
+
+// ref is an object on a host: the unit tombstones are kept for.
+type ref = snapshots.Ref

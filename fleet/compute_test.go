@@ -15,6 +15,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -29,21 +30,44 @@ func loadFiles(t *testing.T, files map[string]string) *desired.Fleet {
 	return f
 }
 
-// TestBuildSnapshotsMatchesDesired pins that the controller's cached
-// snapshot builder gives exactly desired.ComputeSnapshots for live objects.
-func TestBuildSnapshotsMatchesDesired(t *testing.T) {
+// TestBuildSnapshotsRoundTrip pins the snapshot builder on live objects:
+// one snapshot per host, also a host with nothing on it (a real, empty
+// desired state), VMs and volumes sorted by name with their spec hashes and
+// sizes, the Host's spec, and bytes that parse back to the same snapshot.
+func TestBuildSnapshotsRoundTrip(t *testing.T) {
 	files := baseFleet()
 	files["vms/web-02.yaml"] = vmYAML("web-02", "hv-a", 3)
 	files["hosts/hv-c.yaml"] = hostYAML("hv-c")
 	f := loadFiles(t, files)
-	got := buildSnapshots(f, nil, func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }, true)
-	want := desired.ComputeSnapshots(f)
-	if len(got) != len(want) {
-		t.Fatalf("hosts: got %d, want %d", len(got), len(want))
+	snaps := buildSnapshots(f, nil, func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }, true)
+	if len(snaps) != 3 || snaps["hv-c"] == nil || len(snaps["hv-c"].snap.VMs) != 0 {
+		t.Fatalf("got %d snapshots, want one per host (3), hv-c empty", len(snaps))
 	}
-	for h, w := range want {
-		if !reflect.DeepEqual(got[h].snap, w) {
-			t.Errorf("host %s:\n got %+v\nwant %+v", h, got[h].snap, w)
+	a := snaps["hv-a"].snap
+	if len(a.VMs) != 2 || a.VMs[0].Name != "web-01" || a.VMs[1].Name != "web-02" {
+		t.Fatalf("hv-a VMs = %+v, want web-01, web-02 in order", a.VMs)
+	}
+	if a.VMs[1].SpecHash != desired.SpecHash(f.VMs["web-02"].Spec) || !reflect.DeepEqual(a.VMs[1].Spec, f.VMs["web-02"].Spec) {
+		t.Errorf("web-02 = %+v", a.VMs[1])
+	}
+	if b := snaps["hv-b"].snap; len(b.Volumes) != 1 || b.Volumes[0] != (desired.SnapshotVolume{Name: "db-data", SizeGB: 50}) {
+		t.Errorf("hv-b volumes = %+v", b.Volumes)
+	}
+	if a.HostSpec.Capacity == nil || a.HostSpec.Capacity.VCPUs != 32 {
+		t.Errorf("hv-a hostSpec = %+v", a.HostSpec)
+	}
+	for _, s := range snaps {
+		s.snap.Epoch, s.snap.Source = 7, desired.SnapshotSource{Commit: "0123abcd", Branch: "main"}
+		data, err := desired.MarshalSnapshot(s.snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := desired.ParseSnapshot(data)
+		if err != nil {
+			t.Fatalf("ParseSnapshot(MarshalSnapshot(%s)): %v\n%s", s.snap.Host, err, data)
+		}
+		if !reflect.DeepEqual(back, s.snap) {
+			t.Errorf("round trip of %s:\n got %+v\nwant %+v", s.snap.Host, back, s.snap)
 		}
 	}
 }
@@ -57,24 +81,24 @@ func TestContentKeyIgnoresEpochAndSource(t *testing.T) {
 	if contentKey(a) != k {
 		t.Error("epoch or source changed the content key")
 	}
-	tomb := &TombstoneRecord{Kind: desired.KindVM, Name: "gone", Host: "hv-a", Tombstone: desired.Tombstone{Commit: "c", Epoch: 0}}
-	b := buildSnapshots(f, []*TombstoneRecord{tomb}, hash, false)["hv-a"].snap
+	tomb := &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: "gone", Host: "hv-a", Tombstone: desired.Tombstone{Commit: "c", Epoch: 0}}
+	b := buildSnapshots(f, []*snapshots.TombstoneRecord{tomb}, hash, false)["hv-a"].snap
 	kb := contentKey(b)
 	if kb == k {
 		t.Error("a tombstone did not change the content key")
 	}
 	tomb.Tombstone.Epoch = 7
-	if contentKey(buildSnapshots(f, []*TombstoneRecord{tomb}, hash, false)["hv-a"].snap) != kb {
+	if contentKey(buildSnapshots(f, []*snapshots.TombstoneRecord{tomb}, hash, false)["hv-a"].snap) != kb {
 		t.Error("a tombstone's publishing epoch changed the content key")
 	}
 }
 
 func TestAckedEpochRule(t *testing.T) {
-	vm := &TombstoneRecord{Kind: desired.KindVM, Name: "old", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
-	vol := &TombstoneRecord{Kind: desired.KindVolume, Name: "data", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
+	vm := &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: "old", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
+	vol := &snapshots.TombstoneRecord{Kind: desired.KindVolume, Name: "data", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
 	for _, tc := range []struct {
 		name string
-		t    *TombstoneRecord
+		t    *snapshots.TombstoneRecord
 		st   status.Status
 		want bool
 	}{
@@ -94,41 +118,6 @@ func TestAckedEpochRule(t *testing.T) {
 				t.Errorf("acked = %v, want %v", got, tc.want)
 			}
 		})
-	}
-}
-
-func TestLedgerRoundTripAndStrictness(t *testing.T) {
-	l := newLedger()
-	l.Applied = &AppliedCommit{Commit: "abc", Branch: "main"}
-	l.Hosts["hv-a"] = &HostRecord{Epoch: 3, Hash: "k", VMs: []string{"a", "b"}, Volumes: []string{"v"}}
-	spec := desired.VMSpec{Host: "hv-a", VCPUs: 1}
-	l.Tombstones = []*TombstoneRecord{{Kind: desired.KindVM, Name: "z", Host: "hv-a", Spec: &spec,
-		Tombstone: desired.Tombstone{Commit: "c", Epoch: 3}, PublishedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
-	data, err := l.marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := parseLedger(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(back, l) {
-		t.Errorf("round trip:\n got %+v\nwant %+v", back, l)
-	}
-	// A ledger in block YAML (edited by hand) reads the same.
-	y, err := parseLedger([]byte("version: 1\napplied: {commit: abc, branch: main}\nhosts:\n  hv-a: {epoch: 3, hash: k, vms: [a, b], volumes: [v]}\n"))
-	if err != nil || y.Hosts["hv-a"].Epoch != 3 || y.Applied.Commit != "abc" || len(y.Hosts["hv-a"].VMs) != 2 {
-		t.Errorf("YAML ledger: %+v, %v", y, err)
-	}
-	for name, bad := range map[string]string{
-		"unknown json field": `{"version": 1, "hosts": {}, "surprise": 1}`,
-		"unknown field":      "version: 1\nhosts: {}\nsurprise: 1\n",
-		"wrong version":      "version: 2\nhosts: {}\n",
-		"bad tombstone":      "version: 1\nhosts: {}\ntombstones: [{kind: Host, name: x, host: y}]\n",
-	} {
-		if _, err := parseLedger([]byte(bad)); err == nil {
-			t.Errorf("%s: parsed", name)
-		}
 	}
 }
 
@@ -246,33 +235,4 @@ func TestMissing(t *testing.T) {
 			t.Errorf("missing(%v, %v) = %v, want %v", tc.had, tc.now, got, tc.want)
 		}
 	}
-}
-
-// FuzzParseLedger: a ledger either fails to parse or re-encodes into one
-// that parses to the same thing.
-func FuzzParseLedger(f *testing.F) {
-	l := newLedger()
-	l.Applied = &AppliedCommit{Commit: "abc", Branch: "main"}
-	l.Hosts["hv-a"] = &HostRecord{Epoch: 3, Hash: "k", VMs: []string{"a"}}
-	seed, _ := l.marshal()
-	f.Add(seed)
-	f.Add([]byte("version: 1\nhosts: {hv-a: {epoch: 2}}\n"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		l, err := parseLedger(data)
-		if err != nil {
-			return
-		}
-		out, err := l.marshal()
-		if err != nil {
-			t.Fatalf("marshal: %v", err)
-		}
-		back, err := parseLedger(out)
-		if err != nil {
-			t.Fatalf("reparse %s: %v", out, err)
-		}
-		again, _ := back.marshal()
-		if string(again) != string(out) {
-			t.Fatalf("not stable:\n%s\n%s", out, again)
-		}
-	})
 }

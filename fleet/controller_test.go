@@ -10,6 +10,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -44,7 +45,7 @@ func TestCreateAndEdit(t *testing.T) {
 		t.Fatalf("ledger = %+v", l)
 	}
 	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
-	if !strings.Contains(readme, "| hv-a |") || !strings.Contains(readme, short(res.Head)) {
+	if !strings.Contains(readme, "| hv-a |") || !strings.Contains(readme, desired.Hash(res.Head).Short()) {
 		t.Errorf("summary lacks the host or the commit:\n%s", readme)
 	}
 
@@ -243,7 +244,7 @@ func TestInvalidCommitKeepsLastGood(t *testing.T) {
 		t.Fatalf("ledger = %+v, want the rejection recorded", l)
 	}
 	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
-	if !strings.Contains(readme, "Last rejected commit") || !strings.Contains(readme, short(bad)) {
+	if !strings.Contains(readme, "Last rejected commit") || !strings.Contains(readme, desired.Hash(bad).Short()) {
 		t.Errorf("summary does not report the rejection:\n%s", readme)
 	}
 	if e.snapshotsTip() == tip {
@@ -514,10 +515,10 @@ func TestTwoControllersRacing(t *testing.T) {
 		}
 	}
 	// Every published version of hv-a's file carries a distinct epoch.
-	log := gittest.Git(t, e.dir, "log", "--format=%H", "refs/heads/"+DefaultSnapshotsBranch, "--", SnapshotPath("hv-a"))
+	log := gittest.Git(t, e.dir, "log", "--format=%H", "refs/heads/"+DefaultSnapshotsBranch, "--", snapshots.Path("hv-a"))
 	seen := map[uint64]bool{}
 	for _, h := range strings.Fields(log) {
-		s, err := desired.ParseSnapshot([]byte(gittest.Show(t, e.dir, h, SnapshotPath("hv-a")) + "\n"))
+		s, err := desired.ParseSnapshot([]byte(gittest.Show(t, e.dir, h, snapshots.Path("hv-a")) + "\n"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,12 @@
 // commit on the snapshots branch. It then rewrites the README.md summary on
 // the status branch when its content changed.
 //
+// It owns no branch file's format: it writes every file of the snapshots
+// branch (package snapshots owns their names and ledger.yaml, package
+// desired the snapshot format) and README.md of the status branch
+// (package status), and reads the objects of the desired branch (package
+// desired) and the hosts' status files (package status).
+//
 // A pass acts only on what it observes in git, never on an event's payload,
 // so it may run twice, crash half-way or run after a restart and still
 // converge:
@@ -19,19 +25,10 @@
 // missing object) keeps the last good snapshots untouched; a git failure is
 // reported and retried, never turned into a delete.
 //
-// ledger.yaml, beside the snapshots, is the controller's only memory. It is
-// JSON (a subset of YAML) with one host, tombstone or sweep per line:
-//
-//	{"version": 1,
-//	"applied": {"commit": "<sha>", "branch": "main"},
-//	"rejected": {"commit": "<sha>", "reason": "vms/web.yaml:4:3: ...", "at": "...", "superseded": "<sha>"},
-//	"hosts": {
-//	  "hv-a": {"epoch": 42, "hash": "<content key>", "vms": ["web-01"], "volumes": ["web-01-data"]}},
-//	"tombstones": [
-//	  {"kind": "VM", "name": "old-01", "host": "hv-a", "spec": {...}, "tombstone": {"commit": "<sha>",
-//	   "author": "Ann <ann@example.com>", "time": "...", "epoch": 41}, "publishedAt": "..."}],
-//	"sweeps": [{"kind": "VM", "name": "lost-01", "host": "hv-c", "commit": "<sha>", "at": "...", "reason": "host offline: ..."}],
-//	"retained": [{"kind": "VM", "name": "web-02", "host": "hv-a", "spec": {...}, "commit": "<rewriting head>", "since": "..."}]}
+// ledger.yaml, beside the snapshots, is the controller's only memory
+// (package snapshots owns its format and its reader). The decisions of a
+// pass are compute's named steps over it (compute.go), pinned by the
+// scenarios in testdata/compute.
 //
 // applied records the desired branch and the objects' directory (path) too:
 // a controller configured with another branch or path refuses to publish

@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -137,21 +138,21 @@ func (e *env) snapshot(host string) *desired.Snapshot {
 	files := gittest.Files(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch)
 	found := false
 	for _, f := range files {
-		found = found || f == SnapshotPath(host)
+		found = found || f == snapshots.Path(host)
 	}
 	if !found {
 		return nil
 	}
-	s, err := desired.ParseSnapshot([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, SnapshotPath(host)) + "\n"))
+	s, err := desired.ParseSnapshot([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, snapshots.Path(host)) + "\n"))
 	if err != nil {
 		e.t.Fatalf("snapshot of %s: %v", host, err)
 	}
 	return s
 }
 
-func (e *env) ledger() *Ledger {
+func (e *env) ledger() *snapshots.Ledger {
 	e.t.Helper()
-	l, err := parseLedger([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, LedgerPath) + "\n"))
+	l, err := snapshots.ParseLedger([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, snapshots.LedgerPath) + "\n"))
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -6,7 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 // A VM kept after a history rewrite still holds its volumes: a commit adding
@@ -33,7 +35,7 @@ func TestRetainedVolumeClaimRejected(t *testing.T) {
 		t.Fatalf("rejected = %v, want ErrRetainedVolume", res.Rejected)
 	}
 	for _, want := range []string{"VM web-09", "vms/web-09.yaml", "volume db-data", "host hv-b", "VM db-01",
-		"kept after a history rewrite at " + short(orphan) + "; restore its file or re-add and delete it first"} {
+		"kept after a history rewrite at " + desired.Hash(orphan).Short() + "; restore its file or re-add and delete it first"} {
 		if !strings.Contains(res.Rejected.Error(), want) {
 			t.Errorf("rejection %q lacks %q", res.Rejected, want)
 		}
@@ -103,7 +105,7 @@ func TestRewriteClaimingDroppedVolumeRejected(t *testing.T) {
 func TestRetainWithoutLastSpecRefuses(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.pass()
-	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Remove: []string{SnapshotPath("hv-b")}})
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Remove: []string{snapshots.Path("hv-b")}})
 	tip := e.snapshotsTip()
 	orphan := e.commit(gittest.Edit{Branch: "orphan", Message: "Initial", Write: map[string]string{
 		"hosts/hv-a.yaml": hostYAML("hv-a"), "hosts/hv-b.yaml": hostYAML("hv-b"),
@@ -114,7 +116,7 @@ func TestRetainWithoutLastSpecRefuses(t *testing.T) {
 	if !errors.Is(err, ErrNoLastSpec) {
 		t.Fatalf("pass error = %v, want ErrNoLastSpec", err)
 	}
-	for _, want := range []string{"VM db-01", "host hv-b", SnapshotPath("hv-b")} {
+	for _, want := range []string{"VM db-01", "host hv-b", snapshots.Path("hv-b")} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"math"
-	"reflect"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -47,7 +46,7 @@ func TestForcePushToOlderCommitRetains(t *testing.T) {
 	if got := metricValue(t, e.c, "gitfleet_controller_retained"); got != 1 {
 		t.Errorf("gitfleet_controller_retained = %v, want 1", got)
 	}
-	if want := "kept after a history rewrite at `" + short(first) + "`: restore the file, or re-add and delete it in a reviewed commit"; !strings.Contains(e.summary(), want) {
+	if want := "kept after a history rewrite at `" + desired.Hash(first).Short() + "`: restore the file, or re-add and delete it in a reviewed commit"; !strings.Contains(e.summary(), want) {
 		t.Errorf("summary lacks %q:\n%s", want, e.summary())
 	}
 
@@ -163,8 +162,8 @@ func TestHandEditedSnapshotRepublished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Write: map[string]string{SnapshotPath("hv-a"): string(data)},
-		Remove: []string{SnapshotPath("hv-b")}, Message: "hand edit"})
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Write: map[string]string{snapshots.Path("hv-a"): string(data)},
+		Remove: []string{snapshots.Path("hv-b")}, Message: "hand edit"})
 	res := e.pass()
 	if res.Published["hv-a"] != 2 || res.Published["hv-b"] != 2 || strings.Join(res.Repaired, ",") != "hv-a,hv-b" {
 		t.Fatalf("result = %+v, want hv-a and hv-b repaired at epoch 2", res)
@@ -317,7 +316,7 @@ func TestMissingDesiredBranchSaysSo(t *testing.T) {
 	if l := e.ledger(); l.Rejected == nil || !strings.Contains(l.Rejected.Reason, want) {
 		t.Fatalf("ledger rejection = %+v", l.Rejected)
 	}
-	if raw := gittest.Show(t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, LedgerPath); strings.Contains(raw, `"commit":""`) {
+	if raw := gittest.Show(t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, snapshots.LedgerPath); strings.Contains(raw, `"commit":""`) {
 		t.Errorf("the ledger records an empty commit:\n%s", raw)
 	}
 	msg := gittest.Git(t, e.dir, "log", "-1", "--format=%B", "refs/heads/"+DefaultSnapshotsBranch)
@@ -329,42 +328,6 @@ func TestMissingDesiredBranchSaysSo(t *testing.T) {
 	}
 	if e.snapshot("hv-a").VM("web-01") == nil {
 		t.Fatal("a missing branch cost a VM")
-	}
-}
-
-func TestLedgerRoundTripRetainedPathFile(t *testing.T) {
-	l := newLedger()
-	p := "fleet"
-	l.Applied = &AppliedCommit{Commit: "abc", Branch: "main", Path: &p}
-	l.Hosts["hv-a"] = &HostRecord{Epoch: 3, Hash: "k", File: "0011223344556677", VMs: []string{"a"}}
-	l.Tombstones = []*TombstoneRecord{}
-	spec := desired.VMSpec{Host: "hv-a", VCPUs: 1}
-	since := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	l.Retained = []*RetainedRecord{
-		{Kind: desired.KindVolume, Name: "v", Host: "hv-a", SizeGB: 5, Commit: "d", Since: since},
-		{Kind: desired.KindVM, Name: "r", Host: "hv-a", Spec: &spec, Commit: "d", Since: since},
-	}
-	data, err := l.marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := parseLedger(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(back, l) {
-		t.Errorf("round trip:\n got %+v\nwant %+v", back, l)
-	}
-	if back.Retained[0].Kind != desired.KindVM {
-		t.Error("retained records are not sorted by host, kind and name")
-	}
-	if _, err := parseLedger([]byte("version: 1\nhosts: {}\nretained: [{kind: Host, name: x, host: y}]\n")); err == nil {
-		t.Error("a retained Host parsed")
-	}
-	// A ledger written before the path was recorded is read as any path.
-	old, err := parseLedger([]byte(`{"version": 1, "applied": {"commit": "abc", "branch": "main"}, "hosts": {}, "tombstones": []}`))
-	if err != nil || old.Applied.Path != nil {
-		t.Fatalf("old ledger: %+v, %v", old, err)
 	}
 }
 

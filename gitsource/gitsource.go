@@ -4,7 +4,8 @@
 // worktree, diff two trees, walk first-parent history, and write one commit
 // to one branch by compare-and-swap push (never force), retrying on
 // rejection. A git failure is always returned as an error, never as an empty
-// tree.
+// tree. It owns no branch file of gitfleet's: callers name branches and
+// paths.
 //
 // A Repo keeps one local cache of one remote: a bare repository in
 // Options.CacheDir, or memory storage. Every branch is fetched with an explicit

@@ -24,19 +24,11 @@ type notFoundError struct {
 }
 
 func (e *notFoundError) Error() string {
-	return fmt.Sprintf("%s at %s: %v", e.path, short(e.commit), ErrFileNotFound)
+	return fmt.Sprintf("%s at %s: %v", e.path, desired.Hash(e.commit).Short(), ErrFileNotFound)
 }
 
 func (e *notFoundError) Is(target error) bool {
 	return target == ErrFileNotFound || target == fs.ErrNotExist
-}
-
-// short abbreviates a commit hash for messages.
-func short(h string) string {
-	if len(h) > 12 {
-		return h[:12]
-	}
-	return h
 }
 
 // missingObject records that a read found object h absent, so the next Fetch
@@ -197,7 +189,7 @@ func (r *Repo) ReadFile(commit, p string) ([]byte, error) { return r.ReadFileMax
 func (r *Repo) ReadFileMax(commit, p string, max int64) ([]byte, error) {
 	cp, err := cleanPath(p)
 	if err != nil || cp == "" {
-		return nil, fmt.Errorf("read %q at %s: bad path: %v", p, short(commit), err)
+		return nil, fmt.Errorf("read %q at %s: bad path: %v", p, desired.Hash(commit).Short(), err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -210,20 +202,20 @@ func (r *Repo) ReadFileMax(commit, p string, max int64) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", p, err)
 	}
 	if e.Mode == filemode.Dir || e.Mode == filemode.Submodule {
-		return nil, fmt.Errorf("read %s at %s: not a file (mode %s)", p, short(commit), e.Mode)
+		return nil, fmt.Errorf("read %s at %s: not a file (mode %s)", p, desired.Hash(commit).Short(), e.Mode)
 	}
 	if max >= 0 {
 		n, err := r.blobSize(e.Hash)
 		if err != nil {
-			return nil, fmt.Errorf("read %s at %s: %w", p, short(commit), err)
+			return nil, fmt.Errorf("read %s at %s: %w", p, desired.Hash(commit).Short(), err)
 		}
 		if n > max {
-			return nil, fmt.Errorf("read %s at %s: %w: %d bytes, the limit is %d", p, short(commit), ErrFileTooLarge, n, max)
+			return nil, fmt.Errorf("read %s at %s: %w: %d bytes, the limit is %d", p, desired.Hash(commit).Short(), ErrFileTooLarge, n, max)
 		}
 	}
 	data, err := r.readBlob(e.Hash)
 	if err != nil {
-		return nil, fmt.Errorf("read %s at %s: %w", p, short(commit), err)
+		return nil, fmt.Errorf("read %s at %s: %w", p, desired.Hash(commit).Short(), err)
 	}
 	return data, nil
 }
@@ -238,7 +230,7 @@ func (r *Repo) ReadFileMax(commit, p string, max int64) ([]byte, error) {
 func (r *Repo) Tree(commit, dir string) (desired.Tree, error) {
 	cd, err := cleanPath(dir)
 	if err != nil {
-		return nil, fmt.Errorf("tree %q at %s: %w", dir, short(commit), err)
+		return nil, fmt.Errorf("tree %q at %s: %w", dir, desired.Hash(commit).Short(), err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -251,7 +243,7 @@ func (r *Repo) Tree(commit, dir string) (desired.Tree, error) {
 		return nil, fmt.Errorf("tree: %w", err)
 	}
 	if e.Mode != filemode.Dir {
-		return nil, fmt.Errorf("tree %q at %s: not a directory (mode %s)", dir, short(commit), e.Mode)
+		return nil, fmt.Errorf("tree %q at %s: not a directory (mode %s)", dir, desired.Hash(commit).Short(), e.Mode)
 	}
 	return &gitTree{r: r, root: e.Hash}, nil
 }
@@ -372,15 +364,15 @@ func (r *Repo) Diff(from, to string) ([]Change, error) {
 	if err != nil {
 		if errors.Is(err, plumbing.ErrObjectNotFound) {
 			r.verified = map[plumbing.Hash]struct{}{}
-			return nil, fmt.Errorf("diff %s..%s: %w: %v", short(from), short(to), ErrObjectMissing, err)
+			return nil, fmt.Errorf("diff %s..%s: %w: %v", desired.Hash(from).Short(), desired.Hash(to).Short(), ErrObjectMissing, err)
 		}
-		return nil, fmt.Errorf("diff %s..%s: %w", short(from), short(to), err)
+		return nil, fmt.Errorf("diff %s..%s: %w", desired.Hash(from).Short(), desired.Hash(to).Short(), err)
 	}
 	out := make([]Change, 0, len(changes))
 	for _, ch := range changes {
 		action, err := ch.Action()
 		if err != nil {
-			return nil, fmt.Errorf("diff %s..%s: %w", short(from), short(to), err)
+			return nil, fmt.Errorf("diff %s..%s: %w", desired.Hash(from).Short(), desired.Hash(to).Short(), err)
 		}
 		switch action {
 		case merkletrie.Insert:
@@ -461,14 +453,14 @@ func (r *Repo) FirstParents(from string, fn func(*Commit) (bool, error)) error {
 			return nil
 		}
 		if shallow[c.Hash] {
-			return fmt.Errorf("first parents of %s: %w (at %s)", short(from), ErrShallowHistory, short(c.Hash.String()))
+			return fmt.Errorf("first parents of %s: %w (at %s)", desired.Hash(from).Short(), ErrShallowHistory, desired.Hash(c.Hash.String()).Short())
 		}
 		parent := c.ParentHashes[0]
 		r.mu.Lock()
 		c, err = r.parent(parent)
 		r.mu.Unlock()
 		if err != nil {
-			return fmt.Errorf("first parents of %s: %w", short(from), err)
+			return fmt.Errorf("first parents of %s: %w", desired.Hash(from).Short(), err)
 		}
 	}
 }
@@ -531,7 +523,7 @@ func (r *Repo) IsAncestor(a, b string) (bool, error) {
 		}
 	}
 	if hitShallow {
-		return false, fmt.Errorf("is ancestor %s of %s: %w", short(a), short(b), ErrShallowHistory)
+		return false, fmt.Errorf("is ancestor %s of %s: %w", desired.Hash(a).Short(), desired.Hash(b).Short(), ErrShallowHistory)
 	}
 	return false, nil
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp/capability"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/go-git/go-git/v5/plumbing/transport/client"
+
+	"github.com/gitfleet/gitfleet/desired"
 )
 
 // signature is a commit identity without a time.
@@ -416,7 +418,7 @@ func (r *Repo) push(ctx context.Context, branch, tip string, commit plumbing.Has
 		current = ref.Hash()
 	}
 	if current != old {
-		return fmt.Errorf("%w: %s moved from %s to %s", errRejected, branch, short(old.String()), short(current.String()))
+		return fmt.Errorf("%w: %s moved from %s to %s", errRejected, branch, desired.Hash(old.String()).Short(), desired.Hash(current.String()).Short())
 	}
 	req := packp.NewReferenceUpdateRequestFromCapabilities(ar.Capabilities)
 	req.Commands = []*packp.Command{{Name: name, Old: old, New: commit}}

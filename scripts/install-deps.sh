@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what gitfleet's tests and demo need on Debian or Ubuntu: git, QEMU
 # (qemu-system-x86 and qemu-utils), busybox-static and a distribution kernel
-# package (the tiny test guest boots the host distribution's kernel). Only
+# package (the tiny test guest boots the host distribution's kernel),
+# mmdebstrap and e2fsprogs (the Debian test guest's image) and
+# qemu-guest-agent (the guest agent's protocol tests). Only
 # what is missing is installed; apt-get update runs at most once.
 set -euo pipefail
 
@@ -12,6 +14,12 @@ command -v qemu-img >/dev/null || need+=(qemu-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || need+=(linux-image-amd64)
 command -v make >/dev/null || need+=(make)
+# The real Debian test guest (scripts/build-debian-image.sh) is built with
+# mmdebstrap and mkfs.ext4 -d; qemu-ga is the guest agent the QEMU backend's
+# tests talk to on the host.
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v qemu-ga >/dev/null || [ -x /usr/sbin/qemu-ga ] || need+=(qemu-guest-agent)
 command -v nft >/dev/null || need+=(nftables)
 
 # The agent runs QEMU as this unprivileged system user (agent config

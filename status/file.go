@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path"
 	"sort"
-	"strings"
 	"sync"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/hostfile"
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
@@ -86,15 +85,8 @@ func Marshal(st *Status) ([]byte, error) {
 }
 
 // HostFromPath returns the host of a status path hosts/<host>.yaml, and
-// false for any other path.
-func HostFromPath(p string) (string, bool) {
-	dir, file := path.Split(p)
-	if dir != "hosts/" || !strings.HasSuffix(file, ".yaml") {
-		return "", false
-	}
-	host := strings.TrimSuffix(file, ".yaml")
-	return host, host != ""
-}
+// false for any other path (README.md, say).
+func HostFromPath(p string) (string, bool) { return hostfile.Host(p) }
 
 // Report is one host's status file as read from the status branch. ID is
 // the file's blob hash (empty when the tree does not know it): it changes on

@@ -1,6 +1,10 @@
 package status
 
-import "time"
+import (
+	"time"
+
+	"github.com/gitfleet/gitfleet/internal/hostfile"
+)
 
 // Status is one host's report, hosts/<host>.yaml on the status branch.
 // Heartbeat increases on every write, so the controller judges liveness from
@@ -121,8 +125,12 @@ type Volume struct {
 	Error string `yaml:"error,omitempty" json:"error,omitempty"`
 }
 
-// Path is where host's status lives on the status branch.
-func Path(host string) string { return "hosts/" + host + ".yaml" }
+// Branch is the default name of the status branch.
+const Branch = "gitfleet/status"
+
+// Path is where host's status lives on the status branch:
+// hosts/<host>.yaml.
+func Path(host string) string { return hostfile.Path(host) }
 
 // SummaryPath is the controller's fleet summary on the status branch.
 const SummaryPath = "README.md"

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
@@ -120,7 +121,7 @@ func RenderSummary(s Summary) []byte {
 		branch = "main"
 	}
 	if s.Applied != "" {
-		fmt.Fprintf(&b, "Desired state: `%s` at `%s`.\n\n", branch, short(s.Applied))
+		fmt.Fprintf(&b, "Desired state: `%s` at `%s`.\n\n", branch, desired.Hash(s.Applied).Short())
 	} else {
 		fmt.Fprintf(&b, "Desired state: `%s`, nothing applied yet.\n\n", branch)
 	}
@@ -128,10 +129,10 @@ func RenderSummary(s Summary) []byte {
 		b.WriteString("## Last rejected commit\n\n")
 		commit := "(no commit: the desired branch could not be read)"
 		if s.Rejected.Commit != "" {
-			commit = "`" + short(s.Rejected.Commit) + "`"
+			commit = "`" + desired.Hash(s.Rejected.Commit).Short() + "`"
 		}
 		if s.Rejected.SupersededBy != "" {
-			fmt.Fprintf(&b, "%s at %s was rejected; `%s` has been applied since.\n\n", commit, stamp(s.Rejected.At), short(s.Rejected.SupersededBy))
+			fmt.Fprintf(&b, "%s at %s was rejected; `%s` has been applied since.\n\n", commit, stamp(s.Rejected.At), desired.Hash(s.Rejected.SupersededBy).Short())
 		} else {
 			fmt.Fprintf(&b, "%s at %s was rejected; the last good snapshots stay in place.\n\n", commit, stamp(s.Rejected.At))
 		}
@@ -196,7 +197,7 @@ func RenderSummary(s Summary) []byte {
 	} else {
 		tableHeader(&b, "kind", "name", "host", "removed by", "author", "since", "epoch")
 		for _, p := range s.Pending {
-			by := "`" + short(p.Commit) + "`"
+			by := "`" + desired.Hash(p.Commit).Short() + "`"
 			if p.Rewritten {
 				by += " (history rewritten)"
 			}
@@ -212,7 +213,7 @@ func RenderSummary(s Summary) []byte {
 		tableHeader(&b, "kind", "name", "host", "state", "since")
 		for _, k := range s.Retained {
 			fmt.Fprintf(&b, "| %s | %s | %s | kept after a history rewrite at `%s`: restore the file, or re-add and delete it in a reviewed commit | %s |\n",
-				cell(k.Kind), cell(k.Name), cell(k.Host), short(k.Commit), stamp(k.Since))
+				cell(k.Kind), cell(k.Name), cell(k.Host), desired.Hash(k.Commit).Short(), stamp(k.Since))
 		}
 		b.WriteString("\n")
 	}
@@ -231,7 +232,7 @@ func RenderSummary(s Summary) []byte {
 		tableHeader(&b, "kind", "name", "host", "removed by", "finalized", "reason")
 		for _, w := range s.Swept {
 			fmt.Fprintf(&b, "| %s | %s | %s | `%s` | %s | %s |\n",
-				cell(w.Kind), cell(w.Name), cell(w.Host), short(w.Commit), stamp(w.At), cell(w.Reason))
+				cell(w.Kind), cell(w.Name), cell(w.Host), desired.Hash(w.Commit).Short(), stamp(w.At), cell(w.Reason))
 		}
 		b.WriteString("\n")
 	}
@@ -242,13 +243,6 @@ func RenderSummary(s Summary) []byte {
 func tableHeader(b *bytes.Buffer, columns ...string) {
 	b.WriteString("| " + strings.Join(columns, " | ") + " |\n")
 	b.WriteString(strings.Repeat("|---", len(columns)) + "|\n")
-}
-
-func short(commit string) string {
-	if len(commit) > 12 {
-		return commit[:12]
-	}
-	return commit
 }
 
 func stamp(t time.Time) string {

@@ -226,7 +226,9 @@ var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logr
 			Logger:       log,
 		})
 	},
-	// memory keeps VMs in a map: for trying gitfleet out and for tests.
+	// memory keeps VMs in a map: for trying gitfleet out and for tests,
+	// in one process. Its VMs end with the process: a later run (--once
+	// ones included) finds none and reports every VM failed to boot.
 	"memory": func(*agentFileConfig, *agent.Store, *logrus.Logger) (agent.Provisioner, error) {
 		return agenttest.New(), nil
 	},

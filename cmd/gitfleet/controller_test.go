@@ -252,6 +252,30 @@ func TestPlanShowsUndelete(t *testing.T) {
 	}
 }
 
+// plan reads the ledger of the snapshots branch it is given: the pending
+// delete published on another branch shows as an un-delete only with
+// --snapshots-branch naming it.
+func TestPlanReadsTheSnapshotsBranchItIsGiven(t *testing.T) {
+	dir := cliFleet(t)
+	ctl := []string{"controller", "--repo", dir, "--path", "fleet", "--once", "--snapshots-branch", "fleet/snaps", "--status-branch", "fleet/status"}
+	if code, out := runCLI(t, ctl...); code != 0 {
+		t.Fatal(out)
+	}
+	gittest.Commit(t, dir, gittest.Edit{Remove: []string{"fleet/db-01.yaml"}})
+	if code, out := runCLI(t, ctl...); code != 0 {
+		t.Fatal(out)
+	}
+	gittest.SetBranch(t, dir, "restore", gittest.Rev(t, dir, "refs/heads/main"))
+	gittest.Commit(t, dir, gittest.Edit{Branch: "restore", Write: map[string]string{"fleet/db-01.yaml": cliVM("db-01", "hv-a", "1")}})
+	plan := []string{"plan", "--repo", dir, "--path", "fleet", "--base", "main", "--head", "restore"}
+	if code, out := runCLI(t, plan...); code != 0 || !strings.Contains(out, "+ create VM db-01") {
+		t.Fatalf("default snapshots branch: exit %d, want a create:\n%s", code, out)
+	}
+	if code, out := runCLI(t, append(plan, "--snapshots-branch", "fleet/snaps")...); code != 0 || !strings.Contains(out, "^ undelete VM db-01") {
+		t.Fatalf("--snapshots-branch fleet/snaps: exit %d, want an un-delete:\n%s", code, out)
+	}
+}
+
 func TestStatusCommand(t *testing.T) {
 	dir := cliFleet(t)
 	// No status branch: said so, exit 1, never "no host has reported".

@@ -9,15 +9,15 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 func init() {
 	var (
 		repo                   repoFlags
 		base, head, path, form string
+		snapshotsBranch        string
 	)
 	cmd := &cobra.Command{
 		Use:   "plan --repo R --base REV --head REV",
@@ -51,7 +51,7 @@ the top of the plan says which.`,
 			if form != "text" && form != "markdown" && form != "json" {
 				return &exitError{code: 2, err: fmt.Errorf("--format must be text, markdown or json, got %q", form)}
 			}
-			return runPlan(cmd.Context(), cmd.OutOrStdout(), repo, base, head, path, form)
+			return runPlan(cmd.Context(), cmd.OutOrStdout(), repo, base, head, path, form, snapshotsBranch)
 		},
 	}
 	repo.add(cmd)
@@ -59,10 +59,11 @@ the top of the plan says which.`,
 	cmd.Flags().StringVar(&head, "head", "", "revision of the change: a branch or commit hash; in a local repository also HEAD, main~1, a tag")
 	cmd.Flags().StringVar(&path, "path", envOr("GITFLEET_PATH", ""), "directory of the objects in the repository ($GITFLEET_PATH)")
 	cmd.Flags().StringVar(&form, "format", "text", "output format: text, markdown or json")
+	cmd.Flags().StringVar(&snapshotsBranch, "snapshots-branch", snapshots.Branch, "branch the controller publishes snapshots and its ledger on")
 	rootCmd.AddCommand(cmd)
 }
 
-func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev, path, format string) error {
+func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev, path, format, snapshotsBranch string) error {
 	repo, err := gitsource.Open(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth()})
 	if err != nil {
 		return &exitError{code: 1, err: err}
@@ -79,6 +80,13 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 		f, err := desired.NewLoader(path).Load(tree)
 		return commit, f, err
 	}
+	// The controller's ledger: the applied commit and the pending deletes.
+	// None (a repository without snapshots, or one that cannot be read)
+	// plans against the base alone.
+	ledger, _, lerr := snapshots.ReadLedger(ctx, repo, snapshotsBranch)
+	if lerr != nil || ledger == nil {
+		ledger = snapshots.NewLedger()
+	}
 	baseCommit, baseFleet, err := load(baseRev)
 	var warnings []string
 	var baseList desired.ErrorList
@@ -86,10 +94,10 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 		// The base does not validate: plan against the state the fleet
 		// runs, else against nothing, and say so at the top.
 		what := fmt.Sprintf("base %s does not validate (%s)", baseRev, plural(len(baseList), "error", "errors"))
-		if applied := appliedCommit(ctx, repo); applied != "" {
+		if applied := appliedCommit(ledger); applied != "" {
 			if _, f, aerr := load(applied); aerr == nil {
 				baseFleet = f
-				warnings = append(warnings, fmt.Sprintf("%s; planned against %s, the last commit the controller applied", what, short(applied)))
+				warnings = append(warnings, fmt.Sprintf("%s; planned against %s, the last commit the controller applied", what, desired.Hash(applied).Short()))
 			}
 		}
 		if baseFleet == nil {
@@ -105,7 +113,7 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 	}
 	var p *desired.Plan
 	if headErr == nil {
-		p = desired.ComputePlan(baseFleet, headFleet, desired.PlanOptions{Pending: pendingDeletes(ctx, repo)})
+		p = desired.ComputePlan(baseFleet, headFleet, desired.PlanOptions{Pending: pendingDeletes(ledger)})
 		warnings = append(warnings, headFleet.FileURLWarnings()...)
 	} else {
 		p = &desired.Plan{Hosts: []desired.HostPlan{}}
@@ -141,71 +149,25 @@ func label(rev, commit string) string {
 	if rev == commit || commit == "" {
 		return commit
 	}
-	return rev + " (" + commit[:12] + ")"
+	return rev + " (" + desired.Hash(commit).Short() + ")"
 }
 
-// appliedCommit is the last desired-state commit the controller applied,
-// from ledger.yaml on the snapshots branch; "" when there is none or it
-// cannot be read.
-func appliedCommit(ctx context.Context, repo *gitsource.Repo) string {
-	tip, err := repo.Fetch(ctx, fleet.DefaultSnapshotsBranch)
-	if err != nil {
-		return ""
-	}
-	data, err := repo.ReadFile(tip, fleet.LedgerPath)
-	if err != nil {
-		return ""
-	}
-	l, err := fleet.ParseLedger(data)
-	if err != nil || l.Applied == nil {
+// appliedCommit is the last desired-state commit the controller applied
+// (applied.commit of ledger.yaml); "" when there is none.
+func appliedCommit(l *snapshots.Ledger) string {
+	if l.Applied == nil {
 		return ""
 	}
 	return l.Applied.Commit
 }
 
-func short(commit string) string {
-	if len(commit) > 12 {
-		return commit[:12]
-	}
-	return commit
-}
-
-// pendingDeletes lists the tombstones the published snapshots carry, so the
-// plan tells an un-delete from a create. A repository without snapshots
-// (or one that cannot be read) has none.
-func pendingDeletes(ctx context.Context, repo *gitsource.Repo) []desired.ObjectRef {
-	tip, err := repo.Fetch(ctx, fleet.DefaultSnapshotsBranch)
-	if err != nil {
-		return nil
-	}
-	tree, err := repo.Tree(tip, "")
-	if err != nil {
-		return nil
-	}
+// pendingDeletes lists the tombstones the controller published (the
+// ledger's, the same the host snapshots carry), so the plan tells an
+// un-delete from a create.
+func pendingDeletes(l *snapshots.Ledger) []desired.ObjectRef {
 	var refs []desired.ObjectRef
-	_ = tree.Walk(func(f desired.File) error {
-		if _, ok := status.HostFromPath(f.Path); !ok {
-			return nil
-		}
-		data, err := f.Read()
-		if err != nil {
-			return nil
-		}
-		s, err := desired.ParseSnapshot(data)
-		if err != nil {
-			return nil
-		}
-		for _, vm := range s.VMs {
-			if vm.Tombstoned {
-				refs = append(refs, desired.ObjectRef{Kind: desired.KindVM, Name: vm.Name, Host: s.Host})
-			}
-		}
-		for _, v := range s.Volumes {
-			if v.Tombstoned {
-				refs = append(refs, desired.ObjectRef{Kind: desired.KindVolume, Name: v.Name, Host: s.Host})
-			}
-		}
-		return nil
-	})
+	for _, t := range l.Tombstones {
+		refs = append(refs, desired.ObjectRef{Kind: t.Kind, Name: t.Name, Host: t.Host})
+	}
 	return refs
 }

@@ -16,8 +16,10 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/spf13/cobra"
 
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -183,23 +185,12 @@ func missingStatusBranch(url, branch string) error {
 // the snapshots branch; none when the branch does not exist yet.
 func readPendingDeletes(ctx context.Context, repo *gitsource.Repo, branch string) ([]pendingDelete, error) {
 	out := []pendingDelete{}
-	tip, err := repo.Fetch(ctx, branch)
-	if errors.Is(err, gitsource.ErrBranchNotFound) {
+	l, _, err := snapshots.ReadLedger(ctx, repo, branch)
+	if err != nil {
+		return nil, err
+	}
+	if l == nil {
 		return out, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	data, err := repo.ReadFile(tip, fleet.LedgerPath)
-	if errors.Is(err, gitsource.ErrFileNotFound) {
-		return out, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	l, err := fleet.ParseLedger(data)
-	if err != nil {
-		return nil, err
 	}
 	for _, t := range l.Tombstones {
 		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit,
@@ -227,7 +218,7 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tNAME\tHOST\tREMOVED BY\tAUTHOR\tSINCE\tEPOCH")
 	for _, p := range rep.PendingDeletes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(short(p.Commit)), dash(p.Author), dash(p.Time), p.Epoch)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(desired.Hash(p.Commit).Short()), dash(p.Author), dash(p.Time), p.Epoch)
 	}
 	return tw.Flush()
 }

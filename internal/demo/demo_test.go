@@ -21,10 +21,10 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -513,49 +513,51 @@ func TestRunRefusesASecondDemoOnOneDirectory(t *testing.T) {
 // swept or cancelled.
 func TestLedgerWatchSaysWhatTheControllerDid(t *testing.T) {
 	at := time.Date(2026, 11, 30, 4, 0, 0, 0, time.UTC)
-	applied := func(commit string) *fleet.AppliedCommit { return &fleet.AppliedCommit{Commit: commit, Branch: "main"} }
-	hosts := func(epoch uint64, vms ...string) map[string]*fleet.HostRecord {
-		return map[string]*fleet.HostRecord{"demo": {Epoch: epoch, VMs: vms}}
+	applied := func(commit string) *snapshots.AppliedCommit {
+		return &snapshots.AppliedCommit{Commit: commit, Branch: "main"}
 	}
-	tomb := func(name, commit string) *fleet.TombstoneRecord {
-		return &fleet.TombstoneRecord{Kind: desired.KindVM, Name: name, Host: "demo", Tombstone: desired.Tombstone{Commit: commit}}
+	hosts := func(epoch uint64, vms ...string) map[string]*snapshots.HostRecord {
+		return map[string]*snapshots.HostRecord{"demo": {Epoch: epoch, VMs: vms}}
+	}
+	tomb := func(name, commit string) *snapshots.TombstoneRecord {
+		return &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: name, Host: "demo", Tombstone: desired.Tombstone{Commit: commit}}
 	}
 	lw := &ledgerWatch{}
 	steps := []struct {
 		name   string
-		ledger fleet.Ledger
+		ledger snapshots.Ledger
 		want   []string
 	}{
-		{"nothing yet", fleet.Ledger{}, nil},
-		{"first apply", fleet.Ledger{Applied: applied("aaaaaaaaaaaaaaaa"), Hosts: hosts(1, "a", "b")},
+		{"nothing yet", snapshots.Ledger{}, nil},
+		{"first apply", snapshots.Ledger{Applied: applied("aaaaaaaaaaaaaaaa"), Hosts: hosts(1, "a", "b")},
 			[]string{"controller applied main at aaaaaaaaaaaa: snapshot published for demo (epoch 1)"}},
-		{"same again", fleet.Ledger{Applied: applied("aaaaaaaaaaaaaaaa"), Hosts: hosts(1, "a", "b")}, nil},
-		{"a bad push", fleet.Ledger{Applied: applied("aaaaaaaaaaaaaaaa"), Hosts: hosts(1, "a", "b"),
-			Rejected: &fleet.Rejection{Commit: "bbbbbbbbbbbbbbbb", Reason: "vms/x.yaml:3:1: bad", At: at}},
+		{"same again", snapshots.Ledger{Applied: applied("aaaaaaaaaaaaaaaa"), Hosts: hosts(1, "a", "b")}, nil},
+		{"a bad push", snapshots.Ledger{Applied: applied("aaaaaaaaaaaaaaaa"), Hosts: hosts(1, "a", "b"),
+			Rejected: &snapshots.Rejection{Commit: "bbbbbbbbbbbbbbbb", Reason: "vms/x.yaml:3:1: bad", At: at}},
 			[]string{"controller REJECTED bbbbbbbbbbbb; the last good state stays. Fix it and push again:\n           vms/x.yaml:3:1: bad"}},
-		{"its revert changes no snapshot", fleet.Ledger{Applied: applied("cccccccccccccccc"), Hosts: hosts(1, "a", "b"),
-			Rejected: &fleet.Rejection{Commit: "bbbbbbbbbbbbbbbb", Reason: "vms/x.yaml:3:1: bad", At: at, Superseded: "cccccccccccccccc"}},
+		{"its revert changes no snapshot", snapshots.Ledger{Applied: applied("cccccccccccccccc"), Hosts: hosts(1, "a", "b"),
+			Rejected: &snapshots.Rejection{Commit: "bbbbbbbbbbbbbbbb", Reason: "vms/x.yaml:3:1: bad", At: at, Superseded: "cccccccccccccccc"}},
 			[]string{"controller applied main at cccccccccccc: no host's snapshot changed, only the ledger records the commit"}},
-		{"a delete", fleet.Ledger{Applied: applied("dddddddddddddddd"), Hosts: hosts(2, "a"), Tombstones: []*fleet.TombstoneRecord{tomb("b", "dddddddddddddddd")}},
+		{"a delete", snapshots.Ledger{Applied: applied("dddddddddddddddd"), Hosts: hosts(2, "a"), Tombstones: []*snapshots.TombstoneRecord{tomb("b", "dddddddddddddddd")}},
 			[]string{"controller applied main at dddddddddddd: snapshot published for demo (epoch 2)",
 				"controller published the delete of VM b on demo (removed by dddddddddddd): shut down now, destroyed after the agent's grace"}},
-		{"the agent acked it", fleet.Ledger{Applied: applied("dddddddddddddddd"), Hosts: hosts(3, "a")},
+		{"the agent acked it", snapshots.Ledger{Applied: applied("dddddddddddddddd"), Hosts: hosts(3, "a")},
 			[]string{"controller finalized the delete of VM b on demo: the agent destroyed it", "controller: snapshot published for demo (epoch 3)"}},
-		{"another delete", fleet.Ledger{Applied: applied("eeeeeeeeeeeeeeee"), Hosts: hosts(4), Tombstones: []*fleet.TombstoneRecord{tomb("a", "eeeeeeeeeeeeeeee")}},
+		{"another delete", snapshots.Ledger{Applied: applied("eeeeeeeeeeeeeeee"), Hosts: hosts(4), Tombstones: []*snapshots.TombstoneRecord{tomb("a", "eeeeeeeeeeeeeeee")}},
 			[]string{"controller applied main at eeeeeeeeeeee: snapshot published for demo (epoch 4)",
 				"controller published the delete of VM a on demo (removed by eeeeeeeeeeee): shut down now, destroyed after the agent's grace"}},
-		{"undone by a push", fleet.Ledger{Applied: applied("ffffffffffffffff"), Hosts: hosts(5, "a")},
+		{"undone by a push", snapshots.Ledger{Applied: applied("ffffffffffffffff"), Hosts: hosts(5, "a")},
 			[]string{"controller applied main at ffffffffffff: snapshot published for demo (epoch 5)",
 				"controller cancelled the delete of VM a on demo: its file is back"}},
-		{"a third delete", fleet.Ledger{Applied: applied("1111111111111111"), Hosts: hosts(6), Tombstones: []*fleet.TombstoneRecord{tomb("a", "1111111111111111")}},
+		{"a third delete", snapshots.Ledger{Applied: applied("1111111111111111"), Hosts: hosts(6), Tombstones: []*snapshots.TombstoneRecord{tomb("a", "1111111111111111")}},
 			[]string{"controller applied main at 111111111111: snapshot published for demo (epoch 6)",
 				"controller published the delete of VM a on demo (removed by 111111111111): shut down now, destroyed after the agent's grace"}},
-		{"swept while the host was offline", fleet.Ledger{Applied: applied("1111111111111111"), Hosts: hosts(7),
-			Sweeps: []fleet.SweepRecord{{Kind: desired.KindVM, Name: "a", Host: "demo", Reason: "host offline past the abandon grace"}}},
+		{"swept while the host was offline", snapshots.Ledger{Applied: applied("1111111111111111"), Hosts: hosts(7),
+			Sweeps: []snapshots.SweepRecord{{Kind: desired.KindVM, Name: "a", Host: "demo", Reason: "host offline past the abandon grace"}}},
 			[]string{"controller finalized the delete of VM a on demo itself: host offline past the abandon grace",
 				"controller: snapshot published for demo (epoch 7)"}},
-		{"a ledger-only commit", fleet.Ledger{Applied: applied("1111111111111111"), Hosts: hosts(7),
-			Sweeps: []fleet.SweepRecord{{Kind: desired.KindVM, Name: "a", Host: "demo", Reason: "host offline past the abandon grace"}}}, nil},
+		{"a ledger-only commit", snapshots.Ledger{Applied: applied("1111111111111111"), Hosts: hosts(7),
+			Sweeps: []snapshots.SweepRecord{{Kind: desired.KindVM, Name: "a", Host: "demo", Reason: "host offline past the abandon grace"}}}, nil},
 	}
 	for _, step := range steps {
 		t.Run(step.name, func(t *testing.T) {
@@ -571,7 +573,7 @@ func TestLedgerWatchDue(t *testing.T) {
 	assert.False(t, lw.due("demo", 0), "no snapshot yet")
 	assert.True(t, lw.due("demo", 1))
 	assert.False(t, lw.due("demo", 1), "once per epoch, even if the read failed")
-	lw.changes(&fleet.Ledger{Applied: &fleet.AppliedCommit{Commit: "a", Branch: "main"}, Hosts: map[string]*fleet.HostRecord{"demo": {Epoch: 2}}})
+	lw.changes(&snapshots.Ledger{Applied: &snapshots.AppliedCommit{Commit: "a", Branch: "main"}, Hosts: map[string]*snapshots.HostRecord{"demo": {Epoch: 2}}})
 	assert.False(t, lw.due("demo", 2), "the ledger told of epoch 2")
 	assert.True(t, lw.due("demo", 3))
 }

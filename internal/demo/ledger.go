@@ -8,11 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 // ledgerWatch reports what the controller did, read from ledger.yaml on the
@@ -27,35 +25,24 @@ type ledgerWatch struct {
 	// epochs is host → last epoch seen published.
 	epochs map[string]uint64
 	// tombstones are the pending deletes seen, by tombKey.
-	tombstones map[string]*fleet.TombstoneRecord
+	tombstones map[string]*snapshots.TombstoneRecord
 	// sweeps is the number of sweep records seen.
 	sweeps int
 	// forced is the agent epoch a read was last forced for (see due).
 	forced uint64
 }
 
-// ledgerPath is the controller's ledger on the snapshots branch.
-const ledgerPath = fleet.LedgerPath
-
-// fetch reads the ledger at the snapshots branch's tip; nil when the branch
-// is not written yet or cannot be read (the controller's log has the
-// details).
-func (lw *ledgerWatch) fetch(ctx context.Context) *fleet.Ledger {
+// fetch reads the ledger at the snapshots branch's tip, as strictly as the
+// controller does; nil when the branch is not written yet or cannot be read
+// (the controller's log has the details).
+func (lw *ledgerWatch) fetch(ctx context.Context) *snapshots.Ledger {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	tip, err := lw.repo.Fetch(ctx, fleet.DefaultSnapshotsBranch)
+	l, _, err := snapshots.ReadLedger(ctx, lw.repo, snapshots.Branch)
 	if err != nil {
 		return nil
 	}
-	data, err := lw.repo.ReadFile(tip, ledgerPath)
-	if err != nil {
-		return nil
-	}
-	var l fleet.Ledger
-	if err := yaml.Unmarshal(data, &l); err != nil {
-		return nil
-	}
-	return &l
+	return l
 }
 
 // baseline reads the ledger as the last run left it, before the controller
@@ -70,7 +57,7 @@ func (lw *ledgerWatch) baseline(ctx context.Context) string {
 	if l.Applied == nil {
 		return ""
 	}
-	return fmt.Sprintf("snapshots: %s at %s, applied by the last run; published%s", l.Applied.Branch, short(l.Applied.Commit), epochList(l, hostNames(l)))
+	return fmt.Sprintf("snapshots: %s at %s, applied by the last run; published%s", l.Applied.Branch, shownCommit(l.Applied.Commit), epochList(l, hostNames(l)))
 }
 
 // read fetches the ledger and returns the lines to print for what changed
@@ -96,16 +83,18 @@ func (lw *ledgerWatch) due(host string, agentEpoch uint64) bool {
 	return true
 }
 
-func tombKey(t *fleet.TombstoneRecord) string { return string(t.Kind) + " " + t.Name + "@" + t.Host }
+func tombKey(t *snapshots.TombstoneRecord) string {
+	return string(t.Kind) + " " + t.Name + "@" + t.Host
+}
 
 // changes compares l with what was seen before and returns, in order: the
 // applied commit (with the snapshots it published, or none), the rejected
 // commit, then each delete published, cancelled or finalized, then a
 // publish no applied commit explains (a delete moved).
-func (lw *ledgerWatch) changes(l *fleet.Ledger) []string {
+func (lw *ledgerWatch) changes(l *snapshots.Ledger) []string {
 	if lw.epochs == nil {
 		lw.epochs = map[string]uint64{}
-		lw.tombstones = map[string]*fleet.TombstoneRecord{}
+		lw.tombstones = map[string]*snapshots.TombstoneRecord{}
 	}
 	var published []string
 	for _, h := range hostNames(l) {
@@ -122,7 +111,7 @@ func (lw *ledgerWatch) changes(l *fleet.Ledger) []string {
 		if len(published) > 0 {
 			what = "snapshot published" + epochList(l, published)
 		}
-		out = append(out, fmt.Sprintf("controller applied %s at %s: %s", l.Applied.Branch, short(l.Applied.Commit), what))
+		out = append(out, fmt.Sprintf("controller applied %s at %s: %s", l.Applied.Branch, shownCommit(l.Applied.Commit), what))
 	}
 	rej := ""
 	if l.Rejected != nil && l.Rejected.Superseded == "" {
@@ -133,23 +122,23 @@ func (lw *ledgerWatch) changes(l *fleet.Ledger) []string {
 		if rej != "" {
 			reason := strings.ReplaceAll(strings.TrimSpace(l.Rejected.Reason), "\n", "\n           ")
 			out = append(out, fmt.Sprintf("controller REJECTED %s; the last good state stays. Fix it and push again:\n           %s",
-				short(l.Rejected.Commit), reason))
+				shownCommit(l.Rejected.Commit), reason))
 		}
 	}
-	now := map[string]*fleet.TombstoneRecord{}
+	now := map[string]*snapshots.TombstoneRecord{}
 	for _, t := range l.Tombstones {
 		k := tombKey(t)
 		now[k] = t
 		if lw.tombstones[k] == nil {
 			out = append(out, fmt.Sprintf("controller published the delete of %s %s on %s (removed by %s): shut down now, destroyed after the agent's grace",
-				t.Kind, t.Name, t.Host, short(t.Tombstone.Commit)))
+				t.Kind, t.Name, t.Host, shownCommit(t.Tombstone.Commit)))
 		}
 	}
 	sweeps := l.Sweeps
 	if len(sweeps) < lw.sweeps {
 		lw.sweeps = 0 // the list is bounded: the oldest fell off
 	}
-	swept := map[string]fleet.SweepRecord{}
+	swept := map[string]snapshots.SweepRecord{}
 	for _, s := range sweeps[min(lw.sweeps, len(sweeps)):] {
 		swept[string(s.Kind)+" "+s.Name+"@"+s.Host] = s
 	}
@@ -180,7 +169,7 @@ func (lw *ledgerWatch) changes(l *fleet.Ledger) []string {
 }
 
 // desiredOn reports whether the ledger lists t's object on its host again.
-func desiredOn(l *fleet.Ledger, t *fleet.TombstoneRecord) bool {
+func desiredOn(l *snapshots.Ledger, t *snapshots.TombstoneRecord) bool {
 	h := l.Hosts[t.Host]
 	if h == nil {
 		return false
@@ -191,7 +180,7 @@ func desiredOn(l *fleet.Ledger, t *fleet.TombstoneRecord) bool {
 	return slices.Contains(h.VMs, t.Name)
 }
 
-func hostNames(l *fleet.Ledger) []string {
+func hostNames(l *snapshots.Ledger) []string {
 	hosts := make([]string, 0, len(l.Hosts))
 	for h, rec := range l.Hosts {
 		if rec != nil {
@@ -204,7 +193,7 @@ func hostNames(l *fleet.Ledger) []string {
 
 // epochList is " for demo (epoch 3)", or " for a (epoch 2), b (epoch 5)";
 // "" for no host.
-func epochList(l *fleet.Ledger, hosts []string) string {
+func epochList(l *snapshots.Ledger, hosts []string) string {
 	if len(hosts) == 0 {
 		return ""
 	}
@@ -215,12 +204,11 @@ func epochList(l *fleet.Ledger, hosts []string) string {
 	return " for " + strings.Join(parts, ", ")
 }
 
-func short(commit string) string {
+// shownCommit names a commit for the demo's narration: abbreviated, and
+// "(fetch failed)" for none.
+func shownCommit(commit string) string {
 	if commit == "" {
 		return "(fetch failed)"
 	}
-	if len(commit) > 12 {
-		return commit[:12]
-	}
-	return commit
+	return desired.Hash(commit).Short()
 }

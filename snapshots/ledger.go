@@ -1,4 +1,4 @@
-package fleet
+package snapshots
 
 import (
 	"bytes"
@@ -20,8 +20,8 @@ const LedgerPath = "ledger.yaml"
 // ledgerVersion is the format of ledger.yaml this release writes and reads.
 const ledgerVersion = 1
 
-// maxSweeps bounds the sweep records kept in the ledger (newest kept).
-const maxSweeps = 100
+// MaxSweeps bounds the sweep records kept in the ledger (newest kept).
+const MaxSweeps = 100
 
 // Ledger is the controller's memory, ledger.yaml on the snapshots branch. It
 // holds only what a pass needs to recover after a restart, and is rewritten
@@ -64,7 +64,8 @@ type RetainedRecord struct {
 	Since  time.Time       `yaml:"since" json:"since"`
 }
 
-func (r *RetainedRecord) ref() ref { return ref{r.Kind, r.Name, r.Host} }
+// Ref is the object r keeps.
+func (r *RetainedRecord) Ref() Ref { return Ref{Kind: r.Kind, Name: r.Name, Host: r.Host} }
 
 // AppliedCommit names a desired-state commit, the branch it was read from
 // and the objects' directory in its tree (Path, "" for the root; nil in a
@@ -131,29 +132,34 @@ type SweepRecord struct {
 	Reason string       `yaml:"reason" json:"reason"`
 }
 
-// ref is an object on a host: the unit tombstones are kept for.
-type ref struct {
+// Ref is an object on a host: the unit tombstones and retained objects are
+// kept for.
+type Ref struct {
 	Kind desired.Kind
 	Name string
 	Host string
 }
 
-func (t *TombstoneRecord) ref() ref { return ref{t.Kind, t.Name, t.Host} }
+// Ref is the object t deletes.
+func (t *TombstoneRecord) Ref() Ref { return Ref{Kind: t.Kind, Name: t.Name, Host: t.Host} }
 
-func (r ref) String() string { return fmt.Sprintf("%s %s on %s", r.Kind, r.Name, r.Host) }
+// String is "Kind name on host", for messages.
+func (r Ref) String() string { return fmt.Sprintf("%s %s on %s", r.Kind, r.Name, r.Host) }
 
-// newLedger is the ledger of a snapshots branch that has none yet.
-func newLedger() *Ledger {
+// NewLedger is the ledger of a snapshots branch that has none yet.
+func NewLedger() *Ledger {
 	return &Ledger{Version: ledgerVersion, Hosts: map[string]*HostRecord{}}
 }
 
-// parseLedger decodes ledger.yaml strictly. A ledger that cannot be read
-// stops the pass: writing over it could reuse epochs. The controller writes
-// the ledger in JSON, the subset of YAML that encodes ten thousand names in
+// ParseLedger decodes ledger.yaml strictly: an unknown version or field, or
+// a tombstone or retained object without kind, name and host, is an error
+// naming the file. A ledger that cannot be read stops the controller's
+// pass: writing over it could reuse epochs. The controller writes the
+// ledger in JSON, the subset of YAML that encodes ten thousand names in
 // milliseconds; a ledger in YAML's other styles (edited by hand, say) is
 // read too.
-func parseLedger(data []byte) (*Ledger, error) {
-	l := newLedger()
+func ParseLedger(data []byte) (*Ledger, error) {
+	l := NewLedger()
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(l); err != nil {
@@ -161,7 +167,7 @@ func parseLedger(data []byte) (*Ledger, error) {
 		if !errors.As(err, &syn) {
 			return nil, fmt.Errorf("parse %s: %w", LedgerPath, err)
 		}
-		l = newLedger()
+		l = NewLedger()
 		ydec := yaml.NewDecoder(bytes.NewReader(data))
 		ydec.KnownFields(true)
 		if err := ydec.Decode(l); err != nil && !errors.Is(err, io.EOF) {
@@ -187,118 +193,90 @@ func parseLedger(data []byte) (*Ledger, error) {
 	return l, nil
 }
 
-// ParseLedger decodes ledger.yaml as the controller reads it (strict; an
-// unknown version or field is an error). Tools such as `gitfleet plan` use
-// it to find the last applied commit.
-func ParseLedger(data []byte) (*Ledger, error) { return parseLedger(data) }
-
-// marshal encodes the ledger as JSON (valid YAML) with one host, tombstone
+// Marshal encodes the ledger as JSON (valid YAML) with one host, tombstone
 // or sweep per line: compact for ten thousand names, and a change to one
 // host is a one-line diff. Tombstones are sorted and map keys sorted, so
 // equal ledgers give equal bytes.
-func (l *Ledger) marshal() ([]byte, error) {
-	sortTombstones(l.Tombstones)
-	var b bytes.Buffer
-	put := func(v any) error {
-		data, err := json.Marshal(v)
-		if err != nil {
-			return fmt.Errorf("marshal %s: %w", LedgerPath, err)
-		}
-		b.Write(data)
-		return nil
-	}
-	fmt.Fprintf(&b, "{\"version\": %d,\n", l.Version)
+func (l *Ledger) Marshal() ([]byte, error) {
+	sortByRef(l.Tombstones)
+	w := &ledgerWriter{}
+	fmt.Fprintf(&w.b, "{\"version\": %d,\n", l.Version)
 	if l.Applied != nil {
-		b.WriteString("\"applied\": ")
-		if err := put(l.Applied); err != nil {
-			return nil, err
-		}
-		b.WriteString(",\n")
+		w.b.WriteString("\"applied\": ")
+		w.put(l.Applied)
+		w.b.WriteString(",\n")
 	}
 	if l.Rejected != nil {
-		b.WriteString("\"rejected\": ")
-		if err := put(l.Rejected); err != nil {
-			return nil, err
-		}
-		b.WriteString(",\n")
+		w.b.WriteString("\"rejected\": ")
+		w.put(l.Rejected)
+		w.b.WriteString(",\n")
 	}
 	hosts := make([]string, 0, len(l.Hosts))
 	for h := range l.Hosts {
 		hosts = append(hosts, h)
 	}
 	sort.Strings(hosts)
-	b.WriteString("\"hosts\": {")
-	for i, h := range hosts {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString("\n  ")
-		if err := put(h); err != nil {
-			return nil, err
-		}
-		b.WriteString(": ")
-		if err := put(l.Hosts[h]); err != nil {
-			return nil, err
-		}
-	}
-	b.WriteString("},\n\"tombstones\": [")
-	for i, t := range l.Tombstones {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString("\n  ")
-		if err := put(t); err != nil {
-			return nil, err
-		}
-	}
-	b.WriteString("]")
+	w.b.WriteString("\"hosts\": {")
+	w.lines(len(hosts), func(i int) {
+		w.put(hosts[i])
+		w.b.WriteString(": ")
+		w.put(l.Hosts[hosts[i]])
+	})
+	w.b.WriteString("},\n\"tombstones\": [")
+	w.lines(len(l.Tombstones), func(i int) { w.put(l.Tombstones[i]) })
+	w.b.WriteString("]")
 	if len(l.Sweeps) > 0 {
-		b.WriteString(",\n\"sweeps\": [")
-		for i, w := range l.Sweeps {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString("\n  ")
-			if err := put(w); err != nil {
-				return nil, err
-			}
-		}
-		b.WriteString("]")
+		w.b.WriteString(",\n\"sweeps\": [")
+		w.lines(len(l.Sweeps), func(i int) { w.put(l.Sweeps[i]) })
+		w.b.WriteString("]")
 	}
 	if len(l.Retained) > 0 {
-		sortRetained(l.Retained)
-		b.WriteString(",\n\"retained\": [")
-		for i, r := range l.Retained {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString("\n  ")
-			if err := put(r); err != nil {
-				return nil, err
-			}
-		}
-		b.WriteString("]")
+		sortByRef(l.Retained)
+		w.b.WriteString(",\n\"retained\": [")
+		w.lines(len(l.Retained), func(i int) { w.put(l.Retained[i]) })
+		w.b.WriteString("]")
 	}
-	b.WriteString("}\n")
-	return b.Bytes(), nil
+	w.b.WriteString("}\n")
+	if w.err != nil {
+		return nil, w.err
+	}
+	return w.b.Bytes(), nil
 }
 
-func sortTombstones(ts []*TombstoneRecord) {
-	sort.Slice(ts, func(i, j int) bool {
-		a, b := ts[i], ts[j]
-		if a.Host != b.Host {
-			return a.Host < b.Host
-		}
-		if a.Kind != b.Kind {
-			return a.Kind < b.Kind
-		}
-		return a.Name < b.Name
-	})
+// ledgerWriter builds the bytes of ledger.yaml and keeps the first error.
+type ledgerWriter struct {
+	b   bytes.Buffer
+	err error
 }
 
-func sortRetained(rs []*RetainedRecord) {
+// put writes v as compact JSON.
+func (w *ledgerWriter) put(v any) {
+	if w.err != nil {
+		return
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		w.err = fmt.Errorf("marshal %s: %w", LedgerPath, err)
+		return
+	}
+	w.b.Write(data)
+}
+
+// lines writes n items, each on its own indented line, comma-separated.
+func (w *ledgerWriter) lines(n int, item func(i int)) {
+	for i := range n {
+		if i > 0 {
+			w.b.WriteByte(',')
+		}
+		w.b.WriteString("\n  ")
+		item(i)
+	}
+}
+
+// sortByRef sorts records by host, kind and name.
+func sortByRef[T interface{ Ref() Ref }](rs []T) {
 	sort.Slice(rs, func(i, j int) bool {
-		a, b := rs[i], rs[j]
+		a, b := rs[i].Ref(), rs[j].Ref()
 		if a.Host != b.Host {
 			return a.Host < b.Host
 		}
@@ -309,9 +287,9 @@ func sortRetained(rs []*RetainedRecord) {
 	})
 }
 
-// clone returns a deep copy a pass may modify. Specs of tombstones are
+// Clone returns a deep copy a pass may modify. Specs of tombstones are
 // shared: a pass never modifies a spec.
-func (l *Ledger) clone() *Ledger {
+func (l *Ledger) Clone() *Ledger {
 	c := *l
 	if l.Applied != nil {
 		a := *l.Applied
@@ -344,8 +322,8 @@ func (l *Ledger) clone() *Ledger {
 	return &c
 }
 
-// host returns the record of host, creating it.
-func (l *Ledger) host(name string) *HostRecord {
+// Host returns the record of host, creating it.
+func (l *Ledger) Host(name string) *HostRecord {
 	rec := l.Hosts[name]
 	if rec == nil {
 		rec = &HostRecord{}

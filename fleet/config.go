@@ -1,0 +1,207 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// Defaults of Config.
+const (
+	DefaultBranch          = "main"
+	DefaultSnapshotsBranch = snapshots.Branch
+	DefaultStatusBranch    = status.Branch
+	DefaultAbandonGrace    = 15 * time.Minute
+	DefaultOfflineAfter    = 3 * time.Minute // three agent heartbeats of 60 s
+	DefaultInterval        = 15 * time.Second
+	DefaultSummaryInterval = 30 * time.Second
+)
+
+// Config configures a Controller. Zero values take the defaults above.
+type Config struct {
+	// Repo is an opened repository; when nil, New opens URL (with Auth,
+	// cached in CacheDir, in memory when empty). It serves the desired
+	// branch, whose whole history attribution walks.
+	Repo *gitsource.Repo
+	// TipRepo serves the snapshots and status branches, of which only the
+	// tips are read. When nil and URL is set, New opens URL at depth 1 in
+	// memory and opens it afresh every hour, so the status branch (a commit
+	// per agent heartbeat) never piles up in the controller; when nil
+	// without URL, Repo serves them too.
+	TipRepo  *gitsource.Repo
+	URL      string
+	Auth     gitsource.Auth
+	CacheDir string
+	// Branch holds the desired state; Path is the objects' directory in it
+	// ("" for the repository root), normalized by CleanPath ("./fleet",
+	// "fleet/" and "fleet" are one directory; an absolute path or one with
+	// ".." leaving the repository is an ErrConfig error).
+	Branch string
+	Path   string
+	// SnapshotsBranch receives the host snapshots and ledger.yaml;
+	// StatusBranch holds the agents' statuses and the README.md summary.
+	// Branch, SnapshotsBranch and StatusBranch must be three different
+	// branches (New returns an ErrConfig error otherwise).
+	SnapshotsBranch string
+	StatusBranch    string
+	// AbandonGrace is how long a tombstone stays pending on an offline host
+	// before the controller finalizes it itself (default 15 min; keep it
+	// longer than the agents' tombstone grace).
+	AbandonGrace time.Duration
+	// OfflineAfter is how long the controller must see no change of a
+	// host's status file to call it offline (default 3 min: three agent
+	// heartbeats). It is measured by the controller's clock from its own
+	// observations, so a restarted controller waits OfflineAfter again.
+	OfflineAfter time.Duration
+	// SummaryInterval is the least time between two rewrites of README.md
+	// by the controller's clock (default 30 s; negative: whenever it
+	// changed) when only heartbeat counters changed. The summary shows
+	// heartbeats, which a thousand agents move every second; the status
+	// branch must stay free for their writes. A change held back is written
+	// by a later pass. Any other change (phases, pending deletes, errors,
+	// epochs, a rejected commit, a host going online or offline) is
+	// written at once.
+	SummaryInterval time.Duration
+	// Clock returns the current time; nil means time.Now. Tests move it.
+	Clock func() time.Time
+	// Logger receives log lines (component=controller); nil means the
+	// standard logrus logger.
+	Logger *logrus.Entry
+	// Registerer receives the controller's Prometheus metrics; nil means a
+	// private registry (see Controller.Registry).
+	Registerer prometheus.Registerer
+}
+
+// New returns a Controller. It opens the repository when cfg.Repo is nil but
+// does not fetch; the first Pass does. A configuration that must not run
+// (overlapping branches, a path outside the repository) is an error
+// wrapping ErrConfig, returned before anything is opened.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Branch == "" {
+		cfg.Branch = DefaultBranch
+	}
+	if cfg.SnapshotsBranch == "" {
+		cfg.SnapshotsBranch = DefaultSnapshotsBranch
+	}
+	if cfg.StatusBranch == "" {
+		cfg.StatusBranch = DefaultStatusBranch
+	}
+	if cfg.AbandonGrace <= 0 {
+		cfg.AbandonGrace = DefaultAbandonGrace
+	}
+	if cfg.OfflineAfter <= 0 {
+		cfg.OfflineAfter = DefaultOfflineAfter
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.SummaryInterval == 0 {
+		cfg.SummaryInterval = DefaultSummaryInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.NewEntry(logrus.StandardLogger())
+	}
+	p, err := CleanPath(cfg.Path)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Path = p
+	if err := distinctBranches(cfg.Branch, cfg.SnapshotsBranch, cfg.StatusBranch); err != nil {
+		return nil, err
+	}
+	c := &Controller{
+		cfg:      cfg,
+		repo:     cfg.Repo,
+		log:      cfg.Logger.WithField("component", "controller"),
+		clock:    cfg.Clock,
+		kick:     make(chan struct{}, 1),
+		loader:   desired.NewLoader(cfg.Path),
+		statuses: status.NewReader(),
+		hashes:   map[*desired.VM]string{},
+	}
+	c.live = newLiveness(cfg.Clock(), cfg.OfflineAfter)
+	reg := cfg.Registerer
+	if reg == nil {
+		c.reg = prometheus.NewRegistry()
+		reg = c.reg
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	c.metrics = m
+	if c.repo == nil {
+		if cfg.URL == "" {
+			return nil, errors.New("fleet: Config needs Repo or URL")
+		}
+		repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: cfg.URL, CacheDir: cfg.CacheDir,
+			Auth: cfg.Auth, Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", cfg.URL, err)
+		}
+		c.repo = repo
+	}
+	c.tips = cfg.TipRepo
+	if c.tips == nil {
+		c.tips = c.repo
+		if cfg.URL != "" {
+			if err := c.renewTips(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return c, nil
+}
+
+// ErrConfig is wrapped by New's errors for a configuration that must not
+// run: an objects' path outside the repository, or branches that overlap.
+var ErrConfig = errors.New("invalid controller configuration")
+
+// CleanPath normalizes an objects' directory as the loader reads it:
+// path.Clean, without leading or trailing slashes, "" for the repository
+// root, so "./fleet", "fleet/" and "fleet" are one directory. An absolute
+// path or one that climbs out with ".." is an ErrConfig error.
+func CleanPath(p string) (string, error) {
+	if p == "" {
+		return "", nil
+	}
+	if strings.HasPrefix(p, "/") {
+		return "", fmt.Errorf("%w: path %q is absolute; give the objects' directory relative to the repository root", ErrConfig, p)
+	}
+	c := path.Clean(p)
+	if c == ".." || strings.HasPrefix(c, "../") {
+		return "", fmt.Errorf("%w: path %q leaves the repository", ErrConfig, p)
+	}
+	if c == "." {
+		return "", nil
+	}
+	return c, nil
+}
+
+// distinctBranches refuses a configuration where the desired, snapshots and
+// status branches are not three different branches (the controller would
+// write its files over the desired state, or over the agents' statuses).
+func distinctBranches(desiredBranch, snapshots, statusBranch string) error {
+	norm := func(b string) string { return strings.TrimPrefix(b, "refs/heads/") }
+	d, sn, st := norm(desiredBranch), norm(snapshots), norm(statusBranch)
+	switch {
+	case d == sn:
+		return fmt.Errorf("%w: the snapshots branch and the desired branch are both %q; they must be different branches", ErrConfig, d)
+	case d == st:
+		return fmt.Errorf("%w: the status branch and the desired branch are both %q; they must be different branches", ErrConfig, d)
+	case sn == st:
+		return fmt.Errorf("%w: the snapshots branch and the status branch are both %q; they must be different branches", ErrConfig, sn)
+	}
+	return nil
+}

@@ -1,0 +1,194 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// summarize builds the README.md summary.
+func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report, statusOK bool, now time.Time) status.Summary {
+	s := status.Summary{Branch: c.cfg.Branch}
+	if l.Applied != nil {
+		s.Applied = l.Applied.Commit
+	}
+	if l.Rejected != nil {
+		s.Rejected = &status.Rejection{Commit: l.Rejected.Commit, At: l.Rejected.At, Reason: l.Rejected.Reason,
+			SupersededBy: l.Rejected.Superseded}
+	}
+	hosts := map[string]*status.HostSummary{}
+	get := func(name string) *status.HostSummary {
+		h := hosts[name]
+		if h == nil {
+			h = &status.HostSummary{Name: name}
+			hosts[name] = h
+		}
+		return h
+	}
+	if fl != nil {
+		for name := range fl.Hosts {
+			get(name)
+		}
+	}
+	for name, rec := range l.Hosts {
+		if rec.Hash != "" || fl == nil {
+			get(name) // its epoch is set below, with every host's
+		}
+	}
+	for _, rep := range reports {
+		h := get(rep.Host)
+		h.Reported = true
+		if rep.Err != nil {
+			h.StatusError = rep.Err.Error()
+			continue
+		}
+		st := rep.Status
+		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
+		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
+	}
+	for _, h := range hosts {
+		if rec := l.Hosts[h.Name]; rec != nil {
+			h.Epoch = rec.Epoch
+		}
+		if statusOK && h.Reported {
+			off, _ := c.live.offline(h.Name, now)
+			h.Online = !off
+		}
+		s.Hosts = append(s.Hosts, *h)
+	}
+	sort.Slice(s.Hosts, func(i, j int) bool { return s.Hosts[i].Name < s.Hosts[j].Name })
+	for _, t := range l.Tombstones {
+		at, _ := time.Parse(time.RFC3339, t.Tombstone.Time)
+		s.Pending = append(s.Pending, status.PendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host,
+			Commit: t.Tombstone.Commit, Author: t.Tombstone.Author, Time: at, Epoch: t.Tombstone.Epoch,
+			Rewritten: t.Tombstone.Rewritten})
+	}
+	for _, k := range l.Retained {
+		s.Retained = append(s.Retained, status.RetainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host,
+			Commit: k.Commit, Since: k.Since})
+	}
+	s.Unmanaged = unmanaged(l, fl, reports)
+	sweeps := l.Sweeps
+	if len(sweeps) > 10 {
+		sweeps = sweeps[len(sweeps)-10:]
+	}
+	for _, w := range sweeps {
+		s.Swept = append(s.Swept, status.SweptDelete{Kind: string(w.Kind), Name: w.Name, Host: w.Host,
+			Commit: w.Commit, At: w.At, Reason: w.Reason})
+	}
+	return s
+}
+
+// unmanaged lists the VMs hosts report that neither the desired state nor
+// the ledger knows on that host (a repository restored from a backup that
+// lacks them, say), and every VM a host reports as vanished (dropped from its
+// snapshot without a tombstone): the agents keep them, and the summary says
+// so.
+func unmanaged(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report) []status.UnmanagedVM {
+	// Every pass renders the summary, so the common case (each reported VM
+	// is desired on its host) costs one map lookup per VM; the ledger's
+	// lists are only searched for the rare VM the desired state lacks.
+	known := func(host, name string) bool {
+		if fl != nil {
+			if vm, ok := fl.VMs[name]; ok && vm.Spec.Host == host {
+				return true
+			}
+		}
+		if rec, ok := l.Hosts[host]; ok && slices.Contains(rec.VMs, name) {
+			return true
+		}
+		for _, t := range l.Tombstones {
+			if t.Kind == desired.KindVM && t.Host == host && t.Name == name {
+				return true
+			}
+		}
+		for _, k := range l.Retained {
+			if k.Kind == desired.KindVM && k.Host == host && k.Name == name {
+				return true
+			}
+		}
+		return false
+	}
+	var out []status.UnmanagedVM
+	for _, rep := range reports {
+		if rep.Status == nil {
+			continue
+		}
+		for _, vm := range rep.Status.VMs {
+			if !known(rep.Host, vm.Name) {
+				out = append(out, status.UnmanagedVM{Name: vm.Name, Host: rep.Host, Phase: vm.Phase})
+			}
+		}
+		// A VM the agent's accepted snapshot dropped without a tombstone is
+		// reported apart from its VMs, and is kept whatever the ledger says.
+		for _, v := range rep.Status.Vanished {
+			phase := "vanished, " + v.Power
+			if v.Quarantined {
+				phase = "vanished, shut down"
+			}
+			out = append(out, status.UnmanagedVM{Name: v.Name, Host: rep.Host, Phase: phase})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Host != out[j].Host {
+			return out[i].Host < out[j].Host
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// writeSummary rewrites README.md on the status branch when its content
+// changed, touching no other file.
+func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now time.Time) (bool, error) {
+	data := status.RenderSummary(s)
+	if string(data) == string(c.summary) {
+		c.summaryDue = false
+		return false, nil
+	}
+	key := summaryKey(s)
+	heartbeatsOnly := string(key) == string(c.summaryKey)
+	if heartbeatsOnly && c.cfg.SummaryInterval > 0 && !c.summaryAt.IsZero() && now.Sub(c.summaryAt) < c.cfg.SummaryInterval {
+		c.summaryDue = true
+		return false, nil
+	}
+	wrote := false
+	_, err := c.tips.Update(ctx, c.cfg.StatusBranch, func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		wrote = false
+		old, err := read(status.SummaryPath)
+		if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
+			return nil, "", fmt.Errorf("read %s: %w", status.SummaryPath, err)
+		}
+		if string(old) == string(data) {
+			return nil, "", nil
+		}
+		wrote = true
+		return map[string][]byte{status.SummaryPath: data}, "Update the fleet summary", nil
+	})
+	if err != nil {
+		return false, err
+	}
+	c.summary, c.summaryKey, c.summaryAt, c.summaryDue = data, key, now, false
+	return wrote, nil
+}
+
+// summaryKey renders s with its heartbeat-driven fields (the hosts'
+// heartbeat counters) blanked: two summaries with equal keys differ only in
+// what agents move on every write, which SummaryInterval may hold back.
+func summaryKey(s status.Summary) []byte {
+	hosts := make([]status.HostSummary, len(s.Hosts))
+	copy(hosts, s.Hosts)
+	for i := range hosts {
+		hosts[i].Heartbeat = 0
+	}
+	s.Hosts = hosts
+	return status.RenderSummary(s)
+}
