@@ -134,6 +134,8 @@ func TestHelperCLI(t *testing.T) {
 
 // A forged 50 MB status file is refused by its size: the controller reports
 // it as the host's status error, and its peak memory stays under 300 MB.
+// The controller keeps its clone on disk (--cache-dir, as the shipped unit
+// does): an in-memory clone holds every fetched blob, the forged one too.
 func TestForgedHugeStatusIsRefused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("commits a 50 MB file; skipped with -short")
@@ -146,7 +148,7 @@ func TestForgedHugeStatusIsRefused(t *testing.T) {
 	gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{"hosts/hv-a.yaml": huge}})
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperCLI$")
-	cmd.Env = append(os.Environ(), "GITFLEET_HELPER_ARGS="+strings.Join([]string{"controller", "--repo", dir, "--path", "fleet", "--once"}, "\x1f"))
+	cmd.Env = append(os.Environ(), "GITFLEET_HELPER_ARGS="+strings.Join([]string{"controller", "--repo", dir, "--path", "fleet", "--cache-dir", filepath.Join(t.TempDir(), "cache"), "--once"}, "\x1f"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("controller: %v\n%s", err, out)
