@@ -19,6 +19,12 @@
 // disks are overlays backed by them, so a cached image must not be removed
 // while a VM's root disk uses it.
 //
+// QEMU runs confined: under its seccomp sandbox, and with Config.RunAs as
+// an unprivileged user behind an nftables guard that keeps guests off the
+// host's own addresses (see confine.go). Artifacts are fetched under an
+// ArtifactPolicy, and images are inspected (inspectImage) before qemu-img
+// or QEMU opens them.
+//
 // QEMU is started in a session of its own with its output going to
 // qemu.log, so it outlives the agent; a restarted agent finds it again by
 // pidfile, /proc/PID/cmdline (which must name the VM and its pidfile, so a

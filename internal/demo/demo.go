@@ -36,6 +36,7 @@ import (
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // Defaults of Config: short intervals, so a push lands within seconds.
@@ -214,7 +215,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("demo log: %w", err)
 	}
 	defer logFile.Close()
-	logger := logrus.New()
+	logger := redact.Logger(logrus.New())
 	logger.SetOutput(logFile)
 	logger.SetLevel(logrus.InfoLevel)
 	log := logrus.NewEntry(logger)
