@@ -253,6 +253,8 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	st.exitMu.Lock()
 	st.exit = ""
+	st.gen++
+	gen := st.gen
 	st.exitMu.Unlock()
 	started := time.Now()
 	if err := cmd.Start(); err != nil {
@@ -263,9 +265,12 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 		// Reap QEMU when it exits while this agent runs, and keep how.
 		err := cmd.Wait()
 		st.exitMu.Lock()
-		if err != nil {
+		switch {
+		case st.gen != gen:
+			// A newer QEMU runs for this VM: this exit is history.
+		case err != nil:
 			st.exit = "qemu exited: " + err.Error()
-		} else {
+		default:
 			st.exit = "qemu exited"
 		}
 		st.exitMu.Unlock()

@@ -150,6 +150,10 @@ type vmState struct {
 	// of its exit status for FailureReason.
 	exitMu sync.Mutex
 	exit   string
+	// gen counts the QEMUs started for this VM: a reaper records how its
+	// QEMU exited only while that QEMU is the last one started, so a late
+	// reaper of an old QEMU never marks a fresh boot as failed.
+	gen int
 	// fetching is the sha256 of the artifact the VM waits for ("" or nil
 	// when none).
 	fetching atomic.Value
