@@ -235,6 +235,7 @@ host: %s
 stateDir: %q
 backend: qemu
 qemu: {accel: %s}
+artifacts: {allowNetworks: [127.0.0.0/8]}   # the test's artifact server
 intervals: {tick: 1s, poll: 2s, heartbeat: 5s}
 graces: {tombstone: %s}
 logLevel: debug

@@ -364,6 +364,11 @@ func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writ
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", backend, err)
 	}
+	// Preflight checks the host and installs what confines the guests
+	// (the QEMU backend's nftables guard) before any VM is touched.
+	if err := prov.Preflight(ctx); err != nil {
+		return fmt.Errorf("backend %s: %w", backend, err)
+	}
 	repo, err := gitsource.Open(ctx, gitsource.Options{
 		URL: c.Repo.URL, CacheDir: filepath.Join(store.Root(), "git"), Auth: auth, Depth: 1,
 		Committer: "gitfleet agent " + c.Host + " <agent@" + c.Host + ">",
