@@ -386,6 +386,7 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 	e.mu.Unlock()
 
 	vols, orphans := e.reconcileVolumes(snap, inUse)
+	e.reconcileNetworks(ctx, snap)
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -397,6 +398,29 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		e.kickLocked(name)
 	}
 	return nil
+}
+
+// reconcileNetworks has a NetworkReconciler make the snapshot's host
+// networks real, keeping every network a VM record names.
+func (e *Engine) reconcileNetworks(ctx context.Context, snap *desired.Snapshot) {
+	nr, ok := e.prov.(NetworkReconciler)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	inUse := map[string]bool{}
+	for _, rec := range e.recs {
+		if rec.Spec.Network != "" {
+			inUse[rec.Spec.Network] = true
+		}
+	}
+	if len(e.bad) > 0 {
+		inUse = nil // an unreadable record may name any network
+	}
+	e.mu.Unlock()
+	if err := nr.ReconcileNetworks(ctx, snap.HostSpec.Networks, inUse); err != nil {
+		e.log.WithError(err).Warn("host networks")
+	}
 }
 
 // load reads the records once. Until the vms directory can be listed no
@@ -562,20 +586,20 @@ func (e *Engine) Close(ctx context.Context) {
 
 // view returns name's desired entry and a copy of its record; skip is true
 // when the engine is fenced or the record is unreadable.
-func (e *Engine) view(name string) (want *desired.SnapshotVM, rec *Record, hostCap *desired.Capacity, skip bool) {
+func (e *Engine) view(name string) (want *desired.SnapshotVM, rec *Record, hostCap *desired.Capacity, hostNets map[string]desired.Network, skip bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.fenced || e.bad[name] != nil {
-		return nil, nil, nil, true
+		return nil, nil, nil, nil, true
 	}
 	if r := e.recs[name]; r != nil {
 		c := *r
 		rec = &c
 	}
 	if e.snap != nil {
-		hostCap = e.snap.HostSpec.Capacity
+		hostCap, hostNets = e.snap.HostSpec.Capacity, e.snap.HostSpec.Networks
 	}
-	return e.want[name], rec, hostCap, false
+	return e.want[name], rec, hostCap, hostNets, false
 }
 
 // commit saves rec to disk and publishes it to the engine when it differs

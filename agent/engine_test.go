@@ -1041,6 +1041,16 @@ func TestAddresses(t *testing.T) {
 		assert.Equal(t, "10.77.1.2", r.IP)
 		assert.Equal(t, "127.0.0.1:2202", r.SSH)
 	})
+	t.Run("a new network forgets the old network's address", func(t *testing.T) {
+		f := newFixture(t)
+		r := row(t, f.step(snap(1, vm("web-01"))), "web-01")
+		require.NotEmpty(t, r.IP)
+		f.prov.ForgetAddresses()
+		f.prov.SetLateAddress(true) // the guest has no address on lan yet
+		r = row(t, f.step(snap(2, vm("web-01", network("lan")))), "web-01")
+		assert.Empty(t, r.IP, "an address of the old network is no address on the new one")
+		assert.Empty(t, r.SSH)
+	})
 }
 
 func TestSpecEditsOnARunningVM(t *testing.T) {
@@ -1056,6 +1066,9 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 		{name: "vcpus", edit: vcpus(4), restart: true, wantDiskGB: 5},
 		{name: "memory", edit: memoryMB(4096), restart: true, wantDiskGB: 5},
 		{name: "network", edit: network("lan"), restart: true, wantDiskGB: 5},
+		{name: "static addresses apply at the next boot", edit: func(s *desired.VMSpec) {
+			s.Static = &desired.StaticIP{Addresses: []string{"10.77.0.9/24"}}
+		}, wantDiskGB: 5},
 		{name: "volumes", edit: volumes("data"), restart: true, wantDiskGB: 5},
 		{name: "kernel", edit: func(s *desired.VMSpec) {
 			s.Kernel = &desired.Kernel{URL: "https://images.example/vmlinuz", SHA256: otherImage, Cmdline: "console=ttyS0"}

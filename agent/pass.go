@@ -45,7 +45,7 @@ func runSteps(ctx context.Context, steps []step) (failed string, err error) {
 // pass runs one VM's reconcile and reports whether the VM is gone (no record
 // and nothing desired), so its worker can end.
 func (e *Engine) pass(name string) (gone bool) {
-	want, rec, hostCap, skip := e.view(name)
+	want, rec, hostCap, hostNets, skip := e.view(name)
 	if skip {
 		return false
 	}
@@ -55,7 +55,7 @@ func (e *Engine) pass(name string) (gone bool) {
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.VMTimeout)
 		defer cancel()
 	}
-	p := &vmPass{e: e, ctx: ctx, log: e.log.WithField("vm", name), want: want, rec: rec, hostCap: hostCap}
+	p := &vmPass{e: e, ctx: ctx, log: e.log.WithField("vm", name), want: want, rec: rec, hostCap: hostCap, hostNets: hostNets}
 	switch {
 	case rec == nil && (want == nil || want.Tombstoned):
 		return true // nothing here; a tombstone is acked by Report
@@ -78,10 +78,15 @@ type vmPass struct {
 	want    *desired.SnapshotVM
 	rec     *Record
 	hostCap *desired.Capacity
+	// hostNets are the host's networks, from the accepted snapshot.
+	hostNets map[string]desired.Network
 }
 
 func (p *vmPass) machine(spec desired.VMSpec) Machine {
 	m := Machine{Name: p.rec.Name, Dir: p.e.store.VMDir(p.rec.Name), Spec: spec, InstanceID: p.rec.InstanceID}
+	if n, ok := p.hostNets[spec.Network]; ok && spec.Network != "" {
+		m.Network = &n
+	}
 	for _, v := range spec.Volumes {
 		if validName(v) {
 			m.Volumes = append(m.Volumes, p.e.store.VolumePath(v))
@@ -445,9 +450,9 @@ func (p *vmPass) boot(spec desired.VMSpec) error {
 }
 
 // edit applies a changed spec to a created VM. vCPUs, memory, network,
-// volumes and kernel take a graceful restart; a larger diskGB grows the root
-// disk while the VM is down; a smaller one and a changed image leave the disk
-// as it is (the status message says so). It returns false when the edit
+// volumes and kernel take a graceful restart; a larger
+// diskGB grows the root disk while the VM is down; a smaller one and a
+// changed image leave the disk as it is (the status message says so). It returns false when the edit
 // could not be applied yet (the record carries why).
 func (p *vmPass) edit() bool {
 	rec, want := p.rec, p.want
@@ -481,6 +486,11 @@ func (p *vmPass) edit() bool {
 			p.log.WithField("fromGB", rec.DiskGB).WithField("toGB", spec.DiskGB).Info("root disk grown")
 			rec.DiskGB = spec.DiskGB
 		}
+	}
+	if old.Network != spec.Network {
+		// The known address belongs to the old network: forget it rather
+		// than show it until the new one is learned.
+		rec.IP, rec.SSH = "", ""
 	}
 	rec.Spec, rec.SpecHash = spec, want.SpecHash
 	rec.Attempts, rec.Failed, rec.LastError = 0, false, ""

@@ -15,6 +15,11 @@ type Machine struct {
 	Dir     string
 	Spec    desired.VMSpec
 	Volumes []string
+	// Network is the definition of the host network Spec.Network names,
+	// from the snapshot's host spec. nil when Spec.Network is empty (the
+	// VM's NIC is on the backend's private user-mode network) or names no
+	// network of the host (a backend refuses to boot it, permanently).
+	Network *desired.Network
 	// InstanceID is stable for the VM's life (it changes only when the VM is
 	// destroyed and created again); cloud-init keys first-boot work on it.
 	InstanceID string
@@ -69,6 +74,19 @@ type Provisioner interface {
 // engine shows it as the status message of a VM being created. Optional.
 type ProgressReporter interface {
 	VMProgress(name string) (done, total int64, ok bool)
+}
+
+// NetworkReconciler is implemented by a Provisioner that attaches VMs to
+// host networks. The engine calls ReconcileNetworks on every tick with the
+// snapshot's host networks (name -> definition) and inUse, the networks a
+// VM record on this host names (running or not, desired or not), or nil
+// when that is unknown (a record cannot be read): the Provisioner makes
+// every network of nets exist and tears down a network it made before that
+// nets lacks, unless inUse names it or is nil. Idempotent; an
+// error is logged and the next tick tries again (a VM's Boot ensures its
+// own network as well). Optional.
+type NetworkReconciler interface {
+	ReconcileNetworks(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error
 }
 
 // AccelReporter is implemented by a Provisioner that knows which

@@ -254,7 +254,7 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:5:21: spec.capacity.vcpus: -1 is out of range; must be 0 to 4096 (0 means not limited)`,
 			`obj.yaml:7:5: spec.networks.LAN: network name "LAN" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
 			`obj.yaml:8:19: spec.networks.wan.bridge: "a-very-long-bridge-name" is not a Linux interface name (1 to 15 letters, digits, '-', '_' or '.')`,
-			`obj.yaml:9:5: spec.networks.dmz.bridge: missing`,
+			`obj.yaml:9:5: spec.networks.dmz: needs bridge (an existing host bridge) or nat (a network the agent manages)`,
 		}},
 	}
 	for _, tt := range tests {

@@ -8,15 +8,15 @@ import "regexp"
 // Hash is "none".
 type Hash string
 
-// fullHashRE matches a full SHA-1 or SHA-256 hash in lowercase hex.
-var fullHashRE = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
+// longHexRE matches lowercase hex digits, more than a Short hash has.
+var longHexRE = regexp.MustCompile(`^[0-9a-f]{13,}$`)
 
-// Short abbreviates a full hash (40 or 64 lowercase hex digits) to its
-// first 12 for a person, as git's own abbreviations do; anything else (a
-// shorter digest, a branch name, a revision such as HEAD~1, "") is
+// Short abbreviates a hash for a person to its first 12 hex digits, as
+// git's own abbreviations do. Anything that is not lowercase hex (a branch
+// name, a revision such as HEAD~1) or already 12 digits or fewer is
 // returned unchanged.
 func (h Hash) Short() string {
-	if !fullHashRE.MatchString(string(h)) {
+	if !longHexRE.MatchString(string(h)) {
 		return string(h)
 	}
 	return string(h[:12])

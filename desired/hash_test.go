@@ -8,9 +8,10 @@ func TestHashShort(t *testing.T) {
 	for in, want := range map[string]string{
 		sha1:                         "0123456789ab",
 		sha256:                       "0123456789ab",
+		"0123456789abcdef":           "0123456789ab", // a ledger content key
+		"0123456789ab":               "0123456789ab",
 		"":                           "",
 		"c1":                         "c1",
-		"0123456789abcdef":           "0123456789abcdef", // a ledger content key: already short
 		"HEAD~1":                     "HEAD~1",
 		"feature/a-long-branch-name": "feature/a-long-branch-name",
 		"0123456789ABCDEF0123456789ABCDEF01234567": "0123456789ABCDEF0123456789ABCDEF01234567", // not git's spelling

@@ -26,8 +26,8 @@ type object struct {
 
 // positions are the locations cross-object errors are reported at.
 type positions struct {
-	name, host, network, capacityVCPUs, capacityMemory pos
-	volumes                                            []pos
+	name, host, network, capacityVCPUs, capacityMemory, gateway4 pos
+	volumes, static                                              []pos
 }
 
 // vmDoc, volumeDoc and hostDoc are the on-disk shapes of the three kinds.

@@ -179,9 +179,45 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 			w = append(w, "a changed image does not touch an existing root disk")
 		case kind == KindVolume && f.Field == "spec.sizeGB":
 			w = append(w, "volumes are never resized: an existing volume keeps its size")
+		case kind == KindVM && f.Field == "spec.network":
+			w = append(w, "the VM restarts with its NIC on the new network, at a new address")
+		case kind == KindVM && strings.HasPrefix(f.Field, "spec.static."):
+			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot: a created VM keeps its addresses unless its image applies network config on every boot")
 		}
 	}
+	if kind == KindHost {
+		w = append(w, networkWarnings(fields)...)
+	}
 	return dedupe(w)
+}
+
+// networkWarnings says what a Host's changed networks do to their guests:
+// a renumbered nat network, a network removed.
+func networkWarnings(fields []FieldChange) []string {
+	var w []string
+	removed := map[string]bool{}
+	var names []string
+	for _, f := range fields {
+		rest, ok := strings.CutPrefix(f.Field, "spec.networks.")
+		if !ok {
+			continue
+		}
+		name, leaf, _ := strings.Cut(rest, ".")
+		if _, seen := removed[name]; !seen {
+			names = append(names, name)
+			removed[name] = true
+		}
+		removed[name] = removed[name] && f.New == ""
+		if leaf == "nat.cidr" && f.Old != "" && f.New != "" {
+			w = append(w, fmt.Sprintf("network %s is renumbered: its guests get new addresses at their next DHCP renewal (within 30 minutes) or restart", name))
+		}
+	}
+	for _, name := range names {
+		if removed[name] {
+			w = append(w, fmt.Sprintf("network %s is removed from the host once no VM there uses it", name))
+		}
+	}
+	return w
 }
 
 func atoi(s string) int {

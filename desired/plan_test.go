@@ -172,3 +172,47 @@ func TestPlanGolden(t *testing.T) {
 	}
 	planGolden(t, "empty.txt", empty.Text())
 }
+
+func TestPlanWarnsOfNetworkChanges(t *testing.T) {
+	host := func(nets map[string]Network) *Host {
+		h := planHost("hv-a")
+		h.Spec.Networks = nets
+		return h
+	}
+	lab := func(cidr string) map[string]Network {
+		return map[string]Network{"lan": {Bridge: "br0"}, "lab": {NAT: &NAT{CIDR: cidr}}}
+	}
+	onLab := func(s *VMSpec) { s.Network = "lab" }
+	static := func(a string) func(*VMSpec) {
+		return func(s *VMSpec) { s.Network, s.Static = "lab", &StaticIP{Addresses: []string{a}} }
+	}
+	for _, tc := range []struct {
+		name       string
+		base, head *Fleet
+		want       string
+	}{
+		{"a VM joins a network", planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a")),
+			planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", onLab)),
+			"the VM restarts with its NIC on the new network, at a new address"},
+		{"a VM's static address changes", planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", static("10.77.0.5/24"))),
+			planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", static("10.77.0.6/24"))),
+			"static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot: a created VM keeps its addresses unless its image applies network config on every boot"},
+		{"a nat network is renumbered", planFleet(host(lab("10.77.0.0/24"))), planFleet(host(lab("10.78.0.0/24"))),
+			"network lab is renumbered: its guests get new addresses at their next DHCP renewal (within 30 minutes) or restart"},
+		{"a network is removed", planFleet(host(lab("10.77.0.0/24"))), planFleet(host(map[string]Network{"lan": {Bridge: "br0"}})),
+			"network lab is removed from the host once no VM there uses it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := ComputePlan(tc.base, tc.head, PlanOptions{})
+			var warnings []string
+			for _, h := range p.Hosts {
+				for _, c := range h.Changes {
+					warnings = append(warnings, c.Warnings...)
+				}
+			}
+			if !reflect.DeepEqual(warnings, []string{tc.want}) {
+				t.Errorf("warnings = %q, want %q", warnings, tc.want)
+			}
+		})
+	}
+}

@@ -82,7 +82,16 @@ func JSONSchema() []byte {
 					"cmdline": str("Kernel command line."),
 				}),
 				"power":   obj{"enum": []string{string(PowerRunning), string(PowerStopped)}, "default": string(PowerRunning), "description": "Desired power state."},
-				"network": obj{"$ref": "#/$defs/name", "description": "A network of the VM's Host for a second NIC."},
+				"network": obj{"$ref": "#/$defs/name", "description": "A network of the VM's Host; the VM's NIC joins it instead of user-mode networking."},
+				"static": strict("Fixed addresses for the NIC instead of DHCP (netplan's field names); needs network.", []string{"addresses"}, obj{
+					"addresses": obj{"type": "array", "minItems": 1, "items": obj{"type": "string"},
+						"description": "Addresses with prefix length, such as 192.168.1.50/24."},
+					"gateway4": str("IPv4 default route's next hop; on a nat network, the network's first address by default."),
+					"nameservers": strict("DNS servers and search domains.", nil, obj{
+						"addresses": obj{"type": "array", "items": obj{"type": "string"}},
+						"search":    obj{"type": "array", "items": obj{"type": "string"}},
+					}),
+				}),
 				"volumes": obj{"type": "array", "items": ref("name"), "uniqueItems": true,
 					"description": "Volume names on the same host, attached in order."},
 				"cloudInit": strict("The NoCloud seed's content (secret: never logged).", nil, obj{
@@ -101,12 +110,20 @@ func JSONSchema() []byte {
 				"memoryMB": integer("Memory for all VMs together, in MiB.", 0, MaxHostMemoryMB),
 			}),
 			"networks": obj{
-				"type": "object", "description": "Networks a VM's second NIC can join, by name.",
+				"type": "object", "description": "Networks the host's VMs can join, by name.",
 				"propertyNames": ref("name"),
-				"additionalProperties": strict("A host network.", []string{"bridge"}, obj{
-					"bridge": obj{"type": "string", "pattern": bridgeRE.String(), "maxLength": MaxBridgeLength,
-						"description": "The host bridge device, such as br0."},
-				}),
+				"additionalProperties": obj{
+					"type": "object", "additionalProperties": false,
+					"description": "A host network: bridge (an existing host bridge) or nat (a network the agent manages).",
+					"oneOf":       []obj{{"required": []string{"bridge"}}, {"required": []string{"nat"}}},
+					"properties": obj{
+						"bridge": obj{"type": "string", "pattern": bridgeRE.String(), "maxLength": MaxBridgeLength,
+							"description": "An existing host bridge device, such as br0; the agent adds a tap per VM."},
+						"nat": strict("A network the agent manages: bridge gf-<name>, dnsmasq, masquerading.", []string{"cidr"}, obj{
+							"cidr": str("IPv4 network, such as 10.77.0.0/24 (prefix length 16 to 29)."),
+						}),
+					},
+				},
 			},
 		})),
 	}

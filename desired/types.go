@@ -73,8 +73,15 @@ type VMSpec struct {
 	Kernel *Kernel `yaml:"kernel,omitempty" json:"kernel,omitempty"`
 	// Power is running (the default) or stopped.
 	Power Power `yaml:"power,omitempty" json:"power,omitempty"`
-	// Network optionally names a network of the VM's Host for a second NIC.
+	// Network optionally names a network of the VM's Host. The VM's one NIC
+	// joins it instead of QEMU's user-mode network (which has an SSH port
+	// forwarded on the hypervisor's 127.0.0.1): on a bridge network the
+	// guest is on that LAN; on a nat network it gets a stable DHCP lease
+	// from the agent's dnsmasq.
 	Network string `yaml:"network,omitempty" json:"network,omitempty"`
+	// Static gives the NIC fixed addresses instead of DHCP. It needs
+	// Network; on a nat network every address must lie inside its CIDR.
+	Static *StaticIP `yaml:"static,omitempty" json:"static,omitempty"`
 	// Volumes names Volume objects on the same host, attached in order.
 	Volumes []string `yaml:"volumes,omitempty" json:"volumes,omitempty"`
 	// CloudInit is the NoCloud seed's content.
@@ -96,10 +103,50 @@ type Capacity struct {
 	MemoryMB int `yaml:"memoryMB,omitempty" json:"memoryMB,omitempty"`
 }
 
-// Network is a host network a VM's second NIC can join.
+// StaticIP is a VM's fixed IP configuration, written into the NoCloud
+// network-config (version 2, netplan's shape) of its seed. Field names are
+// netplan's.
+type StaticIP struct {
+	// Addresses are the NIC's addresses with their prefix length, such as
+	// "192.168.1.50/24" or "2001:db8::50/64". At least one.
+	Addresses []string `yaml:"addresses" json:"addresses"`
+	// Gateway4 is the IPv4 default route's next hop, such as
+	// "192.168.1.1". On a nat network it defaults to the network's first
+	// address (the agent's bridge); elsewhere no default route is set
+	// without it.
+	Gateway4 string `yaml:"gateway4,omitempty" json:"gateway4,omitempty"`
+	// Nameservers are the guest's DNS servers and search domains. On a nat
+	// network the servers default to the agent's dnsmasq.
+	Nameservers *Nameservers `yaml:"nameservers,omitempty" json:"nameservers,omitempty"`
+}
+
+// Nameservers are DNS servers (IP addresses) and search domains.
+type Nameservers struct {
+	Addresses []string `yaml:"addresses,omitempty" json:"addresses,omitempty"`
+	Search    []string `yaml:"search,omitempty" json:"search,omitempty"`
+}
+
+// Network is a host network VMs can join. Exactly one of Bridge and NAT is
+// set.
 type Network struct {
-	// Bridge is the host bridge device, such as "br0".
-	Bridge string `yaml:"bridge" json:"bridge"`
+	// Bridge is an existing host bridge device, such as "br0" (the LAN).
+	// The agent adds a tap per VM to it and never creates, changes or
+	// deletes the bridge itself. Names starting "gf-" are the agent's own
+	// and not allowed here.
+	Bridge string `yaml:"bridge,omitempty" json:"bridge,omitempty"`
+	// NAT is a network the agent manages: see NAT.
+	NAT *NAT `yaml:"nat,omitempty" json:"nat,omitempty"`
+}
+
+// NAT is a managed network: the agent creates bridge "gf-<network name>"
+// holding the CIDR's first address, runs dnsmasq on it for DHCP and DNS,
+// and masquerades the guests' traffic out of the host. Guests reach the
+// host itself only for DHCP, DNS and ping.
+type NAT struct {
+	// CIDR is the network's IPv4 prefix, such as "10.77.0.0/24" (a network
+	// address, prefix length 16 to 29). CIDRs of one host's nat networks
+	// must not overlap.
+	CIDR string `yaml:"cidr" json:"cidr"`
 }
 
 // HostSpec is a Host's desired state.

@@ -2,8 +2,10 @@ package desired
 
 import (
 	"fmt"
+	"net/netip"
 	"net/url"
 	"regexp"
+	"sort"
 	"strings"
 
 	"github.com/gitfleet/gitfleet/internal/redact"
@@ -176,6 +178,13 @@ func (d *nodeDecoder) check(o *object) {
 		network:        d.valPos("spec.network"),
 		capacityVCPUs:  d.valPos("spec.capacity.vcpus"),
 		capacityMemory: d.valPos("spec.capacity.memoryMB"),
+		gateway4:       d.valPos("spec.static.gateway4"),
+	}
+	if o.kind == KindVM && o.vm.Spec.Static != nil {
+		o.at.static = make([]pos, len(o.vm.Spec.Static.Addresses))
+		for i := range o.vm.Spec.Static.Addresses {
+			o.at.static[i] = d.valPos(indexPath("spec.static.addresses", i))
+		}
 	}
 	if o.kind == KindVM {
 		o.at.volumes = make([]pos, len(o.vm.Spec.Volumes))
@@ -216,6 +225,9 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 	if d.written("spec.network") {
 		d.name("spec.network", s.Network)
 	}
+	if s.Static != nil {
+		d.checkStatic(s)
+	}
 	seen := make(map[string]int, len(s.Volumes))
 	for i, v := range s.Volumes {
 		f := indexPath("spec.volumes", i)
@@ -241,7 +253,18 @@ func (d *nodeDecoder) checkHost(s *HostSpec) {
 		d.intRange("spec.capacity.vcpus", c.VCPUs, 0, MaxHostVCPUs, " (0 means not limited)")
 		d.intRange("spec.capacity.memoryMB", c.MemoryMB, 0, MaxHostMemoryMB, " MiB (0 means not limited)")
 	}
-	for name, n := range s.Networks {
+	names := make([]string, 0, len(s.Networks))
+	for name := range s.Networks {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	type natNet struct {
+		name   string
+		prefix netip.Prefix
+	}
+	var nats []natNet
+	for _, name := range names {
+		n := s.Networks[name]
 		f := "spec.networks." + name
 		if msg := checkName(name); msg != "" {
 			d.add(d.keyPos(f), f, "network name %s", msg)
@@ -249,12 +272,86 @@ func (d *nodeDecoder) checkHost(s *HostSpec) {
 		if d.bad[f] {
 			continue
 		}
-		bf := f + ".bridge"
-		if !d.required(bf) {
+		bf, nf := f+".bridge", f+".nat"
+		switch {
+		case d.written(bf) && d.written(nf):
+			d.add(d.keyPos(nf), f, "has both bridge and nat; a network is one or the other")
+			continue
+		case !d.written(bf) && !d.written(nf):
+			d.add(d.keyPos(f), f, "needs bridge (an existing host bridge) or nat (a network the agent manages)")
+			continue
+		case d.written(bf):
+			if d.bad[bf] {
+				continue
+			}
+			if len(n.Bridge) > MaxBridgeLength || !bridgeRE.MatchString(n.Bridge) {
+				d.add(d.valPos(bf), bf, "%q is not a Linux interface name (1 to %d letters, digits, '-', '_' or '.')", truncate(n.Bridge, 70), MaxBridgeLength)
+			} else if strings.HasPrefix(n.Bridge, ManagedBridgePrefix) {
+				d.add(d.valPos(bf), bf, "%q starts with %q, the prefix of the bridges the agent makes for nat networks; name your own bridge otherwise", n.Bridge, ManagedBridgePrefix)
+			}
+		default:
+			if n.NAT == nil || !d.required(nf+".cidr") {
+				continue
+			}
+			if len(name) > MaxNATNameLength {
+				d.add(d.keyPos(f), f, "a nat network's name is at most %d characters (its bridge is %s<name>, and Linux interface names are at most %d)", MaxNATNameLength, ManagedBridgePrefix, MaxBridgeLength)
+			}
+			cf := nf + ".cidr"
+			p, err := n.NAT.Prefix()
+			if err != nil {
+				d.add(d.valPos(cf), cf, "%v", err)
+				continue
+			}
+			for _, o := range nats {
+				if o.prefix.Overlaps(p) {
+					d.add(d.valPos(cf), cf, "%s overlaps %s of network %q on this host; the nat networks of a host must not overlap", p, o.prefix, o.name)
+				}
+			}
+			nats = append(nats, natNet{name, p})
+		}
+	}
+}
+
+// checkStatic checks a VM's static IP configuration on its own; whether
+// the addresses fit the network is a cross-object check.
+func (d *nodeDecoder) checkStatic(s *VMSpec) {
+	st := s.Static
+	if !d.written("spec.network") {
+		d.add(d.keyPos("spec.static"), "spec.static", "needs spec.network: a static address is for a NIC on a host network")
+	}
+	if d.required("spec.static.addresses") && len(st.Addresses) == 0 {
+		d.add(d.valPos("spec.static.addresses"), "spec.static.addresses", "must list at least one address")
+	}
+	for i, a := range st.Addresses {
+		f := indexPath("spec.static.addresses", i)
+		if d.bad[f] {
 			continue
 		}
-		if len(n.Bridge) > MaxBridgeLength || !bridgeRE.MatchString(n.Bridge) {
-			d.add(d.valPos(bf), bf, "%q is not a Linux interface name (1 to %d letters, digits, '-', '_' or '.')", truncate(n.Bridge, 70), MaxBridgeLength)
+		p, err := netip.ParsePrefix(a)
+		switch {
+		case err != nil:
+			d.add(d.valPos(f), f, "%q is not an address with a prefix length, such as 192.168.1.50/24", a)
+		case p.Masked().Addr() == p.Addr() && p.Bits() < p.Addr().BitLen()-1:
+			d.add(d.valPos(f), f, "%q is a network address, not a host's", a)
+		}
+	}
+	if st.Gateway4 != "" && !d.bad["spec.static.gateway4"] {
+		if a, err := netip.ParseAddr(st.Gateway4); err != nil || !a.Is4() {
+			d.add(d.valPos("spec.static.gateway4"), "spec.static.gateway4", "%q is not an IPv4 address", st.Gateway4)
+		}
+	}
+	if ns := st.Nameservers; ns != nil {
+		for i, a := range ns.Addresses {
+			f := indexPath("spec.static.nameservers.addresses", i)
+			if _, err := netip.ParseAddr(a); err != nil && !d.bad[f] {
+				d.add(d.valPos(f), f, "%q is not an IP address", a)
+			}
+		}
+		for i, dom := range ns.Search {
+			f := indexPath("spec.static.nameservers.search", i)
+			if !d.bad[f] && (dom == "" || strings.ContainsAny(dom, " \t,")) {
+				d.add(d.valPos(f), f, "%q is not a domain name", dom)
+			}
 		}
 	}
 }
@@ -294,6 +391,7 @@ func crossCheck(objs []*object, complete bool) []*Error {
 	type usage struct{ vcpus, memoryMB, count int }
 	use := make(map[string]*usage, len(hosts))
 	attached := make(map[string]*object, len(volumes))
+	statics := make(map[staticKey]*object)
 	for _, o := range objs {
 		if duplicate[o] {
 			continue
@@ -318,8 +416,14 @@ func crossCheck(objs []*object, complete bool) []*Error {
 				u.memoryMB += s.MemoryMB
 				u.count++
 				if s.Network != "" {
-					if _, ok := h.host.Spec.Networks[s.Network]; !ok && complete {
+					n, ok := h.host.Spec.Networks[s.Network]
+					if !ok && complete {
 						add(o, o.at.network, "spec.network", "Host %q has no network %q", s.Host, s.Network)
+					}
+					if ok && s.Static != nil {
+						for _, e := range checkStaticOnNetwork(s, n, statics, o) {
+							add(o, e.at, e.field, "%s", e.msg)
+						}
 					}
 				}
 			}
@@ -360,6 +464,65 @@ func crossCheck(objs []*object, complete bool) []*Error {
 		if c.MemoryMB > 0 && u.memoryMB > c.MemoryMB {
 			add(o, o.at.capacityMemory, "spec.capacity.memoryMB", "the %d VMs on this host ask for %d MiB of memory in all, more than its capacity of %d MiB",
 				u.count, u.memoryMB, c.MemoryMB)
+		}
+	}
+	return errs
+}
+
+// staticKey is one static address on one host network.
+type staticKey struct {
+	host, network string
+	addr          netip.Addr
+}
+
+type staticError struct {
+	at    pos
+	field string
+	msg   string
+}
+
+// checkStaticOnNetwork checks o's static addresses against network n of its
+// host, and against the addresses of the VMs checked before it (statics,
+// which it extends).
+func checkStaticOnNetwork(s *VMSpec, n Network, statics map[staticKey]*object, o *object) []staticError {
+	var errs []staticError
+	var cidr netip.Prefix
+	if n.NAT != nil {
+		var err error
+		if cidr, err = n.NAT.Prefix(); err != nil {
+			return nil // reported on the Host
+		}
+	}
+	for i, a := range s.Static.Addresses {
+		p, err := netip.ParsePrefix(a)
+		if err != nil || i >= len(o.at.static) {
+			continue // reported on its own
+		}
+		f := indexPath("spec.static.addresses", i)
+		at := o.at.static[i]
+		if cidr.IsValid() && p.Addr().Is4() {
+			switch {
+			case !cidr.Contains(p.Addr()):
+				errs = append(errs, staticError{at, f, fmt.Sprintf("%s is outside %s, the CIDR of network %q", p.Addr(), cidr, s.Network)})
+				continue
+			case p.Bits() != cidr.Bits():
+				errs = append(errs, staticError{at, f, fmt.Sprintf("%q: the prefix length must be %d, the one of network %q (%s)", a, cidr.Bits(), s.Network, cidr)})
+			case p.Addr() == n.NAT.Gateway():
+				errs = append(errs, staticError{at, f, fmt.Sprintf("%s is the address of the agent's bridge on network %q", p.Addr(), s.Network)})
+			case p.Addr() == Broadcast(cidr):
+				errs = append(errs, staticError{at, f, fmt.Sprintf("%s is the broadcast address of %s", p.Addr(), cidr)})
+			}
+		}
+		k := staticKey{s.Host, s.Network, p.Addr()}
+		if other, ok := statics[k]; ok && other != o {
+			errs = append(errs, staticError{at, f, fmt.Sprintf("%s is already the static address of VM %q (%s:%d:%d)", p.Addr(), other.name, other.origin().File, other.at.name.line, other.at.name.col)})
+			continue
+		}
+		statics[k] = o
+	}
+	if cidr.IsValid() && s.Static.Gateway4 != "" {
+		if g, err := netip.ParseAddr(s.Static.Gateway4); err == nil && !cidr.Contains(g) {
+			errs = append(errs, staticError{o.at.gateway4, "spec.static.gateway4", fmt.Sprintf("%s is outside %s, the CIDR of network %q", g, cidr, s.Network)})
 		}
 	}
 	return errs

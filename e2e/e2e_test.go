@@ -49,6 +49,11 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	if b := os.Getenv(binaryEnv); b != "" {
+		// A test re-run inside its network namespace uses the parent's build.
+		binary = b
+		return m.Run()
+	}
 	for _, bin := range []string{"qemu-system-x86_64", "qemu-img", "git"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			skipReason = bin + " is not installed (apt-get install qemu-system-x86 qemu-utils git busybox-static, or make test)"
@@ -71,8 +76,12 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "go build gitfleet: %v\n%s", err, out)
 		return 1
 	}
+	os.Setenv(binaryEnv, binary)
 	return m.Run()
 }
+
+// binaryEnv hands the built binary to a test re-run in a network namespace.
+const binaryEnv = "GITFLEET_E2E_BINARY"
 
 const host = "e2e"
 

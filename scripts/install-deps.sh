@@ -2,8 +2,9 @@
 # Installs what gitfleet's tests and demo need on Debian or Ubuntu: git, QEMU
 # (qemu-system-x86 and qemu-utils), busybox-static and a distribution kernel
 # package (the tiny test guest boots the host distribution's kernel),
-# mmdebstrap and e2fsprogs (the Debian test guest's image) and
-# qemu-guest-agent (the guest agent's protocol tests). Only
+# mmdebstrap and e2fsprogs (the Debian test guest's image),
+# qemu-guest-agent (the guest agent's protocol tests), and dnsmasq, nftables
+# and iproute2 for host networks. Only
 # what is missing is installed; apt-get update runs at most once.
 set -euo pipefail
 
@@ -14,6 +15,11 @@ command -v qemu-img >/dev/null || need+=(qemu-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || need+=(linux-image-amd64)
 command -v make >/dev/null || need+=(make)
+# Host networks: dnsmasq and nft run nat networks; ip (iproute2) makes the
+# network namespaces their tests run in.
+command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || need+=(dnsmasq-base)
+command -v nft >/dev/null || [ -x /usr/sbin/nft ] || need+=(nftables)
+command -v ip >/dev/null || [ -x /usr/sbin/ip ] || need+=(iproute2)
 # The real Debian test guest (scripts/build-debian-image.sh) is built with
 # mmdebstrap and mkfs.ext4 -d; qemu-ga is the guest agent the QEMU backend's
 # tests talk to on the host.

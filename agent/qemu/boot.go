@@ -31,7 +31,8 @@ type launch struct {
 	initrd  string
 	cmdline string
 	mac     string
-	sshPort int
+	sshPort int    // user-mode networking's forwarded SSH port, when tap is ""
+	tap     string // the tap of a host network, or "" for user-mode networking
 	runAs   string // -runas user; "" stays root
 	sandbox bool
 }
@@ -89,8 +90,12 @@ func (l launch) args() []string {
 			"-device", "virtio-blk-pci,drive="+id+",serial="+diskSerial(v),
 		)
 	}
+	netdev := fmt.Sprintf("user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22", l.sshPort)
+	if l.tap != "" {
+		netdev = "tap,id=net0,ifname=" + l.tap + ",script=no,downscript=no"
+	}
 	a = append(a,
-		"-netdev", fmt.Sprintf("user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22", l.sshPort),
+		"-netdev", netdev,
 		"-device", "virtio-net-pci,netdev=net0,mac="+l.mac,
 		"-device", "virtio-rng-pci",
 	)
@@ -113,8 +118,9 @@ func scopeArgs(name string, cmd []string) []string {
 	return append([]string{"systemd-run", "--scope", "--quiet", "--collect", "--unit", "gitfleet-vm-" + name, "--"}, cmd...)
 }
 
-// Boot writes the NoCloud seed, makes sure the VM has its SSH port, and
-// starts QEMU detached (its own session; under systemd with SystemdScope,
+// Boot puts the VM's NIC on its host network (a tap, with the network
+// ensured first) or makes sure it has its SSH port on user-mode
+// networking, writes the NoCloud seed, and starts QEMU detached (its own session; under systemd with SystemdScope,
 // its own scope) so it outlives the agent. It returns once QEMU answers on
 // QMP, or with QEMU's own error output when QEMU exits first. Booting a VM
 // that runs is a no-op.
@@ -143,27 +149,33 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 			return fmt.Errorf("boot: volume: %w", err)
 		}
 	}
+	mac := macFor(m.Name)
+	att, err := p.attach(ctx, st, m, mac)
+	if err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
 	a, err := p.fetchArtifacts(ctx, st, m.Spec)
 	if err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	mac := macFor(m.Name)
-	files, err := seedFiles(m.Name, m.InstanceID, mac, m.Spec.CloudInit)
+	files, err := seedFiles(m.Name, m.InstanceID, mac, m.Spec.CloudInit, staticFor(m.Spec.Static, att))
 	if err != nil {
 		return agent.Permanent(fmt.Errorf("boot: seed: %w", err))
 	}
 	if err := writeSeedISO(st.path(SeedFile), files); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
-	port, err := p.sshPort(st)
-	if err != nil {
-		return fmt.Errorf("boot: %w", err)
+	port := 0
+	if att.Tap == "" {
+		if port, err = p.sshPort(st); err != nil {
+			return fmt.Errorf("boot: %w", err)
+		}
 	}
 	l := launch{
 		name: m.Name, dir: st.dir, accel: p.accel,
 		vcpus: max(m.Spec.VCPUs, 1), memMB: m.Spec.MemoryMB,
 		root: st.path(RootDiskFile), seed: st.path(SeedFile), volumes: m.Volumes,
-		kernel: a.kernel, initrd: a.initrd, mac: mac, sshPort: port,
+		kernel: a.kernel, initrd: a.initrd, mac: mac, sshPort: port, tap: att.Tap,
 		sandbox: !p.cfg.NoSandbox,
 	}
 	if p.user != nil {
@@ -253,8 +265,8 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	st.exitMu.Lock()
 	st.exit = ""
-	st.gen++
-	gen := st.gen
+	st.starts++
+	start := st.starts
 	st.exitMu.Unlock()
 	started := time.Now()
 	if err := cmd.Start(); err != nil {
@@ -265,9 +277,10 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 		// Reap QEMU when it exits while this agent runs, and keep how.
 		err := cmd.Wait()
 		st.exitMu.Lock()
+		// A QEMU reaped after a newer one started (a stop that saw
+		// it gone before this goroutine ran) says nothing of the new one.
 		switch {
-		case st.gen != gen:
-			// A newer QEMU runs for this VM: this exit is history.
+		case st.starts != start:
 		case err != nil:
 			st.exit = "qemu exited: " + err.Error()
 		default:
@@ -276,7 +289,7 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 		st.exitMu.Unlock()
 		close(exited)
 	}()
-	log.WithFields(logrus.Fields{"pid": cmd.Process.Pid, "accel": l.accel, "ssh": l.sshPort}).Info("qemu started")
+	log.WithFields(logrus.Fields{"pid": cmd.Process.Pid, "accel": l.accel, "ssh": l.sshPort, "tap": l.tap}).Info("qemu started")
 
 	wait, cancel := context.WithTimeout(ctx, p.cfg.BootTimeout)
 	defer cancel()
@@ -392,6 +405,11 @@ func (p *Provisioner) Destroy(ctx context.Context, name string) error {
 	log := p.log.WithField("vm", name)
 	if err := p.stop(ctx, st, true, log); err != nil {
 		return fmt.Errorf("destroy: %w", err)
+	}
+	if p.cfg.Networks != nil {
+		if err := p.cfg.Networks.Detach(name); err != nil {
+			return fmt.Errorf("destroy: %w", err)
+		}
 	}
 	for _, f := range ownedFiles {
 		if err := os.RemoveAll(st.path(f)); err != nil {

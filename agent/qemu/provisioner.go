@@ -1,7 +1,9 @@
 // Package qemu is the agent's QEMU backend: an agent.Provisioner that runs
-// each VM as a qemu-system-x86_64 process (q35, virtio disk and net,
-// user-mode networking with an SSH port forwarded on 127.0.0.1, a NoCloud
-// seed) that outlives the agent and is re-attached after an agent restart.
+// each VM as a qemu-system-x86_64 process (q35, virtio disk and net, a
+// NoCloud seed) that outlives the agent and is re-attached after an agent
+// restart. A VM's one NIC is on the host network its spec names (a tap
+// from Config.Networks), or else on QEMU's user-mode network with an SSH
+// port forwarded on 127.0.0.1.
 //
 // Everything the backend keeps for a VM lives in the VM's directory
 // (agent.Machine.Dir):
@@ -13,6 +15,7 @@
 //	serial.log   the guest's first serial port
 //	qemu.log     QEMU's own stdout and stderr (FailureReason's source)
 //	ssh-port     the forwarded SSH port on 127.0.0.1, kept across restarts
+//	network.json the host network the NIC is on (absent on user-mode networking)
 //
 // Destroy removes exactly these files and nothing else; volumes are never
 // touched. Downloaded artifacts live in Config.CacheDir as <sha256>; root
@@ -35,6 +38,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,7 +67,7 @@ const (
 // ownedFiles are what Destroy removes from a VM's directory.
 var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
-	PidFile, QMPSocket, SerialLog, QEMULog, PortFile,
+	PidFile, QMPSocket, SerialLog, QEMULog, PortFile, NetFile, NetFile + ".partial",
 }
 
 // Config configures the QEMU backend. Zero values take the defaults given.
@@ -117,6 +121,11 @@ type Config struct {
 	// from; the zero value allows no file:// URL and no download from a
 	// loopback, link-local or private address (see ArtifactPolicy).
 	Artifacts ArtifactPolicy
+	// Networks attaches VMs whose spec names a network to the host's
+	// networks (see package agent/hostnet). Without it such a VM fails to
+	// boot with a permanent error; VMs without a network use QEMU's
+	// user-mode networking either way.
+	Networks HostNetworks
 	// Logger receives the backend's logs (default: logrus' standard logger),
 	// with component=qemu.
 	Logger logrus.FieldLogger
@@ -150,10 +159,9 @@ type vmState struct {
 	// of its exit status for FailureReason.
 	exitMu sync.Mutex
 	exit   string
-	// gen counts the QEMUs started for this VM: a reaper records how its
-	// QEMU exited only while that QEMU is the last one started, so a late
-	// reaper of an old QEMU never marks a fresh boot as failed.
-	gen int
+	// starts counts the QEMUs this Provisioner started for the VM, so the
+	// exit of an older one is not taken for the newest one's.
+	starts int
 	// fetching is the sha256 of the artifact the VM waits for ("" or nil
 	// when none).
 	fetching atomic.Value
@@ -392,14 +400,23 @@ func (p *Provisioner) running(st *vmState) bool {
 	return !deadStates[status]
 }
 
-// Address reports the SSH forward ("127.0.0.1:PORT") once a port is
-// allocated, and the guest's user-mode address while the VM runs.
+// Address reports how the guest is reached. On a host network, while the
+// VM runs: IP is its lease (nat), else the address the host's neighbour
+// table holds for its MAC, else its first static address; SSH is IP:22. On user-mode
+// networking: the SSH forward ("127.0.0.1:PORT") once a port is allocated,
+// and the guest's user-mode address while the VM runs.
 func (p *Provisioner) Address(name string) agent.Address {
 	st := p.state(name, "")
 	if st == nil {
 		return agent.Address{}
 	}
 	var a agent.Address
+	if ip, ok := p.networkAddress(st); ok {
+		if ip.IsValid() {
+			a.IP, a.SSH = ip.String(), netip.AddrPortFrom(ip, 22).String()
+		}
+		return a
+	}
 	if port, err := readPort(st.path(PortFile)); err == nil && port > 0 {
 		a.SSH = "127.0.0.1:" + strconv.Itoa(port)
 	}

@@ -25,20 +25,20 @@ const SeedLabel = "cidata"
 // seedFiles renders the NoCloud documents for a VM: meta-data
 // (instance-id, local-hostname), user-data (the spec's userData with
 // sshAuthorizedKeys merged in) and network-config (version 2, DHCP on the
-// NIC whose MAC is mac).
-func seedFiles(name, instanceID, mac string, ci *desired.CloudInit) (map[string][]byte, error) {
+// NIC whose MAC is mac, or static's addresses when static is not nil).
+func seedFiles(name, instanceID, mac string, ci *desired.CloudInit, static *desired.StaticIP) (map[string][]byte, error) {
 	meta, err := yaml.Marshal(map[string]string{"instance-id": instanceID, "local-hostname": name})
 	if err != nil {
 		return nil, err
 	}
+	nic := map[string]any{
+		"match": map[string]string{"macaddress": mac},
+		"dhcp4": true,
+	}
+	applyStatic(nic, static)
 	netcfg, err := yaml.Marshal(map[string]any{
-		"version": 2,
-		"ethernets": map[string]any{
-			"nic0": map[string]any{
-				"match": map[string]string{"macaddress": mac},
-				"dhcp4": true,
-			},
-		},
+		"version":   2,
+		"ethernets": map[string]any{"nic0": nic},
 	})
 	if err != nil {
 		return nil, err
@@ -53,6 +53,30 @@ func seedFiles(name, instanceID, mac string, ci *desired.CloudInit) (map[string]
 		return nil, err
 	}
 	return map[string][]byte{"meta-data": meta, "user-data": ud, "network-config": netcfg}, nil
+}
+
+// applyStatic turns a network-config v2 ethernet entry from DHCP to
+// static's addresses, default route (gateway4, written as netplan's
+// routes) and nameservers. A nil static changes nothing.
+func applyStatic(nic map[string]any, static *desired.StaticIP) {
+	if static == nil {
+		return
+	}
+	nic["dhcp4"] = false
+	nic["addresses"] = static.Addresses
+	if static.Gateway4 != "" {
+		nic["routes"] = []map[string]string{{"to": "0.0.0.0/0", "via": static.Gateway4}}
+	}
+	if ns := static.Nameservers; ns != nil && (len(ns.Addresses) > 0 || len(ns.Search) > 0) {
+		m := map[string][]string{}
+		if len(ns.Addresses) > 0 {
+			m["addresses"] = ns.Addresses
+		}
+		if len(ns.Search) > 0 {
+			m["search"] = ns.Search
+		}
+		nic["nameservers"] = m
+	}
 }
 
 // mergeUserData adds keys to user-data. A #cloud-config document gets them

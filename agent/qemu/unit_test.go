@@ -5,13 +5,18 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io/fs"
 	"net"
+	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
 )
 
@@ -98,6 +103,11 @@ func TestArgsGolden(t *testing.T) {
 	}
 	got := strings.Join(l.args(), "\n") + "\n"
 	got += "--- kvm\n" + strings.Join(launch{name: "k", dir: "/d", accel: AccelKVM, vcpus: 1, memMB: 128, root: "/d/r", seed: "/d/s", mac: macFor("k"), sshPort: 1}.args()[:6], "\n") + "\n"
+	tapped := l
+	tapped.tap, tapped.sshPort = "gft0123456789ab", 0
+	a := tapped.args()
+	i := slices.Index(a, "-netdev")
+	got += "--- tap\n" + strings.Join(a[i:i+4], "\n") + "\n"
 	got += "--- scope\n" + strings.Join(scopeArgs("web-01", []string{"qemu-system-x86_64", "-name", "guest=web-01"}), "\n") + "\n"
 	golden := filepath.Join("testdata", "args.golden")
 	if *update {
@@ -172,7 +182,7 @@ func TestSeedISOReadsBack(t *testing.T) {
 	files, err := seedFiles("web-01", "i-0123", mac, &desired.CloudInit{
 		SSHAuthorizedKeys: []string{"ssh-ed25519 AAAAx u@h"},
 		UserData:          "#cloud-config\nhostname: ignored\n",
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,6 +280,28 @@ func TestSSHPortPersistedAndReallocated(t *testing.T) {
 	}
 }
 
+func TestNetworkWithoutHostNetworkingIsPermanent(t *testing.T) {
+	p, err := New(Config{CacheDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, RootDiskFile), nil, 0o600)
+	lan := desired.Network{Bridge: "br0"}
+	for _, m := range []agent.Machine{
+		{Name: "web-01", Dir: dir, Spec: desired.VMSpec{Network: "lan"}, Network: &lan},
+		{Name: "web-01", Dir: dir, Spec: desired.VMSpec{Network: "lan"}},
+	} {
+		err := p.Boot(context.Background(), m)
+		if !agent.IsPermanent(err) || !strings.Contains(err.Error(), `network "lan"`) {
+			t.Errorf("Boot on network %q (definition %v) = %v; want a permanent error naming it", m.Spec.Network, m.Network, err)
+		}
+	}
+	if err := p.ReconcileNetworks(context.Background(), map[string]desired.Network{"lan": lan}, nil); err == nil {
+		t.Error("ReconcileNetworks without host networking accepted a host network")
+	}
+}
+
 func TestMachineWithoutDirectoryIsPermanent(t *testing.T) {
 	p, err := New(Config{CacheDir: t.TempDir(), Accel: AccelTCG, Logger: quietLog().Logger})
 	if err != nil {
@@ -306,6 +338,46 @@ func TestMergeUserDataErrorsQuoteNoSecret(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), "S3CR3T") {
 			t.Errorf("error quotes the user-data: %v", err)
+		}
+	}
+}
+
+// TestSeedStaticAddressesRenderWithCloudInit hands the network-config of a
+// VM with static addresses to cloud-init's own renderer and checks what a
+// Debian guest's systemd-networkd would be told.
+func TestSeedStaticAddressesRenderWithCloudInit(t *testing.T) {
+	ci, err := exec.LookPath("cloud-init")
+	if err != nil {
+		t.Skip("cloud-init is not installed")
+	}
+	mac := macFor("db-01")
+	static := staticFor(&desired.StaticIP{
+		Addresses:   []string{"10.77.0.20/24"},
+		Nameservers: &desired.Nameservers{Search: []string{"lab.example"}},
+	}, hostnet.Attachment{Gateway: netip.MustParseAddr("10.77.0.1")})
+	files, err := seedFiles("db-01", "i-1", mac, nil, static)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	in := filepath.Join(dir, "network-config")
+	os.WriteFile(in, files["network-config"], 0o600)
+	out, err := exec.Command(ci, "devel", "net-convert", "-p", in, "-k", "yaml", "-d", filepath.Join(dir, "out"),
+		"-D", "debian", "-O", "networkd", "-m", "eth0,"+mac).CombinedOutput()
+	if err != nil {
+		t.Fatalf("net-convert: %v: %s", err, out)
+	}
+	var rendered []byte
+	filepath.WalkDir(filepath.Join(dir, "out"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			b, _ := os.ReadFile(p)
+			rendered = append(rendered, b...)
+		}
+		return nil
+	})
+	for _, want := range []string{"MACAddress=" + mac, "DHCP=no", "Address=10.77.0.20/24", "Gateway=10.77.0.1", "DNS=10.77.0.1", "Domains=lab.example"} {
+		if !bytes.Contains(rendered, []byte(want)) {
+			t.Errorf("networkd config lacks %q:\n%s\nfrom\n%s", want, rendered, files["network-config"])
 		}
 	}
 }

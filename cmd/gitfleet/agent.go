@@ -22,6 +22,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/agenttest"
+	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/redact"
@@ -204,6 +205,10 @@ var (
 // backends builds the provisioner a config's backend names.
 var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error){
 	"qemu": func(c *agentFileConfig, store *agent.Store, log *logrus.Logger) (agent.Provisioner, error) {
+		nets, err := hostnet.New(hostnet.Config{Dir: filepath.Join(store.Root(), "networks"), Logger: log})
+		if err != nil {
+			return nil, err
+		}
 		policy, err := artifactPolicy(c)
 		if err != nil {
 			return nil, err
@@ -223,6 +228,7 @@ var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logr
 			MachineDir:   store.VMDir,
 			Accel:        c.QEMU.Accel,
 			SystemdScope: c.QEMU.SystemdScope == nil || *c.QEMU.SystemdScope,
+			Networks:     nets,
 			Logger:       log,
 		})
 	},

@@ -2,7 +2,7 @@
 // works: a Debian kernel and a busybox-static initramfs whose /init loads
 // the virtio and filesystem modules, mounts the NoCloud seed, prints the
 // instance-id and the size of every disk to the serial console, asks for a
-// DHCP lease and stays up until an ACPI powerdown.
+// DHCP lease, pings its router once and stays up until an ACPI powerdown.
 //
 // Every line the guest prints starts with "tinyguest: ", in this order:
 //
@@ -11,6 +11,7 @@
 //	tinyguest: disk vdX serial=<virtio serial> bytes=<size in bytes>   (one per disk)
 //	tinyguest: nic eth0 mac=<mac>
 //	tinyguest: lease eth0 ip=<ip> router=<ip>
+//	tinyguest: ping <router> ok   (or "failed": one ICMP echo to the router)
 //	tinyguest: ready
 //	tinyguest: probe <line>   (each line the seed's user-data prints, when it is a #!/bin/sh script)
 //	tinyguest: power button   (on ACPI powerdown, just before it powers off)

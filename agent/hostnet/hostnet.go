@@ -1,0 +1,338 @@
+// Package hostnet owns the host side of VM networking: the host networks a
+// Host spec names, a tap per VM NIC, and the addresses guests get on them.
+//
+// A bridge network is an existing host bridge (the LAN): the Manager only
+// checks that it exists and adds taps to it; it never creates, changes or
+// deletes the bridge. A nat network is the Manager's own: bridge
+// gf-<name> holding the CIDR's first address, one dnsmasq for DHCP and DNS,
+// IPv4 forwarding, and the nftables table "inet gitfleet" (masquerading out
+// of the host, and an input rule that lets guests reach the host only for
+// DHCP, DNS and ping).
+//
+// Everything the Manager keeps lives under Config.Dir, one directory per
+// nat network:
+//
+//	<dir>/<network>/spec.json     the network as last ensured (CIDR)
+//	<dir>/<network>/hosts.json    address reservations: VM name -> MAC, IPv4
+//	<dir>/<network>/dnsmasq.conf  dnsmasq's configuration, rendered from both
+//	<dir>/<network>/dnsmasq.pid   dnsmasq's pidfile
+//	<dir>/<network>/leases        dnsmasq's lease file
+//	<dir>/<network>/dnsmasq.log   dnsmasq's log
+//	<dir>/nftables.conf           the table last loaded
+//
+// Every operation is idempotent and safe to repeat after a crash or an
+// agent restart: an existing bridge, tap, reservation or table is kept; a
+// dnsmasq that runs with the current configuration (found by pidfile and
+// its command line) is adopted, never started twice; one that died is
+// started again. dnsmasq and the taps outlive the agent, like the guests.
+//
+// A Manager is safe for concurrent use; its operations are serialized.
+package hostnet
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+	"github.com/vishvananda/netlink"
+
+	"github.com/gitfleet/gitfleet/desired"
+)
+
+// Files of a nat network's directory, and the Manager's own.
+const (
+	SpecFile     = "spec.json"
+	HostsFile    = "hosts.json"
+	DnsmasqConf  = "dnsmasq.conf"
+	DnsmasqPid   = "dnsmasq.pid"
+	LeasesFile   = "leases"
+	DnsmasqLog   = "dnsmasq.log"
+	NftablesFile = "nftables.conf"
+)
+
+// TapPrefix starts the name of every tap the Manager makes.
+const TapPrefix = "gft"
+
+// TapName is the tap of VM vm's NIC: TapPrefix and 12 hex digits of the
+// sha256 of the name, 15 characters (Linux's limit), the same on every
+// call, so a restarted agent finds the tap it made.
+func TapName(vm string) string {
+	h := sha256.Sum256([]byte("gitfleet-tap:" + vm))
+	return TapPrefix + hex.EncodeToString(h[:])[:12]
+}
+
+// Config configures a Manager. Zero values take the defaults given.
+type Config struct {
+	// Dir holds the state of the nat networks (created 0700). Required.
+	Dir string
+	// Dnsmasq is the dnsmasq binary (default: found in PATH).
+	Dnsmasq string
+	// Nft is the nft binary (default: found in PATH).
+	Nft string
+	// Logger receives the Manager's logs (default: logrus' standard
+	// logger), with component=hostnet.
+	Logger logrus.FieldLogger
+}
+
+// Manager ensures host networks and VM taps. See the package comment.
+type Manager struct {
+	cfg Config
+	log *logrus.Entry
+	mu  sync.Mutex
+}
+
+// Attachment is where a VM's NIC was attached.
+type Attachment struct {
+	// Tap is the tap device QEMU opens (-netdev tap,ifname=Tap).
+	Tap string
+	// Bridge is the bridge the tap is a port of.
+	Bridge string
+	// Address is the VM's reserved address on a nat network (its dnsmasq
+	// host entry); invalid on a bridge network.
+	Address netip.Addr
+	// Gateway is the nat network's bridge address: the guest's default
+	// route and DNS server; invalid on a bridge network.
+	Gateway netip.Addr
+	// Prefix is the nat network's CIDR; invalid on a bridge network.
+	Prefix netip.Prefix
+}
+
+// New checks cfg and returns a Manager. It changes nothing on the host.
+func New(cfg Config) (*Manager, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("hostnet: Config.Dir is required")
+	}
+	if cfg.Dnsmasq == "" {
+		cfg.Dnsmasq = "dnsmasq"
+	}
+	if cfg.Nft == "" {
+		cfg.Nft = "nft"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.StandardLogger()
+	}
+	return &Manager{cfg: cfg, log: cfg.Logger.WithField("component", "hostnet")}, nil
+}
+
+// Reconcile makes the host's networks match nets, a Host spec's networks:
+// every nat network is ensured (bridge and address, forwarding, nftables,
+// a running dnsmasq: one that died is started again) and every bridge
+// network's bridge is checked to exist. A nat network this Manager made
+// that nets no longer names is torn down (dnsmasq stopped, bridge and
+// rules removed, its directory deleted) unless inUse names it (a VM record
+// still lists it) or inUse is nil (what VMs use is unknown: nothing is torn
+// down). It tries every network and returns the errors joined.
+func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var errs []error
+	names := sortedKeys(nets)
+	for _, name := range names {
+		n := nets[name]
+		var err error
+		if n.NAT != nil {
+			err = m.ensureNAT(ctx, name, *n.NAT)
+		} else {
+			_, err = bridgeLink(n.Bridge)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+		}
+	}
+	made, err := m.natNetworks()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, name := range made {
+		if n, ok := nets[name]; ok && n.NAT != nil {
+			continue
+		}
+		if inUse == nil || inUse[name] {
+			m.log.WithField("network", name).Info("network no longer named by the host but still used by a VM; kept")
+			continue
+		}
+		if err := m.teardown(ctx, name); err != nil {
+			errs = append(errs, fmt.Errorf("network %s: teardown: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Attach ensures network name (def) and VM vm's tap on it, up and a port
+// of the network's bridge, and returns the attachment. On a nat network it
+// also reserves the VM's address for mac: static when valid (the VM's
+// static address; an error when another VM holds it), else the address
+// reserved before, else a free one chosen from the VM's name. A VM moved
+// from another nat network loses its reservation there. Attaching an
+// attached VM is a no-op that returns the same attachment.
+func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) (Attachment, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var a Attachment
+	if err := m.release(vm, name); err != nil {
+		return a, err
+	}
+	if def.NAT != nil {
+		prefix, err := def.NAT.Prefix()
+		if err != nil {
+			return a, err
+		}
+		addr, err := m.reserve(name, prefix, vm, mac, static)
+		if err != nil {
+			return a, err
+		}
+		if err := m.ensureNAT(ctx, name, *def.NAT); err != nil {
+			return a, fmt.Errorf("network %s: %w", name, err)
+		}
+		a.Bridge, a.Address, a.Gateway, a.Prefix = desired.NATBridge(name), addr, def.NAT.Gateway(), prefix
+	} else {
+		a.Bridge = def.Bridge
+	}
+	br, err := bridgeLink(a.Bridge)
+	if err != nil {
+		return a, fmt.Errorf("network %s: %w", name, err)
+	}
+	a.Tap = TapName(vm)
+	if err := ensureTap(a.Tap, br); err != nil {
+		return a, fmt.Errorf("network %s: %w", name, err)
+	}
+	return a, nil
+}
+
+// Detach removes VM vm's tap and its address reservations. Detaching a
+// VM that has none is a no-op.
+func (m *Manager) Detach(vm string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := deleteLink(TapName(vm)); err != nil {
+		return fmt.Errorf("detach %s: %w", vm, err)
+	}
+	if err := m.release(vm, ""); err != nil {
+		return fmt.Errorf("detach %s: %w", vm, err)
+	}
+	return nil
+}
+
+// release drops VM vm's reservations on every nat network but keep. The
+// dnsmasq of a network that lost one gets its new configuration on the
+// next ensure.
+func (m *Manager) release(vm, keep string) error {
+	nets, err := m.natNetworks()
+	if err != nil {
+		return err
+	}
+	for _, name := range nets {
+		if name == keep {
+			continue
+		}
+		hosts, err := m.readHosts(name)
+		if err != nil {
+			return err
+		}
+		if _, ok := hosts[vm]; !ok {
+			continue
+		}
+		delete(hosts, vm)
+		if err := m.writeHosts(name, hosts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Address reports the IPv4 address of the guest whose NIC has mac on
+// network name: on a nat network its lease from dnsmasq's lease file; else
+// (a bridge network, or a guest configured statically) the host's
+// neighbour table entry for mac on the network's bridge, which the host
+// learns once the guest talks to it. Invalid when unknown.
+func (m *Manager) Address(name string, def desired.Network, mac net.HardwareAddr) netip.Addr {
+	bridge := def.Bridge
+	if def.NAT != nil {
+		a, err := leaseFor(filepath.Join(m.cfg.Dir, name, LeasesFile), mac)
+		if err != nil {
+			m.log.WithField("network", name).WithError(err).Warn("read leases")
+		}
+		if a.IsValid() {
+			return a
+		}
+		bridge = desired.NATBridge(name)
+	}
+	a, err := neighbourFor(bridge, mac)
+	if err != nil {
+		m.log.WithField("network", name).WithError(err).Debug("neighbour lookup")
+	}
+	return a
+}
+
+// natNetworks lists the nat networks this Manager made: the directories
+// under Dir holding a spec file.
+func (m *Manager) natNetworks() ([]string, error) {
+	entries, err := os.ReadDir(m.cfg.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list networks: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(m.cfg.Dir, e.Name(), SpecFile)); err == nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// writeFile writes data to path through path+".partial" and a rename.
+func writeFile(path string, data []byte) error {
+	tmp := path + ".partial"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// readJSON reads path into v; a missing file leaves v as it is.
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+func isNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf)
+}
+
+func trim(b []byte) string { return strings.TrimSpace(string(b)) }

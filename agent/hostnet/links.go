@@ -1,0 +1,150 @@
+package hostnet
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// bridgeLink returns the bridge device name; an error when it is missing
+// or not a bridge.
+func bridgeLink(name string) (netlink.Link, error) {
+	l, err := netlink.LinkByName(name)
+	if isNotFound(err) {
+		return nil, fmt.Errorf("bridge %s does not exist on this host", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bridge %s: %w", name, err)
+	}
+	if _, ok := l.(*netlink.Bridge); !ok {
+		return nil, fmt.Errorf("%s is a %s device, not a bridge", name, l.Type())
+	}
+	return l, nil
+}
+
+// ensureBridge makes bridge name exist and be up with addr (the network's
+// first address and prefix length) as its only IPv4 address. It creates
+// the bridge when missing and errors when name is another kind of device.
+func ensureBridge(name string, addr netip.Prefix) (netlink.Link, error) {
+	l, err := netlink.LinkByName(name)
+	switch {
+	case isNotFound(err):
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
+			return nil, fmt.Errorf("create bridge %s: %w", name, err)
+		}
+		if l, err = netlink.LinkByName(name); err != nil {
+			return nil, fmt.Errorf("bridge %s: %w", name, err)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("bridge %s: %w", name, err)
+	}
+	if _, ok := l.(*netlink.Bridge); !ok {
+		return nil, fmt.Errorf("%s is a %s device, not a bridge; remove it or rename the network", name, l.Type())
+	}
+	have, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("bridge %s: addresses: %w", name, err)
+	}
+	want := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
+	found := false
+	for _, a := range have {
+		if a.IPNet.String() == want.String() {
+			found = true
+			continue
+		}
+		if err := netlink.AddrDel(l, &a); err != nil {
+			return nil, fmt.Errorf("bridge %s: remove old address %s: %w", name, a.IPNet, err)
+		}
+	}
+	if !found {
+		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: want}); err != nil {
+			return nil, fmt.Errorf("bridge %s: add address %s: %w", name, want, err)
+		}
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(l); err != nil {
+			return nil, fmt.Errorf("bridge %s: up: %w", name, err)
+		}
+	}
+	return l, nil
+}
+
+// ensureTap makes tap name exist (persistent, so it outlives QEMU and the
+// agent), be a port of br and be up. An existing tap is kept, moved to br
+// when it is a port of another bridge.
+func ensureTap(name string, br netlink.Link) error {
+	l, err := netlink.LinkByName(name)
+	if isNotFound(err) {
+		t := &netlink.Tuntap{
+			LinkAttrs: netlink.LinkAttrs{Name: name},
+			Mode:      netlink.TUNTAP_MODE_TAP,
+			Flags:     netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR | netlink.TUNTAP_ONE_QUEUE,
+		}
+		if err := netlink.LinkAdd(t); err != nil {
+			return fmt.Errorf("create tap %s: %w", name, err)
+		}
+		for _, f := range t.Fds {
+			f.Close()
+		}
+		if l, err = netlink.LinkByName(name); err != nil {
+			return fmt.Errorf("tap %s: %w", name, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("tap %s: %w", name, err)
+	}
+	if _, ok := l.(*netlink.Tuntap); !ok {
+		return fmt.Errorf("%s is a %s device, not a tap", name, l.Type())
+	}
+	if l.Attrs().MasterIndex != br.Attrs().Index {
+		if err := netlink.LinkSetMaster(l, br); err != nil {
+			return fmt.Errorf("tap %s: join bridge %s: %w", name, br.Attrs().Name, err)
+		}
+	}
+	if l.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(l); err != nil {
+			return fmt.Errorf("tap %s: up: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// deleteLink removes device name; a missing one is no error.
+func deleteLink(name string) error {
+	l, err := netlink.LinkByName(name)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if err := netlink.LinkDel(l); err != nil {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
+// neighbourFor finds mac's IPv4 address in the host's neighbour table on
+// bridge: an entry the kernel holds as valid (not failed or incomplete).
+func neighbourFor(bridge string, mac net.HardwareAddr) (netip.Addr, error) {
+	l, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("bridge %s: %w", bridge, err)
+	}
+	neigh, err := netlink.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("neighbours of %s: %w", bridge, err)
+	}
+	for _, n := range neigh {
+		if !bytes.Equal(n.HardwareAddr, mac) || n.State&(unix.NUD_FAILED|unix.NUD_INCOMPLETE) != 0 {
+			continue
+		}
+		if a, ok := netip.AddrFromSlice(n.IP.To4()); ok {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, nil
+}

@@ -1,0 +1,373 @@
+package hostnet
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gitfleet/gitfleet/desired"
+)
+
+// reservation is one VM's address on a nat network.
+type reservation struct {
+	MAC  string     `json:"mac"`
+	Addr netip.Addr `json:"addr"`
+}
+
+// natSpec is what spec.json records of a nat network.
+type natSpec struct {
+	CIDR string `json:"cidr"`
+}
+
+func (m *Manager) netDir(name string) string { return filepath.Join(m.cfg.Dir, name) }
+
+// ensureNAT makes nat network name real; see Reconcile. Steps, in order:
+// state directory, bridge, forwarding, nftables, dnsmasq.
+func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) error {
+	prefix, err := n.Prefix()
+	if err != nil {
+		return err
+	}
+	dir := m.netDir(name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	spec, _ := json.Marshal(natSpec{CIDR: n.CIDR})
+	if b, err := os.ReadFile(filepath.Join(dir, SpecFile)); err != nil || !bytes.Equal(b, spec) {
+		if err := writeFile(filepath.Join(dir, SpecFile), spec); err != nil {
+			return fmt.Errorf("state directory: %w", err)
+		}
+	}
+	gw := n.Gateway()
+	if _, err := ensureBridge(desired.NATBridge(name), netip.PrefixFrom(gw, prefix.Bits())); err != nil {
+		return err
+	}
+	if err := enableForwarding(); err != nil {
+		return err
+	}
+	if err := m.ensureNftables(ctx); err != nil {
+		return err
+	}
+	hosts, err := m.readHosts(name)
+	if err != nil {
+		return err
+	}
+	if renumber(prefix, hosts) {
+		if err := m.writeHosts(name, hosts); err != nil {
+			return err
+		}
+		m.log.WithField("network", name).WithField("cidr", prefix).Info("reservations renumbered into the new CIDR")
+	}
+	return m.ensureDnsmasq(ctx, name, prefix, gw, hosts)
+}
+
+// renumber gives every reservation that is no guest address of prefix (the
+// network's CIDR changed) a new one, and reports whether any changed.
+// Guests move to it at their next DHCP renewal, when dnsmasq refuses the
+// old address.
+func renumber(prefix netip.Prefix, hosts map[string]reservation) bool {
+	taken := map[netip.Addr]string{}
+	for vm, r := range hosts {
+		taken[r.Addr] = vm
+	}
+	changed := false
+	for _, vm := range sortedKeys(hosts) {
+		r := hosts[vm]
+		if guestAddr(prefix, r.Addr) {
+			continue
+		}
+		a, err := pick(prefix, vm, taken)
+		if err != nil {
+			continue // the network is full; the VM's next Attach reports it
+		}
+		delete(taken, r.Addr)
+		taken[a] = vm
+		r.Addr = a
+		hosts[vm] = r
+		changed = true
+	}
+	return changed
+}
+
+// guestAddr reports whether a is an address prefix can give a guest: inside
+// it, and neither its network, first (the bridge's) nor broadcast address.
+func guestAddr(prefix netip.Prefix, a netip.Addr) bool {
+	return prefix.Contains(a) && a != prefix.Addr() && a != prefix.Addr().Next() && a != desired.Broadcast(prefix)
+}
+
+// enableForwarding turns IPv4 forwarding on (net.ipv4.ip_forward=1, for
+// the whole network namespace: the kernel has no per-bridge switch that
+// masquerading can use).
+func enableForwarding() error {
+	const f = "/proc/sys/net/ipv4/ip_forward"
+	b, err := os.ReadFile(f)
+	if err == nil && trim(b) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(f, []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("enable IPv4 forwarding: %w", err)
+	}
+	return nil
+}
+
+// teardown removes nat network name: dnsmasq, bridge, its rules and its
+// directory (leases and reservations with it).
+func (m *Manager) teardown(ctx context.Context, name string) error {
+	dir := m.netDir(name)
+	if pid := m.dnsmasqPid(name); pid != 0 {
+		if err := stopProcess(pid); err != nil {
+			return fmt.Errorf("stop dnsmasq: %w", err)
+		}
+	}
+	if err := deleteLink(desired.NATBridge(name)); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(dir, SpecFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := m.ensureNftables(ctx); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	m.log.WithField("network", name).Info("nat network removed")
+	return nil
+}
+
+// readHosts reads nat network name's reservations by VM name.
+func (m *Manager) readHosts(name string) (map[string]reservation, error) {
+	hosts := map[string]reservation{}
+	if err := readJSON(filepath.Join(m.netDir(name), HostsFile), &hosts); err != nil {
+		return nil, fmt.Errorf("reservations: %w", err)
+	}
+	return hosts, nil
+}
+
+func (m *Manager) writeHosts(name string, hosts map[string]reservation) error {
+	b, err := json.MarshalIndent(hosts, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(m.netDir(name), 0o700); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(m.netDir(name), HostsFile), append(b, '\n')); err != nil {
+		return fmt.Errorf("reservations: %w", err)
+	}
+	return nil
+}
+
+// reserve returns VM vm's address on nat network name, recording it: see
+// Attach. A changed MAC or static address replaces the old reservation.
+func (m *Manager) reserve(name string, prefix netip.Prefix, vm string, mac net.HardwareAddr, static netip.Addr) (netip.Addr, error) {
+	hosts, err := m.readHosts(name)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	taken := map[netip.Addr]string{}
+	for other, r := range hosts {
+		if other != vm {
+			taken[r.Addr] = other
+		}
+	}
+	old, had := hosts[vm]
+	var addr netip.Addr
+	switch {
+	case static.IsValid():
+		if other, ok := taken[static]; ok {
+			return netip.Addr{}, fmt.Errorf("static address %s on network %s is reserved for VM %s", static, name, other)
+		}
+		addr = static
+	case had && guestAddr(prefix, old.Addr):
+		addr = old.Addr
+	default:
+		if addr, err = pick(prefix, vm, taken); err != nil {
+			return netip.Addr{}, fmt.Errorf("network %s: %w", name, err)
+		}
+	}
+	r := reservation{MAC: mac.String(), Addr: addr}
+	if had && old == r {
+		return addr, nil
+	}
+	hosts[vm] = r
+	if err := m.writeHosts(name, hosts); err != nil {
+		return netip.Addr{}, err
+	}
+	m.log.WithField("network", name).WithField("vm", vm).WithField("ip", addr).Info("address reserved")
+	return addr, nil
+}
+
+// pick chooses a free guest address in prefix for vm: the host part starts
+// at a position derived from the name (so a VM tends to get the same
+// address on every host and after a re-create) and moves up past taken
+// ones. The network, gateway (first) and broadcast addresses are never
+// picked.
+func pick(prefix netip.Prefix, vm string, taken map[netip.Addr]string) (netip.Addr, error) {
+	size := uint32(1) << (32 - prefix.Bits())
+	pool := size - 3 // minus network, gateway, broadcast
+	h := sha256.Sum256([]byte("gitfleet-ip:" + vm))
+	start := binary.BigEndian.Uint32(h[:4]) % pool
+	base := binary.BigEndian.Uint32(prefix.Addr().AsSlice())
+	for i := uint32(0); i < pool; i++ {
+		host := 2 + (start+i)%pool
+		var b [4]byte
+		binary.BigEndian.PutUint32(b[:], base+host)
+		a := netip.AddrFrom4(b)
+		if _, ok := taken[a]; !ok {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("no free address left in %s", prefix)
+}
+
+// renderDnsmasq is dnsmasq's configuration for nat network name: DHCP and
+// DNS on its bridge only, addresses handed out only to reserved MACs.
+func (m *Manager) renderDnsmasq(name string, prefix netip.Prefix, gw netip.Addr, hosts map[string]reservation) []byte {
+	dir := m.netDir(name)
+	var b strings.Builder
+	fmt.Fprintf(&b, "# gitfleet nat network %s (%s); rendered by the agent, do not edit\n", name, prefix)
+	fmt.Fprintf(&b, "interface=%s\nbind-interfaces\nexcept-interface=lo\nlisten-address=%s\n", desired.NATBridge(name), gw)
+	fmt.Fprintf(&b, "pid-file=%s\ndhcp-leasefile=%s\nlog-facility=%s\n", filepath.Join(dir, DnsmasqPid), filepath.Join(dir, LeasesFile), filepath.Join(dir, DnsmasqLog))
+	mask := net.IP(net.CIDRMask(prefix.Bits(), 32)).String()
+	fmt.Fprintf(&b, "dhcp-range=%s,static,%s,1h\n", prefix.Addr(), mask)
+	fmt.Fprintf(&b, "dhcp-option=option:router,%s\ndhcp-option=option:dns-server,%s\n", gw, gw)
+	b.WriteString("dhcp-authoritative\nno-hosts\ndomain-needed\nbogus-priv\n")
+	for _, vm := range sortedKeys(hosts) {
+		r := hosts[vm]
+		fmt.Fprintf(&b, "dhcp-host=%s,%s,%s\n", r.MAC, r.Addr, vm)
+	}
+	return []byte(b.String())
+}
+
+// ensureDnsmasq makes one dnsmasq run with the current configuration for
+// nat network name: it adopts a running one whose configuration is
+// unchanged, restarts one whose configuration changed (its leases stay in
+// the lease file), and starts one when none runs.
+func (m *Manager) ensureDnsmasq(ctx context.Context, name string, prefix netip.Prefix, gw netip.Addr, hosts map[string]reservation) error {
+	conf := filepath.Join(m.netDir(name), DnsmasqConf)
+	want := m.renderDnsmasq(name, prefix, gw, hosts)
+	have, _ := os.ReadFile(conf)
+	pid := m.dnsmasqPid(name)
+	if pid != 0 && bytes.Equal(have, want) {
+		return nil
+	}
+	if pid != 0 {
+		if err := stopProcess(pid); err != nil {
+			return fmt.Errorf("restart dnsmasq: %w", err)
+		}
+	}
+	if !bytes.Equal(have, want) {
+		if err := writeFile(conf, want); err != nil {
+			return fmt.Errorf("dnsmasq config: %w", err)
+		}
+	}
+	os.Remove(filepath.Join(m.netDir(name), DnsmasqPid))
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// dnsmasq forks into the background, writes its pidfile and the
+	// parent exits: a session of its own keeps it out of the agent's
+	// process group, so it outlives the agent like the guests.
+	cmd := exec.CommandContext(ctx, m.cfg.Dnsmasq, "--conf-file="+conf)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("start dnsmasq: %v: %s", err, trim(out))
+	}
+	for m.dnsmasqPid(name) == 0 {
+		if ctx.Err() != nil {
+			return fmt.Errorf("start dnsmasq: no pidfile within 10s (see %s)", filepath.Join(m.netDir(name), DnsmasqLog))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	m.log.WithField("network", name).WithField("pid", m.dnsmasqPid(name)).Info("dnsmasq started")
+	return nil
+}
+
+// dnsmasqPid is the pid of nat network name's dnsmasq when it runs: its
+// pidfile names a live process whose command line carries this network's
+// configuration file, so a reused pid never passes. 0 otherwise.
+func (m *Manager) dnsmasqPid(name string) int {
+	b, err := os.ReadFile(filepath.Join(m.netDir(name), DnsmasqPid))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(trim(b))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return 0
+	}
+	want := "--conf-file=" + filepath.Join(m.netDir(name), DnsmasqConf)
+	for _, a := range strings.Split(string(cmdline), "\x00") {
+		if a == want {
+			return pid
+		}
+	}
+	return 0
+}
+
+// stopProcess sends SIGTERM to pid and waits up to 5 s for it to go, then
+// SIGKILLs it.
+func stopProcess(pid int) error {
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			return nil
+		}
+		return err
+	}
+	for i := 0; i < 250; i++ {
+		if syscall.Kill(pid, 0) != nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return err
+	}
+	return nil
+}
+
+// leaseFor finds mac's address in a dnsmasq lease file (lines "<expiry>
+// <mac> <ip> <hostname> <client-id>"); invalid when there is none.
+func leaseFor(path string, mac net.HardwareAddr) (netip.Addr, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return netip.Addr{}, nil
+	}
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer f.Close()
+	var found netip.Addr
+	var latest int64 = -1
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 3 || !strings.EqualFold(fields[1], mac.String()) {
+			continue
+		}
+		exp, _ := strconv.ParseInt(fields[0], 10, 64)
+		a, err := netip.ParseAddr(fields[2])
+		if err != nil || exp < latest {
+			continue
+		}
+		found, latest = a, exp
+	}
+	return found, sc.Err()
+}

@@ -1,0 +1,188 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/hostnet"
+	"github.com/gitfleet/gitfleet/desired"
+)
+
+// NetFile records, in a VM's directory, the host network its NIC was last
+// attached to (JSON netRecord), so Address knows where to look for the
+// guest's address after an agent restart. Absent for user-mode networking.
+const NetFile = "network.json"
+
+// HostNetworks attaches VMs to host networks; *hostnet.Manager implements
+// it. Methods are safe for concurrent use.
+type HostNetworks interface {
+	// Attach ensures network name (def) and VM vm's tap on it; static is
+	// the VM's static IPv4 on a nat network (invalid when none). See
+	// hostnet.Manager.Attach.
+	Attach(ctx context.Context, name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) (hostnet.Attachment, error)
+	// Detach removes VM vm's tap and address reservations.
+	Detach(vm string) error
+	// Address is the guest's IPv4 address on network name, invalid when
+	// unknown.
+	Address(name string, def desired.Network, mac net.HardwareAddr) netip.Addr
+	// Reconcile makes the host's networks match nets; see
+	// agent.NetworkReconciler.
+	Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error
+}
+
+var (
+	_ HostNetworks            = (*hostnet.Manager)(nil)
+	_ agent.NetworkReconciler = (*Provisioner)(nil)
+)
+
+// netRecord is NetFile's content.
+type netRecord struct {
+	Network string            `json:"network"`
+	Def     desired.Network   `json:"def"`
+	Tap     string            `json:"tap"`
+	MAC     string            `json:"mac"`
+	Static  *desired.StaticIP `json:"static,omitempty"`
+}
+
+// ReconcileNetworks hands the host's networks to Config.Networks; without
+// it, a host that names networks is an error (VMs on them cannot boot).
+func (p *Provisioner) ReconcileNetworks(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error {
+	if p.cfg.Networks == nil {
+		if len(nets) > 0 {
+			return errors.New("host networks: this agent runs without host networking")
+		}
+		return nil
+	}
+	return p.cfg.Networks.Reconcile(ctx, nets, inUse)
+}
+
+// attach puts the VM's NIC on its host network, or leaves it on user-mode
+// networking when the spec names none: then the returned attachment has
+// no tap. It records the choice in NetFile; a VM on a host network keeps
+// no SSH forward.
+func (p *Provisioner) attach(ctx context.Context, st *vmState, m agent.Machine, mac string) (hostnet.Attachment, error) {
+	if m.Spec.Network == "" {
+		// Back to user-mode networking: drop the tap and reservation of
+		// a network the VM was on.
+		if _, err := os.Stat(st.path(NetFile)); err == nil && p.cfg.Networks != nil {
+			if err := p.cfg.Networks.Detach(m.Name); err != nil {
+				return hostnet.Attachment{}, err
+			}
+		}
+		if err := os.Remove(st.path(NetFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return hostnet.Attachment{}, err
+		}
+		return hostnet.Attachment{}, nil
+	}
+	switch {
+	case m.Network == nil:
+		return hostnet.Attachment{}, agent.Permanent(fmt.Errorf("network %q: the host defines no such network", m.Spec.Network))
+	case p.cfg.Networks == nil:
+		return hostnet.Attachment{}, agent.Permanent(fmt.Errorf("network %q: this agent runs without host networking", m.Spec.Network))
+	}
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		return hostnet.Attachment{}, err
+	}
+	var static netip.Addr
+	if m.Network.NAT != nil && m.Spec.Static != nil {
+		cidr, _ := m.Network.NAT.Prefix()
+		for _, a := range m.Spec.Static.Addresses {
+			if pfx, err := netip.ParsePrefix(a); err == nil && cidr.Contains(pfx.Addr()) {
+				static = pfx.Addr()
+				break
+			}
+		}
+	}
+	att, err := p.cfg.Networks.Attach(ctx, m.Spec.Network, *m.Network, m.Name, hw, static)
+	if err != nil {
+		return att, err
+	}
+	rec, err := json.Marshal(netRecord{Network: m.Spec.Network, Def: *m.Network, Tap: att.Tap, MAC: mac, Static: m.Spec.Static})
+	if err != nil {
+		return att, err
+	}
+	if err := writeFileAtomic(st.path(NetFile), rec); err != nil {
+		return att, fmt.Errorf("record network: %w", err)
+	}
+	if err := os.Remove(st.path(PortFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return att, err
+	}
+	p.mu.Lock()
+	for port, owner := range p.ports {
+		if owner == m.Name {
+			delete(p.ports, port)
+		}
+	}
+	p.mu.Unlock()
+	return att, nil
+}
+
+// staticFor is the static configuration the seed carries: the spec's,
+// with a nat network's defaults filled in (its bridge as the gateway and
+// DNS server). nil when the spec has none.
+func staticFor(s *desired.StaticIP, att hostnet.Attachment) *desired.StaticIP {
+	if s == nil {
+		return nil
+	}
+	c := *s
+	if att.Gateway.IsValid() {
+		if c.Gateway4 == "" {
+			c.Gateway4 = att.Gateway.String()
+		}
+		if c.Nameservers == nil || len(c.Nameservers.Addresses) == 0 {
+			ns := desired.Nameservers{Addresses: []string{att.Gateway.String()}}
+			if c.Nameservers != nil {
+				ns.Search = c.Nameservers.Search
+			}
+			c.Nameservers = &ns
+		}
+	}
+	return &c
+}
+
+// networkAddress is the address of a running VM on a host network, from
+// NetFile: what Config.Networks observes (its lease, or the host's
+// neighbour table), else its first static address; invalid while the VM
+// does not run. ok is false for a VM on user-mode networking.
+func (p *Provisioner) networkAddress(st *vmState) (ip netip.Addr, ok bool) {
+	b, err := os.ReadFile(st.path(NetFile))
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	if st.pid() == 0 {
+		return netip.Addr{}, true
+	}
+	var r netRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		p.log.WithField("vm", st.name).WithError(err).Warn("network record unreadable")
+		return netip.Addr{}, true
+	}
+	if hw, err := net.ParseMAC(r.MAC); err == nil && p.cfg.Networks != nil {
+		if a := p.cfg.Networks.Address(r.Network, r.Def, hw); a.IsValid() {
+			return a, true
+		}
+	}
+	if r.Static != nil && len(r.Static.Addresses) > 0 {
+		if pfx, err := netip.ParsePrefix(r.Static.Addresses[0]); err == nil {
+			return pfx.Addr(), true
+		}
+	}
+	return netip.Addr{}, true
+}
+
+// writeFileAtomic writes data to path through path+".partial" and a
+// rename.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".partial"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

@@ -1,0 +1,270 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/hostnet"
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/netnstest"
+)
+
+// These tests boot the tiny guest on host networks inside a network
+// namespace of their own (internal/netnstest): QEMU, its tap, the bridge
+// and dnsmasq all live there, and nothing leaves it.
+
+// netGuest builds the tiny guest before the test enters its namespace (a
+// first build may need apt; the namespace has no way out), then checks
+// the tools the namespace needs.
+func netGuest(t *testing.T) {
+	needQEMU(t)
+	tinyGuest(t)
+	for _, bin := range []string{"dnsmasq", "nft"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+}
+
+// netFixture is a provisioner with host networking over one state
+// directory, as an agent has; again() makes another, as a restarted agent
+// would.
+type netFixture struct {
+	t      *testing.T
+	srv    *artifactServer
+	cache  string
+	vmRoot string
+	netDir string
+}
+
+func newNetFixture(t *testing.T) *netFixture {
+	root := t.TempDir()
+	return &netFixture{t: t, srv: newArtifactServer(t), cache: filepath.Join(root, "images"),
+		vmRoot: filepath.Join(root, "vms"), netDir: filepath.Join(root, "networks")}
+}
+
+func (f *netFixture) provisioner() (*Provisioner, *hostnet.Manager) {
+	m, err := hostnet.New(hostnet.Config{Dir: f.netDir, Logger: quietLog().Logger})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	p := newTestProvisioner(f.t, f.cache, f.vmRoot, f.srv)
+	p.cfg.Networks = m
+	return p, m
+}
+
+func (f *netFixture) machine(name, network string, def desired.Network) agent.Machine {
+	dir := filepath.Join(f.vmRoot, name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		f.t.Fatal(err)
+	}
+	spec := guestSpec(f.t, f.srv)
+	spec.Network = network
+	return agent.Machine{Name: name, Dir: dir, Spec: spec, Network: &def, InstanceID: "i-" + name}
+}
+
+func (f *netFixture) boot(p *Provisioner, m agent.Machine) {
+	f.t.Helper()
+	ctx := context.Background()
+	if err := p.PrepareRootDisk(ctx, m); err != nil {
+		f.t.Fatalf("PrepareRootDisk: %v", err)
+	}
+	if err := p.Boot(ctx, m); err != nil {
+		f.t.Fatalf("Boot: %v: %s", err, p.FailureReason(m.Name))
+	}
+	f.t.Cleanup(func() { p.Destroy(context.Background(), m.Name) })
+}
+
+// exampleNetwork is network name of host hv-a in the example fleet
+// (examples/fleet), so the tests prove the fleet people copy.
+func exampleNetwork(t *testing.T, name string) desired.Network {
+	fl, err := desired.LoadDir(filepath.Join("..", "..", "examples", "fleet"))
+	if err != nil {
+		t.Fatalf("load the example fleet: %v", err)
+	}
+	n, ok := fl.Hosts["hv-a"].Spec.Networks[name]
+	if !ok {
+		t.Fatalf("the example host hv-a has no network %q", name)
+	}
+	return n
+}
+
+func run(t *testing.T, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+func TestGuestOnNATNetworkGetsItsReservedLease(t *testing.T) {
+	netGuest(t)
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newNetFixture(t)
+	p, _ := f.provisioner()
+	lab := exampleNetwork(t, "lab")
+	cidr := netip.MustParsePrefix(lab.NAT.CIDR)
+	nets := map[string]desired.Network{"lab": lab}
+	ctx := context.Background()
+	if err := p.ReconcileNetworks(ctx, nets, map[string]bool{}); err != nil {
+		t.Fatalf("ReconcileNetworks: %v", err)
+	}
+	m := f.machine("db-01", "lab", lab)
+	f.boot(p, m)
+
+	lines := strings.Join(guestLines(waitSerial(t, m.Dir, "tinyguest: ready")), "\n")
+	addr := p.Address(m.Name)
+	ip, err := netip.ParseAddr(addr.IP)
+	if err != nil || !cidr.Contains(ip) {
+		t.Fatalf("Address = %+v; want the lease in %s (guest said:\n%s)", addr, cidr, lines)
+	}
+	gw := lab.NAT.Gateway().String()
+	for _, want := range []string{"lease eth0 ip=" + addr.IP + " router=" + gw, "ping " + gw + " ok"} {
+		if !strings.Contains(lines, want) {
+			t.Errorf("guest never said %q; it said:\n%s", want, lines)
+		}
+	}
+	if addr.SSH != addr.IP+":22" {
+		t.Errorf("SSH = %q; want %s:22 on the network", addr.SSH, addr.IP)
+	}
+	var hosts map[string]struct{ MAC, Addr string }
+	b, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.HostsFile))
+	if err := json.Unmarshal(b, &hosts); err != nil || hosts[m.Name].Addr != addr.IP || hosts[m.Name].MAC != macFor(m.Name) {
+		t.Errorf("reservations %s (%v); want %s at %s, the address the guest leased", b, err, macFor(m.Name), addr.IP)
+	}
+	if _, err := os.Stat(filepath.Join(m.Dir, PortFile)); !os.IsNotExist(err) {
+		t.Errorf("a VM on a network has an SSH forward: %v", err)
+	}
+	pid := p.machines[m.Name].pid()
+	dnsmasq, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.DnsmasqPid))
+
+	t.Run("agent restart keeps guest, tap, bridge, dnsmasq and lease", func(t *testing.T) {
+		p2, _ := f.provisioner()
+		if err := p2.ReconcileNetworks(ctx, nets, map[string]bool{"lab": true}); err != nil {
+			t.Fatalf("ReconcileNetworks: %v", err)
+		}
+		if !p2.Running(m.Name) {
+			t.Fatalf("the guest does not run after the restart")
+		}
+		if err := p2.Boot(ctx, m); err != nil {
+			t.Fatalf("Boot after restart: %v", err)
+		}
+		if got := p2.machines[m.Name].pid(); got != pid {
+			t.Errorf("QEMU pid %d after restart; want %d", got, pid)
+		}
+		if got := p2.Address(m.Name); got != addr {
+			t.Errorf("Address after restart = %+v; want %+v", got, addr)
+		}
+		if b, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.DnsmasqPid)); string(b) != string(dnsmasq) {
+			t.Errorf("dnsmasq pid %q after restart; want %q", b, dnsmasq)
+		}
+		if n := strings.Count(serial(m.Dir), "tinyguest: init"); n != 1 {
+			t.Errorf("guest booted %d times", n)
+		}
+	})
+
+	t.Run("destroy removes the tap and the reservation", func(t *testing.T) {
+		if err := p.Destroy(ctx, m.Name); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := netlink.LinkByName(hostnet.TapName(m.Name)); err == nil {
+			t.Errorf("tap %s survived Destroy", hostnet.TapName(m.Name))
+		}
+		b, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.HostsFile))
+		if strings.Contains(string(b), m.Name) {
+			t.Errorf("reservation survived Destroy: %s", b)
+		}
+	})
+}
+
+func TestGuestOnBridgeNetworkJoinsTheLAN(t *testing.T) {
+	netGuest(t)
+	if !netnstest.Enter(t) {
+		return
+	}
+	// The LAN as an admin made it: br0 with the host's address, and a
+	// DHCP server on it that gitfleet knows nothing of.
+	dir := t.TempDir()
+	run(t, "ip", "link", "add", "br0", "type", "bridge")
+	run(t, "ip", "addr", "add", "192.168.60.1/24", "dev", "br0")
+	run(t, "ip", "link", "set", "br0", "up")
+	run(t, "dnsmasq", "--conf-file=/dev/null", "--port=0", "--interface=br0", "--bind-interfaces",
+		"--dhcp-range=192.168.60.100,192.168.60.150,1h", "--dhcp-leasefile="+filepath.Join(dir, "lan.leases"),
+		"--pid-file="+filepath.Join(dir, "lan.pid"))
+
+	f := newNetFixture(t)
+	p, _ := f.provisioner()
+	lan := exampleNetwork(t, "lan")
+	if lan.Bridge != "br0" {
+		t.Fatalf("the example's lan is %+v; this test makes br0", lan)
+	}
+	if err := p.ReconcileNetworks(context.Background(), map[string]desired.Network{"lan": lan}, map[string]bool{}); err != nil {
+		t.Fatalf("ReconcileNetworks: %v", err)
+	}
+	m := f.machine("web-01", "lan", lan)
+	f.boot(p, m)
+
+	lines := strings.Join(guestLines(waitSerial(t, m.Dir, "tinyguest: ready")), "\n")
+	for _, want := range []string{"lease eth0 ip=192.168.60.", "ping 192.168.60.1 ok"} {
+		if !strings.Contains(lines, want) {
+			t.Errorf("guest never said %q; it said:\n%s", want, lines)
+		}
+	}
+	addr := p.Address(m.Name)
+	if !strings.Contains(lines, "lease eth0 ip="+addr.IP+" ") || addr.SSH != addr.IP+":22" {
+		t.Errorf("Address = %+v; want the guest's LAN address from the neighbour table (guest said:\n%s)", addr, lines)
+	}
+	if _, err := netlink.LinkByName("gf-lan"); err == nil {
+		t.Errorf("a bridge network made a bridge of its own")
+	}
+}
+
+func TestLeavingANetworkDropsTheTapAndReservation(t *testing.T) {
+	for _, bin := range []string{"dnsmasq", "nft"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newNetFixture(t)
+	p, _ := f.provisioner()
+	lab := desired.Network{NAT: &desired.NAT{CIDR: "10.84.0.0/24"}}
+	dir := filepath.Join(f.vmRoot, "app-01")
+	os.MkdirAll(dir, 0o700)
+	m := agent.Machine{Name: "app-01", Dir: dir, Spec: desired.VMSpec{Network: "lab"}, Network: &lab}
+	st, _ := p.machineState(m)
+	ctx := context.Background()
+	att, err := p.attach(ctx, st, m, macFor(m.Name))
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	if _, err := netlink.LinkByName(att.Tap); err != nil {
+		t.Fatalf("tap: %v", err)
+	}
+	m.Spec.Network, m.Network = "", nil
+	if att, err := p.attach(ctx, st, m, macFor(m.Name)); err != nil || att.Tap != "" {
+		t.Fatalf("attach to user-mode networking = %+v, %v", att, err)
+	}
+	if _, err := netlink.LinkByName(hostnet.TapName(m.Name)); err == nil {
+		t.Errorf("the tap survived the move to user-mode networking")
+	}
+	if _, err := os.Stat(filepath.Join(dir, NetFile)); !os.IsNotExist(err) {
+		t.Errorf("%s: %v; want it removed", NetFile, err)
+	}
+	b, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.HostsFile))
+	if strings.Contains(string(b), m.Name) {
+		t.Errorf("reservation survived: %s", b)
+	}
+}
