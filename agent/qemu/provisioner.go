@@ -279,6 +279,12 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 	if err := os.Chmod(p.cfg.CacheDir, 0o700); err != nil {
 		return fmt.Errorf("preflight: image cache: %w", err)
 	}
+	// Downloads a killed agent left half done: nothing else writes them.
+	if stale, err := filepath.Glob(filepath.Join(p.cfg.CacheDir, "*.partial-*")); err == nil {
+		for _, f := range stale {
+			os.Remove(f)
+		}
+	}
 	if p.user != nil {
 		if err := installGuard(ctx, p.cfg.NFT, p.user.uid); err != nil {
 			return fmt.Errorf("preflight: %w", err)
