@@ -13,6 +13,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -21,12 +22,19 @@ const (
 	DefaultTickInterval = 10 * time.Second
 	DefaultPollInterval = 15 * time.Second
 	DefaultHeartbeat    = 60 * time.Second
-	// DefaultStepTimeout bounds one fetch-tick-report step (its git calls).
+	// DefaultStepTimeout bounds one git step: a fetch of the snapshot, or
+	// one status write with its retries. (Each git operation within it is
+	// bounded by the Repo's own timeout.)
 	DefaultStepTimeout = 2 * time.Minute
-	// DefaultStopTimeout bounds how long Run waits, once asked to stop, for
-	// passes in flight and the last status write.
-	DefaultStopTimeout = 30 * time.Second
+	// DefaultStopTimeout bounds the whole shutdown once Run is asked to
+	// stop: git operations in flight are cancelled at once, passes in
+	// flight get most of it, the last status write the rest. The shipped
+	// systemd unit's TimeoutStopSec leaves room above it.
+	DefaultStopTimeout = 12 * time.Second
 )
+
+// lastWriteShare is the part of StopTimeout kept for the last status write.
+const lastWriteShare = 3
 
 // Config configures an Agent. Zero values take the defaults noted.
 type Config struct {
@@ -47,8 +55,8 @@ type Config struct {
 	// Heartbeat is the longest time between status writes (default 60 s);
 	// a status whose content changed is written at once.
 	Heartbeat time.Duration
-	// StepTimeout bounds one step's git calls (default 2 min); StopTimeout
-	// bounds the shutdown (default 30 s).
+	// StepTimeout bounds one git step, a fetch or a status write (default
+	// 2 min); StopTimeout bounds the whole shutdown (default 12 s).
 	StepTimeout time.Duration
 	StopTimeout time.Duration
 	// Version, Accel and BootID describe the agent in its status. Accel
@@ -61,9 +69,11 @@ type Config struct {
 	// to the Engine's.
 	Now func() time.Time
 	Log logrus.FieldLogger
-	// Ready is called once, after the first step (systemd READY=1); Alive
-	// after every step and at least every AliveEvery (systemd watchdog
-	// pings). Both optional.
+	// Ready is called once, when Run starts: the state is loaded (the
+	// Engine was made), before any git operation (systemd READY=1). Alive
+	// is called by the reconcile loop after every tick and at least every
+	// AliveEvery while that loop runs (systemd watchdog pings): a loop
+	// that stops ticking stops the pings. Both optional.
 	Ready      func()
 	Alive      func()
 	AliveEvery time.Duration
@@ -77,12 +87,16 @@ type Agent struct {
 	source *Source
 	log    logrus.FieldLogger
 
-	mu          sync.Mutex        // serializes steps and status writes
+	// snapMu guards the fetch results the reconcile loop reads.
+	snapMu      sync.Mutex
 	current     *desired.Snapshot // the last snapshot fetched (maybe fenced); nil: the engine's last accepted
 	fetchFailed bool
 	snapErr     string
-	lastKey     *status.Status // the last status written, heartbeat and observedAt zero
-	lastWrite   time.Time
+
+	// statusMu serializes status writes.
+	statusMu  sync.Mutex
+	lastKey   *status.Status // the last status written, heartbeat and observedAt zero
+	lastWrite time.Time
 }
 
 // New checks cfg and returns an Agent.
@@ -134,30 +148,55 @@ func New(cfg Config) (*Agent, error) {
 	}, nil
 }
 
-// Once runs one step, waits for every VM's pass to finish, and writes the
+// Once fetches, ticks, waits for every VM's pass to finish, and writes the
 // status: what `gitfleet agent --once` does.
 func (a *Agent) Once(ctx context.Context) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	fetchErr, tickErr := a.tickLocked(ctx, true)
+	gctx, cancel := a.stepContext(ctx)
+	fetchErr := a.fetch(gctx)
+	cancel()
+	tickErr := a.tick(ctx)
 	if errors.Is(tickErr, ErrFenced) {
 		tickErr = nil // reported in the status
 	}
 	if err := a.cfg.Engine.Settle(ctx); err != nil {
 		return err
 	}
-	return errors.Join(fetchErr, tickErr, a.writeStatusLocked(ctx))
+	wctx, wcancel := a.stepContext(ctx)
+	defer wcancel()
+	return errors.Join(fetchErr, tickErr, a.writeStatus(wctx))
 }
 
-// Run is the agent's loop: a step at once, then on every jittered tick and
-// at once when the snapshots branch moves; a status write whenever a worker
-// changed something. When ctx ends it lets the passes in flight finish
-// (within StopTimeout), writes the status one last time and returns nil. It
-// never stops or destroys a VM on its way out.
+// Run is the agent's daemon: two loops that never wait on each other.
+//
+// The reconcile loop ticks the engine at once, then every TickInterval
+// (jittered) and as soon as a new snapshot is fetched, on the snapshot just
+// fetched or else the last accepted one; it calls Alive after every tick.
+// Git plays no part in it: a remote that stalls or fails leaves the VMs
+// reconciled against the last accepted snapshot.
+//
+// The git loop fetches the snapshot at once, whenever the snapshots branch
+// moves (polled every PollInterval; watched for a local repository), and
+// again every TickInterval after a failed fetch; it writes the status when
+// its content changed (a worker's change is gathered for a second) or the
+// heartbeat is due.
+//
+// Ready is called first: the state is loaded before Run. When ctx ends,
+// git operations in flight are cancelled, the passes in flight finish
+// within StopTimeout, the status is written once more, and Run returns
+// nil; the whole stop takes at most about StopTimeout. It never stops or
+// destroys a VM on its way out.
 func (a *Agent) Run(ctx context.Context) error {
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	moved := a.cfg.Repo.Watch(watchCtx, a.source.branch, a.cfg.PollInterval)
+	if a.cfg.Ready != nil {
+		a.cfg.Ready()
+	}
+	gitCtx, stopGit := context.WithCancel(ctx)
+	defer stopGit()
+	fetched := make(chan struct{}, 1)
+	gitDone := make(chan struct{})
+	go func() {
+		defer close(gitDone)
+		a.gitLoop(gitCtx, fetched)
+	}()
 
 	var alive <-chan time.Time
 	if a.cfg.Alive != nil && a.cfg.AliveEvery > 0 {
@@ -167,135 +206,196 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	tick := time.NewTimer(0)
 	defer tick.Stop()
-	var report <-chan time.Time
-	fetch, ready := true, false
 	for {
 		select {
 		case <-ctx.Done():
-			return a.stop()
+			return a.stop(stopGit, gitDone)
 		case <-tick.C:
-			a.step(ctx, fetch)
-			fetch = false
-			tick.Reset(jitter(a.cfg.TickInterval))
-			if !ready && a.cfg.Ready != nil {
-				a.cfg.Ready()
+		case <-fetched:
+			if !tick.Stop() {
+				select {
+				case <-tick.C:
+				default:
+				}
 			}
-			ready = true
-		case _, ok := <-moved:
-			if !ok {
-				moved = nil
-				continue
-			}
-			a.step(ctx, true)
-		case <-a.cfg.Engine.Changed():
-			if report == nil {
-				report = time.After(time.Second) // gather a burst of changes
-			}
-			continue
-		case <-report:
-			report = nil
-			a.mu.Lock()
-			wctx, cancel := a.stepContext(ctx)
-			if err := a.writeStatusLocked(wctx); err != nil {
-				a.log.WithError(err).Warn("write status")
-			}
-			cancel()
-			a.mu.Unlock()
 		case <-alive:
+			a.cfg.Alive()
+			continue
 		}
+		if err := a.tick(ctx); err != nil && !errors.Is(err, ErrFenced) && ctx.Err() == nil {
+			a.log.WithError(err).Warn("tick")
+		}
+		tick.Reset(jitter(a.cfg.TickInterval))
 		if a.cfg.Alive != nil {
 			a.cfg.Alive()
 		}
 	}
 }
 
-// stepContext bounds one step's git calls; it is not cancelled by the end
-// of the run, so a step under way finishes.
+// gitLoop is Run's git side: fetches and status writes. It returns when
+// ctx ends; every git operation it starts ends with ctx.
+func (a *Agent) gitLoop(ctx context.Context, fetched chan<- struct{}) {
+	moved := a.cfg.Repo.Watch(ctx, a.source.branch, a.cfg.PollInterval)
+	retry := time.NewTicker(a.cfg.TickInterval)
+	defer retry.Stop()
+	fetch := true
+	for {
+		if fetch {
+			before := a.snapshot()
+			sctx, cancel := a.stepContext(ctx)
+			_ = a.fetch(sctx)
+			cancel()
+			if a.snapshot() != before {
+				select {
+				case fetched <- struct{}{}:
+				default:
+				}
+			}
+			fetch = false
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// A fetch, a retry tick or a gathered change: the status is
+		// written when it changed or the heartbeat is due.
+		wctx, cancel := a.stepContext(ctx)
+		if err := a.writeStatus(wctx); err != nil && ctx.Err() == nil {
+			a.log.WithError(err).Warn("write status")
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-moved:
+			if !ok {
+				moved = nil
+				continue
+			}
+			fetch = true
+		case <-retry.C:
+			fetch = a.lastFetchFailed()
+		case <-a.cfg.Engine.Changed():
+			// Gather a burst of changes into one write.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+// stepContext bounds one git step.
 func (a *Agent) stepContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), a.cfg.StepTimeout)
+	return context.WithTimeout(ctx, a.cfg.StepTimeout)
 }
 
-// step fetches (when asked, or when the last fetch failed), ticks, and
-// writes the status when it changed or the heartbeat is due.
-func (a *Agent) step(ctx context.Context, fetch bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	sctx, cancel := a.stepContext(ctx)
-	defer cancel()
-	if _, err := a.tickLocked(sctx, fetch); err != nil && !errors.Is(err, ErrFenced) {
-		a.log.WithError(err).Warn("tick")
-	}
-	if err := a.writeStatusLocked(sctx); err != nil {
-		a.log.WithError(err).Warn("write status")
-	}
-}
-
-func (a *Agent) stop() error {
+// stop ends Run: git at once, then the passes in flight, then one last
+// status write, all within StopTimeout.
+func (a *Agent) stop(stopGit context.CancelFunc, gitDone <-chan struct{}) error {
 	a.log.Info("stopping: finishing the passes in flight; VMs keep running")
-	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.StopTimeout)
-	defer cancel()
+	deadline := time.Now().Add(a.cfg.StopTimeout)
+	stopGit()
+	select {
+	case <-gitDone:
+	case <-time.After(time.Until(deadline)):
+		a.log.Warn("a git operation did not end when cancelled; stopping without it")
+	}
+	lastWrite := a.cfg.StopTimeout / lastWriteShare
+	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(-lastWrite))
 	a.cfg.Engine.Close(ctx)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	wctx, wcancel := context.WithTimeout(context.Background(), a.cfg.StopTimeout)
+	cancel()
+	wctx, wcancel := context.WithDeadline(context.Background(), deadline)
 	defer wcancel()
+	a.statusMu.Lock()
 	a.lastKey = nil // write once more whatever changed
-	if err := a.writeStatusLocked(wctx); err != nil {
+	a.statusMu.Unlock()
+	if err := a.writeStatus(wctx); err != nil {
 		a.log.WithError(err).Warn("last status write")
 	}
 	return nil
 }
 
-// tickLocked fetches the snapshot when asked (or when the last fetch
-// failed) and ticks the engine. A fetch failure leaves the engine on the
-// last snapshot it accepted; a snapshot that does not parse is refused,
-// reported in the status, and the engine stays on its last accepted one.
-// fetchErr is git's failure (already logged), tickErr the engine's.
-func (a *Agent) tickLocked(ctx context.Context, fetch bool) (fetchErr, tickErr error) {
-	if fetch || a.fetchFailed {
-		snap, tip, err := a.source.Fetch(ctx)
-		switch {
-		case errors.Is(err, ErrSnapshotInvalid):
-			a.fetchFailed = false
-			if a.snapErr != err.Error() {
-				a.log.WithField("commit", tip).WithError(err).Error("snapshot refused; keeping the last accepted one")
-			}
-			a.snapErr = err.Error()
-			a.current = nil
-		case err != nil:
-			if !a.fetchFailed {
-				a.log.WithError(err).Warn("cannot fetch the snapshot; reconciling the last accepted one")
-			}
-			a.fetchFailed = true
-			fetchErr = err
-		default:
-			a.fetchFailed = false
-			a.snapErr = ""
-			if snap != nil {
-				a.current = snap
-			}
-		}
-	}
-	return fetchErr, a.cfg.Engine.Tick(ctx, a.current)
+// snapshot is the last snapshot fetched (nil: reconcile the last accepted).
+func (a *Agent) snapshot() *desired.Snapshot {
+	a.snapMu.Lock()
+	defer a.snapMu.Unlock()
+	return a.current
 }
 
-// statusLocked is the status as it would be written now, heartbeat and
+func (a *Agent) lastFetchFailed() bool {
+	a.snapMu.Lock()
+	defer a.snapMu.Unlock()
+	return a.fetchFailed
+}
+
+// fetch fetches the host's snapshot. A failure leaves the engine on the
+// last snapshot it accepted (logged once, at warning: git's failure says
+// nothing about the desired state); a snapshot that does not parse is
+// refused, reported in the status, and the engine stays on its last
+// accepted one. The error returned is git's.
+func (a *Agent) fetch(ctx context.Context) error {
+	snap, tip, err := a.source.Fetch(ctx)
+	a.snapMu.Lock()
+	defer a.snapMu.Unlock()
+	switch {
+	case errors.Is(err, ErrSnapshotInvalid):
+		a.fetchFailed = false
+		// Written to the status branch and the log: valid UTF-8, no
+		// control characters, a long list cut with a count.
+		reason := safetext.Lines(err.Error())
+		if a.snapErr != reason {
+			a.log.WithField("commit", tip).WithField("error", reason).Error("snapshot refused; keeping the last accepted one")
+		}
+		a.snapErr = reason
+		a.current = nil
+		return nil
+	case err != nil:
+		if !a.fetchFailed {
+			a.log.WithField("error", safetext.Line(err.Error())).Warn("cannot fetch the snapshot; reconciling the last accepted one")
+		}
+		a.fetchFailed = true
+		return err
+	default:
+		if a.fetchFailed {
+			a.log.Info("snapshot fetched again")
+		}
+		a.fetchFailed = false
+		a.snapErr = ""
+		if snap != nil {
+			a.current = snap
+		}
+		return nil
+	}
+}
+
+// tick ticks the engine on the last snapshot fetched.
+func (a *Agent) tick(ctx context.Context) error {
+	return a.cfg.Engine.Tick(ctx, a.snapshot())
+}
+
+// report is the status as it would be written now, heartbeat and
 // observedAt left zero.
-func (a *Agent) statusLocked() *status.Status {
+func (a *Agent) report() *status.Status {
 	st := a.cfg.Engine.Report()
 	st.Agent = status.AgentInfo{Version: a.cfg.Version, BootID: a.cfg.BootID(), Accel: a.cfg.Accel}
+	a.snapMu.Lock()
 	if a.snapErr != "" {
 		st.SnapshotError = a.snapErr
 	}
+	a.snapMu.Unlock()
 	return st
 }
 
-// writeStatusLocked pushes the status when its content (heartbeat and
+// writeStatus pushes the status when its content (heartbeat and
 // observedAt aside) changed since the last write, or the heartbeat is due.
 // The heartbeat counter is kept in the store and reserved before the push,
 // so a number is never reused; it also always exceeds the one on the branch.
-func (a *Agent) writeStatusLocked(ctx context.Context) error {
-	st := a.statusLocked()
+// Writes run one at a time.
+func (a *Agent) writeStatus(ctx context.Context) error {
+	a.statusMu.Lock()
+	defer a.statusMu.Unlock()
+	st := a.report()
 	now := a.cfg.Now()
 	if reflect.DeepEqual(st, a.lastKey) && now.Sub(a.lastWrite) < a.cfg.Heartbeat {
 		return nil // compared as values: encoding 500 rows costs more than the tick

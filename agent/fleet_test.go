@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -205,4 +206,58 @@ func TestAgentAndControllerTogether(t *testing.T) {
 		require.Len(t, st.VMs, 1)
 		assert.Equal(t, status.PhaseReady, st.VMs[0].Phase)
 	})
+}
+
+// A delete the controller swept while its host was offline still
+// completes when the host comes back: the tombstone stays delivered
+// (marked swept) until the host acks, so the returning agent quarantines
+// and destroys the VM after its grace, as for any delete, and the
+// controller then finalizes it. Nobody has to step in, and the VM is never
+// reported vanished.
+func TestSweptDeleteCompletesWhenTheHostReturns(t *testing.T) {
+	e := newFleetEnv(t, map[string]string{
+		"hosts/hv-a.yaml": hostFile(testHost),
+		"vms/web-01.yaml": vmFile("web-01", testHost, ""),
+		"vms/old-01.yaml": vmFile("old-01", testHost, ""),
+	})
+	e.pass()
+	require.Len(t, e.agentOnce().VMs, 2)
+	e.pass() // sees the host's status
+
+	// The host goes silent; meanwhile old-01 is deleted by review.
+	gittest.Commit(t, e.bare, gittest.Edit{Branch: "main", Remove: []string{"vms/old-01.yaml"}, Message: "retire old-01"})
+	require.Contains(t, e.pass().Tombstoned, "VM old-01@"+testHost)
+	e.ctrlClock.Add(5 * time.Minute)
+	require.Empty(t, e.pass().Swept, "not before the abandon grace")
+	e.ctrlClock.Add(12 * time.Minute)
+	res := e.pass()
+	require.Equal(t, []string{"VM old-01@" + testHost}, res.Swept)
+
+	// Swept, and still delivered: the ledger and the summary show it.
+	old := e.snapshot().VM("old-01")
+	require.NotNil(t, old, "the swept tombstone stays in the host's snapshot")
+	assert.True(t, old.Tombstoned)
+	ledger, err := snapshots.ParseLedger([]byte(gittest.Show(t, e.bare, "refs/heads/"+agent.SnapshotsBranch, snapshots.LedgerPath)))
+	require.NoError(t, err)
+	require.Len(t, ledger.Tombstones, 1)
+	assert.NotNil(t, ledger.Tombstones[0].SweptAt)
+	assert.Contains(t, gittest.Show(t, e.bare, "refs/heads/"+agent.StatusBranch, status.SummaryPath), "swept while the host was offline")
+
+	// The host comes back: a normal delete, quarantine then destroy.
+	st := e.agentOnce()
+	assert.Empty(t, st.Vanished, "a swept delete is no VM dropped without a tombstone")
+	require.Len(t, st.Quarantined, 1)
+	assert.Equal(t, "old-01", st.Quarantined[0].Name)
+	e.pass()
+	e.host.clock.Add(2 * time.Minute)
+	st = e.agentOnce()
+	assert.Equal(t, []string{"old-01"}, st.Destroyed)
+	assert.Equal(t, []string{"old-01"}, e.host.prov.Calls(agenttest.OpDestroy))
+	res = e.pass()
+	assert.Contains(t, res.Finalized, "VM old-01@"+testHost)
+	assert.Equal(t, []string{"web-01"}, snapshotNames(e.snapshot()), "finalized: it leaves the snapshot")
+	st = e.agentOnce()
+	assert.Empty(t, st.Destroyed)
+	assert.Empty(t, st.Vanished)
+	assert.Empty(t, st.Quarantined)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/redact"
+	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
@@ -229,8 +230,10 @@ func (p *computePass) keepLastGood() error {
 	}
 	reason := "unknown error"
 	if p.in.loadErr != nil {
-		// A fetch error may quote the remote's URL with its token.
-		reason = redact.Text(p.in.loadErr.Error())
+		// Written to ledger.yaml and README.md: a fetch error may quote the
+		// remote's URL with its token; valid UTF-8, no control characters,
+		// the first errors of a long list and a count.
+		reason = safetext.Lines(redact.Text(p.in.loadErr.Error()))
 	}
 	if r := p.l.Rejected; r == nil || r.Commit != p.in.head || r.Reason != reason || r.Superseded != "" {
 		p.l.Rejected = &snapshots.Rejection{Commit: p.in.head, Reason: reason, At: p.in.now}
@@ -400,9 +403,11 @@ func (p *computePass) rejectConflicts() error {
 }
 
 // finalize ends a published tombstone on a fresh ack (docs/DESIGN.md, the
-// epoch rule), or by the abandoned sweep when its host is offline past the
-// abandon grace (never when the statuses could not be read). A tombstone
-// not yet published (epoch 0) is never finalized.
+// epoch rule). The abandoned sweep, when its host is offline past the
+// abandon grace (never when the statuses could not be read), marks it swept
+// but keeps it: it stays in the host's snapshot until the host acks, so a
+// swept delete still completes on a host that comes back. A tombstone not
+// yet published (epoch 0) is never finalized.
 func (p *computePass) finalize() error {
 	in := p.in
 	kept := p.l.Tombstones[:0:0]
@@ -415,14 +420,19 @@ func (p *computePass) finalize() error {
 			p.out.finalized = append(p.out.finalized, t.Ref())
 			continue
 		}
-		if in.statusOK && in.now.Sub(t.PublishedAt) > in.grace {
+		if t.SweptAt == nil && in.statusOK && in.now.Sub(t.PublishedAt) > in.grace {
 			if off, since := in.offline(t.Host); off {
 				sw := snapshots.SweepRecord{Kind: t.Kind, Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit, At: in.now,
-					Reason: fmt.Sprintf("host offline: no status change for %s; pending for %s (abandon grace %s)",
+					Reason: fmt.Sprintf("host offline: no status change for %s; pending for %s (abandon grace %s); the tombstone stays delivered until the host acks",
 						since.Round(time.Second), in.now.Sub(t.PublishedAt).Round(time.Second), in.grace)}
 				p.out.swept = append(p.out.swept, sw)
 				p.l.Sweeps = append(p.l.Sweeps, sw)
-				continue
+				// Finalized for the fleet, still delivered to the host: a
+				// host that comes back destroys it as a normal delete.
+				at := in.now
+				swept := *t
+				swept.SweptAt = &at
+				t = &swept
 			}
 		}
 		kept = append(kept, t)

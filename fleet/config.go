@@ -43,6 +43,9 @@ type Config struct {
 	URL      string
 	Auth     gitsource.Auth
 	CacheDir string
+	// GitTimeout bounds each git operation of the repositories New opens
+	// (one fetch, ls-remote or push); 0 means gitsource.DefaultTimeout.
+	GitTimeout time.Duration
 	// Branch holds the desired state; Path is the objects' directory in it
 	// ("" for the repository root), normalized by CleanPath ("./fleet",
 	// "fleet/" and "fleet" are one directory; an absolute path or one with
@@ -146,7 +149,7 @@ func New(cfg Config) (*Controller, error) {
 			return nil, errors.New("fleet: Config needs Repo or URL")
 		}
 		repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: cfg.URL, CacheDir: cfg.CacheDir,
-			Auth: cfg.Auth, Logger: cfg.Logger})
+			Auth: cfg.Auth, Timeout: cfg.GitTimeout, Logger: cfg.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", cfg.URL, err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
@@ -58,8 +59,14 @@ type Controller struct {
 	summaryKey []byte // summary with heartbeat-driven fields blanked
 	summaryAt  time.Time
 	summaryDue bool // a changed summary waits for SummaryInterval
-	// rejectLogged is the last rejection logged.
+	// rejectLogged is the last rejection logged; failLogged the last
+	// unreadable or refused cause logged ("" after a pass that was
+	// neither).
 	rejectLogged string
+	failLogged   string
+	// failures counts the passes in a row that were unreadable or
+	// refused: Run backs off by it.
+	failures int
 }
 
 // PassResult says what one pass observed and did.
@@ -67,8 +74,10 @@ type PassResult struct {
 	// Head is the desired-state commit the pass read ("" if the fetch
 	// failed).
 	Head string
-	// Rejected is set when the desired state could not be used (invalid
-	// objects, a fetch or object error): the last good snapshots stayed.
+	// Rejected is set when the desired-state commit is invalid (it matches
+	// desired.ErrInvalid, or ErrRetainedVolume): the last good snapshots
+	// stayed. A commit that could not be read is not rejected: Pass
+	// returns an ErrUnreadable or ErrRefused error instead (see Outcome).
 	Rejected error
 	// Skipped is true when nothing changed since the last pass: no git
 	// write was attempted.
@@ -116,7 +125,7 @@ const tipsRenewal = time.Hour
 // and status branches.
 func (c *Controller) renewTips() error {
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: c.cfg.URL, Auth: c.cfg.Auth,
-		Depth: 1, Logger: c.cfg.Logger})
+		Depth: 1, Timeout: c.cfg.GitTimeout, Logger: c.cfg.Logger})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", c.cfg.URL, err)
 	}
@@ -152,10 +161,11 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval) // resolves heads only: the cache does not grow
 	for {
 		started := time.Now()
-		if _, err := c.Pass(ctx); err != nil && ctx.Err() == nil {
-			c.log.WithError(err).Error("pass failed")
-		}
-		wait := interval/2 + time.Duration(rand.Int64N(int64(interval)+1))
+		_, _ = c.Pass(ctx) // Pass logs what a person needs
+		c.mu.Lock()
+		wait := backoff(interval, c.failures)
+		c.mu.Unlock()
+		wait = wait/2 + time.Duration(rand.Int64N(int64(wait)+1))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -201,25 +211,44 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	defer c.mu.Unlock()
 	start := time.Now()
 	res, err := c.pass(ctx)
-	c.metrics.observe(res, err, time.Since(start))
+	err = passError(err)
+	outcome := PassOutcome(res, err)
+	c.metrics.observe(res, outcome, time.Since(start))
 	log := c.log.WithField("commit", desired.Hash(res.Head).Short())
 	if res.Head == "" {
 		// No commit was read (a failed fetch, a missing branch): name the
 		// branch instead of an empty commit.
 		log = c.log.WithField("branch", c.cfg.Branch)
 	}
-	switch {
-	case err != nil:
-		log.WithError(err).Warn("pass failed")
-	case res.Rejected != nil:
+	if outcome == OutcomeUnreadable || outcome == OutcomeRefused {
+		c.failures++
+	} else {
+		if c.failLogged != "" {
+			log.Info("git readable and the pass accepted again")
+		}
+		c.failures, c.failLogged = 0, ""
+	}
+	switch outcome {
+	case OutcomeUnreadable, OutcomeRefused:
+		// Once per distinct cause, not once per pass: a pass that fails
+		// the same way every interval says nothing new.
+		if key := string(outcome) + "\x00" + err.Error(); key != c.failLogged && ctx.Err() == nil {
+			c.failLogged = key
+			msg := "git failed; the last good snapshots stay, retrying with back-off"
+			if outcome == OutcomeRefused {
+				msg = "refusing to publish; the last good snapshots stay"
+			}
+			log.WithField("outcome", string(outcome)).WithError(cleanErr(err)).Error(msg)
+		}
+	case OutcomeRejected:
 		// Once per rejection, not once per pass.
 		if key := res.Head + "\x00" + res.Rejected.Error(); key != c.rejectLogged {
 			c.rejectLogged = key
-			log.WithError(res.Rejected).Error("desired state rejected; the last good snapshots stay")
+			log.WithField("outcome", string(outcome)).WithError(cleanErr(res.Rejected)).Error("desired state rejected; the last good snapshots stay")
 		}
-	case res.Skipped:
+	case OutcomeSkipped:
 		log.Debug("nothing changed")
-	case res.Changed():
+	case OutcomePublished:
 		log.WithFields(logrus.Fields{"published": len(res.Published), "removed": len(res.Removed),
 			"pending": res.Pending, "snapshots": desired.Hash(res.SnapshotsCommit).Short()}).Info("snapshots published")
 	default:
@@ -234,9 +263,18 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	now := c.clock()
 	c.renewTipsWhenDue(now)
 
-	// Step 1: read desired. Any error keeps the last good snapshots.
+	// Step 1: read desired. Any error keeps the last good snapshots; one
+	// that is git's, not the commit's, ends the pass (every later step
+	// needs git too, and nothing is said about the commit).
 	head, fl, loadErr := c.readDesired(ctx)
 	res.Head = head
+	switch {
+	case errors.Is(loadErr, gitsource.ErrBranchNotFound):
+		// Git answered: there is no such branch. Never an empty fleet.
+		return res, fmt.Errorf("%w: %w", ErrRefused, loadErr)
+	case loadErr != nil && !errors.Is(loadErr, desired.ErrInvalid):
+		return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
+	}
 	res.Rejected = loadErr
 
 	// Step 2: read the hosts' statuses; a failure disables the sweep.
@@ -282,10 +320,28 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	// ack or for time to pass, no summary held back, and no summary just
 	// written (our write moved the status tip; the next pass reads it).
 	c.lastKey = ""
-	if res.Rejected == nil && obs.err == nil && len(out.ledger.Tombstones) == 0 && !written && !c.summaryDue {
+	if res.Rejected == nil && obs.err == nil && !waiting(out.ledger) && !written && !c.summaryDue {
 		c.lastKey = keyAt(tip)
 	}
 	return res, nil
+}
+
+// waiting reports whether a tombstone of l waits for time to pass (the
+// abandon grace). A swept tombstone waits only for its host's ack, which
+// arrives as a change of the status branch, itself in the skip key.
+func waiting(l *snapshots.Ledger) bool {
+	for _, t := range l.Tombstones {
+		if t.SweptAt == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// cleanErr is err fit for a log line: valid UTF-8, no control characters,
+// a long error list cut to its first lines with a count of the rest.
+func cleanErr(err error) error {
+	return errors.New(safetext.Lines(err.Error()))
 }
 
 // renewTipsWhenDue opens the tip repository afresh once it is older than

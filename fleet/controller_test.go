@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"sync"
@@ -287,6 +288,9 @@ func TestInvalidCommitKeepsLastGood(t *testing.T) {
 	}
 }
 
+// A desired branch that cannot be read is never an empty fleet, and never a
+// rejected commit: a missing branch is refused, an unreachable remote is
+// unreadable; neither is written to the ledger or counted as a rejection.
 func TestFetchFailureKeepsLastGood(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.pass()
@@ -297,11 +301,11 @@ func TestFetchFailureKeepsLastGood(t *testing.T) {
 		gittest.DeleteBranch(t, e.dir, "main")
 		defer gittest.SetBranch(t, e.dir, "main", main)
 		res, err := e.c.Pass(context.Background())
-		if err != nil {
-			t.Fatal(err)
+		if !errors.Is(err, ErrRefused) || PassOutcome(res, err) != OutcomeRefused {
+			t.Fatalf("err = %v: a missing branch must be refused", err)
 		}
-		if res.Rejected == nil || len(res.Tombstoned) != 0 || res.Changed() {
-			t.Fatalf("result = %+v: a missing branch must be a rejection, never an empty fleet", res)
+		if res.Rejected != nil || len(res.Tombstoned) != 0 || res.Changed() {
+			t.Fatalf("result = %+v: a missing branch is never an empty fleet, nor a rejected commit", res)
 		}
 		if e.snapshot("hv-a").Epoch != 1 || e.snapshot("hv-a").VM("web-01").Tombstoned {
 			t.Fatal("the snapshots changed")
@@ -316,10 +320,10 @@ func TestFetchFailureKeepsLastGood(t *testing.T) {
 		if err := os.Rename(moved, e.dir); err != nil {
 			t.Fatal(err)
 		}
-		if err == nil && res.Rejected == nil {
-			t.Fatalf("an unreachable remote passed silently: %+v", res)
+		if !errors.Is(err, ErrUnreadable) || PassOutcome(res, err) != OutcomeUnreadable {
+			t.Fatalf("err = %v: an unreachable remote must be unreadable", err)
 		}
-		if len(res.Tombstoned) != 0 || res.Changed() {
+		if res.Rejected != nil || len(res.Tombstoned) != 0 || res.Changed() {
 			t.Fatalf("result = %+v", res)
 		}
 	})
@@ -327,11 +331,19 @@ func TestFetchFailureKeepsLastGood(t *testing.T) {
 	if res.Rejected != nil || len(res.Tombstoned) != 0 || e.snapshot("hv-a").Epoch != 1 {
 		t.Fatalf("after recovery: %+v", res)
 	}
-	if e.snapshotsTip() == tip {
-		t.Error("the fetch failure was not recorded in the ledger")
+	if e.snapshotsTip() != tip {
+		t.Error("a git failure was written to the snapshots branch")
 	}
-	if l := e.ledger(); l.Rejected == nil || !strings.Contains(l.Rejected.Reason, "fetch main") {
-		t.Errorf("ledger rejection = %+v, want the fetch failure", l.Rejected)
+	if l := e.ledger(); l.Rejected != nil {
+		t.Errorf("ledger rejection = %+v: a git failure is not a rejected commit", l.Rejected)
+	}
+	if got := metricValue(t, e.c, "gitfleet_controller_rejected_commits_total"); got != 0 {
+		t.Errorf("rejected commits = %v, want 0", got)
+	}
+	for outcome, want := range map[Outcome]float64{OutcomeRefused: 1, OutcomeUnreadable: 1, OutcomeRejected: 0} {
+		if got := metricValue(t, e.c, "gitfleet_controller_passes_total", "result", string(outcome)); got != want {
+			t.Errorf("%s passes = %v, want %v", outcome, got, want)
+		}
 	}
 }
 
@@ -365,11 +377,21 @@ func TestAbandonedSweep(t *testing.T) {
 		t.Fatalf("swept = %v, want only web-01 on the offline hv-a", res.Swept)
 	}
 	l := e.ledger()
-	if len(l.Sweeps) != 1 || !strings.Contains(l.Sweeps[0].Reason, "offline") || len(l.Tombstones) != 1 || l.Tombstones[0].Host != "hv-b" {
+	if len(l.Sweeps) != 1 || !strings.Contains(l.Sweeps[0].Reason, "offline") || len(l.Tombstones) != 2 {
 		t.Fatalf("ledger sweeps = %+v tombstones = %+v", l.Sweeps, l.Tombstones)
 	}
-	if e.snapshot("hv-a").VM("web-01") != nil {
-		t.Error("swept VM still in the snapshot")
+	for _, tb := range l.Tombstones {
+		if swept := tb.SweptAt != nil; swept != (tb.Host == "hv-a") {
+			t.Errorf("tombstone %s@%s swept = %v", tb.Name, tb.Host, swept)
+		}
+	}
+	// Swept, not dropped: the tombstone stays delivered until the host
+	// acks (TestSweptDeleteCompletesWhenTheHostReturns in agent).
+	if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || !vm.Tombstoned {
+		t.Error("a swept tombstone left the snapshot before the host acked it")
+	}
+	if res := step(10 * time.Minute); len(res.Swept) != 0 {
+		t.Fatalf("swept twice: %+v", res)
 	}
 	// The online host is never swept, however long.
 	for i := 0; i < 5; i++ {

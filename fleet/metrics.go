@@ -9,8 +9,8 @@ import (
 
 // metrics are the controller's Prometheus series:
 //
-//	gitfleet_controller_passes_total{result}     passes by result: published, unchanged, skipped, rejected, error
-//	gitfleet_controller_rejected_commits_total   desired-state commits refused (each distinct commit once)
+//	gitfleet_controller_passes_total{result}     passes by Outcome: published, unchanged, skipped, rejected, unreadable, refused
+//	gitfleet_controller_rejected_commits_total   invalid desired-state commits (each distinct commit and reason once; never a git failure)
 //	gitfleet_controller_tombstones_pending       pending deletes after the last pass
 //	gitfleet_controller_retained                 objects kept after a history rewrite (never tombstoned)
 //	gitfleet_controller_finalized_total{how}     deletes finalized: ack or sweep
@@ -30,9 +30,9 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gitfleet_controller_passes_total",
-			Help: "Controller passes by result (published, unchanged, skipped, rejected, error)."}, []string{"result"}),
+			Help: "Controller passes by outcome (published, unchanged, skipped, rejected, unreadable, refused)."}, []string{"result"}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "gitfleet_controller_rejected_commits_total",
-			Help: "Desired-state commits (or fetches) refused; the last good snapshots stayed."}),
+			Help: "Invalid desired-state commits rejected; the last good snapshots stayed. Git failures are not counted here."}),
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_tombstones_pending",
 			Help: "Deletes published and not yet finalized."}),
 		retained: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_retained",
@@ -52,26 +52,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) observe(res PassResult, err error, d time.Duration) {
+func (m *metrics) observe(res PassResult, outcome Outcome, d time.Duration) {
 	m.duration.Observe(d.Seconds())
-	result := "unchanged"
-	switch {
-	case err != nil:
-		result = "error"
-	case res.Rejected != nil:
-		result = "rejected"
+	if outcome == OutcomeRejected {
 		key := res.Head + "\x00" + res.Rejected.Error()
 		if key != m.lastRejected {
 			m.lastRejected = key
 			m.rejected.Inc()
 		}
-	case res.Skipped:
-		result = "skipped"
-	case res.Changed():
-		result = "published"
 	}
-	m.passes.WithLabelValues(result).Inc()
-	if err != nil || res.Skipped {
+	m.passes.WithLabelValues(string(outcome)).Inc()
+	if outcome == OutcomeUnreadable || outcome == OutcomeRefused || outcome == OutcomeSkipped {
 		return
 	}
 	m.pending.Set(float64(res.Pending))

@@ -69,7 +69,7 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		at, _ := time.Parse(time.RFC3339, t.Tombstone.Time)
 		s.Pending = append(s.Pending, status.PendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host,
 			Commit: t.Tombstone.Commit, Author: t.Tombstone.Author, Time: at, Epoch: t.Tombstone.Epoch,
-			Rewritten: t.Tombstone.Rewritten})
+			Rewritten: t.Tombstone.Rewritten, Swept: t.SweptAt != nil})
 	}
 	for _, k := range l.Retained {
 		s.Retained = append(s.Retained, status.RetainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host,

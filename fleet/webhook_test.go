@@ -79,3 +79,41 @@ func TestWebhookEmptySecretRefusesAll(t *testing.T) {
 		}
 	}
 }
+
+// GitHub sends push payloads up to 25 MB: such a body is hashed as it
+// streams and accepted; a body past 25 MiB gets 413.
+func TestWebhookLargeBodies(t *testing.T) {
+	const secret = "s3cret"
+	var kicks atomic.Int32
+	srv := httptest.NewServer(WebhookHandler([]byte(secret), func() { kicks.Add(1) }))
+	defer srv.Close()
+	for _, tc := range []struct {
+		name string
+		size int
+		want int
+	}{
+		{"24 MiB push", 24 << 20, http.StatusAccepted},
+		{"exactly 25 MiB", 25 << 20, http.StatusAccepted},
+		{"past 25 MiB", 25<<20 + 1, http.StatusRequestEntityTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := strings.Repeat("x", tc.size)
+			req, err := http.NewRequest("POST", srv.URL+"/hooks/github", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("X-Hub-Signature-256", "sha256="+sign(secret, body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Errorf("status = %d, want %d", resp.StatusCode, tc.want)
+			}
+		})
+	}
+	if kicks.Load() != 2 {
+		t.Errorf("kicks = %d, want 2", kicks.Load())
+	}
+}

@@ -10,9 +10,14 @@ import (
 	"github.com/go-git/go-git/v5/config"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
+	"github.com/go-git/go-git/v5/plumbing/format/objfile"
+	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/storer"
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/go-git/go-git/v5/storage"
+	"github.com/go-git/go-git/v5/storage/filesystem/dotgit"
 	"github.com/go-git/go-git/v5/storage/memory"
 )
 
@@ -64,12 +69,16 @@ func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (tip st
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	spec := config.RefSpec("+refs/heads/" + branch + ":" + trackingRef(branch).String())
-	err = r.repo.FetchContext(ctx, &git.FetchOptions{
-		RemoteName: remoteName,
-		RefSpecs:   []config.RefSpec{spec},
-		Depth:      r.opts.Depth,
-		Auth:       r.auth,
-		Tags:       git.NoTags,
+	err = r.remote(ctx, func(ctx context.Context) error {
+		return r.repo.FetchContext(ctx, &git.FetchOptions{
+			RemoteName: remoteName,
+			RefSpecs:   []config.RefSpec{spec},
+			Depth:      r.opts.Depth,
+			Auth:       r.auth,
+			Tags:       git.NoTags,
+			// ProxyOptions: the ssh deadline (see sshdeadline.go).
+			ProxyOptions: r.proxyOptions(),
+		})
 	})
 	switch {
 	case err == nil:
@@ -111,15 +120,17 @@ func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (tip st
 func (r *Repo) repair(ctx context.Context, branch string, reclone bool) error {
 	r.mu.Lock()
 	if !reclone {
-		defer r.mu.Unlock()
 		r.verified = map[plumbing.Hash]struct{}{}
 		err := r.st.RemoveReference(trackingRef(branch))
-		if err != nil && !errors.Is(err, plumbing.ErrReferenceNotFound) {
-			return err
+		r.mu.Unlock()
+		if err == nil || errors.Is(err, plumbing.ErrReferenceNotFound) {
+			return nil
 		}
-		return nil
+		// The refs themselves are damaged past dropping one.
+		r.log.WithError(err).WithField("branch", branch).Warn("cannot drop the tracking ref; cloning the cache afresh")
+	} else {
+		r.mu.Unlock()
 	}
-	r.mu.Unlock()
 	// A fresh clone throws the cache away: first make sure the remote
 	// answers, so a network failure never costs the cache.
 	if _, err := r.RemoteHead(ctx, branch); err != nil && !errors.Is(err, ErrBranchNotFound) {
@@ -205,26 +216,53 @@ func (r *Repo) verifyTree(h plumbing.Hash) error {
 	return nil
 }
 
+// cacheDamage lists the errors go-git's storage gives for a damaged
+// cache, by class (from storage/filesystem/dotgit, plumbing/format/packfile,
+// idxfile and objfile): refs (an empty or garbage ref file, a ref path that
+// is a directory, malformed or duplicated packed-refs, a symbolic ref to
+// nowhere, a ref that changed under us), objects (absent, of the wrong
+// type), packs (truncated, overwritten, a pack without its index or an
+// index without its pack, a bad delta), loose objects (a bad header). Every
+// one is mended by fetching again or, as the last resort, cloning afresh.
+var cacheDamage = []error{
+	ErrObjectMissing, plumbing.ErrObjectNotFound, plumbing.ErrInvalidType,
+	storage.ErrReferenceHasChanged, plumbing.ErrReferenceNotFound, storer.ErrMaxResolveRecursion,
+	dotgit.ErrEmptyRefFile, dotgit.ErrIsDir, dotgit.ErrPackedRefsBadFormat,
+	dotgit.ErrPackedRefsDuplicatedRef, dotgit.ErrSymRefTargetNotFound,
+	dotgit.ErrPackfileNotFound, dotgit.ErrIdxNotFound, dotgit.ErrConfigNotFound,
+	packfile.ErrMalformedPackFile, packfile.ErrInvalidDelta, packfile.ErrDeltaCmd,
+	packfile.ErrReferenceDeltaNotFound, packfile.ErrInflatedSizeMismatch, packfile.ErrLengthOverflow,
+	idxfile.ErrMalformedIdxFile, idxfile.ErrUnsupportedVersion,
+	objfile.ErrHeader, objfile.ErrNegativeSize,
+}
+
+// cacheDamageText matches damage go-git reports without a sentinel (a
+// wrapped os error, a zlib or hex decoding error, an unwrapped message).
+var cacheDamageText = []string{
+	"object not found", "reference has changed concurrently", "shallow",
+	"malformed", "checksum", "invalid object", "zlib", "packfile", "idx file",
+	"ref file is empty", "is a directory", "invalid byte", "encoding/hex", "invalid hash",
+}
+
 // repairable reports whether err is damage a refetch or a fresh clone can
-// mend, as opposed to a network, authentication or input failure.
+// mend, as opposed to a network, authentication, timeout or input failure.
 func repairable(err error) bool {
 	switch {
 	case err == nil:
 		return false
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, ErrBranchNotFound),
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrTimeout),
+		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat),
 		errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed),
 		errors.Is(err, transport.ErrRepositoryNotFound), errors.Is(err, transport.ErrInvalidAuthMethod):
 		return false
-	case errors.Is(err, ErrObjectMissing), errors.Is(err, plumbing.ErrObjectNotFound),
-		errors.Is(err, storage.ErrReferenceHasChanged), errors.Is(err, plumbing.ErrReferenceNotFound):
-		return true
+	}
+	for _, d := range cacheDamage {
+		if errors.Is(err, d) {
+			return true
+		}
 	}
 	msg := strings.ToLower(err.Error())
-	for _, s := range []string{
-		"object not found", "reference has changed concurrently", "shallow",
-		"malformed", "checksum", "invalid object", "zlib", "packfile", "idx file",
-	} {
+	for _, s := range cacheDamageText {
 		if strings.Contains(msg, s) {
 			return true
 		}
@@ -240,7 +278,11 @@ func (r *Repo) RemoteHead(ctx context.Context, branch string) (string, error) {
 		return "", fmt.Errorf("remote head: %w", err)
 	}
 	remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: remoteName, URLs: []string{r.url}})
-	refs, err := remote.ListContext(ctx, &git.ListOptions{Auth: r.auth})
+	var refs []*plumbing.Reference
+	err := r.remote(ctx, func(ctx context.Context) (err error) {
+		refs, err = remote.ListContext(ctx, &git.ListOptions{Auth: r.auth, ProxyOptions: r.proxyOptions()})
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, transport.ErrEmptyRemoteRepository) {
 			return "", fmt.Errorf("remote head %s: %w: %s on %s (empty repository)", branch, ErrBranchNotFound, branch, redactURL(r.url))

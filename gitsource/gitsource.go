@@ -10,9 +10,12 @@
 // A Repo keeps one local cache of one remote: a bare repository in
 // Options.CacheDir, or memory storage. Every branch is fetched with an explicit
 // refspec into its remote-tracking ref (+refs/heads/B:refs/remotes/origin/B).
-// Damage to the cache (a missing object, a reference changed under us, a
-// shallow-history gap) is repaired by fetching again and, as the last resort,
-// by cloning the cache afresh; it is never read as an empty tree.
+// Damage to the cache (a missing object, an empty or garbage ref file, a
+// truncated pack, a stale lock, a missing HEAD, a reference changed under us,
+// a shallow-history gap) is repaired by fetching again and, as the last
+// resort, by cloning the cache afresh; it is never read as an empty tree.
+// Every operation with the remote ends by Options.Timeout on every
+// transport (ErrTimeout); a SHA-256 repository is ErrObjectFormat.
 //
 // A typical reader fetches, then reads at the commit Fetch returned:
 //
@@ -39,8 +42,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -74,7 +79,20 @@ var (
 	// ErrObjectMissing: an object the cache should hold is absent or
 	// unreadable. Fetch repairs the cache; the read is never taken as empty.
 	ErrObjectMissing = errors.New("git object missing from cache")
+	// ErrTimeout: a git operation with the remote (fetch, ls-remote, push)
+	// ran past Options.Timeout and was stopped (the connection closed, a
+	// local git server process killed). The error also matches
+	// context.DeadlineExceeded. Nothing in the cache changed for it.
+	ErrTimeout = errors.New("git operation timed out")
+	// ErrObjectFormat: the remote's repository uses an object format
+	// gitsource cannot read (SHA-256; go-git reads SHA-1 only). No repair
+	// helps; the repository must be SHA-1.
+	ErrObjectFormat = errors.New("unsupported git object format")
 )
+
+// DefaultTimeout bounds one git operation with the remote when
+// Options.Timeout is zero.
+const DefaultTimeout = 60 * time.Second
 
 // DefaultCommitter is the identity of commits written by Update when
 // Options.Committer is empty.
@@ -121,6 +139,12 @@ type Options struct {
 	Backoff time.Duration
 	// MaxBackoff caps one wait between Update attempts; 0 means 2 s.
 	MaxBackoff time.Duration
+	// Timeout bounds each operation with the remote — one fetch, one
+	// ls-remote, one push — on every transport: an http request is
+	// cancelled, a local (file) or ssh server is killed or disconnected
+	// when it passes. 0 means DefaultTimeout. A caller's context can end
+	// an operation sooner.
+	Timeout time.Duration
 	// Logger receives the package's log lines; nil means the standard logrus
 	// logger. The component field is set to "gitsource".
 	Logger *logrus.Entry
@@ -266,6 +290,9 @@ func (r *Repo) openStorage(fresh bool) error {
 		return r.adopt(st, repo, true)
 	}
 	dir := r.opts.CacheDir
+	if err := moveAsideFile(dir, r.log); err != nil {
+		return err
+	}
 	if fresh {
 		if err := removeCache(dir); err != nil {
 			return err
@@ -295,12 +322,24 @@ func (r *Repo) openStorage(fresh bool) error {
 		}
 		return r.adopt(st, repo, true)
 	}
-	if !isBareRepo(dir) {
+	if !isCache(ents) {
 		return fmt.Errorf("cache dir %s is neither empty nor a git cache", dir)
+	}
+	sweepLeftovers(dir, r.log)
+	damaged := func(err error) error {
+		_ = st.Close()
+		if fresh {
+			return fmt.Errorf("fresh cache %s: %w", dir, err)
+		}
+		r.log.WithField("cache", dir).WithError(err).Warn("cache damaged; cloning afresh")
+		return r.openStorage(true)
+	}
+	if !isBareRepo(dir) {
+		return damaged(errors.New("HEAD, objects or refs missing"))
 	}
 	repo, err := git.Open(st, nil)
 	if err != nil {
-		return fmt.Errorf("reopen cache %s: %w", dir, err)
+		return damaged(fmt.Errorf("reopen: %w", err))
 	}
 	if shallow, err := st.Shallow(); r.opts.Depth == 0 && (err != nil || len(shallow) > 0) {
 		// A shallow cache (from an earlier Depth) would leave holes in the
@@ -309,8 +348,13 @@ func (r *Repo) openStorage(fresh bool) error {
 		_ = st.Close()
 		r.log.WithField("cache", dir).Info("cache is shallow but full history is wanted; cloning afresh")
 		return r.openStorage(true)
+	} else if err != nil {
+		return damaged(fmt.Errorf("read shallow list: %w", err))
 	}
-	return r.adopt(st, repo, false)
+	if err := r.adopt(st, repo, false); err != nil {
+		return damaged(err)
+	}
+	return nil
 }
 
 // isBareRepo reports whether dir looks like a bare repository.
@@ -323,13 +367,87 @@ func isBareRepo(dir string) bool {
 	return true
 }
 
+// cacheNames are the names git and go-git keep at the top of a bare
+// repository.
+var cacheNames = map[string]bool{
+	"HEAD": true, "config": true, "description": true, "objects": true, "refs": true,
+	"packed-refs": true, "shallow": true, "hooks": true, "info": true, "branches": true,
+	"logs": true, "index": true, "FETCH_HEAD": true, "ORIG_HEAD": true,
+}
+
+// isCache reports whether the entries of a directory are those of a git
+// cache, maybe damaged (some missing, a lock file left behind), and of
+// nothing else: a directory holding anything more is never deleted.
+func isCache(ents []os.DirEntry) bool {
+	core := false
+	for _, e := range ents {
+		name := e.Name()
+		switch {
+		case name == "HEAD" || name == "objects" || name == "refs" || name == "config":
+			core = true
+		case cacheNames[name], strings.HasSuffix(name, ".lock"):
+		default:
+			return false
+		}
+	}
+	return core
+}
+
+// sweepLeftovers removes what an interrupted git leaves in a cache: lock
+// files (go-git locks with flock and writes none, so any is stale, and
+// one under refs/ reads as a broken ref) and partial packs of a fetch cut
+// short (never read, only taking space). One CacheDir belongs to one Repo,
+// so nothing else is writing them.
+func sweepLeftovers(dir string, log *logrus.Entry) {
+	var stale []string
+	if ms, err := filepath.Glob(filepath.Join(dir, "*.lock")); err == nil {
+		stale = append(stale, ms...)
+	}
+	if ms, err := filepath.Glob(filepath.Join(dir, "objects", "pack", "tmp_*")); err == nil {
+		stale = append(stale, ms...)
+	}
+	_ = filepath.WalkDir(filepath.Join(dir, "refs"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".lock") {
+			stale = append(stale, p)
+		}
+		return nil
+	})
+	for _, p := range stale {
+		if err := os.Remove(p); err != nil {
+			log.WithError(err).WithField("path", p).Warn("remove a stale lock or partial pack from the cache")
+			continue
+		}
+		log.WithField("path", p).Info("removed a stale lock or partial pack from the cache")
+	}
+}
+
+// moveAsideFile moves a file (not a directory) found at the cache path out
+// of the way, keeping it beside as PATH.damaged-UNIXNANO: the path is the
+// cache's, but what a person put there is not thrown away.
+func moveAsideFile(dir string, log *logrus.Entry) error {
+	fi, err := os.Lstat(dir)
+	if err != nil || fi.IsDir() {
+		return nil
+	}
+	aside := fmt.Sprintf("%s.damaged-%d", dir, time.Now().UnixNano())
+	if err := os.Rename(dir, aside); err != nil {
+		return fmt.Errorf("cache path %s is not a directory, and moving it aside failed: %w", dir, err)
+	}
+	log.WithField("cache", dir).WithField("movedTo", aside).Warn("cache path was not a directory; moved it aside")
+	return nil
+}
+
 // removeCache deletes a cache directory, refusing anything that does not look
 // like one.
 func removeCache(dir string) error {
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	if !isBareRepo(dir) {
+	if err != nil {
+		return err
+	}
+	if len(ents) > 0 && !isCache(ents) {
 		return fmt.Errorf("refuse to remove %s: not a git cache", dir)
 	}
 	old := fmt.Sprintf("%s.old-%d", dir, time.Now().UnixNano())
@@ -430,3 +548,71 @@ func checkBranch(branch string) error {
 	}
 	return nil
 }
+
+// remote runs op, one operation with the remote, under Options.Timeout. An
+// op that its deadline ended gives an error matching ErrTimeout (and
+// context.DeadlineExceeded); an end of ctx itself is returned as it is.
+func (r *Repo) remote(ctx context.Context, op func(context.Context) error) error {
+	timeout := r.timeout()
+	octx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	deadline, _ := octx.Deadline()
+	err := op(octx)
+	// The ssh deadline ends the connection itself, a moment after the
+	// context's: its i/o timeout is the same deadline.
+	if err != nil && ctx.Err() == nil && (octx.Err() != nil || !time.Now().Before(deadline) || netTimeout(err)) {
+		return &timeoutError{after: timeout, err: err}
+	}
+	if f := objectFormat(err); f != "" {
+		return fmt.Errorf("%w %s: gitfleet reads only sha1 repositories (convert it, or serve a sha1 mirror)", ErrObjectFormat, f)
+	}
+	return err
+}
+
+// objectFormatCap finds the object-format capability in a ref
+// advertisement that go-git could not decode (a SHA-256 repository's
+// 64-digit hashes are not SHA-1's 40).
+var objectFormatCap = regexp.MustCompile(`object-format=([a-z0-9-]+)`)
+
+// objectFormat names the object format err reports a remote to use, when
+// it is not sha1.
+func objectFormat(err error) string {
+	if err == nil {
+		return ""
+	}
+	m := objectFormatCap.FindStringSubmatch(err.Error())
+	if m == nil || m[1] == "sha1" {
+		return ""
+	}
+	return m[1]
+}
+
+// netTimeout reports whether err is a network i/o timeout.
+func netTimeout(err error) bool {
+	var ne net.Error
+	return (errors.As(err, &ne) && ne.Timeout()) || strings.Contains(err.Error(), "i/o timeout")
+}
+
+// timeout is the bound of one operation with the remote.
+func (r *Repo) timeout() time.Duration {
+	if r.opts.Timeout <= 0 {
+		return DefaultTimeout
+	}
+	return r.opts.Timeout
+}
+
+// timeoutError is an operation its deadline stopped.
+type timeoutError struct {
+	after time.Duration
+	err   error
+}
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("%v after %v: %v", ErrTimeout, e.after, e.err)
+}
+
+func (e *timeoutError) Is(target error) bool {
+	return target == ErrTimeout || target == context.DeadlineExceeded
+}
+
+func (e *timeoutError) Unwrap() error { return e.err }

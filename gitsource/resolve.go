@@ -44,12 +44,16 @@ func (r *Repo) Resolve(ctx context.Context, rev string) (string, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	err := r.repo.FetchContext(ctx, &git.FetchOptions{
-		RemoteName: remoteName,
-		RefSpecs:   []config.RefSpec{"+refs/*:refs/resolve/*", "+HEAD:refs/resolve/HEAD"},
-		Depth:      r.opts.Depth,
-		Auth:       r.auth,
-		Tags:       git.NoTags,
+	err := r.remote(ctx, func(ctx context.Context) error {
+		return r.repo.FetchContext(ctx, &git.FetchOptions{
+			RemoteName: remoteName,
+			RefSpecs:   []config.RefSpec{"+refs/*:refs/resolve/*", "+HEAD:refs/resolve/HEAD"},
+			Depth:      r.opts.Depth,
+			Auth:       r.auth,
+			Tags:       git.NoTags,
+			// ProxyOptions: the ssh deadline (see sshdeadline.go).
+			ProxyOptions: r.proxyOptions(),
+		})
 	})
 	if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
 		return "", fmt.Errorf("resolve %q: fetch all branches from %s: %w", rev, redactURL(r.url), err)

@@ -133,7 +133,8 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, mutate Mutation)
 	if commit.IsZero() {
 		return tip, nil // the contents are already there
 	}
-	if err := r.push(ctx, branch, tip, commit, pack); err != nil {
+	err = r.remote(ctx, func(ctx context.Context) error { return r.push(ctx, branch, tip, commit, pack) })
+	if err != nil {
 		return "", err
 	}
 	r.mu.Lock()
@@ -391,6 +392,7 @@ func (r *Repo) push(ctx context.Context, branch, tip string, commit plumbing.Has
 	if err != nil {
 		return err
 	}
+	ep.Proxy = r.proxyOptions() // the ssh deadline (see sshdeadline.go)
 	cl, err := client.NewClient(ep)
 	if err != nil {
 		return err

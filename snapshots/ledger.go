@@ -111,7 +111,12 @@ type HostRecord struct {
 // TombstoneRecord is one pending delete: the object's last spec (VM) or size
 // (Volume), its attribution, and PublishedAt, the controller's clock when
 // the tombstone was first published (the abandon grace counts from it).
-// Tombstone.Epoch is the epoch that first published it.
+// Tombstone.Epoch is the epoch that first published it. SweptAt is set
+// when the abandoned-host sweep finalized it (its host was offline past the
+// abandon grace): the delete counts as done for the fleet, but the
+// tombstone stays in the ledger and in its host's snapshot until that host
+// acks the destroy, so a host that returns destroys it as a normal delete
+// instead of finding a VM dropped without a tombstone.
 type TombstoneRecord struct {
 	Kind        desired.Kind      `yaml:"kind" json:"kind"`
 	Name        string            `yaml:"name" json:"name"`
@@ -120,9 +125,11 @@ type TombstoneRecord struct {
 	SizeGB      int               `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
 	Tombstone   desired.Tombstone `yaml:"tombstone" json:"tombstone"`
 	PublishedAt time.Time         `yaml:"publishedAt" json:"publishedAt"`
+	SweptAt     *time.Time        `yaml:"sweptAt,omitempty" json:"sweptAt,omitempty"`
 }
 
-// SweepRecord is a delete the controller finalized without an ack.
+// SweepRecord is a delete the controller finalized without an ack (its
+// tombstone stays delivered until the host acks; see TombstoneRecord).
 type SweepRecord struct {
 	Kind   desired.Kind `yaml:"kind" json:"kind"`
 	Name   string       `yaml:"name" json:"name"`

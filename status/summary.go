@@ -86,6 +86,9 @@ type PendingDelete struct {
 	Time      time.Time
 	Epoch     uint64
 	Rewritten bool
+	// Swept: the controller finalized it while the host was offline; it
+	// stays delivered until the host acks the destroy.
+	Swept bool
 }
 
 // SweptDelete is a tombstone the controller finalized because its host was
@@ -200,6 +203,9 @@ func RenderSummary(s Summary) []byte {
 			by := "`" + desired.Hash(p.Commit).Short() + "`"
 			if p.Rewritten {
 				by += " (history rewritten)"
+			}
+			if p.Swept {
+				by += " (swept while the host was offline; waits for its ack)"
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %d |\n",
 				cell(p.Kind), cell(p.Name), cell(p.Host), by, cell(p.Author), stamp(p.Time), p.Epoch)

@@ -44,6 +44,7 @@ import (
 //	  timeout: 30m                             # one download, end to end (default 30m)
 //	  stallTimeout: 60s                        # no byte for this long fails it (default 60s)
 //	intervals: {tick: 10s, poll: 15s, heartbeat: 60s}
+//	gitTimeout: 60s                            # bounds each fetch, ls-remote, push
 //	graces: {tombstone: 5m, vanish: 1h}
 //	vmTimeout: 30m                             # per-VM watchdog (default 30m); 0 = none
 //	maxAttempts: 3
@@ -96,6 +97,10 @@ type agentFileConfig struct {
 		Tombstone duration `yaml:"tombstone"`
 		Vanish    duration `yaml:"vanish"`
 	} `yaml:"graces"`
+	// GitTimeout bounds each operation with the remote (default
+	// gitsource.DefaultTimeout, 60 s); a stalled remote never holds the
+	// agent past it, and never holds the reconcile tick at all.
+	GitTimeout duration `yaml:"gitTimeout"`
 	// VMTimeout is the per-VM watchdog; nil (absent) means
 	// defaultVMTimeout, an explicit 0 none.
 	VMTimeout   *duration `yaml:"vmTimeout"`
@@ -377,6 +382,7 @@ func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writ
 	}
 	repo, err := gitsource.Open(ctx, gitsource.Options{
 		URL: c.Repo.URL, CacheDir: filepath.Join(store.Root(), "git"), Auth: auth, Depth: 1,
+		Timeout:   time.Duration(c.GitTimeout),
 		Committer: "gitfleet agent " + c.Host + " <agent@" + c.Host + ">",
 		Logger:    log.WithField("host", c.Host),
 	})
@@ -397,6 +403,8 @@ func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writ
 		Heartbeat: time.Duration(c.Intervals.Heartbeat), Log: log,
 	}
 	if !once {
+		// READY=1 once the state is loaded, before any git operation;
+		// watchdog pings from the reconcile loop, on every tick.
 		cfg.Ready = func() { _, _ = daemon.SdNotify(false, daemon.SdNotifyReady) }
 		if every, err := daemon.SdWatchdogEnabled(false); err == nil && every > 0 {
 			cfg.AliveEvery = every / 3

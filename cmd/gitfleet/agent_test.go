@@ -195,3 +195,19 @@ func TestAgentConfigArtifactsAndVMTimeout(t *testing.T) {
 		assert.Error(t, err, bad)
 	}
 }
+
+// TestAgentGitTimeoutFromConfig: gitTimeout bounds each git operation of
+// the agent: `agent --once` against a remote that accepts and never
+// answers fails with a timeout instead of hanging.
+func TestAgentGitTimeoutFromConfig(t *testing.T) {
+	root := t.TempDir()
+	bare := filepath.Join(root, "fleet.git")
+	gittest.Git(t, "", "init", "--quiet", "--bare", "--initial-branch=main", bare)
+	srv := gittest.ServeFaulty(t, root)
+	srv.Set(gittest.Stall, 0)
+	cfg := writeAgentConfig(t, "repo: {url: file://"+bare+"}\nhost: hv-a\nstateDir: "+filepath.Join(t.TempDir(), "state")+
+		"\nbackend: memory\ngitTimeout: 1s\nlogLevel: error\n")
+	code, _, stderr := runCLIStderr(t, "agent", "--config", cfg, "--once")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "timed out after 1s")
+}

@@ -78,6 +78,7 @@ func init() {
 		listen, secret             string
 		once                       bool
 		interval, grace, offline   time.Duration
+		gitTimeout                 time.Duration
 		snapshotsBranch, statusBra string
 	)
 	cmd := &cobra.Command{
@@ -100,9 +101,11 @@ from the one the ledger on the snapshots branch was computed from refuses
 to publish.
 
 With --once it runs one pass and exits: 0 when it published or had nothing
-to do, 1 when the desired state was rejected (the last good snapshots stay),
-the ledger belongs to another branch or path, or git failed, 2 for usage
-errors (overlapping branches, a path outside the repository).`,
+to do, 1 when the desired state was rejected (the commit is invalid),
+unreadable (git failed, or ran past --git-timeout) or refused (the ledger
+belongs to another branch or path, an epoch past the bound); in all three
+the last good snapshots stay. 2 for usage errors (overlapping branches, a
+path outside the repository).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := repo.check(); err != nil {
@@ -117,7 +120,7 @@ errors (overlapping branches, a path outside the repository).`,
 			c, err := fleet.New(fleet.Config{
 				URL: repo.url, Auth: repo.auth(), CacheDir: cacheDir,
 				Branch: branch, Path: path, SnapshotsBranch: snapshotsBranch, StatusBranch: statusBra,
-				AbandonGrace: grace, OfflineAfter: offline,
+				AbandonGrace: grace, OfflineAfter: offline, GitTimeout: gitTimeout,
 				Logger: logrus.NewEntry(log),
 			})
 			if errors.Is(err, fleet.ErrConfig) {
@@ -128,11 +131,11 @@ errors (overlapping branches, a path outside the repository).`,
 			}
 			if once {
 				res, err := c.Pass(ctx)
-				if err != nil {
-					return &exitError{code: 1, err: err}
-				}
-				if res.Rejected != nil && res.Head == "" {
-					return &exitError{code: 1, err: fmt.Errorf("desired state could not be read; the last good snapshots stay:\n%w", res.Rejected)}
+				switch fleet.PassOutcome(res, err) {
+				case fleet.OutcomeUnreadable:
+					return &exitError{code: 1, err: fmt.Errorf("unreadable: git failed; the last good snapshots stay: %w", err)}
+				case fleet.OutcomeRefused:
+					return &exitError{code: 1, err: fmt.Errorf("refused: the controller will not publish; the last good snapshots stay: %w", err)}
 				}
 				if res.Rejected != nil {
 					return &exitError{code: 1, err: fmt.Errorf("desired state at %s rejected; the last good snapshots stay:\n%w", res.Head, res.Rejected)}
@@ -177,6 +180,7 @@ errors (overlapping branches, a path outside the repository).`,
 	f.StringVar(&listen, "listen", os.Getenv("GITFLEET_LISTEN"), "address for webhooks and /metrics, such as "+fleet.DefaultListen+"; off when empty ($GITFLEET_LISTEN)")
 	f.StringVar(&secret, "webhook-secret", "", "webhook secret (default $GITFLEET_WEBHOOK_SECRET)")
 	f.DurationVar(&grace, "abandon-grace", envDuration("GITFLEET_ABANDON_GRACE", fleet.DefaultAbandonGrace), "how long a delete waits on an offline host before the controller finalizes it")
+	f.DurationVar(&gitTimeout, "git-timeout", envDuration("GITFLEET_GIT_TIMEOUT", gitsource.DefaultTimeout), "bound of each git operation (fetch, ls-remote, push) on every transport ($GITFLEET_GIT_TIMEOUT)")
 	f.DurationVar(&offline, "offline-after", envDuration("GITFLEET_OFFLINE_AFTER", fleet.DefaultOfflineAfter), "no status change for this long makes a host offline")
 	f.StringVar(&snapshotsBranch, "snapshots-branch", fleet.DefaultSnapshotsBranch, "branch the snapshots are published on")
 	f.StringVar(&statusBra, "status-branch", fleet.DefaultStatusBranch, "branch the agents report on")

@@ -352,3 +352,28 @@ func TestStatusCommand(t *testing.T) {
 		t.Fatalf("status --repo . in a clone: exit %d\nstderr:\n%s", code, stderr)
 	}
 }
+
+// TestControllerOnceAgainstAStalledRemote: `controller --once` against a
+// remote that accepts and never answers exits 1 as unreadable, bounded by
+// --git-timeout (it printed how long it took), and writes nothing.
+func TestControllerOnceAgainstAStalledRemote(t *testing.T) {
+	root := t.TempDir()
+	bare := filepath.Join(root, "fleet.git")
+	gittest.Git(t, "", "init", "--quiet", "--bare", "--initial-branch=main", bare)
+	gittest.Commit(t, bare, gittest.Edit{Write: map[string]string{"hosts/hv-a.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {capacity: {vcpus: 1, memoryMB: 512}}\n"}})
+	srv := gittest.ServeFaulty(t, root)
+	srv.Set(gittest.Stall, 0)
+	for name, url := range map[string]string{"file": "file://" + bare, "http": srv.HTTPURL + "/fleet.git"} {
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			code, _, stderr := runCLIStderr(t, "controller", "--repo", url, "--once", "--git-timeout", "2s", "--cache-dir", filepath.Join(t.TempDir(), "cache"))
+			t.Logf("controller --once --git-timeout 2s against a stalled %s remote: exit %d after %v", name, code, time.Since(start).Round(time.Millisecond))
+			if code != 1 || !strings.Contains(stderr, "unreadable") || !strings.Contains(stderr, "timed out after 2s") || strings.Contains(stderr, "rejected") {
+				t.Errorf("exit %d, stderr:\n%s\nwant exit 1, unreadable, timed out after 2s", code, stderr)
+			}
+		})
+	}
+	if got := gittest.Git(t, bare, "branch", "--list", "gitfleet/*"); got != "" {
+		t.Errorf("branches written: %s", got)
+	}
+}

@@ -97,6 +97,9 @@ type pendingDelete struct {
 	Time        string    `json:"time"`
 	Epoch       uint64    `json:"epoch"`
 	PublishedAt time.Time `json:"publishedAt"`
+	// SweptAt is set when the controller finalized the delete while the
+	// host was offline: it waits for the host's ack all the same.
+	SweptAt *time.Time `json:"sweptAt,omitempty"`
 }
 
 func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, snapshots, format string) error {
@@ -194,7 +197,7 @@ func readPendingDeletes(ctx context.Context, repo *gitsource.Repo, branch string
 	}
 	for _, t := range l.Tombstones {
 		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit,
-			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt})
+			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt, SweptAt: t.SweptAt})
 	}
 	return out, nil
 }
@@ -218,7 +221,11 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tNAME\tHOST\tREMOVED BY\tAUTHOR\tSINCE\tEPOCH")
 	for _, p := range rep.PendingDeletes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(desired.Hash(p.Commit).Short()), dash(p.Author), dash(p.Time), p.Epoch)
+		since := dash(p.Time)
+		if p.SweptAt != nil {
+			since += " (swept: host offline; waits for its ack)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(desired.Hash(p.Commit).Short()), dash(p.Author), since, p.Epoch)
 	}
 	return tw.Flush()
 }

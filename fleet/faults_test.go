@@ -1,0 +1,136 @@
+package fleet
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// TestControllerUnderGitFaults: the controller against a server that
+// accepts and stalls, one that stalls after N bytes, one that resets
+// mid-pack (over http and over the file transport through a wrapper
+// git-upload-pack), and against a damaged cache (the empty ref file of a
+// crash between creating and writing it). Each faulty pass is unreadable
+// (never rejected), ends within the git timeout, and tombstones, finalizes
+// or sweeps nothing; the snapshots branch is untouched. Once the fault is
+// removed, the next pass applies the pending commit. With -v it prints
+// the time to detection and to recovery of each fault.
+func TestControllerUnderGitFaults(t *testing.T) {
+	root := t.TempDir()
+	srv := gittest.ServeFaulty(t, root)
+	files := baseFleet()
+	files["vms/old-01.yaml"] = vmYAML("old-01", "hv-a", 1)
+
+	type fault struct {
+		name   string
+		inject func(cache string)
+		remove func()
+		damage bool // cache damage: repaired within the pass
+	}
+	var faults []fault
+	for _, f := range []gittest.Fault{gittest.Stall, gittest.StallAfter, gittest.Reset} {
+		f := f
+		faults = append(faults, fault{name: f.String(),
+			inject: func(string) { srv.Set(f, 32<<10) }, remove: func() { srv.Set(gittest.NoFault, 0) }})
+	}
+	faults = append(faults, fault{name: "empty ref file in the cache",
+		inject: func(cache string) {
+			if err := os.WriteFile(filepath.Join(cache, "refs", "remotes", "origin", "main"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		},
+		remove: func() {}, damage: true})
+
+	for _, transport := range []string{"http", "file"} {
+		for _, f := range faults {
+			if f.damage && transport == "http" {
+				continue // the cache is the same whatever the transport
+			}
+			t.Run(transport+"/"+f.name, func(t *testing.T) {
+				bare, err := os.MkdirTemp(root, "fleet-*.git")
+				if err != nil {
+					t.Fatal(err)
+				}
+				gittest.Git(t, "", "init", "--quiet", "--bare", "--initial-branch=main", bare)
+				gittest.Git(t, bare, "config", "http.receivepack", "true")
+				gittest.Commit(t, bare, gittest.Edit{Write: files})
+				url := map[string]string{"http": srv.HTTPURL + "/" + filepath.Base(bare), "file": "file://" + bare}[transport]
+				t.Cleanup(f.remove)
+				cache := t.TempDir()
+				clk := &clock{now: time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)}
+				c, err := New(Config{URL: url, CacheDir: cache, GitTimeout: 3 * time.Second,
+					Clock: clk.Now, Logger: quietLogger(), SummaryInterval: -1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := context.Background()
+				if _, err := c.Pass(ctx); err != nil {
+					t.Fatal(err)
+				}
+				// A reviewed delete waits, with a pack past the fault's
+				// 32 KiB, and the host has acked nothing.
+				gittest.Commit(t, bare, gittest.Edit{Remove: []string{"vms/old-01.yaml"}, Write: map[string]string{"blob.bin": noise(t, 256<<10)}})
+				writeStatus(t, bare, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1})
+				before := gittest.Rev(t, bare, "refs/heads/"+DefaultSnapshotsBranch)
+
+				f.inject(cache)
+				start := time.Now()
+				res, err := c.Pass(ctx)
+				detect := time.Since(start)
+				outcome := PassOutcome(res, err)
+				if f.damage {
+					// Repaired within the pass: it goes on as usual.
+					if err != nil {
+						t.Fatalf("a damaged cache was not repaired: %v", err)
+					}
+				} else if outcome != OutcomeUnreadable || !errors.Is(err, ErrUnreadable) {
+					t.Fatalf("outcome = %s (%v), want unreadable", outcome, err)
+				}
+				if f.damage {
+					if len(res.Tombstoned) != 1 || len(res.Finalized)+len(res.Swept) != 0 {
+						t.Fatalf("after a repair: %+v, want just the reviewed delete", res)
+					}
+					t.Logf("%s over %s: repaired within the pass (%v); only the reviewed delete tombstoned, nothing finalized or destroyed",
+						f.name, transport, detect.Round(time.Millisecond))
+					return
+				}
+				if res.Rejected != nil || len(res.Tombstoned)+len(res.Finalized)+len(res.Swept) != 0 || res.Changed() {
+					t.Fatalf("a faulty pass acted: %+v", res)
+				}
+				if got := gittest.Rev(t, bare, "refs/heads/"+DefaultSnapshotsBranch); got != before {
+					t.Fatal("an unreadable pass wrote the snapshots branch")
+				}
+				t.Logf("%s over %s: %s after %v: %v; nothing tombstoned, finalized or destroyed",
+					f.name, transport, outcome, detect.Round(time.Millisecond), err)
+
+				f.remove()
+				start = time.Now()
+				res, err = c.Pass(ctx)
+				if err != nil || res.Rejected != nil {
+					t.Fatalf("after the fault: %v %v", err, res.Rejected)
+				}
+				if len(res.Tombstoned) != 1 || res.Tombstoned[0] != "VM old-01@hv-a" {
+					t.Fatalf("after the fault: tombstoned %v, want the reviewed delete", res.Tombstoned)
+				}
+				t.Logf("%s over %s: recovered %v after the fault was removed", f.name, transport, time.Since(start).Round(time.Millisecond))
+			})
+		}
+	}
+}
+
+// noise is n bytes that do not compress.
+func noise(t testing.TB, n int) string {
+	b := make([]byte, n/2)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,155 @@
+package gitsource_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+)
+
+// cacheDamage is one way a cache on disk is found broken after a crash, a
+// full disk or a hand: each class of error go-git's filesystem storage can
+// report (storage/filesystem/dotgit, plumbing/format/packfile, idxfile,
+// objfile, the config decoder, plumbing.ErrObjectNotFound).
+type cacheDamage struct {
+	name   string
+	damage func(t *testing.T, cache string)
+}
+
+// cacheDamages lists them. Every one must be repaired by the next Open and
+// Fetch, without a person.
+func cacheDamages() []cacheDamage {
+	write := func(rel, data string) func(t *testing.T, cache string) {
+		return func(t *testing.T, cache string) {
+			p := filepath.Join(cache, rel)
+			require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+			require.NoError(t, os.WriteFile(p, []byte(data), 0o644))
+		}
+	}
+	remove := func(rel string) func(t *testing.T, cache string) {
+		return func(t *testing.T, cache string) { require.NoError(t, os.RemoveAll(filepath.Join(cache, rel))) }
+	}
+	eachPackFile := func(ext string, fn func(t *testing.T, path string)) func(t *testing.T, cache string) {
+		return func(t *testing.T, cache string) {
+			ms, err := filepath.Glob(filepath.Join(cache, "objects", "pack", "*"+ext))
+			require.NoError(t, err)
+			require.NotEmpty(t, ms, "the cache has no %s file to damage", ext)
+			for _, m := range ms {
+				fn(t, m)
+			}
+		}
+	}
+	truncateHalf := func(t *testing.T, p string) {
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		require.NoError(t, os.Truncate(p, fi.Size()/2))
+	}
+	tracking := "refs/remotes/origin/main"
+	return []cacheDamage{
+		{"empty ref file", write(tracking, "")},
+		{"garbage ref file", write(tracking, "not a hash at all\n")},
+		{"ref to a missing object", write(tracking, strings.Repeat("ab", 20)+"\n")},
+		{"symbolic ref to nowhere", write(tracking, "ref: refs/remotes/origin/nowhere\n")},
+		{"ref path is a directory", func(t *testing.T, cache string) {
+			remove(tracking)(t, cache)
+			write(tracking+"/x", strings.Repeat("ab", 20)+"\n")(t, cache)
+		}},
+		{"packed-refs shadowing a missing ref", func(t *testing.T, cache string) {
+			remove(tracking)(t, cache)
+			write("packed-refs", "# pack-refs with: peeled fully-peeled sorted \n"+strings.Repeat("cd", 20)+" "+tracking+"\n")(t, cache)
+		}},
+		{"garbage packed-refs", write("packed-refs", "this is not\na packed-refs file\n")},
+		{"lock file left behind", func(t *testing.T, cache string) {
+			write(tracking+".lock", "")(t, cache)
+			write("packed-refs.lock", "")(t, cache)
+			write("config.lock", "")(t, cache)
+			write("objects/pack/tmp_pack_123456", "PACK partial")(t, cache)
+		}},
+		{"pack truncated to half", eachPackFile(".pack", truncateHalf)},
+		{"pack index truncated to half", eachPackFile(".idx", truncateHalf)},
+		{"pack deleted, index kept", eachPackFile(".pack", func(t *testing.T, p string) { require.NoError(t, os.Remove(p)) })},
+		{"index deleted, pack kept", eachPackFile(".idx", func(t *testing.T, p string) { require.NoError(t, os.Remove(p)) })},
+		{"pack overwritten with garbage", eachPackFile(".pack", func(t *testing.T, p string) {
+			require.NoError(t, os.WriteFile(p, []byte(strings.Repeat("garbage ", 64)), 0o644))
+		})},
+		{"garbage config", write("config", "[remote \"origin\n\tthis is = = not ini\n")},
+		{"empty config", write("config", "")},
+		{"missing config", remove("config")},
+		{"missing HEAD", remove("HEAD")},
+		{"garbage HEAD", write("HEAD", "\x00\x01garbage")},
+		{"missing refs", remove("refs")},
+		{"missing objects", remove("objects")},
+		{"garbage shallow list", write("shallow", "zz not a hash\n")},
+		{"cache path is a file", func(t *testing.T, cache string) {
+			require.NoError(t, os.RemoveAll(cache))
+			require.NoError(t, os.WriteFile(cache, []byte("oops"), 0o644))
+		}},
+	}
+}
+
+// TestCacheDamageRepaired: after each kind of damage, the next Open and
+// Fetch of the same cache succeed and read the remote's tip whole, for a
+// full cache (the controller's) and a shallow one (the agent's).
+func TestCacheDamageRepaired(t *testing.T) {
+	ctx := context.Background()
+	for _, depth := range []int{0, 1} {
+		for _, d := range cacheDamages() {
+			t.Run(d.name+map[int]string{0: "", 1: " (shallow)"}[depth], func(t *testing.T) {
+				rm := gittest.NewBare(t)
+				gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"hosts/a.yaml": "a\n"}})
+				c2 := gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"hosts/b.yaml": "b\n"}})
+				cache := filepath.Join(t.TempDir(), "cache")
+				opts := gitsource.Options{URL: rm, CacheDir: cache, Depth: depth}
+				r := open(t, opts)
+				_, err := r.Fetch(ctx, "main")
+				require.NoError(t, err)
+				require.NoError(t, r.Close())
+
+				d.damage(t, cache)
+
+				r, err = gitsource.Open(ctx, opts)
+				require.NoError(t, err, "open a damaged cache")
+				defer r.Close()
+				tip, err := r.Fetch(ctx, "main")
+				require.NoError(t, err, "fetch into a damaged cache")
+				assert.Equal(t, c2, tip)
+				contents, _ := walk(t, mustTree(t, r, tip, "hosts"))
+				assert.Equal(t, map[string]string{"a.yaml": "a\n", "b.yaml": "b\n"}, contents)
+				// And the cache stays usable for writes.
+				_, err = r.Update(ctx, "main", setFile("hosts/c.yaml", "c\n"))
+				assert.NoError(t, err)
+			})
+		}
+	}
+}
+
+// TestSHA256RepositoryNamed: a repository in an object format go-git
+// cannot read gives a clear error naming the format, on every transport,
+// and is not taken for cache damage (no repair, no fresh clone).
+func TestSHA256RepositoryNamed(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	dir := filepath.Join(root, "sha256.git")
+	gittest.Git(t, "", "init", "--quiet", "--bare", "--object-format=sha256", "--initial-branch=main", dir)
+	tree := gittest.Git(t, dir, "mktree")
+	c := gittest.Git(t, dir, "-c", "user.name=a", "-c", "user.email=a@example.com", "commit-tree", "-m", "first", tree)
+	gittest.Git(t, dir, "update-ref", "refs/heads/main", c)
+	for name, url := range map[string]string{"file": "file://" + dir, "http": gittest.Serve(t, root) + "/sha256.git"} {
+		t.Run(name, func(t *testing.T) {
+			r := open(t, gitsource.Options{URL: url, CacheDir: t.TempDir()})
+			_, err := r.Fetch(ctx, "main")
+			require.ErrorIs(t, err, gitsource.ErrObjectFormat)
+			assert.Contains(t, err.Error(), "sha256")
+			assert.NotContains(t, err.Error(), "repair")
+			_, err = r.RemoteHead(ctx, "main")
+			assert.ErrorIs(t, err, gitsource.ErrObjectFormat)
+		})
+	}
+}
