@@ -1055,6 +1055,7 @@ func TestAddresses(t *testing.T) {
 
 func TestSpecEditsOnARunningVM(t *testing.T) {
 	const otherImage = "bb00000000000000000000000000000000000000000000000000000000000000"
+	newCloudInit := &desired.CloudInit{SSHAuthorizedKeys: []string{"ssh-ed25519 AAAAnew"}, UserData: "#cloud-config\n"}
 	cases := []struct {
 		name        string
 		edit        func(*desired.VMSpec)
@@ -1073,24 +1074,25 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 		{name: "kernel", edit: func(s *desired.VMSpec) {
 			s.Kernel = &desired.Kernel{URL: "https://images.example/vmlinuz", SHA256: otherImage, Cmdline: "console=ttyS0"}
 		}, restart: true, wantDiskGB: 5},
-		{name: "diskGB grows", edit: diskGB(20), restart: true, rootDisk: true, wantDiskGB: 20},
+		{name: "diskGB grows online", edit: diskGB(20), rootDisk: true, wantDiskGB: 20},
 		{name: "diskGB never shrinks", edit: diskGB(2), wantDiskGB: 5, wantMessage: "never shrink"},
 		{name: "a new image leaves the root disk", edit: image(otherImage), wantDiskGB: 5, wantMessage: "existing root disk"},
-		{name: "cloud-init applies at the next boot", edit: func(s *desired.VMSpec) {
-			s.CloudInit = &desired.CloudInit{UserData: "#cloud-config\n"}
-		}, wantDiskGB: 5},
+		{name: "cloud-init is not applied to the created VM", edit: func(s *desired.VMSpec) { s.CloudInit = newCloudInit },
+			wantDiskGB: 5, wantMessage: agent.CloudInitNotApplied},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			vols := []desired.SnapshotVolume{{Name: "data", SizeGB: 1}}
-			f.step(withVolumes(snap(1, vm("web-01")), vols...))
+			created := vm("web-01")
+			f.step(withVolumes(snap(1, created), vols...))
 			f.prov.ResetCalls()
 
 			edited := vm("web-01", tc.edit)
 			st := f.step(withVolumes(snap(2, edited), vols...))
 			r := row(t, st, "web-01")
 			assert.Equal(t, status.PhaseReady, r.Phase)
+			assert.Empty(t, r.LastError)
 			assert.Equal(t, edited.SpecHash, r.SpecHash, "the edit is applied")
 			assert.Contains(t, r.Message, tc.wantMessage)
 			if tc.wantMessage == "" {
@@ -1100,21 +1102,112 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 			for _, c := range f.prov.AllCalls() {
 				ops = append(ops, c.Op)
 			}
+			// Every edit stages the new spec first, with the VM running.
 			switch {
 			case tc.rootDisk:
-				assert.Equal(t, []agenttest.Op{agenttest.OpShutdown, agenttest.OpRootDisk, agenttest.OpBoot}, ops)
+				assert.Equal(t, []agenttest.Op{agenttest.OpStage, agenttest.OpRootDisk}, ops, "grown online, no restart")
+				assert.Equal(t, 1, f.prov.GrownOnline("web-01"))
 			case tc.restart:
-				assert.Equal(t, []agenttest.Op{agenttest.OpShutdown, agenttest.OpBoot}, ops, "a graceful restart")
+				assert.Equal(t, []agenttest.Op{agenttest.OpStage, agenttest.OpShutdown, agenttest.OpBoot}, ops, "staged, then a graceful restart")
 			default:
-				assert.Empty(t, ops, "the running VM is left alone")
+				assert.Equal(t, []agenttest.Op{agenttest.OpStage}, ops, "the running VM is left alone")
 			}
 			assert.Equal(t, tc.wantDiskGB, f.prov.DiskGB("web-01"))
+			staged, _ := f.prov.StagedWith("web-01")
+			want := edited.Spec
+			want.CloudInit = created.Spec.CloudInit // first boot only
+			assert.Equal(t, want, staged.Spec, "staged with the spec to apply")
 			if tc.restart {
 				m, _ := f.prov.BootedWith("web-01")
 				assert.Equal(t, edited.Spec, m.Spec, "booted with the new spec")
 			}
+
+			// A later boot (the host rebooted) boots the applied spec: the
+			// seed keeps the cloudInit the VM was created with.
+			f.rebootHost()
+			f.step(nil)
+			m, _ := f.prov.BootedWith("web-01")
+			assert.Equal(t, want, m.Spec)
 		})
 	}
+}
+
+// TestABadEditKeepsTheRunningVM pins make before break: an edit whose
+// artifacts do not fetch or verify never stops the running VM; the error
+// is in status; a permanent error is not retried, a transient one only
+// within the budget; a new edit is tried afresh.
+func TestABadEditKeepsTheRunningVM(t *testing.T) {
+	badKernel := func(s *desired.VMSpec) {
+		s.Kernel = &desired.Kernel{URL: "https://images.example/vmlinuz", SHA256: strings.Repeat("b", 64)}
+	}
+	t.Run("a checksum mismatch fails the edit at once", func(t *testing.T) {
+		f := newFixture(t)
+		good := vm("web-01")
+		f.step(snap(1, good))
+		f.prov.ResetCalls()
+		f.prov.FailAlways(agenttest.OpStage, agent.Permanent(errors.New("fetch kernel: sha256 mismatch")))
+		bad := vm("web-01", badKernel)
+		for i := 0; i < 3; i++ {
+			r := row(t, f.step(snap(2, bad)), "web-01")
+			assert.Equal(t, status.PhaseReady, r.Phase, "the VM runs on")
+			assert.Equal(t, good.SpecHash, r.SpecHash, "on its previous spec")
+			assert.Contains(t, r.LastError, "stage: fetch kernel: sha256 mismatch")
+			assert.Contains(t, r.LastError, "keeps its previous spec")
+		}
+		assert.Len(t, f.prov.Calls(agenttest.OpStage), 1, "a permanent error is not retried")
+		assert.Empty(t, f.prov.Calls(agenttest.OpShutdown), "never stopped")
+		assert.Equal(t, 1, f.prov.RunningCount())
+
+		t.Run("a lost VM is still booted again on its previous spec", func(t *testing.T) {
+			f.prov.Crash("web-01")
+			r := row(t, f.step(snap(2, bad)), "web-01")
+			assert.Equal(t, status.PhaseReady, r.Phase)
+			assert.Contains(t, r.LastError, "sha256 mismatch")
+			m, _ := f.prov.BootedWith("web-01")
+			assert.Equal(t, good.Spec, m.Spec)
+		})
+		t.Run("a corrected edit is applied", func(t *testing.T) {
+			f.prov.FailAlways(agenttest.OpStage, nil)
+			fixed := vm("web-01", vcpus(2))
+			r := row(t, f.step(snap(3, fixed)), "web-01")
+			assert.Equal(t, fixed.SpecHash, r.SpecHash)
+			assert.Empty(t, r.LastError)
+			assert.Zero(t, f.record("web-01").Attempts)
+		})
+	})
+	t.Run("a transient failure is retried within the budget", func(t *testing.T) {
+		f := newFixture(t)
+		good := vm("web-01")
+		f.step(snap(1, good))
+		f.prov.ResetCalls()
+		f.prov.FailAlways(agenttest.OpStage, errTransient)
+		bad := vm("web-01", badKernel)
+		var r status.VM
+		for i := 0; i < 5; i++ {
+			r = row(t, f.step(snap(2, bad)), "web-01")
+		}
+		assert.Len(t, f.prov.Calls(agenttest.OpStage), 3, "MaxAttempts, then no more")
+		assert.Contains(t, r.LastError, "given up after 3 attempts")
+		assert.Equal(t, good.SpecHash, r.SpecHash)
+		assert.Empty(t, f.prov.Calls(agenttest.OpShutdown))
+		f.restart()
+		f.step(snap(2, bad))
+		assert.Len(t, f.prov.Calls(agenttest.OpStage), 3, "the spent budget survives a restart")
+	})
+	t.Run("status says restarting while the VM restarts", func(t *testing.T) {
+		f := newFixture(t)
+		f.step(snap(1, vm("web-01")))
+		var during string
+		f.prov.SetHook(func(_ context.Context, op agenttest.Op, name string) error {
+			if op == agenttest.OpShutdown {
+				during = f.record(name).Phase
+			}
+			return nil
+		})
+		r := row(t, f.step(snap(2, vm("web-01", vcpus(2)))), "web-01")
+		assert.Equal(t, status.PhaseRestarting, during)
+		assert.Equal(t, status.PhaseReady, r.Phase)
+	})
 }
 
 func TestAnEditThatDoesNotFitKeepsTheRunningVM(t *testing.T) {

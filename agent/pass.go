@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -29,6 +30,10 @@ const (
 	StepVolumes   = "volumes"
 	StepBoot      = "boot"
 	StepAddress   = "address"
+	// StepStage is the make-before-break step of an edit of a created VM:
+	// the new spec's artifacts fetched and verified, its seed rendered,
+	// the running VM untouched.
+	StepStage = "stage"
 )
 
 // runSteps runs steps in order and stops at the first error, which it
@@ -260,24 +265,25 @@ func (p *vmPass) apply() {
 		}
 		p.log.Info("vm back in the snapshot; vanish marker cleared")
 	}
+	editErr := ""
 	if rec.SpecHash != want.SpecHash {
 		if rec.BootID == "" {
 			// The create never completed: start it over with the new spec and
 			// a fresh budget.
 			rec.Spec, rec.SpecHash = want.Spec, want.SpecHash
-			rec.Attempts, rec.Failed, rec.LastError = 0, false, ""
+			rec.Attempts, rec.Failed, rec.LastError, rec.EditHash = 0, false, "", ""
 			rec.Reserved = nil
 			rec.Phase = status.PhaseCreating
 		} else if !p.edit() {
-			_ = p.e.commit(rec)
-			return
+			// The VM keeps its previous spec and is kept running on it.
+			editErr = rec.LastError
 		}
 	}
 	if rec.BootID == "" {
 		p.create()
 		return
 	}
-	p.converge()
+	p.converge(editErr)
 }
 
 // recreate turns the record of a VM that was destroyed (its removal never
@@ -389,8 +395,10 @@ func (p *vmPass) create() {
 
 // converge keeps a created VM in its desired power state and notes its
 // address. A VM that should run and does not (host reboot, crashed
-// hypervisor, an edit's restart, an un-delete) is booted again.
-func (p *vmPass) converge() {
+// hypervisor, an edit's restart, an un-delete) is booted again. editErr is
+// why a pending edit is not applied ("" when none is pending): it stays the
+// VM's lastError while the VM runs on its previous spec.
+func (p *vmPass) converge(editErr string) {
 	rec := p.rec
 	spec := rec.Spec
 	running := p.e.prov.Running(rec.Name)
@@ -407,7 +415,7 @@ func (p *vmPass) converge() {
 				return
 			}
 		}
-		rec.Phase, rec.Power, rec.LastError = status.PhaseReady, string(desired.PowerRunning), ""
+		rec.Phase, rec.Power, rec.LastError = status.PhaseReady, string(desired.PowerRunning), editErr
 	} else {
 		if running {
 			if err := p.e.prov.Shutdown(p.ctx, rec.Name); err != nil {
@@ -418,7 +426,7 @@ func (p *vmPass) converge() {
 			}
 			p.log.Info("vm stopped as its spec asks")
 		}
-		rec.Phase, rec.Power, rec.LastError = status.PhaseStopped, string(desired.PowerStopped), ""
+		rec.Phase, rec.Power, rec.LastError = status.PhaseStopped, string(desired.PowerStopped), editErr
 	}
 	p.noteAddress()
 	rec.Message = p.diskMessage()
@@ -449,42 +457,57 @@ func (p *vmPass) boot(spec desired.VMSpec) error {
 	return nil
 }
 
-// edit applies a changed spec to a created VM. vCPUs, memory, network,
-// volumes and kernel take a graceful restart; a larger
-// diskGB grows the root disk while the VM is down; a smaller one and a
-// changed image leave the disk as it is (the status message says so). It returns false when the edit
-// could not be applied yet (the record carries why).
+// edit applies a changed spec to a created VM, make before break: while
+// the VM keeps running, every artifact of the new spec is fetched and
+// verified and its seed rendered (Stage), the host's capacity is checked
+// and a larger root disk is grown (online); only then is the VM shut down,
+// and only for a change that needs a restart (vCPUs, memory, network,
+// volumes, kernel), to be booted with the new spec by converge. A changed
+// image or cloudInit is recorded but not applied to the existing VM
+// (firstBootOnly; the status message says so). It returns false when the
+// edit could not be applied: the VM keeps its previous spec and keeps
+// running, rec.LastError says why, and failures spend the retry budget as
+// a create's do (a permanent one at once; capacity none).
 func (p *vmPass) edit() bool {
 	rec, want := p.rec, p.want
-	old, spec := rec.Spec, want.Spec
-	restart := old.VCPUs != spec.VCPUs || old.MemoryMB != spec.MemoryMB ||
-		old.Network != spec.Network || !slices.Equal(old.Volumes, spec.Volumes) ||
-		!reflect.DeepEqual(old.Kernel, spec.Kernel)
+	if rec.EditHash != want.SpecHash {
+		rec.EditHash, rec.Attempts, rec.Failed = want.SpecHash, 0, false
+	}
+	if rec.Failed {
+		return false // this edit failed for good; only a new edit is tried
+	}
+	old, spec := rec.Spec, firstBootOnly(want.Spec, rec.Spec)
+	restart := needsRestart(old, spec)
 	grow := spec.DiskGB > rec.DiskGB
+	m := p.machine(spec)
+	if err := p.e.prov.Stage(p.ctx, m); err != nil {
+		p.editFailed(StepStage, err)
+		return false
+	}
 	if spec.VCPUs > old.VCPUs || spec.MemoryMB > old.MemoryMB || rec.Reserved == nil {
 		if err := p.admit(spec); err != nil {
-			rec.LastError = fmt.Sprintf("edit: %s: %v", StepAdmission, err)
+			p.editFailed(StepAdmission, err)
 			return false
 		}
 	} else {
 		rec.Reserved = &Reservation{VCPUs: spec.VCPUs, MemoryMB: spec.MemoryMB}
 	}
-	if restart || grow {
-		if p.e.prov.Running(rec.Name) {
-			p.log.WithField("restart", restart).WithField("growDisk", grow).Info("spec edited; shutting the vm down to apply it")
-			if err := p.e.prov.Shutdown(p.ctx, rec.Name); err != nil {
-				rec.LastError = "edit: shutdown: " + err.Error()
-				return false
-			}
+	if grow {
+		if err := p.e.prov.PrepareRootDisk(p.ctx, m); err != nil {
+			p.editFailed(StepRootDisk, err)
+			return false
 		}
-		if grow {
-			if err := p.e.prov.PrepareRootDisk(p.ctx, p.machine(spec)); err != nil {
-				rec.LastError = fmt.Sprintf("edit: %s: %v", StepRootDisk, err)
-				rec.Phase, rec.Power = status.PhaseFailed, string(desired.PowerStopped)
-				return false
-			}
-			p.log.WithField("fromGB", rec.DiskGB).WithField("toGB", spec.DiskGB).Info("root disk grown")
-			rec.DiskGB = spec.DiskGB
+		p.log.WithField("fromGB", rec.DiskGB).WithField("toGB", spec.DiskGB).Info("root disk grown")
+		rec.DiskGB = spec.DiskGB
+	}
+	if restart && p.e.prov.Running(rec.Name) {
+		rec.Phase = status.PhaseRestarting
+		_ = p.e.commit(rec)
+		p.log.Info("spec edited; every new artifact is in place; restarting the vm to apply it")
+		if err := p.e.prov.Shutdown(p.ctx, rec.Name); err != nil {
+			rec.Phase = status.PhaseReady
+			p.editFailed("shutdown", err)
+			return false
 		}
 	}
 	if old.Network != spec.Network {
@@ -493,8 +516,58 @@ func (p *vmPass) edit() bool {
 		rec.IP, rec.SSH = "", ""
 	}
 	rec.Spec, rec.SpecHash = spec, want.SpecHash
-	rec.Attempts, rec.Failed, rec.LastError = 0, false, ""
+	rec.Attempts, rec.Failed, rec.LastError, rec.EditHash = 0, false, "", ""
 	return true
+}
+
+// editFailed records why an edit was not applied and what it costs, as
+// create does for a create: the watchdog and capacity spend no attempt, a
+// permanent error fails the edit at once, any other spends one of the
+// budget. A failed edit is not tried again until the spec changes.
+func (p *vmPass) editFailed(step string, err error) {
+	rec := p.rec
+	msg := fmt.Sprintf("edit to spec %.12s not applied; the VM keeps its previous spec: %s: %v", p.want.SpecHash, step, err)
+	log := p.log.WithField("step", step).WithError(err)
+	switch {
+	case p.watchdogFired():
+		msg = "watchdog: " + msg
+	case p.e.ctx.Err() != nil, errors.Is(err, ErrCapacity):
+	case IsPermanent(err):
+		rec.Attempts++
+		rec.Failed = true
+		log.Error("edit failed permanently; the vm keeps its previous spec")
+	default:
+		rec.Attempts++
+		if rec.Attempts >= p.e.cfg.MaxAttempts {
+			rec.Failed = true
+			log.WithField("attempts", rec.Attempts).Error("edit failed; retry budget spent; the vm keeps its previous spec")
+		} else {
+			log.WithField("attempts", rec.Attempts).Warn("edit failed; retrying next tick; the vm keeps its previous spec")
+		}
+	}
+	if rec.Failed {
+		msg += fmt.Sprintf(" (given up after %d attempts; a new edit is tried afresh)", rec.Attempts)
+	}
+	rec.LastError = msg
+}
+
+// needsRestart reports whether going from old to spec takes a restart of a
+// running VM: vCPUs, memory, network, volumes or kernel changed.
+func needsRestart(old, spec desired.VMSpec) bool {
+	return old.VCPUs != spec.VCPUs || old.MemoryMB != spec.MemoryMB ||
+		old.Network != spec.Network || !slices.Equal(old.Volumes, spec.Volumes) ||
+		!reflect.DeepEqual(old.Kernel, spec.Kernel)
+}
+
+// firstBootOnly is want with the cloudInit the VM was created with
+// (applied.CloudInit): cloud-init runs a seed once per instance, and
+// re-seeding a created VM under a new instance-id would regenerate the
+// guest's SSH host keys and re-run its first-boot modules, yet still never
+// remove a key it installed before. So a cloudInit edit applies only when
+// the VM is created again, and the status message says so.
+func firstBootOnly(want, applied desired.VMSpec) desired.VMSpec {
+	want.CloudInit = applied.CloudInit
+	return want
 }
 
 // admit reserves spec's vCPUs and memory against the host's capacity. It is
@@ -559,24 +632,26 @@ func (p *vmPass) noteAddress() {
 	}
 }
 
-// diskMessage tells a person what a spec asks of the root disk that the
-// agent will not do.
+// CloudInitNotApplied is the status message of a created VM whose spec's
+// cloudInit changed: what happens instead and how to rotate a key.
+const CloudInitNotApplied = "cloudInit changed after the VM was created: not applied to this VM. cloud-init seeds a VM once, at its first boot, and never removes a key it installed; " +
+	"to rotate an SSH key, add the new key to and remove the old one from ~/.ssh/authorized_keys inside the guest (the spec's new cloudInit then describes the guest, and seeds it if the VM is ever created again)"
+
+// diskMessage tells a person what a spec asks of the root disk, or of
+// cloud-init, that the agent will not do to the existing VM.
 func (p *vmPass) diskMessage() string {
 	rec := p.rec
 	var msgs []string
+	if p.want != nil && !reflect.DeepEqual(p.want.Spec.CloudInit, rec.Spec.CloudInit) {
+		msgs = append(msgs, CloudInitNotApplied)
+	}
 	if sha := imageSHA(rec.Spec); rec.RootImage != "" && sha != rec.RootImage {
 		msgs = append(msgs, fmt.Sprintf("image changed: the existing root disk (from image sha256 %.12s) is kept; a new image applies only to a newly created VM", rec.RootImage))
 	}
 	if rec.DiskGB > 0 && rec.Spec.DiskGB < rec.DiskGB {
 		msgs = append(msgs, fmt.Sprintf("diskGB %d is below the root disk's %d GB: disks never shrink", rec.Spec.DiskGB, rec.DiskGB))
 	}
-	switch len(msgs) {
-	case 0:
-		return ""
-	case 1:
-		return msgs[0]
-	}
-	return msgs[0] + "; " + msgs[1]
+	return strings.Join(msgs, "; ")
 }
 
 func imageSHA(spec desired.VMSpec) string {

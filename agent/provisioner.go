@@ -44,10 +44,19 @@ type Provisioner interface {
 	Preflight(ctx context.Context) error
 	// PrepareRootDisk fetches the image (cached by sha256) and creates the
 	// root disk, or grows it to Spec.DiskGB. It never shrinks a disk and never
-	// replaces an existing one. Idempotent. The engine calls it only while
-	// the VM is not running: during a create, or between the graceful
-	// shutdown and the boot that apply a larger diskGB.
+	// replaces an existing one. Idempotent. The engine calls it during a
+	// create, and to apply a larger diskGB to a created VM, running or
+	// not: a running VM's disk is grown online (the guest sees the new
+	// size; growing its partition and filesystem is the guest's business).
 	PrepareRootDisk(ctx context.Context, m Machine) error
+	// Stage fetches and verifies everything a Boot of m would need (image,
+	// kernel, initrd: downloaded into the cache, sha256 checked, the image
+	// inspected) and renders m's cloud-init seed, without touching the VM:
+	// a running VM keeps running. The engine calls it before it stops a
+	// created VM to apply a spec edit, so an edit that cannot boot never
+	// takes the running VM down. Idempotent; errors are classed as for
+	// PrepareRootDisk (a checksum mismatch is Permanent).
+	Stage(ctx context.Context, m Machine) error
 	// Boot writes the cloud-init seed and starts the VM, attaching its
 	// volumes. Booting a VM that runs is a no-op.
 	Boot(ctx context.Context, m Machine) error

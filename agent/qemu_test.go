@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,9 +35,12 @@ func fileArtifact(t *testing.T, path string) desired.Artifact {
 }
 
 // TestEngineWithRealQEMU runs the engine over the QEMU provisioner under
-// TCG with the tiny guest: create with a volume, an agent restart that
-// re-attaches instead of booting again, then delete through quarantine and
-// destroy, leaving the volume.
+// TCG with the tiny guest: create with a volume; edits that cannot be
+// applied (a wrong kernel sha256, a kernel server that keeps failing) which
+// leave the same QEMU running, the error in status, and stop after the
+// retry budget; a larger disk grown under the running guest; an agent
+// restart that re-attaches instead of booting again; then delete through
+// quarantine and destroy, leaving the volume.
 func TestEngineWithRealQEMU(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a real VM; skipped with -short")
@@ -76,7 +82,7 @@ func TestEngineWithRealQEMU(t *testing.T) {
 			PowerdownTimeout: 20 * time.Second, KillTimeout: 5 * time.Second, BootTimeout: 90 * time.Second, Logger: quietLog()})
 		require.NoError(t, err)
 		eng, err = agent.NewEngine(agent.EngineConfig{Host: testHost, Store: store, Provisioner: prov,
-			Now: clk.Now, TombstoneGrace: time.Minute, Log: quietLog()})
+			Now: clk.Now, TombstoneGrace: time.Minute, MaxAttempts: 3, Log: quietLog()})
 		require.NoError(t, err)
 	}
 	step := func(s *desired.Snapshot) *status.Status {
@@ -99,6 +105,60 @@ func TestEngineWithRealQEMU(t *testing.T) {
 	pid, err := os.ReadFile(filepath.Join(store.VMDir("web-01"), qemu.PidFile))
 	require.NoError(t, err)
 
+	// Make before break: a wrong kernel sha256 fails the edit at once
+	// (permanent), and the running VM is never stopped.
+	qemuPid := func() string {
+		b, err := os.ReadFile(filepath.Join(store.VMDir("web-01"), qemu.PidFile))
+		require.NoError(t, err)
+		return string(b)
+	}
+	edit := func(epoch uint64, mod func(*desired.VMSpec)) *desired.Snapshot {
+		s := spec
+		k := *s.Kernel
+		s.Kernel = &k
+		mod(&s)
+		return &desired.Snapshot{Host: testHost, Epoch: epoch, Volumes: volumes,
+			VMs: []desired.SnapshotVM{{Name: "web-01", SpecHash: desired.SpecHash(s), Spec: s}}}
+	}
+	wrongSum := edit(2, func(s *desired.VMSpec) { s.Kernel.SHA256 = strings.Repeat("0", 64) })
+	for i := 0; i < 2; i++ {
+		r = row(t, step(wrongSum), "web-01")
+		assert.Equal(t, status.PhaseReady, r.Phase)
+		assert.Equal(t, vmEntry.SpecHash, r.SpecHash, "still the previous spec")
+		assert.Contains(t, r.LastError, "sha256 mismatch")
+		assert.Contains(t, r.LastError, "keeps its previous spec")
+	}
+	assert.True(t, prov.Running("web-01"))
+	assert.Equal(t, string(pid), qemuPid(), "the same QEMU runs on")
+
+	// A kernel server that keeps failing (HTTP 503, transient) is asked
+	// MaxAttempts times, then no more.
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		http.Error(w, "try later", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	unreachable := edit(3, func(s *desired.VMSpec) {
+		s.Kernel.URL = srv.URL + "/vmlinuz"
+		s.Kernel.SHA256 = strings.Repeat("1", 64)
+	})
+	for i := 0; i < 5; i++ {
+		r = row(t, step(unreachable), "web-01")
+	}
+	assert.Equal(t, int32(3), hits.Load(), "the retry budget, then no more")
+	assert.Contains(t, r.LastError, "given up after 3 attempts")
+	assert.Equal(t, status.PhaseReady, r.Phase)
+	assert.Equal(t, string(pid), qemuPid(), "the same QEMU runs on")
+
+	// A larger disk is grown under the running guest.
+	grown := edit(4, func(s *desired.VMSpec) { s.DiskGB = 2 })
+	r = row(t, step(grown), "web-01")
+	assert.Equal(t, grown.VMs[0].SpecHash, r.SpecHash)
+	assert.Empty(t, r.LastError)
+	assert.Equal(t, string(pid), qemuPid(), "grown online, not restarted")
+	vmEntry = grown.VMs[0]
+
 	// The agent restarts; QEMU does not.
 	eng.Close(context.Background())
 	start()
@@ -112,7 +172,7 @@ func TestEngineWithRealQEMU(t *testing.T) {
 
 	deleted := vmEntry
 	deleted.Tombstoned = true
-	tomb := &desired.Snapshot{Host: testHost, Epoch: 2, VMs: []desired.SnapshotVM{deleted}, Volumes: volumes}
+	tomb := &desired.Snapshot{Host: testHost, Epoch: 5, VMs: []desired.SnapshotVM{deleted}, Volumes: volumes}
 	st = step(tomb)
 	require.Len(t, st.Quarantined, 1)
 	assert.False(t, prov.Running("web-01"), "shut down for its quarantine")

@@ -123,11 +123,17 @@ type Record struct {
 	// boot since: the create's completion witness. Empty means the create
 	// never finished and is run again (whatever files exist).
 	BootID string `json:"bootID,omitempty"`
-	// Attempts counts failed create attempts of SpecHash; Failed is set when
-	// they reach the budget or a permanent error occurs. A new SpecHash
-	// resets both.
+	// Attempts counts failed create attempts of SpecHash, or, while EditHash
+	// is set, failed attempts to apply that edit; Failed is set when they
+	// reach the budget or a permanent error occurs. A new SpecHash (or a
+	// new edit) resets both.
 	Attempts int  `json:"attempts"`
 	Failed   bool `json:"failed,omitempty"`
+	// EditHash is the SpecHash of an edit of a created VM that could not
+	// be applied yet (an artifact that does not fetch or verify, a
+	// shutdown that fails): the VM keeps running on Spec meanwhile. Empty
+	// when no edit is pending.
+	EditHash string `json:"editHash,omitempty"`
 	// Reserved is what the VM holds of the host's capacity once admitted;
 	// nil before admission and after quarantine.
 	Reserved *Reservation `json:"reserved,omitempty"`

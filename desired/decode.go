@@ -22,7 +22,12 @@ func nodePos(n *yaml.Node) pos { return pos{n.Line, n.Column} }
 
 // fieldPos is where a field was written: its key and its value. For list
 // items and the document root both are the item's position.
-type fieldPos struct{ key, val pos }
+// literal is set when the value is a literal block scalar ("|"), whose
+// line k of content is line val.line+k of the file.
+type fieldPos struct {
+	key, val pos
+	literal  bool
+}
 
 // nodeDecoder decodes a yaml.Node tree into Go values strictly. It is driven
 // by the yaml struct tags of the target types and never coerces: a string
@@ -380,7 +385,7 @@ func (d *nodeDecoder) decodeStruct(n *yaml.Node, v reflect.Value, field string) 
 			d.empty[sub] = nodePos(k)
 			return
 		}
-		d.pos[sub] = fieldPos{key: nodePos(k), val: nodePos(val)}
+		d.pos[sub] = fieldPos{key: nodePos(k), val: nodePos(val), literal: val.Kind == yaml.ScalarNode && val.Style&yaml.LiteralStyle != 0}
 		d.decode(val, v.Field(info.fields[i].index), sub)
 	})
 }

@@ -299,8 +299,8 @@ func TestParseFileTabs(t *testing.T) {
 	const tabIndent = "tab character in indentation; YAML indents with spaces only"
 	// spec lines 6-12 are vmBody's; userData starts at line 13.
 	withVcpus := func(before string) string { return vm(strings.Replace(vmBody, "  vcpus", before+"  vcpus", 1)) }
-	script := "  cloudInit:\n    userData: |\n      #cloud-config\n      runcmd:\n      -\techo\n      \t\n      \tindented\n"
-	const scriptData = "#cloud-config\nruncmd:\n-\techo\n\t\n\tindented\n"
+	script := "  cloudInit:\n    userData: |\n      #!/bin/sh\n      runcmd:\n      -\techo\n      \t\n      \tindented\n"
+	const scriptData = "#!/bin/sh\nruncmd:\n-\techo\n\t\n\tindented\n"
 	tests := []struct {
 		name     string
 		input    string
@@ -322,11 +322,11 @@ func TestParseFileTabs(t *testing.T) {
 		{"tab inside a flow", vm(strings.Replace(vmBody, "  image:\n    url: https://example.org/d.qcow2\n    sha256: ",
 			"  image: {url: https://example.org/d.qcow2,\tsha256: ", 1) + "}\n"), nil, "", 0},
 		{"tab-indented line and tab line inside a flow", vm(vmBody + "  cloudInit:\n    sshAuthorizedKeys: [\"ssh-ed25519 AAAA a\",\n\t\n\t\"ssh-ed25519 BBBB b\"]\n"), nil, "", 2},
-		{"tab line inside a quoted value", vm(vmBody + "  cloudInit:\n    userData: \"a\n\t\n      b\"\n"), nil, "a\nb", 0},
+		{"tab line inside a quoted value", vm(vmBody + "  cloudInit:\n    userData: \"#!a\n\t\n      b\"\n"), nil, "#!a\nb", 0},
 		{"tabs in a block scalar's content", vm(vmBody + script), nil, scriptData, 0},
 		{"tabs in a block scalar's content and a tab line outside it", vm(strings.Replace(vmBody, "  vcpus", "\t\n  vcpus", 1) + script + "\t\n  power: running\n"), nil, scriptData, 0},
-		{"tab line and tab comment after a block scalar", vm(vmBody + "  cloudInit:\n    userData: |\n      a\n\t\n \t# end\n  power: running\n"), nil, "a\n", 0},
-		{"tab line after a block scalar at the end of the file", vm(vmBody + "  cloudInit:\n    userData: >-\n      a\n      b\n\t\n"), nil, "a b", 0},
+		{"tab line and tab comment after a block scalar", vm(vmBody + "  cloudInit:\n    userData: |\n      #!a\n\t\n \t# end\n  power: running\n"), nil, "#!a\n", 0},
+		{"tab line after a block scalar at the end of the file", vm(vmBody + "  cloudInit:\n    userData: >-\n      #!a\n      b\n\t\n"), nil, "#!a b", 0},
 
 		{"tab indenting a key", withVcpus("") + "\tpower: running\n", []string{`obj.yaml:13:1: ` + tabIndent}, "", 0},
 		{"tab after spaces indenting a key", vm(strings.Replace(vmBody, "  vcpus", "  \tvcpus", 1)), []string{`obj.yaml:7:3: ` + tabIndent}, "", 0},

@@ -59,12 +59,58 @@ type PlanChange struct {
 	Warnings  []string      `json:"warnings,omitempty"`
 }
 
-// FieldChange is one changed field: its YAML path and the old and new values
-// rendered compactly ("" when absent).
+// FieldChange is one changed field: its YAML path, the old and new values
+// rendered compactly ("" when absent), and, for a VM, what the change does
+// to the existing guest (Effect).
 type FieldChange struct {
-	Field string `json:"field"`
-	Old   string `json:"old"`
-	New   string `json:"new"`
+	Field  string `json:"field"`
+	Old    string `json:"old"`
+	New    string `json:"new"`
+	Effect Effect `json:"effect,omitempty"`
+}
+
+// Effect is what an update of one field of a VM does to the existing VM,
+// as the agent applies it (see docs/DESIGN.md, "Spec edits").
+type Effect string
+
+// The effects of a VM field update. Every edit is staged first: each new
+// artifact is fetched and verified while the VM keeps running, and an edit
+// that fails leaves the VM running on its previous spec.
+const (
+	// EffectRestart: vCPUs, memory, network, volumes, kernel of a VM that
+	// runs: a graceful shutdown, then a boot with the new spec.
+	EffectRestart Effect = "restarts the VM"
+	// EffectLive: power, a larger diskGB (grown online), labels.
+	EffectLive Effect = "applies live"
+	// EffectNextBoot: a restart-class change of a VM whose spec says
+	// stopped: it applies when the VM is next booted.
+	EffectNextBoot Effect = "applies at next boot"
+	// EffectNotApplied: image, cloudInit, static addresses (cloud-init's
+	// network-config, applied at first boot) and a smaller diskGB are kept
+	// in the spec but never applied to the existing VM; all but diskGB
+	// apply when the VM is created again.
+	EffectNotApplied Effect = "not applied to the existing VM"
+)
+
+// vmFieldEffect is the Effect of changing field of a VM from old to new,
+// the VM's power in head being power.
+func vmFieldEffect(field, old, new, power string) Effect {
+	switch {
+	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."):
+		return EffectNotApplied
+	case field == "spec.diskGB":
+		if atoi(new) < atoi(old) {
+			return EffectNotApplied
+		}
+		return EffectLive
+	case field == "spec.vcpus", field == "spec.memoryMB", field == "spec.network", field == "spec.volumes",
+		strings.HasPrefix(field, "spec.kernel."), field == "spec.kernel":
+		if power == string(PowerStopped) {
+			return EffectNextBoot
+		}
+		return EffectRestart
+	}
+	return EffectLive
 }
 
 // ObjectRef names one object on one host.
@@ -113,6 +159,11 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 					Warnings: []string{fmt.Sprintf("host move from %s: created empty here, nothing is copied", o.host)}})
 			default:
 				if fields := diffFields(o.fields, n.fields); len(fields) > 0 {
+					if kind == KindVM {
+						for i, f := range fields {
+							fields[i].Effect = vmFieldEffect(f.Field, o.fields[f.Field], n.fields[f.Field], n.fields["spec.power"])
+						}
+					}
 					add(o.host, PlanChange{Action: ActionUpdate, Kind: kind, Name: name, Fields: fields,
 						Warnings: updateWarnings(kind, fields)})
 				}
@@ -177,6 +228,8 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 			w = append(w, fmt.Sprintf("root disks never shrink: an existing disk stays at %s GB", f.Old))
 		case kind == KindVM && strings.HasPrefix(f.Field, "spec.image."):
 			w = append(w, "a changed image does not touch an existing root disk")
+		case kind == KindVM && strings.HasPrefix(f.Field, "spec.cloudInit."):
+			w = append(w, CloudInitEditWarning)
 		case kind == KindVolume && f.Field == "spec.sizeGB":
 			w = append(w, "volumes are never resized: an existing volume keeps its size")
 		case kind == KindVM && f.Field == "spec.network":
@@ -190,6 +243,11 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 	}
 	return dedupe(w)
 }
+
+// CloudInitEditWarning is the plan's warning on a cloudInit change of an
+// existing VM.
+const CloudInitEditWarning = "cloudInit is not applied to the existing VM: cloud-init seeds a VM once, at its first boot, and never removes a key it installed; " +
+	"to rotate an SSH key, add the new key to and remove the old one from ~/.ssh/authorized_keys inside the guest; this cloudInit seeds the VM only if it is created again"
 
 // networkWarnings says what a Host's changed networks do to their guests:
 // a renumbered nat network, a network removed.
@@ -374,7 +432,7 @@ func (p *Plan) Text() string {
 		for _, c := range h.Changes {
 			fmt.Fprintf(&b, "  %s %s %s %s%s\n", actionSign[c.Action], c.Action, c.Kind, c.Name, moveNote(c))
 			for _, f := range c.Fields {
-				fmt.Fprintf(&b, "      %s: %s -> %s\n", f.Field, orNone(f.Old), orNone(f.New))
+				fmt.Fprintf(&b, "      %s: %s -> %s%s\n", f.Field, orNone(f.Old), orNone(f.New), effectNote(f.Effect, "  [%s]"))
 			}
 			for _, w := range c.Warnings {
 				fmt.Fprintf(&b, "      ! %s\n", w)
@@ -420,7 +478,7 @@ func (p *Plan) Markdown() string {
 			}
 			fmt.Fprintf(&b, "- %s**%s** %s `%s`%s\n", mark, c.Action, c.Kind, c.Name, moveNote(c))
 			for _, f := range c.Fields {
-				fmt.Fprintf(&b, "  - `%s`: `%s` → `%s`\n", f.Field, mdCode(orNone(f.Old)), mdCode(orNone(f.New)))
+				fmt.Fprintf(&b, "  - `%s`: `%s` → `%s`%s\n", f.Field, mdCode(orNone(f.Old)), mdCode(orNone(f.New)), effectNote(f.Effect, " — **%s**"))
 			}
 			for _, w := range c.Warnings {
 				fmt.Fprintf(&b, "  - _%s_\n", w)
@@ -450,6 +508,14 @@ func moveNote(c PlanChange) string {
 		return " (moved from " + c.MovedFrom + ")"
 	}
 	return ""
+}
+
+// effectNote renders e with format, or "" when the change has no Effect.
+func effectNote(e Effect, format string) string {
+	if e == "" {
+		return ""
+	}
+	return fmt.Sprintf(format, e)
 }
 
 func orNone(s string) string {

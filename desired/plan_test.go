@@ -173,6 +173,64 @@ func TestPlanGolden(t *testing.T) {
 	planGolden(t, "empty.txt", empty.Text())
 }
 
+// TestPlanSaysWhatHappensToTheGuest pins the Effect of each kind of VM
+// field change, and the warning a cloudInit edit carries: the key rotation
+// of a running VM is shown as not applied, with how to rotate instead.
+func TestPlanSaysWhatHappensToTheGuest(t *testing.T) {
+	withKeys := func(keys ...string) func(*VMSpec) {
+		return func(s *VMSpec) { s.CloudInit = &CloudInit{SSHAuthorizedKeys: keys} }
+	}
+	for _, tc := range []struct {
+		name       string
+		base, head []func(*VMSpec)
+		field      string
+		want       Effect
+		warning    string
+	}{
+		{"vcpus of a running VM", nil, []func(*VMSpec){func(s *VMSpec) { s.VCPUs = 4 }}, "spec.vcpus", EffectRestart, ""},
+		{"kernel sha256 of a running VM", []func(*VMSpec){func(s *VMSpec) { s.Kernel = &Kernel{URL: "https://k", SHA256: testSHA} }},
+			[]func(*VMSpec){func(s *VMSpec) { s.Kernel = &Kernel{URL: "https://k", SHA256: strings.Repeat("b", 64)} }}, "spec.kernel.sha256", EffectRestart, ""},
+		{"memory of a VM stopped by the same change", nil, []func(*VMSpec){func(s *VMSpec) { s.MemoryMB = 4096; s.Power = PowerStopped }}, "spec.memoryMB", EffectNextBoot, ""},
+		{"a larger disk", nil, []func(*VMSpec){func(s *VMSpec) { s.DiskGB = 40 }}, "spec.diskGB", EffectLive, ""},
+		{"a smaller disk", nil, []func(*VMSpec){func(s *VMSpec) { s.DiskGB = 10 }}, "spec.diskGB", EffectNotApplied, "never shrink"},
+		{"power", nil, []func(*VMSpec){func(s *VMSpec) { s.Power = PowerStopped }}, "spec.power", EffectLive, ""},
+		{"image", nil, []func(*VMSpec){func(s *VMSpec) { s.Image.SHA256 = strings.Repeat("c", 64) }}, "spec.image.sha256", EffectNotApplied, "existing root disk"},
+		{"key rotation", []func(*VMSpec){withKeys("ssh-ed25519 AAAAold")}, []func(*VMSpec){withKeys("ssh-ed25519 AAAAnew")},
+			"spec.cloudInit.sshAuthorizedKeys", EffectNotApplied, "to rotate an SSH key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := planFleet(planHost("hv-a"), planVM("web-01", "hv-a", tc.base...))
+			head := planFleet(planHost("hv-a"), planVM("web-01", "hv-a", tc.head...))
+			p := ComputePlan(base, head, PlanOptions{})
+			if len(p.Hosts) != 1 || len(p.Hosts[0].Changes) != 1 {
+				t.Fatalf("plan: %+v", p)
+			}
+			c := p.Hosts[0].Changes[0]
+			var got *FieldChange
+			for i := range c.Fields {
+				if c.Fields[i].Field == tc.field {
+					got = &c.Fields[i]
+				}
+			}
+			if got == nil {
+				t.Fatalf("no change of %s in %+v", tc.field, c.Fields)
+			}
+			if got.Effect != tc.want {
+				t.Errorf("%s: effect %q, want %q", tc.field, got.Effect, tc.want)
+			}
+			if !strings.Contains(p.Text(), tc.field+": ") || !strings.Contains(p.Text(), "["+string(tc.want)+"]") {
+				t.Errorf("text plan does not mark the change:\n%s", p.Text())
+			}
+			if !strings.Contains(p.Markdown(), "**"+string(tc.want)+"**") {
+				t.Errorf("markdown plan does not mark the change:\n%s", p.Markdown())
+			}
+			if tc.warning != "" && !strings.Contains(strings.Join(c.Warnings, "\n"), tc.warning) {
+				t.Errorf("warnings %q lack %q", c.Warnings, tc.warning)
+			}
+		})
+	}
+}
+
 func TestPlanWarnsOfNetworkChanges(t *testing.T) {
 	host := func(nets map[string]Network) *Host {
 		h := planHost("hv-a")

@@ -96,7 +96,7 @@ func JSONSchema() []byte {
 					"description": "Volume names on the same host, attached in order."},
 				"cloudInit": strict("The NoCloud seed's content (secret: never logged).", nil, obj{
 					"sshAuthorizedKeys": obj{"type": "array", "items": obj{"type": "string", "minLength": 1}},
-					"userData":          str("The user-data document, usually starting #cloud-config."),
+					"userData":          str("The user-data document in any format cloud-init reads (#cloud-config, #cloud-config-archive, MIME multipart, script, ...), written to the seed byte for byte; read by cloud-init at the VM's first boot only."),
 				}),
 			},
 		}),

@@ -46,10 +46,13 @@ type Kernel struct {
 	Cmdline string    `yaml:"cmdline,omitempty" json:"cmdline,omitempty"`
 }
 
-// CloudInit is what the VM's NoCloud seed carries. UserData is the user-data
-// document as written (usually starting "#cloud-config"); SSHAuthorizedKeys
-// are merged into it. Both are secrets: they appear in snapshots (the agent
-// needs them) but never in status files or logs.
+// CloudInit is what the VM's NoCloud seed carries, read by cloud-init once,
+// at the VM's first boot: an edit of it is not applied to a created VM.
+// UserData is the user-data document, in any format cloud-init reads
+// (CheckUserData), written to the seed byte for byte. SSHAuthorizedKeys go
+// to the seed's meta-data as public-keys, which cloud-init installs for the
+// default user whatever UserData's format. Both are secrets: they appear in
+// snapshots (the agent needs them) but never in status files or logs.
 type CloudInit struct {
 	SSHAuthorizedKeys []string `yaml:"sshAuthorizedKeys,omitempty" json:"sshAuthorizedKeys,omitempty"`
 	UserData          string   `yaml:"userData,omitempty" json:"userData,omitempty"`

@@ -245,6 +245,29 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 				d.add(d.valPos(f), f, "must not be empty")
 			}
 		}
+		d.userData(s.CloudInit.UserData)
+	}
+}
+
+// userData reports what cloud-init would refuse in spec.cloudInit.userData
+// (CheckUserData). A problem on line k of a literal block ("|") is placed
+// on its line of the file; otherwise on the field, naming the line.
+func (d *nodeDecoder) userData(ud string) {
+	const f = "spec.cloudInit.userData"
+	if !d.written(f) || d.bad[f] {
+		return
+	}
+	fp := d.pos[f]
+	for _, p := range CheckUserData([]byte(ud)) {
+		at, msg := fp.val, p.Msg
+		switch {
+		case p.Line > 0 && fp.literal:
+			at = pos{fp.val.line + p.Line, 1}
+			msg = fmt.Sprintf("user-data line %d: %s", p.Line, p.Msg)
+		case p.Line > 0:
+			msg = fmt.Sprintf("user-data line %d: %s", p.Line, p.Msg)
+		}
+		d.add(at, f, "%s", msg)
 	}
 }
 

@@ -15,6 +15,9 @@ command -v qemu-img >/dev/null || need+=(qemu-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || need+=(linux-image-amd64)
 command -v make >/dev/null || need+=(make)
+# cloud-init: the seed tests read meta-data with its loader and render
+# network-config with its net-convert.
+dpkg -s cloud-init >/dev/null 2>&1 || need+=(cloud-init)
 # Host networks: dnsmasq and nft run nat networks; ip (iproute2) makes the
 # network namespaces their tests run in.
 command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || need+=(dnsmasq-base)

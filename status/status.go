@@ -60,6 +60,10 @@ const (
 	PhaseStopped     = "stopped"
 	PhaseFailed      = "failed"
 	PhaseQuarantined = "quarantined"
+	// PhaseRestarting is a created VM being shut down and booted again to
+	// apply a spec edit that needs a restart (vCPUs, memory, network,
+	// volumes, kernel); every new artifact was fetched and verified first.
+	PhaseRestarting = "restarting"
 )
 
 // VM is one VM's observed state. IP is the guest address if known; SSH is the

@@ -19,7 +19,7 @@ func sampleStatus() *Status {
 		ObservedAt:    time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC),
 		LastSeenEpoch: 4,
 		VMs: []VM{{Name: "web-01", Phase: PhaseReady, Power: "running", IP: "10.0.2.15",
-			SSH: "127.0.0.1:2201", SpecHash: "abc"}},
+			SSH: "127.0.0.1:2201", SpecHash: "abc", Message: "cloudInit changed after the VM was created: not applied to this VM"}},
 		Quarantined: []Quarantine{{Name: "old-01", Since: time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)}},
 		Destroyed:   []string{"gone-01"},
 		Volumes:     []Volume{{Name: "web-01-data", Present: true, SizeGB: 50}},

@@ -177,7 +177,7 @@ func RenderSummary(s Summary) []byte {
 	if n == 0 {
 		b.WriteString("No VMs reported.\n\n")
 	} else {
-		tableHeader(&b, "VM", "host", "phase", "power", "address", "error")
+		tableHeader(&b, "VM", "host", "phase", "power", "address", "error", "note")
 		for _, h := range s.Hosts {
 			for _, vm := range h.VMs {
 				addr := vm.IP
@@ -187,8 +187,8 @@ func RenderSummary(s Summary) []byte {
 					}
 					addr += "ssh " + vm.SSH
 				}
-				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n",
-					cell(vm.Name), cell(h.Name), cell(vm.Phase), cell(vm.Power), cell(addr), cell(vm.LastError))
+				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
+					cell(vm.Name), cell(h.Name), cell(vm.Phase), cell(vm.Power), cell(addr), cell(vm.LastError), cell(vm.Message))
 			}
 		}
 		b.WriteString("\n")

@@ -33,6 +33,7 @@ type Op string
 const (
 	OpPreflight Op = "preflight"
 	OpRootDisk  Op = "rootdisk"
+	OpStage     Op = "stage"
 	OpBoot      Op = "boot"
 	OpShutdown  Op = "shutdown"
 	OpDestroy   Op = "destroy"
@@ -57,6 +58,8 @@ type Provisioner struct {
 	disks    map[string]int // root disk size in GiB
 	addrs    map[string]agent.Address
 	booted   map[string]agent.Machine
+	staged   map[string]agent.Machine
+	online   map[string]int // root disk growths while running
 	reasons  map[string]string
 	progress map[string][2]int64
 	sticky   map[Op]error
@@ -78,6 +81,8 @@ func New() *Provisioner {
 		disks:    map[string]int{},
 		addrs:    map[string]agent.Address{},
 		booted:   map[string]agent.Machine{},
+		staged:   map[string]agent.Machine{},
+		online:   map[string]int{},
 		reasons:  map[string]string{},
 		progress: map[string][2]int64{},
 		sticky:   map[Op]error{},
@@ -249,21 +254,50 @@ func (p *Provisioner) begin(ctx context.Context, op Op, name string) error {
 func (p *Provisioner) Preflight(ctx context.Context) error { return p.begin(ctx, OpPreflight, "") }
 
 // PrepareRootDisk implements agent.Provisioner: it creates the root disk at
-// Spec.DiskGB, or grows it; a smaller size leaves it as it is. It refuses a
-// running VM, as growing a disk under a guest is not allowed.
+// Spec.DiskGB, or grows it (online when the VM runs, as QEMU's block_resize
+// does); a smaller size leaves it as it is. Grown records each growth of a
+// running VM's disk.
 func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) error {
 	if err := p.begin(ctx, OpRootDisk, m.Name); err != nil {
 		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.running[m.Name] {
-		return fmt.Errorf("prepare root disk of %s: vm is running", m.Name)
-	}
 	if m.Spec.DiskGB > p.disks[m.Name] {
+		if p.running[m.Name] {
+			p.online[m.Name]++
+		}
 		p.disks[m.Name] = m.Spec.DiskGB
 	}
 	return nil
+}
+
+// GrownOnline reports how many times name's root disk was grown while the
+// VM ran.
+func (p *Provisioner) GrownOnline(name string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.online[name]
+}
+
+// Stage implements agent.Provisioner: it records the call and fails only
+// as injected (FailOnce, FailAlways), leaving the VM as it is.
+func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
+	if err := p.begin(ctx, OpStage, m.Name); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.staged[m.Name] = m
+	return nil
+}
+
+// StagedWith returns the Machine name was last staged with.
+func (p *Provisioner) StagedWith(name string) (agent.Machine, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.staged[name]
+	return m, ok
 }
 
 // Boot implements agent.Provisioner. It fails, as a hypervisor would, when

@@ -29,12 +29,19 @@ func TestTheInMemoryBackendBehavesLikeAHypervisor(t *testing.T) {
 	require.NoError(t, p.Boot(ctx, m))
 	assert.True(t, p.Running("web-01"))
 	assert.Equal(t, agent.Address{IP: "10.77.1.2", SSH: "127.0.0.1:2202"}, p.Address("web-01"))
-	assert.Error(t, p.PrepareRootDisk(ctx, m), "not under a running guest")
+	m.Spec.DiskGB = 6
+	require.NoError(t, p.PrepareRootDisk(ctx, m))
+	assert.Equal(t, 6, p.DiskGB("web-01"), "grown under the running guest")
+	assert.Equal(t, 1, p.GrownOnline("web-01"))
+	require.NoError(t, p.Stage(ctx, m))
+	staged, _ := p.StagedWith("web-01")
+	assert.Equal(t, m.Spec, staged.Spec)
+	assert.True(t, p.Running("web-01"), "staging leaves the VM running")
 
 	require.NoError(t, p.Shutdown(ctx, "web-01"))
 	m.Spec.DiskGB = 3
 	require.NoError(t, p.PrepareRootDisk(ctx, m))
-	assert.Equal(t, 5, p.DiskGB("web-01"), "never shrinks")
+	assert.Equal(t, 6, p.DiskGB("web-01"), "never shrinks")
 	m.Spec.DiskGB = 8
 	require.NoError(t, p.PrepareRootDisk(ctx, m))
 	assert.Equal(t, 8, p.DiskGB("web-01"))

@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
@@ -72,6 +73,25 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 		return a, agent.Permanent(errors.New("spec has neither image nor kernel: nothing to boot"))
 	}
 	return a, nil
+}
+
+// Stage fetches and verifies every artifact m.Spec names (see
+// fetchArtifacts) and renders m's seed, leaving the VM and its files as
+// they are.
+func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
+	st, err := p.machineState(m)
+	if err != nil {
+		return err
+	}
+	if _, err := p.fetchArtifacts(ctx, st, m.Spec); err != nil {
+		return err
+	}
+	// Rendered without the host network's defaults (gateway, DNS), which
+	// only attaching the VM to it gives; the rest of the seed is Boot's.
+	if _, err := seedFiles(m.Name, m.InstanceID, macFor(m.Name), m.Spec.CloudInit, staticFor(m.Spec.Static, hostnet.Attachment{})); err != nil {
+		return agent.Permanent(fmt.Errorf("seed: %w", err))
+	}
+	return nil
 }
 
 // PrepareRootDisk fetches the spec's artifacts into the cache and creates

@@ -1,10 +1,7 @@
 package qemu
 
 import (
-	"bytes"
 	"fmt"
-	"mime/multipart"
-	"net/textproto"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,37 +19,48 @@ import (
 // SeedLabel is the volume label cloud-init's NoCloud datasource looks for.
 const SeedLabel = "cidata"
 
-// seedFiles renders the NoCloud documents for a VM: meta-data
-// (instance-id, local-hostname), user-data (the spec's userData with
-// sshAuthorizedKeys merged in) and network-config (version 2, DHCP on the
-// NIC whose MAC is mac, or static's addresses when static is not nil).
+// NICName is the name the seed's network-config gives the VM's NIC: the
+// NIC is matched by its MAC and renamed to NICName (set-name), so every
+// renderer cloud-init has (netplan, networkd, eni, sysconfig, NetworkManager)
+// configures the same, real device on first boot. Without set-name the eni
+// and networkd renderers write a config for an interface that does not exist.
+const NICName = "nic0"
+
+// seedFiles renders the NoCloud documents for a VM:
+//
+//   - meta-data: instance-id, local-hostname, and public-keys (the spec's
+//     sshAuthorizedKeys). cloud-init's cc_ssh installs a datasource's
+//     public-keys for the default user whatever the user-data's format, so
+//     the keys never have to be merged into user-data.
+//   - user-data: the spec's userData byte for byte, never parsed or
+//     re-encoded (cloud-init reads YAML 1.1 and keeps comments, dates and
+//     key order meaningful to the person who wrote them).
+//   - network-config: version 2 for the NIC whose MAC is mac, renamed to
+//     NICName: DHCP, or static's addresses when static is not nil.
 func seedFiles(name, instanceID, mac string, ci *desired.CloudInit, static *desired.StaticIP) (map[string][]byte, error) {
-	meta, err := yaml.Marshal(map[string]string{"instance-id": instanceID, "local-hostname": name})
-	if err != nil {
-		return nil, err
-	}
-	nic := map[string]any{
-		"match": map[string]string{"macaddress": mac},
-		"dhcp4": true,
-	}
-	applyStatic(nic, static)
-	netcfg, err := yaml.Marshal(map[string]any{
-		"version":   2,
-		"ethernets": map[string]any{"nic0": nic},
-	})
-	if err != nil {
-		return nil, err
-	}
 	var keys []string
 	userData := ""
 	if ci != nil {
 		keys, userData = ci.SSHAuthorizedKeys, ci.UserData
 	}
-	ud, err := mergeUserData(userData, keys)
+	meta, err := metaData(name, instanceID, keys)
 	if err != nil {
 		return nil, err
 	}
-	return map[string][]byte{"meta-data": meta, "user-data": ud, "network-config": netcfg}, nil
+	nic := map[string]any{
+		"match":    map[string]string{"macaddress": mac},
+		"set-name": NICName,
+		"dhcp4":    true,
+	}
+	applyStatic(nic, static)
+	netcfg, err := yaml11(map[string]any{
+		"version":   2,
+		"ethernets": map[string]any{NICName: nic},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("network-config: %w", err)
+	}
+	return map[string][]byte{"meta-data": meta, "user-data": []byte(userData), "network-config": netcfg}, nil
 }
 
 // applyStatic turns a network-config v2 ethernet entry from DHCP to
@@ -79,113 +87,51 @@ func applyStatic(nic map[string]any, static *desired.StaticIP) {
 	}
 }
 
-// mergeUserData adds keys to user-data. A #cloud-config document gets them
-// appended to ssh_authorized_keys (kept once each); empty user-data becomes
-// a #cloud-config carrying only the keys; any other user-data (a script, a
-// MIME archive) is wrapped with a cloud-config part in a multipart/mixed
-// archive, which cloud-init reads part by part.
-func mergeUserData(userData string, keys []string) ([]byte, error) {
-	trimmed := strings.TrimLeft(userData, " \t\r\n")
-	switch {
-	case trimmed == "":
-		doc := map[string]any{}
-		if len(keys) > 0 {
-			doc["ssh_authorized_keys"] = keys
-		}
-		return cloudConfig(doc)
-	case strings.HasPrefix(trimmed, "#cloud-config"):
-		if len(keys) == 0 {
-			return []byte(userData), nil
-		}
-		doc := map[string]any{}
-		if err := yaml.Unmarshal([]byte(userData), &doc); err != nil {
-			return nil, fmt.Errorf("user-data: parse #cloud-config: %w", secretYAMLError(err))
-		}
-		if doc == nil {
-			doc = map[string]any{}
-		}
-		var have []string
-		switch v := doc["ssh_authorized_keys"].(type) {
-		case nil:
-		case []any:
-			for _, k := range v {
-				s, ok := k.(string)
-				if !ok {
-					return nil, fmt.Errorf("user-data: ssh_authorized_keys holds a %T, want strings", k)
-				}
-				have = append(have, s)
-			}
-		default:
-			return nil, fmt.Errorf("user-data: ssh_authorized_keys is a %T, want a list", v)
-		}
-		for _, k := range keys {
-			if !contains(have, k) {
-				have = append(have, k)
-			}
-		}
-		doc["ssh_authorized_keys"] = have
-		return cloudConfig(doc)
-	default:
-		if len(keys) == 0 {
-			return []byte(userData), nil
-		}
-		keyDoc, err := cloudConfig(map[string]any{"ssh_authorized_keys": keys})
-		if err != nil {
-			return nil, err
-		}
-		var buf bytes.Buffer
-		mw := multipart.NewWriter(&buf)
-		fmt.Fprintf(&buf, "Content-Type: multipart/mixed; boundary=\"%s\"\nMIME-Version: 1.0\n\n", mw.Boundary())
-		for _, part := range []struct {
-			ctype string
-			body  []byte
-		}{{"text/cloud-config", keyDoc}, {partType(trimmed), []byte(userData)}} {
-			w, err := mw.CreatePart(textproto.MIMEHeader{"Content-Type": {part.ctype + `; charset="utf-8"`}})
-			if err != nil {
-				return nil, err
-			}
-			w.Write(part.body)
-		}
-		if err := mw.Close(); err != nil {
-			return nil, err
-		}
-		return buf.Bytes(), nil
-	}
-}
-
-// partType maps a user-data document's first line to its MIME type as
-// cloud-init names them.
-func partType(doc string) string {
-	switch {
-	case strings.HasPrefix(doc, "#!"):
-		return "text/x-shellscript"
-	case strings.HasPrefix(doc, "#cloud-boothook"):
-		return "text/cloud-boothook"
-	case strings.HasPrefix(doc, "#include"):
-		return "text/x-include-url"
-	default:
-		return "text/plain"
-	}
-}
-
-func cloudConfig(doc map[string]any) ([]byte, error) {
-	b, err := yaml.Marshal(doc)
+// metaData renders NoCloud meta-data.
+func metaData(name, instanceID string, keys []string) ([]byte, error) {
+	doc := struct {
+		InstanceID    string   `yaml:"instance-id"`
+		LocalHostname string   `yaml:"local-hostname"`
+		PublicKeys    []string `yaml:"public-keys,omitempty"`
+	}{instanceID, name, keys}
+	b, err := yaml11(doc)
 	if err != nil {
-		return nil, fmt.Errorf("user-data: %w", err)
+		return nil, fmt.Errorf("meta-data: %w", err)
 	}
-	if len(doc) == 0 {
-		b = nil
-	}
-	return append([]byte("#cloud-config\n"), b...), nil
+	return b, nil
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
+// yaml11 renders v as YAML that cloud-init's loader (PyYAML, YAML 1.1)
+// reads back as v: every string value is double-quoted. A YAML 1.2 encoder
+// leaves strings plain that YAML 1.1 resolves to something else: a MAC
+// address such as 52:54:00:12:34:56 is a base-60 integer to YAML 1.1, "no"
+// a boolean, 1_000 a number.
+func yaml11(v any) ([]byte, error) {
+	var doc yaml.Node
+	if err := doc.Encode(v); err != nil {
+		return nil, err
+	}
+	quoteStrings(&doc, false)
+	return yaml.Marshal(&doc)
+}
+
+// quoteStrings double-quotes every string scalar under n that is a value
+// (keys are left plain: ours are fixed words YAML 1.1 reads as strings).
+func quoteStrings(n *yaml.Node, isKey bool) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if !isKey && n.Tag == "!!str" {
+			n.Style = yaml.DoubleQuotedStyle
+		}
+	case yaml.MappingNode:
+		for i, c := range n.Content {
+			quoteStrings(c, i%2 == 0)
+		}
+	default:
+		for _, c := range n.Content {
+			quoteStrings(c, false)
 		}
 	}
-	return false
 }
 
 // writeSeedISO writes files as an ISO9660 image with Rock Ridge names and

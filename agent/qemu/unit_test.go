@@ -134,97 +134,6 @@ func TestCmdlineNames(t *testing.T) {
 	}
 }
 
-func TestMergeUserData(t *testing.T) {
-	key1, key2 := "ssh-ed25519 AAAAkey1 a@b", "ssh-ed25519 AAAAkey2 c@d"
-	for _, tc := range []struct {
-		name     string
-		userData string
-		keys     []string
-		want     []string // substrings
-		notWant  []string
-	}{
-		{"empty, no keys", "", nil, []string{"#cloud-config\n"}, []string{"ssh_authorized_keys"}},
-		{"empty, keys", "", []string{key1}, []string{"#cloud-config\n", "ssh_authorized_keys:", key1}, nil},
-		{"cloud-config merged once", "#cloud-config\npackages: [nginx]\nssh_authorized_keys:\n  - " + key1 + "\n", []string{key1, key2},
-			[]string{"#cloud-config\n", "packages:", "nginx", key1, key2}, nil},
-		{"cloud-config kept as written without keys", "#cloud-config\n# a comment\nruncmd: [ls]\n", nil,
-			[]string{"# a comment"}, nil},
-		{"script wrapped in multipart", "#!/bin/sh\necho hi\n", []string{key1},
-			[]string{"multipart/mixed", "text/cloud-config", "text/x-shellscript", "echo hi", key1}, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := mergeUserData(tc.userData, tc.keys)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, w := range tc.want {
-				if !bytes.Contains(got, []byte(w)) {
-					t.Errorf("user-data lacks %q:\n%s", w, got)
-				}
-			}
-			for _, w := range tc.notWant {
-				if bytes.Contains(got, []byte(w)) {
-					t.Errorf("user-data has %q:\n%s", w, got)
-				}
-			}
-			if n := bytes.Count(got, []byte(key1)); len(tc.keys) > 0 && n != 1 {
-				t.Errorf("key1 appears %d times, want once:\n%s", n, got)
-			}
-		})
-	}
-	if _, err := mergeUserData("#cloud-config\nssh_authorized_keys: notalist\n", []string{key1}); err == nil {
-		t.Error("ssh_authorized_keys as a string was accepted")
-	}
-}
-
-func TestSeedISOReadsBack(t *testing.T) {
-	mac := macFor("web-01")
-	files, err := seedFiles("web-01", "i-0123", mac, &desired.CloudInit{
-		SSHAuthorizedKeys: []string{"ssh-ed25519 AAAAx u@h"},
-		UserData:          "#cloud-config\nhostname: ignored\n",
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), SeedFile)
-	if err := writeSeedISO(path, files); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(path + ".partial"); !os.IsNotExist(err) {
-		t.Errorf("partial seed left behind: %v", err)
-	}
-	label, got, err := readSeedISO(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if label != SeedLabel {
-		t.Errorf("label %q, want %q", label, SeedLabel)
-	}
-	for _, name := range []string{"meta-data", "user-data", "network-config"} {
-		if !bytes.Equal(got[name], files[name]) {
-			t.Errorf("%s read back as %q, wrote %q", name, got[name], files[name])
-		}
-	}
-	for _, want := range []string{"instance-id: i-0123", "local-hostname: web-01"} {
-		if !bytes.Contains(got["meta-data"], []byte(want)) {
-			t.Errorf("meta-data lacks %q: %s", want, got["meta-data"])
-		}
-	}
-	for _, want := range []string{"version: 2", "macaddress: " + mac, "dhcp4: true"} {
-		if !bytes.Contains(got["network-config"], []byte(want)) {
-			t.Errorf("network-config lacks %q: %s", want, got["network-config"])
-		}
-	}
-	// Rewriting (a later boot) replaces the seed in place.
-	files["meta-data"] = []byte("instance-id: i-0123\nlocal-hostname: web-01b\n")
-	if err := writeSeedISO(path, files); err != nil {
-		t.Fatal(err)
-	}
-	if _, got, err = readSeedISO(path); err != nil || !bytes.Contains(got["meta-data"], []byte("web-01b")) {
-		t.Errorf("rewritten seed: %v %q", err, got["meta-data"])
-	}
-}
-
 func TestTrimTail(t *testing.T) {
 	in := []byte("line one\nline two\nqemu-system-x86_64: -drive x: Could not open\n\n")
 	if got := string(trimTail(in, 30)); got != "qemu-system-x86_64: -drive x: Could not open" && !strings.HasSuffix(got, "Could not open") {
@@ -318,27 +227,6 @@ func TestMachineWithoutDirectoryIsPermanent(t *testing.T) {
 				t.Errorf("%s without a directory: %v, want a permanent error naming the VM", name, err)
 			}
 		})
-	}
-}
-
-// A malformed user-data never reaches an error, not even a prefix of it.
-func TestMergeUserDataErrorsQuoteNoSecret(t *testing.T) {
-	for _, ud := range []string{
-		"#cloud-config\nS3CR3T-password-in-a-scalar",
-		"#cloud-config\n- S3CR3T-in-a-list\n",
-		"#cloud-config\nssh_authorized_keys: S3CR3T-not-a-list\n",
-		"#cloud-config\nssh_authorized_keys: [{S3CR3T: x}]\n",
-		"#cloud-config\nkey: \"S3CR3T unterminated\n",
-		"#cloud-config\nkey: [S3CR3T\n",
-	} {
-		_, err := mergeUserData(ud, []string{"ssh-ed25519 AAAA"})
-		if err == nil {
-			t.Errorf("%q: no error", ud)
-			continue
-		}
-		if strings.Contains(err.Error(), "S3CR3T") {
-			t.Errorf("error quotes the user-data: %v", err)
-		}
 	}
 }
 

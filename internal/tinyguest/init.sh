@@ -30,8 +30,8 @@ for d in /sys/block/vd*; do
 	fi
 done
 if [ -n "$seeddev" ]; then
-	iid=$(sed -n 's/^instance-id: *//p' /seed/meta-data)
-	hn=$(sed -n 's/^local-hostname: *//p' /seed/meta-data)
+	iid=$(sed -n 's/^instance-id: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' /seed/meta-data)
+	hn=$(sed -n 's/^local-hostname: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' /seed/meta-data)
 	[ -n "$hn" ] && hostname "$hn"
 	say "seed $seeddev instance-id=$iid hostname=$hn"
 else

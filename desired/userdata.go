@@ -1,0 +1,494 @@
+package desired
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"mime/quotedprintable"
+	"net/mail"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	yaml11 "go.yaml.in/yaml/v2"
+	"go.yaml.in/yaml/v3"
+)
+
+// User-data is checked the way cloud-init reads it, so that `validate` and
+// `plan` refuse what cloud-init would not run, and nothing else. The rules
+// follow cloud-init's own source: user_data.py (convert_string,
+// _process_msg, _explode_archive), handlers/__init__.py (INCLUSION_TYPES_MAP,
+// type_from_starts_with) and util.load_yaml (PyYAML's safe loader, YAML 1.1).
+// gitfleet never rewrites user-data: the agent writes it to the seed byte for
+// byte, so what is checked here is what the guest reads.
+
+// userDataPrefixes maps how a document starts to the MIME type cloud-init
+// gives it (handlers.INCLUSION_TYPES_MAP), longest prefix first as
+// cloud-init searches them.
+var userDataPrefixes = func() [][2]string {
+	m := map[string]string{
+		"#include":                        "text/x-include-url",
+		"#include-once":                   "text/x-include-once-url",
+		"#!":                              "text/x-shellscript",
+		"#cloud-config":                   "text/cloud-config",
+		"#part-handler":                   "text/part-handler",
+		"#cloud-boothook":                 "text/cloud-boothook",
+		"#cloud-config-archive":           "text/cloud-config-archive",
+		"#cloud-config-jsonp":             "text/cloud-config-jsonp",
+		"## template: jinja":              "text/jinja2",
+		"text/x-shellscript-per-boot":     "text/x-shellscript-per-boot",
+		"text/x-shellscript-per-instance": "text/x-shellscript-per-instance",
+		"text/x-shellscript-per-once":     "text/x-shellscript-per-once",
+	}
+	out := make([][2]string, 0, len(m))
+	for p, t := range m {
+		out = append(out, [2]string{p, t})
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if len(out[i][0]) != len(out[j][0]) {
+			return len(out[i][0]) > len(out[j][0])
+		}
+		return out[i][0] < out[j][0]
+	})
+	return out
+}()
+
+// UserDataType is the MIME type cloud-init gives a user-data document by how
+// it starts, such as "text/cloud-config" for "#cloud-config" and
+// "text/cloud-config-archive" for "#cloud-config-archive": the longest
+// known prefix, compared case-insensitively after leading white space
+// (cloud-init's type_from_starts_with). It is "" when no prefix matches or
+// doc is not UTF-8; cloud-init then ignores the document. A MIME message or
+// a gzip stream is not recognised here: see CheckUserData.
+func UserDataType(doc []byte) string {
+	if !utf8.Valid(doc) {
+		return ""
+	}
+	lc := strings.ToLower(strings.TrimLeftFunc(string(doc), unicode.IsSpace))
+	for _, p := range userDataPrefixes {
+		if strings.HasPrefix(lc, p[0]) {
+			return p[1]
+		}
+	}
+	return ""
+}
+
+// UserDataProblem is one reason cloud-init would not run a user-data
+// document as written, or would read it otherwise than it reads. Line is
+// the 1-based line in the document that was checked, 0 when the problem has
+// no line there (inside a gzip stream or a MIME part, whose own line Msg
+// names).
+type UserDataProblem struct {
+	Line int
+	Msg  string
+}
+
+// maxUserData bounds a decompressed user-data document (cloud-init's
+// seeds are small; this stops a gzip bomb).
+const maxUserData = 16 << 20
+
+// CheckUserData checks a user-data document as cloud-init reads it:
+//
+//   - a gzip stream is decompressed first;
+//   - a document with "mime-version:" in its first 4096 bytes is a MIME
+//     message, walked part by part (base64 and quoted-printable decoded,
+//     gzip parts decompressed, text/plain and text/x-shellscript parts typed
+//     by how they start);
+//   - anything else is typed by how it starts (UserDataType).
+//
+// A #cloud-config document or part must be one YAML 1.1 document whose root
+// is a mapping (or empty); a repeated key is reported as an error, because
+// cloud-init keeps the last one and drops the first without a word. A
+// #cloud-config-archive must be a YAML list of strings or mappings, and its
+// cloud-config entries are checked the same way. A document cloud-init
+// recognises no type for is an error: cloud-init ignores it. Scripts,
+// includes, boothooks, part handlers and jinja templates are not looked
+// into. An empty document is valid. The problems come in document order.
+func CheckUserData(doc []byte) []UserDataProblem {
+	if len(doc) == 0 {
+		return nil
+	}
+	if raw, ok := gunzip(doc); ok {
+		return checkUserDataText(raw, "gzip-compressed user-data: ", -1)
+	}
+	return checkUserDataText(doc, "", 0)
+}
+
+// checkUserDataText checks a document that is not compressed; offset is as
+// for checkPart.
+func checkUserDataText(doc []byte, where string, offset int) []UserDataProblem {
+	head := doc
+	if len(head) > 4096 {
+		head = head[:4096]
+	}
+	if bytes.Contains(bytes.ToLower(head), []byte("mime-version:")) {
+		return checkMIME(doc, where)
+	}
+	ctype := UserDataType(doc)
+	if ctype == "" {
+		return []UserDataProblem{{Line: max(offset+1, 0), Msg: where + "cloud-init recognises no format here and would ignore it: user-data starts with #cloud-config, #cloud-config-archive, #!, #include, #cloud-boothook, #part-handler or \"## template: jinja\", or is a MIME message or gzip stream"}}
+	}
+	return checkPart(ctype, doc, where, offset)
+}
+
+// checkPart checks one typed document; line offset maps its lines to the
+// checked document's (0 when its first line is line 1; -1 when its lines
+// do not map, and Msg names them).
+func checkPart(ctype string, doc []byte, where string, offset int) []UserDataProblem {
+	var probs []yamlProblem
+	switch ctype {
+	case "text/cloud-config":
+		probs = checkCloudConfig(doc)
+	case "text/cloud-config-archive":
+		return checkArchive(doc, where, offset)
+	default:
+		return nil
+	}
+	return placed(probs, where, offset)
+}
+
+// placed turns problems with lines in a part into problems of the checked
+// document.
+func placed(probs []yamlProblem, where string, offset int) []UserDataProblem {
+	out := make([]UserDataProblem, 0, len(probs))
+	for _, p := range probs {
+		u := UserDataProblem{Msg: where + p.msg}
+		switch {
+		case offset >= 0 && p.line > 0:
+			u.Line = offset + p.line
+		case p.line > 0:
+			u.Msg = fmt.Sprintf("%sline %d: %s", where, p.line, p.msg)
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+// gunzip decompresses doc when it is a gzip stream (cloud-init's
+// decomp_gzip); ok is false when it is not one.
+func gunzip(doc []byte) ([]byte, bool) {
+	if len(doc) < 2 || doc[0] != 0x1f || doc[1] != 0x8b {
+		return nil, false
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(doc))
+	if err != nil {
+		return nil, false
+	}
+	raw, err := io.ReadAll(io.LimitReader(zr, maxUserData+1))
+	if err != nil || len(raw) > maxUserData {
+		return nil, false
+	}
+	return raw, true
+}
+
+// decompTypes are the MIME types whose parts cloud-init decompresses
+// before typing them (user_data.DECOMP_TYPES).
+var decompTypes = map[string]bool{
+	"application/gzip": true, "application/gzip-compressed": true, "application/gzipped": true,
+	"application/x-compress": true, "application/x-compressed": true, "application/x-gunzip": true,
+	"application/x-gzip": true, "application/x-gzip-compressed": true,
+}
+
+// checkMIME walks a MIME message's parts as cloud-init's _process_msg
+// does. A message Go's parser cannot read is not reported: Python's email
+// parser is more lenient, and only what cloud-init refuses is an error.
+func checkMIME(doc []byte, where string) []UserDataProblem {
+	msg, err := mail.ReadMessage(bytes.NewReader(doc))
+	if err != nil {
+		return nil
+	}
+	var out []UserDataProblem
+	n := 0
+	var walk func(h textprotoHeader, body io.Reader)
+	walk = func(h textprotoHeader, body io.Reader) {
+		ctype, params, err := mime.ParseMediaType(h.Get("Content-Type"))
+		if err != nil {
+			ctype = "text/plain"
+		}
+		if strings.HasPrefix(ctype, "multipart/") {
+			mr := multipart.NewReader(body, params["boundary"])
+			for {
+				p, err := mr.NextRawPart()
+				if err != nil {
+					return
+				}
+				walk(textprotoHeader(p.Header), p)
+			}
+		}
+		n++
+		label := fmt.Sprintf("%sMIME part %d (%s)", where, n, ctype)
+		if _, disp, err := mime.ParseMediaType(h.Get("Content-Disposition")); err == nil && disp["filename"] != "" {
+			label = fmt.Sprintf("%sMIME part %d (%s, %s)", where, n, ctype, disp["filename"])
+		}
+		payload, err := decodeTransfer(h.Get("Content-Transfer-Encoding"), body)
+		if err != nil {
+			return
+		}
+		if decompTypes[ctype] {
+			raw, ok := gunzip(payload)
+			if !ok {
+				return // cloud-init logs the failure and skips the part
+			}
+			payload, ctype = raw, "text/plain"
+		}
+		switch ctype {
+		case "text/plain", "text/x-not-multipart", "text/x-shellscript":
+			if t := UserDataType(payload); t != "" {
+				ctype = t
+			} else if ctype != "text/x-shellscript" {
+				out = append(out, UserDataProblem{Msg: label + ": starts with no format cloud-init knows (#cloud-config, #!, ...); cloud-init ignores this part"})
+				return
+			}
+		}
+		out = append(out, checkPart(ctype, payload, label+": ", -1)...)
+	}
+	walk(textprotoHeader(msg.Header), msg.Body)
+	return out
+}
+
+// textprotoHeader is the one method both mail.Header and
+// textproto.MIMEHeader offer that checkMIME needs.
+type textprotoHeader map[string][]string
+
+func (h textprotoHeader) Get(key string) string {
+	return mail.Header(h).Get(key)
+}
+
+// decodeTransfer undoes a part's Content-Transfer-Encoding as Python's
+// get_payload(decode=True) does.
+func decodeTransfer(cte string, body io.Reader) ([]byte, error) {
+	r := io.LimitReader(body, maxUserData+1)
+	switch strings.ToLower(strings.TrimSpace(cte)) {
+	case "base64":
+		raw, err := io.ReadAll(r)
+		if err != nil {
+			return nil, err
+		}
+		return base64.StdEncoding.DecodeString(strings.Map(func(c rune) rune {
+			if unicode.IsSpace(c) {
+				return -1
+			}
+			return c
+		}, string(raw)))
+	case "quoted-printable":
+		return io.ReadAll(quotedprintable.NewReader(r))
+	}
+	return io.ReadAll(r)
+}
+
+// checkArchive checks a #cloud-config-archive as _explode_archive reads it:
+// a YAML list whose entries are strings (content) or mappings with content
+// and an optional type; an entry without a type is typed by how its content
+// starts, text/cloud-config when nothing matches.
+func checkArchive(doc []byte, where string, offset int) []UserDataProblem {
+	root, probs := parseYAML11(doc)
+	out := placed(probs, where, offset)
+	if root == nil {
+		return out
+	}
+	if root.Kind != yaml.SequenceNode {
+		if isYAMLNull(root) {
+			return out
+		}
+		return append(out, placed([]yamlProblem{{line: root.Line, msg: fmt.Sprintf("#cloud-config-archive is %s, not a list of parts: cloud-init ignores it", yamlKind(root))}}, where, offset)...)
+	}
+	for i, ent := range root.Content {
+		label := fmt.Sprintf("%sarchive entry %d: ", where, i+1)
+		var content, typ *yaml.Node
+		switch ent.Kind {
+		case yaml.ScalarNode:
+			content = ent
+		case yaml.MappingNode:
+			for j := 0; j+1 < len(ent.Content); j += 2 {
+				switch ent.Content[j].Value {
+				case "content":
+					content = ent.Content[j+1]
+				case "type":
+					typ = ent.Content[j+1]
+				}
+			}
+		default:
+			out = append(out, placed([]yamlProblem{{line: ent.Line, msg: fmt.Sprintf("is %s, not a string or a mapping: cloud-init skips it", yamlKind(ent))}}, label, offset)...)
+			continue
+		}
+		if content == nil || content.Kind != yaml.ScalarNode {
+			continue
+		}
+		ctype := ""
+		if typ != nil && typ.Kind == yaml.ScalarNode {
+			ctype = typ.Value
+		}
+		if ctype == "" {
+			ctype = UserDataType([]byte(content.Value))
+		}
+		if ctype == "" {
+			ctype = "text/cloud-config"
+		}
+		// A literal block's line k is line content.Line+k of the archive.
+		sub := -1
+		if offset >= 0 && content.Style&yaml.LiteralStyle != 0 {
+			sub = offset + content.Line
+		}
+		if ctype == "text/cloud-config" {
+			out = append(out, placed(checkCloudConfig([]byte(content.Value)), label, sub)...)
+		}
+	}
+	return out
+}
+
+// yamlProblem is a problem at a 1-based line of one YAML document (0 when
+// the parser gave none).
+type yamlProblem struct {
+	line int
+	msg  string
+}
+
+// checkCloudConfig checks a cloud-config document as util.load_yaml reads
+// it: one YAML 1.1 document, a mapping or empty, no key repeated.
+func checkCloudConfig(doc []byte) []yamlProblem {
+	root, probs := parseYAML11(doc)
+	if root == nil || isYAMLNull(root) {
+		return probs
+	}
+	if root.Kind != yaml.MappingNode {
+		probs = append(probs, yamlProblem{line: root.Line, msg: fmt.Sprintf("#cloud-config is %s, not a mapping: cloud-init ignores it", yamlKind(root))})
+	}
+	return probs
+}
+
+var yamlErrLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// parseYAML11 parses doc as PyYAML's safe_load would: exactly one document.
+// It returns the root node (nil when doc holds none or fails to parse) and
+// the problems: a syntax error, a second document, repeated keys.
+//
+// The syntax is parsed by go.yaml.in/yaml/v3, a port of libyaml as PyYAML
+// is; keys are compared after YAML 1.1 resolution (go.yaml.in/yaml/v2), as
+// PyYAML builds its dict: "yes" and "true" are one key, so are 1 and 0x1.
+func parseYAML11(doc []byte) (*yaml.Node, []yamlProblem) {
+	dec := yaml.NewDecoder(bytes.NewReader(doc))
+	var root yaml.Node
+	if err := dec.Decode(&root); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		return nil, []yamlProblem{yamlError(err)}
+	}
+	var probs []yamlProblem
+	var next yaml.Node
+	if err := dec.Decode(&next); err == nil {
+		probs = append(probs, yamlProblem{line: next.Line, msg: "a second YAML document (---) starts here: cloud-init's loader reads exactly one and ignores this cloud-config"})
+	} else if !errors.Is(err, io.EOF) {
+		probs = append(probs, yamlError(err))
+	}
+	n := &root
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	probs = append(probs, repeatedKeys(n)...)
+	return n, probs
+}
+
+func yamlError(err error) yamlProblem {
+	msg := err.Error()
+	if m := yamlErrLine.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return yamlProblem{line: line, msg: "YAML: " + m[2] + ": cloud-init cannot load this and ignores it"}
+	}
+	return yamlProblem{msg: strings.TrimPrefix(msg, "yaml: ") + ": cloud-init cannot load this and ignores it"}
+}
+
+// repeatedKeys finds every mapping key under n that repeats an earlier key
+// of its mapping once resolved as YAML 1.1.
+func repeatedKeys(n *yaml.Node) []yamlProblem {
+	var out []yamlProblem
+	var walk func(*yaml.Node)
+	walk = func(n *yaml.Node) {
+		if n.Kind == yaml.MappingNode {
+			first := map[string]*yaml.Node{}
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i]
+				id, ok := yaml11Key(k)
+				if !ok {
+					continue
+				}
+				if f, dup := first[id]; dup {
+					out = append(out, yamlProblem{line: k.Line, msg: fmt.Sprintf("key %q is written again here (first %s above, in the same mapping): cloud-init keeps this last value and silently drops the earlier one; write the key once", k.Value, linesAbove(k.Line-f.Line))})
+				}
+				first[id] = k
+			}
+		}
+		for _, c := range n.Content {
+			walk(c)
+		}
+	}
+	walk(n)
+	return out
+}
+
+// yaml11Key is the identity PyYAML gives a scalar key in a dict: its YAML
+// 1.1 value, with bools as the integers Python takes them for. ok is false
+// for keys that are not scalars or are merge keys.
+func yaml11Key(k *yaml.Node) (string, bool) {
+	if k.Kind != yaml.ScalarNode || k.Value == "<<" {
+		return "", false
+	}
+	if k.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0 || k.Tag == "!!str" && k.Style&yaml.TaggedStyle != 0 {
+		return "s:" + k.Value, true
+	}
+	var v any
+	if err := yaml11.Unmarshal([]byte(k.Value), &v); err != nil {
+		return "s:" + k.Value, true
+	}
+	switch x := v.(type) {
+	case nil:
+		return "null", true
+	case bool:
+		if x {
+			return "n:1", true
+		}
+		return "n:0", true
+	case int:
+		return "n:" + strconv.FormatFloat(float64(x), 'g', -1, 64), true
+	case int64:
+		return "n:" + strconv.FormatFloat(float64(x), 'g', -1, 64), true
+	case uint64:
+		return "n:" + strconv.FormatFloat(float64(x), 'g', -1, 64), true
+	case float64:
+		return "n:" + strconv.FormatFloat(x, 'g', -1, 64), true
+	case string:
+		return "s:" + x, true
+	}
+	return fmt.Sprintf("%T:%v", v, v), true
+}
+
+func linesAbove(n int) string {
+	if n == 1 {
+		return "1 line"
+	}
+	return strconv.Itoa(n) + " lines"
+}
+
+func isYAMLNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+}
+
+func yamlKind(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.ScalarNode:
+		return "a scalar (" + strings.TrimPrefix(n.ShortTag(), "!!") + ")"
+	}
+	return "an alias"
+}

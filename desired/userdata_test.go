@@ -1,0 +1,235 @@
+package desired
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestUserDataTypeMatchesCloudInit types documents with UserDataType and
+// with cloud-init's own type_from_starts_with, and wants the same answer.
+func TestUserDataTypeMatchesCloudInit(t *testing.T) {
+	docs := []string{
+		"#cloud-config\na: 1\n", "  \n\t#Cloud-Config\n", "#cloud-config-archive\n- x\n", "#cloud-config-jsonp\n[]",
+		"#!/bin/sh\n", "#include\nhttp://x\n", "#include-once\nhttp://x\n", "#cloud-boothook\n", "#part-handler\n",
+		"## template: jinja\n#cloud-config\n", "#cloud-confg\n", "cloud-config\n", "", "text/x-shellscript-per-boot\n",
+		"#INCLUDE-ONCE", "# cloud-config\n",
+	}
+	want := cloudInit(t, `import json, sys
+from cloudinit import handlers
+print(json.dumps([handlers.type_from_starts_with(d) or "" for d in json.load(sys.stdin)]))`, docs)
+	var types []string
+	if err := json.Unmarshal(want, &types); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range docs {
+		if got := UserDataType([]byte(d)); got != types[i] {
+			t.Errorf("UserDataType(%q) = %q; cloud-init says %q", d, got, types[i])
+		}
+	}
+}
+
+// TestCheckUserDataAgreesWithCloudInitsLoader reads cloud-config
+// documents as cloud-init does (cloudinit.safeyaml, PyYAML's safe loader;
+// load_yaml keeps only a mapping or nothing) and wants CheckUserData to
+// refuse exactly those cloud-init cannot load, and to report as many
+// repeated keys as PyYAML's loader silently drops.
+func TestCheckUserDataAgreesWithCloudInitsLoader(t *testing.T) {
+	docs := []string{
+		"#cloud-config\nusers:\n  - name: alice\n    lock_passwd: no\nssh_pwauth: no\n",
+		"#cloud-config\n# only a comment\n",
+		"#cloud-config\nruncmd:\n  - [touch, /x\n",
+		"#cloud-config\n- a list\n",
+		"#cloud-config\n42\n",
+		"#cloud-config\na: 1\n---\nb: 2\n",
+		"#cloud-config\na: [1, 2\n",
+		"#cloud-config\na: 'unterminated\n",
+		"#cloud-config\nwhen: 2024-01-31\nat: 1:30\n",
+		"#cloud-config\na: 1\na: 2\n",
+		"#cloud-config\nw:\n  yes: 1\n  true: 2\n  1: 3\n  0x1: 4\n",
+		"#cloud-config\nw:\n  'yes': 1\n  true: 2\n",
+		"#cloud-config\nx: &a {k: 1}\ny:\n  <<: *a\n  k: 2\n",
+		"#cloud-config\nusers:\n  - name: a\n    sudo: x\n    sudo: y\n  - name: b\n",
+	}
+	out := cloudInit(t, `import json, sys, yaml
+from cloudinit import safeyaml
+def repeats(node, loader):
+    n = 0
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for k, v in node.value:
+            if k.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(k, deep=True)
+            if key in seen:
+                n += 1
+            seen.add(key)
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        for item in node.value:
+            for x in (item if isinstance(item, tuple) else (item,)):
+                n += repeats(x, loader)
+    return n
+res = []
+for d in json.load(sys.stdin):
+    try:
+        v = safeyaml.load(d)
+        ok = v is None or isinstance(v, dict)
+    except yaml.YAMLError:
+        ok = False
+    r = 0
+    if ok:
+        loader = yaml.SafeLoader(d)
+        r = repeats(loader.get_single_node(), loader)
+    res.append({"loaded": ok, "repeats": r})
+print(json.dumps(res))`, docs)
+	var res []struct {
+		Loaded  bool `json:"loaded"`
+		Repeats int  `json:"repeats"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range docs {
+		probs := CheckUserData([]byte(d))
+		repeats, other := 0, 0
+		for _, p := range probs {
+			if strings.Contains(p.Msg, "is written again here") {
+				repeats++
+			} else {
+				other++
+			}
+		}
+		if res[i].Loaded == (other > 0) {
+			t.Errorf("%q: cloud-init loads it: %v; CheckUserData: %+v", d, res[i].Loaded, probs)
+		}
+		if repeats != res[i].Repeats {
+			t.Errorf("%q: PyYAML drops %d repeated keys; CheckUserData reports %d: %+v", d, res[i].Repeats, repeats, probs)
+		}
+	}
+}
+
+// TestCheckUserDataFormats pins what CheckUserData says about each format
+// cloud-init reads, wrapped the ways cloud-init unwraps them.
+func TestCheckUserDataFormats(t *testing.T) {
+	dup := "#cloud-config\na: 1\na: 2\n"
+	gz := func(s string) string {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		w.Write([]byte(s))
+		w.Close()
+		return b.String()
+	}
+	mimeDoc := func(parts ...string) string {
+		var b strings.Builder
+		b.WriteString("Content-Type: multipart/mixed; boundary=\"XX\"\nMIME-Version: 1.0\n\n")
+		for _, p := range parts {
+			b.WriteString("--XX\n" + p + "\n")
+		}
+		b.WriteString("--XX--\n")
+		return b.String()
+	}
+	for _, tc := range []struct {
+		name, doc string
+		want      []string // one substring per problem, in order
+		line      int      // line of the first problem
+	}{
+		{"empty", "", nil, 0},
+		{"script", "#!/bin/sh\nanything: [at all\n", nil, 0},
+		{"include", "#include\nhttps://example.org/x\n", nil, 0},
+		{"boothook", "#cloud-boothook\n#!/bin/sh\n", nil, 0},
+		{"jinja is not looked into", "## template: jinja\n#cloud-config\na: {{ v }\n", nil, 0},
+		{"cloud-config repeated key", dup, []string{`key "a" is written again here (first 1 line above`}, 3},
+		{"unknown format", "packages: [a]\n", []string{"recognises no format"}, 1},
+		{"gzip", gz(dup), []string{"gzip-compressed user-data: line 3: key \"a\""}, 0},
+		{"gzip script", gz("#!/bin/sh\n"), nil, 0},
+		{"archive", "#cloud-config-archive\n- |\n  #cloud-config\n  a: 1\n  a: 2\n- {type: text/x-shellscript, content: 'x: [y'}\n- 'b: [c'\n",
+			[]string{`archive entry 1: key "a"`, "archive entry 3: line 1: YAML"}, 5},
+		{"archive not a list", "#cloud-config-archive\na: 1\n", []string{"not a list of parts"}, 2},
+		{"mime", mimeDoc("Content-Type: text/cloud-config\n\n"+dup, "Content-Type: text/x-shellscript\n\n#!/bin/sh\n"),
+			[]string{`MIME part 1 (text/cloud-config): line 3: key "a"`}, 0},
+		{"mime text/plain typed by its start", mimeDoc("Content-Type: text/plain\n\n" + dup), []string{`MIME part 1 (text/plain): line 3: key "a"`}, 0},
+		{"mime base64", mimeDoc("Content-Type: text/cloud-config\nContent-Transfer-Encoding: base64\n\n" + base64.StdEncoding.EncodeToString([]byte(dup))),
+			[]string{`MIME part 1 (text/cloud-config): line 3`}, 0},
+		{"mime gzip part", mimeDoc("Content-Type: application/x-gzip\nContent-Transfer-Encoding: base64\n\n" + base64.StdEncoding.EncodeToString([]byte(gz(dup)))),
+			[]string{`MIME part 1 (application/x-gzip): line 3`}, 0},
+		{"mime unknown text part", mimeDoc("Content-Type: text/plain\n\nhello"), []string{"cloud-init ignores this part"}, 0},
+		{"mime nested archive", mimeDoc("Content-Type: text/cloud-config-archive\n\n- 'a: [b'"), []string{"MIME part 1 (text/cloud-config-archive): archive entry 1: line 1: YAML"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			probs := CheckUserData([]byte(tc.doc))
+			if len(probs) != len(tc.want) {
+				t.Fatalf("%d problems, want %d: %+v", len(probs), len(tc.want), probs)
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(probs[i].Msg, w) {
+					t.Errorf("problem %d = %q, want it to say %q", i, probs[i].Msg, w)
+				}
+			}
+			if len(probs) > 0 && probs[0].Line != tc.line {
+				t.Errorf("first problem on line %d, want %d", probs[0].Line, tc.line)
+			}
+		})
+	}
+}
+
+// cloudInit runs a python script under cloud-init's own interpreter with
+// input as JSON on stdin and returns its stdout; it skips when cloud-init
+// is not installed.
+func cloudInit(t *testing.T, script string, input any) []byte {
+	t.Helper()
+	bin, err := exec.LookPath("cloud-init")
+	if err != nil {
+		t.Skip("cloud-init not installed (scripts/install-deps.sh installs it)")
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	fields := strings.Fields(strings.TrimPrefix(line, "#!"))
+	if !strings.HasPrefix(line, "#!") || len(fields) == 0 {
+		t.Fatalf("%s has no #! line naming its python", bin)
+	}
+	in, err := json.Marshal(input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(fields[0], "-c", script)
+	cmd.Stdin = bytes.NewReader(in)
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("cloud-init's python: %v: %s", err, ee.Stderr)
+		}
+		t.Fatal(err)
+	}
+	return out
+}
+
+// FuzzCheckUserData feeds CheckUserData arbitrary documents: it must never
+// panic, and every problem it reports has a message and a line within the
+// document (or none).
+func FuzzCheckUserData(f *testing.F) {
+	for _, seed := range []string{
+		"", "#cloud-config\na: 1\na: 2\n", "#cloud-config-archive\n- 'a: [b'\n- [x]\n",
+		"Content-Type: multipart/mixed; boundary=\"b\"\nMIME-Version: 1.0\n\n--b\nContent-Type: text/plain\n\n#cloud-config\nx: 1\nx: 2\n--b--\n",
+		"#!/bin/sh\n", "\x1f\x8b\x08\x00", "#cloud-config\n{a: 1, a: 2}\n", "## template: jinja\n#cloud-config\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		lines := bytes.Count(doc, []byte("\n")) + 1
+		for _, p := range CheckUserData(doc) {
+			if p.Msg == "" || p.Line < 0 || p.Line > lines {
+				t.Fatalf("problem %+v for a document of %d lines", p, lines)
+			}
+		}
+	})
+}
