@@ -405,3 +405,18 @@ func TestAgentRunReactsToANewSnapshotAtOnce(t *testing.T) {
 	}
 	assert.Equal(t, []string{"web-01"}, h.prov.Calls(agenttest.OpBoot))
 }
+
+// A snapshot file over desired.MaxSnapshotBytes is refused by its size
+// before it is read, like a snapshot that does not parse.
+func TestSourceRefusesAHugeSnapshotUnread(t *testing.T) {
+	if testing.Short() {
+		t.Skip("commits a 65 MB file; skipped with -short")
+	}
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	huge := "host: hv-a\nepoch: 1\n#" + string(bytes.Repeat([]byte("x"), desired.MaxSnapshotBytes)) + "\n"
+	gittest.Commit(t, bare, gittest.Edit{Branch: agent.SnapshotsBranch, Write: map[string]string{"hosts/hv-a.yaml": huge}})
+	_, _, err := agent.NewSource(mustOpen(t, bare), "hv-a", "").Fetch(context.Background())
+	require.ErrorIs(t, err, agent.ErrSnapshotInvalid)
+	assert.ErrorIs(t, err, gitsource.ErrFileTooLarge)
+}

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -67,6 +68,7 @@ func TestEngineWithRealQEMU(t *testing.T) {
 	vmEntry := desired.SnapshotVM{Name: "web-01", SpecHash: desired.SpecHash(spec), Spec: spec}
 	volumes := []desired.SnapshotVolume{{Name: "web-01-data", SizeGB: 1}}
 
+	runAs := qemuUser(t)
 	dir := t.TempDir()
 	clk := newClock()
 	var store *agent.Store
@@ -76,6 +78,7 @@ func TestEngineWithRealQEMU(t *testing.T) {
 		store, err = agent.OpenStore(filepath.Join(dir, "state"))
 		require.NoError(t, err)
 		prov, err = qemu.New(qemu.Config{CacheDir: filepath.Join(dir, "images"), MachineDir: store.VMDir, Accel: "tcg",
+			RunAs: runAs, Artifacts: qemu.ArtifactPolicy{FileRoots: []string{filepath.Dir(g.Kernel), filepath.Dir(g.Initrd), filepath.Dir(base)}},
 			PowerdownTimeout: 20 * time.Second, KillTimeout: 5 * time.Second, BootTimeout: 90 * time.Second, Logger: quietLog()})
 		require.NoError(t, err)
 		eng, err = agent.NewEngine(agent.EngineConfig{Host: testHost, Store: store, Provisioner: prov,
@@ -169,6 +172,8 @@ func TestEngineWithRealQEMU(t *testing.T) {
 	again, err := os.ReadFile(filepath.Join(store.VMDir("web-01"), qemu.PidFile))
 	require.NoError(t, err)
 	assert.Equal(t, string(pid), string(again), "re-attached, not booted again")
+	assertConfined(t, strings.TrimSpace(string(pid)), runAs)
+	assertQEMUFiles(t, strings.TrimSpace(string(pid)), filepath.Join(dir, "images"), store.VMDir("web-01"), store.VolumePath("web-01-data"))
 
 	deleted := vmEntry
 	deleted.Tombstoned = true
@@ -203,4 +208,66 @@ func waitPhase(t *testing.T, eng *agent.Engine, name, phase string) status.VM {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// assertQEMUFiles checks that QEMU (pid) holds no file outside allowed:
+// the image cache, the VM's directory, its volumes. Devices, pipes,
+// sockets and anonymous files are not files a guest reads.
+func assertQEMUFiles(t *testing.T, pid string, allowed ...string) {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/" + pid + "/fd")
+	require.NoError(t, err)
+	held := 0
+	for _, fd := range fds {
+		target, err := os.Readlink("/proc/" + pid + "/fd/" + fd.Name())
+		if err != nil || !strings.HasPrefix(target, "/") || strings.HasPrefix(target, "/dev/") {
+			continue
+		}
+		held++
+		ok := false
+		for _, a := range allowed {
+			ok = ok || target == a || strings.HasPrefix(target, a+"/")
+		}
+		assert.True(t, ok, "qemu holds %s, outside the image cache, the VM's directory and its volumes", target)
+	}
+	assert.NotZero(t, held, "qemu holds no file at all: the check proves nothing")
+}
+
+// qemuUser returns the unprivileged user QEMU should run as: the dedicated
+// user (made when missing) when the test runs as root, else "" (QEMU runs
+// as the test's own, unprivileged, user).
+func qemuUser(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return ""
+	}
+	if _, err := user.Lookup(qemu.DefaultQEMUUser); err != nil {
+		out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", qemu.DefaultQEMUUser).CombinedOutput()
+		if _, lerr := user.Lookup(qemu.DefaultQEMUUser); lerr != nil {
+			t.Fatalf("create %s: %v: %s", qemu.DefaultQEMUUser, err, out)
+		}
+	}
+	return qemu.DefaultQEMUUser
+}
+
+// assertConfined checks in /proc that QEMU (pid) runs without root and
+// under its seccomp sandbox.
+func assertConfined(t *testing.T, pid, runAs string) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	require.NoError(t, err)
+	fields := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		fields[k] = strings.Join(strings.Fields(v), " ")
+	}
+	for _, id := range strings.Fields(fields["Uid"]) {
+		assert.NotEqual(t, "0", id, "qemu runs with a root uid (Uid: %s)", fields["Uid"])
+	}
+	if runAs != "" {
+		u, err := user.Lookup(runAs)
+		require.NoError(t, err)
+		assert.Equal(t, strings.Repeat(u.Uid+" ", 3)+u.Uid, fields["Uid"])
+	}
+	assert.Equal(t, "2", fields["Seccomp"], "qemu runs without its seccomp sandbox")
 }

@@ -76,9 +76,14 @@ func (s *Source) Fetch(ctx context.Context) (*desired.Snapshot, string, error) {
 
 func (s *Source) read(tip string) (*desired.Snapshot, error) {
 	path := snapshots.Path(s.host)
-	data, err := s.repo.ReadFile(tip, path)
+	data, err := s.repo.ReadFileMax(tip, path, desired.MaxSnapshotBytes)
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil
+	}
+	if errors.Is(err, gitsource.ErrFileTooLarge) {
+		// Refused like a fence violation: nothing acts on it, and the
+		// status says why.
+		return nil, fmt.Errorf("%w: %s@%.12s: %w", ErrSnapshotInvalid, path, tip, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read %s at %.12s: %w", path, tip, err)

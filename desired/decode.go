@@ -128,6 +128,46 @@ func indexPath(field string, i int) string {
 	return field + "[" + strconv.Itoa(i) + "]"
 }
 
+// describeFor is describe for a node of field, naming only the kind of a
+// secret field's value (user-data, keys): a message quotes no part of it.
+func describeFor(field string, n *yaml.Node) string {
+	if !isSecretField(field) {
+		return describe(n)
+	}
+	switch n.Tag {
+	case "!!str":
+		return "a string"
+	case "!!int", "!!float":
+		return "a number"
+	case "!!bool":
+		return "a boolean"
+	}
+	if n.Kind != yaml.ScalarNode {
+		return describe(n)
+	}
+	return "a scalar"
+}
+
+// valueFor is a node's text for a message, or "(secret)" for a secret
+// field's.
+func valueFor(field string, v string) string {
+	if isSecretField(field) {
+		return "(secret)"
+	}
+	return v
+}
+
+// isSecretField reports whether field holds a secret (see secretFields):
+// its value is never shown, by validate, plan or the agent.
+func isSecretField(field string) bool {
+	for _, sec := range secretFields {
+		if strings.HasPrefix(field, sec) {
+			return true
+		}
+	}
+	return false
+}
+
 // describe names what a node holds, for "must be X, got Y" messages.
 func describe(n *yaml.Node) string {
 	switch n.Kind {
@@ -253,7 +293,7 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, field string) {
 		}
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
-			d.add(nodePos(n), field, "must be true or false, got %s", describe(n))
+			d.add(nodePos(n), field, "must be true or false, got %s", describeFor(field, n))
 			return
 		}
 		switch n.Value {
@@ -273,7 +313,7 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, field string) {
 // calls fn for each key/value pair, after recording the field's position.
 func (d *nodeDecoder) mappingPairs(n *yaml.Node, field string, fn func(key string, k, val *yaml.Node, sub string)) {
 	if n.Kind != yaml.MappingNode {
-		d.add(nodePos(n), field, "must be a mapping, got %s", describe(n))
+		d.add(nodePos(n), field, "must be a mapping, got %s", describeFor(field, n))
 		return
 	}
 	var seen map[string]*yaml.Node
@@ -290,7 +330,7 @@ func (d *nodeDecoder) mappingPairs(n *yaml.Node, field string, fn func(key strin
 			continue
 		}
 		if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
-			d.add(nodePos(k), field, "keys must be strings, got %s", describe(k))
+			d.add(nodePos(k), field, "keys must be strings, got %s", describeFor(field, k))
 			continue
 		}
 		// Duplicate keys: a linear scan for the small mappings objects
@@ -371,7 +411,7 @@ func (d *nodeDecoder) decodeMap(n *yaml.Node, v reflect.Value, field string) {
 
 func (d *nodeDecoder) decodeSlice(n *yaml.Node, v reflect.Value, field string) {
 	if n.Kind != yaml.SequenceNode {
-		d.add(nodePos(n), field, "must be a list, got %s", describe(n))
+		d.add(nodePos(n), field, "must be a list, got %s", describeFor(field, n))
 		return
 	}
 	s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
@@ -389,11 +429,15 @@ func (d *nodeDecoder) decodeSlice(n *yaml.Node, v reflect.Value, field string) {
 // changed into a number and back into different text.
 func (d *nodeDecoder) scalarString(n *yaml.Node, field string) (string, bool) {
 	if n.Kind != yaml.ScalarNode {
-		d.add(nodePos(n), field, "must be a string, got %s", describe(n))
+		d.add(nodePos(n), field, "must be a string, got %s", describeFor(field, n))
 		return "", false
 	}
 	if n.Tag != "!!str" {
-		d.add(nodePos(n), field, "must be a string, got %s; if you mean the text, quote it: %q", describe(n), n.Value)
+		if isSecretField(field) {
+			d.add(nodePos(n), field, "must be a string, got %s; if you mean the text, quote it", describeFor(field, n))
+		} else {
+			d.add(nodePos(n), field, "must be a string, got %s; if you mean the text, quote it: %q", describe(n), n.Value)
+		}
 		return "", false
 	}
 	return n.Value, true
@@ -405,17 +449,17 @@ var decimal = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
 // 0x/0o/0b prefixes, no leading zeros, no underscores, no sign prefix "+".
 func (d *nodeDecoder) scalarInt(n *yaml.Node, field string, unsigned bool) (int64, bool) {
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" && n.Tag != "!!float" {
-		d.add(nodePos(n), field, "must be an integer, got %s", describe(n))
+		d.add(nodePos(n), field, "must be an integer, got %s", describeFor(field, n))
 		return 0, false
 	}
 	if !decimal.MatchString(n.Value) {
-		d.add(nodePos(n), field, "must be a plain decimal integer such as 42, got %s", n.Value)
+		d.add(nodePos(n), field, "must be a plain decimal integer such as 42, got %s", valueFor(field, n.Value))
 		return 0, false
 	}
 	if unsigned {
 		u, err := strconv.ParseUint(n.Value, 10, 63)
 		if err != nil {
-			d.add(nodePos(n), field, "must be a non-negative integer below 2^63, got %s", n.Value)
+			d.add(nodePos(n), field, "must be a non-negative integer below 2^63, got %s", valueFor(field, n.Value))
 			return 0, false
 		}
 		return int64(u), true

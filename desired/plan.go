@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // Action is what a plan does to one object on one host.
@@ -388,10 +390,13 @@ func diffFields(old, new map[string]string) []FieldChange {
 			secret = secret || strings.HasPrefix(k, sec)
 		}
 		if secret {
-			o, n = redact(o), redact(n)
+			o, n = maskSecret(o), maskSecret(n)
 			if o == n {
 				n = "(secret, changed)"
 			}
+		} else {
+			// An artifact URL may carry a token in its user or query.
+			o, n = redact.Text(o), redact.Text(n)
 		}
 		out = append(out, FieldChange{Field: k, Old: o, New: n})
 	}
@@ -399,7 +404,7 @@ func diffFields(old, new map[string]string) []FieldChange {
 	return out
 }
 
-func redact(s string) string {
+func maskSecret(s string) string {
 	if s == "" {
 		return ""
 	}

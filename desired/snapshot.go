@@ -1,5 +1,10 @@
 package desired
 
+// MaxSnapshotBytes is the largest snapshot file (hosts/<host>.yaml on the
+// snapshots branch) an agent or the controller reads: 64 MiB. A bigger
+// one, forged or broken, is refused by its size before it is read.
+const MaxSnapshotBytes = 64 << 20
+
 // Snapshot is one host's desired state as the controller publishes it at
 // hosts/<host>.yaml on the gitfleet/snapshots branch (docs/DESIGN.md, Branches and
 // files). Epoch strictly increases per host and is never reused; an agent

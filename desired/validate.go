@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // Limits of the object fields. The lower bounds are what a VM needs to boot
@@ -119,19 +121,19 @@ func truncate(s string, n int) string {
 func checkURL(u string) string {
 	p, err := url.Parse(u)
 	if err != nil {
-		return fmt.Sprintf("not a URL: %v", err)
+		return "not a URL: " + redact.Text(err.Error())
 	}
 	switch p.Scheme {
 	case "http", "https":
 		if p.Host == "" {
-			return fmt.Sprintf("%q has no host", u)
+			return fmt.Sprintf("%q has no host", redact.URL(u))
 		}
 	case "file":
 		if !strings.HasPrefix(p.Path, "/") || p.Host != "" && p.Host != "localhost" {
-			return fmt.Sprintf("%q must be file:///absolute/path", u)
+			return fmt.Sprintf("%q must be file:///absolute/path", redact.URL(u))
 		}
 	case "":
-		return fmt.Sprintf("%q has no scheme; use http, https or file", u)
+		return fmt.Sprintf("%q has no scheme; use http, https or file", redact.URL(u))
 	default:
 		return fmt.Sprintf("scheme %q is not supported; use http, https or file", p.Scheme)
 	}

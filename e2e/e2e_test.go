@@ -244,6 +244,7 @@ host: %s
 stateDir: %q
 backend: qemu
 qemu: {accel: %s}
+artifacts: {allowNetworks: [127.0.0.0/8]}   # the test's artifact server
 intervals: {tick: 1s, poll: 2s, heartbeat: 5s}
 graces: {tombstone: %s}
 readyTimeout: 10m
@@ -496,7 +497,7 @@ func (f *fleetUnderTest) strays(running ...string) []string {
 			return nil
 		}
 		base := filepath.Base(p)
-		if strings.HasSuffix(base, ".partial") || strings.HasSuffix(base, ".work") || strings.HasPrefix(base, ".tmp") {
+		if strings.HasSuffix(base, ".partial") || strings.Contains(base, ".partial-") || strings.HasSuffix(base, ".work") || strings.HasPrefix(base, ".tmp") {
 			out = append(out, p)
 		}
 		if base == qemu.PidFile || base == qemu.QMPSocket {
@@ -641,9 +642,14 @@ func TestAgentKilledMidCreate(t *testing.T) {
 	case <-time.After(waitLimit):
 		t.Fatalf("the agent never fetched vm-b's initrd; status: %s", vmState(f.status(), vm))
 	}
-	partial := filepath.Join(f.stateDir, "images", sha(f.art.slow)+".partial")
+	// A download streams into <sha256>.partial-<random> in the cache.
+	partial := filepath.Join(f.stateDir, "images", sha(f.art.slow)+".partial-*")
 	f.waitFor("vm-b's initrd half downloaded", func() (bool, string) {
-		fi, err := os.Stat(partial)
+		files, err := filepath.Glob(partial)
+		if err != nil || len(files) == 0 {
+			return false, fmt.Sprintf("no %s: %v", partial, err)
+		}
+		fi, err := os.Stat(files[0])
 		return err == nil && fi.Size() > 0, fmt.Sprint(err)
 	})
 	f.kill9(f.agent)

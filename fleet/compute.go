@@ -15,6 +15,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/redact"
 	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
@@ -229,9 +230,10 @@ func (p *computePass) keepLastGood() error {
 	}
 	reason := "unknown error"
 	if p.in.loadErr != nil {
-		// Written to ledger.yaml and README.md: valid UTF-8, no control
-		// characters, the first errors of a long list and a count.
-		reason = safetext.Lines(p.in.loadErr.Error())
+		// Written to ledger.yaml and README.md: a fetch error may quote the
+		// remote's URL with its token; valid UTF-8, no control characters,
+		// the first errors of a long list and a count.
+		reason = safetext.Lines(redact.Text(p.in.loadErr.Error()))
 	}
 	if r := p.l.Rejected; r == nil || r.Commit != p.in.head || r.Reason != reason || r.Superseded != "" {
 		p.l.Rejected = &snapshots.Rejection{Commit: p.in.head, Reason: reason, At: p.in.now}

@@ -410,7 +410,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if tip != "" && tip == c.verifiedTip {
 			verify = nil
 		}
-		o, err := compute(c.input(head, fl, loadErr, obs, now, l, read, verify))
+		o, err := compute(c.input(head, fl, loadErr, obs, now, l, c.bounded(tip, read, desired.MaxSnapshotBytes), verify))
 		if err != nil {
 			return nil, "", err
 		}
@@ -531,13 +531,29 @@ func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]string {
 	return next
 }
 
+// MaxLedgerBytes is the largest ledger.yaml the controller reads (64 MiB;
+// ten thousand objects take a few). A bigger one is refused by its size
+// before it is read: the pass fails and says so, as for a ledger that does
+// not parse.
+const MaxLedgerBytes = 64 << 20
+
+// bounded is read limited to files of max bytes at tip, checked before a
+// file is read (gitsource.ErrFileTooLarge); read as it is when the branch
+// has no tip yet.
+func (c *Controller) bounded(tip string, read func(string) ([]byte, error), max int64) func(string) ([]byte, error) {
+	if tip == "" {
+		return read
+	}
+	return func(p string) ([]byte, error) { return c.tips.ReadFileMax(tip, p, max) }
+}
+
 // ledgerAt returns the ledger at tip, from the cache when tip is the one
 // last written or read.
 func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*snapshots.Ledger, error) {
 	if tip != "" && tip == c.ledgerTip && c.ledger != nil {
 		return c.ledger, nil
 	}
-	l, err := snapshots.LedgerAt(read)
+	l, err := snapshots.LedgerAt(c.bounded(tip, read, MaxLedgerBytes))
 	if err != nil {
 		return nil, err
 	}
@@ -551,6 +567,9 @@ func readSnapshot(read func(string) ([]byte, error), host string) (*desired.Snap
 	data, err := read(snapshots.Path(host))
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil
+	}
+	if errors.Is(err, gitsource.ErrFileTooLarge) {
+		return nil, nil // refused like one that does not parse
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", snapshots.Path(host), err)

@@ -7,11 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
 	gitssh "github.com/go-git/go-git/v5/plumbing/transport/ssh"
+
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // method builds the go-git auth method for url: nil for local remotes and
@@ -87,12 +88,6 @@ func (a Auth) method(url string) (transport.AuthMethod, error) {
 	}
 }
 
-// redactURL drops a password embedded in a URL before it reaches a log line
-// or an error.
-func redactURL(url string) string {
-	ep, err := transport.NewEndpoint(url)
-	if err != nil || ep.Password == "" {
-		return url
-	}
-	return strings.Replace(url, ":"+ep.Password+"@", ":***@", 1)
-}
+// redactURL drops the credentials a URL may carry (user, password, query
+// tokens) before it reaches a log line or an error.
+func redactURL(url string) string { return redact.URL(url) }

@@ -115,6 +115,7 @@ func TestAuthMethodSSH(t *testing.T) {
 }
 
 func TestRedactURL(t *testing.T) {
-	assert.Equal(t, "https://u:***@example.com/r.git", redactURL("https://u:pw@example.com/r.git"))
+	assert.Equal(t, "https://***@example.com/r.git", redactURL("https://u:pw@example.com/r.git"))
+	assert.Equal(t, "https://***@example.com/r.git?private_token=***", redactURL("https://TOKEN@example.com/r.git?private_token=TOKEN"))
 	assert.Equal(t, "https://example.com/r.git", redactURL("https://example.com/r.git"))
 }

@@ -298,7 +298,12 @@ func (r *Repo) openStorage(fresh bool) error {
 			return err
 		}
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// The clone holds the remote's URL (credentials and all) and every
+	// file of the fleet (cloud-init user-data): for this user alone.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
 		return err
 	}
 	ents, err := os.ReadDir(dir)

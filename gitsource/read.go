@@ -173,10 +173,20 @@ func (r *Repo) blobSize(h plumbing.Hash) (int64, error) {
 	return n, nil
 }
 
+// ErrFileTooLarge is wrapped by ReadFileMax when a file is bigger than
+// the caller's limit; the file's contents were not read.
+var ErrFileTooLarge = errors.New("file too large")
+
 // ReadFile reads path at commit. An absent path gives ErrFileNotFound
 // (also fs.ErrNotExist); a path that is a directory or a submodule is an
 // error; a missing object is ErrObjectMissing, never an empty file.
-func (r *Repo) ReadFile(commit, p string) ([]byte, error) {
+func (r *Repo) ReadFile(commit, p string) ([]byte, error) { return r.ReadFileMax(commit, p, -1) }
+
+// ReadFileMax is ReadFile for a file of at most max bytes (max < 0: no
+// limit). The size is looked up before the blob is read, so a forged file
+// of any size costs no memory: a bigger one is an error wrapping
+// ErrFileTooLarge that gives its size.
+func (r *Repo) ReadFileMax(commit, p string, max int64) ([]byte, error) {
 	cp, err := cleanPath(p)
 	if err != nil || cp == "" {
 		return nil, fmt.Errorf("read %q at %s: bad path: %v", p, desired.Hash(commit).Short(), err)
@@ -193,6 +203,15 @@ func (r *Repo) ReadFile(commit, p string) ([]byte, error) {
 	}
 	if e.Mode == filemode.Dir || e.Mode == filemode.Submodule {
 		return nil, fmt.Errorf("read %s at %s: not a file (mode %s)", p, desired.Hash(commit).Short(), e.Mode)
+	}
+	if max >= 0 {
+		n, err := r.blobSize(e.Hash)
+		if err != nil {
+			return nil, fmt.Errorf("read %s at %s: %w", p, desired.Hash(commit).Short(), err)
+		}
+		if n > max {
+			return nil, fmt.Errorf("read %s at %s: %w: %d bytes, the limit is %d", p, desired.Hash(commit).Short(), ErrFileTooLarge, n, max)
+		}
 	}
 	data, err := r.readBlob(e.Hash)
 	if err != nil {

@@ -29,8 +29,19 @@ command -v ip >/dev/null || [ -x /usr/sbin/ip ] || need+=(iproute2)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v qemu-ga >/dev/null || [ -x /usr/sbin/qemu-ga ] || need+=(qemu-guest-agent)
+command -v nft >/dev/null || need+=(nftables)
+
+# The agent runs QEMU as this unprivileged system user (agent config
+# qemu.user), with an nftables guard keyed on it.
+qemu_user() {
+  id gitfleet-qemu >/dev/null 2>&1 && return
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo useradd --system --no-create-home --shell /usr/sbin/nologin gitfleet-qemu
+}
 
 if [ ${#need[@]} -eq 0 ]; then
+  qemu_user
   echo "install-deps: everything is present"
   exit 0
 fi
@@ -44,3 +55,4 @@ echo "install-deps: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+qemu_user

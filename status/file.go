@@ -12,7 +12,18 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/hostfile"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
+
+// MaxFileBytes is the largest status file a reader parses (4 MiB; a host
+// with ten thousand VMs writes well under 1 MiB). A bigger file, forged or
+// broken, is refused by its size before it is read, and reported as the
+// host's status error.
+const MaxFileBytes = 4 << 20
+
+// ErrFileTooLarge is wrapped by the error of a status file over
+// MaxFileBytes.
+var ErrFileTooLarge = errors.New("status file too large")
 
 // ErrHostMismatch is returned when a status file's host field does not name
 // the host of its path (hosts/<host>.yaml): an agent must write only its own
@@ -44,8 +55,11 @@ func Parse(name string, data []byte) (*Status, error) {
 
 // Marshal encodes st as the YAML of a status file. Slices that are nil are
 // written as empty lists so a reader never confuses "none" with "unknown".
+// Every free-text field (errors, messages, reasons) is passed through
+// redact.Text: an error that quotes a URL with a token never reaches the
+// branch.
 func Marshal(st *Status) ([]byte, error) {
-	c := *st
+	c := redacted(st)
 	if c.VMs == nil {
 		c.VMs = []VM{}
 	}
@@ -142,9 +156,15 @@ func (r *Reader) read(f desired.File) (*Status, error) {
 			return st, nil
 		}
 	}
+	if f.Size > MaxFileBytes {
+		return nil, fmt.Errorf("read status %s: %w: %d bytes, the limit is %d", f.Path, ErrFileTooLarge, f.Size, MaxFileBytes)
+	}
 	data, err := f.Read()
 	if err != nil {
 		return nil, fmt.Errorf("read status %s: %w", f.Path, err)
+	}
+	if int64(len(data)) > MaxFileBytes {
+		return nil, fmt.Errorf("read status %s: %w: %d bytes, the limit is %d", f.Path, ErrFileTooLarge, len(data), MaxFileBytes)
 	}
 	st, err := Parse(f.Path, data)
 	if err != nil {
@@ -156,4 +176,26 @@ func (r *Reader) read(f desired.File) (*Status, error) {
 		r.mu.Unlock()
 	}
 	return st, nil
+}
+
+// redacted returns a copy of st (sharing nothing Marshal changes) with its
+// free-text fields redacted.
+func redacted(st *Status) Status {
+	c := *st
+	c.SnapshotError = redact.Text(c.SnapshotError)
+	c.VMs = append([]VM(nil), st.VMs...)
+	for i := range c.VMs {
+		c.VMs[i].LastError = redact.Text(c.VMs[i].LastError)
+		c.VMs[i].Message = redact.Text(c.VMs[i].Message)
+	}
+	c.Quarantined = append([]Quarantine(nil), st.Quarantined...)
+	for i := range c.Quarantined {
+		c.Quarantined[i].LastError = redact.Text(c.Quarantined[i].LastError)
+	}
+	c.Vanished = append([]Vanished(nil), st.Vanished...)
+	for i := range c.Vanished {
+		c.Vanished[i].LastError = redact.Text(c.Vanished[i].LastError)
+		c.Vanished[i].Reason = redact.Text(c.Vanished[i].Reason)
+	}
+	return c
 }

@@ -204,3 +204,74 @@ func TestRenderSummary(t *testing.T) {
 		})
 	}
 }
+
+// A token in an error that quotes a URL never reaches the status file, in
+// any of its free-text fields.
+func TestMarshalRedactsURLs(t *testing.T) {
+	const token = "glpat-T0K3N"
+	msg := `fetch image: Get "https://` + token + `@h.example/i.qcow2?private_token=` + token + `": EOF`
+	st := &Status{Host: "hv-a", SnapshotError: msg,
+		VMs:         []VM{{Name: "a", LastError: msg, Message: msg}},
+		Quarantined: []Quarantine{{Name: "b", LastError: msg}},
+		Vanished:    []Vanished{{Name: "c", LastError: msg, Reason: msg}}}
+	data, err := Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(data), token) {
+		t.Errorf("status file carries the token:\n%s", data)
+	}
+	if st.VMs[0].LastError != msg {
+		t.Error("Marshal changed its argument")
+	}
+}
+
+// A summary cell renders as the text it holds: no Markdown or HTML from an
+// agent or a commit takes effect, and no token is shown.
+func TestSummaryCellsEscapeMarkdownAndHTML(t *testing.T) {
+	hostile := `<img src=x onerror=alert(1)> [click](https://evil.example/) **bold** ` + "`code`" + ` ![i](https://x/y.png) &amp; https://u:T0K3N@h.example/r.git | a`
+	got := string(RenderSummary(Summary{Hosts: []HostSummary{{Name: "hv-a", Reported: true,
+		VMs: []VM{{Name: "a", Phase: "failed", LastError: hostile}}}},
+		Rejected: &Rejection{Reason: "fetch https://T0K3N@h.example/r.git: denied\n```\n<script>x</script>"}}))
+	for _, bad := range []string{"<img", "](", "**bold**", "`code`", "![", " &amp; ", "T0K3N", "https://evil"} {
+		if strings.Contains(got, bad) {
+			t.Errorf("summary holds %q:\n%s", bad, got)
+		}
+	}
+	// The rejected reason is a code block: a fence inside it cannot close it.
+	if n := strings.Count(got, "```"); n != 2 {
+		t.Errorf("summary has %d fences, want the reason's 2:\n%s", n, got)
+	}
+}
+
+// A status file over MaxFileBytes is refused by its size, without being
+// read, and reported as that host's error; the other hosts are read.
+func TestReadAllRefusesAHugeStatusUnread(t *testing.T) {
+	good, _ := Marshal(&Status{Host: "hv-b"})
+	tree := fileTree{
+		{Path: "hosts/hv-a.yaml", ID: "a", Size: MaxFileBytes + 1, Read: func() ([]byte, error) {
+			t.Error("the huge status was read")
+			return nil, errors.New("read")
+		}},
+		{Path: "hosts/hv-b.yaml", ID: "b", Size: int64(len(good)), Read: func() ([]byte, error) { return good, nil }},
+	}
+	reps, err := NewReader().ReadAll(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 2 || !errors.Is(reps[0].Err, ErrFileTooLarge) || reps[1].Err != nil {
+		t.Fatalf("reports %+v: want hv-a refused as too large, hv-b read", reps)
+	}
+}
+
+// fileTree is a desired.Tree over a list of files.
+type fileTree []desired.File
+
+func (ft fileTree) Walk(fn func(desired.File) error) error {
+	for _, f := range ft {
+		if err := fn(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // Summary is what the controller renders into README.md on the status branch
@@ -139,7 +140,7 @@ func RenderSummary(s Summary) []byte {
 			fmt.Fprintf(&b, "%s at %s was rejected; the last good snapshots stay in place.\n\n", commit, stamp(s.Rejected.At))
 		}
 		b.WriteString("```\n")
-		b.WriteString(strings.TrimRight(strings.ReplaceAll(s.Rejected.Reason, "```", "'''"), "\n"))
+		b.WriteString(strings.TrimRight(strings.ReplaceAll(redact.Text(s.Rejected.Reason), "```", "'''"), "\n"))
 		b.WriteString("\n```\n\n")
 	}
 
@@ -258,12 +259,41 @@ func stamp(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
-// cell makes s safe inside one Markdown table cell.
+// maxCell is the most characters of one value a summary cell shows: an
+// error of any length never makes the README large.
+const maxCell = 500
+
+// cell makes s safe inside one Markdown table cell: credentials in URLs
+// are redacted (see internal/redact), line breaks become spaces, and every
+// character Markdown or HTML gives a meaning to is escaped, so text from an
+// agent's status or a commit renders as the text it is: no link, image,
+// emphasis, HTML tag, entity or autolink.
 func cell(s string) string {
 	if s == "" {
 		return "-"
 	}
-	s = strings.ReplaceAll(s, "|", "\\|")
-	s = strings.ReplaceAll(s, "\r", "")
-	return strings.ReplaceAll(s, "\n", " ")
+	s = redact.Text(s)
+	if r := []rune(s); len(r) > maxCell {
+		s = string(r[:maxCell]) + "…"
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '\r':
+		case '\n':
+			b.WriteByte(' ')
+		case '<':
+			b.WriteString("&lt;")
+		case '>':
+			b.WriteString("&gt;")
+		case '&':
+			b.WriteString("&amp;")
+		case '\\', '`', '*', '_', '{', '}', '[', ']', '(', ')', '#', '+', '!', '|', '~', ':', '@', '$':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

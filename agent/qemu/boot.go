@@ -33,6 +33,8 @@ type launch struct {
 	mac     string
 	sshPort int    // user-mode networking's forwarded SSH port, when tap is ""
 	tap     string // the tap of a host network, or "" for user-mode networking
+	runAs   string // -runas user; "" stays root
+	sandbox bool
 }
 
 // escapeOpt doubles commas, QEMU's escape inside an option value.
@@ -65,6 +67,14 @@ func (l launch) args() []string {
 		"-smp", strconv.Itoa(l.vcpus),
 		"-m", strconv.Itoa(l.memMB),
 		"-nodefaults", "-no-user-config", "-display", "none",
+	)
+	if l.sandbox {
+		a = append(a, sandboxArgs(l.runAs != "")...)
+	}
+	if l.runAs != "" {
+		a = append(a, "-runas", l.runAs)
+	}
+	a = append(a,
 		"-pidfile", filepath.Join(l.dir, PidFile),
 		"-qmp", "unix:"+QMPSocket+",server=on,wait=off",
 		"-serial", "file:"+escapeOpt(filepath.Join(l.dir, SerialLog)),
@@ -171,6 +181,13 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 		vcpus: max(m.Spec.VCPUs, 1), memMB: m.Spec.MemoryMB,
 		root: st.path(RootDiskFile), seed: st.path(SeedFile), volumes: m.Volumes,
 		kernel: a.kernel, initrd: a.initrd, mac: mac, sshPort: port, tap: att.Tap,
+		sandbox: !p.cfg.NoSandbox,
+	}
+	if p.user != nil {
+		l.runAs = p.user.name
+		if err := p.user.own(st.dir); err != nil {
+			return fmt.Errorf("boot: %w", err)
+		}
 	}
 	if l.memMB <= 0 {
 		l.memMB = 512

@@ -13,6 +13,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 const gib = int64(1) << 30
@@ -25,7 +26,8 @@ type artifacts struct {
 }
 
 // fetchArtifacts downloads (or finds cached) everything spec names and
-// checks the image is a qcow2 or raw disk without a backing file of its own.
+// checks the image is a self-contained qcow2 or raw disk (inspectImage)
+// before any qemu-img or QEMU opens it.
 func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desired.VMSpec) (artifacts, error) {
 	var a artifacts
 	var err error
@@ -38,17 +40,24 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 		if a.image, err = fetch(*spec.Image); err != nil {
 			return a, fmt.Errorf("fetch image: %w", err)
 		}
-		info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, a.image)
+		format, err := inspectImage(a.image)
+		if errors.Is(err, ErrImageNotSelfContained) {
+			return a, agent.Permanent(fmt.Errorf("image %s: %w", redact.URL(spec.Image.URL), err))
+		}
+		if err != nil {
+			return a, err
+		}
+		// Told its format, qemu-img probes nothing; the header check above
+		// made sure it opens no other file.
+		info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, a.image, format)
 		if err != nil {
 			return a, fmt.Errorf("inspect image: %w", err)
 		}
-		if info.Format != "qcow2" && info.Format != "raw" {
-			return a, agent.Permanent(fmt.Errorf("image %s is %s: want qcow2 or raw", redactURL(spec.Image.URL), info.Format))
+		if info.Format != format || info.BackingFilename != "" || info.dataFile() != "" {
+			return a, agent.Permanent(fmt.Errorf("image %s: %w: qemu-img reads it as %s (backing %q, data file %q)",
+				redact.URL(spec.Image.URL), ErrImageNotSelfContained, info.Format, info.BackingFilename, info.dataFile()))
 		}
-		if info.BackingFilename != "" {
-			return a, agent.Permanent(fmt.Errorf("image %s has a backing file of its own (%s): want a self-contained image", redactURL(spec.Image.URL), info.BackingFilename))
-		}
-		a.imageFormat = info.Format
+		a.imageFormat = format
 	}
 	if spec.Kernel != nil {
 		if a.kernel, err = fetch(desired.Artifact{URL: spec.Kernel.URL, SHA256: spec.Kernel.SHA256}); err != nil {
@@ -117,7 +126,7 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 	args := []string{"create", "-q", "-f", "qcow2"}
 	size := want
 	if a.image != "" {
-		info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, a.image)
+		info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, a.image, a.imageFormat)
 		if err != nil {
 			return fmt.Errorf("root disk: %w", err)
 		}
@@ -139,7 +148,7 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 // growRootDisk grows the root disk to want bytes when it is smaller.
 func (p *Provisioner) growRootDisk(ctx context.Context, st *vmState, want int64, log *logrus.Entry) error {
 	root := st.path(RootDiskFile)
-	info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, root)
+	info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, root, formatQCOW2)
 	if err != nil {
 		return fmt.Errorf("root disk: %w", err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // ErrChecksumMismatch is wrapped (inside agent.Permanent) by a download
@@ -31,21 +32,30 @@ var ErrChecksumMismatch = errors.New("sha256 mismatch")
 var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // imageCache keeps downloaded artifacts (disk images, kernels, initrds) as
-// dir/<sha256>. A download streams into dir/<sha256>.partial while hashing
-// and is renamed into place only when the hash matches, so a file named by
-// its hash is always complete and verified. Concurrent requests for one
-// hash share one download.
+// dir/<sha256>. A download streams into a temporary file in dir while
+// hashing and is renamed into place only when the hash matches, so a file
+// named by its hash is always complete and verified. Concurrent requests
+// for one URL and sha256 share one download; requests naming the same
+// sha256 by different URLs download apart, so one VM's bad or hung URL
+// never fails or holds up another's. The directory is 0700 and its files
+// 0600 (group-readable when the backend runs QEMU as another user, see
+// Config.RunAs).
 type imageCache struct {
 	dir    string
+	policy ArtifactPolicy
 	client *http.Client
 	log    *logrus.Entry
 
 	mu       sync.Mutex
-	inflight map[string]*download
+	inflight map[downloadKey]*download
 	// verified are the cached files this process has hashed and found
 	// whole; a file is hashed once per process, at its first use.
 	verified map[string]bool
 }
+
+// downloadKey names one download: the same sha256 from two URLs is two
+// downloads.
+type downloadKey struct{ url, sum string }
 
 // download is one running fetch; waiters block on done.
 type download struct {
@@ -57,72 +67,80 @@ type download struct {
 	waiters atomic.Int32
 }
 
-func newImageCache(dir string, client *http.Client, log *logrus.Entry) *imageCache {
-	return &imageCache{dir: dir, client: client, log: log, inflight: map[string]*download{}, verified: map[string]bool{}}
+func newImageCache(dir string, policy ArtifactPolicy, log *logrus.Entry) *imageCache {
+	policy = policy.withDefaults()
+	return &imageCache{dir: dir, policy: policy, client: policy.client(), log: log,
+		inflight: map[downloadKey]*download{}, verified: map[string]bool{}}
 }
 
 func (c *imageCache) path(sum string) string { return filepath.Join(c.dir, sum) }
 
 // progress reports bytes fetched so far and the total (-1 when the server
-// did not say) of the running download of sum.
+// did not say) of a running download of sum (the one furthest along when
+// several URLs are fetched for it).
 func (c *imageCache) progress(sum string) (done, total int64, ok bool) {
 	c.mu.Lock()
-	d := c.inflight[sum]
-	c.mu.Unlock()
-	if d == nil {
-		return 0, 0, false
+	defer c.mu.Unlock()
+	for k, d := range c.inflight {
+		if k.sum == sum && (!ok || d.bytes.Load() > done) {
+			done, total, ok = d.bytes.Load(), d.total.Load(), true
+		}
 	}
-	return d.bytes.Load(), d.total.Load(), true
+	return done, total, ok
 }
 
 // fetch returns the path of the verified artifact a, downloading it when
 // it is not cached yet. Errors that a retry cannot fix (bad sha256 in the
-// spec, unsupported URL, checksum mismatch, HTTP 4xx) are agent.Permanent.
+// spec, a URL the policy refuses, checksum mismatch, HTTP 4xx, an artifact
+// over the size limit) are agent.Permanent. The download runs under the
+// policy's own deadline, apart from ctx: a caller that gives up (its ctx
+// ends) leaves it running for the others that wait on it.
 func (c *imageCache) fetch(ctx context.Context, a desired.Artifact) (string, error) {
 	if !sha256Hex.MatchString(a.SHA256) {
-		return "", agent.Permanent(fmt.Errorf("artifact %s: sha256 %q is not 64 lowercase hex digits", a.URL, a.SHA256))
+		return "", agent.Permanent(fmt.Errorf("artifact %s: sha256 is not 64 lowercase hex digits", redact.URL(a.URL)))
 	}
 	dst := c.path(a.SHA256)
 	if _, err := os.Stat(dst); err == nil {
 		return dst, c.verify(dst, a.SHA256)
 	}
+	key := downloadKey{a.URL, a.SHA256}
 	c.mu.Lock()
-	d, running := c.inflight[a.SHA256]
+	d, running := c.inflight[key]
 	if !running {
 		d = &download{done: make(chan struct{})}
 		d.total.Store(-1)
-		c.inflight[a.SHA256] = d
+		c.inflight[key] = d
+		go func() {
+			d.err = c.download(a, d)
+			c.mu.Lock()
+			delete(c.inflight, key)
+			if d.err == nil {
+				c.verified[a.SHA256] = true
+			}
+			c.mu.Unlock()
+			close(d.done)
+		}()
 	} else {
 		d.waiters.Add(1)
 	}
 	c.mu.Unlock()
 
-	if !running {
-		d.err = c.download(ctx, a, d)
-		c.mu.Lock()
-		delete(c.inflight, a.SHA256)
-		c.mu.Unlock()
-		close(d.done)
-	} else {
-		select {
-		case <-d.done:
-		case <-ctx.Done():
-			return "", fmt.Errorf("wait for download of %s: %w", a.URL, ctx.Err())
-		}
+	select {
+	case <-d.done:
+	case <-ctx.Done():
+		return "", fmt.Errorf("wait for download of %s: %w", redact.URL(a.URL), ctx.Err())
 	}
 	if d.err != nil {
 		return "", d.err
 	}
-	c.mu.Lock()
-	c.verified[a.SHA256] = true
-	c.mu.Unlock()
 	return dst, nil
 }
 
 // verify hashes a cached file the first time this process uses it. A file
 // that no longer matches its name is damage on the host's disk: it is
 // reported as a permanent error and left in place, since existing root disks
-// may be overlays on it and replacing it would change what they read.
+// may be overlays on it and replacing it would change what they read. The
+// error never carries the hash the file has: only what it should have.
 func (c *imageCache) verify(path, sum string) error {
 	c.mu.Lock()
 	ok := c.verified[sum]
@@ -140,7 +158,7 @@ func (c *imageCache) verify(path, sum string) error {
 		return fmt.Errorf("image cache: read %s: %w", path, err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != sum {
-		return agent.Permanent(fmt.Errorf("image cache: %s is damaged: %w: expected %s, actual %s (move it aside to download it again; root disks backed by it may be damaged too)", path, ErrChecksumMismatch, sum, got))
+		return agent.Permanent(fmt.Errorf("image cache: %s is damaged: %w: expected %s (move it aside to download it again; root disks backed by it may be damaged too)", path, ErrChecksumMismatch, sum))
 	}
 	c.mu.Lock()
 	c.verified[sum] = true
@@ -148,24 +166,41 @@ func (c *imageCache) verify(path, sum string) error {
 	return nil
 }
 
-// download streams a into the cache, hashing on the way.
-func (c *imageCache) download(ctx context.Context, a desired.Artifact, d *download) error {
-	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+// download streams a into the cache, hashing on the way, bounded by the
+// policy's timeout, stall timeout and size limit. Content that does not
+// verify is deleted and never described: the error says "sha256 mismatch"
+// and nothing of what was received.
+func (c *imageCache) download(a desired.Artifact, d *download) error {
+	safe := redact.URL(a.URL)
+	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return fmt.Errorf("image cache %s: %w", c.dir, err)
 	}
-	log := c.log.WithFields(logrus.Fields{"url": redactURL(a.URL), "sha256": a.SHA256})
-	src, size, err := c.open(ctx, a.URL)
+	ctx, cancel := context.WithTimeoutCause(context.Background(), c.policy.Timeout,
+		fmt.Errorf("download %s: not done within %s", safe, c.policy.Timeout))
+	defer cancel()
+	stallCtx, stall := context.WithCancelCause(ctx)
+	defer stall(nil)
+	log := c.log.WithFields(logrus.Fields{"url": safe, "sha256": a.SHA256})
+	src, size, err := c.open(stallCtx, a.URL)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
+	if size > c.policy.MaxSize {
+		return agent.Permanent(fmt.Errorf("download %s: %w: %d bytes is over the limit of %d", safe, ErrArtifactRefused, size, c.policy.MaxSize))
+	}
 	d.total.Store(size)
+	timer := time.AfterFunc(c.policy.StallTimeout, func() {
+		stall(fmt.Errorf("download %s: no data for %s", safe, c.policy.StallTimeout))
+	})
+	defer timer.Stop()
+	body := &stallReader{r: src, timer: timer, timeout: c.policy.StallTimeout}
 
-	partial := c.path(a.SHA256) + ".partial"
-	f, err := os.OpenFile(partial, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	f, err := os.CreateTemp(c.dir, a.SHA256+".partial-")
 	if err != nil {
 		return fmt.Errorf("image cache: %w", err)
 	}
+	partial := f.Name()
 	defer func() {
 		f.Close()
 		os.Remove(partial) // a no-op after the rename
@@ -176,13 +211,16 @@ func (c *imageCache) download(ctx context.Context, a desired.Artifact, d *downlo
 	lastLog := start
 	buf := make([]byte, 1<<20)
 	for {
-		n, rerr := src.Read(buf)
+		n, rerr := body.Read(buf)
 		if n > 0 {
+			done := d.bytes.Add(int64(n))
+			if done > c.policy.MaxSize {
+				return agent.Permanent(fmt.Errorf("download %s: %w: more than %d bytes", safe, ErrArtifactRefused, c.policy.MaxSize))
+			}
 			if _, err := f.Write(buf[:n]); err != nil {
-				return fmt.Errorf("download %s: write: %w", redactURL(a.URL), err)
+				return fmt.Errorf("download %s: write: %w", safe, err)
 			}
 			h.Write(buf[:n])
-			done := d.bytes.Add(int64(n))
 			if time.Since(lastLog) >= 5*time.Second {
 				lastLog = time.Now()
 				log.WithFields(logrus.Fields{"done": done, "total": size}).Info("download progress")
@@ -192,57 +230,64 @@ func (c *imageCache) download(ctx context.Context, a desired.Artifact, d *downlo
 			break
 		}
 		if rerr != nil {
-			return fmt.Errorf("download %s: %w", redactURL(a.URL), rerr)
+			if cause := context.Cause(stallCtx); cause != nil {
+				return cause
+			}
+			return fmt.Errorf("download %s: %s", safe, redact.Text(rerr.Error()))
 		}
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != a.SHA256 {
-		log.WithField("actual", got).Error("download checksum mismatch")
-		return agent.Permanent(fmt.Errorf("download %s: %w: expected %s, actual %s", redactURL(a.URL), ErrChecksumMismatch, a.SHA256, got))
+		log.Error("download checksum mismatch")
+		return agent.Permanent(fmt.Errorf("download %s: %w: expected %s", safe, ErrChecksumMismatch, a.SHA256))
 	}
 	if err := f.Sync(); err != nil {
-		return fmt.Errorf("download %s: %w", redactURL(a.URL), err)
+		return fmt.Errorf("download %s: %w", safe, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("download %s: %w", redactURL(a.URL), err)
+		return fmt.Errorf("download %s: %w", safe, err)
 	}
 	if err := os.Rename(partial, c.path(a.SHA256)); err != nil {
-		return fmt.Errorf("download %s: %w", redactURL(a.URL), err)
+		return fmt.Errorf("download %s: %w", safe, err)
 	}
 	log.WithFields(logrus.Fields{"bytes": d.bytes.Load(), "seconds": time.Since(start).Seconds()}).Info("download done")
 	return nil
 }
 
-// open starts reading an http(s) or file URL and returns its size (-1 when
-// unknown).
+// open starts reading an http(s) or file URL the policy allows and returns
+// its size (-1 when unknown).
 func (c *imageCache) open(ctx context.Context, raw string) (io.ReadCloser, int64, error) {
+	safe := redact.URL(raw)
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, 0, agent.Permanent(fmt.Errorf("artifact URL %q: %w", redactURL(raw), err))
+		return nil, 0, agent.Permanent(fmt.Errorf("artifact URL %s does not parse", safe))
 	}
 	switch u.Scheme {
 	case "file":
-		f, err := os.Open(u.Path)
-		if err != nil {
-			return nil, 0, fmt.Errorf("open %s: %w", raw, err)
-		}
-		fi, err := f.Stat()
-		if err != nil {
-			f.Close()
-			return nil, 0, fmt.Errorf("open %s: %w", raw, err)
-		}
-		return f, fi.Size(), nil
+		return c.policy.openFile(u)
 	case "http", "https":
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, raw, nil)
 		if err != nil {
-			return nil, 0, agent.Permanent(fmt.Errorf("artifact URL %q: %w", redactURL(raw), err))
+			return nil, 0, agent.Permanent(fmt.Errorf("artifact URL %s: %s", safe, redact.Text(err.Error())))
 		}
 		resp, err := c.client.Do(req)
 		if err != nil {
-			return nil, 0, fmt.Errorf("download %s: %w", redactURL(raw), err)
+			if errors.Is(err, ErrArtifactRefused) {
+				return nil, 0, agent.Permanent(fmt.Errorf("download %s: %w", safe, ErrArtifactRefused))
+			}
+			if cause := context.Cause(ctx); cause != nil {
+				return nil, 0, cause
+			}
+			// The library's error quotes the URL (and a redirect's):
+			// only its last part, the reason, is kept.
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
+			return nil, 0, fmt.Errorf("download %s: %s", safe, redact.Text(err.Error()))
 		}
 		if resp.StatusCode != http.StatusOK {
 			resp.Body.Close()
-			err := fmt.Errorf("download %s: HTTP %s", redactURL(raw), resp.Status)
+			err := fmt.Errorf("download %s: HTTP %s", safe, resp.Status)
 			if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests {
 				return nil, 0, agent.Permanent(err)
 			}
@@ -250,22 +295,8 @@ func (c *imageCache) open(ctx context.Context, raw string) (io.ReadCloser, int64
 		}
 		return resp.Body, resp.ContentLength, nil
 	default:
-		return nil, 0, agent.Permanent(fmt.Errorf("artifact URL %q: scheme %q not supported (http, https, file)", redactURL(raw), u.Scheme))
+		return nil, 0, agent.Permanent(fmt.Errorf("artifact URL %s: scheme %q not supported (http, https, file)", safe, u.Scheme))
 	}
-}
-
-// redactURL drops user info and query from a URL for logs and errors: both
-// may carry tokens.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	u.User = nil
-	if u.RawQuery != "" {
-		u.RawQuery = "…"
-	}
-	return u.String()
 }
 
 // imageInfo is the part of `qemu-img info --output=json` we use.
@@ -273,12 +304,21 @@ type imageInfo struct {
 	Format          string `json:"format"`
 	VirtualSize     int64  `json:"virtual-size"`
 	BackingFilename string `json:"backing-filename"`
+	FormatSpecific  struct {
+		Type string `json:"type"`
+		Data struct {
+			DataFile string `json:"data-file"`
+		} `json:"data"`
+	} `json:"format-specific"`
 }
 
-// qemuImgInfo runs qemu-img info on path. -U reads an image a running QEMU
-// holds locked.
-func qemuImgInfo(ctx context.Context, qemuImg, path string) (*imageInfo, error) {
-	out, err := exec.CommandContext(ctx, qemuImg, "info", "-U", "--output=json", path).Output()
+// dataFile is a qcow2's external data file, "" when it has none.
+func (i *imageInfo) dataFile() string { return i.FormatSpecific.Data.DataFile }
+
+// qemuImgInfo runs qemu-img info on path read as format (never probed).
+// -U reads an image a running QEMU holds locked.
+func qemuImgInfo(ctx context.Context, qemuImg, path, format string) (*imageInfo, error) {
+	out, err := exec.CommandContext(ctx, qemuImg, "info", "-U", "-f", format, "--output=json", path).Output()
 	if err != nil {
 		return nil, fmt.Errorf("qemu-img info %s: %w%s", path, err, stderrOf(err))
 	}

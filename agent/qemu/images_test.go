@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,15 +84,21 @@ func (s *artifactServer) count(path string) int {
 	return s.hits[path]
 }
 
-// joined reports how many callers wait on the running download of sum
+// joined reports how many callers wait on the running download of a
 // besides the one that started it.
-func (c *imageCache) joined(sum string) int32 {
+func (c *imageCache) joined(a desired.Artifact) int32 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if d := c.inflight[sum]; d != nil {
+	if d := c.inflight[downloadKey{a.URL, a.SHA256}]; d != nil {
 		return d.waiters.Load()
 	}
 	return -1
+}
+
+// loopbackPolicy allows downloads from test servers on 127.0.0.0/8,
+// which the default policy refuses.
+func loopbackPolicy() ArtifactPolicy {
+	return ArtifactPolicy{AllowNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
 }
 
 func waitABit() { time.Sleep(5 * time.Millisecond) }
@@ -101,7 +108,7 @@ func TestImageCacheFetch(t *testing.T) {
 	data := []byte(strings.Repeat("disk image bytes ", 4096))
 	good := srv.add("/img.raw", data)
 	dir := t.TempDir()
-	c := newImageCache(dir, srv.Client(), quietLog())
+	c := newImageCache(dir, loopbackPolicy(), quietLog())
 	ctx := context.Background()
 
 	t.Run("miss downloads and verifies", func(t *testing.T) {
@@ -126,7 +133,7 @@ func TestImageCacheFetch(t *testing.T) {
 			t.Errorf("cache hit made %d requests", n-before)
 		}
 	})
-	t.Run("wrong sha256 is permanent and names both hashes", func(t *testing.T) {
+	t.Run("wrong sha256 is permanent and never names what was received", func(t *testing.T) {
 		wrong := strings.Repeat("ab", 32)
 		_, err := c.fetch(ctx, desired.Artifact{URL: srv.URL + "/img.raw", SHA256: wrong})
 		if err == nil {
@@ -135,13 +142,19 @@ func TestImageCacheFetch(t *testing.T) {
 		if !agent.IsPermanent(err) || !errors.Is(err, ErrChecksumMismatch) {
 			t.Errorf("error %v: want permanent checksum mismatch", err)
 		}
-		if !strings.Contains(err.Error(), wrong) || !strings.Contains(err.Error(), good.SHA256) {
-			t.Errorf("error %q does not name expected and actual hash", err)
+		if !strings.Contains(err.Error(), wrong) {
+			t.Errorf("error %q does not name the expected hash", err)
 		}
-		for _, f := range []string{wrong, wrong + ".partial"} {
-			if _, err := os.Stat(filepath.Join(dir, f)); !os.IsNotExist(err) {
-				t.Errorf("%s left in the cache: %v", f, err)
-			}
+		// The actual hash would let a spec author learn a file's hash and
+		// then commit it to have the file copied into a guest.
+		if strings.Contains(err.Error(), good.SHA256) {
+			t.Errorf("error %q publishes the hash of content that did not verify", err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, wrong)); !os.IsNotExist(err) {
+			t.Errorf("%s left in the cache: %v", wrong, err)
+		}
+		if left, _ := filepath.Glob(filepath.Join(dir, "*.partial*")); len(left) > 0 {
+			t.Errorf("partial files left in the cache: %v", left)
 		}
 	})
 	for _, tc := range []struct {
@@ -153,7 +166,7 @@ func TestImageCacheFetch(t *testing.T) {
 		{"bad sha256 syntax is permanent", desired.Artifact{URL: srv.URL + "/img.raw", SHA256: "XYZ"}, true},
 		{"ftp is permanent", desired.Artifact{URL: "ftp://example.invalid/x", SHA256: strings.Repeat("1", 64)}, true},
 		{"unreachable server is transient", desired.Artifact{URL: "http://127.0.0.1:1/x", SHA256: strings.Repeat("2", 64)}, false},
-		{"missing file is transient", desired.Artifact{URL: "file:///nonexistent/x", SHA256: strings.Repeat("3", 64)}, false},
+		{"file URL without allowed roots is permanent", desired.Artifact{URL: "file:///nonexistent/x", SHA256: strings.Repeat("3", 64)}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := c.fetch(ctx, tc.art)
@@ -165,10 +178,15 @@ func TestImageCacheFetch(t *testing.T) {
 			}
 		})
 	}
-	t.Run("file URL", func(t *testing.T) {
-		src := filepath.Join(t.TempDir(), "local.img")
+	t.Run("file URL under an allowed root", func(t *testing.T) {
+		root := t.TempDir()
+		src := filepath.Join(root, "local.img")
 		content := []byte("local image")
 		os.WriteFile(src, content, 0o644)
+		c := newImageCache(dir, ArtifactPolicy{FileRoots: []string{root}}, quietLog())
+		if _, err := c.fetch(ctx, desired.Artifact{URL: "file://" + filepath.Join(root, "missing"), SHA256: strings.Repeat("3", 64)}); err == nil || agent.IsPermanent(err) {
+			t.Errorf("missing file under a root: %v, want a transient error", err)
+		}
 		p, err := c.fetch(ctx, desired.Artifact{URL: "file://" + src, SHA256: sum(content)})
 		if err != nil {
 			t.Fatal(err)
@@ -188,13 +206,13 @@ func TestImageCacheVerifiesACachedFileOnFirstUse(t *testing.T) {
 	data := []byte(strings.Repeat("disk image bytes ", 4096))
 	good := srv.add("/img.raw", data)
 	dir := t.TempDir()
-	if _, err := newImageCache(dir, srv.Client(), quietLog()).fetch(context.Background(), good); err != nil {
+	if _, err := newImageCache(dir, loopbackPolicy(), quietLog()).fetch(context.Background(), good); err != nil {
 		t.Fatal(err)
 	}
 	cached := filepath.Join(dir, good.SHA256)
 
 	// An agent restart: a new cache over the same directory.
-	c := newImageCache(dir, srv.Client(), quietLog())
+	c := newImageCache(dir, loopbackPolicy(), quietLog())
 	if _, err := c.fetch(context.Background(), good); err != nil {
 		t.Fatalf("intact cached file refused: %v", err)
 	}
@@ -205,7 +223,7 @@ func TestImageCacheVerifiesACachedFileOnFirstUse(t *testing.T) {
 		t.Fatalf("a file this process verified is hashed again: %v", err)
 	}
 
-	c = newImageCache(dir, srv.Client(), quietLog())
+	c = newImageCache(dir, loopbackPolicy(), quietLog())
 	before := srv.count("/img.raw")
 	_, err := c.fetch(context.Background(), good)
 	if err == nil || !agent.IsPermanent(err) || !errors.Is(err, ErrChecksumMismatch) {
@@ -213,6 +231,9 @@ func TestImageCacheVerifiesACachedFileOnFirstUse(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), cached) || !strings.Contains(err.Error(), good.SHA256) {
 		t.Errorf("error %q does not name the file and its expected hash", err)
+	}
+	if strings.Contains(err.Error(), sum([]byte("not an image"))) {
+		t.Errorf("error %q names the hash the damaged file has", err)
 	}
 	if got, _ := os.ReadFile(cached); string(got) != "not an image" {
 		t.Error("the damaged file was replaced; overlays backed by it would change under their VMs")
@@ -231,7 +252,7 @@ func TestImageCacheSharedDownloadAndProgress(t *testing.T) {
 	art := srv.add("/big.raw", data)
 	gate := make(chan struct{})
 	srv.gate = gate
-	c := newImageCache(t.TempDir(), srv.Client(), quietLog())
+	c := newImageCache(t.TempDir(), loopbackPolicy(), quietLog())
 
 	const callers = 5
 	var wg sync.WaitGroup
@@ -250,7 +271,7 @@ func TestImageCacheSharedDownloadAndProgress(t *testing.T) {
 	// every caller has joined it.
 	for {
 		done, total, ok := c.progress(art.SHA256)
-		if ok && done == int64(len(data)/2) && c.joined(art.SHA256) == callers-1 {
+		if ok && done == int64(len(data)/2) && c.joined(art) == callers-1 {
 			if total != int64(len(data)) {
 				t.Errorf("progress total %d, want %d", total, len(data))
 			}
@@ -278,14 +299,14 @@ func BenchmarkImageCache(b *testing.B) {
 	b.Run("miss-64MiB", func(b *testing.B) {
 		b.SetBytes(int64(len(data)))
 		for i := 0; i < b.N; i++ {
-			c := newImageCache(b.TempDir(), srv.Client(), quietLog())
+			c := newImageCache(b.TempDir(), loopbackPolicy(), quietLog())
 			if _, err := c.fetch(context.Background(), art); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("hit", func(b *testing.B) {
-		c := newImageCache(b.TempDir(), srv.Client(), quietLog())
+		c := newImageCache(b.TempDir(), loopbackPolicy(), quietLog())
 		if _, err := c.fetch(context.Background(), art); err != nil {
 			b.Fatal(err)
 		}
@@ -320,14 +341,14 @@ func TestPrepareRootDisk(t *testing.T) {
 	qcowArt := srv.add("/base.qcow2", qcow)
 	kernelArt := srv.add("/vmlinuz", []byte("not really a kernel"))
 
-	p, err := New(Config{CacheDir: t.TempDir(), HTTPClient: srv.Client(), Accel: AccelTCG, Logger: quietLog().Logger})
+	p, err := New(Config{CacheDir: t.TempDir(), Artifacts: loopbackPolicy(), Accel: AccelTCG, Logger: quietLog().Logger})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	info := func(path string) *imageInfo {
 		t.Helper()
-		i, err := qemuImgInfo(ctx, qemuImg, path)
+		i, err := qemuImgInfo(ctx, qemuImg, path, "qcow2")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -414,7 +435,7 @@ func TestVMProgress(t *testing.T) {
 	art := srv.add("/k", data)
 	gate := make(chan struct{})
 	srv.gate = gate
-	p, err := New(Config{CacheDir: t.TempDir(), HTTPClient: srv.Client(), Accel: AccelTCG, Logger: quietLog().Logger})
+	p, err := New(Config{CacheDir: t.TempDir(), Artifacts: loopbackPolicy(), Accel: AccelTCG, Logger: quietLog().Logger})
 	if err != nil {
 		t.Fatal(err)
 	}

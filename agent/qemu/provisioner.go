@@ -24,6 +24,12 @@
 // disks are overlays backed by them, so a cached image must not be removed
 // while a VM's root disk uses it.
 //
+// QEMU runs confined: under its seccomp sandbox, and with Config.RunAs as
+// an unprivileged user behind an nftables guard that keeps guests off the
+// host's own addresses (see confine.go). Artifacts are fetched under an
+// ArtifactPolicy, and images are inspected (inspectImage) before qemu-img
+// or QEMU opens them.
+//
 // QEMU is started in a session of its own with its output going to
 // qemu.log, so it outlives the agent; a restarted agent finds it again by
 // pidfile, /proc/PID/cmdline (which must name the VM and its pidfile, so a
@@ -34,7 +40,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -103,13 +108,29 @@ type Config struct {
 	// Without it QEMU only gets a session of its own, and the agent's unit
 	// needs KillMode=process for its VMs to survive a restart of the unit.
 	SystemdScope bool
+	// RunAs is the unprivileged system user QEMU drops to once it has
+	// opened its files (-runas). With it, Preflight installs an nftables
+	// guard (nft must be installed) that refuses connections from that
+	// user to any address of the host, so a guest cannot reach the host's
+	// loopback services through user-mode networking's gateway
+	// (10.0.2.2), and each VM's directory is given to that user (0700).
+	// "" keeps QEMU root and the guard off: guests then reach the host's
+	// 127.0.0.1. The agent's config defaults it to DefaultQEMUUser.
+	RunAs string
+	// NoSandbox turns QEMU's seccomp sandbox (-sandbox on,...) off; it is
+	// on by default.
+	NoSandbox bool
+	// NFT is the nft binary (default: found in PATH).
+	NFT string
+	// Artifacts says where images, kernels and initrds may be fetched
+	// from; the zero value allows no file:// URL and no download from a
+	// loopback, link-local or private address (see ArtifactPolicy).
+	Artifacts ArtifactPolicy
 	// Networks attaches VMs whose spec names a network to the host's
 	// networks (see package agent/hostnet). Without it such a VM fails to
 	// boot with a permanent error; VMs without a network use QEMU's
 	// user-mode networking either way.
 	Networks HostNetworks
-	// HTTPClient fetches http(s) artifacts (default: http.DefaultClient).
-	HTTPClient *http.Client
 	// Logger receives the backend's logs (default: logrus' standard logger),
 	// with component=qemu.
 	Logger logrus.FieldLogger
@@ -126,6 +147,7 @@ type Provisioner struct {
 	scope  bool
 	log    *logrus.Entry
 	images *imageCache
+	user   *qemuUser // nil: QEMU runs as the agent's user
 
 	mu       sync.Mutex
 	machines map[string]*vmState
@@ -178,9 +200,6 @@ func New(cfg Config) (*Provisioner, error) {
 	if cfg.KillTimeout <= 0 {
 		cfg.KillTimeout = 5 * time.Second
 	}
-	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = http.DefaultClient
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = logrus.StandardLogger()
 	}
@@ -190,6 +209,7 @@ func New(cfg Config) (*Provisioner, error) {
 	if cfg.kvmDev == "" {
 		cfg.kvmDev = "/dev/kvm"
 	}
+	var err error
 	p := &Provisioner{cfg: cfg, machines: map[string]*vmState{}, ports: map[int]string{}}
 	p.log = cfg.Logger.WithField("component", "qemu")
 	switch cfg.Accel {
@@ -201,7 +221,14 @@ func New(cfg Config) (*Provisioner, error) {
 		return nil, fmt.Errorf("qemu: accel %q: want auto, kvm or tcg", cfg.Accel)
 	}
 	p.scope = cfg.SystemdScope && underSystemd()
-	p.images = newImageCache(cfg.CacheDir, cfg.HTTPClient, p.log)
+	if p.user, err = lookupQEMUUser(cfg.RunAs); err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
+	if cfg.NFT == "" {
+		cfg.NFT = "nft"
+		p.cfg.NFT = "nft"
+	}
+	p.images = newImageCache(cfg.CacheDir, cfg.Artifacts, p.log)
 	return p, nil
 }
 
@@ -250,7 +277,7 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 			return fmt.Errorf("preflight: %s --version: %v: %s", bin, err, trimTail(out, 512))
 		}
 	}
-	if err := os.MkdirAll(p.cfg.CacheDir, 0o755); err != nil {
+	if err := os.MkdirAll(p.cfg.CacheDir, 0o700); err != nil {
 		return fmt.Errorf("preflight: image cache: %w", err)
 	}
 	probe, err := os.CreateTemp(p.cfg.CacheDir, ".probe-")
@@ -259,6 +286,22 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 	}
 	probe.Close()
 	os.Remove(probe.Name())
+	if err := os.Chmod(p.cfg.CacheDir, 0o700); err != nil {
+		return fmt.Errorf("preflight: image cache: %w", err)
+	}
+	// Downloads a killed agent left half done: nothing else writes them.
+	if stale, err := filepath.Glob(filepath.Join(p.cfg.CacheDir, "*.partial-*")); err == nil {
+		for _, f := range stale {
+			os.Remove(f)
+		}
+	}
+	if p.user != nil {
+		if err := installGuard(ctx, p.cfg.NFT, p.user.uid); err != nil {
+			return fmt.Errorf("preflight: %w", err)
+		}
+	} else {
+		p.log.Warn("qemu runs as root without a guard: guests reach the host's 127.0.0.1 through 10.0.2.2 (set qemu.user)")
+	}
 	if p.accel == AccelKVM {
 		f, err := os.OpenFile(p.cfg.kvmDev, os.O_RDWR, 0)
 		if err != nil {

@@ -99,7 +99,7 @@ func TestArgsGolden(t *testing.T) {
 		root: "/var/lib/gitfleet/vms/web-01/root.qcow2", seed: "/var/lib/gitfleet/vms/web-01/seed.iso",
 		volumes: []string{"/var/lib/gitfleet/volumes/web-01-data.img", "/srv/odd,name.img"},
 		kernel:  "/var/cache/gitfleet/k", initrd: "/var/cache/gitfleet/i", cmdline: "console=ttyS0",
-		mac: macFor("web-01"), sshPort: 2201,
+		mac: macFor("web-01"), sshPort: 2201, runAs: "gitfleet-qemu", sandbox: true,
 	}
 	got := strings.Join(l.args(), "\n") + "\n"
 	got += "--- kvm\n" + strings.Join(launch{name: "k", dir: "/d", accel: AccelKVM, vcpus: 1, memMB: 128, root: "/d/r", seed: "/d/s", mac: macFor("k"), sshPort: 1}.args()[:6], "\n") + "\n"

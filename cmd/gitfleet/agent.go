@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // agentFileConfig is the agent's YAML configuration file:
@@ -34,11 +36,17 @@ import (
 //	host: hv-a
 //	stateDir: /var/lib/gitfleet
 //	backend: qemu                              # qemu (default) or memory
-//	qemu: {accel: auto, systemdScope: true}    # systemdScope defaults to true
+//	qemu: {accel: auto, systemdScope: true, user: gitfleet-qemu}  # systemdScope defaults to true; user: see below
+//	artifacts:                                 # where VM images, kernels, initrds may come from
+//	  fileRoots: [/srv/images]                 # file:// only under these (default: none)
+//	  allowNetworks: [192.0.2.0/24]            # private/loopback ranges a download may reach (default: none)
+//	  maxSizeGB: 64                            # largest artifact (default 64)
+//	  timeout: 30m                             # one download, end to end (default 30m)
+//	  stallTimeout: 60s                        # no byte for this long fails it (default 60s)
 //	intervals: {tick: 10s, poll: 15s, heartbeat: 60s}
 //	gitTimeout: 60s                            # bounds each fetch, ls-remote, push
 //	graces: {tombstone: 5m, vanish: 1h}
-//	vmTimeout: 30m                             # per-VM watchdog; 0 = none
+//	vmTimeout: 30m                             # per-VM watchdog (default 30m); 0 = none
 //	readyTimeout: 10m                          # guest silent this long after boot: lastError says so
 //	maxAttempts: 3
 //	logLevel: info
@@ -67,7 +75,20 @@ type agentFileConfig struct {
 		// transient scope when the agent runs under systemd, so a restart
 		// of the agent's unit leaves the guests running.
 		SystemdScope *bool `yaml:"systemdScope"`
+		// User is the unprivileged user QEMU runs as, with the nftables
+		// guard that keeps guests off the host's addresses; absent means
+		// qemu.DefaultQEMUUser, "root" keeps QEMU root without a guard.
+		User *string `yaml:"user"`
+		// NoSandbox turns QEMU's seccomp sandbox off (default on).
+		NoSandbox bool `yaml:"noSandbox"`
 	} `yaml:"qemu"`
+	Artifacts struct {
+		FileRoots     []string `yaml:"fileRoots"`
+		AllowNetworks []string `yaml:"allowNetworks"`
+		MaxSizeGB     int64    `yaml:"maxSizeGB"`
+		Timeout       duration `yaml:"timeout"`
+		StallTimeout  duration `yaml:"stallTimeout"`
+	} `yaml:"artifacts"`
 	Intervals struct {
 		Tick      duration `yaml:"tick"`
 		Poll      duration `yaml:"poll"`
@@ -80,11 +101,25 @@ type agentFileConfig struct {
 	// GitTimeout bounds each operation with the remote (default
 	// gitsource.DefaultTimeout, 60 s); a stalled remote never holds the
 	// agent past it, and never holds the reconcile tick at all.
-	GitTimeout   duration `yaml:"gitTimeout"`
-	VMTimeout    duration `yaml:"vmTimeout"`
-	ReadyTimeout duration `yaml:"readyTimeout"`
-	MaxAttempts  int      `yaml:"maxAttempts"`
-	LogLevel     string   `yaml:"logLevel"`
+	GitTimeout duration `yaml:"gitTimeout"`
+	// VMTimeout is the per-VM watchdog; nil (absent) means
+	// defaultVMTimeout, an explicit 0 none.
+	VMTimeout    *duration `yaml:"vmTimeout"`
+	ReadyTimeout duration  `yaml:"readyTimeout"`
+	MaxAttempts  int       `yaml:"maxAttempts"`
+	LogLevel     string    `yaml:"logLevel"`
+}
+
+// defaultVMTimeout bounds one VM's pass when the config does not say: a
+// create stuck on a hung server or a wedged QEMU ends, and the VM's next
+// pass (a reviewed delete among them) runs.
+const defaultVMTimeout = 30 * time.Minute
+
+func (c *agentFileConfig) vmTimeout() time.Duration {
+	if c.VMTimeout == nil {
+		return defaultVMTimeout
+	}
+	return time.Duration(*c.VMTimeout)
 }
 
 // duration is a time.Duration written as a Go duration string in YAML.
@@ -181,7 +216,21 @@ var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logr
 		if err != nil {
 			return nil, err
 		}
+		policy, err := artifactPolicy(c)
+		if err != nil {
+			return nil, err
+		}
+		runAs := qemu.DefaultQEMUUser
+		if c.QEMU.User != nil {
+			runAs = *c.QEMU.User
+		}
+		if runAs == "root" {
+			runAs = ""
+		}
 		return qemu.New(qemu.Config{
+			RunAs:        runAs,
+			NoSandbox:    c.QEMU.NoSandbox,
+			Artifacts:    policy,
 			CacheDir:     filepath.Join(store.Root(), "images"),
 			MachineDir:   store.VMDir,
 			Accel:        c.QEMU.Accel,
@@ -196,6 +245,30 @@ var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logr
 	"memory": func(*agentFileConfig, *agent.Store, *logrus.Logger) (agent.Provisioner, error) {
 		return agenttest.New(), nil
 	},
+}
+
+// artifactPolicy turns the config's artifacts section into the QEMU
+// backend's policy: roots must be absolute, networks CIDR prefixes.
+func artifactPolicy(c *agentFileConfig) (qemu.ArtifactPolicy, error) {
+	a := c.Artifacts
+	p := qemu.ArtifactPolicy{Timeout: time.Duration(a.Timeout), StallTimeout: time.Duration(a.StallTimeout), MaxSize: a.MaxSizeGB << 30}
+	if a.MaxSizeGB < 0 {
+		return p, fmt.Errorf("agent config: artifacts.maxSizeGB %d: want a positive number", a.MaxSizeGB)
+	}
+	for _, r := range a.FileRoots {
+		if !filepath.IsAbs(r) {
+			return p, fmt.Errorf("agent config: artifacts.fileRoots: %q is not an absolute path", r)
+		}
+		p.FileRoots = append(p.FileRoots, filepath.Clean(r))
+	}
+	for _, n := range a.AllowNetworks {
+		pfx, err := netip.ParsePrefix(n)
+		if err != nil {
+			return p, fmt.Errorf("agent config: artifacts.allowNetworks: %q is not a CIDR prefix like 192.0.2.0/24", n)
+		}
+		p.AllowNetworks = append(p.AllowNetworks, pfx.Masked())
+	}
+	return p, nil
 }
 
 func init() {
@@ -275,7 +348,7 @@ func fromEnv(v *string, name string) {
 }
 
 func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writer) error {
-	log := logrus.New()
+	log := redact.Logger(logrus.New())
 	log.SetOutput(logOut)
 	if c.LogLevel != "" {
 		lvl, err := logrus.ParseLevel(c.LogLevel)
@@ -304,6 +377,11 @@ func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writ
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", backend, err)
 	}
+	// Preflight checks the host and installs what confines the guests
+	// (the QEMU backend's nftables guard) before any VM is touched.
+	if err := prov.Preflight(ctx); err != nil {
+		return fmt.Errorf("backend %s: %w", backend, err)
+	}
 	repo, err := gitsource.Open(ctx, gitsource.Options{
 		URL: c.Repo.URL, CacheDir: filepath.Join(store.Root(), "git"), Auth: auth, Depth: 1,
 		Timeout:   time.Duration(c.GitTimeout),
@@ -316,7 +394,7 @@ func runAgent(ctx context.Context, c *agentFileConfig, once bool, logOut io.Writ
 	eng, err := agent.NewEngine(agent.EngineConfig{
 		Host: c.Host, Store: store, Provisioner: prov,
 		TombstoneGrace: time.Duration(c.Graces.Tombstone), VanishGrace: time.Duration(c.Graces.Vanish),
-		MaxAttempts: c.MaxAttempts, VMTimeout: time.Duration(c.VMTimeout), ReadyTimeout: time.Duration(c.ReadyTimeout), Log: log,
+		MaxAttempts: c.MaxAttempts, VMTimeout: c.vmTimeout(), ReadyTimeout: time.Duration(c.ReadyTimeout), Log: log,
 	})
 	if err != nil {
 		return err

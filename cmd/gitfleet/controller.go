@@ -17,6 +17,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // repoFlags are the flags that name a remote repository and its
@@ -113,7 +114,7 @@ path outside the repository).`,
 			if secret == "" {
 				secret = os.Getenv("GITFLEET_WEBHOOK_SECRET")
 			}
-			log := logrus.StandardLogger()
+			log := redact.Logger(logrus.StandardLogger())
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			c, err := fleet.New(fleet.Config{
@@ -153,9 +154,9 @@ path outside the repository).`,
 				if err != nil {
 					return &exitError{code: 2, err: fmt.Errorf("--listen %s: %w", listen, err)}
 				}
-				srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+				srv := fleet.NewServer(ln, mux, fleet.ServerOptions{})
 				go func() {
-					if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					if err := srv.Serve(); err != nil {
 						log.WithError(err).Error("http server")
 					}
 				}()
@@ -176,7 +177,7 @@ path outside the repository).`,
 	f.StringVar(&cacheDir, "cache-dir", os.Getenv("GITFLEET_CACHE_DIR"), "directory for the local clone; default in memory ($GITFLEET_CACHE_DIR)")
 	f.BoolVar(&once, "once", false, "run one pass and exit")
 	f.DurationVar(&interval, "interval", envDuration("GITFLEET_INTERVAL", fleet.DefaultInterval), "poll interval, jittered ($GITFLEET_INTERVAL)")
-	f.StringVar(&listen, "listen", os.Getenv("GITFLEET_LISTEN"), "address for webhooks and /metrics, such as :8080 ($GITFLEET_LISTEN)")
+	f.StringVar(&listen, "listen", os.Getenv("GITFLEET_LISTEN"), "address for webhooks and /metrics, such as "+fleet.DefaultListen+"; off when empty ($GITFLEET_LISTEN)")
 	f.StringVar(&secret, "webhook-secret", "", "webhook secret (default $GITFLEET_WEBHOOK_SECRET)")
 	f.DurationVar(&grace, "abandon-grace", envDuration("GITFLEET_ABANDON_GRACE", fleet.DefaultAbandonGrace), "how long a delete waits on an offline host before the controller finalizes it")
 	f.DurationVar(&gitTimeout, "git-timeout", envDuration("GITFLEET_GIT_TIMEOUT", gitsource.DefaultTimeout), "bound of each git operation (fetch, ls-remote, push) on every transport ($GITFLEET_GIT_TIMEOUT)")

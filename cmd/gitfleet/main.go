@@ -9,8 +9,11 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -46,6 +49,9 @@ func init() {
 }
 
 func main() {
+	// Clones, caches and state hold secrets (cloud-init user-data, the
+	// remote's URL): nothing gitfleet creates is readable by others.
+	syscall.Umask(0o077)
 	os.Exit(run(os.Args[1:]))
 }
 
@@ -59,11 +65,11 @@ func run(args []string) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil && ee.err.Error() != "" {
-			fmt.Fprintln(os.Stderr, "gitfleet:", ee.err)
+			fmt.Fprintln(os.Stderr, "gitfleet:", redact.Text(ee.err.Error()))
 		}
 		return ee.code
 	}
-	fmt.Fprintln(os.Stderr, "gitfleet:", err)
+	fmt.Fprintln(os.Stderr, "gitfleet:", redact.Text(err.Error()))
 	if strings.HasPrefix(err.Error(), "unknown command ") {
 		// cobra reports a mistyped subcommand as a plain error; it is a
 		// usage error like any other.

@@ -114,6 +114,7 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 	var p *desired.Plan
 	if headErr == nil {
 		p = desired.ComputePlan(baseFleet, headFleet, desired.PlanOptions{Pending: pendingDeletes(ledger)})
+		warnings = append(warnings, headFleet.FileURLWarnings()...)
 	} else {
 		p = &desired.Plan{Hosts: []desired.HostPlan{}}
 		for _, e := range list {

@@ -52,6 +52,9 @@ type validateReport struct {
 	Volumes int              `json:"volumes"`
 	Hosts   int              `json:"hosts"`
 	Errors  []*desired.Error `json:"errors"`
+	// Warnings flag what validates but deserves a reviewer's eye: file://
+	// artifact URLs, which name paths on the host.
+	Warnings []string `json:"warnings,omitempty"`
 	// ReadError is set when the directory could not be read at all.
 	ReadError string `json:"readError,omitempty"`
 }
@@ -80,6 +83,7 @@ func runValidate(out io.Writer, dir, format string) error {
 		rep.Valid = true
 		rep.VMs, rep.Volumes, rep.Hosts = len(fleet.VMs), len(fleet.Volumes), len(fleet.Hosts)
 		rep.Objects = rep.VMs + rep.Volumes + rep.Hosts
+		rep.Warnings = fleet.FileURLWarnings()
 	case errors.As(err, &list):
 		rep.Errors = list
 	default:
@@ -95,6 +99,9 @@ func runValidate(out io.Writer, dir, format string) error {
 	} else {
 		for _, e := range rep.Errors {
 			fmt.Fprintln(out, e)
+		}
+		for _, w := range rep.Warnings {
+			fmt.Fprintln(out, "warning: "+w)
 		}
 		if rep.Valid {
 			fmt.Fprintln(out, summary(rep))

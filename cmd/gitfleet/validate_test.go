@@ -104,6 +104,23 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// A file:// artifact URL names a path on the host: validate flags it,
+// and never echoes a token a URL carries.
+func TestValidateFlagsFileURLs(t *testing.T) {
+	vm := strings.Replace(testVM("a", "1"), "https://example.org/i.qcow2", "file:///etc/shadow", 1)
+	dir := writeFleet(t, map[string]string{"h.yaml": testHost, "vms/a.yaml": vm})
+	code, out := runCLI(t, "validate", dir)
+	want := "warning: " + dir + "/vms/a.yaml:1: vm a: spec.image.url is a file:// URL (a path on the host): agents refuse it unless their artifacts.fileRoots allow its directory\n"
+	if code != 0 || !strings.Contains(out, want) {
+		t.Errorf("exit %d, output %q, want it to contain %q", code, out, want)
+	}
+	bad := strings.Replace(testVM("a", "1"), "https://example.org/i.qcow2", "https://s3cr3t-token@/i.qcow2?private_token=s3cr3t-token", 1)
+	code, out = runCLI(t, "validate", writeFleet(t, map[string]string{"h.yaml": testHost, "vms/a.yaml": bad}))
+	if code != 1 || strings.Contains(out, "s3cr3t") {
+		t.Errorf("exit %d, output %q: want an error that does not echo the token", code, out)
+	}
+}
+
 func TestValidateDefaultsToCurrentDirectory(t *testing.T) {
 	t.Chdir(writeFleet(t, map[string]string{"h.yaml": testHost, "broken.yml": "kind: VM\n"}))
 	code, out := runCLI(t, "validate")

@@ -35,6 +35,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/redact"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -214,7 +215,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("demo log: %w", err)
 	}
 	defer logFile.Close()
-	logger := logrus.New()
+	logger := redact.Logger(logrus.New())
 	logger.SetOutput(logFile)
 	logger.SetLevel(logrus.InfoLevel)
 	log := logrus.NewEntry(logger)
@@ -330,6 +331,7 @@ func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *l
 	prov, err := qemu.New(qemu.Config{
 		CacheDir:         l.ImageCache(),
 		MachineDir:       store.VMDir,
+		Artifacts:        qemu.ArtifactPolicy{FileRoots: []string{l.Images()}},
 		Accel:            cfg.Accel,
 		BootTimeout:      60 * time.Second,
 		PowerdownTimeout: 20 * time.Second,

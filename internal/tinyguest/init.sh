@@ -65,4 +65,10 @@ say "ready"
 # gitfleet's console readiness marker (agent.ConsoleReadyMarker): this guest
 # runs neither sshd nor a guest agent, so it declares itself up this way.
 echo "GITFLEET-GUEST-READY"
+# A seed whose user-data is a shell script (#!/bin/sh) gets it run, each
+# line it prints as "tinyguest: probe ...": tests probe the guest's view
+# of the network this way.
+if [ -n "$seeddev" ] && [ "$(head -c 9 /seed/user-data 2>/dev/null)" = '#!/bin/sh' ]; then
+	( sh /seed/user-data 2>&1 | while read -r l; do say "probe $l"; done ) &
+fi
 while :; do sleep 3600; done

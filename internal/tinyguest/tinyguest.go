@@ -15,6 +15,7 @@
 //	tinyguest: ping <router> ok   (or "failed": one ICMP echo to the router)
 //	tinyguest: ready
 //	GITFLEET-GUEST-READY   (gitfleet's console readiness marker, alone on its line)
+//	tinyguest: probe <line>   (each line the seed's user-data prints, when it is a #!/bin/sh script)
 //	tinyguest: power button   (on ACPI powerdown, just before it powers off)
 //
 // Build needs busybox-static (/bin/busybox) on the host, and a Debian

@@ -1,0 +1,120 @@
+package qemu
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"strconv"
+	"strings"
+)
+
+// DefaultQEMUUser is the system user the agent runs QEMU as unless its
+// config says otherwise; the install step creates it.
+const DefaultQEMUUser = "gitfleet-qemu"
+
+// sandboxArgs is QEMU's seccomp sandbox: no obsolete system calls, no
+// process spawning, no changes to scheduling or resource limits. With
+// -runas QEMU itself calls setuid once, after which it holds no privilege
+// to elevate (and NoNewPrivs is set), so set*uid stays allowed; without it
+// set*uid is denied.
+func sandboxArgs(runAs bool) []string {
+	elevate := "deny"
+	if runAs {
+		elevate = "allow"
+	}
+	return []string{"-sandbox", "on,obsolete=deny,elevateprivileges=" + elevate + ",spawn=deny,resourcecontrol=deny"}
+}
+
+// qemuUser is the unprivileged user QEMU runs as.
+type qemuUser struct {
+	name     string
+	uid, gid int
+}
+
+// lookupQEMUUser resolves Config.RunAs; nil when QEMU runs as the agent's
+// user.
+func lookupQEMUUser(name string) (*qemuUser, error) {
+	if name == "" {
+		return nil, nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("qemu user %q: %w (create it: useradd --system --no-create-home --shell /usr/sbin/nologin %s)", name, err, name)
+	}
+	uid, err := strconv.Atoi(u.Uid)
+	if err != nil {
+		return nil, fmt.Errorf("qemu user %q: uid %q", name, u.Uid)
+	}
+	gid, err := strconv.Atoi(u.Gid)
+	if err != nil {
+		return nil, fmt.Errorf("qemu user %q: gid %q", name, u.Gid)
+	}
+	if uid == 0 {
+		return nil, fmt.Errorf("qemu user %q is root: want an unprivileged user", name)
+	}
+	return &qemuUser{name: name, uid: uid, gid: gid}, nil
+}
+
+// own gives the VM's directory to QEMU's user (mode 0700), so QEMU, once
+// it dropped root, can remove its pidfile and nobody else reads the disks.
+// QEMU opens every disk, the seed and the serial log as root before it
+// drops privileges: base images in the cache stay root's alone.
+func (u *qemuUser) own(dir string) error {
+	if u == nil {
+		return nil
+	}
+	if err := os.Chown(dir, u.uid, u.gid); err != nil {
+		return fmt.Errorf("give %s to %s: %w", dir, u.name, err)
+	}
+	return os.Chmod(dir, 0o700)
+}
+
+// guardTable is the nftables table that keeps guests off the host.
+func guardTable(uid int) string { return "gitfleet_guard_" + strconv.Itoa(uid) }
+
+// guardRules is the nftables script of installGuard: new connections that
+// QEMU's user opens to any address of this host (loopback included) are
+// refused, except DNS, which user-mode networking relays to the host's
+// resolver. Connections to the guest's forwarded port come in to QEMU and
+// are established, so the guest's own forward keeps working, and so do
+// connections to any other host.
+func guardRules(uid int) string {
+	t := guardTable(uid)
+	return strings.Join([]string{
+		"table inet " + t + " {}",
+		"delete table inet " + t,
+		"table inet " + t + " {",
+		"  chain output {",
+		"    type filter hook output priority 0; policy accept;",
+		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local udp dport 53 accept",
+		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local tcp dport 53 accept",
+		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local reject",
+		"  }",
+		"}",
+	}, "\n") + "\n"
+}
+
+// installGuard loads guardRules into the network namespace the agent runs
+// in (with nft). QEMU's user-mode networking maps the gateway (10.0.2.2)
+// to the host's 127.0.0.1; these rules are what keeps a guest off the
+// host's loopback services (the controller's /metrics, other guests' SSH
+// forwards).
+func installGuard(ctx context.Context, nft string, uid int) error {
+	cmd := exec.CommandContext(ctx, nft, "-f", "-")
+	cmd.Stdin = strings.NewReader(guardRules(uid))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("install the guests' loopback guard (nftables table inet %s): %v: %s", guardTable(uid), err, trimTail(out, 1024))
+	}
+	return nil
+}
+
+// removeGuard deletes the table installGuard made (tests).
+func removeGuard(ctx context.Context, nft string, uid int) error {
+	out, err := exec.CommandContext(ctx, nft, "delete", "table", "inet", guardTable(uid)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("remove guard: %v: %s", err, out)
+	}
+	return nil
+}

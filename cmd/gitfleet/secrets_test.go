@@ -1,0 +1,168 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/internal/redact"
+)
+
+// A token given in the repository URL, in any form, reaches no log line,
+// no error printed, and no commit on any branch — also when the fetch
+// fails and the controller records why.
+func TestRepoTokenReachesNoLogAndNoBranch(t *testing.T) {
+	const token = "glpat-SeCrEt-0123456789"
+	root := t.TempDir()
+	bare := filepath.Join(root, "fleet.git")
+	gittest.Git(t, "", "clone", "-q", "--bare", cliFleet(t), bare)
+	gittest.Git(t, bare, "config", "http.receivepack", "true")
+	base := gittest.Serve(t, root)
+	host := strings.TrimPrefix(base, "http://")
+
+	logf, err := os.CreateTemp(t.TempDir(), "log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	saved := logrus.StandardLogger().Out
+	logrus.SetOutput(logf)
+	t.Cleanup(func() { logrus.SetOutput(saved) })
+
+	var printed strings.Builder
+	for _, url := range []string{
+		"http://" + token + "@" + host + "/fleet.git",
+		"http://oauth2:" + token + "@" + host + "/fleet.git",
+		"http://" + host + "/fleet.git?private_token=" + token,
+	} {
+		// A branch that does not exist: the pass fails and says why (the
+		// controller now refuses to publish then; earlier versions wrote
+		// the reason, URL and all, into the ledger and the summary).
+		code, out, errOut := runCLIStderr(t, "controller", "--repo", url, "--branch", "nosuch", "--path", "fleet", "--once")
+		t.Logf("nosuch: exit %d: %s", code, redact.Text(errOut))
+		printed.WriteString(out + errOut)
+		_, out, errOut = runCLIStderr(t, "controller", "--repo", url, "--path", "fleet", "--once")
+		printed.WriteString(out + errOut)
+		_, out, errOut = runCLIStderr(t, "status", "--repo", url)
+		printed.WriteString(out + errOut)
+	}
+	if refs := gittest.Git(t, bare, "for-each-ref"); !strings.Contains(refs, "gitfleet/snapshots") {
+		t.Fatalf("the controller wrote no branch, so the test proves nothing: %s", refs)
+	}
+	history := gittest.Git(t, bare, "log", "-p", "--all", "--format=%H %an %ae %s%n%b")
+	if strings.Contains(history, token) {
+		t.Errorf("a branch's history holds the token")
+	}
+	logs, _ := os.ReadFile(logf.Name())
+	if len(logs) == 0 {
+		t.Error("the controller logged nothing, so the test proves nothing")
+	}
+	for name, text := range map[string]string{"log": string(logs), "output": printed.String()} {
+		for _, line := range strings.Split(text, "\n") {
+			if strings.Contains(line, token) {
+				t.Errorf("%s line holds the token: %s", name, line)
+			}
+		}
+	}
+}
+
+// The controller's --cache-dir holds the clone (user-data) and the
+// remote's URL: it is made 0700, and an existing one is closed down.
+func TestControllerCacheDirIsPrivate(t *testing.T) {
+	dir := cliFleet(t)
+	for _, existing := range []bool{false, true} {
+		cache := filepath.Join(t.TempDir(), "cache")
+		if existing {
+			if err := os.Mkdir(cache, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if code, _ := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--cache-dir", cache, "--once"); code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		fi, err := os.Stat(cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o700 {
+			t.Errorf("cache dir (existing: %v) has mode %o, want 700", existing, fi.Mode().Perm())
+		}
+	}
+}
+
+// validate never echoes a secret field's value, not even a prefix.
+func TestValidateEchoesNoSecret(t *testing.T) {
+	vm := testVM("a", "1") + "  cloudInit:\n    sshAuthorizedKeys: \"S3CR3T-key-not-a-list\"\n    userData: 12345678\n"
+	code, out := runCLI(t, "validate", writeFleet(t, map[string]string{"h.yaml": testHost, "a.yaml": vm}))
+	if code != 1 || !strings.Contains(out, "spec.cloudInit.sshAuthorizedKeys") || !strings.Contains(out, "spec.cloudInit.userData") {
+		t.Fatalf("exit %d, output %q: want both fields reported", code, out)
+	}
+	if strings.Contains(out, "S3CR3T") || strings.Contains(out, "12345678") {
+		t.Errorf("validate echoes a secret: %s", out)
+	}
+}
+
+// The agent's unit is hardened: systemd-analyze security rates its
+// exposure 4.0 or lower (the unhardened unit rated 9.6, "UNSAFE").
+func TestAgentUnitIsHardened(t *testing.T) {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("systemd-analyze not installed (apt-get install systemd)")
+	}
+	unit := filepath.Join("..", "..", "examples", "systemd", "gitfleet-agent.service")
+	out, err := exec.Command("systemd-analyze", "security", "--offline=true", "--threshold=40", unit).CombinedOutput()
+	if err != nil {
+		t.Errorf("%v: exposure above 4.0:\n%s", err, out)
+	}
+}
+
+// TestHelperCLI runs the command line given in GITFLEET_HELPER_ARGS (unit-separator
+// separated) in a process of its own, for tests that measure the process;
+// it does nothing in a normal run.
+func TestHelperCLI(t *testing.T) {
+	args := os.Getenv("GITFLEET_HELPER_ARGS")
+	if args == "" {
+		return
+	}
+	os.Exit(run(strings.Split(args, "\x1f")))
+}
+
+// A forged 50 MB status file is refused by its size: the controller reports
+// it as the host's status error, and its peak memory stays under 300 MB.
+// The controller keeps its clone on disk (--cache-dir, as the shipped unit
+// does): an in-memory clone holds every fetched blob, the forged one too.
+func TestForgedHugeStatusIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("commits a 50 MB file; skipped with -short")
+	}
+	dir := cliFleet(t)
+	if code, _ := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 {
+		t.Fatalf("first pass: exit %d", code)
+	}
+	huge := "host: hv-a\nheartbeat: 1\nvms:\n" + strings.Repeat("  - {name: web-01, phase: ready, lastError: \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}\n", 50<<20/80)
+	gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{"hosts/hv-a.yaml": huge}})
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperCLI$")
+	cmd.Env = append(os.Environ(), "GITFLEET_HELPER_ARGS="+strings.Join([]string{"controller", "--repo", dir, "--path", "fleet", "--cache-dir", filepath.Join(t.TempDir(), "cache"), "--once"}, "\x1f"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("controller: %v\n%s", err, out)
+	}
+	rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss // KiB
+	t.Logf("controller peak RSS with a %d MB status: %d MB", len(huge)>>20, rss>>10)
+	if rss > 300<<10 {
+		t.Errorf("controller peak RSS %d MB, want under 300 MB", rss>>10)
+	}
+	readme := gittest.Show(t, dir, "refs/heads/gitfleet/status", "README.md")
+	if !strings.Contains(readme, "status file too large") {
+		t.Errorf("README does not report the refused status:\n%.2000s", readme)
+	}
+	if len(readme) > 1<<20 {
+		t.Errorf("README is %d bytes", len(readme))
+	}
+}
