@@ -5,11 +5,10 @@ import (
 	"compress/gzip"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/gitfleet/gitfleet/internal/cloudinittest"
 )
 
 // TestUserDataTypeMatchesCloudInit types documents with UserDataType and
@@ -21,7 +20,7 @@ func TestUserDataTypeMatchesCloudInit(t *testing.T) {
 		"## template: jinja\n#cloud-config\n", "#cloud-confg\n", "cloud-config\n", "", "text/x-shellscript-per-boot\n",
 		"#INCLUDE-ONCE", "# cloud-config\n",
 	}
-	want := cloudInit(t, `import json, sys
+	want := cloudinittest.Run(t, `import json, sys
 from cloudinit import handlers
 print(json.dumps([handlers.type_from_starts_with(d) or "" for d in json.load(sys.stdin)]))`, docs)
 	var types []string
@@ -57,7 +56,7 @@ func TestCheckUserDataAgreesWithCloudInitsLoader(t *testing.T) {
 		"#cloud-config\nx: &a {k: 1}\ny:\n  <<: *a\n  k: 2\n",
 		"#cloud-config\nusers:\n  - name: a\n    sudo: x\n    sudo: y\n  - name: b\n",
 	}
-	out := cloudInit(t, `import json, sys, yaml
+	out := cloudinittest.Run(t, `import json, sys, yaml
 from cloudinit import safeyaml
 def repeats(node, loader):
     n = 0
@@ -176,41 +175,6 @@ func TestCheckUserDataFormats(t *testing.T) {
 			}
 		})
 	}
-}
-
-// cloudInit runs a python script under cloud-init's own interpreter with
-// input as JSON on stdin and returns its stdout; it skips when cloud-init
-// is not installed.
-func cloudInit(t *testing.T, script string, input any) []byte {
-	t.Helper()
-	bin, err := exec.LookPath("cloud-init")
-	if err != nil {
-		t.Skip("cloud-init not installed (scripts/install-deps.sh installs it)")
-	}
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	fields := strings.Fields(strings.TrimPrefix(line, "#!"))
-	if !strings.HasPrefix(line, "#!") || len(fields) == 0 {
-		t.Fatalf("%s has no #! line naming its python", bin)
-	}
-	in, err := json.Marshal(input)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(fields[0], "-c", script)
-	cmd.Stdin = bytes.NewReader(in)
-	out, err := cmd.Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			t.Fatalf("cloud-init's python: %v: %s", err, ee.Stderr)
-		}
-		t.Fatal(err)
-	}
-	return out
 }
 
 // FuzzCheckUserData feeds CheckUserData arbitrary documents: it must never

@@ -3,7 +3,6 @@ package qemu
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/cloudinittest"
 )
 
 // userDataExamples are the user-data documents of testdata/userdata: each
@@ -173,46 +173,12 @@ json.dump([util.load_yaml(d) for d in docs], sys.stdout, default=lambda o: "NOT 
 	for i, d := range docs {
 		in[i] = string(d)
 	}
-	cmd := exec.Command(cloudInitPython(t), "-c", script)
-	cmd.Stdin = strings.NewReader(mustJSON(t, in))
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("cloud-init load_yaml: %v: %s", err, exitStderr(err))
-	}
+	out := cloudinittest.Run(t, script, in)
 	var v []map[string]any
 	if err := json.Unmarshal(out, &v); err != nil || len(v) != len(docs) {
 		t.Fatalf("cloud-init load_yaml gave %s: %v", out, err)
 	}
 	return v
-}
-
-// cloudInitPython is the interpreter cloud-init runs under (its script's
-// #! line), which is the one that can import its modules; the test skips
-// when cloud-init is not installed.
-func cloudInitPython(t *testing.T) string {
-	t.Helper()
-	bin, err := exec.LookPath("cloud-init")
-	if err != nil {
-		t.Skip("cloud-init not installed (scripts/install-deps.sh installs it)")
-	}
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	fields := strings.Fields(strings.TrimPrefix(line, "#!"))
-	if !strings.HasPrefix(line, "#!") || len(fields) == 0 {
-		t.Fatalf("%s has no #! line naming its python", bin)
-	}
-	return fields[0]
-}
-
-func exitStderr(err error) string {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return string(ee.Stderr)
-	}
-	return ""
 }
 
 func mustJSON(t *testing.T, v any) string {
