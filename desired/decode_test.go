@@ -143,8 +143,19 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:11:3: tab character in indentation; YAML indents with spaces only`,
 		}},
 		{"CRLF line ends", strings.ReplaceAll(vm(vmBody), "\n", "\r\n"), nil},
+		{"syntax error in a flow mapping names its line", vm(vmBody + "  labels: {a: b c: d}\n  power: running\n"), []string{
+			`obj.yaml:13:1: invalid YAML: did not find expected ',' or '}' (in the flow mapping { that starts on this line or above)`,
+		}},
+		// The parser names only where the broken mapping starts (spec's
+		// contents, line 6), and the message says so.
+		{"syntax error after a quoted value names its mapping", vm(vmBody + "  power: 'running'x\n"), []string{
+			`obj.yaml:6:1: invalid YAML: did not find expected key (in the block mapping that starts on this line or above)`,
+		}},
+		{"syntax error on the first line", "kind: [VM\n", []string{
+			`obj.yaml:1:1: invalid YAML: did not find expected ',' or ']' (in the flow sequence [ that starts on this line or above)`,
+		}},
 		{"syntax error", vm(vmBody + "  network: [lan\n"), []string{
-			`obj.yaml:12:1: invalid YAML: did not find expected ',' or ']'`,
+			`obj.yaml:13:1: invalid YAML: did not find expected ',' or ']' (in the flow sequence [ that starts on this line or above)`,
 		}},
 
 		// Anchors, aliases, merge keys.
@@ -340,7 +351,7 @@ func TestParseFileTabs(t *testing.T) {
 		// cannot tell, and clearing the line would add a line end to it.
 		{"tab line after a block scalar with keep chomping", vm(vmBody + "  cloudInit:\n    userData: |+\n      a\n\t\n  power: running\n"), []string{`obj.yaml:16:1: ` + blockTab}, "", 0},
 		{"tab indenting a block scalar's line", vm(vmBody + "  cloudInit:\n    userData: |\n      a\n\tb\n"), []string{`obj.yaml:16:1: ` + blockTab}, "", 0},
-		{"a syntax error is not blamed on tabs", withVcpus("\t\n") + script + "  network: [lan\n", []string{`obj.yaml:20:1: invalid YAML: did not find expected ',' or ']'`}, "", 0},
+		{"a syntax error is not blamed on tabs", withVcpus("\t\n") + script + "  network: [lan\n", []string{`obj.yaml:21:1: invalid YAML: did not find expected ',' or ']' (in the flow sequence [ that starts on this line or above)`}, "", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
