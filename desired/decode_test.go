@@ -248,6 +248,10 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:13:12: spec.network: "LAN" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
 			`obj.yaml:14:13: spec.volumes[0]: "data_01" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
 		}},
+		{"ssh key with a line break", vm(vmBody + "  cloudInit: {sshAuthorizedKeys: [\"ssh-ed25519 AAAA a\\nssh-rsa BBBB b\", \"ssh-ed25519 CCCC c\\r\"]}\n"), []string{
+			`obj.yaml:13:35: spec.cloudInit.sshAuthorizedKeys[0]: holds a line break: each entry is one line of authorized_keys; list each key as its own entry`,
+			`obj.yaml:13:73: spec.cloudInit.sshAuthorizedKeys[1]: holds a line break: each entry is one line of authorized_keys; list each key as its own entry`,
+		}},
 		{"empty ssh key", vm(vmBody + "  cloudInit: {sshAuthorizedKeys: [\" \"], userData: \"#cloud-config\\n\"}\n"), []string{
 			`obj.yaml:13:35: spec.cloudInit.sshAuthorizedKeys[0]: must not be empty`,
 		}},
