@@ -27,7 +27,10 @@ type artifacts struct {
 
 // fetchArtifacts downloads (or finds cached) everything spec names and
 // checks the image is a self-contained qcow2 or raw disk (inspectImage)
-// before any qemu-img or QEMU opens it.
+// before any qemu-img or QEMU opens it. The image is skipped (a.image is
+// "") for a VM whose root disk exists and is not backed by it: an edited
+// image is not applied to an existing VM, so it is neither fetched nor
+// allowed to fail the VM's edits and boots.
 func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desired.VMSpec) (artifacts, error) {
 	var a artifacts
 	var err error
@@ -36,7 +39,11 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 		st.fetching.Store(art.SHA256)
 		return p.images.fetch(ctx, art)
 	}
+	imageKept := false
 	if spec.Image != nil {
+		imageKept = !p.imageBacksRootDisk(ctx, st, *spec.Image)
+	}
+	if spec.Image != nil && !imageKept {
 		if a.image, err = fetch(*spec.Image); err != nil {
 			return a, fmt.Errorf("fetch image: %w", err)
 		}
@@ -69,14 +76,32 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 			}
 		}
 	}
-	if a.image == "" && a.kernel == "" {
+	if a.image == "" && a.kernel == "" && !imageKept {
 		return a, agent.Permanent(errors.New("spec has neither image nor kernel: nothing to boot"))
 	}
 	return a, nil
 }
 
-// Stage fetches and verifies every artifact m.Spec names (see
-// fetchArtifacts) and renders m's seed, leaving the VM and its files as
+// imageBacksRootDisk reports whether img is the image the VM's root disk
+// should be made from or is backed by: true when the VM has no root disk
+// yet, or when the disk's backing file is img's place in the cache (so a
+// cached image removed by hand is fetched again for the VM it backs).
+// When the disk cannot be read it answers true, which fetches the image
+// as a create would.
+func (p *Provisioner) imageBacksRootDisk(ctx context.Context, st *vmState, img desired.Artifact) bool {
+	root := st.path(RootDiskFile)
+	if _, err := os.Stat(root); err != nil {
+		return true
+	}
+	info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, root, formatQCOW2)
+	if err != nil {
+		return true
+	}
+	return info.BackingFilename == p.images.path(img.SHA256)
+}
+
+// Stage fetches and verifies every artifact m.Spec names that the VM
+// would use (see fetchArtifacts: not an edited image) and renders m's seed, leaving the VM and its files as
 // they are.
 func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
 	st, err := p.machineState(m)

@@ -462,3 +462,52 @@ func TestVMProgress(t *testing.T) {
 		t.Error("progress still reported after the download")
 	}
 }
+
+// TestAnEditedImageIsNotFetchedForAnExistingVM pins that an image edit,
+// which is never applied to a created VM's root disk, is neither fetched
+// nor able to fail the VM's later edits and boots: a wrong sha256 in it
+// stages cleanly, while the image the disk is backed by is fetched again
+// when it has left the cache.
+func TestAnEditedImageIsNotFetchedForAnExistingVM(t *testing.T) {
+	needQEMUImg(t)
+	srv := newArtifactServer(t)
+	raw := make([]byte, 1<<20)
+	copy(raw, "the image the VM was created from")
+	orig := srv.add("/orig.raw", raw)
+	cache := t.TempDir()
+	p, err := New(Config{CacheDir: cache, Artifacts: loopbackPolicy(), Accel: AccelTCG, Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m := agent.Machine{Name: "vm", Dir: t.TempDir(), Spec: desired.VMSpec{DiskGB: 1, Image: &orig}, InstanceID: "i-1"}
+	if err := p.PrepareRootDisk(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+
+	edited := m
+	edited.Spec.Image = &desired.Artifact{URL: srv.URL + "/other.raw", SHA256: strings.Repeat("ab", 32)}
+	edited.Spec.MemoryMB = 256
+	if err := p.Stage(ctx, edited); err != nil {
+		t.Fatalf("Stage of an edit whose image is not applied: %v", err)
+	}
+	if err := p.PrepareRootDisk(ctx, edited); err != nil {
+		t.Fatalf("PrepareRootDisk of an existing VM with an edited image: %v", err)
+	}
+	if n := srv.count("/other.raw"); n != 0 {
+		t.Errorf("the edited image was requested %d times, want never", n)
+	}
+
+	// The image the disk is backed by is still the VM's own: gone from the
+	// cache, it is fetched again.
+	if err := os.Remove(filepath.Join(cache, orig.SHA256)); err != nil {
+		t.Fatal(err)
+	}
+	before := srv.count("/orig.raw")
+	if err := p.Stage(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if srv.count("/orig.raw") != before+1 {
+		t.Errorf("the backing image left the cache and was not fetched again")
+	}
+}
