@@ -41,6 +41,11 @@ type guestNet struct {
 // two cores shared with other builds. It only ends a broken run.
 const debianBootLimit = 20 * time.Minute
 
+// readyRefusedLimit bounds how long status may show a Debian guest ready
+// while its sshd refuses the host: its guest agent can answer first, and
+// cloud-init can restart sshd after it first listened.
+const readyRefusedLimit = 2 * time.Minute
+
 // userNet is QEMU's user-mode networking: the guest is reached through its
 // SSH forward on loopback.
 var userNet = guestNet{dial: func(ctx context.Context, addr string) (net.Conn, error) {
@@ -294,7 +299,8 @@ func (f *fleetUnderTest) measureReady(n guestNet, vm string, boot int) string {
 		}
 		return false, vmState(st, vm)
 	})
-	var firstBanner, firstReady time.Time
+	var firstBanner, firstReady, refusedWhileReady time.Time
+	var refusedFor time.Duration
 	var sawRefused bool
 	f.waitWithin(debianBootLimit, vm+" ready in status", func() (bool, string) {
 		for {
@@ -310,11 +316,22 @@ func (f *fleetUnderTest) measureReady(n guestNet, vm string, boot int) string {
 				if firstReady.IsZero() {
 					firstReady = now
 				}
-				// Status was read before this probe: had sshd refused
-				// now, ready was shown while SSH was refused.
-				require.False(t, refused, "status shows %s ready while its sshd at %s refuses", vm, addr)
+				// Status was read before this probe: a refusal now is
+				// ready shown while SSH refuses. A guest can restart sshd
+				// after it first answered (cloud-init's config stage), so
+				// the window is measured and bounded below, not forbidden.
+				if refused && refusedWhileReady.IsZero() {
+					refusedWhileReady = now
+				}
 				if !answered {
-					continue // too slow to tell: ask again
+					if !refusedWhileReady.IsZero() && now.Sub(refusedWhileReady) > readyRefusedLimit {
+						t.Fatalf("status shows %s ready while its sshd at %s has refused for %s", vm, addr, now.Sub(refusedWhileReady).Round(time.Second))
+					}
+					time.Sleep(qemu.ProbeInterval)
+					continue // refused or too slow to tell: ask again
+				}
+				if !refusedWhileReady.IsZero() {
+					refusedFor = now.Sub(refusedWhileReady)
 				}
 				return true, ""
 			}
@@ -330,5 +347,8 @@ func (f *fleetUnderTest) measureReady(n guestNet, vm string, boot int) string {
 	assert.True(t, sawRefused, "sshd answered at the first probe: the test never saw the guest booting")
 	require.False(t, firstBanner.IsZero(), "status showed ready but sshd never answered the test")
 	t.Logf("READY-LATENCY boot=%d: status showed %s ready %.2fs after its sshd first answered the host (negative: its guest agent answered first)", boot, vm, firstReady.Sub(firstBanner).Seconds())
+	if !refusedWhileReady.IsZero() {
+		t.Logf("READY-REFUSED boot=%d: status showed %s ready while its sshd refused, for %.1fs", boot, vm, refusedFor.Seconds())
+	}
 	return addr
 }
