@@ -72,13 +72,31 @@ func UserDataType(doc []byte) string {
 	if !utf8.Valid(doc) {
 		return ""
 	}
-	lc := strings.ToLower(strings.TrimLeftFunc(string(doc), unicode.IsSpace))
+	lc := strings.Map(pythonLower, strings.TrimLeftFunc(string(doc), pythonIsSpace))
 	for _, p := range userDataPrefixes {
 		if strings.HasPrefix(lc, p[0]) {
 			return p[1]
 		}
 	}
 	return ""
+}
+
+// pythonIsSpace is Python's str.isspace, which str.lstrip uses: Go's
+// unicode.IsSpace and the file, group, record and unit separators
+// U+001C..U+001F, which Python counts as white space and Go does not.
+func pythonIsSpace(r rune) bool {
+	return unicode.IsSpace(r) || r >= 0x1c && r <= 0x1f
+}
+
+// pythonLower lower-cases r as Python's str.lower does for matching an
+// ASCII prefix: U+0130 (capital I with dot above) becomes "i\u0307" in
+// Python, never a plain "i", so it is kept as it is; every other rune
+// maps as in unicode.ToLower.
+func pythonLower(r rune) rune {
+	if r == '\u0130' {
+		return r
+	}
+	return unicode.ToLower(r)
 }
 
 // UserDataProblem is one reason cloud-init would not run a user-data
