@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/big"
 	"mime"
 	"mime/multipart"
 	"mime/quotedprintable"
@@ -18,7 +20,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	yaml11 "go.yaml.in/yaml/v2"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -389,8 +390,8 @@ var yamlErrLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 // the problems: a syntax error, a second document, repeated keys.
 //
 // The syntax is parsed by go.yaml.in/yaml/v3, a port of libyaml as PyYAML
-// is; keys are compared after YAML 1.1 resolution (go.yaml.in/yaml/v2), as
-// PyYAML builds its dict: "yes" and "true" are one key, so are 1 and 0x1.
+// is; keys are compared after PyYAML's own YAML 1.1 resolution, as PyYAML
+// builds its dict: "yes" and "true" are one key, so are 1, 0x1 and 1.0.
 func parseYAML11(doc []byte) (*yaml.Node, []yamlProblem) {
 	dec := yaml.NewDecoder(bytes.NewReader(doc))
 	var root yaml.Node
@@ -434,7 +435,11 @@ func repeatedKeys(n *yaml.Node) []yamlProblem {
 			first := map[string]*yaml.Node{}
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				k := n.Content[i]
-				id, ok := yaml11Key(k)
+				id, ok, hashable := yaml11Key(k)
+				if !hashable {
+					out = append(out, yamlProblem{line: k.Line, msg: fmt.Sprintf("a key here is %s: PyYAML cannot use it as a key, so cloud-init cannot load this and ignores it", yamlKind(k))})
+					continue
+				}
 				if !ok {
 					continue
 				}
@@ -452,40 +457,166 @@ func repeatedKeys(n *yaml.Node) []yamlProblem {
 	return out
 }
 
-// yaml11Key is the identity PyYAML gives a scalar key in a dict: its YAML
-// 1.1 value, with bools as the integers Python takes them for. ok is false
-// for keys that are not scalars or are merge keys.
-func yaml11Key(k *yaml.Node) (string, bool) {
-	if k.Kind != yaml.ScalarNode || k.Value == "<<" {
-		return "", false
+// yaml11Key is the identity PyYAML's SafeLoader gives a key in the dict it
+// builds: the key's tag as PyYAML resolves it (an explicit tag, !!str when
+// quoted or a block scalar, else PyYAML's implicit resolvers for YAML 1.1),
+// then its value compared as Python compares dict keys: True is 1, 3.0 is
+// 3, integers have no bound. ok is false for merge keys (plain <<), which
+// PyYAML merges rather than stores. hashable is false for a list or a
+// mapping used as a key, which PyYAML refuses to load.
+func yaml11Key(k *yaml.Node) (id string, ok, hashable bool) {
+	for k.Kind == yaml.AliasNode && k.Alias != nil {
+		k = k.Alias
 	}
-	if k.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0 || k.Tag == "!!str" && k.Style&yaml.TaggedStyle != 0 {
-		return "s:" + k.Value, true
+	if k.Kind != yaml.ScalarNode {
+		return "", true, false
 	}
-	var v any
-	if err := yaml11.Unmarshal([]byte(k.Value), &v); err != nil {
-		return "s:" + k.Value, true
+	tag := ""
+	switch {
+	case k.Style&yaml.TaggedStyle != 0:
+		tag = k.ShortTag()
+	case k.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0:
+		tag = "!!str"
+	default:
+		tag = pyyamlResolve(k.Value)
 	}
-	switch x := v.(type) {
-	case nil:
-		return "null", true
-	case bool:
-		if x {
-			return "n:1", true
+	switch tag {
+	case "!!merge":
+		return "", false, true
+	case "!!null":
+		return "null", true, true
+	case "!!bool":
+		if strings.EqualFold(k.Value, "yes") || strings.EqualFold(k.Value, "true") || strings.EqualFold(k.Value, "on") {
+			return "n:1", true, true
 		}
-		return "n:0", true
-	case int:
-		return "n:" + strconv.FormatFloat(float64(x), 'g', -1, 64), true
-	case int64:
-		return "n:" + strconv.FormatFloat(float64(x), 'g', -1, 64), true
-	case uint64:
-		return "n:" + strconv.FormatFloat(float64(x), 'g', -1, 64), true
-	case float64:
-		return "n:" + strconv.FormatFloat(x, 'g', -1, 64), true
-	case string:
-		return "s:" + x, true
+		return "n:0", true, true
+	case "!!int":
+		if n, ok := pyyamlInt(k.Value); ok {
+			return "n:" + n.String(), true, true
+		}
+	case "!!float":
+		if f, ok := pyyamlFloat(k.Value); ok {
+			return pyNumberKey(f), true, true
+		}
+	case "!!timestamp":
+		return "t:" + k.Value, true, true
 	}
-	return fmt.Sprintf("%T:%v", v, v), true
+	return "s:" + k.Value, true, true
+}
+
+// The implicit resolvers of PyYAML's resolver.py (YAML 1.1), which
+// cloud-init's loader uses; they differ from other YAML 1.1 libraries ("y"
+// is a string, "1e3" is a string, "1:30" is the integer 90).
+var (
+	pyyamlBool      = regexp.MustCompile(`^(?:yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$`)
+	pyyamlFloatRe   = regexp.MustCompile(`^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$`)
+	pyyamlIntRe     = regexp.MustCompile(`^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+)$`)
+	pyyamlNull      = regexp.MustCompile(`^(?:~|null|Null|NULL|)$`)
+	pyyamlTimestamp = regexp.MustCompile(`^(?:[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9][0-9]?(?:[Tt]|[ \t]+)[0-9][0-9]?:[0-9][0-9]:[0-9][0-9](?:\.[0-9]*)?(?:[ \t]*(?:Z|[-+][0-9][0-9]?(?::[0-9][0-9])?))?)$`)
+)
+
+// pyyamlResolve is the tag PyYAML's resolver gives a plain scalar, tried
+// in its order (bool, float, int, merge, null, timestamp), "!!str" when
+// none matches.
+func pyyamlResolve(v string) string {
+	switch {
+	case pyyamlBool.MatchString(v):
+		return "!!bool"
+	case pyyamlFloatRe.MatchString(v):
+		return "!!float"
+	case pyyamlIntRe.MatchString(v):
+		return "!!int"
+	case v == "<<":
+		return "!!merge"
+	case pyyamlNull.MatchString(v):
+		return "!!null"
+	case pyyamlTimestamp.MatchString(v):
+		return "!!timestamp"
+	}
+	return "!!str"
+}
+
+// pyyamlInt is PyYAML's construct_yaml_int: underscores dropped, 0b binary,
+// 0x hex, a leading 0 octal, a:b:c base 60.
+func pyyamlInt(v string) (*big.Int, bool) {
+	v = strings.ReplaceAll(v, "_", "")
+	neg := strings.HasPrefix(v, "-")
+	v = strings.TrimLeft(v, "+-")
+	n := new(big.Int)
+	ok := true
+	switch {
+	case v == "0":
+	case strings.HasPrefix(v, "0b"):
+		_, ok = n.SetString(v[2:], 2)
+	case strings.HasPrefix(v, "0x"):
+		_, ok = n.SetString(v[2:], 16)
+	case strings.HasPrefix(v, "0"):
+		_, ok = n.SetString(v, 8)
+	case strings.Contains(v, ":"):
+		for _, part := range strings.Split(v, ":") {
+			d, ok2 := new(big.Int).SetString(part, 10)
+			if !ok2 {
+				return nil, false
+			}
+			n.Mul(n, big.NewInt(60)).Add(n, d)
+		}
+	default:
+		_, ok = n.SetString(v, 10)
+	}
+	if neg {
+		n.Neg(n)
+	}
+	return n, ok
+}
+
+// pyyamlFloat is PyYAML's construct_yaml_float: underscores dropped, .inf
+// and .nan, a:b:c.d base 60, else Python's float().
+func pyyamlFloat(v string) (float64, bool) {
+	v = strings.ToLower(strings.ReplaceAll(v, "_", ""))
+	sign := 1.0
+	if strings.HasPrefix(v, "-") {
+		sign = -1
+	}
+	v = strings.TrimLeft(v, "+-")
+	switch {
+	case v == ".inf":
+		return sign * math.Inf(1), true
+	case v == ".nan":
+		return math.NaN(), true
+	case strings.Contains(v, ":"):
+		parts := strings.Split(v, ":")
+		val, base := 0.0, 1.0
+		for i := len(parts) - 1; i >= 0; i-- {
+			d, err := strconv.ParseFloat(parts[i], 64)
+			if err != nil {
+				return 0, false
+			}
+			val += d * base
+			base *= 60
+		}
+		return sign * val, true
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return 0, false
+	}
+	return sign * f, true
+}
+
+// pyNumberKey is the identity of a float as a Python dict key: an integral
+// float is the integer it equals; PyYAML builds every .nan from one object,
+// so all NaN keys are one key.
+func pyNumberKey(f float64) string {
+	switch {
+	case math.IsNaN(f):
+		return "nan"
+	case math.IsInf(f, 0):
+		return "n:" + strconv.FormatFloat(f, 'g', -1, 64)
+	case f == math.Trunc(f):
+		n, _ := new(big.Float).SetFloat64(f).Int(nil)
+		return "n:" + n.String()
+	}
+	return "n:" + strconv.FormatFloat(f, 'g', -1, 64)
 }
 
 func linesAbove(n int) string {
