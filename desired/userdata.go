@@ -110,9 +110,15 @@ type UserDataProblem struct {
 	Msg  string
 }
 
-// maxUserData bounds a decompressed user-data document (cloud-init's
-// seeds are small; this stops a gzip bomb).
-const maxUserData = 16 << 20
+// maxUserData bounds, in bytes, everything CheckUserData decompresses in
+// one document, the gzip stream and all gzip MIME parts together
+// (cloud-init's seeds are small; this stops a gzip bomb, and a MIME message
+// of many small ones, from holding up validate and the controller).
+const maxUserData = 4 << 20
+
+// maxUserDataProblems bounds the problems CheckUserData reports for one
+// document; a document with more gets one last problem saying so.
+const maxUserDataProblems = 100
 
 // CheckUserData checks a user-data document as cloud-init reads it:
 //
@@ -135,21 +141,35 @@ func CheckUserData(doc []byte) []UserDataProblem {
 	if len(doc) == 0 {
 		return nil
 	}
-	if raw, ok := gunzip(doc); ok {
-		return checkUserDataText(raw, "gzip-compressed user-data: ", -1)
+	budget := maxUserData
+	var out []UserDataProblem
+	switch raw, res := gunzip(doc, &budget); res {
+	case gzipOK:
+		out = checkUserDataText(raw, "gzip-compressed user-data: ", -1, &budget)
+	case gzipTooBig:
+		out = []UserDataProblem{{Msg: tooBigMsg("gzip-compressed user-data")}}
+	default:
+		out = checkUserDataText(doc, "", 0, &budget)
 	}
-	return checkUserDataText(doc, "", 0)
+	if len(out) > maxUserDataProblems {
+		out = append(out[:maxUserDataProblems:maxUserDataProblems], UserDataProblem{Msg: fmt.Sprintf("more problems follow; only the first %d are listed", maxUserDataProblems)})
+	}
+	return out
+}
+
+func tooBigMsg(what string) string {
+	return fmt.Sprintf("%s decompresses to more than %d bytes in all; gitfleet checks no larger user-data, write it uncompressed or smaller", what, maxUserData)
 }
 
 // checkUserDataText checks a document that is not compressed; offset is as
 // for checkPart.
-func checkUserDataText(doc []byte, where string, offset int) []UserDataProblem {
+func checkUserDataText(doc []byte, where string, offset int, budget *int) []UserDataProblem {
 	head := doc
 	if len(head) > 4096 {
 		head = head[:4096]
 	}
 	if bytes.Contains(bytes.ToLower(head), []byte("mime-version:")) {
-		return checkMIME(doc, where)
+		return checkMIME(doc, where, budget)
 	}
 	ctype := UserDataType(doc)
 	if ctype == "" {
@@ -191,21 +211,35 @@ func placed(probs []yamlProblem, where string, offset int) []UserDataProblem {
 	return out
 }
 
+// gzipResult says what gunzip made of a document.
+type gzipResult int
+
+const (
+	gzipNot    gzipResult = iota // not a gzip stream, or a broken one
+	gzipOK                       // decompressed
+	gzipTooBig                   // decompresses to more than *budget bytes
+)
+
 // gunzip decompresses doc when it is a gzip stream (cloud-init's
-// decomp_gzip); ok is false when it is not one.
-func gunzip(doc []byte) ([]byte, bool) {
+// decomp_gzip), taking what it decompresses from *budget bytes.
+func gunzip(doc []byte, budget *int) ([]byte, gzipResult) {
 	if len(doc) < 2 || doc[0] != 0x1f || doc[1] != 0x8b {
-		return nil, false
+		return nil, gzipNot
 	}
 	zr, err := gzip.NewReader(bytes.NewReader(doc))
 	if err != nil {
-		return nil, false
+		return nil, gzipNot
 	}
-	raw, err := io.ReadAll(io.LimitReader(zr, maxUserData+1))
-	if err != nil || len(raw) > maxUserData {
-		return nil, false
+	raw, err := io.ReadAll(io.LimitReader(zr, int64(*budget)+1))
+	if len(raw) > *budget {
+		*budget = 0
+		return nil, gzipTooBig
 	}
-	return raw, true
+	if err != nil {
+		return nil, gzipNot
+	}
+	*budget -= len(raw)
+	return raw, gzipOK
 }
 
 // decompTypes are the MIME types whose parts cloud-init decompresses
@@ -219,7 +253,7 @@ var decompTypes = map[string]bool{
 // checkMIME walks a MIME message's parts as cloud-init's _process_msg
 // does. A message Go's parser cannot read is not reported: Python's email
 // parser is more lenient, and only what cloud-init refuses is an error.
-func checkMIME(doc []byte, where string) []UserDataProblem {
+func checkMIME(doc []byte, where string, budget *int) []UserDataProblem {
 	msg, err := mail.ReadMessage(bytes.NewReader(doc))
 	if err != nil {
 		return nil
@@ -252,8 +286,12 @@ func checkMIME(doc []byte, where string) []UserDataProblem {
 			return
 		}
 		if decompTypes[ctype] {
-			raw, ok := gunzip(payload)
-			if !ok {
+			raw, res := gunzip(payload, budget)
+			if res == gzipTooBig {
+				out = append(out, UserDataProblem{Msg: tooBigMsg(label)})
+				return
+			}
+			if res != gzipOK {
 				return // cloud-init logs the failure and skips the part
 			}
 			payload, ctype = raw, "text/plain"
@@ -443,7 +481,7 @@ func repeatedKeys(n *yaml.Node) []yamlProblem {
 				if !ok {
 					continue
 				}
-				if f, dup := first[id]; dup {
+				if f, dup := first[id]; dup && len(out) <= maxUserDataProblems {
 					out = append(out, yamlProblem{line: k.Line, msg: fmt.Sprintf("key %q is written again here (first %s above, in the same mapping): cloud-init keeps this last value and silently drops the earlier one; write the key once", k.Value, linesAbove(k.Line-f.Line))})
 				}
 				first[id] = k

@@ -1,7 +1,11 @@
 package desired
 
 import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/gitfleet/gitfleet/internal/cloudinittest"
@@ -27,5 +31,59 @@ print(json.dumps([handlers.type_from_starts_with(d.encode()) or "" for d in json
 		if got := UserDataType([]byte(d)); got != types[i] {
 			t.Errorf("UserDataType(%q) = %q; cloud-init says %q", d, got, types[i])
 		}
+	}
+}
+
+func gzipped(t *testing.T, parts ...string) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&b, gzip.BestCompression)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts {
+		if _, err := zw.Write([]byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// A gzip bomb of repeated keys, 24 KiB on disk, decompressed to 16 MiB and
+// reported 3.3 million problems (minutes of CPU, gigabytes of memory).
+// What is decompressed is bounded for the whole document, and so is the
+// number of problems.
+func TestCheckUserDataBoundsGzipBombs(t *testing.T) {
+	bomb := gzipped(t, "#cloud-config\n", strings.Repeat("a: 1\n", (16<<20)/5))
+	probs := CheckUserData(bomb)
+	if len(probs) != 1 || !strings.Contains(probs[0].Msg, "decompresses to more than") {
+		t.Errorf("16 MiB gzip bomb: %d problems, first %+v; want one saying it decompresses too far", len(probs), probs[:min(len(probs), 1)])
+	}
+
+	// Many parts, each within the bound, together beyond it.
+	part := base64.StdEncoding.EncodeToString(gzipped(t, "#cloud-config\n", strings.Repeat("# x\n", (maxUserData/2)/4)))
+	var msg strings.Builder
+	msg.WriteString("MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=B\n\n")
+	for range 8 {
+		msg.WriteString("--B\nContent-Type: application/gzip\nContent-Transfer-Encoding: base64\n\n" + part + "\n")
+	}
+	msg.WriteString("--B--\n")
+	probs = CheckUserData([]byte(msg.String()))
+	if len(probs) == 0 || !strings.Contains(probs[0].Msg, "decompresses to more than") {
+		t.Errorf("8 gzip parts of %d bytes each: %+v; want the part past the bound reported", maxUserData/2, probs)
+	}
+
+	// Repeated keys without compression: the list is cut, and says so.
+	probs = CheckUserData([]byte("#cloud-config\n" + strings.Repeat("a: 1\n", 1000)))
+	if len(probs) != maxUserDataProblems+1 || !strings.Contains(probs[len(probs)-1].Msg, "more problems follow") {
+		t.Errorf("999 repeated keys: %d problems, last %+v; want %d and a note", len(probs), probs[len(probs)-1], maxUserDataProblems+1)
+	}
+
+	// What is within the bound is still checked.
+	if probs := CheckUserData(gzipped(t, "#cloud-config\na: 1\na: 2\n")); len(probs) != 1 || !strings.Contains(probs[0].Msg, "written again") {
+		t.Errorf("small gzip cloud-config with a repeated key: %+v", probs)
 	}
 }
