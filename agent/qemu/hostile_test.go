@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,5 +53,29 @@ func TestQEMUImgIsAlwaysToldTheFormat(t *testing.T) {
 	}
 	if !resized {
 		t.Errorf("no qemu-img resize among %q", b)
+	}
+}
+
+// Hostile sshAuthorizedKeys strings read back through cloud-init's loader
+// as exactly what was written, with nothing injected beside them.
+func TestSeedHostileKeysReadBack(t *testing.T) {
+	keys := []string{
+		"ssh-ed25519 AAAA a@b\ninstance-id: evil", "k: v # c", "'single' \"double\"", "line\u2028sep",
+		"nel\u0085x", "tab\there", "bom\ufeffx", "\x7fdel", "emoji \U0001F600", "-  dash", "? q", "*alias", "&anchor",
+		"%percent", "@at", "`tick", "!tag x", "{a: 1}", "[1]", "\\back", "trailing ", " leading", "cr\rx", "\x1b[31m",
+		"surrogate-ish \uFFFE", "nbsp\u00a0x", "vt\vx", "ff\fx",
+	}
+	files, err := seedFiles("web-01", "web-01-0123", macFor("web-01"), &desired.CloudInit{SSHAuthorizedKeys: keys}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := cloudInitLoad(t, files["meta-data"])[0]
+	if md["instance-id"] != "web-01-0123" {
+		t.Errorf("instance-id reads back as %v", md["instance-id"])
+	}
+	got, _ := json.Marshal(md["public-keys"])
+	want, _ := json.Marshal(keys)
+	if string(got) != string(want) {
+		t.Errorf("public-keys read back as\n%s\nwant\n%s\nmeta-data:\n%s", got, want, files["meta-data"])
 	}
 }
