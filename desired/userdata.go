@@ -360,10 +360,12 @@ func checkArchive(doc []byte, where string, offset int) []UserDataProblem {
 	for i, ent := range root.Content {
 		label := fmt.Sprintf("%sarchive entry %d: ", where, i+1)
 		var content, typ *yaml.Node
-		switch ent.Kind {
-		case yaml.ScalarNode:
+		switch {
+		case ent.Kind == yaml.ScalarNode && pyyamlTag(ent) == "!!str":
 			content = ent
-		case yaml.MappingNode:
+		case ent.Kind == yaml.ScalarNode && pyyamlTag(ent) == "!!null":
+			continue // cloud-init skips it; nothing was meant
+		case ent.Kind == yaml.MappingNode:
 			for j := 0; j+1 < len(ent.Content); j += 2 {
 				switch ent.Content[j].Value {
 				case "content":
@@ -376,12 +378,22 @@ func checkArchive(doc []byte, where string, offset int) []UserDataProblem {
 			out = append(out, placed([]yamlProblem{{line: ent.Line, msg: fmt.Sprintf("is %s, not a string or a mapping: cloud-init skips it", yamlKind(ent))}}, label, offset)...)
 			continue
 		}
+		ctype := ""
+		if typ != nil {
+			t := pyyamlTag(typ)
+			switch {
+			case typ.Kind != yaml.ScalarNode || t != "!!str" && t != "!!null" && !(t == "!!bool" && yaml11False(typ.Value)) && !(t == "!!int" && isZero(typ.Value)):
+				out = append(out, placed([]yamlProblem{{line: typ.Line, msg: fmt.Sprintf("type is %s, not a MIME type such as text/cloud-config: cloud-init fails on it and runs none of this user-data", yamlKind(typ))}}, label, offset)...)
+				continue
+			case t == "!!str" && typ.Value != "" && !strings.Contains(typ.Value, "/"):
+				out = append(out, placed([]yamlProblem{{line: typ.Line, msg: fmt.Sprintf("type %q is not a MIME type such as text/cloud-config (no \"/\"): cloud-init fails on it and runs none of this user-data", typ.Value)}}, label, offset)...)
+				continue
+			case t == "!!str":
+				ctype = typ.Value
+			}
+		}
 		if content == nil || content.Kind != yaml.ScalarNode {
 			continue
-		}
-		ctype := ""
-		if typ != nil && typ.Kind == yaml.ScalarNode {
-			ctype = typ.Value
 		}
 		if ctype == "" {
 			ctype = UserDataType([]byte(content.Value))
@@ -495,6 +507,29 @@ func repeatedKeys(n *yaml.Node) []yamlProblem {
 	return out
 }
 
+// pyyamlTag is the tag PyYAML gives a scalar node: its explicit tag, !!str
+// when quoted or a block scalar, else what PyYAML's resolvers make of it.
+func pyyamlTag(n *yaml.Node) string {
+	switch {
+	case n.Style&yaml.TaggedStyle != 0:
+		return n.ShortTag()
+	case n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0:
+		return "!!str"
+	}
+	return pyyamlResolve(n.Value)
+}
+
+// yaml11False reports whether a !!bool scalar is false in PyYAML.
+func yaml11False(v string) bool {
+	return strings.EqualFold(v, "no") || strings.EqualFold(v, "false") || strings.EqualFold(v, "off")
+}
+
+// isZero reports whether an !!int scalar is 0 in PyYAML.
+func isZero(v string) bool {
+	n, ok := pyyamlInt(v)
+	return ok && n.Sign() == 0
+}
+
 // yaml11Key is the identity PyYAML's SafeLoader gives a key in the dict it
 // builds: the key's tag as PyYAML resolves it (an explicit tag, !!str when
 // quoted or a block scalar, else PyYAML's implicit resolvers for YAML 1.1),
@@ -509,16 +544,7 @@ func yaml11Key(k *yaml.Node) (id string, ok, hashable bool) {
 	if k.Kind != yaml.ScalarNode {
 		return "", true, false
 	}
-	tag := ""
-	switch {
-	case k.Style&yaml.TaggedStyle != 0:
-		tag = k.ShortTag()
-	case k.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0:
-		tag = "!!str"
-	default:
-		tag = pyyamlResolve(k.Value)
-	}
-	switch tag {
+	switch pyyamlTag(k) {
 	case "!!merge":
 		return "", false, true
 	case "!!null":

@@ -87,3 +87,32 @@ func TestCheckUserDataBoundsGzipBombs(t *testing.T) {
 		t.Errorf("small gzip cloud-config with a repeated key: %+v", probs)
 	}
 }
+
+// Archive entries as cloud-init's _explode_archive reads them: a non-string
+// scalar is skipped (not checked as cloud-config), and a type that is not
+// "main/sub" makes cloud-init fail on the whole user-data.
+func TestCheckUserDataArchiveEntriesAsCloudInitReadsThem(t *testing.T) {
+	for _, tc := range []struct {
+		doc, want string
+	}{
+		{"#cloud-config-archive\n- 42\n", "is a scalar (int), not a string or a mapping: cloud-init skips it"},
+		{"#cloud-config-archive\n- ~\n- '#cloud-config\n\n  a: 1\n\n  '\n", ""},
+		{"#cloud-config-archive\n- {type: foo, content: 'x'}\n", `type "foo" is not a MIME type`},
+		{"#cloud-config-archive\n- {type: 1, content: 'x'}\n", "type is a scalar (int), not a MIME type"},
+		{"#cloud-config-archive\n- {type: [a], content: 'x'}\n", "type is a list, not a MIME type"},
+		{"#cloud-config-archive\n- {type: '', content: 'a: 1'}\n- {type: ~, content: 'b: 1'}\n", ""},
+		{"#cloud-config-archive\n- {type: text/x-shellscript, content: '#!/bin/sh'}\n", ""},
+		{"#cloud-config-archive\n- {type: text/cloud-config, content: 'a: 1\n\n  a: 2'}\n", "written again"},
+	} {
+		probs := CheckUserData([]byte(tc.doc))
+		if tc.want == "" {
+			if len(probs) != 0 {
+				t.Errorf("%q: %+v, want none", tc.doc, probs)
+			}
+			continue
+		}
+		if len(probs) != 1 || !strings.Contains(probs[0].Msg, tc.want) {
+			t.Errorf("%q: %+v, want one problem saying %q", tc.doc, probs, tc.want)
+		}
+	}
+}
