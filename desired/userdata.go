@@ -250,11 +250,39 @@ var decompTypes = map[string]bool{
 	"application/x-gzip": true, "application/x-gzip-compressed": true,
 }
 
+// mimeHeaderLine is what Python's email feedparser takes for a header
+// line (headerRE in email/feedparser.py); the first line that is neither
+// this nor blank starts the body.
+var mimeHeaderLine = regexp.MustCompile(`^(From |[\x21-\x39\x3b-\x7e]*:|[\t ])`)
+
+// mimeHeaderSplit splits doc as Python's email parser does: header lines
+// up to a blank line, or up to the first line that is not a header, which
+// then starts the body (cloud-init's "#cloud-config" with "mime-version:"
+// in a comment is such a message, all body, of type text/plain). It
+// returns the document with a blank line between the two.
+func mimeHeaderSplit(doc []byte) []byte {
+	rest := doc
+	var header []byte
+	for len(rest) > 0 {
+		line, after, _ := bytes.Cut(rest, []byte("\n"))
+		if len(bytes.TrimRight(line, "\r")) == 0 {
+			rest = after
+			break
+		}
+		if !mimeHeaderLine.Match(line) {
+			break
+		}
+		header = append(append(header, line...), '\n')
+		rest = after
+	}
+	return append(append(header, '\n'), rest...)
+}
+
 // checkMIME walks a MIME message's parts as cloud-init's _process_msg
 // does. A message Go's parser cannot read is not reported: Python's email
 // parser is more lenient, and only what cloud-init refuses is an error.
 func checkMIME(doc []byte, where string, budget *int) []UserDataProblem {
-	msg, err := mail.ReadMessage(bytes.NewReader(doc))
+	msg, err := mail.ReadMessage(bytes.NewReader(mimeHeaderSplit(doc)))
 	if err != nil {
 		return nil
 	}

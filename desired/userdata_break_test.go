@@ -116,3 +116,33 @@ func TestCheckUserDataArchiveEntriesAsCloudInitReadsThem(t *testing.T) {
 		}
 	}
 }
+
+// "mime-version:" anywhere in the first 4096 bytes makes cloud-init parse a
+// MIME message; Python's email parser takes the first line that is not a
+// header for the start of the body, so a #cloud-config that mentions
+// mime-version is still a cloud-config, and is checked as one.
+func TestCheckUserDataMIMEWithoutHeaders(t *testing.T) {
+	docs := []string{
+		"#cloud-config\n# mime-version: 1.0\na: 1\na: 2\n",
+		"MIME-Version: 1.0\n#cloud-config\na: [1\n",
+	}
+	out := cloudinittest.Run(t, `import json, sys
+from cloudinit import user_data
+res = []
+for d in json.load(sys.stdin):
+    m = user_data.UserDataProcessor(None).process(d.encode())
+    res.append([p.get_content_type() for p in m.walk()][1:])
+print(json.dumps(res))`, docs)
+	var types [][]string
+	if err := json.Unmarshal(out, &types); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range docs {
+		if len(types[i]) != 1 || types[i][0] != "text/cloud-config" {
+			t.Fatalf("%q: cloud-init reads parts %v; the test expects one cloud-config", d, types[i])
+		}
+		if probs := CheckUserData([]byte(d)); len(probs) != 1 {
+			t.Errorf("%q: %+v; want the one problem of its cloud-config", d, probs)
+		}
+	}
+}
