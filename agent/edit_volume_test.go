@@ -1,6 +1,9 @@
 package agent_test
 
 import (
+	"errors"
+
+	"github.com/gitfleet/gitfleet/agent"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -24,4 +27,21 @@ func TestAnEditToAMissingVolumeKeepsTheRunningVM(t *testing.T) {
 	assert.Equal(t, good.SpecHash, r.SpecHash, "on its previous spec")
 	assert.Contains(t, r.LastError, "volume")
 	assert.Contains(t, r.LastError, "keeps its previous spec")
+}
+
+// An edit that failed for good, reverted, then asked for again is not
+// silently dropped: status says why the VM still runs its previous spec.
+func TestAFailedEditRevertedAndAskedAgainIsNotSilent(t *testing.T) {
+	f := newFixture(t)
+	good := vm("web-01")
+	f.step(snap(1, good))
+	f.prov.FailAlways(agenttest.OpStage, agent.Permanent(errors.New("fetch kernel: sha256 mismatch")))
+	bad := vm("web-01", vcpus(4))
+	r := row(t, f.step(snap(2, bad)), "web-01")
+	assert.Contains(t, r.LastError, "sha256 mismatch")
+	r = row(t, f.step(snap(3, good)), "web-01")
+	assert.Empty(t, r.LastError, "reverted: nothing pending")
+	r = row(t, f.step(snap(4, bad)), "web-01")
+	assert.Equal(t, good.SpecHash, r.SpecHash)
+	assert.NotEmpty(t, r.LastError, "the edit is not applied, and status must say so")
 }

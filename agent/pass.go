@@ -266,6 +266,12 @@ func (p *vmPass) apply() {
 		p.log.Info("vm back in the snapshot; vanish marker cleared")
 	}
 	editErr := ""
+	if rec.SpecHash == want.SpecHash && rec.EditHash != "" && rec.BootID != "" {
+		// A pending edit was reverted: nothing is pending now, and asking
+		// for that edit again is a new edit, tried afresh and reported,
+		// never dropped in silence because it once failed.
+		rec.EditHash, rec.Attempts, rec.Failed = "", 0, false
+	}
 	if rec.SpecHash != want.SpecHash {
 		if rec.BootID == "" {
 			// The create never completed: start it over with the new spec and
