@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/user"
@@ -78,7 +79,8 @@ func TestEngineWithRealQEMU(t *testing.T) {
 		store, err = agent.OpenStore(filepath.Join(dir, "state"))
 		require.NoError(t, err)
 		prov, err = qemu.New(qemu.Config{CacheDir: filepath.Join(dir, "images"), MachineDir: store.VMDir, Accel: "tcg",
-			RunAs: runAs, Artifacts: qemu.ArtifactPolicy{FileRoots: []string{filepath.Dir(g.Kernel), filepath.Dir(g.Initrd), filepath.Dir(base)}},
+			RunAs: runAs, Artifacts: qemu.ArtifactPolicy{FileRoots: []string{filepath.Dir(g.Kernel), filepath.Dir(g.Initrd), filepath.Dir(base)},
+				AllowNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, // the edit test's kernel server
 			PowerdownTimeout: 20 * time.Second, KillTimeout: 5 * time.Second, BootTimeout: 90 * time.Second, Logger: quietLog()})
 		require.NoError(t, err)
 		eng, err = agent.NewEngine(agent.EngineConfig{Host: testHost, Store: store, Provisioner: prov,

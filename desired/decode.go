@@ -749,8 +749,6 @@ func blockTabLine(data []byte, line int) (pos, bool) {
 	return pos{}, false
 }
 
-var yamlLineErr = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
 // blockTabMsg and tabIndentMsg are the messages of a tab used as
 // indentation, which the parser's own messages say nothing useful about.
 const (
@@ -768,14 +766,8 @@ func (d *nodeDecoder) yamlError(data []byte, err error) {
 		d.add(bt.at, "", blockTabMsg)
 		return
 	}
-	msg := err.Error()
-	p := pos{1, 1}
-	if m := yamlLineErr.FindStringSubmatch(msg); m != nil {
-		line, _ := strconv.Atoi(m[1])
-		p, msg = pos{line, 1}, m[2]
-	} else {
-		msg = strings.TrimPrefix(msg, "yaml: ")
-	}
+	line, msg := yamlErrorAt(data, err.Error())
+	p := pos{max(line, 1), 1}
 	switch {
 	case strings.Contains(msg, "where an indentation space is expected"):
 		if t, ok := blockTabLine(data, p.line); ok {

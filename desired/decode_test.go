@@ -143,8 +143,19 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:11:3: tab character in indentation; YAML indents with spaces only`,
 		}},
 		{"CRLF line ends", strings.ReplaceAll(vm(vmBody), "\n", "\r\n"), nil},
+		{"syntax error in a flow mapping names its line", vm(vmBody + "  labels: {a: b c: d}\n  power: running\n"), []string{
+			`obj.yaml:13:1: invalid YAML: did not find expected ',' or '}' (in the flow mapping { that starts on this line or above)`,
+		}},
+		// The parser names only where the broken mapping starts (spec's
+		// contents, line 6), and the message says so.
+		{"syntax error after a quoted value names its mapping", vm(vmBody + "  power: 'running'x\n"), []string{
+			`obj.yaml:6:1: invalid YAML: did not find expected key (in the block mapping that starts on this line or above)`,
+		}},
+		{"syntax error on the first line", "kind: [VM\n", []string{
+			`obj.yaml:1:1: invalid YAML: did not find expected ',' or ']' (in the flow sequence [ that starts on this line or above)`,
+		}},
 		{"syntax error", vm(vmBody + "  network: [lan\n"), []string{
-			`obj.yaml:12:1: invalid YAML: did not find expected ',' or ']'`,
+			`obj.yaml:13:1: invalid YAML: did not find expected ',' or ']' (in the flow sequence [ that starts on this line or above)`,
 		}},
 
 		// Anchors, aliases, merge keys.
@@ -236,6 +247,10 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:6:9: spec.host: "hv.a" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
 			`obj.yaml:13:12: spec.network: "LAN" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
 			`obj.yaml:14:13: spec.volumes[0]: "data_01" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
+		}},
+		{"ssh key with a line break", vm(vmBody + "  cloudInit: {sshAuthorizedKeys: [\"ssh-ed25519 AAAA a\\nssh-rsa BBBB b\", \"ssh-ed25519 CCCC c\\r\"]}\n"), []string{
+			`obj.yaml:13:35: spec.cloudInit.sshAuthorizedKeys[0]: holds a line break: each entry is one line of authorized_keys; list each key as its own entry`,
+			`obj.yaml:13:73: spec.cloudInit.sshAuthorizedKeys[1]: holds a line break: each entry is one line of authorized_keys; list each key as its own entry`,
 		}},
 		{"empty ssh key", vm(vmBody + "  cloudInit: {sshAuthorizedKeys: [\" \"], userData: \"#cloud-config\\n\"}\n"), []string{
 			`obj.yaml:13:35: spec.cloudInit.sshAuthorizedKeys[0]: must not be empty`,
@@ -340,7 +355,7 @@ func TestParseFileTabs(t *testing.T) {
 		// cannot tell, and clearing the line would add a line end to it.
 		{"tab line after a block scalar with keep chomping", vm(vmBody + "  cloudInit:\n    userData: |+\n      a\n\t\n  power: running\n"), []string{`obj.yaml:16:1: ` + blockTab}, "", 0},
 		{"tab indenting a block scalar's line", vm(vmBody + "  cloudInit:\n    userData: |\n      a\n\tb\n"), []string{`obj.yaml:16:1: ` + blockTab}, "", 0},
-		{"a syntax error is not blamed on tabs", withVcpus("\t\n") + script + "  network: [lan\n", []string{`obj.yaml:20:1: invalid YAML: did not find expected ',' or ']'`}, "", 0},
+		{"a syntax error is not blamed on tabs", withVcpus("\t\n") + script + "  network: [lan\n", []string{`obj.yaml:21:1: invalid YAML: did not find expected ',' or ']' (in the flow sequence [ that starts on this line or above)`}, "", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -51,7 +51,8 @@ type Kernel struct {
 // UserData is the user-data document, in any format cloud-init reads
 // (CheckUserData), written to the seed byte for byte. SSHAuthorizedKeys go
 // to the seed's meta-data as public-keys, which cloud-init installs for the
-// default user whatever UserData's format. Both are secrets: they appear in
+// default user whatever UserData's format; each is one line of
+// authorized_keys, non-empty and without a line break. Both are secrets: they appear in
 // snapshots (the agent needs them) but never in status files or logs.
 type CloudInit struct {
 	SSHAuthorizedKeys []string `yaml:"sshAuthorizedKeys,omitempty" json:"sshAuthorizedKeys,omitempty"`

@@ -13,7 +13,6 @@ import (
 	"mime/multipart"
 	"mime/quotedprintable"
 	"net/mail"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -461,8 +460,6 @@ func checkCloudConfig(doc []byte) []yamlProblem {
 	return probs
 }
 
-var yamlErrLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
 // parseYAML11 parses doc as PyYAML's safe_load would: exactly one document.
 // It returns the root node (nil when doc holds none or fails to parse) and
 // the problems: a syntax error, a second document, repeated keys.
@@ -477,14 +474,14 @@ func parseYAML11(doc []byte) (*yaml.Node, []yamlProblem) {
 		if errors.Is(err, io.EOF) {
 			return nil, nil
 		}
-		return nil, []yamlProblem{yamlError(err)}
+		return nil, []yamlProblem{yamlError(doc, err)}
 	}
 	var probs []yamlProblem
 	var next yaml.Node
 	if err := dec.Decode(&next); err == nil {
 		probs = append(probs, yamlProblem{line: next.Line, msg: "a second YAML document (---) starts here: cloud-init's loader reads exactly one and ignores this cloud-config"})
 	} else if !errors.Is(err, io.EOF) {
-		probs = append(probs, yamlError(err))
+		probs = append(probs, yamlError(doc, err))
 	}
 	n := &root
 	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
@@ -494,13 +491,12 @@ func parseYAML11(doc []byte) (*yaml.Node, []yamlProblem) {
 	return n, probs
 }
 
-func yamlError(err error) yamlProblem {
-	msg := err.Error()
-	if m := yamlErrLine.FindStringSubmatch(msg); m != nil {
-		line, _ := strconv.Atoi(m[1])
-		return yamlProblem{line: line, msg: "YAML: " + m[2] + ": cloud-init cannot load this and ignores it"}
+func yamlError(doc []byte, err error) yamlProblem {
+	line, problem := yamlErrorAt(doc, err.Error())
+	if line > 0 {
+		return yamlProblem{line: line, msg: "YAML: " + problem + ": cloud-init cannot load this and ignores it"}
 	}
-	return yamlProblem{msg: strings.TrimPrefix(msg, "yaml: ") + ": cloud-init cannot load this and ignores it"}
+	return yamlProblem{msg: problem + ": cloud-init cannot load this and ignores it"}
 }
 
 // repeatedKeys finds every mapping key under n that repeats an earlier key

@@ -159,6 +159,12 @@ func TestCheckUserDataFormats(t *testing.T) {
 		{"include", "#include\nhttps://example.org/x\n", nil, 0},
 		{"boothook", "#cloud-boothook\n#!/bin/sh\n", nil, 0},
 		{"jinja is not looked into", "## template: jinja\n#cloud-config\na: {{ v }\n", nil, 0},
+		// The lines PyYAML's error names (its problem mark, or the start of
+		// the construct when that is what the parser can name).
+		{"syntax error in a flow mapping", "#cloud-config\nchpasswd:\n  users:\n    - {name: root, password: a: b}\n", []string{"YAML: did not find expected ',' or '}' (in the flow mapping {"}, 4},
+		{"syntax error after a quoted scalar", "#cloud-config\npassword: 'x'y\n", []string{"YAML: did not find expected key (in the block mapping"}, 2},
+		{"syntax error in a block sequence", "#cloud-config\nwrite_files:\n  - path: /etc/x\n    content: y\n   owner: root\n", []string{"YAML: did not find expected '-' indicator (in the block sequence"}, 3},
+		{"unclosed flow sequence at the end", "#cloud-config\nruncmd:\n  - [touch, /x\npackages: [a]\n", []string{"YAML: did not find expected ',' or ']'"}, 3},
 		{"cloud-config repeated key", dup, []string{`key "a" is written again here (first 1 line above`}, 3},
 		{"unknown format", "packages: [a]\n", []string{"recognises no format"}, 1},
 		{"gzip", gz(dup), []string{"gzip-compressed user-data: line 3: key \"a\""}, 0},

@@ -241,8 +241,15 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 	if s.CloudInit != nil {
 		for i, k := range s.CloudInit.SSHAuthorizedKeys {
 			f := indexPath("spec.cloudInit.sshAuthorizedKeys", i)
-			if !d.bad[f] && strings.TrimSpace(k) == "" {
+			switch {
+			case d.bad[f]:
+			case strings.TrimSpace(k) == "":
 				d.add(d.valPos(f), f, "must not be empty")
+			case strings.ContainsAny(k, "\r\n"):
+				// cloud-init writes each entry as one line of
+				// authorized_keys: a line break would install a key
+				// the list does not show as one.
+				d.add(d.valPos(f), f, "holds a line break: each entry is one line of authorized_keys; list each key as its own entry")
 			}
 		}
 		d.userData(s.CloudInit.UserData)

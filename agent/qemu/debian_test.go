@@ -63,6 +63,7 @@ func TestDebianGuestRunsUserDataAsWritten(t *testing.T) {
 	vmRoot := t.TempDir()
 	p, err := New(Config{
 		CacheDir: t.TempDir(), Accel: AccelTCG,
+		Artifacts:        ArtifactPolicy{FileRoots: []string{filepath.Dir(g.Image), filepath.Dir(g.Kernel), filepath.Dir(g.Initrd)}},
 		MachineDir:       func(name string) string { return filepath.Join(vmRoot, name) },
 		PowerdownTimeout: 10 * time.Second, KillTimeout: 5 * time.Second, BootTimeout: 2 * time.Minute,
 		Logger: quietLog().Logger,

@@ -149,8 +149,9 @@ func staticFor(s *desired.StaticIP, att hostnet.Attachment) *desired.StaticIP {
 
 // networkAddress is the address of a running VM on a host network, from
 // NetFile: what Config.Networks observes (its lease, or the host's
-// neighbour table), else its first static address; invalid while the VM
-// does not run. ok is false for a VM on user-mode networking.
+// neighbour table), else what the guest's qemu-guest-agent last reported
+// for its MAC, else its first static address; invalid while the VM does
+// not run. ok is false for a VM on user-mode networking.
 func (p *Provisioner) networkAddress(st *vmState) (ip netip.Addr, ok bool) {
 	b, err := os.ReadFile(st.path(NetFile))
 	if err != nil {
@@ -164,8 +165,13 @@ func (p *Provisioner) networkAddress(st *vmState) (ip netip.Addr, ok bool) {
 		p.log.WithField("vm", st.name).WithError(err).Warn("network record unreadable")
 		return netip.Addr{}, true
 	}
-	if hw, err := net.ParseMAC(r.MAC); err == nil && p.cfg.Networks != nil {
-		if a := p.cfg.Networks.Address(r.Network, r.Def, hw); a.IsValid() {
+	if hw, err := net.ParseMAC(r.MAC); err == nil {
+		if p.cfg.Networks != nil {
+			if a := p.cfg.Networks.Address(r.Network, r.Def, hw); a.IsValid() {
+				return a, true
+			}
+		}
+		if a := p.guestAgentAddress(st, hw); a.IsValid() {
 			return a, true
 		}
 	}

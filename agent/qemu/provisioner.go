@@ -175,6 +175,8 @@ type vmState struct {
 	watch   *bootWatch
 	// qgaMu serializes conversations on the guest agent's channel.
 	qgaMu sync.Mutex
+	// guestAddr is the address the guest agent last reported (qga.go).
+	guestAddr guestAddr
 }
 
 var _ agent.Provisioner = (*Provisioner)(nil)

@@ -2,12 +2,15 @@ package qemu
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -158,4 +161,76 @@ func (p *Provisioner) GuestInterfaces(ctx context.Context, name string) ([]Guest
 		return nil, fmt.Errorf("guest interfaces of %s: %w", name, err)
 	}
 	return ifs, nil
+}
+
+// guestAddrRefresh is how old a guest agent's reported address may grow
+// before guestAgentAddress asks again; guestAddrTimeout bounds one ask.
+const (
+	guestAddrRefresh = 30 * time.Second
+	guestAddrTimeout = 3 * time.Second
+)
+
+// guestAddr caches the IPv4 address a VM's guest agent last reported for
+// the VM's NIC, for the boot (QEMU pid) that reported it.
+type guestAddr struct {
+	mu         sync.Mutex
+	pid        int
+	addr       netip.Addr
+	at         time.Time
+	refreshing bool
+}
+
+// guestAgentAddress returns the IPv4 address the VM's guest agent last
+// reported for the interface with MAC mac in the current boot (invalid
+// when none is known yet). It never waits on the guest: when the cached
+// answer is older than guestAddrRefresh it asks again in the background,
+// bounded by guestAddrTimeout, so a guest without an agent costs one
+// failed call per guestAddrRefresh. Loopback and link-local addresses are
+// not where people reach a guest and are skipped.
+func (p *Provisioner) guestAgentAddress(st *vmState, mac net.HardwareAddr) netip.Addr {
+	pid := st.pid()
+	g := &st.guestAddr
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.pid != pid {
+		g.pid, g.addr, g.at = pid, netip.Addr{}, time.Time{}
+	}
+	if !g.refreshing && time.Since(g.at) >= guestAddrRefresh {
+		g.refreshing = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), guestAddrTimeout)
+			defer cancel()
+			ifs, err := p.GuestInterfaces(ctx, st.name)
+			a := addressForMAC(ifs, mac)
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			g.refreshing = false
+			if g.pid != pid {
+				return
+			}
+			g.at = time.Now()
+			if err == nil {
+				g.addr = a
+			}
+		}()
+	}
+	return g.addr
+}
+
+// addressForMAC is the first global IPv4 address of the interface in ifs
+// whose hardware address is mac.
+func addressForMAC(ifs []GuestInterface, mac net.HardwareAddr) netip.Addr {
+	for _, i := range ifs {
+		hw, err := net.ParseMAC(i.MAC)
+		if err != nil || !bytes.Equal(hw, mac) {
+			continue
+		}
+		for _, a := range i.Addresses {
+			ip, err := netip.ParseAddr(a.Address)
+			if err == nil && a.Type == "ipv4" && ip.Is4() && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
+				return ip
+			}
+		}
+	}
+	return netip.Addr{}
 }

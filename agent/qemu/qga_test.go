@@ -5,12 +5,17 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/netnstest"
 )
 
 // startQGA runs the real qemu-guest-agent on this host, listening on a unix
@@ -131,5 +136,84 @@ func TestQGACallSilentGuestIsBounded(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("guest-ping not bounded by its context")
+	}
+}
+
+func TestAddressForMAC(t *testing.T) {
+	mac, _ := net.ParseMAC("52:54:00:aa:bb:cc")
+	ifs := []GuestInterface{
+		{Name: "lo", MAC: "00:00:00:00:00:00", Addresses: []GuestIPAddress{{Type: "ipv4", Address: "127.0.0.1", Prefix: 8}}},
+		{Name: "eth1", MAC: "52:54:00:00:00:01", Addresses: []GuestIPAddress{{Type: "ipv4", Address: "198.51.100.7", Prefix: 24}}},
+		{Name: "nic0", MAC: "52:54:00:AA:BB:CC", Addresses: []GuestIPAddress{
+			{Type: "ipv6", Address: "fe80::5054:ff:feaa:bbcc", Prefix: 64},
+			{Type: "ipv4", Address: "169.254.3.4", Prefix: 16},
+			{Type: "ipv4", Address: "192.0.2.10", Prefix: 24},
+		}},
+	}
+	if got := addressForMAC(ifs, mac); got != netip.MustParseAddr("192.0.2.10") {
+		t.Errorf("addressForMAC = %v, want 192.0.2.10 (the NIC's global IPv4, MAC compared case-blind)", got)
+	}
+	if got := addressForMAC(ifs[:2], mac); got.IsValid() {
+		t.Errorf("addressForMAC without the VM's NIC = %v, want none", got)
+	}
+}
+
+// TestBridgeGuestAddressFromGuestAgent runs the real qemu-guest-agent in a
+// network namespace whose veth NIC carries the VM's MAC and an address,
+// as a guest on a bridge network would, and checks that Address reports
+// that address when the host's neighbour table knows none.
+func TestBridgeGuestAddressFromGuestAgent(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	const name = "bridged-1"
+	mac := macFor(name)
+	for _, args := range [][]string{
+		{"link", "add", "gfnic0", "address", mac, "type", "veth", "peer", "name", "gfnic1"},
+		{"addr", "add", "192.0.2.10/24", "dev", "gfnic0"},
+		{"link", "set", "gfnic0", "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	sock := startQGA(t)
+	dir := filepath.Dir(sock)
+	// A stand-in for the VM's QEMU: a live process whose command line names
+	// the VM and its pidfile, as Boot's QEMU does.
+	pidfile := filepath.Join(dir, PidFile)
+	stand := exec.Command("sh", "-c", "sleep 600", "qemu", "-name", "guest="+name, "-pidfile", pidfile)
+	if err := stand.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stand.Process.Kill(); stand.Wait() })
+	if err := os.WriteFile(pidfile, []byte(strconv.Itoa(stand.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(netRecord{Network: "lan", Def: desired.Network{Bridge: "br0"}, Tap: "gft0", MAC: mac})
+	if err := os.WriteFile(filepath.Join(dir, NetFile), rec, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{CacheDir: t.TempDir(), Accel: AccelTCG, Logger: quietLog().Logger,
+		MachineDir: func(string) string { return dir }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		a := p.Address(name)
+		if a.IP == "192.0.2.10" {
+			if a.SSH != "192.0.2.10:22" {
+				t.Errorf("ssh = %q, want 192.0.2.10:22", a.SSH)
+			}
+			return
+		}
+		if a.IP != "" {
+			t.Fatalf("Address = %+v, want the guest agent's 192.0.2.10", a)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Address never learned the guest agent's address (last %+v)", a)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
