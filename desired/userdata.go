@@ -13,6 +13,7 @@ import (
 	"mime/multipart"
 	"mime/quotedprintable"
 	"net/mail"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
