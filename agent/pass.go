@@ -266,6 +266,12 @@ func (p *vmPass) apply() {
 		p.log.Info("vm back in the snapshot; vanish marker cleared")
 	}
 	editErr := ""
+	if rec.SpecHash == want.SpecHash && rec.EditHash != "" && rec.BootID != "" {
+		// A pending edit was reverted: nothing is pending now, and asking
+		// for that edit again is a new edit, tried afresh and reported,
+		// never dropped in silence because it once failed.
+		rec.EditHash, rec.Attempts, rec.Failed = "", 0, false
+	}
 	if rec.SpecHash != want.SpecHash {
 		if rec.BootID == "" {
 			// The create never completed: start it over with the new spec and
@@ -495,7 +501,8 @@ func (p *vmPass) boot(spec desired.VMSpec) error {
 
 // edit applies a changed spec to a created VM, make before break: while
 // the VM keeps running, every artifact of the new spec is fetched and
-// verified and its seed rendered (Stage), the host's capacity is checked
+// verified and its seed rendered (Stage), its volumes are checked present,
+// the host's capacity is checked
 // and a larger root disk is grown (online); only then is the VM shut down,
 // and only for a change that needs a restart (vCPUs, memory, network,
 // volumes, kernel), to be booted with the new spec by converge. A changed
@@ -518,6 +525,12 @@ func (p *vmPass) edit() bool {
 	m := p.machine(spec)
 	if err := p.e.prov.Stage(p.ctx, m); err != nil {
 		p.editFailed(StepStage, err)
+		return false
+	}
+	// Checked here, not only at boot: after the shutdown below, a volume
+	// that is not there would leave the VM stopped on neither spec.
+	if err := p.volumesPresent(spec); err != nil {
+		p.editFailed(StepVolumes, err)
 		return false
 	}
 	if spec.VCPUs > old.VCPUs || spec.MemoryMB > old.MemoryMB || rec.Reserved == nil {

@@ -7,17 +7,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/big"
 	"mime"
 	"mime/multipart"
 	"mime/quotedprintable"
 	"net/mail"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
-	yaml11 "go.yaml.in/yaml/v2"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -71,13 +73,31 @@ func UserDataType(doc []byte) string {
 	if !utf8.Valid(doc) {
 		return ""
 	}
-	lc := strings.ToLower(strings.TrimLeftFunc(string(doc), unicode.IsSpace))
+	lc := strings.Map(pythonLower, strings.TrimLeftFunc(string(doc), pythonIsSpace))
 	for _, p := range userDataPrefixes {
 		if strings.HasPrefix(lc, p[0]) {
 			return p[1]
 		}
 	}
 	return ""
+}
+
+// pythonIsSpace is Python's str.isspace, which str.lstrip uses: Go's
+// unicode.IsSpace and the file, group, record and unit separators
+// U+001C..U+001F, which Python counts as white space and Go does not.
+func pythonIsSpace(r rune) bool {
+	return unicode.IsSpace(r) || r >= 0x1c && r <= 0x1f
+}
+
+// pythonLower lower-cases r as Python's str.lower does for matching an
+// ASCII prefix: U+0130 (capital I with dot above) becomes "i\u0307" in
+// Python, never a plain "i", so it is kept as it is; every other rune
+// maps as in unicode.ToLower.
+func pythonLower(r rune) rune {
+	if r == '\u0130' {
+		return r
+	}
+	return unicode.ToLower(r)
 }
 
 // UserDataProblem is one reason cloud-init would not run a user-data
@@ -90,9 +110,15 @@ type UserDataProblem struct {
 	Msg  string
 }
 
-// maxUserData bounds a decompressed user-data document (cloud-init's
-// seeds are small; this stops a gzip bomb).
-const maxUserData = 16 << 20
+// maxUserData bounds, in bytes, everything CheckUserData decompresses in
+// one document, the gzip stream and all gzip MIME parts together
+// (cloud-init's seeds are small; this stops a gzip bomb, and a MIME message
+// of many small ones, from holding up validate and the controller).
+const maxUserData = 4 << 20
+
+// maxUserDataProblems bounds the problems CheckUserData reports for one
+// document; a document with more gets one last problem saying so.
+const maxUserDataProblems = 100
 
 // CheckUserData checks a user-data document as cloud-init reads it:
 //
@@ -115,21 +141,35 @@ func CheckUserData(doc []byte) []UserDataProblem {
 	if len(doc) == 0 {
 		return nil
 	}
-	if raw, ok := gunzip(doc); ok {
-		return checkUserDataText(raw, "gzip-compressed user-data: ", -1)
+	budget := maxUserData
+	var out []UserDataProblem
+	switch raw, res := gunzip(doc, &budget); res {
+	case gzipOK:
+		out = checkUserDataText(raw, "gzip-compressed user-data: ", -1, &budget)
+	case gzipTooBig:
+		out = []UserDataProblem{{Msg: tooBigMsg("gzip-compressed user-data")}}
+	default:
+		out = checkUserDataText(doc, "", 0, &budget)
 	}
-	return checkUserDataText(doc, "", 0)
+	if len(out) > maxUserDataProblems {
+		out = append(out[:maxUserDataProblems:maxUserDataProblems], UserDataProblem{Msg: fmt.Sprintf("more problems follow; only the first %d are listed", maxUserDataProblems)})
+	}
+	return out
+}
+
+func tooBigMsg(what string) string {
+	return fmt.Sprintf("%s decompresses to more than %d bytes in all; gitfleet checks no larger user-data, write it uncompressed or smaller", what, maxUserData)
 }
 
 // checkUserDataText checks a document that is not compressed; offset is as
 // for checkPart.
-func checkUserDataText(doc []byte, where string, offset int) []UserDataProblem {
+func checkUserDataText(doc []byte, where string, offset int, budget *int) []UserDataProblem {
 	head := doc
 	if len(head) > 4096 {
 		head = head[:4096]
 	}
 	if bytes.Contains(bytes.ToLower(head), []byte("mime-version:")) {
-		return checkMIME(doc, where)
+		return checkMIME(doc, where, budget)
 	}
 	ctype := UserDataType(doc)
 	if ctype == "" {
@@ -171,21 +211,35 @@ func placed(probs []yamlProblem, where string, offset int) []UserDataProblem {
 	return out
 }
 
+// gzipResult says what gunzip made of a document.
+type gzipResult int
+
+const (
+	gzipNot    gzipResult = iota // not a gzip stream, or a broken one
+	gzipOK                       // decompressed
+	gzipTooBig                   // decompresses to more than *budget bytes
+)
+
 // gunzip decompresses doc when it is a gzip stream (cloud-init's
-// decomp_gzip); ok is false when it is not one.
-func gunzip(doc []byte) ([]byte, bool) {
+// decomp_gzip), taking what it decompresses from *budget bytes.
+func gunzip(doc []byte, budget *int) ([]byte, gzipResult) {
 	if len(doc) < 2 || doc[0] != 0x1f || doc[1] != 0x8b {
-		return nil, false
+		return nil, gzipNot
 	}
 	zr, err := gzip.NewReader(bytes.NewReader(doc))
 	if err != nil {
-		return nil, false
+		return nil, gzipNot
 	}
-	raw, err := io.ReadAll(io.LimitReader(zr, maxUserData+1))
-	if err != nil || len(raw) > maxUserData {
-		return nil, false
+	raw, err := io.ReadAll(io.LimitReader(zr, int64(*budget)+1))
+	if len(raw) > *budget {
+		*budget = 0
+		return nil, gzipTooBig
 	}
-	return raw, true
+	if err != nil {
+		return nil, gzipNot
+	}
+	*budget -= len(raw)
+	return raw, gzipOK
 }
 
 // decompTypes are the MIME types whose parts cloud-init decompresses
@@ -196,11 +250,39 @@ var decompTypes = map[string]bool{
 	"application/x-gzip": true, "application/x-gzip-compressed": true,
 }
 
+// mimeHeaderLine is what Python's email feedparser takes for a header
+// line (headerRE in email/feedparser.py); the first line that is neither
+// this nor blank starts the body.
+var mimeHeaderLine = regexp.MustCompile(`^(From |[\x21-\x39\x3b-\x7e]*:|[\t ])`)
+
+// mimeHeaderSplit splits doc as Python's email parser does: header lines
+// up to a blank line, or up to the first line that is not a header, which
+// then starts the body (cloud-init's "#cloud-config" with "mime-version:"
+// in a comment is such a message, all body, of type text/plain). It
+// returns the document with a blank line between the two.
+func mimeHeaderSplit(doc []byte) []byte {
+	rest := doc
+	var header []byte
+	for len(rest) > 0 {
+		line, after, _ := bytes.Cut(rest, []byte("\n"))
+		if len(bytes.TrimRight(line, "\r")) == 0 {
+			rest = after
+			break
+		}
+		if !mimeHeaderLine.Match(line) {
+			break
+		}
+		header = append(append(header, line...), '\n')
+		rest = after
+	}
+	return append(append(header, '\n'), rest...)
+}
+
 // checkMIME walks a MIME message's parts as cloud-init's _process_msg
 // does. A message Go's parser cannot read is not reported: Python's email
 // parser is more lenient, and only what cloud-init refuses is an error.
-func checkMIME(doc []byte, where string) []UserDataProblem {
-	msg, err := mail.ReadMessage(bytes.NewReader(doc))
+func checkMIME(doc []byte, where string, budget *int) []UserDataProblem {
+	msg, err := mail.ReadMessage(bytes.NewReader(mimeHeaderSplit(doc)))
 	if err != nil {
 		return nil
 	}
@@ -232,8 +314,12 @@ func checkMIME(doc []byte, where string) []UserDataProblem {
 			return
 		}
 		if decompTypes[ctype] {
-			raw, ok := gunzip(payload)
-			if !ok {
+			raw, res := gunzip(payload, budget)
+			if res == gzipTooBig {
+				out = append(out, UserDataProblem{Msg: tooBigMsg(label)})
+				return
+			}
+			if res != gzipOK {
 				return // cloud-init logs the failure and skips the part
 			}
 			payload, ctype = raw, "text/plain"
@@ -302,10 +388,12 @@ func checkArchive(doc []byte, where string, offset int) []UserDataProblem {
 	for i, ent := range root.Content {
 		label := fmt.Sprintf("%sarchive entry %d: ", where, i+1)
 		var content, typ *yaml.Node
-		switch ent.Kind {
-		case yaml.ScalarNode:
+		switch {
+		case ent.Kind == yaml.ScalarNode && pyyamlTag(ent) == "!!str":
 			content = ent
-		case yaml.MappingNode:
+		case ent.Kind == yaml.ScalarNode && pyyamlTag(ent) == "!!null":
+			continue // cloud-init skips it; nothing was meant
+		case ent.Kind == yaml.MappingNode:
 			for j := 0; j+1 < len(ent.Content); j += 2 {
 				switch ent.Content[j].Value {
 				case "content":
@@ -318,12 +406,22 @@ func checkArchive(doc []byte, where string, offset int) []UserDataProblem {
 			out = append(out, placed([]yamlProblem{{line: ent.Line, msg: fmt.Sprintf("is %s, not a string or a mapping: cloud-init skips it", yamlKind(ent))}}, label, offset)...)
 			continue
 		}
+		ctype := ""
+		if typ != nil {
+			t := pyyamlTag(typ)
+			switch {
+			case typ.Kind != yaml.ScalarNode || t != "!!str" && t != "!!null" && !(t == "!!bool" && yaml11False(typ.Value)) && !(t == "!!int" && isZero(typ.Value)):
+				out = append(out, placed([]yamlProblem{{line: typ.Line, msg: fmt.Sprintf("type is %s, not a MIME type such as text/cloud-config: cloud-init fails on it and runs none of this user-data", yamlKind(typ))}}, label, offset)...)
+				continue
+			case t == "!!str" && typ.Value != "" && !strings.Contains(typ.Value, "/"):
+				out = append(out, placed([]yamlProblem{{line: typ.Line, msg: fmt.Sprintf("type %q is not a MIME type such as text/cloud-config (no \"/\"): cloud-init fails on it and runs none of this user-data", typ.Value)}}, label, offset)...)
+				continue
+			case t == "!!str":
+				ctype = typ.Value
+			}
+		}
 		if content == nil || content.Kind != yaml.ScalarNode {
 			continue
-		}
-		ctype := ""
-		if typ != nil && typ.Kind == yaml.ScalarNode {
-			ctype = typ.Value
 		}
 		if ctype == "" {
 			ctype = UserDataType([]byte(content.Value))
@@ -368,8 +466,8 @@ func checkCloudConfig(doc []byte) []yamlProblem {
 // the problems: a syntax error, a second document, repeated keys.
 //
 // The syntax is parsed by go.yaml.in/yaml/v3, a port of libyaml as PyYAML
-// is; keys are compared after YAML 1.1 resolution (go.yaml.in/yaml/v2), as
-// PyYAML builds its dict: "yes" and "true" are one key, so are 1 and 0x1.
+// is; keys are compared after PyYAML's own YAML 1.1 resolution, as PyYAML
+// builds its dict: "yes" and "true" are one key, so are 1, 0x1 and 1.0.
 func parseYAML11(doc []byte) (*yaml.Node, []yamlProblem) {
 	dec := yaml.NewDecoder(bytes.NewReader(doc))
 	var root yaml.Node
@@ -412,11 +510,15 @@ func repeatedKeys(n *yaml.Node) []yamlProblem {
 			first := map[string]*yaml.Node{}
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				k := n.Content[i]
-				id, ok := yaml11Key(k)
+				id, ok, hashable := yaml11Key(k)
+				if !hashable {
+					out = append(out, yamlProblem{line: k.Line, msg: fmt.Sprintf("a key here is %s: PyYAML cannot use it as a key, so cloud-init cannot load this and ignores it", yamlKind(k))})
+					continue
+				}
 				if !ok {
 					continue
 				}
-				if f, dup := first[id]; dup {
+				if f, dup := first[id]; dup && len(out) <= maxUserDataProblems {
 					out = append(out, yamlProblem{line: k.Line, msg: fmt.Sprintf("key %q is written again here (first %s above, in the same mapping): cloud-init keeps this last value and silently drops the earlier one; write the key once", k.Value, linesAbove(k.Line-f.Line))})
 				}
 				first[id] = k
@@ -430,40 +532,180 @@ func repeatedKeys(n *yaml.Node) []yamlProblem {
 	return out
 }
 
-// yaml11Key is the identity PyYAML gives a scalar key in a dict: its YAML
-// 1.1 value, with bools as the integers Python takes them for. ok is false
-// for keys that are not scalars or are merge keys.
-func yaml11Key(k *yaml.Node) (string, bool) {
-	if k.Kind != yaml.ScalarNode || k.Value == "<<" {
-		return "", false
+// pyyamlTag is the tag PyYAML gives a scalar node: its explicit tag, !!str
+// when quoted or a block scalar, else what PyYAML's resolvers make of it.
+func pyyamlTag(n *yaml.Node) string {
+	switch {
+	case n.Style&yaml.TaggedStyle != 0:
+		return n.ShortTag()
+	case n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0:
+		return "!!str"
 	}
-	if k.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0 || k.Tag == "!!str" && k.Style&yaml.TaggedStyle != 0 {
-		return "s:" + k.Value, true
+	return pyyamlResolve(n.Value)
+}
+
+// yaml11False reports whether a !!bool scalar is false in PyYAML.
+func yaml11False(v string) bool {
+	return strings.EqualFold(v, "no") || strings.EqualFold(v, "false") || strings.EqualFold(v, "off")
+}
+
+// isZero reports whether an !!int scalar is 0 in PyYAML.
+func isZero(v string) bool {
+	n, ok := pyyamlInt(v)
+	return ok && n.Sign() == 0
+}
+
+// yaml11Key is the identity PyYAML's SafeLoader gives a key in the dict it
+// builds: the key's tag as PyYAML resolves it (an explicit tag, !!str when
+// quoted or a block scalar, else PyYAML's implicit resolvers for YAML 1.1),
+// then its value compared as Python compares dict keys: True is 1, 3.0 is
+// 3, integers have no bound. ok is false for merge keys (plain <<), which
+// PyYAML merges rather than stores. hashable is false for a list or a
+// mapping used as a key, which PyYAML refuses to load.
+func yaml11Key(k *yaml.Node) (id string, ok, hashable bool) {
+	for k.Kind == yaml.AliasNode && k.Alias != nil {
+		k = k.Alias
 	}
-	var v any
-	if err := yaml11.Unmarshal([]byte(k.Value), &v); err != nil {
-		return "s:" + k.Value, true
+	if k.Kind != yaml.ScalarNode {
+		return "", true, false
 	}
-	switch x := v.(type) {
-	case nil:
-		return "null", true
-	case bool:
-		if x {
-			return "n:1", true
+	switch pyyamlTag(k) {
+	case "!!merge":
+		return "", false, true
+	case "!!null":
+		return "null", true, true
+	case "!!bool":
+		if strings.EqualFold(k.Value, "yes") || strings.EqualFold(k.Value, "true") || strings.EqualFold(k.Value, "on") {
+			return "n:1", true, true
 		}
-		return "n:0", true
-	case int:
-		return "n:" + strconv.FormatFloat(float64(x), 'g', -1, 64), true
-	case int64:
-		return "n:" + strconv.FormatFloat(float64(x), 'g', -1, 64), true
-	case uint64:
-		return "n:" + strconv.FormatFloat(float64(x), 'g', -1, 64), true
-	case float64:
-		return "n:" + strconv.FormatFloat(x, 'g', -1, 64), true
-	case string:
-		return "s:" + x, true
+		return "n:0", true, true
+	case "!!int":
+		if n, ok := pyyamlInt(k.Value); ok {
+			return "n:" + n.String(), true, true
+		}
+	case "!!float":
+		if f, ok := pyyamlFloat(k.Value); ok {
+			return pyNumberKey(f), true, true
+		}
+	case "!!timestamp":
+		return "t:" + k.Value, true, true
 	}
-	return fmt.Sprintf("%T:%v", v, v), true
+	return "s:" + k.Value, true, true
+}
+
+// The implicit resolvers of PyYAML's resolver.py (YAML 1.1), which
+// cloud-init's loader uses; they differ from other YAML 1.1 libraries ("y"
+// is a string, "1e3" is a string, "1:30" is the integer 90).
+var (
+	pyyamlBool      = regexp.MustCompile(`^(?:yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$`)
+	pyyamlFloatRe   = regexp.MustCompile(`^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$`)
+	pyyamlIntRe     = regexp.MustCompile(`^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+)$`)
+	pyyamlNull      = regexp.MustCompile(`^(?:~|null|Null|NULL|)$`)
+	pyyamlTimestamp = regexp.MustCompile(`^(?:[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9][0-9]?(?:[Tt]|[ \t]+)[0-9][0-9]?:[0-9][0-9]:[0-9][0-9](?:\.[0-9]*)?(?:[ \t]*(?:Z|[-+][0-9][0-9]?(?::[0-9][0-9])?))?)$`)
+)
+
+// pyyamlResolve is the tag PyYAML's resolver gives a plain scalar, tried
+// in its order (bool, float, int, merge, null, timestamp), "!!str" when
+// none matches.
+func pyyamlResolve(v string) string {
+	switch {
+	case pyyamlBool.MatchString(v):
+		return "!!bool"
+	case pyyamlFloatRe.MatchString(v):
+		return "!!float"
+	case pyyamlIntRe.MatchString(v):
+		return "!!int"
+	case v == "<<":
+		return "!!merge"
+	case pyyamlNull.MatchString(v):
+		return "!!null"
+	case pyyamlTimestamp.MatchString(v):
+		return "!!timestamp"
+	}
+	return "!!str"
+}
+
+// pyyamlInt is PyYAML's construct_yaml_int: underscores dropped, 0b binary,
+// 0x hex, a leading 0 octal, a:b:c base 60.
+func pyyamlInt(v string) (*big.Int, bool) {
+	v = strings.ReplaceAll(v, "_", "")
+	neg := strings.HasPrefix(v, "-")
+	v = strings.TrimLeft(v, "+-")
+	n := new(big.Int)
+	ok := true
+	switch {
+	case v == "0":
+	case strings.HasPrefix(v, "0b"):
+		_, ok = n.SetString(v[2:], 2)
+	case strings.HasPrefix(v, "0x"):
+		_, ok = n.SetString(v[2:], 16)
+	case strings.HasPrefix(v, "0"):
+		_, ok = n.SetString(v, 8)
+	case strings.Contains(v, ":"):
+		for _, part := range strings.Split(v, ":") {
+			d, ok2 := new(big.Int).SetString(part, 10)
+			if !ok2 {
+				return nil, false
+			}
+			n.Mul(n, big.NewInt(60)).Add(n, d)
+		}
+	default:
+		_, ok = n.SetString(v, 10)
+	}
+	if neg {
+		n.Neg(n)
+	}
+	return n, ok
+}
+
+// pyyamlFloat is PyYAML's construct_yaml_float: underscores dropped, .inf
+// and .nan, a:b:c.d base 60, else Python's float().
+func pyyamlFloat(v string) (float64, bool) {
+	v = strings.ToLower(strings.ReplaceAll(v, "_", ""))
+	sign := 1.0
+	if strings.HasPrefix(v, "-") {
+		sign = -1
+	}
+	v = strings.TrimLeft(v, "+-")
+	switch {
+	case v == ".inf":
+		return sign * math.Inf(1), true
+	case v == ".nan":
+		return math.NaN(), true
+	case strings.Contains(v, ":"):
+		parts := strings.Split(v, ":")
+		val, base := 0.0, 1.0
+		for i := len(parts) - 1; i >= 0; i-- {
+			d, err := strconv.ParseFloat(parts[i], 64)
+			if err != nil {
+				return 0, false
+			}
+			val += d * base
+			base *= 60
+		}
+		return sign * val, true
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return 0, false
+	}
+	return sign * f, true
+}
+
+// pyNumberKey is the identity of a float as a Python dict key: an integral
+// float is the integer it equals; PyYAML builds every .nan from one object,
+// so all NaN keys are one key.
+func pyNumberKey(f float64) string {
+	switch {
+	case math.IsNaN(f):
+		return "nan"
+	case math.IsInf(f, 0):
+		return "n:" + strconv.FormatFloat(f, 'g', -1, 64)
+	case f == math.Trunc(f):
+		n, _ := new(big.Float).SetFloat64(f).Int(nil)
+		return "n:" + n.String()
+	}
+	return "n:" + strconv.FormatFloat(f, 'g', -1, 64)
 }
 
 func linesAbove(n int) string {

@@ -55,6 +55,22 @@ func TestCheckUserDataAgreesWithCloudInitsLoader(t *testing.T) {
 		"#cloud-config\nw:\n  'yes': 1\n  true: 2\n",
 		"#cloud-config\nx: &a {k: 1}\ny:\n  <<: *a\n  k: 2\n",
 		"#cloud-config\nusers:\n  - name: a\n    sudo: x\n    sudo: y\n  - name: b\n",
+		// Keys whose YAML 1.1 identity differs between PyYAML's resolver
+		// and other YAML libraries.
+		"#cloud-config\nw:\n  y: 1\n  true: 2\n  n: 3\n  false: 4\n",
+		"#cloud-config\nw:\n  1e3: 1\n  1000: 2\n  1.0e3: 3\n  1.0e+3: 4\n",
+		"#cloud-config\nw:\n  09: 1\n  9: 2\n  010: 3\n  8: 4\n",
+		"#cloud-config\nw:\n  9007199254740993: 1\n  9007199254740992: 2\n",
+		"#cloud-config\nw:\n  99999999999999999999: 1\n  100000000000000000000: 2\n",
+		"#cloud-config\nw:\n  190:20:30: 1\n  685230: 2\n  1:30: 3\n  90: 4\n",
+		"#cloud-config\nw:\n  1_000: 1\n  1000: 2\n  0b11: 3\n  3: 4\n  3.0: 5\n  +3: 6\n",
+		"#cloud-config\nw:\n  .nan: 1\n  .NaN: 2\n  .inf: 3\n  .Inf: 4\n  -.inf: 5\n",
+		"#cloud-config\nw:\n  ~: 1\n  null: 2\n  '<<': 3\n  '<<': 4\n",
+		"#cloud-config\nw:\n  2001-12-14: 1\n  2001-12-14: 2\n",
+		"#cloud-config\nw: {a: 1, b: {c: 1, c: 2}, a: 3}\n",
+		"#cloud-config\nw:\n  ? |\n    multi\n    line\n  : 1\n  \"multi\\nline\\n\": 2\n",
+		"#cloud-config\nw:\n  !!str 1: 1\n  '1': 2\n  1: 3\n",
+		"#cloud-config\nw:\n  [a, b]: 1\n",
 	}
 	out := cloudinittest.Run(t, `import json, sys, yaml
 from cloudinit import safeyaml

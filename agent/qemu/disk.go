@@ -184,7 +184,7 @@ func (p *Provisioner) growRootDisk(ctx context.Context, st *vmState, want int64,
 		if _, err := qmpCommand(ctx, st.path(QMPSocket), "block_resize", map[string]any{"device": "root", "size": want}); err != nil {
 			return fmt.Errorf("root disk: grow online: %w", err)
 		}
-	} else if out, err := exec.CommandContext(ctx, p.cfg.QEMUImg, "resize", "-q", root, strconv.FormatInt(want, 10)).CombinedOutput(); err != nil {
+	} else if out, err := exec.CommandContext(ctx, p.cfg.QEMUImg, "resize", "-q", "-f", formatQCOW2, root, strconv.FormatInt(want, 10)).CombinedOutput(); err != nil {
 		return fmt.Errorf("root disk: qemu-img resize: %v: %s", err, trimTail(out, 1024))
 	}
 	log.WithFields(logrus.Fields{"from": info.VirtualSize, "to": want}).Info("root disk grown")
