@@ -107,12 +107,25 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.open.Add(1) > l.max {
-			l.open.Add(-1)
+		if !l.admit() {
 			c.Close()
 			continue
 		}
 		return &countedConn{Conn: c, l: l}, nil
+	}
+}
+
+// admit takes a slot when one is free. It never raises the count past max,
+// not even for an instant, so Open never reads more than the cap.
+func (l *capListener) admit() bool {
+	for {
+		n := l.open.Load()
+		if n >= l.max {
+			return false
+		}
+		if l.open.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
 }
 
