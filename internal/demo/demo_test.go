@@ -371,12 +371,15 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	// The demo reads the ledger every 2 s: wait for it to tell of the push.
-	for !strings.Contains(out1.String(), "controller applied main at "+stop[:12]) {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the demo never said it applied %s:\n%s", stop, out1.String())
-		case <-time.After(200 * time.Millisecond):
+	// The demo reads the ledger every 2 s and the status on its own clock:
+	// wait for it to tell of the push and of the stop it caused.
+	for _, line := range []string{"controller applied main at " + stop[:12], "hello-2    stopped"} {
+		for !strings.Contains(out1.String(), line) {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("the demo never printed %q:\n%s", line, out1.String())
+			case <-time.After(200 * time.Millisecond):
+			}
 		}
 	}
 	cancel()
