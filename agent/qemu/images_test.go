@@ -511,3 +511,55 @@ func TestAnEditedImageIsNotFetchedForAnExistingVM(t *testing.T) {
 		t.Errorf("the backing image left the cache and was not fetched again")
 	}
 }
+
+// TestPreflightKeepsDownloadsInFlight pins that Preflight, which every
+// create pass runs, never removes another VM's download in flight: only a
+// killed agent's leftovers, once per process.
+func TestPreflightKeepsDownloadsInFlight(t *testing.T) {
+	needQEMUImg(t)
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 not installed")
+	}
+	srv := newArtifactServer(t)
+	data := []byte(strings.Repeat("kernel bytes ", 1<<16))
+	art := srv.add("/vmlinuz", data)
+	cache := t.TempDir()
+	leftover := filepath.Join(cache, strings.Repeat("0", 64)+".partial-1")
+	if err := os.WriteFile(leftover, []byte("a killed agent's download"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{CacheDir: cache, Artifacts: loopbackPolicy(), Accel: AccelTCG, Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := p.Preflight(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(leftover); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a killed agent's half download was kept: %v", err)
+	}
+
+	gate := make(chan struct{})
+	srv.mu.Lock()
+	srv.gate = gate
+	srv.mu.Unlock()
+	got := make(chan error, 1)
+	go func() {
+		_, err := p.images.fetch(ctx, art)
+		got <- err
+	}()
+	for {
+		if m, _ := filepath.Glob(filepath.Join(cache, "*.partial-*")); len(m) > 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := p.Preflight(ctx); err != nil { // another VM's create pass
+		t.Fatal(err)
+	}
+	close(gate)
+	if err := <-got; err != nil {
+		t.Fatalf("a download in flight failed after another Preflight: %v", err)
+	}
+}

@@ -152,6 +152,11 @@ type Provisioner struct {
 	mu       sync.Mutex
 	machines map[string]*vmState
 	ports    map[int]string // forwarded SSH port -> VM name
+
+	// sweepOnce removes a killed agent's half-done downloads once per
+	// process, before the first create's fetch: every create pass runs
+	// Preflight, and a later sweep would delete downloads in flight.
+	sweepOnce sync.Once
 }
 
 // vmState is what the Provisioner remembers about one VM in memory; all of
@@ -291,12 +296,15 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 	if err := os.Chmod(p.cfg.CacheDir, 0o700); err != nil {
 		return fmt.Errorf("preflight: image cache: %w", err)
 	}
-	// Downloads a killed agent left half done: nothing else writes them.
-	if stale, err := filepath.Glob(filepath.Join(p.cfg.CacheDir, "*.partial-*")); err == nil {
-		for _, f := range stale {
-			os.Remove(f)
+	// Downloads a killed agent left half done, once: later calls run while
+	// this process's own downloads are in flight.
+	p.sweepOnce.Do(func() {
+		if stale, err := filepath.Glob(filepath.Join(p.cfg.CacheDir, "*.partial-*")); err == nil {
+			for _, f := range stale {
+				os.Remove(f)
+			}
 		}
-	}
+	})
 	if p.user != nil {
 		if err := installGuard(ctx, p.cfg.NFT, p.user.uid); err != nil {
 			return fmt.Errorf("preflight: %w", err)
