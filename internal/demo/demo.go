@@ -35,6 +35,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/internal/redact"
 	"github.com/gitfleet/gitfleet/status"
 )
@@ -300,7 +301,7 @@ loop:
 
 // stack is the running controller and agent.
 type stack struct {
-	prov   *qemu.Provisioner
+	prov   demoProvisioner
 	eng    *agent.Engine
 	store  *agent.Store
 	cancel context.CancelFunc
@@ -317,53 +318,31 @@ type stack struct {
 
 // startFleet opens the repository twice (a full clone for the controller, a
 // shallow one for the agent, as on separate machines) and starts the
-// controller's and the agent's loops.
+// controller's and the agent's loops, each wired by package config like
+// gitfleet controller and gitfleet agent, from the demo's settings.
 func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *logrus.Logger) (*stack, error) {
-	log := logrus.NewEntry(logger)
-	ctrl, err := fleet.New(fleet.Config{URL: url, CacheDir: l.ControllerCache(), Logger: log})
+	cc := controllerConfig(l, url)
+	ctrl, err := fleet.New(cc.Fleet(logrus.NewEntry(logger)))
 	if err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
-	store, err := agent.OpenStore(l.State())
+	ac := agentConfig(cfg, l, url)
+	parts, err := ac.Open(ctx, logger)
 	if err != nil {
-		return nil, fmt.Errorf("agent state: %w", err)
+		return nil, fmt.Errorf("agent: %w", err)
 	}
-	prov, err := qemu.New(qemu.Config{
-		CacheDir:         l.ImageCache(),
-		MachineDir:       store.VMDir,
-		Artifacts:        qemu.ArtifactPolicy{FileRoots: []string{l.Images()}},
-		Accel:            cfg.Accel,
-		BootTimeout:      60 * time.Second,
-		PowerdownTimeout: 20 * time.Second,
-		Logger:           logger,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("qemu backend: %w", err)
+	prov, ok := parts.Provisioner.(demoProvisioner)
+	if !ok {
+		return nil, fmt.Errorf("agent: backend %s reports no accelerator", ac.Backend)
 	}
-	eng, err := agent.NewEngine(agent.EngineConfig{
-		Host: HostName, Store: store, Provisioner: prov,
-		TombstoneGrace: cfg.TombstoneGrace, Log: logger,
-	})
+	ag, err := agent.New(parts.Config)
 	if err != nil {
-		return nil, fmt.Errorf("agent engine: %w", err)
-	}
-	repo, err := gitsource.Open(ctx, gitsource.Options{URL: url, CacheDir: l.AgentCache(), Depth: 1, Logger: log})
-	if err != nil {
-		eng.Close(context.Background())
-		return nil, fmt.Errorf("agent repository: %w", err)
-	}
-	ag, err := agent.New(agent.Config{
-		Host: HostName, Repo: repo, Engine: eng, Store: store,
-		TickInterval: cfg.TickInterval, PollInterval: cfg.PollInterval, Heartbeat: cfg.Heartbeat,
-		StopTimeout: 30 * time.Second, Version: cfg.Version, Log: logger,
-	})
-	if err != nil {
-		eng.Close(context.Background())
+		parts.Engine.Close(context.Background())
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	// Before the agent runs, a live QEMU can only be one a past run left.
 	attached := map[string]bool{}
-	if recs, _, err := store.LoadRecords(); err == nil {
+	if recs, _, err := parts.Store.LoadRecords(); err == nil {
 		for name := range recs {
 			if prov.Running(name) {
 				attached[name] = true
@@ -371,10 +350,43 @@ func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *l
 		}
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	rt := &stack{prov: prov, eng: eng, store: store, cancel: cancel, failed: make(chan struct{}), attached: attached}
+	rt := &stack{prov: prov, eng: parts.Engine, store: parts.Store, cancel: cancel, failed: make(chan struct{}), attached: attached}
 	rt.goRun("controller", func() error { return ctrl.Run(rctx, cfg.ControllerInterval) })
 	rt.goRun("agent", func() error { return ag.Run(rctx) })
 	return rt, nil
+}
+
+// demoProvisioner is what the demo asks of the agent's backend: the QEMU
+// one's accelerator, besides the Provisioner contract.
+type demoProvisioner interface {
+	agent.Provisioner
+	agent.AccelReporter
+}
+
+// controllerConfig is the controller's configuration in the demo: the
+// defaults, on the demo's repository, with its clone in the layout.
+func controllerConfig(l Layout, url string) config.Controller {
+	c := config.DefaultController()
+	c.Repo.URL = url
+	c.CacheDir = l.ControllerCache()
+	return c
+}
+
+// agentConfig is the agent's configuration in the demo: the defaults, with
+// the QEMU backend as this user (no user to drop to, no systemd scope),
+// file:// artifacts from the layout's images only, the demo's short
+// intervals and grace, and boot and shutdown bounds for a tiny guest
+// under TCG.
+func agentConfig(cfg Config, l Layout, url string) config.Agent {
+	c := config.DefaultAgent()
+	c.RepoURL, c.Host, c.Version = url, HostName, cfg.Version
+	c.StateDir, c.GitCacheDir, c.ImageCacheDir = l.State(), l.AgentCache(), l.ImageCache()
+	c.QEMU.Accel, c.QEMU.RunAs, c.QEMU.SystemdScope = cfg.Accel, "", false
+	c.QEMU.BootTimeout, c.QEMU.PowerdownTimeout = 60*time.Second, 20*time.Second
+	c.Artifacts = qemu.ArtifactPolicy{FileRoots: []string{l.Images()}}
+	c.TickInterval, c.PollInterval, c.Heartbeat = cfg.TickInterval, cfg.PollInterval, cfg.Heartbeat
+	c.TombstoneGrace, c.StopTimeout = cfg.TombstoneGrace, 30*time.Second
+	return c
 }
 
 // goRun runs fn; an error other than the context's is kept for stop and
