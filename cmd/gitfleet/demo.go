@@ -8,14 +8,16 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/internal/demo"
 )
 
 func newDemoCmd() *cobra.Command {
 	var keep bool
-	cfg := demo.Config{Accel: "auto"}
+	cfg := demo.Config{Accel: qemu.AccelAuto}
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Boot a small fleet of tiny VMs on this machine from a local git repository",
@@ -38,10 +40,7 @@ Everything lives in --dir; running the demo again resumes it. Ctrl-C stops it
 and shuts the VMs down (disks stay) unless --keep is given.`,
 		Args: noArgs("demo"),
 	}
-	flags := config.NewFlags(cmd.Flags())
-	flags.Path(&cfg.Dir, "dir", "GITFLEET_DEMO_DIR", "directory for the demo's repository, disks and logs (default $XDG_STATE_HOME/gitfleet/demo or ~/.local/state/gitfleet/demo)")
-	flags.Path(&cfg.CacheDir, "cache", "GITFLEET_DEMO_CACHE", "where the tiny guest is built and cached (default $XDG_CACHE_HOME/gitfleet/tinyguest, or the test suite's $XDG_CACHE_HOME/gitfleet-test/tinyguest when only that holds a downloaded kernel; see above)")
-	flags.String(&cfg.Accel, "accel", "GITFLEET_ACCEL", "QEMU accelerator: auto, kvm or tcg")
+	flags := demoFlags(cmd.Flags(), &cfg)
 	cmd.Flags().BoolVar(&keep, "keep", false, "leave the VMs running when the demo stops")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := flags.FromEnv(config.OS); err != nil {
@@ -62,4 +61,14 @@ and shuts the VMs down (disks stay) unless --keep is given.`,
 	}
 	cmd.SetContext(context.Background())
 	return cmd
+}
+
+// demoFlags binds the demo's flags, with their variables, to cfg; cfg's
+// values are their defaults.
+func demoFlags(fs *pflag.FlagSet, cfg *demo.Config) *config.Flags {
+	flags := config.NewFlags(fs)
+	flags.Path(&cfg.Dir, "dir", "GITFLEET_DEMO_DIR", "directory for the demo's repository, disks and logs (default $XDG_STATE_HOME/gitfleet/demo or ~/.local/state/gitfleet/demo)")
+	flags.Path(&cfg.CacheDir, "cache", "GITFLEET_DEMO_CACHE", "where the tiny guest is built and cached (default $XDG_CACHE_HOME/gitfleet/tinyguest, or the test suite's $XDG_CACHE_HOME/gitfleet-test/tinyguest when only that holds a downloaded kernel; see above)")
+	flags.String(&cfg.Accel, "accel", "GITFLEET_ACCEL", "QEMU accelerator: auto, kvm or tcg")
+	return flags
 }

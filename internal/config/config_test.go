@@ -290,6 +290,7 @@ func TestMalformedAgentFile(t *testing.T) {
 		{"mapping for a value", head + "gitTimeout: {a: 1}\n", `:3:13: gitTimeout: want a single value`},
 		{"value for a section", head + "graces: 5m\n", `:3:9: graces: want a mapping of its fields`},
 		{"value for a list", head + "artifacts: {fileRoots: /srv}\n", `:3:24: artifacts.fileRoots: want a list`},
+		{"not a mapping", "- a\n- b\n", `:1:1: want a mapping of settings at the top level`},
 		{"unknown field", head + "graces:\n  vanish: 1h\n  tombstom: 5m\n", `:5:3: unknown field "tombstom" in graces (known: tombstone, vanish)`},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {

@@ -68,6 +68,9 @@ func (w walker) walk(n *yaml.Node, t reflect.Type, field string) error {
 	case custom:
 	case t.Kind() == reflect.Struct:
 		if n.Kind != yaml.MappingNode {
+			if field == "" {
+				return w.errorf(n, "want a mapping of settings at the top level")
+			}
 			return w.errorf(n, "%s: want a mapping of its fields", field)
 		}
 		return w.mapping(n, t, field)

@@ -219,27 +219,11 @@ func Run(ctx context.Context, cfg Config) error {
 	logger := redact.Logger(logrus.New())
 	logger.SetOutput(logFile)
 	logger.SetLevel(logrus.InfoLevel)
-	log := logrus.NewEntry(logger)
 
-	url, created, err := SetupRepo(ctx, l.Repo(), FleetFiles(g), log)
+	url, lw, err := openRepo(ctx, out, l, g, logrus.NewEntry(logger))
 	if err != nil {
 		return err
 	}
-	if created {
-		fmt.Fprintf(out, "  repository: %s, with the demo fleet committed to %s\n", url, MainBranch)
-	} else {
-		fmt.Fprintf(out, "  repository: %s (resumed: its %s branch is kept as it is)\n", url, MainBranch)
-	}
-
-	lrepo, err := gitsource.Open(ctx, gitsource.Options{URL: url, Logger: log})
-	if err != nil {
-		return err
-	}
-	lw := &ledgerWatch{repo: lrepo}
-	if msg := lw.baseline(ctx); msg != "" {
-		fmt.Fprintf(out, "  %s\n", msg)
-	}
-
 	rt, err := startFleet(ctx, cfg, l, url, logger)
 	if err != nil {
 		return err
@@ -249,19 +233,47 @@ func Run(ctx context.Context, cfg Config) error {
 		fmt.Fprintln(out, "  (no usable KVM here: the guests run under QEMU's TCG emulation, slower but fine for the demo)")
 	}
 	fmt.Fprintln(out)
+	watch(ctx, cfg, l, url, start, rt, lw)
+	return stopFleet(cfg, l, rt)
+}
 
-	w := newWatcher(out, start, l)
+// openRepo sets the demo's repository up (or resumes it) and says which,
+// and starts watching the controller's ledger on it.
+func openRepo(ctx context.Context, out io.Writer, l Layout, g Guest, log *logrus.Entry) (string, *ledgerWatch, error) {
+	url, created, err := SetupRepo(ctx, l.Repo(), FleetFiles(g), log)
+	if err != nil {
+		return "", nil, err
+	}
+	if created {
+		fmt.Fprintf(out, "  repository: %s, with the demo fleet committed to %s\n", url, MainBranch)
+	} else {
+		fmt.Fprintf(out, "  repository: %s (resumed: its %s branch is kept as it is)\n", url, MainBranch)
+	}
+	lrepo, err := gitsource.Open(ctx, gitsource.Options{URL: url, Logger: log})
+	if err != nil {
+		return "", nil, err
+	}
+	lw := &ledgerWatch{repo: lrepo}
+	if msg := lw.baseline(ctx); msg != "" {
+		fmt.Fprintf(out, "  %s\n", msg)
+	}
+	return url, lw, nil
+}
+
+// watch prints what the controller and the agent do, and the summary the
+// first time the fleet settles, until ctx ends or either stops early.
+func watch(ctx context.Context, cfg Config, l Layout, url string, start time.Time, rt *stack, lw *ledgerWatch) {
+	w := newWatcher(cfg.Out, start, l)
 	w.attached = rt.attached
 	settled := false
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
-loop:
 	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
-			break loop
+			return
 		case <-rt.failed:
-			break loop
+			return
 		case <-t.C:
 		}
 		st := rt.eng.Report()
@@ -276,13 +288,19 @@ loop:
 		w.observe(st)
 		if !settled && w.settled(st) {
 			settled = true
-			fmt.Fprintf(out, "\nThe fleet is up after %.1fs: %s.\n\n", time.Since(start).Seconds(), w.upSummary(st))
-			printSummary(out, cfg, l, url, st)
+			fmt.Fprintf(cfg.Out, "\nThe fleet is up after %.1fs: %s.\n\n", time.Since(start).Seconds(), w.upSummary(st))
+			printSummary(cfg.Out, cfg, l, url, st)
 			if cfg.OnSettled != nil {
 				cfg.OnSettled(st)
 			}
 		}
 	}
+}
+
+// stopFleet stops the controller and the agent, shuts the guests down
+// unless cfg.Keep, and says what stays where.
+func stopFleet(cfg Config, l Layout, rt *stack) error {
+	out := cfg.Out
 	fmt.Fprintln(out, "\nStopping the controller and the agent ...")
 	runErr := rt.stop()
 	vms := l.VMs()
