@@ -394,4 +394,14 @@ func TestControllerRefusesMalformedEnvironment(t *testing.T) {
 	if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--git-timeout", "30s", "--once"); code != 0 {
 		t.Fatalf("with --git-timeout: exit %d: %s", code, out)
 	}
+
+	// A malformed URL is named, without the token it holds.
+	t.Setenv("GITFLEET_REPO", "https://oauth2:glpat-SeCrEt-42@git.example.com/fleet%zz")
+	code, _, stderr = runCLIStderr(t, "status")
+	if code != 2 || !strings.Contains(stderr, `GITFLEET_REPO="https://git.example.com/`) || !strings.Contains(stderr, "invalid URL") {
+		t.Fatalf("exit %d, stderr %q; want 2 naming the variable", code, stderr)
+	}
+	if strings.Contains(stderr, "SeCrEt") {
+		t.Errorf("the error shows the token: %s", stderr)
+	}
 }

@@ -79,9 +79,3 @@ func (f *Flags) Origin(name string) string {
 	}
 	return "--" + name
 }
-
-// Given reports whether the command line or the environment set flag name.
-func (f *Flags) Given(name string) bool {
-	_, env := f.fromEnv[name]
-	return env || f.fs.Changed(name)
-}
