@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/snapshots"
@@ -43,7 +44,9 @@ validation errors (they are printed; the controller would reject it) or git
 failed, 2 for usage errors. A base that does not validate (a pull request
 fixing a broken main) still gets a plan: it is computed against the last
 commit the controller applied (applied.commit of ledger.yaml on the
-snapshots branch), the state the fleet actually runs, or, when there is
+snapshots branch; in a clone that has the snapshots branch only as
+origin/<branch>, as a CI checkout does, that copy), the state the fleet
+actually runs, or, when there is
 none or it does not validate either, against an empty base; a warning at
 the top of the plan says which.`,
 		Args: cobra.NoArgs,
@@ -98,17 +101,12 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 		return &exitError{code: 1, err: err}
 	}
 	src := planSource{repo: repo, path: a.path}
-	// The controller's ledger: the applied commit and the pending deletes.
-	// None (a repository without snapshots, or one that cannot be read)
-	// plans against the base alone.
-	ledger, _, lerr := snapshots.ReadLedger(ctx, repo, a.snapshotsBranch)
-	if lerr != nil || ledger == nil {
-		ledger = snapshots.NewLedger()
-	}
-	baseCommit, baseFleet, warnings, err := planBase(ctx, src, a.base, ledger)
+	ledger, warnings := planLedger(ctx, repo, a.snapshotsBranch)
+	baseCommit, baseFleet, baseWarnings, err := planBase(ctx, src, a.base, ledger)
 	if err != nil {
 		return err
 	}
+	warnings = append(warnings, baseWarnings...)
 	headCommit, headFleet, headErr := src.load(ctx, a.head)
 	var list desired.ErrorList
 	if headErr != nil && !errors.As(headErr, &list) {
@@ -171,6 +169,28 @@ func writePlan(out io.Writer, p *desired.Plan, format string) error {
 	}
 	_, err := io.WriteString(out, p.Text())
 	return err
+}
+
+// planLedger reads the controller's ledger (the applied commit and the
+// pending deletes) from the snapshots branch: on the remote, or in a local
+// clone from its remote-tracking copy (origin/<branch>), which is all a CI
+// checkout has. No branch yet plans against the base alone, silently: no
+// controller has run. A ledger that exists but cannot be read gives an
+// empty one and a warning, since un-deletes then show as creates and a
+// broken base cannot fall back to the applied commit.
+func planLedger(ctx context.Context, repo *gitsource.Repo, branch string) (*snapshots.Ledger, []string) {
+	tip, _, err := repo.ResolveTracking(ctx, branch)
+	if errors.Is(err, gitsource.ErrBranchNotFound) {
+		return snapshots.NewLedger(), nil
+	}
+	var l *snapshots.Ledger
+	if err == nil {
+		l, err = snapshots.LedgerAt(func(p string) ([]byte, error) { return repo.ReadFileMax(tip, p, fleet.MaxLedgerBytes) })
+	}
+	if err != nil {
+		return snapshots.NewLedger(), []string{fmt.Sprintf("the controller's ledger on %s cannot be read (%v): planned without it, so pending deletes show as creates and a broken base has no applied commit to fall back to", branch, err)}
+	}
+	return l, nil
 }
 
 // label names a revision for a person: the name given, and the commit when

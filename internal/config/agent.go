@@ -22,10 +22,9 @@ import (
 const (
 	// BackendQEMU runs each VM as a QEMU process (package agent/qemu).
 	BackendQEMU = "qemu"
-	// BackendMemory keeps VMs in a map in the agent's memory: for trying
-	// gitfleet out and for tests, in one process. Its VMs end with the
-	// process: a later run (--once ones included) finds none and reports
-	// every VM failed to boot.
+	// BackendMemory keeps VMs in a table (no guest runs): for trying
+	// gitfleet out. The table lives in the state directory, so a later
+	// run (--once ones included) finds the VMs of the earlier one.
 	BackendMemory = "memory"
 )
 

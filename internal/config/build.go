@@ -9,8 +9,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/agent/agenttest"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
+	"github.com/gitfleet/gitfleet/agent/inmem"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/redact"
@@ -96,7 +96,7 @@ func (c *Agent) backend(store *agent.Store, log *logrus.Logger) (agent.Provision
 	case BackendQEMU:
 		return c.qemuBackend(store, log)
 	case BackendMemory:
-		return memoryBackend(), nil
+		return memoryBackend(store)
 	}
 	return nil, fmt.Errorf("unknown backend %q: want qemu or memory", c.Backend)
 }
@@ -121,5 +121,8 @@ func (c *Agent) qemuBackend(store *agent.Store, log *logrus.Logger) (*qemu.Provi
 	})
 }
 
-// memoryBackend keeps VMs in a map, for one process (see BackendMemory).
-func memoryBackend() agent.Provisioner { return agenttest.New() }
+// memoryBackend keeps VMs in a table in the state directory (see
+// BackendMemory).
+func memoryBackend(store *agent.Store) (agent.Provisioner, error) {
+	return inmem.Open(filepath.Join(store.Root(), inmem.StateFile))
+}
