@@ -69,6 +69,6 @@ func demoFlags(fs *pflag.FlagSet, cfg *demo.Config) *config.Flags {
 	flags := config.NewFlags(fs)
 	flags.Path(&cfg.Dir, "dir", "GITFLEET_DEMO_DIR", "directory for the demo's repository, disks and logs (default $XDG_STATE_HOME/gitfleet/demo or ~/.local/state/gitfleet/demo)")
 	flags.Path(&cfg.CacheDir, "cache", "GITFLEET_DEMO_CACHE", "where the tiny guest is built and cached (default $XDG_CACHE_HOME/gitfleet/tinyguest, or the test suite's $XDG_CACHE_HOME/gitfleet-test/tinyguest when only that holds a downloaded kernel; see above)")
-	flags.String(&cfg.Accel, "accel", "GITFLEET_ACCEL", "QEMU accelerator: auto, kvm or tcg")
+	flags.Choice(&cfg.Accel, "accel", "GITFLEET_ACCEL", "QEMU accelerator: auto, kvm or tcg", qemu.AccelAuto, qemu.AccelKVM, qemu.AccelTCG)
 	return flags
 }

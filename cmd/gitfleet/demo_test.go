@@ -85,11 +85,16 @@ func TestDemoEnvironment(t *testing.T) {
 			}
 		})
 	}
-	t.Run("malformed", func(t *testing.T) {
-		t.Setenv("GITFLEET_DEMO_DIR", "~/demo")
-		code, _, stderr := runCLIStderr(t, "demo")
-		if code != 2 || !strings.Contains(stderr, `GITFLEET_DEMO_DIR="~/demo": invalid path`) {
-			t.Fatalf("exit %d, stderr %q; want 2 naming the variable", code, stderr)
-		}
-	})
+	for env, want := range map[string]string{
+		"GITFLEET_DEMO_DIR": `GITFLEET_DEMO_DIR="~/demo": invalid path`,
+		"GITFLEET_ACCEL":    `GITFLEET_ACCEL="~/demo": "~/demo": want auto or kvm or tcg (environment for --accel)`,
+	} {
+		t.Run("malformed "+env, func(t *testing.T) {
+			t.Setenv(env, "~/demo")
+			code, _, stderr := runCLIStderr(t, "demo")
+			if code != 2 || !strings.Contains(stderr, want) {
+				t.Fatalf("exit %d, stderr %q; want 2 saying %q", code, stderr, want)
+			}
+		})
+	}
 }

@@ -38,6 +38,11 @@ func (f *Flags) Path(p *string, name, env, usage string) {
 	f.bind(&stringValue{p: p, kind: pathString}, name, env, usage)
 }
 
+// Choice is String for one of values.
+func (f *Flags) Choice(p *string, name, env, usage string, values ...string) {
+	f.bind(&stringValue{p: p, kind: stringKind{"string", oneOf(values...)}}, name, env, usage)
+}
+
 // Duration binds a duration of 0 or more.
 func (f *Flags) Duration(p *time.Duration, name, env, usage string) {
 	f.bind(&durationValue{p: p}, name, env, usage)
