@@ -9,32 +9,31 @@
 //
 // For every setting: a flag given on the command line, else its environment
 // variable when set and not empty, else the agent's config file, else the
-// default. One exception keeps a secret off the file's readers' hands and
-// off the command line alike: GITFLEET_TOKEN supplies the agent's token
-// only when the file names none (repo.auth.token or tokenFile).
+// default. One exception: GITFLEET_TOKEN supplies the agent's token only
+// when its file names none (repo.auth.token or repo.auth.tokenFile).
 //
 // # Settings
 //
-//	flag                 environment              agent file        commands
-//	--config             GITFLEET_CONFIG          (the file)        agent
-//	--repo               GITFLEET_REPO            repo.url          all but validate, schema, demo
-//	--host               GITFLEET_HOST            host              agent
-//	--state-dir          GITFLEET_STATE_DIR       stateDir          agent
-//	--token              GITFLEET_TOKEN           repo.auth.token   controller, plan, status; agent: env only
-//	--ssh-key            GITFLEET_SSH_KEY         repo.auth.sshKeyFile         controller, plan, status
-//	--known-hosts        GITFLEET_KNOWN_HOSTS     repo.auth.knownHostsFile     controller, plan, status
-//	--branch             GITFLEET_BRANCH                            controller
-//	--path               GITFLEET_PATH                              controller, plan
-//	--cache-dir          GITFLEET_CACHE_DIR                         controller
-//	--interval           GITFLEET_INTERVAL                          controller
-//	--listen             GITFLEET_LISTEN                            controller
-//	--webhook-secret     GITFLEET_WEBHOOK_SECRET                    controller
-//	--abandon-grace      GITFLEET_ABANDON_GRACE                     controller
-//	--offline-after      GITFLEET_OFFLINE_AFTER                     controller
-//	--git-timeout        GITFLEET_GIT_TIMEOUT     gitTimeout        controller (flag, env); agent (file)
-//	--dir                GITFLEET_DEMO_DIR                          demo
-//	--cache              GITFLEET_DEMO_CACHE                        demo
-//	--accel              GITFLEET_ACCEL           qemu.accel        demo (flag, env); agent (file)
+//	flag              environment              agent file                commands
+//	--config          GITFLEET_CONFIG          (the file itself)         agent
+//	--repo            GITFLEET_REPO            repo.url                  agent, controller, plan, status
+//	--host            GITFLEET_HOST            host                      agent
+//	--state-dir       GITFLEET_STATE_DIR       stateDir                  agent
+//	--token           GITFLEET_TOKEN           repo.auth.token(File)     controller, plan, status; agent: variable and file
+//	--ssh-key         GITFLEET_SSH_KEY         repo.auth.sshKeyFile      controller, plan, status; agent: file
+//	--known-hosts     GITFLEET_KNOWN_HOSTS     repo.auth.knownHostsFile  controller, plan, status; agent: file
+//	--branch          GITFLEET_BRANCH                                    controller
+//	--path            GITFLEET_PATH                                      controller, plan
+//	--cache-dir       GITFLEET_CACHE_DIR                                 controller
+//	--interval        GITFLEET_INTERVAL                                  controller
+//	--listen          GITFLEET_LISTEN                                    controller
+//	--webhook-secret  GITFLEET_WEBHOOK_SECRET                            controller
+//	--abandon-grace   GITFLEET_ABANDON_GRACE                             controller
+//	--offline-after   GITFLEET_OFFLINE_AFTER                             controller
+//	--git-timeout     GITFLEET_GIT_TIMEOUT     gitTimeout                controller; agent: file
+//	--dir             GITFLEET_DEMO_DIR                                  demo
+//	--cache           GITFLEET_DEMO_CACHE                                demo
+//	--accel           GITFLEET_ACCEL           qemu.accel                demo; agent: file
 //
 // The rest of the agent's file (see AgentFile) has no flag or variable.
 //
