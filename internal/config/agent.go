@@ -51,7 +51,7 @@ const DefaultVMTimeout = 30 * time.Minute
 //	  stallTimeout: 60s                        # no byte for this long fails it (default 60s)
 //	intervals: {tick: 10s, poll: 15s, heartbeat: 60s}
 //	gitTimeout: 60s                            # bounds each fetch, ls-remote, push
-//	graces: {tombstone: 5m, vanish: 1h}
+//	graces: {tombstone: 5m, vanish: 1h, image: 24h}  # image: negative never collects the image cache
 //	vmTimeout: 30m                             # per-VM watchdog (default 30m); 0 = none
 //	readyTimeout: 10m                          # guest silent this long after boot: lastError says so
 //	maxAttempts: 3
@@ -103,6 +103,9 @@ type AgentFile struct {
 	Graces struct {
 		Tombstone Duration `yaml:"tombstone"`
 		Vanish    Duration `yaml:"vanish"`
+		// Image is how long a cached artifact no VM uses is kept (default
+		// agent.DefaultImageGrace, 24 h; negative: never collected).
+		Image SignedDuration `yaml:"image"`
 	} `yaml:"graces"`
 	// GitTimeout bounds each operation with the remote (default
 	// gitsource.DefaultTimeout, 60 s); a stalled remote never holds the
@@ -212,9 +215,9 @@ type Agent struct {
 	// Artifacts says where the QEMU backend may fetch images from.
 	Artifacts qemu.ArtifactPolicy
 	// TickInterval, PollInterval, Heartbeat and StopTimeout configure
-	// agent.Config; TombstoneGrace, VanishGrace, VMTimeout (default
-	// DefaultVMTimeout; 0 none), ReadyTimeout and MaxAttempts
-	// agent.EngineConfig; GitTimeout the repository.
+	// agent.Config; TombstoneGrace, VanishGrace, ImageGrace (negative:
+	// off), VMTimeout (default DefaultVMTimeout; 0 none), ReadyTimeout and
+	// MaxAttempts agent.EngineConfig; GitTimeout the repository.
 	TickInterval   time.Duration
 	PollInterval   time.Duration
 	Heartbeat      time.Duration
@@ -222,6 +225,7 @@ type Agent struct {
 	GitTimeout     time.Duration
 	TombstoneGrace time.Duration
 	VanishGrace    time.Duration
+	ImageGrace     time.Duration
 	VMTimeout      time.Duration
 	ReadyTimeout   time.Duration
 	MaxAttempts    int
@@ -344,6 +348,7 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 	c.TickInterval, c.PollInterval = time.Duration(f.Intervals.Tick), time.Duration(f.Intervals.Poll)
 	c.Heartbeat, c.GitTimeout = time.Duration(f.Intervals.Heartbeat), time.Duration(f.GitTimeout)
 	c.TombstoneGrace, c.VanishGrace = time.Duration(f.Graces.Tombstone), time.Duration(f.Graces.Vanish)
+	c.ImageGrace = time.Duration(f.Graces.Image)
 	if f.VMTimeout != nil {
 		c.VMTimeout = time.Duration(*f.VMTimeout)
 	}

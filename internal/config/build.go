@@ -69,7 +69,7 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 	}
 	eng, err := agent.NewEngine(agent.EngineConfig{
 		Host: c.Host, Store: store, Provisioner: prov,
-		TombstoneGrace: c.TombstoneGrace, VanishGrace: c.VanishGrace,
+		TombstoneGrace: c.TombstoneGrace, VanishGrace: c.VanishGrace, ImageGrace: c.ImageGrace,
 		MaxAttempts: c.MaxAttempts, VMTimeout: c.VMTimeout, ReadyTimeout: c.ReadyTimeout, Log: log,
 	})
 	if err != nil {

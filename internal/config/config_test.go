@@ -141,7 +141,10 @@ func TestAgentFileKeys(t *testing.T) {
 		{"intervals", head + "intervals: {tick: 10s, poll: 15s, heartbeat: 60s}\n", func(a *Agent) {
 			a.TickInterval, a.PollInterval, a.Heartbeat = 10*time.Second, 15*time.Second, time.Minute
 		}},
-		{"graces", head + "graces: {tombstone: 5m, vanish: 1h}\n", func(a *Agent) { a.TombstoneGrace, a.VanishGrace = 5*time.Minute, time.Hour }},
+		{"graces", head + "graces: {tombstone: 5m, vanish: 1h, image: 48h}\n", func(a *Agent) {
+			a.TombstoneGrace, a.VanishGrace, a.ImageGrace = 5*time.Minute, time.Hour, 48*time.Hour
+		}},
+		{"graces.image negative is off", head + "graces: {image: -1s}\n", func(a *Agent) { a.ImageGrace = -time.Second }},
 		{"vmTimeout", head + "vmTimeout: 45m\n", func(a *Agent) { a.VMTimeout = 45 * time.Minute }},
 		{"vmTimeout 0 is none", head + "vmTimeout: 0s\n", func(a *Agent) { a.VMTimeout = 0 }},
 		{"gitTimeout", head + "gitTimeout: 20s\n", func(a *Agent) { a.GitTimeout = 20 * time.Second }},
@@ -276,6 +279,7 @@ func TestMalformedAgentFile(t *testing.T) {
 	for _, tc := range []struct{ kind, yaml, want string }{
 		{"duration", head + "intervals: {tick: soon}\n", `:3:19: intervals.tick: "soon" is not a duration, like 90s or 5m`},
 		{"negative duration", head + "gitTimeout: -1s\n", `:3:13: gitTimeout: "-1s" is not a duration`},
+		{"signed duration", head + "graces: {image: never}\n", `:3:17: graces.image: "never" is not a duration`},
 		{"int", head + "maxAttempts: many\n", `:3:14: maxAttempts: "many" is not an integer`},
 		{"negative int", head + "artifacts: {maxSizeGB: -1}\n", `:3:24: artifacts.maxSizeGB: -1: want 0 (the default) or more`},
 		{"bool", head + "qemu: {systemdScope: maybe}\n", `:3:22: qemu.systemdScope: "maybe" is not true or false`},
@@ -291,7 +295,7 @@ func TestMalformedAgentFile(t *testing.T) {
 		{"value for a section", head + "graces: 5m\n", `:3:9: graces: want a mapping of its fields`},
 		{"value for a list", head + "artifacts: {fileRoots: /srv}\n", `:3:24: artifacts.fileRoots: want a list`},
 		{"not a mapping", "- a\n- b\n", `:1:1: want a mapping of settings at the top level`},
-		{"unknown field", head + "graces:\n  vanish: 1h\n  tombstom: 5m\n", `:5:3: unknown field "tombstom" in graces (known: tombstone, vanish)`},
+		{"unknown field", head + "graces:\n  vanish: 1h\n  tombstom: 5m\n", `:5:3: unknown field "tombstom" in graces (known: tombstone, vanish, image)`},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			path := writeFile(t, "agent.yaml", tc.yaml)

@@ -114,3 +114,17 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	*d = Duration(v)
 	return nil
 }
+
+// SignedDuration is a Duration that may be negative ("-1s"), for the
+// settings where a negative value turns something off.
+type SignedDuration time.Duration
+
+// UnmarshalYAML parses a Go duration.
+func (d *SignedDuration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration, like 90s or 5m", n.Value)
+	}
+	*d = SignedDuration(v)
+	return nil
+}
