@@ -106,10 +106,13 @@ func (v *durationValue) Set(s string) error {
 type Duration time.Duration
 
 // UnmarshalYAML parses a Go duration.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	v, err := parseDuration(n.Value)
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error { return d.UnmarshalText([]byte(n.Value)) }
+
+// UnmarshalText parses a Go duration, for decoders that take text.
+func (d *Duration) UnmarshalText(text []byte) error {
+	v, err := parseDuration(string(text))
 	if err != nil {
-		return fmt.Errorf("%q is not a duration, like 90s or 5m", n.Value)
+		return fmt.Errorf("%q is not a duration, like 90s or 5m", text)
 	}
 	*d = Duration(v)
 	return nil
@@ -120,10 +123,13 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 type SignedDuration time.Duration
 
 // UnmarshalYAML parses a Go duration.
-func (d *SignedDuration) UnmarshalYAML(n *yaml.Node) error {
-	v, err := time.ParseDuration(n.Value)
+func (d *SignedDuration) UnmarshalYAML(n *yaml.Node) error { return d.UnmarshalText([]byte(n.Value)) }
+
+// UnmarshalText parses a Go duration, for decoders that take text.
+func (d *SignedDuration) UnmarshalText(text []byte) error {
+	v, err := time.ParseDuration(string(text))
 	if err != nil {
-		return fmt.Errorf("%q is not a duration, like 90s or 5m", n.Value)
+		return fmt.Errorf("%q is not a duration, like 90s or 5m", text)
 	}
 	*d = SignedDuration(v)
 	return nil
