@@ -303,11 +303,9 @@ func (a *AgentFlags) Load(env Env) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, o := range []struct{ flag, dst *string }{{&a.repoURL, &f.Repo.URL}, {&a.host, &f.Host}, {&a.stateDir, &f.StateDir}} {
-		if *o.flag != "" {
-			*o.dst = *o.flag
-		}
-	}
+	setIf(&f.Repo.URL, a.repoURL)
+	setIf(&f.Host, a.host)
+	setIf(&f.StateDir, a.stateDir)
 	if f.Repo.URL == "" || f.Host == "" {
 		return nil, usageError(errors.New("agent needs a repository and a host: --config FILE, or --repo and --host"))
 	}
