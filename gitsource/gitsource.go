@@ -314,7 +314,11 @@ func (r *Repo) openStorage(fresh bool) error {
 	// one per object read would dominate a walk of a large tree. (go-git's
 	// ExclusiveAccess would also spare the loose-object lookups, but it does
 	// not see packs a fetch adds.)
-	st := filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte), filesystem.Options{MaxOpenDescriptors: 2 * maxPacks})
+	// Objects past largeObject are read from their pack as a stream, not
+	// decoded whole into memory (and never into the object cache); a
+	// fetched pack is indexed in bounded memory (see diskStorage).
+	st := &diskStorage{dir: dir, Storage: filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte),
+		filesystem.Options{MaxOpenDescriptors: 2 * maxPacks, LargeObjectThreshold: largeObject})}
 	if len(ents) == 0 {
 		repo, err := git.Init(st, nil)
 		if err != nil {
