@@ -35,14 +35,19 @@ type Config struct {
 	// branch, whose whole history attribution walks.
 	Repo *gitsource.Repo
 	// TipRepo serves the snapshots and status branches, of which only the
-	// tips are read. When nil and URL is set, New opens URL at depth 1 in
-	// memory and opens it afresh every hour, so the status branch (a commit
-	// per agent heartbeat) never piles up in the controller; when nil
-	// without URL, Repo serves them too.
+	// tips are read. When nil and URL is set, New opens URL at depth 1 —
+	// in TipsCacheDir, or in memory and opened afresh every hour, so the
+	// status branch (a commit per agent heartbeat) never piles up in the
+	// controller; when nil without URL, Repo serves them too.
 	TipRepo  *gitsource.Repo
 	URL      string
 	Auth     gitsource.Auth
 	CacheDir string
+	// TipsCacheDir keeps the depth-1 clone of the snapshots and status
+	// branches on disk (its upkeep bounds it; see gitsource); empty keeps
+	// it in memory, where every blob on those branches, a forged one too,
+	// costs its size in memory. It must differ from CacheDir.
+	TipsCacheDir string
 	// GitTimeout bounds each git operation of the repositories New opens
 	// (one fetch, ls-remote or push); 0 means gitsource.DefaultTimeout.
 	GitTimeout time.Duration

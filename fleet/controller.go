@@ -125,11 +125,16 @@ const tipsRenewal = time.Hour
 // and status branches.
 func (c *Controller) renewTips() error {
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: c.cfg.URL, Auth: c.cfg.Auth,
-		Depth: 1, Timeout: c.cfg.GitTimeout, Logger: c.cfg.Logger})
+		CacheDir: c.cfg.TipsCacheDir, Depth: 1, Timeout: c.cfg.GitTimeout, Logger: c.cfg.Logger})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", c.cfg.URL, err)
 	}
-	c.tips, c.tipsOpened = repo, c.clock()
+	c.tips = repo
+	if c.cfg.TipsCacheDir == "" {
+		// In memory: opened afresh when due. On disk the cache's own
+		// upkeep keeps it small, and one directory has one Repo.
+		c.tipsOpened = c.clock()
+	}
 	return nil
 }
 
