@@ -67,6 +67,11 @@ type Controller struct {
 	// failures counts the passes in a row that were unreadable or
 	// refused: Run backs off by it.
 	failures int
+	// failing is the failure recorded on the status branch (nil while
+	// passes succeed); lastSummary the summary of the last pass that
+	// completed in this process (nil before one did). See recordFailure.
+	failing     *status.PassFailure
+	lastSummary *status.Summary
 }
 
 // PassResult says what one pass observed and did.
@@ -227,6 +232,7 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	}
 	if outcome == OutcomeUnreadable || outcome == OutcomeRefused {
 		c.failures++
+		c.recordFailure(ctx, outcome, err)
 	} else {
 		if c.failLogged != "" {
 			log.Info("git readable and the pass accepted again")
@@ -313,8 +319,10 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		res.Rejected, fl = out.rejected, nil
 	}
 
-	// Step 4: the summary on the status branch.
+	// Step 4: the summary on the status branch. This pass acted: a
+	// failure recorded there is over.
 	sum := c.summarize(out.ledger, fl, obs.reports, obs.err == nil, now)
+	c.failing, c.lastSummary = nil, &sum
 	written, err := c.writeSummary(ctx, sum, now)
 	if err != nil {
 		return res, fmt.Errorf("write summary: %w", err)
