@@ -122,10 +122,11 @@ type pendingDelete struct {
 }
 
 func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, snapshots, format string) error {
-	repo, err := gitsource.Open(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth(), Depth: 1})
+	repo, done, err := openScratch(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth(), Depth: 1})
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
+	defer done()
 	rep := statusReport{Hosts: []*status.Status{}, PendingDeletes: []pendingDelete{}}
 	tip, err := repo.Fetch(ctx, branch)
 	if errors.Is(err, gitsource.ErrBranchNotFound) {
