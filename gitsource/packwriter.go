@@ -274,7 +274,7 @@ func (d *deltaResolver) resolve(e *packEntry) (bool, error) {
 	e.typ = typ
 	e.hash = plumbing.ComputeHash(typ, data)
 	d.byHash[e.hash] = e
-	d.keep(e, data)
+	d.hold(e, data)
 	return true, nil
 }
 
@@ -310,7 +310,9 @@ func (d *deltaResolver) content(e *packEntry, depth int) ([]byte, plumbing.Objec
 	if err != nil {
 		return nil, 0, err
 	}
-	d.keep(base, src)
+	// One delta on base fewer to go.
+	base.children--
+	d.hold(base, src)
 	out, err := packfile.PatchDelta(src, raw)
 	if err != nil {
 		return nil, 0, fmt.Errorf("delta at %d: %w", e.offset, err)
@@ -333,23 +335,18 @@ func (d *deltaResolver) raw(e *packEntry) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// keep holds the content of e while deltas on it remain, within
-// deltaCacheBytes; one more of its deltas is done.
-func (d *deltaResolver) keep(e *packEntry, data []byte) {
-	if b, ok := d.cache[e.offset]; ok {
-		if e.children--; e.children <= 0 {
-			delete(d.cache, e.offset)
-			d.cacheBytes -= len(b)
-		}
-		return
-	}
-	if e.children > 1 && e.hash != plumbing.ZeroHash && d.cacheBytes+len(data) <= deltaCacheBytes {
+// hold keeps the content of e in memory while deltas on it remain to be
+// resolved, within deltaCacheBytes, and lets it go when none remain.
+func (d *deltaResolver) hold(e *packEntry, data []byte) {
+	b, cached := d.cache[e.offset]
+	switch {
+	case cached && e.children <= 0:
+		delete(d.cache, e.offset)
+		d.cacheBytes -= len(b)
+	case !cached && e.children > 0 && e.hash != plumbing.ZeroHash && d.cacheBytes+len(data) <= deltaCacheBytes:
 		d.cache[e.offset] = data
 		d.cacheBytes += len(data)
-		e.children--
-		return
 	}
-	e.children--
 }
 
 // wrapPackEOF reports a pack that ends early as malformed (cache damage
