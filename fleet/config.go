@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -127,6 +128,9 @@ func New(cfg Config) (*Controller, error) {
 	cfg.Path = p
 	if err := distinctBranches(cfg.Branch, cfg.SnapshotsBranch, cfg.StatusBranch); err != nil {
 		return nil, err
+	}
+	if cfg.TipsCacheDir != "" && filepath.Clean(cfg.TipsCacheDir) == filepath.Clean(cfg.CacheDir) {
+		return nil, fmt.Errorf("%w: the tips cache and the cache are both %s; one directory holds one clone", ErrConfig, cfg.CacheDir)
 	}
 	c := &Controller{
 		cfg:      cfg,

@@ -108,3 +108,12 @@ func TestFailingPassesAreRecordedApart(t *testing.T) {
 		}
 	})
 }
+
+// The tips clone and the main clone never share a directory.
+func TestTipsCacheDirMustDiffer(t *testing.T) {
+	dir := t.TempDir()
+	_, err := New(Config{URL: dir, CacheDir: dir + "/c", TipsCacheDir: dir + "/c/", Logger: quietLogger()})
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("err = %v, want ErrConfig", err)
+	}
+}
