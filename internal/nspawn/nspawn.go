@@ -13,10 +13,10 @@
 //   - with a network namespace of its own holding only a loopback device
 //     (--private-network): nothing in it reaches the host's network or any
 //     other; Listen opens a socket inside it for the test's servers;
-//   - not registered with systemd-machined (--register=no). Where systemd
-//     is the host's init, nspawn asks it for a scope of its own; elsewhere
-//     (--keep-unit) the container lives in a cgroup Boot makes for it under
-//     each mounted hierarchy, removed by Close.
+//   - not registered with systemd-machined (--register=no), in a cgroup of
+//     its own (--keep-unit): where systemd is the host's init, a delegated
+//     transient scope (systemd-run --scope); elsewhere a cgroup Boot makes
+//     under each mounted hierarchy, removed by Close.
 //
 // Exec runs a command inside every namespace of the container (nsenter), as
 // root, so `systemctl`, `journalctl` and `kill` see what the container's
@@ -162,12 +162,16 @@ func Boot(ctx context.Context, cfg Config) (*Machine, error) {
 		}
 		args = append(args, opt+b.Host+":"+b.Container)
 	}
-	// Without systemd as the host's init nobody allocates a scope for the
-	// container: it keeps the cgroup it starts in, one made here, so
-	// that nspawn's payload and supervisor cgroups are its own.
-	var script string
-	if !hostSystemd() {
-		args = append(args, "--keep-unit")
+	// The container keeps the cgroup nspawn starts in (--keep-unit), one
+	// of its own so that nspawn's payload and supervisor cgroups are
+	// too: where systemd is the host's init, a delegated transient scope
+	// (systemd-run reaches it on its private socket, no D-Bus needed);
+	// elsewhere a cgroup made here under each mounted hierarchy.
+	args = append(args, "--keep-unit")
+	script := `exec systemd-nspawn "$@"`
+	if hostSystemd() {
+		script = `exec systemd-run --scope --quiet --collect --property=Delegate=yes --unit="$0" -- systemd-nspawn "$@"`
+	} else {
 		for _, root := range cgroupRoots() {
 			dir := filepath.Join(root, m.Name)
 			if err := os.Mkdir(dir, 0o755); err != nil {
@@ -175,10 +179,10 @@ func Boot(ctx context.Context, cfg Config) (*Machine, error) {
 				return nil, fmt.Errorf("nspawn: cgroup for %s: %w", m.Name, err)
 			}
 			m.cgroups = append(m.cgroups, dir)
-			script += "echo $$ >" + dir + "/cgroup.procs && "
+			script = "echo $$ >" + dir + "/cgroup.procs && " + script
 		}
 	}
-	m.cmd = exec.Command("sh", "-c", script+`exec systemd-nspawn "$@"`, "sh")
+	m.cmd = exec.Command("sh", "-c", script, m.Name+".scope")
 	m.cmd.Args = append(m.cmd.Args, args...)
 	m.cmd.Stdout, m.cmd.Stderr = cfg.Console, cfg.Console
 	if cfg.Console == nil {
