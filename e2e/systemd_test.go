@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -263,6 +264,15 @@ func TestSystemdAgentUnit(t *testing.T) {
 		"vms/a.yaml":              memoryVMFile("a"),
 		"vms/b.yaml":              memoryVMFile("b"),
 	})
+
+	// The agent's sandbox is as tight as docs/DESIGN.md says.
+	out := s.sh("systemd-analyze security --no-pager gitfleet-agent.service")
+	m := regexp.MustCompile(`Overall exposure level for gitfleet-agent.service: ([0-9.]+)`).FindStringSubmatch(out)
+	require.NotNil(t, m, "systemd-analyze security: %s", out)
+	exposure, err := strconv.ParseFloat(m[1], 64)
+	require.NoError(t, err)
+	t.Logf("systemd-analyze security: exposure %.1f", exposure)
+	assert.LessOrEqual(t, exposure, 3.5, "the agent unit's exposure grew past what docs/DESIGN.md states")
 
 	// The controller's unit runs as a dynamic user and publishes.
 	s.timed("systemctl", "start", "gitfleet-controller")
