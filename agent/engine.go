@@ -27,6 +27,10 @@ const (
 	DefaultVanishGrace    = time.Hour
 	DefaultMaxAttempts    = 3
 	DefaultReadyTimeout   = 10 * time.Minute
+	DefaultImageGrace     = 24 * time.Hour
+	// ImageCollectInterval is the least time between two image cache
+	// collections (EngineConfig.ImageGrace).
+	ImageCollectInterval = 10 * time.Minute
 	// ReadyPollInterval is how often the engine asks the provisioner
 	// whether a booting guest has answered; a guest that has makes its
 	// VM's pass run at once, so status shows ready within this interval
@@ -88,7 +92,12 @@ type EngineConfig struct {
 	// before lastError says it has not answered (default 10 min). The VM
 	// stays booting and is never restarted or destroyed for it.
 	ReadyTimeout time.Duration
-	Log          logrus.FieldLogger
+	// ImageGrace is how long a cached artifact no VM uses is kept before
+	// the backend's ImageCollector removes it (default 24 h; negative
+	// turns collection off). Collection runs from Tick at most every
+	// ImageCollectInterval.
+	ImageGrace time.Duration
+	Log        logrus.FieldLogger
 }
 
 // Engine is the level-triggered reconcile loop of one host. Tick accepts a
@@ -135,11 +144,13 @@ type Engine struct {
 	hashedSum string
 	fenced    bool
 	fenceMsg  string
-	volumes   []status.Volume
-	orphans   []string
-	workers   map[string]*worker
-	wg        sync.WaitGroup
-	changed   chan struct{}
+	// lastCollect is when collectImages last ran; guarded by tickMu.
+	lastCollect time.Time
+	volumes     []status.Volume
+	orphans     []string
+	workers     map[string]*worker
+	wg          sync.WaitGroup
+	changed     chan struct{}
 }
 
 type worker struct {
@@ -171,6 +182,9 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = DefaultReadyTimeout
+	}
+	if cfg.ImageGrace == 0 {
+		cfg.ImageGrace = DefaultImageGrace
 	}
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
@@ -392,7 +406,58 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 	vols, orphans := e.reconcileVolumes(snap, inUse)
 	e.reconcileNetworks(ctx, snap)
 	e.kickAll(vols, orphans)
+	e.collectImages(ctx, snap)
 	return nil
+}
+
+// collectImages has an ImageCollector remove the cached artifacts no VM of
+// this host uses (see ImageCollector), at most every ImageCollectInterval,
+// and never while a record cannot be read. Called by Tick only (tickMu
+// guards lastCollect).
+func (e *Engine) collectImages(ctx context.Context, snap *desired.Snapshot) {
+	ic, ok := e.prov.(ImageCollector)
+	if !ok || e.cfg.ImageGrace < 0 {
+		return
+	}
+	now := e.now()
+	if !e.lastCollect.IsZero() && now.Sub(e.lastCollect) < ImageCollectInterval {
+		return
+	}
+	vms, ok := e.machinesInUse(snap)
+	if !ok {
+		e.log.Warn("image cache not collected: a VM record cannot be read, so what the cache holds for it is unknown")
+		return
+	}
+	e.lastCollect = now
+	res, err := ic.CollectImages(ctx, vms, e.cfg.ImageGrace)
+	if err != nil {
+		e.log.WithError(err).Warn("image cache collection")
+	}
+	if len(res.Removed) > 0 {
+		e.log.WithField("removed", len(res.Removed)).WithField("removedBytes", res.RemovedBytes).
+			WithField("kept", res.Kept).WithField("keptBytes", res.KeptBytes).
+			WithField("grace", e.cfg.ImageGrace).Info("image cache: removed artifacts no VM used for the grace")
+	}
+}
+
+// machinesInUse lists every VM this host has a record of and every VM of
+// snap (tombstoned ones too), each with the spec it records or asks for;
+// ok is false while a record cannot be read.
+func (e *Engine) machinesInUse(snap *desired.Snapshot) (vms []Machine, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.bad) > 0 {
+		return nil, false
+	}
+	for _, rec := range e.recs {
+		vms = append(vms, Machine{Name: rec.Name, Dir: e.store.VMDir(rec.Name), Spec: rec.Spec})
+	}
+	for _, v := range snap.VMs {
+		if validName(v.Name) {
+			vms = append(vms, Machine{Name: v.Name, Dir: e.store.VMDir(v.Name), Spec: v.Spec})
+		}
+	}
+	return vms, true
 }
 
 // candidate returns the snapshot this tick works on: snap, or the last
