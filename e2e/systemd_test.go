@@ -387,9 +387,10 @@ func TestSystemdAgentUnit(t *testing.T) {
 // TestSystemdRestartKeepsQEMUGuest runs the shipped agent unit with the
 // QEMU backend (TCG, the tiny guest) and pins what KillMode=process and
 // the per-VM scope are for: the guest's QEMU runs in its own scope
-// (gitfleet-vm-<name>.scope), outside the agent's cgroup, and neither
-// `systemctl restart gitfleet-agent` nor `systemctl stop` touches it;
-// the restarted agent adopts it (same QEMU process, still ready).
+// (gitfleet-vm-<name>.scope), outside the agent's cgroup, and neither the
+// watchdog's kill of a wedged agent, nor `systemctl restart
+// gitfleet-agent`, nor `systemctl stop` touches it; the restarted agent
+// adopts it (same QEMU process, still ready).
 func TestSystemdRestartKeepsQEMUGuest(t *testing.T) {
 	s, f := bootSystemd(t, `backend: qemu
 qemu: {accel: tcg}
@@ -448,6 +449,16 @@ logLevel: debug
 	assert.Regexp(t, `(?m)^Seccomp:\s+2$`, procStatus)
 	before := vmsOf(f.status())
 
+	// The watchdog kills only the wedged agent, never its guest.
+	p := s.show("gitfleet-agent", "MainPID", "NRestarts")
+	wedged, n0 := p["MainPID"], p["NRestarts"]
+	s.sh("kill -STOP " + wedged)
+	_, took := s.waitUnit("the watchdog restarts the wedged agent", "gitfleet-agent", []string{"MainPID", "NRestarts", "ActiveState"}, func(p map[string]string) bool {
+		return p["NRestarts"] != n0 && p["ActiveState"] == "active" && p["MainPID"] != wedged && p["MainPID"] != "0"
+	})
+	t.Logf("watchdog: active again with a new agent %.1fs after the wedge, QEMU guest running", took.Seconds())
+	assert.Equal(t, started, identity(), "QEMU after the watchdog restart")
+
 	restartWall := s.timed("systemctl", "restart", "gitfleet-agent")
 	t.Logf("restart: `systemctl restart gitfleet-agent` took %.2fs with a QEMU guest running", restartWall.Seconds())
 	assert.Equal(t, started, identity(), "QEMU after systemctl restart")
@@ -460,7 +471,7 @@ logLevel: debug
 	assert.Equal(t, started, identity(), "QEMU after the restarted agent's passes")
 
 	stopWall := s.timed("systemctl", "stop", "gitfleet-agent")
-	p := s.show("gitfleet-agent", "ActiveState", "Result", "ExecMainCode", "ExecMainStatus")
+	p = s.show("gitfleet-agent", "ActiveState", "Result", "ExecMainCode", "ExecMainStatus")
 	assert.Equal(t, map[string]string{"ActiveState": "inactive", "Result": "success", "ExecMainCode": "1", "ExecMainStatus": "0"}, p)
 	t.Logf("stop: `systemctl stop gitfleet-agent` took %.2fs with a QEMU guest running", stopWall.Seconds())
 	assert.Equal(t, started, identity(), "QEMU after systemctl stop")
