@@ -1,4 +1,4 @@
-package e2e
+package systemd
 
 import (
 	"context"
@@ -56,7 +56,7 @@ type sdMachine struct {
 // returns the container and the fleet (whose url is the one the
 // container uses). agentConfig is the agent's configuration file apart
 // from repo.url and host, which are set here.
-func bootSystemd(t *testing.T, agentConfig string) (*sdMachine, *fleetUnderTest) {
+func bootSystemd(t *testing.T, agentConfig string) (*sdMachine, *fleet) {
 	t.Helper()
 	if skipReason != "" {
 		t.Skip(skipReason)
@@ -74,7 +74,7 @@ func bootSystemd(t *testing.T, agentConfig string) (*sdMachine, *fleetUnderTest)
 	require.NoError(t, os.Mkdir(install, 0o755))
 	copyFile(t, binary, filepath.Join(install, "gitfleet"))
 	for _, unit := range sdUnits {
-		copyFile(t, filepath.Join("..", "examples", "systemd", unit), filepath.Join(install, unit))
+		copyFile(t, filepath.Join("..", "..", "examples", "systemd", unit), filepath.Join(install, unit))
 	}
 	require.NoError(t, os.WriteFile(filepath.Join(install, "watchdog.conf"),
 		[]byte("[Service]\nWatchdogSec="+sdWatchdog+"\n"), 0o644))
@@ -97,13 +97,15 @@ func bootSystemd(t *testing.T, agentConfig string) (*sdMachine, *fleetUnderTest)
 			}
 			b, _ := os.ReadFile(s.console)
 			t.Logf("=== container console (last 4 KB):\n%s", tail(b, 4<<10))
+			b, _ = os.ReadFile(filepath.Join(dir, "http-backend.log"))
+			t.Logf("=== git http-backend's errors (last 4 KB):\n%s", tail(b, 4<<10))
 		}
 		assert.NoError(t, s.m.Close())
 	})
 
 	// The fleet: a bare repository on the host, served by git http-backend
 	// from this process on the container's loopback.
-	f := &fleetUnderTest{t: t, dir: dir, bare: gittest.NewBare(t)}
+	f := &fleet{t: t, bare: gittest.NewBare(t)}
 	l, err := s.m.Listen("127.0.0.1:0")
 	require.NoError(t, err)
 	gitBin, err := exec.LookPath("git")
@@ -221,24 +223,6 @@ func (s *sdMachine) waitUnit(what, unit string, props []string, cond func(map[st
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// memoryVMFile is a VM for the memory backend: nothing is fetched or
-// booted, so the artifact is never downloaded.
-func memoryVMFile(name string) string {
-	return fmt.Sprintf(`apiVersion: gitfleet.dev/v1alpha1
-kind: VM
-metadata: {name: %s}
-spec:
-  host: %s
-  vcpus: 1
-  memoryMB: 128
-  diskGB: 1
-  power: running
-  image:
-    url: https://images.example.org/base.qcow2
-    sha256: %s
-`, name, host, strings.Repeat("ab", 32))
 }
 
 // vmsOf is a status's VMs for comparison; nil without a status.
@@ -399,19 +383,18 @@ intervals: {tick: 1s, poll: 1s, heartbeat: 5s}
 readyTimeout: 10m
 logLevel: debug
 `)
-	// The tiny guest's artifacts, served inside the container on the same
-	// address as on the host, so the VM file's URLs hold in both.
-	a := serveArtifacts(t)
-	l, err := s.m.Listen(strings.TrimPrefix(a.srv.URL, "http://"))
+	// The tiny guest's artifacts, served on the container's loopback.
+	tg := newTinyGuest(t)
+	l, err := s.m.Listen("127.0.0.1:0")
 	require.NoError(t, err)
-	srv := &http.Server{Handler: a.srv.Config.Handler}
+	srv := &http.Server{Handler: tg.handler}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 
 	const vm = "guest"
 	f.push("one guest", map[string]string{
 		"hosts/" + host + ".yaml": hostFile,
-		"vms/" + vm + ".yaml":     a.vmFile(vm, "running", nil, false),
+		"vms/" + vm + ".yaml":     tg.vmFile(vm, "http://"+l.Addr().String()),
 	})
 	s.timed("systemctl", "start", "gitfleet-controller")
 	s.timed("systemctl", "start", "gitfleet-agent")
