@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,6 +90,10 @@ type fleet struct {
 	bare string
 	work string
 	url  string // the repository's URL inside the container
+	// stall, while set, makes the git server hang every request until
+	// its client leaves; stalled receives when one hangs.
+	stall   atomic.Bool
+	stalled chan struct{}
 }
 
 // push commits the given files in the working clone and pushes them.

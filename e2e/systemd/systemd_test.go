@@ -115,12 +115,25 @@ func bootSystemd(t *testing.T, agentConfig string) (*sdMachine, *fleet) {
 	gitLog, err := os.Create(filepath.Join(dir, "http-backend.log"))
 	require.NoError(t, err)
 	t.Cleanup(func() { gitLog.Close() })
-	srv := &http.Server{Handler: &cgi.Handler{
+	backend := &cgi.Handler{
 		Path: gitBin, Args: []string{"http-backend"},
 		Env: []string{"GIT_PROJECT_ROOT=" + filepath.Dir(f.bare), "GIT_HTTP_EXPORT_ALL=1",
 			"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null"},
 		Stderr: gitLog,
-	}}
+	}
+	// While f.stall is set, every request hangs until its client leaves.
+	f.stalled = make(chan struct{}, 1)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if f.stall.Load() {
+			select {
+			case f.stalled <- struct{}{}:
+			default:
+			}
+			<-r.Context().Done()
+			return
+		}
+		backend.ServeHTTP(w, r)
+	})}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	f.url = "http://" + l.Addr().String() + "/" + filepath.Base(f.bare)
@@ -346,15 +359,23 @@ func TestSystemdAgentUnit(t *testing.T) {
 	untouched("after systemctl restart")
 
 	// Stop: SIGTERM ends the agent by itself (exit status 0), well before
-	// TimeoutStopSec would have it killed (Result would be "timeout").
+	// TimeoutStopSec would have it killed (Result would be "timeout"),
+	// even with a git request hanging on a server that does not answer.
+	f.stall.Store(true)
+	select {
+	case <-f.stalled:
+	case <-time.After(waitLimit):
+		t.Fatal("the agent sent no git request to the stalled server")
+	}
 	stopWall := s.timed("systemctl", "stop", "gitfleet-agent")
+	f.stall.Store(false)
 	p = s.show("gitfleet-agent", "ActiveState", "Result", "ExecMainCode", "ExecMainStatus", "TimeoutStopUSec",
 		"InactiveEnterTimestampMonotonic", "ActiveExitTimestampMonotonic")
 	assert.Equal(t, "inactive", p["ActiveState"], "%v", p)
 	assert.Equal(t, "success", p["Result"], "%v", p)
 	assert.Equal(t, "1", p["ExecMainCode"], "the agent did not exit by itself (CLD_EXITED): %v", p)
 	assert.Equal(t, "0", p["ExecMainStatus"], "%v", p)
-	t.Logf("stop: `systemctl stop gitfleet-agent` took %.2fs (TimeoutStopSec=%s); deactivating for %.3fs",
+	t.Logf("stop: `systemctl stop gitfleet-agent`, a git request hanging, took %.2fs (TimeoutStopSec=%s); deactivating for %.3fs",
 		stopWall.Seconds(), p["TimeoutStopUSec"],
 		(monotonic(t, p["InactiveEnterTimestampMonotonic"]) - monotonic(t, p["ActiveExitTimestampMonotonic"])).Seconds())
 	journal := s.journal("gitfleet-agent")
