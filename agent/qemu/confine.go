@@ -115,4 +115,3 @@ func installGuard(ctx context.Context, nft string, uid int) error {
 	}
 	return nil
 }
-
