@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -61,7 +62,13 @@ path outside the repository, a malformed flag or environment variable).`,
 			return usageOr(err)
 		}
 		log := redact.Logger(logrus.StandardLogger())
-		ctl, err := fleet.New(c.Fleet(logrus.NewEntry(log)))
+		fc := c.Fleet(logrus.NewEntry(log))
+		done, err := privateClones(&fc)
+		if err != nil {
+			return err
+		}
+		defer done()
+		ctl, err := fleet.New(fc)
 		if errors.Is(err, fleet.ErrConfig) {
 			return &exitError{code: 2, err: err}
 		}
@@ -76,6 +83,22 @@ path outside the repository, a malformed flag or environment variable).`,
 		return runController(ctx, ctl, &c, log)
 	}
 	return cmd
+}
+
+// privateClones puts the controller's clones on disk: a clone in memory
+// would hold every blob of the repository, however large, a forged one on
+// a gitfleet branch too. They go in a private directory of this process,
+// which done removes, unless --cache-dir keeps the main one between runs.
+func privateClones(fc *fleet.Config) (done func(), err error) {
+	tmp, err := os.MkdirTemp("", "gitfleet-controller-")
+	if err != nil {
+		return nil, err
+	}
+	if fc.CacheDir == "" {
+		fc.CacheDir = filepath.Join(tmp, "cache")
+	}
+	fc.TipsCacheDir = filepath.Join(tmp, "tips")
+	return func() { os.RemoveAll(tmp) }, nil
 }
 
 // controllerOnce runs one pass and says what came of it.

@@ -96,10 +96,11 @@ func (s planSource) load(ctx context.Context, rev string) (string, *desired.Flee
 }
 
 func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
-	repo, err := gitsource.Open(ctx, gitsource.Options{URL: a.repo.URL, Auth: a.repo.Auth()})
+	repo, done, err := openScratch(ctx, gitsource.Options{URL: a.repo.URL, Auth: a.repo.Auth()})
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
+	defer done()
 	src := planSource{repo: repo, path: a.path}
 	ledger, warnings := planLedger(ctx, repo, a.snapshotsBranch)
 	baseCommit, baseFleet, baseWarnings, err := planBase(ctx, src, a.base, ledger)

@@ -83,7 +83,9 @@ type AgentFile struct {
 		SystemdScope *bool `yaml:"systemdScope"`
 		// User is the unprivileged user QEMU runs as, with the nftables
 		// guard that keeps guests off the host's addresses; absent means
-		// qemu.DefaultQEMUUser, "root" keeps QEMU root without a guard.
+		// qemu.DefaultQEMUUser when the agent runs as root (else QEMU runs
+		// as the agent's user), "root" keeps QEMU root without a guard
+		// (see qemu.Config.RunAs).
 		User *string `yaml:"user"`
 		// NoSandbox turns QEMU's seccomp sandbox off (default on).
 		NoSandbox bool `yaml:"noSandbox"`
@@ -242,8 +244,10 @@ type QEMU struct {
 	// SystemdScope runs each guest in its own scope under systemd
 	// (default true).
 	SystemdScope bool
-	// RunAs is the user QEMU drops to, with the nftables guard (default
-	// qemu.DefaultQEMUUser); "" keeps QEMU the agent's user, unguarded.
+	// RunAs is the user QEMU drops to, with the nftables guard, as
+	// qemu.Config.RunAs: "" (default) is qemu.DefaultQEMUUser when the
+	// agent runs as root and no drop when it does not; "root" keeps QEMU
+	// root, unguarded.
 	RunAs string
 	// NoSandbox turns QEMU's seccomp sandbox off.
 	NoSandbox bool
@@ -258,7 +262,7 @@ func DefaultAgent() Agent {
 	return Agent{
 		StateDir:  agent.DefaultStateDir,
 		Backend:   BackendQEMU,
-		QEMU:      QEMU{Accel: qemu.AccelAuto, SystemdScope: true, RunAs: qemu.DefaultQEMUUser},
+		QEMU:      QEMU{Accel: qemu.AccelAuto, SystemdScope: true},
 		VMTimeout: DefaultVMTimeout,
 		LogLevel:  logrus.InfoLevel,
 		Version:   "dev",
@@ -326,9 +330,6 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 	}
 	if f.QEMU.User != nil {
 		c.QEMU.RunAs = *f.QEMU.User
-	}
-	if c.QEMU.RunAs == "root" {
-		c.QEMU.RunAs = ""
 	}
 	c.QEMU.NoSandbox = f.QEMU.NoSandbox
 	a := f.Artifacts

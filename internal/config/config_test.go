@@ -132,7 +132,7 @@ func TestAgentFileKeys(t *testing.T) {
 		{"qemu.accel", head + "qemu: {accel: tcg}\n", func(a *Agent) { a.QEMU.Accel = "tcg" }},
 		{"qemu.systemdScope", head + "qemu: {systemdScope: false}\n", func(a *Agent) { a.QEMU.SystemdScope = false }},
 		{"qemu.user", head + "qemu: {user: vmuser}\n", func(a *Agent) { a.QEMU.RunAs = "vmuser" }},
-		{"qemu.user root", head + "qemu: {user: root}\n", func(a *Agent) { a.QEMU.RunAs = "" }},
+		{"qemu.user root", head + "qemu: {user: root}\n", func(a *Agent) { a.QEMU.RunAs = "root" }},
 		{"qemu.noSandbox", head + "qemu: {noSandbox: true}\n", func(a *Agent) { a.QEMU.NoSandbox = true }},
 		{"artifacts", head + "artifacts: {fileRoots: [/srv/images/], allowNetworks: [10.1.2.3/16], maxSizeGB: 2, timeout: 5m, stallTimeout: 10s}\n", func(a *Agent) {
 			a.Artifacts = qemu.ArtifactPolicy{FileRoots: []string{"/srv/images"}, AllowNetworks: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
@@ -169,7 +169,7 @@ func TestAgentDefaults(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "/var/lib/gitfleet", a.StateDir)
 	assert.Equal(t, BackendQEMU, a.Backend)
-	assert.Equal(t, QEMU{Accel: "auto", SystemdScope: true, RunAs: qemu.DefaultQEMUUser}, a.QEMU)
+	assert.Equal(t, QEMU{Accel: "auto", SystemdScope: true}, a.QEMU, "QEMU's user is the backend's choice (qemu.Config.RunAs)")
 	assert.Equal(t, 30*time.Minute, a.VMTimeout, "a VM's pass is bounded by default")
 	assert.Empty(t, a.Artifacts.FileRoots, "no file:// root by default")
 	assert.Empty(t, a.Artifacts.AllowNetworks, "no denied network allowed by default")

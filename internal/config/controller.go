@@ -48,7 +48,9 @@ func (r Repo) Auth() gitsource.Auth {
 type Controller struct {
 	Repo Repo
 	// Branch holds the desired state, Path the objects' directory in it,
-	// CacheDir the local clone ("" in memory).
+	// CacheDir the local clone kept between runs ("": fleet.Config's
+	// default; gitfleet controller then clones into a private temporary
+	// directory).
 	Branch, Path, CacheDir string
 	// Interval is the poll interval (jittered).
 	Interval time.Duration
@@ -81,7 +83,7 @@ func (c *Controller) Bind(f *Flags) {
 	c.Repo.Bind(f)
 	f.String(&c.Branch, "branch", "GITFLEET_BRANCH", "branch holding the desired state")
 	f.String(&c.Path, "path", "GITFLEET_PATH", "directory of the objects in the repository; default the root")
-	f.Path(&c.CacheDir, "cache-dir", "GITFLEET_CACHE_DIR", "directory for the local clone; default in memory")
+	f.Path(&c.CacheDir, "cache-dir", "GITFLEET_CACHE_DIR", "directory for the local clone, kept between runs; default a private temporary directory removed at exit")
 	f.Duration(&c.Interval, "interval", "GITFLEET_INTERVAL", "poll interval, jittered")
 	f.String(&c.Listen, "listen", "GITFLEET_LISTEN", "address for webhooks and /metrics, such as "+fleet.DefaultListen+"; off when empty")
 	f.String(&c.WebhookSecret, "webhook-secret", "GITFLEET_WEBHOOK_SECRET", "webhook secret; better set the variable")

@@ -391,15 +391,14 @@ func controllerConfig(l Layout, url string) config.Controller {
 }
 
 // agentConfig is the agent's configuration in the demo: the defaults, with
-// the QEMU backend as this user (no user to drop to, no systemd scope),
-// file:// artifacts from the layout's images only, the demo's short
-// intervals and grace, and boot and shutdown bounds for a tiny guest
-// under TCG.
+// no systemd scope (the guests are the demo's), file:// artifacts from the
+// layout's images only, the demo's short intervals and grace, and boot and
+// shutdown bounds for a tiny guest under TCG.
 func agentConfig(cfg Config, l Layout, url string) config.Agent {
 	c := config.DefaultAgent()
 	c.RepoURL, c.Host, c.Version = url, HostName, cfg.Version
 	c.StateDir, c.GitCacheDir, c.ImageCacheDir = l.State(), l.AgentCache(), l.ImageCache()
-	c.QEMU.Accel, c.QEMU.RunAs, c.QEMU.SystemdScope = cfg.Accel, "", false
+	c.QEMU.Accel, c.QEMU.SystemdScope = cfg.Accel, false
 	c.QEMU.BootTimeout, c.QEMU.PowerdownTimeout = 60*time.Second, 20*time.Second
 	c.Artifacts = qemu.ArtifactPolicy{FileRoots: []string{l.Images()}}
 	c.TickInterval, c.PollInterval, c.Heartbeat = cfg.TickInterval, cfg.PollInterval, cfg.Heartbeat

@@ -33,7 +33,7 @@ func TestDemoWiringStartsFromTheCommandsDefaults(t *testing.T) {
 	for name, got := range map[string]any{
 		"host": ac.Host == HostName, "version": ac.Version == "v1", "accel": ac.QEMU.Accel == "tcg",
 		"state": ac.StateDir == l.State(), "git cache": ac.GitCacheDir == l.AgentCache(), "image cache": ac.ImageCacheDir == l.ImageCache(),
-		"no user to drop to": ac.QEMU.RunAs == "", "no systemd scope": !ac.QEMU.SystemdScope,
+		"QEMU's user": ac.QEMU.RunAs == def.QEMU.RunAs, "no systemd scope": !ac.QEMU.SystemdScope,
 		"file roots": len(ac.Artifacts.FileRoots) == 1 && ac.Artifacts.FileRoots[0] == l.Images(),
 		"intervals":  ac.TickInterval == time.Second && ac.PollInterval == 2*time.Second && ac.Heartbeat == 3*time.Second,
 		"grace":      ac.TombstoneGrace == time.Minute,
