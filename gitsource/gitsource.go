@@ -235,6 +235,7 @@ func Open(ctx context.Context, opts Options) (*Repo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open git source %s: committer: %w", opts.URL, err)
 	}
+	opts.CacheDir = resolveCacheDir(opts.CacheDir)
 	log := opts.Logger
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
@@ -489,6 +490,27 @@ func sweepLeftovers(dir string, log *logrus.Entry) {
 // moveAsideFile moves a file (not a directory) found at the cache path out
 // of the way, keeping it beside as PATH.damaged-UNIXNANO: the path is the
 // cache's, but what a person put there is not thrown away.
+// resolveCacheDir follows a cache path that is a symlink to a directory
+// (systemd's CacheDirectory= under DynamicUser=yes is one), so the cache
+// is the directory it names and the link is never taken for damage. Any
+// other path, a dangling link included, is returned as it is.
+func resolveCacheDir(dir string) string {
+	if dir == "" {
+		return dir
+	}
+	if fi, err := os.Lstat(dir); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		return dir
+	}
+	target, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return dir
+	}
+	if fi, err := os.Stat(target); err != nil || !fi.IsDir() {
+		return dir
+	}
+	return target
+}
+
 func moveAsideFile(dir string, log *logrus.Entry) error {
 	fi, err := os.Lstat(dir)
 	if err != nil || fi.IsDir() {
