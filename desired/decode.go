@@ -45,9 +45,9 @@ type nodeDecoder struct {
 	// empty holds the key positions of fields written with an empty
 	// (null) value, which decode as if left out.
 	empty map[string]pos
-	// snapshot words document-level errors for a snapshot file rather
-	// than an object file.
-	snapshot bool
+	// format words document-level errors and bounds the size of a file
+	// decoded through Decode; nil for an object file.
+	format *Format
 }
 
 func newNodeDecoder(file string) *nodeDecoder {
@@ -262,6 +262,10 @@ func infoOf(t reflect.Type) *structInfo {
 // decode decodes n into v, reporting errors under field.
 func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, field string) {
 	if !d.plain(n, field) {
+		return
+	}
+	if v.Type() == timeType {
+		d.scalarTime(n, v, field)
 		return
 	}
 	switch v.Kind() {

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"reflect"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -58,20 +57,13 @@ func MarshalSnapshot(s *Snapshot) ([]byte, error) {
 // an ErrorList whose entries have an empty File and format as
 // LINE:COL: message; callers add the path.
 func ParseSnapshot(data []byte) (*Snapshot, error) {
-	d := newNodeDecoder("")
-	d.snapshot = true
-	root := d.document(data)
-	if root == nil {
-		return nil, ErrorList(d.errs)
-	}
-	d.pos[""] = fieldPos{key: nodePos(root), val: nodePos(root)}
 	s := &Snapshot{}
-	d.decode(root, reflect.ValueOf(s).Elem(), "")
-	if d.required("host") {
-		d.name("host", s.Host)
+	doc := Decode("", data, s, Format{Noun: "snapshot", Shape: "a mapping with host, vms and volumes"})
+	if doc.Required("host") {
+		doc.Name("host", s.Host)
 	}
-	d.required("vms")
-	d.required("volumes")
+	doc.Required("vms")
+	doc.Required("volumes")
 	if s.VMs == nil {
 		s.VMs = []SnapshotVM{}
 	}
@@ -80,35 +72,33 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 	}
 	seen := make(map[string]bool, len(s.VMs))
 	for i, vm := range s.VMs {
-		f := indexPath("vms", i)
-		if d.required(f+".name") && !d.bad[f+".name"] {
-			d.name(f+".name", vm.Name)
+		f := fmt.Sprintf("vms[%d]", i)
+		if doc.Required(f + ".name") {
+			doc.Name(f+".name", vm.Name)
 			if seen[vm.Name] {
-				d.add(d.valPos(f+".name"), f+".name", "VM %q is listed twice", vm.Name)
+				doc.Errorf(f+".name", "VM %q is listed twice", vm.Name)
 			}
 			seen[vm.Name] = true
 		}
-		if d.required(f+".specHash") && d.required(f+".spec") && !d.bad[f+".specHash"] {
+		if doc.Required(f+".specHash") && doc.Required(f+".spec") {
 			if want := SpecHash(vm.Spec); vm.SpecHash != want {
-				d.add(d.valPos(f+".specHash"), f+".specHash", "%q does not match the spec, whose hash is %s", truncate(vm.SpecHash, 70), want)
+				doc.Errorf(f+".specHash", "%q does not match the spec, whose hash is %s", truncate(vm.SpecHash, 70), want)
 			}
 		}
 	}
 	seen = make(map[string]bool, len(s.Volumes))
 	for i, v := range s.Volumes {
-		f := indexPath("volumes", i)
-		if d.required(f+".name") && !d.bad[f+".name"] {
-			d.name(f+".name", v.Name)
+		f := fmt.Sprintf("volumes[%d]", i)
+		if doc.Required(f + ".name") {
+			doc.Name(f+".name", v.Name)
 			if seen[v.Name] {
-				d.add(d.valPos(f+".name"), f+".name", "volume %q is listed twice", v.Name)
+				doc.Errorf(f+".name", "volume %q is listed twice", v.Name)
 			}
 			seen[v.Name] = true
 		}
 	}
-	if len(d.errs) > 0 {
-		errs := ErrorList(d.errs)
-		errs.Sort()
-		return nil, errs
+	if err := doc.Err(); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
