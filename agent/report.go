@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -134,7 +135,7 @@ func (e *Engine) vanishedRow(rec *Record) status.Vanished {
 }
 
 // specHashOf is v's SpecHash, "" for a VM the snapshot does not name.
-func specHashOf(v *desired.SnapshotVM) string {
+func specHashOf(v *snapshots.SnapshotVM) string {
 	if v == nil {
 		return ""
 	}

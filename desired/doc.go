@@ -2,10 +2,9 @@
 // apiVersion gitfleet.dev/v1alpha1, their strict YAML decoding and validation
 // with FILE:LINE:COL errors, loading a whole repository tree into a Fleet,
 // and the Plan between two fleets. It owns the format of the object files
-// on the desired branch and of the snapshot files (hosts/<host>.yaml on the
-// snapshots branch: Snapshot, ParseSnapshot, MarshalSnapshot); package
-// snapshots owns that branch's names and ledger, and the controller builds
-// the snapshots.
+// on the desired branch; package snapshots owns the snapshot files the
+// controller builds from them, and Decode lends this package's strict YAML
+// decoder to every other file format gitfleet reads.
 //
 // Every *.yaml / *.yml file outside dot-directories is exactly one object. A
 // file that is not a valid object is an error, never skipped: skipping a file

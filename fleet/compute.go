@@ -47,7 +47,7 @@ type input struct {
 	now     time.Time
 	grace   time.Duration // abandonGrace
 	// attribute finds who removed each ref since ledger.Applied.
-	attribute func(refs []ref) (map[ref]desired.Tombstone, error)
+	attribute func(refs []ref) (map[ref]snapshots.Tombstone, error)
 	// rewritten reports whether ledger.Applied is not an ancestor of head
 	// (a force-push, a reset, an unrelated history): then objects absent
 	// from head are retained, never tombstoned.
@@ -57,7 +57,7 @@ type input struct {
 	readTip func(path string) ([]byte, error)
 	// lastSnapshot returns host's published snapshot at the tip (the last
 	// specs of objects being tombstoned), nil when it has none.
-	lastSnapshot func(host string) (*desired.Snapshot, error)
+	lastSnapshot func(host string) (*snapshots.Snapshot, error)
 	// specHash returns the spec hash of a VM of the fleet.
 	specHash func(vm *desired.VM) string
 }
@@ -315,8 +315,8 @@ func (p *computePass) removed() []ref {
 	var removed []ref
 	for host, rec := range p.l.Hosts {
 		s := p.snaps[host]
-		var vms []desired.SnapshotVM
-		var vols []desired.SnapshotVolume
+		var vms []snapshots.SnapshotVM
+		var vols []snapshots.SnapshotVolume
 		if s != nil {
 			vms, vols = s.snap.VMs, s.snap.Volumes
 		}
@@ -543,7 +543,7 @@ func (p *computePass) publishHost(host string, s *hostSnapshot, key string) erro
 		}
 	}
 	s.snap.Epoch = rec.Epoch
-	s.snap.Source = desired.SnapshotSource{Commit: p.in.head, Branch: p.in.branch}
+	s.snap.Source = snapshots.SnapshotSource{Commit: p.in.head, Branch: p.in.branch}
 	for _, t := range s.tombs {
 		if t.Tombstone.Epoch == 0 {
 			t.Tombstone.Epoch = rec.Epoch
@@ -559,7 +559,7 @@ func (p *computePass) publishHost(host string, s *hostSnapshot, key string) erro
 			tb.Epoch = rec.Epoch
 		}
 	}
-	data, err := desired.MarshalSnapshot(s.snap)
+	data, err := snapshots.MarshalSnapshot(s.snap)
 	if err != nil {
 		return err
 	}
@@ -680,7 +680,7 @@ func addRetained(out map[string]*hostSnapshot, kept []*snapshots.RetainedRecord)
 		}
 		s := out[r.Host]
 		if s == nil {
-			s = &hostSnapshot{snap: &desired.Snapshot{Host: r.Host, VMs: []desired.SnapshotVM{}, Volumes: []desired.SnapshotVolume{}}}
+			s = &hostSnapshot{snap: &snapshots.Snapshot{Host: r.Host, VMs: []snapshots.SnapshotVM{}, Volumes: []snapshots.SnapshotVolume{}}}
 			out[r.Host] = s
 		}
 		if s.has(r.Kind, r.Name) {
@@ -693,9 +693,9 @@ func addRetained(out map[string]*hostSnapshot, kept []*snapshots.RetainedRecord)
 				s.kept = map[string]bool{}
 			}
 			s.kept[r.Name] = true
-			s.snap.VMs = append(s.snap.VMs, desired.SnapshotVM{Name: r.Name, Spec: *r.Spec, SpecHash: desired.SpecHash(*r.Spec)})
+			s.snap.VMs = append(s.snap.VMs, snapshots.SnapshotVM{Name: r.Name, Spec: *r.Spec, SpecHash: desired.SpecHash(*r.Spec)})
 		case desired.KindVolume:
-			s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: r.Name, SizeGB: r.SizeGB})
+			s.snap.Volumes = append(s.snap.Volumes, snapshots.SnapshotVolume{Name: r.Name, SizeGB: r.SizeGB})
 		}
 	}
 	for s := range touched {
@@ -721,7 +721,7 @@ func missing(had []string, n int, name func(int) string) []string {
 
 // fillLast copies a tombstoned object's last spec (VM) or size (Volume)
 // from its host's published snapshot, when it is there.
-func fillLast(t *snapshots.TombstoneRecord, last *desired.Snapshot) {
+func fillLast(t *snapshots.TombstoneRecord, last *snapshots.Snapshot) {
 	if last == nil {
 		return
 	}
@@ -769,7 +769,7 @@ func acked(st *status.Status, t *snapshots.TombstoneRecord) bool {
 // hostSnapshot is a snapshot under construction and the ledger tombstones it
 // carries.
 type hostSnapshot struct {
-	snap  *desired.Snapshot
+	snap  *snapshots.Snapshot
 	tombs []*snapshots.TombstoneRecord
 	// kept names the retained VMs, whose specs come from the ledger.
 	kept map[string]bool
@@ -822,7 +822,7 @@ func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHa
 	get := func(host string) *hostSnapshot {
 		s := out[host]
 		if s == nil {
-			s = &hostSnapshot{snap: &desired.Snapshot{Host: host, VMs: []desired.SnapshotVM{}, Volumes: []desired.SnapshotVolume{}}}
+			s = &hostSnapshot{snap: &snapshots.Snapshot{Host: host, VMs: []snapshots.SnapshotVM{}, Volumes: []snapshots.SnapshotVolume{}}}
 			out[host] = s
 		}
 		return s
@@ -832,7 +832,7 @@ func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHa
 	}
 	for name, vm := range f.VMs {
 		s := get(vm.Spec.Host)
-		e := desired.SnapshotVM{Name: name, SpecHash: specHash(vm)}
+		e := snapshots.SnapshotVM{Name: name, SpecHash: specHash(vm)}
 		if withSpecs {
 			e.Spec = vm.Spec
 		}
@@ -840,7 +840,7 @@ func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHa
 	}
 	for name, v := range f.Volumes {
 		s := get(v.Spec.Host)
-		s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: name, SizeGB: v.Spec.SizeGB})
+		s.snap.Volumes = append(s.snap.Volumes, snapshots.SnapshotVolume{Name: name, SizeGB: v.Spec.SizeGB})
 	}
 	for _, s := range out {
 		sortEntries(s)
@@ -856,7 +856,7 @@ func addTombstones(out map[string]*hostSnapshot, tombs []*snapshots.TombstoneRec
 	for _, t := range tombs {
 		s := out[t.Host]
 		if s == nil {
-			s = &hostSnapshot{snap: &desired.Snapshot{Host: t.Host, VMs: []desired.SnapshotVM{}, Volumes: []desired.SnapshotVolume{}}}
+			s = &hostSnapshot{snap: &snapshots.Snapshot{Host: t.Host, VMs: []snapshots.SnapshotVM{}, Volumes: []snapshots.SnapshotVolume{}}}
 			out[t.Host] = s
 		}
 		touched[s] = true
@@ -864,14 +864,14 @@ func addTombstones(out map[string]*hostSnapshot, tombs []*snapshots.TombstoneRec
 		tb := t.Tombstone
 		switch t.Kind {
 		case desired.KindVM:
-			vm := desired.SnapshotVM{Name: t.Name, Tombstoned: true, Tombstone: &tb}
+			vm := snapshots.SnapshotVM{Name: t.Name, Tombstoned: true, Tombstone: &tb}
 			if t.Spec != nil {
 				vm.Spec = *t.Spec
 			}
 			vm.SpecHash = desired.SpecHash(vm.Spec)
 			s.snap.VMs = append(s.snap.VMs, vm)
 		case desired.KindVolume:
-			s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: t.Name, SizeGB: t.SizeGB, Tombstoned: true, Tombstone: &tb})
+			s.snap.Volumes = append(s.snap.Volumes, snapshots.SnapshotVolume{Name: t.Name, SizeGB: t.SizeGB, Tombstoned: true, Tombstone: &tb})
 		}
 	}
 	for s := range touched {
@@ -880,18 +880,18 @@ func addTombstones(out map[string]*hostSnapshot, tombs []*snapshots.TombstoneRec
 }
 
 func sortEntries(s *hostSnapshot) {
-	slices.SortFunc(s.snap.VMs, func(a, b desired.SnapshotVM) int { return strings.Compare(a.Name, b.Name) })
-	slices.SortFunc(s.snap.Volumes, func(a, b desired.SnapshotVolume) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(s.snap.VMs, func(a, b snapshots.SnapshotVM) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(s.snap.Volumes, func(a, b snapshots.SnapshotVolume) int { return strings.Compare(a.Name, b.Name) })
 }
 
 // contentKey identifies a snapshot's content without its epoch, its source
 // and its tombstones' epochs (fixed once published): two snapshots with the
 // same key need no new epoch. VM specs enter through their spec hashes.
-func contentKey(s *desired.Snapshot) string {
+func contentKey(s *snapshots.Snapshot) string {
 	h := sha256.New()
 	hs, _ := json.Marshal(s.HostSpec)
 	h.Write(hs)
-	tomb := func(w io.Writer, t *desired.Tombstone) {
+	tomb := func(w io.Writer, t *snapshots.Tombstone) {
 		if t == nil {
 			io.WriteString(w, "\x00-")
 			return

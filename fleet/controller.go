@@ -410,7 +410,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if tip != "" && tip == c.verifiedTip {
 			verify = nil
 		}
-		o, err := compute(c.input(head, fl, loadErr, obs, now, l, c.bounded(tip, read, desired.MaxSnapshotBytes), verify))
+		o, err := compute(c.input(head, fl, loadErr, obs, now, l, c.bounded(tip, read, snapshots.MaxSnapshotBytes), verify))
 		if err != nil {
 			return nil, "", err
 		}
@@ -455,7 +455,7 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil,
 		offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
 		now:     now, grace: c.cfg.AbandonGrace,
-		attribute: func(refs []ref) (map[ref]desired.Tombstone, error) {
+		attribute: func(refs []ref) (map[ref]snapshots.Tombstone, error) {
 			return attribute(c.repo, c.cfg.Path, l.Applied.Commit, head, refs)
 		},
 		rewritten: func() (bool, error) {
@@ -463,7 +463,7 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 			return !anc, err
 		},
 		readTip:      verify,
-		lastSnapshot: func(host string) (*desired.Snapshot, error) { return readSnapshot(read, host) },
+		lastSnapshot: func(host string) (*snapshots.Snapshot, error) { return readSnapshot(read, host) },
 		specHash:     func(vm *desired.VM) string { return hashes[vm] },
 	}
 }
@@ -563,7 +563,7 @@ func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*s
 
 // readSnapshot reads host's snapshot at the tip; nil when it has none or it
 // cannot be parsed (then a tombstone carries no last spec).
-func readSnapshot(read func(string) ([]byte, error), host string) (*desired.Snapshot, error) {
+func readSnapshot(read func(string) ([]byte, error), host string) (*snapshots.Snapshot, error) {
 	data, err := read(snapshots.Path(host))
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil
@@ -574,7 +574,7 @@ func readSnapshot(read func(string) ([]byte, error), host string) (*desired.Snap
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", snapshots.Path(host), err)
 	}
-	s, err := desired.ParseSnapshot(data)
+	s, err := snapshots.ParseSnapshot(data)
 	if err != nil {
 		return nil, nil
 	}

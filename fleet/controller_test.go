@@ -89,7 +89,7 @@ func TestDeleteTombstoneAckFinalize(t *testing.T) {
 	if vm == nil || !vm.Tombstoned || vm.Tombstone == nil {
 		t.Fatalf("web-01 = %+v, want tombstoned", vm)
 	}
-	want := desired.Tombstone{Commit: del, Author: "Ann Admin <ann@example.com>", Time: "2026-11-29T12:00:00Z", Epoch: 2}
+	want := snapshots.Tombstone{Commit: del, Author: "Ann Admin <ann@example.com>", Time: "2026-11-29T12:00:00Z", Epoch: 2}
 	if *vm.Tombstone != want {
 		t.Fatalf("tombstone = %+v, want %+v", *vm.Tombstone, want)
 	}
@@ -540,7 +540,7 @@ func TestTwoControllersRacing(t *testing.T) {
 	log := gittest.Git(t, e.dir, "log", "--format=%H", "refs/heads/"+DefaultSnapshotsBranch, "--", snapshots.Path("hv-a"))
 	seen := map[uint64]bool{}
 	for _, h := range strings.Fields(log) {
-		s, err := desired.ParseSnapshot([]byte(gittest.Show(t, e.dir, h, snapshots.Path("hv-a")) + "\n"))
+		s, err := snapshots.ParseSnapshot([]byte(gittest.Show(t, e.dir, h, snapshots.Path("hv-a")) + "\n"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -158,7 +158,7 @@ func TestHandEditedSnapshotRepublished(t *testing.T) {
 	}
 	a := e.snapshot("hv-a")
 	a.VMs = nil
-	data, err := desired.MarshalSnapshot(a)
+	data, err := snapshots.MarshalSnapshot(a)
 	if err != nil {
 		t.Fatal(err)
 	}

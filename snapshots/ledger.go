@@ -118,14 +118,14 @@ type HostRecord struct {
 // acks the destroy, so a host that returns destroys it as a normal delete
 // instead of finding a VM dropped without a tombstone.
 type TombstoneRecord struct {
-	Kind        desired.Kind      `yaml:"kind" json:"kind"`
-	Name        string            `yaml:"name" json:"name"`
-	Host        string            `yaml:"host" json:"host"`
-	Spec        *desired.VMSpec   `yaml:"spec,omitempty" json:"spec,omitempty"`
-	SizeGB      int               `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
-	Tombstone   desired.Tombstone `yaml:"tombstone" json:"tombstone"`
-	PublishedAt time.Time         `yaml:"publishedAt" json:"publishedAt"`
-	SweptAt     *time.Time        `yaml:"sweptAt,omitempty" json:"sweptAt,omitempty"`
+	Kind        desired.Kind    `yaml:"kind" json:"kind"`
+	Name        string          `yaml:"name" json:"name"`
+	Host        string          `yaml:"host" json:"host"`
+	Spec        *desired.VMSpec `yaml:"spec,omitempty" json:"spec,omitempty"`
+	SizeGB      int             `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
+	Tombstone   Tombstone       `yaml:"tombstone" json:"tombstone"`
+	PublishedAt time.Time       `yaml:"publishedAt" json:"publishedAt"`
+	SweptAt     *time.Time      `yaml:"sweptAt,omitempty" json:"sweptAt,omitempty"`
 }
 
 // SweepRecord is a delete the controller finalized without an ack (its

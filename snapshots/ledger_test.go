@@ -14,7 +14,7 @@ func TestLedgerRoundTripAndStrictness(t *testing.T) {
 	l.Hosts["hv-a"] = &HostRecord{Epoch: 3, Hash: "k", VMs: []string{"a", "b"}, Volumes: []string{"v"}}
 	spec := desired.VMSpec{Host: "hv-a", VCPUs: 1}
 	l.Tombstones = []*TombstoneRecord{{Kind: desired.KindVM, Name: "z", Host: "hv-a", Spec: &spec,
-		Tombstone: desired.Tombstone{Commit: "c", Epoch: 3}, PublishedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
+		Tombstone: Tombstone{Commit: "c", Epoch: 3}, PublishedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
 	data, err := l.Marshal()
 	if err != nil {
 		t.Fatal(err)

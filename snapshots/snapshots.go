@@ -2,8 +2,8 @@
 // Branches and files): its name, where its files live, and ledger.yaml.
 //
 // The branch holds, written by the controller only, one snapshot per host
-// at Path(host) (hosts/<host>.yaml; the format is desired.Snapshot, parsed
-// by desired.ParseSnapshot) and the controller's Ledger at LedgerPath.
+// at Path(host) (hosts/<host>.yaml; the format is Snapshot, parsed
+// by ParseSnapshot) and the controller's Ledger at LedgerPath.
 // Every reader of the ledger (the controller, `gitfleet plan`, `gitfleet
 // status`, the demo) reads it with ParseLedger, strictly, through
 // LedgerAt or ReadLedger.

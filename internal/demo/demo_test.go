@@ -523,7 +523,7 @@ func TestLedgerWatchSaysWhatTheControllerDid(t *testing.T) {
 		return map[string]*snapshots.HostRecord{"demo": {Epoch: epoch, VMs: vms}}
 	}
 	tomb := func(name, commit string) *snapshots.TombstoneRecord {
-		return &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: name, Host: "demo", Tombstone: desired.Tombstone{Commit: commit}}
+		return &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: name, Host: "demo", Tombstone: snapshots.Tombstone{Commit: commit}}
 	}
 	lw := &ledgerWatch{}
 	steps := []struct {

@@ -1,29 +1,13 @@
-package desired
+package snapshots
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 
 	"go.yaml.in/yaml/v3"
-)
 
-// SpecHash returns the lowercase hex sha256 of spec's canonical JSON: the
-// encoding/json encoding of VMSpec (fields in declaration order, empty
-// optional fields left out, map keys sorted). Equal specs hash equally; a
-// change to any field changes the hash.
-func SpecHash(spec VMSpec) string {
-	b, err := json.Marshal(spec)
-	if err != nil {
-		// VMSpec holds only strings, ints, slices and maps with string
-		// keys: encoding cannot fail.
-		panic(fmt.Sprintf("desired: encode VMSpec: %v", err))
-	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
+	"github.com/gitfleet/gitfleet/desired"
+)
 
 // MarshalSnapshot encodes s as the YAML of hosts/<host>.yaml: two-space
 // indentation, fields in declaration order, map keys sorted, so equal
@@ -51,14 +35,14 @@ func MarshalSnapshot(s *Snapshot) ([]byte, error) {
 
 // ParseSnapshot decodes a snapshot file strictly, with the rules of object
 // files (one document, no unknown fields or duplicate keys, no coercion, no
-// anchors or aliases, at most MaxFileSize bytes) and checks it: host, vms
+// anchors or aliases, at most desired.MaxFileSize bytes) and checks it: host, vms
 // and volumes are present, names are RFC 1123 labels and unique within
-// their list, and each VM's specHash is SpecHash of its spec. The error is
-// an ErrorList whose entries have an empty File and format as
+// their list, and each VM's specHash is desired.SpecHash of its spec. The error is
+// a desired.ErrorList whose entries have an empty File and format as
 // LINE:COL: message; callers add the path.
 func ParseSnapshot(data []byte) (*Snapshot, error) {
 	s := &Snapshot{}
-	doc := Decode("", data, s, Format{Noun: "snapshot", Shape: "a mapping with host, vms and volumes"})
+	doc := desired.Decode("", data, s, desired.Format{Noun: "snapshot", Shape: "a mapping with host, vms and volumes"})
 	if doc.Required("host") {
 		doc.Name("host", s.Host)
 	}
@@ -81,7 +65,7 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 			seen[vm.Name] = true
 		}
 		if doc.Required(f+".specHash") && doc.Required(f+".spec") {
-			if want := SpecHash(vm.Spec); vm.SpecHash != want {
+			if want := desired.SpecHash(vm.Spec); vm.SpecHash != want {
 				doc.Errorf(f+".specHash", "%q does not match the spec, whose hash is %s", truncate(vm.SpecHash, 70), want)
 			}
 		}
@@ -101,4 +85,12 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// truncate shortens s to n bytes and "..." for a message.
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
 }

@@ -1,4 +1,6 @@
-package desired
+package snapshots
+
+import "github.com/gitfleet/gitfleet/desired"
 
 // MaxSnapshotBytes is the largest snapshot file (hosts/<host>.yaml on the
 // snapshots branch) an agent or the controller reads: 64 MiB. A bigger
@@ -18,7 +20,7 @@ type Snapshot struct {
 	Source SnapshotSource `yaml:"source" json:"source"`
 	// HostSpec is the Host object's spec (capacity, networks), for admission
 	// and network attachment on the agent.
-	HostSpec HostSpec         `yaml:"hostSpec" json:"hostSpec"`
+	HostSpec desired.HostSpec `yaml:"hostSpec" json:"hostSpec"`
 	VMs      []SnapshotVM     `yaml:"vms" json:"vms"`
 	Volumes  []SnapshotVolume `yaml:"volumes" json:"volumes"`
 }
@@ -30,14 +32,14 @@ type SnapshotSource struct {
 }
 
 // SnapshotVM is one VM in a snapshot. SpecHash is the lowercase hex sha256 of
-// the spec's canonical JSON encoding (SpecHash). A tombstoned VM is a pending
+// the spec's canonical JSON encoding (desired.SpecHash). A tombstoned VM is a pending
 // delete; its last spec is kept so an un-delete restores it unchanged.
 type SnapshotVM struct {
-	Name       string     `yaml:"name" json:"name"`
-	SpecHash   string     `yaml:"specHash" json:"specHash"`
-	Spec       VMSpec     `yaml:"spec" json:"spec"`
-	Tombstoned bool       `yaml:"tombstoned" json:"tombstoned"`
-	Tombstone  *Tombstone `yaml:"tombstone,omitempty" json:"tombstone,omitempty"`
+	Name       string         `yaml:"name" json:"name"`
+	SpecHash   string         `yaml:"specHash" json:"specHash"`
+	Spec       desired.VMSpec `yaml:"spec" json:"spec"`
+	Tombstoned bool           `yaml:"tombstoned" json:"tombstoned"`
+	Tombstone  *Tombstone     `yaml:"tombstone,omitempty" json:"tombstone,omitempty"`
 }
 
 // SnapshotVolume is one volume in a snapshot. SizeGB is in GiB.
