@@ -5,11 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/gitfleet/gitfleet/desired"
 )
@@ -158,13 +155,20 @@ func NewLedger() *Ledger {
 	return &Ledger{Version: ledgerVersion, Hosts: map[string]*HostRecord{}}
 }
 
+// ledgerFormat is ledger.yaml in YAML's other styles, for desired.Decode.
+// Its size is not bounded: the controller writes it, and reads it as JSON
+// without a bound.
+var ledgerFormat = desired.Format{Noun: "ledger", Shape: "a mapping with version and hosts", MaxBytes: -1}
+
 // ParseLedger decodes ledger.yaml strictly: an unknown version or field, or
 // a tombstone or retained object without kind, name and host, is an error
 // naming the file. A ledger that cannot be read stops the controller's
 // pass: writing over it could reuse epochs. The controller writes the
 // ledger in JSON, the subset of YAML that encodes ten thousand names in
-// milliseconds; a ledger in YAML's other styles (edited by hand, say) is
-// read too.
+// milliseconds, and reads it with encoding/json (unknown fields refused);
+// a ledger that is not JSON (in YAML's other styles, edited by hand, say)
+// is read with desired.Decode, the strict decoder of object files, whose
+// errors give line, column and field.
 func ParseLedger(data []byte) (*Ledger, error) {
 	l := NewLedger()
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -175,9 +179,7 @@ func ParseLedger(data []byte) (*Ledger, error) {
 			return nil, fmt.Errorf("parse %s: %w", LedgerPath, err)
 		}
 		l = NewLedger()
-		ydec := yaml.NewDecoder(bytes.NewReader(data))
-		ydec.KnownFields(true)
-		if err := ydec.Decode(l); err != nil && !errors.Is(err, io.EOF) {
+		if err := desired.Decode("", data, l, ledgerFormat).Err(); err != nil {
 			return nil, fmt.Errorf("parse %s: %w", LedgerPath, err)
 		}
 	}
