@@ -2,6 +2,7 @@ package desired
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -266,6 +267,10 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, field string) {
 	}
 	if v.Type() == timeType {
 		d.scalarTime(n, v, field)
+		return
+	}
+	if v.CanAddr() && v.Addr().Type().Implements(textUnmarshalerType) {
+		d.scalarText(n, v.Addr().Interface().(encoding.TextUnmarshaler), field)
 		return
 	}
 	switch v.Kind() {

@@ -1,6 +1,7 @@
 package desired
 
 import (
+	"encoding"
 	"fmt"
 	"reflect"
 	"strings"
@@ -69,7 +70,9 @@ type Document struct {
 // f.MaxBytes bytes; no unknown fields (with a "did you mean"), duplicate
 // keys, anchors, aliases, merge keys or explicit tags; no coercion between
 // strings, integers and booleans. A time.Time field takes an RFC 3339 time
-// such as 2006-01-02T15:04:05Z. Every error is collected, so one call
+// such as 2006-01-02T15:04:05Z; a field of a type that implements
+// encoding.TextUnmarshaler (a duration, say) takes a string or number,
+// whose text as written is given to UnmarshalText. Every error is collected, so one call
 // reports all of a file's problems.
 //
 // file names the file in errors, which format as FILE:LINE:COL: FIELD:
@@ -153,4 +156,19 @@ func (d *nodeDecoder) scalarTime(n *yaml.Node, v reflect.Value, field string) {
 		return
 	}
 	v.Set(reflect.ValueOf(t))
+}
+
+var textUnmarshalerType = reflect.TypeOf((*encoding.TextUnmarshaler)(nil)).Elem()
+
+// scalarText gives a scalar's text as written (a string or a number,
+// never a boolean or null) to u's UnmarshalText; its error, if any, is
+// the field's.
+func (d *nodeDecoder) scalarText(n *yaml.Node, u encoding.TextUnmarshaler, field string) {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" && n.Tag != "!!int" && n.Tag != "!!float" {
+		d.add(nodePos(n), field, "must be a string, got %s", describeFor(field, n))
+		return
+	}
+	if err := u.UnmarshalText([]byte(n.Value)); err != nil {
+		d.add(nodePos(n), field, "%s", err)
+	}
 }
