@@ -68,7 +68,8 @@ func parseFile(file string, data []byte) (*object, []*Error) {
 }
 
 // document checks the encoding and returns the root node of the file's one
-// YAML document, or nil after recording why there is none.
+// YAML document, or nil after recording why there is none (or, for a
+// Format that allows it, nil and no error for a file with no document).
 func (d *nodeDecoder) document(data []byte) *yaml.Node {
 	if limit := d.maxBytes(); limit >= 0 && len(data) > limit {
 		if d.format == nil {
@@ -115,6 +116,8 @@ func (d *nodeDecoder) document(data []byte) *yaml.Node {
 		return nil
 	}
 	switch {
+	case root == nil && f != nil && f.AllowEmpty:
+		return nil
 	case root == nil && f != nil:
 		d.add(pos{1, 1}, "", "empty %s; %s is %s", f.noun(), f.a(), f.shape())
 		return nil

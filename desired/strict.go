@@ -24,6 +24,10 @@ type Format struct {
 	// before it is parsed, which bounds the time and memory a forged file
 	// can cost. 0 is MaxFileSize (1 MiB); a negative value is no bound.
 	MaxBytes int
+	// AllowEmpty accepts a file with no document (empty, only comments,
+	// only "---") as an empty mapping: every field left out. Without it
+	// such a file is an error.
+	AllowEmpty bool
 }
 
 func (f *Format) noun() string {
@@ -87,12 +91,15 @@ func Decode(file string, data []byte, v any, f Format) *Document {
 	d.format = &f
 	doc := &Document{d: d}
 	root := d.document(data)
-	if root == nil {
-		return doc
+	switch {
+	case root != nil:
+		d.pos[""] = fieldPos{key: nodePos(root), val: nodePos(root)}
+		d.decode(root, rv.Elem(), "")
+		doc.decoded = true
+	case len(d.errs) == 0: // an empty file, allowed
+		d.pos[""] = fieldPos{key: pos{1, 1}, val: pos{1, 1}}
+		doc.decoded = true
 	}
-	d.pos[""] = fieldPos{key: nodePos(root), val: nodePos(root)}
-	d.decode(root, rv.Elem(), "")
-	doc.decoded = true
 	return doc
 }
 

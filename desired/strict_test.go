@@ -91,6 +91,17 @@ func TestDecodeFormat(t *testing.T) {
 			t.Errorf("Decode(%q) error = %v, want %s", in, err, want)
 		}
 	}
+	// AllowEmpty reads a file without a document as every field left out.
+	for _, in := range []string{"", "# comment\n", "---\n"} {
+		c = config{}
+		doc := Decode("", []byte(in), &c, Format{AllowEmpty: true})
+		if err := doc.Err(); err != nil || !reflect.DeepEqual(c, config{}) {
+			t.Errorf("Decode(%q) with AllowEmpty = %+v, %v", in, c, err)
+		}
+		if doc.Required("host"); doc.Err() == nil || doc.Err().Error() != "1:1: host: missing" {
+			t.Errorf("Required(host) of an empty file: %v", doc.Err())
+		}
+	}
 	// A negative MaxBytes is no bound.
 	big := "host: a\n#" + strings.Repeat("x", MaxFileSize) + "\n"
 	if err := Decode("", []byte(big), &c, Format{MaxBytes: -1}).Err(); err != nil {
