@@ -46,7 +46,7 @@ func attribute(h history, dir, applied, head string, refs []ref) (map[ref]snapsh
 		return nil, fmt.Errorf("read head commit: %w", err)
 	}
 	atHead := func(rewritten bool) snapshots.Tombstone {
-		return snapshots.Tombstone{Commit: headInfo.Hash, Author: headInfo.Author,
+		return snapshots.Tombstone{Commit: desired.Hash(headInfo.Hash), Author: headInfo.Author,
 			Time: headInfo.Time.UTC().Format(time.RFC3339), Rewritten: rewritten}
 	}
 	anc := false
@@ -101,7 +101,7 @@ func attribute(h history, dir, applied, head string, refs []ref) (map[ref]snapsh
 		}
 		for r := range before {
 			if missing[r] && !after[r] {
-				out[r] = snapshots.Tombstone{Commit: c.Hash, Author: c.Author, Time: c.Time.UTC().Format(time.RFC3339)}
+				out[r] = snapshots.Tombstone{Commit: desired.Hash(c.Hash), Author: c.Author, Time: c.Time.UTC().Format(time.RFC3339)}
 				delete(missing, r)
 			}
 		}

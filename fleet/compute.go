@@ -31,7 +31,7 @@ type input struct {
 	path   string
 	// head is the desired-state commit; fleet its validated state, nil when
 	// it was rejected with loadErr.
-	head    string
+	head    desired.Hash
 	fleet   *desired.Fleet
 	loadErr error
 	// ledger is the ledger at the snapshots tip; the computation works on a
@@ -105,9 +105,9 @@ var ErrLedgerMismatch = errors.New("the ledger was computed from another desired
 var ErrEpochBound = errors.New("epoch beyond the bound")
 
 // fileHash identifies the bytes of a published snapshot file.
-func fileHash(data []byte) string {
+func fileHash(data []byte) desired.Hash {
 	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:8])
+	return desired.Hash(hex.EncodeToString(sum[:8]))
 }
 
 // compute runs one pass's decisions over in.ledger (docs/DESIGN.md, Controller
@@ -530,7 +530,7 @@ func (p *computePass) publish() error {
 // publishHost writes host's snapshot s, of content key, under the host's
 // next epoch (ErrEpochBound at MaxEpoch), with the live specs, and stamps
 // that epoch on the tombstones it publishes first.
-func (p *computePass) publishHost(host string, s *hostSnapshot, key string) error {
+func (p *computePass) publishHost(host string, s *hostSnapshot, key desired.Hash) error {
 	rec := p.l.Host(host)
 	if rec.Epoch+1 >= MaxEpoch {
 		return fmt.Errorf("%w: host %s: the next epoch would be %d (bound %d); refusing to publish", ErrEpochBound, host, rec.Epoch+1, MaxEpoch)
@@ -637,7 +637,7 @@ func retainedConflict(f *desired.Fleet, kept []*snapshots.RetainedRecord) error 
 // hand, is not; a ledger without file hashes (an older release) is not
 // either, so its hosts are published once more. A read error other than
 // "not found" is returned.
-func tipHolds(read func(string) ([]byte, error), host, file string) (bool, error) {
+func tipHolds(read func(string) ([]byte, error), host string, file desired.Hash) (bool, error) {
 	if read == nil {
 		return true, nil
 	}
@@ -887,7 +887,7 @@ func sortEntries(s *hostSnapshot) {
 // contentKey identifies a snapshot's content without its epoch, its source
 // and its tombstones' epochs (fixed once published): two snapshots with the
 // same key need no new epoch. VM specs enter through their spec hashes.
-func contentKey(s *snapshots.Snapshot) string {
+func contentKey(s *snapshots.Snapshot) desired.Hash {
 	h := sha256.New()
 	hs, _ := json.Marshal(s.HostSpec)
 	h.Write(hs)
@@ -908,7 +908,7 @@ func contentKey(s *snapshots.Snapshot) string {
 	}
 	// 64 bits tell content apart as well as 256 here, at a quarter of the
 	// ledger's bytes.
-	return hex.EncodeToString(h.Sum(nil)[:8])
+	return desired.Hash(hex.EncodeToString(h.Sum(nil)[:8]))
 }
 
 // ref is an object on a host: the unit tombstones are kept for.

@@ -262,7 +262,7 @@ func (sc *scenario) input(num int, cfg passConfig) input {
 	if cfg.AbandonGrace != 0 {
 		grace = cfg.AbandonGrace
 	}
-	in := input{branch: branch, path: cfg.Path, head: cfg.Head, ledger: l, now: cfg.Now, grace: grace,
+	in := input{branch: branch, path: cfg.Path, head: desired.Hash(cfg.Head), ledger: l, now: cfg.Now, grace: grace,
 		statuses: map[string]*status.Status{}, statusOK: !cfg.StatusUnreadable,
 		specHash: func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) },
 	}
@@ -289,7 +289,7 @@ func (sc *scenario) input(num int, cfg passConfig) input {
 		return ok, d
 	}
 	in.attribute = func(refs []ref) (map[ref]snapshots.Tombstone, error) {
-		by := snapshots.Tombstone{Commit: cfg.Head, Author: "author <author@example.com>", Time: cfg.Now.Format(time.RFC3339)}
+		by := snapshots.Tombstone{Commit: desired.Hash(cfg.Head), Author: "author <author@example.com>", Time: cfg.Now.Format(time.RFC3339)}
 		if cfg.RemovedBy != nil {
 			by = *cfg.RemovedBy
 		}

@@ -450,16 +450,16 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 	l *snapshots.Ledger, read, verify func(string) ([]byte, error)) input {
 	hashes := c.hashes
 	return input{
-		branch: c.cfg.Branch, head: head, fleet: fl, loadErr: loadErr,
+		branch: c.cfg.Branch, head: desired.Hash(head), fleet: fl, loadErr: loadErr,
 		path:   c.cfg.Path,
 		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil,
 		offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
 		now:     now, grace: c.cfg.AbandonGrace,
 		attribute: func(refs []ref) (map[ref]snapshots.Tombstone, error) {
-			return attribute(c.repo, c.cfg.Path, l.Applied.Commit, head, refs)
+			return attribute(c.repo, c.cfg.Path, string(l.Applied.Commit), head, refs)
 		},
 		rewritten: func() (bool, error) {
-			anc, err := c.repo.IsAncestor(l.Applied.Commit, head)
+			anc, err := c.repo.IsAncestor(string(l.Applied.Commit), head)
 			return !anc, err
 		},
 		readTip:      verify,

@@ -57,7 +57,7 @@ type RetainedRecord struct {
 	Host   string          `yaml:"host" json:"host"`
 	Spec   *desired.VMSpec `yaml:"spec,omitempty" json:"spec,omitempty"`
 	SizeGB int             `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
-	Commit string          `yaml:"commit" json:"commit"`
+	Commit desired.Hash    `yaml:"commit" json:"commit"`
 	Since  time.Time       `yaml:"since" json:"since"`
 }
 
@@ -71,9 +71,9 @@ func (r *RetainedRecord) Ref() Ref { return Ref{Kind: r.Kind, Name: r.Name, Host
 // this ledger (ErrLedgerMismatch): its desired state would read as deleting
 // everything the other one applied.
 type AppliedCommit struct {
-	Commit string  `yaml:"commit" json:"commit"`
-	Branch string  `yaml:"branch" json:"branch"`
-	Path   *string `yaml:"path,omitempty" json:"path,omitempty"`
+	Commit desired.Hash `yaml:"commit" json:"commit"`
+	Branch string       `yaml:"branch" json:"branch"`
+	Path   *string      `yaml:"path,omitempty" json:"path,omitempty"`
 }
 
 // Rejection is a refused desired-state commit and why. At is the
@@ -82,10 +82,10 @@ type AppliedCommit struct {
 // when no commit could be read (a failed fetch, a missing branch): Reason
 // says why.
 type Rejection struct {
-	Commit     string    `yaml:"commit,omitempty" json:"commit,omitempty"`
-	Reason     string    `yaml:"reason" json:"reason"`
-	At         time.Time `yaml:"at" json:"at"`
-	Superseded string    `yaml:"superseded,omitempty" json:"superseded,omitempty"`
+	Commit     desired.Hash `yaml:"commit,omitempty" json:"commit,omitempty"`
+	Reason     string       `yaml:"reason" json:"reason"`
+	At         time.Time    `yaml:"at" json:"at"`
+	Superseded desired.Hash `yaml:"superseded,omitempty" json:"superseded,omitempty"`
 }
 
 // HostRecord is one host's line in the ledger. Epoch is the last epoch
@@ -98,11 +98,11 @@ type Rejection struct {
 // hosts/<host>.yaml: a file on the branch tip that differs (edited or
 // removed by hand) is published again with a new epoch.
 type HostRecord struct {
-	Epoch   uint64   `yaml:"epoch" json:"epoch"`
-	Hash    string   `yaml:"hash,omitempty" json:"hash,omitempty"`
-	File    string   `yaml:"file,omitempty" json:"file,omitempty"`
-	VMs     []string `yaml:"vms,flow,omitempty" json:"vms,omitempty"`
-	Volumes []string `yaml:"volumes,flow,omitempty" json:"volumes,omitempty"`
+	Epoch   uint64       `yaml:"epoch" json:"epoch"`
+	Hash    desired.Hash `yaml:"hash,omitempty" json:"hash,omitempty"`
+	File    desired.Hash `yaml:"file,omitempty" json:"file,omitempty"`
+	VMs     []string     `yaml:"vms,flow,omitempty" json:"vms,omitempty"`
+	Volumes []string     `yaml:"volumes,flow,omitempty" json:"volumes,omitempty"`
 }
 
 // TombstoneRecord is one pending delete: the object's last spec (VM) or size
@@ -131,7 +131,7 @@ type SweepRecord struct {
 	Kind   desired.Kind `yaml:"kind" json:"kind"`
 	Name   string       `yaml:"name" json:"name"`
 	Host   string       `yaml:"host" json:"host"`
-	Commit string       `yaml:"commit" json:"commit"`
+	Commit desired.Hash `yaml:"commit" json:"commit"`
 	At     time.Time    `yaml:"at" json:"at"`
 	Reason string       `yaml:"reason" json:"reason"`
 }

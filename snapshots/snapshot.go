@@ -27,8 +27,8 @@ type Snapshot struct {
 
 // SnapshotSource names the desired-state commit a snapshot was computed from.
 type SnapshotSource struct {
-	Commit string `yaml:"commit" json:"commit"`
-	Branch string `yaml:"branch" json:"branch"`
+	Commit desired.Hash `yaml:"commit" json:"commit"`
+	Branch string       `yaml:"branch" json:"branch"`
 }
 
 // SnapshotVM is one VM in a snapshot. SpecHash is the lowercase hex sha256 of
@@ -58,11 +58,11 @@ type SnapshotVolume struct {
 // controller no longer tombstones on a rewritten history (it keeps the
 // objects, see the fleet package), so it publishes Rewritten false.
 type Tombstone struct {
-	Commit    string `yaml:"commit" json:"commit"`
-	Author    string `yaml:"author" json:"author"`
-	Time      string `yaml:"time" json:"time"`
-	Epoch     uint64 `yaml:"epoch" json:"epoch"`
-	Rewritten bool   `yaml:"rewritten,omitempty" json:"rewritten,omitempty"`
+	Commit    desired.Hash `yaml:"commit" json:"commit"`
+	Author    string       `yaml:"author" json:"author"`
+	Time      string       `yaml:"time" json:"time"`
+	Epoch     uint64       `yaml:"epoch" json:"epoch"`
+	Rewritten bool         `yaml:"rewritten,omitempty" json:"rewritten,omitempty"`
 }
 
 // VM returns the snapshot's entry for the VM name, or nil when the snapshot

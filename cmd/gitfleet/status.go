@@ -198,7 +198,7 @@ func readPendingDeletes(ctx context.Context, repo *gitsource.Repo, branch string
 		return out, nil
 	}
 	for _, t := range l.Tombstones {
-		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit,
+		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: string(t.Tombstone.Commit),
 			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt, SweptAt: t.SweptAt})
 	}
 	return out, nil
