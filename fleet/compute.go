@@ -634,8 +634,8 @@ func retainedConflict(f *desired.Fleet, kept []*snapshots.RetainedRecord) error 
 
 // tipHolds reports whether host's file at the snapshots tip is the one the
 // ledger published (file, its fileHash). A missing file, or one edited by
-// hand, is not; a ledger without file hashes (an older release) is not
-// either, so its hosts are published once more. A read error other than
+// hand, is not; nor is any file of a host record without a file hash, so
+// that host is published once more. A read error other than
 // "not found" is returned.
 func tipHolds(read func(string) ([]byte, error), host string, file desired.Hash) (bool, error) {
 	if read == nil {

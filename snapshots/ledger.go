@@ -65,8 +65,8 @@ type RetainedRecord struct {
 func (r *RetainedRecord) Ref() Ref { return Ref{Kind: r.Kind, Name: r.Name, Host: r.Host} }
 
 // AppliedCommit names a desired-state commit, the branch it was read from
-// and the objects' directory in its tree (Path, "" for the root; nil in a
-// ledger written before the path was recorded, read as "any path"). A
+// and the objects' directory in its tree (Path, "" for the root; nil is
+// read as "any path", see docs/DESIGN.md, Refinements). A
 // controller configured with another branch or path refuses to publish over
 // this ledger (ErrLedgerMismatch): its desired state would read as deleting
 // everything the other one applied.
@@ -156,8 +156,8 @@ func NewLedger() *Ledger {
 }
 
 // ledgerFormat is ledger.yaml in YAML's other styles, for desired.Decode.
-// Its size is not bounded: the controller writes it, and reads it as JSON
-// without a bound.
+// ParseLedger adds no size bound of its own, in either form: the readers
+// bound what they read (64 MiB, docs/DESIGN.md).
 var ledgerFormat = desired.Format{Noun: "ledger", Shape: "a mapping with version and hosts", MaxBytes: -1}
 
 // ParseLedger decodes ledger.yaml strictly: an unknown version or field, or

@@ -52,11 +52,11 @@ type SnapshotVolume struct {
 
 // Tombstone says who removed an object and when: the desired-state commit
 // that removed it (found on the first-parent history), its author and author
-// time (RFC 3339), and the epoch that first published it. Rewritten is kept
-// for compatibility with snapshots published by earlier releases, where it
-// flagged a removal attributed to a rewritten history's new head; the
-// controller no longer tombstones on a rewritten history (it keeps the
-// objects, see the fleet package), so it publishes Rewritten false.
+// time (RFC 3339), and the epoch that first published it. Rewritten, when
+// true, flags a removal attributed to a rewritten history's new head: the
+// controller publishes it false (a rewrite retains what it dropped, see
+// package fleet), and readers show a true one as such (docs/DESIGN.md,
+// Refinements).
 type Tombstone struct {
 	Commit    desired.Hash `yaml:"commit" json:"commit"`
 	Author    string       `yaml:"author" json:"author"`

@@ -74,9 +74,9 @@ type HostSummary struct {
 
 // PendingDelete is a tombstone not finalized yet: who removed what, with
 // which commit, and since when. Time is the removing commit's author time;
-// Rewritten flags a removal attributed to a rewritten history's new head (a
-// ledger of an earlier release only: a rewrite now keeps what it dropped,
-// see Summary.Retained).
+// Rewritten flags a removal attributed to a rewritten history's new head
+// (the controller retains what a rewrite dropped instead, see
+// Summary.Retained; docs/DESIGN.md, Refinements).
 type PendingDelete struct {
 	Kind      string
 	Name      string
