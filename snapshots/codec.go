@@ -33,16 +33,21 @@ func MarshalSnapshot(s *Snapshot) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// snapshotFormat is a snapshot file for desired.Decode. A snapshot holds
+// every VM spec of its host, each from an object file of up to 1 MiB, so
+// it is bounded by MaxSnapshotBytes, as its readers are.
+var snapshotFormat = desired.Format{Noun: "snapshot", Shape: "a mapping with host, vms and volumes", MaxBytes: MaxSnapshotBytes}
+
 // ParseSnapshot decodes a snapshot file strictly, with the rules of object
 // files (one document, no unknown fields or duplicate keys, no coercion, no
-// anchors or aliases, at most desired.MaxFileSize bytes) and checks it: host, vms
+// anchors or aliases) and at most MaxSnapshotBytes, and checks it: host, vms
 // and volumes are present, names are RFC 1123 labels and unique within
 // their list, and each VM's specHash is desired.SpecHash of its spec. The error is
 // a desired.ErrorList whose entries have an empty File and format as
 // LINE:COL: message; callers add the path.
 func ParseSnapshot(data []byte) (*Snapshot, error) {
 	s := &Snapshot{}
-	doc := desired.Decode("", data, s, desired.Format{Noun: "snapshot", Shape: "a mapping with host, vms and volumes"})
+	doc := desired.Decode("", data, s, snapshotFormat)
 	if doc.Required("host") {
 		doc.Name("host", s.Host)
 	}

@@ -1,6 +1,7 @@
 package snapshots
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -39,5 +40,37 @@ func TestParseSnapshotErrors(t *testing.T) {
 				t.Errorf("a snapshot with an error")
 			}
 		})
+	}
+}
+
+// TestParseSnapshotBound: a snapshot is bounded by MaxSnapshotBytes, as its
+// readers are, not by the 1 MiB of one object file: a host whose VMs carry
+// large user-data has a snapshot larger than any one of their files.
+func TestParseSnapshotBound(t *testing.T) {
+	s := &Snapshot{Host: "hv-a", Epoch: 1}
+	for _, name := range []string{"web-01", "web-02", "web-03"} {
+		spec := desired.VMSpec{Host: "hv-a", VCPUs: 1, MemoryMB: 512, DiskGB: 5, Power: desired.PowerRunning,
+			CloudInit: &desired.CloudInit{UserData: "#cloud-config\n# " + strings.Repeat("x", 600<<10) + "\n"}}
+		s.VMs = append(s.VMs, SnapshotVM{Name: name, SpecHash: desired.SpecHash(spec), Spec: spec})
+	}
+	data, err := MarshalSnapshot(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) <= desired.MaxFileSize {
+		t.Fatalf("the snapshot is %d bytes, not above one object file's bound", len(data))
+	}
+	back, err := ParseSnapshot(data)
+	if err != nil || len(back.VMs) != 3 || back.VMs[2].Spec.CloudInit.UserData != s.VMs[2].Spec.CloudInit.UserData {
+		t.Fatalf("ParseSnapshot of a %d-byte snapshot: %v", len(data), err)
+	}
+
+	big := append(append([]byte{}, data...), make([]byte, MaxSnapshotBytes-len(data)+1)...)
+	for i := len(data); i < len(big); i++ {
+		big[i] = '#'
+	}
+	want := fmt.Sprintf("1:1: file is %d bytes; a snapshot may be at most %d bytes", MaxSnapshotBytes+1, MaxSnapshotBytes)
+	if _, err := ParseSnapshot(big); err == nil || err.Error() != want {
+		t.Errorf("ParseSnapshot of %d bytes: %v, want %s", len(big), err, want)
 	}
 }
