@@ -1,6 +1,9 @@
 package snapshots
 
-import "github.com/gitfleet/gitfleet/desired"
+import (
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/hostfile"
+)
 
 // MaxSnapshotBytes is the largest snapshot file (hosts/<host>.yaml on the
 // snapshots branch) an agent or the controller reads: 64 MiB. A bigger
@@ -71,12 +74,7 @@ func (s *Snapshot) VM(name string) *SnapshotVM {
 	if s == nil {
 		return nil
 	}
-	for i := range s.VMs {
-		if s.VMs[i].Name == name {
-			return &s.VMs[i]
-		}
-	}
-	return nil
+	return hostfile.Entry(s.VMs, name, func(e *SnapshotVM) string { return e.Name })
 }
 
 // Volume returns the snapshot's entry for the volume name, or nil when the
@@ -85,10 +83,5 @@ func (s *Snapshot) Volume(name string) *SnapshotVolume {
 	if s == nil {
 		return nil
 	}
-	for i := range s.Volumes {
-		if s.Volumes[i].Name == name {
-			return &s.Volumes[i]
-		}
-	}
-	return nil
+	return hostfile.Entry(s.Volumes, name, func(e *SnapshotVolume) string { return e.Name })
 }

@@ -153,12 +153,7 @@ func (s *Status) VM(name string) *VM {
 	if s == nil {
 		return nil
 	}
-	for i := range s.VMs {
-		if s.VMs[i].Name == name {
-			return &s.VMs[i]
-		}
-	}
-	return nil
+	return hostfile.Entry(s.VMs, name, func(e *VM) string { return e.Name })
 }
 
 // Volume returns the status row of the volume name, or nil when the status
@@ -167,10 +162,5 @@ func (s *Status) Volume(name string) *Volume {
 	if s == nil {
 		return nil
 	}
-	for i := range s.Volumes {
-		if s.Volumes[i].Name == name {
-			return &s.Volumes[i]
-		}
-	}
-	return nil
+	return hostfile.Entry(s.Volumes, name, func(e *Volume) string { return e.Name })
 }
