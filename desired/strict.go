@@ -1,6 +1,7 @@
 package desired
 
 import (
+	"bytes"
 	"encoding"
 	"fmt"
 	"reflect"
@@ -178,4 +179,22 @@ func (d *nodeDecoder) scalarText(n *yaml.Node, u encoding.TextUnmarshaler, field
 	if err := u.UnmarshalText([]byte(n.Value)); err != nil {
 		d.add(nodePos(n), field, "%s", err)
 	}
+}
+
+// Encode encodes v as YAML the way gitfleet writes its files: two-space
+// indentation, struct fields in declaration order, map keys sorted, so
+// equal values encode to equal bytes, and every string quoted where YAML
+// would read it as another type. What Encode writes, Decode reads back
+// unchanged.
+func Encode(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }

@@ -1,10 +1,7 @@
 package snapshots
 
 import (
-	"bytes"
 	"fmt"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/gitfleet/gitfleet/desired"
 )
@@ -21,16 +18,11 @@ func MarshalSnapshot(s *Snapshot) ([]byte, error) {
 	if c.Volumes == nil {
 		c.Volumes = []SnapshotVolume{}
 	}
-	var b bytes.Buffer
-	enc := yaml.NewEncoder(&b)
-	enc.SetIndent(2)
-	if err := enc.Encode(&c); err != nil {
+	b, err := desired.Encode(&c)
+	if err != nil {
 		return nil, fmt.Errorf("encode snapshot of host %s: %w", s.Host, err)
 	}
-	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("encode snapshot of host %s: %w", s.Host, err)
-	}
-	return b.Bytes(), nil
+	return b, nil
 }
 
 // snapshotFormat is a snapshot file for desired.Decode. A snapshot holds

@@ -1,13 +1,10 @@
 package status
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"sort"
 	"sync"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/hostfile"
@@ -69,16 +66,11 @@ func Marshal(st *Status) ([]byte, error) {
 	if c.Volumes == nil {
 		c.Volumes = []Volume{}
 	}
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(&c); err != nil {
+	b, err := desired.Encode(&c)
+	if err != nil {
 		return nil, fmt.Errorf("marshal status of %s: %w", st.Host, err)
 	}
-	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("marshal status of %s: %w", st.Host, err)
-	}
-	return buf.Bytes(), nil
+	return b, nil
 }
 
 // HostFromPath returns the host of a status path hosts/<host>.yaml, and
