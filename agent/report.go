@@ -150,7 +150,7 @@ func (e *Engine) vanishedRow(rec *Record) status.Vanished {
 }
 
 // specHashOf is v's SpecHash, "" for a VM the snapshot does not name.
-func specHashOf(v *snapshots.SnapshotVM) string {
+func specHashOf(v *snapshots.SnapshotVM) desired.Hash {
 	if v == nil {
 		return ""
 	}

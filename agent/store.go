@@ -116,7 +116,7 @@ type Record struct {
 	InstanceID string `json:"instanceID"`
 	// Spec and SpecHash are the spec last applied to the VM.
 	Spec     desired.VMSpec `json:"spec"`
-	SpecHash string         `json:"specHash"`
+	SpecHash desired.Hash   `json:"specHash"`
 	// RootImage is the sha256 of the image the root disk was made from.
 	// A later image change leaves the disk as it is.
 	RootImage string `json:"rootImage,omitempty"`
@@ -134,7 +134,7 @@ type Record struct {
 	// be applied yet (an artifact that does not fetch or verify, a
 	// shutdown that fails): the VM keeps running on Spec meanwhile. Empty
 	// when no edit is pending.
-	EditHash string `json:"editHash,omitempty"`
+	EditHash desired.Hash `json:"editHash,omitempty"`
 	// Reserved is what the VM holds of the host's capacity once admitted;
 	// nil before admission and after quarantine.
 	Reserved *Reservation `json:"reserved,omitempty"`

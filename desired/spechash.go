@@ -11,7 +11,7 @@ import (
 // encoding/json encoding of VMSpec (fields in declaration order, empty
 // optional fields left out, map keys sorted). Equal specs hash equally; a
 // change to any field changes the hash.
-func SpecHash(spec VMSpec) string {
+func SpecHash(spec VMSpec) Hash {
 	b, err := json.Marshal(spec)
 	if err != nil {
 		// VMSpec holds only strings, ints, slices and maps with string
@@ -19,5 +19,5 @@ func SpecHash(spec VMSpec) string {
 		panic(fmt.Sprintf("desired: encode VMSpec: %v", err))
 	}
 	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
+	return Hash(hex.EncodeToString(sum[:]))
 }

@@ -59,7 +59,7 @@ type input struct {
 	// specs of objects being tombstoned), nil when it has none.
 	lastSnapshot func(host string) (*snapshots.Snapshot, error)
 	// specHash returns the spec hash of a VM of the fleet.
-	specHash func(vm *desired.VM) string
+	specHash func(vm *desired.VM) desired.Hash
 }
 
 // output is what the computation decided.
@@ -300,7 +300,7 @@ func (p *computePass) tombstoneOrRetain() error {
 	}
 	rewritten, err := p.in.rewritten()
 	if err != nil {
-		return fmt.Errorf("is the applied commit %s an ancestor of %s: %w", desired.Hash(p.l.Applied.Commit).Short(), desired.Hash(p.in.head).Short(), err)
+		return fmt.Errorf("is the applied commit %s an ancestor of %s: %w", p.l.Applied.Commit.Short(), p.in.head.Short(), err)
 	}
 	if rewritten {
 		return p.retain(removed)
@@ -353,7 +353,7 @@ func (p *computePass) retain(removed []ref) error {
 		k.Spec, k.SizeGB = t.Spec, t.SizeGB
 		if k.Kind == desired.KindVM && k.Spec == nil {
 			return fmt.Errorf("%w: VM %s on host %s, dropped by the history rewrite at %s, has no last spec: %s is missing or unreadable on the snapshots branch; restore that file, or restore the VM's file on the desired branch",
-				ErrNoLastSpec, r.Name, r.Host, desired.Hash(p.in.head).Short(), snapshots.Path(r.Host))
+				ErrNoLastSpec, r.Name, r.Host, p.in.head.Short(), snapshots.Path(r.Host))
 		}
 		p.l.Retained = append(p.l.Retained, k)
 		p.out.retained = append(p.out.retained, k)
@@ -626,7 +626,7 @@ func retainedConflict(f *desired.Fleet, kept []*snapshots.RetainedRecord) error 
 				file = " (" + vm.Origin.File + ")"
 			}
 			return fmt.Errorf("%w: VM %s%s attaches volume %s on host %s, which VM %s lists: VM %s was kept after a history rewrite at %s; restore its file or re-add and delete it first",
-				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, desired.Hash(k.Commit).Short())
+				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, k.Commit.Short())
 		}
 	}
 	return nil
@@ -817,7 +817,7 @@ func (s *hostSnapshot) liveNames() (vms, vols []string) {
 // passes, and copies the live specs only withSpecs: a pass over ten
 // thousand VMs must neither re-encode nor copy ten thousand specs to find
 // the one host that changed.
-func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHash func(*desired.VM) string, withSpecs bool) map[string]*hostSnapshot {
+func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHash func(*desired.VM) desired.Hash, withSpecs bool) map[string]*hostSnapshot {
 	out := map[string]*hostSnapshot{}
 	get := func(host string) *hostSnapshot {
 		s := out[host]
@@ -899,7 +899,7 @@ func contentKey(s *snapshots.Snapshot) desired.Hash {
 		fmt.Fprintf(w, "\x00%s\x00%s\x00%s\x00%t", t.Commit, t.Author, t.Time, t.Rewritten)
 	}
 	for _, vm := range s.VMs {
-		io.WriteString(h, "\x01vm\x00"+vm.Name+"\x00"+vm.SpecHash+"\x00"+strconv.FormatBool(vm.Tombstoned))
+		io.WriteString(h, "\x01vm\x00"+vm.Name+"\x00"+string(vm.SpecHash)+"\x00"+strconv.FormatBool(vm.Tombstoned))
 		tomb(h, vm.Tombstone)
 	}
 	for _, v := range s.Volumes {

@@ -264,7 +264,7 @@ func (sc *scenario) input(num int, cfg passConfig) input {
 	}
 	in := input{branch: branch, path: cfg.Path, head: desired.Hash(cfg.Head), ledger: l, now: cfg.Now, grace: grace,
 		statuses: map[string]*status.Status{}, statusOK: !cfg.StatusUnreadable,
-		specHash: func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) },
+		specHash: func(vm *desired.VM) desired.Hash { return desired.SpecHash(vm.Spec) },
 	}
 	if cfg.LoadError != "" {
 		in.loadErr = errors.New(cfg.LoadError)

@@ -39,7 +39,7 @@ func TestBuildSnapshotsRoundTrip(t *testing.T) {
 	files["vms/web-02.yaml"] = vmYAML("web-02", "hv-a", 3)
 	files["hosts/hv-c.yaml"] = hostYAML("hv-c")
 	f := loadFiles(t, files)
-	snaps := buildSnapshots(f, nil, func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }, true)
+	snaps := buildSnapshots(f, nil, func(vm *desired.VM) desired.Hash { return desired.SpecHash(vm.Spec) }, true)
 	if len(snaps) != 3 || snaps["hv-c"] == nil || len(snaps["hv-c"].snap.VMs) != 0 {
 		t.Fatalf("got %d snapshots, want one per host (3), hv-c empty", len(snaps))
 	}
@@ -74,7 +74,7 @@ func TestBuildSnapshotsRoundTrip(t *testing.T) {
 
 func TestContentKeyIgnoresEpochAndSource(t *testing.T) {
 	f := loadFiles(t, baseFleet())
-	hash := func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }
+	hash := func(vm *desired.VM) desired.Hash { return desired.SpecHash(vm.Spec) }
 	a := buildSnapshots(f, nil, hash, false)["hv-a"].snap
 	k := contentKey(a)
 	a.Epoch, a.Source = 9, snapshots.SnapshotSource{Commit: "x", Branch: "y"}

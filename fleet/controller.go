@@ -39,7 +39,7 @@ type Controller struct {
 	loader   *desired.Loader
 	statuses *status.Reader
 	live     *liveness
-	hashes   map[*desired.VM]string // spec hash of every VM of loadedFleet
+	hashes   map[*desired.VM]desired.Hash // spec hash of every VM of loadedFleet
 	// last good load: the commit and its fleet, so an unchanged head is
 	// not loaded again.
 	loadedHead  string
@@ -464,7 +464,7 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 		},
 		readTip:      verify,
 		lastSnapshot: func(host string) (*snapshots.Snapshot, error) { return readSnapshot(read, host) },
-		specHash:     func(vm *desired.VM) string { return hashes[vm] },
+		specHash:     func(vm *desired.VM) desired.Hash { return hashes[vm] },
 	}
 }
 
@@ -518,8 +518,8 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 // specHashes returns the spec hash of every VM of fl, reusing the hashes of
 // objects the Loader kept from the last load. It runs once per loaded
 // commit, not once per pass.
-func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]string {
-	next := make(map[*desired.VM]string, len(fl.VMs))
+func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]desired.Hash {
+	next := make(map[*desired.VM]desired.Hash, len(fl.VMs))
 	for _, vm := range fl.VMs {
 		h, ok := c.hashes[vm]
 		if !ok {

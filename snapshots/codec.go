@@ -63,7 +63,7 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 		}
 		if doc.Required(f+".specHash") && doc.Required(f+".spec") {
 			if want := desired.SpecHash(vm.Spec); vm.SpecHash != want {
-				doc.Errorf(f+".specHash", "%q does not match the spec, whose hash is %s", truncate(vm.SpecHash, 70), want)
+				doc.Errorf(f+".specHash", "%q does not match the spec, whose hash is %s", truncate(string(vm.SpecHash), 70), want)
 			}
 		}
 	}

@@ -12,7 +12,7 @@ import (
 func TestParseSnapshotErrors(t *testing.T) {
 	valid := "host: hv-a\nepoch: 4\nsource: {commit: abc, branch: main}\nhostSpec: {}\nvms:\n  - name: web-01\n    specHash: HASH\n    spec: {host: hv-a, vcpus: 1, memoryMB: 512, diskGB: 5, power: running}\n    tombstoned: false\nvolumes: []\n"
 	spec := desired.VMSpec{Host: "hv-a", VCPUs: 1, MemoryMB: 512, DiskGB: 5, Power: desired.PowerRunning}
-	valid = strings.Replace(valid, "HASH", desired.SpecHash(spec), 1)
+	valid = strings.Replace(valid, "HASH", string(desired.SpecHash(spec)), 1)
 	if s, err := ParseSnapshot([]byte(valid)); err != nil || !reflect.DeepEqual(s.VMs[0].Spec, spec) || s.Epoch != 4 {
 		t.Fatalf("ParseSnapshot(valid) = %+v, %v", s, err)
 	}
@@ -25,7 +25,7 @@ func TestParseSnapshotErrors(t *testing.T) {
 		{"negative epoch", strings.Replace(valid, "epoch: 4", "epoch: -4", 1), "2:8: epoch: must be a non-negative integer below 2^63, got -4"},
 		{"quoted boolean", strings.Replace(valid, "tombstoned: false", `tombstoned: "false"`, 1), "9:17: vms[0].tombstoned: must be true or false, got the string \"false\""},
 		{"spec edited without its hash", strings.Replace(valid, "vcpus: 1", "vcpus: 2", 1),
-			"7:15: vms[0].specHash: \"" + desired.SpecHash(spec) + "\" does not match the spec, whose hash is " + desired.SpecHash(desired.VMSpec{Host: "hv-a", VCPUs: 2, MemoryMB: 512, DiskGB: 5, Power: desired.PowerRunning})},
+			"7:15: vms[0].specHash: \"" + string(desired.SpecHash(spec)) + "\" does not match the spec, whose hash is " + string(desired.SpecHash(desired.VMSpec{Host: "hv-a", VCPUs: 2, MemoryMB: 512, DiskGB: 5, Power: desired.PowerRunning}))},
 		{"duplicate VM", strings.Replace(valid, "volumes: []\n", "", 1) + strings.Join(strings.SplitAfter(valid, "\n")[5:9], "") + "volumes: []\n",
 			"10:11: vms[1].name: VM \"web-01\" is listed twice"},
 		{"bad host name", strings.Replace(valid, "host: hv-a\nepoch", "host: HV_A\nepoch", 1), "1:7: host: \"HV_A\" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit"},

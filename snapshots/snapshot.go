@@ -39,7 +39,7 @@ type SnapshotSource struct {
 // delete; its last spec is kept so an un-delete restores it unchanged.
 type SnapshotVM struct {
 	Name       string         `yaml:"name" json:"name"`
-	SpecHash   string         `yaml:"specHash" json:"specHash"`
+	SpecHash   desired.Hash   `yaml:"specHash" json:"specHash"`
 	Spec       desired.VMSpec `yaml:"spec" json:"spec"`
 	Tombstoned bool           `yaml:"tombstoned" json:"tombstoned"`
 	Tombstone  *Tombstone     `yaml:"tombstone,omitempty" json:"tombstone,omitempty"`

@@ -3,6 +3,7 @@ package status
 import (
 	"time"
 
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/hostfile"
 )
 
@@ -78,14 +79,14 @@ const (
 // non-error notes for a person (for example that a changed image does not
 // touch an existing root disk, or image download progress).
 type VM struct {
-	Name      string `yaml:"name" json:"name"`
-	Phase     string `yaml:"phase" json:"phase"`
-	Power     string `yaml:"power" json:"power"`
-	IP        string `yaml:"ip,omitempty" json:"ip,omitempty"`
-	SSH       string `yaml:"ssh,omitempty" json:"ssh,omitempty"`
-	LastError string `yaml:"lastError" json:"lastError"`
-	Message   string `yaml:"message,omitempty" json:"message,omitempty"`
-	SpecHash  string `yaml:"specHash" json:"specHash"`
+	Name      string       `yaml:"name" json:"name"`
+	Phase     string       `yaml:"phase" json:"phase"`
+	Power     string       `yaml:"power" json:"power"`
+	IP        string       `yaml:"ip,omitempty" json:"ip,omitempty"`
+	SSH       string       `yaml:"ssh,omitempty" json:"ssh,omitempty"`
+	LastError string       `yaml:"lastError" json:"lastError"`
+	Message   string       `yaml:"message,omitempty" json:"message,omitempty"`
+	SpecHash  desired.Hash `yaml:"specHash" json:"specHash"`
 }
 
 // Quarantine is a tombstoned VM that has been shut down and waits for its
