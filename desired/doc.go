@@ -43,7 +43,12 @@
 // # Strict decoding
 //
 // Object files are decoded from the YAML node tree by the yaml struct tags
-// of the types in this package, and nothing is coerced:
+// of the types in this package, and nothing is coerced. Decode applies the
+// same rules to any other file gitfleet reads (a snapshot, a status file,
+// a ledger in YAML, a configuration file) with that file's own types, size
+// bound and words for the document as a whole, and returns a Document for
+// the checks that follow (Required, Name, Errorf); Encode writes what
+// Decode reads back. The rules:
 //
 //   - A field that is not in the schema is an error (with a "did you mean"
 //     when a known field is close); so is a key written twice in a mapping.
