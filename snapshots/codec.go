@@ -51,37 +51,38 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 	if s.Volumes == nil {
 		s.Volumes = []SnapshotVolume{}
 	}
-	seen := make(map[string]bool, len(s.VMs))
+	checkNames(doc, "vms", "VM", s.VMs, func(vm *SnapshotVM) string { return vm.Name })
 	for i, vm := range s.VMs {
 		f := fmt.Sprintf("vms[%d]", i)
-		if doc.Required(f + ".name") {
-			doc.Name(f+".name", vm.Name)
-			if seen[vm.Name] {
-				doc.Errorf(f+".name", "VM %q is listed twice", vm.Name)
-			}
-			seen[vm.Name] = true
-		}
 		if doc.Required(f+".specHash") && doc.Required(f+".spec") {
 			if want := desired.SpecHash(vm.Spec); vm.SpecHash != want {
 				doc.Errorf(f+".specHash", "%q does not match the spec, whose hash is %s", truncate(string(vm.SpecHash), 70), want)
 			}
 		}
 	}
-	seen = make(map[string]bool, len(s.Volumes))
-	for i, v := range s.Volumes {
-		f := fmt.Sprintf("volumes[%d]", i)
-		if doc.Required(f + ".name") {
-			doc.Name(f+".name", v.Name)
-			if seen[v.Name] {
-				doc.Errorf(f+".name", "volume %q is listed twice", v.Name)
-			}
-			seen[v.Name] = true
-		}
-	}
+	checkNames(doc, "volumes", "volume", s.Volumes, func(v *SnapshotVolume) string { return v.Name })
 	if err := doc.Err(); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkNames checks the name of every entry of list, the list at field
+// whose entries are a what ("VM"): written, a name, and listed once.
+func checkNames[T any](doc *desired.Document, field, what string, list []T, nameOf func(*T) string) {
+	seen := make(map[string]bool, len(list))
+	for i := range list {
+		f := fmt.Sprintf("%s[%d].name", field, i)
+		if !doc.Required(f) {
+			continue
+		}
+		name := nameOf(&list[i])
+		doc.Name(f, name)
+		if seen[name] {
+			doc.Errorf(f, "%s %q is listed twice", what, name)
+		}
+		seen[name] = true
+	}
 }
 
 // truncate shortens s to n bytes and "..." for a message.
