@@ -22,7 +22,7 @@ func TestParseSnapshotErrors(t *testing.T) {
 		{"two documents", valid + "---\nhost: hv-b\n", "12:1: a second YAML document; a snapshot is one document"},
 		{"unknown field", strings.Replace(valid, "epoch: 4", "epoc: 4", 1), "2:1: epoc: unknown field \"epoc\"; did you mean \"epoch\"?"},
 		{"vms missing", strings.Replace(valid, "vms:", "vns:", 1), "1:1: vms: missing\n5:1: vns: unknown field \"vns\"; did you mean \"vms\"?"},
-		{"negative epoch", strings.Replace(valid, "epoch: 4", "epoch: -4", 1), "2:8: epoch: must be a non-negative integer below 2^63, got -4"},
+		{"negative epoch", strings.Replace(valid, "epoch: 4", "epoch: -4", 1), "2:8: epoch: must be a non-negative integer below 2^64, got -4"},
 		{"quoted boolean", strings.Replace(valid, "tombstoned: false", `tombstoned: "false"`, 1), "9:17: vms[0].tombstoned: must be true or false, got the string \"false\""},
 		{"spec edited without its hash", strings.Replace(valid, "vcpus: 1", "vcpus: 2", 1),
 			"7:15: vms[0].specHash: \"" + string(desired.SpecHash(spec)) + "\" does not match the spec, whose hash is " + string(desired.SpecHash(desired.VMSpec{Host: "hv-a", VCPUs: 2, MemoryMB: 512, DiskGB: 5, Power: desired.PowerRunning}))},

@@ -2,6 +2,7 @@ package status
 
 import (
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -281,4 +282,18 @@ func (ft fileTree) Walk(fn func(desired.File) error) error {
 		}
 	}
 	return nil
+}
+
+// A status may claim any epoch a uint64 holds: the controller must read the
+// claim to refuse it (fleet's ErrEpochBound), never take the file for
+// unreadable. One past it is an error of the field.
+func TestParseFullEpochRange(t *testing.T) {
+	st, err := Parse("hosts/hv-a.yaml", []byte("host: hv-a\nlastSeenEpoch: 18446744073709551615\n"))
+	if err != nil || st.LastSeenEpoch != math.MaxUint64 {
+		t.Fatalf("Parse = %+v, %v; want lastSeenEpoch 2^64-1", st, err)
+	}
+	_, err = Parse("hosts/hv-a.yaml", []byte("host: hv-a\nlastSeenEpoch: 18446744073709551616\n"))
+	if want := "hosts/hv-a.yaml:2:16: lastSeenEpoch: must be a non-negative integer below 2^64"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Parse(2^64) error = %v, want %s", err, want)
+	}
 }
