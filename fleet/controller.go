@@ -67,6 +67,11 @@ type Controller struct {
 	// failures counts the passes in a row that were unreadable or
 	// refused: Run backs off by it.
 	failures int
+	// failing is the failure recorded on the status branch (nil while
+	// passes succeed); lastSummary the summary of the last pass that
+	// completed in this process (nil before one did). See recordFailure.
+	failing     *status.PassFailure
+	lastSummary *status.Summary
 }
 
 // PassResult says what one pass observed and did.
@@ -125,11 +130,16 @@ const tipsRenewal = time.Hour
 // and status branches.
 func (c *Controller) renewTips() error {
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: c.cfg.URL, Auth: c.cfg.Auth,
-		Depth: 1, Timeout: c.cfg.GitTimeout, Logger: c.cfg.Logger})
+		CacheDir: c.cfg.TipsCacheDir, Depth: 1, Timeout: c.cfg.GitTimeout, Logger: c.cfg.Logger})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", c.cfg.URL, err)
 	}
-	c.tips, c.tipsOpened = repo, c.clock()
+	c.tips = repo
+	if c.cfg.TipsCacheDir == "" {
+		// In memory: opened afresh when due. On disk the cache's own
+		// upkeep keeps it small, and one directory has one Repo.
+		c.tipsOpened = c.clock()
+	}
 	return nil
 }
 
@@ -222,6 +232,7 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	}
 	if outcome == OutcomeUnreadable || outcome == OutcomeRefused {
 		c.failures++
+		c.recordFailure(ctx, outcome, err)
 	} else {
 		if c.failLogged != "" {
 			log.Info("git readable and the pass accepted again")
@@ -308,8 +319,10 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		res.Rejected, fl = out.rejected, nil
 	}
 
-	// Step 4: the summary on the status branch.
+	// Step 4: the summary on the status branch. This pass acted: a
+	// failure recorded there is over.
 	sum := c.summarize(out.ledger, fl, obs.reports, obs.err == nil, now)
+	c.failing, c.lastSummary = nil, &sum
 	written, err := c.writeSummary(ctx, sum, now)
 	if err != nil {
 		return res, fmt.Errorf("write summary: %w", err)

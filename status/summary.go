@@ -26,6 +26,10 @@ type Summary struct {
 	Swept []SweptDelete
 	// Rejected is the last desired-state commit that was refused, if any.
 	Rejected *Rejection
+	// Failing is why the controller's passes are not acting now, when git
+	// failed or the controller refused (not the commit's fault); nil while
+	// passes succeed.
+	Failing *PassFailure
 	// Retained are objects a history rewrite dropped from the desired
 	// state, kept running instead of deleted.
 	Retained []RetainedObject
@@ -128,6 +132,15 @@ func RenderSummary(s Summary) []byte {
 	} else {
 		fmt.Fprintf(&b, "Desired state: `%s`, nothing applied yet.\n\n", branch)
 	}
+	if f := s.Failing; f != nil {
+		b.WriteString("## Controller passes failing\n\n")
+		why := "`unreadable`: git failed, nothing is said about the desired commit"
+		if f.Outcome == FailureRefused {
+			why = "`refused`: the controller will not act on what it read"
+		}
+		fmt.Fprintf(&b, "Since %s every pass is %s; the last good snapshots stay in place, and passes are retried with back-off.\n\n", stamp(f.Since), why)
+		codeBlock(&b, f.Reason)
+	}
 	if s.Rejected != nil {
 		b.WriteString("## Last rejected commit\n\n")
 		commit := "(no commit: the desired branch could not be read)"
@@ -139,9 +152,7 @@ func RenderSummary(s Summary) []byte {
 		} else {
 			fmt.Fprintf(&b, "%s at %s was rejected; the last good snapshots stay in place.\n\n", commit, stamp(s.Rejected.At))
 		}
-		b.WriteString("```\n")
-		b.WriteString(strings.TrimRight(strings.ReplaceAll(redact.Text(s.Rejected.Reason), "```", "'''"), "\n"))
-		b.WriteString("\n```\n\n")
+		codeBlock(&b, s.Rejected.Reason)
 	}
 
 	b.WriteString("## Hosts\n\n")
@@ -296,4 +307,11 @@ func cell(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// codeBlock writes text as a fenced block that no text can close early.
+func codeBlock(b *bytes.Buffer, text string) {
+	b.WriteString("```\n")
+	b.WriteString(strings.TrimRight(strings.ReplaceAll(redact.Text(text), "```", "'''"), "\n"))
+	b.WriteString("\n```\n\n")
 }
