@@ -140,7 +140,7 @@ func New(cfg Config) (*Controller, error) {
 		kick:     make(chan struct{}, 1),
 		loader:   desired.NewLoader(cfg.Path),
 		statuses: status.NewReader(),
-		hashes:   map[*desired.VM]string{},
+		hashes:   map[*desired.VM]desired.Hash{},
 	}
 	c.live = newLiveness(cfg.Clock(), cfg.OfflineAfter)
 	reg := cfg.Registerer

@@ -39,7 +39,7 @@ type Controller struct {
 	loader   *desired.Loader
 	statuses *status.Reader
 	live     *liveness
-	hashes   map[*desired.VM]string // spec hash of every VM of loadedFleet
+	hashes   map[*desired.VM]desired.Hash // spec hash of every VM of loadedFleet
 	// last good load: the commit and its fleet, so an unchanged head is
 	// not loaded again.
 	loadedHead  string
@@ -423,7 +423,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if tip != "" && tip == c.verifiedTip {
 			verify = nil
 		}
-		o, err := compute(c.input(head, fl, loadErr, obs, now, l, c.bounded(tip, read, desired.MaxSnapshotBytes), verify))
+		o, err := compute(c.input(head, fl, loadErr, obs, now, l, c.bounded(tip, read, snapshots.MaxSnapshotBytes), verify))
 		if err != nil {
 			return nil, "", err
 		}
@@ -463,21 +463,21 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 	l *snapshots.Ledger, read, verify func(string) ([]byte, error)) input {
 	hashes := c.hashes
 	return input{
-		branch: c.cfg.Branch, head: head, fleet: fl, loadErr: loadErr,
+		branch: c.cfg.Branch, head: desired.Hash(head), fleet: fl, loadErr: loadErr,
 		path:   c.cfg.Path,
 		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil,
 		offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
 		now:     now, grace: c.cfg.AbandonGrace,
-		attribute: func(refs []ref) (map[ref]desired.Tombstone, error) {
-			return attribute(c.repo, c.cfg.Path, l.Applied.Commit, head, refs)
+		attribute: func(refs []ref) (map[ref]snapshots.Tombstone, error) {
+			return attribute(c.repo, c.cfg.Path, string(l.Applied.Commit), head, refs)
 		},
 		rewritten: func() (bool, error) {
-			anc, err := c.repo.IsAncestor(l.Applied.Commit, head)
+			anc, err := c.repo.IsAncestor(string(l.Applied.Commit), head)
 			return !anc, err
 		},
 		readTip:      verify,
-		lastSnapshot: func(host string) (*desired.Snapshot, error) { return readSnapshot(read, host) },
-		specHash:     func(vm *desired.VM) string { return hashes[vm] },
+		lastSnapshot: func(host string) (*snapshots.Snapshot, error) { return readSnapshot(read, host) },
+		specHash:     func(vm *desired.VM) desired.Hash { return hashes[vm] },
 	}
 }
 
@@ -531,8 +531,8 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 // specHashes returns the spec hash of every VM of fl, reusing the hashes of
 // objects the Loader kept from the last load. It runs once per loaded
 // commit, not once per pass.
-func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]string {
-	next := make(map[*desired.VM]string, len(fl.VMs))
+func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]desired.Hash {
+	next := make(map[*desired.VM]desired.Hash, len(fl.VMs))
 	for _, vm := range fl.VMs {
 		h, ok := c.hashes[vm]
 		if !ok {
@@ -576,7 +576,7 @@ func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*s
 
 // readSnapshot reads host's snapshot at the tip; nil when it has none or it
 // cannot be parsed (then a tombstone carries no last spec).
-func readSnapshot(read func(string) ([]byte, error), host string) (*desired.Snapshot, error) {
+func readSnapshot(read func(string) ([]byte, error), host string) (*snapshots.Snapshot, error) {
 	data, err := read(snapshots.Path(host))
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil
@@ -587,7 +587,7 @@ func readSnapshot(read func(string) ([]byte, error), host string) (*desired.Snap
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", snapshots.Path(host), err)
 	}
-	s, err := desired.ParseSnapshot(data)
+	s, err := snapshots.ParseSnapshot(data)
 	if err != nil {
 		return nil, nil
 	}

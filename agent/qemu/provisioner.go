@@ -34,6 +34,9 @@
 // qemu.log, so it outlives the agent; a restarted agent finds it again by
 // pidfile, /proc/PID/cmdline (which must name the VM and its pidfile, so a
 // reused pid never passes) and QMP query-status.
+//
+// It reads and writes no branch file: the agent hands it each VM's spec from
+// the snapshot, and reports what it observes in the host's status.
 package qemu
 
 import (

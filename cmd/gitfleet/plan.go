@@ -209,7 +209,7 @@ func appliedCommit(l *snapshots.Ledger) string {
 	if l.Applied == nil {
 		return ""
 	}
-	return l.Applied.Commit
+	return string(l.Applied.Commit)
 }
 
 // pendingDeletes lists the tombstones the controller published (the

@@ -12,6 +12,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/internal/peakrss"
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 // BenchmarkPassPeakRSS prints the peak resident memory of one controller
@@ -32,9 +33,9 @@ func BenchmarkPassPeakRSS(b *testing.B) {
 		b.Fatal(err)
 	}
 	spec := agenttest.Spec("hv-a")
-	snap, err := desired.MarshalSnapshot(&desired.Snapshot{Host: "hv-a", Epoch: 1,
-		VMs:     []desired.SnapshotVM{{Name: "web-01", SpecHash: desired.SpecHash(spec), Spec: spec}},
-		Volumes: []desired.SnapshotVolume{}})
+	snap, err := snapshots.MarshalSnapshot(&snapshots.Snapshot{Host: "hv-a", Epoch: 1,
+		VMs:     []snapshots.SnapshotVM{{Name: "web-01", SpecHash: desired.SpecHash(spec), Spec: spec}},
+		Volumes: []snapshots.SnapshotVolume{}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -231,7 +231,7 @@ func readLedger(ctx context.Context, repo *gitsource.Repo, branch string) ([]pen
 		return out, nil, nil
 	}
 	for _, t := range l.Tombstones {
-		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit,
+		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: string(t.Tombstone.Commit),
 			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt, SweptAt: t.SweptAt})
 	}
 	return out, l.Rejected, nil

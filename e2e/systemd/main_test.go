@@ -27,7 +27,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
 	"github.com/gitfleet/gitfleet/snapshots"
@@ -128,12 +127,12 @@ func (f *fleet) status() *status.Status {
 }
 
 // snapshot is the host's published snapshot, nil before there is one.
-func (f *fleet) snapshot() *desired.Snapshot {
+func (f *fleet) snapshot() *snapshots.Snapshot {
 	b, ok := f.show(agent.SnapshotsBranch, snapshots.Path(host))
 	if !ok {
 		return nil
 	}
-	s, err := desired.ParseSnapshot(b)
+	s, err := snapshots.ParseSnapshot(b)
 	require.NoError(f.t, err)
 	return s
 }
