@@ -30,6 +30,11 @@ type Metrics struct {
 	engine atomic.Pointer[Engine]
 }
 
+// DefaultListen is the address the documentation suggests for the
+// agent's listener (/metrics, /healthz): loopback. The listener is off
+// unless one is given.
+const DefaultListen = "127.0.0.1:9781"
+
 // Create outcomes, the result label of gitfleet_agent_create_attempts_total.
 const (
 	CreateOK     = "ok"
