@@ -18,6 +18,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/httpserve"
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
@@ -168,7 +169,7 @@ path outside the repository).`,
 				if err != nil {
 					return &exitError{code: 2, err: fmt.Errorf("--listen %s: %w", listen, err)}
 				}
-				srv := fleet.NewServer(ln, mux, fleet.ServerOptions{})
+				srv := httpserve.NewServer(ln, mux, httpserve.Options{})
 				go func() {
 					if err := srv.Serve(); err != nil {
 						log.WithError(err).Error("http server")
