@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -77,6 +78,10 @@ type Config struct {
 	Ready      func()
 	Alive      func()
 	AliveEvery time.Duration
+	// Metrics, when set, times fetches and status pushes and records each
+	// finished tick (Metrics.LastTick, for a health check); give it to the
+	// Engine too.
+	Metrics *Metrics
 }
 
 // Agent runs one host: it fetches the host's snapshot, ticks the engine and
@@ -92,6 +97,9 @@ type Agent struct {
 	current     *snapshots.Snapshot // the last snapshot fetched (maybe fenced); nil: the engine's last accepted
 	fetchFailed bool
 	snapErr     string
+
+	// started is when Run began (Healthz).
+	started atomic.Pointer[time.Time]
 
 	// statusMu serializes status writes.
 	statusMu  sync.Mutex
@@ -186,6 +194,8 @@ func (a *Agent) Once(ctx context.Context) error {
 // nil; the whole stop takes at most about StopTimeout. It never stops or
 // destroys a VM on its way out.
 func (a *Agent) Run(ctx context.Context) error {
+	now := a.cfg.Now()
+	a.started.Store(&now)
 	if a.cfg.Ready != nil {
 		a.cfg.Ready()
 	}
@@ -341,7 +351,9 @@ func (a *Agent) lastFetchFailed() bool {
 // refused, reported in the status, and the engine stays on its last
 // accepted one. The error returned is git's.
 func (a *Agent) fetch(ctx context.Context) error {
+	start := time.Now()
 	snap, tip, err := a.source.Fetch(ctx)
+	a.cfg.Metrics.gitOp(GitFetch, time.Since(start), gitFailure(err))
 	a.snapMu.Lock()
 	defer a.snapMu.Unlock()
 	switch {
@@ -375,9 +387,20 @@ func (a *Agent) fetch(ctx context.Context) error {
 	}
 }
 
+// gitFailure is err when git failed; a snapshot that fetched but does not
+// parse is no git failure.
+func gitFailure(err error) error {
+	if errors.Is(err, ErrSnapshotInvalid) {
+		return nil
+	}
+	return err
+}
+
 // tick ticks the engine on the last snapshot fetched.
 func (a *Agent) tick(ctx context.Context) error {
-	return a.cfg.Engine.Tick(ctx, a.snapshot())
+	err := a.cfg.Engine.Tick(ctx, a.snapshot())
+	a.cfg.Metrics.ticked(a.cfg.Now())
+	return err
 }
 
 // report is the status as it would be written now, heartbeat and
@@ -417,6 +440,7 @@ func (a *Agent) writeStatus(ctx context.Context) error {
 	}
 	st.ObservedAt = now.UTC().Truncate(time.Second)
 	path := status.Path(a.cfg.Host)
+	start := time.Now()
 	_, err = a.cfg.Repo.Update(ctx, a.cfg.StatusBranch, func(_ string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		st.Heartbeat = hb
 		if old, rerr := read(path); rerr == nil {
@@ -430,6 +454,7 @@ func (a *Agent) writeStatus(ctx context.Context) error {
 		}
 		return map[string][]byte{path: data}, fmt.Sprintf("status: %s heartbeat %d", a.cfg.Host, st.Heartbeat), nil
 	})
+	a.cfg.Metrics.gitOp(GitPush, time.Since(start), err)
 	if err != nil {
 		return fmt.Errorf("write status %s to %s: %w", path, a.cfg.StatusBranch, err)
 	}

@@ -98,7 +98,10 @@ type EngineConfig struct {
 	// turns collection off). Collection runs from Tick at most every
 	// ImageCollectInterval.
 	ImageGrace time.Duration
-	Log        logrus.FieldLogger
+	// Metrics, when set, counts passes, creates and image collections, and
+	// exports this engine's report as gauges (NewMetrics).
+	Metrics *Metrics
+	Log     logrus.FieldLogger
 }
 
 // Engine is the level-triggered reconcile loop of one host. Tick accepts a
@@ -242,6 +245,7 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	}
 	e.wg.Add(1)
 	go e.watchReadiness()
+	cfg.Metrics.watch(e)
 	return e, nil
 }
 
@@ -431,6 +435,7 @@ func (e *Engine) collectImages(ctx context.Context, snap *snapshots.Snapshot) {
 	}
 	e.lastCollect = now
 	res, err := ic.CollectImages(ctx, vms, e.cfg.ImageGrace)
+	e.cfg.Metrics.images(res)
 	if err != nil {
 		e.log.WithError(err).Warn("image cache collection")
 	}
@@ -719,7 +724,9 @@ func (e *Engine) run(name string, w *worker) {
 			return
 		case <-w.kick:
 		}
+		start := time.Now()
 		gone := e.pass(name)
+		e.cfg.Metrics.pass(time.Since(start))
 		e.mu.Lock()
 		e.doneLocked()
 		if gone && len(w.kick) == 0 {

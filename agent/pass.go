@@ -358,6 +358,7 @@ func (p *vmPass) create() {
 			rec.Phase, rec.Power = status.PhaseStopped, string(desired.PowerStopped)
 		}
 		rec.Message = p.diskMessage()
+		p.e.cfg.Metrics.create(true)
 		p.log.Info("vm created")
 		_ = p.e.commit(rec)
 		return
@@ -383,11 +384,13 @@ func (p *vmPass) create() {
 		// every tick, no attempt spent; fixing the link resumes the create.
 		rec.Phase = status.PhaseFailed
 	case IsPermanent(err):
+		p.e.cfg.Metrics.create(false)
 		rec.Attempts++
 		rec.Failed = true
 		rec.Phase = status.PhaseFailed
 		p.log.WithField("step", failed).WithError(err).Error("create failed permanently")
 	default:
+		p.e.cfg.Metrics.create(false)
 		rec.Attempts++
 		rec.Phase = status.PhaseCreating
 		if rec.Attempts >= p.e.cfg.MaxAttempts {
@@ -583,6 +586,7 @@ func (p *vmPass) editFailed(step string, err error) {
 		msg = "watchdog: " + msg
 	case p.e.ctx.Err() != nil, errors.Is(err, ErrCapacity):
 	case IsPermanent(err):
+		p.e.cfg.Metrics.create(false)
 		rec.Attempts++
 		rec.Failed = true
 		log.Error("edit failed permanently; the vm keeps its previous spec")

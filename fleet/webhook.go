@@ -11,6 +11,11 @@ import (
 	"strings"
 )
 
+// DefaultListen is the address the documentation suggests for the
+// controller's listener (webhooks, /metrics): loopback, behind a reverse
+// proxy for webhooks. The listener is off unless one is given.
+const DefaultListen = "127.0.0.1:9780"
+
 // maxHookBody bounds a webhook request body (bytes): GitHub sends push
 // payloads of up to 25 MB. The body is hashed as it streams in, never held
 // in memory.

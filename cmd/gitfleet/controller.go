@@ -18,6 +18,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/internal/config"
+	"github.com/gitfleet/gitfleet/internal/httpserve"
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
@@ -135,7 +136,7 @@ func runController(ctx context.Context, ctl *fleet.Controller, c *config.Control
 }
 
 // serveHTTP serves the webhooks and /metrics on c.Listen.
-func serveHTTP(ctl *fleet.Controller, c *config.Controller, log *logrus.Logger) (*fleet.Server, error) {
+func serveHTTP(ctl *fleet.Controller, c *config.Controller, log *logrus.Logger) (*httpserve.Server, error) {
 	if c.WebhookSecret == "" {
 		log.Warn("no webhook secret: /hooks/* refuse every request")
 	}
@@ -146,7 +147,7 @@ func serveHTTP(ctl *fleet.Controller, c *config.Controller, log *logrus.Logger) 
 	if err != nil {
 		return nil, &exitError{code: 2, err: fmt.Errorf("--listen %s: %w", c.Listen, err)}
 	}
-	srv := fleet.NewServer(ln, mux, fleet.ServerOptions{})
+	srv := httpserve.NewServer(ln, mux, httpserve.Options{})
 	go func() {
 		if err := srv.Serve(); err != nil {
 			log.WithError(err).Error("http server")

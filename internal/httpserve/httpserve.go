@@ -1,4 +1,8 @@
-package fleet
+// Package httpserve is the HTTP server of gitfleet's listeners (the
+// controller's webhooks and /metrics, the agent's /metrics and /healthz):
+// an http.Server with every timeout set and a cap on connections, so slow
+// or idle clients cannot hold the process's file descriptors.
+package httpserve
 
 import (
 	"context"
@@ -10,18 +14,17 @@ import (
 	"time"
 )
 
-// Defaults of ServerOptions.
+// Defaults of Options.
 const (
-	DefaultListen       = "127.0.0.1:9780"
 	DefaultMaxConns     = 256
 	DefaultReadTimeout  = 30 * time.Second
 	DefaultWriteTimeout = 30 * time.Second
 	DefaultIdleTimeout  = 60 * time.Second
 )
 
-// ServerOptions bound the controller's HTTP listener (webhooks, /metrics).
+// Options bound a listener.
 // Zero values take the defaults.
-type ServerOptions struct {
+type Options struct {
 	// ReadTimeout bounds reading one request, headers and body, from the
 	// moment the connection is accepted or the previous request ended
 	// (default DefaultReadTimeout). A connection that sends nothing is
@@ -39,7 +42,7 @@ type ServerOptions struct {
 	MaxConns int
 }
 
-func (o ServerOptions) withDefaults() ServerOptions {
+func (o Options) withDefaults() Options {
 	if o.ReadTimeout <= 0 {
 		o.ReadTimeout = DefaultReadTimeout
 	}
@@ -64,7 +67,7 @@ type Server struct {
 
 // NewServer serves h on ln under opts. Serve it with Serve; stop it with
 // Shutdown.
-func NewServer(ln net.Listener, h http.Handler, opts ServerOptions) *Server {
+func NewServer(ln net.Listener, h http.Handler, opts Options) *Server {
 	opts = opts.withDefaults()
 	return &Server{
 		srv: &http.Server{

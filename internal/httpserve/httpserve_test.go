@@ -1,4 +1,4 @@
-package fleet
+package httpserve
 
 import (
 	"context"
@@ -19,7 +19,7 @@ func TestServerClosesIdleConnections(t *testing.T) {
 	}
 	const maxConns = 100
 	srv := NewServer(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }),
-		ServerOptions{ReadTimeout: time.Second, WriteTimeout: time.Second, IdleTimeout: time.Second, MaxConns: maxConns})
+		Options{ReadTimeout: time.Second, WriteTimeout: time.Second, IdleTimeout: time.Second, MaxConns: maxConns})
 	go srv.Serve()
 	defer srv.Shutdown(context.Background())
 
