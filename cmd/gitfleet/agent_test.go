@@ -116,7 +116,7 @@ func TestAgentConfigErrorsNameFileLineAndField(t *testing.T) {
 		{"unknown field two levels down", "repo:\n  url: /x\n  auth: {tokenFiel: /t}\n",
 			[]string{"agent.yaml:3:10: unknown field \"tokenFiel\" in repo.auth"}},
 		{"bad duration", "repo: {url: /x}\nhost: hv-a\nintervals: {tick: soon}\n",
-			[]string{"agent.yaml", "line 3, column 19: \"soon\" is not a duration"}},
+			[]string{"agent.yaml:3:19: intervals.tick: \"soon\" is not a duration"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -179,34 +179,6 @@ func TestAgentExitsZeroOnSIGTERM(t *testing.T) {
 	}
 	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
 	assert.Equal(t, 0, <-done)
-}
-
-func TestAgentConfigArtifactsAndVMTimeout(t *testing.T) {
-	c, err := loadAgentConfig(writeAgentConfig(t, "host: hv-a\n"))
-	require.NoError(t, err)
-	assert.Equal(t, 30*time.Minute, c.vmTimeout(), "a VM's pass is bounded by default")
-	p, err := artifactPolicy(c)
-	require.NoError(t, err)
-	assert.Empty(t, p.FileRoots, "no file:// root by default")
-	assert.Empty(t, p.AllowNetworks, "no denied network allowed by default")
-
-	c, err = loadAgentConfig(writeAgentConfig(t, "vmTimeout: 0s\nartifacts: {fileRoots: [/srv/images/], allowNetworks: [10.1.2.3/16], maxSizeGB: 2, timeout: 5m, stallTimeout: 10s}\n"))
-	require.NoError(t, err)
-	assert.Equal(t, time.Duration(0), c.vmTimeout(), "an explicit 0 turns the watchdog off")
-	p, err = artifactPolicy(c)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"/srv/images"}, p.FileRoots)
-	assert.Equal(t, "10.1.0.0/16", p.AllowNetworks[0].String())
-	assert.Equal(t, int64(2)<<30, p.MaxSize)
-	assert.Equal(t, 5*time.Minute, p.Timeout)
-	assert.Equal(t, 10*time.Second, p.StallTimeout)
-
-	for _, bad := range []string{"artifacts: {fileRoots: [images]}\n", "artifacts: {allowNetworks: [localhost]}\n", "artifacts: {maxSizeGB: -1}\n"} {
-		c, err := loadAgentConfig(writeAgentConfig(t, bad))
-		require.NoError(t, err)
-		_, err = artifactPolicy(c)
-		assert.Error(t, err, bad)
-	}
 }
 
 // TestAgentGitTimeoutFromConfig: gitTimeout bounds each git operation of

@@ -378,3 +378,31 @@ func TestControllerOnceAgainstAStalledRemote(t *testing.T) {
 		t.Errorf("branches written: %s", got)
 	}
 }
+
+// A malformed variable is a usage error naming it and the flag it stands
+// in for; it was silently ignored before. The flag, when given, wins and
+// the variable is not read.
+func TestControllerRefusesMalformedEnvironment(t *testing.T) {
+	dir := cliFleet(t)
+	t.Setenv("GITFLEET_GIT_TIMEOUT", "5x")
+	code, _, stderr := runCLIStderr(t, "controller", "--repo", dir, "--path", "fleet", "--once")
+	if code != 2 || !strings.Contains(stderr, `GITFLEET_GIT_TIMEOUT="5x": invalid duration`) || !strings.Contains(stderr, "--git-timeout") {
+		t.Fatalf("exit %d, stderr %q; want 2 naming the variable and the flag", code, stderr)
+	}
+	if got := gittest.Git(t, dir, "for-each-ref", "--format=%(refname)"); strings.TrimSpace(got) != "refs/heads/main" {
+		t.Fatalf("a refused controller wrote branches: %s", got)
+	}
+	if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--git-timeout", "30s", "--once"); code != 0 {
+		t.Fatalf("with --git-timeout: exit %d: %s", code, out)
+	}
+
+	// A malformed URL is named, without the token it holds.
+	t.Setenv("GITFLEET_REPO", "https://oauth2:glpat-SeCrEt-42@git.example.com/fleet%zz")
+	code, _, stderr = runCLIStderr(t, "status")
+	if code != 2 || !strings.Contains(stderr, `GITFLEET_REPO="https://git.example.com/`) || !strings.Contains(stderr, "invalid URL") {
+		t.Fatalf("exit %d, stderr %q; want 2 naming the variable", code, stderr)
+	}
+	if strings.Contains(stderr, "SeCrEt") {
+		t.Errorf("the error shows the token: %s", stderr)
+	}
+}

@@ -3,19 +3,21 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/internal/demo"
 )
 
-func init() {
-	var dir, cache, accel string
+func newDemoCmd() *cobra.Command {
 	var keep bool
+	cfg := demo.Config{Accel: qemu.AccelAuto}
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Boot a small fleet of tiny VMs on this machine from a local git repository",
@@ -36,34 +38,37 @@ first progress line names the cache used.
 
 Everything lives in --dir; running the demo again resumes it. Ctrl-C stops it
 and shuts the VMs down (disks stay) unless --keep is given.`,
-		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) > 0 {
-				return &exitError{code: 2, err: fmt.Errorf("demo takes no arguments, got %q", args)}
-			}
+		Args: noArgs("demo"),
+	}
+	flags := demoFlags(cmd.Flags(), &cfg)
+	cmd.Flags().BoolVar(&keep, "keep", false, "leave the VMs running when the demo stops")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := flags.FromEnv(config.OS); err != nil {
+			return usageOr(err)
+		}
+		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		self, err := os.Executable()
+		if err != nil {
+			self = "gitfleet"
+		}
+		cfg.Keep, cfg.Out, cfg.Command, cfg.Version = keep, cmd.OutOrStdout(), self, version
+		err = demo.Run(ctx, cfg)
+		if errors.Is(err, context.Canceled) {
 			return nil
-		},
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			self, err := os.Executable()
-			if err != nil {
-				self = "gitfleet"
-			}
-			err = demo.Run(ctx, demo.Config{
-				Dir: dir, CacheDir: cache, Keep: keep, Accel: accel,
-				Out: cmd.OutOrStdout(), Command: self, Version: version,
-			})
-			if errors.Is(err, context.Canceled) {
-				return nil
-			}
-			return err
-		},
+		}
+		return err
 	}
 	cmd.SetContext(context.Background())
-	f := cmd.Flags()
-	f.StringVar(&dir, "dir", envOr("GITFLEET_DEMO_DIR", ""), "directory for the demo's repository, disks and logs (default $XDG_STATE_HOME/gitfleet/demo or ~/.local/state/gitfleet/demo) [GITFLEET_DEMO_DIR]")
-	f.StringVar(&cache, "cache", envOr("GITFLEET_DEMO_CACHE", ""), "where the tiny guest is built and cached (default $XDG_CACHE_HOME/gitfleet/tinyguest, or the test suite's $XDG_CACHE_HOME/gitfleet-test/tinyguest when only that holds a downloaded kernel; see above) [GITFLEET_DEMO_CACHE]")
-	f.StringVar(&accel, "accel", envOr("GITFLEET_ACCEL", "auto"), "QEMU accelerator: auto, kvm or tcg [GITFLEET_ACCEL]")
-	f.BoolVar(&keep, "keep", false, "leave the VMs running when the demo stops")
-	rootCmd.AddCommand(cmd)
+	return cmd
+}
+
+// demoFlags binds the demo's flags, with their variables, to cfg; cfg's
+// values are their defaults.
+func demoFlags(fs *pflag.FlagSet, cfg *demo.Config) *config.Flags {
+	flags := config.NewFlags(fs)
+	flags.Path(&cfg.Dir, "dir", "GITFLEET_DEMO_DIR", "directory for the demo's repository, disks and logs (default $XDG_STATE_HOME/gitfleet/demo or ~/.local/state/gitfleet/demo)")
+	flags.Path(&cfg.CacheDir, "cache", "GITFLEET_DEMO_CACHE", "where the tiny guest is built and cached (default $XDG_CACHE_HOME/gitfleet/tinyguest, or the test suite's $XDG_CACHE_HOME/gitfleet-test/tinyguest when only that holds a downloaded kernel; see above)")
+	flags.Choice(&cfg.Accel, "accel", "GITFLEET_ACCEL", "QEMU accelerator: auto, kvm or tcg", qemu.AccelAuto, qemu.AccelKVM, qemu.AccelTCG)
+	return flags
 }

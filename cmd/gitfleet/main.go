@@ -1,7 +1,8 @@
 // Command gitfleet runs virtual machines on a fleet of hosts from YAML files
-// in a git repository. Each subcommand lives in its own file and registers
-// itself with rootCmd from an init function; main only runs it and maps
-// errors to exit codes.
+// in a git repository. Each subcommand lives in its own file as a
+// constructor (newAgentCmd, ...) that newRootCmd calls; the configuration
+// they read (flags, environment, the agent's file) is package
+// internal/config's. main only runs the root and maps errors to exit codes.
 package main
 
 import (
@@ -13,18 +14,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
-
-var rootCmd = &cobra.Command{
-	Use:           "gitfleet",
-	Short:         "Run VMs on your own hosts from a git repository",
-	SilenceUsage:  true,
-	SilenceErrors: true,
-}
 
 // exitError carries a specific exit code out of a subcommand: 1 for a
 // rejected input (validation errors), 2 for usage errors.
@@ -36,16 +31,49 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
-func init() {
-	rootCmd.AddCommand(&cobra.Command{
+// usageOr returns err as a usage error (exit 2) when it wraps
+// config.ErrUsage, else as a rejected input (exit 1).
+func usageOr(err error) error {
+	if errors.Is(err, config.ErrUsage) {
+		return &exitError{code: 2, err: err}
+	}
+	return &exitError{code: 1, err: err}
+}
+
+// noArgs refuses arguments as a usage error naming the command.
+func noArgs(name string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return &exitError{code: 2, err: fmt.Errorf("%s takes no arguments, got %q", name, args)}
+		}
+		return nil
+	}
+}
+
+// newRootCmd builds the command tree afresh: no state is shared between two
+// roots.
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "gitfleet",
+		Short:         "Run VMs on your own hosts from a git repository",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newVersionCmd(), newAgentCmd(), newControllerCmd(), newPlanCmd(),
+		newStatusCmd(), newValidateCmd(), newSchemaCmd(), newDemoCmd())
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return &exitError{code: 2, err: err}
+	})
+	return root
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the gitfleet version",
 		Args:  cobra.NoArgs,
 		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version) },
-	})
-	rootCmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return &exitError{code: 2, err: err}
-	})
+	}
 }
 
 func main() {
@@ -56,9 +84,13 @@ func main() {
 }
 
 // run executes the command line args and returns the process exit code.
-func run(args []string) int {
-	rootCmd.SetArgs(args)
-	err := rootCmd.Execute()
+func run(args []string) int { return execute(newRootCmd(), args) }
+
+// execute runs root with args, prints its error, if any, on standard error
+// and returns the exit code.
+func execute(root *cobra.Command, args []string) int {
+	root.SetArgs(args)
+	err := root.Execute()
 	if err == nil {
 		return 0
 	}

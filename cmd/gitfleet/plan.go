@@ -11,15 +11,21 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/snapshots"
 )
 
-func init() {
-	var (
-		repo                   repoFlags
-		base, head, path, form string
-		snapshotsBranch        string
-	)
+// planArgs are plan's settings: the repository, the two revisions, the
+// objects' directory, the output format and the snapshots branch whose
+// ledger says what the fleet runs.
+type planArgs struct {
+	repo                   config.Repo
+	base, head, path, form string
+	snapshotsBranch        string
+}
+
+func newPlanCmd() *cobra.Command {
+	a := planArgs{form: "text", snapshotsBranch: snapshots.Branch}
 	cmd := &cobra.Command{
 		Use:   "plan --repo R --base REV --head REV",
 		Short: "Show what merging head over base would do, host by host",
@@ -44,66 +50,65 @@ actually runs, or, when there is
 none or it does not validate either, against an empty base; a warning at
 the top of the plan says which.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := repo.check(); err != nil {
-				return err
-			}
-			if base == "" || head == "" {
-				return &exitError{code: 2, err: errors.New("--base and --head are required")}
-			}
-			if form != "text" && form != "markdown" && form != "json" {
-				return &exitError{code: 2, err: fmt.Errorf("--format must be text, markdown or json, got %q", form)}
-			}
-			return runPlan(cmd.Context(), cmd.OutOrStdout(), repo, base, head, path, form, snapshotsBranch)
-		},
 	}
-	repo.add(cmd)
-	cmd.Flags().StringVar(&base, "base", "", "revision the change starts from: a branch or commit hash; in a local repository also HEAD~1, origin/main, a tag")
-	cmd.Flags().StringVar(&head, "head", "", "revision of the change: a branch or commit hash; in a local repository also HEAD, main~1, a tag")
-	cmd.Flags().StringVar(&path, "path", envOr("GITFLEET_PATH", ""), "directory of the objects in the repository ($GITFLEET_PATH)")
-	cmd.Flags().StringVar(&form, "format", "text", "output format: text, markdown or json")
-	cmd.Flags().StringVar(&snapshotsBranch, "snapshots-branch", snapshots.Branch, "branch the controller publishes snapshots and its ledger on")
-	rootCmd.AddCommand(cmd)
+	flags := config.NewFlags(cmd.Flags())
+	a.repo.Bind(flags)
+	flags.String(&a.path, "path", "GITFLEET_PATH", "directory of the objects in the repository")
+	cmd.Flags().StringVar(&a.base, "base", "", "revision the change starts from: a branch or commit hash; in a local repository also HEAD~1, origin/main, a tag")
+	cmd.Flags().StringVar(&a.head, "head", "", "revision of the change: a branch or commit hash; in a local repository also HEAD, main~1, a tag")
+	cmd.Flags().StringVar(&a.form, "format", a.form, "output format: text, markdown or json")
+	cmd.Flags().StringVar(&a.snapshotsBranch, "snapshots-branch", a.snapshotsBranch, "branch the controller publishes snapshots and its ledger on")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := flags.FromEnv(config.OS); err != nil {
+			return usageOr(err)
+		}
+		if err := a.repo.Check(); err != nil {
+			return usageOr(err)
+		}
+		if a.base == "" || a.head == "" {
+			return &exitError{code: 2, err: errors.New("--base and --head are required")}
+		}
+		if a.form != "text" && a.form != "markdown" && a.form != "json" {
+			return &exitError{code: 2, err: fmt.Errorf("--format must be text, markdown or json, got %q", a.form)}
+		}
+		return runPlan(cmd.Context(), cmd.OutOrStdout(), a)
+	}
+	return cmd
 }
 
-func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev, path, format, snapshotsBranch string) error {
-	repo, done, err := openScratch(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth()})
+// planSource loads the desired state of a repository at a revision.
+type planSource struct {
+	repo *gitsource.Repo
+	path string
+}
+
+func (s planSource) load(ctx context.Context, rev string) (string, *desired.Fleet, error) {
+	commit, err := s.repo.ResolveExpr(ctx, rev)
+	if err != nil {
+		return "", nil, err
+	}
+	tree, err := s.repo.Tree(commit, "")
+	if err != nil {
+		return commit, nil, err
+	}
+	f, err := desired.NewLoader(s.path).Load(tree)
+	return commit, f, err
+}
+
+func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
+	repo, done, err := openScratch(ctx, gitsource.Options{URL: a.repo.URL, Auth: a.repo.Auth()})
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
 	defer done()
-	load := func(rev string) (string, *desired.Fleet, error) {
-		commit, err := repo.ResolveExpr(ctx, rev)
-		if err != nil {
-			return "", nil, err
-		}
-		tree, err := repo.Tree(commit, "")
-		if err != nil {
-			return commit, nil, err
-		}
-		f, err := desired.NewLoader(path).Load(tree)
-		return commit, f, err
+	src := planSource{repo: repo, path: a.path}
+	ledger, warnings := planLedger(ctx, repo, a.snapshotsBranch)
+	baseCommit, baseFleet, baseWarnings, err := planBase(ctx, src, a.base, ledger)
+	if err != nil {
+		return err
 	}
-	ledger, warnings := planLedger(ctx, repo, snapshotsBranch)
-	baseCommit, baseFleet, err := load(baseRev)
-	var baseList desired.ErrorList
-	if errors.As(err, &baseList) {
-		// The base does not validate: plan against the state the fleet
-		// runs, else against nothing, and say so at the top.
-		what := fmt.Sprintf("base %s does not validate (%s)", baseRev, plural(len(baseList), "error", "errors"))
-		if applied := appliedCommit(ledger); applied != "" {
-			if _, f, aerr := load(applied); aerr == nil {
-				baseFleet = f
-				warnings = append(warnings, fmt.Sprintf("%s; planned against %s, the last commit the controller applied", what, desired.Hash(applied).Short()))
-			}
-		}
-		if baseFleet == nil {
-			warnings = append(warnings, what+"; planned against an empty base: every object of head shows as a create")
-		}
-	} else if err != nil {
-		return &exitError{code: 1, err: fmt.Errorf("--base: %w", err)}
-	}
-	headCommit, headFleet, headErr := load(headRev)
+	warnings = append(warnings, baseWarnings...)
+	headCommit, headFleet, headErr := src.load(ctx, a.head)
 	var list desired.ErrorList
 	if headErr != nil && !errors.As(headErr, &list) {
 		return &exitError{code: 1, err: fmt.Errorf("--head: %w", headErr)}
@@ -118,26 +123,53 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 			p.Errors = append(p.Errors, e.Error())
 		}
 	}
-	p.Base, p.Head = label(baseRev, baseCommit), label(headRev, headCommit)
+	p.Base, p.Head = label(a.base, baseCommit), label(a.head, headCommit)
 	p.Warnings = warnings
-	switch format {
-	case "markdown":
-		_, err = io.WriteString(out, p.Markdown())
-	case "json":
-		var data []byte
-		if data, err = p.JSON(); err == nil {
-			_, err = out.Write(data)
-		}
-	default:
-		_, err = io.WriteString(out, p.Text())
-	}
-	if err != nil {
+	if err := writePlan(out, p, a.form); err != nil {
 		return err
 	}
 	if len(p.Errors) > 0 {
-		return &exitError{code: 1, err: fmt.Errorf("head %s: %s", headRev, plural(len(p.Errors), "validation error", "validation errors"))}
+		return &exitError{code: 1, err: fmt.Errorf("head %s: %s", a.head, plural(len(p.Errors), "validation error", "validation errors"))}
 	}
 	return nil
+}
+
+// planBase loads the base at rev. A base that does not validate is
+// replaced by the last commit the controller applied, else by an empty
+// fleet (nil), with a warning saying which.
+func planBase(ctx context.Context, src planSource, rev string, ledger *snapshots.Ledger) (string, *desired.Fleet, []string, error) {
+	commit, f, err := src.load(ctx, rev)
+	var list desired.ErrorList
+	if err != nil && !errors.As(err, &list) {
+		return "", nil, nil, &exitError{code: 1, err: fmt.Errorf("--base: %w", err)}
+	}
+	if err == nil {
+		return commit, f, nil, nil
+	}
+	what := fmt.Sprintf("base %s does not validate (%s)", rev, plural(len(list), "error", "errors"))
+	if applied := appliedCommit(ledger); applied != "" {
+		if _, af, aerr := src.load(ctx, applied); aerr == nil {
+			return commit, af, []string{fmt.Sprintf("%s; planned against %s, the last commit the controller applied", what, desired.Hash(applied).Short())}, nil
+		}
+	}
+	return commit, nil, []string{what + "; planned against an empty base: every object of head shows as a create"}, nil
+}
+
+// writePlan writes p in format: text, markdown or json.
+func writePlan(out io.Writer, p *desired.Plan, format string) error {
+	switch format {
+	case "markdown":
+		_, err := io.WriteString(out, p.Markdown())
+		return err
+	case "json":
+		data, err := p.JSON()
+		if err == nil {
+			_, err = out.Write(data)
+		}
+		return err
+	}
+	_, err := io.WriteString(out, p.Text())
+	return err
 }
 
 // planLedger reads the controller's ledger (the applied commit and the

@@ -1,15 +1,13 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/spf13/cobra"
 
 	"github.com/gitfleet/gitfleet/desired"
 )
 
-func init() {
-	rootCmd.AddCommand(&cobra.Command{
+func newSchemaCmd() *cobra.Command {
+	return &cobra.Command{
 		Use:   "schema",
 		Short: "Print the JSON Schema (draft 2020-12) of the object files, for editors",
 		Long: `Schema prints a JSON Schema (draft 2020-12) of one object file (a VM, a
@@ -21,15 +19,10 @@ line such as:
 
 The schema checks each object on its own; gitfleet validate also checks the
 objects against each other.`,
-		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) > 0 {
-				return &exitError{code: 2, err: fmt.Errorf("schema takes no arguments, got %q", args)}
-			}
-			return nil
-		},
+		Args: noArgs("schema"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := cmd.OutOrStdout().Write(desired.JSONSchema())
 			return err
 		},
-	})
+	}
 }

@@ -19,13 +19,14 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
-func init() {
+func newStatusCmd() *cobra.Command {
 	var (
-		repo                    repoFlags
+		repo                    config.Repo
 		branch, snapshots, form string
 	)
 	cmd := &cobra.Command{
@@ -63,21 +64,25 @@ fleet's remote: point it at the remote) or cannot be read, or the pending
 deletes cannot be read (what could be read is printed); 2 for usage
 errors.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := repo.check(); err != nil {
-				return err
-			}
-			if form != "table" && form != "json" {
-				return &exitError{code: 2, err: fmt.Errorf("--format must be table or json, got %q", form)}
-			}
-			return runStatus(cmd.Context(), cmd.OutOrStdout(), repo, branch, snapshots, form)
-		},
 	}
-	repo.add(cmd)
+	flags := config.NewFlags(cmd.Flags())
+	repo.Bind(flags)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := flags.FromEnv(config.OS); err != nil {
+			return usageOr(err)
+		}
+		if err := repo.Check(); err != nil {
+			return usageOr(err)
+		}
+		if form != "table" && form != "json" {
+			return &exitError{code: 2, err: fmt.Errorf("--format must be table or json, got %q", form)}
+		}
+		return runStatus(cmd.Context(), cmd.OutOrStdout(), repo, branch, snapshots, form)
+	}
 	cmd.Flags().StringVar(&branch, "status-branch", fleet.DefaultStatusBranch, "branch the agents report on")
 	cmd.Flags().StringVar(&snapshots, "snapshots-branch", fleet.DefaultSnapshotsBranch, "branch the controller publishes snapshots and its ledger on")
 	cmd.Flags().StringVar(&form, "format", "table", "output format: table or json")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 // statusReport is the --format json output: every host's status, the hosts
@@ -121,8 +126,8 @@ type pendingDelete struct {
 	SweptAt *time.Time `json:"sweptAt,omitempty"`
 }
 
-func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, snapshots, format string) error {
-	repo, done, err := openScratch(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth(), Depth: 1})
+func runStatus(ctx context.Context, out io.Writer, rf config.Repo, branch, snapshots, format string) error {
+	repo, done, err := openScratch(ctx, gitsource.Options{URL: rf.URL, Auth: rf.Auth(), Depth: 1})
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
@@ -130,7 +135,7 @@ func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, snapsho
 	rep := statusReport{Hosts: []*status.Status{}, PendingDeletes: []pendingDelete{}}
 	tip, err := repo.Fetch(ctx, branch)
 	if errors.Is(err, gitsource.ErrBranchNotFound) {
-		return &exitError{code: 1, err: missingStatusBranch(rf.url, branch)}
+		return &exitError{code: 1, err: missingStatusBranch(rf.URL, branch)}
 	}
 	if err != nil {
 		return &exitError{code: 1, err: err}

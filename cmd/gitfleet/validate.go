@@ -13,7 +13,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 )
 
-func init() {
+func newValidateCmd() *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
 		Use:   "validate [DIR]",
@@ -40,7 +40,7 @@ relative to the current directory) or could not be read, 2 for usage errors.
 		},
 	}
 	cmd.Flags().StringVar(&format, "format", "text", "output format: text or json")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 // validateReport is the --format json output of validate.

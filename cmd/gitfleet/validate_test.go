@@ -12,28 +12,19 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/spf13/pflag"
-
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 )
 
-// runCLI runs the gitfleet command line in-process and returns its exit
-// code and standard output. Flags keep their values between runs of the
-// shared rootCmd, so they are reset first.
+// runCLI runs the gitfleet command line in-process, on a root command of
+// its own, and returns its exit code and standard output.
 func runCLI(t *testing.T, args ...string) (int, string) {
 	t.Helper()
 	var out bytes.Buffer
-	for _, c := range rootCmd.Commands() {
-		c.Flags().VisitAll(func(f *pflag.Flag) {
-			_ = f.Value.Set(f.DefValue)
-			f.Changed = false
-		})
-	}
-	rootCmd.SetOut(&out)
-	t.Cleanup(func() { rootCmd.SetOut(nil) })
-	code := run(args)
+	root := newRootCmd()
+	root.SetOut(&out)
+	code := execute(root, args)
 	return code, out.String()
 }
 

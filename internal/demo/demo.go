@@ -38,6 +38,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/internal/redact"
 	"github.com/gitfleet/gitfleet/status"
 )
@@ -221,27 +222,11 @@ func Run(ctx context.Context, cfg Config) error {
 	logger := redact.Logger(logrus.New())
 	logger.SetOutput(logFile)
 	logger.SetLevel(logrus.InfoLevel)
-	log := logrus.NewEntry(logger)
 
-	url, created, err := SetupRepo(ctx, l.Repo(), FleetFiles(g), log)
+	url, lw, err := openRepo(ctx, out, l, g, logrus.NewEntry(logger))
 	if err != nil {
 		return err
 	}
-	if created {
-		fmt.Fprintf(out, "  repository: %s, with the demo fleet committed to %s\n", url, MainBranch)
-	} else {
-		fmt.Fprintf(out, "  repository: %s (resumed: its %s branch is kept as it is)\n", url, MainBranch)
-	}
-
-	lrepo, err := gitsource.Open(ctx, gitsource.Options{URL: url, Logger: log})
-	if err != nil {
-		return err
-	}
-	lw := &ledgerWatch{repo: lrepo}
-	if msg := lw.baseline(ctx); msg != "" {
-		fmt.Fprintf(out, "  %s\n", msg)
-	}
-
 	rt, err := startFleet(ctx, cfg, l, url, logger)
 	if err != nil {
 		return err
@@ -251,19 +236,47 @@ func Run(ctx context.Context, cfg Config) error {
 		fmt.Fprintln(out, "  (no usable KVM here: the guests run under QEMU's TCG emulation, slower but fine for the demo)")
 	}
 	fmt.Fprintln(out)
+	watch(ctx, cfg, l, url, start, rt, lw)
+	return stopFleet(cfg, l, rt)
+}
 
-	w := newWatcher(out, start, l)
+// openRepo sets the demo's repository up (or resumes it) and says which,
+// and starts watching the controller's ledger on it.
+func openRepo(ctx context.Context, out io.Writer, l Layout, g Guest, log *logrus.Entry) (string, *ledgerWatch, error) {
+	url, created, err := SetupRepo(ctx, l.Repo(), FleetFiles(g), log)
+	if err != nil {
+		return "", nil, err
+	}
+	if created {
+		fmt.Fprintf(out, "  repository: %s, with the demo fleet committed to %s\n", url, MainBranch)
+	} else {
+		fmt.Fprintf(out, "  repository: %s (resumed: its %s branch is kept as it is)\n", url, MainBranch)
+	}
+	lrepo, err := gitsource.Open(ctx, gitsource.Options{URL: url, Logger: log})
+	if err != nil {
+		return "", nil, err
+	}
+	lw := &ledgerWatch{repo: lrepo}
+	if msg := lw.baseline(ctx); msg != "" {
+		fmt.Fprintf(out, "  %s\n", msg)
+	}
+	return url, lw, nil
+}
+
+// watch prints what the controller and the agent do, and the summary the
+// first time the fleet settles, until ctx ends or either stops early.
+func watch(ctx context.Context, cfg Config, l Layout, url string, start time.Time, rt *stack, lw *ledgerWatch) {
+	w := newWatcher(cfg.Out, start, l)
 	w.attached = rt.attached
 	settled := false
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
-loop:
 	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
-			break loop
+			return
 		case <-rt.failed:
-			break loop
+			return
 		case <-t.C:
 		}
 		st := rt.eng.Report()
@@ -278,13 +291,19 @@ loop:
 		w.observe(st)
 		if !settled && w.settled(st) {
 			settled = true
-			fmt.Fprintf(out, "\nThe fleet is up after %.1fs: %s.\n\n", time.Since(start).Seconds(), w.upSummary(st))
-			printSummary(out, cfg, l, url, st)
+			fmt.Fprintf(cfg.Out, "\nThe fleet is up after %.1fs: %s.\n\n", time.Since(start).Seconds(), w.upSummary(st))
+			printSummary(cfg.Out, cfg, l, url, st)
 			if cfg.OnSettled != nil {
 				cfg.OnSettled(st)
 			}
 		}
 	}
+}
+
+// stopFleet stops the controller and the agent, shuts the guests down
+// unless cfg.Keep, and says what stays where.
+func stopFleet(cfg Config, l Layout, rt *stack) error {
+	out := cfg.Out
 	fmt.Fprintln(out, "\nStopping the controller and the agent ...")
 	runErr := rt.stop()
 	vms := l.VMs()
@@ -303,7 +322,7 @@ loop:
 
 // stack is the running controller and agent.
 type stack struct {
-	prov   *qemu.Provisioner
+	prov   demoProvisioner
 	eng    *agent.Engine
 	store  *agent.Store
 	cancel context.CancelFunc
@@ -320,53 +339,31 @@ type stack struct {
 
 // startFleet opens the repository twice (a full clone for the controller, a
 // shallow one for the agent, as on separate machines) and starts the
-// controller's and the agent's loops.
+// controller's and the agent's loops, each wired by package config like
+// gitfleet controller and gitfleet agent, from the demo's settings.
 func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *logrus.Logger) (*stack, error) {
-	log := logrus.NewEntry(logger)
-	ctrl, err := fleet.New(fleet.Config{URL: url, CacheDir: l.ControllerCache(), Logger: log})
+	cc := controllerConfig(l, url)
+	ctrl, err := fleet.New(cc.Fleet(logrus.NewEntry(logger)))
 	if err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
-	store, err := agent.OpenStore(l.State())
+	ac := agentConfig(cfg, l, url)
+	parts, err := ac.Open(ctx, logger)
 	if err != nil {
-		return nil, fmt.Errorf("agent state: %w", err)
+		return nil, fmt.Errorf("agent: %w", err)
 	}
-	prov, err := qemu.New(qemu.Config{
-		CacheDir:         l.ImageCache(),
-		MachineDir:       store.VMDir,
-		Artifacts:        qemu.ArtifactPolicy{FileRoots: []string{l.Images()}},
-		Accel:            cfg.Accel,
-		BootTimeout:      60 * time.Second,
-		PowerdownTimeout: 20 * time.Second,
-		Logger:           logger,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("qemu backend: %w", err)
+	prov, ok := parts.Provisioner.(demoProvisioner)
+	if !ok {
+		return nil, fmt.Errorf("agent: backend %s reports no accelerator", ac.Backend)
 	}
-	eng, err := agent.NewEngine(agent.EngineConfig{
-		Host: HostName, Store: store, Provisioner: prov,
-		TombstoneGrace: cfg.TombstoneGrace, Log: logger,
-	})
+	ag, err := agent.New(parts.Config)
 	if err != nil {
-		return nil, fmt.Errorf("agent engine: %w", err)
-	}
-	repo, err := gitsource.Open(ctx, gitsource.Options{URL: url, CacheDir: l.AgentCache(), Depth: 1, Logger: log})
-	if err != nil {
-		eng.Close(context.Background())
-		return nil, fmt.Errorf("agent repository: %w", err)
-	}
-	ag, err := agent.New(agent.Config{
-		Host: HostName, Repo: repo, Engine: eng, Store: store,
-		TickInterval: cfg.TickInterval, PollInterval: cfg.PollInterval, Heartbeat: cfg.Heartbeat,
-		StopTimeout: 30 * time.Second, Version: cfg.Version, Log: logger,
-	})
-	if err != nil {
-		eng.Close(context.Background())
+		parts.Engine.Close(context.Background())
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	// Before the agent runs, a live QEMU can only be one a past run left.
 	attached := map[string]bool{}
-	if recs, _, err := store.LoadRecords(); err == nil {
+	if recs, _, err := parts.Store.LoadRecords(); err == nil {
 		for name := range recs {
 			if prov.Running(name) {
 				attached[name] = true
@@ -374,10 +371,42 @@ func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *l
 		}
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	rt := &stack{prov: prov, eng: eng, store: store, cancel: cancel, failed: make(chan struct{}), attached: attached}
+	rt := &stack{prov: prov, eng: parts.Engine, store: parts.Store, cancel: cancel, failed: make(chan struct{}), attached: attached}
 	rt.goRun("controller", func() error { return ctrl.Run(rctx, cfg.ControllerInterval) })
 	rt.goRun("agent", func() error { return ag.Run(rctx) })
 	return rt, nil
+}
+
+// demoProvisioner is what the demo asks of the agent's backend: the QEMU
+// one's accelerator, besides the Provisioner contract.
+type demoProvisioner interface {
+	agent.Provisioner
+	agent.AccelReporter
+}
+
+// controllerConfig is the controller's configuration in the demo: the
+// defaults, on the demo's repository, with its clone in the layout.
+func controllerConfig(l Layout, url string) config.Controller {
+	c := config.DefaultController()
+	c.Repo.URL = url
+	c.CacheDir = l.ControllerCache()
+	return c
+}
+
+// agentConfig is the agent's configuration in the demo: the defaults, with
+// no systemd scope (the guests are the demo's), file:// artifacts from the
+// layout's images only, the demo's short intervals and grace, and boot and
+// shutdown bounds for a tiny guest under TCG.
+func agentConfig(cfg Config, l Layout, url string) config.Agent {
+	c := config.DefaultAgent()
+	c.RepoURL, c.Host, c.Version = url, HostName, cfg.Version
+	c.StateDir, c.GitCacheDir, c.ImageCacheDir = l.State(), l.AgentCache(), l.ImageCache()
+	c.QEMU.Accel, c.QEMU.SystemdScope = cfg.Accel, false
+	c.QEMU.BootTimeout, c.QEMU.PowerdownTimeout = 60*time.Second, 20*time.Second
+	c.Artifacts = qemu.ArtifactPolicy{FileRoots: []string{l.Images()}}
+	c.TickInterval, c.PollInterval, c.Heartbeat = cfg.TickInterval, cfg.PollInterval, cfg.Heartbeat
+	c.TombstoneGrace, c.StopTimeout = cfg.TombstoneGrace, 30*time.Second
+	return c
 }
 
 // goRun runs fn; an error other than the context's is kept for stop and

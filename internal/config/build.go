@@ -1,0 +1,128 @@
+package config
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/hostnet"
+	"github.com/gitfleet/gitfleet/agent/inmem"
+	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/redact"
+)
+
+// The QEMU backend reports accelerator and download progress in status.
+var (
+	_ agent.AccelReporter    = (*qemu.Provisioner)(nil)
+	_ agent.ProgressReporter = (*qemu.Provisioner)(nil)
+)
+
+// Logger is the agent's logger: secrets redacted, at c.LogLevel, to out.
+func (c *Agent) Logger(out io.Writer) *logrus.Logger {
+	log := redact.Logger(logrus.New())
+	log.SetOutput(out)
+	log.SetLevel(c.LogLevel)
+	return log
+}
+
+// AgentParts is an agent wired from its configuration, not yet running.
+type AgentParts struct {
+	Store       *agent.Store
+	Provisioner agent.Provisioner
+	Engine      *agent.Engine
+	// Config is ready for agent.New; the caller adds what only it knows
+	// (systemd's Ready and Alive).
+	Config agent.Config
+}
+
+// Open wires the agent c configures: it opens the state store, makes the
+// backend and runs its Preflight (which checks the host and installs what
+// confines the guests, the QEMU backend's nftables guard, before any VM is
+// touched), opens the repository and makes the engine. It starts nothing;
+// the caller runs agent.New(parts.Config) and closes the engine when the
+// agent is done with it.
+func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, error) {
+	store, err := agent.OpenStore(c.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	prov, err := c.backend(store, log)
+	if err != nil {
+		return nil, fmt.Errorf("backend %s: %w", c.Backend, err)
+	}
+	if err := prov.Preflight(ctx); err != nil {
+		return nil, fmt.Errorf("backend %s: %w", c.Backend, err)
+	}
+	repo, err := gitsource.Open(ctx, gitsource.Options{
+		URL: c.RepoURL, CacheDir: orUnder(c.GitCacheDir, store, "git"), Auth: c.Auth, Depth: 1,
+		Timeout:   c.GitTimeout,
+		Committer: "gitfleet agent " + c.Host + " <agent@" + c.Host + ">",
+		Logger:    log.WithField("host", c.Host),
+	})
+	if err != nil {
+		return nil, err
+	}
+	eng, err := agent.NewEngine(agent.EngineConfig{
+		Host: c.Host, Store: store, Provisioner: prov,
+		TombstoneGrace: c.TombstoneGrace, VanishGrace: c.VanishGrace, ImageGrace: c.ImageGrace,
+		MaxAttempts: c.MaxAttempts, VMTimeout: c.VMTimeout, ReadyTimeout: c.ReadyTimeout, Log: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &AgentParts{Store: store, Provisioner: prov, Engine: eng, Config: agent.Config{
+		Host: c.Host, Repo: repo, Engine: eng, Store: store, Version: c.Version,
+		TickInterval: c.TickInterval, PollInterval: c.PollInterval, Heartbeat: c.Heartbeat,
+		StopTimeout: c.StopTimeout, Log: log,
+	}}, nil
+}
+
+// orUnder is dir, or name under the store's root when dir is "".
+func orUnder(dir string, store *agent.Store, name string) string {
+	if dir != "" {
+		return dir
+	}
+	return filepath.Join(store.Root(), name)
+}
+
+// backend builds the provisioner c.Backend names.
+func (c *Agent) backend(store *agent.Store, log *logrus.Logger) (agent.Provisioner, error) {
+	switch c.Backend {
+	case BackendQEMU:
+		return c.qemuBackend(store, log)
+	case BackendMemory:
+		return memoryBackend(store)
+	}
+	return nil, fmt.Errorf("unknown backend %q: want qemu or memory", c.Backend)
+}
+
+func (c *Agent) qemuBackend(store *agent.Store, log *logrus.Logger) (*qemu.Provisioner, error) {
+	nets, err := hostnet.New(hostnet.Config{Dir: filepath.Join(store.Root(), "networks"), Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return qemu.New(qemu.Config{
+		RunAs:            c.QEMU.RunAs,
+		NoSandbox:        c.QEMU.NoSandbox,
+		Artifacts:        c.Artifacts,
+		CacheDir:         orUnder(c.ImageCacheDir, store, "images"),
+		MachineDir:       store.VMDir,
+		Accel:            c.QEMU.Accel,
+		SystemdScope:     c.QEMU.SystemdScope,
+		BootTimeout:      c.QEMU.BootTimeout,
+		PowerdownTimeout: c.QEMU.PowerdownTimeout,
+		Networks:         nets,
+		Logger:           log,
+	})
+}
+
+// memoryBackend keeps VMs in a table in the state directory (see
+// BackendMemory).
+func memoryBackend(store *agent.Store) (agent.Provisioner, error) {
+	return inmem.Open(filepath.Join(store.Root(), inmem.StateFile))
+}

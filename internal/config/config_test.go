@@ -1,0 +1,321 @@
+package config
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/gitsource"
+)
+
+// mapEnv is an environment of the variables in m.
+func mapEnv(m map[string]string) Env { return func(name string) string { return m[name] } }
+
+func writeFile(t *testing.T, name, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+	return p
+}
+
+// loadController parses args as gitfleet controller does and applies env.
+func loadController(t *testing.T, args []string, env map[string]string) (Controller, error) {
+	t.Helper()
+	c := DefaultController()
+	fs := pflag.NewFlagSet("controller", pflag.ContinueOnError)
+	f := NewFlags(fs)
+	c.Bind(f)
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	return c, f.FromEnv(mapEnv(env))
+}
+
+// loadAgent parses args as gitfleet agent does and loads its configuration.
+func loadAgent(t *testing.T, args []string, env map[string]string) (*Agent, error) {
+	t.Helper()
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	a := BindAgent(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return a.Load(mapEnv(env))
+}
+
+// Every variable of the controller (and of plan and status, which share
+// the repository's) sets its field, and the flag wins over it.
+func TestControllerEnvironment(t *testing.T) {
+	for _, tc := range []struct {
+		env, flag, value string
+		want             func(*Controller)
+	}{
+		{"GITFLEET_REPO", "repo", "https://git.example.com/fleet.git", func(c *Controller) { c.Repo.URL = "https://git.example.com/fleet.git" }},
+		{"GITFLEET_TOKEN", "token", "tok", func(c *Controller) { c.Repo.Token = "tok" }},
+		{"GITFLEET_SSH_KEY", "ssh-key", "/etc/gitfleet/key", func(c *Controller) { c.Repo.SSHKey = "/etc/gitfleet/key" }},
+		{"GITFLEET_KNOWN_HOSTS", "known-hosts", "/etc/gitfleet/known_hosts", func(c *Controller) { c.Repo.KnownHosts = "/etc/gitfleet/known_hosts" }},
+		{"GITFLEET_BRANCH", "branch", "prod", func(c *Controller) { c.Branch = "prod" }},
+		{"GITFLEET_PATH", "path", "fleet", func(c *Controller) { c.Path = "fleet" }},
+		{"GITFLEET_CACHE_DIR", "cache-dir", "/var/cache/gitfleet", func(c *Controller) { c.CacheDir = "/var/cache/gitfleet" }},
+		{"GITFLEET_INTERVAL", "interval", "45s", func(c *Controller) { c.Interval = 45 * time.Second }},
+		{"GITFLEET_LISTEN", "listen", "127.0.0.1:9780", func(c *Controller) { c.Listen = "127.0.0.1:9780" }},
+		{"GITFLEET_WEBHOOK_SECRET", "webhook-secret", "s3cret", func(c *Controller) { c.WebhookSecret = "s3cret" }},
+		{"GITFLEET_ABANDON_GRACE", "abandon-grace", "1h", func(c *Controller) { c.AbandonGrace = time.Hour }},
+		{"GITFLEET_OFFLINE_AFTER", "offline-after", "10m", func(c *Controller) { c.OfflineAfter = 10 * time.Minute }},
+		{"GITFLEET_GIT_TIMEOUT", "git-timeout", "5s", func(c *Controller) { c.GitTimeout = 5 * time.Second }},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			want := DefaultController()
+			tc.want(&want)
+			got, err := loadController(t, nil, map[string]string{tc.env: tc.value})
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+
+			// The flag wins over the variable; an empty variable is unset.
+			got, err = loadController(t, []string{"--" + tc.flag, tc.value}, map[string]string{tc.env: "0"})
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+			got, err = loadController(t, nil, map[string]string{tc.env: ""})
+			require.NoError(t, err)
+			assert.Equal(t, DefaultController(), got)
+		})
+	}
+}
+
+func TestControllerDefaultsAndFleetConfig(t *testing.T) {
+	c, err := loadController(t, []string{"--repo", "/srv/fleet.git"}, nil)
+	require.NoError(t, err)
+	fc := c.Fleet(nil)
+	assert.Equal(t, "/srv/fleet.git", fc.URL)
+	assert.Equal(t, "main", fc.Branch)
+	assert.Equal(t, "gitfleet/snapshots", fc.SnapshotsBranch)
+	assert.Equal(t, "gitfleet/status", fc.StatusBranch)
+	assert.Equal(t, 15*time.Minute, fc.AbandonGrace)
+	assert.Equal(t, 3*time.Minute, fc.OfflineAfter)
+	assert.Equal(t, gitsource.DefaultTimeout, fc.GitTimeout)
+	assert.Equal(t, 15*time.Second, c.Interval)
+	assert.ErrorIs(t, Controller{}.Repo.Check(), ErrUsage, "no repository is a usage error")
+}
+
+// Every key of the agent's file (README's reference) sets its field.
+func TestAgentFileKeys(t *testing.T) {
+	tokenFile := writeFile(t, "token", "file-token\n")
+	passwordFile := writeFile(t, "password", "file-password\n")
+	const head = "repo: {url: /srv/fleet.git}\nhost: hv-a\n"
+	base := func() Agent {
+		a := DefaultAgent()
+		a.RepoURL, a.Host = "/srv/fleet.git", "hv-a"
+		return a
+	}
+	for _, tc := range []struct {
+		name, yaml string
+		want       func(*Agent)
+	}{
+		{"repo.url", "repo: {url: 'https://git.example.com/fleet.git'}\nhost: hv-a\n", func(a *Agent) { a.RepoURL = "https://git.example.com/fleet.git" }},
+		{"repo.auth.tokenFile", "repo: {url: /srv/fleet.git, auth: {tokenFile: " + tokenFile + "}}\nhost: hv-a\n", func(a *Agent) { a.Auth.Token = "file-token" }},
+		{"repo.auth.token", "repo: {url: /srv/fleet.git, auth: {token: t0}}\nhost: hv-a\n", func(a *Agent) { a.Auth.Token = "t0" }},
+		{"repo.auth.username and password", "repo: {url: /srv/fleet.git, auth: {username: u, password: p}}\nhost: hv-a\n", func(a *Agent) { a.Auth.Username, a.Auth.Password = "u", "p" }},
+		{"repo.auth.passwordFile", "repo: {url: /srv/fleet.git, auth: {username: u, passwordFile: " + passwordFile + "}}\nhost: hv-a\n", func(a *Agent) { a.Auth.Username, a.Auth.Password = "u", "file-password" }},
+		{"repo.auth.sshKeyFile and knownHostsFile", "repo: {url: /srv/fleet.git, auth: {sshKeyFile: /k, knownHostsFile: /kh}}\nhost: hv-a\n", func(a *Agent) { a.Auth.SSHKeyFile, a.Auth.KnownHostsFile = "/k", "/kh" }},
+		{"host", "repo: {url: /srv/fleet.git}\nhost: hv-b\n", func(a *Agent) { a.Host = "hv-b" }},
+		{"stateDir", head + "stateDir: /srv/state\n", func(a *Agent) { a.StateDir = "/srv/state" }},
+		{"backend", head + "backend: memory\n", func(a *Agent) { a.Backend = BackendMemory }},
+		{"qemu.accel", head + "qemu: {accel: tcg}\n", func(a *Agent) { a.QEMU.Accel = "tcg" }},
+		{"qemu.systemdScope", head + "qemu: {systemdScope: false}\n", func(a *Agent) { a.QEMU.SystemdScope = false }},
+		{"qemu.user", head + "qemu: {user: vmuser}\n", func(a *Agent) { a.QEMU.RunAs = "vmuser" }},
+		{"qemu.user root", head + "qemu: {user: root}\n", func(a *Agent) { a.QEMU.RunAs = "root" }},
+		{"qemu.noSandbox", head + "qemu: {noSandbox: true}\n", func(a *Agent) { a.QEMU.NoSandbox = true }},
+		{"artifacts", head + "artifacts: {fileRoots: [/srv/images/], allowNetworks: [10.1.2.3/16], maxSizeGB: 2, timeout: 5m, stallTimeout: 10s}\n", func(a *Agent) {
+			a.Artifacts = qemu.ArtifactPolicy{FileRoots: []string{"/srv/images"}, AllowNetworks: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
+				MaxSize: 2 << 30, Timeout: 5 * time.Minute, StallTimeout: 10 * time.Second}
+		}},
+		{"intervals", head + "intervals: {tick: 10s, poll: 15s, heartbeat: 60s}\n", func(a *Agent) {
+			a.TickInterval, a.PollInterval, a.Heartbeat = 10*time.Second, 15*time.Second, time.Minute
+		}},
+		{"graces", head + "graces: {tombstone: 5m, vanish: 1h, image: 48h}\n", func(a *Agent) {
+			a.TombstoneGrace, a.VanishGrace, a.ImageGrace = 5*time.Minute, time.Hour, 48*time.Hour
+		}},
+		{"graces.image negative is off", head + "graces: {image: -1s}\n", func(a *Agent) { a.ImageGrace = -time.Second }},
+		{"vmTimeout", head + "vmTimeout: 45m\n", func(a *Agent) { a.VMTimeout = 45 * time.Minute }},
+		{"vmTimeout 0 is none", head + "vmTimeout: 0s\n", func(a *Agent) { a.VMTimeout = 0 }},
+		{"gitTimeout", head + "gitTimeout: 20s\n", func(a *Agent) { a.GitTimeout = 20 * time.Second }},
+		{"readyTimeout", head + "readyTimeout: 3m\n", func(a *Agent) { a.ReadyTimeout = 3 * time.Minute }},
+		{"maxAttempts", head + "maxAttempts: 5\n", func(a *Agent) { a.MaxAttempts = 5 }},
+		{"logLevel", head + "logLevel: warn\n", func(a *Agent) { a.LogLevel = logrus.WarnLevel }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeFile(t, "agent.yaml", tc.yaml)
+			want := base()
+			want.File = path
+			tc.want(&want)
+			got, err := loadAgent(t, []string{"--config", path}, nil)
+			require.NoError(t, err)
+			assert.Equal(t, want, *got)
+		})
+	}
+}
+
+func TestAgentDefaults(t *testing.T) {
+	a, err := loadAgent(t, []string{"--repo", "/srv/fleet.git", "--host", "hv-a"}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, "/var/lib/gitfleet", a.StateDir)
+	assert.Equal(t, BackendQEMU, a.Backend)
+	assert.Equal(t, QEMU{Accel: "auto", SystemdScope: true}, a.QEMU, "QEMU's user is the backend's choice (qemu.Config.RunAs)")
+	assert.Equal(t, 30*time.Minute, a.VMTimeout, "a VM's pass is bounded by default")
+	assert.Empty(t, a.Artifacts.FileRoots, "no file:// root by default")
+	assert.Empty(t, a.Artifacts.AllowNetworks, "no denied network allowed by default")
+	assert.Equal(t, logrus.InfoLevel, a.LogLevel)
+}
+
+// The agent's variables and flags: flag over variable over file over
+// default, for each setting that has all of them.
+func TestAgentPrecedence(t *testing.T) {
+	file := writeFile(t, "agent.yaml", "repo: {url: /file.git}\nhost: hv-file\nstateDir: /file-state\n")
+	for _, tc := range []struct {
+		env, flag, fileValue, value string
+		get                         func(*Agent) string
+	}{
+		{"GITFLEET_REPO", "repo", "/file.git", "/other.git", func(a *Agent) string { return a.RepoURL }},
+		{"GITFLEET_HOST", "host", "hv-file", "hv-other", func(a *Agent) string { return a.Host }},
+		{"GITFLEET_STATE_DIR", "state-dir", "/file-state", "/other-state", func(a *Agent) string { return a.StateDir }},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			a, err := loadAgent(t, []string{"--config", file}, nil)
+			require.NoError(t, err)
+			assert.Equal(t, tc.fileValue, tc.get(a), "file")
+			a, err = loadAgent(t, []string{"--config", file}, map[string]string{tc.env: tc.value})
+			require.NoError(t, err)
+			assert.Equal(t, tc.value, tc.get(a), "variable over file")
+			a, err = loadAgent(t, []string{"--config", file, "--" + tc.flag, tc.value}, map[string]string{tc.env: "/ignored"})
+			require.NoError(t, err)
+			assert.Equal(t, tc.value, tc.get(a), "flag over variable")
+		})
+	}
+	t.Run("GITFLEET_CONFIG", func(t *testing.T) {
+		a, err := loadAgent(t, nil, map[string]string{"GITFLEET_CONFIG": file})
+		require.NoError(t, err)
+		assert.Equal(t, file, a.File)
+		assert.Equal(t, "hv-file", a.Host)
+	})
+	t.Run("GITFLEET_TOKEN", func(t *testing.T) {
+		env := map[string]string{"GITFLEET_TOKEN": "env-token"}
+		a, err := loadAgent(t, []string{"--config", file}, env)
+		require.NoError(t, err)
+		assert.Equal(t, "env-token", a.Auth.Token, "the variable supplies a token the file does not name")
+		withToken := writeFile(t, "agent.yaml", "repo: {url: /file.git, auth: {token: file-token}}\nhost: hv-file\n")
+		a, err = loadAgent(t, []string{"--config", withToken}, env)
+		require.NoError(t, err)
+		assert.Equal(t, "file-token", a.Auth.Token, "the file's token wins")
+	})
+}
+
+// A malformed value of each kind, from the environment: the error names
+// the variable, its value and the flag it stands in for, and is a usage
+// error.
+func TestMalformedEnvironment(t *testing.T) {
+	for _, tc := range []struct {
+		kind, cmd, env, value, want string
+	}{
+		{"duration", "controller", "GITFLEET_GIT_TIMEOUT", "5x", `GITFLEET_GIT_TIMEOUT="5x": invalid duration, like 90s or 5m (environment for --git-timeout)`},
+		{"negative duration", "controller", "GITFLEET_INTERVAL", "-5s", `GITFLEET_INTERVAL="-5s": invalid duration, like 90s or 5m (environment for --interval)`},
+		{"URL", "controller", "GITFLEET_REPO", "http://[::1", `GITFLEET_REPO="http://[::1": invalid URL: missing ']' in host (environment for --repo)`},
+		{"path", "controller", "GITFLEET_CACHE_DIR", "~/cache", `GITFLEET_CACHE_DIR="~/cache": invalid path: ~ is not expanded here; give the full path (environment for --cache-dir)`},
+		{"agent URL", "agent", "GITFLEET_REPO", "http://[::1", `GITFLEET_REPO="http://[::1": invalid URL`},
+		{"agent path", "agent", "GITFLEET_STATE_DIR", "~/state", `GITFLEET_STATE_DIR="~/state": invalid path`},
+		{"agent config path", "agent", "GITFLEET_CONFIG", "~/agent.yaml", `GITFLEET_CONFIG="~/agent.yaml": invalid path`},
+		{"agent host", "agent", "GITFLEET_HOST", "../x", `GITFLEET_HOST: host "../x" is not a DNS label`},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			env := map[string]string{tc.env: tc.value}
+			var err error
+			if tc.cmd == "agent" {
+				// Each setting but the one under test from a flag.
+				var args []string
+				for flag, v := range map[string]string{"GITFLEET_REPO": "--repo=/x", "GITFLEET_HOST": "--host=hv-a"} {
+					if flag != tc.env {
+						args = append(args, v)
+					}
+				}
+				_, err = loadAgent(t, args, env)
+			} else {
+				_, err = loadController(t, nil, env)
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.ErrorIs(t, err, ErrUsage)
+		})
+	}
+}
+
+// The same kinds as flags: pflag's error names the flag and the value.
+func TestMalformedFlags(t *testing.T) {
+	for _, tc := range []struct{ kind, flag, value, want string }{
+		{"duration", "--git-timeout", "5x", "invalid duration"},
+		{"URL", "--repo", "http://[::1", "invalid URL"},
+		{"path", "--cache-dir", "~/cache", "invalid path"},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			_, err := loadController(t, []string{tc.flag, tc.value}, nil)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.flag)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// A malformed value of each kind in the agent's file: FILE:LINE:COL, the
+// field, the value and what was wanted.
+func TestMalformedAgentFile(t *testing.T) {
+	const head = "repo: {url: /x}\nhost: hv-a\n"
+	for _, tc := range []struct{ kind, yaml, want string }{
+		{"duration", head + "intervals: {tick: soon}\n", `:3:19: intervals.tick: "soon" is not a duration, like 90s or 5m`},
+		{"negative duration", head + "gitTimeout: -1s\n", `:3:13: gitTimeout: "-1s" is not a duration`},
+		{"signed duration", head + "graces: {image: never}\n", `:3:17: graces.image: "never" is not a duration`},
+		{"int", head + "maxAttempts: many\n", `:3:14: maxAttempts: "many" is not an integer`},
+		{"negative int", head + "artifacts: {maxSizeGB: -1}\n", `:3:24: artifacts.maxSizeGB: -1: want 0 (the default) or more`},
+		{"bool", head + "qemu: {systemdScope: maybe}\n", `:3:22: qemu.systemdScope: "maybe" is not true or false`},
+		{"URL", "repo: {url: 'http://[::1'}\nhost: hv-a\n", `:1:13: repo.url: invalid URL: missing ']' in host`},
+		{"path", head + "stateDir: ~/state\n", `:3:11: stateDir: invalid path: ~ is not expanded here`},
+		{"relative file root", head + "artifacts: {fileRoots: [images]}\n", `:3:25: artifacts.fileRoots[]: "images" is not an absolute path`},
+		{"network", head + "artifacts: {allowNetworks: [localhost]}\n", `:3:29: artifacts.allowNetworks[]: "localhost" is not a CIDR prefix`},
+		{"backend", head + "backend: xen\n", `:3:10: backend: "xen": want qemu or memory`},
+		{"accel", head + "qemu: {accel: fast}\n", `:3:15: qemu.accel: "fast": want auto or kvm or tcg`},
+		{"log level", head + "logLevel: loud\n", `:3:11: logLevel: not a valid logrus Level: "loud"`},
+		{"host", "repo: {url: /x}\nhost: HV_A\n", `:2:7: host: host "HV_A" is not a DNS label`},
+		{"mapping for a value", head + "gitTimeout: {a: 1}\n", `:3:13: gitTimeout: want a single value`},
+		{"value for a section", head + "graces: 5m\n", `:3:9: graces: want a mapping of its fields`},
+		{"value for a list", head + "artifacts: {fileRoots: /srv}\n", `:3:24: artifacts.fileRoots: want a list`},
+		{"not a mapping", "- a\n- b\n", `:1:1: want a mapping of settings at the top level`},
+		{"unknown field", head + "graces:\n  vanish: 1h\n  tombstom: 5m\n", `:5:3: unknown field "tombstom" in graces (known: tombstone, vanish, image)`},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			path := writeFile(t, "agent.yaml", tc.yaml)
+			_, err := loadAgent(t, []string{"--config", path}, nil)
+			require.Error(t, err)
+			assert.Equal(t, path+tc.want, strings.SplitN(err.Error(), "\n", 2)[0][:len(path+tc.want)])
+			assert.False(t, errors.Is(err, ErrUsage), "a fault of the file is not a usage error")
+		})
+	}
+}
+
+// A missing repository or host is a usage error; a missing file is not.
+func TestAgentRequiredAndMissingFile(t *testing.T) {
+	_, err := loadAgent(t, []string{"--repo", "/x"}, nil)
+	assert.ErrorIs(t, err, ErrUsage)
+	_, err = loadAgent(t, []string{"--host", "hv-a"}, nil)
+	assert.ErrorIs(t, err, ErrUsage)
+	_, err = loadAgent(t, []string{"--config", "/does/not/exist.yaml"}, nil)
+	require.Error(t, err)
+	assert.False(t, errors.Is(err, ErrUsage))
+	_, err = loadAgent(t, []string{"--config", writeFile(t, "agent.yaml", "repo: {url: /x, auth: {tokenFile: /does/not/exist}}\nhost: hv-a\n")}, nil)
+	assert.ErrorContains(t, err, "repo.auth.tokenFile")
+}

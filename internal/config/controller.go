@@ -1,0 +1,105 @@
+package config
+
+import (
+	"errors"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/fleet"
+	"github.com/gitfleet/gitfleet/gitsource"
+)
+
+// Repo names a remote repository and its credentials, for the controller,
+// plan and status.
+type Repo struct {
+	// URL is a URL (file, http(s), ssh) or a local path.
+	URL string
+	// Token authenticates to an http(s) remote; SSHKey and KnownHosts are
+	// files for an ssh remote (KnownHosts default ~/.ssh/known_hosts).
+	Token, SSHKey, KnownHosts string
+}
+
+// Bind binds --repo, --token, --ssh-key and --known-hosts with their
+// variables GITFLEET_REPO, GITFLEET_TOKEN, GITFLEET_SSH_KEY and
+// GITFLEET_KNOWN_HOSTS.
+func (r *Repo) Bind(f *Flags) {
+	f.URL(&r.URL, "repo", "GITFLEET_REPO", "fleet repository: URL (file, http(s), ssh) or local path")
+	f.String(&r.Token, "token", "GITFLEET_TOKEN", "token for an http(s) remote; better set the variable, which stays off the command line")
+	f.Path(&r.SSHKey, "ssh-key", "GITFLEET_SSH_KEY", "private key file for an ssh remote")
+	f.Path(&r.KnownHosts, "known-hosts", "GITFLEET_KNOWN_HOSTS", "known_hosts file for an ssh remote (default ~/.ssh/known_hosts)")
+}
+
+// Check returns an ErrUsage error when no repository is named.
+func (r Repo) Check() error {
+	if r.URL == "" {
+		return usageError(errors.New("--repo is required (or set GITFLEET_REPO)"))
+	}
+	return nil
+}
+
+// Auth is the repository's credentials.
+func (r Repo) Auth() gitsource.Auth {
+	return gitsource.Auth{Token: r.Token, SSHKeyFile: r.SSHKey, KnownHostsFile: r.KnownHosts}
+}
+
+// Controller is the controller's configuration: flags over their
+// variables over DefaultController. Check and fleet.New validate it.
+type Controller struct {
+	Repo Repo
+	// Branch holds the desired state, Path the objects' directory in it,
+	// CacheDir the local clone kept between runs ("": fleet.Config's
+	// default; gitfleet controller then clones into a private temporary
+	// directory).
+	Branch, Path, CacheDir string
+	// Interval is the poll interval (jittered).
+	Interval time.Duration
+	// Listen is the address of the webhooks and /metrics ("" off);
+	// WebhookSecret the webhooks' shared secret.
+	Listen, WebhookSecret string
+	// AbandonGrace, OfflineAfter and GitTimeout: see fleet.Config.
+	AbandonGrace, OfflineAfter, GitTimeout time.Duration
+	// SnapshotsBranch and StatusBranch: see fleet.Config.
+	SnapshotsBranch, StatusBranch string
+}
+
+// DefaultController is the controller's configuration before any variable
+// or flag: it lacks only the repository.
+func DefaultController() Controller {
+	return Controller{
+		Branch:          fleet.DefaultBranch,
+		Interval:        fleet.DefaultInterval,
+		AbandonGrace:    fleet.DefaultAbandonGrace,
+		OfflineAfter:    fleet.DefaultOfflineAfter,
+		GitTimeout:      gitsource.DefaultTimeout,
+		SnapshotsBranch: fleet.DefaultSnapshotsBranch,
+		StatusBranch:    fleet.DefaultStatusBranch,
+	}
+}
+
+// Bind binds the controller's flags, with their variables, to c; c's
+// values are their defaults.
+func (c *Controller) Bind(f *Flags) {
+	c.Repo.Bind(f)
+	f.String(&c.Branch, "branch", "GITFLEET_BRANCH", "branch holding the desired state")
+	f.String(&c.Path, "path", "GITFLEET_PATH", "directory of the objects in the repository; default the root")
+	f.Path(&c.CacheDir, "cache-dir", "GITFLEET_CACHE_DIR", "directory for the local clone, kept between runs; default a private temporary directory removed at exit")
+	f.Duration(&c.Interval, "interval", "GITFLEET_INTERVAL", "poll interval, jittered")
+	f.String(&c.Listen, "listen", "GITFLEET_LISTEN", "address for webhooks and /metrics, such as "+fleet.DefaultListen+"; off when empty")
+	f.String(&c.WebhookSecret, "webhook-secret", "GITFLEET_WEBHOOK_SECRET", "webhook secret; better set the variable")
+	f.Duration(&c.AbandonGrace, "abandon-grace", "GITFLEET_ABANDON_GRACE", "how long a delete waits on an offline host before the controller finalizes it")
+	f.Duration(&c.GitTimeout, "git-timeout", "GITFLEET_GIT_TIMEOUT", "bound of each git operation (fetch, ls-remote, push) on every transport")
+	f.Duration(&c.OfflineAfter, "offline-after", "GITFLEET_OFFLINE_AFTER", "no status change for this long makes a host offline")
+	f.String(&c.SnapshotsBranch, "snapshots-branch", "", "branch the snapshots are published on")
+	f.String(&c.StatusBranch, "status-branch", "", "branch the agents report on")
+}
+
+// Fleet is the controller's fleet.Config, logging to log.
+func (c *Controller) Fleet(log *logrus.Entry) fleet.Config {
+	return fleet.Config{
+		URL: c.Repo.URL, Auth: c.Repo.Auth(), CacheDir: c.CacheDir,
+		Branch: c.Branch, Path: c.Path, SnapshotsBranch: c.SnapshotsBranch, StatusBranch: c.StatusBranch,
+		AbandonGrace: c.AbandonGrace, OfflineAfter: c.OfflineAfter, GitTimeout: c.GitTimeout,
+		Logger: log,
+	}
+}

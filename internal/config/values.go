@@ -1,0 +1,136 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-git/go-git/v5/plumbing/transport"
+	"go.yaml.in/yaml/v3"
+)
+
+// The value kinds a flag, a variable or a file field can be malformed as.
+// Each parse function's error says what was wanted, without the value:
+// the caller names the value and where it came from.
+
+// parseDuration parses a Go duration ("90s", "5m", "1h30m"), 0 or more.
+func parseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, errors.New("invalid duration, like 90s or 5m")
+	}
+	return d, nil
+}
+
+// checkURL accepts what gitsource opens: a URL (file, http(s), ssh, git),
+// scp-like user@host:path, or a local path.
+func checkURL(s string) error {
+	if err := checkPath(s); err != nil {
+		return errors.New("invalid URL: it holds a NUL byte")
+	}
+	if _, err := transport.NewEndpoint(s); err != nil {
+		return fmt.Errorf("invalid URL: %s", urlReason(err))
+	}
+	return nil
+}
+
+// urlReason is why net/url refused a URL, without the URL (which may hold
+// a secret: the caller prints it redacted).
+func urlReason(err error) string {
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		return msg[i+2:]
+	}
+	return msg
+}
+
+// checkPath refuses what is never a usable path: a NUL byte, and a leading
+// ~, which no shell expanded (systemd's Environment= and YAML do not).
+func checkPath(s string) error {
+	switch {
+	case strings.ContainsRune(s, 0):
+		return errors.New("invalid path: it holds a NUL byte")
+	case strings.HasPrefix(s, "~"):
+		return errors.New("invalid path: ~ is not expanded here; give the full path")
+	}
+	return nil
+}
+
+// A kind of string value with its check, for flags and variables.
+type stringKind struct {
+	name  string // pflag's Type(), shown in --help
+	check func(string) error
+}
+
+var (
+	plainString = stringKind{"string", nil}
+	urlString   = stringKind{"url", checkURL}
+	pathString  = stringKind{"path", checkPath}
+)
+
+// stringValue is a pflag.Value for a string of a kind.
+type stringValue struct {
+	p    *string
+	kind stringKind
+}
+
+func (v *stringValue) String() string { return *v.p }
+func (v *stringValue) Type() string   { return v.kind.name }
+func (v *stringValue) Set(s string) error {
+	if v.kind.check != nil && s != "" {
+		if err := v.kind.check(s); err != nil {
+			return err
+		}
+	}
+	*v.p = s
+	return nil
+}
+
+// durationValue is a pflag.Value for a duration of 0 or more.
+type durationValue struct{ p *time.Duration }
+
+func (v *durationValue) String() string { return v.p.String() }
+func (v *durationValue) Type() string   { return "duration" }
+func (v *durationValue) Set(s string) error {
+	d, err := parseDuration(s)
+	if err != nil {
+		return err
+	}
+	*v.p = d
+	return nil
+}
+
+// Duration is a time.Duration written in YAML as a Go duration ("90s",
+// "5m"), 0 or more.
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error { return d.UnmarshalText([]byte(n.Value)) }
+
+// UnmarshalText parses a Go duration, for decoders that take text.
+func (d *Duration) UnmarshalText(text []byte) error {
+	v, err := parseDuration(string(text))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration, like 90s or 5m", text)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// SignedDuration is a Duration that may be negative ("-1s"), for the
+// settings where a negative value turns something off.
+type SignedDuration time.Duration
+
+// UnmarshalYAML parses a Go duration.
+func (d *SignedDuration) UnmarshalYAML(n *yaml.Node) error { return d.UnmarshalText([]byte(n.Value)) }
+
+// UnmarshalText parses a Go duration, for decoders that take text.
+func (d *SignedDuration) UnmarshalText(text []byte) error {
+	v, err := time.ParseDuration(string(text))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration, like 90s or 5m", text)
+	}
+	*d = SignedDuration(v)
+	return nil
+}
