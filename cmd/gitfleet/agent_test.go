@@ -110,11 +110,11 @@ func TestAgentConfigErrorsNameFileLineAndField(t *testing.T) {
 		want         []string
 	}{
 		{"unknown field in a section", "repo: {url: /x}\nhost: hv-a\ngraces:\n  vanish: 1h\n  tombstom: 5m\n",
-			[]string{"agent.yaml:5:3: unknown field \"tombstom\" in graces", "known: tombstone, vanish"}},
+			[]string{"agent.yaml:5:3: graces.tombstom: unknown field \"tombstom\"", "did you mean \"tombstone\"?"}},
 		{"unknown field at the top", "repo: {url: /x}\nhots: hv-a\n",
-			[]string{"agent.yaml:2:1: unknown field \"hots\" in the top level"}},
+			[]string{"agent.yaml:2:1: hots: unknown field \"hots\""}},
 		{"unknown field two levels down", "repo:\n  url: /x\n  auth: {tokenFiel: /t}\n",
-			[]string{"agent.yaml:3:10: unknown field \"tokenFiel\" in repo.auth"}},
+			[]string{"agent.yaml:3:10: repo.auth.tokenFiel: unknown field \"tokenFiel\""}},
 		{"bad duration", "repo: {url: /x}\nhost: hv-a\nintervals: {tick: soon}\n",
 			[]string{"agent.yaml:3:19: intervals.tick: \"soon\" is not a duration"}},
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/go-git/go-git/v5/plumbing/transport"
-	"go.yaml.in/yaml/v3"
 )
 
 // The value kinds a flag, a variable or a file field can be malformed as.
@@ -105,10 +104,7 @@ func (v *durationValue) Set(s string) error {
 // "5m"), 0 or more.
 type Duration time.Duration
 
-// UnmarshalYAML parses a Go duration.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error { return d.UnmarshalText([]byte(n.Value)) }
-
-// UnmarshalText parses a Go duration, for decoders that take text.
+// UnmarshalText parses a Go duration (desired.Decode gives it the text).
 func (d *Duration) UnmarshalText(text []byte) error {
 	v, err := parseDuration(string(text))
 	if err != nil {
@@ -122,10 +118,7 @@ func (d *Duration) UnmarshalText(text []byte) error {
 // settings where a negative value turns something off.
 type SignedDuration time.Duration
 
-// UnmarshalYAML parses a Go duration.
-func (d *SignedDuration) UnmarshalYAML(n *yaml.Node) error { return d.UnmarshalText([]byte(n.Value)) }
-
-// UnmarshalText parses a Go duration, for decoders that take text.
+// UnmarshalText parses a Go duration (desired.Decode gives it the text).
 func (d *SignedDuration) UnmarshalText(text []byte) error {
 	v, err := time.ParseDuration(string(text))
 	if err != nil {
