@@ -2,15 +2,22 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os/signal"
 	"syscall"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/internal/config"
+	"github.com/gitfleet/gitfleet/internal/httpserve"
 )
 
 func newAgentCmd() *cobra.Command {
@@ -66,9 +73,35 @@ func runAgent(ctx context.Context, c *config.Agent, once bool, logOut io.Writer)
 		parts.Engine.Close(closeCtx)
 		return err
 	}
+	if c.Listen != "" {
+		srv, err := serveAgentHTTP(c.Listen, ag, parts.Registry, cfg.Log)
+		if err != nil {
+			return err
+		}
+		defer srv.Shutdown(context.Background())
+	}
 	err = ag.Run(ctx)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	return err
+}
+
+// serveAgentHTTP serves /metrics (reg) and /healthz (ag) on addr.
+func serveAgentHTTP(addr string, ag *agent.Agent, reg *prometheus.Registry, log logrus.FieldLogger) (*httpserve.Server, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", ag.Healthz)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, &exitError{code: 2, err: fmt.Errorf("listen %s: %w", addr, err)}
+	}
+	srv := httpserve.NewServer(ln, mux, httpserve.Options{})
+	go func() {
+		if err := srv.Serve(); err != nil {
+			log.WithError(err).Error("http server")
+		}
+	}()
+	log.WithField("addr", ln.Addr().String()).Info("serving /metrics and /healthz")
+	return srv, nil
 }
 
 // notifySystemd makes the agent send READY=1 once its state is loaded,

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -179,6 +182,56 @@ func TestAgentExitsZeroOnSIGTERM(t *testing.T) {
 	}
 	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
 	assert.Equal(t, 0, <-done)
+}
+
+// TestAgentServesMetricsAndHealthz: with listen set, the running agent
+// serves its Prometheus metrics and a health check on that address, and
+// stops serving when it exits.
+func TestAgentServesMetricsAndHealthz(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	spec := agenttest.Spec("hv-a")
+	snap := &snapshots.Snapshot{Host: "hv-a", Epoch: 4,
+		VMs: []snapshots.SnapshotVM{{Name: "web-01", SpecHash: desired.SpecHash(spec), Spec: spec}}, Volumes: []snapshots.SnapshotVolume{}}
+	data, err := snapshots.MarshalSnapshot(snap)
+	require.NoError(t, err)
+	gittest.Commit(t, bare, gittest.Edit{Branch: "gitfleet/snapshots", Write: map[string]string{"hosts/hv-a.yaml": string(data)}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	cfg := writeAgentConfig(t, "repo: {url: "+bare+"}\nhost: hv-a\nstateDir: "+filepath.Join(t.TempDir(), "state")+
+		"\nbackend: memory\nlogLevel: error\nlisten: "+addr+"\n")
+	done := make(chan int, 1)
+	go func() {
+		code, _ := runCLI(t, "agent", "--config", cfg)
+		done <- code
+	}()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		code, body := get("/metrics")
+		if code == http.StatusOK && strings.Contains(body, `gitfleet_agent_vms{phase="ready"} 1`) {
+			assert.Contains(t, body, "gitfleet_agent_snapshot_epoch 4")
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no ready VM in /metrics: %d %s", code, body)
+		time.Sleep(50 * time.Millisecond)
+	}
+	code, body := get("/healthz")
+	assert.Equal(t, http.StatusOK, code, body)
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
+	assert.Equal(t, 0, <-done)
+	code, _ = get("/healthz")
+	assert.Zero(t, code, "the listener closes with the agent")
 }
 
 // TestAgentGitTimeoutFromConfig: gitTimeout bounds each git operation of

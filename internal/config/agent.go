@@ -119,6 +119,9 @@ type AgentFile struct {
 	ReadyTimeout Duration  `yaml:"readyTimeout"`
 	MaxAttempts  int       `yaml:"maxAttempts"`
 	LogLevel     string    `yaml:"logLevel"`
+	// Listen is the address of the agent's /metrics and /healthz, such
+	// as agent.DefaultListen; absent or empty: no listener.
+	Listen string `yaml:"listen"`
 }
 
 // agentFileChecks are the checks of AgentFile's values beyond their Go
@@ -235,6 +238,8 @@ type Agent struct {
 	LogLevel logrus.Level
 	// Version is the agent version reported in status.
 	Version string
+	// Listen is the address of /metrics and /healthz; "" serves nothing.
+	Listen string
 }
 
 // QEMU configures the QEMU backend (see qemu.Config).
@@ -273,8 +278,8 @@ func DefaultAgent() Agent {
 // each with its variable (GITFLEET_CONFIG, GITFLEET_REPO, GITFLEET_HOST,
 // GITFLEET_STATE_DIR). The last three override the file.
 type AgentFlags struct {
-	flags                         *Flags
-	file, repoURL, host, stateDir string
+	flags                                 *Flags
+	file, repoURL, host, stateDir, listen string
 }
 
 // BindAgent binds the agent's flags on fs.
@@ -284,6 +289,7 @@ func BindAgent(fs *pflag.FlagSet) *AgentFlags {
 	a.flags.URL(&a.repoURL, "repo", "GITFLEET_REPO", "fleet repository URL (overrides repo.url)")
 	a.flags.String(&a.host, "host", "GITFLEET_HOST", "this host's name (overrides host)")
 	a.flags.Path(&a.stateDir, "state-dir", "GITFLEET_STATE_DIR", "state directory (overrides stateDir; default "+agent.DefaultStateDir+")")
+	a.flags.String(&a.listen, "listen", "GITFLEET_AGENT_LISTEN", "address for /metrics and /healthz, such as "+agent.DefaultListen+"; off when empty (overrides listen)")
 	return a
 }
 
@@ -310,6 +316,7 @@ func (a *AgentFlags) Load(env Env) (*Agent, error) {
 	setIf(&f.Repo.URL, a.repoURL)
 	setIf(&f.Host, a.host)
 	setIf(&f.StateDir, a.stateDir)
+	setIf(&f.Listen, a.listen)
 	if f.Repo.URL == "" || f.Host == "" {
 		return nil, usageError(errors.New("agent needs a repository and a host: --config FILE, or --repo and --host"))
 	}
@@ -352,6 +359,7 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 		c.VMTimeout = time.Duration(*f.VMTimeout)
 	}
 	c.ReadyTimeout, c.MaxAttempts = time.Duration(f.ReadyTimeout), f.MaxAttempts
+	c.Listen = f.Listen
 	if f.LogLevel != "" {
 		lvl, err := logrus.ParseLevel(f.LogLevel)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/agent"
@@ -38,6 +39,9 @@ type AgentParts struct {
 	// Config is ready for agent.New; the caller adds what only it knows
 	// (systemd's Ready and Alive).
 	Config agent.Config
+	// Registry holds the agent's metrics (agent.NewMetrics), for the
+	// listener's /metrics.
+	Registry *prometheus.Registry
 }
 
 // Open wires the agent c configures: it opens the state store, makes the
@@ -67,18 +71,23 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 	if err != nil {
 		return nil, err
 	}
+	reg := prometheus.NewRegistry()
+	metrics, err := agent.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	eng, err := agent.NewEngine(agent.EngineConfig{
-		Host: c.Host, Store: store, Provisioner: prov,
+		Host: c.Host, Store: store, Provisioner: prov, Metrics: metrics,
 		TombstoneGrace: c.TombstoneGrace, VanishGrace: c.VanishGrace, ImageGrace: c.ImageGrace,
 		MaxAttempts: c.MaxAttempts, VMTimeout: c.VMTimeout, ReadyTimeout: c.ReadyTimeout, Log: log,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &AgentParts{Store: store, Provisioner: prov, Engine: eng, Config: agent.Config{
+	return &AgentParts{Store: store, Provisioner: prov, Engine: eng, Registry: reg, Config: agent.Config{
 		Host: c.Host, Repo: repo, Engine: eng, Store: store, Version: c.Version,
 		TickInterval: c.TickInterval, PollInterval: c.PollInterval, Heartbeat: c.Heartbeat,
-		StopTimeout: c.StopTimeout, Log: log,
+		StopTimeout: c.StopTimeout, Metrics: metrics, Log: log,
 	}}, nil
 }
 

@@ -27,6 +27,7 @@
 //	--cache-dir       GITFLEET_CACHE_DIR                                 controller
 //	--interval        GITFLEET_INTERVAL                                  controller
 //	--listen          GITFLEET_LISTEN                                    controller
+//	--listen          GITFLEET_AGENT_LISTEN    listen                    agent
 //	--webhook-secret  GITFLEET_WEBHOOK_SECRET                            controller
 //	--abandon-grace   GITFLEET_ABANDON_GRACE                             controller
 //	--offline-after   GITFLEET_OFFLINE_AFTER                             controller

@@ -151,6 +151,7 @@ func TestAgentFileKeys(t *testing.T) {
 		{"readyTimeout", head + "readyTimeout: 3m\n", func(a *Agent) { a.ReadyTimeout = 3 * time.Minute }},
 		{"maxAttempts", head + "maxAttempts: 5\n", func(a *Agent) { a.MaxAttempts = 5 }},
 		{"logLevel", head + "logLevel: warn\n", func(a *Agent) { a.LogLevel = logrus.WarnLevel }},
+		{"listen", head + "listen: 127.0.0.1:9781\n", func(a *Agent) { a.Listen = "127.0.0.1:9781" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := writeFile(t, "agent.yaml", tc.yaml)
