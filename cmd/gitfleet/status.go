@@ -20,6 +20,7 @@ import (
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/config"
+	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
@@ -247,7 +248,7 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 	writeControllerLines(out, rep)
 	switch {
 	case rep.PendingError != "":
-		_, err := fmt.Fprintf(out, "Pending deletes: unknown (%s)\n", rep.PendingError)
+		_, err := fmt.Fprintf(out, "Pending deletes: unknown (%s)\n", safetext.Line(rep.PendingError))
 		return err
 	case len(rep.PendingDeletes) == 0:
 		_, err := fmt.Fprintln(out, "Pending deletes: none.")
@@ -261,7 +262,7 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 		if p.SweptAt != nil {
 			since += " (swept: host offline; waits for its ack)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(desired.Hash(p.Commit).Short()), dash(p.Author), since, p.Epoch)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", dash(p.Kind), dash(p.Name), dash(p.Host), dash(desired.Hash(p.Commit).Short()), dash(p.Author), since, p.Epoch)
 	}
 	return tw.Flush()
 }
@@ -270,10 +271,10 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 // do, and the last rejected commit while it stands, each on a line of its
 // own (the reasons cut to their first line; --format json has them whole).
 func writeControllerLines(out io.Writer, rep statusReport) {
-	first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
+	first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return safetext.Line(l) }
 	switch f := rep.ControllerFailing; {
 	case rep.ControllerError != "":
-		fmt.Fprintf(out, "Controller: unknown (%s)\n", rep.ControllerError)
+		fmt.Fprintf(out, "Controller: unknown (%s)\n", safetext.Line(rep.ControllerError))
 	case f != nil:
 		why := "unreadable: git failed"
 		if f.Outcome == status.FailureRefused {
@@ -297,7 +298,7 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 		if st.FenceViolation {
 			note = "fence violation " + note
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t%s\n", st.Host, st.Heartbeat, st.LastSeenEpoch, dash(st.Agent.Accel), len(st.VMs), stampOrDash(st.ObservedAt), dash(note))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t%s\n", dash(st.Host), st.Heartbeat, st.LastSeenEpoch, dash(st.Agent.Accel), len(st.VMs), stampOrDash(st.ObservedAt), dash(note))
 	}
 	bad := make([]string, 0, len(rep.Unreadable))
 	for h := range rep.Unreadable {
@@ -332,10 +333,10 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 					addr += "ssh " + vm.SSH
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", vm.Name, st.Host, vm.Phase, dash(vm.Power), dash(addr), dash(vm.LastError), dash(vm.Message))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(vm.Name), dash(st.Host), dash(vm.Phase), dash(vm.Power), dash(addr), dash(vm.LastError), dash(vm.Message))
 		}
 		for _, q := range st.Quarantined {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t%s\t%s\n", q.Name, st.Host, status.PhaseQuarantined, "stopped", dash(q.LastError),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t%s\t%s\n", dash(q.Name), dash(st.Host), status.PhaseQuarantined, "stopped", dash(q.LastError),
 				"pending delete: shut down since "+stampOrDash(q.Since)+", destroyed after the grace")
 		}
 		for _, name := range st.Destroyed {
@@ -346,7 +347,7 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 			if v.Quarantined {
 				note = "not in the snapshot, no tombstone, since " + stampOrDash(v.Since) + ": shut down and kept, never destroyed"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t%s\t%s\n", v.Name, st.Host, "vanished", dash(v.Power), dash(v.LastError), note)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t%s\t%s\n", dash(v.Name), dash(st.Host), "vanished", dash(v.Power), dash(v.LastError), note)
 		}
 	}
 	return tw.Flush()
@@ -359,9 +360,12 @@ func stampOrDash(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
+// dash is s as one printable line (status files are written by agents,
+// or forged: no control character reaches the terminal), or "-" when
+// empty.
 func dash(s string) string {
 	if s == "" {
 		return "-"
 	}
-	return s
+	return safetext.Line(s)
 }

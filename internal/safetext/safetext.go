@@ -21,7 +21,8 @@ const MaxLineBytes = 1024
 
 // Line makes s one printable line: invalid UTF-8 becomes U+FFFD, every
 // control character (newlines and tabs included) is written as a Go escape
-// such as \x00 or \n, and a line longer than MaxLineBytes is cut with "…".
+// such as \x00 or \n (so are the bidirectional controls, U+202E and the
+// like, which reorder what a terminal or a browser shows), and a line longer than MaxLineBytes is cut with "…".
 func Line(s string) string {
 	var b strings.Builder
 	for i, r := range s {
@@ -34,7 +35,7 @@ func Line(s string) string {
 			b.WriteRune(utf8.RuneError)
 		case r == '\t':
 			b.WriteByte(' ')
-		case unicode.IsControl(r) || r == '\u2028' || r == '\u2029':
+		case unicode.IsControl(r) || r == '\u2028' || r == '\u2029' || unicode.Is(unicode.Bidi_Control, r):
 			b.WriteString(strings.Trim(fmt.Sprintf("%q", string(r)), `"`))
 		default:
 			b.WriteRune(r)
