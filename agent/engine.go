@@ -231,8 +231,10 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 }
 
 // watchReadiness runs, every ReadyPollInterval, the pass of each booting
-// VM whose guest has answered or whose ReadyTimeout has just run out, so
-// its phase changes within moments instead of at the next tick. It asks
+// VM whose guest has answered or whose ReadyTimeout has just run out, and
+// of each ready VM whose running guest no longer counts as answering (its
+// sshd refuses), so its phase changes within moments instead of at the
+// next tick. It asks
 // the provisioner's memory only (Readiness never waits for a guest).
 func (e *Engine) watchReadiness() {
 	defer e.wg.Done()
@@ -247,13 +249,18 @@ func (e *Engine) watchReadiness() {
 		e.mu.Lock()
 		if !e.closed && !e.fenced {
 			for name, rec := range e.recs {
-				if rec.Phase != status.PhaseBooting {
-					continue
-				}
-				r := e.prov.Readiness(name)
-				overdue := !r.Booted.IsZero() && e.now().Sub(r.Booted) >= e.cfg.ReadyTimeout && !strings.HasPrefix(rec.LastError, notAnswered)
-				if r.Ready || overdue {
-					e.kickLocked(name)
+				switch rec.Phase {
+				case status.PhaseBooting:
+					r := e.prov.Readiness(name)
+					overdue := !r.Booted.IsZero() && e.now().Sub(r.Booted) >= e.cfg.ReadyTimeout && !strings.HasPrefix(rec.LastError, notAnswered)
+					if r.Ready || overdue {
+						e.kickLocked(name)
+					}
+				case status.PhaseReady:
+					// A guest reached by SSH whose sshd stopped answering.
+					if r := e.prov.Readiness(name); !r.Booted.IsZero() && !r.Ready {
+						e.kickLocked(name)
+					}
 				}
 			}
 		}

@@ -130,10 +130,28 @@ func (p *Provisioner) answerLocked(name, via string) {
 	if !ok || !p.running[name] || r.Ready {
 		return
 	}
-	r.Ready, r.At, r.Via = true, p.now(), via
-	if via == agent.ReadySSH {
-		r.Addr = p.addrs[name].SSH
+	if r.At.IsZero() {
+		r.At, r.Via = p.now(), via
+		if via == agent.ReadySSH {
+			r.Addr = p.addrs[name].SSH
+		}
 	}
+	r.Ready, r.Refused = true, time.Time{}
+	p.boots[name] = r
+}
+
+// Refuse plays the running guest name, ready by SSH, having its sshd
+// refuse: the guest counts as reached by SSH (SSHRequired) and is no
+// longer ready until Answer. It does nothing for a VM that does not run
+// or is not ready by SSH.
+func (p *Provisioner) Refuse(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.boots[name]
+	if !ok || !p.running[name] || !r.Ready || r.Via != agent.ReadySSH {
+		return
+	}
+	r.SSHRequired, r.Ready, r.Refused = true, false, p.now()
 	p.boots[name] = r
 }
 
