@@ -188,11 +188,19 @@ func (w *bootWatch) probeLoop(ctx context.Context, via string, probe func(contex
 }
 
 // sshLoop reads the guest's SSH banner with probe for as long as ctx
-// lasts: every ProbeInterval while the guest is not ready, and at the
-// recheck pace (SSHRecheckInterval, later SSHRecheckLate) once it is.
+// lasts: every ProbeInterval until the guest first answers, then at the
+// recheck pace (SSHRecheckInterval, later SSHRecheckLate), whether it is
+// ready or not: every read costs the guest an sshd process, and sshd
+// drops connections past its MaxStartups (unauthenticated ones, which
+// pile up when a slow guest's sshd cannot send its banner before the
+// probe gives up), so probing a loaded guest harder would make it refuse.
+// A guest ready by SSH is not ready after two refusals in a row (the
+// second read ProbeInterval after the first), so one connection dropped
+// past MaxStartups is not taken for sshd gone.
 func (w *bootWatch) sshLoop(ctx context.Context, probe func(context.Context) (string, error), readyFile string, log *logrus.Entry) {
 	t := time.NewTimer(0)
 	defer t.Stop()
+	refusals := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -204,10 +212,18 @@ func (w *bootWatch) sshLoop(ctx context.Context, probe func(context.Context) (st
 			return
 		}
 		now := time.Now()
-		if err == nil {
+		switch {
+		case err == nil:
+			refusals = 0
 			w.answered(agent.ReadySSH, addr, now, readyFile, log)
-		} else if refused(err) {
+		case refused(err):
+			if refusals++; refusals == 1 && w.readiness().Ready {
+				t.Reset(ProbeInterval) // confirm before the guest counts as refusing
+				continue
+			}
 			w.refused(now, err, readyFile, log)
+		default:
+			refusals = 0
 		}
 		t.Reset(w.nextSSHProbe(now))
 	}
@@ -218,7 +234,7 @@ func (w *bootWatch) nextSSHProbe(now time.Time) time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
-	case !w.r.Ready:
+	case w.r.At.IsZero():
 		return ProbeInterval
 	case now.Sub(w.r.At) < sshRecheckEarly:
 		return w.recheck

@@ -5,9 +5,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/desired"
@@ -134,12 +137,17 @@ func (s *switchable) serve(c net.Conn) {
 		c.Write([]byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
 	case "silent":
 		time.Sleep(2 * time.Second)
+	case "drop-one":
+		// sshd past its MaxStartups drops one connection; the next one
+		// gets the banner.
+		s.mode.Store("banner")
 	}
 }
 
 // TestSSHReadinessFollowsTheBanner pins the readiness of a guest given SSH
-// keys: ready once its banner is read, not ready (and not saved as ready)
-// while its sshd refuses again, unchanged by a probe that only timed out,
+// keys: ready once its banner is read, still ready when one connection is
+// dropped (sshd past its MaxStartups), not ready (and not saved as ready)
+// once its sshd refuses twice in a row, unchanged by a probe that only timed out,
 // and ready again, with its first answer kept, when sshd answers again.
 func TestSSHReadinessFollowsTheBanner(t *testing.T) {
 	s := &switchable{}
@@ -156,7 +164,8 @@ func TestSSHReadinessFollowsTheBanner(t *testing.T) {
 		defer cancel()
 		return addr, sshBanner(ctx, addr)
 	}
-	go w.sshLoop(ctx, probe, readyFile, quietLog())
+	logger, logs := logtest.NewNullLogger()
+	go w.sshLoop(ctx, probe, readyFile, logger.WithField("vm", "web-01"))
 
 	waitFor := func(what string, cond func(agent.Readiness) bool) agent.Readiness {
 		t.Helper()
@@ -185,6 +194,14 @@ func TestSSHReadinessFollowsTheBanner(t *testing.T) {
 	first := waitFor("ready", func(r agent.Readiness) bool { return r.Ready })
 	if first.Via != agent.ReadySSH || first.Addr != addr || first.At.IsZero() || !savedReady() {
 		t.Errorf("first answer %+v, saved %v", first, savedReady())
+	}
+
+	s.mode.Store("drop-one")
+	waitFor("probed past the dropped connection", conns(2))
+	for _, e := range logs.AllEntries() {
+		if strings.Contains(e.Message, "refuses") {
+			t.Errorf("one dropped connection made the guest count as refusing: %s", e.Message)
+		}
 	}
 
 	s.mode.Store("close")
