@@ -416,7 +416,9 @@ func (f *fleetUnderTest) watchReady(n guestNet, vm, phase string) *readyWatch {
 	t := f.t
 	t.Helper()
 	var addr string
-	f.waitFor(vm+" "+phase+" with an ssh address in status", func() (bool, string) {
+	// On a network the address comes with the guest's lease: a boot's
+	// wait, not a step's.
+	f.waitWithin(debianBootLimit, vm+" "+phase+" with an ssh address in status", func() (bool, string) {
 		st := f.status()
 		v := st.VM(vm)
 		if phase == status.PhaseBooting && v != nil && v.Phase == status.PhaseReady {
