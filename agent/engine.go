@@ -27,6 +27,10 @@ const (
 	DefaultVanishGrace    = time.Hour
 	DefaultMaxAttempts    = 3
 	DefaultReadyTimeout   = 10 * time.Minute
+	DefaultImageGrace     = 24 * time.Hour
+	// ImageCollectInterval is the least time between two image cache
+	// collections (EngineConfig.ImageGrace).
+	ImageCollectInterval = 10 * time.Minute
 	// ReadyPollInterval is how often the engine asks the provisioner
 	// whether a booting guest has answered; a guest that has makes its
 	// VM's pass run at once, so status shows ready within this interval
@@ -88,7 +92,12 @@ type EngineConfig struct {
 	// before lastError says it has not answered (default 10 min). The VM
 	// stays booting and is never restarted or destroyed for it.
 	ReadyTimeout time.Duration
-	Log          logrus.FieldLogger
+	// ImageGrace is how long a cached artifact no VM uses is kept before
+	// the backend's ImageCollector removes it (default 24 h; negative
+	// turns collection off). Collection runs from Tick at most every
+	// ImageCollectInterval.
+	ImageGrace time.Duration
+	Log        logrus.FieldLogger
 }
 
 // Engine is the level-triggered reconcile loop of one host. Tick accepts a
@@ -135,11 +144,13 @@ type Engine struct {
 	hashedSum string
 	fenced    bool
 	fenceMsg  string
-	volumes   []status.Volume
-	orphans   []string
-	workers   map[string]*worker
-	wg        sync.WaitGroup
-	changed   chan struct{}
+	// lastCollect is when collectImages last ran; guarded by tickMu.
+	lastCollect time.Time
+	volumes     []status.Volume
+	orphans     []string
+	workers     map[string]*worker
+	wg          sync.WaitGroup
+	changed     chan struct{}
 }
 
 type worker struct {
@@ -171,6 +182,9 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = DefaultReadyTimeout
+	}
+	if cfg.ImageGrace == 0 {
+		cfg.ImageGrace = DefaultImageGrace
 	}
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
@@ -246,25 +260,51 @@ func (e *Engine) watchReadiness() {
 			return
 		case <-t.C:
 		}
-		e.mu.Lock()
-		if !e.closed && !e.fenced {
-			for name, rec := range e.recs {
-				switch rec.Phase {
-				case status.PhaseBooting:
-					r := e.prov.Readiness(name)
-					overdue := !r.Booted.IsZero() && e.now().Sub(r.Booted) >= e.cfg.ReadyTimeout && !strings.HasPrefix(rec.LastError, notAnswered)
-					if r.Ready || overdue {
-						e.kickLocked(name)
-					}
-				case status.PhaseReady:
-					// A guest reached by SSH whose sshd stopped answering.
-					if r := e.prov.Readiness(name); !r.Booted.IsZero() && !r.Ready {
-						e.kickLocked(name)
-					}
-				}
+		e.kickAnswered()
+	}
+}
+
+// kickAnswered kicks the pass of each booting VM whose guest has answered
+// or whose ReadyTimeout has just run out, and of each ready VM whose
+// running guest no longer counts as answering (its sshd refuses). The
+// provisioner is asked outside the engine lock.
+func (e *Engine) kickAnswered() {
+	type watched struct{ name, phase, lastError string }
+	e.mu.Lock()
+	var recs []watched
+	if !e.closed && !e.fenced {
+		for _, rec := range e.recs {
+			if rec.Phase == status.PhaseBooting || rec.Phase == status.PhaseReady {
+				recs = append(recs, watched{rec.Name, rec.Phase, rec.LastError})
 			}
 		}
-		e.mu.Unlock()
+	}
+	e.mu.Unlock()
+	var due []string
+	for _, rec := range recs {
+		r := e.prov.Readiness(rec.name)
+		switch rec.phase {
+		case status.PhaseBooting:
+			overdue := !r.Booted.IsZero() && e.now().Sub(r.Booted) >= e.cfg.ReadyTimeout && !strings.HasPrefix(rec.lastError, notAnswered)
+			if r.Ready || overdue {
+				due = append(due, rec.name)
+			}
+		case status.PhaseReady:
+			if !r.Booted.IsZero() && !r.Ready {
+				due = append(due, rec.name)
+			}
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed || e.fenced {
+		return
+	}
+	for _, name := range due {
+		e.kickLocked(name)
 	}
 }
 
@@ -341,6 +381,12 @@ func (e *Engine) fenceLocked(snap *desired.Snapshot, msg string) error {
 // persists the snapshot and epoch, converges volumes, and kicks every VM's
 // worker; it does not wait for them (see Settle). Concurrent calls run one
 // after the other.
+//
+// A pass is decide (under the engine lock: fence or accept, and what to
+// persist) → persist (files, unlocked) → adopt (under the lock), then the
+// volume and network passes (unlocked) and the kicks (locked): no file or
+// provisioner I/O runs under the engine lock, so Report never waits on a
+// disk.
 func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -350,44 +396,126 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 	if err := e.load(); err != nil {
 		return err
 	}
+	snap, err := e.candidate(snap)
+	if err != nil || snap == nil {
+		return err
+	}
+	// Hashed without e.mu (500 VMs take tens of ms), so Report is not held
+	// up; only Tick, serialized by tickMu, changes what decide checks.
+	hash, err := e.hashOf(snap)
+	if err != nil {
+		return fmt.Errorf("tick: %w", err)
+	}
+	d, err := e.decide(snap, hash)
+	if err != nil {
+		return err
+	}
+	if err := e.persist(snap, hash, d); err != nil {
+		return fmt.Errorf("tick: %w", err)
+	}
+	inUse := e.adopt(snap, hash)
+	vols, orphans := e.reconcileVolumes(snap, inUse)
+	e.reconcileNetworks(ctx, snap)
+	e.kickAll(vols, orphans)
+	e.collectImages(ctx, snap)
+	return nil
+}
+
+// collectImages has an ImageCollector remove the cached artifacts no VM of
+// this host uses (see ImageCollector), at most every ImageCollectInterval,
+// and never while a record cannot be read. Called by Tick only (tickMu
+// guards lastCollect).
+func (e *Engine) collectImages(ctx context.Context, snap *desired.Snapshot) {
+	ic, ok := e.prov.(ImageCollector)
+	if !ok || e.cfg.ImageGrace < 0 {
+		return
+	}
+	now := e.now()
+	if !e.lastCollect.IsZero() && now.Sub(e.lastCollect) < ImageCollectInterval {
+		return
+	}
+	vms, ok := e.machinesInUse(snap)
+	if !ok {
+		e.log.Warn("image cache not collected: a VM record cannot be read, so what the cache holds for it is unknown")
+		return
+	}
+	e.lastCollect = now
+	res, err := ic.CollectImages(ctx, vms, e.cfg.ImageGrace)
+	if err != nil {
+		e.log.WithError(err).Warn("image cache collection")
+	}
+	if len(res.Removed) > 0 {
+		e.log.WithField("removed", len(res.Removed)).WithField("removedBytes", res.RemovedBytes).
+			WithField("kept", res.Kept).WithField("keptBytes", res.KeptBytes).
+			WithField("grace", e.cfg.ImageGrace).Info("image cache: removed artifacts no VM used for the grace")
+	}
+}
+
+// machinesInUse lists every VM this host has a record of and every VM of
+// snap (tombstoned ones too), each with the spec it records or asks for;
+// ok is false while a record cannot be read.
+func (e *Engine) machinesInUse(snap *desired.Snapshot) (vms []Machine, ok bool) {
 	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.bad) > 0 {
+		return nil, false
+	}
+	for _, rec := range e.recs {
+		vms = append(vms, Machine{Name: rec.Name, Dir: e.store.VMDir(rec.Name), Spec: rec.Spec})
+	}
+	for _, v := range snap.VMs {
+		if validName(v.Name) {
+			vms = append(vms, Machine{Name: v.Name, Dir: e.store.VMDir(v.Name), Spec: v.Spec})
+		}
+	}
+	return vms, true
+}
+
+// candidate returns the snapshot this tick works on: snap, or the last
+// accepted one when snap is nil (nil when there is none). A snapshot for
+// another host is invalid; one below the last accepted epoch fences the
+// host.
+func (e *Engine) candidate(snap *desired.Snapshot) (*desired.Snapshot, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.closed {
-		e.mu.Unlock()
-		return errors.New("tick: engine closed")
+		return nil, errors.New("tick: engine closed")
 	}
 	if snap == nil {
 		snap = e.snap
 	}
 	if snap == nil {
-		e.mu.Unlock()
-		return nil // no snapshot yet: nothing to do
+		return nil, nil // no snapshot yet: nothing to do
 	}
 	if e.cfg.Host != "" && snap.Host != e.cfg.Host {
-		e.mu.Unlock()
-		return fmt.Errorf("tick: snapshot is for host %q, not %q: %w", snap.Host, e.cfg.Host, ErrSnapshotInvalid)
+		return nil, fmt.Errorf("tick: snapshot is for host %q, not %q: %w", snap.Host, e.cfg.Host, ErrSnapshotInvalid)
 	}
 	if snap.Epoch < e.lastEpoch {
-		err := e.fenceLocked(snap, fmt.Sprintf("snapshot epoch %d is below the last accepted epoch %d (the snapshots branch was restored from an older copy?); refused, acting on nothing until a newer epoch is published", snap.Epoch, e.lastEpoch))
-		e.mu.Unlock()
-		return err
+		return nil, e.fenceLocked(snap, fmt.Sprintf("snapshot epoch %d is below the last accepted epoch %d (the snapshots branch was restored from an older copy?); refused, acting on nothing until a newer epoch is published", snap.Epoch, e.lastEpoch))
 	}
-	e.mu.Unlock()
-	// Hashed without e.mu (500 VMs take tens of ms), so Report is not held
-	// up; only Tick, serialized by tickMu, changes what is checked below.
-	hash, err := e.hashOf(snap)
-	if err != nil {
-		return fmt.Errorf("tick: %w", err)
-	}
+	return snap, nil
+}
+
+// acceptance is what decide found a tick must write before the engine
+// adopts its snapshot.
+type acceptance struct {
+	snapshot bool // the snapshot is new: save it
+	epoch    bool // its epoch is above the last accepted: save it
+	hash     bool // the accepted hash changes: save it
+}
+
+// decide applies the same-epoch fences to snap (whose SnapshotHash is
+// hash) and says what to persist.
+func (e *Engine) decide(snap *desired.Snapshot, hash string) (acceptance, error) {
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	if snap.Epoch == e.lastEpoch && e.lastEpoch > 0 && e.lastHash == "" {
 		// The epoch file survived but neither the accepted hash nor the
 		// snapshot did: what was accepted at this epoch is unknown, so a
 		// snapshot at it cannot be told from a hand edit or a second
 		// controller. Refusing it until the next epoch is safe and
 		// recoverable; accepting it would switch the same-epoch fence off.
-		err := e.fenceLocked(snap, fmt.Sprintf("state directory has epoch %d but no record of its content (%s and %s are missing or unreadable); refused, waiting for epoch %d: the controller publishes it on the next change to this host's desired state, so merge any change for this host to force it", e.lastEpoch, filepath.Join(e.store.Root(), acceptedFile), filepath.Join(e.store.Root(), snapshotFile), e.lastEpoch+1))
-		e.mu.Unlock()
-		return err
+		return acceptance{}, e.fenceLocked(snap, fmt.Sprintf("state directory has epoch %d but no record of its content (%s and %s are missing or unreadable); refused, waiting for epoch %d: the controller publishes it on the next change to this host's desired state, so merge any change for this host to force it", e.lastEpoch, filepath.Join(e.store.Root(), acceptedFile), filepath.Join(e.store.Root(), snapshotFile), e.lastEpoch+1))
 	}
 	if snap.Epoch == e.lastEpoch && e.lastHash != "" && hash != e.lastHash {
 		// The same epoch with other content: a hand edit of the snapshots
@@ -396,52 +524,63 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		// by this version, may still match (an upgrade changed the
 		// encoding the stored hash was made with).
 		if same := e.snap != nil && e.snap.Epoch == snap.Epoch && e.snapHash == hash; !same {
-			err := e.fenceLocked(snap, fmt.Sprintf("snapshot at epoch %d differs from the one accepted at that epoch (sha256 %.12s, accepted %.12s): the snapshots branch was edited by hand or another controller published; refused, acting on nothing until a newer epoch is published", snap.Epoch, hash, e.lastHash))
-			e.mu.Unlock()
-			return err
+			return acceptance{}, e.fenceLocked(snap, fmt.Sprintf("snapshot at epoch %d differs from the one accepted at that epoch (sha256 %.12s, accepted %.12s): the snapshots branch was edited by hand or another controller published; refused, acting on nothing until a newer epoch is published", snap.Epoch, hash, e.lastHash))
 		}
 	}
-	isNew := e.snap == nil || snap.Epoch != e.snap.Epoch || hash != e.snapHash
 	newEpoch := snap.Epoch > e.lastEpoch
-	saveHash := newEpoch || hash != e.lastHash
-	e.mu.Unlock()
+	return acceptance{
+		snapshot: e.snap == nil || snap.Epoch != e.snap.Epoch || hash != e.snapHash,
+		epoch:    newEpoch,
+		hash:     newEpoch || hash != e.lastHash,
+	}, nil
+}
 
-	if isNew {
+// persist writes what decide asked for, in the order that keeps the fence
+// sound across a crash between any two writes.
+func (e *Engine) persist(snap *desired.Snapshot, hash string, d acceptance) error {
+	if d.snapshot {
 		// Snapshot before epoch: a crash in between leaves the new snapshot
 		// with the old epoch, which still passes the fence.
 		if err := e.store.SaveSnapshot(snap); err != nil {
-			return fmt.Errorf("tick: %w", err)
+			return err
 		}
 		e.log.WithField("epoch", snap.Epoch).WithField("commit", snap.Source.Commit).Info("snapshot accepted")
 	}
-	if newEpoch {
+	if d.epoch {
 		// Also when the snapshot was already on disk (that crash): an epoch
 		// left behind would let another snapshot at this one pass as newer.
 		if err := e.store.SaveEpoch(snap.Epoch); err != nil {
-			return fmt.Errorf("tick: %w", err)
+			return err
 		}
 	}
-	if saveHash {
+	if d.hash {
 		// After the epoch: a crash in between leaves no hash for the new
 		// epoch, and the next engine hashes the snapshot on disk instead.
 		if err := e.store.SaveAcceptedHash(snap.Epoch, hash); err != nil {
-			return fmt.Errorf("tick: %w", err)
+			return err
 		}
 	}
+	return nil
+}
 
+// adopt makes the persisted snap the engine's desired state and returns the
+// volumes its VMs (and every VM record) use.
+func (e *Engine) adopt(snap *desired.Snapshot, hash string) map[string]bool {
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.accept(snap)
 	e.snapHash = hash
-	// An epoch below lastEpoch was refused above, and only Tick, serialized
-	// by tickMu, changes lastEpoch: snap is now the last accepted epoch.
+	// An epoch below lastEpoch was refused by candidate, and only Tick,
+	// serialized by tickMu, changes lastEpoch: snap is now the last
+	// accepted epoch.
 	e.lastEpoch, e.lastHash = snap.Epoch, hash
 	e.retryBadLocked()
-	inUse := e.volumesInUseLocked(snap)
-	e.mu.Unlock()
+	return e.volumesInUseLocked(snap)
+}
 
-	vols, orphans := e.reconcileVolumes(snap, inUse)
-	e.reconcileNetworks(ctx, snap)
-
+// kickAll publishes the volume pass's result and kicks the worker of every
+// VM whose record can be read and whose name is valid.
+func (e *Engine) kickAll(vols []status.Volume, orphans []string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.volumes, e.orphans = vols, orphans
@@ -451,7 +590,6 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 		}
 		e.kickLocked(name)
 	}
-	return nil
 }
 
 // reconcileNetworks has a NetworkReconciler make the snapshot's host

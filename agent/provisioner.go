@@ -146,6 +146,31 @@ type NetworkReconciler interface {
 	ReconcileNetworks(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error
 }
 
+// ImageCollector is implemented by a Provisioner that keeps a cache of
+// downloaded artifacts (images, kernels, initrds). CollectImages removes
+// every cached artifact that no VM in vms uses and that has gone unused
+// for at least grace; an artifact is in use when a VM's spec names it or a
+// VM's disk is backed by it (an edited image is not applied to an existing
+// VM, so its disk keeps the old image as backing file). vms is every VM
+// this host has a record of (created, quarantined, vanished) and every VM
+// of the accepted snapshot, tombstoned ones included. A disk it cannot
+// read is an error and nothing is removed: what it uses is unknown. The
+// engine calls it from Tick, never while a record is unreadable.
+// Optional.
+type ImageCollector interface {
+	CollectImages(ctx context.Context, vms []Machine, grace time.Duration) (ImageCollection, error)
+}
+
+// ImageCollection is what one CollectImages pass did: the artifacts it
+// removed (by sha256) and their size in bytes, and the artifacts it kept
+// and theirs.
+type ImageCollection struct {
+	Removed      []string
+	RemovedBytes int64
+	Kept         int
+	KeptBytes    int64
+}
+
 // AccelReporter is implemented by a Provisioner that knows which
 // accelerator its VMs run under ("kvm" or "tcg"), for the status file's
 // agent.accel. Optional.

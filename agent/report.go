@@ -29,10 +29,43 @@ import (
 //     no longer has, repeated on every report until the name leaves the
 //     snapshot.
 //   - Volumes and Orphans: as the last tick found them.
+//
+// The engine lock is held only to copy what the engine knows; the
+// provisioner's answers and the volume directory (read while fenced) are
+// asked for after it is released.
 func (e *Engine) Report() *status.Status {
+	st, snap, fenced := e.reportLocked()
+	if fenced {
+		st.Volumes, st.Orphans = e.reportVolumes(snap)
+		if st.Volumes == nil {
+			st.Volumes = []status.Volume{}
+		}
+	}
+	progress, _ := e.prov.(ProgressReporter)
+	for i := range st.VMs {
+		row := &st.VMs[i]
+		if row.Phase == status.PhaseReady && !e.prov.Readiness(row.Name).Ready {
+			// The record says a boot answered, but not this one (the
+			// agent restarted and no pass has looked yet, or the VM
+			// died): ready is shown only for the boot that answered.
+			row.Phase = status.PhaseBooting
+		}
+		if row.Phase == status.PhaseCreating && progress != nil {
+			if done, total, ok := progress.VMProgress(row.Name); ok {
+				row.Message = progressMessage(done, total)
+			}
+		}
+	}
+	return st
+}
+
+// reportLocked builds Report's rows from the engine's memory under the
+// engine lock; it returns the accepted snapshot and whether the host is
+// fenced, for the volume rows Report reads from disk.
+func (e *Engine) reportLocked() (st *status.Status, snap *desired.Snapshot, fenced bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := &status.Status{
+	st = &status.Status{
 		Host:           e.cfg.Host,
 		LastSeenEpoch:  e.lastEpoch,
 		FenceViolation: e.fenced,
@@ -43,13 +76,6 @@ func (e *Engine) Report() *status.Status {
 		Volumes:        append([]status.Volume{}, e.volumes...),
 		Orphans:        append([]string(nil), e.orphans...),
 	}
-	if e.fenced {
-		st.Volumes, st.Orphans = e.reportVolumes(e.snap)
-		if st.Volumes == nil {
-			st.Volumes = []status.Volume{}
-		}
-	}
-	progress, _ := e.prov.(ProgressReporter)
 	for _, name := range e.namesLocked() {
 		want, rec, bad := e.want[name], e.recs[name], e.bad[name]
 		switch {
@@ -84,29 +110,18 @@ func (e *Engine) Report() *status.Status {
 			if row.Power == "" {
 				row.Power = string(desired.PowerStopped)
 			}
-			if row.Phase == status.PhaseReady && !e.prov.Readiness(name).Ready {
-				// The record says a boot answered, but not this one (the
-				// agent restarted and no pass has looked yet, or the VM
-				// died): ready is shown only for the boot that answered.
-				row.Phase = status.PhaseBooting
-			}
 			if row.Power != string(desired.PowerRunning) {
 				// A VM that is not running answers on no address: the
 				// record keeps them for the next boot, the report does
 				// not show them.
 				row.IP, row.SSH = "", ""
 			}
-			if rec.Phase == status.PhaseCreating && progress != nil {
-				if done, total, ok := progress.VMProgress(name); ok {
-					row.Message = progressMessage(done, total)
-				}
-			}
 			st.VMs = append(st.VMs, row)
 		}
 	}
 	sort.Slice(st.Vanished, func(i, j int) bool { return st.Vanished[i].Name < st.Vanished[j].Name })
 	sort.Slice(st.Quarantined, func(i, j int) bool { return st.Quarantined[i].Name < st.Quarantined[j].Name })
-	return st
+	return st, e.snap, e.fenced
 }
 
 // vanishedRow reports a VM the snapshot dropped without a tombstone. A

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"sort"
+	"strings"
 
 	git "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/config"
@@ -44,17 +46,25 @@ func (r *Repo) Resolve(ctx context.Context, rev string) (string, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	err := r.remote(ctx, func(ctx context.Context) error {
-		return r.repo.FetchContext(ctx, &git.FetchOptions{
-			RemoteName: remoteName,
-			RefSpecs:   []config.RefSpec{"+refs/*:refs/resolve/*", "+HEAD:refs/resolve/HEAD"},
-			Depth:      r.opts.Depth,
-			Auth:       r.auth,
-			Tags:       git.NoTags,
-			// ProxyOptions: the ssh deadline (see sshdeadline.go).
-			ProxyOptions: r.proxyOptions(),
+	fetch := func(specs ...config.RefSpec) error {
+		return r.remote(ctx, func(ctx context.Context) error {
+			return r.repo.FetchContext(ctx, &git.FetchOptions{
+				RemoteName: remoteName,
+				RefSpecs:   specs,
+				Depth:      r.opts.Depth,
+				Auth:       r.auth,
+				Tags:       git.NoTags,
+				// ProxyOptions: the ssh deadline (see sshdeadline.go).
+				ProxyOptions: r.proxyOptions(),
+			})
 		})
-	})
+	}
+	err := fetch("+refs/*:refs/resolve/*", "+HEAD:refs/resolve/HEAD")
+	if errors.Is(err, git.NoMatchingRefSpecError{}) {
+		// The remote's HEAD names a branch not born yet (a fresh `git
+		// init` with remotes added): every other ref still counts.
+		err = fetch("+refs/*:refs/resolve/*")
+	}
 	if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
 		return "", fmt.Errorf("resolve %q: fetch all branches from %s: %w", rev, redactURL(r.url), err)
 	}
@@ -94,4 +104,65 @@ func (r *Repo) ResolveExpr(ctx context.Context, rev string) (string, error) {
 		return commit, err
 	}
 	return r.Resolve(ctx, h.String())
+}
+
+// ResolveTracking resolves branch as Fetch does and returns its tip and the
+// ref it came from (refs/heads/<branch> on the remote). When the remote is
+// a local clone without that branch, as `git clone` and actions/checkout
+// leave one (the branch exists there only as refs/remotes/<remote>/<branch>),
+// it resolves the clone's remote-tracking copy instead: remote "origin"'s,
+// else the only remote's that has one, and returns that ref. An error
+// matching ErrBranchNotFound means neither exists; with several remotes
+// holding copies and none named origin, the error names them.
+//
+// For readers of a branch someone else writes (plan reading the
+// controller's snapshots branch in a pull request's checkout). A tracking
+// copy is as fresh as the clone's last fetch, and is never a writer's base.
+func (r *Repo) ResolveTracking(ctx context.Context, branch string) (tip, ref string, err error) {
+	tip, err = r.Fetch(ctx, branch)
+	if err == nil || !errors.Is(err, ErrBranchNotFound) {
+		return tip, plumbing.NewBranchReferenceName(branch).String(), err
+	}
+	dir := r.localPath()
+	if dir == "" {
+		return "", "", err
+	}
+	local, lerr := git.PlainOpen(dir)
+	if lerr != nil {
+		return "", "", err
+	}
+	remotes, lerr := local.Remotes()
+	if lerr != nil {
+		return "", "", fmt.Errorf("%w; list the remotes of %s: %v", err, dir, lerr)
+	}
+	var found []*plumbing.Reference
+	for _, rem := range remotes {
+		name := plumbing.NewRemoteReferenceName(rem.Config().Name, branch)
+		tracking, rerr := local.Reference(name, true)
+		if rerr != nil {
+			continue
+		}
+		if rem.Config().Name == git.DefaultRemoteName {
+			found = []*plumbing.Reference{tracking}
+			break
+		}
+		found = append(found, tracking)
+	}
+	switch len(found) {
+	case 0:
+		return "", "", err
+	case 1:
+	default:
+		var names []string
+		for _, f := range found {
+			names = append(names, f.Name().String())
+		}
+		sort.Strings(names)
+		return "", "", fmt.Errorf("%w; the clone has %d remote-tracking copies (%s) and no remote named origin, so which one to read is unknown", err, len(found), strings.Join(names, ", "))
+	}
+	tip, err = r.Resolve(ctx, found[0].Hash().String())
+	if err != nil {
+		return "", "", fmt.Errorf("resolve %s of %s: %w", found[0].Name(), dir, err)
+	}
+	return tip, found[0].Name().String(), nil
 }

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 )
@@ -110,4 +113,52 @@ func TestResolveExprInALocalClone(t *testing.T) {
 	if msg := err.Error(); strings.Count(msg, clone) != 1 || strings.Count(msg, "HEAD~9") != 1 {
 		t.Errorf("the error repeats itself or lacks the repository: %s", msg)
 	}
+}
+
+// ResolveTracking reads a branch a local clone has only as a remote-tracking
+// copy: origin's when there is one, the only remote's otherwise, and an
+// error naming the copies when several remotes have one and none is origin.
+func TestResolveTrackingReadsTheRemoteTrackingCopy(t *testing.T) {
+	ctx := context.Background()
+	bare := gittest.NewBare(t)
+	tip := gittest.Commit(t, bare, gittest.Edit{Branch: "gitfleet/snapshots", Write: map[string]string{"ledger.yaml": "{}\n"}})
+	other := gittest.NewBare(t)
+	otherTip := gittest.Commit(t, other, gittest.Edit{Branch: "gitfleet/snapshots", Write: map[string]string{"ledger.yaml": "{\"x\": 1}\n"}})
+
+	clone := func(t *testing.T, remotes map[string]string) string {
+		work := filepath.Join(t.TempDir(), "work")
+		gittest.Git(t, "", "init", "--quiet", work)
+		for name, url := range remotes {
+			gittest.Git(t, work, "remote", "add", name, url)
+			gittest.Git(t, work, "fetch", "--quiet", name)
+		}
+		return work
+	}
+	resolve := func(t *testing.T, dir string) (string, string, error) {
+		repo, err := gitsource.Open(ctx, gitsource.Options{URL: dir})
+		require.NoError(t, err)
+		return repo.ResolveTracking(ctx, "gitfleet/snapshots")
+	}
+
+	got, ref, err := resolve(t, bare)
+	require.NoError(t, err)
+	assert.Equal(t, tip, got)
+	assert.Equal(t, "refs/heads/gitfleet/snapshots", ref, "the branch itself when the remote has it")
+
+	got, ref, err = resolve(t, clone(t, map[string]string{"origin": bare, "mirror": other}))
+	require.NoError(t, err)
+	assert.Equal(t, tip, got)
+	assert.Equal(t, "refs/remotes/origin/gitfleet/snapshots", ref, "origin's copy first")
+
+	got, ref, err = resolve(t, clone(t, map[string]string{"upstream": other}))
+	require.NoError(t, err)
+	assert.Equal(t, otherTip, got)
+	assert.Equal(t, "refs/remotes/upstream/gitfleet/snapshots", ref, "the only remote's copy")
+
+	_, _, err = resolve(t, clone(t, map[string]string{"a": bare, "b": other}))
+	assert.ErrorIs(t, err, gitsource.ErrBranchNotFound)
+	assert.ErrorContains(t, err, "refs/remotes/a/gitfleet/snapshots, refs/remotes/b/gitfleet/snapshots")
+
+	_, _, err = resolve(t, clone(t, nil))
+	assert.ErrorIs(t, err, gitsource.ErrBranchNotFound, "no copy at all")
 }

@@ -1,24 +1,21 @@
-// Package agenttest is test support for package agent: Provisioner, an
-// in-memory implementation of agent.Provisioner that keeps VMs as entries in
-// a map, hands out sticky addresses, and lets a test inject errors, crashes,
-// host reboots, late addresses, silent guests and the hypervisor's failure
-// reason.
+// Package agenttest is test support for package agent: Provisioner wraps
+// the in-memory provisioner of package inmem with fault injection. A test
+// can fail a call once or always, block it in a Hook (to play a wedged
+// hypervisor), read back every call made, and set what the hypervisor
+// reports as a VM's failure reason or download progress. Everything else
+// (the VM table, crashes, reboots, guests that answer late) is inmem's.
 //
-// It is a real implementation of the seam, not a script: Boot refuses a
-// volume path that is not a file (as a hypervisor would), Destroy releases
-// the address, PrepareRootDisk never shrinks a disk.
+// Binaries never import this package; the `memory` backend of `gitfleet
+// agent` is inmem.Provisioner itself.
 package agenttest
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"sync"
-	"time"
 
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/inmem"
 	"github.com/gitfleet/gitfleet/desired"
 )
 
@@ -52,107 +49,30 @@ type Call struct {
 // wedged hypervisor).
 type Hook func(ctx context.Context, op Op, name string) error
 
-// Provisioner keeps VMs in memory. The zero value is not usable; call New.
-// Safe for concurrent use.
+// Provisioner is an inmem.Provisioner with fault injection. The zero value
+// is not usable; call New. Safe for concurrent use.
 type Provisioner struct {
+	*inmem.Provisioner
+
 	mu       sync.Mutex
-	running  map[string]bool
-	disks    map[string]int // root disk size in GiB
-	addrs    map[string]agent.Address
-	booted   map[string]agent.Machine
-	staged   map[string]agent.Machine
-	online   map[string]int // root disk growths while running
 	reasons  map[string]string
 	progress map[string][2]int64
 	sticky   map[Op]error
 	once     map[Op]error
 	calls    []Call
-	nextIP   int
-	late     bool
 	hook     Hook
-	// boots holds each running VM's Readiness; silent makes new boots wait
-	// for Answer instead of answering at once.
-	boots  map[string]agent.Readiness
-	silent bool
-	now    func() time.Time
 }
 
-// guestIPFormat makes the n-th guest's address (n from 2).
-const guestIPFormat = "10.77.1.%d"
-
-// New returns an empty in-memory Provisioner whose guests get addresses
-// 10.77.1.2, 10.77.1.3, … and SSH forwards 127.0.0.1:2202, …
+// New returns a Provisioner over an empty inmem.New table: guests get
+// addresses 10.77.1.2, 10.77.1.3, … and SSH forwards 127.0.0.1:2202, …
 func New() *Provisioner {
 	return &Provisioner{
-		running:  map[string]bool{},
-		disks:    map[string]int{},
-		addrs:    map[string]agent.Address{},
-		booted:   map[string]agent.Machine{},
-		staged:   map[string]agent.Machine{},
-		online:   map[string]int{},
-		reasons:  map[string]string{},
-		progress: map[string][2]int64{},
-		sticky:   map[Op]error{},
-		once:     map[Op]error{},
-		boots:    map[string]agent.Readiness{},
-		nextIP:   2,
-		now:      time.Now,
+		Provisioner: inmem.New(),
+		reasons:     map[string]string{},
+		progress:    map[string][2]int64{},
+		sticky:      map[Op]error{},
+		once:        map[Op]error{},
 	}
-}
-
-// SetSilentGuests makes the guests of later boots stay silent (booting)
-// until Answer; by default a guest answers over SSH the moment it boots.
-func (p *Provisioner) SetSilentGuests(silent bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.silent = silent
-}
-
-// SetClock sets the clock that stamps boots and answers (default time.Now),
-// to match an engine's EngineConfig.Now.
-func (p *Provisioner) SetClock(now func() time.Time) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.now = now
-}
-
-// Answer plays the running guest name proving it is up, via how (one of
-// agent.ReadySSH, agent.ReadyGuestAgent, agent.ReadyConsole). It does
-// nothing for a VM that does not run.
-func (p *Provisioner) Answer(name, via string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.answerLocked(name, via)
-}
-
-func (p *Provisioner) answerLocked(name, via string) {
-	r, ok := p.boots[name]
-	if !ok || !p.running[name] || r.Ready {
-		return
-	}
-	if r.At.IsZero() {
-		r.At, r.Via = p.now(), via
-		if via == agent.ReadySSH {
-			r.Addr = p.addrs[name].SSH
-		}
-	}
-	r.Ready, r.Refused = true, time.Time{}
-	p.boots[name] = r
-}
-
-// Refuse plays the running guest name, ready by SSH, having its sshd
-// refuse: the guest counts as reached by SSH (SSHRequired) and is no
-// longer ready until Answer. It does nothing for a VM that does not run
-// or is not ready by SSH.
-func (p *Provisioner) Refuse(name string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	r, ok := p.boots[name]
-	if !ok || !p.running[name] || !r.Ready || r.Via != agent.ReadySSH {
-		return
-	}
-	r.SSHRequired, r.Ready, r.Refused = true, false, p.now()
-	p.boots[name] = r
 }
 
 // FailAlways makes every call of op fail with err until cleared with nil.
@@ -178,43 +98,6 @@ func (p *Provisioner) SetHook(h Hook) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.hook = h
-}
-
-// SetLateAddress switches to the shape of a host-run DHCP server: Boot
-// assigns no address; one exists only after AnswerAddress.
-func (p *Provisioner) SetLateAddress(late bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.late = late
-}
-
-// AnswerAddress plays the guest asking for its address after boot.
-func (p *Provisioner) AnswerAddress(name string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.attachLocked(name)
-}
-
-// ForgetAddresses drops every address the backend knows, as a restarted
-// backend that cannot answer for running guests.
-func (p *Provisioner) ForgetAddresses() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.addrs = map[string]agent.Address{}
-}
-
-// Crash ends the VM's process without a stop request.
-func (p *Provisioner) Crash(name string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.running[name] = false
-}
-
-// Reboot plays a host reboot: every VM stops.
-func (p *Provisioner) Reboot() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.running = map[string]bool{}
 }
 
 // SetFailureReason sets what the "hypervisor" left behind for name.
@@ -263,35 +146,8 @@ func (p *Provisioner) ResetCalls() {
 	p.calls = nil
 }
 
-// BootedWith returns the Machine name was last booted with.
-func (p *Provisioner) BootedWith(name string) (agent.Machine, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	m, ok := p.booted[name]
-	return m, ok
-}
-
-// DiskGB is the size of name's root disk in GiB, 0 when it has none.
-func (p *Provisioner) DiskGB(name string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.disks[name]
-}
-
-// RunningCount is the number of running VMs.
-func (p *Provisioner) RunningCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, r := range p.running {
-		if r {
-			n++
-		}
-	}
-	return n
-}
-
-// begin records the call and returns the error it should fail with.
+// begin records the call and returns the error it should fail with: the
+// hook's, the context's, then an injected one.
 func (p *Provisioner) begin(ctx context.Context, op Op, name string) error {
 	p.mu.Lock()
 	p.calls = append(p.calls, Call{Op: op, Name: name})
@@ -315,93 +171,35 @@ func (p *Provisioner) begin(ctx context.Context, op Op, name string) error {
 }
 
 // Preflight implements agent.Provisioner.
-func (p *Provisioner) Preflight(ctx context.Context) error { return p.begin(ctx, OpPreflight, "") }
+func (p *Provisioner) Preflight(ctx context.Context) error {
+	if err := p.begin(ctx, OpPreflight, ""); err != nil {
+		return err
+	}
+	return p.Provisioner.Preflight(ctx)
+}
 
-// PrepareRootDisk implements agent.Provisioner: it creates the root disk at
-// Spec.DiskGB, or grows it (online when the VM runs, as QEMU's block_resize
-// does); a smaller size leaves it as it is. Grown records each growth of a
-// running VM's disk.
+// PrepareRootDisk implements agent.Provisioner.
 func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) error {
 	if err := p.begin(ctx, OpRootDisk, m.Name); err != nil {
 		return err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if m.Spec.DiskGB > p.disks[m.Name] {
-		if p.running[m.Name] {
-			p.online[m.Name]++
-		}
-		p.disks[m.Name] = m.Spec.DiskGB
-	}
-	return nil
+	return p.Provisioner.PrepareRootDisk(ctx, m)
 }
 
-// GrownOnline reports how many times name's root disk was grown while the
-// VM ran.
-func (p *Provisioner) GrownOnline(name string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.online[name]
-}
-
-// Stage implements agent.Provisioner: it records the call and fails only
-// as injected (FailOnce, FailAlways), leaving the VM as it is.
+// Stage implements agent.Provisioner.
 func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
 	if err := p.begin(ctx, OpStage, m.Name); err != nil {
 		return err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.staged[m.Name] = m
-	return nil
+	return p.Provisioner.Stage(ctx, m)
 }
 
-// StagedWith returns the Machine name was last staged with.
-func (p *Provisioner) StagedWith(name string) (agent.Machine, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	m, ok := p.staged[name]
-	return m, ok
-}
-
-// Boot implements agent.Provisioner. It fails, as a hypervisor would, when
-// the VM has no root disk or a volume path is not a file.
+// Boot implements agent.Provisioner.
 func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	if err := p.begin(ctx, OpBoot, m.Name); err != nil {
 		return err
 	}
-	for _, v := range m.Volumes {
-		if _, err := os.Stat(v); errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("boot %s: volume %s: %w", m.Name, v, err)
-		}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.disks[m.Name] == 0 {
-		return fmt.Errorf("boot %s: no root disk", m.Name)
-	}
-	if p.running[m.Name] {
-		return nil
-	}
-	p.booted[m.Name] = m
-	p.running[m.Name] = true
-	if !p.late {
-		p.attachLocked(m.Name)
-	}
-	p.boots[m.Name] = agent.Readiness{Booted: p.now()}
-	if !p.silent {
-		p.answerLocked(m.Name, agent.ReadySSH)
-	}
-	return nil
-}
-
-func (p *Provisioner) attachLocked(name string) {
-	if _, ok := p.addrs[name]; ok {
-		return
-	}
-	n := p.nextIP
-	p.nextIP++
-	p.addrs[name] = agent.Address{IP: fmt.Sprintf(guestIPFormat, n), SSH: fmt.Sprintf("127.0.0.1:%d", 2200+n)}
+	return p.Provisioner.Boot(ctx, m)
 }
 
 // Shutdown implements agent.Provisioner.
@@ -409,72 +207,31 @@ func (p *Provisioner) Shutdown(ctx context.Context, name string) error {
 	if err := p.begin(ctx, OpShutdown, name); err != nil {
 		return err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.running[name] = false
-	delete(p.boots, name)
-	return nil
+	return p.Provisioner.Shutdown(ctx, name)
 }
 
-// Destroy implements agent.Provisioner: the VM, its disk and its address
-// go.
+// Destroy implements agent.Provisioner.
 func (p *Provisioner) Destroy(ctx context.Context, name string) error {
 	if err := p.begin(ctx, OpDestroy, name); err != nil {
 		return err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.running, name)
-	delete(p.disks, name)
-	delete(p.addrs, name)
-	delete(p.booted, name)
-	delete(p.boots, name)
-	return nil
+	return p.Provisioner.Destroy(ctx, name)
 }
 
-// Readiness implements agent.Provisioner: the zero value for a VM that
-// does not run.
-func (p *Provisioner) Readiness(name string) agent.Readiness {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.running[name] {
-		return agent.Readiness{}
-	}
-	return p.boots[name]
-}
-
-// Running implements agent.Provisioner.
-func (p *Provisioner) Running(name string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.running[name]
-}
-
-// Address implements agent.Provisioner.
-func (p *Provisioner) Address(name string) agent.Address {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.addrs[name]
-}
-
-// FailureReason implements agent.Provisioner.
+// FailureReason implements agent.Provisioner: what SetFailureReason set.
 func (p *Provisioner) FailureReason(name string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.reasons[name]
 }
 
-// VMProgress implements agent.ProgressReporter.
+// VMProgress implements agent.ProgressReporter: what SetProgress set.
 func (p *Provisioner) VMProgress(name string) (done, total int64, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	v, ok := p.progress[name]
 	return v[0], v[1], ok
 }
-
-// Accel implements agent.AccelReporter; the in-memory backend reports
-// "none".
-func (p *Provisioner) Accel() string { return "none" }
 
 // Spec is a convenience for tests: a minimal valid VM spec on host.
 func Spec(host string) desired.VMSpec {

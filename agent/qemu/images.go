@@ -100,7 +100,7 @@ func (c *imageCache) fetch(ctx context.Context, a desired.Artifact) (string, err
 		return "", agent.Permanent(fmt.Errorf("artifact %s: sha256 is not 64 lowercase hex digits", redact.URL(a.URL)))
 	}
 	dst := c.path(a.SHA256)
-	if _, err := os.Stat(dst); err == nil {
+	if c.touch(dst) {
 		return dst, c.verify(dst, a.SHA256)
 	}
 	key := downloadKey{a.URL, a.SHA256}
@@ -134,6 +134,22 @@ func (c *imageCache) fetch(ctx context.Context, a desired.Artifact) (string, err
 		return "", d.err
 	}
 	return dst, nil
+}
+
+// touch reports whether the artifact at path is cached and, when it is,
+// marks it used now (its modification time) under c.mu, so collect, which
+// removes artifacts unused for its grace under the same lock, cannot remove
+// it while its caller goes on to use it.
+func (c *imageCache) touch(path string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := os.Stat(path); err != nil {
+		return false
+	}
+	// A cache the agent cannot write keeps working; the artifact's age
+	// then counts from its last recorded use.
+	_ = os.Chtimes(path, time.Time{}, time.Now())
+	return true
 }
 
 // verify hashes a cached file the first time this process uses it. A file

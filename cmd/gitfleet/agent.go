@@ -21,8 +21,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/agent/agenttest"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
+	"github.com/gitfleet/gitfleet/agent/inmem"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/redact"
@@ -239,11 +239,11 @@ var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logr
 			Logger:       log,
 		})
 	},
-	// memory keeps VMs in a map: for trying gitfleet out and for tests,
-	// in one process. Its VMs end with the process: a later run (--once
-	// ones included) finds none and reports every VM failed to boot.
-	"memory": func(*agentFileConfig, *agent.Store, *logrus.Logger) (agent.Provisioner, error) {
-		return agenttest.New(), nil
+	// memory keeps VMs in a table (no guest runs): for trying gitfleet
+	// out. The table lives in the state directory, so a later run
+	// (--once ones included) finds the VMs of the earlier one.
+	"memory": func(_ *agentFileConfig, store *agent.Store, _ *logrus.Logger) (agent.Provisioner, error) {
+		return inmem.Open(filepath.Join(store.Root(), inmem.StateFile))
 	},
 }
 

@@ -53,6 +53,18 @@ func TestAgentOnceReconcilesAndWritesStatus(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
 
+	t.Run("a second run finds the first run's VMs", func(t *testing.T) {
+		code, _ := runCLI(t, "agent", "--config", cfg, "--once")
+		require.Equal(t, 0, code)
+		out, err := exec.Command("git", "--git-dir", bare, "show", "gitfleet/status:hosts/hv-a.yaml").Output()
+		require.NoError(t, err)
+		st, err := status.Parse("hosts/hv-a.yaml", out)
+		require.NoError(t, err)
+		require.Len(t, st.VMs, 1)
+		assert.Equal(t, status.PhaseReady, st.VMs[0].Phase, "the memory backend kept web-01 running across processes")
+		assert.Empty(t, st.VMs[0].LastError)
+	})
+
 	t.Run("flags override the file", func(t *testing.T) {
 		code, _ := runCLI(t, "agent", "--config", cfg, "--host", "hv-b", "--state-dir", filepath.Join(t.TempDir(), "s"), "--once")
 		require.Equal(t, 0, code)

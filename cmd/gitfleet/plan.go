@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/snapshots"
 )
@@ -37,7 +38,9 @@ validation errors (they are printed; the controller would reject it) or git
 failed, 2 for usage errors. A base that does not validate (a pull request
 fixing a broken main) still gets a plan: it is computed against the last
 commit the controller applied (applied.commit of ledger.yaml on the
-snapshots branch), the state the fleet actually runs, or, when there is
+snapshots branch; in a clone that has the snapshots branch only as
+origin/<branch>, as a CI checkout does, that copy), the state the fleet
+actually runs, or, when there is
 none or it does not validate either, against an empty base; a warning at
 the top of the plan says which.`,
 		Args: cobra.NoArgs,
@@ -80,15 +83,8 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 		f, err := desired.NewLoader(path).Load(tree)
 		return commit, f, err
 	}
-	// The controller's ledger: the applied commit and the pending deletes.
-	// None (a repository without snapshots, or one that cannot be read)
-	// plans against the base alone.
-	ledger, _, lerr := snapshots.ReadLedger(ctx, repo, snapshotsBranch)
-	if lerr != nil || ledger == nil {
-		ledger = snapshots.NewLedger()
-	}
+	ledger, warnings := planLedger(ctx, repo, snapshotsBranch)
 	baseCommit, baseFleet, err := load(baseRev)
-	var warnings []string
 	var baseList desired.ErrorList
 	if errors.As(err, &baseList) {
 		// The base does not validate: plan against the state the fleet
@@ -141,6 +137,28 @@ func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev,
 		return &exitError{code: 1, err: fmt.Errorf("head %s: %s", headRev, plural(len(p.Errors), "validation error", "validation errors"))}
 	}
 	return nil
+}
+
+// planLedger reads the controller's ledger (the applied commit and the
+// pending deletes) from the snapshots branch: on the remote, or in a local
+// clone from its remote-tracking copy (origin/<branch>), which is all a CI
+// checkout has. No branch yet plans against the base alone, silently: no
+// controller has run. A ledger that exists but cannot be read gives an
+// empty one and a warning, since un-deletes then show as creates and a
+// broken base cannot fall back to the applied commit.
+func planLedger(ctx context.Context, repo *gitsource.Repo, branch string) (*snapshots.Ledger, []string) {
+	tip, _, err := repo.ResolveTracking(ctx, branch)
+	if errors.Is(err, gitsource.ErrBranchNotFound) {
+		return snapshots.NewLedger(), nil
+	}
+	var l *snapshots.Ledger
+	if err == nil {
+		l, err = snapshots.LedgerAt(func(p string) ([]byte, error) { return repo.ReadFileMax(tip, p, fleet.MaxLedgerBytes) })
+	}
+	if err != nil {
+		return snapshots.NewLedger(), []string{fmt.Sprintf("the controller's ledger on %s cannot be read (%v): planned without it, so pending deletes show as creates and a broken base has no applied commit to fall back to", branch, err)}
+	}
+	return l, nil
 }
 
 // label names a revision for a person: the name given, and the commit when
