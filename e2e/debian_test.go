@@ -51,6 +51,18 @@ type guestNet struct {
 // two cores shared with other builds. It only ends a broken run.
 const debianBootLimit = 20 * time.Minute
 
+// refusedShownLimit is how long status may still show a guest ready after
+// the test first saw its sshd refuse: the agent's stated limit
+// (docs/DESIGN.md, Phases and readiness) — one recheck interval, the
+// confirming read — plus statusWriteLimit for the status write and the
+// test's own read of it.
+const refusedShownLimit = qemu.SSHRecheckInterval + 2*qemu.ProbeInterval + statusWriteLimit
+
+// statusWriteLimit bounds a status write after a change (250 ms gathering,
+// a push that may be retried against the controller's README write, a
+// test's git read) on two cores shared with other builds.
+const statusWriteLimit = 5 * time.Second
+
 // userNet is QEMU's user-mode networking: the guest is reached through its
 // SSH forward on loopback.
 var userNet = guestNet{dial: func(ctx context.Context, addr string) (net.Conn, error) {
@@ -391,7 +403,8 @@ func (d *debianBoot) stop() {
 // sshd's banner at that address at the agent's pace (qemu.ProbeInterval
 // until the first banner and to confirm a refusal, qemu.SSHRecheckInterval
 // after) and notes when the first banner arrived and every refusal, two
-// reads in a row, that came while the last status read showed ready.
+// reads in a row, seen while the last status read showed ready for longer
+// than refusedShownLimit after the first refused read.
 type readyWatch struct {
 	f    *fleetUnderTest
 	vm   string
@@ -457,6 +470,7 @@ func (f *fleetUnderTest) watchReady(n guestNet, vm, phase string) *readyWatch {
 	go func() {
 		defer w.done.Done()
 		refusedBefore := false
+		var spell time.Time // the first refused read of the current refusals
 		for ctx.Err() == nil {
 			answered, refused := probeSSH(ctx, n, addr)
 			if ctx.Err() != nil {
@@ -471,9 +485,17 @@ func (f *fleetUnderTest) watchReady(n guestNet, vm, phase string) *readyWatch {
 				w.sawRefused = true
 			}
 			// Refused twice in a row, as the agent counts it (one
-			// connection dropped past sshd's MaxStartups is not sshd gone).
-			if refused && refusedBefore && w.ready {
-				w.violations = append(w.violations, fmt.Sprintf("%s: status showed %s ready while its sshd at %s refused", now.Format("15:04:05.000"), vm, addr))
+			// connection dropped past sshd's MaxStartups is not sshd gone),
+			// and for longer than the agent takes to see it and write
+			// status (docs/DESIGN.md, the stated limit of readiness).
+			switch {
+			case !refused:
+				spell = time.Time{}
+			case spell.IsZero():
+				spell = now
+			}
+			if refused && refusedBefore && w.ready && now.Sub(spell) > refusedShownLimit {
+				w.violations = append(w.violations, fmt.Sprintf("%s: status showed %s ready while its sshd at %s had refused since %s", now.Format("15:04:05.000"), vm, addr, spell.Format("15:04:05.000")))
 			}
 			pace := qemu.ProbeInterval
 			if !w.firstBanner.IsZero() && !refused {
