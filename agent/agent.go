@@ -11,9 +11,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/safetext"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -89,7 +89,7 @@ type Agent struct {
 
 	// snapMu guards the fetch results the reconcile loop reads.
 	snapMu      sync.Mutex
-	current     *desired.Snapshot // the last snapshot fetched (maybe fenced); nil: the engine's last accepted
+	current     *snapshots.Snapshot // the last snapshot fetched (maybe fenced); nil: the engine's last accepted
 	fetchFailed bool
 	snapErr     string
 
@@ -323,7 +323,7 @@ func (a *Agent) stop(stopGit context.CancelFunc, gitDone <-chan struct{}) error 
 }
 
 // snapshot is the last snapshot fetched (nil: reconcile the last accepted).
-func (a *Agent) snapshot() *desired.Snapshot {
+func (a *Agent) snapshot() *snapshots.Snapshot {
 	a.snapMu.Lock()
 	defer a.snapMu.Unlock()
 	return a.current

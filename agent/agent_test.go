@@ -19,6 +19,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -82,9 +83,9 @@ func (h *hostAgent) once() error {
 }
 
 // publish commits snap as the host's snapshot, as the controller would.
-func publish(t testing.TB, bare string, s *desired.Snapshot) string {
+func publish(t testing.TB, bare string, s *snapshots.Snapshot) string {
 	t.Helper()
-	data, err := desired.MarshalSnapshot(s)
+	data, err := snapshots.MarshalSnapshot(s)
 	require.NoError(t, err)
 	return gittest.Commit(t, bare, gittest.Edit{Branch: agent.SnapshotsBranch, Write: map[string]string{"hosts/" + s.Host + ".yaml": string(data)}})
 }
@@ -120,7 +121,7 @@ func TestAgentWithoutASnapshotDoesNothingButReport(t *testing.T) {
 	assert.Zero(t, st.LastSeenEpoch)
 
 	// A snapshots branch without this host's file is still "no snapshot".
-	publish(t, bare, &desired.Snapshot{Host: "hv-b", Epoch: 1})
+	publish(t, bare, &snapshots.Snapshot{Host: "hv-b", Epoch: 1})
 	require.NoError(t, h.once())
 	assert.Empty(t, h.prov.AllCalls())
 }
@@ -130,7 +131,7 @@ func TestAgentMakesThePublishedVMsAndReportsThem(t *testing.T) {
 	bare := gittest.NewBare(t)
 	h := newHostAgent(t, bare, newClock(), nil)
 	s := withVolumes(snap(1, vm("web-01", volumes("data"))), vol("data", 1))
-	s.Source = desired.SnapshotSource{Commit: "abc", Branch: "main"}
+	s.Source = snapshots.SnapshotSource{Commit: "abc", Branch: "main"}
 	publish(t, bare, s)
 	require.NoError(t, h.once())
 
@@ -406,7 +407,7 @@ func TestAgentRunReactsToANewSnapshotAtOnce(t *testing.T) {
 	assert.Equal(t, []string{"web-01"}, h.prov.Calls(agenttest.OpBoot))
 }
 
-// A snapshot file over desired.MaxSnapshotBytes is refused by its size
+// A snapshot file over snapshots.MaxSnapshotBytes is refused by its size
 // before it is read, like a snapshot that does not parse.
 func TestSourceRefusesAHugeSnapshotUnread(t *testing.T) {
 	if testing.Short() {
@@ -414,7 +415,7 @@ func TestSourceRefusesAHugeSnapshotUnread(t *testing.T) {
 	}
 	gittest.NeedGit(t)
 	bare := gittest.NewBare(t)
-	huge := "host: hv-a\nepoch: 1\n#" + string(bytes.Repeat([]byte("x"), desired.MaxSnapshotBytes)) + "\n"
+	huge := "host: hv-a\nepoch: 1\n#" + string(bytes.Repeat([]byte("x"), snapshots.MaxSnapshotBytes)) + "\n"
 	gittest.Commit(t, bare, gittest.Edit{Branch: agent.SnapshotsBranch, Write: map[string]string{"hosts/hv-a.yaml": huge}})
 	_, _, err := agent.NewSource(mustOpen(t, bare), "hv-a", "").Fetch(context.Background())
 	require.ErrorIs(t, err, agent.ErrSnapshotInvalid)

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 // cpuTime is the process's user+system CPU time so far.
@@ -24,7 +24,7 @@ func cpuTime(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func bigSnapshot(epoch uint64, n int) *desired.Snapshot {
+func bigSnapshot(epoch uint64, n int) *snapshots.Snapshot {
 	s := snap(epoch)
 	for i := 0; i < n; i++ {
 		s.VMs = append(s.VMs, vm(fmt.Sprintf("vm-%03d", i)))

@@ -4,7 +4,7 @@
 // Provisioner, keeps its state on disk, and writes this host's status to the
 // gitfleet/status branch (docs/DESIGN.md, Agent semantics). It owns no
 // branch file's format: it reads hosts/<host>.yaml of the snapshots branch
-// (packages snapshots and desired) and writes its own hosts/<host>.yaml of
+// (package snapshots) and writes its own hosts/<host>.yaml of
 // the status branch (package status).
 //
 // The pieces, from the bottom up:

@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -127,10 +128,10 @@ type Engine struct {
 	inflight  int
 	closed    bool
 	loaded    bool
-	recs      map[string]*Record // treat values as immutable: replace, never mutate
-	bad       map[string]error   // names whose records cannot be read
-	snap      *desired.Snapshot  // last accepted
-	want      map[string]*desired.SnapshotVM
+	recs      map[string]*Record  // treat values as immutable: replace, never mutate
+	bad       map[string]error    // names whose records cannot be read
+	snap      *snapshots.Snapshot // last accepted
+	want      map[string]*snapshots.SnapshotVM
 	lastEpoch uint64
 	// lastHash is SnapshotHash of the snapshot accepted at lastEpoch; ""
 	// when unknown: then a snapshot at lastEpoch (above 0) is refused, since
@@ -140,7 +141,7 @@ type Engine struct {
 	snapHash string
 	// hashed memoizes SnapshotHash of the last snapshot Tick checked;
 	// guarded by tickMu.
-	hashed    *desired.Snapshot
+	hashed    *snapshots.Snapshot
 	hashedSum string
 	fenced    bool
 	fenceMsg  string
@@ -196,7 +197,7 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		log:     cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
 		recs:    map[string]*Record{},
 		bad:     map[string]error{},
-		want:    map[string]*desired.SnapshotVM{},
+		want:    map[string]*snapshots.SnapshotVM{},
 		workers: map[string]*worker{},
 		changed: make(chan struct{}, 1),
 	}
@@ -309,11 +310,11 @@ func (e *Engine) kickAnswered() {
 }
 
 // SnapshotHash is the lowercase hex sha256 of snap's canonical encoding
-// (desired.MarshalSnapshot): two snapshots with the same hash ask for the
+// (snapshots.MarshalSnapshot): two snapshots with the same hash ask for the
 // same thing. The engine keeps the hash of the snapshot it accepted at its
 // last epoch, so that another snapshot at that epoch is refused.
-func SnapshotHash(snap *desired.Snapshot) (string, error) {
-	data, err := desired.MarshalSnapshot(snap)
+func SnapshotHash(snap *snapshots.Snapshot) (string, error) {
+	data, err := snapshots.MarshalSnapshot(snap)
 	if err != nil {
 		return "", fmt.Errorf("hash snapshot: %w", err)
 	}
@@ -323,7 +324,7 @@ func SnapshotHash(snap *desired.Snapshot) (string, error) {
 
 // hashOf is SnapshotHash memoized for the snapshot last asked about: the
 // agent ticks the same parsed snapshot again and again. e.tickMu held.
-func (e *Engine) hashOf(snap *desired.Snapshot) (string, error) {
+func (e *Engine) hashOf(snap *snapshots.Snapshot) (string, error) {
 	if snap == e.hashed {
 		return e.hashedSum, nil
 	}
@@ -346,16 +347,16 @@ func HostBootID() string {
 }
 
 // Snapshot returns the last accepted snapshot, nil when there is none.
-func (e *Engine) Snapshot() *desired.Snapshot {
+func (e *Engine) Snapshot() *snapshots.Snapshot {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.snap
 }
 
 // accept makes snap the current desired state; e.mu held or not yet shared.
-func (e *Engine) accept(snap *desired.Snapshot) {
+func (e *Engine) accept(snap *snapshots.Snapshot) {
 	e.snap = snap
-	e.want = make(map[string]*desired.SnapshotVM, len(snap.VMs))
+	e.want = make(map[string]*snapshots.SnapshotVM, len(snap.VMs))
 	for i := range snap.VMs {
 		e.want[snap.VMs[i].Name] = &snap.VMs[i]
 	}
@@ -363,7 +364,7 @@ func (e *Engine) accept(snap *desired.Snapshot) {
 }
 
 // fenceLocked marks the host fenced with msg and returns the tick's error.
-func (e *Engine) fenceLocked(snap *desired.Snapshot, msg string) error {
+func (e *Engine) fenceLocked(snap *snapshots.Snapshot, msg string) error {
 	was := e.fenced && e.fenceMsg == msg
 	e.fenced, e.fenceMsg = true, msg
 	if !was {
@@ -387,7 +388,7 @@ func (e *Engine) fenceLocked(snap *desired.Snapshot, msg string) error {
 // volume and network passes (unlocked) and the kicks (locked): no file or
 // provisioner I/O runs under the engine lock, so Report never waits on a
 // disk.
-func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
+func (e *Engine) Tick(ctx context.Context, snap *snapshots.Snapshot) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -425,7 +426,7 @@ func (e *Engine) Tick(ctx context.Context, snap *desired.Snapshot) error {
 // this host uses (see ImageCollector), at most every ImageCollectInterval,
 // and never while a record cannot be read. Called by Tick only (tickMu
 // guards lastCollect).
-func (e *Engine) collectImages(ctx context.Context, snap *desired.Snapshot) {
+func (e *Engine) collectImages(ctx context.Context, snap *snapshots.Snapshot) {
 	ic, ok := e.prov.(ImageCollector)
 	if !ok || e.cfg.ImageGrace < 0 {
 		return
@@ -454,7 +455,7 @@ func (e *Engine) collectImages(ctx context.Context, snap *desired.Snapshot) {
 // machinesInUse lists every VM this host has a record of and every VM of
 // snap (tombstoned ones too), each with the spec it records or asks for;
 // ok is false while a record cannot be read.
-func (e *Engine) machinesInUse(snap *desired.Snapshot) (vms []Machine, ok bool) {
+func (e *Engine) machinesInUse(snap *snapshots.Snapshot) (vms []Machine, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if len(e.bad) > 0 {
@@ -475,7 +476,7 @@ func (e *Engine) machinesInUse(snap *desired.Snapshot) (vms []Machine, ok bool) 
 // accepted one when snap is nil (nil when there is none). A snapshot for
 // another host is invalid; one below the last accepted epoch fences the
 // host.
-func (e *Engine) candidate(snap *desired.Snapshot) (*desired.Snapshot, error) {
+func (e *Engine) candidate(snap *snapshots.Snapshot) (*snapshots.Snapshot, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -506,7 +507,7 @@ type acceptance struct {
 
 // decide applies the same-epoch fences to snap (whose SnapshotHash is
 // hash) and says what to persist.
-func (e *Engine) decide(snap *desired.Snapshot, hash string) (acceptance, error) {
+func (e *Engine) decide(snap *snapshots.Snapshot, hash string) (acceptance, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if snap.Epoch == e.lastEpoch && e.lastEpoch > 0 && e.lastHash == "" {
@@ -537,7 +538,7 @@ func (e *Engine) decide(snap *desired.Snapshot, hash string) (acceptance, error)
 
 // persist writes what decide asked for, in the order that keeps the fence
 // sound across a crash between any two writes.
-func (e *Engine) persist(snap *desired.Snapshot, hash string, d acceptance) error {
+func (e *Engine) persist(snap *snapshots.Snapshot, hash string, d acceptance) error {
 	if d.snapshot {
 		// Snapshot before epoch: a crash in between leaves the new snapshot
 		// with the old epoch, which still passes the fence.
@@ -565,7 +566,7 @@ func (e *Engine) persist(snap *desired.Snapshot, hash string, d acceptance) erro
 
 // adopt makes the persisted snap the engine's desired state and returns the
 // volumes its VMs (and every VM record) use.
-func (e *Engine) adopt(snap *desired.Snapshot, hash string) map[string]bool {
+func (e *Engine) adopt(snap *snapshots.Snapshot, hash string) map[string]bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.accept(snap)
@@ -594,7 +595,7 @@ func (e *Engine) kickAll(vols []status.Volume, orphans []string) {
 
 // reconcileNetworks has a NetworkReconciler make the snapshot's host
 // networks real, keeping every network a VM record names.
-func (e *Engine) reconcileNetworks(ctx context.Context, snap *desired.Snapshot) {
+func (e *Engine) reconcileNetworks(ctx context.Context, snap *snapshots.Snapshot) {
 	nr, ok := e.prov.(NetworkReconciler)
 	if !ok {
 		return
@@ -659,7 +660,7 @@ func (e *Engine) retryBadLocked() {
 // While any record cannot be read, every tombstoned volume counts as in use:
 // what that VM attaches is unknown. A volume in use waits; its grace does
 // not make it deletable under a VM.
-func (e *Engine) volumesInUseLocked(snap *desired.Snapshot) map[string]bool {
+func (e *Engine) volumesInUseLocked(snap *snapshots.Snapshot) map[string]bool {
 	inUse := map[string]bool{}
 	for _, v := range snap.Volumes {
 		if v.Tombstoned {
@@ -778,7 +779,7 @@ func (e *Engine) Close(ctx context.Context) {
 
 // view returns name's desired entry and a copy of its record; skip is true
 // when the engine is fenced or the record is unreadable.
-func (e *Engine) view(name string) (want *desired.SnapshotVM, rec *Record, hostCap *desired.Capacity, hostNets map[string]desired.Network, skip bool) {
+func (e *Engine) view(name string) (want *snapshots.SnapshotVM, rec *Record, hostCap *desired.Capacity, hostNets map[string]desired.Network, skip bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.fenced || e.bad[name] != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/agenttest"
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -110,7 +111,7 @@ func (f *fixture) restart() {
 // step runs one tick over snap (nil: the last accepted) and waits for every
 // worker's pass before reporting, which production never does but a test
 // must to observe a tick.
-func (f *fixture) step(snap *desired.Snapshot) *status.Status {
+func (f *fixture) step(snap *snapshots.Snapshot) *status.Status {
 	f.t.Helper()
 	err := f.eng.Tick(context.Background(), snap)
 	if err != nil && !errors.Is(err, agent.ErrFenced) {
@@ -127,29 +128,29 @@ func (f *fixture) record(name string) *agent.Record {
 	return rec
 }
 
-func snap(epoch uint64, vms ...desired.SnapshotVM) *desired.Snapshot {
-	return &desired.Snapshot{Host: testHost, Epoch: epoch, VMs: vms, Volumes: []desired.SnapshotVolume{}}
+func snap(epoch uint64, vms ...snapshots.SnapshotVM) *snapshots.Snapshot {
+	return &snapshots.Snapshot{Host: testHost, Epoch: epoch, VMs: vms, Volumes: []snapshots.SnapshotVolume{}}
 }
 
-func withVolumes(s *desired.Snapshot, vols ...desired.SnapshotVolume) *desired.Snapshot {
+func withVolumes(s *snapshots.Snapshot, vols ...snapshots.SnapshotVolume) *snapshots.Snapshot {
 	s.Volumes = vols
 	return s
 }
 
-func withCapacity(s *desired.Snapshot, vcpus, memMB int) *desired.Snapshot {
+func withCapacity(s *snapshots.Snapshot, vcpus, memMB int) *snapshots.Snapshot {
 	s.HostSpec.Capacity = &desired.Capacity{VCPUs: vcpus, MemoryMB: memMB}
 	return s
 }
 
-func vm(name string, edits ...func(*desired.VMSpec)) desired.SnapshotVM {
+func vm(name string, edits ...func(*desired.VMSpec)) snapshots.SnapshotVM {
 	spec := agenttest.Spec(testHost)
 	for _, e := range edits {
 		e(&spec)
 	}
-	return desired.SnapshotVM{Name: name, SpecHash: desired.SpecHash(spec), Spec: spec}
+	return snapshots.SnapshotVM{Name: name, SpecHash: desired.SpecHash(spec), Spec: spec}
 }
 
-func tombstoned(v desired.SnapshotVM) desired.SnapshotVM { v.Tombstoned = true; return v }
+func tombstoned(v snapshots.SnapshotVM) snapshots.SnapshotVM { v.Tombstoned = true; return v }
 
 func vcpus(n int) func(*desired.VMSpec)         { return func(s *desired.VMSpec) { s.VCPUs = n } }
 func memoryMB(n int) func(*desired.VMSpec)      { return func(s *desired.VMSpec) { s.MemoryMB = n } }
@@ -322,7 +323,7 @@ func TestRecordsThatCannotBeListedStopTheTick(t *testing.T) {
 func TestAdmissionAgainstHostCapacity(t *testing.T) {
 	cases := []struct {
 		name      string
-		snap      *desired.Snapshot
+		snap      *snapshots.Snapshot
 		bootOnce  error
 		wantBoots int
 		wantErr   string
@@ -449,7 +450,7 @@ func TestFenceRefusesAnOlderSnapshotAndActsOnNothing(t *testing.T) {
 func TestASnapshotAtTheSameEpochWithOtherContentIsAFenceViolation(t *testing.T) {
 	edits := []struct {
 		name string
-		snap *desired.Snapshot
+		snap *snapshots.Snapshot
 	}{
 		{"a vm removed", snap(6, vm("web-01"))},
 		{"a vm tombstoned", snap(6, vm("web-01"), tombstoned(vm("db-01")))},
@@ -522,7 +523,7 @@ func TestASnapshotAtTheSameEpochWithOtherContentIsAFenceViolation(t *testing.T) 
 		require.NoError(t, os.Remove(filepath.Join(f.dir, "snapshot.json")))
 		f.start()
 		f.prov.ResetCalls()
-		for _, s := range []*desired.Snapshot{snap(6, vm("web-01")), snap(6, vm("web-01"), vm("db-01"))} {
+		for _, s := range []*snapshots.Snapshot{snap(6, vm("web-01")), snap(6, vm("web-01"), vm("db-01"))} {
 			st := f.step(s)
 			assert.True(t, st.FenceViolation, "the same epoch cannot be compared with anything")
 			assert.Contains(t, st.SnapshotError, "state directory has epoch 6 but no record of its content")
@@ -1083,7 +1084,7 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
-			vols := []desired.SnapshotVolume{{Name: "data", SizeGB: 1}}
+			vols := []snapshots.SnapshotVolume{{Name: "data", SizeGB: 1}}
 			created := vm("web-01")
 			f.step(withVolumes(snap(1, created), vols...))
 			f.prov.ResetCalls()
@@ -1319,14 +1320,14 @@ func TestTheSnapshotOnDiskHashesAsTheFetchedOne(t *testing.T) {
 		s.Network = "lan"
 	})
 	gone := tombstoned(vm("old-01", stopped))
-	gone.Tombstone = &desired.Tombstone{Commit: "0123abcd", Author: "A <a@example.com>", Time: "2026-01-02T03:04:05Z", Epoch: 5}
+	gone.Tombstone = &snapshots.Tombstone{Commit: "0123abcd", Author: "A <a@example.com>", Time: "2026-01-02T03:04:05Z", Epoch: 5}
 	s := withVolumes(withCapacity(snap(6, full, vm("bare-01"), gone), 8, 16384), vol("data", 10), tombVol("logs", 1))
 	s.HostSpec.Networks = map[string]desired.Network{"lan": {Bridge: "br0"}}
-	s.Source = desired.SnapshotSource{Commit: "0123abcd", Branch: "main"}
+	s.Source = snapshots.SnapshotSource{Commit: "0123abcd", Branch: "main"}
 
-	data, err := desired.MarshalSnapshot(s)
+	data, err := snapshots.MarshalSnapshot(s)
 	require.NoError(t, err)
-	fetched, err := desired.ParseSnapshot(data)
+	fetched, err := snapshots.ParseSnapshot(data)
 	require.NoError(t, err)
 	st, err := agent.OpenStore(t.TempDir())
 	require.NoError(t, err)
@@ -1339,7 +1340,7 @@ func TestTheSnapshotOnDiskHashesAsTheFetchedOne(t *testing.T) {
 	got, err := agent.SnapshotHash(onDisk)
 	require.NoError(t, err)
 	assert.Equal(t, want, got)
-	empty, err := desired.ParseSnapshot([]byte("host: hv-a\nepoch: 1\nsource: {commit: a, branch: main}\nhostSpec: {}\nvms: []\nvolumes: []\n"))
+	empty, err := snapshots.ParseSnapshot([]byte("host: hv-a\nepoch: 1\nsource: {commit: a, branch: main}\nhostSpec: {}\nvms: []\nvolumes: []\n"))
 	require.NoError(t, err)
 	require.NoError(t, st.SaveSnapshot(empty))
 	onDisk, err = st.LoadSnapshot()

@@ -12,7 +12,6 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/agenttest"
-	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
@@ -81,14 +80,14 @@ func (e *fleetEnv) agentOnce() *status.Status {
 	return st
 }
 
-func (e *fleetEnv) snapshot() *desired.Snapshot {
+func (e *fleetEnv) snapshot() *snapshots.Snapshot {
 	e.t.Helper()
-	s, err := desired.ParseSnapshot([]byte(gittest.Show(e.t, e.bare, "refs/heads/"+agent.SnapshotsBranch, "hosts/"+testHost+".yaml") + "\n"))
+	s, err := snapshots.ParseSnapshot([]byte(gittest.Show(e.t, e.bare, "refs/heads/"+agent.SnapshotsBranch, "hosts/"+testHost+".yaml") + "\n"))
 	require.NoError(e.t, err)
 	return s
 }
 
-func snapshotNames(s *desired.Snapshot) []string {
+func snapshotNames(s *snapshots.Snapshot) []string {
 	var out []string
 	for _, v := range s.VMs {
 		out = append(out, v.Name)

@@ -13,6 +13,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/agenttest"
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 // netRecorder is the in-memory backend with host networking: it records
@@ -40,7 +41,7 @@ func (r *netRecorder) last() (map[string]desired.Network, map[string]bool, int) 
 	return r.nets, r.inUse, r.calls
 }
 
-func withNetworks(s *desired.Snapshot, nets map[string]desired.Network) *desired.Snapshot {
+func withNetworks(s *snapshots.Snapshot, nets map[string]desired.Network) *snapshots.Snapshot {
 	s.HostSpec.Networks = nets
 	return s
 }

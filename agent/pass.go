@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -80,7 +81,7 @@ type vmPass struct {
 	e       *Engine
 	ctx     context.Context
 	log     logrus.FieldLogger
-	want    *desired.SnapshotVM
+	want    *snapshots.SnapshotVM
 	rec     *Record
 	hostCap *desired.Capacity
 	// hostNets are the host's networks, from the accepted snapshot.

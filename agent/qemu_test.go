@@ -23,6 +23,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -66,8 +67,8 @@ func TestEngineWithRealQEMU(t *testing.T) {
 		Image:   &image,
 		Kernel:  &desired.Kernel{URL: kernel.URL, SHA256: kernel.SHA256, Initrd: &initrd, Cmdline: g.Cmdline},
 		Volumes: []string{"web-01-data"}}
-	vmEntry := desired.SnapshotVM{Name: "web-01", SpecHash: desired.SpecHash(spec), Spec: spec}
-	volumes := []desired.SnapshotVolume{{Name: "web-01-data", SizeGB: 1}}
+	vmEntry := snapshots.SnapshotVM{Name: "web-01", SpecHash: desired.SpecHash(spec), Spec: spec}
+	volumes := []snapshots.SnapshotVolume{{Name: "web-01-data", SizeGB: 1}}
 
 	runAs := qemuUser(t)
 	dir := t.TempDir()
@@ -87,7 +88,7 @@ func TestEngineWithRealQEMU(t *testing.T) {
 			Now: clk.Now, TombstoneGrace: time.Minute, MaxAttempts: 3, Log: quietLog()})
 		require.NoError(t, err)
 	}
-	step := func(s *desired.Snapshot) *status.Status {
+	step := func(s *snapshots.Snapshot) *status.Status {
 		t.Helper()
 		require.NoError(t, eng.Tick(context.Background(), s))
 		require.NoError(t, eng.Settle(context.Background()))
@@ -99,7 +100,7 @@ func TestEngineWithRealQEMU(t *testing.T) {
 		_ = prov.Destroy(context.Background(), "web-01")
 	})
 
-	st := step(&desired.Snapshot{Host: testHost, Epoch: 1, VMs: []desired.SnapshotVM{vmEntry}, Volumes: volumes})
+	st := step(&snapshots.Snapshot{Host: testHost, Epoch: 1, VMs: []snapshots.SnapshotVM{vmEntry}, Volumes: volumes})
 	r := row(t, st, "web-01")
 	// QEMU is up, the guest has not answered yet: booting, not ready.
 	require.Equal(t, status.PhaseBooting, r.Phase, r.LastError)
@@ -119,13 +120,13 @@ func TestEngineWithRealQEMU(t *testing.T) {
 		require.NoError(t, err)
 		return string(b)
 	}
-	edit := func(epoch uint64, mod func(*desired.VMSpec)) *desired.Snapshot {
+	edit := func(epoch uint64, mod func(*desired.VMSpec)) *snapshots.Snapshot {
 		s := spec
 		k := *s.Kernel
 		s.Kernel = &k
 		mod(&s)
-		return &desired.Snapshot{Host: testHost, Epoch: epoch, Volumes: volumes,
-			VMs: []desired.SnapshotVM{{Name: "web-01", SpecHash: desired.SpecHash(s), Spec: s}}}
+		return &snapshots.Snapshot{Host: testHost, Epoch: epoch, Volumes: volumes,
+			VMs: []snapshots.SnapshotVM{{Name: "web-01", SpecHash: desired.SpecHash(s), Spec: s}}}
 	}
 	wrongSum := edit(2, func(s *desired.VMSpec) { s.Kernel.SHA256 = strings.Repeat("0", 64) })
 	for i := 0; i < 2; i++ {
@@ -179,7 +180,7 @@ func TestEngineWithRealQEMU(t *testing.T) {
 
 	deleted := vmEntry
 	deleted.Tombstoned = true
-	tomb := &desired.Snapshot{Host: testHost, Epoch: 5, VMs: []desired.SnapshotVM{deleted}, Volumes: volumes}
+	tomb := &snapshots.Snapshot{Host: testHost, Epoch: 5, VMs: []snapshots.SnapshotVM{deleted}, Volumes: volumes}
 	st = step(tomb)
 	require.Len(t, st.Quarantined, 1)
 	assert.False(t, prov.Running("web-01"), "shut down for its quarantine")

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -62,7 +63,7 @@ func (e *Engine) Report() *status.Status {
 // reportLocked builds Report's rows from the engine's memory under the
 // engine lock; it returns the accepted snapshot and whether the host is
 // fenced, for the volume rows Report reads from disk.
-func (e *Engine) reportLocked() (st *status.Status, snap *desired.Snapshot, fenced bool) {
+func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fenced bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st = &status.Status{
@@ -149,7 +150,7 @@ func (e *Engine) vanishedRow(rec *Record) status.Vanished {
 }
 
 // specHashOf is v's SpecHash, "" for a VM the snapshot does not name.
-func specHashOf(v *desired.SnapshotVM) string {
+func specHashOf(v *snapshots.SnapshotVM) desired.Hash {
 	if v == nil {
 		return ""
 	}

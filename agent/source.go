@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
@@ -34,7 +33,7 @@ type Source struct {
 
 	mu      sync.Mutex
 	tip     string
-	snap    *desired.Snapshot
+	snap    *snapshots.Snapshot
 	snapErr error
 }
 
@@ -53,7 +52,7 @@ func NewSource(repo *gitsource.Repo, host, branch string) *Source {
 // new); an error wrapping ErrSnapshotInvalid when the file does not parse or
 // belongs to another host; any other error is git's (unreachable remote,
 // missing objects) and says nothing about the desired state.
-func (s *Source) Fetch(ctx context.Context) (*desired.Snapshot, string, error) {
+func (s *Source) Fetch(ctx context.Context) (*snapshots.Snapshot, string, error) {
 	tip, err := s.repo.Fetch(ctx, s.branch)
 	if errors.Is(err, gitsource.ErrBranchNotFound) {
 		return nil, "", nil
@@ -74,9 +73,9 @@ func (s *Source) Fetch(ctx context.Context) (*desired.Snapshot, string, error) {
 	return snap, tip, err
 }
 
-func (s *Source) read(tip string) (*desired.Snapshot, error) {
+func (s *Source) read(tip string) (*snapshots.Snapshot, error) {
 	path := snapshots.Path(s.host)
-	data, err := s.repo.ReadFileMax(tip, path, desired.MaxSnapshotBytes)
+	data, err := s.repo.ReadFileMax(tip, path, snapshots.MaxSnapshotBytes)
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil
 	}
@@ -88,7 +87,7 @@ func (s *Source) read(tip string) (*desired.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read %s at %.12s: %w", path, tip, err)
 	}
-	snap, err := desired.ParseSnapshot(data)
+	snap, err := snapshots.ParseSnapshot(data)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s@%.12s: %v", ErrSnapshotInvalid, path, tip, err)
 	}

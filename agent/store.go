@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 // DefaultStateDir is where the agent keeps its state unless configured
@@ -115,7 +116,7 @@ type Record struct {
 	InstanceID string `json:"instanceID"`
 	// Spec and SpecHash are the spec last applied to the VM.
 	Spec     desired.VMSpec `json:"spec"`
-	SpecHash string         `json:"specHash"`
+	SpecHash desired.Hash   `json:"specHash"`
 	// RootImage is the sha256 of the image the root disk was made from.
 	// A later image change leaves the disk as it is.
 	RootImage string `json:"rootImage,omitempty"`
@@ -133,7 +134,7 @@ type Record struct {
 	// be applied yet (an artifact that does not fetch or verify, a
 	// shutdown that fails): the VM keeps running on Spec meanwhile. Empty
 	// when no edit is pending.
-	EditHash string `json:"editHash,omitempty"`
+	EditHash desired.Hash `json:"editHash,omitempty"`
 	// Reserved is what the VM holds of the host's capacity once admitted;
 	// nil before admission and after quarantine.
 	Reserved *Reservation `json:"reserved,omitempty"`
@@ -320,7 +321,7 @@ func (s *Store) ClaimHost(host string) error {
 
 // LoadSnapshot returns the last accepted snapshot, or nil when none was ever
 // accepted.
-func (s *Store) LoadSnapshot() (*desired.Snapshot, error) {
+func (s *Store) LoadSnapshot() (*snapshots.Snapshot, error) {
 	data, err := os.ReadFile(filepath.Join(s.root, snapshotFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -328,7 +329,7 @@ func (s *Store) LoadSnapshot() (*desired.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read accepted snapshot: %w", err)
 	}
-	var snap desired.Snapshot
+	var snap snapshots.Snapshot
 	if err := json.Unmarshal(data, &snap); err != nil {
 		return nil, fmt.Errorf("decode accepted snapshot %s: %w", filepath.Join(s.root, snapshotFile), err)
 	}
@@ -336,7 +337,7 @@ func (s *Store) LoadSnapshot() (*desired.Snapshot, error) {
 }
 
 // SaveSnapshot records snap as the last accepted snapshot.
-func (s *Store) SaveSnapshot(snap *desired.Snapshot) error {
+func (s *Store) SaveSnapshot(snap *snapshots.Snapshot) error {
 	data, err := json.Marshal(snap)
 	if err != nil {
 		return fmt.Errorf("encode accepted snapshot: %w", err)

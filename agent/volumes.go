@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -26,7 +26,7 @@ const maxVolumeGB = 1 << 20
 //
 // It runs inside Tick, before any VM worker is kicked, so a VM's volumes
 // exist when it boots. Sparse creation costs nothing, so it is synchronous.
-func (e *Engine) reconcileVolumes(snap *desired.Snapshot, inUse map[string]bool) ([]status.Volume, []string) {
+func (e *Engine) reconcileVolumes(snap *snapshots.Snapshot, inUse map[string]bool) ([]status.Volume, []string) {
 	rows := make([]status.Volume, 0, len(snap.Volumes))
 	named := make(map[string]bool, len(snap.Volumes))
 	for _, v := range snap.Volumes {
@@ -53,7 +53,7 @@ func (e *Engine) reconcileVolumes(snap *desired.Snapshot, inUse map[string]bool)
 
 // reportVolumes describes the snapshot's volumes and the orphans without
 // touching anything: the fence path uses it.
-func (e *Engine) reportVolumes(snap *desired.Snapshot) ([]status.Volume, []string) {
+func (e *Engine) reportVolumes(snap *snapshots.Snapshot) ([]status.Volume, []string) {
 	named := map[string]bool{}
 	var rows []status.Volume
 	if snap != nil {
@@ -139,7 +139,7 @@ func inspectVolume(path string) (fi fs.FileInfo, present bool, err error) {
 // convergeVolume brings one named volume toward its spec and reports it.
 // A present volume is never resized, in either direction: the guest's
 // filesystem was made against its size.
-func (e *Engine) convergeVolume(v desired.SnapshotVolume, inUse bool) status.Volume {
+func (e *Engine) convergeVolume(v snapshots.SnapshotVolume, inUse bool) status.Volume {
 	if v.Tombstoned {
 		return e.reclaimVolume(v.Name, inUse)
 	}

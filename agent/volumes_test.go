@@ -13,15 +13,15 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/agenttest"
-	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
-func vol(name string, sizeGB int) desired.SnapshotVolume {
-	return desired.SnapshotVolume{Name: name, SizeGB: sizeGB}
+func vol(name string, sizeGB int) snapshots.SnapshotVolume {
+	return snapshots.SnapshotVolume{Name: name, SizeGB: sizeGB}
 }
 
-func tombVol(name string, sizeGB int) desired.SnapshotVolume {
+func tombVol(name string, sizeGB int) snapshots.SnapshotVolume {
 	v := vol(name, sizeGB)
 	v.Tombstoned = true
 	return v
@@ -163,15 +163,15 @@ func TestATombstonedVolumeAttachedToARunningVMWaits(t *testing.T) {
 func TestATombstonedVolumeWaitsForEveryVMThatMayAttachIt(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		after func(f *fixture) *desired.Snapshot // the snapshot that tombstones data
+		after func(f *fixture) *snapshots.Snapshot // the snapshot that tombstones data
 	}{
-		{"stopped VM", func(f *fixture) *desired.Snapshot {
+		{"stopped VM", func(f *fixture) *snapshots.Snapshot {
 			return withVolumes(snap(2, vm("db-01", volumes("data"), stopped)), tombVol("data", 1))
 		}},
-		{"vanished VM", func(f *fixture) *desired.Snapshot {
+		{"vanished VM", func(f *fixture) *snapshots.Snapshot {
 			return withVolumes(snap(2), tombVol("data", 1))
 		}},
-		{"unreadable record", func(f *fixture) *desired.Snapshot {
+		{"unreadable record", func(f *fixture) *snapshots.Snapshot {
 			f.eng.Close(context.Background())
 			require.NoError(t, os.WriteFile(f.store.RecordPath("db-01"), []byte("{not json"), 0o600))
 			f.start()
@@ -230,7 +230,7 @@ func TestVolumeNamesAreCheckedBeforeAnyPath(t *testing.T) {
 	outside := filepath.Join(f.dir, "precious")
 	require.NoError(t, os.WriteFile(outside, []byte("keep"), 0o600))
 	names := []string{"../precious", "a/b", "Data", "with.dot", "", "-x"}
-	var vols []desired.SnapshotVolume
+	var vols []snapshots.SnapshotVolume
 	for _, n := range names {
 		vols = append(vols, tombVol(n, 1))
 	}

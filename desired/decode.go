@@ -2,6 +2,7 @@ package desired
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -45,9 +46,9 @@ type nodeDecoder struct {
 	// empty holds the key positions of fields written with an empty
 	// (null) value, which decode as if left out.
 	empty map[string]pos
-	// snapshot words document-level errors for a snapshot file rather
-	// than an object file.
-	snapshot bool
+	// format words document-level errors and bounds the size of a file
+	// decoded through Decode; nil for an object file.
+	format *Format
 }
 
 func newNodeDecoder(file string) *nodeDecoder {
@@ -264,6 +265,14 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, field string) {
 	if !d.plain(n, field) {
 		return
 	}
+	if v.Type() == timeType {
+		d.scalarTime(n, v, field)
+		return
+	}
+	if v.CanAddr() && v.Addr().Type().Implements(textUnmarshalerType) {
+		d.scalarText(n, v.Addr().Interface().(encoding.TextUnmarshaler), field)
+		return
+	}
 	switch v.Kind() {
 	case reflect.Pointer:
 		if isNull(n) {
@@ -284,12 +293,12 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, field string) {
 			v.SetString(s)
 		}
 	case reflect.Int, reflect.Int64:
-		if i, ok := d.scalarInt(n, field, false); ok {
+		if i, ok := d.scalarInt(n, field); ok {
 			v.SetInt(i)
 		}
 	case reflect.Uint64:
-		if i, ok := d.scalarInt(n, field, true); ok {
-			v.SetUint(uint64(i))
+		if u, ok := d.scalarUint(n, field); ok {
+			v.SetUint(u)
 		}
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
@@ -445,24 +454,11 @@ func (d *nodeDecoder) scalarString(n *yaml.Node, field string) (string, bool) {
 
 var decimal = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
 
-// scalarInt accepts only a plain decimal integer: no quotes, no floats, no
-// 0x/0o/0b prefixes, no leading zeros, no underscores, no sign prefix "+".
-func (d *nodeDecoder) scalarInt(n *yaml.Node, field string, unsigned bool) (int64, bool) {
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" && n.Tag != "!!float" {
-		d.add(nodePos(n), field, "must be an integer, got %s", describeFor(field, n))
+// scalarInt accepts only a plain decimal integer (see decimal) that fits
+// in 32 bits, for an int or int64 field.
+func (d *nodeDecoder) scalarInt(n *yaml.Node, field string) (int64, bool) {
+	if !d.decimal(n, field) {
 		return 0, false
-	}
-	if !decimal.MatchString(n.Value) {
-		d.add(nodePos(n), field, "must be a plain decimal integer such as 42, got %s", valueFor(field, n.Value))
-		return 0, false
-	}
-	if unsigned {
-		u, err := strconv.ParseUint(n.Value, 10, 63)
-		if err != nil {
-			d.add(nodePos(n), field, "must be a non-negative integer below 2^63, got %s", valueFor(field, n.Value))
-			return 0, false
-		}
-		return int64(u), true
 	}
 	i, err := strconv.ParseInt(n.Value, 10, 32)
 	if err != nil {
@@ -470,6 +466,35 @@ func (d *nodeDecoder) scalarInt(n *yaml.Node, field string, unsigned bool) (int6
 		return 0, false
 	}
 	return i, true
+}
+
+// scalarUint is scalarInt for an unsigned field (a uint64: an epoch, a
+// heartbeat): 0 to 2^64-1.
+func (d *nodeDecoder) scalarUint(n *yaml.Node, field string) (uint64, bool) {
+	if !d.decimal(n, field) {
+		return 0, false
+	}
+	u, err := strconv.ParseUint(n.Value, 10, 64)
+	if err != nil {
+		d.add(nodePos(n), field, "must be a non-negative integer below 2^64, got %s", valueFor(field, n.Value))
+		return 0, false
+	}
+	return u, true
+}
+
+// decimal reports whether n is a plain decimal integer, recording why not:
+// no quotes, no floats, no 0x/0o/0b prefixes, no leading zeros, no
+// underscores, no sign prefix "+".
+func (d *nodeDecoder) decimal(n *yaml.Node, field string) bool {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" && n.Tag != "!!float" {
+		d.add(nodePos(n), field, "must be an integer, got %s", describeFor(field, n))
+		return false
+	}
+	if !decimal.MatchString(n.Value) {
+		d.add(nodePos(n), field, "must be a plain decimal integer such as 42, got %s", valueFor(field, n.Value))
+		return false
+	}
+	return true
 }
 
 // suggest returns the known field name closest to key (case-insensitive

@@ -2,10 +2,9 @@
 // apiVersion gitfleet.dev/v1alpha1, their strict YAML decoding and validation
 // with FILE:LINE:COL errors, loading a whole repository tree into a Fleet,
 // and the Plan between two fleets. It owns the format of the object files
-// on the desired branch and of the snapshot files (hosts/<host>.yaml on the
-// snapshots branch: Snapshot, ParseSnapshot, MarshalSnapshot); package
-// snapshots owns that branch's names and ledger, and the controller builds
-// the snapshots.
+// on the desired branch; package snapshots owns the snapshot files the
+// controller builds from them, and Decode lends this package's strict YAML
+// decoder to every other file format gitfleet reads.
 //
 // Every *.yaml / *.yml file outside dot-directories is exactly one object. A
 // file that is not a valid object is an error, never skipped: skipping a file
@@ -44,7 +43,12 @@
 // # Strict decoding
 //
 // Object files are decoded from the YAML node tree by the yaml struct tags
-// of the types in this package, and nothing is coerced:
+// of the types in this package, and nothing is coerced. Decode applies the
+// same rules to any other file gitfleet reads (a snapshot, a status file,
+// a ledger in YAML, a configuration file) with that file's own types, size
+// bound and words for the document as a whole, and returns a Document for
+// the checks that follow (Required, Name, Errorf); Encode writes what
+// Decode reads back. The rules:
 //
 //   - A field that is not in the schema is an error (with a "did you mean"
 //     when a known field is close); so is a key written twice in a mapping.

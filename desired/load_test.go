@@ -73,7 +73,7 @@ func newMemTree(files map[string]string, reads *int) *memTree {
 	return t
 }
 
-func hashOf(s string) string { return SpecHash(VMSpec{Host: s})[:12] }
+func hashOf(s string) string { return string(SpecHash(VMSpec{Host: s})[:12]) }
 
 // readsMu guards the read counters: the Loader reads files from several
 // goroutines.

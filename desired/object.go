@@ -68,10 +68,15 @@ func parseFile(file string, data []byte) (*object, []*Error) {
 }
 
 // document checks the encoding and returns the root node of the file's one
-// YAML document, or nil after recording why there is none.
+// YAML document, or nil after recording why there is none (or, for a
+// Format that allows it, nil and no error for a file with no document).
 func (d *nodeDecoder) document(data []byte) *yaml.Node {
-	if len(data) > MaxFileSize {
-		d.add(pos{1, 1}, "", "file is %d bytes; an object file may be at most %d bytes (1 MiB)", len(data), MaxFileSize)
+	if limit := d.maxBytes(); limit >= 0 && len(data) > limit {
+		if d.format == nil {
+			d.add(pos{1, 1}, "", "file is %d bytes; an object file may be at most %d bytes (1 MiB)", len(data), MaxFileSize)
+		} else {
+			d.add(pos{1, 1}, "", "file is %d bytes; %s may be at most %d bytes", len(data), d.format.a(), limit)
+		}
 		return nil
 	}
 	switch {
@@ -101,23 +106,26 @@ func (d *nodeDecoder) document(data []byte) *yaml.Node {
 	if len(roots) > 0 {
 		root = roots[0]
 	}
+	f := d.format
 	if len(roots) > 1 {
-		if d.snapshot {
-			d.add(nodePos(roots[1]), "", "a second YAML document; a snapshot is one document")
+		if f != nil {
+			d.add(nodePos(roots[1]), "", "a second YAML document; %s is one document", f.a())
 			return nil
 		}
 		d.add(nodePos(roots[1]), "", "a second YAML document; each file holds exactly one object (split it into two files)")
 		return nil
 	}
 	switch {
-	case root == nil && d.snapshot:
-		d.add(pos{1, 1}, "", "empty snapshot; a snapshot is a mapping with host, vms and volumes")
+	case root == nil && f != nil && f.AllowEmpty:
+		return nil
+	case root == nil && f != nil:
+		d.add(pos{1, 1}, "", "empty %s; %s is %s", f.noun(), f.a(), f.shape())
 		return nil
 	case root == nil:
 		d.add(pos{1, 1}, "", "no object in file; each *.yaml / *.yml file holds exactly one object (remove the file or give it one)")
 		return nil
-	case root.Kind != yaml.MappingNode && d.snapshot:
-		d.add(nodePos(root), "", "a snapshot must be a mapping with host, vms and volumes; got %s", describe(root))
+	case root.Kind != yaml.MappingNode && f != nil:
+		d.add(nodePos(root), "", "%s must be %s; got %s", f.a(), f.shape(), describe(root))
 		return nil
 	case root.Kind != yaml.MappingNode:
 		if d.plain(root, "") {
@@ -129,6 +137,14 @@ func (d *nodeDecoder) document(data []byte) *yaml.Node {
 		return nil
 	}
 	return root
+}
+
+// maxBytes is the size bound of the file being decoded; negative is none.
+func (d *nodeDecoder) maxBytes() int {
+	if d.format == nil || d.format.MaxBytes == 0 {
+		return MaxFileSize
+	}
+	return d.format.MaxBytes
 }
 
 func firstInvalidUTF8(b []byte) int {

@@ -33,7 +33,6 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/qemu"
-	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
 	"github.com/gitfleet/gitfleet/snapshots"
@@ -371,12 +370,12 @@ func (f *fleetUnderTest) status() *status.Status {
 	return st
 }
 
-func (f *fleetUnderTest) snapshot() *desired.Snapshot {
+func (f *fleetUnderTest) snapshot() *snapshots.Snapshot {
 	b, ok := f.show(agent.SnapshotsBranch, snapshots.Path(host))
 	if !ok {
 		return nil
 	}
-	s, err := desired.ParseSnapshot(b)
+	s, err := snapshots.ParseSnapshot(b)
 	require.NoError(f.t, err)
 	return s
 }

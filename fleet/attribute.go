@@ -11,6 +11,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 // maxAttributionWalk bounds the commits one attribution walks; objects not
@@ -38,14 +39,14 @@ var _ history = (*gitsource.Repo)(nil)
 // instead of tombstoning it. dir is the
 // objects' directory in the tree ("" for the root). Git errors are returned,
 // never read as "not found".
-func attribute(h history, dir, applied, head string, refs []ref) (map[ref]desired.Tombstone, error) {
-	out := make(map[ref]desired.Tombstone, len(refs))
+func attribute(h history, dir, applied, head string, refs []ref) (map[ref]snapshots.Tombstone, error) {
+	out := make(map[ref]snapshots.Tombstone, len(refs))
 	headInfo, err := h.CommitInfo(head)
 	if err != nil {
 		return nil, fmt.Errorf("read head commit: %w", err)
 	}
-	atHead := func(rewritten bool) desired.Tombstone {
-		return desired.Tombstone{Commit: headInfo.Hash, Author: headInfo.Author,
+	atHead := func(rewritten bool) snapshots.Tombstone {
+		return snapshots.Tombstone{Commit: desired.Hash(headInfo.Hash), Author: headInfo.Author,
 			Time: headInfo.Time.UTC().Format(time.RFC3339), Rewritten: rewritten}
 	}
 	anc := false
@@ -100,7 +101,7 @@ func attribute(h history, dir, applied, head string, refs []ref) (map[ref]desire
 		}
 		for r := range before {
 			if missing[r] && !after[r] {
-				out[r] = desired.Tombstone{Commit: c.Hash, Author: c.Author, Time: c.Time.UTC().Format(time.RFC3339)}
+				out[r] = snapshots.Tombstone{Commit: desired.Hash(c.Hash), Author: c.Author, Time: c.Time.UTC().Format(time.RFC3339)}
 				delete(missing, r)
 			}
 		}

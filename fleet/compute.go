@@ -31,7 +31,7 @@ type input struct {
 	path   string
 	// head is the desired-state commit; fleet its validated state, nil when
 	// it was rejected with loadErr.
-	head    string
+	head    desired.Hash
 	fleet   *desired.Fleet
 	loadErr error
 	// ledger is the ledger at the snapshots tip; the computation works on a
@@ -47,7 +47,7 @@ type input struct {
 	now     time.Time
 	grace   time.Duration // abandonGrace
 	// attribute finds who removed each ref since ledger.Applied.
-	attribute func(refs []ref) (map[ref]desired.Tombstone, error)
+	attribute func(refs []ref) (map[ref]snapshots.Tombstone, error)
 	// rewritten reports whether ledger.Applied is not an ancestor of head
 	// (a force-push, a reset, an unrelated history): then objects absent
 	// from head are retained, never tombstoned.
@@ -57,9 +57,9 @@ type input struct {
 	readTip func(path string) ([]byte, error)
 	// lastSnapshot returns host's published snapshot at the tip (the last
 	// specs of objects being tombstoned), nil when it has none.
-	lastSnapshot func(host string) (*desired.Snapshot, error)
+	lastSnapshot func(host string) (*snapshots.Snapshot, error)
 	// specHash returns the spec hash of a VM of the fleet.
-	specHash func(vm *desired.VM) string
+	specHash func(vm *desired.VM) desired.Hash
 }
 
 // output is what the computation decided.
@@ -105,9 +105,9 @@ var ErrLedgerMismatch = errors.New("the ledger was computed from another desired
 var ErrEpochBound = errors.New("epoch beyond the bound")
 
 // fileHash identifies the bytes of a published snapshot file.
-func fileHash(data []byte) string {
+func fileHash(data []byte) desired.Hash {
 	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:8])
+	return desired.Hash(hex.EncodeToString(sum[:8]))
 }
 
 // compute runs one pass's decisions over in.ledger (docs/DESIGN.md, Controller
@@ -300,7 +300,7 @@ func (p *computePass) tombstoneOrRetain() error {
 	}
 	rewritten, err := p.in.rewritten()
 	if err != nil {
-		return fmt.Errorf("is the applied commit %s an ancestor of %s: %w", desired.Hash(p.l.Applied.Commit).Short(), desired.Hash(p.in.head).Short(), err)
+		return fmt.Errorf("is the applied commit %s an ancestor of %s: %w", p.l.Applied.Commit.Short(), p.in.head.Short(), err)
 	}
 	if rewritten {
 		return p.retain(removed)
@@ -315,8 +315,8 @@ func (p *computePass) removed() []ref {
 	var removed []ref
 	for host, rec := range p.l.Hosts {
 		s := p.snaps[host]
-		var vms []desired.SnapshotVM
-		var vols []desired.SnapshotVolume
+		var vms []snapshots.SnapshotVM
+		var vols []snapshots.SnapshotVolume
 		if s != nil {
 			vms, vols = s.snap.VMs, s.snap.Volumes
 		}
@@ -353,7 +353,7 @@ func (p *computePass) retain(removed []ref) error {
 		k.Spec, k.SizeGB = t.Spec, t.SizeGB
 		if k.Kind == desired.KindVM && k.Spec == nil {
 			return fmt.Errorf("%w: VM %s on host %s, dropped by the history rewrite at %s, has no last spec: %s is missing or unreadable on the snapshots branch; restore that file, or restore the VM's file on the desired branch",
-				ErrNoLastSpec, r.Name, r.Host, desired.Hash(p.in.head).Short(), snapshots.Path(r.Host))
+				ErrNoLastSpec, r.Name, r.Host, p.in.head.Short(), snapshots.Path(r.Host))
 		}
 		p.l.Retained = append(p.l.Retained, k)
 		p.out.retained = append(p.out.retained, k)
@@ -530,7 +530,7 @@ func (p *computePass) publish() error {
 // publishHost writes host's snapshot s, of content key, under the host's
 // next epoch (ErrEpochBound at MaxEpoch), with the live specs, and stamps
 // that epoch on the tombstones it publishes first.
-func (p *computePass) publishHost(host string, s *hostSnapshot, key string) error {
+func (p *computePass) publishHost(host string, s *hostSnapshot, key desired.Hash) error {
 	rec := p.l.Host(host)
 	if rec.Epoch+1 >= MaxEpoch {
 		return fmt.Errorf("%w: host %s: the next epoch would be %d (bound %d); refusing to publish", ErrEpochBound, host, rec.Epoch+1, MaxEpoch)
@@ -543,7 +543,7 @@ func (p *computePass) publishHost(host string, s *hostSnapshot, key string) erro
 		}
 	}
 	s.snap.Epoch = rec.Epoch
-	s.snap.Source = desired.SnapshotSource{Commit: p.in.head, Branch: p.in.branch}
+	s.snap.Source = snapshots.SnapshotSource{Commit: p.in.head, Branch: p.in.branch}
 	for _, t := range s.tombs {
 		if t.Tombstone.Epoch == 0 {
 			t.Tombstone.Epoch = rec.Epoch
@@ -559,7 +559,7 @@ func (p *computePass) publishHost(host string, s *hostSnapshot, key string) erro
 			tb.Epoch = rec.Epoch
 		}
 	}
-	data, err := desired.MarshalSnapshot(s.snap)
+	data, err := snapshots.MarshalSnapshot(s.snap)
 	if err != nil {
 		return err
 	}
@@ -626,7 +626,7 @@ func retainedConflict(f *desired.Fleet, kept []*snapshots.RetainedRecord) error 
 				file = " (" + vm.Origin.File + ")"
 			}
 			return fmt.Errorf("%w: VM %s%s attaches volume %s on host %s, which VM %s lists: VM %s was kept after a history rewrite at %s; restore its file or re-add and delete it first",
-				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, desired.Hash(k.Commit).Short())
+				ErrRetainedVolume, n, file, v, vm.Spec.Host, k.Name, k.Name, k.Commit.Short())
 		}
 	}
 	return nil
@@ -634,10 +634,10 @@ func retainedConflict(f *desired.Fleet, kept []*snapshots.RetainedRecord) error 
 
 // tipHolds reports whether host's file at the snapshots tip is the one the
 // ledger published (file, its fileHash). A missing file, or one edited by
-// hand, is not; a ledger without file hashes (an older release) is not
-// either, so its hosts are published once more. A read error other than
+// hand, is not; nor is any file of a host record without a file hash, so
+// that host is published once more. A read error other than
 // "not found" is returned.
-func tipHolds(read func(string) ([]byte, error), host, file string) (bool, error) {
+func tipHolds(read func(string) ([]byte, error), host string, file desired.Hash) (bool, error) {
 	if read == nil {
 		return true, nil
 	}
@@ -680,7 +680,7 @@ func addRetained(out map[string]*hostSnapshot, kept []*snapshots.RetainedRecord)
 		}
 		s := out[r.Host]
 		if s == nil {
-			s = &hostSnapshot{snap: &desired.Snapshot{Host: r.Host, VMs: []desired.SnapshotVM{}, Volumes: []desired.SnapshotVolume{}}}
+			s = &hostSnapshot{snap: &snapshots.Snapshot{Host: r.Host, VMs: []snapshots.SnapshotVM{}, Volumes: []snapshots.SnapshotVolume{}}}
 			out[r.Host] = s
 		}
 		if s.has(r.Kind, r.Name) {
@@ -693,9 +693,9 @@ func addRetained(out map[string]*hostSnapshot, kept []*snapshots.RetainedRecord)
 				s.kept = map[string]bool{}
 			}
 			s.kept[r.Name] = true
-			s.snap.VMs = append(s.snap.VMs, desired.SnapshotVM{Name: r.Name, Spec: *r.Spec, SpecHash: desired.SpecHash(*r.Spec)})
+			s.snap.VMs = append(s.snap.VMs, snapshots.SnapshotVM{Name: r.Name, Spec: *r.Spec, SpecHash: desired.SpecHash(*r.Spec)})
 		case desired.KindVolume:
-			s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: r.Name, SizeGB: r.SizeGB})
+			s.snap.Volumes = append(s.snap.Volumes, snapshots.SnapshotVolume{Name: r.Name, SizeGB: r.SizeGB})
 		}
 	}
 	for s := range touched {
@@ -721,7 +721,7 @@ func missing(had []string, n int, name func(int) string) []string {
 
 // fillLast copies a tombstoned object's last spec (VM) or size (Volume)
 // from its host's published snapshot, when it is there.
-func fillLast(t *snapshots.TombstoneRecord, last *desired.Snapshot) {
+func fillLast(t *snapshots.TombstoneRecord, last *snapshots.Snapshot) {
 	if last == nil {
 		return
 	}
@@ -769,7 +769,7 @@ func acked(st *status.Status, t *snapshots.TombstoneRecord) bool {
 // hostSnapshot is a snapshot under construction and the ledger tombstones it
 // carries.
 type hostSnapshot struct {
-	snap  *desired.Snapshot
+	snap  *snapshots.Snapshot
 	tombs []*snapshots.TombstoneRecord
 	// kept names the retained VMs, whose specs come from the ledger.
 	kept map[string]bool
@@ -817,12 +817,12 @@ func (s *hostSnapshot) liveNames() (vms, vols []string) {
 // passes, and copies the live specs only withSpecs: a pass over ten
 // thousand VMs must neither re-encode nor copy ten thousand specs to find
 // the one host that changed.
-func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHash func(*desired.VM) string, withSpecs bool) map[string]*hostSnapshot {
+func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHash func(*desired.VM) desired.Hash, withSpecs bool) map[string]*hostSnapshot {
 	out := map[string]*hostSnapshot{}
 	get := func(host string) *hostSnapshot {
 		s := out[host]
 		if s == nil {
-			s = &hostSnapshot{snap: &desired.Snapshot{Host: host, VMs: []desired.SnapshotVM{}, Volumes: []desired.SnapshotVolume{}}}
+			s = &hostSnapshot{snap: &snapshots.Snapshot{Host: host, VMs: []snapshots.SnapshotVM{}, Volumes: []snapshots.SnapshotVolume{}}}
 			out[host] = s
 		}
 		return s
@@ -832,7 +832,7 @@ func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHa
 	}
 	for name, vm := range f.VMs {
 		s := get(vm.Spec.Host)
-		e := desired.SnapshotVM{Name: name, SpecHash: specHash(vm)}
+		e := snapshots.SnapshotVM{Name: name, SpecHash: specHash(vm)}
 		if withSpecs {
 			e.Spec = vm.Spec
 		}
@@ -840,7 +840,7 @@ func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHa
 	}
 	for name, v := range f.Volumes {
 		s := get(v.Spec.Host)
-		s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: name, SizeGB: v.Spec.SizeGB})
+		s.snap.Volumes = append(s.snap.Volumes, snapshots.SnapshotVolume{Name: name, SizeGB: v.Spec.SizeGB})
 	}
 	for _, s := range out {
 		sortEntries(s)
@@ -856,7 +856,7 @@ func addTombstones(out map[string]*hostSnapshot, tombs []*snapshots.TombstoneRec
 	for _, t := range tombs {
 		s := out[t.Host]
 		if s == nil {
-			s = &hostSnapshot{snap: &desired.Snapshot{Host: t.Host, VMs: []desired.SnapshotVM{}, Volumes: []desired.SnapshotVolume{}}}
+			s = &hostSnapshot{snap: &snapshots.Snapshot{Host: t.Host, VMs: []snapshots.SnapshotVM{}, Volumes: []snapshots.SnapshotVolume{}}}
 			out[t.Host] = s
 		}
 		touched[s] = true
@@ -864,14 +864,14 @@ func addTombstones(out map[string]*hostSnapshot, tombs []*snapshots.TombstoneRec
 		tb := t.Tombstone
 		switch t.Kind {
 		case desired.KindVM:
-			vm := desired.SnapshotVM{Name: t.Name, Tombstoned: true, Tombstone: &tb}
+			vm := snapshots.SnapshotVM{Name: t.Name, Tombstoned: true, Tombstone: &tb}
 			if t.Spec != nil {
 				vm.Spec = *t.Spec
 			}
 			vm.SpecHash = desired.SpecHash(vm.Spec)
 			s.snap.VMs = append(s.snap.VMs, vm)
 		case desired.KindVolume:
-			s.snap.Volumes = append(s.snap.Volumes, desired.SnapshotVolume{Name: t.Name, SizeGB: t.SizeGB, Tombstoned: true, Tombstone: &tb})
+			s.snap.Volumes = append(s.snap.Volumes, snapshots.SnapshotVolume{Name: t.Name, SizeGB: t.SizeGB, Tombstoned: true, Tombstone: &tb})
 		}
 	}
 	for s := range touched {
@@ -880,18 +880,18 @@ func addTombstones(out map[string]*hostSnapshot, tombs []*snapshots.TombstoneRec
 }
 
 func sortEntries(s *hostSnapshot) {
-	slices.SortFunc(s.snap.VMs, func(a, b desired.SnapshotVM) int { return strings.Compare(a.Name, b.Name) })
-	slices.SortFunc(s.snap.Volumes, func(a, b desired.SnapshotVolume) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(s.snap.VMs, func(a, b snapshots.SnapshotVM) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(s.snap.Volumes, func(a, b snapshots.SnapshotVolume) int { return strings.Compare(a.Name, b.Name) })
 }
 
 // contentKey identifies a snapshot's content without its epoch, its source
 // and its tombstones' epochs (fixed once published): two snapshots with the
 // same key need no new epoch. VM specs enter through their spec hashes.
-func contentKey(s *desired.Snapshot) string {
+func contentKey(s *snapshots.Snapshot) desired.Hash {
 	h := sha256.New()
 	hs, _ := json.Marshal(s.HostSpec)
 	h.Write(hs)
-	tomb := func(w io.Writer, t *desired.Tombstone) {
+	tomb := func(w io.Writer, t *snapshots.Tombstone) {
 		if t == nil {
 			io.WriteString(w, "\x00-")
 			return
@@ -899,7 +899,7 @@ func contentKey(s *desired.Snapshot) string {
 		fmt.Fprintf(w, "\x00%s\x00%s\x00%s\x00%t", t.Commit, t.Author, t.Time, t.Rewritten)
 	}
 	for _, vm := range s.VMs {
-		io.WriteString(h, "\x01vm\x00"+vm.Name+"\x00"+vm.SpecHash+"\x00"+strconv.FormatBool(vm.Tombstoned))
+		io.WriteString(h, "\x01vm\x00"+vm.Name+"\x00"+string(vm.SpecHash)+"\x00"+strconv.FormatBool(vm.Tombstoned))
 		tomb(h, vm.Tombstone)
 	}
 	for _, v := range s.Volumes {
@@ -908,7 +908,7 @@ func contentKey(s *desired.Snapshot) string {
 	}
 	// 64 bits tell content apart as well as 256 here, at a quarter of the
 	// ledger's bytes.
-	return hex.EncodeToString(h.Sum(nil)[:8])
+	return desired.Hash(hex.EncodeToString(h.Sum(nil)[:8]))
 }
 
 // ref is an object on a host: the unit tombstones are kept for.

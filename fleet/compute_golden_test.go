@@ -114,7 +114,7 @@ type passConfig struct {
 	Rewritten bool `yaml:"rewritten"`
 	// RemovedBy attributes every delete of the pass (default: Head, by
 	// "author <author@example.com>" at Now).
-	RemovedBy *desired.Tombstone `yaml:"removedBy"`
+	RemovedBy *snapshots.Tombstone `yaml:"removedBy"`
 	// StatusUnreadable is true when the status branch could not be read.
 	StatusUnreadable bool `yaml:"statusUnreadable"`
 	// Offline maps hosts to how long they have been offline; every other
@@ -262,9 +262,9 @@ func (sc *scenario) input(num int, cfg passConfig) input {
 	if cfg.AbandonGrace != 0 {
 		grace = cfg.AbandonGrace
 	}
-	in := input{branch: branch, path: cfg.Path, head: cfg.Head, ledger: l, now: cfg.Now, grace: grace,
+	in := input{branch: branch, path: cfg.Path, head: desired.Hash(cfg.Head), ledger: l, now: cfg.Now, grace: grace,
 		statuses: map[string]*status.Status{}, statusOK: !cfg.StatusUnreadable,
-		specHash: func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) },
+		specHash: func(vm *desired.VM) desired.Hash { return desired.SpecHash(vm.Spec) },
 	}
 	if cfg.LoadError != "" {
 		in.loadErr = errors.New(cfg.LoadError)
@@ -288,12 +288,12 @@ func (sc *scenario) input(num int, cfg passConfig) input {
 		d, ok := cfg.Offline[host]
 		return ok, d
 	}
-	in.attribute = func(refs []ref) (map[ref]desired.Tombstone, error) {
-		by := desired.Tombstone{Commit: cfg.Head, Author: "author <author@example.com>", Time: cfg.Now.Format(time.RFC3339)}
+	in.attribute = func(refs []ref) (map[ref]snapshots.Tombstone, error) {
+		by := snapshots.Tombstone{Commit: desired.Hash(cfg.Head), Author: "author <author@example.com>", Time: cfg.Now.Format(time.RFC3339)}
 		if cfg.RemovedBy != nil {
 			by = *cfg.RemovedBy
 		}
-		m := map[ref]desired.Tombstone{}
+		m := map[ref]snapshots.Tombstone{}
 		for _, r := range refs {
 			m[r] = by
 		}
@@ -308,7 +308,7 @@ func (sc *scenario) input(num int, cfg passConfig) input {
 		return data, nil
 	}
 	in.readTip = read
-	in.lastSnapshot = func(host string) (*desired.Snapshot, error) { return readSnapshot(read, host) }
+	in.lastSnapshot = func(host string) (*snapshots.Snapshot, error) { return readSnapshot(read, host) }
 	return in
 }
 

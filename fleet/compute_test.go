@@ -39,7 +39,7 @@ func TestBuildSnapshotsRoundTrip(t *testing.T) {
 	files["vms/web-02.yaml"] = vmYAML("web-02", "hv-a", 3)
 	files["hosts/hv-c.yaml"] = hostYAML("hv-c")
 	f := loadFiles(t, files)
-	snaps := buildSnapshots(f, nil, func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }, true)
+	snaps := buildSnapshots(f, nil, func(vm *desired.VM) desired.Hash { return desired.SpecHash(vm.Spec) }, true)
 	if len(snaps) != 3 || snaps["hv-c"] == nil || len(snaps["hv-c"].snap.VMs) != 0 {
 		t.Fatalf("got %d snapshots, want one per host (3), hv-c empty", len(snaps))
 	}
@@ -50,19 +50,19 @@ func TestBuildSnapshotsRoundTrip(t *testing.T) {
 	if a.VMs[1].SpecHash != desired.SpecHash(f.VMs["web-02"].Spec) || !reflect.DeepEqual(a.VMs[1].Spec, f.VMs["web-02"].Spec) {
 		t.Errorf("web-02 = %+v", a.VMs[1])
 	}
-	if b := snaps["hv-b"].snap; len(b.Volumes) != 1 || b.Volumes[0] != (desired.SnapshotVolume{Name: "db-data", SizeGB: 50}) {
+	if b := snaps["hv-b"].snap; len(b.Volumes) != 1 || b.Volumes[0] != (snapshots.SnapshotVolume{Name: "db-data", SizeGB: 50}) {
 		t.Errorf("hv-b volumes = %+v", b.Volumes)
 	}
 	if a.HostSpec.Capacity == nil || a.HostSpec.Capacity.VCPUs != 32 {
 		t.Errorf("hv-a hostSpec = %+v", a.HostSpec)
 	}
 	for _, s := range snaps {
-		s.snap.Epoch, s.snap.Source = 7, desired.SnapshotSource{Commit: "0123abcd", Branch: "main"}
-		data, err := desired.MarshalSnapshot(s.snap)
+		s.snap.Epoch, s.snap.Source = 7, snapshots.SnapshotSource{Commit: "0123abcd", Branch: "main"}
+		data, err := snapshots.MarshalSnapshot(s.snap)
 		if err != nil {
 			t.Fatal(err)
 		}
-		back, err := desired.ParseSnapshot(data)
+		back, err := snapshots.ParseSnapshot(data)
 		if err != nil {
 			t.Fatalf("ParseSnapshot(MarshalSnapshot(%s)): %v\n%s", s.snap.Host, err, data)
 		}
@@ -74,14 +74,14 @@ func TestBuildSnapshotsRoundTrip(t *testing.T) {
 
 func TestContentKeyIgnoresEpochAndSource(t *testing.T) {
 	f := loadFiles(t, baseFleet())
-	hash := func(vm *desired.VM) string { return desired.SpecHash(vm.Spec) }
+	hash := func(vm *desired.VM) desired.Hash { return desired.SpecHash(vm.Spec) }
 	a := buildSnapshots(f, nil, hash, false)["hv-a"].snap
 	k := contentKey(a)
-	a.Epoch, a.Source = 9, desired.SnapshotSource{Commit: "x", Branch: "y"}
+	a.Epoch, a.Source = 9, snapshots.SnapshotSource{Commit: "x", Branch: "y"}
 	if contentKey(a) != k {
 		t.Error("epoch or source changed the content key")
 	}
-	tomb := &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: "gone", Host: "hv-a", Tombstone: desired.Tombstone{Commit: "c", Epoch: 0}}
+	tomb := &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: "gone", Host: "hv-a", Tombstone: snapshots.Tombstone{Commit: "c", Epoch: 0}}
 	b := buildSnapshots(f, []*snapshots.TombstoneRecord{tomb}, hash, false)["hv-a"].snap
 	kb := contentKey(b)
 	if kb == k {
@@ -94,8 +94,8 @@ func TestContentKeyIgnoresEpochAndSource(t *testing.T) {
 }
 
 func TestAckedEpochRule(t *testing.T) {
-	vm := &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: "old", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
-	vol := &snapshots.TombstoneRecord{Kind: desired.KindVolume, Name: "data", Host: "h", Tombstone: desired.Tombstone{Epoch: 5}}
+	vm := &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: "old", Host: "h", Tombstone: snapshots.Tombstone{Epoch: 5}}
+	vol := &snapshots.TombstoneRecord{Kind: desired.KindVolume, Name: "data", Host: "h", Tombstone: snapshots.Tombstone{Epoch: 5}}
 	for _, tc := range []struct {
 		name string
 		t    *snapshots.TombstoneRecord

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -35,14 +36,19 @@ type Config struct {
 	// branch, whose whole history attribution walks.
 	Repo *gitsource.Repo
 	// TipRepo serves the snapshots and status branches, of which only the
-	// tips are read. When nil and URL is set, New opens URL at depth 1 in
-	// memory and opens it afresh every hour, so the status branch (a commit
-	// per agent heartbeat) never piles up in the controller; when nil
-	// without URL, Repo serves them too.
+	// tips are read. When nil and URL is set, New opens URL at depth 1 —
+	// in TipsCacheDir, or in memory and opened afresh every hour, so the
+	// status branch (a commit per agent heartbeat) never piles up in the
+	// controller; when nil without URL, Repo serves them too.
 	TipRepo  *gitsource.Repo
 	URL      string
 	Auth     gitsource.Auth
 	CacheDir string
+	// TipsCacheDir keeps the depth-1 clone of the snapshots and status
+	// branches on disk (its upkeep bounds it; see gitsource); empty keeps
+	// it in memory, where every blob on those branches, a forged one too,
+	// costs its size in memory. It must differ from CacheDir.
+	TipsCacheDir string
 	// GitTimeout bounds each git operation of the repositories New opens
 	// (one fetch, ls-remote or push); 0 means gitsource.DefaultTimeout.
 	GitTimeout time.Duration
@@ -123,6 +129,9 @@ func New(cfg Config) (*Controller, error) {
 	if err := distinctBranches(cfg.Branch, cfg.SnapshotsBranch, cfg.StatusBranch); err != nil {
 		return nil, err
 	}
+	if cfg.TipsCacheDir != "" && filepath.Clean(cfg.TipsCacheDir) == filepath.Clean(cfg.CacheDir) {
+		return nil, fmt.Errorf("%w: the tips cache and the cache are both %s; one directory holds one clone", ErrConfig, cfg.CacheDir)
+	}
 	c := &Controller{
 		cfg:      cfg,
 		repo:     cfg.Repo,
@@ -131,7 +140,7 @@ func New(cfg Config) (*Controller, error) {
 		kick:     make(chan struct{}, 1),
 		loader:   desired.NewLoader(cfg.Path),
 		statuses: status.NewReader(),
-		hashes:   map[*desired.VM]string{},
+		hashes:   map[*desired.VM]desired.Hash{},
 	}
 	c.live = newLiveness(cfg.Clock(), cfg.OfflineAfter)
 	reg := cfg.Registerer

@@ -39,7 +39,7 @@ type Controller struct {
 	loader   *desired.Loader
 	statuses *status.Reader
 	live     *liveness
-	hashes   map[*desired.VM]string // spec hash of every VM of loadedFleet
+	hashes   map[*desired.VM]desired.Hash // spec hash of every VM of loadedFleet
 	// last good load: the commit and its fleet, so an unchanged head is
 	// not loaded again.
 	loadedHead  string
@@ -67,6 +67,11 @@ type Controller struct {
 	// failures counts the passes in a row that were unreadable or
 	// refused: Run backs off by it.
 	failures int
+	// failing is the failure recorded on the status branch (nil while
+	// passes succeed); lastSummary the summary of the last pass that
+	// completed in this process (nil before one did). See recordFailure.
+	failing     *status.PassFailure
+	lastSummary *status.Summary
 }
 
 // PassResult says what one pass observed and did.
@@ -125,11 +130,16 @@ const tipsRenewal = time.Hour
 // and status branches.
 func (c *Controller) renewTips() error {
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: c.cfg.URL, Auth: c.cfg.Auth,
-		Depth: 1, Timeout: c.cfg.GitTimeout, Logger: c.cfg.Logger})
+		CacheDir: c.cfg.TipsCacheDir, Depth: 1, Timeout: c.cfg.GitTimeout, Logger: c.cfg.Logger})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", c.cfg.URL, err)
 	}
-	c.tips, c.tipsOpened = repo, c.clock()
+	c.tips = repo
+	if c.cfg.TipsCacheDir == "" {
+		// In memory: opened afresh when due. On disk the cache's own
+		// upkeep keeps it small, and one directory has one Repo.
+		c.tipsOpened = c.clock()
+	}
 	return nil
 }
 
@@ -222,6 +232,7 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	}
 	if outcome == OutcomeUnreadable || outcome == OutcomeRefused {
 		c.failures++
+		c.recordFailure(ctx, outcome, err)
 	} else {
 		if c.failLogged != "" {
 			log.Info("git readable and the pass accepted again")
@@ -308,8 +319,10 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		res.Rejected, fl = out.rejected, nil
 	}
 
-	// Step 4: the summary on the status branch.
+	// Step 4: the summary on the status branch. This pass acted: a
+	// failure recorded there is over.
 	sum := c.summarize(out.ledger, fl, obs.reports, obs.err == nil, now)
+	c.failing, c.lastSummary = nil, &sum
 	written, err := c.writeSummary(ctx, sum, now)
 	if err != nil {
 		return res, fmt.Errorf("write summary: %w", err)
@@ -410,7 +423,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if tip != "" && tip == c.verifiedTip {
 			verify = nil
 		}
-		o, err := compute(c.input(head, fl, loadErr, obs, now, l, c.bounded(tip, read, desired.MaxSnapshotBytes), verify))
+		o, err := compute(c.input(head, fl, loadErr, obs, now, l, c.bounded(tip, read, snapshots.MaxSnapshotBytes), verify))
 		if err != nil {
 			return nil, "", err
 		}
@@ -450,21 +463,21 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 	l *snapshots.Ledger, read, verify func(string) ([]byte, error)) input {
 	hashes := c.hashes
 	return input{
-		branch: c.cfg.Branch, head: head, fleet: fl, loadErr: loadErr,
+		branch: c.cfg.Branch, head: desired.Hash(head), fleet: fl, loadErr: loadErr,
 		path:   c.cfg.Path,
 		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil,
 		offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
 		now:     now, grace: c.cfg.AbandonGrace,
-		attribute: func(refs []ref) (map[ref]desired.Tombstone, error) {
-			return attribute(c.repo, c.cfg.Path, l.Applied.Commit, head, refs)
+		attribute: func(refs []ref) (map[ref]snapshots.Tombstone, error) {
+			return attribute(c.repo, c.cfg.Path, string(l.Applied.Commit), head, refs)
 		},
 		rewritten: func() (bool, error) {
-			anc, err := c.repo.IsAncestor(l.Applied.Commit, head)
+			anc, err := c.repo.IsAncestor(string(l.Applied.Commit), head)
 			return !anc, err
 		},
 		readTip:      verify,
-		lastSnapshot: func(host string) (*desired.Snapshot, error) { return readSnapshot(read, host) },
-		specHash:     func(vm *desired.VM) string { return hashes[vm] },
+		lastSnapshot: func(host string) (*snapshots.Snapshot, error) { return readSnapshot(read, host) },
+		specHash:     func(vm *desired.VM) desired.Hash { return hashes[vm] },
 	}
 }
 
@@ -518,8 +531,8 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 // specHashes returns the spec hash of every VM of fl, reusing the hashes of
 // objects the Loader kept from the last load. It runs once per loaded
 // commit, not once per pass.
-func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]string {
-	next := make(map[*desired.VM]string, len(fl.VMs))
+func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]desired.Hash {
+	next := make(map[*desired.VM]desired.Hash, len(fl.VMs))
 	for _, vm := range fl.VMs {
 		h, ok := c.hashes[vm]
 		if !ok {
@@ -563,7 +576,7 @@ func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*s
 
 // readSnapshot reads host's snapshot at the tip; nil when it has none or it
 // cannot be parsed (then a tombstone carries no last spec).
-func readSnapshot(read func(string) ([]byte, error), host string) (*desired.Snapshot, error) {
+func readSnapshot(read func(string) ([]byte, error), host string) (*snapshots.Snapshot, error) {
 	data, err := read(snapshots.Path(host))
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil
@@ -574,7 +587,7 @@ func readSnapshot(read func(string) ([]byte, error), host string) (*desired.Snap
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", snapshots.Path(host), err)
 	}
-	s, err := desired.ParseSnapshot(data)
+	s, err := snapshots.ParseSnapshot(data)
 	if err != nil {
 		return nil, nil
 	}

@@ -36,13 +36,13 @@ func TestCreateAndEdit(t *testing.T) {
 		t.Fatalf("published = %v, want both hosts at epoch 1", res.Published)
 	}
 	a := e.snapshot("hv-a")
-	if a.Epoch != 1 || a.VM("web-01") == nil || a.VM("web-01").Tombstoned || a.Source.Commit != res.Head || a.Source.Branch != "main" {
+	if a.Epoch != 1 || a.VM("web-01") == nil || a.VM("web-01").Tombstoned || a.Source.Commit != desired.Hash(res.Head) || a.Source.Branch != "main" {
 		t.Fatalf("hv-a snapshot = %+v", a)
 	}
 	if v := e.snapshot("hv-b").Volume("db-data"); v == nil || v.SizeGB != 50 {
 		t.Fatalf("hv-b volume = %+v", v)
 	}
-	if l := e.ledger(); l.Applied == nil || l.Applied.Commit != res.Head || l.Hosts["hv-a"].Epoch != 1 {
+	if l := e.ledger(); l.Applied == nil || l.Applied.Commit != desired.Hash(res.Head) || l.Hosts["hv-a"].Epoch != 1 {
 		t.Fatalf("ledger = %+v", l)
 	}
 	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
@@ -89,7 +89,7 @@ func TestDeleteTombstoneAckFinalize(t *testing.T) {
 	if vm == nil || !vm.Tombstoned || vm.Tombstone == nil {
 		t.Fatalf("web-01 = %+v, want tombstoned", vm)
 	}
-	want := desired.Tombstone{Commit: del, Author: "Ann Admin <ann@example.com>", Time: "2026-11-29T12:00:00Z", Epoch: 2}
+	want := snapshots.Tombstone{Commit: desired.Hash(del), Author: "Ann Admin <ann@example.com>", Time: "2026-11-29T12:00:00Z", Epoch: 2}
 	if *vm.Tombstone != want {
 		t.Fatalf("tombstone = %+v, want %+v", *vm.Tombstone, want)
 	}
@@ -170,7 +170,7 @@ func TestRenameAndMoveFileIsNoDelete(t *testing.T) {
 		t.Fatal("a rename bumped the epoch")
 	}
 	// Only the ledger's applied commit moved.
-	if e.snapshotsTip() == tip || e.ledger().Applied.Commit != res.Head {
+	if e.snapshotsTip() == tip || e.ledger().Applied.Commit != desired.Hash(res.Head) {
 		t.Fatal("ledger does not record the applied commit")
 	}
 }
@@ -184,7 +184,7 @@ func TestHostMove(t *testing.T) {
 		t.Fatalf("result = %+v", res)
 	}
 	old := e.snapshot("hv-a").VM("web-01")
-	if old == nil || !old.Tombstoned || old.Tombstone.Commit != mv {
+	if old == nil || !old.Tombstoned || old.Tombstone.Commit != desired.Hash(mv) {
 		t.Fatalf("old host's web-01 = %+v, want tombstoned by %s", old, mv)
 	}
 	if n := e.snapshot("hv-b").VM("web-01"); n == nil || n.Tombstoned {
@@ -206,7 +206,7 @@ func TestMergeCommitAttribution(t *testing.T) {
 		t.Fatalf("result = %+v", res)
 	}
 	tb := e.snapshot("hv-a").VM("web-01").Tombstone
-	if tb.Commit != merge || tb.Rewritten {
+	if tb.Commit != desired.Hash(merge) || tb.Rewritten {
 		t.Fatalf("tombstone = %+v, want the merge %s on the first-parent history", tb, merge)
 	}
 }
@@ -218,7 +218,7 @@ func TestDeleteAttributedAcrossSeveralCommits(t *testing.T) {
 	e.commit(gittest.Edit{Write: map[string]string{"vms/web-02.yaml": vmYAML("web-02", "hv-a", 1)}, Author: "Other <o@example.com>"})
 	e.pass()
 	tb := e.snapshot("hv-a").VM("web-01").Tombstone
-	if tb.Commit != del || tb.Author != "Deleter <d@example.com>" {
+	if tb.Commit != desired.Hash(del) || tb.Author != "Deleter <d@example.com>" {
 		t.Fatalf("tombstone = %+v, want commit %s by Deleter", tb, del)
 	}
 }
@@ -241,7 +241,7 @@ func TestInvalidCommitKeepsLastGood(t *testing.T) {
 		t.Fatal("a rejected commit touched the snapshots")
 	}
 	l := e.ledger()
-	if l.Rejected == nil || l.Rejected.Commit != bad || l.Applied.Commit == bad {
+	if l.Rejected == nil || l.Rejected.Commit != desired.Hash(bad) || l.Applied.Commit == desired.Hash(bad) {
 		t.Fatalf("ledger = %+v, want the rejection recorded", l)
 	}
 	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
@@ -270,7 +270,7 @@ func TestInvalidCommitKeepsLastGood(t *testing.T) {
 	if got := metricValue(t, e.c, "gitfleet_controller_rejected_commits_total"); got != 1 {
 		t.Errorf("rejected commits metric = %v after two passes over one bad commit, want 1", got)
 	}
-	if l := e.ledger(); l.Rejected == nil || l.Rejected.Commit != bad || l.Rejected.Superseded != res.Head {
+	if l := e.ledger(); l.Rejected == nil || l.Rejected.Commit != desired.Hash(bad) || l.Rejected.Superseded != desired.Hash(res.Head) {
 		t.Errorf("ledger rejection = %+v, want %s superseded by %s", l.Rejected, bad, res.Head)
 	}
 	readme = gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
@@ -540,7 +540,7 @@ func TestTwoControllersRacing(t *testing.T) {
 	log := gittest.Git(t, e.dir, "log", "--format=%H", "refs/heads/"+DefaultSnapshotsBranch, "--", snapshots.Path("hv-a"))
 	seen := map[uint64]bool{}
 	for _, h := range strings.Fields(log) {
-		s, err := desired.ParseSnapshot([]byte(gittest.Show(t, e.dir, h, snapshots.Path("hv-a")) + "\n"))
+		s, err := snapshots.ParseSnapshot([]byte(gittest.Show(t, e.dir, h, snapshots.Path("hv-a")) + "\n"))
 		if err != nil {
 			t.Fatal(err)
 		}

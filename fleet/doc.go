@@ -8,8 +8,8 @@
 // the status branch when its content changed.
 //
 // It owns no branch file's format: it writes every file of the snapshots
-// branch (package snapshots owns their names and ledger.yaml, package
-// desired the snapshot format) and README.md of the status branch
+// branch (package snapshots owns their names, the snapshot format and
+// ledger.yaml) and README.md of the status branch
 // (package status), and reads the objects of the desired branch (package
 // desired) and the hosts' status files (package status).
 //

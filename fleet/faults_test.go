@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/status"
 )
@@ -133,4 +136,77 @@ func noise(t testing.TB, n int) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b)
+}
+
+// TestControllerOnFullDisk: a commit larger than the space left under the
+// cache dir makes the pass unreadable at once (not at the git deadline,
+// which is an hour here), with an error naming the cache, and tombstones,
+// finalizes or sweeps nothing; once space is freed the next pass applies
+// the commit. The cache is a 1 MB tmpfs in a mount namespace of the
+// test's own (it runs itself again under unshare), so no mount outlives
+// it. With -v it prints the time to detection and to recovery. Needs
+// root and unshare(1).
+func TestControllerOnFullDisk(t *testing.T) {
+	if os.Getenv("FLEET_OWN_MOUNTS") == "" {
+		if os.Geteuid() != 0 {
+			t.Skip("mounting a small tmpfs needs root")
+		}
+		unshare, err := exec.LookPath("unshare")
+		if err != nil {
+			t.Skip("unshare(1) is not installed (util-linux)")
+		}
+		cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^TestControllerOnFullDisk$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "FLEET_OWN_MOUNTS=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil && strings.Contains(string(out), "unshare failed") {
+			t.Skipf("no mount namespace here: %s", out)
+		}
+		t.Logf("in its own mount namespace:\n%s", out)
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestControllerOnFullDisk") {
+			t.Fatalf("%v", err)
+		}
+		return
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+	files := baseFleet()
+	files["vms/old-01.yaml"] = vmYAML("old-01", "hv-a", 1)
+	e := newEnv(t, files)
+	cache := filepath.Join(mnt, "cache")
+	clk := &clock{now: time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)}
+	c, err := New(Config{URL: e.url, CacheDir: cache, GitTimeout: time.Hour, Clock: clk.Now, Logger: quietLogger(), SummaryInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.commit(gittest.Edit{Remove: []string{"vms/old-01.yaml"}, Write: map[string]string{"blob.bin": noise(t, 4<<20)}})
+	writeStatus(t, e.dir, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1})
+	before := e.snapshotsTip()
+
+	start := time.Now()
+	res, err := c.Pass(ctx)
+	detect := time.Since(start)
+	if PassOutcome(res, err) != OutcomeUnreadable || !errors.Is(err, gitsource.ErrCacheUnwritable) || !strings.Contains(err.Error(), cache) {
+		t.Fatalf("outcome %s: %v: want unreadable, the cache unwritable, naming %s", PassOutcome(res, err), err, cache)
+	}
+	if res.Rejected != nil || len(res.Tombstoned)+len(res.Finalized)+len(res.Swept) != 0 || res.Changed() || e.snapshotsTip() != before {
+		t.Fatalf("a pass on a full disk acted: %+v", res)
+	}
+	t.Logf("full filesystem under the cache dir: unreadable after %v: %v; nothing tombstoned, finalized or destroyed", detect.Round(time.Millisecond), err)
+
+	if out, err := exec.Command("mount", "-o", "remount,size=64m", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	start = time.Now()
+	res, err = c.Pass(ctx)
+	if err != nil || len(res.Tombstoned) != 1 || res.Tombstoned[0] != "VM old-01@hv-a" {
+		t.Fatalf("after space was freed: %v, tombstoned %v, want the reviewed delete", err, res.Tombstoned)
+	}
+	t.Logf("full filesystem under the cache dir: recovered %v after space was freed", time.Since(start).Round(time.Millisecond))
 }

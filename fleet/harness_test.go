@@ -13,7 +13,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
@@ -133,7 +132,7 @@ func (e *env) pass() PassResult {
 }
 
 // snapshot reads host's snapshot at the snapshots tip; nil when absent.
-func (e *env) snapshot(host string) *desired.Snapshot {
+func (e *env) snapshot(host string) *snapshots.Snapshot {
 	e.t.Helper()
 	files := gittest.Files(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch)
 	found := false
@@ -143,7 +142,7 @@ func (e *env) snapshot(host string) *desired.Snapshot {
 	if !found {
 		return nil
 	}
-	s, err := desired.ParseSnapshot([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, snapshots.Path(host)) + "\n"))
+	s, err := snapshots.ParseSnapshot([]byte(gittest.Show(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch, snapshots.Path(host)) + "\n"))
 	if err != nil {
 		e.t.Fatalf("snapshot of %s: %v", host, err)
 	}

@@ -1,9 +1,14 @@
 package fleet
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/gitfleet/gitfleet/internal/redact"
+	"github.com/gitfleet/gitfleet/internal/safetext"
+	"github.com/gitfleet/gitfleet/status"
 )
 
 // Outcome names what one pass came to. The three ways a pass can leave the
@@ -15,15 +20,20 @@ import (
 //     conflict with a retained object). Fix the commit. Recorded in the
 //     ledger and the summary as the last rejected commit.
 //   - OutcomeUnreadable: git failed (the remote unreachable or stalled past
-//     the git timeout, a cache that could not be repaired, a write
-//     rejected for good). Nothing is said about the commit; nothing is
-//     recorded on a branch. Retried with back-off.
+//     the git timeout, a cache that could not be repaired or whose disk
+//     is full, a write rejected for good). Nothing is said about the
+//     commit. Retried with back-off.
 //   - OutcomeRefused: the controller will not act on what it read (the
 //     desired branch is missing, the ledger belongs to another branch or
 //     path, an epoch past the bound, a VM to retain without its last
 //     spec). Fix the configuration or the
 //     branch it names. Logged once per distinct cause, retried with
 //     back-off.
+//
+// The last two are recorded on the status branch — controller.yaml and a
+// "Controller passes failing" section of README.md, apart from the
+// ledger's last rejected commit — once per distinct cause, and removed by
+// the next pass that acts (see recordFailure).
 type Outcome string
 
 // The outcomes of a pass.
@@ -86,4 +96,32 @@ func backoff(interval time.Duration, n int) time.Duration {
 		d *= 2
 	}
 	return max(min(d, maxBackoff), interval)
+}
+
+// recordFailure writes the cause of an unreadable or refused pass to the
+// status branch (controller.yaml and README.md), once per distinct
+// outcome and reason: a pass that fails the same way every interval
+// commits nothing. A controller that has not completed a pass since it
+// started writes nothing — it may not be the one the branches belong to —
+// nor does one refused because the ledger names another branch or path.
+// The write is best effort (git may be what failed); the next pass that
+// acts removes the record. Caller holds c.mu.
+func (c *Controller) recordFailure(ctx context.Context, outcome Outcome, err error) {
+	if c.lastSummary == nil || errors.Is(err, ErrLedgerMismatch) || ctx.Err() != nil {
+		return
+	}
+	reason := safetext.Lines(redact.Text(err.Error()))
+	if f := c.failing; f != nil && f.Outcome == string(outcome) && f.Reason == reason {
+		return
+	}
+	now := c.clock()
+	c.failing = &status.PassFailure{Outcome: string(outcome), Since: now, Reason: reason}
+	// The next pass must not skip on the inputs of the last one that
+	// acted: it is the one that removes the record.
+	c.lastKey = ""
+	s := *c.lastSummary
+	s.Failing = c.failing
+	if _, werr := c.writeSummary(ctx, s, now); werr != nil {
+		c.log.WithError(cleanErr(werr)).Warn("could not record the failing pass on the status branch")
+	}
 }

@@ -31,7 +31,7 @@ func commitMessage(head string, o *output) string {
 		fmt.Fprintf(&b, "Update the ledger: the desired state could not be read\n")
 	}
 	for _, k := range o.retained {
-		fmt.Fprintf(&b, "kept %s after a history rewrite at %s\n", k.Ref(), desired.Hash(k.Commit).Short())
+		fmt.Fprintf(&b, "kept %s after a history rewrite at %s\n", k.Ref(), k.Commit.Short())
 	}
 	for _, r := range o.unretained {
 		fmt.Fprintf(&b, "%s desired again: no longer kept\n", r)
@@ -40,7 +40,7 @@ func commitMessage(head string, o *output) string {
 		fmt.Fprintf(&b, "%s: the file on the branch differed from the published one; published again\n", h)
 	}
 	for _, t := range o.tombstoned {
-		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", t.Ref(), desired.Hash(t.Tombstone.Commit).Short(), t.Tombstone.Author)
+		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", t.Ref(), t.Tombstone.Commit.Short(), t.Tombstone.Author)
 	}
 	for _, r := range o.finalized {
 		fmt.Fprintf(&b, "finalized %s (acked)\n", r)
@@ -72,7 +72,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 	for _, t := range o.tombstoned {
 		res.Tombstoned = append(res.Tombstoned, refName(t.Ref()))
 		c.log.WithFields(logrus.Fields{"host": t.Host, "kind": t.Kind, "name": t.Name,
-			"commit": desired.Hash(t.Tombstone.Commit).Short(), "author": t.Tombstone.Author, "rewritten": t.Tombstone.Rewritten}).Info("tombstoned")
+			"commit": t.Tombstone.Commit.Short(), "author": t.Tombstone.Author, "rewritten": t.Tombstone.Rewritten}).Info("tombstoned")
 	}
 	for _, r := range o.undeleted {
 		res.Undeleted = append(res.Undeleted, refName(r))
@@ -94,7 +94,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 	}
 	for _, k := range o.retained {
 		res.Retained = append(res.Retained, refName(k.Ref()))
-		c.log.WithFields(logrus.Fields{"host": k.Host, "kind": k.Kind, "name": k.Name, "commit": desired.Hash(k.Commit).Short()}).
+		c.log.WithFields(logrus.Fields{"host": k.Host, "kind": k.Kind, "name": k.Name, "commit": k.Commit.Short()}).
 			Warn("history rewritten: object absent from the new head kept, not deleted; restore its file, or re-add and delete it in a reviewed commit")
 	}
 	for _, r := range o.unretained {

@@ -48,7 +48,7 @@ func TestRetainedVolumeClaimRejected(t *testing.T) {
 		t.Fatalf("hv-b after the rejected commit = %+v, want the last good snapshot", after)
 	}
 	l := e.ledger()
-	if l.Rejected == nil || l.Rejected.Commit != claim || !strings.Contains(l.Rejected.Reason, "volume db-data") {
+	if l.Rejected == nil || l.Rejected.Commit != desired.Hash(claim) || !strings.Contains(l.Rejected.Reason, "volume db-data") {
 		t.Fatalf("ledger rejection = %+v, want commit %s", l.Rejected, claim)
 	}
 	if l.Applied.Commit != applied || len(l.Retained) != 1 {
@@ -67,7 +67,7 @@ func TestRetainedVolumeClaimRejected(t *testing.T) {
 	if res.Rejected != nil || len(res.Unretained) != 1 || res.RetainedTotal != 0 {
 		t.Fatalf("fix: %+v, want accepted, db-01 unretained", res)
 	}
-	if l := e.ledger(); l.Rejected == nil || l.Rejected.Superseded != fixed {
+	if l := e.ledger(); l.Rejected == nil || l.Rejected.Superseded != desired.Hash(fixed) {
 		t.Fatalf("ledger rejection = %+v, want superseded by %s", l.Rejected, fixed)
 	}
 }
@@ -94,7 +94,7 @@ func TestRewriteClaimingDroppedVolumeRejected(t *testing.T) {
 	if after := e.snapshot("hv-b"); after.Epoch != before.Epoch || after.VM("web-09") != nil {
 		t.Fatalf("hv-b = %+v, want the last good snapshot", after)
 	}
-	if l := e.ledger(); len(l.Retained) != 0 || l.Rejected == nil || l.Rejected.Commit != orphan {
+	if l := e.ledger(); len(l.Retained) != 0 || l.Rejected == nil || l.Rejected.Commit != desired.Hash(orphan) {
 		t.Fatalf("ledger retained %+v rejected %+v", l.Retained, l.Rejected)
 	}
 }

@@ -39,7 +39,7 @@ func TestForcePushToOlderCommitRetains(t *testing.T) {
 		t.Errorf("retaining an unchanged VM published a new epoch: %v", res.Published)
 	}
 	l := e.ledger()
-	if len(l.Retained) != 1 || l.Retained[0].Commit != first || l.Retained[0].Since.IsZero() ||
+	if len(l.Retained) != 1 || l.Retained[0].Commit != desired.Hash(first) || l.Retained[0].Since.IsZero() ||
 		l.Retained[0].Spec == nil || l.Retained[0].Spec.VCPUs != 1 || len(l.Tombstones) != 0 {
 		t.Fatalf("ledger retained = %+v, tombstones %+v", l.Retained, l.Tombstones)
 	}
@@ -75,7 +75,7 @@ func TestForcePushToOlderCommitRetains(t *testing.T) {
 	if len(res.Tombstoned) != 1 {
 		t.Fatalf("reviewed delete: %+v", res)
 	}
-	if tb := e.snapshot("hv-a").VM("web-02").Tombstone; tb == nil || tb.Commit != del || tb.Rewritten {
+	if tb := e.snapshot("hv-a").VM("web-02").Tombstone; tb == nil || tb.Commit != desired.Hash(del) || tb.Rewritten {
 		t.Fatalf("tombstone = %+v, want commit %s", tb, del)
 	}
 }
@@ -111,7 +111,7 @@ func TestForcePushUnrelatedHistoryKeepsEverything(t *testing.T) {
 	if b.HostSpec.Capacity.VCPUs != 32 {
 		t.Errorf("hv-b lost its host spec: %+v", b.HostSpec)
 	}
-	if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || !vm.Tombstoned || vm.Tombstone.Commit != del {
+	if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || !vm.Tombstoned || vm.Tombstone.Commit != desired.Hash(del) {
 		t.Fatalf("the pending reviewed delete of web-01 = %+v, want still pending from %s", vm, del)
 	}
 	// Stable: another pass changes nothing.
@@ -158,7 +158,7 @@ func TestHandEditedSnapshotRepublished(t *testing.T) {
 	}
 	a := e.snapshot("hv-a")
 	a.VMs = nil
-	data, err := desired.MarshalSnapshot(a)
+	data, err := snapshots.MarshalSnapshot(a)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func TestDotSlashPathAttributesDeletes(t *testing.T) {
 	if res := e.pass(); len(res.Tombstoned) != 1 {
 		t.Fatalf("result = %+v", res)
 	}
-	if tb := e.snapshot("hv-a").VM("web-01").Tombstone; tb.Commit != del {
+	if tb := e.snapshot("hv-a").VM("web-01").Tombstone; tb.Commit != desired.Hash(del) {
 		t.Fatalf("tombstone commit = %s, want the deleting commit %s", tb.Commit, del)
 	}
 }

@@ -160,18 +160,50 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now tim
 		c.summaryDue = true
 		return false, nil
 	}
-	wrote := false
-	_, err := c.tips.Update(ctx, c.cfg.StatusBranch, func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		wrote = false
-		old, err := read(status.SummaryPath)
-		if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
-			return nil, "", fmt.Errorf("read %s: %w", status.SummaryPath, err)
+	var failing []byte
+	if s.Failing != nil {
+		var err error
+		if failing, err = status.MarshalPassFailure(s.Failing); err != nil {
+			return false, err
 		}
-		if string(old) == string(data) {
+	}
+	wrote := false
+	_, err := c.tips.Update(ctx, c.cfg.StatusBranch, func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		wrote = false
+		files := map[string][]byte{}
+		// Each file is read up to the size it should have: a bigger
+		// one (forged, say) differs, and costs no memory.
+		same := func(path string, want []byte) (bool, error) {
+			if tip == "" {
+				return want == nil, nil
+			}
+			old, err := c.tips.ReadFileMax(tip, path, int64(len(want)))
+			switch {
+			case errors.Is(err, gitsource.ErrFileNotFound):
+				return want == nil, nil
+			case errors.Is(err, gitsource.ErrFileTooLarge):
+				return false, nil
+			case err != nil:
+				return false, fmt.Errorf("read %s: %w", path, err)
+			}
+			return want != nil && string(old) == string(want), nil
+		}
+		// controller.yaml is there while passes fail, gone once one
+		// succeeds (a nil content removes it).
+		for path, want := range map[string][]byte{status.SummaryPath: data, status.ControllerPath: failing} {
+			ok, err := same(path, want)
+			if err != nil {
+				return nil, "", err
+			}
+			if !ok {
+				files[path] = want
+			}
+		}
+		if len(files) == 0 {
 			return nil, "", nil
 		}
 		wrote = true
-		return map[string][]byte{status.SummaryPath: data}, "Update the fleet summary", nil
+		return files, "Update the fleet summary", nil
 	})
 	if err != nil {
 		return false, err

@@ -8,9 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -82,34 +85,69 @@ func TestTransportFaults(t *testing.T) {
 }
 
 // TestFullDiskUnderCache: a commit larger than the space left under the
-// cache fails the fetch at once (never hangs), leaves the cache readable,
-// and the fetch after space is freed succeeds. Needs root (a tmpfs is
-// mounted under the test's directory).
+// cache fails the fetch at once with ErrCacheUnwritable naming the cache
+// (never at the git deadline, never by a repair that would write more),
+// an Update on a full disk and a fetch on a read-only one fail the same
+// way, the cache stays readable, and the fetch after space is freed
+// succeeds. The cache is on a 1 MB tmpfs in a mount namespace of the
+// test's own (the test runs itself again under unshare), so no mount
+// outlives it. Needs root and unshare(1).
 func TestFullDiskUnderCache(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a small tmpfs needs root")
+	if os.Getenv("GITSOURCE_OWN_MOUNTS") == "" {
+		if os.Geteuid() != 0 {
+			t.Skip("mounting a small tmpfs needs root")
+		}
+		unshare, err := exec.LookPath("unshare")
+		if err != nil {
+			t.Skip("unshare(1) is not installed (util-linux)")
+		}
+		cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^TestFullDiskUnderCache$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "GITSOURCE_OWN_MOUNTS=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil && strings.Contains(string(out), "unshare failed") {
+			t.Skipf("no mount namespace here: %s", out)
+		}
+		t.Logf("in its own mount namespace:\n%s", out)
+		require.NoError(t, err)
+		require.Contains(t, string(out), "--- PASS: TestFullDiskUnderCache")
+		return
 	}
 	ctx := context.Background()
 	cache := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", cache).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", cache).CombinedOutput(); err != nil {
 		t.Skipf("cannot mount a tmpfs: %v: %s", err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", cache).Run() })
+	logger, hook := logtest.NewNullLogger()
 	rm := gittest.NewBare(t)
 	c1 := gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"hosts/a.yaml": "a\n"}})
-	r := open(t, gitsource.Options{URL: rm, CacheDir: filepath.Join(cache, "git"), Timeout: faultTimeout})
+	dir := filepath.Join(cache, "git")
+	r := open(t, gitsource.Options{URL: rm, CacheDir: dir, Timeout: time.Hour, Logger: logrus.NewEntry(logger)})
 	tip, err := r.Fetch(ctx, "main")
 	require.NoError(t, err)
 	require.Equal(t, c1, tip)
 	c2 := gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"blob.bin": noise(t, 4<<20)}})
 
+	unwritable := func(what string, err error) {
+		t.Helper()
+		require.ErrorIs(t, err, gitsource.ErrCacheUnwritable, what)
+		assert.Contains(t, err.Error(), dir, "%s: the error names the cache", what)
+		for _, e := range hook.AllEntries() {
+			assert.NotContains(t, e.Message, "repair", "%s: no repair on a full disk", what)
+			assert.NotContains(t, e.Message, "afresh", "%s: no fresh clone on a full disk", what)
+		}
+		data, err := r.ReadFile(c1, "hosts/a.yaml")
+		require.NoError(t, err, "%s: what the cache held is still there", what)
+		assert.Equal(t, "a\n", string(data))
+	}
 	start := time.Now()
 	_, err = r.Fetch(ctx, "main")
-	t.Logf("full disk: detected after %v: %v", time.Since(start).Round(time.Millisecond), err)
-	require.Error(t, err)
-	data, err := r.ReadFile(c1, "hosts/a.yaml")
-	require.NoError(t, err)
-	assert.Equal(t, "a\n", string(data))
+	t.Logf("full disk: fetch failed after %v (the git deadline is an hour): %v", time.Since(start).Round(time.Millisecond), err)
+	unwritable("fetch", err)
+
+	_, err = r.Update(ctx, "gitfleet/status", setFile("hosts/big.yaml", noise(t, 2<<20)))
+	t.Logf("full disk: update: %v", err)
+	unwritable("update", err)
 
 	require.NoError(t, exec.Command("mount", "-o", "remount,size=64m", cache).Run())
 	start = time.Now()
@@ -117,6 +155,18 @@ func TestFullDiskUnderCache(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, c2, tip)
 	t.Logf("full disk: recovered %v after space was freed", time.Since(start).Round(time.Millisecond))
+	left, _ := filepath.Glob(filepath.Join(dir, "objects", "pack", "tmp_*"))
+	assert.Empty(t, left, "no partial pack left behind")
+	require.NoError(t, r.Close())
+
+	// The same cache seen through a read-only mount.
+	ro := t.TempDir()
+	require.NoError(t, exec.Command("mount", "--bind", "-o", "ro", dir, ro).Run())
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", ro).Run() })
+	_, err = gitsource.Open(ctx, gitsource.Options{URL: rm, CacheDir: ro, Logger: logrus.NewEntry(logger)})
+	t.Logf("read-only cache: %v", err)
+	require.ErrorIs(t, err, gitsource.ErrCacheUnwritable)
+	assert.Contains(t, err.Error(), ro)
 }
 
 // TestSSHServerThatNeverAnswers: an ssh server that accepts the connection

@@ -42,6 +42,9 @@ func (r *Repo) Fetch(ctx context.Context, branch string) (string, error) {
 				return "", fmt.Errorf("fetch %s: %w (after %v)", branch, err, lastErr)
 			}
 			if err := r.repair(ctx, branch, attempt == 2); err != nil {
+				if u := r.refusedWrite(err); u != nil {
+					err = u
+				}
 				return "", fmt.Errorf("fetch %s: repair cache after %v: %w", branch, lastErr, err)
 			}
 		}
@@ -52,6 +55,10 @@ func (r *Repo) Fetch(ctx context.Context, branch string) (string, error) {
 		}
 		if err == nil {
 			return tip, nil
+		}
+		if u := r.refusedWrite(err); u != nil {
+			// Reported at once: a repair would write more.
+			return "", fmt.Errorf("fetch %s from %s: %w", branch, redactURL(r.url), u)
 		}
 		if !repairable(err) {
 			return "", fmt.Errorf("fetch %s from %s: %w", branch, redactURL(r.url), err)
@@ -251,7 +258,7 @@ func repairable(err error) bool {
 	case err == nil:
 		return false
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrTimeout),
-		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat),
+		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat), isUnwritable(err),
 		errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed),
 		errors.Is(err, transport.ErrRepositoryNotFound), errors.Is(err, transport.ErrInvalidAuthMethod):
 		return false

@@ -108,6 +108,41 @@ func TestOpenRefusesForeignDir(t *testing.T) {
 	assert.NoError(t, err)
 }
 
+// TestCacheDirThroughASymlink: a cache path that is a symlink to a
+// directory (systemd's CacheDirectory= with DynamicUser=yes makes one) is
+// that directory: the link is kept, the clone lives behind it, and a second
+// Open reuses it. A dangling link is still damage, moved aside.
+func TestCacheDirThroughASymlink(t *testing.T) {
+	ctx := context.Background()
+	bare := gittest.NewBare(t)
+	tip := gittest.Commit(t, bare, gittest.Edit{Write: map[string]string{"hosts/a.yaml": "a\n"}})
+	root := t.TempDir()
+	target := filepath.Join(root, "private", "cache")
+	require.NoError(t, os.MkdirAll(target, 0o700))
+	link := filepath.Join(root, "cache")
+	require.NoError(t, os.Symlink(target, link))
+	for i := 0; i < 2; i++ {
+		r := open(t, gitsource.Options{URL: bare, CacheDir: link})
+		got, err := r.Fetch(ctx, "main")
+		require.NoError(t, err)
+		assert.Equal(t, tip, got)
+		fi, err := os.Lstat(link)
+		require.NoError(t, err)
+		assert.NotZero(t, fi.Mode()&os.ModeSymlink, "the link is kept")
+		assert.DirExists(t, filepath.Join(target, "objects"), "the clone is behind the link")
+	}
+	ents, err := os.ReadDir(root)
+	require.NoError(t, err)
+	assert.Len(t, ents, 2, "nothing moved aside next to the link")
+
+	dangling := filepath.Join(root, "dangling")
+	require.NoError(t, os.Symlink(filepath.Join(root, "nowhere"), dangling))
+	r := open(t, gitsource.Options{URL: bare, CacheDir: dangling})
+	_, err = r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	assert.DirExists(t, filepath.Join(dangling, "objects"), "a fresh cache where the dangling link was")
+}
+
 // TestMissingObjectIsAnError: objects deleted from the cache make reads
 // fail (never an empty or smaller tree); Fetch repairs the cache.
 func TestMissingObjectIsAnError(t *testing.T) {

@@ -48,6 +48,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-git/go-billy/v5/osfs"
@@ -88,6 +89,12 @@ var (
 	// gitsource cannot read (SHA-256; go-git reads SHA-1 only). No repair
 	// helps; the repository must be SHA-1.
 	ErrObjectFormat = errors.New("unsupported git object format")
+	// ErrCacheUnwritable: the filesystem of the cache refused a write: it
+	// is full (ENOSPC), over quota (EDQUOT) or read-only (EROFS). The
+	// error names the cache directory. Nothing is repaired (a fresh clone
+	// needs more room, not less) and nothing the cache held is lost: the
+	// operation succeeds again once there is room.
+	ErrCacheUnwritable = errors.New("cache filesystem refuses writes")
 )
 
 // DefaultTimeout bounds one git operation with the remote when
@@ -228,6 +235,7 @@ func Open(ctx context.Context, opts Options) (*Repo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open git source %s: committer: %w", opts.URL, err)
 	}
+	opts.CacheDir = resolveCacheDir(opts.CacheDir)
 	log := opts.Logger
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
@@ -246,9 +254,63 @@ func Open(ctx context.Context, opts Options) (*Repo, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.openStorage(false); err != nil {
+		if u := r.unwritable(err); u != nil {
+			err = u
+		}
 		return nil, fmt.Errorf("open git source %s: %w", opts.URL, err)
 	}
 	return r, nil
+}
+
+// unwritableErrnos are the errors of a filesystem that takes no more
+// writes, and unwritableText their messages (for an error go-git
+// flattened into text).
+var (
+	unwritableErrnos = []error{syscall.ENOSPC, syscall.EDQUOT, syscall.EROFS}
+	unwritableText   = []string{"no space left on device", "disk quota exceeded", "read-only file system"}
+)
+
+// isUnwritable reports whether err is a filesystem's refusal of a write.
+func isUnwritable(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, e := range append(unwritableErrnos, ErrCacheUnwritable) {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	msg := strings.ToLower(err.Error())
+	for _, t := range unwritableText {
+		if strings.Contains(msg, t) {
+			return true
+		}
+	}
+	return false
+}
+
+// refusedWrite is unwritable for an operation that wrote to the cache:
+// the temporary files of the failed write only take room the next one
+// needs, so they are removed. Caller does not hold r.mu (every writer of
+// the cache holds it).
+func (r *Repo) refusedWrite(err error) error {
+	u := r.unwritable(err)
+	if u != nil && r.opts.CacheDir != "" {
+		r.mu.Lock()
+		sweepLeftovers(r.opts.CacheDir, r.log)
+		r.mu.Unlock()
+	}
+	return u
+}
+
+// unwritable returns err as an ErrCacheUnwritable naming the cache when
+// the cache's filesystem refused a write, and nil for any other error
+// (and for one already marked).
+func (r *Repo) unwritable(err error) error {
+	if !isUnwritable(err) || errors.Is(err, ErrCacheUnwritable) {
+		return nil
+	}
+	return fmt.Errorf("%w: cache %s: %w (the cache is kept as it is and used again once its filesystem takes writes)", ErrCacheUnwritable, r.opts.CacheDir, err)
 }
 
 // normalizeURL makes local paths absolute (go-git resolves them against the
@@ -314,7 +376,11 @@ func (r *Repo) openStorage(fresh bool) error {
 	// one per object read would dominate a walk of a large tree. (go-git's
 	// ExclusiveAccess would also spare the loose-object lookups, but it does
 	// not see packs a fetch adds.)
-	st := filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte), filesystem.Options{MaxOpenDescriptors: 2 * maxPacks})
+	// Objects past largeObject are read from their pack as a stream, not
+	// decoded whole into memory (and never into the object cache); a
+	// fetched pack is indexed in bounded memory (see diskStorage).
+	st := &diskStorage{dir: dir, Storage: filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte),
+		filesystem.Options{MaxOpenDescriptors: 2 * maxPacks, LargeObjectThreshold: largeObject})}
 	if len(ents) == 0 {
 		repo, err := git.Init(st, nil)
 		if err != nil {
@@ -424,6 +490,27 @@ func sweepLeftovers(dir string, log *logrus.Entry) {
 // moveAsideFile moves a file (not a directory) found at the cache path out
 // of the way, keeping it beside as PATH.damaged-UNIXNANO: the path is the
 // cache's, but what a person put there is not thrown away.
+// resolveCacheDir follows a cache path that is a symlink to a directory
+// (systemd's CacheDirectory= under DynamicUser=yes is one), so the cache
+// is the directory it names and the link is never taken for damage. Any
+// other path, a dangling link included, is returned as it is.
+func resolveCacheDir(dir string) string {
+	if dir == "" {
+		return dir
+	}
+	if fi, err := os.Lstat(dir); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		return dir
+	}
+	target, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return dir
+	}
+	if fi, err := os.Stat(target); err != nil || !fi.IsDir() {
+		return dir
+	}
+	return target
+}
+
 func moveAsideFile(dir string, log *logrus.Entry) error {
 	fi, err := os.Lstat(dir)
 	if err != nil || fi.IsDir() {

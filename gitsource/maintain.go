@@ -10,7 +10,6 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
-	"github.com/go-git/go-git/v5/storage/filesystem"
 	"github.com/go-git/go-git/v5/storage/memory"
 )
 
@@ -64,7 +63,7 @@ func (r *Repo) maintain(ctx context.Context, branch string) bool {
 func (r *Repo) upkeep() string {
 	var size, floor int64
 	switch st := r.st.(type) {
-	case *filesystem.Storage:
+	case *diskStorage:
 		compacted, err := compact(st)
 		if err != nil {
 			r.log.WithError(err).Warn("compact the cache")
@@ -80,7 +79,7 @@ func (r *Repo) upkeep() string {
 		if r.opts.Depth == 0 {
 			return ""
 		}
-		size, floor = packBytes(r.st.(*filesystem.Storage)), diskFloor
+		size, floor = packBytes(r.st.(*diskStorage)), diskFloor
 	case *memory.Storage:
 		size, floor = int64(r.objectCount()), int64(memoryFloor)
 	default:
@@ -101,7 +100,7 @@ func (r *Repo) upkeep() string {
 }
 
 // packBytes is the total size of the pack files of a cache on disk.
-func packBytes(st *filesystem.Storage) int64 {
+func packBytes(st *diskStorage) int64 {
 	packs, err := st.ObjectPacks()
 	if err != nil {
 		return 0
@@ -119,7 +118,7 @@ func packBytes(st *filesystem.Storage) int64 {
 // compact merges every pack but the largest, and the loose objects, into
 // one new pack, then deletes what it merged. It reports whether it changed
 // the store. Nothing is deleted unless the new pack was written whole.
-func compact(st *filesystem.Storage) (bool, error) {
+func compact(st *diskStorage) (bool, error) {
 	packs, err := st.ObjectPacks()
 	if err != nil {
 		return false, err
@@ -197,7 +196,7 @@ func compact(st *filesystem.Storage) (bool, error) {
 }
 
 // packHashes lists the objects of one pack from its index.
-func packHashes(st *filesystem.Storage, pack plumbing.Hash) ([]plumbing.Hash, error) {
+func packHashes(st *diskStorage, pack plumbing.Hash) ([]plumbing.Hash, error) {
 	fs := st.Filesystem()
 	f, err := fs.Open(fs.Join("objects", "pack", "pack-"+pack.String()+".idx"))
 	if err != nil {

@@ -13,8 +13,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/go-git/go-git/v5/storage/filesystem"
-
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 )
@@ -177,7 +175,7 @@ func TestShallowDiskCacheIsBounded(t *testing.T) {
 				// 20 tips of over 4 KB each would be there without a fresh
 				// clone.
 				r.mu.Lock()
-				size := packBytes(r.st.(*filesystem.Storage))
+				size := packBytes(r.st.(*diskStorage))
 				r.mu.Unlock()
 				assert.Less(t, size, int64(20*1000))
 			}

@@ -100,6 +100,9 @@ func (r *Repo) Update(ctx context.Context, branch string, mutate Mutation) (stri
 		if err == nil {
 			return newTip, nil
 		}
+		if u := r.refusedWrite(err); u != nil {
+			return "", fmt.Errorf("update %s: %w", branch, u)
+		}
 		// A tip gone from the cache (a fresh clone between the fetch and
 		// the build) is retried like a rejection.
 		if !errors.Is(err, errRejected) && !errors.Is(err, ErrObjectMissing) {

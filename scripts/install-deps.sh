@@ -3,8 +3,9 @@
 # (qemu-system-x86 and qemu-utils), busybox-static and a distribution kernel
 # package (the tiny test guest boots the host distribution's kernel),
 # mmdebstrap and e2fsprogs (the Debian test guest's image),
-# qemu-guest-agent (the guest agent's protocol tests), and dnsmasq, nftables
-# and iproute2 for host networks. Only
+# qemu-guest-agent (the guest agent's protocol tests), dnsmasq, nftables
+# and iproute2 for host networks, and systemd-container (systemd-nspawn, the
+# test of the shipped systemd units). Only
 # what is missing is installed; apt-get update runs at most once.
 set -euo pipefail
 
@@ -30,6 +31,10 @@ command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v qemu-ga >/dev/null || [ -x /usr/sbin/qemu-ga ] || need+=(qemu-guest-agent)
 command -v nft >/dev/null || need+=(nftables)
+# The systemd units' test boots a Debian tree (scripts/build-systemd-rootfs.sh,
+# mmdebstrap) under systemd-nspawn and drives it with nsenter (util-linux).
+command -v systemd-nspawn >/dev/null || need+=(systemd-container)
+command -v nsenter >/dev/null || need+=(util-linux)
 
 # The agent runs QEMU as this unprivileged system user (agent config
 # qemu.user), with an nftables guard keyed on it.

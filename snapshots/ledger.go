@@ -5,11 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/gitfleet/gitfleet/desired"
 )
@@ -60,7 +57,7 @@ type RetainedRecord struct {
 	Host   string          `yaml:"host" json:"host"`
 	Spec   *desired.VMSpec `yaml:"spec,omitempty" json:"spec,omitempty"`
 	SizeGB int             `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
-	Commit string          `yaml:"commit" json:"commit"`
+	Commit desired.Hash    `yaml:"commit" json:"commit"`
 	Since  time.Time       `yaml:"since" json:"since"`
 }
 
@@ -68,15 +65,15 @@ type RetainedRecord struct {
 func (r *RetainedRecord) Ref() Ref { return Ref{Kind: r.Kind, Name: r.Name, Host: r.Host} }
 
 // AppliedCommit names a desired-state commit, the branch it was read from
-// and the objects' directory in its tree (Path, "" for the root; nil in a
-// ledger written before the path was recorded, read as "any path"). A
+// and the objects' directory in its tree (Path, "" for the root; nil is
+// read as "any path", see docs/DESIGN.md, Refinements). A
 // controller configured with another branch or path refuses to publish over
 // this ledger (ErrLedgerMismatch): its desired state would read as deleting
 // everything the other one applied.
 type AppliedCommit struct {
-	Commit string  `yaml:"commit" json:"commit"`
-	Branch string  `yaml:"branch" json:"branch"`
-	Path   *string `yaml:"path,omitempty" json:"path,omitempty"`
+	Commit desired.Hash `yaml:"commit" json:"commit"`
+	Branch string       `yaml:"branch" json:"branch"`
+	Path   *string      `yaml:"path,omitempty" json:"path,omitempty"`
 }
 
 // Rejection is a refused desired-state commit and why. At is the
@@ -85,10 +82,10 @@ type AppliedCommit struct {
 // when no commit could be read (a failed fetch, a missing branch): Reason
 // says why.
 type Rejection struct {
-	Commit     string    `yaml:"commit,omitempty" json:"commit,omitempty"`
-	Reason     string    `yaml:"reason" json:"reason"`
-	At         time.Time `yaml:"at" json:"at"`
-	Superseded string    `yaml:"superseded,omitempty" json:"superseded,omitempty"`
+	Commit     desired.Hash `yaml:"commit,omitempty" json:"commit,omitempty"`
+	Reason     string       `yaml:"reason" json:"reason"`
+	At         time.Time    `yaml:"at" json:"at"`
+	Superseded desired.Hash `yaml:"superseded,omitempty" json:"superseded,omitempty"`
 }
 
 // HostRecord is one host's line in the ledger. Epoch is the last epoch
@@ -101,11 +98,11 @@ type Rejection struct {
 // hosts/<host>.yaml: a file on the branch tip that differs (edited or
 // removed by hand) is published again with a new epoch.
 type HostRecord struct {
-	Epoch   uint64   `yaml:"epoch" json:"epoch"`
-	Hash    string   `yaml:"hash,omitempty" json:"hash,omitempty"`
-	File    string   `yaml:"file,omitempty" json:"file,omitempty"`
-	VMs     []string `yaml:"vms,flow,omitempty" json:"vms,omitempty"`
-	Volumes []string `yaml:"volumes,flow,omitempty" json:"volumes,omitempty"`
+	Epoch   uint64       `yaml:"epoch" json:"epoch"`
+	Hash    desired.Hash `yaml:"hash,omitempty" json:"hash,omitempty"`
+	File    desired.Hash `yaml:"file,omitempty" json:"file,omitempty"`
+	VMs     []string     `yaml:"vms,flow,omitempty" json:"vms,omitempty"`
+	Volumes []string     `yaml:"volumes,flow,omitempty" json:"volumes,omitempty"`
 }
 
 // TombstoneRecord is one pending delete: the object's last spec (VM) or size
@@ -118,14 +115,14 @@ type HostRecord struct {
 // acks the destroy, so a host that returns destroys it as a normal delete
 // instead of finding a VM dropped without a tombstone.
 type TombstoneRecord struct {
-	Kind        desired.Kind      `yaml:"kind" json:"kind"`
-	Name        string            `yaml:"name" json:"name"`
-	Host        string            `yaml:"host" json:"host"`
-	Spec        *desired.VMSpec   `yaml:"spec,omitempty" json:"spec,omitempty"`
-	SizeGB      int               `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
-	Tombstone   desired.Tombstone `yaml:"tombstone" json:"tombstone"`
-	PublishedAt time.Time         `yaml:"publishedAt" json:"publishedAt"`
-	SweptAt     *time.Time        `yaml:"sweptAt,omitempty" json:"sweptAt,omitempty"`
+	Kind        desired.Kind    `yaml:"kind" json:"kind"`
+	Name        string          `yaml:"name" json:"name"`
+	Host        string          `yaml:"host" json:"host"`
+	Spec        *desired.VMSpec `yaml:"spec,omitempty" json:"spec,omitempty"`
+	SizeGB      int             `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
+	Tombstone   Tombstone       `yaml:"tombstone" json:"tombstone"`
+	PublishedAt time.Time       `yaml:"publishedAt" json:"publishedAt"`
+	SweptAt     *time.Time      `yaml:"sweptAt,omitempty" json:"sweptAt,omitempty"`
 }
 
 // SweepRecord is a delete the controller finalized without an ack (its
@@ -134,7 +131,7 @@ type SweepRecord struct {
 	Kind   desired.Kind `yaml:"kind" json:"kind"`
 	Name   string       `yaml:"name" json:"name"`
 	Host   string       `yaml:"host" json:"host"`
-	Commit string       `yaml:"commit" json:"commit"`
+	Commit desired.Hash `yaml:"commit" json:"commit"`
 	At     time.Time    `yaml:"at" json:"at"`
 	Reason string       `yaml:"reason" json:"reason"`
 }
@@ -158,13 +155,20 @@ func NewLedger() *Ledger {
 	return &Ledger{Version: ledgerVersion, Hosts: map[string]*HostRecord{}}
 }
 
+// ledgerFormat is ledger.yaml in YAML's other styles, for desired.Decode.
+// ParseLedger adds no size bound of its own, in either form: the readers
+// bound what they read (64 MiB, docs/DESIGN.md).
+var ledgerFormat = desired.Format{Noun: "ledger", Shape: "a mapping with version and hosts", MaxBytes: -1}
+
 // ParseLedger decodes ledger.yaml strictly: an unknown version or field, or
 // a tombstone or retained object without kind, name and host, is an error
 // naming the file. A ledger that cannot be read stops the controller's
 // pass: writing over it could reuse epochs. The controller writes the
 // ledger in JSON, the subset of YAML that encodes ten thousand names in
-// milliseconds; a ledger in YAML's other styles (edited by hand, say) is
-// read too.
+// milliseconds, and reads it with encoding/json (unknown fields refused);
+// a ledger that is not JSON (in YAML's other styles, edited by hand, say)
+// is read with desired.Decode, the strict decoder of object files, whose
+// errors give line, column and field.
 func ParseLedger(data []byte) (*Ledger, error) {
 	l := NewLedger()
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -175,9 +179,7 @@ func ParseLedger(data []byte) (*Ledger, error) {
 			return nil, fmt.Errorf("parse %s: %w", LedgerPath, err)
 		}
 		l = NewLedger()
-		ydec := yaml.NewDecoder(bytes.NewReader(data))
-		ydec.KnownFields(true)
-		if err := ydec.Decode(l); err != nil && !errors.Is(err, io.EOF) {
+		if err := desired.Decode("", data, l, ledgerFormat).Err(); err != nil {
 			return nil, fmt.Errorf("parse %s: %w", LedgerPath, err)
 		}
 	}

@@ -2,6 +2,7 @@ package snapshots
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +15,7 @@ func TestLedgerRoundTripAndStrictness(t *testing.T) {
 	l.Hosts["hv-a"] = &HostRecord{Epoch: 3, Hash: "k", VMs: []string{"a", "b"}, Volumes: []string{"v"}}
 	spec := desired.VMSpec{Host: "hv-a", VCPUs: 1}
 	l.Tombstones = []*TombstoneRecord{{Kind: desired.KindVM, Name: "z", Host: "hv-a", Spec: &spec,
-		Tombstone: desired.Tombstone{Commit: "c", Epoch: 3}, PublishedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
+		Tombstone: Tombstone{Commit: "c", Epoch: 3}, PublishedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
 	data, err := l.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -106,4 +107,24 @@ func FuzzParseLedger(f *testing.F) {
 			t.Fatalf("not stable:\n%s\n%s", out, again)
 		}
 	})
+}
+
+// TestParseLedgerYAMLErrors: a ledger that is not JSON is read by the
+// strict decoder of object files, whose errors give line, column and field.
+func TestParseLedgerYAMLErrors(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"unknown field", "version: 1\nhosts: {}\nsurprise: 1\n", `parse ledger.yaml: 3:1: surprise: unknown field "surprise"`},
+		{"duplicate key", "version: 1\nhosts: {}\nhosts: {}\n", `parse ledger.yaml: 3:1: hosts: duplicate key "hosts" (first written at line 2)`},
+		{"coerced epoch", "version: 1\nhosts:\n  hv-a: {epoch: \"3\"}\n", `parse ledger.yaml: 3:17: hosts.hv-a.epoch: must be an integer, got the string "3"`},
+		{"alias", "version: 1\nhosts: {hv-a: &h {epoch: 3}, hv-b: *h}\n", "parse ledger.yaml: 2:15: hosts.hv-a: anchors (&h) are not supported"},
+		{"bad time", "version: 1\nhosts: {}\nrejected: {reason: r, at: noon}\n", "parse ledger.yaml: 3:27: rejected.at: must be a time such as 2006-01-02T15:04:05Z (RFC 3339)"},
+		{"empty", "# nothing\n", "parse ledger.yaml: 1:1: empty ledger; a ledger is a mapping with version and hosts"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseLedger([]byte(tc.in))
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Fatalf("ParseLedger error = %v, want one starting %q", err, tc.want)
+			}
+		})
+	}
 }

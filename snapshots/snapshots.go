@@ -1,12 +1,14 @@
 // Package snapshots owns the gitfleet/snapshots branch (docs/DESIGN.md,
-// Branches and files): its name, where its files live, and ledger.yaml.
+// Branches and files): its name (Branch) and both kinds of file on it,
+// written by the controller only:
 //
-// The branch holds, written by the controller only, one snapshot per host
-// at Path(host) (hosts/<host>.yaml; the format is desired.Snapshot, parsed
-// by desired.ParseSnapshot) and the controller's Ledger at LedgerPath.
-// Every reader of the ledger (the controller, `gitfleet plan`, `gitfleet
-// status`, the demo) reads it with ParseLedger, strictly, through
-// LedgerAt or ReadLedger.
+//   - hosts/<host>.yaml at Path(host), one snapshot per host: the types
+//     (Snapshot, SnapshotVM, SnapshotVolume, Tombstone), the strict parser
+//     ParseSnapshot and the encoder MarshalSnapshot;
+//   - ledger.yaml at LedgerPath, the controller's Ledger: ParseLedger and
+//     Ledger.Marshal. Every reader of the ledger (the controller, `gitfleet
+//     plan`, `gitfleet status`, the demo) reads it with ParseLedger,
+//     strictly, through LedgerAt or ReadLedger.
 //
 // ledger.yaml is JSON (a subset of YAML) with one host, tombstone or sweep
 // per line:

@@ -1,14 +1,10 @@
 package status
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"sync"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/hostfile"
@@ -30,25 +26,23 @@ var ErrFileTooLarge = errors.New("status file too large")
 // file.
 var ErrHostMismatch = errors.New("status host does not match its path")
 
-// Parse decodes one status file strictly: unknown fields and a document
-// other than a single mapping are errors. name is used in error messages
-// (normally the path on the status branch).
+// Parse decodes one status file strictly, with desired.Decode (the rules of
+// object files: one document that is a mapping, no unknown fields or
+// duplicate keys, no coercion, no anchors or aliases) and at most
+// MaxFileBytes bytes; host must be written and be a name (an RFC 1123
+// label). name is the file's path on the status branch; the error is
+// "parse status: " and a desired.ErrorList whose entries format as
+// NAME:LINE:COL: FIELD: message. A status file is written by one host's
+// agent and read by everyone: nothing in it is trusted.
 func Parse(name string, data []byte) (*Status, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
 	var st Status
-	if err := dec.Decode(&st); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("parse status %s: empty file", name)
-		}
-		return nil, fmt.Errorf("parse status %s: %w", name, err)
+	doc := desired.Decode(name, data, &st, desired.Format{
+		Noun: "status file", Shape: "a mapping with host, agent, heartbeat, vms and volumes", MaxBytes: MaxFileBytes})
+	if doc.Required("host") {
+		doc.Name("host", st.Host)
 	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("parse status %s: more than one YAML document", name)
-	}
-	if st.Host == "" {
-		return nil, fmt.Errorf("parse status %s: field host is empty", name)
+	if err := doc.Err(); err != nil {
+		return nil, fmt.Errorf("parse status: %w", err)
 	}
 	return &st, nil
 }
@@ -72,16 +66,11 @@ func Marshal(st *Status) ([]byte, error) {
 	if c.Volumes == nil {
 		c.Volumes = []Volume{}
 	}
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(&c); err != nil {
+	b, err := desired.Encode(&c)
+	if err != nil {
 		return nil, fmt.Errorf("marshal status of %s: %w", st.Host, err)
 	}
-	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("marshal status of %s: %w", st.Host, err)
-	}
-	return buf.Bytes(), nil
+	return b, nil
 }
 
 // HostFromPath returns the host of a status path hosts/<host>.yaml, and

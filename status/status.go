@@ -3,6 +3,7 @@ package status
 import (
 	"time"
 
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/hostfile"
 )
 
@@ -79,14 +80,14 @@ const (
 // non-error notes for a person (for example that a changed image does not
 // touch an existing root disk, or image download progress).
 type VM struct {
-	Name      string `yaml:"name" json:"name"`
-	Phase     string `yaml:"phase" json:"phase"`
-	Power     string `yaml:"power" json:"power"`
-	IP        string `yaml:"ip,omitempty" json:"ip,omitempty"`
-	SSH       string `yaml:"ssh,omitempty" json:"ssh,omitempty"`
-	LastError string `yaml:"lastError" json:"lastError"`
-	Message   string `yaml:"message,omitempty" json:"message,omitempty"`
-	SpecHash  string `yaml:"specHash" json:"specHash"`
+	Name      string       `yaml:"name" json:"name"`
+	Phase     string       `yaml:"phase" json:"phase"`
+	Power     string       `yaml:"power" json:"power"`
+	IP        string       `yaml:"ip,omitempty" json:"ip,omitempty"`
+	SSH       string       `yaml:"ssh,omitempty" json:"ssh,omitempty"`
+	LastError string       `yaml:"lastError" json:"lastError"`
+	Message   string       `yaml:"message,omitempty" json:"message,omitempty"`
+	SpecHash  desired.Hash `yaml:"specHash" json:"specHash"`
 }
 
 // Quarantine is a tombstoned VM that has been shut down and waits for its
@@ -154,12 +155,7 @@ func (s *Status) VM(name string) *VM {
 	if s == nil {
 		return nil
 	}
-	for i := range s.VMs {
-		if s.VMs[i].Name == name {
-			return &s.VMs[i]
-		}
-	}
-	return nil
+	return hostfile.Entry(s.VMs, name, func(e *VM) string { return e.Name })
 }
 
 // Volume returns the status row of the volume name, or nil when the status
@@ -168,10 +164,5 @@ func (s *Status) Volume(name string) *Volume {
 	if s == nil {
 		return nil
 	}
-	for i := range s.Volumes {
-		if s.Volumes[i].Name == name {
-			return &s.Volumes[i]
-		}
-	}
-	return nil
+	return hostfile.Entry(s.Volumes, name, func(e *Volume) string { return e.Name })
 }

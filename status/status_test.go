@@ -2,6 +2,7 @@ package status
 
 import (
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -58,19 +59,26 @@ func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, in, want string
 	}{
-		{"empty", "", "empty file"},
-		{"unknown field", "host: hv-a\nbogus: 1\n", "field bogus not found"},
-		{"no host", "heartbeat: 3\n", "field host is empty"},
-		{"two documents", "host: hv-a\n---\nhost: hv-b\n", "more than one YAML document"},
-		{"wrong type", "host: hv-a\nheartbeat: many\n", "cannot unmarshal"},
+		{"empty", "", "hosts/hv-a.yaml:1:1: empty status file"},
+		{"unknown field", "host: hv-a\nbogus: 1\n", `hosts/hv-a.yaml:2:1: bogus: unknown field "bogus"`},
+		{"no host", "heartbeat: 3\n", "hosts/hv-a.yaml:1:1: host: missing"},
+		{"empty host", "host: \"\"\nheartbeat: 3\n", "hosts/hv-a.yaml:1:7: host: must not be empty"},
+		{"host not a name", "host: ../hv-a\n", `hosts/hv-a.yaml:1:7: host: "../hv-a" is not a DNS label`},
+		{"two documents", "host: hv-a\n---\nhost: hv-b\n", "hosts/hv-a.yaml:3:1: a second YAML document"},
+		{"wrong type", "host: hv-a\nheartbeat: many\n", "hosts/hv-a.yaml:2:12: heartbeat: must be an integer"},
+		{"coerced string", "host: hv-a\nsnapshotError: 12\n", "hosts/hv-a.yaml:2:16: snapshotError: must be a string, got the integer 12"},
+		{"duplicate key", "host: hv-a\nheartbeat: 1\nheartbeat: 9\n", `hosts/hv-a.yaml:3:1: heartbeat: duplicate key "heartbeat"`},
+		{"alias", "host: hv-a\ndestroyed: &a [x]\norphans: *a\n", "hosts/hv-a.yaml:2:12: destroyed: anchors (&a) are not supported"},
+		{"bad time", "host: hv-a\nobservedAt: yesterday\n", "hosts/hv-a.yaml:2:13: observedAt: must be a time such as 2006-01-02T15:04:05Z (RFC 3339)"},
+		{"too large", "host: hv-a\n#" + strings.Repeat("x", MaxFileBytes) + "\n", "hosts/hv-a.yaml:1:1: file is 4194317 bytes; a status file may be at most 4194304 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse("hosts/hv-a.yaml", []byte(tc.in))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Parse error = %v, want one containing %q", err, tc.want)
 			}
-			if !strings.Contains(err.Error(), "hosts/hv-a.yaml") {
-				t.Errorf("error %q does not name the file", err)
+			if !errors.Is(err, desired.ErrInvalid) {
+				t.Errorf("error %q is not a desired.ErrorList", err)
 			}
 		})
 	}
@@ -274,4 +282,18 @@ func (ft fileTree) Walk(fn func(desired.File) error) error {
 		}
 	}
 	return nil
+}
+
+// A status may claim any epoch a uint64 holds: the controller must read the
+// claim to refuse it (fleet's ErrEpochBound), never take the file for
+// unreadable. One past it is an error of the field.
+func TestParseFullEpochRange(t *testing.T) {
+	st, err := Parse("hosts/hv-a.yaml", []byte("host: hv-a\nlastSeenEpoch: 18446744073709551615\n"))
+	if err != nil || st.LastSeenEpoch != math.MaxUint64 {
+		t.Fatalf("Parse = %+v, %v; want lastSeenEpoch 2^64-1", st, err)
+	}
+	_, err = Parse("hosts/hv-a.yaml", []byte("host: hv-a\nlastSeenEpoch: 18446744073709551616\n"))
+	if want := "hosts/hv-a.yaml:2:16: lastSeenEpoch: must be a non-negative integer below 2^64"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Parse(2^64) error = %v, want %s", err, want)
+	}
 }

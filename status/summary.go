@@ -18,7 +18,7 @@ type Summary struct {
 	// Branch and Applied name the desired-state branch and the commit whose
 	// state the snapshots carry; Applied is empty before the first publish.
 	Branch  string
-	Applied string
+	Applied desired.Hash
 	Hosts   []HostSummary
 	Pending []PendingDelete
 	// Swept are the most recent deletes the controller finalized itself for
@@ -26,6 +26,10 @@ type Summary struct {
 	Swept []SweptDelete
 	// Rejected is the last desired-state commit that was refused, if any.
 	Rejected *Rejection
+	// Failing is why the controller's passes are not acting now, when git
+	// failed or the controller refused (not the commit's fault); nil while
+	// passes succeed.
+	Failing *PassFailure
 	// Retained are objects a history rewrite dropped from the desired
 	// state, kept running instead of deleted.
 	Retained []RetainedObject
@@ -41,7 +45,7 @@ type RetainedObject struct {
 	Kind   string
 	Name   string
 	Host   string
-	Commit string
+	Commit desired.Hash
 	Since  time.Time
 }
 
@@ -74,14 +78,14 @@ type HostSummary struct {
 
 // PendingDelete is a tombstone not finalized yet: who removed what, with
 // which commit, and since when. Time is the removing commit's author time;
-// Rewritten flags a removal attributed to a rewritten history's new head (a
-// ledger of an earlier release only: a rewrite now keeps what it dropped,
-// see Summary.Retained).
+// Rewritten flags a removal attributed to a rewritten history's new head
+// (the controller retains what a rewrite dropped instead, see
+// Summary.Retained; docs/DESIGN.md, Refinements).
 type PendingDelete struct {
 	Kind      string
 	Name      string
 	Host      string
-	Commit    string
+	Commit    desired.Hash
 	Author    string
 	Time      time.Time
 	Epoch     uint64
@@ -97,7 +101,7 @@ type SweptDelete struct {
 	Kind   string
 	Name   string
 	Host   string
-	Commit string
+	Commit desired.Hash
 	At     time.Time
 	Reason string
 }
@@ -107,10 +111,10 @@ type SweptDelete struct {
 // SupersededBy is the commit applied since, empty while the rejection
 // stands.
 type Rejection struct {
-	Commit       string
+	Commit       desired.Hash
 	At           time.Time
 	Reason       string
-	SupersededBy string
+	SupersededBy desired.Hash
 }
 
 // RenderSummary renders s as the Markdown of README.md. Commits are shown by
@@ -124,24 +128,31 @@ func RenderSummary(s Summary) []byte {
 		branch = "main"
 	}
 	if s.Applied != "" {
-		fmt.Fprintf(&b, "Desired state: `%s` at `%s`.\n\n", branch, desired.Hash(s.Applied).Short())
+		fmt.Fprintf(&b, "Desired state: `%s` at `%s`.\n\n", branch, s.Applied.Short())
 	} else {
 		fmt.Fprintf(&b, "Desired state: `%s`, nothing applied yet.\n\n", branch)
+	}
+	if f := s.Failing; f != nil {
+		b.WriteString("## Controller passes failing\n\n")
+		why := "`unreadable`: git failed, nothing is said about the desired commit"
+		if f.Outcome == FailureRefused {
+			why = "`refused`: the controller will not act on what it read"
+		}
+		fmt.Fprintf(&b, "Since %s every pass is %s; the last good snapshots stay in place, and passes are retried with back-off.\n\n", stamp(f.Since), why)
+		codeBlock(&b, f.Reason)
 	}
 	if s.Rejected != nil {
 		b.WriteString("## Last rejected commit\n\n")
 		commit := "(no commit: the desired branch could not be read)"
 		if s.Rejected.Commit != "" {
-			commit = "`" + desired.Hash(s.Rejected.Commit).Short() + "`"
+			commit = "`" + s.Rejected.Commit.Short() + "`"
 		}
 		if s.Rejected.SupersededBy != "" {
-			fmt.Fprintf(&b, "%s at %s was rejected; `%s` has been applied since.\n\n", commit, stamp(s.Rejected.At), desired.Hash(s.Rejected.SupersededBy).Short())
+			fmt.Fprintf(&b, "%s at %s was rejected; `%s` has been applied since.\n\n", commit, stamp(s.Rejected.At), s.Rejected.SupersededBy.Short())
 		} else {
 			fmt.Fprintf(&b, "%s at %s was rejected; the last good snapshots stay in place.\n\n", commit, stamp(s.Rejected.At))
 		}
-		b.WriteString("```\n")
-		b.WriteString(strings.TrimRight(strings.ReplaceAll(redact.Text(s.Rejected.Reason), "```", "'''"), "\n"))
-		b.WriteString("\n```\n\n")
+		codeBlock(&b, s.Rejected.Reason)
 	}
 
 	b.WriteString("## Hosts\n\n")
@@ -201,7 +212,7 @@ func RenderSummary(s Summary) []byte {
 	} else {
 		tableHeader(&b, "kind", "name", "host", "removed by", "author", "since", "epoch")
 		for _, p := range s.Pending {
-			by := "`" + desired.Hash(p.Commit).Short() + "`"
+			by := "`" + p.Commit.Short() + "`"
 			if p.Rewritten {
 				by += " (history rewritten)"
 			}
@@ -220,7 +231,7 @@ func RenderSummary(s Summary) []byte {
 		tableHeader(&b, "kind", "name", "host", "state", "since")
 		for _, k := range s.Retained {
 			fmt.Fprintf(&b, "| %s | %s | %s | kept after a history rewrite at `%s`: restore the file, or re-add and delete it in a reviewed commit | %s |\n",
-				cell(k.Kind), cell(k.Name), cell(k.Host), desired.Hash(k.Commit).Short(), stamp(k.Since))
+				cell(k.Kind), cell(k.Name), cell(k.Host), k.Commit.Short(), stamp(k.Since))
 		}
 		b.WriteString("\n")
 	}
@@ -239,7 +250,7 @@ func RenderSummary(s Summary) []byte {
 		tableHeader(&b, "kind", "name", "host", "removed by", "finalized", "reason")
 		for _, w := range s.Swept {
 			fmt.Fprintf(&b, "| %s | %s | %s | `%s` | %s | %s |\n",
-				cell(w.Kind), cell(w.Name), cell(w.Host), desired.Hash(w.Commit).Short(), stamp(w.At), cell(w.Reason))
+				cell(w.Kind), cell(w.Name), cell(w.Host), w.Commit.Short(), stamp(w.At), cell(w.Reason))
 		}
 		b.WriteString("\n")
 	}
@@ -296,4 +307,11 @@ func cell(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// codeBlock writes text as a fenced block that no text can close early.
+func codeBlock(b *bytes.Buffer, text string) {
+	b.WriteString("```\n")
+	b.WriteString(strings.TrimRight(strings.ReplaceAll(redact.Text(text), "```", "'''"), "\n"))
+	b.WriteString("\n```\n\n")
 }

@@ -26,7 +26,9 @@
 // its command line) is adopted, never started twice; one that died is
 // started again. dnsmasq and the taps outlive the agent, like the guests.
 //
-// A Manager is safe for concurrent use; its operations are serialized.
+// A Manager is safe for concurrent use; its operations are serialized. It
+// reads and writes no branch file: the agent hands it the networks of the
+// Host spec its snapshot carries.
 package hostnet
 
 import (

@@ -33,11 +33,17 @@ type qemuUser struct {
 	uid, gid int
 }
 
-// lookupQEMUUser resolves Config.RunAs; nil when QEMU runs as the agent's
-// user.
+// lookupQEMUUser resolves Config.RunAs: "" is DefaultQEMUUser for an
+// agent running as root, else nil (QEMU runs as the agent's own user);
+// "root" is nil. Any other name must be an unprivileged user.
 func lookupQEMUUser(name string) (*qemuUser, error) {
-	if name == "" {
+	switch {
+	case name == "root":
 		return nil, nil
+	case name == "" && os.Geteuid() != 0:
+		return nil, nil
+	case name == "":
+		name = DefaultQEMUUser
 	}
 	u, err := user.Lookup(name)
 	if err != nil {
@@ -106,15 +112,6 @@ func installGuard(ctx context.Context, nft string, uid int) error {
 	cmd.Stdin = strings.NewReader(guardRules(uid))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("install the guests' loopback guard (nftables table inet %s): %v: %s", guardTable(uid), err, trimTail(out, 1024))
-	}
-	return nil
-}
-
-// removeGuard deletes the table installGuard made (tests).
-func removeGuard(ctx context.Context, nft string, uid int) error {
-	out, err := exec.CommandContext(ctx, nft, "delete", "table", "inet", guardTable(uid)).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("remove guard: %v: %s", err, out)
 	}
 	return nil
 }

@@ -73,7 +73,7 @@ func TestGuestCannotReachHostLoopback(t *testing.T) {
 		// busybox-static's wget crashes resolving; nc speaks the HTTP.
 		"out=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 10.0.2.2 " + strconv.Itoa(port) + " 2>&1)\n" +
 		"case \"$out\" in *host-only-secret*) echo 'loopback reachable';; *) echo 'loopback refused';; esac\n" +
-		"echo forward-ok | nc -l -p 22\n"}
+		"while true; do echo forward-ok | nc -l -p 22; done\n"}
 	cache := t.TempDir()
 	vmRoot := t.TempDir()
 	name := "confined"
@@ -95,7 +95,6 @@ func TestGuestCannotReachHostLoopback(t *testing.T) {
 	if err := p.Preflight(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { removeGuard(context.Background(), "nft", p.user.uid) })
 	t.Cleanup(func() { p.Destroy(context.Background(), name) })
 	m := agent.Machine{Name: name, Dir: dir, Spec: spec, InstanceID: "i-confined"}
 	if err := p.PrepareRootDisk(ctx, m); err != nil {

@@ -34,6 +34,9 @@
 // qemu.log, so it outlives the agent; a restarted agent finds it again by
 // pidfile, /proc/PID/cmdline (which must name the VM and its pidfile, so a
 // reused pid never passes) and QMP query-status.
+//
+// It reads and writes no branch file: the agent hands it each VM's spec from
+// the snapshot, and reports what it observes in the host's status.
 package qemu
 
 import (
@@ -114,8 +117,11 @@ type Config struct {
 	// user to any address of the host, so a guest cannot reach the host's
 	// loopback services through user-mode networking's gateway
 	// (10.0.2.2), and each VM's directory is given to that user (0700).
-	// "" keeps QEMU root and the guard off: guests then reach the host's
-	// 127.0.0.1. The agent's config defaults it to DefaultQEMUUser.
+	// "" is DefaultQEMUUser when the agent runs as root, and no drop
+	// when it does not (QEMU then runs as the agent's own unprivileged
+	// user, without the guard, which needs root). "root" keeps QEMU root
+	// and the guard off: guests then reach the host's 127.0.0.1, and
+	// Preflight warns.
 	RunAs string
 	// NoSandbox turns QEMU's seccomp sandbox (-sandbox on,...) off; it is
 	// on by default.
@@ -310,7 +316,7 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 			return fmt.Errorf("preflight: %w", err)
 		}
 	} else {
-		p.log.Warn("qemu runs as root without a guard: guests reach the host's 127.0.0.1 through 10.0.2.2 (set qemu.user)")
+		p.log.WithField("uid", os.Geteuid()).Warn("qemu runs as the agent's user without a guard: guests reach the host's 127.0.0.1 through 10.0.2.2 (run the agent as root with qemu.user set)")
 	}
 	if p.accel == AccelKVM {
 		f, err := os.OpenFile(p.cfg.kvmDev, os.O_RDWR, 0)

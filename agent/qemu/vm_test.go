@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -136,12 +137,46 @@ func waitReady(t *testing.T, p *Provisioner, name string) agent.Readiness {
 	for {
 		r := p.Readiness(name)
 		if r.Ready {
+			requireConfined(t, p, name)
 			return r
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("guest never answered: %+v", r)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// requireConfined checks in /proc that the QEMU of VM name runs under its
+// seccomp sandbox and, when the test runs as root, as DefaultQEMUUser: a
+// provisioner left at its defaults never runs a guest as root.
+func requireConfined(t *testing.T, p *Provisioner, name string) {
+	t.Helper()
+	st := p.state(name, "")
+	if st == nil || st.pid() == 0 {
+		t.Fatalf("VM %s is ready but has no QEMU process", name)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", st.pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		fields[k] = strings.Join(strings.Fields(v), " ")
+	}
+	if fields["Seccomp"] != "2" {
+		t.Errorf("VM %s: QEMU runs without its seccomp sandbox (Seccomp: %s)", name, fields["Seccomp"])
+	}
+	if os.Geteuid() != 0 {
+		return
+	}
+	u, err := user.Lookup(DefaultQEMUUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.Repeat(u.Uid+" ", 3) + u.Uid; fields["Uid"] != want {
+		t.Errorf("VM %s: QEMU runs as uids %q, want %s's %q", name, fields["Uid"], DefaultQEMUUser, want)
 	}
 }
 

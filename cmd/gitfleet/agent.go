@@ -220,12 +220,9 @@ var backends = map[string]func(c *agentFileConfig, store *agent.Store, log *logr
 		if err != nil {
 			return nil, err
 		}
-		runAs := qemu.DefaultQEMUUser
+		runAs := "" // qemu.DefaultQEMUUser for an agent running as root
 		if c.QEMU.User != nil {
 			runAs = *c.QEMU.User
-		}
-		if runAs == "root" {
-			runAs = ""
 		}
 		return qemu.New(qemu.Config{
 			RunAs:        runAs,

@@ -15,6 +15,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent/agenttest"
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -29,10 +30,10 @@ func TestAgentOnceReconcilesAndWritesStatus(t *testing.T) {
 	gittest.NeedGit(t)
 	bare := gittest.NewBare(t)
 	spec := agenttest.Spec("hv-a")
-	snap := &desired.Snapshot{Host: "hv-a", Epoch: 1,
-		VMs:     []desired.SnapshotVM{{Name: "web-01", SpecHash: desired.SpecHash(spec), Spec: spec}},
-		Volumes: []desired.SnapshotVolume{}}
-	data, err := desired.MarshalSnapshot(snap)
+	snap := &snapshots.Snapshot{Host: "hv-a", Epoch: 1,
+		VMs:     []snapshots.SnapshotVM{{Name: "web-01", SpecHash: desired.SpecHash(spec), Spec: spec}},
+		Volumes: []snapshots.SnapshotVolume{}}
+	data, err := snapshots.MarshalSnapshot(snap)
 	require.NoError(t, err)
 	gittest.Commit(t, bare, gittest.Edit{Branch: "gitfleet/snapshots", Write: map[string]string{"hosts/hv-a.yaml": string(data)}})
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -117,8 +118,21 @@ path outside the repository).`,
 			log := redact.Logger(logrus.StandardLogger())
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			// A clone in memory would hold every blob of the repository,
+			// however large, a forged one on a gitfleet branch too: the
+			// clones are on disk, in a private directory of this process
+			// unless --cache-dir keeps the main one between runs.
+			tmp, err := os.MkdirTemp("", "gitfleet-controller-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(tmp)
+			clone := cacheDir
+			if clone == "" {
+				clone = filepath.Join(tmp, "cache")
+			}
 			c, err := fleet.New(fleet.Config{
-				URL: repo.url, Auth: repo.auth(), CacheDir: cacheDir,
+				URL: repo.url, Auth: repo.auth(), CacheDir: clone, TipsCacheDir: filepath.Join(tmp, "tips"),
 				Branch: branch, Path: path, SnapshotsBranch: snapshotsBranch, StatusBranch: statusBra,
 				AbandonGrace: grace, OfflineAfter: offline, GitTimeout: gitTimeout,
 				Logger: logrus.NewEntry(log),
@@ -174,7 +188,7 @@ path outside the repository).`,
 	f := cmd.Flags()
 	f.StringVar(&branch, "branch", envOr("GITFLEET_BRANCH", fleet.DefaultBranch), "branch holding the desired state ($GITFLEET_BRANCH)")
 	f.StringVar(&path, "path", os.Getenv("GITFLEET_PATH"), "directory of the objects in the repository; default the root ($GITFLEET_PATH)")
-	f.StringVar(&cacheDir, "cache-dir", os.Getenv("GITFLEET_CACHE_DIR"), "directory for the local clone; default in memory ($GITFLEET_CACHE_DIR)")
+	f.StringVar(&cacheDir, "cache-dir", os.Getenv("GITFLEET_CACHE_DIR"), "directory for the local clone, kept between runs; default a private temporary directory removed at exit ($GITFLEET_CACHE_DIR)")
 	f.BoolVar(&once, "once", false, "run one pass and exit")
 	f.DurationVar(&interval, "interval", envDuration("GITFLEET_INTERVAL", fleet.DefaultInterval), "poll interval, jittered ($GITFLEET_INTERVAL)")
 	f.StringVar(&listen, "listen", os.Getenv("GITFLEET_LISTEN"), "address for webhooks and /metrics, such as "+fleet.DefaultListen+"; off when empty ($GITFLEET_LISTEN)")

@@ -13,6 +13,7 @@ import (
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -44,7 +45,7 @@ func TestControllerOnce(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "1 snapshot(s) published") {
 		t.Fatalf("exit %d, output %q", code, out)
 	}
-	snap, err := desired.ParseSnapshot([]byte(gittest.Show(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch, "hosts/hv-a.yaml") + "\n"))
+	snap, err := snapshots.ParseSnapshot([]byte(gittest.Show(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch, "hosts/hv-a.yaml") + "\n"))
 	if err != nil || len(snap.VMs) != 2 || snap.Epoch != 1 {
 		t.Fatalf("snapshot %+v, %v", snap, err)
 	}

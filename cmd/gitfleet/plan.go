@@ -67,10 +67,11 @@ the top of the plan says which.`,
 }
 
 func runPlan(ctx context.Context, out io.Writer, rf repoFlags, baseRev, headRev, path, format, snapshotsBranch string) error {
-	repo, err := gitsource.Open(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth()})
+	repo, done, err := openScratch(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth()})
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
+	defer done()
 	load := func(rev string) (string, *desired.Fleet, error) {
 		commit, err := repo.ResolveExpr(ctx, rev)
 		if err != nil {
@@ -176,7 +177,7 @@ func appliedCommit(l *snapshots.Ledger) string {
 	if l.Applied == nil {
 		return ""
 	}
-	return l.Applied.Commit
+	return string(l.Applied.Commit)
 }
 
 // pendingDeletes lists the tombstones the controller published (the

@@ -45,10 +45,18 @@ answers, then "ready": a VM given sshAuthorizedKeys only while its sshd
 answers (an SSH banner); any other at an SSH banner, a qemu-guest-agent
 ping or the console line GITFLEET-GUEST-READY.
 
+It also prints, each apart, why the controller's passes are failing now
+(unreadable: git failed; refused: the controller will not act), when they
+are, and the last rejected desired-state commit while no later one has
+been applied.
+
 --format json prints {"commit", "hosts", "unreadable", "pendingDeletes",
-"pendingError"}: the status files themselves, the hosts whose file could
-not be read with why, the pending deletes (kind, name, host, commit,
-author, time, epoch, publishedAt) and why they could not be read, if so.
+"pendingError", "lastRejected", "controllerFailing", "controllerError"}:
+the status files themselves, the hosts whose file could not be read with
+why, the pending deletes (kind, name, host, commit, author, time, epoch,
+publishedAt) and why they could not be read, if so, the ledger's last
+rejected commit (commit, reason, at, superseded) and the controller's
+failure (outcome, since, reason).
 
 Exit status: 0; 1 when the status branch is missing (no agent has
 reported to this repository, or --repo names a clone rather than the
@@ -86,6 +94,15 @@ type statusReport struct {
 	PendingDeletes []pendingDelete `json:"pendingDeletes"`
 	// PendingError says why the pending deletes could not be read.
 	PendingError string `json:"pendingError,omitempty"`
+	// LastRejected is the ledger's last rejected desired-state commit (the
+	// commit was invalid); ControllerFailing why the controller's passes
+	// are not acting now (git failed, or it refused: controller.yaml on
+	// the status branch). They are kept apart: one asks for a fix of the
+	// commit, the other of git or the configuration.
+	LastRejected      *snapshots.Rejection `json:"lastRejected,omitempty"`
+	ControllerFailing *status.PassFailure  `json:"controllerFailing,omitempty"`
+	// ControllerError says why controller.yaml could not be read.
+	ControllerError string `json:"controllerError,omitempty"`
 }
 
 // pendingDelete is one tombstone: the object, the desired-state commit that
@@ -106,10 +123,11 @@ type pendingDelete struct {
 }
 
 func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, snapshots, format string) error {
-	repo, err := gitsource.Open(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth(), Depth: 1})
+	repo, done, err := openScratch(ctx, gitsource.Options{URL: rf.url, Auth: rf.auth(), Depth: 1})
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
+	defer done()
 	rep := statusReport{Hosts: []*status.Status{}, PendingDeletes: []pendingDelete{}}
 	tip, err := repo.Fetch(ctx, branch)
 	if errors.Is(err, gitsource.ErrBranchNotFound) {
@@ -137,8 +155,17 @@ func runStatus(ctx context.Context, out io.Writer, rf repoFlags, branch, snapsho
 		}
 		rep.Hosts = append(rep.Hosts, r.Status)
 	}
-	if rep.PendingDeletes, err = readPendingDeletes(ctx, repo, snapshots); err != nil {
+	if rep.PendingDeletes, rep.LastRejected, err = readLedger(ctx, repo, snapshots); err != nil {
 		rep.PendingDeletes, rep.PendingError = []pendingDelete{}, err.Error()
+	}
+	switch data, err := repo.ReadFileMax(tip, status.ControllerPath, status.MaxControllerBytes); {
+	case errors.Is(err, gitsource.ErrFileNotFound):
+	case err != nil:
+		rep.ControllerError = err.Error()
+	default:
+		if rep.ControllerFailing, err = status.ParsePassFailure(status.ControllerPath, data); err != nil {
+			rep.ControllerError = err.Error()
+		}
 	}
 	if format == "json" {
 		enc := json.NewEncoder(out)
@@ -187,22 +214,23 @@ func missingStatusBranch(url, branch string) error {
 	return err
 }
 
-// readPendingDeletes reads the tombstones from the controller's ledger on
-// the snapshots branch; none when the branch does not exist yet.
-func readPendingDeletes(ctx context.Context, repo *gitsource.Repo, branch string) ([]pendingDelete, error) {
+// readLedger reads the tombstones and the last rejected commit from the
+// controller's ledger on the snapshots branch; none when the branch does
+// not exist yet.
+func readLedger(ctx context.Context, repo *gitsource.Repo, branch string) ([]pendingDelete, *snapshots.Rejection, error) {
 	out := []pendingDelete{}
 	l, _, err := snapshots.ReadLedger(ctx, repo, branch)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if l == nil {
-		return out, nil
+		return out, nil, nil
 	}
 	for _, t := range l.Tombstones {
-		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: t.Tombstone.Commit,
+		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: string(t.Tombstone.Commit),
 			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt, SweptAt: t.SweptAt})
 	}
-	return out, nil
+	return out, l.Rejected, nil
 }
 
 func writeStatusTable(out io.Writer, rep statusReport) error {
@@ -212,6 +240,7 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 		return err
 	}
 	fmt.Fprintln(out)
+	writeControllerLines(out, rep)
 	switch {
 	case rep.PendingError != "":
 		_, err := fmt.Fprintf(out, "Pending deletes: unknown (%s)\n", rep.PendingError)
@@ -231,6 +260,29 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Kind, p.Name, p.Host, dash(desired.Hash(p.Commit).Short()), dash(p.Author), since, p.Epoch)
 	}
 	return tw.Flush()
+}
+
+// writeControllerLines prints why the controller's passes fail, if they
+// do, and the last rejected commit while it stands, each on a line of its
+// own (the reasons cut to their first line; --format json has them whole).
+func writeControllerLines(out io.Writer, rep statusReport) {
+	first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
+	switch f := rep.ControllerFailing; {
+	case rep.ControllerError != "":
+		fmt.Fprintf(out, "Controller: unknown (%s)\n", rep.ControllerError)
+	case f != nil:
+		why := "unreadable: git failed"
+		if f.Outcome == status.FailureRefused {
+			why = "refused: the controller will not act on what it read"
+		}
+		fmt.Fprintf(out, "Controller: every pass %s, since %s; the last good snapshots stay: %s\n", why, stampOrDash(f.Since), first(f.Reason))
+	}
+	if r := rep.LastRejected; r != nil && r.Superseded == "" {
+		fmt.Fprintf(out, "Last rejected commit: %s at %s, the last good snapshots stay: %s\n", dash(desired.Hash(r.Commit).Short()), stampOrDash(r.At), first(r.Reason))
+	}
+	if rep.ControllerError != "" || rep.ControllerFailing != nil || (rep.LastRejected != nil && rep.LastRejected.Superseded == "") {
+		fmt.Fprintln(out)
+	}
 }
 
 func writeHostsAndVMs(out io.Writer, rep statusReport) error {

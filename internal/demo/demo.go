@@ -13,6 +13,9 @@
 // removing the directory removes everything. On exit the demo shuts its
 // guests down (their disks stay) unless Config.Keep is set, in which case
 // they keep running and the next run re-attaches them.
+//
+// It owns no branch file: it pushes object files to the desired branch as
+// a person would, and reads ledger.yaml through package snapshots.
 package demo
 
 import (

@@ -517,13 +517,13 @@ func TestRunRefusesASecondDemoOnOneDirectory(t *testing.T) {
 func TestLedgerWatchSaysWhatTheControllerDid(t *testing.T) {
 	at := time.Date(2026, 11, 30, 4, 0, 0, 0, time.UTC)
 	applied := func(commit string) *snapshots.AppliedCommit {
-		return &snapshots.AppliedCommit{Commit: commit, Branch: "main"}
+		return &snapshots.AppliedCommit{Commit: desired.Hash(commit), Branch: "main"}
 	}
 	hosts := func(epoch uint64, vms ...string) map[string]*snapshots.HostRecord {
 		return map[string]*snapshots.HostRecord{"demo": {Epoch: epoch, VMs: vms}}
 	}
 	tomb := func(name, commit string) *snapshots.TombstoneRecord {
-		return &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: name, Host: "demo", Tombstone: desired.Tombstone{Commit: commit}}
+		return &snapshots.TombstoneRecord{Kind: desired.KindVM, Name: name, Host: "demo", Tombstone: snapshots.Tombstone{Commit: desired.Hash(commit)}}
 	}
 	lw := &ledgerWatch{}
 	steps := []struct {

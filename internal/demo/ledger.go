@@ -20,7 +20,7 @@ import (
 // cancelled.
 type ledgerWatch struct {
 	repo     *gitsource.Repo
-	applied  string
+	applied  desired.Hash
 	rejected string
 	// epochs is host → last epoch seen published.
 	epochs map[string]uint64
@@ -115,7 +115,7 @@ func (lw *ledgerWatch) changes(l *snapshots.Ledger) []string {
 	}
 	rej := ""
 	if l.Rejected != nil && l.Rejected.Superseded == "" {
-		rej = l.Rejected.Commit + "\x00" + l.Rejected.Reason
+		rej = string(l.Rejected.Commit) + "\x00" + l.Rejected.Reason
 	}
 	if rej != lw.rejected {
 		lw.rejected = rej
@@ -206,9 +206,9 @@ func epochList(l *snapshots.Ledger, hosts []string) string {
 
 // shownCommit names a commit for the demo's narration: abbreviated, and
 // "(fetch failed)" for none.
-func shownCommit(commit string) string {
+func shownCommit(commit desired.Hash) string {
 	if commit == "" {
 		return "(fetch failed)"
 	}
-	return desired.Hash(commit).Short()
+	return commit.Short()
 }

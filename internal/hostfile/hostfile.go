@@ -1,7 +1,8 @@
-// Package hostfile is the layout the snapshots and status branches share:
-// one file per host at hosts/<host>.yaml. Each branch's owner (packages
-// snapshots and status) exports it under its own name; nothing else uses
-// this package.
+// Package hostfile is what the snapshots and status branches share: one
+// file per host at hosts/<host>.yaml, whose VMs and volumes are lists of
+// entries found by name (Entry). Each branch's owner (packages snapshots
+// and status) exports it under its own name; nothing else uses this
+// package.
 package hostfile
 
 import (
@@ -22,4 +23,16 @@ func Host(p string) (string, bool) {
 	}
 	host := strings.TrimSuffix(file, ".yaml")
 	return host, host != ""
+}
+
+// Entry returns the entry of list whose name (nameOf) is name, or nil: the
+// lookup of a VM or a volume by name in a host's file on either branch.
+// The pointer is into list.
+func Entry[T any](list []T, name string, nameOf func(*T) string) *T {
+	for i := range list {
+		if nameOf(&list[i]) == name {
+			return &list[i]
+		}
+	}
+	return nil
 }

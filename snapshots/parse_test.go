@@ -1,15 +1,18 @@
-package desired
+package snapshots
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/gitfleet/gitfleet/desired"
 )
 
 func TestParseSnapshotErrors(t *testing.T) {
 	valid := "host: hv-a\nepoch: 4\nsource: {commit: abc, branch: main}\nhostSpec: {}\nvms:\n  - name: web-01\n    specHash: HASH\n    spec: {host: hv-a, vcpus: 1, memoryMB: 512, diskGB: 5, power: running}\n    tombstoned: false\nvolumes: []\n"
-	spec := VMSpec{Host: "hv-a", VCPUs: 1, MemoryMB: 512, DiskGB: 5, Power: PowerRunning}
-	valid = strings.Replace(valid, "HASH", SpecHash(spec), 1)
+	spec := desired.VMSpec{Host: "hv-a", VCPUs: 1, MemoryMB: 512, DiskGB: 5, Power: desired.PowerRunning}
+	valid = strings.Replace(valid, "HASH", string(desired.SpecHash(spec)), 1)
 	if s, err := ParseSnapshot([]byte(valid)); err != nil || !reflect.DeepEqual(s.VMs[0].Spec, spec) || s.Epoch != 4 {
 		t.Fatalf("ParseSnapshot(valid) = %+v, %v", s, err)
 	}
@@ -19,10 +22,10 @@ func TestParseSnapshotErrors(t *testing.T) {
 		{"two documents", valid + "---\nhost: hv-b\n", "12:1: a second YAML document; a snapshot is one document"},
 		{"unknown field", strings.Replace(valid, "epoch: 4", "epoc: 4", 1), "2:1: epoc: unknown field \"epoc\"; did you mean \"epoch\"?"},
 		{"vms missing", strings.Replace(valid, "vms:", "vns:", 1), "1:1: vms: missing\n5:1: vns: unknown field \"vns\"; did you mean \"vms\"?"},
-		{"negative epoch", strings.Replace(valid, "epoch: 4", "epoch: -4", 1), "2:8: epoch: must be a non-negative integer below 2^63, got -4"},
+		{"negative epoch", strings.Replace(valid, "epoch: 4", "epoch: -4", 1), "2:8: epoch: must be a non-negative integer below 2^64, got -4"},
 		{"quoted boolean", strings.Replace(valid, "tombstoned: false", `tombstoned: "false"`, 1), "9:17: vms[0].tombstoned: must be true or false, got the string \"false\""},
 		{"spec edited without its hash", strings.Replace(valid, "vcpus: 1", "vcpus: 2", 1),
-			"7:15: vms[0].specHash: \"" + SpecHash(spec) + "\" does not match the spec, whose hash is " + SpecHash(VMSpec{Host: "hv-a", VCPUs: 2, MemoryMB: 512, DiskGB: 5, Power: PowerRunning})},
+			"7:15: vms[0].specHash: \"" + string(desired.SpecHash(spec)) + "\" does not match the spec, whose hash is " + string(desired.SpecHash(desired.VMSpec{Host: "hv-a", VCPUs: 2, MemoryMB: 512, DiskGB: 5, Power: desired.PowerRunning}))},
 		{"duplicate VM", strings.Replace(valid, "volumes: []\n", "", 1) + strings.Join(strings.SplitAfter(valid, "\n")[5:9], "") + "volumes: []\n",
 			"10:11: vms[1].name: VM \"web-01\" is listed twice"},
 		{"bad host name", strings.Replace(valid, "host: hv-a\nepoch", "host: HV_A\nepoch", 1), "1:7: host: \"HV_A\" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit"},
@@ -37,5 +40,37 @@ func TestParseSnapshotErrors(t *testing.T) {
 				t.Errorf("a snapshot with an error")
 			}
 		})
+	}
+}
+
+// TestParseSnapshotBound: a snapshot is bounded by MaxSnapshotBytes, as its
+// readers are, not by the 1 MiB of one object file: a host whose VMs carry
+// large user-data has a snapshot larger than any one of their files.
+func TestParseSnapshotBound(t *testing.T) {
+	s := &Snapshot{Host: "hv-a", Epoch: 1}
+	for _, name := range []string{"web-01", "web-02", "web-03"} {
+		spec := desired.VMSpec{Host: "hv-a", VCPUs: 1, MemoryMB: 512, DiskGB: 5, Power: desired.PowerRunning,
+			CloudInit: &desired.CloudInit{UserData: "#cloud-config\n# " + strings.Repeat("x", 600<<10) + "\n"}}
+		s.VMs = append(s.VMs, SnapshotVM{Name: name, SpecHash: desired.SpecHash(spec), Spec: spec})
+	}
+	data, err := MarshalSnapshot(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) <= desired.MaxFileSize {
+		t.Fatalf("the snapshot is %d bytes, not above one object file's bound", len(data))
+	}
+	back, err := ParseSnapshot(data)
+	if err != nil || len(back.VMs) != 3 || back.VMs[2].Spec.CloudInit.UserData != s.VMs[2].Spec.CloudInit.UserData {
+		t.Fatalf("ParseSnapshot of a %d-byte snapshot: %v", len(data), err)
+	}
+
+	big := append(append([]byte{}, data...), make([]byte, MaxSnapshotBytes-len(data)+1)...)
+	for i := len(data); i < len(big); i++ {
+		big[i] = '#'
+	}
+	want := fmt.Sprintf("1:1: file is %d bytes; a snapshot may be at most %d bytes", MaxSnapshotBytes+1, MaxSnapshotBytes)
+	if _, err := ParseSnapshot(big); err == nil || err.Error() != want {
+		t.Errorf("ParseSnapshot of %d bytes: %v, want %s", len(big), err, want)
 	}
 }

@@ -1,4 +1,9 @@
-package desired
+package snapshots
+
+import (
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/hostfile"
+)
 
 // MaxSnapshotBytes is the largest snapshot file (hosts/<host>.yaml on the
 // snapshots branch) an agent or the controller reads: 64 MiB. A bigger
@@ -18,26 +23,26 @@ type Snapshot struct {
 	Source SnapshotSource `yaml:"source" json:"source"`
 	// HostSpec is the Host object's spec (capacity, networks), for admission
 	// and network attachment on the agent.
-	HostSpec HostSpec         `yaml:"hostSpec" json:"hostSpec"`
+	HostSpec desired.HostSpec `yaml:"hostSpec" json:"hostSpec"`
 	VMs      []SnapshotVM     `yaml:"vms" json:"vms"`
 	Volumes  []SnapshotVolume `yaml:"volumes" json:"volumes"`
 }
 
 // SnapshotSource names the desired-state commit a snapshot was computed from.
 type SnapshotSource struct {
-	Commit string `yaml:"commit" json:"commit"`
-	Branch string `yaml:"branch" json:"branch"`
+	Commit desired.Hash `yaml:"commit" json:"commit"`
+	Branch string       `yaml:"branch" json:"branch"`
 }
 
 // SnapshotVM is one VM in a snapshot. SpecHash is the lowercase hex sha256 of
-// the spec's canonical JSON encoding (SpecHash). A tombstoned VM is a pending
+// the spec's canonical JSON encoding (desired.SpecHash). A tombstoned VM is a pending
 // delete; its last spec is kept so an un-delete restores it unchanged.
 type SnapshotVM struct {
-	Name       string     `yaml:"name" json:"name"`
-	SpecHash   string     `yaml:"specHash" json:"specHash"`
-	Spec       VMSpec     `yaml:"spec" json:"spec"`
-	Tombstoned bool       `yaml:"tombstoned" json:"tombstoned"`
-	Tombstone  *Tombstone `yaml:"tombstone,omitempty" json:"tombstone,omitempty"`
+	Name       string         `yaml:"name" json:"name"`
+	SpecHash   desired.Hash   `yaml:"specHash" json:"specHash"`
+	Spec       desired.VMSpec `yaml:"spec" json:"spec"`
+	Tombstoned bool           `yaml:"tombstoned" json:"tombstoned"`
+	Tombstone  *Tombstone     `yaml:"tombstone,omitempty" json:"tombstone,omitempty"`
 }
 
 // SnapshotVolume is one volume in a snapshot. SizeGB is in GiB.
@@ -50,17 +55,17 @@ type SnapshotVolume struct {
 
 // Tombstone says who removed an object and when: the desired-state commit
 // that removed it (found on the first-parent history), its author and author
-// time (RFC 3339), and the epoch that first published it. Rewritten is kept
-// for compatibility with snapshots published by earlier releases, where it
-// flagged a removal attributed to a rewritten history's new head; the
-// controller no longer tombstones on a rewritten history (it keeps the
-// objects, see the fleet package), so it publishes Rewritten false.
+// time (RFC 3339), and the epoch that first published it. Rewritten, when
+// true, flags a removal attributed to a rewritten history's new head: the
+// controller publishes it false (a rewrite retains what it dropped, see
+// package fleet), and readers show a true one as such (docs/DESIGN.md,
+// Refinements).
 type Tombstone struct {
-	Commit    string `yaml:"commit" json:"commit"`
-	Author    string `yaml:"author" json:"author"`
-	Time      string `yaml:"time" json:"time"`
-	Epoch     uint64 `yaml:"epoch" json:"epoch"`
-	Rewritten bool   `yaml:"rewritten,omitempty" json:"rewritten,omitempty"`
+	Commit    desired.Hash `yaml:"commit" json:"commit"`
+	Author    string       `yaml:"author" json:"author"`
+	Time      string       `yaml:"time" json:"time"`
+	Epoch     uint64       `yaml:"epoch" json:"epoch"`
+	Rewritten bool         `yaml:"rewritten,omitempty" json:"rewritten,omitempty"`
 }
 
 // VM returns the snapshot's entry for the VM name, or nil when the snapshot
@@ -69,12 +74,7 @@ func (s *Snapshot) VM(name string) *SnapshotVM {
 	if s == nil {
 		return nil
 	}
-	for i := range s.VMs {
-		if s.VMs[i].Name == name {
-			return &s.VMs[i]
-		}
-	}
-	return nil
+	return hostfile.Entry(s.VMs, name, func(e *SnapshotVM) string { return e.Name })
 }
 
 // Volume returns the snapshot's entry for the volume name, or nil when the
@@ -83,10 +83,5 @@ func (s *Snapshot) Volume(name string) *SnapshotVolume {
 	if s == nil {
 		return nil
 	}
-	for i := range s.Volumes {
-		if s.Volumes[i].Name == name {
-			return &s.Volumes[i]
-		}
-	}
-	return nil
+	return hostfile.Entry(s.Volumes, name, func(e *SnapshotVolume) string { return e.Name })
 }

@@ -1,0 +1,145 @@
+package gitsource
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+)
+
+// deltaRepo commits ten versions of a few files that differ a little, so
+// git packs most of them as deltas (chains of them), and returns the
+// bare repository.
+func deltaRepo(t *testing.T) string {
+	dir := gittest.NewBare(t)
+	body := ""
+	for v := 0; v < 10; v++ {
+		for i := 0; i < 40; i++ {
+			body += fmt.Sprintf("line %d of version %d, kept by every later version\n", i, v)
+		}
+		gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{
+			"fleet/a.yaml":    fmt.Sprintf("version: %d\n%s", v, body),
+			"fleet/b.yaml":    fmt.Sprintf("%sversion: %d\n", body, v),
+			"fleet/small.txt": fmt.Sprintf("v%d\n", v),
+		}})
+	}
+	gittest.Git(t, dir, "repack", "-a", "-d", "-q", "--depth=50")
+	return dir
+}
+
+// A fetched pack is indexed by gitsource itself: git fsck finds the cache
+// whole (every object hashed as git would, every delta resolved, the
+// index matching the pack), and every version of every file reads back.
+func TestFetchedPackIndexIsGits(t *testing.T) {
+	ctx := context.Background()
+	dir := deltaRepo(t)
+	cache := filepath.Join(t.TempDir(), "cache")
+	r, err := Open(ctx, Options{URL: dir, CacheDir: cache})
+	require.NoError(t, err)
+	defer r.Close()
+	tip, err := r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	verifyPack := exec.Command("git", "verify-pack", "-v")
+	packs, _ := filepath.Glob(filepath.Join(cache, "objects", "pack", "*.idx"))
+	require.Len(t, packs, 1)
+	verifyPack.Args = append(verifyPack.Args, packs[0])
+	out, err := verifyPack.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "chain length = 2", "the pack holds delta chains:\n%s", out)
+	out, err = exec.Command("git", "-C", cache, "fsck", "--full", "--strict").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for v, c := 9, tip; v >= 0; v-- {
+		got, err := r.ReadFile(c, "fleet/b.yaml")
+		require.NoError(t, err)
+		require.True(t, strings.HasSuffix(string(got), fmt.Sprintf("version: %d\n", v)))
+		require.Equal(t, gittest.Show(t, dir, c, "fleet/a.yaml"), strings.TrimSpace(string(mustRead(t, r, c, "fleet/a.yaml"))))
+		if v > 0 {
+			c = gittest.Rev(t, dir, c+"^")
+		}
+	}
+}
+
+func mustRead(t *testing.T, r *Repo, commit, p string) []byte {
+	b, err := r.ReadFile(commit, p)
+	require.NoError(t, err)
+	return b
+}
+
+// A pack of ref-deltas (a base named by hash, as git sends to a client
+// that does not ask for ofs-delta) gets the index git index-pack makes
+// for it; a pack cut short or with a wrong checksum is refused as
+// malformed and leaves nothing in the cache.
+func TestPackWriterRefDeltasAndDamage(t *testing.T) {
+	ctx := context.Background()
+	dir := deltaRepo(t)
+	objs := gittest.Git(t, dir, "rev-list", "--objects", "--all")
+	pack := exec.Command("git", "-C", dir, "pack-objects", "--stdout", "-q")
+	pack.Stdin = strings.NewReader(objs + "\n")
+	data, err := pack.Output()
+	require.NoError(t, err)
+
+	want := filepath.Join(t.TempDir(), "want.pack")
+	require.NoError(t, os.WriteFile(want, data, 0o600))
+	out, err := exec.Command("git", "index-pack", want).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	wantIdx, err := os.ReadFile(strings.TrimSuffix(want, ".pack") + ".idx")
+	require.NoError(t, err)
+
+	cache := filepath.Join(t.TempDir(), "cache")
+	r, err := Open(ctx, Options{URL: dir, CacheDir: cache})
+	require.NoError(t, err)
+	defer r.Close()
+	st := r.st.(*diskStorage)
+	write := func(b []byte) error {
+		w, err := st.PackfileWriter()
+		require.NoError(t, err)
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		return w.Close()
+	}
+	for name, bad := range map[string][]byte{
+		"cut short":      data[:len(data)/2],
+		"wrong checksum": append(bytes.Clone(data[:len(data)-1]), data[len(data)-1]^1),
+	} {
+		err := write(bad)
+		require.Error(t, err, name)
+		require.True(t, repairable(err), "%s: %v is reported as cache damage", name, err)
+		left, _ := filepath.Glob(filepath.Join(cache, "objects", "pack", "*"))
+		require.Empty(t, left, name)
+	}
+	require.NoError(t, write(data))
+	idxs, _ := filepath.Glob(filepath.Join(cache, "objects", "pack", "*.idx"))
+	require.Len(t, idxs, 1)
+	got, err := os.ReadFile(idxs[0])
+	require.NoError(t, err)
+	require.Equal(t, decodeIdx(t, wantIdx), decodeIdx(t, got))
+	out, err = exec.Command("git", "-C", cache, "fsck", "--full").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+}
+
+// decodeIdx lists an index's entries as text, for comparison.
+func decodeIdx(t *testing.T, b []byte) string {
+	idx := idxfile.NewMemoryIndex()
+	require.NoError(t, idxfile.NewDecoder(bytes.NewReader(b)).Decode(idx))
+	it, err := idx.Entries()
+	require.NoError(t, err)
+	var sb strings.Builder
+	for {
+		e, err := it.Next()
+		if err != nil {
+			break
+		}
+		fmt.Fprintf(&sb, "%s %d %08x\n", e.Hash, e.Offset, e.CRC32)
+	}
+	return sb.String()
+}

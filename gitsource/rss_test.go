@@ -1,0 +1,100 @@
+package gitsource_test
+
+import (
+	"context"
+	"crypto/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/internal/peakrss"
+)
+
+// BenchmarkFetchPeakRSS prints the peak resident memory of a process that
+// opens a cache and fetches one branch, for a repository with and without
+// a 100 MB incompressible blob outside the files read, over the file and
+// http transports, with the cache on disk (as the controller's and the
+// agent's units keep it) and in memory. The figure is the child's own VmHWM: the memory a fetch costs does not depend on unrelated
+// blobs when "with100MB" and "without" are within a few MB of each other
+// on disk. (A memory cache holds every fetched object, so there it
+// cannot.) Run with -benchtime=1x: each op is one fresh process.
+func BenchmarkFetchPeakRSS(b *testing.B) {
+	blob := make([]byte, 100<<20)
+	if _, err := rand.Read(blob); err != nil {
+		b.Fatal(err)
+	}
+	for _, big := range []bool{false, true} {
+		dir := gittest.NewBare(b)
+		files := map[string]string{"fleet/hv-a/web.yaml": "kind: VM\n"}
+		if big {
+			files["assets/disk.img"] = string(blob)
+		}
+		gittest.Commit(b, dir, gittest.Edit{Write: files})
+		gittest.Commit(b, dir, gittest.Edit{Write: map[string]string{"fleet/hv-a/db.yaml": "kind: VM\n"}})
+		url := gittest.Serve(b, filepath.Dir(dir)) + "/" + filepath.Base(dir)
+		name := map[bool]string{false: "without", true: "with100MB"}[big]
+		for _, remote := range []struct{ name, url string }{{"file", dir}, {"http", url}} {
+			for _, store := range []string{"disk", "memory"} {
+				b.Run(name+"/"+remote.name+"/"+store, func(b *testing.B) {
+					for i := 0; i < b.N; i++ {
+						cache := ""
+						if store == "disk" {
+							cache = filepath.Join(b.TempDir(), "cache")
+						}
+						b.ReportMetric(float64(fetchRSS(b, remote.url, cache))/1024, "MB-peak-RSS")
+					}
+				})
+			}
+		}
+	}
+}
+
+// fetchRSS runs TestHelperFetch in a child process and returns its peak
+// RSS in KiB, as the child reads it from its own /proc status (VmHWM)
+// when done: rusage's Maxrss of a child counts the parent's memory at
+// the fork.
+func fetchRSS(tb testing.TB, url, cache string) int64 {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFetch$")
+	cmd.Env = append(os.Environ(), "GITSOURCE_HELPER_FETCH="+url+"\x1f"+cache)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		tb.Fatalf("fetch in a child process: %v\n%s", err, out)
+	}
+	kib, err := peakrss.Parse(out)
+	if err != nil {
+		tb.Fatalf("%v\n%s", err, out)
+	}
+	return kib
+}
+
+// TestHelperFetch opens the cache named in GITSOURCE_HELPER_FETCH
+// (URL and cache dir, unit-separator separated), fetches main and reads
+// one small file, in a process of its own, for BenchmarkFetchPeakRSS; it
+// does nothing in a normal run.
+func TestHelperFetch(t *testing.T) {
+	args := os.Getenv("GITSOURCE_HELPER_FETCH")
+	if args == "" {
+		return
+	}
+	url, cache, _ := strings.Cut(args, "\x1f")
+	ctx := context.Background()
+	r, err := gitsource.Open(ctx, gitsource.Options{URL: url, CacheDir: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tip, err := r.Fetch(ctx, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.ReadFile(tip, "fleet/hv-a/web.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	if err := peakrss.Print(os.Stdout); err != nil {
+		t.Fatal(err)
+	}
+}
