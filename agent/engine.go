@@ -250,8 +250,10 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 }
 
 // watchReadiness runs, every ReadyPollInterval, the pass of each booting
-// VM whose guest has answered or whose ReadyTimeout has just run out, so
-// its phase changes within moments instead of at the next tick. It asks
+// VM whose guest has answered or whose ReadyTimeout has just run out, and
+// of each ready VM whose running guest no longer counts as answering (its
+// sshd refuses), so its phase changes within moments instead of at the
+// next tick. It asks
 // the provisioner's memory only (Readiness never waits for a guest).
 func (e *Engine) watchReadiness() {
 	defer e.wg.Done()
@@ -268,25 +270,34 @@ func (e *Engine) watchReadiness() {
 }
 
 // kickAnswered kicks the pass of each booting VM whose guest has answered
-// or whose ReadyTimeout has just run out. The provisioner is asked outside
-// the engine lock.
+// or whose ReadyTimeout has just run out, and of each ready VM whose
+// running guest no longer counts as answering (its sshd refuses). The
+// provisioner is asked outside the engine lock.
 func (e *Engine) kickAnswered() {
+	type watched struct{ name, phase, lastError string }
 	e.mu.Lock()
-	var booting []*Record
+	var recs []watched
 	if !e.closed && !e.fenced {
 		for _, rec := range e.recs {
-			if rec.Phase == status.PhaseBooting {
-				booting = append(booting, rec)
+			if rec.Phase == status.PhaseBooting || rec.Phase == status.PhaseReady {
+				recs = append(recs, watched{rec.Name, rec.Phase, rec.LastError})
 			}
 		}
 	}
 	e.mu.Unlock()
 	var due []string
-	for _, rec := range booting {
-		r := e.prov.Readiness(rec.Name)
-		overdue := !r.Booted.IsZero() && e.now().Sub(r.Booted) >= e.cfg.ReadyTimeout && !strings.HasPrefix(rec.LastError, notAnswered)
-		if r.Ready || overdue {
-			due = append(due, rec.Name)
+	for _, rec := range recs {
+		r := e.prov.Readiness(rec.name)
+		switch rec.phase {
+		case status.PhaseBooting:
+			overdue := !r.Booted.IsZero() && e.now().Sub(r.Booted) >= e.cfg.ReadyTimeout && !strings.HasPrefix(rec.lastError, notAnswered)
+			if r.Ready || overdue {
+				due = append(due, rec.name)
+			}
+		case status.PhaseReady:
+			if !r.Booted.IsZero() && !r.Ready {
+				due = append(due, rec.name)
+			}
 		}
 	}
 	if len(due) == 0 {

@@ -1068,9 +1068,9 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 		{name: "vcpus", edit: vcpus(4), restart: true, wantDiskGB: 5},
 		{name: "memory", edit: memoryMB(4096), restart: true, wantDiskGB: 5},
 		{name: "network", edit: network("lan"), restart: true, wantDiskGB: 5},
-		{name: "static addresses apply at the next boot", edit: func(s *desired.VMSpec) {
+		{name: "static addresses are not applied to the created VM", edit: func(s *desired.VMSpec) {
 			s.Static = &desired.StaticIP{Addresses: []string{"10.77.0.9/24"}}
-		}, wantDiskGB: 5},
+		}, wantDiskGB: 5, wantMessage: agent.StaticNotApplied},
 		{name: "volumes", edit: volumes("data"), restart: true, wantDiskGB: 5},
 		{name: "kernel", edit: func(s *desired.VMSpec) {
 			s.Kernel = &desired.Kernel{URL: "https://images.example/vmlinuz", SHA256: otherImage, Cmdline: "console=ttyS0"}
@@ -1117,6 +1117,7 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 			staged, _ := f.prov.StagedWith("web-01")
 			want := edited.Spec
 			want.CloudInit = created.Spec.CloudInit // first boot only
+			want.Static = created.Spec.Static
 			assert.Equal(t, want, staged.Spec, "staged with the spec to apply")
 			if tc.restart {
 				m, _ := f.prov.BootedWith("web-01")
@@ -1124,7 +1125,8 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 			}
 
 			// A later boot (the host rebooted) boots the applied spec: the
-			// seed keeps the cloudInit the VM was created with.
+			// seed keeps the cloudInit and static addresses the VM was
+			// created with.
 			f.rebootHost()
 			f.step(nil)
 			m, _ := f.prov.BootedWith("web-01")

@@ -448,14 +448,19 @@ func (p *vmPass) converge(editErr string) {
 }
 
 // notAnswered starts the lastError of a VM whose guest has not proved it
-// is up within ReadyTimeout.
-const notAnswered = "not ready: the guest has not answered"
+// is up within ReadyTimeout; sshRefused that of a VM whose guest answered
+// by SSH and now refuses.
+const (
+	notAnswered = "not ready: the guest has not answered"
+	sshRefused  = "not ready: the guest's sshd refuses"
+)
 
-// noteReadiness sets the phase of a VM that runs: ready once its guest has
-// answered in this boot (Provisioner.Readiness), booting until then. A
-// guest still silent ReadyTimeout after its boot began keeps its VM
-// booting, with lastError saying so; it is never restarted or destroyed
-// for it.
+// noteReadiness sets the phase of a VM that runs: ready while its guest
+// counts as answering in this boot (Provisioner.Readiness), booting
+// otherwise. A guest still silent ReadyTimeout after its boot began keeps
+// its VM booting, with lastError saying so; so does a guest reached by SSH
+// whose sshd refuses after it answered. Neither is ever restarted or
+// destroyed for it.
 func (p *vmPass) noteReadiness() {
 	rec := p.rec
 	r := p.e.prov.Readiness(rec.Name)
@@ -463,13 +468,27 @@ func (p *vmPass) noteReadiness() {
 		if rec.Phase != status.PhaseReady {
 			p.log.WithFields(logrus.Fields{"via": r.Via, "addr": r.Addr, "seconds": r.At.Sub(r.Booted).Seconds()}).Info("guest answered; vm ready")
 		}
+		if strings.HasPrefix(rec.LastError, sshRefused) {
+			rec.LastError = ""
+		}
 		rec.Phase = status.PhaseReady
 		return
 	}
+	if rec.Phase == status.PhaseReady && !r.Booted.IsZero() {
+		p.log.WithField("addr", r.Addr).Warn("the guest's sshd refuses; vm booting until it answers again")
+	}
 	rec.Phase = status.PhaseBooting
-	if !r.Booted.IsZero() && p.e.now().Sub(r.Booted) >= p.e.cfg.ReadyTimeout {
-		rec.LastError = fmt.Sprintf("%s within readyTimeout %s of its boot at %s (no SSH banner, no qemu-guest-agent ping, no %s console line); the VM is left running",
-			notAnswered, p.e.cfg.ReadyTimeout, r.Booted.UTC().Format(time.RFC3339), ConsoleReadyMarker)
+	switch {
+	case !r.Refused.IsZero():
+		rec.LastError = fmt.Sprintf("%s at %s since %s (it answered at %s); booting until it answers again; the VM is left running",
+			sshRefused, r.Addr, r.Refused.UTC().Format(time.RFC3339), r.At.UTC().Format(time.RFC3339))
+	case !r.Booted.IsZero() && p.e.now().Sub(r.Booted) >= p.e.cfg.ReadyTimeout:
+		ways := fmt.Sprintf("no SSH banner, no qemu-guest-agent ping, no %s console line", ConsoleReadyMarker)
+		if r.SSHRequired {
+			ways = "no SSH banner, which a guest given SSH keys must send"
+		}
+		rec.LastError = fmt.Sprintf("%s within readyTimeout %s of its boot at %s (%s); the VM is left running",
+			notAnswered, p.e.cfg.ReadyTimeout, r.Booted.UTC().Format(time.RFC3339), ways)
 		p.e.mu.Lock()
 		prev := p.e.recs[rec.Name]
 		p.e.mu.Unlock()
@@ -510,8 +529,8 @@ func (p *vmPass) boot(spec desired.VMSpec) error {
 // and a larger root disk is grown (online); only then is the VM shut down,
 // and only for a change that needs a restart (vCPUs, memory, network,
 // volumes, kernel), to be booted with the new spec by converge. A changed
-// image or cloudInit is recorded but not applied to the existing VM
-// (firstBootOnly; the status message says so). It returns false when the
+// image, cloudInit or static is recorded but not applied to the existing
+// VM (firstBootOnly; the status message says so). It returns false when the
 // edit could not be applied: the VM keeps its previous spec and keeps
 // running, rec.LastError says why, and failures spend the retry budget as
 // a create's do (a permanent one at once; capacity none).
@@ -613,14 +632,18 @@ func needsRestart(old, spec desired.VMSpec) bool {
 		!reflect.DeepEqual(old.Kernel, spec.Kernel)
 }
 
-// firstBootOnly is want with the cloudInit the VM was created with
-// (applied.CloudInit): cloud-init runs a seed once per instance, and
-// re-seeding a created VM under a new instance-id would regenerate the
+// firstBootOnly is want with the cloudInit and static addresses the VM
+// was created with (applied's): cloud-init runs a seed once per instance,
+// network-config included (NoCloud applies it on a new instance-id only),
+// and re-seeding a created VM under a new instance-id would regenerate the
 // guest's SSH host keys and re-run its first-boot modules, yet still never
-// remove a key it installed before. So a cloudInit edit applies only when
-// the VM is created again, and the status message says so.
+// remove a key it installed before. So an edit of either applies only when
+// the VM is created again, and the status message says so; the seed of
+// every later boot, and the VM's address reservation on a nat network,
+// keep what the guest was given.
 func firstBootOnly(want, applied desired.VMSpec) desired.VMSpec {
 	want.CloudInit = applied.CloudInit
+	want.Static = applied.Static
 	return want
 }
 
@@ -691,6 +714,12 @@ func (p *vmPass) noteAddress() {
 const CloudInitNotApplied = "cloudInit changed after the VM was created: not applied to this VM. cloud-init seeds a VM once, at its first boot, and never removes a key it installed; " +
 	"to rotate an SSH key, add the new key to and remove the old one from ~/.ssh/authorized_keys inside the guest (the spec's new cloudInit then describes the guest, and seeds it if the VM is ever created again)"
 
+// StaticNotApplied is the status message of a created VM whose spec's
+// static addresses changed: the guest keeps the network configuration of
+// its first boot.
+const StaticNotApplied = "static changed after the VM was created: not applied to this VM. cloud-init applies network-config at an instance's first boot only, so the guest keeps the addresses it was created with (and its seed and address reservation keep them too); " +
+	"to change them, change the guest's network configuration inside it, or create the VM again"
+
 // diskMessage tells a person what a spec asks of the root disk, or of
 // cloud-init, that the agent will not do to the existing VM.
 func (p *vmPass) diskMessage() string {
@@ -698,6 +727,9 @@ func (p *vmPass) diskMessage() string {
 	var msgs []string
 	if p.want != nil && !reflect.DeepEqual(p.want.Spec.CloudInit, rec.Spec.CloudInit) {
 		msgs = append(msgs, CloudInitNotApplied)
+	}
+	if p.want != nil && !reflect.DeepEqual(p.want.Spec.Static, rec.Spec.Static) {
+		msgs = append(msgs, StaticNotApplied)
 	}
 	if sha := imageSHA(rec.Spec); rec.RootImage != "" && sha != rec.RootImage {
 		msgs = append(msgs, fmt.Sprintf("image changed: the existing root disk (from image sha256 %.12s) is kept; a new image applies only to a newly created VM", rec.RootImage))

@@ -76,10 +76,11 @@ type Provisioner interface {
 	// tail of the hypervisor's error output); empty when it has none.
 	FailureReason(name string) string
 	// Readiness reports whether the guest of the running VM has proved it
-	// is up in its current boot (see Readiness). It reads memory only and
-	// never waits for the guest: a backend probes in the background from
-	// Boot (or from re-attaching after an agent restart) on, each probe
-	// bounded in time. The zero Readiness means the VM does not run.
+	// is up in its current boot, and, for a guest reached by SSH, still
+	// answers (see Readiness). It reads memory only and never waits for
+	// the guest: a backend probes in the background from Boot (or from
+	// re-attaching after an agent restart) on, each probe bounded in time.
+	// The zero Readiness means the VM does not run.
 	Readiness(name string) Readiness
 }
 
@@ -105,16 +106,22 @@ const ConsoleReadyMarker = "GITFLEET-GUEST-READY"
 // Readiness is what a Provisioner knows of one VM's current boot.
 //
 // Booted is when the boot began (the hypervisor process started); zero
-// when the VM does not run. Ready is set once the guest answered in this
-// boot and stays set until the VM stops: At is when it first answered,
-// Via how (ReadySSH, ReadyGuestAgent or ReadyConsole) and Addr, for
-// ReadySSH, the host:port that answered.
+// when the VM does not run. SSHRequired is set for a guest meant to be
+// reached by SSH (its spec gives cloudInit.sshAuthorizedKeys): only its
+// SSH banner makes it ready, and Ready follows the banner — a refusal
+// after an answer clears Ready and sets Refused (when it was seen) until
+// the guest answers again. For any other guest Ready is set at its first
+// answer, by any way, and stays set until the VM stops. At is when the
+// guest first answered in this boot, Via how (ReadySSH, ReadyGuestAgent or
+// ReadyConsole) and Addr, for ReadySSH, the host:port that answered.
 type Readiness struct {
-	Booted time.Time
-	Ready  bool
-	At     time.Time
-	Via    string
-	Addr   string
+	Booted      time.Time
+	SSHRequired bool
+	Ready       bool
+	At          time.Time
+	Via         string
+	Addr        string
+	Refused     time.Time
 }
 
 // ProgressReporter is implemented by a Provisioner that downloads

@@ -124,3 +124,26 @@ func TestReadyIsNeverShownForABootThatHasNotAnswered(t *testing.T) {
 	r := row(t, f.step(nil), "web-01")
 	assert.Equal(t, status.PhaseBooting, r.Phase, "booted again, silent")
 }
+
+func TestGuestReachedBySSHIsBootingWhileItsSSHDRefuses(t *testing.T) {
+	f := newFixture(t)
+	f.prov.SetSilentGuests(true)
+	f.step(snap(1, vm("web-01")))
+	f.prov.Answer("web-01", agent.ReadySSH)
+	waitRow(t, f, "web-01", func(r status.VM) bool { return r.Phase == status.PhaseReady })
+
+	// sshd stops answering (cloud-init restarting it, a crash): without a
+	// tick, the engine's watch runs the VM's pass, which records it.
+	f.prov.Refuse("web-01")
+	assert.Equal(t, status.PhaseBooting, row(t, f.eng.Report(), "web-01").Phase, "never shown ready while sshd refuses")
+	r := waitRow(t, f, "web-01", func(r status.VM) bool { return r.LastError != "" })
+	assert.Equal(t, status.PhaseBooting, r.Phase)
+	assert.True(t, strings.HasPrefix(r.LastError, "not ready: the guest's sshd refuses at 127.0.0.1:"), r.LastError)
+	assert.Equal(t, status.PhaseBooting, f.record("web-01").Phase, "the record says booting too")
+	assert.Empty(t, f.prov.Calls(agenttest.OpShutdown), "never shut down for a refusing sshd")
+
+	f.prov.Answer("web-01", agent.ReadySSH)
+	r = waitRow(t, f, "web-01", func(r status.VM) bool { return r.Phase == status.PhaseReady && r.LastError == "" })
+	assert.Equal(t, status.PhaseReady, f.record("web-01").Phase)
+	assert.Len(t, f.prov.Calls(agenttest.OpBoot), 1, "never restarted for a refusing sshd")
+}

@@ -235,7 +235,7 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 		case kind == KindVM && f.Field == "spec.network":
 			w = append(w, "the VM restarts with its NIC on the new network, at a new address")
 		case kind == KindVM && strings.HasPrefix(f.Field, "spec.static."):
-			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot: a created VM keeps its addresses unless its image applies network config on every boot")
+			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot only: the created VM keeps the addresses it was created with; they apply when the VM is created again")
 		}
 	}
 	if kind == KindHost {

@@ -254,7 +254,7 @@ func TestPlanWarnsOfNetworkChanges(t *testing.T) {
 			"the VM restarts with its NIC on the new network, at a new address"},
 		{"a VM's static address changes", planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", static("10.77.0.5/24"))),
 			planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", static("10.77.0.6/24"))),
-			"static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot: a created VM keeps its addresses unless its image applies network config on every boot"},
+			"static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot only: the created VM keeps the addresses it was created with; they apply when the VM is created again"},
 		{"a nat network is renumbered", planFleet(host(lab("10.77.0.0/24"))), planFleet(host(lab("10.78.0.0/24"))),
 			"network lab is renumbered: its guests get new addresses at their next DHCP renewal (within 30 minutes) or restart"},
 		{"a network is removed", planFleet(host(lab("10.77.0.0/24"))), planFleet(host(map[string]Network{"lan": {Bridge: "br0"}})),

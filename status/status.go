@@ -55,7 +55,8 @@ type AgentInfo struct {
 
 // VM phases as reported in status. A VM that runs is booting until its
 // guest proves it is up (an SSH banner, a qemu-guest-agent ping or the
-// console marker line; docs/DESIGN.md, Readiness), then ready; a booting
+// console marker line; for a VM given SSH keys only the banner, and only
+// while sshd answers; docs/DESIGN.md, Readiness), then ready; a booting
 // VM whose guest has not answered within the agent's readyTimeout stays
 // booting with lastError saying so. Stopping is shown while a shutdown the
 // spec asked for runs.

@@ -188,7 +188,7 @@ func RenderSummary(s Summary) []byte {
 	if n == 0 {
 		b.WriteString("No VMs reported.\n\n")
 	} else {
-		b.WriteString("A running VM is `booting` until its guest answers (an SSH banner, a qemu-guest-agent ping or its console's ready line), then `ready`.\n\n")
+		b.WriteString("A running VM is `booting` until its guest answers (an SSH banner, a qemu-guest-agent ping or its console's ready line; a VM given SSH keys only while its sshd answers), then `ready`.\n\n")
 		tableHeader(&b, "VM", "host", "phase", "power", "address", "error", "note")
 		for _, h := range s.Hosts {
 			for _, vm := range h.VMs {

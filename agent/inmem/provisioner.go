@@ -190,10 +190,27 @@ func (p *Provisioner) answerLocked(name, via string) {
 	if v == nil || !v.Running || v.Boot.Ready {
 		return
 	}
-	v.Boot.Ready, v.Boot.At, v.Boot.Via = true, p.now(), via
-	if via == agent.ReadySSH {
-		v.Boot.Addr = v.Addr.SSH
+	if v.Boot.At.IsZero() {
+		v.Boot.At, v.Boot.Via = p.now(), via
+		if via == agent.ReadySSH {
+			v.Boot.Addr = v.Addr.SSH
+		}
 	}
+	v.Boot.Ready, v.Boot.Refused = true, time.Time{}
+}
+
+// Refuse plays the running guest name, ready by SSH, having its sshd
+// refuse: the guest counts as reached by SSH (SSHRequired) and is not
+// ready until Answer. It does nothing for a VM that does not run or is not
+// ready by SSH.
+func (p *Provisioner) Refuse(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v := p.st.VMs[name]
+	if v == nil || !v.Running || !v.Boot.Ready || v.Boot.Via != agent.ReadySSH {
+		return
+	}
+	v.Boot.SSHRequired, v.Boot.Ready, v.Boot.Refused = true, false, p.now()
 }
 
 // SetLateAddress switches to the shape of a host-run DHCP server: Boot

@@ -148,21 +148,20 @@ func staticFor(s *desired.StaticIP, att hostnet.Attachment) *desired.StaticIP {
 }
 
 // networkAddress is the address of a running VM on a host network, from
-// NetFile: what Config.Networks observes (its lease, or the host's
-// neighbour table), else what the guest's qemu-guest-agent last reported
-// for its MAC, else its first static address; invalid while the VM does
-// not run. ok is false for a VM on user-mode networking.
+// NetFile, as observed from the guest: what Config.Networks observes (its
+// lease, or the host's neighbour table), else what the guest's
+// qemu-guest-agent last reported for its MAC, else its first static
+// address if its sshd answered there in this boot (readiness probes it,
+// staticSSH). A static address the guest has not answered at is not
+// shown: the guest may not hold it (cloud-init applies network-config at
+// an instance's first boot only). Invalid while the VM does not run or no
+// address is known; ok is false for a VM on user-mode networking.
 func (p *Provisioner) networkAddress(st *vmState) (ip netip.Addr, ok bool) {
-	b, err := os.ReadFile(st.path(NetFile))
-	if err != nil {
+	r, ok := p.netRecord(st)
+	if !ok {
 		return netip.Addr{}, false
 	}
-	if st.pid() == 0 {
-		return netip.Addr{}, true
-	}
-	var r netRecord
-	if err := json.Unmarshal(b, &r); err != nil {
-		p.log.WithField("vm", st.name).WithError(err).Warn("network record unreadable")
+	if st.pid() == 0 || r == nil {
 		return netip.Addr{}, true
 	}
 	if hw, err := net.ParseMAC(r.MAC); err == nil {
@@ -175,12 +174,50 @@ func (p *Provisioner) networkAddress(st *vmState) (ip netip.Addr, ok bool) {
 			return a, true
 		}
 	}
-	if r.Static != nil && len(r.Static.Addresses) > 0 {
-		if pfx, err := netip.ParsePrefix(r.Static.Addresses[0]); err == nil {
-			return pfx.Addr(), true
+	if a := staticAddr(r); a.IsValid() {
+		if w := st.currentWatch(); w != nil && w.readiness().Addr == netip.AddrPortFrom(a, 22).String() {
+			return a, true
 		}
 	}
 	return netip.Addr{}, true
+}
+
+// netRecord reads NetFile; ok is false when the VM is on user-mode
+// networking (no NetFile), and the record nil when it cannot be read.
+func (p *Provisioner) netRecord(st *vmState) (*netRecord, bool) {
+	b, err := os.ReadFile(st.path(NetFile))
+	if err != nil {
+		return nil, false
+	}
+	var r netRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		p.log.WithField("vm", st.name).WithError(err).Warn("network record unreadable")
+		return nil, true
+	}
+	return &r, true
+}
+
+// staticAddr is the first static address of r, invalid when none.
+func staticAddr(r *netRecord) netip.Addr {
+	if r == nil || r.Static == nil || len(r.Static.Addresses) == 0 {
+		return netip.Addr{}
+	}
+	pfx, err := netip.ParsePrefix(r.Static.Addresses[0])
+	if err != nil {
+		return netip.Addr{}
+	}
+	return pfx.Addr()
+}
+
+// staticSSH is where the readiness probe looks for the sshd of a guest
+// whose address is not observed yet but whose seed gives it a static
+// address: port 22 of that address ("" when it has none).
+func (p *Provisioner) staticSSH(st *vmState) string {
+	r, _ := p.netRecord(st)
+	if a := staticAddr(r); a.IsValid() {
+		return netip.AddrPortFrom(a, 22).String()
+	}
+	return ""
 }
 
 // writeFileAtomic writes data to path through path+".partial" and a

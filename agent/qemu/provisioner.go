@@ -433,8 +433,10 @@ func (p *Provisioner) running(st *vmState) bool {
 }
 
 // Address reports how the guest is reached. On a host network, while the
-// VM runs: IP is its lease (nat), else the address the host's neighbour
-// table holds for its MAC, else its first static address; SSH is IP:22. On user-mode
+// VM runs, IP is an address observed from the guest (networkAddress: its
+// lease, the host's neighbour table, its guest agent, or a static address
+// at which its sshd answered), never one the spec merely asks for; SSH is
+// IP:22. On user-mode
 // networking: the SSH forward ("127.0.0.1:PORT") once a port is allocated,
 // and the guest's user-mode address while the VM runs.
 func (p *Provisioner) Address(name string) agent.Address {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,27 +15,43 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/gitfleet/gitfleet/agent"
 )
 
 // Timings of the readiness probes. Each way (SSH, guest agent, console) is
 // probed on its own goroutine, one probe at a time, ProbeInterval after
-// the last one ended; every probe is bounded.
+// the last one ended; every probe is bounded. A guest ready by SSH has its
+// banner read again SSHRecheckInterval after the last read for
+// sshRecheckEarly after it first answered (when cloud-init's later stages
+// may restart sshd), SSHRecheckLate after the last read from then on: each
+// read costs the guest one sshd process, so a settled guest is left in
+// peace.
 const (
-	ProbeInterval    = 200 * time.Millisecond
-	sshDialTimeout   = time.Second
-	sshBannerTimeout = 5 * time.Second // sshd re-execs per connection: slow under TCG
-	qgaPingTimeout   = 2 * time.Second
+	ProbeInterval      = 200 * time.Millisecond
+	SSHRecheckInterval = 2 * time.Second
+	SSHRecheckLate     = time.Minute
+	sshRecheckEarly    = 10 * time.Minute
+	sshDialTimeout     = time.Second
+	sshBannerTimeout   = 5 * time.Second // sshd re-execs per connection: slow under TCG
+	qgaPingTimeout     = 2 * time.Second
 )
 
-// bootWatch probes one boot of a VM (one QEMU process, by pid) until its
-// guest answers or the process is gone. The first answer is kept in memory
-// and in ReadyFile, so an agent restarted during the same boot reads the
-// guest as ready at once.
+// bootWatch probes one boot of a VM (one QEMU process, by pid). For a
+// guest whose seed gives SSH keys (Readiness.SSHRequired) only its SSH
+// banner counts, and readiness follows it: a refusal after an answer
+// makes the guest not ready until it answers again. Any other guest is
+// ready from the first answer of any way until the process is gone. The
+// current answer is kept in memory and in ReadyFile, so an agent
+// restarted during the same boot reads the guest as ready at once (and,
+// for SSHRequired, reads its banner again at once).
 type bootWatch struct {
 	pid    int
 	cancel context.CancelFunc
+	// recheck and recheckLate are the SSH recheck paces
+	// (SSHRecheckInterval, SSHRecheckLate unless a test sets them).
+	recheck, recheckLate time.Duration
 
 	mu sync.Mutex
 	r  agent.Readiness
@@ -48,8 +65,8 @@ func (w *bootWatch) readiness() agent.Readiness {
 
 // Readiness implements agent.Provisioner: what the probes of the VM's
 // current boot found. It starts the probes when none run for the live
-// QEMU (after an agent restart), and reads files only (the pidfile, /proc
-// and ReadyFile), never the guest.
+// QEMU (after an agent restart), and reads files only (the pidfile, /proc,
+// the seed and ReadyFile), never the guest.
 func (p *Provisioner) Readiness(name string) agent.Readiness {
 	st := p.state(name, "")
 	if st == nil {
@@ -74,26 +91,42 @@ func (p *Provisioner) watch(st *vmState, pid int) *bootWatch {
 	if st.watch != nil {
 		st.watch.cancel()
 	}
-	w := &bootWatch{pid: pid}
+	log := p.log.WithField("vm", st.name)
+	w := &bootWatch{pid: pid, recheck: SSHRecheckInterval, recheckLate: SSHRecheckLate}
 	w.r.Booted = bootTime(st)
+	sshRequired, err := seedGivesSSHKeys(st.path(SeedFile))
+	if err != nil {
+		log.WithError(err).Warn("seed unreadable: any way the guest answers counts")
+	}
+	w.r.SSHRequired = sshRequired
 	if r, ok := readReadyFile(st.path(ReadyFile), pid); ok {
-		r.Booted = w.r.Booted
+		r.Booted, r.SSHRequired = w.r.Booted, sshRequired
 		w.r = r
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	st.watch = w
-	if !w.r.Ready {
-		log := p.log.WithField("vm", st.name)
+	switch {
+	case sshRequired:
+		ssh := func(ctx context.Context) (string, error) { return p.probeSSH(ctx, st) }
+		go w.sshLoop(ctx, ssh, st.path(ReadyFile), log)
+	case !w.r.Ready:
 		for via, probe := range map[string]func(context.Context) (string, error){
-			agent.ReadySSH:        func(ctx context.Context) (string, error) { return p.probeSSH(ctx, st.name) },
+			agent.ReadySSH:        func(ctx context.Context) (string, error) { return p.probeSSH(ctx, st) },
 			agent.ReadyGuestAgent: func(ctx context.Context) (string, error) { return "", p.probeQGA(ctx, st) },
 			agent.ReadyConsole:    newConsoleScan(st.path(SerialLog)).probe,
 		} {
-			go p.probeLoop(ctx, st, w, via, probe, log)
+			go w.probeLoop(ctx, via, probe, st.path(ReadyFile), log)
 		}
 	}
 	return w
+}
+
+// currentWatch is the VM's bootWatch, nil when none runs.
+func (st *vmState) currentWatch() *bootWatch {
+	st.watchMu.Lock()
+	defer st.watchMu.Unlock()
+	return st.watch
 }
 
 // stopWatch ends the probes of the VM's boot, if any.
@@ -115,9 +148,27 @@ func bootTime(st *vmState) time.Time {
 	return time.Now()
 }
 
+// seedGivesSSHKeys reports whether the NoCloud seed at path gives the
+// guest SSH keys (meta-data public-keys, from the spec's
+// cloudInit.sshAuthorizedKeys): such a guest is meant to be reached by
+// SSH, so only its SSH banner makes it ready.
+func seedGivesSSHKeys(path string) (bool, error) {
+	_, files, err := readSeedISO(path)
+	if err != nil {
+		return false, err
+	}
+	var md struct {
+		PublicKeys []string `yaml:"public-keys"`
+	}
+	if err := yaml.Unmarshal(files["meta-data"], &md); err != nil {
+		return false, fmt.Errorf("seed %s: meta-data: %w", path, err)
+	}
+	return len(md.PublicKeys) > 0, nil
+}
+
 // probeLoop runs probe every ProbeInterval until it succeeds, another way
-// succeeds, or ctx ends; the first success makes the boot ready.
-func (p *Provisioner) probeLoop(ctx context.Context, st *vmState, w *bootWatch, via string, probe func(context.Context) (string, error), log *logrus.Entry) {
+// succeeds, or ctx ends; the first success makes the boot ready for good.
+func (w *bootWatch) probeLoop(ctx context.Context, via string, probe func(context.Context) (string, error), readyFile string, log *logrus.Entry) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -128,19 +179,7 @@ func (p *Provisioner) probeLoop(ctx context.Context, st *vmState, w *bootWatch, 
 		}
 		addr, err := probe(ctx)
 		if err == nil {
-			w.mu.Lock()
-			first := !w.r.Ready
-			if first {
-				w.r.Ready, w.r.At, w.r.Via, w.r.Addr = true, time.Now(), via, addr
-				if err := writeReadyFile(st.path(ReadyFile), w.pid, w.r); err != nil {
-					log.WithError(err).Warn("save readiness")
-				}
-			}
-			r := w.r
-			w.mu.Unlock()
-			if first {
-				log.WithFields(logrus.Fields{"via": via, "addr": addr, "seconds": r.At.Sub(r.Booted).Seconds()}).Info("guest answered")
-			}
+			w.answered(via, addr, time.Now(), readyFile, log)
 			w.cancel()
 			return
 		}
@@ -148,14 +187,129 @@ func (p *Provisioner) probeLoop(ctx context.Context, st *vmState, w *bootWatch, 
 	}
 }
 
+// sshLoop reads the guest's SSH banner with probe for as long as ctx
+// lasts: every ProbeInterval until the guest first answers, then at the
+// recheck pace (SSHRecheckInterval, later SSHRecheckLate), whether it is
+// ready or not: every read costs the guest an sshd process, and sshd
+// drops connections past its MaxStartups (unauthenticated ones, which
+// pile up when a slow guest's sshd cannot send its banner before the
+// probe gives up), so probing a loaded guest harder would make it refuse.
+// A guest ready by SSH is not ready after two refusals in a row (the
+// second read ProbeInterval after the first), so one connection dropped
+// past MaxStartups is not taken for sshd gone.
+func (w *bootWatch) sshLoop(ctx context.Context, probe func(context.Context) (string, error), readyFile string, log *logrus.Entry) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	refusals := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		addr, err := probe(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		now := time.Now()
+		switch {
+		case err == nil:
+			refusals = 0
+			w.answered(agent.ReadySSH, addr, now, readyFile, log)
+		case refused(err):
+			if refusals++; refusals == 1 && w.readiness().Ready {
+				t.Reset(ProbeInterval) // confirm before the guest counts as refusing
+				continue
+			}
+			w.refused(now, err, readyFile, log)
+		default:
+			refusals = 0
+		}
+		t.Reset(w.nextSSHProbe(now))
+	}
+}
+
+// nextSSHProbe is how long after a probe ended at now the next one starts.
+func (w *bootWatch) nextSSHProbe(now time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.r.At.IsZero():
+		return ProbeInterval
+	case now.Sub(w.r.At) < sshRecheckEarly:
+		return w.recheck
+	default:
+		return w.recheckLate
+	}
+}
+
+// answered records an answer via via (at addr) at now: the boot's first
+// answer sets At, Via and Addr; an answer after a refusal makes the guest
+// ready again. Each change is written to readyFile and logged.
+func (w *bootWatch) answered(via, addr string, now time.Time, readyFile string, log *logrus.Entry) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.r.Ready {
+		return
+	}
+	again := !w.r.At.IsZero()
+	if !again {
+		w.r.At, w.r.Via, w.r.Addr = now, via, addr
+	}
+	w.r.Ready, w.r.Refused = true, time.Time{}
+	if err := writeReadyFile(readyFile, w.pid, w.r); err != nil {
+		log.WithError(err).Warn("save readiness")
+	}
+	if again {
+		log.WithFields(logrus.Fields{"via": via, "addr": addr}).Info("guest answers again")
+		return
+	}
+	log.WithFields(logrus.Fields{"via": via, "addr": addr, "seconds": now.Sub(w.r.Booted).Seconds()}).Info("guest answered")
+}
+
+// refused records that the guest's sshd refused at now. A guest ready by
+// SSH is no longer ready: ReadyFile is removed, so an agent restarted
+// meanwhile does not show it ready either.
+func (w *bootWatch) refused(now time.Time, why error, readyFile string, log *logrus.Entry) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.r.Ready {
+		return
+	}
+	w.r.Ready, w.r.Refused = false, now
+	if err := os.Remove(readyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.WithError(err).Warn("drop saved readiness")
+	}
+	log.WithError(why).Warn("guest's sshd refuses after it answered; not ready until it answers again")
+}
+
+// refused reports whether a failed SSH probe is a refusal: the connection
+// was refused or reset, or closed without an SSH banner. A probe that
+// timed out or was cancelled says nothing (a slow guest is not one that
+// refuses).
+func refused(err error) bool {
+	var ne net.Error
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return false
+	}
+	return !errors.Is(err, errNoAddress)
+}
+
+// errNoAddress: the guest's SSH address is not known yet.
+var errNoAddress = errors.New("no ssh address yet")
+
 // probeSSH reads the SSH identification line from the guest's port 22 at
 // the address Address reports (its forward on 127.0.0.1 under user-mode
-// networking). A forward accepts connections before the guest listens and
-// then closes them, so only the "SSH-" line counts.
-func (p *Provisioner) probeSSH(ctx context.Context, name string) (string, error) {
-	addr := p.Address(name).SSH
+// networking), or, on a network where no address is observed yet, at its
+// static address. A forward accepts connections before the guest listens
+// and then closes them, so only the "SSH-" line counts.
+func (p *Provisioner) probeSSH(ctx context.Context, st *vmState) (string, error) {
+	addr := p.Address(st.name).SSH
 	if addr == "" {
-		return "", fmt.Errorf("no ssh address yet")
+		addr = p.staticSSH(st)
+	}
+	if addr == "" {
+		return "", errNoAddress
 	}
 	return addr, sshBanner(ctx, addr)
 }
@@ -240,8 +394,8 @@ func (c *consoleScan) probe(context.Context) (string, error) {
 	return "", fmt.Errorf("no %s line yet", agent.ConsoleReadyMarker)
 }
 
-// writeReadyFile records the first answer of the boot of QEMU pid as
-// "<pid> <via> <unix nanoseconds> <addr>".
+// writeReadyFile records that the boot of QEMU pid is ready, with its
+// first answer, as "<pid> <via> <unix nanoseconds> <addr>".
 func writeReadyFile(path string, pid int, r agent.Readiness) error {
 	tmp := path + ".partial"
 	line := fmt.Sprintf("%d %s %d %s\n", pid, r.Via, r.At.UnixNano(), r.Addr)
@@ -251,8 +405,8 @@ func writeReadyFile(path string, pid int, r agent.Readiness) error {
 	return os.Rename(tmp, path)
 }
 
-// readReadyFile reads a ReadyFile; ok only when it records an answer of the
-// boot of QEMU pid.
+// readReadyFile reads a ReadyFile; ok only when it records the boot of
+// QEMU pid as ready.
 func readReadyFile(path string, pid int) (agent.Readiness, bool) {
 	b, err := os.ReadFile(path)
 	if err != nil {

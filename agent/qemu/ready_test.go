@@ -5,10 +5,15 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	logtest "github.com/sirupsen/logrus/hooks/test"
+
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/desired"
 )
 
 // listen serves each connection on 127.0.0.1 with serve and returns the
@@ -115,5 +120,134 @@ func TestReadyFileNamesItsBoot(t *testing.T) {
 	}
 	if _, ok := readReadyFile(path, 4243); ok {
 		t.Error("the answer of QEMU pid 4242 counted for pid 4243")
+	}
+}
+
+// switchable serves, on 127.0.0.1, what its mode says: an SSH banner,
+// nothing but a close (QEMU's forward with no sshd behind it), or silence.
+type switchable struct {
+	mode  atomic.Value // "banner", "close" or "silent"
+	conns atomic.Int64
+}
+
+func (s *switchable) serve(c net.Conn) {
+	s.conns.Add(1)
+	switch s.mode.Load() {
+	case "banner":
+		c.Write([]byte("SSH-2.0-OpenSSH_9.2p1\r\n"))
+	case "silent":
+		time.Sleep(2 * time.Second)
+	case "drop-one":
+		// sshd past its MaxStartups drops one connection; the next one
+		// gets the banner.
+		s.mode.Store("banner")
+	}
+}
+
+// TestSSHReadinessFollowsTheBanner pins the readiness of a guest given SSH
+// keys: ready once its banner is read, still ready when one connection is
+// dropped (sshd past its MaxStartups), not ready (and not saved as ready)
+// once its sshd refuses twice in a row, unchanged by a probe that only timed out,
+// and ready again, with its first answer kept, when sshd answers again.
+func TestSSHReadinessFollowsTheBanner(t *testing.T) {
+	s := &switchable{}
+	s.mode.Store("close")
+	addr := listen(t, s.serve)
+	readyFile := filepath.Join(t.TempDir(), ReadyFile)
+	w := &bootWatch{pid: 4242, recheck: 20 * time.Millisecond, recheckLate: 20 * time.Millisecond}
+	w.r.Booted, w.r.SSHRequired = time.Now(), true
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	t.Cleanup(cancel)
+	probe := func(ctx context.Context) (string, error) {
+		ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		return addr, sshBanner(ctx, addr)
+	}
+	logger, logs := logtest.NewNullLogger()
+	go w.sshLoop(ctx, probe, readyFile, logger.WithField("vm", "web-01"))
+
+	waitFor := func(what string, cond func(agent.Readiness) bool) agent.Readiness {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			r := w.readiness()
+			if cond(r) {
+				return r
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("never %s: %+v", what, r)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	conns := func(n int64) func(agent.Readiness) bool {
+		from := s.conns.Load()
+		return func(agent.Readiness) bool { return s.conns.Load() >= from+n }
+	}
+	savedReady := func() bool { _, ok := readReadyFile(readyFile, 4242); return ok }
+
+	if r := waitFor("probed thrice", conns(3)); r.Ready {
+		t.Fatalf("a forward that accepts and closes made the guest ready: %+v", r)
+	}
+	s.mode.Store("banner")
+	first := waitFor("ready", func(r agent.Readiness) bool { return r.Ready })
+	if first.Via != agent.ReadySSH || first.Addr != addr || first.At.IsZero() || !savedReady() {
+		t.Errorf("first answer %+v, saved %v", first, savedReady())
+	}
+
+	s.mode.Store("drop-one")
+	waitFor("probed past the dropped connection", conns(2))
+	for _, e := range logs.AllEntries() {
+		if strings.Contains(e.Message, "refuses") {
+			t.Errorf("one dropped connection made the guest count as refusing: %s", e.Message)
+		}
+	}
+
+	s.mode.Store("close")
+	r := waitFor("not ready", func(r agent.Readiness) bool { return !r.Ready })
+	if r.Refused.IsZero() || savedReady() {
+		t.Errorf("after a refusal: %+v, saved as ready %v", r, savedReady())
+	}
+
+	s.mode.Store("banner")
+	waitFor("ready again", func(r agent.Readiness) bool { return r.Ready })
+	s.mode.Store("silent")
+	r = waitFor("probed twice in silence", conns(2))
+	if !r.Ready {
+		t.Errorf("a probe that timed out made the guest not ready: %+v", r)
+	}
+	if !r.At.Equal(first.At) || !r.Refused.IsZero() || !savedReady() {
+		t.Errorf("ready again: %+v; want its first answer at %v kept and saved", r, first.At)
+	}
+}
+
+func TestSeedGivesSSHKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ci   *desired.CloudInit
+		want bool
+	}{
+		{"no cloudInit", nil, false},
+		{"user-data only", &desired.CloudInit{UserData: "#cloud-config\n"}, false},
+		{"keys", &desired.CloudInit{SSHAuthorizedKeys: []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAItest a@b"}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			files, err := seedFiles("web-01", "i-1", macFor("web-01"), tc.ci, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), SeedFile)
+			if err := writeSeedISO(path, files); err != nil {
+				t.Fatal(err)
+			}
+			got, err := seedGivesSSHKeys(path)
+			if err != nil || got != tc.want {
+				t.Errorf("seedGivesSSHKeys = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+	if _, err := seedGivesSSHKeys(filepath.Join(t.TempDir(), "none.iso")); err == nil {
+		t.Error("a missing seed read as one")
 	}
 }

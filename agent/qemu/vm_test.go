@@ -75,9 +75,9 @@ func guestSpec(t testing.TB, srv *artifactServer) desired.VMSpec {
 	return desired.VMSpec{
 		VCPUs: 1, MemoryMB: 128, DiskGB: 1,
 		Kernel: &desired.Kernel{URL: ka.URL, SHA256: ka.SHA256, Initrd: &ia, Cmdline: g.Cmdline},
-		CloudInit: &desired.CloudInit{
-			SSHAuthorizedKeys: []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAItest test@gitfleet"},
-		},
+		// No sshAuthorizedKeys: the tiny guest runs no sshd, and a guest
+		// given keys is ready only once its sshd answers.
+		CloudInit: &desired.CloudInit{UserData: "#cloud-config\n"},
 	}
 }
 
@@ -270,6 +270,9 @@ func TestVMLifecycle(t *testing.T) {
 		// p re-attached to a QEMU another process started: its probes
 		// began at its first Readiness call.
 		r := waitReady(t, p, name)
+		if r.SSHRequired {
+			t.Error("a guest given no SSH keys was taken for one reached by SSH")
+		}
 		if r.Via != agent.ReadyConsole {
 			t.Errorf("ready via %q, want %q: the guest runs neither sshd nor a guest agent, so the forward that accepts and closes must not count", r.Via, agent.ReadyConsole)
 		}

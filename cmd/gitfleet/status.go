@@ -43,8 +43,9 @@ from the snapshot without a tombstone: kept, never destroyed); and the
 pending deletes, from the controller's ledger (ledger.yaml on the snapshots
 branch): who removed what, with which commit and when. A VM that is not
 running shows no address. A running VM is "booting" until its guest
-answers (an SSH banner, a qemu-guest-agent ping or the console line
-GITFLEET-GUEST-READY), then "ready".
+answers, then "ready": a VM given sshAuthorizedKeys only while its sshd
+answers (an SSH banner); any other at an SSH banner, a qemu-guest-agent
+ping or the console line GITFLEET-GUEST-READY.
 
 It also prints, each apart, why the controller's passes are failing now
 (unreadable: git failed; refused: the controller will not act), when they
