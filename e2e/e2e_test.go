@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,9 +30,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/internal/e2etest"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
@@ -59,22 +58,13 @@ func runMain(m *testing.M) int {
 			return m.Run()
 		}
 	}
-	dir, err := os.MkdirTemp("", "gitfleet-e2e-bin-")
+	b, remove, err := e2etest.BuildBinary("gitfleet-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	binary = filepath.Join(dir, "gitfleet")
-	cmd := exec.Command(goBin, "build", "-o", binary, "github.com/gitfleet/gitfleet/cmd/gitfleet")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build gitfleet: %v\n%s", err, out)
-		return 1
-	}
+	defer remove()
+	binary = b
 	os.Setenv(binaryEnv, binary)
 	return m.Run()
 }
@@ -340,45 +330,17 @@ func tail(b []byte, n int) []byte {
 // pushes them over HTTP, as a person would, and returns the commit.
 func (f *fleetUnderTest) push(msg string, write map[string]string, remove ...string) string {
 	f.t.Helper()
-	for p, content := range write {
-		full := filepath.Join(f.work, filepath.FromSlash(p))
-		require.NoError(f.t, os.MkdirAll(filepath.Dir(full), 0o755))
-		require.NoError(f.t, os.WriteFile(full, []byte(content), 0o644))
-	}
-	for _, p := range remove {
-		require.NoError(f.t, os.Remove(filepath.Join(f.work, filepath.FromSlash(p))))
-	}
-	gittest.Git(f.t, f.work, "add", "-A")
-	gittest.Git(f.t, f.work, "-c", "user.name=E2E Person", "-c", "user.email=person@example.com", "commit", "--quiet", "-m", msg)
-	gittest.Git(f.t, f.work, "push", "--quiet", "origin", "HEAD:main")
-	return gittest.Git(f.t, f.work, "rev-parse", "HEAD")
+	return e2etest.Push(f.t, f.work, msg, write, remove...)
 }
 
 // show reads branch:path in the bare repository; ok is false when absent.
 func (f *fleetUnderTest) show(branch, path string) ([]byte, bool) {
-	out, err := exec.Command("git", "--git-dir", f.bare, "show", branch+":"+path).Output()
-	return out, err == nil
+	return e2etest.Show(f.bare, branch, path)
 }
 
-func (f *fleetUnderTest) status() *status.Status {
-	b, ok := f.show(agent.StatusBranch, status.Path(host))
-	if !ok {
-		return nil
-	}
-	st, err := status.Parse(status.Path(host), b)
-	require.NoError(f.t, err)
-	return st
-}
+func (f *fleetUnderTest) status() *status.Status { return e2etest.Status(f.t, f.bare, host) }
 
-func (f *fleetUnderTest) snapshot() *snapshots.Snapshot {
-	b, ok := f.show(agent.SnapshotsBranch, snapshots.Path(host))
-	if !ok {
-		return nil
-	}
-	s, err := snapshots.ParseSnapshot(b)
-	require.NoError(f.t, err)
-	return s
-}
+func (f *fleetUnderTest) snapshot() *snapshots.Snapshot { return e2etest.Snapshot(f.t, f.bare, host) }
 
 // waitFor polls cond until it holds; past waitLimit, or if a process under
 // test exits, the test fails with cond's last account of what it saw.

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/google/renameio/v2"
 )
 
 var (
@@ -133,18 +134,7 @@ func (p *Provisioner) saveLocked() error {
 	if err != nil {
 		return fmt.Errorf("memory backend: encode: %w", err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(p.path), filepath.Base(p.path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("memory backend: save: %w", err)
-	}
-	_, werr := tmp.Write(data)
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("memory backend: save %s: %w", p.path, err)
-	}
-	if err := os.Rename(tmp.Name(), p.path); err != nil {
-		_ = os.Remove(tmp.Name())
+	if err := renameio.WriteFile(p.path, data, 0o600, renameio.WithTempDir(filepath.Dir(p.path))); err != nil {
 		return fmt.Errorf("memory backend: save %s: %w", p.path, err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/google/renameio/v2"
 )
 
 // NetFile records, in a VM's directory, the host network its NIC was last
@@ -108,7 +109,7 @@ func (p *Provisioner) attach(ctx context.Context, st *vmState, m agent.Machine, 
 	if err != nil {
 		return att, err
 	}
-	if err := writeFileAtomic(st.path(NetFile), rec); err != nil {
+	if err := renameio.WriteFile(st.path(NetFile), rec, 0o644, renameio.WithTempDir(st.dir)); err != nil {
 		return att, fmt.Errorf("record network: %w", err)
 	}
 	if err := os.Remove(st.path(PortFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -218,14 +219,4 @@ func (p *Provisioner) staticSSH(st *vmState) string {
 		return netip.AddrPortFrom(a, 22).String()
 	}
 	return ""
-}
-
-// writeFileAtomic writes data to path through path+".partial" and a
-// rename.
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".partial"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

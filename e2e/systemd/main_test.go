@@ -17,8 +17,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -26,8 +24,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/internal/e2etest"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
@@ -48,22 +45,13 @@ func runMain(m *testing.M) int {
 		skipReason = "git is not installed (scripts/install-deps.sh installs it)"
 		return m.Run()
 	}
-	dir, err := os.MkdirTemp("", "gitfleet-systemd-bin-")
+	b, remove, err := e2etest.BuildBinary("gitfleet-systemd-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	binary = filepath.Join(dir, "gitfleet")
-	cmd := exec.Command(goBin, "build", "-o", binary, "github.com/gitfleet/gitfleet/cmd/gitfleet")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build gitfleet: %v\n%s", err, out)
-		return 1
-	}
+	defer remove()
+	binary = b
 	return m.Run()
 }
 
@@ -99,43 +87,17 @@ type fleet struct {
 // push commits the given files in the working clone and pushes them.
 func (f *fleet) push(msg string, write map[string]string) {
 	f.t.Helper()
-	for p, content := range write {
-		full := filepath.Join(f.work, filepath.FromSlash(p))
-		require.NoError(f.t, os.MkdirAll(filepath.Dir(full), 0o755))
-		require.NoError(f.t, os.WriteFile(full, []byte(content), 0o644))
-	}
-	gittest.Git(f.t, f.work, "add", "-A")
-	gittest.Git(f.t, f.work, "-c", "user.name=Test Person", "-c", "user.email=person@example.com", "commit", "--quiet", "-m", msg)
-	gittest.Git(f.t, f.work, "push", "--quiet", "origin", "HEAD:main")
+	e2etest.Push(f.t, f.work, msg, write)
 }
 
 // show reads branch:path in the bare repository; ok is false when absent.
-func (f *fleet) show(branch, path string) ([]byte, bool) {
-	out, err := exec.Command("git", "--git-dir", f.bare, "show", branch+":"+path).Output()
-	return out, err == nil
-}
+func (f *fleet) show(branch, path string) ([]byte, bool) { return e2etest.Show(f.bare, branch, path) }
 
 // status is the host's status file, nil before the agent wrote one.
-func (f *fleet) status() *status.Status {
-	b, ok := f.show(agent.StatusBranch, status.Path(host))
-	if !ok {
-		return nil
-	}
-	st, err := status.Parse(status.Path(host), b)
-	require.NoError(f.t, err)
-	return st
-}
+func (f *fleet) status() *status.Status { return e2etest.Status(f.t, f.bare, host) }
 
 // snapshot is the host's published snapshot, nil before there is one.
-func (f *fleet) snapshot() *snapshots.Snapshot {
-	b, ok := f.show(agent.SnapshotsBranch, snapshots.Path(host))
-	if !ok {
-		return nil
-	}
-	s, err := snapshots.ParseSnapshot(b)
-	require.NoError(f.t, err)
-	return s
-}
+func (f *fleet) snapshot() *snapshots.Snapshot { return e2etest.Snapshot(f.t, f.bare, host) }
 
 // waitFor polls cond until it holds; past waitLimit the test fails with
 // cond's last account of what it saw.

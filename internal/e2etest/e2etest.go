@@ -1,0 +1,94 @@
+// Package e2etest is what the end-to-end tests (e2e, e2e/systemd) share:
+// pushing to a fleet repository as a person would, and reading what the
+// controller and the agent wrote to its branches (a host's snapshot on
+// gitfleet/snapshots, its status on gitfleet/status) straight from the
+// bare repository with git.
+package e2etest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// Push writes the files of write (path → content) and removes those of
+// remove in the working clone work, commits as "E2E Person", pushes HEAD
+// to the remote's main, and returns the commit.
+func Push(t testing.TB, work, msg string, write map[string]string, remove ...string) string {
+	t.Helper()
+	for p, content := range write {
+		full := filepath.Join(work, filepath.FromSlash(p))
+		require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
+		require.NoError(t, os.WriteFile(full, []byte(content), 0o644))
+	}
+	for _, p := range remove {
+		require.NoError(t, os.Remove(filepath.Join(work, filepath.FromSlash(p))))
+	}
+	gittest.Git(t, work, "add", "-A")
+	gittest.Git(t, work, "-c", "user.name=E2E Person", "-c", "user.email=person@example.com", "commit", "--quiet", "-m", msg)
+	gittest.Git(t, work, "push", "--quiet", "origin", "HEAD:main")
+	return gittest.Git(t, work, "rev-parse", "HEAD")
+}
+
+// Show reads branch:path in the bare repository; ok is false when absent.
+func Show(bare, branch, path string) ([]byte, bool) {
+	out, err := exec.Command("git", "--git-dir", bare, "show", branch+":"+path).Output()
+	return out, err == nil
+}
+
+// Status is host's status file on gitfleet/status, nil before its agent
+// wrote one; a file that does not parse fails the test.
+func Status(t testing.TB, bare, host string) *status.Status {
+	t.Helper()
+	b, ok := Show(bare, agent.StatusBranch, status.Path(host))
+	if !ok {
+		return nil
+	}
+	st, err := status.Parse(status.Path(host), b)
+	require.NoError(t, err)
+	return st
+}
+
+// Snapshot is host's snapshot on gitfleet/snapshots, nil before the
+// controller published one; a file that does not parse fails the test.
+func Snapshot(t testing.TB, bare, host string) *snapshots.Snapshot {
+	t.Helper()
+	b, ok := Show(bare, agent.SnapshotsBranch, snapshots.Path(host))
+	if !ok {
+		return nil
+	}
+	s, err := snapshots.ParseSnapshot(b)
+	require.NoError(t, err)
+	return s
+}
+
+// BuildBinary builds cmd/gitfleet into a new temporary directory named
+// after prefix and returns the binary's path; remove drops the directory.
+// For a TestMain: the error carries go build's output.
+func BuildBinary(prefix string) (binary string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", nil, err
+	}
+	remove = func() { os.RemoveAll(dir) }
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	binary = filepath.Join(dir, "gitfleet")
+	if out, err := exec.Command(goBin, "build", "-o", binary, "github.com/gitfleet/gitfleet/cmd/gitfleet").CombinedOutput(); err != nil {
+		remove()
+		return "", nil, fmt.Errorf("go build gitfleet: %v\n%s", err, out)
+	}
+	return binary, remove, nil
+}
