@@ -288,14 +288,22 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	}
 	res.Rejected = loadErr
 
-	// Step 2: read the hosts' statuses; a failure disables the sweep.
+	// Step 2: read the hosts' statuses; a failure disables the sweep. A
+	// remote that stalls ends the pass: every later step waits on it too,
+	// and a pass must not cost a git timeout per step.
 	obs := c.observe(ctx, fl, now)
+	if errors.Is(obs.err, gitsource.ErrTimeout) {
+		return res, fmt.Errorf("%w: read the statuses: %w", ErrUnreadable, obs.err)
+	}
 
 	// Skip work when nothing observable changed since a pass that left
 	// nothing waiting (lastKey, set at the end of a pass).
 	// The snapshots tip is in the key too (the ref advertisement only): a
 	// hand edit of the snapshots branch is repaired at the next pass.
-	snapsTip, _ := c.tips.RemoteHead(ctx, c.cfg.SnapshotsBranch)
+	snapsTip, err := c.tips.RemoteHead(ctx, c.cfg.SnapshotsBranch)
+	if errors.Is(err, gitsource.ErrTimeout) {
+		return res, fmt.Errorf("%w: read the snapshots branch: %w", ErrUnreadable, err)
+	}
 	offlineSet := c.live.offlineSet(now)
 	keyAt := func(snaps string) string {
 		return fmt.Sprintf("%s|%s|%s|%v|%s", head, snaps, obs.tip, obs.err == nil, offlineSet)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/redact"
 	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/status"
@@ -103,11 +104,13 @@ func backoff(interval time.Duration, n int) time.Duration {
 // outcome and reason: a pass that fails the same way every interval
 // commits nothing. A controller that has not completed a pass since it
 // started writes nothing — it may not be the one the branches belong to —
-// nor does one refused because the ledger names another branch or path.
+// nor does one refused because the ledger names another branch or path,
+// nor one whose remote timed out (the write would wait on it again).
 // The write is best effort (git may be what failed); the next pass that
 // acts removes the record. Caller holds c.mu.
 func (c *Controller) recordFailure(ctx context.Context, outcome Outcome, err error) {
-	if c.lastSummary == nil || errors.Is(err, ErrLedgerMismatch) || ctx.Err() != nil {
+	if c.lastSummary == nil || errors.Is(err, ErrLedgerMismatch) || errors.Is(err, gitsource.ErrTimeout) || ctx.Err() != nil {
+		// A stalled remote would stall the record's write too.
 		return
 	}
 	reason := safetext.Lines(redact.Text(err.Error()))

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -376,6 +378,51 @@ func TestControllerOnceAgainstAStalledRemote(t *testing.T) {
 	}
 	if got := gittest.Git(t, bare, "branch", "--list", "gitfleet/*"); got != "" {
 		t.Errorf("branches written: %s", got)
+	}
+}
+
+// A remote that starts to stall partway through a pass costs the pass one
+// git timeout, never one per step: the pass ends at the first operation
+// that times out. The server answers its first n requests and stalls every
+// later one until its client leaves; for every n, at most one request of a
+// --once run stalls, and nothing stalled is ever followed by a write.
+func TestControllerOnceStopsAtTheFirstStall(t *testing.T) {
+	root := t.TempDir()
+	bare := filepath.Join(root, "fleet.git")
+	gittest.Git(t, "", "init", "--quiet", "--bare", "--initial-branch=main", bare)
+	gittest.Commit(t, bare, gittest.Edit{Write: map[string]string{"hosts/hv-a.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {capacity: {vcpus: 1, memoryMB: 512}}\n"}})
+	gittest.Git(t, bare, "config", "http.receivepack", "true") // anonymous pushes, as the controller's
+	var answer, stalled atomic.Int64
+	done := make(chan struct{})
+	url := gittest.ServeWith(t, root, gittest.ServeOptions{Wrap: func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if answer.Add(-1) < 0 {
+				stalled.Add(1)
+				select { // until the client leaves, or the test ends
+				case <-r.Context().Done():
+				case <-done:
+				}
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	}}) + "/fleet.git"
+	t.Cleanup(func() { close(done) }) // before the server's own cleanup closes it
+	for n := int64(0); n <= 12; n++ {
+		answer.Store(n)
+		stalled.Store(0)
+		start := time.Now()
+		code, _, stderr := runCLIStderr(t, "controller", "--repo", url, "--once", "--git-timeout", "1s", "--cache-dir", filepath.Join(t.TempDir(), "cache"))
+		t.Logf("stall after %d requests: exit %d after %v, %d request(s) stalled", n, code, time.Since(start).Round(time.Millisecond), stalled.Load())
+		if s := stalled.Load(); s > 1 {
+			t.Errorf("stall after %d requests: %d requests waited for the timeout, want at most 1:\n%s", n, s, stderr)
+		}
+		if stalled.Load() == 1 && (code != 1 || !strings.Contains(stderr, "unreadable")) {
+			t.Errorf("stall after %d requests: exit %d, want 1 and unreadable:\n%s", n, code, stderr)
+		}
+		if stalled.Load() == 0 && code != 0 {
+			t.Errorf("stall after %d requests, none reached: exit %d, want 0:\n%s", n, code, stderr)
+		}
 	}
 }
 

@@ -82,6 +82,9 @@ type ServeOptions struct {
 	// Username and Password, when set, are required as HTTP basic auth on
 	// every request.
 	Username, Password string
+	// Wrap, when set, wraps the git handler (after the auth check): a
+	// test's own misbehaviour in front of a real git.
+	Wrap func(http.Handler) http.Handler
 }
 
 // Serve serves every repository under projectRoot over git's smart HTTP
@@ -123,6 +126,9 @@ func ServeWith(t testing.TB, projectRoot string, opts ServeOptions) string {
 			}
 			backend.ServeHTTP(w, req)
 		})
+	}
+	if opts.Wrap != nil {
+		h = opts.Wrap(h)
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
