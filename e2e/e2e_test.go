@@ -526,7 +526,7 @@ func TestVMLifecycle(t *testing.T) {
 		return v != nil && v.Tombstoned && v.Tombstone != nil, fmt.Sprintf("%+v", v)
 	})
 	if ts := f.snapshot().VM(vm).Tombstone; assert.NotNil(t, ts) {
-		assert.Equal(t, removal, ts.Commit, "the tombstone names the removing commit")
+		assert.Equal(t, removal, string(ts.Commit), "the tombstone names the removing commit")
 		assert.Contains(t, ts.Author, "E2E Person")
 	}
 	var since time.Time
