@@ -34,7 +34,8 @@ func (c *collecting) CollectImages(_ context.Context, vms []agent.Machine, grace
 	sort.Strings(names)
 	c.passes = append(c.passes, names)
 	c.grace = grace
-	return agent.ImageCollection{}, nil
+	// As a cache holding one artifact in use (1 GiB) and one removed.
+	return agent.ImageCollection{Removed: []string{"old"}, RemovedBytes: 512, Kept: 1, KeptBytes: 1 << 30}, nil
 }
 
 func (c *collecting) calls() [][]string {

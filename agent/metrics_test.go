@@ -74,6 +74,8 @@ func TestEngineMetrics(t *testing.T) {
 	assert.Equal(t, 2.0, value(t, reg, "gitfleet_agent_create_attempts_total", "result", "ok"))
 	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_create_attempts_total", "result", "failed"))
 	assert.GreaterOrEqual(t, value(t, reg, "gitfleet_agent_vm_pass_seconds"), 3.0)
+	assert.Equal(t, float64(1<<30), value(t, reg, "gitfleet_agent_image_cache_bytes"), "the size the last collection kept")
+	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_image_cache_removed_total"))
 
 	f.step(snap(2, vm("web-01")))
 	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_fence_violation"), "an older epoch fences the host")
