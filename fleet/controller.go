@@ -552,12 +552,6 @@ func (c *Controller) specHashes(fl *desired.Fleet) map[*desired.VM]desired.Hash 
 	return next
 }
 
-// MaxLedgerBytes is the largest ledger.yaml the controller reads (64 MiB;
-// ten thousand objects take a few). A bigger one is refused by its size
-// before it is read: the pass fails and says so, as for a ledger that does
-// not parse.
-const MaxLedgerBytes = 64 << 20
-
 // bounded is read limited to files of max bytes at tip, checked before a
 // file is read (gitsource.ErrFileTooLarge); read as it is when the branch
 // has no tip yet.
@@ -574,7 +568,7 @@ func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*s
 	if tip != "" && tip == c.ledgerTip && c.ledger != nil {
 		return c.ledger, nil
 	}
-	l, err := snapshots.LedgerAt(c.bounded(tip, read, MaxLedgerBytes))
+	l, err := snapshots.LedgerAt(c.bounded(tip, read, snapshots.MaxLedgerBytes))
 	if err != nil {
 		return nil, err
 	}

@@ -63,20 +63,30 @@ func LedgerAt(read func(path string) ([]byte, error)) (*Ledger, error) {
 	return ParseLedger(data)
 }
 
-// ReadLedger fetches branch of repo and reads the ledger at its tip. It
-// returns a nil ledger and nil error when the branch or its ledger does
-// not exist yet (the controller has not published), and the tip it read
-// ("" when the branch is missing). Any other error is git's, or the
-// ledger's (ParseLedger), and wraps the branch name.
+// MaxLedgerBytes is the largest ledger.yaml gitfleet reads (64 MiB; ten
+// thousand objects take a few). A bigger one is refused by its size before
+// it is read: the controller's pass fails and says so, as for a ledger that
+// does not parse.
+const MaxLedgerBytes = 64 << 20
+
+// ReadLedger reads the ledger at the tip of branch, for the ledger's
+// readers (plan, status, the demo; never the controller, its writer): the
+// branch on repo's remote, or, when the remote is a local clone without it,
+// the clone's remote-tracking copy (gitsource.Repo.ResolveTracking), which
+// is all a CI checkout has. It returns a nil ledger and nil error when the
+// branch or its ledger does not exist yet (the controller has not
+// published), and the tip it read ("" when the branch is missing). Any
+// other error is git's, or the ledger's (over MaxLedgerBytes, or
+// ParseLedger's), and wraps the branch name.
 func ReadLedger(ctx context.Context, repo *gitsource.Repo, branch string) (*Ledger, string, error) {
-	tip, err := repo.Fetch(ctx, branch)
+	tip, _, err := repo.ResolveTracking(ctx, branch)
 	if errors.Is(err, gitsource.ErrBranchNotFound) {
 		return nil, "", nil
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("fetch %s: %w", branch, err)
 	}
-	data, err := repo.ReadFile(tip, LedgerPath)
+	data, err := repo.ReadFileMax(tip, LedgerPath, MaxLedgerBytes)
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, tip, nil
 	}

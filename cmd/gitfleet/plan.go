@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/snapshots"
@@ -180,16 +179,12 @@ func writePlan(out io.Writer, p *desired.Plan, format string) error {
 // empty one and a warning, since un-deletes then show as creates and a
 // broken base cannot fall back to the applied commit.
 func planLedger(ctx context.Context, repo *gitsource.Repo, branch string) (*snapshots.Ledger, []string) {
-	tip, _, err := repo.ResolveTracking(ctx, branch)
-	if errors.Is(err, gitsource.ErrBranchNotFound) {
-		return snapshots.NewLedger(), nil
-	}
-	var l *snapshots.Ledger
-	if err == nil {
-		l, err = snapshots.LedgerAt(func(p string) ([]byte, error) { return repo.ReadFileMax(tip, p, fleet.MaxLedgerBytes) })
-	}
-	if err != nil {
+	l, _, err := snapshots.ReadLedger(ctx, repo, branch)
+	switch {
+	case err != nil:
 		return snapshots.NewLedger(), []string{fmt.Sprintf("the controller's ledger on %s cannot be read (%v): planned without it, so pending deletes show as creates and a broken base has no applied commit to fall back to", branch, err)}
+	case l == nil:
+		return snapshots.NewLedger(), nil
 	}
 	return l, nil
 }
