@@ -52,6 +52,12 @@ var (
 	// ErrVolumeMissing: a volume the VM names is not on this host yet. It is
 	// checked again on every tick and spends no create attempt.
 	ErrVolumeMissing = errors.New("volume not present on this host")
+	// ErrNetworkMissing: the host network a VM's spec.network names is not
+	// on this host yet (a bridge network whose bridge does not exist; the
+	// agent never creates one). A create or an edit that meets it waits: it
+	// is checked again on every tick, spends no attempt, and the VM comes
+	// up at the first tick after the bridge appears.
+	ErrNetworkMissing = errors.New("waiting for it; checked again every tick, no create attempt spent")
 	// ErrVolumeUnusable: something is at a volume's path but it cannot be
 	// attached: a symlink to nothing (checked again on every tick, spends
 	// no create attempt) or not a regular file (a permanent error). The
@@ -599,7 +605,8 @@ func (e *Engine) kickAll(vols []status.Volume, orphans []string) {
 }
 
 // reconcileNetworks has a NetworkReconciler make the snapshot's host
-// networks real, keeping every network a VM record names.
+// networks real, ready for the VMs the snapshot puts on them, keeping
+// every network a VM record names.
 func (e *Engine) reconcileNetworks(ctx context.Context, snap *snapshots.Snapshot) {
 	nr, ok := e.prov.(NetworkReconciler)
 	if !ok {
@@ -615,8 +622,23 @@ func (e *Engine) reconcileNetworks(ctx context.Context, snap *snapshots.Snapshot
 	if len(e.bad) > 0 {
 		inUse = nil // an unreadable record may name any network
 	}
+	var members []NetworkMember
+	for _, vm := range snap.VMs {
+		if vm.Tombstoned || vm.Spec.Network == "" {
+			continue
+		}
+		if _, ok := snap.HostSpec.Networks[vm.Spec.Network]; !ok {
+			continue
+		}
+		m := NetworkMember{VM: vm.Name, Network: vm.Spec.Network, Static: vm.Spec.Static}
+		if rec := e.recs[vm.Name]; rec != nil && rec.BootID != "" {
+			m.Static = rec.Spec.Static // static is first-boot-only
+		}
+		members = append(members, m)
+	}
+	sort.Slice(members, func(i, j int) bool { return members[i].VM < members[j].VM })
 	e.mu.Unlock()
-	if err := nr.ReconcileNetworks(ctx, snap.HostSpec.Networks, inUse); err != nil {
+	if err := nr.ReconcileNetworks(ctx, snap.HostSpec.Networks, members, inUse); err != nil {
 		e.log.WithError(err).Warn("host networks")
 	}
 }

@@ -713,20 +713,24 @@ func TestALostVMIsBootedAgain(t *testing.T) {
 	}
 }
 
+// A failed boot says why in one chain: the step, then the backend's error,
+// which carries the hypervisor's account of that boot. The account of the
+// run that was lost before it (FailureReason) is never appended: it
+// belongs to another run.
 func TestAFailedBootSaysWhyAndIsRetried(t *testing.T) {
 	cases := []struct {
-		reason, want string
+		err, lastRun, want string
 	}{
-		{reason: "qemu: could not open disk image: Permission denied", want: "boot: start failed: qemu: could not open disk image: Permission denied"},
-		{reason: "", want: "boot: start failed"},
+		{err: "qemu exited: exit status 1: qemu: could not open disk image: Permission denied", want: "boot: qemu exited: exit status 1: qemu: could not open disk image: Permission denied"},
+		{err: "root disk: missing", lastRun: "qemu-system-x86_64: terminating on signal 15", want: "boot: root disk: missing"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.want, func(t *testing.T) {
 			f := newFixture(t)
 			f.step(snap(1, vm("web-01")))
 			f.prov.Crash("web-01")
-			f.prov.FailOnce(agenttest.OpBoot, errors.New("start failed"))
-			f.prov.SetFailureReason("web-01", tc.reason)
+			f.prov.FailOnce(agenttest.OpBoot, errors.New(tc.err))
+			f.prov.SetFailureReason("web-01", tc.lastRun)
 			r := row(t, f.step(snap(1, vm("web-01"))), "web-01")
 			assert.Equal(t, status.PhaseFailed, r.Phase)
 			assert.Equal(t, tc.want, r.LastError)

@@ -160,7 +160,7 @@ func New(cfg Config) (*Controller, error) {
 		repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: cfg.URL, CacheDir: cfg.CacheDir,
 			Auth: cfg.Auth, Timeout: cfg.GitTimeout, Logger: cfg.Logger})
 		if err != nil {
-			return nil, fmt.Errorf("open %s: %w", cfg.URL, err)
+			return nil, err // "open git source URL: …"
 		}
 		c.repo = repo
 	}

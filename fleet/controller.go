@@ -132,7 +132,7 @@ func (c *Controller) renewTips() error {
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: c.cfg.URL, Auth: c.cfg.Auth,
 		CacheDir: c.cfg.TipsCacheDir, Depth: 1, Timeout: c.cfg.GitTimeout, Logger: c.cfg.Logger})
 	if err != nil {
-		return fmt.Errorf("open %s: %w", c.cfg.URL, err)
+		return err // "open git source URL: …"
 	}
 	c.tips = repo
 	if c.cfg.TipsCacheDir == "" {
@@ -497,7 +497,7 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 		return "", nil, fmt.Errorf("the desired branch %q is missing from the repository (deleted, or never pushed): %w", c.cfg.Branch, err)
 	}
 	if err != nil {
-		return "", nil, fmt.Errorf("fetch %s: %w", c.cfg.Branch, err)
+		return "", nil, err // gitsource names the branch and the remote
 	}
 	if head == c.loadedHead && c.loadedFleet != nil {
 		return head, c.loadedFleet, nil
@@ -523,7 +523,7 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 		return "", nil, nil
 	}
 	if err != nil {
-		return "", nil, fmt.Errorf("fetch %s: %w", c.cfg.StatusBranch, err)
+		return "", nil, err // gitsource names the branch and the remote
 	}
 	tree, err := c.tips.Tree(tip, "")
 	if err != nil {

@@ -60,7 +60,7 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 		return nil, fmt.Errorf("backend %s: %w", c.Backend, err)
 	}
 	if err := prov.Preflight(ctx); err != nil {
-		return nil, fmt.Errorf("backend %s: %w", c.Backend, err)
+		return nil, fmt.Errorf("backend %s: preflight: %w", c.Backend, err)
 	}
 	repo, err := gitsource.Open(ctx, gitsource.Options{
 		URL: c.RepoURL, CacheDir: orUnder(c.GitCacheDir, store, "git"), Auth: c.Auth, Depth: 1,
