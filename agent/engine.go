@@ -116,8 +116,8 @@ type EngineConfig struct {
 // Settle waits for them. Report describes the host at any time.
 //
 // Records live in memory and are written through to the Store on every
-// change; they are read from disk once, at the first tick, so an idle tick
-// touches no file.
+// change; they are read from disk once, by NewEngine (or, when that
+// failed, the first tick), so an idle tick touches no file.
 //
 // Methods are safe for concurrent use. Close ends the workers.
 type Engine struct {
@@ -132,11 +132,14 @@ type Engine struct {
 	admitMu sync.Mutex // serializes admission across workers
 	tickMu  sync.Mutex // one Tick at a time
 
-	mu        sync.Mutex
-	idle      *sync.Cond // signalled when inflight drops to 0
-	inflight  int
-	closed    bool
-	loaded    bool
+	mu       sync.Mutex
+	idle     *sync.Cond // signalled when inflight drops to 0
+	inflight int
+	closed   bool
+	loaded   bool
+	// ticked is set by the first Tick: before it no pass runs, not even
+	// one the readiness watch would kick.
+	ticked    bool
 	recs      map[string]*Record  // treat values as immutable: replace, never mutate
 	bad       map[string]error    // names whose records cannot be read
 	snap      *snapshots.Snapshot // last accepted
@@ -249,6 +252,13 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		// the epoch and the hash: the snapshot on disk is the witness.
 		e.lastHash = e.snapHash
 	}
+	// The records are read now, not at the first tick, so that a status
+	// written before it (the agent's git loop starts at once) shows each
+	// VM as its record says, with its phase and why it is not ready,
+	// never as pending. A failure is read again by the first tick.
+	if err := e.load(); err != nil {
+		e.log.WithError(err).Warn("vm records not read; reading them at the first tick")
+	}
 	e.wg.Add(1)
 	go e.watchReadiness()
 	cfg.Metrics.watch(e)
@@ -283,7 +293,7 @@ func (e *Engine) kickAnswered() {
 	type watched struct{ name, phase, lastError string }
 	e.mu.Lock()
 	var recs []watched
-	if !e.closed && !e.fenced {
+	if !e.closed && !e.fenced && e.ticked {
 		for _, rec := range e.recs {
 			if rec.Phase == status.PhaseBooting || rec.Phase == status.PhaseReady {
 				recs = append(recs, watched{rec.Name, rec.Phase, rec.LastError})
@@ -596,6 +606,7 @@ func (e *Engine) kickAll(vols []status.Volume, orphans []string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.volumes, e.orphans = vols, orphans
+	e.ticked = true
 	for _, name := range e.namesLocked() {
 		if !validName(name) || e.bad[name] != nil {
 			continue // reported, never acted on

@@ -306,10 +306,17 @@ func TestAnUnreadableRecordIsLeftAloneNeverCreatedOver(t *testing.T) {
 
 func TestRecordsThatCannotBeListedStopTheTick(t *testing.T) {
 	f := newFixture(t)
+	f.eng.Close(context.Background())
 	vms := filepath.Join(f.dir, "vms")
 	require.NoError(t, os.RemoveAll(vms))
 	require.NoError(t, os.WriteFile(vms, nil, 0o600)) // not a directory: ReadDir fails
-	err := f.eng.Tick(context.Background(), snap(1, vm("web-01")))
+	// The engine reads the records when it starts (over the store opened
+	// before the damage); it cannot, and its ticks must not act either.
+	eng, err := agent.NewEngine(f.config())
+	require.NoError(t, err)
+	f.eng = eng
+	t.Cleanup(func() { eng.Close(context.Background()) })
+	err = f.eng.Tick(context.Background(), snap(1, vm("web-01")))
 	require.Error(t, err)
 	require.NoError(t, f.eng.Settle(context.Background()))
 	assert.Empty(t, f.prov.AllCalls(), "an unlisted VM would look like one to create")
