@@ -222,8 +222,20 @@ func (d *nodeDecoder) object(root *yaml.Node) *object {
 		obj = &object{kind: KindHost, name: doc.Metadata.Name, host: &Host{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
 	}
 	d.check(obj)
+	if obj != nil && obj.vm != nil {
+		obj.vm.fieldAt = make(map[string]Origin, len(artifactURLFields))
+		for _, f := range artifactURLFields {
+			if fp, ok := d.pos[f]; ok {
+				obj.vm.fieldAt[f] = Origin{File: d.file, Line: fp.val.line, Col: fp.val.col}
+			}
+		}
+	}
 	return obj
 }
+
+// artifactURLFields are the VM fields naming a URL the agent fetches, whose
+// positions FileURLWarnings points at.
+var artifactURLFields = []string{"spec.image.url", "spec.kernel.url", "spec.kernel.initrd.url"}
 
 // decodeEnvelope reports unknown and duplicate top-level fields and the
 // metadata's errors of an object whose kind is missing or unknown.

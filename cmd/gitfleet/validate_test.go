@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -101,7 +102,10 @@ func TestValidateFlagsFileURLs(t *testing.T) {
 	vm := strings.Replace(testVM("a", "1"), "https://example.org/i.qcow2", "file:///etc/shadow", 1)
 	dir := writeFleet(t, map[string]string{"h.yaml": testHost, "vms/a.yaml": vm})
 	code, out := runCLI(t, "validate", dir)
-	want := "warning: " + dir + "/vms/a.yaml:1: vm a: spec.image.url is a file:// URL (a path on the host): agents refuse it unless their artifacts.fileRoots allow its directory\n"
+	// At the URL itself, FILE:LINE:COL like every other message.
+	before := vm[:strings.Index(vm, "file:///etc/shadow")]
+	line, col := strings.Count(before, "\n")+1, len(before)-strings.LastIndex(before, "\n")
+	want := fmt.Sprintf("warning: %s/vms/a.yaml:%d:%d: vm a: spec.image.url is a file:// URL (a path on the host): agents refuse it unless their artifacts.fileRoots allow its directory\n", dir, line, col)
 	if code != 0 || !strings.Contains(out, want) {
 		t.Errorf("exit %d, output %q, want it to contain %q", code, out, want)
 	}
