@@ -77,7 +77,7 @@ func TestValidate(t *testing.T) {
 			"{DIR}/vms/b.yaml:6:10: spec.vcpus: must be an integer, got the string \"1\"\n" +
 				"{DIR}/vms/c.yaml:3:18: metadata.name: VM \"a\" is also defined in {DIR}/vms/a.yaml:3:18; names are unique per kind\n"},
 		{"capacity", []string{"validate", writeFleet(t, map[string]string{"h.yaml": testHost, "a.yaml": testVM("a", "2"), "b.yaml": testVM("b", "1")})}, 1,
-			"{TMP}/h.yaml:4:26: spec.capacity.vcpus: the 2 VMs on this host ask for 3 vCPUs in all, more than its capacity of 2\n"},
+			"{TMP}/h.yaml:4:26: spec.capacity.vcpus: the 2 VMs on this host ask for 3 vCPUs in all, more than its capacity of 2: a ({TMP}/a.yaml:3:18) asks 2, b ({TMP}/b.yaml:3:18) asks 1\n"},
 		{"too many arguments", []string{"validate", good, bad}, 2, ""},
 		{"not a directory", []string{"validate", filepath.Join(good, "h.yaml")}, 2, ""},
 		{"missing directory", []string{"validate", filepath.Join(good, "nope")}, 2, ""},
