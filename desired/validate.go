@@ -391,7 +391,7 @@ func (d *nodeDecoder) checkStatic(s *VMSpec) {
 // as the reference and the error is reported on the later one. complete is
 // false when some files were rejected: then the checks that an object
 // exists, and the capacity sums, are skipped.
-func crossCheck(objs []*object, complete bool) []*Error {
+func crossCheck(objs []*object, complete bool, unchanged map[*object]bool) []*Error {
 	var errs []*Error
 	add := func(o *object, p pos, field, format string, args ...any) {
 		errs = append(errs, &Error{File: o.origin().File, Line: p.line, Col: p.col, Field: field, Msg: fmt.Sprintf(format, args...)})
@@ -411,9 +411,19 @@ func crossCheck(objs []*object, complete bool) []*Error {
 			m = vms
 		}
 		if first, ok := m[o.name]; ok {
-			add(o, o.at.name, "metadata.name", "%s %q is also defined in %s:%d:%d; names are unique per kind",
-				o.kind, o.name, first.origin().File, first.at.name.line, first.at.name.col)
-			duplicate[o] = true
+			added, existing := o, first
+			if unchanged[o] && !unchanged[first] {
+				// The earlier path is the one the change added.
+				added, existing = first, o
+				m[o.name] = o
+			}
+			since := ""
+			if unchanged[existing] && !unchanged[added] {
+				since = ", defined before this change"
+			}
+			add(added, added.at.name, "metadata.name", "%s %q is also defined in %s:%d:%d%s; names are unique per kind",
+				added.kind, added.name, existing.origin().File, existing.at.name.line, existing.at.name.col, since)
+			duplicate[added] = true
 			continue
 		}
 		m[o.name] = o

@@ -44,6 +44,9 @@ type Controller struct {
 	// not loaded again.
 	loadedHead  string
 	loadedFleet *desired.Fleet
+	// baseline is the applied commit whose tree the loader compares a
+	// new head with (desired.Loader.SetBaseline); "" when none is set.
+	baseline desired.Hash
 	// ledger cache: the snapshots tip and its parsed ledger.
 	ledgerTip string
 	ledger    *snapshots.Ledger
@@ -506,6 +509,7 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 	if err != nil {
 		return head, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(head).Short(), err)
 	}
+	c.setBaseline()
 	fl, err := c.loader.Load(tree)
 	if err != nil {
 		return head, nil, err
@@ -513,6 +517,36 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 	c.loadedHead, c.loadedFleet = head, fl
 	c.hashes = c.specHashes(fl)
 	return head, fl, nil
+}
+
+// setBaseline gives the loader the tree of the commit the ledger last
+// read says is applied, so that a name defined twice is reported at the
+// file the change added. Best effort: without a ledger yet (the first
+// pass), or when that commit cannot be read (a force-push dropped it),
+// the loader has no baseline and reports the later path.
+func (c *Controller) setBaseline() {
+	var applied desired.Hash
+	if c.ledger != nil && c.ledger.Applied != nil {
+		applied = c.ledger.Applied.Commit
+	}
+	if applied == c.baseline {
+		return
+	}
+	var tree desired.Tree
+	if applied != "" {
+		t, err := c.repo.Tree(string(applied), "")
+		if err != nil {
+			c.log.WithError(err).WithField("commit", applied.Short()).Debug("applied commit unreadable; duplicate names are reported at the later path")
+		} else {
+			tree = t
+		}
+	}
+	if err := c.loader.SetBaseline(tree); err != nil {
+		c.log.WithError(err).Debug("baseline not set")
+		_ = c.loader.SetBaseline(nil)
+		applied = ""
+	}
+	c.baseline = applied
 }
 
 // readStatuses fetches the status branch (absent: no statuses yet) and

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/internal/errchain"
 	"github.com/gitfleet/gitfleet/snapshots"
 )
@@ -39,5 +40,23 @@ func TestGitFailuresReadAsOneChain(t *testing.T) {
 			t.Errorf("%s: %q names the remote twice", what, err)
 		}
 		t.Logf("%s: %v", what, err)
+	}
+}
+
+// A commit that defines a VM's name a second time is rejected with the
+// error at the file it added, relative to the applied commit: not at
+// whichever of the two paths sorts later.
+func TestADuplicateIsReportedAtTheFileTheChangeAdded(t *testing.T) {
+	e := newEnv(t, map[string]string{"hosts/hv-a.yaml": hostYAML("hv-a"), "vms/zz-web.yaml": vmYAML("web-01", "hv-a", 1)})
+	e.pass()
+	e.commit(gittest.Edit{Write: map[string]string{"vms/aa-copy.yaml": vmYAML("web-01", "hv-a", 1)}})
+	res := e.pass()
+	if res.Rejected == nil {
+		t.Fatal("a duplicate name was not rejected")
+	}
+	msg := res.Rejected.Error()
+	if !strings.Contains(msg, `vms/aa-copy.yaml:`) || !strings.Contains(msg, `VM "web-01" is also defined in vms/zz-web.yaml:`) ||
+		!strings.Contains(msg, "defined before this change") {
+		t.Errorf("rejected with %q; want it at vms/aa-copy.yaml, naming vms/zz-web.yaml as the existing definition", msg)
 	}
 }

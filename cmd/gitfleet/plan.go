@@ -36,7 +36,14 @@ that they changed. --format markdown is a pull-request comment.
 A revision is a branch name or a commit hash (full or at least 4 hex
 digits) on any repository; when --repo is a local repository (a path or
 file:// URL naming its top directory) it is any git revision expression
-there too: HEAD, HEAD~1, main~1, origin/main, a tag.
+there too: HEAD, HEAD~1, main~1, origin/main, a tag. For the first commit
+of a repository, --base ` + nullCommit + ` (git's null id, which
+GitHub gives as the commit before a first push) or the empty tree
+` + emptyTree + ` plans against an empty fleet: every object is a
+create.
+
+A name defined twice in head is reported at the file the change added
+(relative to the commit the controller applied, else to the base).
 
 Exit status follows head alone: 0 when head is valid, 1 when head has
 validation errors (they are printed; the controller would reject it) or git
@@ -82,6 +89,13 @@ type planSource struct {
 }
 
 func (s planSource) load(ctx context.Context, rev string) (string, *desired.Fleet, error) {
+	return s.loadAgainst(ctx, rev, "")
+}
+
+// loadAgainst is load with baseline, a commit whose tree says which file
+// a change added (desired.Loader.SetBaseline): a name defined twice is
+// reported there. An unreadable baseline is no baseline.
+func (s planSource) loadAgainst(ctx context.Context, rev, baseline string) (string, *desired.Fleet, error) {
 	commit, err := s.repo.ResolveExpr(ctx, rev)
 	if err != nil {
 		return "", nil, err
@@ -90,8 +104,28 @@ func (s planSource) load(ctx context.Context, rev string) (string, *desired.Flee
 	if err != nil {
 		return commit, nil, err
 	}
-	f, err := desired.NewLoader(s.path).Load(tree)
+	l := desired.NewLoader(s.path)
+	if baseline != "" {
+		if bt, err := s.repo.Tree(baseline, ""); err == nil {
+			_ = l.SetBaseline(bt)
+		}
+	}
+	f, err := l.Load(tree)
 	return commit, f, err
+}
+
+// Revisions that name no commit but "nothing before": --base of a first
+// commit. NullCommit is git's null object id, which git hooks and GitHub
+// give as the commit before a branch's first push; EmptyTree is git's
+// empty tree.
+const (
+	nullCommit = "0000000000000000000000000000000000000000"
+	emptyTree  = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+)
+
+// emptyBase reports whether rev says "nothing before" (see nullCommit).
+func emptyBase(rev string) bool {
+	return rev == nullCommit || rev == emptyTree
 }
 
 func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
@@ -107,7 +141,13 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 		return err
 	}
 	warnings = append(warnings, baseWarnings...)
-	headCommit, headFleet, headErr := src.load(ctx, a.head)
+	// A name defined twice is reported at the file the change added,
+	// relative to the commit the fleet runs (else to the base).
+	baseline := appliedCommit(ledger)
+	if baseline == "" {
+		baseline = baseCommit
+	}
+	headCommit, headFleet, headErr := src.loadAgainst(ctx, a.head, baseline)
 	var list desired.ErrorList
 	if headErr != nil && !errors.As(headErr, &list) {
 		return &exitError{code: 1, err: fmt.Errorf("--head: %w", headErr)}
@@ -123,6 +163,9 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 		}
 	}
 	p.Base, p.Head = label(a.base, baseCommit), label(a.head, headCommit)
+	if emptyBase(a.base) {
+		p.Base = "(empty)"
+	}
 	p.Warnings = warnings
 	if err := writePlan(out, p, a.form); err != nil {
 		return err
@@ -135,10 +178,22 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 
 // planBase loads the base at rev. A base that does not validate is
 // replaced by the last commit the controller applied, else by an empty
-// fleet (nil), with a warning saying which.
+// fleet (nil), with a warning saying which. A base that says "nothing
+// before" (emptyBase: a first commit) is the empty fleet, and the warning
+// says so.
 func planBase(ctx context.Context, src planSource, rev string, ledger *snapshots.Ledger) (string, *desired.Fleet, []string, error) {
+	if emptyBase(rev) {
+		what := "base " + desired.Hash(rev).Short() + " is empty (a first commit: nothing before it): every object of head shows as a create"
+		if applied := appliedCommit(ledger); applied != "" {
+			what += fmt.Sprintf("; note that the controller already applied %s, which this plan does not compare with", desired.Hash(applied).Short())
+		}
+		return "", nil, []string{what}, nil
+	}
 	commit, f, err := src.load(ctx, rev)
 	var list desired.ErrorList
+	if errors.Is(err, gitsource.ErrUnknownRevision) {
+		return "", nil, nil, &exitError{code: 1, err: fmt.Errorf("--base: %w (for the first commit of a repository, plan with --base %s)", err, nullCommit)}
+	}
 	if err != nil && !errors.As(err, &list) {
 		return "", nil, nil, &exitError{code: 1, err: fmt.Errorf("--base: %w", err)}
 	}
