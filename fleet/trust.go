@@ -60,8 +60,9 @@ var ErrRangeTooLong = errors.New("too many commits since the applied one to veri
 // holds; only head when applied is "". It first walks to applied itself;
 // when the first-parent line misses it (applied reached through a merge's
 // second parent, or a rewritten history) it walks again and stops at the
-// first ancestor of applied. More than maxRangeWalk commits: the first
-// maxRangeWalk and truncated.
+// first ancestor of applied; when applied is not in the repository at all
+// (a fresh clone after a force-push), at the root. More than maxRangeWalk
+// commits: the first maxRangeWalk and truncated.
 func AppliedRange(h History, applied, head string) (commits []*gitsource.Commit, truncated bool, err error) {
 	if applied == "" {
 		c, err := h.CommitInfo(head)
@@ -93,6 +94,15 @@ func AppliedRange(h History, applied, head string) (commits []*gitsource.Commit,
 		return nil, false, fmt.Errorf("walk history from %s: %w", desired.Hash(head).Short(), err)
 	}
 	if met {
+		return commits, truncated, nil
+	}
+	if _, err := h.CommitInfo(applied); errors.Is(err, gitsource.ErrObjectMissing) {
+		// A rewritten history whose old commits this cache never held (a
+		// fresh clone after a force-push): every commit of head's line is
+		// new, as far as anything here can tell.
+		if _, err := walk(func(*gitsource.Commit) (bool, error) { return false, nil }); err != nil && !errors.Is(err, gitsource.ErrShallowHistory) {
+			return nil, false, fmt.Errorf("walk history from %s: %w", desired.Hash(head).Short(), err)
+		}
 		return commits, truncated, nil
 	}
 	if _, err := walk(func(c *gitsource.Commit) (bool, error) { return h.IsAncestor(c.Hash, applied) }); err != nil {

@@ -356,3 +356,70 @@ func TestStatusesOfUnknownHostsIgnored(t *testing.T) {
 		t.Fatal("the summary lists a forged host")
 	}
 }
+
+// AppliedRange is the first-parent commits since the applied one; when the
+// first-parent line misses it (reached through a merge's second parent) it
+// stops at the first ancestor of it; when the applied commit is not in the
+// repository at all (a fresh clone after a force-push) it is the whole
+// line.
+func TestAppliedRange(t *testing.T) {
+	dir := gittest.NewBare(t)
+	c1 := gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"a": "1"}})
+	c2 := gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"a": "2"}})
+	c3 := gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"a": "3"}})
+	gittest.SetBranch(t, dir, "side", c1)
+	s1 := gittest.Commit(t, dir, gittest.Edit{Branch: "side", Write: map[string]string{"b": "1"}})
+	m := gittest.Merge(t, dir, "side", "main", "merge main into side")
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: dir, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"main", "side"} {
+		if _, err := repo.Fetch(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hashes := func(cs []*gitsource.Commit) string {
+		var out []string
+		for _, c := range cs {
+			out = append(out, c.Hash[:7])
+		}
+		return strings.Join(out, " ")
+	}
+	short := func(hs ...string) string {
+		var out []string
+		for _, h := range hs {
+			out = append(out, h[:7])
+		}
+		return strings.Join(out, " ")
+	}
+	for _, tc := range []struct {
+		name, applied, head, want string
+	}{
+		{"linear", c1, c3, short(c3, c2)},
+		{"nothing applied yet", "", c3, short(c3)},
+		{"head is the applied", c3, c3, ""},
+		{"applied through a merge's second parent", c3, m, short(m, s1)},
+		{"applied not in the repository", strings.Repeat("ab", 20), c3, short(c3, c2, c1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, truncated, err := AppliedRange(repo, tc.applied, tc.head)
+			if err != nil || truncated || hashes(got) != tc.want {
+				t.Fatalf("range = %q, %v, %v; want %q", hashes(got), truncated, err, tc.want)
+			}
+		})
+	}
+	all, err := WithMergedCommits(repo, []*gitsource.Commit{mustInfo(t, repo, m)})
+	if err != nil || hashes(all) != short(m, c3, c2) {
+		t.Fatalf("merged commits = %q, %v; want the merge and what main brought", hashes(all), err)
+	}
+}
+
+func mustInfo(t *testing.T, repo *gitsource.Repo, h string) *gitsource.Commit {
+	t.Helper()
+	c, err := repo.CommitInfo(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
