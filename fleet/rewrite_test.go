@@ -303,6 +303,9 @@ func TestEpochJumpBeyondBoundHoldsOnlyThatHost(t *testing.T) {
 		if l := e.ledger(); l.Hosts["hv-a"].Epoch != 1 {
 			t.Fatalf("ledger followed the status to %d", l.Hosts["hv-a"].Epoch)
 		}
+		if got := metricValue(t, e.c, "gitfleet_controller_hosts_held"); got != 1 {
+			t.Fatalf("gitfleet_controller_hosts_held = %v", got)
+		}
 	}
 	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: snapshots.MaxAcceptedEpoch - 1})
 	if res := e.pass(); res.Published["hv-a"] != snapshots.MaxAcceptedEpoch || len(res.Held) != 0 {

@@ -355,6 +355,9 @@ func TestStatusesOfUnknownHostsIgnored(t *testing.T) {
 	if strings.Contains(e.summary(), "forged-0001") {
 		t.Fatal("the summary lists a forged host")
 	}
+	if got := metricValue(t, e.c, "gitfleet_controller_statuses_ignored"); got != 2001 {
+		t.Fatalf("gitfleet_controller_statuses_ignored = %v", got)
+	}
 }
 
 // AppliedRange is the first-parent commits since the applied one; when the
