@@ -108,6 +108,18 @@ type EngineConfig struct {
 	// exports this engine's report as gauges (NewMetrics).
 	Metrics *Metrics
 	Log     logrus.FieldLogger
+	// EpochReset, when set, lowers the accepted epoch from EpochReset.From
+	// to EpochReset.To when NewEngine finds exactly From accepted
+	// (Store.ResetEpoch); otherwise it does nothing.
+	EpochReset *EpochReset
+}
+
+// EpochReset is a reviewed instruction to trust a lower epoch again: the
+// agent's accepted epoch From (as its status reports lastSeenEpoch) is
+// replaced by To, below it. Naming From makes it act once, on the state it
+// was written for.
+type EpochReset struct {
+	From, To uint64
 }
 
 // Engine is the level-triggered reconcile loop of one host. Tick accepts a
@@ -221,6 +233,15 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		}
 		if err := cfg.Store.ClaimHost(cfg.Host); err != nil {
 			return nil, fmt.Errorf("new engine: %w", err)
+		}
+	}
+	if r := cfg.EpochReset; r != nil {
+		done, err := cfg.Store.ResetEpoch(r.From, r.To)
+		if err != nil {
+			return nil, fmt.Errorf("new engine: %w", err)
+		}
+		if done {
+			e.log.WithField("from", r.From).WithField("to", r.To).Warn("accepted epoch reset by the configuration's epochReset: a snapshot above the new epoch is accepted again")
 		}
 	}
 	var err error
@@ -511,6 +532,9 @@ func (e *Engine) candidate(snap *snapshots.Snapshot) (*snapshots.Snapshot, error
 	}
 	if e.cfg.Host != "" && snap.Host != e.cfg.Host {
 		return nil, fmt.Errorf("tick: snapshot is for host %q, not %q: %w", snap.Host, e.cfg.Host, ErrSnapshotInvalid)
+	}
+	if snap.Epoch > snapshots.MaxAcceptedEpoch {
+		return nil, e.fenceLocked(snap, fmt.Sprintf("snapshot epoch %d is above %d, the highest this agent accepts: it would leave no room to accept the next one (a forged or broken snapshots branch); refused, acting on nothing until an epoch within the bound is published", snap.Epoch, snapshots.MaxAcceptedEpoch))
 	}
 	if snap.Epoch < e.lastEpoch {
 		return nil, e.fenceLocked(snap, fmt.Sprintf("snapshot epoch %d is below the last accepted epoch %d (the snapshots branch was restored from an older copy?); refused, acting on nothing until a newer epoch is published", snap.Epoch, e.lastEpoch))

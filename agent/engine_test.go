@@ -1435,3 +1435,70 @@ func TestADestroyWhoseRemovalDidNotFinish(t *testing.T) {
 		})
 	}
 }
+
+// A snapshot whose epoch leaves no room to accept the next one (above
+// snapshots.MaxAcceptedEpoch, such as a forged one just under 2^53) is
+// refused like a fence violation: its tombstone destroys nothing, the
+// status says why, and the next genuine epoch is still accepted.
+func TestAnEpochWithoutRoomForTheNextIsRefused(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(5, vm("web-01")))
+	f.prov.ResetCalls()
+	for _, forged := range []uint64{snapshots.MaxAcceptedEpoch + 1, snapshots.MaxEpoch - 2, snapshots.MaxEpoch - 1} {
+		st := f.step(snap(forged, tombstoned(vm("web-01"))))
+		assert.True(t, st.FenceViolation, "epoch %d", forged)
+		assert.Contains(t, st.SnapshotError, "no room to accept the next one")
+		assert.Equal(t, uint64(5), st.LastSeenEpoch)
+	}
+	f.clock.Add(time.Hour) // past the tombstone grace
+	st := f.step(snap(snapshots.MaxEpoch-2, tombstoned(vm("web-01"))))
+	assert.Empty(t, f.prov.AllCalls(), "a refused snapshot acts on nothing")
+	assert.Empty(t, quarantined(st))
+	assert.True(t, hasRow(st, "web-01"))
+
+	st = f.step(snap(6, vm("web-01")))
+	assert.False(t, st.FenceViolation)
+	assert.Equal(t, uint64(6), st.LastSeenEpoch)
+
+	// The bound itself is accepted.
+	st = f.step(snap(snapshots.MaxAcceptedEpoch, vm("web-01")))
+	assert.False(t, st.FenceViolation)
+	assert.Equal(t, snapshots.MaxAcceptedEpoch, st.LastSeenEpoch)
+}
+
+// The documented, reviewed way to trust a lower epoch again: epochReset
+// {from, to} in the agent's configuration lowers the accepted epoch when it
+// is exactly from, forgets the snapshot accepted above to, keeps the VMs,
+// and then acts nowhere else (left in the configuration, it never acts
+// twice; a from that is not the accepted epoch does nothing).
+func TestEpochResetTrustsALowerEpochAgain(t *testing.T) {
+	f := newFixture(t)
+	high := snapshots.MaxAcceptedEpoch
+	f.step(snap(high, vm("web-01")))
+	st := f.step(snap(4, vm("web-01")))
+	require.True(t, st.FenceViolation, "a lower epoch is fenced before the reset")
+
+	f.tune = func(c *agent.EngineConfig) { c.EpochReset = &agent.EpochReset{From: high - 1, To: 3} }
+	f.restart()
+	st = f.step(snap(4, vm("web-01")))
+	require.True(t, st.FenceViolation, "a reset naming another epoch does nothing")
+
+	f.tune = func(c *agent.EngineConfig) { c.EpochReset = &agent.EpochReset{From: high, To: 3} }
+	f.restart()
+	f.prov.ResetCalls()
+	st = f.step(snap(4, vm("web-01")))
+	assert.False(t, st.FenceViolation)
+	assert.Equal(t, uint64(4), st.LastSeenEpoch)
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy), "the reset keeps the VMs")
+	assert.True(t, hasRow(st, "web-01"))
+
+	// Still configured: the next start finds epoch 4, not from, and the
+	// fence holds as usual.
+	f.restart()
+	st = f.step(snap(3, vm("web-01")))
+	assert.True(t, st.FenceViolation)
+	assert.Equal(t, uint64(4), st.LastSeenEpoch)
+
+	_, err := f.store.ResetEpoch(4, 4)
+	assert.Error(t, err, "to must be below from")
+}

@@ -9,9 +9,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 // planArgs are plan's settings: the repository, the two revisions, the
@@ -21,10 +23,15 @@ type planArgs struct {
 	repo                   config.Repo
 	base, head, path, form string
 	snapshotsBranch        string
+	// sigs and maxDeletes are the controller's guards, to say whether it
+	// would reject the head.
+	sigs       config.Signatures
+	maxDeletes int
 }
 
 func newPlanCmd() *cobra.Command {
-	a := planArgs{form: "text", snapshotsBranch: snapshots.Branch}
+	a := planArgs{form: "text", snapshotsBranch: snapshots.Branch, maxDeletes: fleet.DefaultMaxDeletes,
+		sigs: config.Signatures{Mode: string(fleet.VerifyOff)}}
 	cmd := &cobra.Command{
 		Use:   "plan --repo R --base REV --head REV",
 		Short: "Show what merging head over base would do, host by host",
@@ -54,7 +61,16 @@ snapshots branch; in a clone that has the snapshots branch only as
 origin/<branch>, as a CI checkout does, that copy), the state the fleet
 actually runs, or, when there is
 none or it does not validate either, against an empty base; a warning at
-the top of the plan says which.`,
+the top of the plan says which.
+
+Given the controller's guard settings (--verify-signatures with
+--allowed-signers or --openpgp-keyring, --max-deletes; the same variables
+as the controller's), plan lists under "Controller guards" what would make
+the controller reject the head as it stands: a commit whose signature is
+refused (base..head, first parents), or more deletes than the mass-delete
+guard allows, with the trailer "Gitfleet-Allow-Deletes: <n>" that lets
+them through. Guards do not change the exit status: a pull request's own
+commits are not what lands when it is merged through a signed web merge.`,
 		Args: cobra.NoArgs,
 	}
 	flags := config.NewFlags(cmd.Flags())
@@ -64,6 +80,8 @@ the top of the plan says which.`,
 	cmd.Flags().StringVar(&a.head, "head", "", "revision of the change: a branch or commit hash; in a local repository also HEAD, main~1, a tag")
 	cmd.Flags().StringVar(&a.form, "format", a.form, "output format: text, markdown or json")
 	cmd.Flags().StringVar(&a.snapshotsBranch, "snapshots-branch", a.snapshotsBranch, "branch the controller publishes snapshots and its ledger on")
+	a.sigs.Bind(flags)
+	flags.Int(&a.maxDeletes, "max-deletes", "GITFLEET_MAX_DELETES", "the controller's mass-delete limit (negative: off), to show whether the change needs the Gitfleet-Allow-Deletes trailer")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := flags.FromEnv(config.OS); err != nil {
 			return usageOr(err)
@@ -76,6 +94,9 @@ the top of the plan says which.`,
 		}
 		if a.form != "text" && a.form != "markdown" && a.form != "json" {
 			return &exitError{code: 2, err: fmt.Errorf("--format must be text, markdown or json, got %q", a.form)}
+		}
+		if _, _, err := a.sigs.Load(); err != nil {
+			return usageOr(err)
 		}
 		return runPlan(cmd.Context(), cmd.OutOrStdout(), a)
 	}
@@ -156,6 +177,9 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 	if headErr == nil {
 		p = desired.ComputePlan(baseFleet, headFleet, desired.PlanOptions{Pending: pendingDeletes(ledger)})
 		warnings = append(warnings, headFleet.FileURLWarnings()...)
+		if p.Guards, err = planGuards(repo, a, baseCommit, headCommit, baseFleet, p); err != nil {
+			return &exitError{code: 1, err: err}
+		}
 	} else {
 		p = &desired.Plan{Hosts: []desired.HostPlan{}}
 		for _, e := range list {
@@ -271,4 +295,69 @@ func pendingDeletes(l *snapshots.Ledger) []desired.ObjectRef {
 		refs = append(refs, desired.ObjectRef{Kind: t.Kind, Name: t.Name, Host: t.Host})
 	}
 	return refs
+}
+
+// planGuards lists what would make the controller reject head over base
+// beyond validation: a refused signature in base..head (as
+// --verify-signatures asks) and the mass-delete guard with the trailer it
+// needs. An error is git's.
+func planGuards(repo *gitsource.Repo, a planArgs, base, head string, baseFleet *desired.Fleet, p *desired.Plan) ([]string, error) {
+	var guards []string
+	mode, signers, err := a.sigs.Load()
+	if err != nil {
+		return nil, err
+	}
+	rng, truncated, err := fleet.AppliedRange(repo, base, head)
+	if err != nil {
+		return nil, err
+	}
+	if mode != fleet.VerifyOff {
+		err := fleet.Signatures{Mode: mode, Signers: signers, Repo: repo}.Verify(rng, truncated)
+		switch {
+		case errors.Is(err, trust.ErrSignature):
+			guards = append(guards, err.Error()+"; a merge or squash made in your git host's web UI is signed with its key (README: Signed changes)")
+		case err != nil:
+			return nil, err
+		}
+	}
+	d := planDeletes(baseFleet, p)
+	guard := fleet.DeleteGuard{Max: a.maxDeletes}
+	if guard.Trips(d) != "" {
+		all, err := fleet.WithMergedCommits(repo, rng)
+		if err != nil {
+			return nil, err
+		}
+		allowed, found := fleet.AllowedDeletes(all)
+		if err := guard.Check(d, allowed, found); err != nil {
+			guards = append(guards, err.Error())
+		}
+	}
+	return guards, nil
+}
+
+// planDeletes counts the plan's deletes as the mass-delete guard does:
+// VMs and volumes, host moves included, and the VMs each host held in the
+// base.
+func planDeletes(base *desired.Fleet, p *desired.Plan) fleet.Deletes {
+	d := fleet.Deletes{VMs: map[string]int{}, Held: map[string]int{}}
+	for _, h := range p.Hosts {
+		for _, c := range h.Changes {
+			if c.Action != desired.ActionDelete {
+				continue
+			}
+			switch c.Kind {
+			case desired.KindVM:
+				d.VMs[h.Host]++
+				d.Total++
+			case desired.KindVolume:
+				d.Total++
+			}
+		}
+	}
+	if base != nil {
+		for _, vm := range base.VMs {
+			d.Held[vm.Spec.Host]++
+		}
+	}
+	return d
 }

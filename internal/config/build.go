@@ -80,6 +80,7 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 		Host: c.Host, Store: store, Provisioner: prov, Metrics: metrics,
 		TombstoneGrace: c.TombstoneGrace, VanishGrace: c.VanishGrace, ImageGrace: c.ImageGrace,
 		MaxAttempts: c.MaxAttempts, VMTimeout: c.VMTimeout, ReadyTimeout: c.ReadyTimeout, Log: log,
+		EpochReset: c.EpochReset,
 	})
 	if err != nil {
 		return nil, err
