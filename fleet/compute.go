@@ -237,7 +237,9 @@ func (p *computePass) ignoreUnknownHosts() error {
 
 // recoverFence follows an agent that accepted an epoch the ledger does not
 // know (the snapshots branch was restored from an old copy): the host's
-// epoch jumps to it and its snapshot is forced out again. A jump beyond
+// epoch jumps to it and its snapshot is forced out again. An agent fenced
+// at the ledger's own epoch (it accepted other content there) gets its
+// snapshot forced out at the next epoch. A jump beyond
 // snapshots.MaxAcceptedEpoch (no agent accepts such an epoch, so the
 // status is corrupt or forged) is not followed: that host is held, and
 // every other host publishes.
@@ -251,6 +253,12 @@ func (p *computePass) recoverFence() error {
 		st := p.in.statuses[host]
 		rec := p.l.Host(host)
 		switch {
+		case st.FenceViolation && st.LastSeenEpoch == rec.Epoch:
+			// The agent accepted other content at this very epoch (the
+			// branch was recreated from nothing and counted up to it
+			// again): only a higher epoch lifts its fence.
+			rec.Hash = ""
+			p.out.fenceJumps[host] = st.LastSeenEpoch
 		case st.LastSeenEpoch <= rec.Epoch:
 		case st.LastSeenEpoch > snapshots.MaxAcceptedEpoch:
 			p.out.held[host] = fmt.Errorf("%w: host %s: its status (%s on the status branch) reports lastSeenEpoch %d, above %d, the highest epoch an agent accepts: not followed, and the host's snapshot is held; correct or remove that status file, or reset the agent's epoch (docs/DESIGN.md, \"Resetting an agent's epoch\")",
