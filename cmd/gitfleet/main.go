@@ -60,7 +60,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newVersionCmd(), newAgentCmd(), newControllerCmd(), newPlanCmd(),
-		newStatusCmd(), newValidateCmd(), newSchemaCmd(), newDemoCmd(), newConsoleCmd())
+		newStatusCmd(), newValidateCmd(), newSchemaCmd(), newDemoCmd(), newConsoleCmd(), newReconcileCmd())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return &exitError{code: 2, err: err}
 	})
