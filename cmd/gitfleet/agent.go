@@ -44,7 +44,7 @@ exits: 0 on success, 1 on failure.`,
 		if err != nil {
 			return usageOr(err)
 		}
-		c.Version = version
+		c.Version, _ = versions()
 		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		return runAgent(ctx, c, once, cmd.ErrOrStderr())
