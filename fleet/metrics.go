@@ -16,6 +16,8 @@ import (
 //	gitfleet_controller_finalized_total{how}     deletes finalized: ack or sweep
 //	gitfleet_controller_host_epoch{host}         last epoch published per host
 //	gitfleet_controller_pass_seconds             pass duration
+//	gitfleet_controller_git_seconds{op}          git operations' durations: fetch (desired, status), push (snapshots, status README)
+//	gitfleet_controller_git_errors_total{op}     failed git operations (a missing branch is an answer, not a failure)
 type metrics struct {
 	passes       *prometheus.CounterVec
 	rejected     prometheus.Counter
@@ -24,8 +26,19 @@ type metrics struct {
 	finalized    *prometheus.CounterVec
 	epochs       *prometheus.GaugeVec
 	duration     prometheus.Histogram
+	git          *prometheus.HistogramVec
+	gitErrors    *prometheus.CounterVec
 	lastRejected string
 }
+
+// Git operations, the op label of gitfleet_controller_git_seconds and
+// gitfleet_controller_git_errors_total (the agent's names).
+const (
+	GitFetch = "fetch"
+	// GitPush is a compare-and-swap write: the fetch of the tip, the
+	// commit and the push, with their retries.
+	GitPush = "push"
+)
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -43,13 +56,32 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Last snapshot epoch published per host."}, []string{"host"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gitfleet_controller_pass_seconds",
 			Help: "Duration of controller passes in seconds.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		git: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gitfleet_controller_git_seconds",
+			Help:    "Duration of git operations (fetch of the desired and status branches, push of snapshots and the status README) in seconds.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"op"}),
+		gitErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gitfleet_controller_git_errors_total",
+			Help: "Failed git operations (fetch, push)."}, []string{"op"}),
 	}
-	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration} {
+	for _, op := range []string{GitFetch, GitPush} {
+		m.git.WithLabelValues(op)
+		m.gitErrors.WithLabelValues(op)
+	}
+	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration, m.git, m.gitErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register controller metrics: %w", err)
 		}
 	}
 	return m, nil
+}
+
+// gitOp records one git operation: its duration, and an error when git
+// failed (failed is false for a success and for an answer such as a
+// missing branch).
+func (m *metrics) gitOp(op string, d time.Duration, failed bool) {
+	m.git.WithLabelValues(op).Observe(d.Seconds())
+	if failed {
+		m.gitErrors.WithLabelValues(op).Inc()
+	}
 }
 
 func (m *metrics) observe(res PassResult, outcome Outcome, d time.Duration) {

@@ -180,7 +180,7 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now tim
 		}
 	}
 	wrote := false
-	_, err := c.tips.Update(ctx, c.cfg.StatusBranch, func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
+	_, err := c.update(ctx, c.tips, c.cfg.StatusBranch, func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		wrote = false
 		files := map[string][]byte{}
 		// Each file is read up to the size it should have: a bigger
