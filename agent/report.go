@@ -118,10 +118,18 @@ func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fe
 			}
 			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhasePending, Power: string(desired.PowerStopped), SpecHash: want.SpecHash})
 		case rec.QuarantinedAt != nil:
-			st.Quarantined = append(st.Quarantined, status.Quarantine{Name: name, Since: rec.QuarantinedAt.UTC(), LastError: rec.LastError,
-				DestroyAt: rec.QuarantinedAt.Add(e.cfg.TombstoneGrace).UTC()})
+			q := status.Quarantine{Name: name, Since: rec.QuarantinedAt.UTC(), LastError: rec.LastError}
+			if e.suspended == nil {
+				// A suspended host destroys nothing: no time is promised.
+				q.DestroyAt = rec.QuarantinedAt.Add(e.cfg.TombstoneGrace).UTC()
+			}
+			st.Quarantined = append(st.Quarantined, q)
 		case want == nil:
-			st.Vanished = append(st.Vanished, e.vanishedRow(rec))
+			v := e.vanishedRow(rec)
+			if e.suspended != nil {
+				v.Reason += "; nothing is done about it while the host is suspended"
+			}
+			st.Vanished = append(st.Vanished, v)
 		default:
 			row := status.VM{
 				Name:      name,

@@ -29,7 +29,10 @@ func TestSuspendedHostActsOnNothing(t *testing.T) {
 	bare := gittest.NewBare(t)
 	clk := newClock()
 	h := newHostAgent(t, bare, clk, func(c *agent.EngineConfig) { c.TombstoneGrace = time.Minute })
-	publish(t, bare, withVolumes(snap(1, vm("web-01"), vm("db-01", volumes("data")), vm("old-01")), vol("data", 1)))
+	publish(t, bare, withVolumes(snap(1, vm("web-01"), vm("db-01", volumes("data")), vm("old-01"), vm("gone-01")), vol("data", 1)))
+	require.NoError(t, h.once())
+	// gone-01 is deleted and shut down (quarantined) before the suspension.
+	publish(t, bare, withVolumes(snap(2, vm("web-01"), vm("db-01", volumes("data")), vm("old-01"), tombstoned(vm("gone-01"))), vol("data", 1)))
 	require.NoError(t, h.once())
 	require.Equal(t, 3, h.prov.RunningCount())
 	h.prov.ResetCalls()
@@ -37,8 +40,8 @@ func TestSuspendedHostActsOnNothing(t *testing.T) {
 	// Suspended, with a delete, an edit, a create, a new volume and a
 	// guest that crashed: nothing is done about any of them.
 	h.prov.Crash("db-01")
-	publish(t, bare, suspended(withVolumes(snap(2,
-		vm("web-01", memoryMB(2048)), vm("db-01", volumes("data")), tombstoned(vm("old-01")), vm("new-01")),
+	publish(t, bare, suspended(withVolumes(snap(3,
+		vm("web-01", memoryMB(2048)), vm("db-01", volumes("data")), tombstoned(vm("old-01")), vm("new-01"), tombstoned(vm("gone-01"))),
 		vol("data", 1), vol("logs", 1)), "kernel upgrade"))
 	require.NoError(t, h.once())
 	clk.Add(time.Hour) // past the tombstone grace
@@ -51,8 +54,10 @@ func TestSuspendedHostActsOnNothing(t *testing.T) {
 
 	st := readStatus(t, bare)
 	require.NotNil(t, st)
-	assert.Equal(t, &status.Suspension{Epoch: 2, Reason: "kernel upgrade"}, st.Suspended)
-	assert.Equal(t, uint64(2), st.LastSeenEpoch, "the suspending snapshot is accepted")
+	assert.Equal(t, &status.Suspension{Epoch: 3, Reason: "kernel upgrade"}, st.Suspended)
+	assert.Equal(t, uint64(3), st.LastSeenEpoch, "the suspending snapshot is accepted")
+	require.Len(t, st.Quarantined, 1)
+	assert.True(t, st.Quarantined[0].DestroyAt.IsZero(), "no destroy time is promised while suspended")
 	phases := map[string]status.VM{}
 	for _, v := range st.VMs {
 		phases[v.Name] = v
@@ -64,8 +69,8 @@ func TestSuspendedHostActsOnNothing(t *testing.T) {
 	assert.Empty(t, st.Destroyed)
 
 	// Resumed: everything that waited happens.
-	publish(t, bare, withVolumes(snap(3,
-		vm("web-01", memoryMB(2048)), vm("db-01", volumes("data")), tombstoned(vm("old-01")), vm("new-01")),
+	publish(t, bare, withVolumes(snap(4,
+		vm("web-01", memoryMB(2048)), vm("db-01", volumes("data")), tombstoned(vm("old-01")), vm("new-01"), tombstoned(vm("gone-01"))),
 		vol("data", 1), vol("logs", 1)))
 	require.NoError(t, h.once())
 	clk.Add(time.Hour)
@@ -74,7 +79,7 @@ func TestSuspendedHostActsOnNothing(t *testing.T) {
 	st = readStatus(t, bare)
 	assert.Nil(t, st.Suspended)
 	assert.ElementsMatch(t, []string{"db-01", "new-01", "web-01"}, h.prov.Calls(agenttest.OpBoot))
-	assert.Equal(t, []string{"old-01"}, h.prov.Calls(agenttest.OpDestroy))
+	assert.ElementsMatch(t, []string{"old-01", "gone-01"}, h.prov.Calls(agenttest.OpDestroy))
 	_, err = os.Stat(mustStore(t, h.dir).VolumePath("logs"))
 	assert.NoError(t, err)
 }

@@ -381,6 +381,7 @@ func (p *Provisioner) stop(ctx context.Context, st *vmState, graceful bool, log 
 			log.WithField("step", s.name).Info("qemu stopped")
 			st.stopWatch()
 			os.Remove(sock)
+			os.Remove(st.path(SerialSocket))
 			os.Remove(st.path(PidFile))
 			return nil
 		}
