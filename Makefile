@@ -4,7 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: all build deps test vet demo bench clean
+.PHONY: all build deps test vet demo bench release clean
 
 all: build
 
@@ -27,5 +27,10 @@ demo: deps build
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+# Static binaries for linux/amd64 and arm64, a .deb of each, SHA256SUMS: dist/.
+release:
+	GO=$(GO) ./scripts/release.sh
+	GO=$(GO) ./scripts/check-release.sh
+
 clean:
-	rm -rf bin
+	rm -rf bin dist
