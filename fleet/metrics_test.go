@@ -3,8 +3,8 @@ package fleet
 import (
 	"context"
 	"io"
-	"os"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 
