@@ -18,6 +18,8 @@ import (
 //	gitfleet_controller_pass_seconds             pass duration
 //	gitfleet_controller_git_seconds{op}          git operations' durations: fetch (desired, status), push (snapshots, status README)
 //	gitfleet_controller_git_errors_total{op}     failed git operations (a missing branch is an answer, not a failure)
+//	gitfleet_controller_hosts_held               hosts whose snapshot the last pass held (epoch at the bound)
+//	gitfleet_controller_statuses_ignored         status files of hosts neither desired nor in the ledger, last pass
 type metrics struct {
 	passes       *prometheus.CounterVec
 	rejected     prometheus.Counter
@@ -28,6 +30,8 @@ type metrics struct {
 	duration     prometheus.Histogram
 	git          *prometheus.HistogramVec
 	gitErrors    *prometheus.CounterVec
+	held         prometheus.Gauge
+	ignored      prometheus.Gauge
 	lastRejected string
 }
 
@@ -56,6 +60,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Last snapshot epoch published per host."}, []string{"host"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gitfleet_controller_pass_seconds",
 			Help: "Duration of controller passes in seconds.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_hosts_held",
+			Help: "Hosts whose snapshot the last pass held because their epoch is at the bound; the others published."}),
+		ignored: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_statuses_ignored",
+			Help: "Status files of hosts neither in the desired state nor in the ledger, ignored by the last pass."}),
 		git: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gitfleet_controller_git_seconds",
 			Help:    "Duration of git operations (fetch of the desired and status branches, push of snapshots and the status README) in seconds.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"op"}),
@@ -66,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.git.WithLabelValues(op)
 		m.gitErrors.WithLabelValues(op)
 	}
-	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration, m.git, m.gitErrors} {
+	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration, m.held, m.ignored, m.git, m.gitErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register controller metrics: %w", err)
 		}
@@ -98,6 +106,8 @@ func (m *metrics) observe(res PassResult, outcome Outcome, d time.Duration) {
 		return
 	}
 	m.pending.Set(float64(res.Pending))
+	m.held.Set(float64(len(res.Held)))
+	m.ignored.Set(float64(len(res.IgnoredStatuses)))
 	m.retained.Set(float64(res.RetainedTotal))
 	m.finalized.WithLabelValues("ack").Add(float64(len(res.Finalized)))
 	m.finalized.WithLabelValues("sweep").Add(float64(len(res.Swept)))
