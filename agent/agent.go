@@ -98,6 +98,9 @@ type Agent struct {
 	fetchFailed bool
 	snapErr     string
 
+	// now carries ReconcileNow's requests to the git loop.
+	now chan struct{}
+
 	// started is when Run began (Healthz).
 	started atomic.Pointer[time.Time]
 
@@ -153,7 +156,21 @@ func New(cfg Config) (*Agent, error) {
 		cfg:    cfg,
 		source: NewSource(cfg.Repo, cfg.Host, cfg.SnapshotsBranch),
 		log:    cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
+		now:    make(chan struct{}, 1),
 	}, nil
+}
+
+// ReconcileNow asks Run for a pass at once: a fetch of the snapshot, a
+// tick on it (or on the last accepted one, when nothing new came), and a
+// status write, instead of waiting for the poll or the tick interval. It
+// never blocks and is safe from any goroutine (gitfleet agent calls it on
+// SIGHUP); requests made while one is pending are one request. A
+// suspended host's pass still acts on nothing.
+func (a *Agent) ReconcileNow() {
+	select {
+	case a.now <- struct{}{}:
+	default:
+	}
 }
 
 // Once fetches, ticks, waits for every VM's pass to finish, and writes the
@@ -183,7 +200,8 @@ func (a *Agent) Once(ctx context.Context) error {
 // reconciled against the last accepted snapshot.
 //
 // The git loop fetches the snapshot at once, whenever the snapshots branch
-// moves (polled every PollInterval; watched for a local repository), and
+// moves (polled every PollInterval; watched for a local repository), on
+// ReconcileNow (then the reconcile loop ticks even if nothing new came), and
 // again every TickInterval after a failed fetch; it writes the status when
 // its content changed (a worker's change is gathered for reportGather) or the
 // heartbeat is due.
@@ -248,20 +266,20 @@ func (a *Agent) gitLoop(ctx context.Context, fetched chan<- struct{}) {
 	moved := a.cfg.Repo.Watch(ctx, a.source.branch, a.cfg.PollInterval)
 	retry := time.NewTicker(a.cfg.TickInterval)
 	defer retry.Stop()
-	fetch := true
+	fetch, forced := true, false
 	for {
 		if fetch {
 			before := a.snapshot()
 			sctx, cancel := a.stepContext(ctx)
 			_ = a.fetch(sctx)
 			cancel()
-			if a.snapshot() != before {
+			if a.snapshot() != before || forced {
 				select {
 				case fetched <- struct{}{}:
 				default:
 				}
 			}
-			fetch = false
+			fetch, forced = false, false
 		}
 		if ctx.Err() != nil {
 			return
@@ -284,6 +302,9 @@ func (a *Agent) gitLoop(ctx context.Context, fetched chan<- struct{}) {
 			fetch = true
 		case <-retry.C:
 			fetch = a.lastFetchFailed()
+		case <-a.now:
+			a.log.Info("reconcile requested: fetching and ticking now")
+			fetch, forced = true, true
 		case <-a.cfg.Engine.Changed():
 			// Gather a burst of changes into one write.
 			select {

@@ -169,6 +169,9 @@ type Engine struct {
 	hashedSum string
 	fenced    bool
 	fenceMsg  string
+	// suspended is set while the accepted snapshot's Host spec suspends
+	// the host: no pass, volume, network or image change runs.
+	suspended *status.Suspension
 	// lastCollect is when collectImages last ran; guarded by tickMu.
 	lastCollect time.Time
 	volumes     []status.Volume
@@ -314,7 +317,7 @@ func (e *Engine) kickAnswered() {
 	type watched struct{ name, phase, lastError string }
 	e.mu.Lock()
 	var recs []watched
-	if !e.closed && !e.fenced && e.ticked {
+	if !e.closed && !e.fenced && e.ticked && e.suspended == nil {
 		for _, rec := range e.recs {
 			if rec.Phase == status.PhaseBooting || rec.Phase == status.PhaseReady {
 				recs = append(recs, watched{rec.Name, rec.Phase, rec.LastError})
@@ -342,7 +345,7 @@ func (e *Engine) kickAnswered() {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed || e.fenced {
+	if e.closed || e.fenced || e.suspended != nil {
 		return
 	}
 	for _, name := range due {
@@ -456,11 +459,24 @@ func (e *Engine) Tick(ctx context.Context, snap *snapshots.Snapshot) error {
 		return fmt.Errorf("tick: %w", err)
 	}
 	inUse := e.adopt(snap, hash)
+	if e.suspendedNow() {
+		return nil
+	}
 	vols, orphans := e.reconcileVolumes(snap, inUse)
 	e.reconcileNetworks(ctx, snap)
 	e.kickAll(vols, orphans)
 	e.collectImages(ctx, snap)
 	return nil
+}
+
+// suspendedNow reports whether the accepted snapshot suspends the host. A
+// suspended host's tick accepts snapshots (so the one that resumes it is
+// seen) and does nothing else: passes already running finish, no new one
+// starts.
+func (e *Engine) suspendedNow() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.suspended != nil
 }
 
 // collectImages has an ImageCollector remove the cached artifacts no VM of
@@ -620,8 +636,27 @@ func (e *Engine) adopt(snap *snapshots.Snapshot, hash string) map[string]bool {
 	// serialized by tickMu, changes lastEpoch: snap is now the last
 	// accepted epoch.
 	e.lastEpoch, e.lastHash = snap.Epoch, hash
+	e.adoptSuspensionLocked(snap)
 	e.retryBadLocked()
 	return e.volumesInUseLocked(snap)
+}
+
+// adoptSuspensionLocked takes the accepted snapshot's suspend setting,
+// logging when it changes.
+func (e *Engine) adoptSuspensionLocked(snap *snapshots.Snapshot) {
+	was := e.suspended
+	if !snap.HostSpec.Suspend {
+		e.suspended = nil
+		if was != nil {
+			e.log.WithField("epoch", snap.Epoch).Info("host resumed: reconciling again")
+		}
+		return
+	}
+	e.suspended = &status.Suspension{Epoch: snap.Epoch, Reason: snap.HostSpec.SuspendReason}
+	if was == nil || was.Reason != e.suspended.Reason {
+		e.log.WithField("epoch", snap.Epoch).WithField("reason", snap.HostSpec.SuspendReason).
+			Warn("host suspended by its Host spec: guests are kept as they are and nothing is acted on (no create, boot, stop, destroy, volume, network or image change) until a snapshot resumes it")
+	}
 }
 
 // kickAll publishes the volume pass's result and kicks the worker of every
@@ -842,11 +877,11 @@ func (e *Engine) Close(ctx context.Context) {
 }
 
 // view returns name's desired entry and a copy of its record; skip is true
-// when the engine is fenced or the record is unreadable.
+// when the engine is fenced or suspended, or the record is unreadable.
 func (e *Engine) view(name string) (want *snapshots.SnapshotVM, rec *Record, hostCap *desired.Capacity, hostNets map[string]desired.Network, skip bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.fenced || e.bad[name] != nil {
+	if e.fenced || e.suspended != nil || e.bad[name] != nil {
 		return nil, nil, nil, nil, true
 	}
 	if r := e.recs[name]; r != nil {

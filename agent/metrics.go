@@ -148,6 +148,7 @@ var (
 	vanishedDesc    = prometheus.NewDesc("gitfleet_agent_vms_vanished", "VMs the snapshot dropped without a tombstone, kept.", nil, nil)
 	epochDesc       = prometheus.NewDesc("gitfleet_agent_snapshot_epoch", "Epoch of the last accepted snapshot.", nil, nil)
 	fenceDesc       = prometheus.NewDesc("gitfleet_agent_fence_violation", "1 while the host refuses its snapshot (fenced), else 0.", nil, nil)
+	suspendedDesc   = prometheus.NewDesc("gitfleet_agent_suspended", "1 while the host's Host spec suspends it (it acts on nothing), else 0.", nil, nil)
 )
 
 // reportCollector exports Engine.Report as gauges at scrape time; nothing
@@ -155,7 +156,7 @@ var (
 type reportCollector struct{ m *Metrics }
 
 func (c *reportCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{vmsDesc, quarantinedDesc, vanishedDesc, epochDesc, fenceDesc} {
+	for _, d := range []*prometheus.Desc{vmsDesc, quarantinedDesc, vanishedDesc, epochDesc, fenceDesc, suspendedDesc} {
 		ch <- d
 	}
 }
@@ -185,6 +186,11 @@ func (c *reportCollector) Collect(ch chan<- prometheus.Metric) {
 		fenced = 1
 	}
 	ch <- prometheus.MustNewConstMetric(fenceDesc, prometheus.GaugeValue, fenced)
+	suspended := 0.0
+	if st.Suspended != nil {
+		suspended = 1
+	}
+	ch <- prometheus.MustNewConstMetric(suspendedDesc, prometheus.GaugeValue, suspended)
 }
 
 // Healthz answers a health check (GET /healthz): 200 "ok" while the

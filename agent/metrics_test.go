@@ -71,11 +71,15 @@ func TestEngineMetrics(t *testing.T) {
 	assert.Equal(t, 0.0, value(t, reg, "gitfleet_agent_vms", "phase", "failed"), "every phase is exported, zero included")
 	assert.Equal(t, 3.0, value(t, reg, "gitfleet_agent_snapshot_epoch"))
 	assert.Equal(t, 0.0, value(t, reg, "gitfleet_agent_fence_violation"))
+	assert.Equal(t, 0.0, value(t, reg, "gitfleet_agent_suspended"))
 	assert.Equal(t, 2.0, value(t, reg, "gitfleet_agent_create_attempts_total", "result", "ok"))
 	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_create_attempts_total", "result", "failed"))
 	assert.GreaterOrEqual(t, value(t, reg, "gitfleet_agent_vm_pass_seconds"), 3.0)
 	assert.Equal(t, float64(1<<30), value(t, reg, "gitfleet_agent_image_cache_bytes"), "the size the last collection kept")
 	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_image_cache_removed_total"))
+
+	f.step(suspended(snap(4, vm("web-01"), vm("db-01", stopped)), "maintenance"))
+	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_suspended"), "a suspended host says so")
 
 	f.step(snap(2, vm("web-01")))
 	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_fence_violation"), "an older epoch fences the host")

@@ -29,14 +29,17 @@ import (
 //   - Destroyed: every tombstoned VM of the accepted snapshot that this host
 //     no longer has, repeated on every report until the name leaves the
 //     snapshot.
-//   - Volumes and Orphans: as the last tick found them.
+//   - Volumes and Orphans: as the last tick found them (read from disk
+//     while fenced or suspended).
+//   - Suspended: set while the accepted snapshot suspends the host; VM
+//     rows then show what the provisioner observes (observeSuspended).
 //
 // The engine lock is held only to copy what the engine knows; the
 // provisioner's answers and the volume directory (read while fenced) are
 // asked for after it is released.
 func (e *Engine) Report() *status.Status {
 	st, snap, fenced := e.reportLocked()
-	if fenced {
+	if fenced || st.Suspended != nil {
 		st.Volumes, st.Orphans = e.reportVolumes(snap)
 		if st.Volumes == nil {
 			st.Volumes = []status.Volume{}
@@ -51,6 +54,9 @@ func (e *Engine) Report() *status.Status {
 			// died): ready is shown only for the boot that answered.
 			row.Phase = status.PhaseBooting
 		}
+		if st.Suspended != nil {
+			e.observeSuspended(row)
+		}
 		if row.Phase == status.PhaseCreating && progress != nil {
 			if done, total, ok := progress.VMProgress(row.Name); ok {
 				row.Message = progressMessage(done, total)
@@ -58,6 +64,23 @@ func (e *Engine) Report() *status.Status {
 		}
 	}
 	return st
+}
+
+// observeSuspended shows row as the provisioner finds the VM while the
+// host is suspended, when no pass records what changes: a booting guest
+// that answered is ready, a VM meant to run whose hypervisor is gone is
+// stopped, and the message says nothing is done about it.
+func (e *Engine) observeSuspended(row *status.VM) {
+	if row.Power != string(desired.PowerRunning) {
+		return
+	}
+	switch {
+	case !e.prov.Running(row.Name):
+		row.Phase, row.Power, row.IP, row.SSH = status.PhaseStopped, string(desired.PowerStopped), "", ""
+		row.Message = "not running; not booted again while the host is suspended"
+	case row.Phase == status.PhaseBooting && e.prov.Readiness(row.Name).Ready:
+		row.Phase = status.PhaseReady
+	}
 }
 
 // reportLocked builds Report's rows from the engine's memory under the
@@ -70,6 +93,7 @@ func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fe
 		Host:           e.cfg.Host,
 		LastSeenEpoch:  e.lastEpoch,
 		FenceViolation: e.fenced,
+		Suspended:      e.suspended,
 		SnapshotError:  e.fenceMsg,
 		VMs:            []status.VM{},
 		Quarantined:    []status.Quarantine{},
@@ -94,9 +118,18 @@ func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fe
 			}
 			st.VMs = append(st.VMs, status.VM{Name: name, Phase: status.PhasePending, Power: string(desired.PowerStopped), SpecHash: want.SpecHash})
 		case rec.QuarantinedAt != nil:
-			st.Quarantined = append(st.Quarantined, status.Quarantine{Name: name, Since: rec.QuarantinedAt.UTC(), LastError: rec.LastError})
+			q := status.Quarantine{Name: name, Since: rec.QuarantinedAt.UTC(), LastError: rec.LastError}
+			if e.suspended == nil {
+				// A suspended host destroys nothing: no time is promised.
+				q.DestroyAt = rec.QuarantinedAt.Add(e.cfg.TombstoneGrace).UTC()
+			}
+			st.Quarantined = append(st.Quarantined, q)
 		case want == nil:
-			st.Vanished = append(st.Vanished, e.vanishedRow(rec))
+			v := e.vanishedRow(rec)
+			if e.suspended != nil {
+				v.Reason += "; nothing is done about it while the host is suspended"
+			}
+			st.Vanished = append(st.Vanished, v)
 		default:
 			row := status.VM{
 				Name:      name,

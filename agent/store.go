@@ -91,6 +91,16 @@ func OpenStore(root string) (*Store, error) {
 // Root is the state directory.
 func (s *Store) Root() string { return s.root }
 
+// VMDirIn is the directory of VM name under the state directory root, as
+// Store.VMDir gives it, for a reader that does not open the store (gitfleet
+// console). It fails with ErrInvalidName when name is not a DNS label.
+func VMDirIn(root, name string) (string, error) {
+	if err := checkName("vm", name); err != nil {
+		return "", err
+	}
+	return filepath.Join(root, vmsDirName, name), nil
+}
+
 // VMDir is the directory of the VM called name. The name must have passed
 // validName.
 func (s *Store) VMDir(name string) string { return filepath.Join(s.root, vmsDirName, name) }

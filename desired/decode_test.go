@@ -275,6 +275,16 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:8:19: spec.networks.wan.bridge: "a-very-long-bridge-name" is not a Linux interface name (1 to 15 letters, digits, '-', '_' or '.')`,
 			`obj.yaml:9:5: spec.networks.dmz: needs bridge (an existing host bridge) or nat (a network the agent manages)`,
 		}},
+		{"host suspended", "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {suspend: true, suspendReason: \"kernel upgrade\"}\n", nil},
+		{"suspend reason without suspend", "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {suspend: false, suspendReason: \"maintenance\"}\n", []string{
+			`obj.yaml:4:24: spec.suspendReason: needs suspend: true (a reason for a host that is not suspended would say nothing true)`,
+		}},
+		{"suspend reason of two lines", "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {suspend: true, suspendReason: \"a\\nb\"}\n", []string{
+			`obj.yaml:4:38: spec.suspendReason: holds a control character or invalid UTF-8; one line of text`,
+		}},
+		{"suspend not a boolean", "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {suspend: yes}\n", []string{
+			`obj.yaml:4:17: spec.suspend: must be true or false, got the string "yes"`,
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -238,6 +238,10 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 			w = append(w, "volumes are never resized: an existing volume keeps its size")
 		case kind == KindVM && f.Field == "spec.network":
 			w = append(w, "the VM restarts with its NIC on the new network, at a new address")
+		case kind == KindHost && f.Field == "spec.suspend" && f.New == "true":
+			w = append(w, SuspendWarning)
+		case kind == KindHost && f.Field == "spec.suspend" && f.Old == "true":
+			w = append(w, "reconciliation resumes: the host's agent applies every change that waited while it was suspended")
 		case kind == KindVM && strings.HasPrefix(f.Field, "spec.static."):
 			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot only: the created VM keeps the addresses it was created with; they apply when the VM is created again")
 		}
@@ -247,6 +251,9 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 	}
 	return dedupe(w)
 }
+
+// SuspendWarning is the plan's warning on a Host being suspended.
+const SuspendWarning = "the host is suspended: its agent keeps its guests running as they are and acts on nothing (no create, boot, stop, destroy, volume or network change) until suspend is removed; changes to its VMs and volumes wait"
 
 // CloudInitEditWarning is the plan's warning on a cloudInit change of an
 // existing VM.

@@ -241,6 +241,7 @@ func TestPlanWarnsOfNetworkChanges(t *testing.T) {
 		return map[string]Network{"lan": {Bridge: "br0"}, "lab": {NAT: &NAT{CIDR: cidr}}}
 	}
 	onLab := func(s *VMSpec) { s.Network = "lab" }
+	suspended := func(h *Host) *Host { h.Spec.Suspend, h.Spec.SuspendReason = true, "kernel upgrade"; return h }
 	static := func(a string) func(*VMSpec) {
 		return func(s *VMSpec) { s.Network, s.Static = "lab", &StaticIP{Addresses: []string{a}} }
 	}
@@ -259,6 +260,9 @@ func TestPlanWarnsOfNetworkChanges(t *testing.T) {
 			"network lab is renumbered: its guests get new addresses at their next DHCP renewal (within 30 minutes) or restart"},
 		{"a network is removed", planFleet(host(lab("10.77.0.0/24"))), planFleet(host(map[string]Network{"lan": {Bridge: "br0"}})),
 			"network lab is removed from the host once no VM there uses it"},
+		{"a host is suspended", planFleet(host(nil)), planFleet(suspended(host(nil))), SuspendWarning},
+		{"a host resumes", planFleet(suspended(host(nil))), planFleet(host(nil)),
+			"reconciliation resumes: the host's agent applies every change that waited while it was suspended"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := ComputePlan(tc.base, tc.head, PlanOptions{})

@@ -105,6 +105,9 @@ func JSONSchema() []byte {
 			"sizeGB": integer("Size in GiB; a volume is never resized.", 1, MaxVolumeGB),
 		})),
 		"Host": kind(KindHost, strict("The host's desired state.", nil, obj{
+			"suspend": obj{"type": "boolean", "description": "Suspend the host's reconciliation: its agent keeps the guests running as they are, writes status and acts on nothing until this is removed."},
+			"suspendReason": obj{"type": "string", "maxLength": MaxSuspendReason,
+				"description": "Why the host is suspended, shown in status; needs suspend: true."},
 			"capacity": strict("What the host offers its VMs; 0 or absent means not limited.", nil, obj{
 				"vcpus":    integer("Virtual CPUs for all VMs together.", 0, MaxHostVCPUs),
 				"memoryMB": integer("Memory for all VMs together, in MiB.", 0, MaxHostMemoryMB),

@@ -157,7 +157,19 @@ type NAT struct {
 type HostSpec struct {
 	Capacity *Capacity          `yaml:"capacity,omitempty" json:"capacity,omitempty"`
 	Networks map[string]Network `yaml:"networks,omitempty" json:"networks,omitempty"`
+	// Suspend stops the host's reconciliation while true: its agent keeps
+	// every guest as it is and running, keeps writing status, and acts on
+	// nothing (no create, boot, stop, destroy, volume, network or image
+	// cache change) until a snapshot without it arrives. Status, the
+	// status README and gitfleet status say so, with SuspendReason.
+	Suspend bool `yaml:"suspend,omitempty" json:"suspend,omitempty"`
+	// SuspendReason says why, for people (at most MaxSuspendReason bytes
+	// of printable text); it needs Suspend.
+	SuspendReason string `yaml:"suspendReason,omitempty" json:"suspendReason,omitempty"`
 }
+
+// MaxSuspendReason bounds HostSpec.SuspendReason, in bytes.
+const MaxSuspendReason = 200
 
 // Origin is where an object was read from: a slash-separated path relative
 // to the tree root and the 1-based line and column of the object's document.

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
@@ -279,6 +281,16 @@ func (d *nodeDecoder) userData(ud string) {
 }
 
 func (d *nodeDecoder) checkHost(s *HostSpec) {
+	if rf := "spec.suspendReason"; d.written(rf) && !d.bad[rf] {
+		switch {
+		case !s.Suspend:
+			d.add(d.keyPos(rf), rf, "needs suspend: true (a reason for a host that is not suspended would say nothing true)")
+		case len(s.SuspendReason) > MaxSuspendReason:
+			d.add(d.valPos(rf), rf, "is %d bytes; at most %d", len(s.SuspendReason), MaxSuspendReason)
+		case strings.IndexFunc(s.SuspendReason, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) >= 0:
+			d.add(d.valPos(rf), rf, "holds a control character or invalid UTF-8; one line of text")
+		}
+	}
 	if c := s.Capacity; c != nil {
 		d.intRange("spec.capacity.vcpus", c.VCPUs, 0, MaxHostVCPUs, " (0 means not limited)")
 		d.intRange("spec.capacity.memoryMB", c.MemoryMB, 0, MaxHostMemoryMB, " MiB (0 means not limited)")

@@ -506,7 +506,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		files[snapshots.LedgerPath] = data
 		return files, commitMessage(head, o), nil
 	}
-	tip, err := c.tips.Update(ctx, c.cfg.SnapshotsBranch, mutate)
+	tip, err := c.update(ctx, c.tips, c.cfg.SnapshotsBranch, mutate)
 	if err != nil {
 		return nil, "", fmt.Errorf("publish snapshots: %w", err)
 	}
@@ -605,7 +605,7 @@ func (c *Controller) verifier(l *snapshots.Ledger, head string) func() error {
 // readDesired fetches the desired branch and loads its tree. The error is
 // the reason the desired state is rejected.
 func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, error) {
-	head, err := c.repo.Fetch(ctx, c.cfg.Branch)
+	head, err := c.fetch(ctx, c.repo, c.cfg.Branch)
 	if errors.Is(err, gitsource.ErrBranchNotFound) {
 		return "", nil, fmt.Errorf("the desired branch %q is missing from the repository (deleted, or never pushed): %w", c.cfg.Branch, err)
 	}
@@ -627,6 +627,31 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 	c.loadedHead, c.loadedFleet = head, fl
 	c.hashes = c.specHashes(fl)
 	return head, fl, nil
+}
+
+// fetch is repo.Fetch of branch, timed for the metrics; a missing branch
+// is git's answer, not its failure.
+func (c *Controller) fetch(ctx context.Context, repo *gitsource.Repo, branch string) (string, error) {
+	start := time.Now()
+	tip, err := repo.Fetch(ctx, branch)
+	c.metrics.gitOp(GitFetch, time.Since(start), err != nil && !errors.Is(err, gitsource.ErrBranchNotFound))
+	return tip, err
+}
+
+// update is repo.Update of branch with mutate, timed for the metrics as a
+// push; an error of mutate itself (the controller's, not git's) is not
+// counted as git's failure.
+func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch string, mutate gitsource.Mutation) (string, error) {
+	var own error
+	wrapped := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		files, msg, err := mutate(tip, read)
+		own = err
+		return files, msg, err
+	}
+	start := time.Now()
+	tip, err := repo.Update(ctx, branch, wrapped)
+	c.metrics.gitOp(GitPush, time.Since(start), err != nil && (own == nil || !errors.Is(err, own)))
+	return tip, err
 }
 
 // setBaseline gives the loader the tree of the commit the ledger last
@@ -662,7 +687,7 @@ func (c *Controller) setBaseline() {
 // readStatuses fetches the status branch (absent: no statuses yet) and
 // reads every host's status.
 func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, error) {
-	tip, err := c.tips.Fetch(ctx, c.cfg.StatusBranch)
+	tip, err := c.fetch(ctx, c.tips, c.cfg.StatusBranch)
 	if errors.Is(err, gitsource.ErrBranchNotFound) {
 		return "", nil, nil
 	}

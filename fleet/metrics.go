@@ -16,6 +16,8 @@ import (
 //	gitfleet_controller_finalized_total{how}     deletes finalized: ack or sweep
 //	gitfleet_controller_host_epoch{host}         last epoch published per host
 //	gitfleet_controller_pass_seconds             pass duration
+//	gitfleet_controller_git_seconds{op}          git operations' durations: fetch (desired, status), push (snapshots, status README)
+//	gitfleet_controller_git_errors_total{op}     failed git operations (a missing branch is an answer, not a failure)
 //	gitfleet_controller_hosts_held               hosts whose snapshot the last pass held (epoch at the bound)
 //	gitfleet_controller_statuses_ignored         status files of hosts neither desired nor in the ledger, last pass
 type metrics struct {
@@ -26,10 +28,21 @@ type metrics struct {
 	finalized    *prometheus.CounterVec
 	epochs       *prometheus.GaugeVec
 	duration     prometheus.Histogram
+	git          *prometheus.HistogramVec
+	gitErrors    *prometheus.CounterVec
 	held         prometheus.Gauge
 	ignored      prometheus.Gauge
 	lastRejected string
 }
+
+// Git operations, the op label of gitfleet_controller_git_seconds and
+// gitfleet_controller_git_errors_total (the agent's names).
+const (
+	GitFetch = "fetch"
+	// GitPush is a compare-and-swap write: the fetch of the tip, the
+	// commit and the push, with their retries.
+	GitPush = "push"
+)
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -51,13 +64,32 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Hosts whose snapshot the last pass held because their epoch is at the bound; the others published."}),
 		ignored: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_statuses_ignored",
 			Help: "Status files of hosts neither in the desired state nor in the ledger, ignored by the last pass."}),
+		git: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gitfleet_controller_git_seconds",
+			Help:    "Duration of git operations (fetch of the desired and status branches, push of snapshots and the status README) in seconds.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"op"}),
+		gitErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gitfleet_controller_git_errors_total",
+			Help: "Failed git operations (fetch, push)."}, []string{"op"}),
 	}
-	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration, m.held, m.ignored} {
+	for _, op := range []string{GitFetch, GitPush} {
+		m.git.WithLabelValues(op)
+		m.gitErrors.WithLabelValues(op)
+	}
+	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration, m.held, m.ignored, m.git, m.gitErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register controller metrics: %w", err)
 		}
 	}
 	return m, nil
+}
+
+// gitOp records one git operation: its duration, and an error when git
+// failed (failed is false for a success and for an answer such as a
+// missing branch).
+func (m *metrics) gitOp(op string, d time.Duration, failed bool) {
+	m.git.WithLabelValues(op).Observe(d.Seconds())
+	if failed {
+		m.gitErrors.WithLabelValues(op).Inc()
+	}
 }
 
 func (m *metrics) observe(res PassResult, outcome Outcome, d time.Duration) {

@@ -1,8 +1,10 @@
 package fleet
 
 import (
+	"context"
 	"io"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 
@@ -37,5 +39,56 @@ func TestMetricsExposition(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
+	}
+}
+
+// The controller times its git operations like the agent: fetches and
+// pushes in gitfleet_controller_git_seconds, failures apart in
+// gitfleet_controller_git_errors_total.
+func TestMetricsTimeGitOperations(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	scrape := func() map[string]float64 {
+		t.Helper()
+		families, err := e.c.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]float64{}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				key := f.GetName()
+				for _, l := range m.GetLabel() {
+					key += "/" + l.GetValue()
+				}
+				switch {
+				case m.Histogram != nil:
+					got[key] = float64(m.Histogram.GetSampleCount())
+				case m.Counter != nil:
+					got[key] = m.Counter.GetValue()
+				}
+			}
+		}
+		return got
+	}
+	m := scrape()
+	// One pass: the desired and status branches fetched, the snapshots
+	// (and the status README) pushed.
+	if m["gitfleet_controller_git_seconds/fetch"] < 2 || m["gitfleet_controller_git_seconds/push"] < 1 {
+		t.Errorf("git operations not timed: %v", m)
+	}
+	if m["gitfleet_controller_git_errors_total/fetch"] != 0 || m["gitfleet_controller_git_errors_total/push"] != 0 {
+		t.Errorf("errors counted for a pass that worked: %v", m)
+	}
+
+	// The repository goes away: the fetch fails and is counted.
+	if err := os.Rename(e.dir, e.dir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Pass(context.Background()); err == nil {
+		t.Fatal("a pass without its repository succeeded")
+	}
+	if got := scrape()["gitfleet_controller_git_errors_total/fetch"]; got != 1 {
+		t.Errorf("fetch errors = %v after a failed fetch, want 1", got)
 	}
 }

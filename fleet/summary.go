@@ -16,7 +16,7 @@ import (
 
 // summarize builds the README.md summary.
 func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report, statusOK bool, now time.Time) status.Summary {
-	s := status.Summary{Branch: c.cfg.Branch}
+	s := status.Summary{Branch: c.cfg.Branch, AbandonGrace: c.cfg.AbandonGrace}
 	if l.Applied != nil {
 		s.Applied = l.Applied.Commit
 	}
@@ -53,6 +53,7 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		st := rep.Status
 		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
 		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
+		h.Quarantined, h.Suspended = st.Quarantined, st.Suspended
 	}
 	for _, h := range hosts {
 		if rec := l.Hosts[h.Name]; rec != nil {
@@ -67,9 +68,20 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 	sort.Slice(s.Hosts, func(i, j int) bool { return s.Hosts[i].Name < s.Hosts[j].Name })
 	for _, t := range l.Tombstones {
 		at, _ := time.Parse(time.RFC3339, t.Tombstone.Time)
-		s.Pending = append(s.Pending, status.PendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host,
+		p := status.PendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host,
 			Commit: t.Tombstone.Commit, Author: t.Tombstone.Author, Time: at, Epoch: t.Tombstone.Epoch,
-			Rewritten: t.Tombstone.Rewritten, Swept: t.SweptAt != nil})
+			Rewritten: t.Tombstone.Rewritten, Swept: t.SweptAt != nil}
+		if !t.PublishedAt.IsZero() {
+			p.SweepAt = t.PublishedAt.Add(c.cfg.AbandonGrace).UTC()
+		}
+		if h := hosts[t.Host]; h != nil && t.Kind == desired.KindVM {
+			for _, q := range h.Quarantined {
+				if q.Name == t.Name {
+					p.DestroyAt = q.DestroyAt
+				}
+			}
+		}
+		s.Pending = append(s.Pending, p)
 	}
 	for _, k := range l.Retained {
 		s.Retained = append(s.Retained, status.RetainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host,
@@ -168,7 +180,7 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now tim
 		}
 	}
 	wrote := false
-	_, err := c.tips.Update(ctx, c.cfg.StatusBranch, func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
+	_, err := c.update(ctx, c.tips, c.cfg.StatusBranch, func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		wrote = false
 		files := map[string][]byte{}
 		// Each file is read up to the size it should have: a bigger

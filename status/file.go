@@ -181,6 +181,11 @@ func redacted(st *Status) Status {
 	for i := range c.Quarantined {
 		c.Quarantined[i].LastError = redact.Text(c.Quarantined[i].LastError)
 	}
+	if st.Suspended != nil {
+		sus := *st.Suspended
+		sus.Reason = redact.Text(sus.Reason)
+		c.Suspended = &sus
+	}
 	c.Vanished = append([]Vanished(nil), st.Vanished...)
 	for i := range c.Vanished {
 		c.Vanished[i].LastError = redact.Text(c.Vanished[i].LastError)

@@ -42,6 +42,18 @@ type Status struct {
 	// Orphans are volume files on the host that no snapshot names; they are
 	// reported and kept.
 	Orphans []string `yaml:"orphans,omitempty" json:"orphans,omitempty"`
+	// Suspended is set while the accepted snapshot's Host spec suspends
+	// the host (spec.suspend): the agent keeps its guests as they are and
+	// acts on nothing. Omitted when the host is not suspended.
+	Suspended *Suspension `yaml:"suspended,omitempty" json:"suspended,omitempty"`
+}
+
+// Suspension is why a host's reconciliation is suspended: the epoch of the
+// accepted snapshot that says so and the Host's spec.suspendReason (may be
+// empty).
+type Suspension struct {
+	Epoch  uint64 `yaml:"epoch" json:"epoch"`
+	Reason string `yaml:"reason,omitempty" json:"reason,omitempty"`
 }
 
 // AgentInfo describes the agent process that wrote a Status. BootID is the
@@ -99,6 +111,10 @@ type Quarantine struct {
 	// LastError is why the last shutdown or destroy of the quarantined VM
 	// failed; empty when none did. The destroy is retried every tick.
 	LastError string `yaml:"lastError,omitempty" json:"lastError,omitempty"`
+	// DestroyAt is when the grace ends and the agent destroys the VM: Since
+	// plus the agent's tombstoneGrace (its clock). Zero from an agent that
+	// does not say.
+	DestroyAt time.Time `yaml:"destroyAt,omitempty" json:"destroyAt,omitempty"`
 }
 
 // Vanished is a VM absent from the accepted snapshot without a tombstone.

@@ -37,6 +37,9 @@ type Summary struct {
 	// the controller's ledger knows (a repository restored from a backup
 	// that lacks them, say); the agents keep them.
 	Unmanaged []UnmanagedVM
+	// AbandonGrace is the controller's abandon grace, stated with each
+	// pending delete's sweep deadline.
+	AbandonGrace time.Duration
 }
 
 // RetainedObject is an object kept after a history rewrite: Commit is the
@@ -74,6 +77,11 @@ type HostSummary struct {
 	LastSeenEpoch  uint64
 	FenceViolation bool
 	VMs            []VM
+	// Quarantined are the host's tombstoned VMs shut down and waiting for
+	// their grace; Suspended is set while the host's reconciliation is
+	// suspended. Both as its status reports them.
+	Quarantined []Quarantine
+	Suspended   *Suspension
 }
 
 // PendingDelete is a tombstone not finalized yet: who removed what, with
@@ -93,6 +101,12 @@ type PendingDelete struct {
 	// Swept: the controller finalized it while the host was offline; it
 	// stays delivered until the host acks the destroy.
 	Swept bool
+	// DestroyAt is when the host destroys the VM (its status' quarantine
+	// entry), zero until the host has shut it down. SweepAt is when the
+	// controller finalizes the delete itself should the host be offline
+	// then (published plus the abandon grace), zero once swept.
+	DestroyAt time.Time
+	SweepAt   time.Time
 }
 
 // SweptDelete is a tombstone the controller finalized because its host was
@@ -173,6 +187,12 @@ func RenderSummary(s Summary) []byte {
 			if h.FenceViolation {
 				state += ", fence violation"
 			}
+			if h.Suspended != nil {
+				state += ", suspended (acts on nothing)"
+				if h.Suspended.Reason != "" {
+					state += ": " + h.Suspended.Reason
+				}
+			}
 			fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %d | %d | %d |\n",
 				cell(h.Name), cell(state), h.Heartbeat, cell(h.Accel), cell(h.AgentVersion),
 				h.Epoch, h.LastSeenEpoch, len(h.VMs))
@@ -183,7 +203,7 @@ func RenderSummary(s Summary) []byte {
 	b.WriteString("## VMs\n\n")
 	n := 0
 	for _, h := range s.Hosts {
-		n += len(h.VMs)
+		n += len(h.VMs) + len(h.Quarantined)
 	}
 	if n == 0 {
 		b.WriteString("No VMs reported.\n\n")
@@ -202,6 +222,10 @@ func RenderSummary(s Summary) []byte {
 				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
 					cell(vm.Name), cell(h.Name), cell(vm.Phase), cell(vm.Power), cell(addr), cell(vm.LastError), cell(vm.Message))
 			}
+			for _, q := range h.Quarantined {
+				fmt.Fprintf(&b, "| %s | %s | %s | stopped | - | %s | %s |\n",
+					cell(q.Name), cell(h.Name), PhaseQuarantined, cell(q.LastError), cell(QuarantineNote(q)))
+			}
 		}
 		b.WriteString("\n")
 	}
@@ -210,7 +234,7 @@ func RenderSummary(s Summary) []byte {
 	if len(s.Pending) == 0 {
 		b.WriteString("None.\n\n")
 	} else {
-		tableHeader(&b, "kind", "name", "host", "removed by", "author", "since", "epoch")
+		tableHeader(&b, "kind", "name", "host", "removed by", "author", "since", "epoch", "deadline")
 		for _, p := range s.Pending {
 			by := "`" + p.Commit.Short() + "`"
 			if p.Rewritten {
@@ -219,8 +243,8 @@ func RenderSummary(s Summary) []byte {
 			if p.Swept {
 				by += " (swept while the host was offline; waits for its ack)"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %d |\n",
-				cell(p.Kind), cell(p.Name), cell(p.Host), by, cell(p.Author), stamp(p.Time), p.Epoch)
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %d | %s |\n",
+				cell(p.Kind), cell(p.Name), cell(p.Host), by, cell(p.Author), stamp(p.Time), p.Epoch, cell(p.Deadline(s.AbandonGrace)))
 		}
 		b.WriteString("\n")
 	}
@@ -255,6 +279,35 @@ func RenderSummary(s Summary) []byte {
 		b.WriteString("\n")
 	}
 	return b.Bytes()
+}
+
+// QuarantineNote says, for a person, what happens to a quarantined VM and
+// when: "pending delete: shut down since T, destroyed at D (grace G)".
+func QuarantineNote(q Quarantine) string {
+	note := "pending delete: shut down since " + stamp(q.Since)
+	if q.DestroyAt.IsZero() {
+		return note + ", destroyed after the host's tombstone grace"
+	}
+	return fmt.Sprintf("%s, destroyed at %s (tombstone grace %s)", note, stamp(q.DestroyAt), q.DestroyAt.Sub(q.Since))
+}
+
+// Deadline says when the pending delete happens: the host's destroy time
+// once it has shut the VM down, else after its grace from then; and when
+// the controller sweeps it should the host be offline, with abandonGrace.
+func (p PendingDelete) Deadline(abandonGrace time.Duration) string {
+	var d string
+	switch {
+	case !p.DestroyAt.IsZero():
+		d = "host destroys it at " + stamp(p.DestroyAt)
+	case p.Kind == "VM":
+		d = "host destroys it its tombstone grace after shutting it down"
+	default:
+		d = "host removes it its tombstone grace after no VM uses it"
+	}
+	if !p.SweepAt.IsZero() && !p.Swept {
+		d += fmt.Sprintf("; if the host is offline then, the controller finalizes it at %s (abandon grace %s)", stamp(p.SweepAt), abandonGrace)
+	}
+	return d
 }
 
 // tableHeader writes a Markdown table's header row and its separator.

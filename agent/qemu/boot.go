@@ -77,7 +77,9 @@ func (l launch) args() []string {
 	a = append(a,
 		"-pidfile", filepath.Join(l.dir, PidFile),
 		"-qmp", "unix:"+QMPSocket+",server=on,wait=off",
-		"-serial", "file:"+escapeOpt(filepath.Join(l.dir, SerialLog)),
+	)
+	a = append(a, consoleArgs(l.dir)...)
+	a = append(a,
 		"-drive", "file="+escapeOpt(l.root)+",if=none,id=root,format=qcow2,cache=writeback,aio=threads,discard=unmap",
 		"-device", "virtio-blk-pci,drive=root,serial=gitfleet-root,bootindex=1",
 		"-drive", "file="+escapeOpt(l.seed)+",if=none,id=seed,format=raw,readonly=on",
@@ -249,10 +251,13 @@ func (p *Provisioner) reservePort(port int, name string) bool {
 // start runs QEMU and waits until it answers on QMP.
 func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *logrus.Entry) error {
 	st.stopWatch()
-	for _, f := range []string{PidFile, QMPSocket, QGASocket, ReadyFile} {
+	for _, f := range []string{PidFile, QMPSocket, QGASocket, SerialSocket, ReadyFile} {
 		if err := os.Remove(st.path(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("clear stale %s: %w", f, err)
 		}
+	}
+	if err := prepareSerialLog(st.dir, time.Now()); err != nil {
+		return fmt.Errorf("boot: %w", err)
 	}
 	logf, err := os.OpenFile(st.path(QEMULog), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -385,6 +390,7 @@ func (p *Provisioner) stop(ctx context.Context, st *vmState, graceful bool, log 
 			log.WithField("step", s.name).Info("qemu stopped")
 			st.stopWatch()
 			os.Remove(sock)
+			os.Remove(st.path(SerialSocket))
 			os.Remove(st.path(PidFile))
 			return nil
 		}

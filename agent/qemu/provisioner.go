@@ -14,7 +14,10 @@
 //	qmp.sock     QMP monitor socket
 //	qga.sock     host end of the guest agent's virtio-serial channel
 //	ready        the first answer of the current boot (pid, how, when)
-//	serial.log   the guest's first serial port
+//	serial.log   the guest's first serial port, kept across restarts (console.go)
+//	serial.log.1 the previous serial log, once serial.log passed SerialLogMax
+//	serial.sock  the first serial port's socket, for one console at a time
+//	console.lock held by the attached console
 //	qemu.log     QEMU's own stdout and stderr (FailureReason's source)
 //	ssh-port     the forwarded SSH port on 127.0.0.1, kept across restarts
 //	network.json the host network the NIC is on (absent on user-mode networking)
@@ -74,7 +77,7 @@ const (
 // ownedFiles are what Destroy removes from a VM's directory.
 var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
-	PidFile, QMPSocket, SerialLog, QEMULog, PortFile, NetFile, NetFile + ".partial",
+	PidFile, QMPSocket, SerialLog, SerialLogOld, SerialLogOld + ".partial", SerialSocket, ConsoleLock, QEMULog, PortFile, NetFile, NetFile + ".partial",
 	QGASocket, ReadyFile, ReadyFile + ".partial",
 }
 

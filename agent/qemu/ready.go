@@ -103,6 +103,7 @@ func (p *Provisioner) watch(st *vmState, pid int) *bootWatch {
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	st.watch = w
+	go p.rotateLoop(ctx, st)
 	switch {
 	case sshRequired:
 		ssh := func(ctx context.Context) (string, error) { return p.probeSSH(ctx, st) }
@@ -352,11 +353,14 @@ func (p *Provisioner) probeQGA(ctx context.Context, st *vmState) error {
 }
 
 // consoleScan reads a serial log as it grows and looks for
-// agent.ConsoleReadyMarker alone on a line.
+// agent.ConsoleReadyMarker alone on a line, from the current boot's
+// BootMarker on: the log keeps earlier boots' output, whose marker says
+// nothing of this boot.
 type consoleScan struct {
 	path    string
 	off     int64
 	partial []byte
+	started bool // off was set past the last BootMarker
 }
 
 func newConsoleScan(path string) *consoleScan { return &consoleScan{path: path} }
@@ -370,8 +374,15 @@ func (c *consoleScan) probe(context.Context) (string, error) {
 		return "", err
 	}
 	defer f.Close()
+	if !c.started {
+		head, err := io.ReadAll(io.LimitReader(f, SerialLogMax*2))
+		if err != nil {
+			return "", err
+		}
+		c.off, c.started = lastBootOffset(head), true
+	}
 	if fi, err := f.Stat(); err == nil && fi.Size() < c.off {
-		c.off, c.partial = 0, nil // truncated: a new boot's log
+		c.off, c.partial = 0, nil // rotated: what is left is this boot's
 	}
 	data, err := io.ReadAll(io.NewSectionReader(f, c.off, 1<<20))
 	if err != nil {

@@ -616,7 +616,7 @@ func BenchmarkBootToFirstSerialLine(b *testing.B) {
 		if err := p.Boot(ctx, m); err != nil {
 			b.Fatal(err)
 		}
-		for serial(m.Dir) == "" {
+		for s := serial(m.Dir); lastBootOffset([]byte(s)) == int64(len(s)); s = serial(m.Dir) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		b.StopTimer()

@@ -32,7 +32,8 @@ file (environment: GITFLEET_CONFIG, GITFLEET_REPO, GITFLEET_HOST,
 GITFLEET_STATE_DIR; GITFLEET_TOKEN supplies a token).
 
 SIGTERM or SIGINT finishes the work under way, writes the status and exits 0;
-VMs keep running. --once runs one pass, waits for it, writes the status and
+VMs keep running. SIGHUP (gitfleet reconcile agent, systemctl reload) runs a
+pass at once. --once runs one pass, waits for it, writes the status and
 exits: 0 on success, 1 on failure.`,
 		Args: noArgs("agent"),
 	}
@@ -43,7 +44,7 @@ exits: 0 on success, 1 on failure.`,
 		if err != nil {
 			return usageOr(err)
 		}
-		c.Version = version
+		c.Version, _ = versions()
 		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		return runAgent(ctx, c, once, cmd.ErrOrStderr())
@@ -80,6 +81,7 @@ func runAgent(ctx context.Context, c *config.Agent, once bool, logOut io.Writer)
 		}
 		defer srv.Shutdown(context.Background())
 	}
+	onReconcileSignal(ctx, ag.ReconcileNow)
 	err = ag.Run(ctx)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	return err

@@ -34,7 +34,8 @@ acknowledged on the gitfleet/status branch (or abandoned by offline hosts),
 and keeps README.md there as the fleet summary.
 
 It runs a pass at once, then every --interval (jittered), whenever the
-repository moves, and on a signed push webhook (--listen serves
+repository moves, on SIGHUP (gitfleet reconcile controller, systemctl
+reload), and on a signed push webhook (--listen serves
 POST /hooks/github, /hooks/gitea, /hooks/gitlab with the secret from
 --webhook-secret or GITFLEET_WEBHOOK_SECRET, and GET /metrics).
 
@@ -139,6 +140,7 @@ func runController(ctx context.Context, ctl *fleet.Controller, c *config.Control
 		}
 		defer srv.Shutdown(context.Background())
 	}
+	onReconcileSignal(ctx, ctl.Kick)
 	err := ctl.Run(ctx, c.Interval)
 	if errors.Is(err, context.Canceled) {
 		return nil

@@ -52,7 +52,8 @@ and shuts the VMs down (disks stay) unless --keep is given.`,
 		if err != nil {
 			self = "gitfleet"
 		}
-		cfg.Keep, cfg.Out, cfg.Command, cfg.Version = keep, cmd.OutOrStdout(), self, version
+		cfg.Keep, cfg.Out, cfg.Command = keep, cmd.OutOrStdout(), self
+		cfg.Version, _ = versions()
 		err = demo.Run(ctx, cfg)
 		if errors.Is(err, context.Canceled) {
 			return nil

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -18,8 +19,49 @@ import (
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are set at build time by the Makefile with -ldflags
+// "-X main.version=... -X main.commit=..."; without them buildVersion reads
+// what the Go toolchain recorded (the module version of go install
+// …@vX.Y.Z, the vcs.revision of a build in a git checkout).
+var (
+	version = "dev"
+	commit  = ""
+)
+
+// buildVersion returns the version and commit to report: the -ldflags
+// values when set, else the module version and the VCS revision (with
+// "-dirty" when vcs.modified) from bi, else "dev" and "unknown".
+func buildVersion(version, commit string, bi *debug.BuildInfo) (string, string) {
+	if bi != nil {
+		if version == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			version = bi.Main.Version
+		}
+		if commit == "" {
+			var dirty bool
+			for _, s := range bi.Settings {
+				switch s.Key {
+				case "vcs.revision":
+					commit = s.Value
+				case "vcs.modified":
+					dirty = s.Value == "true"
+				}
+			}
+			if commit != "" && dirty {
+				commit += "-dirty"
+			}
+		}
+	}
+	if commit == "" {
+		commit = "unknown"
+	}
+	return version, commit
+}
+
+// versions is buildVersion of this binary.
+func versions() (string, string) {
+	bi, _ := debug.ReadBuildInfo()
+	return buildVersion(version, commit, bi)
+}
 
 // exitError carries a specific exit code out of a subcommand: 1 for a
 // rejected input (validation errors), 2 for usage errors.
@@ -60,7 +102,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newVersionCmd(), newAgentCmd(), newControllerCmd(), newPlanCmd(),
-		newStatusCmd(), newValidateCmd(), newSchemaCmd(), newDemoCmd())
+		newStatusCmd(), newValidateCmd(), newSchemaCmd(), newDemoCmd(), newConsoleCmd(), newReconcileCmd())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return &exitError{code: 2, err: err}
 	})
@@ -70,9 +112,16 @@ func newRootCmd() *cobra.Command {
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the gitfleet version",
-		Args:  cobra.NoArgs,
-		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version) },
+		Short: "Print the gitfleet version and the commit it was built from",
+		Long: `Version prints "gitfleet VERSION (commit COMMIT)": the release version and
+git commit make build stamps in, else what the Go toolchain recorded (the
+module version of go install, the checkout's revision, "-dirty" when it had
+changes), else "dev" and "unknown".`,
+		Args: cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			v, c := versions()
+			fmt.Fprintf(cmd.OutOrStdout(), "gitfleet %s (commit %s)\n", v, c)
+		},
 	}
 }
 

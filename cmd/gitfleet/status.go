@@ -52,13 +52,20 @@ It also prints, each apart, why the controller's passes are failing now
 are, and the last rejected desired-state commit while no later one has
 been applied.
 
+It starts with the desired-state commit the snapshots carry, marks a
+suspended host (it acts on nothing) in its note, gives each quarantined VM
+and pending delete the time its host destroys it, and lists the objects
+kept after a history rewrite.
+
 --format json prints {"commit", "hosts", "unreadable", "pendingDeletes",
-"pendingError", "lastRejected", "controllerFailing", "controllerError"}:
-the status files themselves, the hosts whose file could not be read with
-why, the pending deletes (kind, name, host, commit, author, time, epoch,
-publishedAt) and why they could not be read, if so, the ledger's last
-rejected commit (commit, reason, at, superseded) and the controller's
-failure (outcome, since, reason).
+"pendingError", "lastRejected", "controllerFailing", "controllerError",
+"applied", "retained"}: the status files themselves, the hosts whose file
+could not be read with why, the pending deletes (kind, name, host, commit,
+author, time, epoch, publishedAt, destroyAt) and why they could not be
+read, if so, the ledger's last rejected commit (commit, reason, at,
+superseded), the controller's failure (outcome, since, reason), the
+applied commit (commit, branch, path) and the retained objects (kind,
+name, host, commit, since).
 
 Exit status: 0; 1 when the status branch is missing (no agent has
 reported to this repository, or --repo names a clone rather than the
@@ -109,6 +116,21 @@ type statusReport struct {
 	ControllerFailing *status.PassFailure  `json:"controllerFailing,omitempty"`
 	// ControllerError says why controller.yaml could not be read.
 	ControllerError string `json:"controllerError,omitempty"`
+	// Applied is the desired-state commit the snapshots carry (the
+	// ledger's), nil before the first publish; Retained the objects a
+	// history rewrite dropped, kept running (the ledger's, without specs).
+	Applied  *snapshots.AppliedCommit `json:"applied,omitempty"`
+	Retained []retainedObject         `json:"retained"`
+}
+
+// retainedObject is an object kept after a history rewrite: the rewriting
+// commit and since when (the controller's clock).
+type retainedObject struct {
+	Kind   string    `json:"kind"`
+	Name   string    `json:"name"`
+	Host   string    `json:"host"`
+	Commit string    `json:"commit"`
+	Since  time.Time `json:"since"`
 }
 
 // pendingDelete is one tombstone: the object, the desired-state commit that
@@ -126,6 +148,10 @@ type pendingDelete struct {
 	// SweptAt is set when the controller finalized the delete while the
 	// host was offline: it waits for the host's ack all the same.
 	SweptAt *time.Time `json:"sweptAt,omitempty"`
+	// DestroyAt is when the host destroys the VM, from its status'
+	// quarantine entry (the grace ends); absent until the host has shut
+	// the VM down.
+	DestroyAt *time.Time `json:"destroyAt,omitempty"`
 }
 
 func runStatus(ctx context.Context, out io.Writer, rf config.Repo, branch, snapshots, format string) error {
@@ -134,7 +160,7 @@ func runStatus(ctx context.Context, out io.Writer, rf config.Repo, branch, snaps
 		return &exitError{code: 1, err: err}
 	}
 	defer done()
-	rep := statusReport{Hosts: []*status.Status{}, PendingDeletes: []pendingDelete{}}
+	rep := statusReport{Hosts: []*status.Status{}, PendingDeletes: []pendingDelete{}, Retained: []retainedObject{}}
 	tip, err := repo.Fetch(ctx, branch)
 	if errors.Is(err, gitsource.ErrBranchNotFound) {
 		return &exitError{code: 1, err: missingStatusBranch(rf.URL, branch)}
@@ -161,9 +187,10 @@ func runStatus(ctx context.Context, out io.Writer, rf config.Repo, branch, snaps
 		}
 		rep.Hosts = append(rep.Hosts, r.Status)
 	}
-	if rep.PendingDeletes, rep.LastRejected, err = readLedger(ctx, repo, snapshots); err != nil {
+	if err = readLedger(ctx, repo, snapshots, &rep); err != nil {
 		rep.PendingDeletes, rep.PendingError = []pendingDelete{}, err.Error()
 	}
+	destroyAt(&rep)
 	switch data, err := repo.ReadFileMax(tip, status.ControllerPath, status.MaxControllerBytes); {
 	case errors.Is(err, gitsource.ErrFileNotFound):
 	case err != nil:
@@ -220,26 +247,50 @@ func missingStatusBranch(url, branch string) error {
 	return err
 }
 
-// readLedger reads the tombstones and the last rejected commit from the
-// controller's ledger on the snapshots branch; none when the branch does
-// not exist yet.
-func readLedger(ctx context.Context, repo *gitsource.Repo, branch string) ([]pendingDelete, *snapshots.Rejection, error) {
-	out := []pendingDelete{}
+// readLedger fills rep from the controller's ledger on the snapshots
+// branch: the pending deletes, the last rejected commit, the applied
+// commit and the retained objects; none when the branch does not exist
+// yet.
+func readLedger(ctx context.Context, repo *gitsource.Repo, branch string, rep *statusReport) error {
 	l, _, err := snapshots.ReadLedger(ctx, repo, branch)
-	if err != nil {
-		return nil, nil, err
-	}
-	if l == nil {
-		return out, nil, nil
+	if err != nil || l == nil {
+		return err
 	}
 	for _, t := range l.Tombstones {
-		out = append(out, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: string(t.Tombstone.Commit),
+		rep.PendingDeletes = append(rep.PendingDeletes, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: string(t.Tombstone.Commit),
 			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt, SweptAt: t.SweptAt})
 	}
-	return out, l.Rejected, nil
+	for _, k := range l.Retained {
+		rep.Retained = append(rep.Retained, retainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host, Commit: string(k.Commit), Since: k.Since})
+	}
+	rep.LastRejected, rep.Applied = l.Rejected, l.Applied
+	return nil
+}
+
+// destroyAt gives each pending VM delete the time its host destroys it, when
+// the host's status has it quarantined.
+func destroyAt(rep *statusReport) {
+	at := map[[2]string]time.Time{}
+	for _, st := range rep.Hosts {
+		for _, q := range st.Quarantined {
+			if !q.DestroyAt.IsZero() {
+				at[[2]string{st.Host, q.Name}] = q.DestroyAt
+			}
+		}
+	}
+	for i, p := range rep.PendingDeletes {
+		if t, ok := at[[2]string{p.Host, p.Name}]; ok && p.Kind == string(desired.KindVM) {
+			rep.PendingDeletes[i].DestroyAt = &t
+		}
+	}
 }
 
 func writeStatusTable(out io.Writer, rep statusReport) error {
+	if a := rep.Applied; a != nil {
+		fmt.Fprintf(out, "Desired state: %s at %s (applied).\n\n", dash(a.Branch), dash(a.Commit.Short()))
+	} else if rep.PendingError == "" {
+		fmt.Fprint(out, "Desired state: nothing applied yet.\n\n")
+	}
 	if len(rep.Hosts) == 0 && len(rep.Unreadable) == 0 {
 		fmt.Fprintln(out, "No host has reported yet.")
 	} else if err := writeHostsAndVMs(out, rep); err != nil {
@@ -247,6 +298,9 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 	}
 	fmt.Fprintln(out)
 	writeControllerLines(out, rep)
+	if err := writeRetained(out, rep); err != nil {
+		return err
+	}
 	switch {
 	case rep.PendingError != "":
 		_, err := fmt.Fprintf(out, "Pending deletes: unknown (%s)\n", safetext.Line(rep.PendingError))
@@ -257,15 +311,37 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 	}
 	fmt.Fprintln(out, "Pending deletes:")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KIND\tNAME\tHOST\tREMOVED BY\tAUTHOR\tSINCE\tEPOCH")
+	fmt.Fprintln(tw, "KIND\tNAME\tHOST\tREMOVED BY\tAUTHOR\tSINCE\tEPOCH\tDEADLINE")
 	for _, p := range rep.PendingDeletes {
 		since := dash(p.Time)
 		if p.SweptAt != nil {
 			since += " (swept: host offline; waits for its ack)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", dash(p.Kind), dash(p.Name), dash(p.Host), dash(desired.Hash(p.Commit).Short()), dash(p.Author), since, p.Epoch)
+		sd := status.PendingDelete{Kind: p.Kind}
+		if p.DestroyAt != nil {
+			sd.DestroyAt = *p.DestroyAt
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", dash(p.Kind), dash(p.Name), dash(p.Host), dash(desired.Hash(p.Commit).Short()), dash(p.Author), since, p.Epoch, sd.Deadline(0))
 	}
 	return tw.Flush()
+}
+
+// writeRetained lists the objects kept after a history rewrite.
+func writeRetained(out io.Writer, rep statusReport) error {
+	if len(rep.Retained) == 0 {
+		return nil
+	}
+	fmt.Fprintln(out, "Kept after a history rewrite (running on their last spec; restore the file, or re-add and delete it in a reviewed commit):")
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tNAME\tHOST\tREWRITTEN BY\tSINCE")
+	for _, k := range rep.Retained {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", dash(k.Kind), dash(k.Name), dash(k.Host), dash(desired.Hash(k.Commit).Short()), stampOrDash(k.Since))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(out)
+	return err
 }
 
 // writeControllerLines prints why the controller's passes fail, if they
@@ -298,6 +374,9 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 		note := st.SnapshotError
 		if st.FenceViolation {
 			note = "fence violation " + note
+		}
+		if sus := st.Suspended; sus != nil {
+			note = strings.TrimSpace(fmt.Sprintf("suspended since epoch %d, acts on nothing: %s %s", sus.Epoch, sus.Reason, note))
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t%s\n", dash(st.Host), st.Heartbeat, st.LastSeenEpoch, dash(st.Agent.Accel), len(st.VMs), stampOrDash(st.ObservedAt), dash(note))
 	}
@@ -338,7 +417,7 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 		}
 		for _, q := range st.Quarantined {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t%s\t%s\n", dash(q.Name), dash(st.Host), status.PhaseQuarantined, "stopped", dash(q.LastError),
-				"pending delete: shut down since "+stampOrDash(q.Since)+", destroyed after the grace")
+				dash(status.QuarantineNote(q)))
 		}
 		for _, name := range st.Destroyed {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t-\t%s\n", name, st.Host, "destroyed", "destroy acked; the controller finalizes the delete")

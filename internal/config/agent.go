@@ -304,6 +304,44 @@ func BindAgent(fs *pflag.FlagSet) *AgentFlags {
 	return a
 }
 
+// StateDirFlags are the flags of a command that reads the agent's state
+// directory on its host (gitfleet console): --config and --state-dir, with
+// GITFLEET_CONFIG and GITFLEET_STATE_DIR.
+type StateDirFlags struct {
+	flags          *Flags
+	file, stateDir string
+}
+
+// BindStateDir binds --config and --state-dir on fs.
+func BindStateDir(fs *pflag.FlagSet) *StateDirFlags {
+	s := &StateDirFlags{flags: NewFlags(fs)}
+	s.flags.Path(&s.file, "config", "GITFLEET_CONFIG", "agent configuration file (YAML), for its stateDir")
+	s.flags.Path(&s.stateDir, "state-dir", "GITFLEET_STATE_DIR", "the agent's state directory (overrides stateDir; default "+agent.DefaultStateDir+")")
+	return s
+}
+
+// Load returns the state directory: the flag, else its variable, else the
+// file's stateDir, else agent.DefaultStateDir. A malformed flag or
+// variable wraps ErrUsage; a bad file is reported as ReadAgentFile does.
+func (s *StateDirFlags) Load(env Env) (string, error) {
+	if err := s.flags.FromEnv(env); err != nil {
+		return "", err
+	}
+	if s.stateDir != "" {
+		return s.stateDir, nil
+	}
+	if s.file != "" {
+		f, err := ReadAgentFile(s.file)
+		if err != nil {
+			return "", err
+		}
+		if f.StateDir != "" {
+			return f.StateDir, nil
+		}
+	}
+	return agent.DefaultStateDir, nil
+}
+
 // Load resolves the agent's configuration once the command line is
 // parsed: the flags, else their variables, over the file, over the
 // defaults. A malformed flag or variable, or no repository or host, is an

@@ -11,17 +11,16 @@ import (
 
 // console follows one VM's serial log and returns the tiny guest's lines
 // (those holding tinyguest.LinePrefix) that were completed since the
-// last call, without the prefix. QEMU truncates the log when it starts the
-// guest again; a log shorter than what was read, or a call to restart,
-// starts from the top.
+// last call, without the prefix. QEMU appends each boot's output to the
+// log; a log shorter than what was read (rotated, see qemu.SerialLogMax)
+// is read from the top.
 type console struct {
 	path   string
 	offset int64
 	tail   []byte // an incomplete last line
 }
 
-// restart makes the next read start from the top of the log (the guest is
-// being booted again).
+// restart makes the next read start from the top of the log.
 func (c *console) restart() {
 	c.offset, c.tail = 0, nil
 }

@@ -679,12 +679,11 @@ func (w *watcher) phaseChanged(vm, old status.VM) {
 	if cameUp {
 		w.upAt[vm.Name] = time.Now()
 		c := w.consoles[vm.Name]
-		switch {
-		case c == nil:
+		// Booted again, the guest's lines follow the last boot's in the
+		// same log: the console reads on from where it was.
+		if c == nil {
 			c = &console{path: w.layout.SerialLog(vm.Name)}
 			w.consoles[vm.Name] = c
-		case old.Phase != "":
-			c.restart() // booted again: QEMU starts a fresh log
 		}
 		if attached {
 			// Its log holds a boot of an earlier run: print only what

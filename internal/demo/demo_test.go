@@ -216,7 +216,11 @@ func TestConsoleFollowsTheSerialLog(t *testing.T) {
 	assert.Equal(t, []string{"seed none", "ready"}, c.read())
 	assert.Empty(t, c.read())
 
-	// QEMU truncates the log when it boots the guest again.
+	// A second boot appends to the log: only its lines are new.
+	appendTo("--- gitfleet: boot 2026-01-01T00:00:00Z ---\ntinyguest: init 6.1.1\n")
+	assert.Equal(t, []string{"init 6.1.1"}, c.read())
+
+	// A rotated log is read from the top.
 	require.NoError(t, os.WriteFile(path, []byte("tinyguest: init 6.1.0\n"), 0o644))
 	assert.Equal(t, []string{"init 6.1.0"}, c.read())
 }

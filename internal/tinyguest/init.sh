@@ -71,4 +71,8 @@ echo "GITFLEET-GUEST-READY"
 if [ -n "$seeddev" ] && [ "$(head -c 9 /seed/user-data 2>/dev/null)" = '#!/bin/sh' ]; then
 	( sh /seed/user-data 2>&1 | while read -r l; do say "probe $l"; done ) &
 fi
+# Each line typed on the console is answered as "tinyguest: console <line>",
+# so a test can prove a console attached to the serial port reaches the
+# guest.
+while read -r line; do say "console $line"; done
 while :; do sleep 3600; done

@@ -16,6 +16,7 @@
 //	tinyguest: ready
 //	GITFLEET-GUEST-READY   (gitfleet's console readiness marker, alone on its line)
 //	tinyguest: probe <line>   (each line the seed's user-data prints, when it is a #!/bin/sh script)
+//	tinyguest: console <line>   (each line typed on the serial console, after ready)
 //	tinyguest: power button   (on ACPI powerdown, just before it powers off)
 //
 // Build needs busybox-static (/bin/busybox) on the host, and a Debian
@@ -50,7 +51,8 @@ var initScript []byte
 var udhcpcScript []byte
 
 // Cmdline is the kernel command line the guest expects: the console on the
-// first serial port, which gitfleet's QEMU backend writes to a file.
+// first serial port, which gitfleet's QEMU backend logs to a file and
+// serves on a socket for gitfleet console.
 const Cmdline = "console=ttyS0 loglevel=4"
 
 // LinePrefix starts every line the guest's /init prints but the

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+)
+
+// `gitfleet status` shows what the status README shows: the applied commit,
+// objects retained after a history rewrite, pending deletes with the time
+// the host destroys them, quarantined and vanished VMs and a suspended
+// host, in the table and in --format json.
+func TestStatusShowsEverythingTheSummaryShows(t *testing.T) {
+	dir := cliFleet(t)
+	pass := func() {
+		t.Helper()
+		if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 {
+			t.Fatal(out)
+		}
+	}
+	pass()
+	first := gittest.Git(t, dir, "rev-parse", "main")
+	gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"README.md": "# fleet, again\n"}})
+	pass()
+	// A force-push that drops web-01: kept, not deleted.
+	gittest.Commit(t, dir, gittest.Edit{Parents: []string{first}, Remove: []string{"fleet/web-01.yaml"}})
+	pass()
+	// A reviewed delete of db-01: pending until the host destroys it.
+	applied := gittest.Commit(t, dir, gittest.Edit{Remove: []string{"fleet/db-01.yaml"}})
+	pass()
+	forged := `host: hv-a
+agent: {version: "1", bootID: b, accel: tcg}
+heartbeat: 3
+observedAt: 2026-11-30T15:00:00Z
+lastSeenEpoch: 3
+fenceViolation: false
+vms:
+  - {name: web-01, phase: ready, power: running, ip: 10.77.0.5, ssh: "10.77.0.5:22", lastError: "", specHash: ""}
+quarantined:
+  - {name: db-01, since: 2026-11-30T15:00:00Z, destroyAt: 2026-11-30T15:05:00Z}
+destroyed: []
+vanished:
+  - {name: x-01, since: 2026-11-30T14:00:00Z, power: running, quarantined: false, reason: absent}
+volumes: []
+suspended: {epoch: 3, reason: kernel upgrade}
+`
+	gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{"hosts/hv-a.yaml": forged}})
+
+	code, out := runCLI(t, "status", "--repo", dir)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	for _, want := range []string{
+		"Desired state: main at " + applied[:12] + " (applied).",
+		"suspended since epoch 3, acts on nothing: kernel upgrade",
+		"web-01  hv-a  ready",
+		"10.77.0.5 ssh 10.77.0.5:22",
+		"pending delete: shut down since 2026-11-30T15:00:00Z, destroyed at 2026-11-30T15:05:00Z (tombstone grace 5m0s)",
+		"x-01", "vanished",
+		"host destroys it at 2026-11-30T15:05:00Z",
+		"Kept after a history rewrite",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not say %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(out[strings.Index(out, "Kept after a history rewrite"):], "VM    web-01") {
+		t.Errorf("the retained VM is not listed:\n%s", out)
+	}
+
+	code, out = runCLI(t, "status", "--repo", dir, "--format", "json")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	var rep struct {
+		Applied        struct{ Commit, Branch string }
+		Retained       []struct{ Kind, Name, Host, Commit string }
+		PendingDeletes []struct{ Name, DestroyAt string }
+		Hosts          []struct {
+			Suspended struct{ Reason string }
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Applied.Commit != applied || len(rep.Retained) != 1 || rep.Retained[0].Name != "web-01" ||
+		len(rep.PendingDeletes) != 1 || rep.PendingDeletes[0].DestroyAt != "2026-11-30T15:05:00Z" ||
+		len(rep.Hosts) != 1 || rep.Hosts[0].Suspended.Reason != "kernel upgrade" {
+		t.Errorf("json: %+v\n%s", rep, out)
+	}
+}
