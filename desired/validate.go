@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/gitfleet/gitfleet/internal/redact"
+	"github.com/gitfleet/gitfleet/internal/sealed"
 )
 
 // Limits of the object fields. The lower bounds are what a VM needs to boot
@@ -179,6 +180,7 @@ func (d *nodeDecoder) check(o *object) {
 		capacityVCPUs:  d.valPos("spec.capacity.vcpus"),
 		capacityMemory: d.valPos("spec.capacity.memoryMB"),
 		gateway4:       d.valPos("spec.static.gateway4"),
+		ageRecipient:   d.valPos(map[Kind]string{KindVM: "spec.cloudInit.encryptedUserData.recipient", KindHost: "spec.ageRecipient"}[o.kind]),
 	}
 	if o.kind == KindVM && o.vm.Spec.Static != nil {
 		o.at.static = make([]pos, len(o.vm.Spec.Static.Addresses))
@@ -253,6 +255,34 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 			}
 		}
 		d.userData(s.CloudInit.UserData)
+		if s.CloudInit.EncryptedUserData != nil {
+			d.encryptedUserData(s.CloudInit)
+		}
+	}
+}
+
+// encryptedUserData checks spec.cloudInit.encryptedUserData without any
+// key: a recipient that parses, a ciphertext that is an armored age file,
+// and no plaintext userData beside it. Whether the recipient is its Host's
+// is a cross-object check.
+func (d *nodeDecoder) encryptedUserData(ci *CloudInit) {
+	const f = "spec.cloudInit.encryptedUserData"
+	if d.bad[f] {
+		return
+	}
+	if d.written("spec.cloudInit.userData") {
+		d.add(d.keyPos(f), f, "spec.cloudInit has both userData and encryptedUserData; a VM's user-data is one or the other (gitfleet encrypt replaces userData with encryptedUserData)")
+	}
+	e := ci.EncryptedUserData
+	if d.required(f + ".recipient") {
+		if _, err := sealed.ParseRecipient(e.Recipient); err != nil {
+			d.add(d.valPos(f+".recipient"), f+".recipient", "%v", err)
+		}
+	}
+	if d.required(f + ".ciphertext") {
+		if err := sealed.CheckCiphertext(e.Ciphertext); err != nil {
+			d.add(d.valPos(f+".ciphertext"), f+".ciphertext", "%v", err)
+		}
 	}
 }
 
@@ -279,6 +309,11 @@ func (d *nodeDecoder) userData(ud string) {
 }
 
 func (d *nodeDecoder) checkHost(s *HostSpec) {
+	if d.written("spec.ageRecipient") && !d.bad["spec.ageRecipient"] {
+		if _, err := sealed.ParseRecipient(s.AgeRecipient); err != nil {
+			d.add(d.valPos("spec.ageRecipient"), "spec.ageRecipient", "%v", err)
+		}
+	}
 	if c := s.Capacity; c != nil {
 		d.intRange("spec.capacity.vcpus", c.VCPUs, 0, MaxHostVCPUs, " (0 means not limited)")
 		d.intRange("spec.capacity.memoryMB", c.MemoryMB, 0, MaxHostMemoryMB, " MiB (0 means not limited)")
@@ -445,6 +480,11 @@ func crossCheck(objs []*object, complete bool) []*Error {
 				u.vcpus += s.VCPUs
 				u.memoryMB += s.MemoryMB
 				u.count++
+				if ci := s.CloudInit; ci != nil && ci.EncryptedUserData != nil {
+					if msg := checkSealedTo(ci.EncryptedUserData, h); msg != "" {
+						add(o, o.at.ageRecipient, "spec.cloudInit.encryptedUserData.recipient", "%s", msg)
+					}
+				}
 				if s.Network != "" {
 					n, ok := h.host.Spec.Networks[s.Network]
 					if !ok && complete {
@@ -497,6 +537,24 @@ func crossCheck(objs []*object, complete bool) []*Error {
 		}
 	}
 	return errs
+}
+
+// checkSealedTo reports why user-data encrypted to e.Recipient cannot be
+// opened by the agent of host h, or "": h must name that recipient. A
+// Host whose key changed (its spec.ageRecipient replaced) and a VM moved
+// to another host both land here, before any agent fails to build a seed.
+func checkSealedTo(e *EncryptedUserData, h *object) string {
+	want := h.host.Spec.AgeRecipient
+	if _, err := sealed.ParseRecipient(e.Recipient); err != nil {
+		return "" // reported on its own
+	}
+	switch {
+	case want == "":
+		return fmt.Sprintf("the user-data is encrypted to %s, but Host %q names no spec.ageRecipient (%s:%d:%d): give the Host its agent's public key (gitfleet age-keygen prints it), or write plain userData", e.Recipient, h.name, h.origin().File, h.at.name.line, h.at.name.col)
+	case want != e.Recipient:
+		return fmt.Sprintf("the user-data is encrypted to %s, but Host %q's spec.ageRecipient is %s (%s:%d:%d): the host's key changed or the VM moved, and that host's agent cannot decrypt it; encrypt it again for this host (gitfleet encrypt --host %s FILE), or, for a VM already created, remove encryptedUserData (cloudInit is read at first boot only)", e.Recipient, h.name, want, h.origin().File, h.at.ageRecipient.line, h.at.ageRecipient.col, h.name)
+	}
+	return ""
 }
 
 // staticKey is one static address on one host network.
