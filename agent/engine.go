@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/sealed"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
@@ -102,6 +103,15 @@ type EngineConfig struct {
 	// exports this engine's report as gauges (NewMetrics).
 	Metrics *Metrics
 	Log     logrus.FieldLogger
+	// AgeIdentity is this host's age identities, which open a VM's
+	// spec.cloudInit.encryptedUserData (give the backend the same
+	// keyring: it decrypts when it builds the seed). The engine only
+	// checks that they open it: a create whose user-data this host cannot
+	// decrypt fails at its user-data step, before anything is fetched;
+	// a created VM whose user-data it cannot decrypt (the host's key
+	// changed) keeps running and says so in lastError. nil: no identity,
+	// and such user-data is refused that way.
+	AgeIdentity *sealed.Keyring
 }
 
 // Engine is the level-triggered reconcile loop of one host. Tick accepts a
@@ -155,6 +165,8 @@ type Engine struct {
 	workers     map[string]*worker
 	wg          sync.WaitGroup
 	changed     chan struct{}
+	// opens memoizes whether AgeIdentity opens a ciphertext (sealed.go).
+	opens sync.Map
 }
 
 type worker struct {

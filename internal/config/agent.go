@@ -56,6 +56,7 @@ const DefaultVMTimeout = 30 * time.Minute
 //	readyTimeout: 10m                          # guest silent this long after boot: lastError says so
 //	maxAttempts: 3
 //	logLevel: info
+//	ageIdentity: /etc/gitfleet/age.key         # opens user-data encrypted to this host (mode 0600; gitfleet age-keygen)
 //
 // Durations are Go durations ("90s", "5m"). Secrets go in files
 // (passwordFile, tokenFile) or GITFLEET_TOKEN, never on the command line.
@@ -122,6 +123,9 @@ type AgentFile struct {
 	// Listen is the address of the agent's /metrics and /healthz, such
 	// as agent.DefaultListen; absent or empty: no listener.
 	Listen string `yaml:"listen"`
+	// AgeIdentity is the host's age identity file, which opens VM
+	// user-data encrypted to the Host's spec.ageRecipient; absent: none.
+	AgeIdentity string `yaml:"ageIdentity"`
 }
 
 // agentFileChecks are the checks of AgentFile's values beyond their Go
@@ -134,6 +138,7 @@ var agentFileChecks = map[string]fieldCheck{
 	"repo.auth.knownHostsFile": checkPath,
 	"host":                     agent.CheckHostName,
 	"stateDir":                 checkPath,
+	"ageIdentity":              checkPath,
 	"backend":                  oneOf(BackendQEMU, BackendMemory),
 	"qemu.accel":               oneOf(qemu.AccelAuto, qemu.AccelKVM, qemu.AccelTCG),
 	"artifacts.fileRoots[]": func(s string) error {
@@ -240,6 +245,11 @@ type Agent struct {
 	Version string
 	// Listen is the address of /metrics and /healthz; "" serves nothing.
 	Listen string
+	// AgeIdentity is the path of the host's age identity file ("" for
+	// none), read by Open (sealed.LoadKeyring: a file others can read is
+	// refused): the engine and the QEMU backend open VM user-data
+	// encrypted to this host with it.
+	AgeIdentity string
 }
 
 // QEMU configures the QEMU backend (see qemu.Config).
@@ -360,6 +370,7 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 	}
 	c.ReadyTimeout, c.MaxAttempts = time.Duration(f.ReadyTimeout), f.MaxAttempts
 	c.Listen = f.Listen
+	c.AgeIdentity = f.AgeIdentity
 	if f.LogLevel != "" {
 		lvl, err := logrus.ParseLevel(f.LogLevel)
 		if err != nil {
