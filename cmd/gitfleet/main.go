@@ -61,6 +61,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(newVersionCmd(), newAgentCmd(), newControllerCmd(), newPlanCmd(),
 		newStatusCmd(), newValidateCmd(), newSchemaCmd(), newDemoCmd())
+	root.AddCommand(newEncryptCmd(), newAgeKeygenCmd())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return &exitError{code: 2, err: err}
 	})
