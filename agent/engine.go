@@ -563,6 +563,7 @@ func (e *Engine) persist(snap *snapshots.Snapshot, hash string, d acceptance) er
 			return err
 		}
 		e.log.WithField("epoch", snap.Epoch).WithField("commit", snap.Source.Commit).Info("snapshot accepted")
+		e.checkHostRecipient(snap.HostSpec.AgeRecipient)
 	}
 	if d.epoch {
 		// Also when the snapshot was already on disk (that crash): an epoch

@@ -73,6 +73,23 @@ func (p *vmPass) userDataProblem() string {
 	return ""
 }
 
+// checkHostRecipient warns when the Host object names an age recipient
+// this host's identity does not hold (the Host's key was changed in the
+// repository before the agent got the new identity, or the other way
+// round): VMs encrypted to it cannot be created here. Logged with each
+// accepted snapshot that names it; each VM's status says the rest.
+func (e *Engine) checkHostRecipient(recipient string) {
+	if recipient == "" || e.cfg.AgeIdentity.Holds(recipient) {
+		return
+	}
+	held := []string{}
+	if e.cfg.AgeIdentity != nil {
+		held = e.cfg.AgeIdentity.Recipients()
+	}
+	e.log.WithField("ageRecipient", recipient).WithField("held", held).
+		Warn("the Host's spec.ageRecipient is not a key this agent's identity file holds: user-data encrypted to it cannot be decrypted here; add its identity to the agent's ageIdentity file and restart the agent")
+}
+
 // joinErrors joins the non-empty messages with "; ".
 func joinErrors(msgs ...string) string {
 	out := ""

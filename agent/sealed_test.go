@@ -1,10 +1,12 @@
 package agent_test
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
 	"filippo.io/age"
+	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -117,4 +119,25 @@ func TestACreatedVMWhoseKeyChangedKeepsRunning(t *testing.T) {
 	assert.Contains(t, r.Message, agent.CloudInitNotApplied)
 	assert.Empty(t, f.prov.Calls(agenttest.OpShutdown))
 	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy))
+}
+
+// A Host naming a recipient this agent does not hold is logged when the
+// snapshot is accepted, with the keys it does hold.
+func TestAHostRecipientTheAgentDoesNotHoldIsLogged(t *testing.T) {
+	keys, held := newKeyring(t)
+	_, other := newKeyring(t)
+	var buf bytes.Buffer
+	log := logrus.New()
+	log.SetOutput(&buf)
+	f := newFixture(t, func(c *agent.EngineConfig) { c.AgeIdentity, c.Log = keys, log })
+	s := snap(1, vm("web-01"))
+	s.HostSpec.AgeRecipient = held
+	f.step(s)
+	assert.NotContains(t, buf.String(), "spec.ageRecipient is not a key")
+	s = snap(2, vm("web-01"))
+	s.HostSpec.AgeRecipient = other
+	f.step(s)
+	assert.Contains(t, buf.String(), "spec.ageRecipient is not a key this agent's identity file holds")
+	assert.Contains(t, buf.String(), other)
+	assert.Contains(t, buf.String(), held)
 }

@@ -198,8 +198,11 @@ func LoadKeyring(path string) (*Keyring, error) {
 func (k *Keyring) Recipients() []string { return append([]string(nil), k.recipients...) }
 
 // Holds reports whether recipient is the public key of one of the
-// keyring's identities.
+// keyring's identities; a nil keyring holds none.
 func (k *Keyring) Holds(recipient string) bool {
+	if k == nil {
+		return false
+	}
 	for _, r := range k.recipients {
 		if r == recipient {
 			return true
