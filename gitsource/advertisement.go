@@ -23,7 +23,7 @@ import (
 
 // maxAdvertisement is the most of a ref advertisement gitsource reads, in
 // bytes: about 250,000 refs at the 60-70 bytes each takes (a hash, a name
-// like refs/pull/12345/head, pkt-line framing), some 50 MB once decoded.
+// like refs/pull/12345/head, pkt-line framing), about 100 MB once decoded.
 // A variable so that tests can lower it.
 var maxAdvertisement int64 = 16 << 20
 

@@ -286,16 +286,22 @@ func (o objData) open() (io.ReadCloser, error) {
 	return os.Open(o.file)
 }
 
-// spillObject is a spilled base handed to go-git's streaming delta
-// applier (packfile.ReaderFromDelta), which reads it from the start again
-// when a copy goes backwards.
-type spillObject struct {
-	plumbing.EncodedObject // nil: only Size and Reader are called
-	data                   objData
+// readerAtCloser reads at any offset and is closed when done.
+type readerAtCloser interface {
+	io.ReaderAt
+	io.Closer
 }
 
-func (s spillObject) Size() int64                    { return s.data.size }
-func (s spillObject) Reader() (io.ReadCloser, error) { return s.data.open() }
+// openAt opens o for reads at any offset.
+func (o objData) openAt() (readerAtCloser, error) {
+	if o.file == "" {
+		return struct {
+			io.ReaderAt
+			io.Closer
+		}{bytes.NewReader(o.mem), io.NopCloser(nil)}, nil
+	}
+	return os.Open(o.file)
+}
 
 // resolve finds e's hash and type; false when its ref-delta base is not
 // known yet.
@@ -373,10 +379,10 @@ func (d *deltaResolver) content(e *packEntry, depth int) (objData, plumbing.Obje
 }
 
 // patch applies the delta instructions raw to src. Small ones are
-// applied in memory; when the base, the delta or the result is past
-// largeObject, go-git's streaming applier reads the base and the delta
-// from where they are and the result goes to a spill file, so a 100 MB
-// blob stored as a delta costs disk, not memory. The result's size is
+// applied in memory by go-git; when the base, the delta or the result is
+// past largeObject, applyDelta reads the base and the delta from where
+// they are and the result goes to a spill file, so a 100 MB blob stored
+// as a delta costs disk, not memory. The result's size is
 // read from the delta's header first: a delta that claims more than it
 // makes, or the reverse, is invalid.
 func (d *deltaResolver) patch(src, raw objData) (objData, error) {
@@ -399,33 +405,97 @@ func (d *deltaResolver) patch(src, raw objData) (objData, error) {
 		}
 		return objData{mem: out, size: int64(len(out))}, nil
 	}
+	base, err := src.openAt()
+	if err != nil {
+		return objData{}, err
+	}
+	defer base.Close()
 	delta, err := raw.open()
 	if err != nil {
 		return objData{}, err
 	}
 	defer delta.Close()
-	rd, err := packfile.ReaderFromDelta(spillObject{data: src}, delta)
-	if err != nil {
-		return objData{}, err
+	apply := func(w io.Writer) (int64, error) {
+		return applyDelta(w, base, src.size, bufio.NewReaderSize(delta, 64<<10), dstSize)
 	}
-	defer rd.Close()
 	if dstSize <= largeObject {
-		out, err := io.ReadAll(io.LimitReader(rd, int64(dstSize)+1))
-		if err != nil {
+		var out bytes.Buffer
+		out.Grow(int(dstSize))
+		if _, err := apply(&out); err != nil {
 			return objData{}, err
 		}
-		if uint64(len(out)) != dstSize {
-			return objData{}, packfile.ErrInvalidDelta
-		}
-		return objData{mem: out, size: int64(len(out))}, nil
+		return objData{mem: out.Bytes(), size: int64(out.Len())}, nil
 	}
-	return d.spill(func(w io.Writer) (int64, error) {
-		n, err := io.Copy(w, rd)
-		if err == nil && uint64(n) != dstSize {
-			err = packfile.ErrInvalidDelta
+	return d.spill(apply)
+}
+
+// applyDelta writes the result of git's delta instructions in delta (its
+// two leading sizes included) over base, of baseSize bytes, to w, and
+// returns the bytes written: dstSize, or an error matching
+// packfile.ErrInvalidDelta or ErrDeltaCmd. Copies read base at their
+// offset (io.ReaderAt), so a delta that copies backwards, or the same
+// range many times, costs what it writes, never a re-read of the base.
+// The format: git's diff-delta.c / patch-delta.c, as go-git's
+// packfile.PatchDelta reads it.
+func applyDelta(w io.Writer, base io.ReaderAt, baseSize int64, delta *bufio.Reader, dstSize uint64) (int64, error) {
+	if _, _, err := deltaSizes(delta); err != nil {
+		return 0, err
+	}
+	var n int64
+	for uint64(n) < dstSize {
+		cmd, err := delta.ReadByte()
+		if err != nil {
+			return n, packfile.ErrInvalidDelta
 		}
-		return n, err
-	})
+		switch {
+		case cmd&0x80 != 0: // copy from base
+			var off, size uint64
+			for i := uint(0); i < 4; i++ {
+				if cmd&(1<<i) != 0 {
+					b, err := delta.ReadByte()
+					if err != nil {
+						return n, packfile.ErrInvalidDelta
+					}
+					off |= uint64(b) << (8 * i)
+				}
+			}
+			for i := uint(0); i < 3; i++ {
+				if cmd&(0x10<<i) != 0 {
+					b, err := delta.ReadByte()
+					if err != nil {
+						return n, packfile.ErrInvalidDelta
+					}
+					size |= uint64(b) << (8 * i)
+				}
+			}
+			if size == 0 {
+				size = 0x10000
+			}
+			if off+size > uint64(baseSize) || uint64(n)+size > dstSize {
+				return n, packfile.ErrInvalidDelta
+			}
+			m, err := io.Copy(w, io.NewSectionReader(base, int64(off), int64(size)))
+			n += m
+			if err != nil {
+				return n, err
+			}
+		case cmd != 0: // insert cmd bytes from the delta
+			if uint64(n)+uint64(cmd) > dstSize {
+				return n, packfile.ErrInvalidDelta
+			}
+			m, err := io.CopyN(w, delta, int64(cmd))
+			n += m
+			if err != nil {
+				return n, packfile.ErrInvalidDelta
+			}
+		default:
+			return n, packfile.ErrDeltaCmd
+		}
+	}
+	if _, err := delta.ReadByte(); err != io.EOF {
+		return n, packfile.ErrInvalidDelta // instructions past the result
+	}
+	return n, nil
 }
 
 // deltaSizes reads the two sizes a delta starts with: its base's and its

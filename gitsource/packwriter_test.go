@@ -1,9 +1,11 @@
 package gitsource
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/go-git/go-git/v5/plumbing/format/idxfile"
+	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
@@ -193,4 +196,49 @@ func TestLargeDeltasResolveThroughSpillFiles(t *testing.T) {
 	}
 	left, _ := filepath.Glob(filepath.Join(cache, "objects", "pack", "tmp_*"))
 	require.Empty(t, left, "spill files are removed")
+}
+
+// applyDelta reads a large base at each copy's offset: a delta of 200,000
+// one-byte copies alternating between the base's last and first byte (a
+// copy backwards every time) costs what it writes, where a streaming
+// applier re-reading the base from its start for each would read 800 GB.
+// Malformed instructions are refused, never written past the result.
+func TestApplyDeltaCopiesAtOffsets(t *testing.T) {
+	base := make([]byte, 4*largeObject)
+	base[0], base[len(base)-1] = 'a', 'z'
+	delta := binary.AppendUvarint(nil, uint64(len(base)))
+	delta = binary.AppendUvarint(delta, 200000)
+	last := uint32(len(base) - 1)
+	var want bytes.Buffer
+	for i := 0; i < 100000; i++ {
+		delta = append(delta, 0x80|0x0f|0x10, byte(last), byte(last>>8), byte(last>>16), byte(last>>24), 1)
+		delta = append(delta, 0x80|0x10, 1)
+		want.WriteString("za")
+	}
+	var got bytes.Buffer
+	n, err := applyDelta(&got, bytes.NewReader(base), int64(len(base)), bufio.NewReader(bytes.NewReader(delta)), 200000)
+	require.NoError(t, err)
+	require.Equal(t, int64(200000), n)
+	require.True(t, bytes.Equal(want.Bytes(), got.Bytes()))
+
+	head := func(dst uint64) []byte {
+		return binary.AppendUvarint(binary.AppendUvarint(nil, uint64(len(base))), dst)
+	}
+	for name, tc := range map[string]struct {
+		delta []byte
+		dst   uint64
+		want  error
+	}{
+		"copy past the base":         {append(head(2), 0x80|0x0f|0x10, byte(last), byte(last>>8), byte(last>>16), byte(last>>24), 2), 2, packfile.ErrInvalidDelta},
+		"copy past the result":       {append(head(1), 0x80|0x10, 2), 1, packfile.ErrInvalidDelta},
+		"insert past the result":     {append(head(1), 2, 'x', 'y'), 1, packfile.ErrInvalidDelta},
+		"instructions past the end":  {append(head(1), 1, 'x', 1, 'y'), 1, packfile.ErrInvalidDelta},
+		"instructions end too early": {append(head(3), 1, 'x'), 3, packfile.ErrInvalidDelta},
+		"reserved command 0":         {append(head(1), 0), 1, packfile.ErrDeltaCmd},
+	} {
+		var out bytes.Buffer
+		_, err := applyDelta(&out, bytes.NewReader(base), int64(len(base)), bufio.NewReader(bytes.NewReader(tc.delta)), tc.dst)
+		require.ErrorIs(t, err, tc.want, name)
+		require.LessOrEqual(t, uint64(out.Len()), tc.dst, name)
+	}
 }

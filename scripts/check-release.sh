@@ -28,7 +28,8 @@ for arch in amd64 arm64; do
   for f in ./usr/bin/gitfleet ./lib/systemd/system/gitfleet-agent.service \
     ./lib/systemd/system/gitfleet-controller.service \
     ./usr/share/doc/gitfleet/examples/agent.yaml ./usr/share/doc/gitfleet/examples/controller.env \
-    ./usr/share/doc/gitfleet/examples/fleet/hosts/hv-a.yaml ./usr/share/doc/gitfleet/README.md; do
+    ./usr/share/doc/gitfleet/examples/fleet/hosts/hv-a.yaml ./usr/share/doc/gitfleet/README.md \
+    ./usr/share/doc/gitfleet/operating.md; do
     grep -q " $f\$" <<<"$files" || fail "$deb does not install $f"
   done
   tmp=$(mktemp -d)

@@ -57,6 +57,7 @@ const DefaultVMTimeout = 30 * time.Minute
 //	maxAttempts: 3
 //	logLevel: info
 //	ageIdentity: /etc/gitfleet/age.key         # opens user-data encrypted to this host (mode 0600; gitfleet age-keygen)
+//	epochReset: {from: 9007199254740000, to: 41}  # reviewed: trust a lower epoch again (see DESIGN.md)
 //
 // Durations are Go durations ("90s", "5m"). Secrets go in files
 // (passwordFile, tokenFile) or GITFLEET_TOKEN, never on the command line.
@@ -126,6 +127,14 @@ type AgentFile struct {
 	// AgeIdentity is the host's age identity file, which opens VM
 	// user-data encrypted to the Host's spec.ageRecipient; absent: none.
 	AgeIdentity string `yaml:"ageIdentity"`
+	// EpochReset makes the agent trust a lower epoch again: when its
+	// accepted epoch is exactly from, it becomes to (below from) at the
+	// next start (agent.EpochReset; docs/DESIGN.md, "Resetting an agent's
+	// epoch"). Absent: no reset.
+	EpochReset *struct {
+		From uint64 `yaml:"from"`
+		To   uint64 `yaml:"to"`
+	} `yaml:"epochReset"`
 }
 
 // agentFileChecks are the checks of AgentFile's values beyond their Go
@@ -250,6 +259,8 @@ type Agent struct {
 	// refused): the engine and the QEMU backend open VM user-data
 	// encrypted to this host with it.
 	AgeIdentity string
+	// EpochReset: see agent.EngineConfig; nil for none.
+	EpochReset *agent.EpochReset
 }
 
 // QEMU configures the QEMU backend (see qemu.Config).
@@ -369,6 +380,12 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 		c.VMTimeout = time.Duration(*f.VMTimeout)
 	}
 	c.ReadyTimeout, c.MaxAttempts = time.Duration(f.ReadyTimeout), f.MaxAttempts
+	if r := f.EpochReset; r != nil {
+		if r.To >= r.From {
+			return nil, fmt.Errorf("agent config %s: epochReset: to (%d) must be below from (%d)", path, r.To, r.From)
+		}
+		c.EpochReset = &agent.EpochReset{From: r.From, To: r.To}
+	}
 	c.Listen = f.Listen
 	c.AgeIdentity = f.AgeIdentity
 	if f.LogLevel != "" {
