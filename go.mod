@@ -3,6 +3,7 @@ module github.com/gitfleet/gitfleet
 go 1.26.0
 
 require (
+	filippo.io/age v1.3.2
 	github.com/ProtonMail/go-crypto v1.1.6
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/diskfs/go-diskfs v1.9.1
@@ -28,6 +29,7 @@ require (
 
 require (
 	dario.cat/mergo v1.0.0 // indirect
+	filippo.io/hpke v0.4.0 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/anchore/go-lzo v0.1.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect

@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/sealed"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 )
@@ -108,6 +109,15 @@ type EngineConfig struct {
 	// exports this engine's report as gauges (NewMetrics).
 	Metrics *Metrics
 	Log     logrus.FieldLogger
+	// AgeIdentity is this host's age identities, which open a VM's
+	// spec.cloudInit.encryptedUserData (give the backend the same
+	// keyring: it decrypts when it builds the seed). The engine only
+	// checks that they open it: a create whose user-data this host cannot
+	// decrypt fails at its user-data step, before anything is fetched;
+	// a created VM whose user-data it cannot decrypt (the host's key
+	// changed) keeps running and says so in lastError. nil: no identity,
+	// and such user-data is refused that way.
+	AgeIdentity *sealed.Keyring
 	// EpochReset, when set, lowers the accepted epoch from EpochReset.From
 	// to EpochReset.To when NewEngine finds exactly From accepted
 	// (Store.ResetEpoch); otherwise it does nothing.
@@ -179,6 +189,8 @@ type Engine struct {
 	workers     map[string]*worker
 	wg          sync.WaitGroup
 	changed     chan struct{}
+	// opens memoizes whether AgeIdentity opens a ciphertext (sealed.go).
+	opens sync.Map
 }
 
 type worker struct {
@@ -607,6 +619,7 @@ func (e *Engine) persist(snap *snapshots.Snapshot, hash string, d acceptance) er
 			return err
 		}
 		e.log.WithField("epoch", snap.Epoch).WithField("commit", snap.Source.Commit).Info("snapshot accepted")
+		e.checkHostRecipient(snap.HostSpec.AgeRecipient)
 	}
 	if d.epoch {
 		// Also when the snapshot was already on disk (that crash): an epoch

@@ -329,6 +329,7 @@ func (p *vmPass) create() {
 	// not prepared again; the remaining steps witness the create.
 	booted := p.e.prov.Running(rec.Name)
 	steps := []step{
+		{StepUserData, func(context.Context) error { return p.userDataCheck(spec) }},
 		{StepPreflight, p.e.prov.Preflight},
 		{StepAdmission, func(context.Context) error { return p.admit(spec) }},
 		{StepRootDisk, func(ctx context.Context) error {
@@ -378,6 +379,8 @@ func (p *vmPass) create() {
 		// Waits for the volume or the bridge: checked again every tick,
 		// no attempt spent; it comes up at the tick after it appears.
 		rec.Phase = status.PhaseCreating
+	case errors.Is(err, ErrUserDataSealed):
+		rec.Phase = status.PhaseFailed
 	case errors.Is(err, ErrVolumeUnusable) && !IsPermanent(err):
 		// A symlink to nothing: shown as failed with why, checked again
 		// every tick, no attempt spent; fixing the link resumes the create.
@@ -425,7 +428,7 @@ func (p *vmPass) converge(editErr string) {
 				return
 			}
 		}
-		rec.Power, rec.LastError = string(desired.PowerRunning), editErr
+		rec.Power, rec.LastError = string(desired.PowerRunning), joinErrors(editErr, p.userDataProblem())
 		p.noteReadiness()
 	} else {
 		if running {
@@ -439,7 +442,7 @@ func (p *vmPass) converge(editErr string) {
 			}
 			p.log.Info("vm stopped as its spec asks")
 		}
-		rec.Phase, rec.Power, rec.LastError = status.PhaseStopped, string(desired.PowerStopped), editErr
+		rec.Phase, rec.Power, rec.LastError = status.PhaseStopped, string(desired.PowerStopped), joinErrors(editErr, p.userDataProblem())
 	}
 	p.noteAddress()
 	rec.Message = p.diskMessage()

@@ -27,6 +27,7 @@ type object struct {
 // positions are the locations cross-object errors are reported at.
 type positions struct {
 	name, host, network, capacityVCPUs, capacityMemory, gateway4 pos
+	ageRecipient                                                 pos
 	volumes, static                                              []pos
 }
 

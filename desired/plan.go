@@ -242,6 +242,8 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 			w = append(w, SuspendWarning)
 		case kind == KindHost && f.Field == "spec.suspend" && f.Old == "true":
 			w = append(w, "reconciliation resumes: the host's agent applies every change that waited while it was suspended")
+		case kind == KindHost && f.Field == "spec.ageRecipient":
+			w = append(w, AgeRecipientWarning)
 		case kind == KindVM && strings.HasPrefix(f.Field, "spec.static."):
 			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot only: the created VM keeps the addresses it was created with; they apply when the VM is created again")
 		}
@@ -259,6 +261,13 @@ const SuspendWarning = "the host is suspended: its agent keeps its guests runnin
 // existing VM.
 const CloudInitEditWarning = "cloudInit is not applied to the existing VM: cloud-init seeds a VM once, at its first boot, and never removes a key it installed; " +
 	"to rotate an SSH key, add the new key to and remove the old one from ~/.ssh/authorized_keys inside the guest; this cloudInit seeds the VM only if it is created again"
+
+// AgeRecipientWarning is the plan's warning on a change of a Host's
+// spec.ageRecipient: the host's agent must hold the new key before the
+// change merges, and every VM's encryptedUserData on the host must be
+// encrypted to it (validate refuses one that is not).
+const AgeRecipientWarning = "the host's age recipient changes: add the new identity to the agent's ageIdentity file on this host before this merges (keep the old one until every VM created from its user-data is running); " +
+	"every VM's encryptedUserData here must be encrypted to the new recipient (gitfleet encrypt --host), and validate refuses one that is not; a created VM keeps running on the seed it was created with"
 
 // networkWarnings says what a Host's changed networks do to their guests:
 // a renumbered nat network, a network removed.

@@ -97,6 +97,10 @@ func JSONSchema() []byte {
 				"cloudInit": strict("The NoCloud seed's content (secret: never logged).", nil, obj{
 					"sshAuthorizedKeys": obj{"type": "array", "items": obj{"type": "string", "minLength": 1}},
 					"userData":          str("The user-data document in any format cloud-init reads (#cloud-config, #cloud-config-archive, MIME multipart, script, ...), written to the seed byte for byte; read by cloud-init at the VM's first boot only."),
+					"encryptedUserData": strict("userData encrypted with age to the VM's Host (gitfleet encrypt writes it); only that host's agent decrypts it, when it builds the seed. Not with userData.", []string{"recipient", "ciphertext"}, obj{
+						"recipient":  obj{"type": "string", "pattern": "^age1", "description": "The public key it is encrypted to: the Host's spec.ageRecipient."},
+						"ciphertext": obj{"type": "string", "pattern": "^\\s*-----BEGIN AGE ENCRYPTED FILE-----", "description": "The ASCII-armored age file."},
+					}),
 				}),
 			},
 		}),
@@ -108,6 +112,7 @@ func JSONSchema() []byte {
 			"suspend": obj{"type": "boolean", "description": "Suspend the host's reconciliation: its agent keeps the guests running as they are, writes status and acts on nothing until this is removed."},
 			"suspendReason": obj{"type": "string", "maxLength": MaxSuspendReason,
 				"description": "Why the host is suspended, shown in status; needs suspend: true."},
+			"ageRecipient": obj{"type": "string", "pattern": "^age1", "description": "The public key of the host agent's age identity (gitfleet age-keygen prints it): VMs on this host may carry user-data encrypted to it."},
 			"capacity": strict("What the host offers its VMs; 0 or absent means not limited.", nil, obj{
 				"vcpus":    integer("Virtual CPUs for all VMs together.", 0, MaxHostVCPUs),
 				"memoryMB": integer("Memory for all VMs together, in MiB.", 0, MaxHostMemoryMB),

@@ -54,9 +54,26 @@ type Kernel struct {
 // default user whatever UserData's format; each is one line of
 // authorized_keys, non-empty and without a line break. Both are secrets: they appear in
 // snapshots (the agent needs them) but never in status files or logs.
+// EncryptedUserData is UserData encrypted to the VM's Host (at most one of
+// the two is set): only that host's agent decrypts it, when it builds the
+// seed.
 type CloudInit struct {
-	SSHAuthorizedKeys []string `yaml:"sshAuthorizedKeys,omitempty" json:"sshAuthorizedKeys,omitempty"`
-	UserData          string   `yaml:"userData,omitempty" json:"userData,omitempty"`
+	SSHAuthorizedKeys []string           `yaml:"sshAuthorizedKeys,omitempty" json:"sshAuthorizedKeys,omitempty"`
+	UserData          string             `yaml:"userData,omitempty" json:"userData,omitempty"`
+	EncryptedUserData *EncryptedUserData `yaml:"encryptedUserData,omitempty" json:"encryptedUserData,omitempty"`
+}
+
+// EncryptedUserData is a user-data document encrypted with age to the
+// VM's Host, as gitfleet encrypt writes it. Recipient is the public key it
+// was encrypted to ("age1…"), which must be the Host's spec.ageRecipient:
+// a Host whose key changed, or a VM moved to another host, is caught by
+// validate rather than by a seed that cannot be built. Ciphertext is the
+// ASCII-armored age file ("-----BEGIN AGE ENCRYPTED FILE-----"). The
+// controller, plan and validate never decrypt it; the spec hash covers
+// the ciphertext, so a new secret is a cloudInit change like any other.
+type EncryptedUserData struct {
+	Recipient  string `yaml:"recipient" json:"recipient"`
+	Ciphertext string `yaml:"ciphertext" json:"ciphertext"`
 }
 
 // VMSpec is a VM's desired state.
@@ -166,6 +183,11 @@ type HostSpec struct {
 	// SuspendReason says why, for people (at most MaxSuspendReason bytes
 	// of printable text); it needs Suspend.
 	SuspendReason string `yaml:"suspendReason,omitempty" json:"suspendReason,omitempty"`
+	// AgeRecipient is the public key of the host agent's age identity
+	// ("age1…", as gitfleet age-keygen or age-keygen -y prints it): VMs on
+	// the host may carry user-data encrypted to it
+	// (CloudInit.EncryptedUserData). Optional; public.
+	AgeRecipient string `yaml:"ageRecipient,omitempty" json:"ageRecipient,omitempty"`
 }
 
 // MaxSuspendReason bounds HostSpec.SuspendReason, in bytes.

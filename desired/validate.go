@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gitfleet/gitfleet/internal/redact"
+	"github.com/gitfleet/gitfleet/internal/sealed"
 )
 
 // Limits of the object fields. The lower bounds are what a VM needs to boot
@@ -181,6 +182,7 @@ func (d *nodeDecoder) check(o *object) {
 		capacityVCPUs:  d.valPos("spec.capacity.vcpus"),
 		capacityMemory: d.valPos("spec.capacity.memoryMB"),
 		gateway4:       d.valPos("spec.static.gateway4"),
+		ageRecipient:   d.valPos(map[Kind]string{KindVM: "spec.cloudInit.encryptedUserData.recipient", KindHost: "spec.ageRecipient"}[o.kind]),
 	}
 	if o.kind == KindVM && o.vm.Spec.Static != nil {
 		o.at.static = make([]pos, len(o.vm.Spec.Static.Addresses))
@@ -255,6 +257,34 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 			}
 		}
 		d.userData(s.CloudInit.UserData)
+		if s.CloudInit.EncryptedUserData != nil {
+			d.encryptedUserData(s.CloudInit)
+		}
+	}
+}
+
+// encryptedUserData checks spec.cloudInit.encryptedUserData without any
+// key: a recipient that parses, a ciphertext that is an armored age file,
+// and no plaintext userData beside it. Whether the recipient is its Host's
+// is a cross-object check.
+func (d *nodeDecoder) encryptedUserData(ci *CloudInit) {
+	const f = "spec.cloudInit.encryptedUserData"
+	if d.bad[f] {
+		return
+	}
+	if d.written("spec.cloudInit.userData") {
+		d.add(d.keyPos(f), f, "spec.cloudInit has both userData and encryptedUserData; a VM's user-data is one or the other (gitfleet encrypt replaces userData with encryptedUserData)")
+	}
+	e := ci.EncryptedUserData
+	if d.required(f + ".recipient") {
+		if _, err := sealed.ParseRecipient(e.Recipient); err != nil {
+			d.add(d.valPos(f+".recipient"), f+".recipient", "%v", err)
+		}
+	}
+	if d.required(f + ".ciphertext") {
+		if err := sealed.CheckCiphertext(e.Ciphertext); err != nil {
+			d.add(d.valPos(f+".ciphertext"), f+".ciphertext", "%v", err)
+		}
 	}
 }
 
@@ -289,6 +319,11 @@ func (d *nodeDecoder) checkHost(s *HostSpec) {
 			d.add(d.valPos(rf), rf, "is %d bytes; at most %d", len(s.SuspendReason), MaxSuspendReason)
 		case strings.IndexFunc(s.SuspendReason, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) >= 0:
 			d.add(d.valPos(rf), rf, "holds a control character or invalid UTF-8; one line of text")
+		}
+	}
+	if d.written("spec.ageRecipient") && !d.bad["spec.ageRecipient"] {
+		if _, err := sealed.ParseRecipient(s.AgeRecipient); err != nil {
+			d.add(d.valPos("spec.ageRecipient"), "spec.ageRecipient", "%v", err)
 		}
 	}
 	if c := s.Capacity; c != nil {
@@ -470,6 +505,11 @@ func crossCheck(objs []*object, complete bool, unchanged map[*object]bool) []*Er
 				u.vcpus += s.VCPUs
 				u.memoryMB += s.MemoryMB
 				u.count++
+				if ci := s.CloudInit; ci != nil && ci.EncryptedUserData != nil {
+					if msg := checkSealedTo(ci.EncryptedUserData, h); msg != "" {
+						add(o, o.at.ageRecipient, "spec.cloudInit.encryptedUserData.recipient", "%s", msg)
+					}
+				}
 				u.vms = append(u.vms, o)
 				if s.Network != "" {
 					n, ok := h.host.Spec.Networks[s.Network]
@@ -523,6 +563,24 @@ func crossCheck(objs []*object, complete bool, unchanged map[*object]bool) []*Er
 		}
 	}
 	return errs
+}
+
+// checkSealedTo reports why user-data encrypted to e.Recipient cannot be
+// opened by the agent of host h, or "": h must name that recipient. A
+// Host whose key changed (its spec.ageRecipient replaced) and a VM moved
+// to another host both land here, before any agent fails to build a seed.
+func checkSealedTo(e *EncryptedUserData, h *object) string {
+	want := h.host.Spec.AgeRecipient
+	if _, err := sealed.ParseRecipient(e.Recipient); err != nil {
+		return "" // reported on its own
+	}
+	switch {
+	case want == "":
+		return fmt.Sprintf("the user-data is encrypted to %s, but Host %q names no spec.ageRecipient (%s:%d:%d): give the Host its agent's public key (gitfleet age-keygen prints it), or write plain userData", e.Recipient, h.name, h.origin().File, h.at.name.line, h.at.name.col)
+	case want != e.Recipient:
+		return fmt.Sprintf("the user-data is encrypted to %s, but Host %q's spec.ageRecipient is %s (%s:%d:%d): the host's key changed or the VM moved, and that host's agent cannot decrypt it; encrypt it again for this host (gitfleet encrypt --host %s FILE), or, for a VM already created, remove encryptedUserData (cloudInit is read at first boot only)", e.Recipient, h.name, want, h.origin().File, h.at.ageRecipient.line, h.at.ageRecipient.col, h.name)
+	}
+	return ""
 }
 
 // maxAskers bounds the VMs a capacity message names.

@@ -32,6 +32,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/internal/debianguest"
 	"github.com/gitfleet/gitfleet/internal/netnstest"
 	"github.com/gitfleet/gitfleet/status"
@@ -241,10 +242,14 @@ func sshRun(t *testing.T, n guestNet, addr string, signer ssh.Signer, hostKeys [
 func TestDebianGuest(t *testing.T) {
 	f := newFleet(t)
 	g, url := serveDebian(t)
+	hostYAML := f.useAgeIdentity(t, hostFile)
 	f.startController()
 	f.startAgent()
-	d := f.bootDebian(g, url, "deb-a", userNet, hostFile, "")
+	// The user-data is encrypted to the host: checkGuest sees it ran in the
+	// guest, and its nonce is on no branch.
+	d := f.bootDebian(g, url, "deb-a", userNet, hostYAML, "")
 	d.checkGuest()
+	assert.NotContains(t, gittest.Git(t, f.bare, "log", "-p", "--all"), d.nonce, "the user-data's plaintext is in the repository")
 
 	// sshd stopped in the guest (as cloud-init's restart of it, but for
 	// long enough to see): status shows the VM booting, saying why, until
@@ -348,6 +353,11 @@ write_files:
     content: "ran %s"
 `, userDataMarker, d.nonce)
 	d.file = debianVMFile(g, url, vm, n, string(ssh.MarshalAuthorizedKey(sshPub)), userData, extra)
+	if r := hostRecipient(hostYAML); r != "" {
+		// A Host with an age recipient gets its VM's user-data encrypted
+		// to it, as its author would (gitfleet encrypt).
+		d.file = sealVMFile(t, d.file, r)
+	}
 	f.push("add the Debian guest "+vm, map[string]string{
 		"hosts/e2e.yaml":      hostYAML,
 		"vms/" + vm + ".yaml": d.file,

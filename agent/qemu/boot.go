@@ -165,7 +165,7 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	if err != nil {
 		return err
 	}
-	files, err := seedFiles(m.Name, m.InstanceID, mac, m.Spec.CloudInit, staticFor(m.Spec.Static, att))
+	files, err := p.machineSeed(st, m, mac, staticFor(m.Spec.Static, att))
 	if err != nil {
 		return agent.Permanent(fmt.Errorf("seed: %w", err))
 	}

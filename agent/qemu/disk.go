@@ -116,7 +116,7 @@ func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
 	}
 	// Rendered without the host network's defaults (gateway, DNS), which
 	// only attaching the VM to it gives; the rest of the seed is Boot's.
-	if _, err := seedFiles(m.Name, m.InstanceID, macFor(m.Name), m.Spec.CloudInit, staticFor(m.Spec.Static, hostnet.Attachment{})); err != nil {
+	if _, err := p.machineSeed(st, m, macFor(m.Name), staticFor(m.Spec.Static, hostnet.Attachment{})); err != nil {
 		return agent.Permanent(fmt.Errorf("seed: %w", err))
 	}
 	return nil

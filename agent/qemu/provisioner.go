@@ -59,6 +59,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/internal/sealed"
 )
 
 // Files the backend makes in a VM's directory.
@@ -140,6 +141,11 @@ type Config struct {
 	// boot with a permanent error; VMs without a network use QEMU's
 	// user-mode networking either way.
 	Networks HostNetworks
+	// AgeIdentity is this host's age identities: Boot and Stage decrypt a
+	// VM's spec.cloudInit.encryptedUserData with them into the seed's
+	// user-data (see Provisioner.userData). nil: such a VM's seed cannot
+	// be built, unless it has a seed of its own already.
+	AgeIdentity *sealed.Keyring
 	// Logger receives the backend's logs (default: logrus' standard logger),
 	// with component=qemu.
 	Logger logrus.FieldLogger

@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/diskfs/go-diskfs/filesystem/iso9660"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/desired"
 )
 
@@ -37,10 +39,16 @@ const NICName = "nic0"
 //     key order meaningful to the person who wrote them).
 //   - network-config: version 2 for the NIC whose MAC is mac, renamed to
 //     NICName: DHCP, or static's addresses when static is not nil.
+//
+// ci's user-data must be plaintext by now (machineSeed opens an encrypted
+// one); an encrypted one here is an error, never written as it is.
 func seedFiles(name, instanceID, mac string, ci *desired.CloudInit, static *desired.StaticIP) (map[string][]byte, error) {
 	var keys []string
 	userData := ""
 	if ci != nil {
+		if ci.EncryptedUserData != nil {
+			return nil, errors.New("user-data: encrypted user-data reached the seed unopened")
+		}
 		keys, userData = ci.SSHAuthorizedKeys, ci.UserData
 	}
 	meta, err := metaData(name, instanceID, keys)
@@ -61,6 +69,71 @@ func seedFiles(name, instanceID, mac string, ci *desired.CloudInit, static *desi
 		return nil, fmt.Errorf("network-config: %w", err)
 	}
 	return map[string][]byte{"meta-data": meta, "user-data": []byte(userData), "network-config": netcfg}, nil
+}
+
+// machineSeed renders m's seed (seedFiles) with its user-data opened
+// (userData).
+func (p *Provisioner) machineSeed(st *vmState, m agent.Machine, mac string, static *desired.StaticIP) (map[string][]byte, error) {
+	ci := m.Spec.CloudInit
+	if ci != nil && ci.EncryptedUserData != nil {
+		ud, err := p.userData(st, m)
+		if err != nil {
+			return nil, err
+		}
+		ci = &desired.CloudInit{SSHAuthorizedKeys: ci.SSHAuthorizedKeys, UserData: string(ud)}
+	}
+	return seedFiles(m.Name, m.InstanceID, mac, ci, static)
+}
+
+// userData is the user-data m's seed carries: the spec's userData as
+// written, or its encryptedUserData decrypted with Config.AgeIdentity —
+// here, when the seed is built, and nowhere else. When this host cannot
+// decrypt it but the VM already has a seed of its own instance (created
+// before the host's key changed), the user-data of that seed is kept:
+// cloud-init read it at first boot, cloudInit is first-boot only, and a
+// key that changed must never keep a created VM from booting. Otherwise
+// the error is permanent and names keys, never content.
+func (p *Provisioner) userData(st *vmState, m agent.Machine) ([]byte, error) {
+	ci := m.Spec.CloudInit
+	switch {
+	case ci == nil:
+		return nil, nil
+	case ci.EncryptedUserData == nil:
+		return []byte(ci.UserData), nil
+	}
+	plain, err := p.cfg.AgeIdentity.Open(ci.EncryptedUserData.Ciphertext)
+	if err == nil {
+		return plain, nil
+	}
+	if ud, ok := seedUserData(st.path(SeedFile), m.InstanceID); ok {
+		p.log.WithField("vm", m.Name).WithField("recipient", ci.EncryptedUserData.Recipient).WithError(err).
+			Warn("encryptedUserData cannot be decrypted on this host; the seed keeps the user-data of the VM's existing seed")
+		return ud, nil
+	}
+	return nil, agent.Permanent(fmt.Errorf("user-data encrypted to %s: %w", ci.EncryptedUserData.Recipient, err))
+}
+
+// seedUserData is the user-data of the seed at path when its meta-data
+// names instanceID; ok is false when there is no such seed.
+func seedUserData(path, instanceID string) ([]byte, bool) {
+	if instanceID == "" {
+		return nil, false
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, false
+	}
+	_, files, err := readSeedISO(path)
+	if err != nil {
+		return nil, false
+	}
+	var meta struct {
+		InstanceID string `yaml:"instance-id"`
+	}
+	if yaml.Unmarshal(files["meta-data"], &meta) != nil || meta.InstanceID != instanceID {
+		return nil, false
+	}
+	ud, ok := files["user-data"]
+	return ud, ok
 }
 
 // applyStatic turns a network-config v2 ethernet entry from DHCP to

@@ -102,7 +102,8 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newVersionCmd(), newAgentCmd(), newControllerCmd(), newPlanCmd(),
-		newStatusCmd(), newValidateCmd(), newSchemaCmd(), newDemoCmd(), newConsoleCmd(), newReconcileCmd())
+		newStatusCmd(), newValidateCmd(), newSchemaCmd(), newDemoCmd(), newConsoleCmd(), newReconcileCmd(),
+		newEncryptCmd(), newAgeKeygenCmd())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return &exitError{code: 2, err: err}
 	})

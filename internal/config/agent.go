@@ -56,6 +56,7 @@ const DefaultVMTimeout = 30 * time.Minute
 //	readyTimeout: 10m                          # guest silent this long after boot: lastError says so
 //	maxAttempts: 3
 //	logLevel: info
+//	ageIdentity: /etc/gitfleet/age.key         # opens user-data encrypted to this host (mode 0600; gitfleet age-keygen)
 //	epochReset: {from: 9007199254740000, to: 41}  # reviewed: trust a lower epoch again (see DESIGN.md)
 //
 // Durations are Go durations ("90s", "5m"). Secrets go in files
@@ -123,6 +124,9 @@ type AgentFile struct {
 	// Listen is the address of the agent's /metrics and /healthz, such
 	// as agent.DefaultListen; absent or empty: no listener.
 	Listen string `yaml:"listen"`
+	// AgeIdentity is the host's age identity file, which opens VM
+	// user-data encrypted to the Host's spec.ageRecipient; absent: none.
+	AgeIdentity string `yaml:"ageIdentity"`
 	// EpochReset makes the agent trust a lower epoch again: when its
 	// accepted epoch is exactly from, it becomes to (below from) at the
 	// next start (agent.EpochReset; docs/DESIGN.md, "Resetting an agent's
@@ -143,6 +147,7 @@ var agentFileChecks = map[string]fieldCheck{
 	"repo.auth.knownHostsFile": checkPath,
 	"host":                     agent.CheckHostName,
 	"stateDir":                 checkPath,
+	"ageIdentity":              checkPath,
 	"backend":                  oneOf(BackendQEMU, BackendMemory),
 	"qemu.accel":               oneOf(qemu.AccelAuto, qemu.AccelKVM, qemu.AccelTCG),
 	"artifacts.fileRoots[]": func(s string) error {
@@ -249,6 +254,11 @@ type Agent struct {
 	Version string
 	// Listen is the address of /metrics and /healthz; "" serves nothing.
 	Listen string
+	// AgeIdentity is the path of the host's age identity file ("" for
+	// none), read by Open (sealed.LoadKeyring: a file others can read is
+	// refused): the engine and the QEMU backend open VM user-data
+	// encrypted to this host with it.
+	AgeIdentity string
 	// EpochReset: see agent.EngineConfig; nil for none.
 	EpochReset *agent.EpochReset
 }
@@ -415,6 +425,7 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 		c.EpochReset = &agent.EpochReset{From: r.From, To: r.To}
 	}
 	c.Listen = f.Listen
+	c.AgeIdentity = f.AgeIdentity
 	if f.LogLevel != "" {
 		lvl, err := logrus.ParseLevel(f.LogLevel)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/redact"
+	"github.com/gitfleet/gitfleet/internal/sealed"
 )
 
 // The QEMU backend reports accelerator and download progress in status.
@@ -51,11 +52,20 @@ type AgentParts struct {
 // the caller runs agent.New(parts.Config) and closes the engine when the
 // agent is done with it.
 func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, error) {
+	var keys *sealed.Keyring
+	if c.AgeIdentity != "" {
+		k, err := sealed.LoadKeyring(c.AgeIdentity)
+		if err != nil {
+			return nil, err
+		}
+		keys = k
+		log.WithField("recipients", k.Recipients()).Info("age identity loaded: user-data encrypted to these recipients can be decrypted here")
+	}
 	store, err := agent.OpenStore(c.StateDir)
 	if err != nil {
 		return nil, err
 	}
-	prov, err := c.backend(store, log)
+	prov, err := c.backend(store, keys, log)
 	if err != nil {
 		return nil, fmt.Errorf("backend %s: %w", c.Backend, err)
 	}
@@ -80,7 +90,8 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 		Host: c.Host, Store: store, Provisioner: prov, Metrics: metrics,
 		TombstoneGrace: c.TombstoneGrace, VanishGrace: c.VanishGrace, ImageGrace: c.ImageGrace,
 		MaxAttempts: c.MaxAttempts, VMTimeout: c.VMTimeout, ReadyTimeout: c.ReadyTimeout, Log: log,
-		EpochReset: c.EpochReset,
+		AgeIdentity: keys,
+		EpochReset:  c.EpochReset,
 	})
 	if err != nil {
 		return nil, err
@@ -101,17 +112,17 @@ func orUnder(dir string, store *agent.Store, name string) string {
 }
 
 // backend builds the provisioner c.Backend names.
-func (c *Agent) backend(store *agent.Store, log *logrus.Logger) (agent.Provisioner, error) {
+func (c *Agent) backend(store *agent.Store, keys *sealed.Keyring, log *logrus.Logger) (agent.Provisioner, error) {
 	switch c.Backend {
 	case BackendQEMU:
-		return c.qemuBackend(store, log)
+		return c.qemuBackend(store, keys, log)
 	case BackendMemory:
 		return memoryBackend(store)
 	}
 	return nil, fmt.Errorf("unknown backend %q: want qemu or memory", c.Backend)
 }
 
-func (c *Agent) qemuBackend(store *agent.Store, log *logrus.Logger) (*qemu.Provisioner, error) {
+func (c *Agent) qemuBackend(store *agent.Store, keys *sealed.Keyring, log *logrus.Logger) (*qemu.Provisioner, error) {
 	nets, err := hostnet.New(hostnet.Config{Dir: filepath.Join(store.Root(), "networks"), Logger: log})
 	if err != nil {
 		return nil, err
@@ -127,6 +138,7 @@ func (c *Agent) qemuBackend(store *agent.Store, log *logrus.Logger) (*qemu.Provi
 		BootTimeout:      c.QEMU.BootTimeout,
 		PowerdownTimeout: c.QEMU.PowerdownTimeout,
 		Networks:         nets,
+		AgeIdentity:      keys,
 		Logger:           log,
 	})
 }
