@@ -77,6 +77,11 @@ var (
 	// ErrConflict: Update was rejected on every attempt (the branch kept
 	// moving under it), or the context ended while it was retrying.
 	ErrConflict = errors.New("update kept being rejected")
+	// ErrNonFastForward: the remote refused a Write with ReplaceTip
+	// because it allows only fast-forward updates of the branch (git's
+	// receive.denyNonFastForwards, a protected branch or a ruleset that
+	// blocks force pushes). It is not retried: write without ReplaceTip.
+	ErrNonFastForward = errors.New("remote refuses non-fast-forward updates")
 	// ErrObjectMissing: an object the cache should hold is absent or
 	// unreadable. Fetch repairs the cache; the read is never taken as empty.
 	ErrObjectMissing = errors.New("git object missing from cache")
