@@ -59,6 +59,9 @@ type Controller struct {
 	summaryKey []byte // summary with heartbeat-driven fields blanked
 	summaryAt  time.Time
 	summaryDue bool // a changed summary waits for SummaryInterval
+	// eventKeys caches status.EventKey digests by blob hash, for the
+	// statuses of the last pass.
+	eventKeys map[string]string
 	// rejectLogged is the last rejection logged; failLogged the last
 	// unreadable or refused cause logged ("" after a pass that was
 	// neither).
@@ -160,15 +163,17 @@ func (c *Controller) Kick() {
 
 // Run runs passes until ctx ends: at once, then every interval (jittered,
 // default 15 s), whenever the desired branch moves (Watch: polling, and
-// fsnotify on a local repository), on Kick, and when the status branch moves
-// (at most one such pass per 2 s). A failed pass is logged and retried at
+// fsnotify on a local repository), on Kick, and when a host branch or the
+// status branch moves (at most one such pass per 2 s). A failed pass is logged and retried at
 // the next trigger. It returns ctx's error.
 func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
 	mainCh := c.repo.Watch(ctx, c.cfg.Branch, interval)
-	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval) // resolves heads only: the cache does not grow
+	// Both resolve heads only: the cache does not grow. The status branch
+	// moves for agents of the old layout.
+	statusCh := either(c.repo.WatchPrefix(ctx, status.HostBranchPrefix, interval), c.repo.Watch(ctx, c.cfg.StatusBranch, interval))
 	for {
 		started := time.Now()
 		_, _ = c.Pass(ctx) // Pass logs what a person needs
@@ -201,6 +206,41 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 		}
 		t.Stop()
 	}
+}
+
+// either forwards the values of a and b to one channel of capacity one
+// (a value not read yet is replaced), closed when both are.
+func either(a, b <-chan string) <-chan string {
+	out := make(chan string, 1)
+	go func() {
+		defer close(out)
+		for a != nil || b != nil {
+			var v string
+			var ok bool
+			select {
+			case v, ok = <-a:
+				if !ok {
+					a = nil
+					continue
+				}
+			case v, ok = <-b:
+				if !ok {
+					b = nil
+					continue
+				}
+			}
+			select {
+			case out <- v:
+			default:
+				select {
+				case <-out:
+				default:
+				}
+				out <- v
+			}
+		}
+	}()
+	return out
 }
 
 // statusGap is the least time between the starts of two passes when the
@@ -331,7 +371,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	// failure recorded there is over.
 	sum := c.summarize(out.ledger, fl, obs.reports, obs.err == nil, now)
 	c.failing, c.lastSummary = nil, &sum
-	written, err := c.writeSummary(ctx, sum, now)
+	written, err := c.writeStatusBranch(ctx, sum, obs.copies, now)
 	if err != nil {
 		return res, fmt.Errorf("write summary: %w", err)
 	}
@@ -379,22 +419,26 @@ func (c *Controller) renewTipsWhenDue(now time.Time) {
 	c.log.Debug("tip repository opened afresh")
 }
 
-// observation is what a pass read of the status branch.
+// observation is what a pass read of the host branches and the status
+// branch.
 type observation struct {
-	// tip is the status branch tip ("" when absent); err why it could not
-	// be read (then statuses is empty and no delete is finalized).
+	// tip names what was read: the status branch tip and every host
+	// branch tip ("" when there are none); err why it could not be read
+	// (then statuses is empty and no delete is finalized).
 	tip     string
 	err     error
 	reports []status.Report
 	// statuses are the readable statuses by host.
 	statuses map[string]*status.Status
+	// copies are the copies to bring up to date on the status branch.
+	copies statusCopies
 }
 
 // observe reads the hosts' statuses and feeds the liveness clock with
 // them and with the hosts fl desires (fl may be nil).
 func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Time) observation {
 	var obs observation
-	obs.tip, obs.reports, obs.err = c.readStatuses(ctx)
+	obs.tip, obs.reports, obs.copies, obs.err = c.readStatuses(ctx)
 	obs.statuses = map[string]*status.Status{}
 	if obs.err == nil {
 		for _, rep := range obs.reports {
@@ -513,27 +557,6 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 	c.loadedHead, c.loadedFleet = head, fl
 	c.hashes = c.specHashes(fl)
 	return head, fl, nil
-}
-
-// readStatuses fetches the status branch (absent: no statuses yet) and
-// reads every host's status.
-func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, error) {
-	tip, err := c.tips.Fetch(ctx, c.cfg.StatusBranch)
-	if errors.Is(err, gitsource.ErrBranchNotFound) {
-		return "", nil, nil
-	}
-	if err != nil {
-		return "", nil, fmt.Errorf("fetch %s: %w", c.cfg.StatusBranch, err)
-	}
-	tree, err := c.tips.Tree(tip, "")
-	if err != nil {
-		return tip, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(tip).Short(), err)
-	}
-	reps, err := c.statuses.ReadAll(tree)
-	if err != nil {
-		return tip, nil, err
-	}
-	return tip, reps, nil
 }
 
 // specHashes returns the spec hash of every VM of fl, reusing the hashes of

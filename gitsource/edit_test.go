@@ -136,3 +136,28 @@ func TestWatchPrefix(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 }
+
+// EditOwn builds on the tip the cache last saw; when something else moved
+// the branch meanwhile, the push loses the race and the write is redone on
+// the fetched tip: nothing is lost.
+func TestEditOwnRecoversFromAForeignWrite(t *testing.T) {
+	ctx := context.Background()
+	rm := transports(t)["path"](t)
+	own := open(t, gitsource.Options{URL: rm.url, Depth: 1})
+	other := open(t, gitsource.Options{URL: rm.url})
+	branch := "gitfleet/hosts/hv-a"
+	write := func(path, content string) gitsource.EditFunc {
+		return func(*gitsource.Commit, func(string) ([]byte, error)) (gitsource.Write, error) {
+			return gitsource.Write{Files: map[string][]byte{path: []byte(content)}, Message: "w"}, nil
+		}
+	}
+	_, err := own.EditOwn(ctx, branch, write("a", "1"))
+	require.NoError(t, err)
+	_, err = other.Update(ctx, branch, setFile("b", "foreign"))
+	require.NoError(t, err)
+	tip, err := own.EditOwn(ctx, branch, write("a", "2"))
+	require.NoError(t, err)
+	assert.Equal(t, tip, gittest.Rev(t, rm.dir, branch))
+	assert.Equal(t, "2", gittest.Show(t, rm.dir, branch, "a"))
+	assert.Equal(t, "foreign", gittest.Show(t, rm.dir, branch, "b"))
+}

@@ -99,6 +99,21 @@ type EditFunc func(tip *Commit, read func(path string) ([]byte, error)) (Write, 
 // A writer that alone writes its branch uses it to keep history from
 // growing with updates that carry no news.
 func (r *Repo) Edit(ctx context.Context, branch string, edit EditFunc) (string, error) {
+	return r.edit(ctx, branch, edit, false)
+}
+
+// EditOwn is Edit for a branch that this Repo alone writes (an agent's host
+// branch): the first attempt builds on the tip the cache last saw (the
+// tracking ref its last fetch or push set) without fetching, which spares
+// a round trip with the remote per write. When anything else moved the
+// branch the push is refused as a lost race, and the next attempts fetch
+// first, as Edit's do. A cache that has not seen the branch fetches.
+func (r *Repo) EditOwn(ctx context.Context, branch string, edit EditFunc) (string, error) {
+	return r.edit(ctx, branch, edit, true)
+}
+
+// edit is Edit; own builds the first attempt on the tracking ref.
+func (r *Repo) edit(ctx context.Context, branch string, edit EditFunc, own bool) (string, error) {
 	if err := checkBranch(branch); err != nil {
 		return "", fmt.Errorf("update: %w", err)
 	}
@@ -131,9 +146,16 @@ func (r *Repo) Edit(ctx context.Context, branch string, edit EditFunc) (string, 
 			case <-t.C:
 			}
 		}
-		tip, err := r.Fetch(ctx, branch)
-		if err != nil && !errors.Is(err, ErrBranchNotFound) {
-			return "", fmt.Errorf("update %s: %w", branch, err)
+		tip, known := "", false
+		if own && attempt == 0 {
+			tip, known = r.trackedTip(branch)
+		}
+		if !known {
+			var err error
+			tip, err = r.Fetch(ctx, branch)
+			if err != nil && !errors.Is(err, ErrBranchNotFound) {
+				return "", fmt.Errorf("update %s: %w", branch, err)
+			}
 		}
 		newTip, err := r.attempt(ctx, branch, tip, edit)
 		if err == nil {
@@ -151,6 +173,20 @@ func (r *Repo) Edit(ctx context.Context, branch string, edit EditFunc) (string, 
 		lastErr = err
 	}
 	return "", fmt.Errorf("update %s: %w after %d attempts: %v", branch, ErrConflict, attempts, lastErr)
+}
+
+// trackedTip is branch's tracking ref when the cache holds its commit.
+func (r *Repo) trackedTip(branch string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ref, err := r.st.Reference(trackingRef(branch))
+	if err != nil {
+		return "", false
+	}
+	if _, err := r.st.EncodedObject(plumbing.CommitObject, ref.Hash()); err != nil {
+		return "", false
+	}
+	return ref.Hash().String(), true
 }
 
 // attempt runs edit on tip, builds the commit and pushes it.

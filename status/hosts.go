@@ -55,14 +55,15 @@ func SameExceptHeartbeat(a, b *Status) bool {
 	if a == nil || b == nil {
 		return false
 	}
-	ka, erra := eventKey(a)
-	kb, errb := eventKey(b)
+	ka, erra := EventKey(a)
+	kb, errb := EventKey(b)
 	return erra == nil && errb == nil && string(ka) == string(kb)
 }
 
-// eventKey is st as Marshal writes it with Heartbeat and ObservedAt
-// zeroed.
-func eventKey(st *Status) ([]byte, error) {
+// EventKey is st as Marshal writes it with Heartbeat and ObservedAt
+// zeroed: two statuses with equal keys differ only in what every write
+// moves. Errors are Marshal's.
+func EventKey(st *Status) ([]byte, error) {
 	c := *st
 	c.Heartbeat, c.ObservedAt = 0, time.Time{}
 	return Marshal(&c)

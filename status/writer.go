@@ -13,13 +13,19 @@ import (
 //
 // A write whose status differs from the one at the tip only in Heartbeat
 // and ObservedAt is heartbeat-only: its commit carries HeartbeatTrailer.
-// When the tip is itself heartbeat-only, the new commit replaces it (same
-// parent, compare-and-swap from the old tip; gitsource.Write.ReplaceTip),
-// so an idle host's branch holds its last event and one heartbeat commit
-// on top. Every other write (a phase, an ack, an error, an epoch) is a new
-// commit that stays in history. With AppendOnly, or once the remote
+// Any write on a heartbeat-only tip replaces it (same parent,
+// compare-and-swap from the old tip; gitsource.Write.ReplaceTip): the tip
+// said nothing its parent did not, but for the heartbeat, which the new
+// commit carries on. So an idle host's branch holds its last event and one
+// heartbeat commit on top, and an event lands right after the previous
+// one. A commit without the trailer (a phase, an ack, an error, an epoch)
+// is never replaced: every event stays in history. With AppendOnly, or once the remote
 // refused a replacement (gitsource.ErrNonFastForward: a git host that
 // forbids non-fast-forward updates), every write is a new commit.
+//
+// Each write builds on the tip this Writer's Repo last saw
+// (gitsource.Repo.EditOwn): one round trip with the remote, the push, when
+// nothing else wrote the branch.
 //
 // The first Write of a Writer whose branch does not exist yet reads
 // OldBranch (the shared status branch of the old layout) once: the
@@ -79,7 +85,7 @@ func (w *Writer) write(ctx context.Context, branch string, st *Status, floor uin
 	path := Path(w.Host)
 	var out Written
 	c := *st
-	tip, err := w.Repo.Edit(ctx, branch, func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
+	tip, err := w.Repo.EditOwn(ctx, branch, func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
 		c.Heartbeat = max(st.Heartbeat, floor)
 		var prev *Status
 		if old, err := read(path); err == nil {
@@ -98,8 +104,8 @@ func (w *Writer) write(ctx context.Context, branch string, st *Status, floor uin
 		msg := fmt.Sprintf("status: %s heartbeat %d", w.Host, c.Heartbeat)
 		if out.HeartbeatOnly {
 			msg += "\n\n" + HeartbeatTrailer + "\n"
-			out.Replaced = !appendOnly && tip != nil && len(tip.Parents) == 1 && IsHeartbeatOnly(tip.Message)
 		}
+		out.Replaced = !appendOnly && tip != nil && len(tip.Parents) == 1 && IsHeartbeatOnly(tip.Message)
 		return gitsource.Write{Files: map[string][]byte{path: data}, Message: msg, ReplaceTip: out.Replaced}, nil
 	})
 	if err != nil {

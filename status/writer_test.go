@@ -2,7 +2,6 @@ package status_test
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,13 +14,12 @@ import (
 	"github.com/gitfleet/gitfleet/status"
 )
 
-// served is a bare repository behind git http-backend and an agent's
-// depth-1 clone of it.
+// served is a bare repository (reached through git's own upload-pack and
+// receive-pack, the file transport) and an agent's depth-1 clone of it.
 func served(t *testing.T) (dir string, repo *gitsource.Repo) {
 	t.Helper()
 	dir = gittest.NewBare(t)
-	url := gittest.Serve(t, filepath.Dir(dir)) + "/" + filepath.Base(dir)
-	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: url, Depth: 1})
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: dir, Depth: 1})
 	require.NoError(t, err)
 	return dir, repo
 }
@@ -31,9 +29,9 @@ func history(t *testing.T, dir, branch string) []string {
 	return strings.Split(gittest.Git(t, dir, "log", "--format=%s", branch), "\n")
 }
 
-// History grows with events, not with time: heartbeat-only writes replace
-// the heartbeat-only tip, every change of what the status says (a phase,
-// an ack, an epoch) stays, and the heartbeat always grows.
+// History grows with events, not with time: a write replaces a
+// heartbeat-only tip, every change of what the status says (a phase, an
+// ack, an epoch) stays, and the heartbeat always grows.
 func TestWriterHistoryGrowsWithEvents(t *testing.T) {
 	dir, repo := served(t)
 	ctx := context.Background()
@@ -58,8 +56,10 @@ func TestWriterHistoryGrowsWithEvents(t *testing.T) {
 	}
 	assert.Equal(t, []string{"status: hv-a heartbeat 6", "status: hv-a heartbeat 1"}, history(t, dir, branch))
 	st.VMs = []status.VM{{Name: "web-01", Phase: status.PhaseReady}}
-	assert.False(t, write(7).HeartbeatOnly, "a phase is an event")
-	write(8)
+	out = write(7)
+	assert.False(t, out.HeartbeatOnly, "a phase is an event")
+	assert.True(t, out.Replaced, "an event replaces a heartbeat-only tip")
+	assert.False(t, write(8).Replaced, "an event tip is never replaced")
 	st.Destroyed = []string{"old-01"}
 	write(9)
 	write(10)
@@ -67,15 +67,15 @@ func TestWriterHistoryGrowsWithEvents(t *testing.T) {
 	st.LastSeenEpoch = 2
 	write(12)
 	assert.Equal(t, []string{
-		"status: hv-a heartbeat 12", "status: hv-a heartbeat 11", "status: hv-a heartbeat 9",
-		"status: hv-a heartbeat 8", "status: hv-a heartbeat 7", "status: hv-a heartbeat 6", "status: hv-a heartbeat 1",
-	}, history(t, dir, branch))
+		"status: hv-a heartbeat 12", "status: hv-a heartbeat 9", "status: hv-a heartbeat 7", "status: hv-a heartbeat 1",
+	}, history(t, dir, branch), "the events alone")
 	got, err := status.Parse("x", []byte(gittest.Show(t, dir, branch, status.Path("hv-a"))+"\n"))
 	require.NoError(t, err)
 	assert.Equal(t, uint64(12), got.Heartbeat)
 	assert.Equal(t, []string{"old-01"}, got.Destroyed, "the ack is in the tip")
 	// The ack stayed in history too, in the commit that made it.
-	assert.Contains(t, gittest.Show(t, dir, branch+"~2", status.Path("hv-a")), "old-01")
+	assert.Contains(t, gittest.Show(t, dir, branch+"~1", status.Path("hv-a")), "old-01")
+	assert.NotContains(t, gittest.Show(t, dir, branch+"~2", status.Path("hv-a")), "old-01")
 }
 
 // AppendOnly writes every status as a new commit; so does a Writer whose
