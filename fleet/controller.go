@@ -75,6 +75,10 @@ type Controller struct {
 	// completed in this process (nil before one did). See recordFailure.
 	failing     *status.PassFailure
 	lastSummary *status.Summary
+
+	// beforePublish, when set (by tests), runs after a pass read the
+	// desired branch and the statuses and before it publishes.
+	beforePublish func()
 }
 
 // PassResult says what one pass observed and did.
@@ -355,7 +359,23 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	}
 
 	// Step 3: compute on the snapshots tip and publish in one CAS commit.
+	// A publish that lost a race with another controller (errStaleHead)
+	// reads the desired branch again and computes anew, as a rejected
+	// push fetches again.
+	if c.beforePublish != nil {
+		c.beforePublish()
+	}
 	out, tip, err := c.publish(ctx, head, fl, loadErr, obs, now)
+	for tries := 0; errors.Is(err, errStaleHead) && tries < 3; tries++ {
+		c.log.WithError(cleanErr(err)).Info("reading the desired branch again")
+		head, fl, loadErr = c.readDesired(ctx)
+		res.Head = head
+		if loadErr != nil && !errors.Is(loadErr, desired.ErrInvalid) {
+			return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
+		}
+		res.Rejected = loadErr
+		out, tip, err = c.publish(ctx, head, fl, loadErr, obs, now)
+	}
 	res.SnapshotsCommit = tip
 	if err != nil {
 		return res, err
@@ -469,6 +489,9 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	mutate := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		l, err := c.ledgerAt(tip, read)
 		if err != nil {
+			return nil, "", err
+		}
+		if err := c.checkHead(ctx, head, l); err != nil {
 			return nil, "", err
 		}
 		verify := read
