@@ -96,7 +96,9 @@ type Config struct {
 }
 
 // New returns a Controller. It opens the repository when cfg.Repo is nil but
-// does not fetch; the first Pass does. A configuration that must not run
+// does not fetch; the first Pass does. It locks the cache directories it
+// opens (CacheDir, TipsCacheDir) until Close or the end of the process: one
+// held by another controller is an error wrapping ErrCacheInUse. A configuration that must not run
 // (overlapping branches, a path outside the repository) is an error
 // wrapping ErrConfig, returned before anything is opened.
 func New(cfg Config) (*Controller, error) {
@@ -135,7 +137,22 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.TipsCacheDir != "" && filepath.Clean(cfg.TipsCacheDir) == filepath.Clean(cfg.CacheDir) {
 		return nil, fmt.Errorf("%w: the tips cache and the cache are both %s; one directory holds one clone", ErrConfig, cfg.CacheDir)
 	}
+	var locks []*cacheLock
+	for _, dir := range []string{cfg.CacheDir, cfg.TipsCacheDir} {
+		if dir == "" || (dir == cfg.CacheDir && cfg.Repo != nil) || (dir == cfg.TipsCacheDir && cfg.TipRepo != nil) {
+			continue // no cache, or not one New opens
+		}
+		l, err := lockCache(dir)
+		if err != nil {
+			for _, held := range locks {
+				held.release()
+			}
+			return nil, err
+		}
+		locks = append(locks, l)
+	}
 	c := &Controller{
+		locks:    locks,
 		cfg:      cfg,
 		repo:     cfg.Repo,
 		log:      cfg.Logger.WithField("component", "controller"),
@@ -145,6 +162,12 @@ func New(cfg Config) (*Controller, error) {
 		statuses: status.NewReader(),
 		hashes:   map[*desired.VM]desired.Hash{},
 	}
+	opened := false
+	defer func() {
+		if !opened {
+			c.Close()
+		}
+	}()
 	c.live = newLiveness(cfg.Clock(), cfg.OfflineAfter)
 	reg := cfg.Registerer
 	if reg == nil {
@@ -176,6 +199,7 @@ func New(cfg Config) (*Controller, error) {
 			}
 		}
 	}
+	opened = true
 	return c, nil
 }
 

@@ -34,6 +34,8 @@ type Controller struct {
 	reg        *prometheus.Registry
 
 	kick chan struct{}
+	// locks are held on the cache directories New opened (see Close).
+	locks []*cacheLock
 
 	mu       sync.Mutex // one pass at a time; guards everything below
 	loader   *desired.Loader

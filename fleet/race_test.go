@@ -1,6 +1,11 @@
 package fleet
 
 import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
@@ -68,4 +73,31 @@ func TestRewriteIsNoLostRace(t *testing.T) {
 	if l := e.ledger(); string(l.Applied.Commit) != first {
 		t.Errorf("applied %s, want the reset head %s", l.Applied.Commit, first)
 	}
+}
+
+// Two controllers cannot share a cache directory: the second is refused
+// until the first is closed, and a tips cache is locked the same way.
+func TestCacheDirectoryLocked(t *testing.T) {
+	dir := gittest.NewBare(t)
+	cache, tips := filepath.Join(t.TempDir(), "git"), filepath.Join(t.TempDir(), "tips")
+	first, err := New(Config{URL: dir, CacheDir: cache, TipsCacheDir: tips, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, cfg := range map[string]Config{
+		"cache":      {URL: dir, CacheDir: cache, Logger: quietLogger()},
+		"tips cache": {URL: dir, CacheDir: filepath.Join(t.TempDir(), "other"), TipsCacheDir: tips, Logger: quietLogger()},
+	} {
+		if _, err := New(cfg); !errors.Is(err, ErrCacheInUse) || !strings.Contains(err.Error(), fmt.Sprint(os.Getpid())) {
+			t.Errorf("%s shared: %v, want ErrCacheInUse naming the holder", name, err)
+		}
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second, err := New(Config{URL: dir, CacheDir: cache, TipsCacheDir: tips, Logger: quietLogger()})
+	if err != nil {
+		t.Fatalf("after Close: %v", err)
+	}
+	second.Close()
 }
