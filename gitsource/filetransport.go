@@ -144,7 +144,7 @@ func (s *commandSession) AdvertisedReferencesContext(ctx context.Context) (*pack
 	}
 	s.watch(ctx)
 	ar := packp.NewAdvRefs()
-	err := ar.Decode(s.stdout)
+	err := ar.Decode(limitAdvertisement(s.stdout))
 	switch {
 	case err == nil:
 	case errors.Is(err, packp.ErrEmptyAdvRefs):

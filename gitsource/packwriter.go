@@ -1,7 +1,9 @@
 package gitsource
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -21,7 +23,8 @@ import (
 // binary anywhere in the repository, far outside any path gitfleet reads,
 // cost 100 MB. diskStorage replaces that one step: the pack streams to a
 // file, each whole object streams through its hash, and only the bases
-// and results of deltas are held, one chain at a time.
+// and results of small deltas are held in memory, one chain at a time;
+// large ones are resolved through spill files.
 
 // largeObject is the size in bytes past which the cache reads an object
 // from its pack as a stream instead of decoding it whole: gitfleet's own
@@ -147,8 +150,10 @@ type packEntry struct {
 
 // indexPack reads a pack of size bytes from f (at offset 0) and returns
 // its index and checksum. Whole objects are only hashed as they stream
-// by; a delta is resolved against its base in memory (as git index-pack
-// does), with bases shared by several deltas kept up to deltaCacheBytes.
+// by; a delta is resolved against its base (as git index-pack does): in
+// memory when base, delta and result are at most largeObject, with bases
+// shared by several deltas kept up to deltaCacheBytes, and through spill
+// files beside the pack when any of them is larger.
 // A pack that refers to objects outside itself (a thin pack; gitsource
 // never asks for one) is malformed.
 func indexPack(f *os.File, size int64) (*idxfile.MemoryIndex, plumbing.Hash, error) {
@@ -215,7 +220,8 @@ func indexPack(f *os.File, size int64) (*idxfile.MemoryIndex, plumbing.Hash, err
 			}
 		}
 	}
-	d := &deltaResolver{sc: packfile.NewScanner(f), byOffset: byOffset, byHash: byHash, cache: map[int64][]byte{}}
+	d := &deltaResolver{sc: packfile.NewScanner(f), byOffset: byOffset, byHash: byHash, dir: filepath.Dir(f.Name()), cache: map[int64]objData{}}
+	defer d.close()
 	// A ref-delta may name a base that is itself a delta resolved later:
 	// go round until nothing more resolves.
 	for pending := true; pending; {
@@ -252,12 +258,44 @@ func indexPack(f *os.File, size int64) (*idxfile.MemoryIndex, plumbing.Hash, err
 
 // deltaResolver finds the hashes of a pack's deltas.
 type deltaResolver struct {
-	sc         *packfile.Scanner
-	byOffset   map[int64]*packEntry
-	byHash     map[plumbing.Hash]*packEntry
-	cache      map[int64][]byte
+	sc       *packfile.Scanner
+	byOffset map[int64]*packEntry
+	byHash   map[plumbing.Hash]*packEntry
+	// dir holds spill files (tmp_spill_*, beside the pack being indexed).
+	dir string
+	// cache holds the content of bases with deltas still to resolve on
+	// them: in memory up to deltaCacheBytes, spilled ones on disk.
+	cache      map[int64]objData
 	cacheBytes int
 }
+
+// objData is the content of one object while a pack is indexed: in
+// memory, or, past largeObject, in a spill file, so that memory never
+// follows the largest object or delta in a pack.
+type objData struct {
+	mem  []byte
+	file string // the spill file's path; "" when in memory
+	size int64
+}
+
+// open reads o from its start.
+func (o objData) open() (io.ReadCloser, error) {
+	if o.file == "" {
+		return io.NopCloser(bytes.NewReader(o.mem)), nil
+	}
+	return os.Open(o.file)
+}
+
+// spillObject is a spilled base handed to go-git's streaming delta
+// applier (packfile.ReaderFromDelta), which reads it from the start again
+// when a copy goes backwards.
+type spillObject struct {
+	plumbing.EncodedObject // nil: only Size and Reader are called
+	data                   objData
+}
+
+func (s spillObject) Size() int64                    { return s.data.size }
+func (s spillObject) Reader() (io.ReadCloser, error) { return s.data.open() }
 
 // resolve finds e's hash and type; false when its ref-delta base is not
 // known yet.
@@ -271,8 +309,19 @@ func (d *deltaResolver) resolve(e *packEntry) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	defer d.drop(data)
+	h := plumbing.NewHasher(typ, data.size)
+	rd, err := data.open()
+	if err != nil {
+		return false, err
+	}
+	_, err = io.Copy(h, rd)
+	_ = rd.Close()
+	if err != nil {
+		return false, fmt.Errorf("hash delta at %d: %w", e.offset, err)
+	}
 	e.typ = typ
-	e.hash = plumbing.ComputeHash(typ, data)
+	e.hash = h.Sum()
 	d.byHash[e.hash] = e
 	d.hold(e, data)
 	return true, nil
@@ -282,21 +331,23 @@ func (d *deltaResolver) resolve(e *packEntry) (bool, error) {
 // OE_DEPTH_BITS).
 const maxDeltaDepth = 4095
 
-// content returns the whole object at e and its type.
-func (d *deltaResolver) content(e *packEntry, depth int) ([]byte, plumbing.ObjectType, error) {
+// content returns the whole object at e and its type. What it returns is
+// the caller's to drop, unless hold kept it.
+func (d *deltaResolver) content(e *packEntry, depth int) (objData, plumbing.ObjectType, error) {
 	if depth > maxDeltaDepth {
-		return nil, 0, fmt.Errorf("%w: delta chain deeper than %d", packfile.ErrMalformedPackFile, maxDeltaDepth)
+		return objData{}, 0, fmt.Errorf("%w: delta chain deeper than %d", packfile.ErrMalformedPackFile, maxDeltaDepth)
 	}
 	if b, ok := d.cache[e.offset]; ok && e.hash != plumbing.ZeroHash {
 		return b, e.typ, nil
 	}
 	raw, err := d.raw(e)
 	if err != nil {
-		return nil, 0, err
+		return objData{}, 0, err
 	}
 	if !e.delta {
 		return raw, e.typ, nil
 	}
+	defer d.drop(raw)
 	var base *packEntry
 	if e.ref != plumbing.ZeroHash {
 		base = d.byHash[e.ref]
@@ -304,48 +355,172 @@ func (d *deltaResolver) content(e *packEntry, depth int) ([]byte, plumbing.Objec
 		base = d.byOffset[e.base]
 	}
 	if base == nil {
-		return nil, 0, fmt.Errorf("%w: delta at %d", packfile.ErrReferenceDeltaNotFound, e.offset)
+		return objData{}, 0, fmt.Errorf("%w: delta at %d", packfile.ErrReferenceDeltaNotFound, e.offset)
 	}
 	src, typ, err := d.content(base, depth+1)
 	if err != nil {
-		return nil, 0, err
+		return objData{}, 0, err
 	}
+	out, err := d.patch(src, raw)
 	// One delta on base fewer to go.
 	base.children--
 	d.hold(base, src)
-	out, err := packfile.PatchDelta(src, raw)
+	d.drop(src)
 	if err != nil {
-		return nil, 0, fmt.Errorf("delta at %d: %w", e.offset, err)
+		return objData{}, 0, fmt.Errorf("delta at %d: %w", e.offset, err)
 	}
 	return out, typ, nil
 }
 
-// raw inflates the data stored at e: a whole object, or a delta's
-// instructions.
-func (d *deltaResolver) raw(e *packEntry) ([]byte, error) {
-	oh, err := d.sc.SeekObjectHeader(e.offset)
+// patch applies the delta instructions raw to src. Small ones are
+// applied in memory; when the base, the delta or the result is past
+// largeObject, go-git's streaming applier reads the base and the delta
+// from where they are and the result goes to a spill file, so a 100 MB
+// blob stored as a delta costs disk, not memory. The result's size is
+// read from the delta's header first: a delta that claims more than it
+// makes, or the reverse, is invalid.
+func (d *deltaResolver) patch(src, raw objData) (objData, error) {
+	hdr, err := raw.open()
 	if err != nil {
-		return nil, wrapPackEOF(err)
+		return objData{}, err
 	}
-	var buf bytes.Buffer
-	buf.Grow(int(min(oh.Length, 1<<20)))
-	if _, _, err := d.sc.NextObject(&buf); err != nil {
-		return nil, wrapPackEOF(err)
+	srcSize, dstSize, err := deltaSizes(bufio.NewReader(hdr))
+	_ = hdr.Close()
+	if err != nil {
+		return objData{}, err
 	}
-	return buf.Bytes(), nil
+	if srcSize != uint64(src.size) {
+		return objData{}, packfile.ErrInvalidDelta
+	}
+	if src.file == "" && raw.file == "" && dstSize <= largeObject {
+		out, err := packfile.PatchDelta(src.mem, raw.mem)
+		if err != nil {
+			return objData{}, err
+		}
+		return objData{mem: out, size: int64(len(out))}, nil
+	}
+	delta, err := raw.open()
+	if err != nil {
+		return objData{}, err
+	}
+	defer delta.Close()
+	rd, err := packfile.ReaderFromDelta(spillObject{data: src}, delta)
+	if err != nil {
+		return objData{}, err
+	}
+	defer rd.Close()
+	if dstSize <= largeObject {
+		out, err := io.ReadAll(io.LimitReader(rd, int64(dstSize)+1))
+		if err != nil {
+			return objData{}, err
+		}
+		if uint64(len(out)) != dstSize {
+			return objData{}, packfile.ErrInvalidDelta
+		}
+		return objData{mem: out, size: int64(len(out))}, nil
+	}
+	return d.spill(func(w io.Writer) (int64, error) {
+		n, err := io.Copy(w, rd)
+		if err == nil && uint64(n) != dstSize {
+			err = packfile.ErrInvalidDelta
+		}
+		return n, err
+	})
 }
 
-// hold keeps the content of e in memory while deltas on it remain to be
-// resolved, within deltaCacheBytes, and lets it go when none remain.
-func (d *deltaResolver) hold(e *packEntry, data []byte) {
-	b, cached := d.cache[e.offset]
+// deltaSizes reads the two sizes a delta starts with: its base's and its
+// result's (git's delta format: little-endian base-128 varints).
+func deltaSizes(r io.ByteReader) (src, dst uint64, err error) {
+	if src, err = binary.ReadUvarint(r); err != nil {
+		return 0, 0, packfile.ErrInvalidDelta
+	}
+	if dst, err = binary.ReadUvarint(r); err != nil {
+		return 0, 0, packfile.ErrInvalidDelta
+	}
+	return src, dst, nil
+}
+
+// raw inflates the data stored at e: a whole object, or a delta's
+// instructions; past largeObject to a spill file.
+func (d *deltaResolver) raw(e *packEntry) (objData, error) {
+	oh, err := d.sc.SeekObjectHeader(e.offset)
+	if err != nil {
+		return objData{}, wrapPackEOF(err)
+	}
+	if oh.Length > largeObject {
+		return d.spill(func(w io.Writer) (int64, error) {
+			n, _, err := d.sc.NextObject(w)
+			return n, wrapPackEOF(err)
+		})
+	}
+	var buf bytes.Buffer
+	buf.Grow(int(oh.Length))
+	if _, _, err := d.sc.NextObject(&buf); err != nil {
+		return objData{}, wrapPackEOF(err)
+	}
+	return objData{mem: buf.Bytes(), size: int64(buf.Len())}, nil
+}
+
+// spill writes an object's content to a new spill file.
+func (d *deltaResolver) spill(write func(io.Writer) (int64, error)) (objData, error) {
+	f, err := os.CreateTemp(d.dir, "tmp_spill_")
+	if err != nil {
+		return objData{}, err
+	}
+	bw := bufio.NewWriterSize(f, 64<<10)
+	n, err := write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return objData{}, err
+	}
+	return objData{file: f.Name(), size: n}, nil
+}
+
+// drop lets go of content the resolver no longer needs: a spill file not
+// held in the cache is removed.
+func (d *deltaResolver) drop(o objData) {
+	if o.file == "" {
+		return
+	}
+	for _, c := range d.cache {
+		if c.file == o.file {
+			return
+		}
+	}
+	_ = os.Remove(o.file)
+}
+
+// hold keeps the content of e while deltas on it remain to be resolved —
+// in memory within deltaCacheBytes, a spill file on disk — and lets it go
+// when none remain.
+func (d *deltaResolver) hold(e *packEntry, data objData) {
+	c, cached := d.cache[e.offset]
 	switch {
 	case cached && e.children <= 0:
 		delete(d.cache, e.offset)
-		d.cacheBytes -= len(b)
-	case !cached && e.children > 0 && e.hash != plumbing.ZeroHash && d.cacheBytes+len(data) <= deltaCacheBytes:
+		d.cacheBytes -= len(c.mem)
+		if c.file != "" {
+			_ = os.Remove(c.file)
+		}
+	case !cached && e.children > 0 && e.hash != plumbing.ZeroHash && (data.file != "" || d.cacheBytes+len(data.mem) <= deltaCacheBytes):
 		d.cache[e.offset] = data
-		d.cacheBytes += len(data)
+		d.cacheBytes += len(data.mem)
+	}
+}
+
+// close removes every spill file still held.
+func (d *deltaResolver) close() {
+	for off, c := range d.cache {
+		if c.file != "" {
+			_ = os.Remove(c.file)
+		}
+		delete(d.cache, off)
 	}
 }
 

@@ -1,8 +1,10 @@
 package gitsource_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,16 +29,25 @@ func BenchmarkFetchPeakRSS(b *testing.B) {
 	if _, err := rand.Read(blob); err != nil {
 		b.Fatal(err)
 	}
-	for _, big := range []bool{false, true} {
+	// "with100MBdeltas" holds three versions of the blob, which git
+	// stores as one whole object and two deltas on it.
+	for _, name := range []string{"without", "with100MB", "with100MBdeltas"} {
 		dir := gittest.NewBare(b)
 		files := map[string]string{"fleet/hv-a/web.yaml": "kind: VM\n"}
-		if big {
+		if name != "without" {
 			files["assets/disk.img"] = string(blob)
 		}
 		gittest.Commit(b, dir, gittest.Edit{Write: files})
+		if name == "with100MBdeltas" {
+			for i, at := range []int{len(blob) / 3, 2 * len(blob) / 3} {
+				v := bytes.Clone(blob)
+				copy(v[at:], fmt.Sprintf("version %d", i+2))
+				gittest.Commit(b, dir, gittest.Edit{Write: map[string]string{"assets/disk.img": string(v)}})
+			}
+			gittest.Git(b, dir, "repack", "-a", "-d", "-q")
+		}
 		gittest.Commit(b, dir, gittest.Edit{Write: map[string]string{"fleet/hv-a/db.yaml": "kind: VM\n"}})
 		url := gittest.Serve(b, filepath.Dir(dir)) + "/" + filepath.Base(dir)
-		name := map[bool]string{false: "without", true: "with100MB"}[big]
 		for _, remote := range []struct{ name, url string }{{"file", dir}, {"http", url}} {
 			for _, store := range []string{"disk", "memory"} {
 				b.Run(name+"/"+remote.name+"/"+store, func(b *testing.B) {
