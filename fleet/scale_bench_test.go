@@ -145,6 +145,7 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 	}
 	runCtx, stop := context.WithTimeout(ctx, scale.duration)
 	defer stop()
+	self0, git0 := cpuTimes()
 	start := time.Now()
 	for _, h := range hosts {
 		wg.Add(1)
@@ -169,6 +170,7 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	self1, git1 := cpuTimes()
 	// One more pass sees every last write; a change is copied at once.
 	t0 := time.Now()
 	final, err := c.Pass(ctx)
@@ -200,11 +202,16 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 	b.ReportMetric(ms(percentile(passes, 0.50)), "p50-pass-ms")
 	b.ReportMetric(ms(percentile(passes, 1)), "max-pass-ms")
 	b.ReportMetric(float64(rss)/1024, "peak-rss-MB")
+	perWrite := func(d time.Duration) float64 { return ms(d) / float64(max(writes, 1)) }
+	b.ReportMetric(perWrite(git1-git0), "git-cpu-ms/write")
+	b.ReportMetric(perWrite(self1-self0), "self-cpu-ms/write")
 	b.Logf("%d hosts for %v (heartbeat %v, a change every %v): %d writes (%d failed), %d changes; p50 %.0f ms, p99 %.0f ms, max %.0f ms per write",
 		scale.hosts, elapsed.Round(time.Second), scale.heartbeat, scale.event, writes, failed, events,
 		ms(percentile(latencies, 0.5)), ms(percentile(latencies, 0.99)), ms(percentile(latencies, 1)))
 	b.Logf("lost updates: %d; commits kept on the host branches: %d → %d (%.1f per host per day); status branch: %d → %d commits (%.0f per day)",
 		lost, keptBefore, keptAfter, float64(keptAfter-keptBefore)/float64(scale.hosts)*perDay, statusBefore, statusAfter, float64(statusAfter-statusBefore)*perDay)
+	b.Logf("CPU per status write: %.1f ms in git (http-backend and the git it runs), %.1f ms in this process (hosts and controller); the machine's load average when done: %s",
+		perWrite(git1-git0), perWrite(self1-self0), loadAverage())
 	b.Logf("controller: %d passes over %d statuses (%d failed): p50 %.0f ms, max %.0f ms; final pass %.0f ms (status branch written: %v); peak RSS of the process %d MB",
 		len(passes), scale.hosts, passErrs, ms(percentile(passes, 0.5)), ms(percentile(passes, 1)), ms(finalPass), final.SummaryWritten, rss/1024)
 	if lost > 0 || failed > 0 {
@@ -346,6 +353,19 @@ func countCommits(b *testing.B, dir, branch string) int {
 	return n
 }
 
+// loadAverage is the first three fields of /proc/loadavg.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
 // percentile is the p-th (0..1) of sorted durations.
 func percentile(sorted []time.Duration, p float64) time.Duration {
 	if len(sorted) == 0 {
@@ -377,4 +397,81 @@ func fleetRepo(b testing.TB, hosts int) string {
 		b.Fatalf("fast-import: %v\n%s", err, out)
 	}
 	return dir
+}
+
+// BenchmarkStatusPass is the controller's pass over the statuses of many
+// hosts (GITFLEET_BENCH_HOSTS, default 1,000), each on its own host
+// branch, served by git http-backend: the first pass, which copies every
+// status to the status branch; a pass after a heartbeat of every host
+// (read, held back: no commit); and a pass after one host's change (read
+// and copied at once). The host branches are written with git fast-import,
+// not by simulated agents, so the figure is the controller's alone; it
+// prints each pass's time and the peak RSS of the process.
+func BenchmarkStatusPass(b *testing.B) {
+	hosts := 1000
+	if v := os.Getenv("GITFLEET_BENCH_HOSTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("GITFLEET_BENCH_HOSTS=%q: want a positive number", v)
+		}
+		hosts = n
+	}
+	dir := fleetRepo(b, hosts)
+	url := gittest.Serve(b, filepath.Dir(dir)) + "/" + filepath.Base(dir)
+	ctx := context.Background()
+	for i := 0; i < b.N; i++ {
+		writeHostBranches(b, dir, hosts, uint64(1+2*i), "")
+		c, err := New(Config{URL: url, Logger: quietLogger()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		timed := func(what string, wantWritten bool) {
+			t0 := time.Now()
+			res, err := c.Pass(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if res.SummaryWritten != wantWritten {
+				b.Fatalf("%s: status branch written %v, want %v", what, res.SummaryWritten, wantWritten)
+			}
+			b.Logf("%s over %d statuses: %v", what, hosts, time.Since(t0).Round(time.Millisecond))
+		}
+		timed("first pass (publish, copy every status)", true)
+		timed("pass on its own write", false)
+		writeHostBranches(b, dir, hosts, uint64(2+2*i), "")
+		timed("pass after a heartbeat of every host (held back)", false)
+		writeHostBranches(b, dir, 1, uint64(3+2*i), "changed")
+		timed("pass after one host's change (copied)", true)
+		c.Close()
+	}
+	rss, _ := peakrss.Self()
+	b.ReportMetric(float64(rss)/1024, "peak-rss-MB")
+}
+
+// writeHostBranches writes the first n hosts' statuses, with heartbeat hb
+// and message on their VM, as one commit on each host branch (one git
+// fast-import).
+func writeHostBranches(b *testing.B, dir string, n int, hb uint64, message string) {
+	b.Helper()
+	var s bytes.Buffer
+	for h := 0; h < n; h++ {
+		name := fmt.Sprintf("hv-%04d", h)
+		data, err := status.Marshal(&status.Status{Host: name, Heartbeat: hb, ObservedAt: time.Unix(int64(hb), 0).UTC(),
+			VMs: []status.VM{{Name: "vm-" + name, Phase: status.PhaseReady, Power: "running", Message: message}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ref := "refs/heads/" + status.HostBranch(name)
+		fmt.Fprintf(&s, "commit %s\ncommitter Bench <bench@example.com> %d +0000\ndata 7\nstatus\n", ref, 1764471600+hb)
+		if hb > 1 {
+			fmt.Fprintf(&s, "from %s^0\n", ref)
+		}
+		fmt.Fprintf(&s, "M 100644 inline %s\ndata %d\n%s\n\n", status.Path(name), len(data), data)
+	}
+	cmd := exec.Command("git", "fast-import", "--quiet", "--force")
+	cmd.Dir = dir
+	cmd.Stdin = &s
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("fast-import: %v\n%s", err, out)
+	}
 }
