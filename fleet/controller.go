@@ -170,8 +170,8 @@ func (c *Controller) Kick() {
 // Run runs passes until ctx ends: at once, then every interval (jittered,
 // default 15 s), whenever the desired branch moves (Watch: polling, and
 // fsnotify on a local repository), on Kick, and when a host branch or the
-// status branch moves (at most one such pass per 2 s). A failed pass is logged and retried at
-// the next trigger. It returns ctx's error.
+// status branch moves (at most one such pass per 2 s). A failed pass is
+// logged and retried at the next trigger. It returns ctx's error.
 func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultInterval

@@ -2,10 +2,12 @@
 // clone a remote (file, http(s), ssh) into a cache directory, fetch one
 // branch, resolve a remote head cheaply, read a tree at a commit without a
 // worktree, diff two trees, walk first-parent history, and write one commit
-// to one branch by compare-and-swap push (never force), retrying on
-// rejection. A git failure is always returned as an error, never as an empty
-// tree. It owns no branch file of gitfleet's: callers name branches and
-// paths.
+// to one branch by compare-and-swap push (never force: the old tip is
+// always named), retrying on rejection; Edit may replace the tip rather
+// than follow it, and FetchPrefix fetches every branch under a prefix in
+// one glob fetch. A git failure is always returned as an error, never as an
+// empty tree. It owns no branch file of gitfleet's: callers name branches
+// and paths.
 //
 // A Repo keeps one local cache of one remote: a bare repository in
 // Options.CacheDir, or memory storage. Every branch is fetched with an explicit
