@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build deps test vet demo bench clean
+.PHONY: all build deps test vet demo bench release clean
 
 all: build
 
@@ -26,5 +26,10 @@ demo: deps build
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+# Static binaries for linux/amd64 and arm64, a .deb of each, SHA256SUMS: dist/.
+release:
+	GO=$(GO) ./scripts/release.sh
+	GO=$(GO) ./scripts/check-release.sh
+
 clean:
-	rm -rf bin
+	rm -rf bin dist

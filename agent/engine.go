@@ -52,6 +52,12 @@ var (
 	// ErrVolumeMissing: a volume the VM names is not on this host yet. It is
 	// checked again on every tick and spends no create attempt.
 	ErrVolumeMissing = errors.New("volume not present on this host")
+	// ErrNetworkMissing: the host network a VM's spec.network names is not
+	// on this host yet (a bridge network whose bridge does not exist; the
+	// agent never creates one). A create or an edit that meets it waits: it
+	// is checked again on every tick, spends no attempt, and the VM comes
+	// up at the first tick after the bridge appears.
+	ErrNetworkMissing = errors.New("waiting for it; checked again every tick, no create attempt spent")
 	// ErrVolumeUnusable: something is at a volume's path but it cannot be
 	// attached: a symlink to nothing (checked again on every tick, spends
 	// no create attempt) or not a regular file (a permanent error). The
@@ -102,6 +108,18 @@ type EngineConfig struct {
 	// exports this engine's report as gauges (NewMetrics).
 	Metrics *Metrics
 	Log     logrus.FieldLogger
+	// EpochReset, when set, lowers the accepted epoch from EpochReset.From
+	// to EpochReset.To when NewEngine finds exactly From accepted
+	// (Store.ResetEpoch); otherwise it does nothing.
+	EpochReset *EpochReset
+}
+
+// EpochReset is a reviewed instruction to trust a lower epoch again: the
+// agent's accepted epoch From (as its status reports lastSeenEpoch) is
+// replaced by To, below it. Naming From makes it act once, on the state it
+// was written for.
+type EpochReset struct {
+	From, To uint64
 }
 
 // Engine is the level-triggered reconcile loop of one host. Tick accepts a
@@ -110,8 +128,8 @@ type EngineConfig struct {
 // Settle waits for them. Report describes the host at any time.
 //
 // Records live in memory and are written through to the Store on every
-// change; they are read from disk once, at the first tick, so an idle tick
-// touches no file.
+// change; they are read from disk once, by NewEngine (or, when that
+// failed, the first tick), so an idle tick touches no file.
 //
 // Methods are safe for concurrent use. Close ends the workers.
 type Engine struct {
@@ -126,11 +144,14 @@ type Engine struct {
 	admitMu sync.Mutex // serializes admission across workers
 	tickMu  sync.Mutex // one Tick at a time
 
-	mu        sync.Mutex
-	idle      *sync.Cond // signalled when inflight drops to 0
-	inflight  int
-	closed    bool
-	loaded    bool
+	mu       sync.Mutex
+	idle     *sync.Cond // signalled when inflight drops to 0
+	inflight int
+	closed   bool
+	loaded   bool
+	// ticked is set by the first Tick: before it no pass runs, not even
+	// one the readiness watch would kick.
+	ticked    bool
 	recs      map[string]*Record  // treat values as immutable: replace, never mutate
 	bad       map[string]error    // names whose records cannot be read
 	snap      *snapshots.Snapshot // last accepted
@@ -214,6 +235,15 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 			return nil, fmt.Errorf("new engine: %w", err)
 		}
 	}
+	if r := cfg.EpochReset; r != nil {
+		done, err := cfg.Store.ResetEpoch(r.From, r.To)
+		if err != nil {
+			return nil, fmt.Errorf("new engine: %w", err)
+		}
+		if done {
+			e.log.WithField("from", r.From).WithField("to", r.To).Warn("accepted epoch reset by the configuration's epochReset: a snapshot above the new epoch is accepted again")
+		}
+	}
 	var err error
 	if e.lastEpoch, err = cfg.Store.LastEpoch(); err != nil {
 		return nil, fmt.Errorf("new engine: %w", err)
@@ -242,6 +272,13 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		// Written by a version that kept no hash, or a crash came between
 		// the epoch and the hash: the snapshot on disk is the witness.
 		e.lastHash = e.snapHash
+	}
+	// The records are read now, not at the first tick, so that a status
+	// written before it (the agent's git loop starts at once) shows each
+	// VM as its record says, with its phase and why it is not ready,
+	// never as pending. A failure is read again by the first tick.
+	if err := e.load(); err != nil {
+		e.log.WithError(err).Warn("vm records not read; reading them at the first tick")
 	}
 	e.wg.Add(1)
 	go e.watchReadiness()
@@ -277,7 +314,7 @@ func (e *Engine) kickAnswered() {
 	type watched struct{ name, phase, lastError string }
 	e.mu.Lock()
 	var recs []watched
-	if !e.closed && !e.fenced {
+	if !e.closed && !e.fenced && e.ticked {
 		for _, rec := range e.recs {
 			if rec.Phase == status.PhaseBooting || rec.Phase == status.PhaseReady {
 				recs = append(recs, watched{rec.Name, rec.Phase, rec.LastError})
@@ -496,6 +533,9 @@ func (e *Engine) candidate(snap *snapshots.Snapshot) (*snapshots.Snapshot, error
 	if e.cfg.Host != "" && snap.Host != e.cfg.Host {
 		return nil, fmt.Errorf("tick: snapshot is for host %q, not %q: %w", snap.Host, e.cfg.Host, ErrSnapshotInvalid)
 	}
+	if snap.Epoch > snapshots.MaxAcceptedEpoch {
+		return nil, e.fenceLocked(snap, fmt.Sprintf("snapshot epoch %d is above %d, the highest this agent accepts: it would leave no room to accept the next one (a forged or broken snapshots branch); refused, acting on nothing until an epoch within the bound is published", snap.Epoch, snapshots.MaxAcceptedEpoch))
+	}
 	if snap.Epoch < e.lastEpoch {
 		return nil, e.fenceLocked(snap, fmt.Sprintf("snapshot epoch %d is below the last accepted epoch %d (the snapshots branch was restored from an older copy?); refused, acting on nothing until a newer epoch is published", snap.Epoch, e.lastEpoch))
 	}
@@ -590,6 +630,7 @@ func (e *Engine) kickAll(vols []status.Volume, orphans []string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.volumes, e.orphans = vols, orphans
+	e.ticked = true
 	for _, name := range e.namesLocked() {
 		if !validName(name) || e.bad[name] != nil {
 			continue // reported, never acted on
@@ -599,7 +640,8 @@ func (e *Engine) kickAll(vols []status.Volume, orphans []string) {
 }
 
 // reconcileNetworks has a NetworkReconciler make the snapshot's host
-// networks real, keeping every network a VM record names.
+// networks real, ready for the VMs the snapshot puts on them, keeping
+// every network a VM record names.
 func (e *Engine) reconcileNetworks(ctx context.Context, snap *snapshots.Snapshot) {
 	nr, ok := e.prov.(NetworkReconciler)
 	if !ok {
@@ -615,8 +657,23 @@ func (e *Engine) reconcileNetworks(ctx context.Context, snap *snapshots.Snapshot
 	if len(e.bad) > 0 {
 		inUse = nil // an unreadable record may name any network
 	}
+	var members []NetworkMember
+	for _, vm := range snap.VMs {
+		if vm.Tombstoned || vm.Spec.Network == "" {
+			continue
+		}
+		if _, ok := snap.HostSpec.Networks[vm.Spec.Network]; !ok {
+			continue
+		}
+		m := NetworkMember{VM: vm.Name, Network: vm.Spec.Network, Static: vm.Spec.Static}
+		if rec := e.recs[vm.Name]; rec != nil && rec.BootID != "" {
+			m.Static = rec.Spec.Static // static is first-boot-only
+		}
+		members = append(members, m)
+	}
+	sort.Slice(members, func(i, j int) bool { return members[i].VM < members[j].VM })
 	e.mu.Unlock()
-	if err := nr.ReconcileNetworks(ctx, snap.HostSpec.Networks, inUse); err != nil {
+	if err := nr.ReconcileNetworks(ctx, snap.HostSpec.Networks, members, inUse); err != nil {
 		e.log.WithError(err).Warn("host networks")
 	}
 }

@@ -306,10 +306,17 @@ func TestAnUnreadableRecordIsLeftAloneNeverCreatedOver(t *testing.T) {
 
 func TestRecordsThatCannotBeListedStopTheTick(t *testing.T) {
 	f := newFixture(t)
+	f.eng.Close(context.Background())
 	vms := filepath.Join(f.dir, "vms")
 	require.NoError(t, os.RemoveAll(vms))
 	require.NoError(t, os.WriteFile(vms, nil, 0o600)) // not a directory: ReadDir fails
-	err := f.eng.Tick(context.Background(), snap(1, vm("web-01")))
+	// The engine reads the records when it starts (over the store opened
+	// before the damage); it cannot, and its ticks must not act either.
+	eng, err := agent.NewEngine(f.config())
+	require.NoError(t, err)
+	f.eng = eng
+	t.Cleanup(func() { eng.Close(context.Background()) })
+	err = f.eng.Tick(context.Background(), snap(1, vm("web-01")))
 	require.Error(t, err)
 	require.NoError(t, f.eng.Settle(context.Background()))
 	assert.Empty(t, f.prov.AllCalls(), "an unlisted VM would look like one to create")
@@ -713,20 +720,24 @@ func TestALostVMIsBootedAgain(t *testing.T) {
 	}
 }
 
+// A failed boot says why in one chain: the step, then the backend's error,
+// which carries the hypervisor's account of that boot. The account of the
+// run that was lost before it (FailureReason) is never appended: it
+// belongs to another run.
 func TestAFailedBootSaysWhyAndIsRetried(t *testing.T) {
 	cases := []struct {
-		reason, want string
+		err, lastRun, want string
 	}{
-		{reason: "qemu: could not open disk image: Permission denied", want: "boot: start failed: qemu: could not open disk image: Permission denied"},
-		{reason: "", want: "boot: start failed"},
+		{err: "qemu exited: exit status 1: qemu: could not open disk image: Permission denied", want: "boot: qemu exited: exit status 1: qemu: could not open disk image: Permission denied"},
+		{err: "root disk: missing", lastRun: "qemu-system-x86_64: terminating on signal 15", want: "boot: root disk: missing"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.want, func(t *testing.T) {
 			f := newFixture(t)
 			f.step(snap(1, vm("web-01")))
 			f.prov.Crash("web-01")
-			f.prov.FailOnce(agenttest.OpBoot, errors.New("start failed"))
-			f.prov.SetFailureReason("web-01", tc.reason)
+			f.prov.FailOnce(agenttest.OpBoot, errors.New(tc.err))
+			f.prov.SetFailureReason("web-01", tc.lastRun)
 			r := row(t, f.step(snap(1, vm("web-01"))), "web-01")
 			assert.Equal(t, status.PhaseFailed, r.Phase)
 			assert.Equal(t, tc.want, r.LastError)
@@ -1423,4 +1434,71 @@ func TestADestroyWhoseRemovalDidNotFinish(t *testing.T) {
 			assert.ErrorIs(t, err, os.ErrNotExist)
 		})
 	}
+}
+
+// A snapshot whose epoch leaves no room to accept the next one (above
+// snapshots.MaxAcceptedEpoch, such as a forged one just under 2^53) is
+// refused like a fence violation: its tombstone destroys nothing, the
+// status says why, and the next genuine epoch is still accepted.
+func TestAnEpochWithoutRoomForTheNextIsRefused(t *testing.T) {
+	f := newFixture(t)
+	f.step(snap(5, vm("web-01")))
+	f.prov.ResetCalls()
+	for _, forged := range []uint64{snapshots.MaxAcceptedEpoch + 1, snapshots.MaxEpoch - 2, snapshots.MaxEpoch - 1} {
+		st := f.step(snap(forged, tombstoned(vm("web-01"))))
+		assert.True(t, st.FenceViolation, "epoch %d", forged)
+		assert.Contains(t, st.SnapshotError, "no room to accept the next one")
+		assert.Equal(t, uint64(5), st.LastSeenEpoch)
+	}
+	f.clock.Add(time.Hour) // past the tombstone grace
+	st := f.step(snap(snapshots.MaxEpoch-2, tombstoned(vm("web-01"))))
+	assert.Empty(t, f.prov.AllCalls(), "a refused snapshot acts on nothing")
+	assert.Empty(t, quarantined(st))
+	assert.True(t, hasRow(st, "web-01"))
+
+	st = f.step(snap(6, vm("web-01")))
+	assert.False(t, st.FenceViolation)
+	assert.Equal(t, uint64(6), st.LastSeenEpoch)
+
+	// The bound itself is accepted.
+	st = f.step(snap(snapshots.MaxAcceptedEpoch, vm("web-01")))
+	assert.False(t, st.FenceViolation)
+	assert.Equal(t, snapshots.MaxAcceptedEpoch, st.LastSeenEpoch)
+}
+
+// The documented, reviewed way to trust a lower epoch again: epochReset
+// {from, to} in the agent's configuration lowers the accepted epoch when it
+// is exactly from, forgets the snapshot accepted above to, keeps the VMs,
+// and then acts nowhere else (left in the configuration, it never acts
+// twice; a from that is not the accepted epoch does nothing).
+func TestEpochResetTrustsALowerEpochAgain(t *testing.T) {
+	f := newFixture(t)
+	high := snapshots.MaxAcceptedEpoch
+	f.step(snap(high, vm("web-01")))
+	st := f.step(snap(4, vm("web-01")))
+	require.True(t, st.FenceViolation, "a lower epoch is fenced before the reset")
+
+	f.tune = func(c *agent.EngineConfig) { c.EpochReset = &agent.EpochReset{From: high - 1, To: 3} }
+	f.restart()
+	st = f.step(snap(4, vm("web-01")))
+	require.True(t, st.FenceViolation, "a reset naming another epoch does nothing")
+
+	f.tune = func(c *agent.EngineConfig) { c.EpochReset = &agent.EpochReset{From: high, To: 3} }
+	f.restart()
+	f.prov.ResetCalls()
+	st = f.step(snap(4, vm("web-01")))
+	assert.False(t, st.FenceViolation)
+	assert.Equal(t, uint64(4), st.LastSeenEpoch)
+	assert.Empty(t, f.prov.Calls(agenttest.OpDestroy), "the reset keeps the VMs")
+	assert.True(t, hasRow(st, "web-01"))
+
+	// Still configured: the next start finds epoch 4, not from, and the
+	// fence holds as usual.
+	f.restart()
+	st = f.step(snap(3, vm("web-01")))
+	assert.True(t, st.FenceViolation)
+	assert.Equal(t, uint64(4), st.LastSeenEpoch)
+
+	_, err := f.store.ResetEpoch(4, 4)
+	assert.Error(t, err, "to must be below from")
 }

@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -36,8 +37,7 @@ func TestStatusFileGolden(t *testing.T) {
 	require.NoError(t, h.once())
 	h.prov.AnswerAddress("web-01")
 
-	h.prov.FailAlways(agenttest.OpBoot, agent.Permanent(errTransient))
-	h.prov.SetFailureReason("bad-01", "qemu-system-x86_64: -drive: Could not open root.qcow2")
+	h.prov.FailAlways(agenttest.OpBoot, agent.Permanent(errors.New("qemu exited: exit status 1: qemu-system-x86_64: -drive: Could not open root.qcow2")))
 	clk.Add(time.Minute)
 	publish(t, bare, withVolumes(snap(2, vm("web-01", volumes(vols...)), vm("db-01", stopped), tombstoned(vm("old-01", stopped)), vm("bad-01"), tombstoned(vm("gone-01"))),
 		vol("web-01-data", 10)))

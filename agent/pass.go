@@ -364,9 +364,6 @@ func (p *vmPass) create() {
 		return
 	}
 	msg := err.Error()
-	if failed == StepBoot {
-		msg = withReason(msg, p.e.prov.FailureReason(rec.Name))
-	}
 	rec.LastError = msg
 	switch {
 	case p.watchdogFired():
@@ -377,7 +374,9 @@ func (p *vmPass) create() {
 		return // the agent is stopping: neither an attempt nor a record write
 	case errors.Is(err, ErrCapacity):
 		rec.Phase = status.PhaseFailed
-	case errors.Is(err, ErrVolumeMissing):
+	case errors.Is(err, ErrVolumeMissing), errors.Is(err, ErrNetworkMissing):
+		// Waits for the volume or the bridge: checked again every tick,
+		// no attempt spent; it comes up at the tick after it appears.
 		rec.Phase = status.PhaseCreating
 	case errors.Is(err, ErrVolumeUnusable) && !IsPermanent(err):
 		// A symlink to nothing: shown as failed with why, checked again
@@ -514,9 +513,17 @@ func (p *vmPass) boot(spec desired.VMSpec) error {
 	if err := p.volumesPresent(spec); err != nil {
 		return fmt.Errorf("%s: %w", StepVolumes, err)
 	}
-	p.log.WithField("reason", why).Info("booting vm")
+	log := p.log.WithField("reason", why)
+	if last := p.e.prov.FailureReason(rec.Name); last != "" {
+		// The lost hypervisor's own account, logged once here: it belongs
+		// to that run, never to an error of the boot that follows.
+		log = log.WithField("lastRun", last)
+	}
+	log.Info("booting vm")
 	if err := p.e.prov.Boot(p.ctx, p.machine(spec)); err != nil {
-		return errors.New(withReason(fmt.Sprintf("%s: %v", StepBoot, err), p.e.prov.FailureReason(rec.Name)))
+		// The backend's error carries the account of this boot's failure
+		// (QEMU's output of the run that failed), nothing older.
+		return fmt.Errorf("%s: %w", StepBoot, err)
 	}
 	rec.BootID = p.e.cfg.BootID()
 	return nil
@@ -593,7 +600,8 @@ func (p *vmPass) edit() bool {
 }
 
 // editFailed records why an edit was not applied and what it costs, as
-// create does for a create: the watchdog and capacity spend no attempt, a
+// create does for a create: the watchdog, capacity, a missing volume or
+// bridge spend no attempt, a
 // permanent error fails the edit at once, any other spends one of the
 // budget. A failed edit is not tried again until the spec changes.
 func (p *vmPass) editFailed(step string, err error) {
@@ -603,7 +611,8 @@ func (p *vmPass) editFailed(step string, err error) {
 	switch {
 	case p.watchdogFired():
 		msg = "watchdog: " + msg
-	case p.e.ctx.Err() != nil, errors.Is(err, ErrCapacity):
+	case p.e.ctx.Err() != nil, errors.Is(err, ErrCapacity), errors.Is(err, ErrVolumeMissing), errors.Is(err, ErrNetworkMissing):
+		// Waits, as a create does: checked again every tick, no attempt.
 	case IsPermanent(err):
 		p.e.cfg.Metrics.create(false)
 		rec.Attempts++
@@ -745,12 +754,4 @@ func imageSHA(spec desired.VMSpec) string {
 		return ""
 	}
 	return spec.Image.SHA256
-}
-
-// withReason appends the hypervisor's own account of a failure, if any.
-func withReason(msg, reason string) string {
-	if reason == "" {
-		return msg
-	}
-	return msg + ": " + reason
 }

@@ -59,7 +59,9 @@ type Provisioner interface {
 	// PrepareRootDisk (a checksum mismatch is Permanent).
 	Stage(ctx context.Context, m Machine) error
 	// Boot writes the cloud-init seed and starts the VM, attaching its
-	// volumes. Booting a VM that runs is a no-op.
+	// volumes. Booting a VM that runs is a no-op. A hypervisor that fails
+	// to start makes the error carry its own output of that run. Errors
+	// are not prefixed with the step: the engine names it ("boot: …").
 	Boot(ctx context.Context, m Machine) error
 	// Shutdown stops the VM gracefully (ACPI, then harder after timeouts).
 	// Stopping a stopped VM is a no-op. Disks are kept.
@@ -72,8 +74,11 @@ type Provisioner interface {
 	Running(name string) bool
 	// Address reports how the VM is reached; empty when not (yet) known.
 	Address(name string) Address
-	// FailureReason is the backend's own account of why the VM died (the
-	// tail of the hypervisor's error output); empty when it has none.
+	// FailureReason is the backend's own account of why the VM's last
+	// hypervisor run ended (the tail of its error output); empty when it
+	// has none. The engine only logs it when it boots a lost VM again: a
+	// failed Boot's error already carries the account of that boot's own
+	// run, and an older run's output never belongs to a newer error.
 	FailureReason(name string) string
 	// Readiness reports whether the guest of the running VM has proved it
 	// is up in its current boot, and, for a guest reached by SSH, still
@@ -135,15 +140,28 @@ type ProgressReporter interface {
 
 // NetworkReconciler is implemented by a Provisioner that attaches VMs to
 // host networks. The engine calls ReconcileNetworks on every tick with the
-// snapshot's host networks (name -> definition) and inUse, the networks a
-// VM record on this host names (running or not, desired or not), or nil
+// snapshot's host networks (name -> definition), members, the VMs the
+// snapshot wants on one of them (sorted by name), and inUse, the networks
+// a VM record on this host names (running or not, desired or not), or nil
 // when that is unknown (a record cannot be read): the Provisioner makes
-// every network of nets exist and tears down a network it made before that
-// nets lacks, unless inUse names it or is nil. Idempotent; an
-// error is logged and the next tick tries again (a VM's Boot ensures its
-// own network as well). Optional.
+// every network of nets exist, with what each member needs of it before
+// its VM boots (its address reservation on a managed network, so the
+// network's DHCP server starts once with every reservation rather than
+// once per VM), and tears down a network it made before that nets lacks,
+// unless inUse names it or is nil. Idempotent; an error is logged and the
+// next tick tries again (a VM's Boot ensures its own network as well).
+// Optional.
 type NetworkReconciler interface {
-	ReconcileNetworks(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error
+	ReconcileNetworks(ctx context.Context, nets map[string]desired.Network, members []NetworkMember, inUse map[string]bool) error
+}
+
+// NetworkMember is a VM the snapshot wants on host network Network, with
+// the static addresses it keeps (a created VM keeps those it was created
+// with; nil when it has none).
+type NetworkMember struct {
+	VM      string
+	Network string
+	Static  *desired.StaticIP
 }
 
 // ImageCollector is implemented by a Provisioner that keeps a cache of

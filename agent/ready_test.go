@@ -147,3 +147,29 @@ func TestGuestReachedBySSHIsBootingWhileItsSSHDRefuses(t *testing.T) {
 	assert.Equal(t, status.PhaseReady, f.record("web-01").Phase)
 	assert.Len(t, f.prov.Calls(agenttest.OpBoot), 1, "never restarted for a refusing sshd")
 }
+
+// Why a running guest is not ready survives an agent restart for as long
+// as it is still true: a keyed guest whose sshd refuses, a guest silent
+// past readyTimeout. The restarted agent shows the reason at once and
+// after its first pass, never a booting VM with no reason.
+func TestNotReadyReasonsSurviveAnAgentRestart(t *testing.T) {
+	f := newFixture(t, func(c *agent.EngineConfig) { c.ReadyTimeout = 10 * time.Minute })
+	f.prov.SetClock(f.clock.Now)
+	f.prov.SetSilentGuests(true)
+	f.step(snap(1, vm("keyed-01"), vm("silent-01")))
+	f.prov.Answer("keyed-01", agent.ReadySSH)
+	waitRow(t, f, "keyed-01", func(r status.VM) bool { return r.Phase == status.PhaseReady })
+	f.prov.Refuse("keyed-01")
+	waitRow(t, f, "keyed-01", func(r status.VM) bool { return r.LastError != "" })
+	f.clock.Add(11 * time.Minute)
+	waitRow(t, f, "silent-01", func(r status.VM) bool { return r.LastError != "" })
+
+	f.restart()
+	for _, st := range []*status.Status{f.eng.Report(), f.step(nil)} {
+		k, s := row(t, st, "keyed-01"), row(t, st, "silent-01")
+		assert.Equal(t, status.PhaseBooting, k.Phase)
+		assert.True(t, strings.HasPrefix(k.LastError, "not ready: the guest's sshd refuses"), k.LastError)
+		assert.Equal(t, status.PhaseBooting, s.Phase)
+		assert.True(t, strings.HasPrefix(s.LastError, "not ready: the guest has not answered"), s.LastError)
+	}
+}

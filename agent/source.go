@@ -58,7 +58,7 @@ func (s *Source) Fetch(ctx context.Context) (*snapshots.Snapshot, string, error)
 		return nil, "", nil
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("fetch %s: %w", s.branch, err)
+		return nil, "", err // gitsource names the branch and the remote
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

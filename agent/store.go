@@ -348,6 +348,40 @@ func (s *Store) SaveSnapshot(snap *snapshots.Snapshot) error {
 	return nil
 }
 
+// ResetEpoch lowers the accepted epoch from exactly from to to (to <
+// from), the reviewed way to make an agent trust a lower epoch again
+// (docs/DESIGN.md, "Resetting an agent's epoch"). It forgets what was
+// accepted: the accepted snapshot when its epoch is above to, and the
+// record of its content. It does nothing and returns false when the
+// accepted epoch is not from, so a reset left in the configuration never
+// acts twice. The epoch is written last: a crash before it leaves the
+// reset to the next start.
+func (s *Store) ResetEpoch(from, to uint64) (bool, error) {
+	if to >= from {
+		return false, fmt.Errorf("reset epoch: to (%d) must be below from (%d)", to, from)
+	}
+	last, err := s.LastEpoch()
+	if err != nil || last != from {
+		return false, err
+	}
+	snap, err := s.LoadSnapshot()
+	if err != nil || (snap != nil && snap.Epoch > to) {
+		if err := os.Remove(filepath.Join(s.root, snapshotFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, fmt.Errorf("reset epoch: %w", err)
+		}
+	}
+	if err := os.Remove(filepath.Join(s.root, acceptedFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("reset epoch: %w", err)
+	}
+	if err := syncDir(s.root); err != nil {
+		return false, fmt.Errorf("reset epoch: %w", err)
+	}
+	if err := s.SaveEpoch(to); err != nil {
+		return false, fmt.Errorf("reset epoch: %w", err)
+	}
+	return true, nil
+}
+
 // LastEpoch is the highest snapshot epoch accepted on this host, 0 when none.
 func (s *Store) LastEpoch() (uint64, error) { return s.readCounter(epochFile) }
 

@@ -109,6 +109,10 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:14:1: a second YAML document; each file holds exactly one object (split it into two files)`,
 		}},
 		{"trailing document marker is fine", vm(vmBody) + "---\n", nil},
+		{"Git LFS pointer", "version https://git-lfs.github.com/spec/v1\noid sha256:" + strings.Repeat("4d", 32) + "\nsize 812\n", []string{
+			"obj.yaml:1:1: a Git LFS pointer, not the file's content: Git LFS keeps the content outside the repository, and gitfleet reads only what is committed; " +
+				"stop tracking YAML files with Git LFS (`git lfs untrack '*.yaml' '*.yml'`, then `git add --renormalize .` and commit)",
+		}},
 		{"list at the top", "- kind: VM\n", []string{
 			`obj.yaml:1:1: an object must be a mapping with apiVersion, kind, metadata and spec; got a list`,
 		}},

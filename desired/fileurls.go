@@ -7,11 +7,11 @@ import (
 )
 
 // FileURLWarnings lists, one line per artifact, the VMs of f whose image,
-// kernel or initrd is a file:// URL, as "FILE:LINE: vm NAME:
-// spec.image.url is a file:// URL: …". Such a URL names a path on the
-// host: an agent refuses it unless its artifacts.fileRoots allow that
-// directory, so a person reviewing a change should look twice. Sorted by
-// file and line.
+// kernel or initrd is a file:// URL, as "FILE:LINE:COL: vm NAME:
+// spec.image.url is a file:// URL: …", at the URL's own line and column.
+// Such a URL names a path on the host: an agent refuses it unless its
+// artifacts.fileRoots allow that directory, so a person reviewing a change
+// should look twice. Sorted by file, line and column.
 func (f *Fleet) FileURLWarnings() []string {
 	type warning struct {
 		origin Origin
@@ -31,8 +31,9 @@ func (f *Fleet) FileURLWarnings() []string {
 		}
 		for _, a := range arts {
 			if strings.HasPrefix(strings.ToLower(a.url), "file:") {
-				ws = append(ws, warning{vm.Origin, fmt.Sprintf("%s:%d: vm %s: %s is a file:// URL (a path on the host): agents refuse it unless their artifacts.fileRoots allow its directory",
-					vm.Origin.File, vm.Origin.Line, vm.Metadata.Name, a.field)})
+				at := vm.FieldOrigin(a.field)
+				ws = append(ws, warning{at, fmt.Sprintf("%s:%d:%d: vm %s: %s is a file:// URL (a path on the host): agents refuse it unless their artifacts.fileRoots allow its directory",
+					at.File, at.Line, at.Col, vm.Metadata.Name, a.field)})
 			}
 		}
 	}
@@ -42,6 +43,9 @@ func (f *Fleet) FileURLWarnings() []string {
 		}
 		if ws[i].origin.Line != ws[j].origin.Line {
 			return ws[i].origin.Line < ws[j].origin.Line
+		}
+		if ws[i].origin.Col != ws[j].origin.Col {
+			return ws[i].origin.Col < ws[j].origin.Col
 		}
 		return ws[i].text < ws[j].text
 	})

@@ -27,6 +27,46 @@ import (
 type Loader struct {
 	dir   string
 	cache map[string]*parsed
+	// baseline maps each object file's path at the commit the fleet runs
+	// to its content ID ("" when the tree gives none); nil when unknown.
+	baseline map[string]string
+}
+
+// SetBaseline gives the Loader the tree of the commit the fleet runs (the
+// controller's applied commit), nil for none. A later Load that finds a
+// name defined twice reports it at the file the change added: the one
+// that did not hold its content at that commit (a new path, or a changed
+// file), naming the other as the existing definition. Without a baseline,
+// or when neither or both files are new, the later path is reported.
+// It walks t (no file is read when t gives content IDs, as git trees do).
+func (l *Loader) SetBaseline(t Tree) error {
+	if t == nil {
+		l.baseline = nil
+		return nil
+	}
+	b := map[string]string{}
+	err := t.Walk(func(f File) error {
+		rel, ok := l.relative(f.Path)
+		if !ok || hidden(rel) || !isYAML(rel) || (f.Mode != Regular && f.Mode != Executable) {
+			return nil
+		}
+		id := f.ID
+		if id == "" {
+			data, err := f.Read()
+			if err != nil {
+				return fmt.Errorf("read %s: %w", f.Path, err)
+			}
+			sum := sha256.Sum256(data)
+			id = "sha256:" + hex.EncodeToString(sum[:])
+		}
+		b[f.Path] = id
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("baseline: %w", err)
+	}
+	l.baseline = b
+	return nil
 }
 
 // parsed is the outcome of parsing one file at one path.
@@ -153,6 +193,7 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 
 	next := make(map[string]*parsed, len(cands))
 	objs := make([]*object, 0, len(cands))
+	unchanged := map[*object]bool{}
 	for _, c := range cands {
 		if c.err != nil {
 			return nil, c.err
@@ -161,12 +202,15 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 		errs = append(errs, c.res.errs...)
 		if c.res.obj != nil {
 			objs = append(objs, c.res.obj)
+			if id, ok := l.baseline[c.file.Path]; ok && strings.HasSuffix(c.key, "\x00"+id) {
+				unchanged[c.res.obj] = true
+			}
 		}
 	}
 	l.cache = next
 	// With some files rejected, what they define is unknown: the checks
 	// that a referenced object exists would only add false alarms.
-	errs = append(errs, crossCheck(objs, len(errs) == 0)...)
+	errs = append(errs, crossCheck(objs, len(errs) == 0, unchanged)...)
 	if len(errs) > 0 {
 		errs.Sort()
 		return nil, errs

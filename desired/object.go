@@ -95,6 +95,11 @@ func (d *nodeDecoder) document(data []byte) *yaml.Node {
 		d.add(offsetPos(data, i), "", "file contains a NUL byte; is it UTF-16 or binary? save it as UTF-8 text")
 		return nil
 	}
+	if isLFSPointer(data) {
+		d.add(pos{1, 1}, "", "a Git LFS pointer, not the file's content: Git LFS keeps the content outside the repository, and gitfleet reads only what is committed; "+
+			"stop tracking YAML files with Git LFS (`git lfs untrack '*.yaml' '*.yml'`, then `git add --renormalize .` and commit)")
+		return nil
+	}
 	roots, err := yamlDocuments(data)
 	if err != nil {
 		if roots, data, err = reparseTabLines(data, err); err != nil {
@@ -222,8 +227,20 @@ func (d *nodeDecoder) object(root *yaml.Node) *object {
 		obj = &object{kind: KindHost, name: doc.Metadata.Name, host: &Host{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
 	}
 	d.check(obj)
+	if obj != nil && obj.vm != nil {
+		obj.vm.fieldAt = make(map[string]Origin, len(artifactURLFields))
+		for _, f := range artifactURLFields {
+			if fp, ok := d.pos[f]; ok {
+				obj.vm.fieldAt[f] = Origin{File: d.file, Line: fp.val.line, Col: fp.val.col}
+			}
+		}
+	}
 	return obj
 }
+
+// artifactURLFields are the VM fields naming a URL the agent fetches, whose
+// positions FileURLWarnings points at.
+var artifactURLFields = []string{"spec.image.url", "spec.kernel.url", "spec.kernel.initrd.url"}
 
 // decodeEnvelope reports unknown and duplicate top-level fields and the
 // metadata's errors of an object whose kind is missing or unknown.
@@ -246,3 +263,17 @@ func (d *nodeDecoder) decodeEnvelope(root *yaml.Node) {
 
 // String names an object for messages: "VM web-01".
 func (o *object) String() string { return fmt.Sprintf("%s %s", o.kind, o.name) }
+
+// isLFSPointer reports whether data is a Git LFS pointer file: under 1024
+// bytes and starting with a "version" line naming the LFS specification
+// (https://github.com/git-lfs/git-lfs/blob/main/docs/spec.md; the
+// pre-release "hawser" URL too).
+func isLFSPointer(data []byte) bool {
+	if len(data) >= 1024 {
+		return false
+	}
+	line, _, _ := bytes.Cut(data, []byte("\n"))
+	line = bytes.TrimSuffix(line, []byte("\r"))
+	return bytes.Equal(line, []byte("version https://git-lfs.github.com/spec/v1")) ||
+		bytes.Equal(line, []byte("version https://hawser.github.com/spec/v1"))
+}

@@ -28,13 +28,17 @@ const (
 // would be rejected by the controller and its Hosts are empty. Warnings
 // say what a reader must know before trusting the plan (a base that does
 // not validate, so the plan was computed against another base); they are
-// shown at the top.
+// shown at the top. Guards are the controller's checks beyond validation
+// that the change trips as it stands (a commit signature refused, the
+// mass-delete guard and the trailer it needs): the controller would reject
+// the head for each.
 type Plan struct {
 	Base     string     `json:"base"`
 	Head     string     `json:"head"`
 	Hosts    []HostPlan `json:"hosts"`
 	Errors   []string   `json:"errors,omitempty"`
 	Warnings []string   `json:"warnings,omitempty"`
+	Guards   []string   `json:"guards,omitempty"`
 }
 
 // HostPlan is the changes on one host, ordered deletes first, then
@@ -424,6 +428,12 @@ func (p *Plan) Text() string {
 			fmt.Fprintf(&b, "  %s\n", e)
 		}
 	}
+	if len(p.Guards) > 0 {
+		b.WriteString("\nController guards (the controller would reject this head as it stands):\n")
+		for _, g := range p.Guards {
+			fmt.Fprintf(&b, "  ! %s\n", g)
+		}
+	}
 	if len(p.Hosts) == 0 && len(p.Errors) == 0 {
 		b.WriteString("\nNo changes.\n")
 	}
@@ -455,6 +465,13 @@ func (p *Plan) Markdown() string {
 			b.WriteString(e + "\n")
 		}
 		b.WriteString("```\n\n")
+	}
+	if len(p.Guards) > 0 {
+		b.WriteString("**Controller guards** — the controller would reject this head as it stands:\n\n")
+		for _, g := range p.Guards {
+			fmt.Fprintf(&b, "- ⛔ %s\n", g)
+		}
+		b.WriteString("\n")
 	}
 	if len(p.Hosts) == 0 && len(p.Errors) == 0 {
 		b.WriteString("No changes.\n")

@@ -172,6 +172,19 @@ type VM struct {
 	Metadata Metadata `yaml:"metadata" json:"metadata"`
 	Spec     VMSpec   `yaml:"spec" json:"spec"`
 	Origin   Origin   `yaml:"-" json:"-"`
+	// fieldAt is where some fields' values were written, by field path
+	// ("spec.image.url"), for the messages that point at them.
+	fieldAt map[string]Origin
+}
+
+// FieldOrigin is where field (a dotted path such as "spec.kernel.url")
+// was written in the VM's file, when the decoder recorded it, else the
+// object's own Origin.
+func (vm *VM) FieldOrigin(field string) Origin {
+	if o, ok := vm.fieldAt[field]; ok {
+		return o
+	}
+	return vm.Origin
 }
 
 // Volume is a decoded Volume object.

@@ -391,7 +391,7 @@ func (d *nodeDecoder) checkStatic(s *VMSpec) {
 // as the reference and the error is reported on the later one. complete is
 // false when some files were rejected: then the checks that an object
 // exists, and the capacity sums, are skipped.
-func crossCheck(objs []*object, complete bool) []*Error {
+func crossCheck(objs []*object, complete bool, unchanged map[*object]bool) []*Error {
 	var errs []*Error
 	add := func(o *object, p pos, field, format string, args ...any) {
 		errs = append(errs, &Error{File: o.origin().File, Line: p.line, Col: p.col, Field: field, Msg: fmt.Sprintf(format, args...)})
@@ -411,14 +411,27 @@ func crossCheck(objs []*object, complete bool) []*Error {
 			m = vms
 		}
 		if first, ok := m[o.name]; ok {
-			add(o, o.at.name, "metadata.name", "%s %q is also defined in %s:%d:%d; names are unique per kind",
-				o.kind, o.name, first.origin().File, first.at.name.line, first.at.name.col)
-			duplicate[o] = true
+			added, existing := o, first
+			if unchanged[o] && !unchanged[first] {
+				// The earlier path is the one the change added.
+				added, existing = first, o
+				m[o.name] = o
+			}
+			since := ""
+			if unchanged[existing] && !unchanged[added] {
+				since = ", defined before this change"
+			}
+			add(added, added.at.name, "metadata.name", "%s %q is also defined in %s:%d:%d%s; names are unique per kind",
+				added.kind, added.name, existing.origin().File, existing.at.name.line, existing.at.name.col, since)
+			duplicate[added] = true
 			continue
 		}
 		m[o.name] = o
 	}
-	type usage struct{ vcpus, memoryMB, count int }
+	type usage struct {
+		vcpus, memoryMB, count int
+		vms                    []*object
+	}
 	use := make(map[string]*usage, len(hosts))
 	attached := make(map[string]*object, len(volumes))
 	statics := make(map[staticKey]*object)
@@ -445,6 +458,7 @@ func crossCheck(objs []*object, complete bool) []*Error {
 				u.vcpus += s.VCPUs
 				u.memoryMB += s.MemoryMB
 				u.count++
+				u.vms = append(u.vms, o)
 				if s.Network != "" {
 					n, ok := h.host.Spec.Networks[s.Network]
 					if !ok && complete {
@@ -488,15 +502,42 @@ func crossCheck(objs []*object, complete bool) []*Error {
 		}
 		c := o.host.Spec.Capacity
 		if c.VCPUs > 0 && u.vcpus > c.VCPUs {
-			add(o, o.at.capacityVCPUs, "spec.capacity.vcpus", "the %d VMs on this host ask for %d vCPUs in all, more than its capacity of %d",
-				u.count, u.vcpus, c.VCPUs)
+			add(o, o.at.capacityVCPUs, "spec.capacity.vcpus", "the %d VMs on this host ask for %d vCPUs in all, more than its capacity of %d: %s",
+				u.count, u.vcpus, c.VCPUs, askers(u.vms, func(s *VMSpec) int { return s.VCPUs }, ""))
 		}
 		if c.MemoryMB > 0 && u.memoryMB > c.MemoryMB {
-			add(o, o.at.capacityMemory, "spec.capacity.memoryMB", "the %d VMs on this host ask for %d MiB of memory in all, more than its capacity of %d MiB",
-				u.count, u.memoryMB, c.MemoryMB)
+			add(o, o.at.capacityMemory, "spec.capacity.memoryMB", "the %d VMs on this host ask for %d MiB of memory in all, more than its capacity of %d MiB: %s",
+				u.count, u.memoryMB, c.MemoryMB, askers(u.vms, func(s *VMSpec) int { return s.MemoryMB }, " MiB"))
 		}
 	}
 	return errs
+}
+
+// maxAskers bounds the VMs a capacity message names.
+const maxAskers = 10
+
+// askers names the VMs that together overflow a host's capacity, largest
+// ask first (then by name), each with what it asks (amount, unit) and
+// where it is defined: "web-01 (vms/web-01.yaml:3:18) asks 4, …", at most
+// maxAskers of them and a count of the rest.
+func askers(vms []*object, amount func(*VMSpec) int, unit string) string {
+	sorted := append([]*object(nil), vms...)
+	sort.Slice(sorted, func(i, j int) bool {
+		ai, aj := amount(&sorted[i].vm.Spec), amount(&sorted[j].vm.Spec)
+		if ai != aj {
+			return ai > aj
+		}
+		return sorted[i].name < sorted[j].name
+	})
+	var parts []string
+	for i, o := range sorted {
+		if i == maxAskers {
+			parts = append(parts, fmt.Sprintf("and %d more", len(sorted)-maxAskers))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s:%d:%d) asks %d%s", o.name, o.origin().File, o.at.name.line, o.at.name.col, amount(&o.vm.Spec), unit))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // staticKey is one static address on one host network.

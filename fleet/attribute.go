@@ -18,8 +18,9 @@ import (
 // found within it are attributed to the head.
 const maxAttributionWalk = 1000
 
-// history is the part of a git repository attribution reads.
-type history interface {
+// History is the part of a git repository attribution, AppliedRange and
+// WithMergedCommits read (*gitsource.Repo).
+type History interface {
 	IsAncestor(a, b string) (bool, error)
 	FirstParents(from string, fn func(*gitsource.Commit) (bool, error)) error
 	Diff(from, to string) ([]gitsource.Change, error)
@@ -27,7 +28,7 @@ type history interface {
 	CommitInfo(hash string) (*gitsource.Commit, error)
 }
 
-var _ history = (*gitsource.Repo)(nil)
+var _ History = (*gitsource.Repo)(nil)
 
 // attribute finds, for each ref that the applied commit had and head lacks,
 // the commit that removed it: walking head's first-parent history back to
@@ -39,7 +40,7 @@ var _ history = (*gitsource.Repo)(nil)
 // instead of tombstoning it. dir is the
 // objects' directory in the tree ("" for the root). Git errors are returned,
 // never read as "not found".
-func attribute(h history, dir, applied, head string, refs []ref) (map[ref]snapshots.Tombstone, error) {
+func attribute(h History, dir, applied, head string, refs []ref) (map[ref]snapshots.Tombstone, error) {
 	out := make(map[ref]snapshots.Tombstone, len(refs))
 	headInfo, err := h.CommitInfo(head)
 	if err != nil {
@@ -141,7 +142,7 @@ func isObjectPath(p string) bool {
 // identify reads the kind, name and host of the object in path at commit.
 // A file that is not an object of a known kind (an invalid intermediate
 // commit) identifies nothing.
-func identify(h history, commit, p string) (ref, bool, error) {
+func identify(h History, commit, p string) (ref, bool, error) {
 	data, err := h.ReadFile(commit, p)
 	if err != nil {
 		if errors.Is(err, gitsource.ErrFileNotFound) {

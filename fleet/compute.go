@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -19,6 +20,7 @@ import (
 	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 // input is everything one computation over the snapshots tip needs. The
@@ -60,6 +62,16 @@ type input struct {
 	lastSnapshot func(host string) (*snapshots.Snapshot, error)
 	// specHash returns the spec hash of a VM of the fleet.
 	specHash func(vm *desired.VM) desired.Hash
+	// verify checks the signatures of the commits the head brings (nil:
+	// verification off); an error wrapping trust.ErrSignature rejects the
+	// head, any other is git's.
+	verify func() error
+	// appliedRange returns the commits since ledger.Applied, head first
+	// (AppliedRange, WithMergedCommits): their messages carry the
+	// mass-delete guard's trailer.
+	appliedRange func() ([]*gitsource.Commit, bool, error)
+	// deletes is the mass-delete guard.
+	deletes DeleteGuard
 }
 
 // output is what the computation decided.
@@ -83,16 +95,24 @@ type output struct {
 	finalized []ref
 	swept     []snapshots.SweepRecord
 	// rejected is set when the desired state was refused by the
-	// computation itself (a VM attaching a retained VM's volume): the
-	// output is then that of a rejected commit.
+	// computation itself (a VM attaching a retained VM's volume, a
+	// signature, the mass-delete guard): the output is then that of a
+	// rejected commit.
 	rejected error
+	// ignored are the hosts whose status was ignored: not in the desired
+	// state and unknown to the ledger.
+	ignored []string
+	// held is host → why its snapshot was not published this pass (an
+	// epoch at the bound); every other host published.
+	held map[string]string
 }
 
-// MaxEpoch bounds snapshot epochs (2^53, exact in a float64 and so in any
-// JSON reader). A status asking for a fence jump beyond it is refused, never
-// followed: an epoch must never wrap round to a low number an agent would
-// fence out, or that a later publish would reuse.
-const MaxEpoch uint64 = 1 << 53
+// MaxEpoch bounds snapshot epochs (snapshots.MaxEpoch, 2^53). The
+// controller publishes and follows epochs only up to
+// snapshots.MaxAcceptedEpoch, the highest an agent accepts: a host whose
+// next epoch or whose status lies beyond is held (not published, reported),
+// never the whole fleet.
+const MaxEpoch = snapshots.MaxEpoch
 
 // ErrLedgerMismatch is returned by a pass whose configured desired branch or
 // objects' directory differs from the one the ledger on the snapshots branch
@@ -100,8 +120,9 @@ const MaxEpoch uint64 = 1 << 53
 // configuration applied as deleted; nothing is written.
 var ErrLedgerMismatch = errors.New("the ledger was computed from another desired branch or path")
 
-// ErrEpochBound is returned by a pass that would publish an epoch at or
-// above MaxEpoch; nothing is written.
+// ErrEpochBound is wrapped by the reason a host is held (PassResult.Held):
+// its next epoch, or the epoch its status reports, is beyond
+// snapshots.MaxAcceptedEpoch. The other hosts publish.
 var ErrEpochBound = errors.New("epoch beyond the bound")
 
 // fileHash identifies the bytes of a published snapshot file.
@@ -115,7 +136,7 @@ func fileHash(data []byte) desired.Hash {
 // partial result: an error means nothing may be written.
 func compute(in input) (*output, error) {
 	p := &computePass{in: in, l: in.ledger.Clone()}
-	p.out = &output{ledger: p.l, files: map[string][]byte{}, published: map[string]uint64{}, fenceJumps: map[string]uint64{}}
+	p.out = &output{ledger: p.l, files: map[string][]byte{}, published: map[string]uint64{}, fenceJumps: map[string]uint64{}, held: map[string]string{}}
 	for _, s := range computeSteps() {
 		if err := s.run(p); err != nil {
 			return nil, err
@@ -145,12 +166,15 @@ type computeStep struct {
 func computeSteps() []computeStep {
 	return []computeStep{
 		{"guard ledger", (*computePass).guardLedger},
+		{"ignore unknown hosts", (*computePass).ignoreUnknownHosts},
 		{"recover fence", (*computePass).recoverFence},
+		{"verify signatures", (*computePass).verifySignatures},
 		{"keep last good", (*computePass).keepLastGood},
 		{"group live objects", (*computePass).groupLive},
 		{"un-retain", (*computePass).unretain},
 		{"un-delete", (*computePass).undelete},
 		{"tombstone or retain", (*computePass).tombstoneOrRetain},
+		{"guard mass deletes", (*computePass).guardDeletes},
 		{"reject conflicts", (*computePass).rejectConflicts},
 		{"finalize", (*computePass).finalize},
 		{"assemble snapshots", (*computePass).assemble},
@@ -191,11 +215,34 @@ func (p *computePass) guardLedger() error {
 		ErrLedgerMismatch, snapshots.LedgerPath, a.Branch, had, in.branch, dirName(in.path), a.Branch, dirName(derefOr(a.Path, in.path)))
 }
 
+// ignoreUnknownHosts drops the statuses of hosts that are neither in the
+// desired state nor in the ledger: anyone who can push to the status
+// branch can write one, and none of them may create a ledger record, move
+// an epoch or stop a pass. They are listed in the output (the controller
+// reports each once).
+func (p *computePass) ignoreUnknownHosts() error {
+	kept := make(map[string]*status.Status, len(p.in.statuses))
+	for host, st := range p.in.statuses {
+		desiredHost := p.in.fleet != nil && p.in.fleet.Hosts[host] != nil
+		if _, inLedger := p.l.Hosts[host]; desiredHost || inLedger {
+			kept[host] = st
+			continue
+		}
+		p.out.ignored = append(p.out.ignored, host)
+	}
+	sort.Strings(p.out.ignored)
+	p.in.statuses = kept
+	return nil
+}
+
 // recoverFence follows an agent that accepted an epoch the ledger does not
 // know (the snapshots branch was restored from an old copy): the host's
-// epoch jumps to it and its snapshot is forced out again. A jump to
-// MaxEpoch or beyond is refused (ErrEpochBound): the status is corrupt or
-// forged, and following it would wrap the epoch.
+// epoch jumps to it and its snapshot is forced out again. An agent fenced
+// at the ledger's own epoch (it accepted other content there) gets its
+// snapshot forced out at the next epoch. A jump beyond
+// snapshots.MaxAcceptedEpoch (no agent accepts such an epoch, so the
+// status is corrupt or forged) is not followed: that host is held, and
+// every other host publishes.
 func (p *computePass) recoverFence() error {
 	fenced := make([]string, 0, len(p.in.statuses))
 	for host := range p.in.statuses {
@@ -204,20 +251,44 @@ func (p *computePass) recoverFence() error {
 	sort.Strings(fenced)
 	for _, host := range fenced {
 		st := p.in.statuses[host]
-		if st.LastSeenEpoch >= MaxEpoch && st.LastSeenEpoch > p.l.Host(host).Epoch {
-			return fmt.Errorf("%w: host %s: its status (%s on the status branch) reports lastSeenEpoch %d, at or above %d: refusing the fence jump; correct or remove that status file",
-				ErrEpochBound, host, status.Path(host), st.LastSeenEpoch, MaxEpoch)
-		}
-	}
-	for _, host := range fenced {
-		st := p.in.statuses[host]
 		rec := p.l.Host(host)
-		if st.LastSeenEpoch > rec.Epoch {
+		switch {
+		case st.FenceViolation && st.LastSeenEpoch == rec.Epoch:
+			// The agent accepted other content at this very epoch (the
+			// branch was recreated from nothing and counted up to it
+			// again): only a higher epoch lifts its fence.
+			rec.Hash = ""
+			p.out.fenceJumps[host] = st.LastSeenEpoch
+		case st.LastSeenEpoch <= rec.Epoch:
+		case st.LastSeenEpoch > snapshots.MaxAcceptedEpoch:
+			p.out.held[host] = fmt.Errorf("%w: host %s: its status (%s on the status branch) reports lastSeenEpoch %d, above %d, the highest epoch an agent accepts: not followed, and the host's snapshot is held; correct or remove that status file, or reset the agent's epoch (docs/DESIGN.md, \"Resetting an agent's epoch\")",
+				ErrEpochBound, host, status.Path(host), st.LastSeenEpoch, snapshots.MaxAcceptedEpoch).Error()
+		default:
 			rec.Epoch = st.LastSeenEpoch
 			rec.Hash = ""
 			p.out.fenceJumps[host] = st.LastSeenEpoch
 		}
 	}
+	return nil
+}
+
+// verifySignatures rejects a head whose commits are not signed as the
+// verification mode asks (trust.ErrSignature), like an invalid commit: the
+// last good snapshots stay. Git's failure to read a signature ends the
+// pass instead.
+func (p *computePass) verifySignatures() error {
+	if p.in.fleet == nil || p.in.verify == nil {
+		return nil
+	}
+	err := p.in.verify()
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, trust.ErrSignature) {
+		return fmt.Errorf("verify signatures: %w", err)
+	}
+	p.in.fleet, p.in.loadErr = nil, err
+	p.out.rejected = err
 	return nil
 }
 
@@ -383,14 +454,50 @@ func (p *computePass) tombstone(removed []ref) error {
 	return nil
 }
 
-// rejectConflicts rejects a desired state in which a live VM attaches a
-// volume a retained VM on its host lists (it would share that volume): the
-// pass's output becomes that of a rejected commit, computed afresh.
-func (p *computePass) rejectConflicts() error {
-	err := retainedConflict(p.in.fleet, p.l.Retained)
-	if err == nil {
+// guardDeletes rejects a desired state that newly tombstones more
+// objects than the mass-delete guard allows (DeleteGuard), unless a commit
+// since the applied one carries the AllowDeletesTrailer with a count that
+// covers them.
+func (p *computePass) guardDeletes() error {
+	d := Deletes{VMs: map[string]int{}, Held: map[string]int{}}
+	for _, t := range p.out.tombstoned {
+		d.Total++
+		if t.Kind == desired.KindVM {
+			d.VMs[t.Host]++
+			if rec := p.in.ledger.Hosts[t.Host]; rec != nil {
+				d.Held[t.Host] = len(rec.VMs)
+			}
+		}
+	}
+	if p.in.deletes.Trips(d) == "" {
 		return nil
 	}
+	allowed, found := 0, false
+	if p.in.appliedRange != nil {
+		rng, _, err := p.in.appliedRange()
+		if err != nil {
+			return fmt.Errorf("read the messages since the applied commit: %w", err)
+		}
+		allowed, found = AllowedDeletes(rng)
+	}
+	if err := p.in.deletes.Check(d, allowed, found); err != nil {
+		return p.reject(err)
+	}
+	return nil
+}
+
+// rejectConflicts rejects a desired state in which a live VM attaches a
+// volume a retained VM on its host lists (it would share that volume).
+func (p *computePass) rejectConflicts() error {
+	if err := retainedConflict(p.in.fleet, p.l.Retained); err != nil {
+		return p.reject(err)
+	}
+	return nil
+}
+
+// reject makes the pass's output that of a desired state rejected with
+// err, computed afresh, and ends the pass.
+func (p *computePass) reject(err error) error {
 	rej := p.in
 	rej.fleet, rej.loadErr = nil, err
 	o, cerr := compute(rej)
@@ -498,8 +605,9 @@ func (p *computePass) removeDeparted() error {
 }
 
 // publish writes, with the next epoch, every host whose snapshot content
-// changed, or whose file at the snapshots tip is not the one the ledger
-// published (repaired).
+// changed, or whose file at the snapshots tip is not the one this
+// computation gives (repaired). A held host (its epoch at the bound) is
+// left as it is.
 func (p *computePass) publish() error {
 	hosts := make([]string, 0, len(p.snaps))
 	for h := range p.snaps {
@@ -507,11 +615,14 @@ func (p *computePass) publish() error {
 	}
 	sort.Strings(hosts)
 	for _, host := range hosts {
+		if _, held := p.out.held[host]; held {
+			continue
+		}
 		s := p.snaps[host]
 		rec := p.l.Host(host)
 		key := contentKey(s.snap)
 		if key == rec.Hash {
-			same, err := tipHolds(p.in.readTip, host, rec.File)
+			same, err := p.genuine(host, s)
 			if err != nil {
 				return err
 			}
@@ -520,53 +631,105 @@ func (p *computePass) publish() error {
 			}
 			p.out.repaired = append(p.out.repaired, host)
 		}
-		if err := p.publishHost(host, s, key); err != nil {
+		if rec.Epoch+1 > snapshots.MaxAcceptedEpoch {
+			p.out.held[host] = fmt.Errorf("%w: host %s: the next epoch would be %d, above %d, the highest an agent accepts: its snapshot is held; reset the agent's epoch and the host's ledger record (docs/DESIGN.md, \"Resetting an agent's epoch\")",
+				ErrEpochBound, host, rec.Epoch+1, snapshots.MaxAcceptedEpoch).Error()
+			continue
+		}
+		data, err := p.render(host, s, rec.Epoch+1, snapshots.SnapshotSource{Commit: p.in.head, Branch: p.in.branch}, true)
+		if err != nil {
 			return err
 		}
+		rec.Epoch++
+		rec.Hash = key
+		rec.File = fileHash(data)
+		p.out.files[snapshots.Path(host)] = data
+		p.out.published[host] = rec.Epoch
 	}
 	return nil
 }
 
-// publishHost writes host's snapshot s, of content key, under the host's
-// next epoch (ErrEpochBound at MaxEpoch), with the live specs, and stamps
-// that epoch on the tombstones it publishes first.
-func (p *computePass) publishHost(host string, s *hostSnapshot, key desired.Hash) error {
-	rec := p.l.Host(host)
-	if rec.Epoch+1 >= MaxEpoch {
-		return fmt.Errorf("%w: host %s: the next epoch would be %d (bound %d); refusing to publish", ErrEpochBound, host, rec.Epoch+1, MaxEpoch)
-	}
-	rec.Epoch++
-	rec.Hash = key
-	for i := range s.snap.VMs {
-		if vm := &s.snap.VMs[i]; !vm.Tombstoned && !s.kept[vm.Name] {
+// render encodes host's snapshot s at epoch with source: the live specs
+// of the desired state, the tombstones' epochs as the ledger records them
+// (0, not yet published: epoch). stamp records that epoch on those
+// tombstones; without it s and the ledger are left as they are.
+func (p *computePass) render(host string, s *hostSnapshot, epoch uint64, source snapshots.SnapshotSource, stamp bool) ([]byte, error) {
+	snap := *s.snap
+	snap.VMs = append([]snapshots.SnapshotVM(nil), s.snap.VMs...)
+	snap.Volumes = append([]snapshots.SnapshotVolume(nil), s.snap.Volumes...)
+	for i := range snap.VMs {
+		vm := &snap.VMs[i]
+		if !vm.Tombstoned && !s.kept[vm.Name] {
 			vm.Spec = p.in.fleet.VMs[vm.Name].Spec
 		}
+		if vm.Tombstone != nil {
+			tb := *vm.Tombstone
+			vm.Tombstone = &tb
+		}
 	}
-	s.snap.Epoch = rec.Epoch
-	s.snap.Source = snapshots.SnapshotSource{Commit: p.in.head, Branch: p.in.branch}
+	for i := range snap.Volumes {
+		if v := &snap.Volumes[i]; v.Tombstone != nil {
+			tb := *v.Tombstone
+			v.Tombstone = &tb
+		}
+	}
+	snap.Epoch = epoch
+	snap.Source = source
+	// The snapshot's tombstones carry the epoch their ledger record holds.
+	tombEpoch := map[ref]uint64{}
 	for _, t := range s.tombs {
-		if t.Tombstone.Epoch == 0 {
-			t.Tombstone.Epoch = rec.Epoch
+		e := t.Tombstone.Epoch
+		if e == 0 {
+			e = epoch
+			if stamp {
+				t.Tombstone.Epoch = epoch
+			}
+		}
+		tombEpoch[t.Ref()] = e
+	}
+	for i := range snap.VMs {
+		if tb := snap.VMs[i].Tombstone; tb != nil {
+			tb.Epoch = tombEpoch[ref{Kind: desired.KindVM, Name: snap.VMs[i].Name, Host: host}]
 		}
 	}
-	for i := range s.snap.VMs {
-		if tb := s.snap.VMs[i].Tombstone; tb != nil && tb.Epoch == 0 {
-			tb.Epoch = rec.Epoch
+	for i := range snap.Volumes {
+		if tb := snap.Volumes[i].Tombstone; tb != nil {
+			tb.Epoch = tombEpoch[ref{Kind: desired.KindVolume, Name: snap.Volumes[i].Name, Host: host}]
 		}
 	}
-	for i := range s.snap.Volumes {
-		if tb := s.snap.Volumes[i].Tombstone; tb != nil && tb.Epoch == 0 {
-			tb.Epoch = rec.Epoch
-		}
+	return snapshots.MarshalSnapshot(&snap)
+}
+
+// genuine reports whether host's file at the snapshots tip is the snapshot
+// this computation gives for it, at the host's epoch, compared byte for
+// byte with one rendered afresh (only its source commit, informational,
+// is taken from the file). The ledger's own record of what it published
+// (hosts[h].file) is never the witness: it lives on the same branch as
+// the file and is forged as easily. A missing or unparsable file, or one
+// edited in any other way, is not genuine. A read error other than "not
+// found" is returned. True without reading when the tip is known to hold
+// the files this controller wrote (readTip nil).
+func (p *computePass) genuine(host string, s *hostSnapshot) (bool, error) {
+	read := p.in.readTip
+	if read == nil {
+		return true, nil
 	}
-	data, err := snapshots.MarshalSnapshot(s.snap)
+	data, err := read(snapshots.Path(host))
+	if errors.Is(err, gitsource.ErrFileNotFound) || errors.Is(err, gitsource.ErrFileTooLarge) {
+		return false, nil
+	}
 	if err != nil {
-		return err
+		return false, fmt.Errorf("read %s: %w", snapshots.Path(host), err)
 	}
-	p.out.files[snapshots.Path(host)] = data
-	p.out.published[host] = rec.Epoch
-	rec.File = fileHash(data)
-	return nil
+	onTip, err := snapshots.ParseSnapshot(data)
+	if err != nil || onTip.Host != host || onTip.Source.Branch != p.in.branch {
+		return false, nil
+	}
+	want, err := p.render(host, s, p.l.Host(host).Epoch, onTip.Source, false)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Equal(want, data), nil
 }
 
 // recordApplied records head as the applied commit, with the branch and
@@ -630,28 +793,6 @@ func retainedConflict(f *desired.Fleet, kept []*snapshots.RetainedRecord) error 
 		}
 	}
 	return nil
-}
-
-// tipHolds reports whether host's file at the snapshots tip is the one the
-// ledger published (file, its fileHash). A missing file, or one edited by
-// hand, is not; nor is any file of a host record without a file hash, so
-// that host is published once more. A read error other than
-// "not found" is returned.
-func tipHolds(read func(string) ([]byte, error), host string, file desired.Hash) (bool, error) {
-	if read == nil {
-		return true, nil
-	}
-	if file == "" {
-		return false, nil
-	}
-	data, err := read(snapshots.Path(host))
-	if errors.Is(err, gitsource.ErrFileNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("read %s: %w", snapshots.Path(host), err)
-	}
-	return fileHash(data) == file, nil
 }
 
 // dirName shows an objects' directory for a person.

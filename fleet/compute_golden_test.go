@@ -19,6 +19,7 @@ import (
 	"github.com/gitfleet/gitfleet/internal/golden"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 // TestComputeGolden runs the controller's decision core over the scenarios
@@ -122,6 +123,14 @@ type passConfig struct {
 	Offline map[string]time.Duration `yaml:"offline"`
 	// AbandonGrace defaults to 15m.
 	AbandonGrace time.Duration `yaml:"abandonGrace"`
+	// MaxDeletes is the mass-delete guard's limit (default
+	// DefaultMaxDeletes); Messages are the messages of the commits since
+	// the applied one, head first (its trailers).
+	MaxDeletes int      `yaml:"maxDeletes"`
+	Messages   []string `yaml:"messages"`
+	// SignatureError, when set, is the signature verifier's refusal of
+	// the head (it wraps trust.ErrSignature).
+	SignatureError string `yaml:"signatureError"`
 }
 
 // scenario is the state carried from one pass to the next.
@@ -300,6 +309,20 @@ func (sc *scenario) input(num int, cfg passConfig) input {
 		return m, nil
 	}
 	in.rewritten = func() (bool, error) { return cfg.Rewritten, nil }
+	in.deletes = DeleteGuard{Max: DefaultMaxDeletes}
+	if cfg.MaxDeletes != 0 {
+		in.deletes.Max = cfg.MaxDeletes
+	}
+	in.appliedRange = func() ([]*gitsource.Commit, bool, error) {
+		var rng []*gitsource.Commit
+		for i, m := range cfg.Messages {
+			rng = append(rng, &gitsource.Commit{Hash: fmt.Sprintf("m%d", i), Message: m})
+		}
+		return rng, false, nil
+	}
+	if cfg.SignatureError != "" {
+		in.verify = func() error { return fmt.Errorf("%w: %s", trust.ErrSignature, cfg.SignatureError) }
+	}
 	read := func(p string) ([]byte, error) {
 		data, ok := sc.tip[p]
 		if !ok {
@@ -318,6 +341,9 @@ func decisions(o *output) []byte {
 	var b bytes.Buffer
 	if o.rejected != nil {
 		fmt.Fprintf(&b, "reject: %v\n", o.rejected)
+	}
+	for _, h := range o.ignored {
+		fmt.Fprintf(&b, "ignore the status of %s\n", h)
 	}
 	for _, h := range sortedKeys(o.fenceJumps) {
 		fmt.Fprintf(&b, "fence jump %s to epoch %d\n", h, o.fenceJumps[h])
@@ -345,6 +371,9 @@ func decisions(o *output) []byte {
 	}
 	for _, h := range sortedKeys(o.published) {
 		fmt.Fprintf(&b, "publish %s at epoch %d\n", h, o.published[h])
+	}
+	for _, h := range sortedKeys(o.held) {
+		fmt.Fprintf(&b, "hold %s: %s\n", h, o.held[h])
 	}
 	for _, p := range sortedKeys(o.files) {
 		if o.files[p] == nil {

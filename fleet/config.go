@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 // Defaults of Config.
@@ -85,6 +86,15 @@ type Config struct {
 	// (phases, acks, pending deletes, errors, epochs, a rejected commit, a
 	// host going online or offline) is written at once.
 	SummaryInterval time.Duration
+	// Verify is which desired-state commits must be signed by one of
+	// Signers before a head is applied (VerifyOff, the default, VerifyHead
+	// or VerifyEvery); a head that is not is rejected like an invalid
+	// commit. Signers must be set unless Verify is off (ErrConfig).
+	Verify  VerifyMode
+	Signers *trust.Signers
+	// MaxDeletes is the mass-delete guard's limit (DeleteGuard): 0 means
+	// DefaultMaxDeletes (10), negative turns the guard off.
+	MaxDeletes int
 	// Clock returns the current time; nil means time.Now. Tests move it.
 	Clock func() time.Time
 	// Logger receives log lines (component=controller); nil means the
@@ -126,6 +136,17 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
+	if cfg.MaxDeletes == 0 {
+		cfg.MaxDeletes = DefaultMaxDeletes
+	}
+	mode, err := ParseVerifyMode(string(cfg.Verify))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	cfg.Verify = mode
+	if mode != VerifyOff && cfg.Signers == nil {
+		return nil, fmt.Errorf("%w: verifying signatures (%s) needs allowed signers: an allowed-signers file or an OpenPGP keyring", ErrConfig, mode)
+	}
 	p, err := CleanPath(cfg.Path)
 	if err != nil {
 		return nil, err
@@ -161,6 +182,7 @@ func New(cfg Config) (*Controller, error) {
 		loader:   desired.NewLoader(cfg.Path),
 		statuses: status.NewReader(),
 		hashes:   map[*desired.VM]desired.Hash{},
+		ignored:  map[string]bool{},
 	}
 	opened := false
 	defer func() {
@@ -186,7 +208,7 @@ func New(cfg Config) (*Controller, error) {
 		repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: cfg.URL, CacheDir: cfg.CacheDir,
 			Auth: cfg.Auth, Timeout: cfg.GitTimeout, Logger: cfg.Logger})
 		if err != nil {
-			return nil, fmt.Errorf("open %s: %w", cfg.URL, err)
+			return nil, err // "open git source URL: …"
 		}
 		c.repo = repo
 	}

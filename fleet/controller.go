@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 // Controller runs passes over one repository. Pass and Run may be called
@@ -46,6 +47,9 @@ type Controller struct {
 	// not loaded again.
 	loadedHead  string
 	loadedFleet *desired.Fleet
+	// baseline is the applied commit whose tree the loader compares a
+	// new head with (desired.Loader.SetBaseline); "" when none is set.
+	baseline desired.Hash
 	// ledger cache: the snapshots tip and its parsed ledger.
 	ledgerTip string
 	ledger    *snapshots.Ledger
@@ -77,6 +81,16 @@ type Controller struct {
 	// completed in this process (nil before one did). See recordFailure.
 	failing     *status.PassFailure
 	lastSummary *status.Summary
+	// rangeKey is "applied head" of rangeVal, the commits since the
+	// applied one; sigKey the same of sigErr, the last signature verdict
+	// (nil: verified).
+	rangeKey, sigKey string
+	rangeVal         []*gitsource.Commit
+	rangeTrunc       bool
+	sigErr           error
+	// ignored are the hosts whose status was ignored and logged once
+	// (unknown to the desired state and the ledger).
+	ignored map[string]bool
 
 	// beforePublish, when set (by tests), runs after a pass read the
 	// desired branch and the statuses and before it publishes.
@@ -118,9 +132,15 @@ type PassResult struct {
 	Retained, Unretained []string
 	RetainedTotal        int
 	// Repaired lists hosts whose file on the snapshots branch differed from
-	// the published one (edited or removed by hand): published again with
-	// a new epoch.
+	// the snapshot the controller computes for it (edited, forged or
+	// removed): published again with a new epoch.
 	Repaired []string
+	// Held is host → why its snapshot was not published (its epoch at the
+	// bound, see ErrEpochBound); every other host was.
+	Held map[string]string
+	// IgnoredStatuses lists the hosts whose status file was ignored: they
+	// are neither in the desired state nor in the ledger.
+	IgnoredStatuses []string
 	// Pending is the number of tombstones pending after the pass.
 	Pending int
 	// SummaryWritten is true when README.md on the status branch was
@@ -141,7 +161,7 @@ func (c *Controller) renewTips() error {
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: c.cfg.URL, Auth: c.cfg.Auth,
 		CacheDir: c.cfg.TipsCacheDir, Depth: 1, Timeout: c.cfg.GitTimeout, Logger: c.cfg.Logger})
 	if err != nil {
-		return fmt.Errorf("open %s: %w", c.cfg.URL, err)
+		return err // "open git source URL: …"
 	}
 	c.tips = repo
 	if c.cfg.TipsCacheDir == "" {
@@ -260,8 +280,9 @@ const statusGap = 2 * time.Second
 // state is not an error of the pass: it is reported in PassResult.Rejected.
 // The error is a failure of git (the pass is retried by Run), or a refusal
 // that writes nothing: ErrLedgerMismatch (the ledger belongs to another
-// branch or path) or ErrEpochBound (a status asks for an epoch past
-// MaxEpoch), both wrapped with the names a person needs to fix it.
+// branch or path) or ErrNoLastSpec, wrapped with the names a person needs
+// to fix it. A host whose epoch is at the bound is held (PassResult.Held),
+// never the pass.
 func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -390,9 +411,13 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	}
 
 	// Step 4: the summary on the status branch. This pass acted: a
-	// failure recorded there is over.
-	sum := c.summarize(out.ledger, fl, obs.reports, obs.err == nil, now)
+	// failure recorded there is over. Statuses the computation ignored
+	// (hosts it does not know) are not shown.
+	sum := c.summarize(out.ledger, fl, withoutHosts(obs.reports, out.ignored), obs.err == nil, now)
 	c.failing, c.lastSummary = nil, &sum
+	for _, h := range out.ignored {
+		delete(obs.copies.tips, h) // nor copied
+	}
 	written, err := c.writeStatusBranch(ctx, sum, obs.copies, now)
 	if err != nil {
 		return res, fmt.Errorf("write summary: %w", err)
@@ -464,7 +489,10 @@ func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Ti
 	obs.statuses = map[string]*status.Status{}
 	if obs.err == nil {
 		for _, rep := range obs.reports {
-			c.live.observe(rep.Host, rep.ID, now)
+			if c.known(fl, rep.Host) {
+				// A host the computation ignores keeps no liveness.
+				c.live.observe(rep.Host, rep.ID, now)
+			}
 			if rep.Status != nil {
 				obs.statuses[rep.Host] = rep.Status
 			} else {
@@ -480,6 +508,36 @@ func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Ti
 		}
 	}
 	return obs
+}
+
+// known reports whether host is in fl (else the last good fleet) or in
+// the last ledger read: the hosts whose status the pass reads.
+func (c *Controller) known(fl *desired.Fleet, host string) bool {
+	if fl == nil {
+		fl = c.loadedFleet
+	}
+	if fl != nil && fl.Hosts[host] != nil {
+		return true
+	}
+	return c.ledger != nil && c.ledger.Hosts[host] != nil
+}
+
+// withoutHosts is reports less those of hosts.
+func withoutHosts(reports []status.Report, hosts []string) []status.Report {
+	if len(hosts) == 0 {
+		return reports
+	}
+	drop := make(map[string]bool, len(hosts))
+	for _, h := range hosts {
+		drop[h] = true
+	}
+	out := make([]status.Report, 0, len(reports))
+	for _, r := range reports {
+		if !drop[r.Host] {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // publish computes the pass's decisions on the snapshots tip and writes
@@ -555,6 +613,64 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 		readTip:      verify,
 		lastSnapshot: func(host string) (*snapshots.Snapshot, error) { return readSnapshot(read, host) },
 		specHash:     func(vm *desired.VM) desired.Hash { return hashes[vm] },
+		appliedRange: func() ([]*gitsource.Commit, bool, error) {
+			rng, truncated, err := c.appliedRange(l, head)
+			if err != nil {
+				return nil, false, err
+			}
+			all, err := WithMergedCommits(c.repo, rng)
+			return all, truncated, err
+		},
+		verify:  c.verifier(l, head),
+		deletes: DeleteGuard{Max: c.cfg.MaxDeletes},
+	}
+}
+
+// appliedRange is the first-parent commits from head back to the commit l
+// applied (see appliedRange), kept for the next pass on the same pair.
+func (c *Controller) appliedRange(l *snapshots.Ledger, head string) ([]*gitsource.Commit, bool, error) {
+	applied := ""
+	if l.Applied != nil {
+		applied = string(l.Applied.Commit)
+	}
+	key := applied + " " + head
+	if key == c.rangeKey {
+		return c.rangeVal, c.rangeTrunc, nil
+	}
+	rng, truncated, err := AppliedRange(c.repo, applied, head)
+	if err != nil {
+		return nil, false, err
+	}
+	c.rangeKey, c.rangeVal, c.rangeTrunc = key, rng, truncated
+	return rng, truncated, nil
+}
+
+// verifier is compute's signature check of head over l's applied commit,
+// nil when verification is off. A verdict (accepted or refused) is kept
+// for the next pass on the same pair; a git error is not.
+func (c *Controller) verifier(l *snapshots.Ledger, head string) func() error {
+	if c.cfg.Verify == VerifyOff {
+		return nil
+	}
+	return func() error {
+		applied := ""
+		if l.Applied != nil {
+			applied = string(l.Applied.Commit)
+		}
+		key := applied + " " + head
+		if key == c.sigKey {
+			return c.sigErr
+		}
+		rng, truncated, err := c.appliedRange(l, head)
+		if err != nil {
+			return err
+		}
+		sigs := Signatures{Mode: c.cfg.Verify, Signers: c.cfg.Signers, Repo: c.repo}
+		err = sigs.Verify(rng, truncated)
+		if err == nil || errors.Is(err, trust.ErrSignature) {
+			c.sigKey, c.sigErr = key, err
+		}
+		return err
 	}
 }
 
@@ -566,7 +682,7 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 		return "", nil, fmt.Errorf("the desired branch %q is missing from the repository (deleted, or never pushed): %w", c.cfg.Branch, err)
 	}
 	if err != nil {
-		return "", nil, fmt.Errorf("fetch %s: %w", c.cfg.Branch, err)
+		return "", nil, err // gitsource names the branch and the remote
 	}
 	if head == c.loadedHead && c.loadedFleet != nil {
 		return head, c.loadedFleet, nil
@@ -575,6 +691,7 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 	if err != nil {
 		return head, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(head).Short(), err)
 	}
+	c.setBaseline()
 	fl, err := c.loader.Load(tree)
 	if err != nil {
 		return head, nil, err
@@ -582,6 +699,36 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 	c.loadedHead, c.loadedFleet = head, fl
 	c.hashes = c.specHashes(fl)
 	return head, fl, nil
+}
+
+// setBaseline gives the loader the tree of the commit the ledger last
+// read says is applied, so that a name defined twice is reported at the
+// file the change added. Best effort: without a ledger yet (the first
+// pass), or when that commit cannot be read (a force-push dropped it),
+// the loader has no baseline and reports the later path.
+func (c *Controller) setBaseline() {
+	var applied desired.Hash
+	if c.ledger != nil && c.ledger.Applied != nil {
+		applied = c.ledger.Applied.Commit
+	}
+	if applied == c.baseline {
+		return
+	}
+	var tree desired.Tree
+	if applied != "" {
+		t, err := c.repo.Tree(string(applied), "")
+		if err != nil {
+			c.log.WithError(err).WithField("commit", applied.Short()).Debug("applied commit unreadable; duplicate names are reported at the later path")
+		} else {
+			tree = t
+		}
+	}
+	if err := c.loader.SetBaseline(tree); err != nil {
+		c.log.WithError(err).Debug("baseline not set")
+		_ = c.loader.SetBaseline(nil)
+		applied = ""
+	}
+	c.baseline = applied
 }
 
 // specHashes returns the spec hash of every VM of fl, reusing the hashes of

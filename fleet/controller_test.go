@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -472,6 +473,28 @@ func TestFenceRecovery(t *testing.T) {
 	}
 	if res := e.pass(); len(res.Published) != 0 {
 		t.Fatalf("fence recovery repeats: %+v", res)
+	}
+}
+
+// The snapshots branch is recreated from nothing and counts up to the
+// very epoch the agent accepted, with other content: the agent is fenced
+// at the ledger's own epoch, and the next pass publishes at the one after
+// it, once.
+func TestFenceRecoveryAtTheSameEpoch(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	epoch := e.snapshot("hv-a").Epoch
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: epoch, FenceViolation: true,
+		SnapshotError: fmt.Sprintf("snapshot at epoch %d differs from the one accepted at that epoch", epoch)})
+	res := e.pass()
+	if res.Published["hv-a"] != epoch+1 {
+		t.Fatalf("result = %+v, want hv-a published at %d", res, epoch+1)
+	}
+	if e.snapshot("hv-b").Epoch != 1 {
+		t.Error("fence recovery touched another host")
+	}
+	if res := e.pass(); len(res.Published) != 0 {
+		t.Fatalf("fence recovery repeats while the agent has not answered: %+v", res)
 	}
 }
 

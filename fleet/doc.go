@@ -43,9 +43,17 @@
 // Deleting one takes a reviewed delete: add its file back, then delete it.
 // Tombstones pending before the rewrite stay pending.
 //
-// hosts[h].file is a hash of the published hosts/<h>.yaml: a file on the
-// branch tip that differs (edited or removed by hand) is published again
-// with a new epoch.
+// A host file on the branch tip that is not the snapshot the computation
+// renders for it (edited, forged or removed) is published again with a new
+// epoch; hosts[h].file, a hash of the published file, is recorded but never
+// believed (it is on the same branch as the file).
+//
+// Beyond validation, a head is rejected when its commits are not signed as
+// Config.Verify asks (trust.go, package trust), or when it would newly
+// tombstone more than the mass-delete guard allows without the
+// Gitfleet-Allow-Deletes trailer (DeleteGuard). Statuses of hosts neither
+// desired nor in the ledger are ignored; a host whose epoch would pass
+// snapshots.MaxAcceptedEpoch is held while the others publish.
 //
 // hosts[h].vms and volumes are the names h held in the applied commit: the
 // next commit's tombstones are what it lacks. hash identifies the published

@@ -32,11 +32,11 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 	var cp statusCopies
 	statusTip, err := c.tips.Fetch(ctx, c.cfg.StatusBranch)
 	if err != nil && !errors.Is(err, gitsource.ErrBranchNotFound) {
-		return "", nil, cp, fmt.Errorf("fetch %s: %w", c.cfg.StatusBranch, err)
+		return "", nil, cp, err // gitsource names the branch and the remote
 	}
 	branches, err := c.tips.FetchPrefix(ctx, status.HostBranchPrefix)
 	if err != nil {
-		return "", nil, cp, fmt.Errorf("fetch %s*: %w", status.HostBranchPrefix, err)
+		return "", nil, cp, err
 	}
 	hostTips := map[string]string{}
 	trees := map[string]desired.Tree{}

@@ -16,6 +16,8 @@ import (
 //	gitfleet_controller_finalized_total{how}     deletes finalized: ack or sweep
 //	gitfleet_controller_host_epoch{host}         last epoch published per host
 //	gitfleet_controller_pass_seconds             pass duration
+//	gitfleet_controller_hosts_held               hosts whose snapshot the last pass held (epoch at the bound)
+//	gitfleet_controller_statuses_ignored         status files of hosts neither desired nor in the ledger, last pass
 type metrics struct {
 	passes       *prometheus.CounterVec
 	rejected     prometheus.Counter
@@ -24,6 +26,8 @@ type metrics struct {
 	finalized    *prometheus.CounterVec
 	epochs       *prometheus.GaugeVec
 	duration     prometheus.Histogram
+	held         prometheus.Gauge
+	ignored      prometheus.Gauge
 	lastRejected string
 }
 
@@ -43,8 +47,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Last snapshot epoch published per host."}, []string{"host"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gitfleet_controller_pass_seconds",
 			Help: "Duration of controller passes in seconds.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_hosts_held",
+			Help: "Hosts whose snapshot the last pass held because their epoch is at the bound; the others published."}),
+		ignored: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_statuses_ignored",
+			Help: "Status files of hosts neither in the desired state nor in the ledger, ignored by the last pass."}),
 	}
-	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration} {
+	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration, m.held, m.ignored} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register controller metrics: %w", err)
 		}
@@ -66,6 +74,8 @@ func (m *metrics) observe(res PassResult, outcome Outcome, d time.Duration) {
 		return
 	}
 	m.pending.Set(float64(res.Pending))
+	m.held.Set(float64(len(res.Held)))
+	m.ignored.Set(float64(len(res.IgnoredStatuses)))
 	m.retained.Set(float64(res.RetainedTotal))
 	m.finalized.WithLabelValues("ack").Add(float64(len(res.Finalized)))
 	m.finalized.WithLabelValues("sweep").Add(float64(len(res.Swept)))

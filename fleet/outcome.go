@@ -26,8 +26,8 @@ import (
 //     commit. Retried with back-off.
 //   - OutcomeRefused: the controller will not act on what it read (the
 //     desired branch is missing, the ledger belongs to another branch or
-//     path, an epoch past the bound, a VM to retain without its last
-//     spec). Fix the configuration or the
+//     path, a VM to retain without its last spec; an epoch past the bound
+//     holds only its host, see PassResult.Held). Fix the configuration or the
 //     branch it names. Logged once per distinct cause, retried with
 //     back-off.
 //
@@ -51,8 +51,9 @@ const (
 var ErrUnreadable = errors.New("git failed")
 
 // ErrRefused is matched by a pass error that is the controller's refusal:
-// a missing desired branch, ErrLedgerMismatch, ErrEpochBound and
-// ErrNoLastSpec.
+// a missing desired branch, ErrLedgerMismatch and ErrNoLastSpec
+// (ErrEpochBound holds one host only and is no longer a pass's error; it
+// stays in the list for errors of older callers).
 var ErrRefused = errors.New("refused")
 
 // passError marks a pass error with its outcome.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/status"
 )
 
 // commitMessage is the message of the snapshots commit of a pass over head:
@@ -37,7 +38,7 @@ func commitMessage(head string, o *output) string {
 		fmt.Fprintf(&b, "%s desired again: no longer kept\n", r)
 	}
 	for _, h := range o.repaired {
-		fmt.Fprintf(&b, "%s: the file on the branch differed from the published one; published again\n", h)
+		fmt.Fprintf(&b, "%s: the file on the branch differed from the snapshot computed for it; published again\n", h)
 	}
 	for _, t := range o.tombstoned {
 		fmt.Fprintf(&b, "tombstone %s (removed by %s, %s)\n", t.Ref(), t.Tombstone.Commit.Short(), t.Tombstone.Author)
@@ -103,8 +104,44 @@ func (c *Controller) report(res *PassResult, o *output) {
 	}
 	for _, h := range o.repaired {
 		res.Repaired = append(res.Repaired, h)
-		c.log.WithFields(logrus.Fields{"host": h, "epoch": o.published[h]}).Warn("snapshot file on the branch differed from the published one; published again")
+		c.log.WithFields(logrus.Fields{"host": h, "epoch": o.published[h]}).Warn("snapshot file on the branch differed from the snapshot computed for it; published again")
 	}
+	res.Held = o.held
+	hosts := make([]string, 0, len(o.held))
+	for h := range o.held {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	for _, h := range hosts {
+		c.log.WithField("host", h).Error("snapshot held, the other hosts published: " + o.held[h])
+	}
+	res.IgnoredStatuses = o.ignored
+	c.reportIgnored(o.ignored)
 	res.Pending = len(o.ledger.Tombstones)
 	res.RetainedTotal = len(o.ledger.Retained)
+}
+
+// maxIgnoredLogged bounds the hosts whose ignored status is remembered as
+// logged: a branch of forged statuses costs no more than this.
+const maxIgnoredLogged = 1000
+
+// reportIgnored logs each host whose status was ignored once per process
+// (the first maxIgnoredLogged of them by name, then once how many more).
+func (c *Controller) reportIgnored(hosts []string) {
+	more := 0
+	for _, h := range hosts {
+		if c.ignored[h] {
+			continue
+		}
+		if len(c.ignored) >= maxIgnoredLogged {
+			more++
+			continue
+		}
+		c.ignored[h] = true
+		c.log.WithField("host", h).Warn("status of a host that is not in the desired state ignored: it creates no ledger record and moves no epoch; remove " + status.Path(h) + " from the status branch")
+	}
+	if more > 0 && !c.ignored["\x00more"] {
+		c.ignored["\x00more"] = true
+		c.log.WithField("count", more).Warn("more statuses of hosts not in the desired state ignored")
+	}
 }

@@ -280,25 +280,43 @@ func TestDotSlashPathAttributesDeletes(t *testing.T) {
 	}
 }
 
-// A status claiming an epoch at the bound (or the top of uint64) is
-// refused, never followed round to epoch 0.
-func TestEpochJumpBeyondBoundRefused(t *testing.T) {
+// A status claiming an epoch beyond the highest an agent accepts (the
+// top of uint64, 2^53, or just above snapshots.MaxAcceptedEpoch) is never
+// followed, round to epoch 0 or otherwise: that host alone is held, and
+// every other host still publishes. Just at the bound is a legal jump.
+func TestEpochJumpBeyondBoundHoldsOnlyThatHost(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.pass()
-	tip := e.snapshotsTip()
-	for _, seen := range []uint64{math.MaxUint64, MaxEpoch} {
-		writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: seen % 1000, LastSeenEpoch: seen})
-		_, err := e.c.Pass(context.Background())
-		if !errors.Is(err, ErrEpochBound) || !strings.Contains(err.Error(), "hv-a") || !strings.Contains(err.Error(), status.Path("hv-a")) {
-			t.Fatalf("lastSeenEpoch %d: error = %v, want ErrEpochBound naming hv-a and its status", seen, err)
+	for i, seen := range []uint64{math.MaxUint64, MaxEpoch, snapshots.MaxAcceptedEpoch + 1} {
+		writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: uint64(i + 1), LastSeenEpoch: seen})
+		e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 3+i, "db-data")}})
+		res := e.pass()
+		why := res.Held["hv-a"]
+		if !strings.Contains(why, ErrEpochBound.Error()) || !strings.Contains(why, status.Path("hv-a")) {
+			t.Fatalf("lastSeenEpoch %d: held = %v, want hv-a held naming its status", seen, res.Held)
 		}
-		if e.snapshotsTip() != tip {
-			t.Fatal("a refused jump published")
+		if _, ok := res.Published["hv-b"]; !ok {
+			t.Fatalf("lastSeenEpoch %d: hv-b was not published (%v): one host's status blocked the fleet", seen, res.Published)
+		}
+		if got := e.snapshot("hv-a").Epoch; got != 1 {
+			t.Fatalf("hv-a at epoch %d, want it left at 1", got)
+		}
+		if l := e.ledger(); l.Hosts["hv-a"].Epoch != 1 {
+			t.Fatalf("ledger followed the status to %d", l.Hosts["hv-a"].Epoch)
+		}
+		if got := metricValue(t, e.c, "gitfleet_controller_hosts_held"); got != 1 {
+			t.Fatalf("gitfleet_controller_hosts_held = %v", got)
 		}
 	}
-	// Just below the bound is a legal jump.
-	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 5, LastSeenEpoch: MaxEpoch - 2})
-	if res := e.pass(); res.Published["hv-a"] != MaxEpoch-1 {
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: snapshots.MaxAcceptedEpoch - 1})
+	if res := e.pass(); res.Published["hv-a"] != snapshots.MaxAcceptedEpoch || len(res.Held) != 0 {
+		t.Fatalf("result = %+v", res)
+	}
+	// Now at the bound: the next change of hv-a is held, hv-b's is not.
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 5),
+		"vms/db-01.yaml": vmYAML("db-01", "hv-b", 9, "db-data")}})
+	res := e.pass()
+	if !strings.Contains(res.Held["hv-a"], "the next epoch would be") || res.Published["hv-b"] == 0 {
 		t.Fatalf("result = %+v", res)
 	}
 }

@@ -84,7 +84,7 @@ func (a Auth) method(url string) (transport.AuthMethod, error) {
 		keys.HostKeyAlgorithms = db.HostKeyAlgorithms(net.JoinHostPort(ep.Host, strconv.Itoa(port)))
 		return keys, nil
 	default:
-		return nil, fmt.Errorf("unsupported protocol %q in %s", ep.Protocol, redactURL(url))
+		return nil, fmt.Errorf("unsupported protocol %q: gitfleet reads file, http(s) and ssh URLs", ep.Protocol)
 	}
 }
 

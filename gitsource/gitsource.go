@@ -232,15 +232,15 @@ func Open(ctx context.Context, opts Options) (*Repo, error) {
 	}
 	u, err := normalizeURL(opts.URL)
 	if err != nil {
-		return nil, fmt.Errorf("open git source %s: %w", opts.URL, err)
+		return nil, fmt.Errorf("open git source %s: %w", redactURL(opts.URL), err)
 	}
 	auth, err := opts.Auth.method(u)
 	if err != nil {
-		return nil, fmt.Errorf("open git source %s: %w", opts.URL, err)
+		return nil, fmt.Errorf("open git source %s: %w", redactURL(opts.URL), err)
 	}
 	sig, err := parseSignature(opts.Committer)
 	if err != nil {
-		return nil, fmt.Errorf("open git source %s: committer: %w", opts.URL, err)
+		return nil, fmt.Errorf("open git source %s: committer: %w", redactURL(opts.URL), err)
 	}
 	opts.CacheDir = resolveCacheDir(opts.CacheDir)
 	log := opts.Logger
@@ -264,7 +264,7 @@ func Open(ctx context.Context, opts Options) (*Repo, error) {
 		if u := r.unwritable(err); u != nil {
 			err = u
 		}
-		return nil, fmt.Errorf("open git source %s: %w", opts.URL, err)
+		return nil, fmt.Errorf("open git source %s: %w", redactURL(opts.URL), err)
 	}
 	return r, nil
 }

@@ -527,3 +527,41 @@ func (r *Repo) IsAncestor(a, b string) (bool, error) {
 	}
 	return false, nil
 }
+
+// SignedCommit is a commit's signature and the bytes it signs.
+type SignedCommit struct {
+	Commit
+	// Signature is the commit's gpgsig header as git wrote it (an armored
+	// OpenPGP signature, "-----BEGIN PGP SIGNATURE-----", or an SSH
+	// signature, "-----BEGIN SSH SIGNATURE-----"); "" when it is unsigned.
+	Signature string
+	// Payload is the commit object without its signature header: what
+	// `git commit -S` signed and `git verify-commit` checks.
+	Payload []byte
+}
+
+// Signed reads commit's signature and signed payload (go-git's
+// EncodeWithoutSignature, the bytes git signs). A commit missing from the
+// cache is ErrObjectMissing.
+func (r *Repo) Signed(commit string) (*SignedCommit, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, err := r.resolve(commit)
+	if err != nil {
+		return nil, fmt.Errorf("signature: %w", err)
+	}
+	enc := &plumbing.MemoryObject{}
+	if err := c.EncodeWithoutSignature(enc); err != nil {
+		return nil, fmt.Errorf("signature of %s: encode: %w", desired.Hash(commit).Short(), err)
+	}
+	rd, err := enc.Reader()
+	if err != nil {
+		return nil, fmt.Errorf("signature of %s: %w", desired.Hash(commit).Short(), err)
+	}
+	defer rd.Close()
+	payload, err := io.ReadAll(rd)
+	if err != nil {
+		return nil, fmt.Errorf("signature of %s: %w", desired.Hash(commit).Short(), err)
+	}
+	return &SignedCommit{Commit: *describe(c), Signature: c.PGPSignature, Payload: payload}, nil
+}

@@ -35,6 +35,10 @@ command -v nft >/dev/null || need+=(nftables)
 # mmdebstrap) under systemd-nspawn and drives it with nsenter (util-linux).
 command -v systemd-nspawn >/dev/null || need+=(systemd-container)
 command -v nsenter >/dev/null || need+=(util-linux)
+# Signed desired state: the tests sign commits as people do, with an SSH key
+# (ssh-keygen) and with a throwaway OpenPGP key (gpg).
+command -v ssh-keygen >/dev/null || need+=(openssh-client)
+command -v gpg >/dev/null || need+=(gnupg)
 
 # The agent runs QEMU as this unprivileged system user (agent config
 # qemu.user), with an nftables guard keyed on it.

@@ -95,8 +95,9 @@ type Rejection struct {
 // jump to force a republish). VMs and Volumes are the names the host held in
 // the applied desired state, sorted: the base tombstones are derived from.
 // File is the SHA-256 (first 16 hex digits) of the bytes of the published
-// hosts/<host>.yaml: a file on the branch tip that differs (edited or
-// removed by hand) is published again with a new epoch.
+// hosts/<host>.yaml, for a person reading the ledger: the controller decides
+// whether the file on the branch is genuine by rendering the snapshot
+// afresh, never by this record, which is forged as easily as the file.
 type HostRecord struct {
 	Epoch   uint64       `yaml:"epoch" json:"epoch"`
 	Hash    desired.Hash `yaml:"hash,omitempty" json:"hash,omitempty"`

@@ -10,6 +10,22 @@ import (
 // one, forged or broken, is refused by its size before it is read.
 const MaxSnapshotBytes = 64 << 20
 
+// Bounds of snapshot epochs (docs/DESIGN.md, "Epoch bounds").
+const (
+	// MaxEpoch is 2^53, exact in a float64 and so in any JSON reader: no
+	// epoch reaches it.
+	MaxEpoch uint64 = 1 << 53
+	// EpochRoom is how many epochs an agent keeps in reserve above any it
+	// accepts: 2^32, more than a century of publishes at one a second.
+	EpochRoom uint64 = 1 << 32
+	// MaxAcceptedEpoch is the highest epoch an agent accepts and the
+	// controller publishes or follows: MaxEpoch - EpochRoom. A snapshot
+	// above it (forged, or written by a broken controller) would leave the
+	// agent no room to accept the next one, so it is refused like a fence
+	// violation.
+	MaxAcceptedEpoch = MaxEpoch - EpochRoom
+)
+
 // Snapshot is one host's desired state as the controller publishes it at
 // hosts/<host>.yaml on the gitfleet/snapshots branch (docs/DESIGN.md, Branches and
 // files). Epoch strictly increases per host and is never reused; an agent

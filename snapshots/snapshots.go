@@ -84,7 +84,7 @@ func ReadLedger(ctx context.Context, repo *gitsource.Repo, branch string) (*Ledg
 		return nil, "", nil
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("fetch %s: %w", branch, err)
+		return nil, "", err // gitsource names the branch
 	}
 	data, err := repo.ReadFileMax(tip, LedgerPath, MaxLedgerBytes)
 	if errors.Is(err, gitsource.ErrFileNotFound) {

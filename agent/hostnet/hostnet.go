@@ -63,6 +63,11 @@ const (
 	NftablesFile = "nftables.conf"
 )
 
+// ErrBridgeMissing: the bridge a bridge network names is not a device of
+// this host (yet). The Manager never creates it; Attach, Check and
+// Reconcile return it wrapped, with the bridge's name.
+var ErrBridgeMissing = errors.New("does not exist on this host")
+
 // TapPrefix starts the name of every tap the Manager makes.
 const TapPrefix = "gft"
 
@@ -210,6 +215,38 @@ func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, 
 		return a, fmt.Errorf("network %s: %w", name, err)
 	}
 	return a, nil
+}
+
+// Check reports whether network name (def) can take a VM now, changing
+// nothing: a bridge network's bridge must exist (ErrBridgeMissing when it
+// does not); a nat network is the Manager's to make, so it always can.
+func (m *Manager) Check(name string, def desired.Network) error {
+	if def.NAT != nil {
+		return nil
+	}
+	if _, err := bridgeLink(def.Bridge); err != nil {
+		return fmt.Errorf("network %s: %w", name, err)
+	}
+	return nil
+}
+
+// Reserve records VM vm's address on nat network name (def) as Attach
+// would (static, else the one reserved before, else a free one), without
+// making the network or a tap: the agent reserves the addresses of every
+// VM a snapshot puts on a network before it ensures the network, so its
+// dnsmasq starts with all of them. A bridge network takes no reservation.
+func (m *Manager) Reserve(name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) error {
+	if def.NAT == nil {
+		return nil
+	}
+	prefix, err := def.NAT.Prefix()
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, err = m.reserve(name, prefix, vm, mac, static)
+	return err
 }
 
 // Detach removes VM vm's tap and its address reservations. Detaching a

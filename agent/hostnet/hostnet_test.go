@@ -2,6 +2,7 @@ package hostnet
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -362,8 +363,11 @@ func TestBridgeNetworkAttachesToTheExistingBridgeOnly(t *testing.T) {
 	ctx := context.Background()
 	lan := desired.Network{Bridge: "br0"}
 	mac, _ := net.ParseMAC("52:54:00:00:0b:01")
-	if _, err := f.m.Attach(ctx, "lan", lan, "web-01", mac, netip.Addr{}); err == nil || !strings.Contains(err.Error(), "br0 does not exist") {
-		t.Fatalf("Attach to a missing bridge: %v; want it named", err)
+	if _, err := f.m.Attach(ctx, "lan", lan, "web-01", mac, netip.Addr{}); !errors.Is(err, ErrBridgeMissing) || !strings.Contains(err.Error(), "br0 does not exist") {
+		t.Fatalf("Attach to a missing bridge: %v; want ErrBridgeMissing, naming it", err)
+	}
+	if err := f.m.Check("lan", lan); !errors.Is(err, ErrBridgeMissing) {
+		t.Fatalf("Check of a missing bridge: %v; want ErrBridgeMissing", err)
 	}
 	if err := f.m.Reconcile(ctx, map[string]desired.Network{"lan": lan}, nil); err == nil {
 		t.Fatalf("Reconcile with a missing bridge: no error")
@@ -377,6 +381,9 @@ func TestBridgeNetworkAttachesToTheExistingBridgeOnly(t *testing.T) {
 	f.run("ip", "addr", "add", "192.168.50.1/24", "dev", "br0")
 	f.run("ip", "link", "set", "br0", "up")
 	before := f.run("ip", "-4", "-o", "addr", "show", "br0")
+	if err := f.m.Check("lan", lan); err != nil {
+		t.Fatalf("Check of br0 once it exists: %v", err)
+	}
 	if err := f.m.Reconcile(ctx, map[string]desired.Network{"lan": lan}, nil); err != nil {
 		t.Fatalf("Reconcile: %v", err)
 	}

@@ -10,12 +10,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// bridgeLink returns the bridge device name; an error when it is missing
-// or not a bridge.
+// bridgeLink returns the bridge device name; ErrBridgeMissing when there
+// is no device of that name, another error when it is not a bridge.
 func bridgeLink(name string) (netlink.Link, error) {
 	l, err := netlink.LinkByName(name)
 	if isNotFound(err) {
-		return nil, fmt.Errorf("bridge %s does not exist on this host", name)
+		return nil, fmt.Errorf("bridge %s %w", name, ErrBridgeMissing)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bridge %s: %w", name, err)

@@ -147,33 +147,33 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 		}
 	}
 	if _, err := os.Stat(st.path(RootDiskFile)); err != nil {
-		return fmt.Errorf("boot: root disk: %w (PrepareRootDisk first)", err)
+		return fmt.Errorf("root disk: %w (PrepareRootDisk first)", err)
 	}
 	for _, v := range m.Volumes {
 		if _, err := os.Stat(v); err != nil {
-			return fmt.Errorf("boot: volume: %w", err)
+			return fmt.Errorf("volume: %w", err)
 		}
 	}
 	mac := macFor(m.Name)
 	att, err := p.attach(ctx, st, m, mac)
 	if err != nil {
-		return fmt.Errorf("boot: %w", err)
+		return err
 	}
 	a, err := p.fetchArtifacts(ctx, st, m.Spec)
 	if err != nil {
-		return fmt.Errorf("boot: %w", err)
+		return err
 	}
 	files, err := seedFiles(m.Name, m.InstanceID, mac, m.Spec.CloudInit, staticFor(m.Spec.Static, att))
 	if err != nil {
-		return agent.Permanent(fmt.Errorf("boot: seed: %w", err))
+		return agent.Permanent(fmt.Errorf("seed: %w", err))
 	}
 	if err := writeSeedISO(st.path(SeedFile), files); err != nil {
-		return fmt.Errorf("boot: %w", err)
+		return err
 	}
 	port := 0
 	if att.Tap == "" {
 		if port, err = p.sshPort(st); err != nil {
-			return fmt.Errorf("boot: %w", err)
+			return err
 		}
 	}
 	l := launch{
@@ -186,7 +186,7 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	if p.user != nil {
 		l.runAs = p.user.name
 		if err := p.user.own(st.dir); err != nil {
-			return fmt.Errorf("boot: %w", err)
+			return err
 		}
 	}
 	if l.memMB <= 0 {
@@ -251,12 +251,12 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 	st.stopWatch()
 	for _, f := range []string{PidFile, QMPSocket, QGASocket, ReadyFile} {
 		if err := os.Remove(st.path(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("boot: clear stale %s: %w", f, err)
+			return fmt.Errorf("clear stale %s: %w", f, err)
 		}
 	}
 	logf, err := os.OpenFile(st.path(QEMULog), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
-		return fmt.Errorf("boot: %w", err)
+		return fmt.Errorf("qemu log: %w", err)
 	}
 	defer logf.Close()
 	argv := append([]string{p.cfg.QEMU}, l.args()...)
@@ -276,7 +276,7 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 	st.exitMu.Unlock()
 	started := time.Now()
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("boot: start %s: %w", argv[0], err)
+		return fmt.Errorf("start %s: %w", argv[0], err)
 	}
 	exited := make(chan struct{})
 	go func() {
@@ -304,13 +304,19 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 	for {
 		select {
 		case <-exited:
+			st.exitMu.Lock()
+			exit := st.exit // "qemu exited[: exit status N]"
+			st.exitMu.Unlock()
+			if exit == "" {
+				exit = "qemu exited"
+			}
 			reason := p.failureText(st)
 			log.WithField("reason", reason).Error("qemu exited during boot")
-			return fmt.Errorf("boot: qemu exited: %s", reason)
+			return fmt.Errorf("%s: %s", exit, reason)
 		case <-wait.Done():
 			cmd.Process.Kill()
 			<-exited
-			return fmt.Errorf("boot: qemu did not answer on QMP within %s: %s", p.cfg.BootTimeout, p.failureText(st))
+			return fmt.Errorf("qemu did not answer on QMP within %s: %s", p.cfg.BootTimeout, p.failureText(st))
 		case <-tick.C:
 		}
 		if st.pid() == 0 {
@@ -327,9 +333,12 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 	}
 }
 
+// failureText is QEMU's own output of the run start just began (its log
+// is truncated at every start), or "(no output)".
 func (p *Provisioner) failureText(st *vmState) string {
-	if r := p.FailureReason(st.name); r != "" {
-		return r
+	b, _ := os.ReadFile(st.path(QEMULog))
+	if tail := trimTail(b, 1024); len(tail) > 0 {
+		return string(tail)
 	}
 	return "(no output)"
 }
@@ -412,16 +421,16 @@ func (p *Provisioner) Destroy(ctx context.Context, name string) error {
 	defer st.mu.Unlock()
 	log := p.log.WithField("vm", name)
 	if err := p.stop(ctx, st, true, log); err != nil {
-		return fmt.Errorf("destroy: %w", err)
+		return err
 	}
 	if p.cfg.Networks != nil {
 		if err := p.cfg.Networks.Detach(name); err != nil {
-			return fmt.Errorf("destroy: %w", err)
+			return err
 		}
 	}
 	for _, f := range ownedFiles {
 		if err := os.RemoveAll(st.path(f)); err != nil {
-			return fmt.Errorf("destroy %s: %w", name, err)
+			return fmt.Errorf("remove %s: %w", f, err)
 		}
 	}
 	p.mu.Lock()

@@ -108,6 +108,9 @@ func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
 	if err != nil {
 		return err
 	}
+	if err := p.checkNetwork(m); err != nil {
+		return err
+	}
 	if _, err := p.fetchArtifacts(ctx, st, m.Spec); err != nil {
 		return err
 	}
@@ -143,7 +146,7 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 	if _, err := os.Stat(root); err == nil {
 		return p.growRootDisk(ctx, st, want, log)
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("root disk: %w", err)
+		return err
 	}
 
 	partial := root + ".partial"
@@ -153,7 +156,7 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 	if a.image != "" {
 		info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, a.image, a.imageFormat)
 		if err != nil {
-			return fmt.Errorf("root disk: %w", err)
+			return err
 		}
 		size = max(size, info.VirtualSize)
 		args = append(args, "-F", a.imageFormat, "-b", a.image)
@@ -161,10 +164,10 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 	args = append(args, partial, strconv.FormatInt(size, 10))
 	if out, err := exec.CommandContext(ctx, p.cfg.QEMUImg, args...).CombinedOutput(); err != nil {
 		os.Remove(partial)
-		return fmt.Errorf("root disk: qemu-img create: %v: %s", err, trimTail(out, 1024))
+		return fmt.Errorf("qemu-img create: %v: %s", err, trimTail(out, 1024))
 	}
 	if err := os.Rename(partial, root); err != nil {
-		return fmt.Errorf("root disk: %w", err)
+		return err
 	}
 	log.WithFields(logrus.Fields{"bytes": size, "backing": a.image != ""}).Info("root disk created")
 	return nil
@@ -175,17 +178,17 @@ func (p *Provisioner) growRootDisk(ctx context.Context, st *vmState, want int64,
 	root := st.path(RootDiskFile)
 	info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, root, formatQCOW2)
 	if err != nil {
-		return fmt.Errorf("root disk: %w", err)
+		return err
 	}
 	if info.VirtualSize >= want {
 		return nil // never shrink
 	}
 	if p.running(st) {
 		if _, err := qmpCommand(ctx, st.path(QMPSocket), "block_resize", map[string]any{"device": "root", "size": want}); err != nil {
-			return fmt.Errorf("root disk: grow online: %w", err)
+			return fmt.Errorf("grow online: %w", err)
 		}
 	} else if out, err := exec.CommandContext(ctx, p.cfg.QEMUImg, "resize", "-q", "-f", formatQCOW2, root, strconv.FormatInt(want, 10)).CombinedOutput(); err != nil {
-		return fmt.Errorf("root disk: qemu-img resize: %v: %s", err, trimTail(out, 1024))
+		return fmt.Errorf("qemu-img resize: %v: %s", err, trimTail(out, 1024))
 	}
 	log.WithFields(logrus.Fields{"from": info.VirtualSize, "to": want}).Info("root disk grown")
 	return nil

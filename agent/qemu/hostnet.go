@@ -27,11 +27,18 @@ type HostNetworks interface {
 	// the VM's static IPv4 on a nat network (invalid when none). See
 	// hostnet.Manager.Attach.
 	Attach(ctx context.Context, name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) (hostnet.Attachment, error)
+	// Check reports whether network name (def) can take a VM now,
+	// changing nothing; hostnet.ErrBridgeMissing when a bridge network's
+	// bridge does not exist. See hostnet.Manager.Check.
+	Check(name string, def desired.Network) error
 	// Detach removes VM vm's tap and address reservations.
 	Detach(vm string) error
 	// Address is the guest's IPv4 address on network name, invalid when
 	// unknown.
 	Address(name string, def desired.Network, mac net.HardwareAddr) netip.Addr
+	// Reserve records VM vm's address on nat network name (def) without
+	// touching the network; see hostnet.Manager.Reserve.
+	Reserve(name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) error
 	// Reconcile makes the host's networks match nets; see
 	// agent.NetworkReconciler.
 	Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error
@@ -51,16 +58,49 @@ type netRecord struct {
 	Static  *desired.StaticIP `json:"static,omitempty"`
 }
 
-// ReconcileNetworks hands the host's networks to Config.Networks; without
-// it, a host that names networks is an error (VMs on them cannot boot).
-func (p *Provisioner) ReconcileNetworks(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error {
+// ReconcileNetworks hands the host's networks to Config.Networks, first
+// reserving each member's address on its nat network (the MAC and static
+// address its Boot would attach with), so that the network's dnsmasq
+// starts once, with every reservation, instead of restarting as each VM
+// attaches. Without Config.Networks, a host that names networks is an
+// error (VMs on them cannot boot).
+func (p *Provisioner) ReconcileNetworks(ctx context.Context, nets map[string]desired.Network, members []agent.NetworkMember, inUse map[string]bool) error {
 	if p.cfg.Networks == nil {
 		if len(nets) > 0 {
 			return errors.New("host networks: this agent runs without host networking")
 		}
 		return nil
 	}
-	return p.cfg.Networks.Reconcile(ctx, nets, inUse)
+	var errs []error
+	for _, m := range members {
+		def, ok := nets[m.Network]
+		if !ok || def.NAT == nil {
+			continue
+		}
+		hw, err := net.ParseMAC(macFor(m.VM))
+		if err != nil {
+			return err
+		}
+		if err := p.cfg.Networks.Reserve(m.Network, def, m.VM, hw, staticOn(def, m.Static)); err != nil {
+			errs = append(errs, fmt.Errorf("vm %s: %w", m.VM, err))
+		}
+	}
+	return errors.Join(append(errs, p.cfg.Networks.Reconcile(ctx, nets, inUse))...)
+}
+
+// staticOn is the first static address of s inside nat network def's
+// CIDR: the address the VM's reservation holds (invalid when none).
+func staticOn(def desired.Network, s *desired.StaticIP) netip.Addr {
+	if def.NAT == nil || s == nil {
+		return netip.Addr{}
+	}
+	cidr, _ := def.NAT.Prefix()
+	for _, a := range s.Addresses {
+		if pfx, err := netip.ParsePrefix(a); err == nil && cidr.Contains(pfx.Addr()) {
+			return pfx.Addr()
+		}
+	}
+	return netip.Addr{}
 }
 
 // attach puts the VM's NIC on its host network, or leaves it on user-mode
@@ -91,19 +131,9 @@ func (p *Provisioner) attach(ctx context.Context, st *vmState, m agent.Machine, 
 	if err != nil {
 		return hostnet.Attachment{}, err
 	}
-	var static netip.Addr
-	if m.Network.NAT != nil && m.Spec.Static != nil {
-		cidr, _ := m.Network.NAT.Prefix()
-		for _, a := range m.Spec.Static.Addresses {
-			if pfx, err := netip.ParsePrefix(a); err == nil && cidr.Contains(pfx.Addr()) {
-				static = pfx.Addr()
-				break
-			}
-		}
-	}
-	att, err := p.cfg.Networks.Attach(ctx, m.Spec.Network, *m.Network, m.Name, hw, static)
+	att, err := p.cfg.Networks.Attach(ctx, m.Spec.Network, *m.Network, m.Name, hw, staticOn(*m.Network, m.Spec.Static))
 	if err != nil {
-		return att, err
+		return att, waitForNetwork(err)
 	}
 	rec, err := json.Marshal(netRecord{Network: m.Spec.Network, Def: *m.Network, Tap: att.Tap, MAC: mac, Static: m.Spec.Static})
 	if err != nil {
@@ -123,6 +153,30 @@ func (p *Provisioner) attach(ctx context.Context, st *vmState, m agent.Machine, 
 	}
 	p.mu.Unlock()
 	return att, nil
+}
+
+// checkNetwork reports whether the host network m's spec names can take
+// the VM now (Stage: an edit must not stop a VM for a network it cannot
+// join); nil for user-mode networking.
+func (p *Provisioner) checkNetwork(m agent.Machine) error {
+	switch {
+	case m.Spec.Network == "":
+		return nil
+	case m.Network == nil:
+		return agent.Permanent(fmt.Errorf("network %q: the host defines no such network", m.Spec.Network))
+	case p.cfg.Networks == nil:
+		return agent.Permanent(fmt.Errorf("network %q: this agent runs without host networking", m.Spec.Network))
+	}
+	return waitForNetwork(p.cfg.Networks.Check(m.Spec.Network, *m.Network))
+}
+
+// waitForNetwork marks a missing bridge as agent.ErrNetworkMissing, which
+// the engine waits for instead of spending a create attempt.
+func waitForNetwork(err error) error {
+	if errors.Is(err, hostnet.ErrBridgeMissing) {
+		return fmt.Errorf("%w: %w", err, agent.ErrNetworkMissing)
+	}
+	return err
 }
 
 // staticFor is the static configuration the seed carries: the spec's,

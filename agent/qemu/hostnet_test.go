@@ -116,9 +116,14 @@ func TestGuestOnNATNetworkGetsItsReservedLease(t *testing.T) {
 	cidr := netip.MustParsePrefix(lab.NAT.CIDR)
 	nets := map[string]desired.Network{"lab": lab}
 	ctx := context.Background()
-	if err := p.ReconcileNetworks(ctx, nets, map[string]bool{}); err != nil {
+	// The agent's tick reserves the address of every VM the snapshot
+	// puts on the network before the network's dnsmasq starts, so the
+	// guest's lease comes from the one dnsmasq the tick started.
+	members := []agent.NetworkMember{{VM: "db-01", Network: "lab"}}
+	if err := p.ReconcileNetworks(ctx, nets, members, map[string]bool{}); err != nil {
 		t.Fatalf("ReconcileNetworks: %v", err)
 	}
+	started, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.DnsmasqPid))
 	m := f.machine("db-01", "lab", lab)
 	f.boot(p, m)
 
@@ -147,10 +152,13 @@ func TestGuestOnNATNetworkGetsItsReservedLease(t *testing.T) {
 	}
 	pid := p.machines[m.Name].pid()
 	dnsmasq, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.DnsmasqPid))
+	if string(dnsmasq) != string(started) {
+		t.Errorf("dnsmasq pid %q after the VM attached; want %q, the one the tick started", dnsmasq, started)
+	}
 
 	t.Run("agent restart keeps guest, tap, bridge, dnsmasq and lease", func(t *testing.T) {
 		p2, _ := f.provisioner()
-		if err := p2.ReconcileNetworks(ctx, nets, map[string]bool{"lab": true}); err != nil {
+		if err := p2.ReconcileNetworks(ctx, nets, members, map[string]bool{"lab": true}); err != nil {
 			t.Fatalf("ReconcileNetworks: %v", err)
 		}
 		if !p2.Running(m.Name) {
@@ -208,7 +216,7 @@ func TestGuestOnBridgeNetworkJoinsTheLAN(t *testing.T) {
 	if lan.Bridge != "br0" {
 		t.Fatalf("the example's lan is %+v; this test makes br0", lan)
 	}
-	if err := p.ReconcileNetworks(context.Background(), map[string]desired.Network{"lan": lan}, map[string]bool{}); err != nil {
+	if err := p.ReconcileNetworks(context.Background(), map[string]desired.Network{"lan": lan}, []agent.NetworkMember{{VM: "web-01", Network: "lan"}}, map[string]bool{}); err != nil {
 		t.Fatalf("ReconcileNetworks: %v", err)
 	}
 	m := f.machine("web-01", "lan", lan)

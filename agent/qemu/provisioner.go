@@ -287,20 +287,23 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 	for _, bin := range []string{p.cfg.QEMU, p.cfg.QEMUImg} {
 		out, err := exec.CommandContext(ctx, bin, "--version").CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("preflight: %s --version: %v: %s", bin, err, trimTail(out, 512))
+			if tail := trimTail(out, 512); len(tail) > 0 {
+				return fmt.Errorf("%s --version: %v: %s", bin, err, tail)
+			}
+			return fmt.Errorf("%s --version: %w", bin, err)
 		}
 	}
 	if err := os.MkdirAll(p.cfg.CacheDir, 0o700); err != nil {
-		return fmt.Errorf("preflight: image cache: %w", err)
+		return fmt.Errorf("image cache: %w", err)
 	}
 	probe, err := os.CreateTemp(p.cfg.CacheDir, ".probe-")
 	if err != nil {
-		return fmt.Errorf("preflight: image cache not writable: %w", err)
+		return fmt.Errorf("image cache not writable: %w", err)
 	}
 	probe.Close()
 	os.Remove(probe.Name())
 	if err := os.Chmod(p.cfg.CacheDir, 0o700); err != nil {
-		return fmt.Errorf("preflight: image cache: %w", err)
+		return fmt.Errorf("image cache: %w", err)
 	}
 	// Downloads a killed agent left half done, once: later calls run while
 	// this process's own downloads are in flight.
@@ -313,7 +316,7 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 	})
 	if p.user != nil {
 		if err := installGuard(ctx, p.cfg.NFT, p.user.uid); err != nil {
-			return fmt.Errorf("preflight: %w", err)
+			return err
 		}
 	} else {
 		p.log.WithField("uid", os.Geteuid()).Warn("qemu runs as the agent's user without a guard: guests reach the host's 127.0.0.1 through 10.0.2.2 (run the agent as root with qemu.user set)")
@@ -321,7 +324,7 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 	if p.accel == AccelKVM {
 		f, err := os.OpenFile(p.cfg.kvmDev, os.O_RDWR, 0)
 		if err != nil {
-			return fmt.Errorf("preflight: accel kvm: %w", err)
+			return fmt.Errorf("accel kvm: %w", err)
 		}
 		f.Close()
 	}

@@ -99,10 +99,7 @@ func (p *Provisioner) watch(st *vmState, pid int) *bootWatch {
 		log.WithError(err).Warn("seed unreadable: any way the guest answers counts")
 	}
 	w.r.SSHRequired = sshRequired
-	if r, ok := readReadyFile(st.path(ReadyFile), pid); ok {
-		r.Booted, r.SSHRequired = w.r.Booted, sshRequired
-		w.r = r
-	}
+	w.r = restoreReadiness(st.path(ReadyFile), pid, w.r)
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	st.watch = w
@@ -268,8 +265,10 @@ func (w *bootWatch) answered(via, addr string, now time.Time, readyFile string, 
 }
 
 // refused records that the guest's sshd refused at now. A guest ready by
-// SSH is no longer ready: ReadyFile is removed, so an agent restarted
-// meanwhile does not show it ready either.
+// SSH is no longer ready: ReadyFile records the refusal (or, when it
+// cannot be written, is removed), so an agent restarted meanwhile shows
+// neither ready nor a guest that never answered, but the refusal, for as
+// long as no banner is read again.
 func (w *bootWatch) refused(now time.Time, why error, readyFile string, log *logrus.Entry) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -277,8 +276,11 @@ func (w *bootWatch) refused(now time.Time, why error, readyFile string, log *log
 		return
 	}
 	w.r.Ready, w.r.Refused = false, now
-	if err := os.Remove(readyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
-		log.WithError(err).Warn("drop saved readiness")
+	if err := writeReadyFile(readyFile, w.pid, w.r); err != nil {
+		log.WithError(err).Warn("save the refusal")
+		if err := os.Remove(readyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.WithError(err).Warn("drop saved readiness")
+		}
 	}
 	log.WithError(why).Warn("guest's sshd refuses after it answered; not ready until it answers again")
 }
@@ -394,11 +396,20 @@ func (c *consoleScan) probe(context.Context) (string, error) {
 	return "", fmt.Errorf("no %s line yet", agent.ConsoleReadyMarker)
 }
 
-// writeReadyFile records that the boot of QEMU pid is ready, with its
-// first answer, as "<pid> <via> <unix nanoseconds> <addr>".
+// writeReadyFile records what the boot of QEMU pid proved: one line
+// "<pid> <via> <at, Unix ns> <addr or -> <refused, Unix ns or 0>". The
+// boot answered at <at>; a refused time other than 0 says its sshd has
+// refused since then and it is not ready.
 func writeReadyFile(path string, pid int, r agent.Readiness) error {
 	tmp := path + ".partial"
-	line := fmt.Sprintf("%d %s %d %s\n", pid, r.Via, r.At.UnixNano(), r.Addr)
+	addr, refused := r.Addr, int64(0)
+	if addr == "" {
+		addr = "-"
+	}
+	if !r.Refused.IsZero() {
+		refused = r.Refused.UnixNano()
+	}
+	line := fmt.Sprintf("%d %s %d %s %d\n", pid, r.Via, r.At.UnixNano(), addr, refused)
 	if err := os.WriteFile(tmp, []byte(line), 0o644); err != nil {
 		return err
 	}
@@ -406,7 +417,9 @@ func writeReadyFile(path string, pid int, r agent.Readiness) error {
 }
 
 // readReadyFile reads a ReadyFile; ok only when it records the boot of
-// QEMU pid as ready.
+// QEMU pid (which answered; Ready unless it records a refusal since).
+// Lines of three or four fields, written before refusals were recorded,
+// read as ready.
 func readReadyFile(path string, pid int) (agent.Readiness, bool) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -421,8 +434,31 @@ func readReadyFile(path string, pid int) (agent.Readiness, bool) {
 		return agent.Readiness{}, false
 	}
 	r := agent.Readiness{Ready: true, Via: f[1], At: time.Unix(0, ns)}
-	if len(f) > 3 {
+	if len(f) > 3 && f[3] != "-" {
 		r.Addr = f[3]
 	}
+	if len(f) > 4 {
+		refused, err := strconv.ParseInt(f[4], 10, 64)
+		if err != nil {
+			return agent.Readiness{}, false
+		}
+		if refused != 0 {
+			r.Ready, r.Refused = false, time.Unix(0, refused)
+		}
+	}
 	return r, true
+}
+
+// restoreReadiness is the readiness of the boot of QEMU pid as an agent
+// (re)starting to watch it finds it: base (when the boot began, whether
+// SSH is required) with what ReadyFile recorded of that boot — its answer,
+// and a refusal since, so a restarted agent keeps showing why the guest
+// is not ready.
+func restoreReadiness(path string, pid int, base agent.Readiness) agent.Readiness {
+	r, ok := readReadyFile(path, pid)
+	if !ok {
+		return base
+	}
+	r.Booted, r.SSHRequired = base.Booted, base.SSHRequired
+	return r
 }

@@ -121,6 +121,28 @@ func TestReadyFileNamesItsBoot(t *testing.T) {
 	if _, ok := readReadyFile(path, 4243); ok {
 		t.Error("the answer of QEMU pid 4242 counted for pid 4243")
 	}
+	// A refusal since the answer is recorded too; a guest that answers
+	// another way has no address.
+	refused := at.Add(time.Minute)
+	if err := writeReadyFile(path, 4242, agent.Readiness{At: at, Via: agent.ReadySSH, Addr: "127.0.0.1:2201", Refused: refused}); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := readReadyFile(path, 4242); !ok || r.Ready || !r.Refused.Equal(refused) || !r.At.Equal(at) || r.Addr != "127.0.0.1:2201" {
+		t.Errorf("read back a refusal as %+v %v", r, ok)
+	}
+	if err := writeReadyFile(path, 4242, agent.Readiness{Ready: true, At: at, Via: agent.ReadyConsole}); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := readReadyFile(path, 4242); !ok || !r.Ready || r.Addr != "" || r.Via != agent.ReadyConsole {
+		t.Errorf("read back a console answer as %+v %v", r, ok)
+	}
+	// A file of the earlier four-field form reads as ready.
+	if err := os.WriteFile(path, []byte("4242 ssh 1767000000123456789 127.0.0.1:2201\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := readReadyFile(path, 4242); !ok || !r.Ready || r.Addr != "127.0.0.1:2201" {
+		t.Errorf("read back an earlier file as %+v %v", r, ok)
+	}
 }
 
 // switchable serves, on 127.0.0.1, what its mode says: an SSH banner,
@@ -185,7 +207,7 @@ func TestSSHReadinessFollowsTheBanner(t *testing.T) {
 		from := s.conns.Load()
 		return func(agent.Readiness) bool { return s.conns.Load() >= from+n }
 	}
-	savedReady := func() bool { _, ok := readReadyFile(readyFile, 4242); return ok }
+	savedReady := func() bool { r, ok := readReadyFile(readyFile, 4242); return ok && r.Ready }
 
 	if r := waitFor("probed thrice", conns(3)); r.Ready {
 		t.Fatalf("a forward that accepts and closes made the guest ready: %+v", r)
@@ -208,6 +230,13 @@ func TestSSHReadinessFollowsTheBanner(t *testing.T) {
 	r := waitFor("not ready", func(r agent.Readiness) bool { return !r.Ready })
 	if r.Refused.IsZero() || savedReady() {
 		t.Errorf("after a refusal: %+v, saved as ready %v", r, savedReady())
+	}
+
+	// An agent restarted now finds the refusal, not a guest that never
+	// answered: its first answer, where, and since when sshd refuses.
+	restored := restoreReadiness(readyFile, 4242, agent.Readiness{Booted: w.r.Booted, SSHRequired: true})
+	if restored.Ready || !restored.Refused.Equal(r.Refused) || !restored.At.Equal(first.At) || restored.Addr != addr || !restored.SSHRequired {
+		t.Errorf("restored after a refusal: %+v; want the refusal at %v of the answer at %v kept", restored, r.Refused, first.At)
 	}
 
 	s.mode.Store("banner")

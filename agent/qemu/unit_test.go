@@ -206,7 +206,7 @@ func TestNetworkWithoutHostNetworkingIsPermanent(t *testing.T) {
 			t.Errorf("Boot on network %q (definition %v) = %v; want a permanent error naming it", m.Spec.Network, m.Network, err)
 		}
 	}
-	if err := p.ReconcileNetworks(context.Background(), map[string]desired.Network{"lan": lan}, nil); err == nil {
+	if err := p.ReconcileNetworks(context.Background(), map[string]desired.Network{"lan": lan}, nil, nil); err == nil {
 		t.Error("ReconcileNetworks without host networking accepted a host network")
 	}
 }

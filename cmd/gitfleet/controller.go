@@ -48,9 +48,17 @@ to publish.
 With --once it runs one pass and exits: 0 when it published or had nothing
 to do, 1 when the desired state was rejected (the commit is invalid),
 unreadable (git failed, or ran past --git-timeout) or refused (the ledger
-belongs to another branch or path, an epoch past the bound); in all three
-the last good snapshots stay. 2 for usage errors (overlapping branches, a
-path outside the repository, a malformed flag or environment variable).`,
+belongs to another branch or path); in all three the last good snapshots
+stay; 2 for usage errors (overlapping branches, a path outside the
+repository, a malformed flag or environment variable, an allowed-signers
+file or keyring that does not parse). A host whose epoch is at the bound
+is held and logged; the others publish.
+
+--verify-signatures head|every applies only commits signed by a key of
+--allowed-signers (SSH, ssh-keygen -Y format) or --openpgp-keyring; any
+other head is rejected. A change that newly tombstones more than
+--max-deletes objects, or more than 25% of a host's VMs, is rejected
+unless a commit carries the trailer "Gitfleet-Allow-Deletes: <n>".`,
 		Args: cobra.NoArgs,
 	}
 	flags := config.NewFlags(cmd.Flags())
@@ -64,7 +72,10 @@ path outside the repository, a malformed flag or environment variable).`,
 			return usageOr(err)
 		}
 		log := redact.Logger(logrus.StandardLogger())
-		fc := c.Fleet(logrus.NewEntry(log))
+		fc, err := c.Fleet(logrus.NewEntry(log))
+		if err != nil {
+			return usageOr(err)
+		}
 		done, err := privateClones(&fc)
 		if err != nil {
 			return err

@@ -9,9 +9,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 // planArgs are plan's settings: the repository, the two revisions, the
@@ -21,10 +23,15 @@ type planArgs struct {
 	repo                   config.Repo
 	base, head, path, form string
 	snapshotsBranch        string
+	// sigs and maxDeletes are the controller's guards, to say whether it
+	// would reject the head.
+	sigs       config.Signatures
+	maxDeletes int
 }
 
 func newPlanCmd() *cobra.Command {
-	a := planArgs{form: "text", snapshotsBranch: snapshots.Branch}
+	a := planArgs{form: "text", snapshotsBranch: snapshots.Branch, maxDeletes: fleet.DefaultMaxDeletes,
+		sigs: config.Signatures{Mode: string(fleet.VerifyOff)}}
 	cmd := &cobra.Command{
 		Use:   "plan --repo R --base REV --head REV",
 		Short: "Show what merging head over base would do, host by host",
@@ -36,7 +43,14 @@ that they changed. --format markdown is a pull-request comment.
 A revision is a branch name or a commit hash (full or at least 4 hex
 digits) on any repository; when --repo is a local repository (a path or
 file:// URL naming its top directory) it is any git revision expression
-there too: HEAD, HEAD~1, main~1, origin/main, a tag.
+there too: HEAD, HEAD~1, main~1, origin/main, a tag. For the first commit
+of a repository, --base ` + nullCommit + ` (git's null id, which
+GitHub gives as the commit before a first push) or the empty tree
+` + emptyTree + ` plans against an empty fleet: every object is a
+create.
+
+A name defined twice in head is reported at the file the change added
+(relative to the commit the controller applied, else to the base).
 
 Exit status follows head alone: 0 when head is valid, 1 when head has
 validation errors (they are printed; the controller would reject it) or git
@@ -47,7 +61,16 @@ snapshots branch; in a clone that has the snapshots branch only as
 origin/<branch>, as a CI checkout does, that copy), the state the fleet
 actually runs, or, when there is
 none or it does not validate either, against an empty base; a warning at
-the top of the plan says which.`,
+the top of the plan says which.
+
+Given the controller's guard settings (--verify-signatures with
+--allowed-signers or --openpgp-keyring, --max-deletes; the same variables
+as the controller's), plan lists under "Controller guards" what would make
+the controller reject the head as it stands: a commit whose signature is
+refused (base..head, first parents), or more deletes than the mass-delete
+guard allows, with the trailer "Gitfleet-Allow-Deletes: <n>" that lets
+them through. Guards do not change the exit status: a pull request's own
+commits are not what lands when it is merged through a signed web merge.`,
 		Args: cobra.NoArgs,
 	}
 	flags := config.NewFlags(cmd.Flags())
@@ -57,6 +80,8 @@ the top of the plan says which.`,
 	cmd.Flags().StringVar(&a.head, "head", "", "revision of the change: a branch or commit hash; in a local repository also HEAD, main~1, a tag")
 	cmd.Flags().StringVar(&a.form, "format", a.form, "output format: text, markdown or json")
 	cmd.Flags().StringVar(&a.snapshotsBranch, "snapshots-branch", a.snapshotsBranch, "branch the controller publishes snapshots and its ledger on")
+	a.sigs.Bind(flags)
+	flags.Int(&a.maxDeletes, "max-deletes", "GITFLEET_MAX_DELETES", "the controller's mass-delete limit (negative: off), to show whether the change needs the Gitfleet-Allow-Deletes trailer")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := flags.FromEnv(config.OS); err != nil {
 			return usageOr(err)
@@ -70,6 +95,9 @@ the top of the plan says which.`,
 		if a.form != "text" && a.form != "markdown" && a.form != "json" {
 			return &exitError{code: 2, err: fmt.Errorf("--format must be text, markdown or json, got %q", a.form)}
 		}
+		if _, _, err := a.sigs.Load(); err != nil {
+			return usageOr(err)
+		}
 		return runPlan(cmd.Context(), cmd.OutOrStdout(), a)
 	}
 	return cmd
@@ -82,6 +110,13 @@ type planSource struct {
 }
 
 func (s planSource) load(ctx context.Context, rev string) (string, *desired.Fleet, error) {
+	return s.loadAgainst(ctx, rev, "")
+}
+
+// loadAgainst is load with baseline, a commit whose tree says which file
+// a change added (desired.Loader.SetBaseline): a name defined twice is
+// reported there. An unreadable baseline is no baseline.
+func (s planSource) loadAgainst(ctx context.Context, rev, baseline string) (string, *desired.Fleet, error) {
 	commit, err := s.repo.ResolveExpr(ctx, rev)
 	if err != nil {
 		return "", nil, err
@@ -90,8 +125,28 @@ func (s planSource) load(ctx context.Context, rev string) (string, *desired.Flee
 	if err != nil {
 		return commit, nil, err
 	}
-	f, err := desired.NewLoader(s.path).Load(tree)
+	l := desired.NewLoader(s.path)
+	if baseline != "" {
+		if bt, err := s.repo.Tree(baseline, ""); err == nil {
+			_ = l.SetBaseline(bt)
+		}
+	}
+	f, err := l.Load(tree)
 	return commit, f, err
+}
+
+// Revisions that name no commit but "nothing before": --base of a first
+// commit. NullCommit is git's null object id, which git hooks and GitHub
+// give as the commit before a branch's first push; EmptyTree is git's
+// empty tree.
+const (
+	nullCommit = "0000000000000000000000000000000000000000"
+	emptyTree  = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+)
+
+// emptyBase reports whether rev says "nothing before" (see nullCommit).
+func emptyBase(rev string) bool {
+	return rev == nullCommit || rev == emptyTree
 }
 
 func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
@@ -107,7 +162,13 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 		return err
 	}
 	warnings = append(warnings, baseWarnings...)
-	headCommit, headFleet, headErr := src.load(ctx, a.head)
+	// A name defined twice is reported at the file the change added,
+	// relative to the commit the fleet runs (else to the base).
+	baseline := appliedCommit(ledger)
+	if baseline == "" {
+		baseline = baseCommit
+	}
+	headCommit, headFleet, headErr := src.loadAgainst(ctx, a.head, baseline)
 	var list desired.ErrorList
 	if headErr != nil && !errors.As(headErr, &list) {
 		return &exitError{code: 1, err: fmt.Errorf("--head: %w", headErr)}
@@ -116,6 +177,9 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 	if headErr == nil {
 		p = desired.ComputePlan(baseFleet, headFleet, desired.PlanOptions{Pending: pendingDeletes(ledger)})
 		warnings = append(warnings, headFleet.FileURLWarnings()...)
+		if p.Guards, err = planGuards(repo, a, baseCommit, headCommit, baseFleet, p); err != nil {
+			return &exitError{code: 1, err: err}
+		}
 	} else {
 		p = &desired.Plan{Hosts: []desired.HostPlan{}}
 		for _, e := range list {
@@ -123,6 +187,9 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 		}
 	}
 	p.Base, p.Head = label(a.base, baseCommit), label(a.head, headCommit)
+	if emptyBase(a.base) {
+		p.Base = "(empty)"
+	}
 	p.Warnings = warnings
 	if err := writePlan(out, p, a.form); err != nil {
 		return err
@@ -135,10 +202,22 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 
 // planBase loads the base at rev. A base that does not validate is
 // replaced by the last commit the controller applied, else by an empty
-// fleet (nil), with a warning saying which.
+// fleet (nil), with a warning saying which. A base that says "nothing
+// before" (emptyBase: a first commit) is the empty fleet, and the warning
+// says so.
 func planBase(ctx context.Context, src planSource, rev string, ledger *snapshots.Ledger) (string, *desired.Fleet, []string, error) {
+	if emptyBase(rev) {
+		what := "base " + desired.Hash(rev).Short() + " is empty (a first commit: nothing before it): every object of head shows as a create"
+		if applied := appliedCommit(ledger); applied != "" {
+			what += fmt.Sprintf("; note that the controller already applied %s, which this plan does not compare with", desired.Hash(applied).Short())
+		}
+		return "", nil, []string{what}, nil
+	}
 	commit, f, err := src.load(ctx, rev)
 	var list desired.ErrorList
+	if errors.Is(err, gitsource.ErrUnknownRevision) {
+		return "", nil, nil, &exitError{code: 1, err: fmt.Errorf("--base: %w (for the first commit of a repository, plan with --base %s)", err, nullCommit)}
+	}
 	if err != nil && !errors.As(err, &list) {
 		return "", nil, nil, &exitError{code: 1, err: fmt.Errorf("--base: %w", err)}
 	}
@@ -216,4 +295,69 @@ func pendingDeletes(l *snapshots.Ledger) []desired.ObjectRef {
 		refs = append(refs, desired.ObjectRef{Kind: t.Kind, Name: t.Name, Host: t.Host})
 	}
 	return refs
+}
+
+// planGuards lists what would make the controller reject head over base
+// beyond validation: a refused signature in base..head (as
+// --verify-signatures asks) and the mass-delete guard with the trailer it
+// needs. An error is git's.
+func planGuards(repo *gitsource.Repo, a planArgs, base, head string, baseFleet *desired.Fleet, p *desired.Plan) ([]string, error) {
+	var guards []string
+	mode, signers, err := a.sigs.Load()
+	if err != nil {
+		return nil, err
+	}
+	rng, truncated, err := fleet.AppliedRange(repo, base, head)
+	if err != nil {
+		return nil, err
+	}
+	if mode != fleet.VerifyOff {
+		err := fleet.Signatures{Mode: mode, Signers: signers, Repo: repo}.Verify(rng, truncated)
+		switch {
+		case errors.Is(err, trust.ErrSignature):
+			guards = append(guards, err.Error()+"; a merge or squash made in your git host's web UI is signed with its key (README: Signed changes)")
+		case err != nil:
+			return nil, err
+		}
+	}
+	d := planDeletes(baseFleet, p)
+	guard := fleet.DeleteGuard{Max: a.maxDeletes}
+	if guard.Trips(d) != "" {
+		all, err := fleet.WithMergedCommits(repo, rng)
+		if err != nil {
+			return nil, err
+		}
+		allowed, found := fleet.AllowedDeletes(all)
+		if err := guard.Check(d, allowed, found); err != nil {
+			guards = append(guards, err.Error())
+		}
+	}
+	return guards, nil
+}
+
+// planDeletes counts the plan's deletes as the mass-delete guard does:
+// VMs and volumes, host moves included, and the VMs each host held in the
+// base.
+func planDeletes(base *desired.Fleet, p *desired.Plan) fleet.Deletes {
+	d := fleet.Deletes{VMs: map[string]int{}, Held: map[string]int{}}
+	for _, h := range p.Hosts {
+		for _, c := range h.Changes {
+			if c.Action != desired.ActionDelete {
+				continue
+			}
+			switch c.Kind {
+			case desired.KindVM:
+				d.VMs[h.Host]++
+				d.Total++
+			case desired.KindVolume:
+				d.Total++
+			}
+		}
+	}
+	if base != nil {
+		for _, vm := range base.VMs {
+			d.Held[vm.Spec.Host]++
+		}
+	}
+	return d
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -76,7 +77,7 @@ func TestValidate(t *testing.T) {
 			"{DIR}/vms/b.yaml:6:10: spec.vcpus: must be an integer, got the string \"1\"\n" +
 				"{DIR}/vms/c.yaml:3:18: metadata.name: VM \"a\" is also defined in {DIR}/vms/a.yaml:3:18; names are unique per kind\n"},
 		{"capacity", []string{"validate", writeFleet(t, map[string]string{"h.yaml": testHost, "a.yaml": testVM("a", "2"), "b.yaml": testVM("b", "1")})}, 1,
-			"{TMP}/h.yaml:4:26: spec.capacity.vcpus: the 2 VMs on this host ask for 3 vCPUs in all, more than its capacity of 2\n"},
+			"{TMP}/h.yaml:4:26: spec.capacity.vcpus: the 2 VMs on this host ask for 3 vCPUs in all, more than its capacity of 2: a ({TMP}/a.yaml:3:18) asks 2, b ({TMP}/b.yaml:3:18) asks 1\n"},
 		{"too many arguments", []string{"validate", good, bad}, 2, ""},
 		{"not a directory", []string{"validate", filepath.Join(good, "h.yaml")}, 2, ""},
 		{"missing directory", []string{"validate", filepath.Join(good, "nope")}, 2, ""},
@@ -101,7 +102,10 @@ func TestValidateFlagsFileURLs(t *testing.T) {
 	vm := strings.Replace(testVM("a", "1"), "https://example.org/i.qcow2", "file:///etc/shadow", 1)
 	dir := writeFleet(t, map[string]string{"h.yaml": testHost, "vms/a.yaml": vm})
 	code, out := runCLI(t, "validate", dir)
-	want := "warning: " + dir + "/vms/a.yaml:1: vm a: spec.image.url is a file:// URL (a path on the host): agents refuse it unless their artifacts.fileRoots allow its directory\n"
+	// At the URL itself, FILE:LINE:COL like every other message.
+	before := vm[:strings.Index(vm, "file:///etc/shadow")]
+	line, col := strings.Count(before, "\n")+1, len(before)-strings.LastIndex(before, "\n")
+	want := fmt.Sprintf("warning: %s/vms/a.yaml:%d:%d: vm a: spec.image.url is a file:// URL (a path on the host): agents refuse it unless their artifacts.fileRoots allow its directory\n", dir, line, col)
 	if code != 0 || !strings.Contains(out, want) {
 		t.Errorf("exit %d, output %q, want it to contain %q", code, out, want)
 	}

@@ -170,6 +170,17 @@ type Edit struct {
 	// Parents, when set, replaces the branch tip as the parents (the
 	// branch tip is then overwritten, as a force-push would).
 	Parents []string
+	// Sign, when set, signs the commit as `git -c … commit -S` does
+	// (commit-tree -S, git's own signing: gpg or ssh-keygen).
+	Sign *Signing
+}
+
+// Signing is how git signs a commit: Config are key=value settings given
+// as `git -c` (gpg.format=ssh, user.signingkey=FILE, …), Env extra
+// variables (GNUPGHOME=…).
+type Signing struct {
+	Config []string
+	Env    []string
 }
 
 // Commit writes one commit to a branch of the (bare) repository at dir
@@ -342,6 +353,14 @@ func commit(dir string, e Edit) (string, error) {
 	args := []string{"commit-tree", tree, "-m", msg}
 	for _, p := range parents {
 		args = append(args, "-p", p)
+	}
+	if e.Sign != nil {
+		var pre []string
+		for _, kv := range e.Sign.Config {
+			pre = append(pre, "-c", kv)
+		}
+		args = append(append(pre, args...), "-S")
+		cenv = append(cenv, e.Sign.Env...)
 	}
 	h, err := run(dir, cenv, nil, args...)
 	if err != nil {

@@ -38,8 +38,21 @@ func (s *SSHServer) URL(name string) string {
 	return "ssh://git@" + s.Addr + "/" + name
 }
 
-// ServeSSH serves the repositories under root over ssh until the test ends.
+// ServeSSH serves the repositories under root over ssh on 127.0.0.1 until
+// the test ends.
 func ServeSSH(t testing.TB, root string) *SSHServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ServeSSHOn(t, root, ln)
+}
+
+// ServeSSHOn is ServeSSH on a listener of the caller's (one inside a
+// container's network namespace, say); KnownHostsFile names ln's address.
+// ln is closed when the test ends.
+func ServeSSHOn(t testing.TB, root string, ln net.Listener) *SSHServer {
 	t.Helper()
 	NeedGit(t)
 	dir := t.TempDir()
@@ -76,10 +89,6 @@ func ServeSSH(t testing.TB, root string) *SSHServer {
 		},
 	}
 	cfg.AddHostKey(hostSigner)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := &SSHServer{Addr: ln.Addr().String(), KeyFile: keyFile, HostKey: hostSigner.PublicKey()}
 	srv.KnownHostsFile = filepath.Join(dir, "known_hosts")
 	line := knownhosts.Line([]string{knownhosts.Normalize(srv.Addr)}, srv.HostKey) + "\n"

@@ -57,6 +57,7 @@ const DefaultVMTimeout = 30 * time.Minute
 //	readyTimeout: 10m                          # guest silent this long after boot: lastError says so
 //	maxAttempts: 3
 //	logLevel: info
+//	epochReset: {from: 9007199254740000, to: 41}  # reviewed: trust a lower epoch again (see DESIGN.md)
 //
 // Durations are Go durations ("90s", "5m"). Secrets go in files
 // (passwordFile, tokenFile) or GITFLEET_TOKEN, never on the command line.
@@ -127,6 +128,14 @@ type AgentFile struct {
 	// Listen is the address of the agent's /metrics and /healthz, such
 	// as agent.DefaultListen; absent or empty: no listener.
 	Listen string `yaml:"listen"`
+	// EpochReset makes the agent trust a lower epoch again: when its
+	// accepted epoch is exactly from, it becomes to (below from) at the
+	// next start (agent.EpochReset; docs/DESIGN.md, "Resetting an agent's
+	// epoch"). Absent: no reset.
+	EpochReset *struct {
+		From uint64 `yaml:"from"`
+		To   uint64 `yaml:"to"`
+	} `yaml:"epochReset"`
 }
 
 // agentFileChecks are the checks of AgentFile's values beyond their Go
@@ -247,6 +256,8 @@ type Agent struct {
 	Version string
 	// Listen is the address of /metrics and /healthz; "" serves nothing.
 	Listen string
+	// EpochReset: see agent.EngineConfig; nil for none.
+	EpochReset *agent.EpochReset
 }
 
 // QEMU configures the QEMU backend (see qemu.Config).
@@ -367,6 +378,12 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 		c.VMTimeout = time.Duration(*f.VMTimeout)
 	}
 	c.ReadyTimeout, c.MaxAttempts = time.Duration(f.ReadyTimeout), f.MaxAttempts
+	if r := f.EpochReset; r != nil {
+		if r.To >= r.From {
+			return nil, fmt.Errorf("agent config %s: epochReset: to (%d) must be below from (%d)", path, r.To, r.From)
+		}
+		c.EpochReset = &agent.EpochReset{From: r.From, To: r.To}
+	}
 	c.Listen = f.Listen
 	if f.LogLevel != "" {
 		lvl, err := logrus.ParseLevel(f.LogLevel)

@@ -60,7 +60,7 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 		return nil, fmt.Errorf("backend %s: %w", c.Backend, err)
 	}
 	if err := prov.Preflight(ctx); err != nil {
-		return nil, fmt.Errorf("backend %s: %w", c.Backend, err)
+		return nil, fmt.Errorf("backend %s: preflight: %w", c.Backend, err)
 	}
 	repo, err := gitsource.Open(ctx, gitsource.Options{
 		URL: c.RepoURL, CacheDir: orUnder(c.GitCacheDir, store, "git"), Auth: c.Auth, Depth: 1,
@@ -80,6 +80,7 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 		Host: c.Host, Store: store, Provisioner: prov, Metrics: metrics,
 		TombstoneGrace: c.TombstoneGrace, VanishGrace: c.VanishGrace, ImageGrace: c.ImageGrace,
 		MaxAttempts: c.MaxAttempts, VMTimeout: c.VMTimeout, ReadyTimeout: c.ReadyTimeout, Log: log,
+		EpochReset: c.EpochReset,
 	})
 	if err != nil {
 		return nil, err

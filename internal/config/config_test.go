@@ -14,7 +14,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
 )
 
@@ -72,6 +74,10 @@ func TestControllerEnvironment(t *testing.T) {
 		{"GITFLEET_ABANDON_GRACE", "abandon-grace", "1h", func(c *Controller) { c.AbandonGrace = time.Hour }},
 		{"GITFLEET_OFFLINE_AFTER", "offline-after", "10m", func(c *Controller) { c.OfflineAfter = 10 * time.Minute }},
 		{"GITFLEET_GIT_TIMEOUT", "git-timeout", "5s", func(c *Controller) { c.GitTimeout = 5 * time.Second }},
+		{"GITFLEET_VERIFY_SIGNATURES", "verify-signatures", "every", func(c *Controller) { c.Signatures.Mode = "every" }},
+		{"GITFLEET_ALLOWED_SIGNERS", "allowed-signers", "/etc/gitfleet/allowed_signers", func(c *Controller) { c.Signatures.AllowedSigners = "/etc/gitfleet/allowed_signers" }},
+		{"GITFLEET_OPENPGP_KEYRING", "openpgp-keyring", "/etc/gitfleet/keyring.asc", func(c *Controller) { c.Signatures.Keyring = "/etc/gitfleet/keyring.asc" }},
+		{"GITFLEET_MAX_DELETES", "max-deletes", "25", func(c *Controller) { c.MaxDeletes = 25 }},
 	} {
 		t.Run(tc.env, func(t *testing.T) {
 			want := DefaultController()
@@ -94,7 +100,10 @@ func TestControllerEnvironment(t *testing.T) {
 func TestControllerDefaultsAndFleetConfig(t *testing.T) {
 	c, err := loadController(t, []string{"--repo", "/srv/fleet.git"}, nil)
 	require.NoError(t, err)
-	fc := c.Fleet(nil)
+	fc, err := c.Fleet(nil)
+	require.NoError(t, err)
+	assert.Equal(t, fleet.VerifyOff, fc.Verify)
+	assert.Equal(t, fleet.DefaultMaxDeletes, fc.MaxDeletes)
 	assert.Equal(t, "/srv/fleet.git", fc.URL)
 	assert.Equal(t, "main", fc.Branch)
 	assert.Equal(t, "gitfleet/snapshots", fc.SnapshotsBranch)
@@ -153,6 +162,7 @@ func TestAgentFileKeys(t *testing.T) {
 		{"maxAttempts", head + "maxAttempts: 5\n", func(a *Agent) { a.MaxAttempts = 5 }},
 		{"logLevel", head + "logLevel: warn\n", func(a *Agent) { a.LogLevel = logrus.WarnLevel }},
 		{"listen", head + "listen: 127.0.0.1:9781\n", func(a *Agent) { a.Listen = "127.0.0.1:9781" }},
+		{"epochReset", head + "epochReset: {from: 9007199254740000, to: 41}\n", func(a *Agent) { a.EpochReset = &agent.EpochReset{From: 9007199254740000, To: 41} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := writeFile(t, "agent.yaml", tc.yaml)
@@ -320,4 +330,40 @@ func TestAgentRequiredAndMissingFile(t *testing.T) {
 	assert.False(t, errors.Is(err, ErrUsage))
 	_, err = loadAgent(t, []string{"--config", writeFile(t, "agent.yaml", "repo: {url: /x, auth: {tokenFile: /does/not/exist}}\nhost: hv-a\n")}, nil)
 	assert.ErrorContains(t, err, "repo.auth.tokenFile")
+}
+
+// --verify-signatures reads the allowed signers: a mode without a file, a
+// file that does not parse (named with its line) and --max-deletes 0 are
+// usage errors; a good file gives the fleet.Config its signers.
+func TestControllerSignaturesAndDeletes(t *testing.T) {
+	good := writeFile(t, "allowed_signers", "ann@example.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGJ0sY7c5VbqOZ3zVtnDQ6hxrsNrZuqzlaaJD4o7TX5j\n")
+	bad := writeFile(t, "bad_signers", "# maintainers\nann@example.com ssh-ed25519 nope\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"mode without files", []string{"--verify-signatures", "head"}, "needs --allowed-signers or --openpgp-keyring"},
+		{"bad file", []string{"--verify-signatures", "every", "--allowed-signers", bad}, bad + ":2:"},
+		{"missing file", []string{"--verify-signatures", "head", "--openpgp-keyring", "/nonexistent/keyring.asc"}, "/nonexistent/keyring.asc"},
+		{"max deletes 0", []string{"--max-deletes", "0"}, "--max-deletes 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadController(t, append([]string{"--repo", "/srv/fleet.git"}, tc.args...), nil)
+			require.NoError(t, err)
+			_, err = c.Fleet(nil)
+			require.ErrorIs(t, err, ErrUsage)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	_, err := loadController(t, []string{"--repo", "/srv/fleet.git", "--verify-signatures", "sometimes"}, nil)
+	require.Error(t, err, "an unknown mode is refused by the flag")
+
+	c, err := loadController(t, []string{"--repo", "/srv/fleet.git", "--verify-signatures", "every", "--allowed-signers", good, "--max-deletes", "-1"}, nil)
+	require.NoError(t, err)
+	fc, err := c.Fleet(nil)
+	require.NoError(t, err)
+	assert.Equal(t, fleet.VerifyEvery, fc.Verify)
+	assert.NotNil(t, fc.Signers)
+	assert.Equal(t, -1, fc.MaxDeletes)
 }

@@ -2,12 +2,14 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 // Repo names a remote repository and its credentials, for the controller,
@@ -61,6 +63,52 @@ type Controller struct {
 	AbandonGrace, OfflineAfter, GitTimeout time.Duration
 	// SnapshotsBranch and StatusBranch: see fleet.Config.
 	SnapshotsBranch, StatusBranch string
+	// Signatures says which commits must be signed, and by whom.
+	Signatures Signatures
+	// MaxDeletes is the mass-delete guard's limit (fleet.DeleteGuard):
+	// default fleet.DefaultMaxDeletes, negative off.
+	MaxDeletes int
+}
+
+// Signatures is the signed-desired-state setting of the controller and of
+// plan: the mode (off, head or every, see fleet.VerifyMode) and the files
+// of the allowed signers.
+type Signatures struct {
+	Mode string
+	// AllowedSigners is an allowed-signers file (ssh-keygen -Y format);
+	// Keyring an armored OpenPGP keyring. Either or both.
+	AllowedSigners, Keyring string
+}
+
+// Bind binds --verify-signatures, --allowed-signers and --openpgp-keyring
+// with GITFLEET_VERIFY_SIGNATURES, GITFLEET_ALLOWED_SIGNERS and
+// GITFLEET_OPENPGP_KEYRING.
+func (s *Signatures) Bind(f *Flags) {
+	f.Choice(&s.Mode, "verify-signatures", "GITFLEET_VERIFY_SIGNATURES", "which desired-state commits must carry an allowed signature: off, head or every (every first-parent commit since the last applied)", fleet.VerifyModes...)
+	f.Path(&s.AllowedSigners, "allowed-signers", "GITFLEET_ALLOWED_SIGNERS", "allowed-signers file of the SSH keys that may sign desired-state commits (ssh-keygen -Y format, as git's gpg.ssh.allowedSignersFile)")
+	f.Path(&s.Keyring, "openpgp-keyring", "GITFLEET_OPENPGP_KEYRING", "armored OpenPGP keyring of the keys that may sign desired-state commits (gpg --export --armor)")
+}
+
+// Load returns the mode and, unless it is off, the allowed signers read
+// from the files. A mode other than off without a file, or a file that
+// does not parse, is an ErrUsage error naming the flag and the file (and
+// line).
+func (s Signatures) Load() (fleet.VerifyMode, *trust.Signers, error) {
+	mode, err := fleet.ParseVerifyMode(s.Mode)
+	if err != nil {
+		return "", nil, usageError(err)
+	}
+	if mode == fleet.VerifyOff {
+		return mode, nil, nil
+	}
+	if s.AllowedSigners == "" && s.Keyring == "" {
+		return "", nil, usageError(fmt.Errorf("--verify-signatures=%s needs --allowed-signers or --openpgp-keyring", mode))
+	}
+	signers, err := trust.Load(s.AllowedSigners, s.Keyring)
+	if err != nil {
+		return "", nil, usageError(fmt.Errorf("--verify-signatures=%s: %w", mode, err))
+	}
+	return mode, signers, nil
 }
 
 // DefaultController is the controller's configuration before any variable
@@ -74,6 +122,8 @@ func DefaultController() Controller {
 		GitTimeout:      gitsource.DefaultTimeout,
 		SnapshotsBranch: fleet.DefaultSnapshotsBranch,
 		StatusBranch:    fleet.DefaultStatusBranch,
+		Signatures:      Signatures{Mode: string(fleet.VerifyOff)},
+		MaxDeletes:      fleet.DefaultMaxDeletes,
 	}
 }
 
@@ -92,14 +142,27 @@ func (c *Controller) Bind(f *Flags) {
 	f.Duration(&c.OfflineAfter, "offline-after", "GITFLEET_OFFLINE_AFTER", "no status change for this long makes a host offline")
 	f.String(&c.SnapshotsBranch, "snapshots-branch", "", "branch the snapshots are published on")
 	f.String(&c.StatusBranch, "status-branch", "", "branch the agents report on")
+	c.Signatures.Bind(f)
+	f.Int(&c.MaxDeletes, "max-deletes", "GITFLEET_MAX_DELETES", "reject a change that newly tombstones more objects than this (or more than 25% of a host's VMs) unless a commit carries the trailer Gitfleet-Allow-Deletes: <n>; negative turns the guard off")
 }
 
-// Fleet is the controller's fleet.Config, logging to log.
-func (c *Controller) Fleet(log *logrus.Entry) fleet.Config {
+// Fleet is the controller's fleet.Config, logging to log. The error is
+// Signatures.Load's.
+func (c *Controller) Fleet(log *logrus.Entry) (fleet.Config, error) {
+	mode, signers, err := c.Signatures.Load()
+	if err != nil {
+		return fleet.Config{}, err
+	}
+	if c.MaxDeletes == 0 {
+		// fleet.Config reads 0 as its default: refused rather than
+		// silently read as 10.
+		return fleet.Config{}, usageError(errors.New("--max-deletes 0: give 1 or more, or a negative number to turn the guard off"))
+	}
 	return fleet.Config{
 		URL: c.Repo.URL, Auth: c.Repo.Auth(), CacheDir: c.CacheDir,
 		Branch: c.Branch, Path: c.Path, SnapshotsBranch: c.SnapshotsBranch, StatusBranch: c.StatusBranch,
 		AbandonGrace: c.AbandonGrace, OfflineAfter: c.OfflineAfter, GitTimeout: c.GitTimeout,
+		Verify: mode, Signers: signers, MaxDeletes: c.MaxDeletes,
 		Logger: log,
-	}
+	}, nil
 }

@@ -48,6 +48,11 @@ func (f *Flags) Duration(p *time.Duration, name, env, usage string) {
 	f.bind(&durationValue{p: p}, name, env, usage)
 }
 
+// Int binds an integer (negative allowed).
+func (f *Flags) Int(p *int, name, env, usage string) {
+	f.bind(&intValue{p: p}, name, env, usage)
+}
+
 func (f *Flags) bind(v pflag.Value, name, env, usage string) {
 	if env != "" {
 		usage += " ($" + env + ")"

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -97,6 +98,20 @@ func (v *durationValue) Set(s string) error {
 		return err
 	}
 	*v.p = d
+	return nil
+}
+
+// intValue is a pflag.Value for an integer.
+type intValue struct{ p *int }
+
+func (v *intValue) String() string { return strconv.Itoa(*v.p) }
+func (v *intValue) Type() string   { return "int" }
+func (v *intValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New("invalid integer, like 10 or -1")
+	}
+	*v.p = n
 	return nil
 }
 

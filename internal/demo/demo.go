@@ -343,7 +343,11 @@ type stack struct {
 // gitfleet controller and gitfleet agent, from the demo's settings.
 func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *logrus.Logger) (*stack, error) {
 	cc := controllerConfig(l, url)
-	ctrl, err := fleet.New(cc.Fleet(logrus.NewEntry(logger)))
+	fc, err := cc.Fleet(logrus.NewEntry(logger))
+	if err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
+	}
+	ctrl, err := fleet.New(fc)
 	if err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
