@@ -44,10 +44,19 @@ type Config struct {
 	Repo   *gitsource.Repo
 	Engine *Engine
 	Store  *Store
-	// SnapshotsBranch and StatusBranch default to SnapshotsBranch and
-	// StatusBranch.
+	// SnapshotsBranch defaults to SnapshotsBranch. The status is written
+	// to the host's own branch, status.HostBranch(Host); StatusBranch
+	// (default StatusBranch) is the shared status branch of the old
+	// layout, read once when the host branch does not exist yet so the
+	// heartbeat continues (docs/DESIGN.md, Branches and files).
 	SnapshotsBranch string
 	StatusBranch    string
+	// AppendStatus makes every status write a new commit on the host
+	// branch. By default a heartbeat-only write replaces a heartbeat-only
+	// tip (a non-fast-forward compare-and-swap), so the branch's history
+	// grows with events only; set it for a git host that forbids
+	// non-fast-forward updates (a refusal is also met by appending).
+	AppendStatus bool
 	// TickInterval is the level-triggered tick (default 10 s, jittered);
 	// PollInterval how often the snapshots branch is polled (default 15 s,
 	// jittered; a local repository is watched with fsnotify as well).
@@ -106,6 +115,7 @@ type Agent struct {
 
 	// statusMu serializes status writes.
 	statusMu  sync.Mutex
+	writer    *status.Writer
 	lastKey   *status.Status // the last status written, heartbeat and observedAt zero
 	lastWrite time.Time
 }
@@ -157,6 +167,7 @@ func New(cfg Config) (*Agent, error) {
 		source: NewSource(cfg.Repo, cfg.Host, cfg.SnapshotsBranch),
 		log:    cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
 		now:    make(chan struct{}, 1),
+		writer: &status.Writer{Repo: cfg.Repo, Host: cfg.Host, OldBranch: cfg.StatusBranch, AppendOnly: cfg.AppendStatus},
 	}, nil
 }
 
@@ -437,8 +448,9 @@ func (a *Agent) report() *status.Status {
 	return st
 }
 
-// writeStatus pushes the status when its content (heartbeat and
-// observedAt aside) changed since the last write, or the heartbeat is due.
+// writeStatus pushes the status to the host branch (status.Writer) when
+// its content (heartbeat and observedAt aside) changed since the last
+// write, or the heartbeat is due.
 // The heartbeat counter is kept in the store and reserved before the push,
 // so a number is never reused; it also always exceeds the one on the branch.
 // Writes run one at a time.
@@ -460,27 +472,18 @@ func (a *Agent) writeStatus(ctx context.Context) error {
 		return err
 	}
 	st.ObservedAt = now.UTC().Truncate(time.Second)
-	path := status.Path(a.cfg.Host)
+	st.Heartbeat = hb
 	start := time.Now()
-	_, err = a.cfg.Repo.Update(ctx, a.cfg.StatusBranch, func(_ string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		st.Heartbeat = hb
-		if old, rerr := read(path); rerr == nil {
-			if prev, perr := status.Parse(path, old); perr == nil && prev.Heartbeat >= hb {
-				st.Heartbeat = prev.Heartbeat + 1
-			}
-		}
-		data, err := status.Marshal(st)
-		if err != nil {
-			return nil, "", err
-		}
-		return map[string][]byte{path: data}, fmt.Sprintf("status: %s heartbeat %d", a.cfg.Host, st.Heartbeat), nil
-	})
+	out, err := a.writer.Write(ctx, st)
 	a.cfg.Metrics.gitOp(GitPush, time.Since(start), err)
 	if err != nil {
-		return fmt.Errorf("write status %s to %s: %w", path, a.cfg.StatusBranch, err)
+		return err
 	}
-	if st.Heartbeat != hb {
-		if err := a.cfg.Store.SaveHeartbeat(st.Heartbeat); err != nil {
+	if out.Refused {
+		a.log.Warn("the remote refuses non-fast-forward updates of the host branch: every status write is now a new commit (set appendStatus to say so)")
+	}
+	if out.Heartbeat != hb {
+		if err := a.cfg.Store.SaveHeartbeat(out.Heartbeat); err != nil {
 			return err
 		}
 	}

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -32,6 +33,8 @@ type hostAgent struct {
 	prov  *agenttest.Provisioner
 	clock *clock
 	tune  func(*agent.EngineConfig)
+	// appendStatus is agent.Config.AppendStatus.
+	appendStatus bool
 
 	eng *agent.Engine
 	ag  *agent.Agent
@@ -67,7 +70,7 @@ func (h *hostAgent) start() {
 	require.NoError(t, err)
 	// BootID, Now and Log come from the engine, so the agent's own log lines
 	// go where a test's tune sends the engine's.
-	h.ag, err = agent.New(agent.Config{Host: testHost, Repo: repo, Engine: h.eng, Store: store, Version: "test"})
+	h.ag, err = agent.New(agent.Config{Host: testHost, Repo: repo, Engine: h.eng, Store: store, Version: "test", AppendStatus: h.appendStatus})
 	require.NoError(t, err)
 	eng := h.eng
 	t.Cleanup(func() { eng.Close(context.Background()) })
@@ -90,10 +93,10 @@ func publish(t testing.TB, bare string, s *snapshots.Snapshot) string {
 	return gittest.Commit(t, bare, gittest.Edit{Branch: agent.SnapshotsBranch, Write: map[string]string{"hosts/" + s.Host + ".yaml": string(data)}})
 }
 
-// readStatus reads the host's status from the status branch; nil when none.
+// readStatus reads the host's status from its host branch; nil when none.
 func readStatus(t *testing.T, bare string) *status.Status {
 	t.Helper()
-	out, err := gitShow(bare, agent.StatusBranch+":hosts/"+testHost+".yaml")
+	out, err := gitShow(bare, status.HostBranch(testHost)+":"+status.Path(testHost))
 	if err != nil {
 		return nil
 	}
@@ -104,7 +107,7 @@ func readStatus(t *testing.T, bare string) *status.Status {
 
 func statusTip(t *testing.T, bare string) string {
 	t.Helper()
-	return gittest.Git(t, bare, "rev-parse", agent.StatusBranch)
+	return gittest.Git(t, bare, "rev-parse", status.HostBranch(testHost))
 }
 
 func newClock() *clock { return &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
@@ -145,6 +148,44 @@ func TestAgentMakesThePublishedVMsAndReportsThem(t *testing.T) {
 	assert.Equal(t, "10.77.1.2", st.VMs[0].IP)
 	assert.Equal(t, []status.Volume{{Name: "data", Present: true, SizeGB: 1}}, st.Volumes)
 	assert.Equal(t, uint64(1), st.Heartbeat)
+}
+
+// The agent writes its own branch, gitfleet/hosts/<host>, whose history
+// grows with events: heartbeats replace the heartbeat-only tip, a change
+// is kept. With appendStatus every heartbeat is a commit.
+func TestAgentStatusHistoryGrowsWithEvents(t *testing.T) {
+	for _, appendStatus := range []bool{false, true} {
+		t.Run(fmt.Sprintf("appendStatus=%v", appendStatus), func(t *testing.T) {
+			gittest.NeedGit(t)
+			bare := gittest.NewBare(t)
+			clk := newClock()
+			h := &hostAgent{t: t, url: bare, dir: t.TempDir(), prov: agenttest.New(), clock: clk, appendStatus: appendStatus}
+			h.start()
+			publish(t, bare, snap(1, vm("web-01")))
+			require.NoError(t, h.once())
+			for i := 0; i < 4; i++ {
+				clk.Add(61 * time.Second)
+				require.NoError(t, h.once())
+			}
+			assert.Equal(t, uint64(5), readStatus(t, bare).Heartbeat)
+			commits := gittest.Git(t, bare, "rev-list", "--count", status.HostBranch(testHost))
+			if appendStatus {
+				assert.Equal(t, "5", commits, "every write appended")
+			} else {
+				assert.Equal(t, "2", commits, "the first write, and one heartbeat commit replaced since")
+			}
+			h.prov.Crash("web-01")
+			h.prov.FailAlways(agenttest.OpBoot, errTransient)
+			require.NoError(t, h.once())
+			clk.Add(61 * time.Second)
+			require.NoError(t, h.once())
+			failed := gittest.Git(t, bare, "log", "--format=%s", "-1", status.HostBranch(testHost)+"^")
+			assert.Equal(t, "status: "+testHost+" heartbeat 6", failed, "the failure stays in history under the next heartbeat")
+			assert.Contains(t, gittest.Show(t, bare, status.HostBranch(testHost)+"^", status.Path(testHost)), "phase: failed")
+			_, err := gitShow(bare, agent.StatusBranch+":"+status.Path(testHost))
+			assert.Error(t, err, "the agent does not write the shared status branch")
+		})
+	}
 }
 
 func TestAgentWritesStatusOnlyOnChangeOrHeartbeat(t *testing.T) {
@@ -367,7 +408,7 @@ func TestSecretsStayOutOfStatusAndLogs(t *testing.T) {
 	publish(t, bare, snap(1, secret))
 	require.NoError(t, h.once())
 	require.NoError(t, h.once())
-	raw, err := gitShow(bare, agent.StatusBranch+":hosts/"+testHost+".yaml")
+	raw, err := gitShow(bare, status.HostBranch(testHost)+":"+status.Path(testHost))
 	require.NoError(t, err)
 	require.Contains(t, string(raw), "web-01")
 	require.NotEmpty(t, logs.String())

@@ -14,6 +14,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/agenttest"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
@@ -42,7 +43,7 @@ func TestStatusFileGolden(t *testing.T) {
 		vol("web-01-data", 10)))
 	require.NoError(t, h.once())
 
-	got, err := gitShow(bare, agent.StatusBranch+":hosts/"+testHost+".yaml")
+	got, err := gitShow(bare, status.HostBranch(testHost)+":"+status.Path(testHost))
 	require.NoError(t, err)
 	golden := filepath.Join("testdata", "status.golden")
 	if *update {

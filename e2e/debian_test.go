@@ -29,7 +29,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
@@ -459,7 +458,7 @@ func (f *fleetUnderTest) watchReady(n guestNet, vm, phase string) *readyWatch {
 	go func() {
 		defer w.done.Done()
 		for ctx.Err() == nil {
-			b, ok := f.show(agent.StatusBranch, status.Path(host))
+			b, ok := f.show(status.HostBranch(host), status.Path(host))
 			now := time.Now()
 			if ok {
 				st, err := status.Parse(status.Path(host), b)

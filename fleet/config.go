@@ -27,7 +27,7 @@ const (
 	DefaultAbandonGrace    = 15 * time.Minute
 	DefaultOfflineAfter    = 3 * time.Minute // three agent heartbeats of 60 s
 	DefaultInterval        = 15 * time.Second
-	DefaultSummaryInterval = 30 * time.Second
+	DefaultSummaryInterval = 10 * time.Minute
 )
 
 // Config configures a Controller. Zero values take the defaults above.
@@ -60,9 +60,12 @@ type Config struct {
 	Branch string
 	Path   string
 	// SnapshotsBranch receives the host snapshots and ledger.yaml;
-	// StatusBranch holds the agents' statuses and the README.md summary.
-	// Branch, SnapshotsBranch and StatusBranch must be three different
-	// branches (New returns an ErrConfig error otherwise).
+	// StatusBranch, which the controller alone writes, holds the README.md
+	// summary and a copy of every host's status, read from the host
+	// branches (status.HostBranchPrefix) the agents write. Branch,
+	// SnapshotsBranch and StatusBranch must be three different branches,
+	// none of them a host branch (New returns an ErrConfig error
+	// otherwise).
 	SnapshotsBranch string
 	StatusBranch    string
 	// AbandonGrace is how long a tombstone stays pending on an offline host
@@ -74,14 +77,14 @@ type Config struct {
 	// heartbeats). It is measured by the controller's clock from its own
 	// observations, so a restarted controller waits OfflineAfter again.
 	OfflineAfter time.Duration
-	// SummaryInterval is the least time between two rewrites of README.md
-	// by the controller's clock (default 30 s; negative: whenever it
-	// changed) when only heartbeat counters changed. The summary shows
-	// heartbeats, which a thousand agents move every second; the status
-	// branch must stay free for their writes. A change held back is written
-	// by a later pass. Any other change (phases, pending deletes, errors,
-	// epochs, a rejected commit, a host going online or offline) is
-	// written at once.
+	// SummaryInterval is the least time between two writes of the status
+	// branch by the controller's clock (default 10 min; negative: whenever
+	// it changed) when only heartbeat counters changed, in README.md or in
+	// the hosts' status copies. A thousand agents move heartbeats every
+	// few milliseconds; the status branch's history must grow with events.
+	// A change held back is written by a later pass. Any other change
+	// (phases, acks, pending deletes, errors, epochs, a rejected commit, a
+	// host going online or offline) is written at once.
 	SummaryInterval time.Duration
 	// Verify is which desired-state commits must be signed by one of
 	// Signers before a head is applied (VerifyOff, the default, VerifyHead
@@ -103,7 +106,9 @@ type Config struct {
 }
 
 // New returns a Controller. It opens the repository when cfg.Repo is nil but
-// does not fetch; the first Pass does. A configuration that must not run
+// does not fetch; the first Pass does. It locks the cache directories it
+// opens (CacheDir, TipsCacheDir) until Close or the end of the process: one
+// held by another controller is an error wrapping ErrCacheInUse. A configuration that must not run
 // (overlapping branches, a path outside the repository) is an error
 // wrapping ErrConfig, returned before anything is opened.
 func New(cfg Config) (*Controller, error) {
@@ -153,7 +158,22 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.TipsCacheDir != "" && filepath.Clean(cfg.TipsCacheDir) == filepath.Clean(cfg.CacheDir) {
 		return nil, fmt.Errorf("%w: the tips cache and the cache are both %s; one directory holds one clone", ErrConfig, cfg.CacheDir)
 	}
+	var locks []*cacheLock
+	for _, dir := range []string{cfg.CacheDir, cfg.TipsCacheDir} {
+		if dir == "" || (dir == cfg.CacheDir && cfg.Repo != nil) || (dir == cfg.TipsCacheDir && cfg.TipRepo != nil) {
+			continue // no cache, or not one New opens
+		}
+		l, err := lockCache(dir)
+		if err != nil {
+			for _, held := range locks {
+				held.release()
+			}
+			return nil, err
+		}
+		locks = append(locks, l)
+	}
 	c := &Controller{
+		locks:    locks,
 		cfg:      cfg,
 		repo:     cfg.Repo,
 		log:      cfg.Logger.WithField("component", "controller"),
@@ -164,6 +184,12 @@ func New(cfg Config) (*Controller, error) {
 		hashes:   map[*desired.VM]desired.Hash{},
 		ignored:  map[string]bool{},
 	}
+	opened := false
+	defer func() {
+		if !opened {
+			c.Close()
+		}
+	}()
 	c.live = newLiveness(cfg.Clock(), cfg.OfflineAfter)
 	reg := cfg.Registerer
 	if reg == nil {
@@ -195,6 +221,7 @@ func New(cfg Config) (*Controller, error) {
 			}
 		}
 	}
+	opened = true
 	return c, nil
 }
 
@@ -236,6 +263,11 @@ func distinctBranches(desiredBranch, snapshots, statusBranch string) error {
 		return fmt.Errorf("%w: the status branch and the desired branch are both %q; they must be different branches", ErrConfig, d)
 	case sn == st:
 		return fmt.Errorf("%w: the snapshots branch and the status branch are both %q; they must be different branches", ErrConfig, sn)
+	}
+	for _, b := range []string{d, sn, st} {
+		if strings.HasPrefix(b, status.HostBranchPrefix) {
+			return fmt.Errorf("%w: branch %q is under %s, where each host's agent writes its own status", ErrConfig, b, status.HostBranchPrefix)
+		}
 	}
 	return nil
 }

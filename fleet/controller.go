@@ -35,6 +35,8 @@ type Controller struct {
 	reg        *prometheus.Registry
 
 	kick chan struct{}
+	// locks are held on the cache directories New opened (see Close).
+	locks []*cacheLock
 
 	mu       sync.Mutex // one pass at a time; guards everything below
 	loader   *desired.Loader
@@ -63,6 +65,9 @@ type Controller struct {
 	summaryKey []byte // summary with heartbeat-driven fields blanked
 	summaryAt  time.Time
 	summaryDue bool // a changed summary waits for SummaryInterval
+	// eventKeys caches status.EventKey digests by blob hash, for the
+	// statuses of the last pass.
+	eventKeys map[string]string
 	// rejectLogged is the last rejection logged; failLogged the last
 	// unreadable or refused cause logged ("" after a pass that was
 	// neither).
@@ -86,6 +91,10 @@ type Controller struct {
 	// ignored are the hosts whose status was ignored and logged once
 	// (unknown to the desired state and the ledger).
 	ignored map[string]bool
+
+	// beforePublish, when set (by tests), runs after a pass read the
+	// desired branch and the statuses and before it publishes.
+	beforePublish func()
 }
 
 // PassResult says what one pass observed and did.
@@ -180,15 +189,17 @@ func (c *Controller) Kick() {
 
 // Run runs passes until ctx ends: at once, then every interval (jittered,
 // default 15 s), whenever the desired branch moves (Watch: polling, and
-// fsnotify on a local repository), on Kick, and when the status branch moves
-// (at most one such pass per 2 s). A failed pass is logged and retried at
-// the next trigger. It returns ctx's error.
+// fsnotify on a local repository), on Kick, and when a host branch or the
+// status branch moves (at most one such pass per 2 s). A failed pass is
+// logged and retried at the next trigger. It returns ctx's error.
 func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
 	mainCh := c.repo.Watch(ctx, c.cfg.Branch, interval)
-	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval) // resolves heads only: the cache does not grow
+	// Both resolve heads only: the cache does not grow. The status branch
+	// moves for agents of the old layout.
+	statusCh := either(c.repo.WatchPrefix(ctx, status.HostBranchPrefix, interval), c.repo.Watch(ctx, c.cfg.StatusBranch, interval))
 	for {
 		started := time.Now()
 		_, _ = c.Pass(ctx) // Pass logs what a person needs
@@ -221,6 +232,41 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 		}
 		t.Stop()
 	}
+}
+
+// either forwards the values of a and b to one channel of capacity one
+// (a value not read yet is replaced), closed when both are.
+func either(a, b <-chan string) <-chan string {
+	out := make(chan string, 1)
+	go func() {
+		defer close(out)
+		for a != nil || b != nil {
+			var v string
+			var ok bool
+			select {
+			case v, ok = <-a:
+				if !ok {
+					a = nil
+					continue
+				}
+			case v, ok = <-b:
+				if !ok {
+					b = nil
+					continue
+				}
+			}
+			select {
+			case out <- v:
+			default:
+				select {
+				case <-out:
+				default:
+				}
+				out <- v
+			}
+		}
+	}()
+	return out
 }
 
 // statusGap is the least time between the starts of two passes when the
@@ -336,7 +382,23 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	}
 
 	// Step 3: compute on the snapshots tip and publish in one CAS commit.
+	// A publish that lost a race with another controller (errStaleHead)
+	// reads the desired branch again and computes anew, as a rejected
+	// push fetches again.
+	if c.beforePublish != nil {
+		c.beforePublish()
+	}
 	out, tip, err := c.publish(ctx, head, fl, loadErr, obs, now)
+	for tries := 0; errors.Is(err, errStaleHead) && tries < 3; tries++ {
+		c.log.WithError(cleanErr(err)).Info("reading the desired branch again")
+		head, fl, loadErr = c.readDesired(ctx)
+		res.Head = head
+		if loadErr != nil && !errors.Is(loadErr, desired.ErrInvalid) {
+			return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
+		}
+		res.Rejected = loadErr
+		out, tip, err = c.publish(ctx, head, fl, loadErr, obs, now)
+	}
 	res.SnapshotsCommit = tip
 	if err != nil {
 		return res, err
@@ -353,7 +415,10 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	// (hosts it does not know) are not shown.
 	sum := c.summarize(out.ledger, fl, withoutHosts(obs.reports, out.ignored), obs.err == nil, now)
 	c.failing, c.lastSummary = nil, &sum
-	written, err := c.writeSummary(ctx, sum, now)
+	for _, h := range out.ignored {
+		delete(obs.copies.tips, h) // nor copied
+	}
+	written, err := c.writeStatusBranch(ctx, sum, obs.copies, now)
 	if err != nil {
 		return res, fmt.Errorf("write summary: %w", err)
 	}
@@ -401,22 +466,26 @@ func (c *Controller) renewTipsWhenDue(now time.Time) {
 	c.log.Debug("tip repository opened afresh")
 }
 
-// observation is what a pass read of the status branch.
+// observation is what a pass read of the host branches and the status
+// branch.
 type observation struct {
-	// tip is the status branch tip ("" when absent); err why it could not
-	// be read (then statuses is empty and no delete is finalized).
+	// tip names what was read: the status branch tip and every host
+	// branch tip ("" when there are none); err why it could not be read
+	// (then statuses is empty and no delete is finalized).
 	tip     string
 	err     error
 	reports []status.Report
 	// statuses are the readable statuses by host.
 	statuses map[string]*status.Status
+	// copies are the copies to bring up to date on the status branch.
+	copies statusCopies
 }
 
 // observe reads the hosts' statuses and feeds the liveness clock with
 // them and with the hosts fl desires (fl may be nil).
 func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Time) observation {
 	var obs observation
-	obs.tip, obs.reports, obs.err = c.readStatuses(ctx)
+	obs.tip, obs.reports, obs.copies, obs.err = c.readStatuses(ctx)
 	obs.statuses = map[string]*status.Status{}
 	if obs.err == nil {
 		for _, rep := range obs.reports {
@@ -480,6 +549,9 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	mutate := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		l, err := c.ledgerAt(tip, read)
 		if err != nil {
+			return nil, "", err
+		}
+		if err := c.checkHead(ctx, head, l); err != nil {
 			return nil, "", err
 		}
 		verify := read
@@ -682,27 +754,6 @@ func (c *Controller) setBaseline() {
 		applied = ""
 	}
 	c.baseline = applied
-}
-
-// readStatuses fetches the status branch (absent: no statuses yet) and
-// reads every host's status.
-func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, error) {
-	tip, err := c.fetch(ctx, c.tips, c.cfg.StatusBranch)
-	if errors.Is(err, gitsource.ErrBranchNotFound) {
-		return "", nil, nil
-	}
-	if err != nil {
-		return "", nil, err // gitsource names the branch and the remote
-	}
-	tree, err := c.tips.Tree(tip, "")
-	if err != nil {
-		return tip, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(tip).Short(), err)
-	}
-	reps, err := c.statuses.ReadAll(tree)
-	if err != nil {
-		return tip, nil, err
-	}
-	return tip, reps, nil
 }
 
 // specHashes returns the spec hash of every VM of fl, reusing the hashes of

@@ -591,17 +591,18 @@ func TestConcurrentStatusWriters(t *testing.T) {
 		}(i)
 	}
 	wg.Wait()
-	files := gittest.Files(t, dir, "refs/heads/"+DefaultStatusBranch)
-	if len(files) != writers {
-		t.Fatalf("status branch holds %v, want %d host files (a lost update)", files, writers)
-	}
-	for _, f := range files {
-		st, err := status.Parse(f, []byte(gittest.Show(t, dir, "refs/heads/"+DefaultStatusBranch, f)+"\n"))
+	for i := 0; i < writers; i++ {
+		host := "hv-" + string(rune('a'+i))
+		branch := "refs/heads/" + status.HostBranch(host)
+		if files := gittest.Files(t, dir, branch); len(files) != 1 || files[0] != status.Path(host) {
+			t.Fatalf("%s holds %v, want its host's file alone", branch, files)
+		}
+		st, err := status.Parse(status.Path(host), []byte(gittest.Show(t, dir, branch, status.Path(host))+"\n"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st.Heartbeat != 3 {
-			t.Errorf("%s heartbeat %d, want 3 (a lost update)", f, st.Heartbeat)
+			t.Errorf("%s heartbeat %d, want 3 (a lost update)", host, st.Heartbeat)
 		}
 	}
 }

@@ -162,8 +162,8 @@ func (e *env) snapshotsTip() string {
 	return gittest.Rev(e.t, e.dir, "refs/heads/"+DefaultSnapshotsBranch)
 }
 
-// writeStatus plays an agent: it writes host's status file on the status
-// branch with a compare-and-swap Update of its own repository clone.
+// writeStatus plays an agent: it writes host's status file on its host
+// branch with the agents' status.Writer, from its own repository clone.
 func writeStatus(t testing.TB, url string, st *status.Status) {
 	t.Helper()
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: url, Logger: quietLogger(),
@@ -177,14 +177,29 @@ func writeStatus(t testing.TB, url string, st *status.Status) {
 }
 
 func putStatus(repo *gitsource.Repo, st *status.Status) error {
+	w := &status.Writer{Repo: repo, Host: st.Host}
+	_, err := w.Write(context.Background(), st)
+	return err
+}
+
+// writeOldStatus plays an agent of the old layout: it writes host's
+// status file on the shared status branch.
+func writeOldStatus(t testing.TB, url string, st *status.Status) {
+	t.Helper()
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: url, Logger: quietLogger(), UpdateAttempts: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
 	data, err := status.Marshal(st)
 	if err != nil {
-		return err
+		t.Fatal(err)
 	}
 	_, err = repo.Update(context.Background(), DefaultStatusBranch, func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		return map[string][]byte{status.Path(st.Host): data}, "status of " + st.Host, nil
 	})
-	return err
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // writeTree writes files under dir and returns dir.

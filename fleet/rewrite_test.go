@@ -240,6 +240,7 @@ func TestNewRefusesOverlappingBranchesAndBadPaths(t *testing.T) {
 		{"snapshots on main", Config{SnapshotsBranch: "main"}, "snapshots branch and the desired branch"},
 		{"status on main", Config{StatusBranch: "refs/heads/main"}, "status branch and the desired branch"},
 		{"snapshots is status", Config{SnapshotsBranch: "x", StatusBranch: "x"}, "snapshots branch and the status branch"},
+		{"status on a host branch", Config{StatusBranch: "gitfleet/hosts/hv-a"}, "where each host's agent writes"},
 		{"absolute path", Config{Path: "/fleet"}, "absolute"},
 		{"path climbs out", Config{Path: "fleet/../../x"}, "leaves the repository"},
 	} {

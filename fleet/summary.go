@@ -158,19 +158,34 @@ func unmanaged(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report) 
 	return out
 }
 
-// writeSummary rewrites README.md on the status branch when its content
-// changed, touching no other file.
+// writeSummary rewrites README.md (and controller.yaml) on the status
+// branch when they changed, copying no host file.
 func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now time.Time) (bool, error) {
+	return c.writeStatusBranch(ctx, s, statusCopies{}, now)
+}
+
+// writeStatusBranch is the controller's one write of the status branch,
+// of which it is the only writer: README.md and controller.yaml when they
+// changed, and the host files of cp copied from their host branches as
+// they are. A change only of heartbeat counters (in the summary or in
+// the copies) is held back until SummaryInterval has passed since the last
+// write; any other change is written at once, with every copy that lags.
+// It touches no other file.
+func (c *Controller) writeStatusBranch(ctx context.Context, s status.Summary, cp statusCopies, now time.Time) (bool, error) {
 	data := status.RenderSummary(s)
-	if string(data) == string(c.summary) {
+	if string(data) == string(c.summary) && len(cp.tips) == 0 {
 		c.summaryDue = false
 		return false, nil
 	}
 	key := summaryKey(s)
-	heartbeatsOnly := string(key) == string(c.summaryKey)
+	heartbeatsOnly := string(key) == string(c.summaryKey) && !cp.event
 	if heartbeatsOnly && c.cfg.SummaryInterval > 0 && !c.summaryAt.IsZero() && now.Sub(c.summaryAt) < c.cfg.SummaryInterval {
 		c.summaryDue = true
 		return false, nil
+	}
+	copies, err := c.copyFiles(cp)
+	if err != nil {
+		return false, err
 	}
 	var failing []byte
 	if s.Failing != nil {
@@ -179,9 +194,9 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now tim
 			return false, err
 		}
 	}
-	wrote := false
-	_, err := c.update(ctx, c.tips, c.cfg.StatusBranch, func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		wrote = false
+	base := ""
+	newTip, err := c.update(ctx, c.tips, c.cfg.StatusBranch, func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		base = tip
 		files := map[string][]byte{}
 		// Each file is read up to the size it should have: a bigger
 		// one (forged, say) differs, and costs no memory.
@@ -211,17 +226,23 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now tim
 				files[path] = want
 			}
 		}
+		msg := "Update the fleet summary"
+		if len(copies) > 0 {
+			msg = fmt.Sprintf("Update the fleet summary and %d host status(es)", len(copies))
+			for path, data := range copies {
+				files[path] = data // the same content is no change
+			}
+		}
 		if len(files) == 0 {
 			return nil, "", nil
 		}
-		wrote = true
-		return files, "Update the fleet summary", nil
+		return files, msg, nil
 	})
 	if err != nil {
 		return false, err
 	}
 	c.summary, c.summaryKey, c.summaryAt, c.summaryDue = data, key, now, false
-	return wrote, nil
+	return newTip != base, nil
 }
 
 // summaryKey renders s with its heartbeat-driven fields (the hosts'

@@ -2,8 +2,11 @@ package gitsource
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 
 	git "github.com/go-git/go-git/v5"
@@ -277,6 +280,36 @@ func repairable(err error) bool {
 	return false
 }
 
+// remotePrefixDigest digests the names and tips of the remote's branches
+// under prefix, from one ref advertisement; none is ErrBranchNotFound.
+func (r *Repo) remotePrefixDigest(ctx context.Context, prefix string) (string, error) {
+	remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: remoteName, URLs: []string{r.url}})
+	var refs []*plumbing.Reference
+	err := r.remote(ctx, func(ctx context.Context) (err error) {
+		refs, err = remote.ListContext(ctx, &git.ListOptions{Auth: r.auth, ProxyOptions: r.proxyOptions()})
+		return err
+	})
+	if errors.Is(err, transport.ErrEmptyRemoteRepository) {
+		return "", fmt.Errorf("%w: %s* on %s (empty repository)", ErrBranchNotFound, prefix, redactURL(r.url))
+	}
+	if err != nil {
+		return "", fmt.Errorf("list %s* on %s: %w", prefix, redactURL(r.url), err)
+	}
+	var lines []string
+	want := "refs/heads/" + prefix
+	for _, ref := range refs {
+		if ref.Type() == plumbing.HashReference && strings.HasPrefix(ref.Name().String(), want) {
+			lines = append(lines, ref.Name().String()+" "+ref.Hash().String())
+		}
+	}
+	if len(lines) == 0 {
+		return "", fmt.Errorf("%w: no %s* on %s", ErrBranchNotFound, prefix, redactURL(r.url))
+	}
+	sort.Strings(lines)
+	sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
+	return hex.EncodeToString(sum[:]), nil
+}
+
 // RemoteHead resolves branch's tip on the remote without fetching objects
 // (the ref advertisement only, like git ls-remote). It does not touch the
 // cache. A remote without the branch gives ErrBranchNotFound (wrapped).
@@ -303,4 +336,139 @@ func (r *Repo) RemoteHead(ctx context.Context, branch string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("remote head %s: %w: %s on %s", branch, ErrBranchNotFound, branch, redactURL(r.url))
+}
+
+// FetchPrefix fetches, in one fetch, every branch whose name starts with
+// prefix (which must end in "/": "gitfleet/hosts/", say) and returns
+// branch → tip commit for each. The refspec is the glob
+// +refs/heads/PREFIX*:refs/remotes/origin/PREFIX*, at Options.Depth, with
+// pruning: a branch deleted on the remote leaves the answer and the cache.
+// No matching branch is an empty map, not an error. Every tip's commit and
+// tree are checked present before FetchPrefix returns. Cache damage is
+// repaired like Fetch's (the prefix's tracking refs are dropped and the
+// fetch repeated; the last resort is a fresh clone). Network and
+// authentication failures are returned as they are.
+func (r *Repo) FetchPrefix(ctx context.Context, prefix string) (map[string]string, error) {
+	if !strings.HasSuffix(prefix, "/") {
+		return nil, fmt.Errorf("fetch prefix %q: must end in /", prefix)
+	}
+	if err := checkBranch(prefix + "x"); err != nil {
+		return nil, fmt.Errorf("fetch prefix: %w", err)
+	}
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		if attempt > 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("fetch %s*: %w (after %v)", prefix, err, lastErr)
+			}
+			if err := r.repairPrefix(ctx, prefix, attempt == 2); err != nil {
+				if u := r.refusedWrite(err); u != nil {
+					err = u
+				}
+				return nil, fmt.Errorf("fetch %s*: repair cache after %v: %w", prefix, lastErr, err)
+			}
+		}
+		tips, err := r.fetchPrefixOnce(ctx, prefix)
+		if err == nil && len(tips) > 0 && r.maintain(ctx, someBranch(tips)) {
+			// A fresh clone: fetch again, so the tips returned are in it.
+			tips, err = r.fetchPrefixOnce(ctx, prefix)
+		}
+		if err == nil {
+			return tips, nil
+		}
+		if u := r.refusedWrite(err); u != nil {
+			return nil, fmt.Errorf("fetch %s* from %s: %w", prefix, redactURL(r.url), u)
+		}
+		if !repairable(err) {
+			return nil, fmt.Errorf("fetch %s* from %s: %w", prefix, redactURL(r.url), err)
+		}
+		r.log.WithError(err).WithField("branch", prefix+"*").WithField("attempt", attempt+1).Warn("fetch found the cache damaged; repairing")
+		lastErr = err
+	}
+	return nil, fmt.Errorf("fetch %s* from %s: %w", prefix, redactURL(r.url), lastErr)
+}
+
+// fetchPrefixOnce is one glob fetch of prefix and the check of its tips.
+func (r *Repo) fetchPrefixOnce(ctx context.Context, prefix string) (map[string]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	spec := config.RefSpec("+refs/heads/" + prefix + "*:" + trackingRef(prefix).String() + "*")
+	err := r.remote(ctx, func(ctx context.Context) error {
+		return r.repo.FetchContext(ctx, &git.FetchOptions{
+			RemoteName:   remoteName,
+			RefSpecs:     []config.RefSpec{spec},
+			Depth:        r.opts.Depth,
+			Auth:         r.auth,
+			Tags:         git.NoTags,
+			Prune:        true,
+			ProxyOptions: r.proxyOptions(),
+		})
+	})
+	switch {
+	case err == nil, errors.Is(err, git.NoErrAlreadyUpToDate):
+	case errors.Is(err, transport.ErrEmptyRemoteRepository):
+		return map[string]string{}, nil
+	default:
+		return nil, err
+	}
+	iter, err := r.st.IterReferences()
+	if err != nil {
+		return nil, fmt.Errorf("%w: list tracking refs of %s*: %v", ErrObjectMissing, prefix, err)
+	}
+	tracking := trackingRef(prefix).String()
+	tips := map[string]string{}
+	err = iter.ForEach(func(ref *plumbing.Reference) error {
+		name := ref.Name().String()
+		if ref.Type() != plumbing.HashReference || !strings.HasPrefix(name, tracking) {
+			return nil
+		}
+		tips[prefix+strings.TrimPrefix(name, tracking)] = ref.Hash().String()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: list tracking refs of %s*: %v", ErrObjectMissing, prefix, err)
+	}
+	for _, tip := range tips {
+		if err := r.verifyCommit(plumbing.NewHash(tip)); err != nil {
+			return nil, err
+		}
+	}
+	return tips, nil
+}
+
+// repairPrefix drops the tracking refs of prefix, so the next fetch
+// transfers their objects again, or with reclone set clones the cache
+// afresh.
+func (r *Repo) repairPrefix(ctx context.Context, prefix string, reclone bool) error {
+	if reclone {
+		// repair probes the remote with the branch it names; a name
+		// under prefix that does not exist is an answer too.
+		return r.repair(ctx, prefix+"repair", true)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.verified = map[plumbing.Hash]struct{}{}
+	branches, err := trackedBranches(r.st)
+	if err != nil {
+		return err
+	}
+	for _, b := range branches {
+		if strings.HasPrefix(b, prefix) {
+			if err := r.st.RemoveReference(trackingRef(b)); err != nil && !errors.Is(err, plumbing.ErrReferenceNotFound) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// someBranch is one branch of tips (the first by name).
+func someBranch(tips map[string]string) string {
+	first := ""
+	for b := range tips {
+		if first == "" || b < first {
+			first = b
+		}
+	}
+	return first
 }

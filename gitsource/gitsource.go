@@ -2,10 +2,12 @@
 // clone a remote (file, http(s), ssh) into a cache directory, fetch one
 // branch, resolve a remote head cheaply, read a tree at a commit without a
 // worktree, diff two trees, walk first-parent history, and write one commit
-// to one branch by compare-and-swap push (never force), retrying on
-// rejection. A git failure is always returned as an error, never as an empty
-// tree. It owns no branch file of gitfleet's: callers name branches and
-// paths.
+// to one branch by compare-and-swap push (never force: the old tip is
+// always named), retrying on rejection; Edit may replace the tip rather
+// than follow it, and FetchPrefix fetches every branch under a prefix in
+// one glob fetch. A git failure is always returned as an error, never as an
+// empty tree. It owns no branch file of gitfleet's: callers name branches
+// and paths.
 //
 // A Repo keeps one local cache of one remote: a bare repository in
 // Options.CacheDir, or memory storage. Every branch is fetched with an explicit
@@ -77,6 +79,11 @@ var (
 	// ErrConflict: Update was rejected on every attempt (the branch kept
 	// moving under it), or the context ended while it was retrying.
 	ErrConflict = errors.New("update kept being rejected")
+	// ErrNonFastForward: the remote refused a Write with ReplaceTip
+	// because it allows only fast-forward updates of the branch (git's
+	// receive.denyNonFastForwards, a protected branch or a ruleset that
+	// blocks force pushes). It is not retried: write without ReplaceTip.
+	ErrNonFastForward = errors.New("remote refuses non-fast-forward updates")
 	// ErrObjectMissing: an object the cache should hold is absent or
 	// unreadable. Fetch repairs the cache; the read is never taken as empty.
 	ErrObjectMissing = errors.New("git object missing from cache")

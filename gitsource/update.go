@@ -60,6 +60,60 @@ var errRejected = errors.New("push rejected")
 // ErrConflict too if ctx ended while waiting to retry). Update calls on one
 // Repo run one at a time.
 func (r *Repo) Update(ctx context.Context, branch string, mutate Mutation) (string, error) {
+	return r.Edit(ctx, branch, func(tip *Commit, read func(string) ([]byte, error)) (Write, error) {
+		hash := ""
+		if tip != nil {
+			hash = tip.Hash
+		}
+		files, msg, err := mutate(hash, read)
+		return Write{Files: files, Message: msg}, err
+	})
+}
+
+// Write is the commit an EditFunc asks for: Files (path → content, nil
+// removes the path; empty: nothing to write) and Message, as a Mutation
+// returns them.
+//
+// ReplaceTip builds the commit on the tip's parents instead of on the tip,
+// so the tip leaves the branch's history: the push is a compare-and-swap
+// that is not a fast-forward (the remote must allow non-fast-forward
+// updates of the branch; git's receive.denyNonFastForwards and a GitHub
+// ruleset's "block force pushes" refuse it, and the refusal is returned,
+// never retried as a lost race). The new tree is still the tip's tree with
+// Files applied. It is ignored on a branch that has no tip yet.
+type Write struct {
+	Files      map[string][]byte
+	Message    string
+	ReplaceTip bool
+}
+
+// EditFunc is a Mutation that sees the tip commit itself (nil when the
+// branch does not exist yet: its message and parents decide whether a
+// Write may replace it) and may ask for ReplaceTip. It may run several
+// times: once per attempt.
+type EditFunc func(tip *Commit, read func(path string) ([]byte, error)) (Write, error)
+
+// Edit is Update with an EditFunc: the same fetch, build and
+// compare-and-swap push with retries, where the function may ask for the
+// commit to replace the tip (Write.ReplaceTip) instead of following it.
+// A writer that alone writes its branch uses it to keep history from
+// growing with updates that carry no news.
+func (r *Repo) Edit(ctx context.Context, branch string, edit EditFunc) (string, error) {
+	return r.edit(ctx, branch, edit, false)
+}
+
+// EditOwn is Edit for a branch that this Repo alone writes (an agent's host
+// branch): the first attempt builds on the tip the cache last saw (the
+// tracking ref its last fetch or push set) without fetching, which spares
+// a round trip with the remote per write. When anything else moved the
+// branch the push is refused as a lost race, and the next attempts fetch
+// first, as Edit's do. A cache that has not seen the branch fetches.
+func (r *Repo) EditOwn(ctx context.Context, branch string, edit EditFunc) (string, error) {
+	return r.edit(ctx, branch, edit, true)
+}
+
+// edit is Edit; own builds the first attempt on the tracking ref.
+func (r *Repo) edit(ctx context.Context, branch string, edit EditFunc, own bool) (string, error) {
 	if err := checkBranch(branch); err != nil {
 		return "", fmt.Errorf("update: %w", err)
 	}
@@ -92,11 +146,18 @@ func (r *Repo) Update(ctx context.Context, branch string, mutate Mutation) (stri
 			case <-t.C:
 			}
 		}
-		tip, err := r.Fetch(ctx, branch)
-		if err != nil && !errors.Is(err, ErrBranchNotFound) {
-			return "", fmt.Errorf("update %s: %w", branch, err)
+		tip, known := "", false
+		if own && attempt == 0 {
+			tip, known = r.trackedTip(branch)
 		}
-		newTip, err := r.attempt(ctx, branch, tip, mutate)
+		if !known {
+			var err error
+			tip, err = r.Fetch(ctx, branch)
+			if err != nil && !errors.Is(err, ErrBranchNotFound) {
+				return "", fmt.Errorf("update %s: %w", branch, err)
+			}
+		}
+		newTip, err := r.attempt(ctx, branch, tip, edit)
 		if err == nil {
 			return newTip, nil
 		}
@@ -114,22 +175,51 @@ func (r *Repo) Update(ctx context.Context, branch string, mutate Mutation) (stri
 	return "", fmt.Errorf("update %s: %w after %d attempts: %v", branch, ErrConflict, attempts, lastErr)
 }
 
-// attempt runs mutate on tip, builds the commit and pushes it.
-func (r *Repo) attempt(ctx context.Context, branch, tip string, mutate Mutation) (string, error) {
+// trackedTip is branch's tracking ref when the cache holds its commit.
+func (r *Repo) trackedTip(branch string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ref, err := r.st.Reference(trackingRef(branch))
+	if err != nil {
+		return "", false
+	}
+	if _, err := r.st.EncodedObject(plumbing.CommitObject, ref.Hash()); err != nil {
+		return "", false
+	}
+	return ref.Hash().String(), true
+}
+
+// attempt runs edit on tip, builds the commit and pushes it.
+func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (string, error) {
 	read := func(p string) ([]byte, error) {
 		if tip == "" {
 			return nil, &notFoundError{commit: "(new branch " + branch + ")", path: p}
 		}
 		return r.ReadFile(tip, p)
 	}
-	files, msg, err := mutate(tip, read)
+	var tipCommit *Commit
+	if tip != "" {
+		c, err := r.CommitInfo(tip)
+		if err != nil {
+			return "", err
+		}
+		tipCommit = c
+	}
+	w, err := edit(tipCommit, read)
 	if err != nil {
 		return "", err
 	}
-	if len(files) == 0 {
+	if len(w.Files) == 0 {
 		return tip, nil
 	}
-	commit, pack, err := r.build(tip, files, msg)
+	var parents []string
+	if tipCommit != nil {
+		parents = []string{tip}
+		if w.ReplaceTip {
+			parents = tipCommit.Parents
+		}
+	}
+	commit, pack, err := r.build(tip, parents, w.Files, w.Message)
 	if err != nil {
 		return "", err
 	}
@@ -137,6 +227,9 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, mutate Mutation)
 		return tip, nil // the contents are already there
 	}
 	err = r.remote(ctx, func(ctx context.Context) error { return r.push(ctx, branch, tip, commit, pack) })
+	if err != nil && w.ReplaceTip && tip != "" && refusedNonFastForward(err) {
+		return "", fmt.Errorf("%w: %s: %v", ErrNonFastForward, branch, err)
+	}
 	if err != nil {
 		return "", err
 	}
@@ -151,9 +244,10 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, mutate Mutation)
 	return commit.String(), nil
 }
 
-// build writes the commit of files on tip into the store and returns it
-// with a pack of the new objects. A zero hash means the tree did not change.
-func (r *Repo) build(tip string, files map[string][]byte, msg string) (plumbing.Hash, []byte, error) {
+// build writes the commit of files on tip's tree, with parents, into the
+// store and returns it with a pack of the new objects. A zero hash means the
+// tree did not change (and the parents are tip itself).
+func (r *Repo) build(tip string, parents []string, files map[string][]byte, msg string) (plumbing.Hash, []byte, error) {
 	edits := make(map[string][]byte, len(files))
 	for p, data := range files {
 		cp, err := cleanPath(p)
@@ -166,20 +260,23 @@ func (r *Repo) build(tip string, files map[string][]byte, msg string) (plumbing.
 	defer r.mu.Unlock()
 	b := &builder{r: r}
 	var root plumbing.Hash
-	var parents []plumbing.Hash
 	if tip != "" {
 		c, err := r.resolve(tip)
 		if err != nil {
 			return plumbing.ZeroHash, nil, err
 		}
 		root = c.TreeHash
-		parents = []plumbing.Hash{c.Hash}
 	}
+	parentHashes := make([]plumbing.Hash, len(parents))
+	for i, p := range parents {
+		parentHashes[i] = plumbing.NewHash(p)
+	}
+	replacing := tip != "" && !(len(parents) == 1 && parents[0] == tip)
 	newRoot, err := b.edit(root, edits)
 	if err != nil {
 		return plumbing.ZeroHash, nil, err
 	}
-	if newRoot == root {
+	if newRoot == root && !replacing {
 		// Nothing changed (or, on a new branch, only absent paths were
 		// removed): no commit.
 		return plumbing.ZeroHash, nil, nil
@@ -198,7 +295,7 @@ func (r *Repo) build(tip string, files map[string][]byte, msg string) (plumbing.
 	if !strings.HasSuffix(msg, "\n") {
 		msg += "\n"
 	}
-	c := &object.Commit{Author: sig, Committer: sig, Message: msg, TreeHash: newRoot, ParentHashes: parents}
+	c := &object.Commit{Author: sig, Committer: sig, Message: msg, TreeHash: newRoot, ParentHashes: parentHashes}
 	ch, err := b.store(c)
 	if err != nil {
 		return plumbing.ZeroHash, nil, err
@@ -448,6 +545,21 @@ func (r *Repo) push(ctx context.Context, branch, tip string, commit plumbing.Has
 		return fmt.Errorf("push %s: %w", branch, err)
 	}
 	return nil
+}
+
+// refusedNonFastForward recognizes a remote's refusal of a push that
+// replaces the tip: git's receive.denyNonFastForwards reports
+// "non-fast-forward" for it, a git host's protected branch or ruleset a
+// refused force push or a declined hook. push checked the old value just
+// before, so a lost race reads as a failed ref lock, not as these.
+func refusedNonFastForward(err error) bool {
+	msg := strings.ToLower(err.Error())
+	for _, s := range []string{"non-fast-forward", "force-push", "force push", "protected branch", "declined"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // pushRejected recognizes git receive-pack's refusals of a ref update that

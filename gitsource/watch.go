@@ -23,6 +23,21 @@ import (
 // tick. An interval <= 0 means 15 s. Each wait is random in
 // [interval/2, interval·3/2].
 func (r *Repo) Watch(ctx context.Context, branch string, interval time.Duration) <-chan string {
+	return r.watch(ctx, branch, interval, func(ctx context.Context) (string, error) { return r.RemoteHead(ctx, branch) })
+}
+
+// WatchPrefix is Watch for every branch whose name starts with prefix
+// ("gitfleet/hosts/", say): it sends a digest of their names and tips (a
+// hex string, equal for equal sets) whenever one of them moves, appears or
+// goes, polling one ref advertisement every interval. No matching branch
+// sends nothing.
+func (r *Repo) WatchPrefix(ctx context.Context, prefix string, interval time.Duration) <-chan string {
+	return r.watch(ctx, prefix+"*", interval, func(ctx context.Context) (string, error) { return r.remotePrefixDigest(ctx, prefix) })
+}
+
+// watch is Watch over resolve, which names what is watched by a string
+// that changes when it does (ErrBranchNotFound: nothing there yet).
+func (r *Repo) watch(ctx context.Context, branch string, interval time.Duration, resolve func(context.Context) (string, error)) <-chan string {
 	if interval <= 0 {
 		interval = 15 * time.Second
 	}
@@ -36,7 +51,7 @@ func (r *Repo) Watch(ctx context.Context, branch string, interval time.Duration)
 		log := r.log.WithField("branch", branch)
 		last := ""
 		for {
-			tip, err := r.RemoteHead(ctx, branch)
+			tip, err := resolve(ctx)
 			switch {
 			case ctx.Err() != nil:
 				return

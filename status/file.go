@@ -106,8 +106,41 @@ func NewReader() *Reader { return &Reader{cache: map[string]*Status{}} }
 // never reads as fewer hosts. The returned Statuses are shared with the cache
 // and must not be modified.
 func (r *Reader) ReadAll(tree desired.Tree) ([]Report, error) {
-	var out []Report
+	reps, err := r.ReadTrees(tree)
+	if err != nil {
+		return nil, err
+	}
+	return reps[0], nil
+}
+
+// ReadTrees is ReadAll of each tree (the status branch's, and
+// BranchFiles of the host branches, say), sharing one cache: a file
+// already parsed from any of them is not parsed again, and the cache
+// keeps exactly the files of these trees.
+func (r *Reader) ReadTrees(trees ...desired.Tree) ([][]Report, error) {
+	out := make([][]Report, len(trees))
 	seen := map[string]bool{}
+	for i, tree := range trees {
+		reps, err := r.readTree(tree, seen)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = reps
+	}
+	r.mu.Lock()
+	for id := range r.cache {
+		if !seen[id] {
+			delete(r.cache, id)
+		}
+	}
+	r.mu.Unlock()
+	return out, nil
+}
+
+// readTree reads the status files of one tree, adding their blob hashes
+// to seen.
+func (r *Reader) readTree(tree desired.Tree, seen map[string]bool) ([]Report, error) {
+	var out []Report
 	err := tree.Walk(func(f desired.File) error {
 		host, ok := HostFromPath(f.Path)
 		if !ok {
@@ -125,13 +158,6 @@ func (r *Reader) ReadAll(tree desired.Tree) ([]Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read statuses: %w", err)
 	}
-	r.mu.Lock()
-	for id := range r.cache {
-		if !seen[id] {
-			delete(r.cache, id)
-		}
-	}
-	r.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
 	return out, nil
 }

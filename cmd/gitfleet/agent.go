@@ -26,8 +26,8 @@ func newAgentCmd() *cobra.Command {
 		Use:   "agent --config FILE",
 		Short: "Run this host's agent: reconcile its VMs and volumes with its snapshot",
 		Long: `Agent fetches this host's snapshot from the gitfleet/snapshots branch,
-reconciles VMs and volumes toward it, and writes the host's status to the
-gitfleet/status branch. --repo, --host and --state-dir override the config
+reconciles VMs and volumes toward it, and writes the host's status to its
+own branch, gitfleet/hosts/<host>. --repo, --host and --state-dir override the config
 file (environment: GITFLEET_CONFIG, GITFLEET_REPO, GITFLEET_HOST,
 GITFLEET_STATE_DIR; GITFLEET_TOKEN supplies a token).
 

@@ -46,7 +46,7 @@ func TestAgentOnceReconcilesAndWritesStatus(t *testing.T) {
 	code, _ := runCLI(t, "agent", "--config", cfg, "--once")
 	require.Equal(t, 0, code)
 
-	out, err := exec.Command("git", "--git-dir", bare, "show", "gitfleet/status:hosts/hv-a.yaml").Output()
+	out, err := exec.Command("git", "--git-dir", bare, "show", status.HostBranch("hv-a")+":"+status.Path("hv-a")).Output()
 	require.NoError(t, err)
 	st, err := status.Parse("hosts/hv-a.yaml", out)
 	require.NoError(t, err)
@@ -60,7 +60,7 @@ func TestAgentOnceReconcilesAndWritesStatus(t *testing.T) {
 	t.Run("a second run finds the first run's VMs", func(t *testing.T) {
 		code, _ := runCLI(t, "agent", "--config", cfg, "--once")
 		require.Equal(t, 0, code)
-		out, err := exec.Command("git", "--git-dir", bare, "show", "gitfleet/status:hosts/hv-a.yaml").Output()
+		out, err := exec.Command("git", "--git-dir", bare, "show", status.HostBranch("hv-a")+":"+status.Path("hv-a")).Output()
 		require.NoError(t, err)
 		st, err := status.Parse("hosts/hv-a.yaml", out)
 		require.NoError(t, err)
@@ -72,7 +72,7 @@ func TestAgentOnceReconcilesAndWritesStatus(t *testing.T) {
 	t.Run("flags override the file", func(t *testing.T) {
 		code, _ := runCLI(t, "agent", "--config", cfg, "--host", "hv-b", "--state-dir", filepath.Join(t.TempDir(), "s"), "--once")
 		require.Equal(t, 0, code)
-		_, err := exec.Command("git", "--git-dir", bare, "show", "gitfleet/status:hosts/hv-b.yaml").Output()
+		_, err := exec.Command("git", "--git-dir", bare, "show", status.HostBranch("hv-b")+":"+status.Path("hv-b")).Output()
 		assert.NoError(t, err, "hv-b reported as itself")
 	})
 }
@@ -174,7 +174,7 @@ func TestAgentExitsZeroOnSIGTERM(t *testing.T) {
 	// installed before it started.
 	deadline := time.Now().Add(time.Minute)
 	for {
-		if _, err := exec.Command("git", "--git-dir", bare, "rev-parse", "--verify", "-q", "gitfleet/status").Output(); err == nil {
+		if _, err := exec.Command("git", "--git-dir", bare, "rev-parse", "--verify", "-q", status.HostBranch("hv-a")).Output(); err == nil {
 			break
 		}
 		require.True(t, time.Now().Before(deadline), "the agent never wrote its status")

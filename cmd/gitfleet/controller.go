@@ -29,9 +29,10 @@ func newControllerCmd() *cobra.Command {
 		Use:   "controller --repo URL",
 		Short: "Publish host snapshots from the desired branch and finalize deletes",
 		Long: `The controller reads the desired state on --branch, publishes one snapshot
-per host and ledger.yaml on the gitfleet/snapshots branch, finalizes deletes
-acknowledged on the gitfleet/status branch (or abandoned by offline hosts),
-and keeps README.md there as the fleet summary.
+per host and ledger.yaml on the gitfleet/snapshots branch, reads every host's
+status from its branch gitfleet/hosts/<host>, finalizes deletes acknowledged
+there (or abandoned by offline hosts), and keeps the gitfleet/status branch:
+README.md as the fleet summary and a copy of every host's status.
 
 It runs a pass at once, then every --interval (jittered), whenever the
 repository moves, on SIGHUP (gitfleet reconcile controller, systemctl

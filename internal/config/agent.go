@@ -51,6 +51,7 @@ const DefaultVMTimeout = 30 * time.Minute
 //	  stallTimeout: 60s                        # no byte for this long fails it (default 60s)
 //	intervals: {tick: 10s, poll: 15s, heartbeat: 60s}
 //	gitTimeout: 60s                            # bounds each fetch, ls-remote, push
+//	appendStatus: false                        # true: every status write a new commit (a git host that forbids non-fast-forward updates)
 //	graces: {tombstone: 5m, vanish: 1h, image: 24h}  # image: negative never collects the image cache
 //	vmTimeout: 30m                             # per-VM watchdog (default 30m); 0 = none
 //	readyTimeout: 10m                          # guest silent this long after boot: lastError says so
@@ -115,6 +116,10 @@ type AgentFile struct {
 	// gitsource.DefaultTimeout, 60 s); a stalled remote never holds the
 	// agent past it, and never holds the reconcile tick at all.
 	GitTimeout Duration `yaml:"gitTimeout"`
+	// AppendStatus makes every status write a new commit on the host
+	// branch (agent.Config.AppendStatus); default false: a heartbeat-only
+	// write replaces a heartbeat-only tip.
+	AppendStatus bool `yaml:"appendStatus"`
 	// VMTimeout is the per-VM watchdog; nil (absent) means
 	// DefaultVMTimeout, an explicit 0 none.
 	VMTimeout    *Duration `yaml:"vmTimeout"`
@@ -248,6 +253,8 @@ type Agent struct {
 	VMTimeout      time.Duration
 	ReadyTimeout   time.Duration
 	MaxAttempts    int
+	// AppendStatus: see agent.Config.AppendStatus.
+	AppendStatus bool
 	// LogLevel is the agent's log level (default info).
 	LogLevel logrus.Level
 	// Version is the agent version reported in status.
@@ -414,6 +421,7 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 	c.Heartbeat, c.GitTimeout = time.Duration(f.Intervals.Heartbeat), time.Duration(f.GitTimeout)
 	c.TombstoneGrace, c.VanishGrace = time.Duration(f.Graces.Tombstone), time.Duration(f.Graces.Vanish)
 	c.ImageGrace = time.Duration(f.Graces.Image)
+	c.AppendStatus = f.AppendStatus
 	if f.VMTimeout != nil {
 		c.VMTimeout = time.Duration(*f.VMTimeout)
 	}

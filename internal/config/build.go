@@ -99,7 +99,7 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 	return &AgentParts{Store: store, Provisioner: prov, Engine: eng, Registry: reg, Config: agent.Config{
 		Host: c.Host, Repo: repo, Engine: eng, Store: store, Version: c.Version,
 		TickInterval: c.TickInterval, PollInterval: c.PollInterval, Heartbeat: c.Heartbeat,
-		StopTimeout: c.StopTimeout, Metrics: metrics, Log: log,
+		StopTimeout: c.StopTimeout, AppendStatus: c.AppendStatus, Metrics: metrics, Log: log,
 	}}, nil
 }
 

@@ -157,6 +157,7 @@ func TestAgentFileKeys(t *testing.T) {
 		{"vmTimeout", head + "vmTimeout: 45m\n", func(a *Agent) { a.VMTimeout = 45 * time.Minute }},
 		{"vmTimeout 0 is none", head + "vmTimeout: 0s\n", func(a *Agent) { a.VMTimeout = 0 }},
 		{"gitTimeout", head + "gitTimeout: 20s\n", func(a *Agent) { a.GitTimeout = 20 * time.Second }},
+		{"appendStatus", head + "appendStatus: true\n", func(a *Agent) { a.AppendStatus = true }},
 		{"readyTimeout", head + "readyTimeout: 3m\n", func(a *Agent) { a.ReadyTimeout = 3 * time.Minute }},
 		{"maxAttempts", head + "maxAttempts: 5\n", func(a *Agent) { a.MaxAttempts = 5 }},
 		{"logLevel", head + "logLevel: warn\n", func(a *Agent) { a.LogLevel = logrus.WarnLevel }},

@@ -354,14 +354,17 @@ func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *l
 	ac := agentConfig(cfg, l, url)
 	parts, err := ac.Open(ctx, logger)
 	if err != nil {
+		ctrl.Close()
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	prov, ok := parts.Provisioner.(demoProvisioner)
 	if !ok {
+		ctrl.Close()
 		return nil, fmt.Errorf("agent: backend %s reports no accelerator", ac.Backend)
 	}
 	ag, err := agent.New(parts.Config)
 	if err != nil {
+		ctrl.Close()
 		parts.Engine.Close(context.Background())
 		return nil, fmt.Errorf("agent: %w", err)
 	}
@@ -376,7 +379,10 @@ func startFleet(ctx context.Context, cfg Config, l Layout, url string, logger *l
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	rt := &stack{prov: prov, eng: parts.Engine, store: parts.Store, cancel: cancel, failed: make(chan struct{}), attached: attached}
-	rt.goRun("controller", func() error { return ctrl.Run(rctx, cfg.ControllerInterval) })
+	rt.goRun("controller", func() error {
+		defer ctrl.Close() // its cache is the next run's
+		return ctrl.Run(rctx, cfg.ControllerInterval)
+	})
 	rt.goRun("agent", func() error { return ag.Run(rctx) })
 	return rt, nil
 }

@@ -287,11 +287,11 @@ func qemuPid(l Layout, vm string) int {
 	return pid
 }
 
-// readStatus reads the demo host's status from the status branch of the
-// bare repository.
+// readStatus reads the demo host's status from its host branch in the
+// bare repository, where the agent writes it.
 func readStatus(t *testing.T, l Layout) *status.Status {
 	t.Helper()
-	out, err := gitShow(l.Repo(), "gitfleet/status:"+status.Path(HostName))
+	out, err := gitShow(l.Repo(), status.HostBranch(HostName)+":"+status.Path(HostName))
 	if err != nil {
 		return nil
 	}

@@ -1,7 +1,7 @@
 // Package e2etest is what the end-to-end tests (e2e, e2e/systemd) share:
 // pushing to a fleet repository as a person would, and reading what the
 // controller and the agent wrote to its branches (a host's snapshot on
-// gitfleet/snapshots, its status on gitfleet/status) straight from the
+// gitfleet/snapshots, its status on gitfleet/hosts/<host>) straight from the
 // bare repository with git.
 package e2etest
 
@@ -46,11 +46,12 @@ func Show(bare, branch, path string) ([]byte, bool) {
 	return out, err == nil
 }
 
-// Status is host's status file on gitfleet/status, nil before its agent
-// wrote one; a file that does not parse fails the test.
+// Status is host's status file on its host branch (gitfleet/hosts/<host>,
+// where its agent writes it), nil before its agent wrote one; a file that
+// does not parse fails the test.
 func Status(t testing.TB, bare, host string) *status.Status {
 	t.Helper()
-	b, ok := Show(bare, agent.StatusBranch, status.Path(host))
+	b, ok := Show(bare, status.HostBranch(host), status.Path(host))
 	if !ok {
 		return nil
 	}

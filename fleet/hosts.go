@@ -1,0 +1,157 @@
+package fleet
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// statusCopies are the host files of the status branch that differ from
+// their host branch's: host → the host branch's tip, and whether any of
+// them says something new (an event) rather than only a later heartbeat.
+type statusCopies struct {
+	tips  map[string]string
+	event bool
+}
+
+// readStatuses reads every host's status: from its host branch
+// (status.HostBranchPrefix, all fetched with one glob fetch), or, for a
+// host without one, from its file on the status branch, where an agent of
+// the old layout writes (docs/DESIGN.md, Branches and files: migration).
+// It returns a name of what was read (the tips), the reports sorted by
+// host, and the copies on the status branch that lag their host branch.
+func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, statusCopies, error) {
+	var cp statusCopies
+	statusTip, err := c.fetch(ctx, c.tips, c.cfg.StatusBranch)
+	if err != nil && !errors.Is(err, gitsource.ErrBranchNotFound) {
+		return "", nil, cp, err // gitsource names the branch and the remote
+	}
+	start := time.Now()
+	branches, err := c.tips.FetchPrefix(ctx, status.HostBranchPrefix)
+	c.metrics.gitOp(GitFetch, time.Since(start), err != nil)
+	if err != nil {
+		return "", nil, cp, err
+	}
+	hostTips := map[string]string{}
+	trees := map[string]desired.Tree{}
+	for b, tip := range branches {
+		host, ok := status.HostFromBranch(b)
+		if !ok {
+			continue // gitfleet/hosts/a/b: no host's branch
+		}
+		tree, err := c.tips.Tree(tip, "")
+		if err != nil {
+			return "", nil, cp, fmt.Errorf("read tree of %s at %s: %w", b, desired.Hash(tip).Short(), err)
+		}
+		hostTips[host], trees[host] = tip, tree
+	}
+	var statusTree desired.Tree = status.BranchFiles(nil)
+	if statusTip != "" {
+		if statusTree, err = c.tips.Tree(statusTip, ""); err != nil {
+			return "", nil, cp, fmt.Errorf("read tree of %s: %w", desired.Hash(statusTip).Short(), err)
+		}
+	}
+	read, err := c.statuses.ReadTrees(statusTree, status.BranchFiles(trees))
+	if err != nil {
+		return "", nil, cp, err
+	}
+	onBranch, live := read[0], read[1]
+	copies := make(map[string]status.Report, len(onBranch))
+	for _, rep := range onBranch {
+		copies[rep.Host] = rep
+	}
+	reports := live
+	seen := make(map[string]bool, len(live))
+	for _, rep := range live {
+		seen[rep.Host] = true
+	}
+	for _, rep := range onBranch {
+		if !seen[rep.Host] {
+			reports = append(reports, rep) // the old layout's file
+		}
+	}
+	sort.Slice(reports, func(i, j int) bool { return reports[i].Host < reports[j].Host })
+	cp = c.lagging(live, copies, hostTips)
+	return tipsName(statusTip, hostTips), reports, cp, nil
+}
+
+// lagging compares each host branch's status with its copy on the status
+// branch: a copy missing or saying something else is an event; one behind
+// only in heartbeat and observedAt is not.
+func (c *Controller) lagging(live []status.Report, copies map[string]status.Report, hostTips map[string]string) statusCopies {
+	cp := statusCopies{tips: map[string]string{}}
+	keep := make(map[string]string, len(live))
+	for _, rep := range live {
+		old, ok := copies[rep.Host]
+		if ok && old.ID == rep.ID {
+			continue
+		}
+		cp.tips[rep.Host] = hostTips[rep.Host]
+		if !ok || rep.Status == nil || old.Status == nil || c.eventKey(old, keep) != c.eventKey(rep, keep) {
+			cp.event = true
+		}
+	}
+	c.eventKeys = keep
+	return cp
+}
+
+// eventKey is a digest of what rep's status says but for heartbeat and
+// observedAt, cached by blob hash (keep collects this pass's entries).
+func (c *Controller) eventKey(rep status.Report, keep map[string]string) string {
+	if k, ok := keep[rep.ID]; ok {
+		return k
+	}
+	k, ok := c.eventKeys[rep.ID]
+	if !ok {
+		data, err := status.EventKey(rep.Status)
+		if err != nil {
+			k = "unencodable " + rep.ID
+		} else {
+			sum := sha256.Sum256(data)
+			k = hex.EncodeToString(sum[:])
+		}
+	}
+	keep[rep.ID] = k
+	return k
+}
+
+// tipsName names the status branch tip and every host branch tip in one
+// string, for the skip key.
+func tipsName(statusTip string, hostTips map[string]string) string {
+	if len(hostTips) == 0 {
+		return statusTip
+	}
+	lines := make([]string, 0, len(hostTips))
+	for h, tip := range hostTips {
+		lines = append(lines, h+" "+tip)
+	}
+	sort.Strings(lines)
+	sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
+	return statusTip + "+" + hex.EncodeToString(sum[:])
+}
+
+// copyFiles reads the host branch files of cp, to write on the status
+// branch as they are.
+func (c *Controller) copyFiles(cp statusCopies) (map[string][]byte, error) {
+	files := make(map[string][]byte, len(cp.tips))
+	for host, tip := range cp.tips {
+		data, err := c.tips.ReadFileMax(tip, status.Path(host), status.MaxFileBytes)
+		if errors.Is(err, gitsource.ErrFileTooLarge) {
+			continue // refused as that host's status error; never copied
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s of %s: %w", status.Path(host), status.HostBranch(host), err)
+		}
+		files[status.Path(host)] = data
+	}
+	return files, nil
+}

@@ -1,0 +1,477 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/internal/peakrss"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// statusFleetScale is the shape of BenchmarkStatusFleet, from the
+// environment (defaults in brackets: a run that fits go test -bench):
+//
+//	GITFLEET_BENCH_HOSTS     simulated hosts [20]
+//	GITFLEET_BENCH_DURATION  how long the hosts write [15s]
+//	GITFLEET_BENCH_HEARTBEAT each host's heartbeat [2s]
+//	GITFLEET_BENCH_EVENT     each host's real change (a VM message) [6s]
+//
+// The fleet of the issue is 1,000 hosts for 5 minutes at a 60 s heartbeat
+// with one change per host every 10 minutes:
+//
+//	GITFLEET_BENCH_HOSTS=1000 GITFLEET_BENCH_DURATION=5m GITFLEET_BENCH_HEARTBEAT=60s \
+//	GITFLEET_BENCH_EVENT=10m go test ./fleet -run '^$' -bench StatusFleet -benchtime 1x -timeout 30m
+type statusFleetScale struct {
+	hosts                      int
+	duration, heartbeat, event time.Duration
+}
+
+func statusFleetScaleFromEnv(b *testing.B) statusFleetScale {
+	s := statusFleetScale{hosts: 20, duration: 15 * time.Second, heartbeat: 2 * time.Second, event: 6 * time.Second}
+	if v := os.Getenv("GITFLEET_BENCH_HOSTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("GITFLEET_BENCH_HOSTS=%q: want a positive number", v)
+		}
+		s.hosts = n
+	}
+	for name, d := range map[string]*time.Duration{
+		"GITFLEET_BENCH_DURATION": &s.duration, "GITFLEET_BENCH_HEARTBEAT": &s.heartbeat, "GITFLEET_BENCH_EVENT": &s.event,
+	} {
+		if v := os.Getenv(name); v != "" {
+			p, err := time.ParseDuration(v)
+			if err != nil || p <= 0 {
+				b.Fatalf("%s=%q: want a positive duration", name, v)
+			}
+			*d = p
+		}
+	}
+	return s
+}
+
+// simHost is one simulated host: the agents' real status writer on its own
+// depth-1 clone, writing a heartbeat every heartbeat and a real change
+// (its VM's message) every event.
+type simHost struct {
+	name   string
+	writer *status.Writer
+	st     status.Status
+	// events is the number of changes written; heartbeat the heartbeat of
+	// the last write that succeeded.
+	events    int
+	heartbeat uint64
+	failed    int
+}
+
+// BenchmarkStatusFleet runs many simulated hosts, each writing its own
+// host branch with status.Writer in its own goroutine, against git
+// http-backend, while a controller runs passes over all their statuses as
+// Run does (one at least every 2 s). It prints the p99 status write
+// latency, lost updates (a host branch, or its copy on the status branch,
+// without the host's last write or a change missing from history: must be
+// 0), commits kept per host per day (extrapolated, events only), the
+// status branch's commits, the controller's pass times over N statuses and
+// the peak RSS of this process (hosts, controller and all). Shape:
+// statusFleetScale. Run it with -benchtime 1x.
+func BenchmarkStatusFleet(b *testing.B) {
+	scale := statusFleetScaleFromEnv(b)
+	for i := 0; i < b.N; i++ {
+		runStatusFleet(b, scale)
+	}
+}
+
+func runStatusFleet(b *testing.B, scale statusFleetScale) {
+	dir := fleetRepo(b, scale.hosts)
+	url := gittest.Serve(b, filepath.Dir(dir)) + "/" + filepath.Base(dir)
+	ctx := context.Background()
+	c, err := New(Config{URL: url, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.Pass(ctx); err != nil {
+		b.Fatal(err)
+	}
+
+	hosts := make([]*simHost, scale.hosts)
+	for i := range hosts {
+		name := fmt.Sprintf("hv-%04d", i)
+		repo, err := gitsource.Open(ctx, gitsource.Options{URL: url, Depth: 1, Logger: quietLogger()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		hosts[i] = &simHost{name: name, writer: &status.Writer{Repo: repo, Host: name},
+			st: status.Status{Host: name, Agent: status.AgentInfo{Version: "bench", BootID: "b", Accel: "tcg"},
+				VMs: []status.VM{{Name: "vm-" + name, Phase: status.PhaseReady, Power: "running"}}}}
+	}
+	// Every host writes once, spread over one heartbeat, before the
+	// measurement starts: the first commit of a branch is no growth.
+	var wg sync.WaitGroup
+	for _, h := range hosts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(rand.N(scale.heartbeat))
+			if err := h.write(ctx, nil); err != nil {
+				b.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if b.Failed() {
+		return
+	}
+	keptBefore := keptCommits(b, dir)
+	statusBefore := countCommits(b, dir, DefaultStatusBranch)
+
+	var mu sync.Mutex
+	var latencies []time.Duration
+	record := func(d time.Duration) {
+		mu.Lock()
+		latencies = append(latencies, d)
+		mu.Unlock()
+	}
+	runCtx, stop := context.WithTimeout(ctx, scale.duration)
+	defer stop()
+	self0, git0 := cpuTimes()
+	start := time.Now()
+	for _, h := range hosts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.run(runCtx, scale, record)
+		}()
+	}
+	var passes []time.Duration
+	var passErrs int
+	for runCtx.Err() == nil {
+		t0 := time.Now()
+		if _, err := c.Pass(ctx); err != nil {
+			passErrs++
+			b.Logf("pass: %v", err)
+		}
+		passes = append(passes, time.Since(t0))
+		select {
+		case <-runCtx.Done():
+		case <-time.After(time.Until(t0.Add(statusGap))):
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	self1, git1 := cpuTimes()
+	// One more pass sees every last write; a change is copied at once.
+	t0 := time.Now()
+	final, err := c.Pass(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	finalPass := time.Since(t0)
+
+	lost := lostUpdates(b, dir, hosts)
+	keptAfter := keptCommits(b, dir)
+	statusAfter := countCommits(b, dir, DefaultStatusBranch)
+	writes, failed, events := len(latencies), 0, 0
+	for _, h := range hosts {
+		failed += h.failed
+		events += h.events
+	}
+	perDay := float64(24*time.Hour) / float64(elapsed)
+	sort.Slice(latencies, func(i, j int) bool { return latencies[i] < latencies[j] })
+	sort.Slice(passes, func(i, j int) bool { return passes[i] < passes[j] })
+	rss, _ := peakrss.Self()
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+	b.ReportMetric(float64(scale.hosts), "hosts")
+	b.ReportMetric(ms(percentile(latencies, 0.99)), "p99-write-ms")
+	b.ReportMetric(ms(percentile(latencies, 0.50)), "p50-write-ms")
+	b.ReportMetric(float64(lost), "lost-updates")
+	b.ReportMetric(float64(keptAfter-keptBefore)/float64(scale.hosts)*perDay, "kept-commits/host/day")
+	b.ReportMetric(float64(statusAfter-statusBefore)*perDay, "status-commits/day")
+	b.ReportMetric(ms(percentile(passes, 0.50)), "p50-pass-ms")
+	b.ReportMetric(ms(percentile(passes, 1)), "max-pass-ms")
+	b.ReportMetric(float64(rss)/1024, "peak-rss-MB")
+	perWrite := func(d time.Duration) float64 { return ms(d) / float64(max(writes, 1)) }
+	b.ReportMetric(perWrite(git1-git0), "git-cpu-ms/write")
+	b.ReportMetric(perWrite(self1-self0), "self-cpu-ms/write")
+	b.Logf("%d hosts for %v (heartbeat %v, a change every %v): %d writes (%d failed), %d changes; p50 %.0f ms, p99 %.0f ms, max %.0f ms per write",
+		scale.hosts, elapsed.Round(time.Second), scale.heartbeat, scale.event, writes, failed, events,
+		ms(percentile(latencies, 0.5)), ms(percentile(latencies, 0.99)), ms(percentile(latencies, 1)))
+	b.Logf("lost updates: %d; commits kept on the host branches: %d → %d (%.1f per host per day); status branch: %d → %d commits (%.0f per day)",
+		lost, keptBefore, keptAfter, float64(keptAfter-keptBefore)/float64(scale.hosts)*perDay, statusBefore, statusAfter, float64(statusAfter-statusBefore)*perDay)
+	b.Logf("CPU per status write: %.1f ms in git (http-backend and the git it runs), %.1f ms in this process (hosts and controller); the machine's load average when done: %s",
+		perWrite(git1-git0), perWrite(self1-self0), loadAverage())
+	b.Logf("controller: %d passes over %d statuses (%d failed): p50 %.0f ms, max %.0f ms; final pass %.0f ms (status branch written: %v); peak RSS of the process %d MB",
+		len(passes), scale.hosts, passErrs, ms(percentile(passes, 0.5)), ms(percentile(passes, 1)), ms(finalPass), final.SummaryWritten, rss/1024)
+	if lost > 0 || failed > 0 {
+		b.Errorf("%d lost updates, %d failed writes", lost, failed)
+	}
+}
+
+// write writes h's status once (an event when event is set), recording
+// its latency.
+func (h *simHost) write(ctx context.Context, record func(time.Duration)) error {
+	h.st.Heartbeat = h.heartbeat + 1
+	h.st.ObservedAt = time.Now().UTC().Truncate(time.Second)
+	t0 := time.Now()
+	out, err := h.writer.Write(ctx, &h.st)
+	if record != nil {
+		record(time.Since(t0))
+	}
+	if err != nil {
+		h.failed++
+		return fmt.Errorf("%s: %w", h.name, err)
+	}
+	h.heartbeat = out.Heartbeat
+	return nil
+}
+
+// run writes h's heartbeats and changes until ctx ends. A write under way
+// when it ends is finished (its outcome counts), not cut short.
+func (h *simHost) run(ctx context.Context, scale statusFleetScale, record func(time.Duration)) {
+	nextEvent := time.Now().Add(rand.N(scale.event))
+	for {
+		wait := scale.heartbeat*9/10 + rand.N(scale.heartbeat/5+1)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if !time.Now().Before(nextEvent) {
+			h.events++
+			h.st.VMs[0].Message = fmt.Sprintf("change %d", h.events)
+			nextEvent = nextEvent.Add(scale.event)
+		}
+		_ = h.write(context.Background(), record)
+	}
+}
+
+// lostUpdates counts hosts whose branch tip lacks their last write, whose
+// copy on the status branch lacks their last change, or whose branch's
+// history lacks one of their changes.
+func lostUpdates(b *testing.B, dir string, hosts []*simHost) int {
+	lost := 0
+	statusTip := gittest.Rev(b, dir, "refs/heads/"+DefaultStatusBranch)
+	messages := branchMessages(b, dir)
+	for _, h := range hosts {
+		tip, err := status.Parse(h.name, []byte(gittest.Show(b, dir, "refs/heads/"+status.HostBranch(h.name), status.Path(h.name))+"\n"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		cp, err := status.Parse(h.name, []byte(gittest.Show(b, dir, statusTip, status.Path(h.name))+"\n"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		want := h.st.VMs[0].Message
+		switch {
+		case tip.Heartbeat != h.heartbeat || tip.VMs[0].Message != want:
+			b.Logf("%s: branch has heartbeat %d %q, last write %d %q", h.name, tip.Heartbeat, tip.VMs[0].Message, h.heartbeat, want)
+			lost++
+		case cp.VMs[0].Message != want:
+			b.Logf("%s: status branch copy has %q, last change %q", h.name, cp.VMs[0].Message, want)
+			lost++
+		case messages[h.name].events != h.events+1:
+			b.Logf("%s: %d changes in history, want %d and the first write", h.name, messages[h.name].events-1, h.events)
+			lost++
+		}
+	}
+	return lost
+}
+
+// hostHistory counts one host branch's commits: events (no heartbeat
+// trailer) and heartbeat-only ones, and whether its tip is heartbeat-only.
+type hostHistory struct {
+	events, heartbeats int
+	tipHeartbeat       bool
+}
+
+// branchMessages reads the history of every host branch with one git log.
+func branchMessages(b *testing.B, dir string) map[string]*hostHistory {
+	out := map[string]*hostHistory{}
+	refs := gittest.Git(b, dir, "for-each-ref", "--format=%(refname:short) %(objectname)", "refs/heads/"+status.HostBranchPrefix)
+	tips := map[string]bool{}
+	for _, line := range strings.Split(refs, "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			tips[f[1]] = true
+		}
+	}
+	log := gittest.Git(b, dir, "log", "--branches="+status.HostBranchPrefix+"*", "--format=%H%x00%s%x00%b%x01")
+	for _, rec := range strings.Split(log, "\x01") {
+		f := strings.Split(strings.TrimSpace(rec), "\x00")
+		if len(f) != 3 {
+			continue
+		}
+		subject := strings.Fields(f[1]) // status: HOST heartbeat N
+		if len(subject) < 2 {
+			continue
+		}
+		host := subject[1]
+		hh := out[host]
+		if hh == nil {
+			hh = &hostHistory{}
+			out[host] = hh
+		}
+		if status.IsHeartbeatOnly(f[2]) {
+			hh.heartbeats++
+			hh.tipHeartbeat = hh.tipHeartbeat || tips[f[0]]
+		} else {
+			hh.events++
+		}
+	}
+	return out
+}
+
+// keptCommits is the number of commits the host branches' histories keep:
+// all but a heartbeat-only tip (the next write replaces it).
+func keptCommits(b *testing.B, dir string) int {
+	n := 0
+	for _, hh := range branchMessages(b, dir) {
+		n += hh.events + hh.heartbeats
+		if hh.tipHeartbeat {
+			n--
+		}
+	}
+	return n
+}
+
+func countCommits(b *testing.B, dir, branch string) int {
+	n, err := strconv.Atoi(gittest.Git(b, dir, "rev-list", "--count", "refs/heads/"+branch))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// loadAverage is the first three fields of /proc/loadavg.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// percentile is the p-th (0..1) of sorted durations.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// fleetRepo makes a bare repository whose main branch holds hosts Host
+// objects and one VM on each, in one commit (git fast-import).
+func fleetRepo(b testing.TB, hosts int) string {
+	b.Helper()
+	dir := gittest.NewBare(b)
+	var s bytes.Buffer
+	s.WriteString("commit refs/heads/main\ncommitter Bench <bench@example.com> 1764471600 +0000\ndata 11\nbig fleet\n\n")
+	file := func(p, content string) {
+		fmt.Fprintf(&s, "M 100644 inline %s\ndata %d\n%s\n", p, len(content), content)
+	}
+	for h := 0; h < hosts; h++ {
+		name := fmt.Sprintf("hv-%04d", h)
+		file("hosts/"+name+".yaml", hostYAML(name))
+		file("vms/vm-"+name+".yaml", vmYAML("vm-"+name, name, 1))
+	}
+	cmd := exec.Command("git", "fast-import", "--quiet")
+	cmd.Dir = dir
+	cmd.Stdin = &s
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("fast-import: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// BenchmarkStatusPass is the controller's pass over the statuses of many
+// hosts (GITFLEET_BENCH_HOSTS, default 1,000), each on its own host
+// branch, served by git http-backend: the first pass, which copies every
+// status to the status branch; a pass after a heartbeat of every host
+// (read, held back: no commit); and a pass after one host's change (read
+// and copied at once). The host branches are written with git fast-import,
+// not by simulated agents, so the figure is the controller's alone; it
+// prints each pass's time and the peak RSS of the process.
+func BenchmarkStatusPass(b *testing.B) {
+	hosts := 1000
+	if v := os.Getenv("GITFLEET_BENCH_HOSTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("GITFLEET_BENCH_HOSTS=%q: want a positive number", v)
+		}
+		hosts = n
+	}
+	dir := fleetRepo(b, hosts)
+	url := gittest.Serve(b, filepath.Dir(dir)) + "/" + filepath.Base(dir)
+	ctx := context.Background()
+	for i := 0; i < b.N; i++ {
+		writeHostBranches(b, dir, hosts, uint64(1+2*i), "")
+		c, err := New(Config{URL: url, Logger: quietLogger()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		timed := func(what string, wantWritten bool) {
+			t0 := time.Now()
+			res, err := c.Pass(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if res.SummaryWritten != wantWritten {
+				b.Fatalf("%s: status branch written %v, want %v", what, res.SummaryWritten, wantWritten)
+			}
+			b.Logf("%s over %d statuses: %v", what, hosts, time.Since(t0).Round(time.Millisecond))
+		}
+		timed("first pass (publish, copy every status)", true)
+		timed("pass on its own write", false)
+		writeHostBranches(b, dir, hosts, uint64(2+2*i), "")
+		timed("pass after a heartbeat of every host (held back)", false)
+		writeHostBranches(b, dir, 1, uint64(3+2*i), "changed")
+		timed("pass after one host's change (copied)", true)
+		c.Close()
+	}
+	rss, _ := peakrss.Self()
+	b.ReportMetric(float64(rss)/1024, "peak-rss-MB")
+}
+
+// writeHostBranches writes the first n hosts' statuses, with heartbeat hb
+// and message on their VM, as one commit on each host branch (one git
+// fast-import).
+func writeHostBranches(b *testing.B, dir string, n int, hb uint64, message string) {
+	b.Helper()
+	var s bytes.Buffer
+	for h := 0; h < n; h++ {
+		name := fmt.Sprintf("hv-%04d", h)
+		data, err := status.Marshal(&status.Status{Host: name, Heartbeat: hb, ObservedAt: time.Unix(int64(hb), 0).UTC(),
+			VMs: []status.VM{{Name: "vm-" + name, Phase: status.PhaseReady, Power: "running", Message: message}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ref := "refs/heads/" + status.HostBranch(name)
+		fmt.Fprintf(&s, "commit %s\ncommitter Bench <bench@example.com> %d +0000\ndata 7\nstatus\n", ref, 1764471600+hb)
+		if hb > 1 {
+			fmt.Fprintf(&s, "from %s^0\n", ref)
+		}
+		fmt.Fprintf(&s, "M 100644 inline %s\ndata %d\n%s\n\n", status.Path(name), len(data), data)
+	}
+	cmd := exec.Command("git", "fast-import", "--quiet", "--force")
+	cmd.Dir = dir
+	cmd.Stdin = &s
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("fast-import: %v\n%s", err, out)
+	}
+}

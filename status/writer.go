@@ -1,0 +1,150 @@
+package status
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/gitfleet/gitfleet/gitsource"
+)
+
+// Writer writes one host's status to its host branch (HostBranch), the
+// agent's only write target: history grows with events, not with time.
+//
+// A write whose status differs from the one at the tip only in Heartbeat
+// and ObservedAt is heartbeat-only: its commit carries HeartbeatTrailer.
+// Any write on a heartbeat-only tip replaces it (same parent,
+// compare-and-swap from the old tip; gitsource.Write.ReplaceTip): the tip
+// said nothing its parent did not, but for the heartbeat, which the new
+// commit carries on. So an idle host's branch holds its last event and one
+// heartbeat commit on top, and an event lands right after the previous
+// one. A commit without the trailer (a phase, an ack, an error, an epoch)
+// is never replaced: every event stays in history. With AppendOnly, or once the remote
+// refused a replacement (gitsource.ErrNonFastForward: a git host that
+// forbids non-fast-forward updates), every write is a new commit.
+//
+// Each write builds on the tip this Writer's Repo last saw
+// (gitsource.Repo.EditOwn): one round trip with the remote, the push, when
+// nothing else wrote the branch.
+//
+// The first Write of a Writer whose branch does not exist yet reads
+// OldBranch (the shared status branch of the old layout) once: the
+// heartbeat continues from the host's old file there, so it never goes
+// back. Write calls must not overlap (the agent serializes them).
+type Writer struct {
+	Repo *gitsource.Repo
+	Host string
+	// Branch defaults to HostBranch(Host).
+	Branch string
+	// OldBranch is read once for the migration from the shared status
+	// branch; empty: not read.
+	OldBranch  string
+	AppendOnly bool
+
+	migrated  bool
+	forbidden bool
+}
+
+// Written says what one Write did: the heartbeat the status was written
+// with, the new tip, whether the status was heartbeat-only and whether it
+// replaced the tip. Refused is set on the write that found the remote
+// refusing replacements (written appended instead; later writes append).
+type Written struct {
+	Heartbeat     uint64
+	Commit        string
+	HeartbeatOnly bool
+	Replaced      bool
+	Refused       bool
+}
+
+// Write writes st (not modified) with heartbeat st.Heartbeat, or one more
+// than the heartbeat at the tip when that is not below it. Errors are
+// git's (wrapped; ErrConflict after every attempt lost, ctx's) or
+// Marshal's.
+func (w *Writer) Write(ctx context.Context, st *Status) (Written, error) {
+	branch := w.Branch
+	if branch == "" {
+		branch = HostBranch(w.Host)
+	}
+	floor, err := w.migrate(ctx, branch)
+	if err != nil {
+		return Written{}, err
+	}
+	out, err := w.write(ctx, branch, st, floor, w.AppendOnly || w.forbidden)
+	if errors.Is(err, gitsource.ErrNonFastForward) {
+		w.forbidden = true
+		out, err = w.write(ctx, branch, st, floor, true)
+		out.Refused = true
+	}
+	return out, err
+}
+
+// write is one Edit of branch; replace allows replacing a heartbeat-only
+// tip.
+func (w *Writer) write(ctx context.Context, branch string, st *Status, floor uint64, appendOnly bool) (Written, error) {
+	path := Path(w.Host)
+	var out Written
+	c := *st
+	tip, err := w.Repo.EditOwn(ctx, branch, func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
+		c.Heartbeat = max(st.Heartbeat, floor)
+		var prev *Status
+		if old, err := read(path); err == nil {
+			prev, _ = Parse(path, old) // a broken file is replaced
+		} else if !errors.Is(err, gitsource.ErrFileNotFound) {
+			return gitsource.Write{}, err
+		}
+		if prev != nil && prev.Heartbeat >= c.Heartbeat {
+			c.Heartbeat = prev.Heartbeat + 1
+		}
+		data, err := Marshal(&c)
+		if err != nil {
+			return gitsource.Write{}, err
+		}
+		out = Written{Heartbeat: c.Heartbeat, HeartbeatOnly: SameExceptHeartbeat(prev, &c)}
+		msg := fmt.Sprintf("status: %s heartbeat %d", w.Host, c.Heartbeat)
+		if out.HeartbeatOnly {
+			msg += "\n\n" + HeartbeatTrailer + "\n"
+		}
+		out.Replaced = !appendOnly && tip != nil && len(tip.Parents) == 1 && IsHeartbeatOnly(tip.Message)
+		return gitsource.Write{Files: map[string][]byte{path: data}, Message: msg, ReplaceTip: out.Replaced}, nil
+	})
+	if err != nil {
+		return out, fmt.Errorf("write status %s to %s: %w", path, branch, err)
+	}
+	out.Commit = tip
+	return out, nil
+}
+
+// migrate reads the old layout once, when branch does not exist yet: the
+// heartbeat of the host's file on OldBranch, plus one (0 when none).
+func (w *Writer) migrate(ctx context.Context, branch string) (uint64, error) {
+	if w.migrated || w.OldBranch == "" {
+		return 0, nil
+	}
+	_, err := w.Repo.Fetch(ctx, branch)
+	if err == nil {
+		w.migrated = true
+		return 0, nil
+	}
+	if !errors.Is(err, gitsource.ErrBranchNotFound) {
+		return 0, fmt.Errorf("write status: %w", err)
+	}
+	tip, err := w.Repo.Fetch(ctx, w.OldBranch)
+	if errors.Is(err, gitsource.ErrBranchNotFound) {
+		w.migrated = true
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("write status: read the old layout: %w", err)
+	}
+	w.migrated = true
+	data, err := w.Repo.ReadFileMax(tip, Path(w.Host), MaxFileBytes)
+	if err != nil {
+		return 0, nil // nothing there (or nothing readable) to continue from
+	}
+	old, err := Parse(Path(w.Host), data)
+	if err != nil || old.Host != w.Host {
+		return 0, nil
+	}
+	return old.Heartbeat + 1, nil
+}

@@ -1,0 +1,159 @@
+package status_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+)
+
+// served is a bare repository (reached through git's own upload-pack and
+// receive-pack, the file transport) and an agent's depth-1 clone of it.
+func served(t *testing.T) (dir string, repo *gitsource.Repo) {
+	t.Helper()
+	dir = gittest.NewBare(t)
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: dir, Depth: 1})
+	require.NoError(t, err)
+	return dir, repo
+}
+
+// history lists the messages' first lines of branch, newest first.
+func history(t *testing.T, dir, branch string) []string {
+	return strings.Split(gittest.Git(t, dir, "log", "--format=%s", branch), "\n")
+}
+
+// History grows with events, not with time: a write replaces a
+// heartbeat-only tip, every change of what the status says (a phase, an
+// ack, an epoch) stays, and the heartbeat always grows.
+func TestWriterHistoryGrowsWithEvents(t *testing.T) {
+	dir, repo := served(t)
+	ctx := context.Background()
+	w := &status.Writer{Repo: repo, Host: "hv-a"}
+	branch := status.HostBranch("hv-a")
+	st := &status.Status{Host: "hv-a", LastSeenEpoch: 1}
+	write := func(hb uint64) status.Written {
+		t.Helper()
+		st.Heartbeat, st.ObservedAt = hb, time.Unix(int64(hb), 0).UTC()
+		out, err := w.Write(ctx, st)
+		require.NoError(t, err)
+		return out
+	}
+	first := write(1)
+	assert.Equal(t, status.Written{Heartbeat: 1, Commit: gittest.Rev(t, dir, branch)}, first, "the first write is an event")
+	out := write(2)
+	assert.True(t, out.HeartbeatOnly)
+	assert.False(t, out.Replaced, "an event tip is never replaced")
+	for hb := uint64(3); hb <= 6; hb++ {
+		out = write(hb)
+		assert.True(t, out.HeartbeatOnly && out.Replaced, "heartbeat %d: %+v", hb, out)
+	}
+	assert.Equal(t, []string{"status: hv-a heartbeat 6", "status: hv-a heartbeat 1"}, history(t, dir, branch))
+	st.VMs = []status.VM{{Name: "web-01", Phase: status.PhaseReady}}
+	out = write(7)
+	assert.False(t, out.HeartbeatOnly, "a phase is an event")
+	assert.True(t, out.Replaced, "an event replaces a heartbeat-only tip")
+	assert.False(t, write(8).Replaced, "an event tip is never replaced")
+	st.Destroyed = []string{"old-01"}
+	write(9)
+	write(10)
+	write(11)
+	st.LastSeenEpoch = 2
+	write(12)
+	assert.Equal(t, []string{
+		"status: hv-a heartbeat 12", "status: hv-a heartbeat 9", "status: hv-a heartbeat 7", "status: hv-a heartbeat 1",
+	}, history(t, dir, branch), "the events alone")
+	got, err := status.Parse("x", []byte(gittest.Show(t, dir, branch, status.Path("hv-a"))+"\n"))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(12), got.Heartbeat)
+	assert.Equal(t, []string{"old-01"}, got.Destroyed, "the ack is in the tip")
+	// The ack stayed in history too, in the commit that made it.
+	assert.Contains(t, gittest.Show(t, dir, branch+"~1", status.Path("hv-a")), "old-01")
+	assert.NotContains(t, gittest.Show(t, dir, branch+"~2", status.Path("hv-a")), "old-01")
+}
+
+// AppendOnly writes every status as a new commit; so does a Writer whose
+// remote refuses non-fast-forward updates, from the refusal on, without
+// losing the write that found it.
+func TestWriterAppendOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		appendOnly bool
+		deny       bool
+	}{{"configured", true, false}, {"refused by the remote", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, repo := served(t)
+			if tc.deny {
+				gittest.Git(t, dir, "config", "receive.denyNonFastForwards", "true")
+			}
+			w := &status.Writer{Repo: repo, Host: "hv-a", AppendOnly: tc.appendOnly}
+			refused := 0
+			for hb := uint64(1); hb <= 5; hb++ {
+				out, err := w.Write(context.Background(), &status.Status{Host: "hv-a", Heartbeat: hb})
+				require.NoError(t, err)
+				assert.False(t, out.Replaced)
+				if out.Refused {
+					refused++
+				}
+			}
+			assert.Equal(t, "5", gittest.Git(t, dir, "rev-list", "--count", status.HostBranch("hv-a")))
+			if tc.deny {
+				assert.Equal(t, 1, refused, "the refusal is met once")
+			}
+		})
+	}
+}
+
+// Migration: a host whose branch does not exist yet continues the
+// heartbeat of its file on the old shared status branch, read once.
+func TestWriterMigratesFromTheStatusBranch(t *testing.T) {
+	dir, repo := served(t)
+	ctx := context.Background()
+	old, err := status.Marshal(&status.Status{Host: "hv-a", Heartbeat: 40})
+	require.NoError(t, err)
+	_, err = repo.Update(ctx, status.Branch, func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		return map[string][]byte{status.Path("hv-a"): old}, "old agent", nil
+	})
+	require.NoError(t, err)
+	w := &status.Writer{Repo: repo, Host: "hv-a", OldBranch: status.Branch}
+	out, err := w.Write(ctx, &status.Status{Host: "hv-a", Heartbeat: 3})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(41), out.Heartbeat)
+	assert.Contains(t, gittest.Show(t, dir, status.HostBranch("hv-a"), status.Path("hv-a")), "heartbeat: 41")
+}
+
+// Host branch names, the trailer, and what counts as heartbeat-only.
+func TestHostBranchAndHeartbeatOnly(t *testing.T) {
+	for in, want := range map[string]string{
+		"gitfleet/hosts/hv-a": "hv-a", "gitfleet/hosts/": "", "gitfleet/hosts/a/b": "", "gitfleet/status": "", "hv-a": "",
+	} {
+		got, ok := status.HostFromBranch(in)
+		assert.Equal(t, want, got, in)
+		assert.Equal(t, want != "", ok, in)
+	}
+	assert.Equal(t, "hv-a", func() string { h, _ := status.HostFromBranch(status.HostBranch("hv-a")); return h }())
+	assert.True(t, status.IsHeartbeatOnly("status: hv-a heartbeat 3\n\n"+status.HeartbeatTrailer+"\n"))
+	assert.False(t, status.IsHeartbeatOnly("status: hv-a heartbeat 3 "+status.HeartbeatTrailer))
+	a := &status.Status{Host: "hv-a", Heartbeat: 1, ObservedAt: time.Unix(1, 0)}
+	b := &status.Status{Host: "hv-a", Heartbeat: 9, ObservedAt: time.Unix(9, 0), VMs: []status.VM{}}
+	assert.True(t, status.SameExceptHeartbeat(a, b), "heartbeat, observedAt and nil against empty lists")
+	for name, change := range map[string]func(*status.Status){
+		"phase":   func(s *status.Status) { s.VMs = []status.VM{{Name: "x", Phase: status.PhaseReady}} },
+		"ack":     func(s *status.Status) { s.Destroyed = []string{"x"} },
+		"epoch":   func(s *status.Status) { s.LastSeenEpoch = 2 },
+		"error":   func(s *status.Status) { s.SnapshotError = "refused" },
+		"fence":   func(s *status.Status) { s.FenceViolation = true },
+		"boot id": func(s *status.Status) { s.Agent.BootID = "b2" },
+	} {
+		c := *b
+		change(&c)
+		assert.False(t, status.SameExceptHeartbeat(a, &c), name)
+	}
+	assert.False(t, status.SameExceptHeartbeat(nil, a))
+}
