@@ -173,13 +173,18 @@ func TestEncryptedSecretReachesNoBranchNoLog(t *testing.T) {
 	code, out, errOut = runCLIStderr(t, "agent", "--config", cfg, "--once")
 	require.Equal(t, 0, code, out+errOut)
 	printed.WriteString(out + errOut)
-	st, err := status.Parse("hosts/hv-a.yaml", []byte(gittest.Show(t, bare, "refs/heads/gitfleet/status", "hosts/hv-a.yaml")+"\n"))
+	st, err := status.Parse("hosts/hv-a.yaml", []byte(gittest.Show(t, bare, "refs/heads/"+status.HostBranch("hv-a"), "hosts/hv-a.yaml")+"\n"))
 	require.NoError(t, err)
 	require.Len(t, st.VMs, 1)
 	assert.Equal(t, status.PhaseReady, st.VMs[0].Phase, "lastError: %s", st.VMs[0].LastError)
+	// A second pass copies the host's status onto gitfleet/status.
+	code, out, errOut = runCLIStderr(t, "controller", "--repo", bare, "--path", "fleet", "--once")
+	require.Equal(t, 0, code, out+errOut)
+	printed.WriteString(out + errOut)
+	gittest.Show(t, bare, "refs/heads/gitfleet/status", "hosts/hv-a.yaml")
 
 	refs := gittest.Git(t, bare, "for-each-ref", "--format=%(refname)")
-	for _, b := range []string{"refs/heads/main", "refs/heads/gitfleet/snapshots", "refs/heads/gitfleet/status"} {
+	for _, b := range []string{"refs/heads/main", "refs/heads/gitfleet/snapshots", "refs/heads/gitfleet/status", "refs/heads/" + status.HostBranch("hv-a")} {
 		require.Contains(t, refs, b, "the test proves nothing without every branch")
 	}
 	history := gittest.Git(t, bare, "log", "-p", "--all", "--format=%H %an %s%n%b")
