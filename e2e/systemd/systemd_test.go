@@ -331,6 +331,15 @@ func TestSystemdAgentUnit(t *testing.T) {
 		assert.Equal(t, before, vmsOf(f.status()), "%s: status VMs changed", step)
 	}
 
+	// Reload: `systemctl reload` (what gitfleet reconcile agent runs) goes
+	// through the unit's ExecReload to the running agent, which runs a
+	// pass at once and keeps every guest.
+	s.timed("systemctl", "reload", "gitfleet-agent")
+	f.waitFor("systemctl reload reaches the agent", func() (bool, string) {
+		return strings.Contains(s.journal("gitfleet-agent"), "reconcile requested"), "no reconcile request in the journal"
+	})
+	untouched("systemctl reload")
+
 	// Watchdog: a wedged agent (SIGSTOP) stops pinging; systemd kills it
 	// (WatchdogSignal, then the restart) and starts it again.
 	p = s.show("gitfleet-agent", "MainPID", "NRestarts", "WatchdogUSec")
