@@ -22,13 +22,9 @@ func TestShippedExamplesRead(t *testing.T) {
 	assert.Equal(t, "/etc/gitfleet/token", f.Repo.Auth.TokenFile)
 	assert.Equal(t, "/var/lib/gitfleet", f.StateDir)
 
-	c := DefaultController()
-	fl := NewFlags(pflag.NewFlagSet("controller", pflag.ContinueOnError))
+	c, fl := DefaultController(), NewFlags(pflag.NewFlagSet("controller", pflag.ContinueOnError))
 	c.Bind(fl)
-	known := map[string]bool{}
-	for _, b := range fl.vars {
-		known[b.env] = true
-	}
+	known := controllerVariables(t)
 	file, err := os.Open("../../examples/controller.env")
 	require.NoError(t, err)
 	defer file.Close()
@@ -47,4 +43,19 @@ func TestShippedExamplesRead(t *testing.T) {
 	require.NoError(t, sc.Err())
 	require.NoError(t, fl.FromEnv(mapEnv(env)))
 	assert.Equal(t, "https://git.example.com/infra/fleet.git", c.Repo.URL)
+}
+
+// controllerVariables is the set of GITFLEET_* variables the controller
+// reads.
+func controllerVariables(t *testing.T) map[string]bool {
+	t.Helper()
+	c, fl := DefaultController(), NewFlags(pflag.NewFlagSet("controller", pflag.ContinueOnError))
+	c.Bind(fl)
+	known := map[string]bool{}
+	for _, b := range fl.vars {
+		if b.env != "" {
+			known[b.env] = true
+		}
+	}
+	return known
 }

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -35,13 +34,7 @@ func TestOperatingGuideConfigRead(t *testing.T) {
 	assert.Equal(t, "127.0.0.1:9781", f.Listen)
 
 	// Every variable the guide sets for the controller.
-	c := DefaultController()
-	fl := NewFlags(pflag.NewFlagSet("controller", pflag.ContinueOnError))
-	c.Bind(fl)
-	known := map[string]bool{}
-	for _, b := range fl.vars {
-		known[b.env] = true
-	}
+	known := controllerVariables(t)
 	vars := regexp.MustCompile(`\bGITFLEET_[A-Z_]+=`).FindAllString(doc, -1)
 	require.NotEmpty(t, vars)
 	notController := map[string]bool{"GITFLEET_VERSION=": true} // the pull-request workflow's, not the controller's
