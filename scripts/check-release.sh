@@ -39,7 +39,9 @@ for arch in amd64 arm64; do
   for u in gitfleet-agent gitfleet-controller; do
     grep -q '^ExecStart=/usr/bin/gitfleet ' "$tmp/lib/systemd/system/$u.service" || fail "$deb: $u.service does not run /usr/bin/gitfleet"
   done
-  grep -q 'useradd --system.*gitfleet-qemu' "$tmp/DEBIAN/postinst" || fail "$deb: postinst does not create gitfleet-qemu"
+  # The useradd call spans lines: join them before matching.
+  sed -e ':a' -e '/\\$/N; s/\\\n//; ta' "$tmp/DEBIAN/postinst" | grep -q 'useradd --system.*gitfleet-qemu' ||
+    fail "$deb: postinst does not create gitfleet-qemu"
   sh -n "$tmp/DEBIAN/postinst" || fail "$deb: postinst is not valid sh"
   if [ "$arch" = "$("$GO" env GOARCH)" ]; then
     out=$("$tmp/usr/bin/gitfleet" version)
