@@ -8,9 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/gitfleet/gitfleet/internal/syncbuf"
 
 	"github.com/gitfleet/gitfleet/agent"
 )
@@ -100,24 +101,6 @@ func TestConsoleScanReadsOnlyTheCurrentBoot(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestSerialConsoleAcrossRestarts boots the tiny guest twice and attaches
 // a console to its serial port: the log keeps both boots, the console
 // reaches the guest, and a second console is refused.
@@ -164,7 +147,7 @@ func TestSerialConsoleAcrossRestarts(t *testing.T) {
 	}
 
 	in, feed := io.Pipe()
-	var out syncBuffer
+	var out syncbuf.Buffer
 	attached := make(chan error, 1)
 	go func() { attached <- AttachConsole(ctx, dir, in, &out) }()
 	const answer = "tinyguest: console hello-from-the-host"

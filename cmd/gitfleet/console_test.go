@@ -7,9 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/gitfleet/gitfleet/internal/syncbuf"
 
 	"github.com/gitfleet/gitfleet/agent/qemu"
 )
@@ -41,7 +42,7 @@ func TestConsoleCommand(t *testing.T) {
 		}
 	}()
 
-	out := &lockedBuffer{}
+	out := &syncbuf.Buffer{}
 	root := newRootCmd()
 	root.SetOut(out)
 	root.SetErr(&bytes.Buffer{})
@@ -68,28 +69,10 @@ func TestConsoleCommand(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for one writer and readers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // answerThenEscape reads as line, then, once out holds want, as Ctrl-].
 type answerThenEscape struct {
 	line string
-	out  *lockedBuffer
+	out  *syncbuf.Buffer
 	want string
 	sent bool
 }

@@ -10,10 +10,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gitfleet/gitfleet/internal/syncbuf"
 
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
@@ -256,24 +257,6 @@ func TestWatcherSettled(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for one writer and a concurrent reader.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // qemuPid is the live QEMU of a demo VM, or 0.
 func qemuPid(l Layout, vm string) int {
 	b, err := os.ReadFile(filepath.Join(l.State(), "vms", vm, qemu.PidFile))
@@ -338,7 +321,7 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 	// First run: settle, push "hello-2 stopped", see it land, stop.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	var out1 syncBuffer
+	var out1 syncbuf.Buffer
 	settled := make(chan *status.Status, 1)
 	cfg.Out = &out1
 	cfg.OnSettled = func(st *status.Status) { settled <- st }
@@ -426,7 +409,7 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 	// Second run: resume, keep.
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel2()
-	var out2 syncBuffer
+	var out2 syncbuf.Buffer
 	cfg.Out, cfg.Keep = &out2, true
 	cfg.OnSettled = func(st *status.Status) {
 		assert.Equal(t, status.PhaseReady, vmPhase(st, "hello-1"))
@@ -455,7 +438,7 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 	// publish to its finalization, each line after its cause.
 	ctx3, cancel3 := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel3()
-	var out3 syncBuffer
+	var out3 syncbuf.Buffer
 	cfg.Out, cfg.Keep, cfg.TombstoneGrace = &out3, false, time.Second
 	settled3 := make(chan struct{})
 	cfg.OnSettled = func(*status.Status) { close(settled3) }
