@@ -91,6 +91,9 @@ func (c *Controller) lagging(live []status.Report, copies map[string]status.Repo
 	cp := statusCopies{tips: map[string]string{}}
 	keep := make(map[string]string, len(live))
 	for _, rep := range live {
+		if errors.Is(rep.Err, status.ErrFileTooLarge) {
+			continue // never copied (copyFiles): no copy can catch up
+		}
 		old, ok := copies[rep.Host]
 		if ok && old.ID == rep.ID {
 			continue

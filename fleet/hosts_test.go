@@ -119,3 +119,24 @@ func TestHostBranchSpeaksForItsHostOnly(t *testing.T) {
 		}
 	}
 }
+
+// A host branch whose status file is over the size limit is never copied,
+// so it must not count as a copy lagging with news: the other hosts'
+// heartbeats stay held back for the interval as before.
+func TestOversizedHostStatusHoldsNoHeartbeatBack(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.c.cfg.SummaryInterval = 10 * time.Minute
+	gittest.Commit(t, e.dir, gittest.Edit{Branch: status.HostBranch("hv-b"),
+		Write: map[string]string{status.Path("hv-b"): strings.Repeat("#", status.MaxFileBytes+1)}})
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1})
+	e.pass()
+	e.pass()
+	tip := gittest.Rev(t, e.dir, "refs/heads/"+DefaultStatusBranch)
+	for hb := uint64(2); hb <= 4; hb++ {
+		e.clock.Add(time.Minute)
+		writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: hb, LastSeenEpoch: 1})
+		if res := e.pass(); res.SummaryWritten || gittest.Rev(t, e.dir, "refs/heads/"+DefaultStatusBranch) != tip {
+			t.Fatalf("heartbeat %d was written within the interval because of hv-b's oversized file: %+v", hb, res)
+		}
+	}
+}
