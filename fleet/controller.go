@@ -710,6 +710,15 @@ func (c *Controller) fetch(ctx context.Context, repo *gitsource.Repo, branch str
 	return tip, err
 }
 
+// fetchPrefix is repo.FetchPrefix of prefix, timed for the metrics as a
+// fetch.
+func (c *Controller) fetchPrefix(ctx context.Context, repo *gitsource.Repo, prefix string) (map[string]string, error) {
+	start := time.Now()
+	tips, err := repo.FetchPrefix(ctx, prefix)
+	c.metrics.gitOp(GitFetch, time.Since(start), err != nil)
+	return tips, err
+}
+
 // update is repo.Update of branch with mutate, timed for the metrics as a
 // push; an error of mutate itself (the controller's, not git's) is not
 // counted as git's failure.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
@@ -35,9 +34,7 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 	if err != nil && !errors.Is(err, gitsource.ErrBranchNotFound) {
 		return "", nil, cp, err // gitsource names the branch and the remote
 	}
-	start := time.Now()
-	branches, err := c.tips.FetchPrefix(ctx, status.HostBranchPrefix)
-	c.metrics.gitOp(GitFetch, time.Since(start), err != nil)
+	branches, err := c.fetchPrefix(ctx, c.tips, status.HostBranchPrefix)
 	if err != nil {
 		return "", nil, cp, err
 	}
