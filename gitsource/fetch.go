@@ -368,10 +368,10 @@ func (r *Repo) FetchPrefix(ctx context.Context, prefix string) (map[string]strin
 				return nil, fmt.Errorf("fetch %s*: repair cache after %v: %w", prefix, lastErr, err)
 			}
 		}
-		tips, err := r.fetchPrefixOnce(ctx, prefix)
-		if err == nil && len(tips) > 0 && r.maintain(ctx, someBranch(tips)) {
+		tips, fetched, err := r.fetchPrefixOnce(ctx, prefix)
+		if err == nil && fetched && len(tips) > 0 && r.maintain(ctx, someBranch(tips)) {
 			// A fresh clone: fetch again, so the tips returned are in it.
-			tips, err = r.fetchPrefixOnce(ctx, prefix)
+			tips, _, err = r.fetchPrefixOnce(ctx, prefix)
 		}
 		if err == nil {
 			return tips, nil
@@ -388,12 +388,14 @@ func (r *Repo) FetchPrefix(ctx context.Context, prefix string) (map[string]strin
 	return nil, fmt.Errorf("fetch %s* from %s: %w", prefix, redactURL(r.url), lastErr)
 }
 
-// fetchPrefixOnce is one glob fetch of prefix and the check of its tips.
-func (r *Repo) fetchPrefixOnce(ctx context.Context, prefix string) (map[string]string, error) {
+// fetchPrefixOnce is one glob fetch of prefix and the check of its tips;
+// fetched is whether the remote sent anything (cache upkeep follows only
+// then, as for Fetch).
+func (r *Repo) fetchPrefixOnce(ctx context.Context, prefix string) (tips map[string]string, fetched bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	spec := config.RefSpec("+refs/heads/" + prefix + "*:" + trackingRef(prefix).String() + "*")
-	err := r.remote(ctx, func(ctx context.Context) error {
+	err = r.remote(ctx, func(ctx context.Context) error {
 		return r.repo.FetchContext(ctx, &git.FetchOptions{
 			RemoteName:   remoteName,
 			RefSpecs:     []config.RefSpec{spec},
@@ -405,18 +407,20 @@ func (r *Repo) fetchPrefixOnce(ctx context.Context, prefix string) (map[string]s
 		})
 	})
 	switch {
-	case err == nil, errors.Is(err, git.NoErrAlreadyUpToDate):
+	case err == nil:
+		fetched = true
+	case errors.Is(err, git.NoErrAlreadyUpToDate):
 	case errors.Is(err, transport.ErrEmptyRemoteRepository):
-		return map[string]string{}, nil
+		return map[string]string{}, false, nil
 	default:
-		return nil, err
+		return nil, false, err
 	}
 	iter, err := r.st.IterReferences()
 	if err != nil {
-		return nil, fmt.Errorf("%w: list tracking refs of %s*: %v", ErrObjectMissing, prefix, err)
+		return nil, false, fmt.Errorf("%w: list tracking refs of %s*: %v", ErrObjectMissing, prefix, err)
 	}
 	tracking := trackingRef(prefix).String()
-	tips := map[string]string{}
+	tips = map[string]string{}
 	err = iter.ForEach(func(ref *plumbing.Reference) error {
 		name := ref.Name().String()
 		if ref.Type() != plumbing.HashReference || !strings.HasPrefix(name, tracking) {
@@ -426,14 +430,14 @@ func (r *Repo) fetchPrefixOnce(ctx context.Context, prefix string) (map[string]s
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: list tracking refs of %s*: %v", ErrObjectMissing, prefix, err)
+		return nil, false, fmt.Errorf("%w: list tracking refs of %s*: %v", ErrObjectMissing, prefix, err)
 	}
 	for _, tip := range tips {
 		if err := r.verifyCommit(plumbing.NewHash(tip)); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
-	return tips, nil
+	return tips, fetched, nil
 }
 
 // repairPrefix drops the tracking refs of prefix, so the next fetch
