@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gitfleet/gitfleet/internal/safetext"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -160,7 +161,7 @@ func (d *nodeDecoder) scalarTime(n *yaml.Node, v reflect.Value, field string) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, n.Value)
 	if err != nil {
-		d.add(nodePos(n), field, "must be a time such as 2006-01-02T15:04:05Z (RFC 3339), got %q", truncate(n.Value, 40))
+		d.add(nodePos(n), field, "must be a time such as 2006-01-02T15:04:05Z (RFC 3339), got %q", safetext.Truncate(n.Value, 40))
 		return
 	}
 	v.Set(reflect.ValueOf(t))

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gitfleet/gitfleet/internal/redact"
+	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/internal/sealed"
 )
 
@@ -109,15 +110,8 @@ func (d *nodeDecoder) artifact(field, u, sum string) {
 		}
 	}
 	if d.required(field+".sha256") && !sha256RE.MatchString(sum) {
-		d.add(d.valPos(field+".sha256"), field+".sha256", "must be 64 lowercase hex digits (the file's sha256), got %d characters %q", len(sum), truncate(sum, 70))
+		d.add(d.valPos(field+".sha256"), field+".sha256", "must be 64 lowercase hex digits (the file's sha256), got %d characters %q", len(sum), safetext.Truncate(sum, 70))
 	}
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "..."
-	}
-	return s
 }
 
 // checkURL reports why u is not a fetchable artifact URL, or "".
@@ -169,7 +163,7 @@ func (d *nodeDecoder) check(o *object) {
 	for k, v := range labels {
 		f := "metadata.labels." + k
 		if len(k) > MaxNameLength || !labelKeyRE.MatchString(k) {
-			d.add(d.keyPos(f), f, "label key %q must be 1 to %d letters, digits, '-', '_', '.' or '/', starting and ending with a letter or digit", truncate(k, 70), MaxNameLength)
+			d.add(d.keyPos(f), f, "label key %q must be 1 to %d letters, digits, '-', '_', '.' or '/', starting and ending with a letter or digit", safetext.Truncate(k, 70), MaxNameLength)
 		}
 		if len(v) > 253 {
 			d.add(d.valPos(f), f, "label value is %d characters; at most 253", len(v))
@@ -362,7 +356,7 @@ func (d *nodeDecoder) checkHost(s *HostSpec) {
 				continue
 			}
 			if len(n.Bridge) > MaxBridgeLength || !bridgeRE.MatchString(n.Bridge) {
-				d.add(d.valPos(bf), bf, "%q is not a Linux interface name (1 to %d letters, digits, '-', '_' or '.')", truncate(n.Bridge, 70), MaxBridgeLength)
+				d.add(d.valPos(bf), bf, "%q is not a Linux interface name (1 to %d letters, digits, '-', '_' or '.')", safetext.Truncate(n.Bridge, 70), MaxBridgeLength)
 			} else if strings.HasPrefix(n.Bridge, ManagedBridgePrefix) {
 				d.add(d.valPos(bf), bf, "%q starts with %q, the prefix of the bridges the agent makes for nat networks; name your own bridge otherwise", n.Bridge, ManagedBridgePrefix)
 			}

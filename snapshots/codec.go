@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/safetext"
 )
 
 // MarshalSnapshot encodes s as the YAML of hosts/<host>.yaml: two-space
@@ -56,7 +57,7 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 		f := fmt.Sprintf("vms[%d]", i)
 		if doc.Required(f+".specHash") && doc.Required(f+".spec") {
 			if want := desired.SpecHash(vm.Spec); vm.SpecHash != want {
-				doc.Errorf(f+".specHash", "%q does not match the spec, whose hash is %s", truncate(string(vm.SpecHash), 70), want)
+				doc.Errorf(f+".specHash", "%q does not match the spec, whose hash is %s", safetext.Truncate(string(vm.SpecHash), 70), want)
 			}
 		}
 	}
@@ -83,12 +84,4 @@ func checkNames[T any](doc *desired.Document, field, what string, list []T, name
 		}
 		seen[name] = true
 	}
-}
-
-// truncate shortens s to n bytes and "..." for a message.
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "..."
-	}
-	return s
 }

@@ -68,3 +68,13 @@ func Lines(s string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// Truncate shortens s to its first n bytes and "..." for a message that
+// quotes it (with %q, so a rune cut in two is escaped, not garbled); s of
+// at most n bytes is returned as it is.
+func Truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}

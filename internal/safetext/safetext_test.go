@@ -42,3 +42,19 @@ func TestLinesCutsAt50WithACount(t *testing.T) {
 	assert.Less(t, len(got), 4096)
 	assert.Equal(t, "one\ntwo", Lines("one\ntwo\n"))
 }
+
+func TestTruncate(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"abc", 3, "abc"},
+		{"abcd", 3, "abc..."},
+		{"", 0, ""},
+	} {
+		if got := Truncate(tc.s, tc.n); got != tc.want {
+			t.Errorf("Truncate(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		}
+	}
+}
