@@ -273,6 +273,7 @@ func TestMalformedFlags(t *testing.T) {
 	for _, tc := range []struct{ kind, flag, value, want string }{
 		{"duration", "--git-timeout", "5x", "invalid duration"},
 		{"URL", "--repo", "http://[::1", "invalid URL"},
+		{"URL with ~", "--repo", "~/fleet", "invalid URL: ~ is not expanded"},
 		{"path", "--cache-dir", "~/cache", "invalid path"},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {

@@ -26,8 +26,8 @@ func parseDuration(s string) (time.Duration, error) {
 // checkURL accepts what gitsource opens: a URL (file, http(s), ssh, git),
 // scp-like user@host:path, or a local path.
 func checkURL(s string) error {
-	if err := checkPath(s); err != nil {
-		return errors.New("invalid URL: it holds a NUL byte")
+	if p := pathProblem(s); p != "" {
+		return errors.New("invalid URL: " + p)
 	}
 	if _, err := transport.NewEndpoint(s); err != nil {
 		return fmt.Errorf("invalid URL: %s", urlReason(err))
@@ -48,13 +48,22 @@ func urlReason(err error) string {
 // checkPath refuses what is never a usable path: a NUL byte, and a leading
 // ~, which no shell expanded (systemd's Environment= and YAML do not).
 func checkPath(s string) error {
-	switch {
-	case strings.ContainsRune(s, 0):
-		return errors.New("invalid path: it holds a NUL byte")
-	case strings.HasPrefix(s, "~"):
-		return errors.New("invalid path: ~ is not expanded here; give the full path")
+	if p := pathProblem(s); p != "" {
+		return errors.New("invalid path: " + p)
 	}
 	return nil
+}
+
+// pathProblem is what is wrong with s as a local path (a URL may be one),
+// or "".
+func pathProblem(s string) string {
+	switch {
+	case strings.ContainsRune(s, 0):
+		return "it holds a NUL byte"
+	case strings.HasPrefix(s, "~"):
+		return "~ is not expanded here; give the full path"
+	}
+	return ""
 }
 
 // A kind of string value with its check, for flags and variables.
