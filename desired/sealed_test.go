@@ -263,4 +263,8 @@ func TestFindHostRecipient(t *testing.T) {
 			t.Errorf("%s: %v, want %q", host, err, want)
 		}
 	}
+	twice := writeTree(t, withFiles(sealedFleet(t, r, r, "x"), map[string]string{"more/hv-a.yaml": "kind: Host\nmetadata: {name: hv-a}\nspec: {ageRecipient: " + r + "}\n"}))
+	if _, _, err := FindHostRecipient(DirTree(twice), "hv-a"); err == nil || !strings.Contains(err.Error(), `Host "hv-a" is defined 2 times`) {
+		t.Errorf("a Host defined twice: %v", err)
+	}
 }

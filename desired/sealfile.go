@@ -33,7 +33,7 @@ func DecodeVMFile(file string, data []byte) (*VM, error) {
 func FindHostRecipient(t Tree, host string) (recipient, file string, err error) {
 	found := 0
 	err = t.Walk(func(f File) error {
-		if f.Mode == Symlink || !isYAML(f.Path) || hiddenPath(f.Path) {
+		if (f.Mode != Regular && f.Mode != Executable) || !isYAML(f.Path) || hidden(f.Path) {
 			return nil
 		}
 		data, err := f.Read()
@@ -67,17 +67,6 @@ func FindHostRecipient(t Tree, host string) (recipient, file string, err error) 
 		return "", file, fmt.Errorf("Host %q (%s) names no spec.ageRecipient: set it to the public key its agent's identity holds (gitfleet age-keygen prints it)", host, file)
 	}
 	return recipient, file, nil
-}
-
-// hiddenPath reports whether a slash-separated path has a part starting
-// with ".", which Load skips.
-func hiddenPath(p string) bool {
-	for _, part := range strings.Split(p, "/") {
-		if strings.HasPrefix(part, ".") {
-			return true
-		}
-	}
-	return false
 }
 
 // SetEncryptedUserData returns the VM object file data with enc written as
