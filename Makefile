@@ -1,15 +1,14 @@
 # gitfleet: `make demo` and `make test` are the two commands a new user runs.
 GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
-LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+LDFLAGS := -X main.version=$(VERSION)
 
 .PHONY: all build deps test vet demo bench release clean
 
 all: build
 
 build:
-	$(GO) build -ldflags '$(LDFLAGS)' -o bin/gitfleet ./cmd/gitfleet
+	$(GO) build -buildvcs=true -ldflags '$(LDFLAGS)' -o bin/gitfleet ./cmd/gitfleet
 
 deps:
 	./scripts/install-deps.sh

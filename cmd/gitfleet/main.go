@@ -19,10 +19,11 @@ import (
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
-// version and commit are set at build time by the Makefile with -ldflags
-// "-X main.version=... -X main.commit=..."; without them buildVersion reads
-// what the Go toolchain recorded (the module version of go install
-// …@vX.Y.Z, the vcs.revision of a build in a git checkout).
+// version is set at build time by the Makefile and scripts/release.sh
+// with -ldflags "-X main.version=..."; commit only by a packager building
+// outside git ("-X main.commit=..."). Without them buildVersion reads what
+// the Go toolchain recorded (the module version of go install …@vX.Y.Z,
+// the vcs.revision and vcs.modified of a build in a git checkout).
 var (
 	version = "dev"
 	commit  = ""
