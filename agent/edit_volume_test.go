@@ -2,11 +2,15 @@ package agent_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 
-	"github.com/gitfleet/gitfleet/agent"
 	"testing"
 
+	"github.com/gitfleet/gitfleet/agent"
+
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/agent/agenttest"
 	"github.com/gitfleet/gitfleet/status"
@@ -44,4 +48,31 @@ func TestAFailedEditRevertedAndAskedAgainIsNotSilent(t *testing.T) {
 	r = row(t, f.step(snap(4, bad)), "web-01")
 	assert.Equal(t, good.SpecHash, r.SpecHash)
 	assert.NotEmpty(t, r.LastError, "the edit is not applied, and status must say so")
+}
+
+// An edit onto a volume whose link points at nothing waits as a create
+// does: the VM runs on, no attempt is spent however many ticks pass, and
+// the edit applies once the link's target is there.
+func TestAnEditOntoADanglingVolumeLinkWaits(t *testing.T) {
+	f := newFixture(t)
+	good := vm("web-01")
+	f.step(withVolumes(snap(1, good), vol("data", 1)))
+	require.NoError(t, os.Remove(f.store.VolumePath("data")))
+	target := filepath.Join(f.dir, "elsewhere", "data.img")
+	require.NoError(t, os.Symlink(target, f.store.VolumePath("data")))
+	edit := withVolumes(snap(2, vm("web-01", volumes("data"))), vol("data", 1))
+	for i := 0; i < 5; i++ {
+		r := row(t, f.step(edit), "web-01")
+		assert.Equal(t, status.PhaseReady, r.Phase, "the VM runs on")
+		assert.Contains(t, r.LastError, "keeps its previous spec")
+	}
+	assert.Zero(t, f.record("web-01").Attempts, "no attempt spent while the link points at nothing")
+	assert.False(t, f.record("web-01").Failed)
+
+	require.NoError(t, os.MkdirAll(filepath.Dir(target), 0o700))
+	require.NoError(t, os.WriteFile(target, nil, 0o600))
+	require.NoError(t, os.Truncate(target, 1<<30))
+	r := row(t, f.step(edit), "web-01")
+	assert.Equal(t, status.PhaseReady, r.Phase, r.LastError)
+	assert.Empty(t, r.LastError, "the edit applied")
 }

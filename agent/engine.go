@@ -58,13 +58,22 @@ var (
 	// agent never creates one). A create or an edit that meets it waits: it
 	// is checked again on every tick, spends no attempt, and the VM comes
 	// up at the first tick after the bridge appears.
-	ErrNetworkMissing = errors.New("waiting for it; checked again every tick, no create attempt spent")
+	ErrNetworkMissing = errors.New("waiting for it; checked again every tick, no attempt spent")
 	// ErrVolumeUnusable: something is at a volume's path but it cannot be
 	// attached: a symlink to nothing (checked again on every tick, spends
 	// no create attempt) or not a regular file (a permanent error). The
 	// agent never deletes or replaces what is there.
 	ErrVolumeUnusable = errors.New("volume path holds no usable file")
 )
+
+// waitsForHost reports whether err is something the host lacks for now
+// and a person provides (a volume, a bridge, a dangling volume link made
+// good): a create or an edit that meets it is checked again every tick
+// and spends no attempt.
+func waitsForHost(err error) bool {
+	return errors.Is(err, ErrVolumeMissing) || errors.Is(err, ErrNetworkMissing) ||
+		(errors.Is(err, ErrVolumeUnusable) && !IsPermanent(err))
+}
 
 // EngineConfig configures an Engine. Zero values take the defaults noted.
 type EngineConfig struct {

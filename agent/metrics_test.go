@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -78,7 +79,13 @@ func TestEngineMetrics(t *testing.T) {
 	assert.Equal(t, float64(1<<30), value(t, reg, "gitfleet_agent_image_cache_bytes"), "the size the last collection kept")
 	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_image_cache_removed_total"))
 
-	f.step(suspended(snap(4, vm("web-01"), vm("db-01", stopped)), "maintenance"))
+	// An edit that fails for good is not a create attempt.
+	p.FailAlways(agenttest.OpStage, agent.Permanent(errors.New("fetch kernel: sha256 mismatch")))
+	assert.Contains(t, row(t, f.step(snap(4, vm("web-01", vcpus(4)), vm("db-01", stopped))), "web-01").LastError, "edit to spec")
+	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_create_attempts_total", "result", "failed"), "the failed edit counted as a create")
+	p.FailAlways(agenttest.OpStage, nil)
+
+	f.step(suspended(snap(5, vm("web-01"), vm("db-01", stopped)), "maintenance"))
 	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_suspended"), "a suspended host says so")
 
 	f.step(snap(2, vm("web-01")))

@@ -375,15 +375,15 @@ func (p *vmPass) create() {
 		return // the agent is stopping: neither an attempt nor a record write
 	case errors.Is(err, ErrCapacity):
 		rec.Phase = status.PhaseFailed
-	case errors.Is(err, ErrVolumeMissing), errors.Is(err, ErrNetworkMissing):
+	case waitsForHost(err):
 		// Waits for the volume or the bridge: checked again every tick,
-		// no attempt spent; it comes up at the tick after it appears.
+		// no attempt spent; it comes up at the tick after it appears. A
+		// volume link to nothing is shown failed with why until fixed.
 		rec.Phase = status.PhaseCreating
+		if errors.Is(err, ErrVolumeUnusable) {
+			rec.Phase = status.PhaseFailed
+		}
 	case errors.Is(err, ErrUserDataSealed):
-		rec.Phase = status.PhaseFailed
-	case errors.Is(err, ErrVolumeUnusable) && !IsPermanent(err):
-		// A symlink to nothing: shown as failed with why, checked again
-		// every tick, no attempt spent; fixing the link resumes the create.
 		rec.Phase = status.PhaseFailed
 	case IsPermanent(err):
 		p.e.cfg.Metrics.create(false)
@@ -603,10 +603,11 @@ func (p *vmPass) edit() bool {
 }
 
 // editFailed records why an edit was not applied and what it costs, as
-// create does for a create: the watchdog, capacity, a missing volume or
-// bridge spend no attempt, a
-// permanent error fails the edit at once, any other spends one of the
-// budget. A failed edit is not tried again until the spec changes.
+// create does for a create: the watchdog, capacity and what the host
+// lacks for now (waitsForHost) spend no attempt, a permanent error fails
+// the edit at once, any other spends one of the budget. A failed edit is
+// not tried again until the spec changes. Edits are not create attempts:
+// the create metrics do not count them.
 func (p *vmPass) editFailed(step string, err error) {
 	rec := p.rec
 	msg := fmt.Sprintf("edit to spec %.12s not applied; the VM keeps its previous spec: %s: %v", p.want.SpecHash, step, err)
@@ -614,10 +615,9 @@ func (p *vmPass) editFailed(step string, err error) {
 	switch {
 	case p.watchdogFired():
 		msg = "watchdog: " + msg
-	case p.e.ctx.Err() != nil, errors.Is(err, ErrCapacity), errors.Is(err, ErrVolumeMissing), errors.Is(err, ErrNetworkMissing):
+	case p.e.ctx.Err() != nil, errors.Is(err, ErrCapacity), waitsForHost(err):
 		// Waits, as a create does: checked again every tick, no attempt.
 	case IsPermanent(err):
-		p.e.cfg.Metrics.create(false)
 		rec.Attempts++
 		rec.Failed = true
 		log.Error("edit failed permanently; the vm keeps its previous spec")
