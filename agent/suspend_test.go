@@ -28,7 +28,17 @@ func TestSuspendedHostActsOnNothing(t *testing.T) {
 	gittest.NeedGit(t)
 	bare := gittest.NewBare(t)
 	clk := newClock()
-	h := newHostAgent(t, bare, clk, func(c *agent.EngineConfig) { c.TombstoneGrace = time.Minute })
+	// The provisioner also reconciles networks and collects images, so
+	// that a suspension leaving them alone is seen.
+	var watch netsAndImages
+	h := newHostAgent(t, bare, clk, func(c *agent.EngineConfig) {
+		c.TombstoneGrace = time.Minute
+		watch = netsAndImages{
+			netRecorder: &netRecorder{Provisioner: c.Provisioner.(*agenttest.Provisioner)},
+			images:      &collecting{Provisioner: c.Provisioner.(*agenttest.Provisioner)},
+		}
+		c.Provisioner = watch
+	})
 	publish(t, bare, withVolumes(snap(1, vm("web-01"), vm("db-01", volumes("data")), vm("old-01"), vm("gone-01")), vol("data", 1)))
 	require.NoError(t, h.once())
 	// gone-01 is deleted and shut down (quarantined) before the suspension.
@@ -36,6 +46,10 @@ func TestSuspendedHostActsOnNothing(t *testing.T) {
 	require.NoError(t, h.once())
 	require.Equal(t, 3, h.prov.RunningCount())
 	h.prov.ResetCalls()
+	_, _, netCalls := watch.last()
+	require.NotZero(t, netCalls, "networks are reconciled while not suspended")
+	imageCalls := len(watch.images.calls())
+	require.NotZero(t, imageCalls, "images are collected while not suspended")
 
 	// Suspended, with a delete, an edit, a create, a new volume and a
 	// guest that crashed: nothing is done about any of them.
@@ -47,6 +61,9 @@ func TestSuspendedHostActsOnNothing(t *testing.T) {
 	clk.Add(time.Hour) // past the tombstone grace
 	require.NoError(t, h.once())
 	assert.Empty(t, h.prov.AllCalls(), "a suspended host acts on nothing")
+	_, _, n := watch.last()
+	assert.Equal(t, netCalls, n, "no network is reconciled while suspended")
+	assert.Len(t, watch.images.calls(), imageCalls, "no image is collected while suspended")
 	assert.True(t, h.prov.Running("web-01"))
 	assert.True(t, h.prov.Running("old-01"), "a tombstone waits while the host is suspended")
 	_, err := os.Stat(mustStore(t, h.dir).VolumePath("logs"))
@@ -116,4 +133,15 @@ func TestReconcileNowRunsAPassAtOnce(t *testing.T) {
 	<-ticked
 	require.NoError(t, h.eng.Settle(ctx))
 	assert.Equal(t, []string{"web-01"}, h.prov.Calls(agenttest.OpBoot), "the crashed guest is booted by the requested pass")
+}
+
+// netsAndImages is a provisioner that records its network reconciles and
+// its image collections.
+type netsAndImages struct {
+	*netRecorder
+	images *collecting
+}
+
+func (n netsAndImages) CollectImages(ctx context.Context, vms []agent.Machine, grace time.Duration) (agent.ImageCollection, error) {
+	return n.images.CollectImages(ctx, vms, grace)
 }
