@@ -81,6 +81,9 @@ func runEncrypt(stdin io.Reader, out io.Writer, a encryptArgs) error {
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
+	if len(plain) > sealed.MaxPlaintext {
+		return &exitError{code: 1, err: fmt.Errorf("user-data is more than %d bytes; at most that is encrypted", sealed.MaxPlaintext)}
+	}
 	if probs := desired.CheckUserData(plain); len(probs) > 0 {
 		var b strings.Builder
 		for _, p := range probs {
@@ -96,12 +99,9 @@ func runEncrypt(stdin io.Reader, out io.Writer, a encryptArgs) error {
 	if err != nil {
 		return &exitError{code: 1, err: fmt.Errorf("recipient of host %s in %s: %w", host, filepath.Join(a.repo, a.path), err)}
 	}
-	if _, err := sealed.ParseRecipient(recipient); err != nil {
-		return &exitError{code: 1, err: fmt.Errorf("%s: spec.ageRecipient: %w", hostFile, err)}
-	}
-	ct, err := sealed.Seal(recipient, plain)
+	ct, err := sealed.Seal(recipient, plain) // past the size check, only the recipient can be wrong
 	if err != nil {
-		return &exitError{code: 1, err: err}
+		return &exitError{code: 1, err: fmt.Errorf("%s: spec.ageRecipient: %w", hostFile, err)}
 	}
 	res, err := desired.SetEncryptedUserData(a.vmFile, data, desired.EncryptedUserData{Recipient: recipient, Ciphertext: ct})
 	if err != nil {
@@ -130,7 +130,12 @@ func encryptPlaintext(stdin io.Reader, a encryptArgs, vm *desired.VM) ([]byte, e
 		}
 		return b, nil
 	case a.userData != "":
-		b, err := os.ReadFile(a.userData)
+		f, err := os.Open(a.userData)
+		if err != nil {
+			return nil, fmt.Errorf("read user-data: %w", err)
+		}
+		defer f.Close()
+		b, err := io.ReadAll(io.LimitReader(f, sealed.MaxPlaintext+1))
 		if err != nil {
 			return nil, fmt.Errorf("read user-data: %w", err)
 		}

@@ -1,6 +1,7 @@
 package sealed
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -184,5 +185,25 @@ func BenchmarkOpen(b *testing.B) {
 		if _, err := keys.Open(ct); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// MaxPlaintext bytes seal and open; one more is refused by Seal.
+func TestSealBoundsThePlaintext(t *testing.T) {
+	path, recipient := newIdentityFile(t, 0o600)
+	keys, err := LoadKeyring(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	most := bytes.Repeat([]byte("x"), MaxPlaintext)
+	ct, err := Seal(recipient, most)
+	if err != nil {
+		t.Fatalf("Seal of MaxPlaintext bytes: %v", err)
+	}
+	if plain, err := keys.Open(ct); err != nil || !bytes.Equal(plain, most) {
+		t.Fatalf("Open of MaxPlaintext bytes: %d bytes, %v", len(plain), err)
+	}
+	if _, err := Seal(recipient, append(most, 'x')); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Fatalf("Seal of MaxPlaintext+1 bytes: %v, want refused", err)
 	}
 }
