@@ -629,10 +629,7 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 // appliedRange is the first-parent commits from head back to the commit l
 // applied (see appliedRange), kept for the next pass on the same pair.
 func (c *Controller) appliedRange(l *snapshots.Ledger, head string) ([]*gitsource.Commit, bool, error) {
-	applied := ""
-	if l.Applied != nil {
-		applied = string(l.Applied.Commit)
-	}
+	applied := string(l.AppliedHash())
 	key := applied + " " + head
 	if key == c.rangeKey {
 		return c.rangeVal, c.rangeTrunc, nil
@@ -653,10 +650,7 @@ func (c *Controller) verifier(l *snapshots.Ledger, head string) func() error {
 		return nil
 	}
 	return func() error {
-		applied := ""
-		if l.Applied != nil {
-			applied = string(l.Applied.Commit)
-		}
+		applied := string(l.AppliedHash())
 		key := applied + " " + head
 		if key == c.sigKey {
 			return c.sigErr
@@ -741,10 +735,7 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 // pass), or when that commit cannot be read (a force-push dropped it),
 // the loader has no baseline and reports the later path.
 func (c *Controller) setBaseline() {
-	var applied desired.Hash
-	if c.ledger != nil && c.ledger.Applied != nil {
-		applied = c.ledger.Applied.Commit
-	}
+	applied := c.ledger.AppliedHash()
 	if applied == c.baseline {
 		return
 	}

@@ -341,3 +341,12 @@ func (l *Ledger) Host(name string) *HostRecord {
 	}
 	return rec
 }
+
+// AppliedHash is the last desired-state commit the controller applied
+// (applied.commit), or "" when there is none; a nil ledger has none.
+func (l *Ledger) AppliedHash() desired.Hash {
+	if l == nil || l.Applied == nil {
+		return ""
+	}
+	return l.Applied.Commit
+}

@@ -128,3 +128,17 @@ func TestParseLedgerYAMLErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestLedgerAppliedHash(t *testing.T) {
+	var none *Ledger
+	if got := none.AppliedHash(); got != "" {
+		t.Errorf("nil ledger: %q", got)
+	}
+	if got := (&Ledger{}).AppliedHash(); got != "" {
+		t.Errorf("nothing applied: %q", got)
+	}
+	l := &Ledger{Applied: &AppliedCommit{Commit: "0123456789abcdef0123456789abcdef01234567"}}
+	if got := l.AppliedHash(); got != "0123456789abcdef0123456789abcdef01234567" {
+		t.Errorf("applied: %q", got)
+	}
+}

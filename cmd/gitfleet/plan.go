@@ -164,7 +164,7 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 	warnings = append(warnings, baseWarnings...)
 	// A name defined twice is reported at the file the change added,
 	// relative to the commit the fleet runs (else to the base).
-	baseline := appliedCommit(ledger)
+	baseline := string(ledger.AppliedHash())
 	if baseline == "" {
 		baseline = baseCommit
 	}
@@ -208,7 +208,7 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 func planBase(ctx context.Context, src planSource, rev string, ledger *snapshots.Ledger) (string, *desired.Fleet, []string, error) {
 	if emptyBase(rev) {
 		what := "base " + desired.Hash(rev).Short() + " is empty (a first commit: nothing before it): every object of head shows as a create"
-		if applied := appliedCommit(ledger); applied != "" {
+		if applied := string(ledger.AppliedHash()); applied != "" {
 			what += fmt.Sprintf("; note that the controller already applied %s, which this plan does not compare with", desired.Hash(applied).Short())
 		}
 		return "", nil, []string{what}, nil
@@ -225,7 +225,7 @@ func planBase(ctx context.Context, src planSource, rev string, ledger *snapshots
 		return commit, f, nil, nil
 	}
 	what := fmt.Sprintf("base %s does not validate (%s)", rev, plural(len(list), "error", "errors"))
-	if applied := appliedCommit(ledger); applied != "" {
+	if applied := string(ledger.AppliedHash()); applied != "" {
 		if _, af, aerr := src.load(ctx, applied); aerr == nil {
 			return commit, af, []string{fmt.Sprintf("%s; planned against %s, the last commit the controller applied", what, desired.Hash(applied).Short())}, nil
 		}
@@ -275,15 +275,6 @@ func label(rev, commit string) string {
 		return commit
 	}
 	return rev + " (" + desired.Hash(commit).Short() + ")"
-}
-
-// appliedCommit is the last desired-state commit the controller applied
-// (applied.commit of ledger.yaml); "" when there is none.
-func appliedCommit(l *snapshots.Ledger) string {
-	if l.Applied == nil {
-		return ""
-	}
-	return string(l.Applied.Commit)
 }
 
 // pendingDeletes lists the tombstones the controller published (the
