@@ -35,6 +35,8 @@ type Controller struct {
 	reg        *prometheus.Registry
 
 	kick chan struct{}
+	// health is the pass loop's progress, for Healthz.
+	health health
 	// locks are held on the cache directories New opened (see Close).
 	locks []*cacheLock
 
@@ -200,12 +202,15 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	// Both resolve heads only: the cache does not grow. The status branch
 	// moves for agents of the old layout.
 	statusCh := either(c.repo.WatchPrefix(ctx, status.HostBranchPrefix, interval), c.repo.Watch(ctx, c.cfg.StatusBranch, interval))
+	c.health.started.Store(c.clock().UnixNano())
 	for {
 		started := time.Now()
 		_, _ = c.Pass(ctx) // Pass logs what a person needs
 		c.mu.Lock()
 		wait := backoff(interval, c.failures)
 		c.mu.Unlock()
+		c.health.lastPass.Store(c.clock().UnixNano())
+		c.health.maxWait.Store(int64(wait + wait/2)) // jittered below
 		wait = wait/2 + time.Duration(rand.Int64N(int64(wait)+1))
 		t := time.NewTimer(wait)
 		select {

@@ -149,7 +149,7 @@ func runController(ctx context.Context, ctl *fleet.Controller, c *config.Control
 	return err
 }
 
-// serveHTTP serves the webhooks and /metrics on c.Listen.
+// serveHTTP serves the webhooks, /metrics and /healthz on c.Listen.
 func serveHTTP(ctl *fleet.Controller, c *config.Controller, log *logrus.Logger) (*httpserve.Server, error) {
 	if c.WebhookSecret == "" {
 		log.Warn("no webhook secret: /hooks/* refuse every request")
@@ -157,6 +157,7 @@ func serveHTTP(ctl *fleet.Controller, c *config.Controller, log *logrus.Logger) 
 	mux := http.NewServeMux()
 	mux.Handle("/hooks/", fleet.WebhookHandler([]byte(c.WebhookSecret), ctl.Kick))
 	mux.Handle("/metrics", promhttp.HandlerFor(ctl.Registry(), promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", ctl.Healthz)
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return nil, &exitError{code: 2, err: fmt.Errorf("--listen %s: %w", c.Listen, err)}
@@ -167,6 +168,6 @@ func serveHTTP(ctl *fleet.Controller, c *config.Controller, log *logrus.Logger) 
 			log.WithError(err).Error("http server")
 		}
 	}()
-	log.WithField("addr", ln.Addr().String()).Info("serving webhooks and metrics")
+	log.WithField("addr", ln.Addr().String()).Info("serving webhooks, /metrics and /healthz")
 	return srv, nil
 }

@@ -135,7 +135,7 @@ func (c *Controller) Bind(f *Flags) {
 	f.String(&c.Path, "path", "GITFLEET_PATH", "directory of the objects in the repository; default the root")
 	f.Path(&c.CacheDir, "cache-dir", "GITFLEET_CACHE_DIR", "directory for the local clone, kept between runs; default a private temporary directory removed at exit")
 	f.Duration(&c.Interval, "interval", "GITFLEET_INTERVAL", "poll interval, jittered")
-	f.String(&c.Listen, "listen", "GITFLEET_LISTEN", "address for webhooks and /metrics, such as "+fleet.DefaultListen+"; off when empty")
+	f.String(&c.Listen, "listen", "GITFLEET_LISTEN", "address for webhooks, /metrics and /healthz, such as "+fleet.DefaultListen+"; off when empty")
 	f.String(&c.WebhookSecret, "webhook-secret", "GITFLEET_WEBHOOK_SECRET", "webhook secret; better set the variable")
 	f.Duration(&c.AbandonGrace, "abandon-grace", "GITFLEET_ABANDON_GRACE", "how long a delete waits on an offline host before the controller finalizes it")
 	f.Duration(&c.GitTimeout, "git-timeout", "GITFLEET_GIT_TIMEOUT", "bound of each git operation (fetch, ls-remote, push) on every transport")
