@@ -2,15 +2,16 @@ package main
 
 import (
 	"fmt"
-
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/inmem"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/internal/config"
 )
@@ -45,6 +46,9 @@ a console is attached.`,
 		}
 		if _, err := os.Stat(dir); err != nil {
 			return fmt.Errorf("console: no VM %s on this host (%s): %w", args[0], root, err)
+		}
+		if _, err := os.Stat(filepath.Join(root, inmem.StateFile)); err == nil {
+			return fmt.Errorf("console: %s is run by the memory backend (%s), which runs no guest: there is no console to attach to", args[0], filepath.Join(root, inmem.StateFile))
 		}
 		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM)
 		defer stop()

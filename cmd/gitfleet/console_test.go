@@ -12,6 +12,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/internal/syncbuf"
 
+	"github.com/gitfleet/gitfleet/agent/inmem"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 )
 
@@ -87,4 +88,20 @@ func (a *answerThenEscape) Read(p []byte) (int, error) {
 	}
 	p[0] = qemu.ConsoleEscape
 	return 1, nil
+}
+
+// The memory backend runs no guest: console says so instead of asking
+// whether the VM runs.
+func TestConsoleOnTheMemoryBackend(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "vms", "web-01"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, inmem.StateFile), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCLIStderr(t, "console", "web-01", "--state-dir", root)
+	if code != 1 || !strings.Contains(errOut, "run by the memory backend") || !strings.Contains(errOut, "no console to attach to") {
+		t.Errorf("exit %d:\n%s", code, errOut)
+	}
 }

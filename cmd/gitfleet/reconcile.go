@@ -50,7 +50,7 @@ gitfleet's agent or controller. A suspended host's pass still acts on
 nothing.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 || (args[0] != "agent" && args[0] != "controller") {
-				return &exitError{code: 2, err: fmt.Errorf("reconcile takes agent or controller, got %q", args)}
+				return &exitError{code: 2, err: fmt.Errorf("reconcile takes one argument, agent or controller (usage: gitfleet reconcile agent|controller [--pid PID]), got %s", describeArgs(args))}
 			}
 			return nil
 		},
@@ -62,7 +62,12 @@ nothing.`,
 			unit := "gitfleet-" + which + ".service"
 			out, err := exec.CommandContext(cmd.Context(), "systemctl", "reload", unit).CombinedOutput()
 			if err != nil {
-				return fmt.Errorf("systemctl reload %s: %v: %s", unit, err, strings.TrimSpace(string(out)))
+				article := "a"
+				if which == "agent" {
+					article = "an"
+				}
+				return fmt.Errorf("systemctl reload %s: %v: %s (%s %s not run by systemd: gitfleet reconcile %s --pid PID)",
+					unit, err, strings.TrimSpace(string(out)), article, which, which)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "asked %s for a pass\n", unit)
 			return nil
@@ -77,6 +82,19 @@ nothing.`,
 		return nil
 	}
 	return cmd
+}
+
+// describeArgs names the arguments given, for a usage error: "none", or
+// each quoted.
+func describeArgs(args []string) string {
+	if len(args) == 0 {
+		return "none"
+	}
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = strconv.Quote(a)
+	}
+	return strings.Join(q, " ")
 }
 
 // checkGitfleetProcess refuses to signal pid unless its command line is
