@@ -44,6 +44,9 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		}
 	}
 	for _, rep := range reports {
+		if retiredAndDone(l, fl, rep.Host) {
+			continue // its VMs, if it runs any, are listed as unmanaged
+		}
 		h := get(rep.Host)
 		h.Reported = true
 		if rep.Err != nil {
@@ -63,6 +66,7 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 			off, _ := c.live.offline(h.Name, now)
 			h.Online = !off
 		}
+		h.Retired = fl != nil && fl.Hosts[h.Name] == nil
 		s.Hosts = append(s.Hosts, *h)
 	}
 	sort.Slice(s.Hosts, func(i, j int) bool { return s.Hosts[i].Name < s.Hosts[j].Name })
@@ -97,6 +101,18 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 			Commit: w.Commit, At: w.At, Reason: w.Reason})
 	}
 	return s
+}
+
+// retiredAndDone reports whether host is one the desired state fl no longer
+// has and the controller delivers nothing to (no snapshot of it is
+// published): its status file, still on the branches, no longer puts it in
+// the Hosts table.
+func retiredAndDone(l *snapshots.Ledger, fl *desired.Fleet, host string) bool {
+	if fl == nil || fl.Hosts[host] != nil {
+		return false
+	}
+	rec := l.Hosts[host]
+	return rec == nil || rec.Hash == ""
 }
 
 // unmanaged lists the VMs hosts report that neither the desired state nor
@@ -187,6 +203,10 @@ func (c *Controller) writeStatusBranch(ctx context.Context, s status.Summary, cp
 	if err != nil {
 		return false, err
 	}
+	liveness, err := status.Liveness(s)
+	if err != nil {
+		return false, err
+	}
 	var failing []byte
 	if s.Failing != nil {
 		var err error
@@ -217,7 +237,7 @@ func (c *Controller) writeStatusBranch(ctx context.Context, s status.Summary, cp
 		}
 		// controller.yaml is there while passes fail, gone once one
 		// succeeds (a nil content removes it).
-		for path, want := range map[string][]byte{status.SummaryPath: data, status.ControllerPath: failing} {
+		for path, want := range map[string][]byte{status.SummaryPath: data, status.ControllerPath: failing, status.LivenessPath: liveness} {
 			ok, err := same(path, want)
 			if err != nil {
 				return nil, "", err

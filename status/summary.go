@@ -82,6 +82,9 @@ type HostSummary struct {
 	// suspended. Both as its status reports them.
 	Quarantined []Quarantine
 	Suspended   *Suspension
+	// Retired is set for a host the applied desired state has no Host
+	// object for, listed while deletes delivered to it wait for its ack.
+	Retired bool
 }
 
 // PendingDelete is a tombstone not finalized yet: who removed what, with
@@ -175,14 +178,12 @@ func RenderSummary(s Summary) []byte {
 	} else {
 		tableHeader(&b, "host", "state", "heartbeat", "accel", "agent", "epoch published", "epoch seen", "VMs")
 		for _, h := range s.Hosts {
-			state := "offline"
-			switch {
-			case h.StatusError != "":
-				state = "status unreadable: " + h.StatusError
-			case !h.Reported:
-				state = "no status yet"
-			case h.Online:
-				state = "online"
+			state := h.State()
+			if h.StatusError != "" {
+				state += ": " + h.StatusError
+			}
+			if h.Retired {
+				state += ", " + RetiredNote
 			}
 			if h.FenceViolation {
 				state += ", fence violation"
@@ -211,6 +212,7 @@ func RenderSummary(s Summary) []byte {
 		b.WriteString("A running VM is `booting` until its guest answers (an SSH banner, a qemu-guest-agent ping or its console's ready line; a VM given SSH keys only while its sshd answers), then `ready`.\n\n")
 		tableHeader(&b, "VM", "host", "phase", "power", "address", "error", "note")
 		for _, h := range s.Hosts {
+			hostNote := VMHostNote(h.State(), h.Suspended != nil)
 			for _, vm := range h.VMs {
 				addr := vm.IP
 				if vm.SSH != "" {
@@ -220,7 +222,7 @@ func RenderSummary(s Summary) []byte {
 					addr += "ssh " + vm.SSH
 				}
 				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
-					cell(vm.Name), cell(h.Name), cell(vm.Phase), cell(vm.Power), cell(addr), cell(vm.LastError), cell(vm.Message))
+					cell(vm.Name), cell(h.Name), cell(vm.Phase), cell(vm.Power), cell(addr), cell(vm.LastError), cell(joinNotes(vm.Message, hostNote)))
 			}
 			for _, q := range h.Quarantined {
 				fmt.Fprintf(&b, "| %s | %s | %s | stopped | - | %s | %s |\n",
@@ -300,14 +302,25 @@ func (p PendingDelete) Deadline(abandonGrace time.Duration) string {
 	case !p.DestroyAt.IsZero():
 		d = "host destroys it at " + stamp(p.DestroyAt)
 	case p.Kind == "VM":
-		d = "host destroys it its tombstone grace after shutting it down"
+		d = "not shut down yet: the host destroys it one tombstone grace after it does"
 	default:
-		d = "host removes it its tombstone grace after no VM uses it"
+		d = "the host removes it one tombstone grace after no VM uses it"
 	}
 	if !p.SweepAt.IsZero() && !p.Swept {
 		d += fmt.Sprintf("; if the host is offline then, the controller finalizes it at %s (abandon grace %s)", stamp(p.SweepAt), abandonGrace)
 	}
 	return d
+}
+
+// joinNotes joins the non-empty notes with "; ".
+func joinNotes(notes ...string) string {
+	var out []string
+	for _, n := range notes {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // tableHeader writes a Markdown table's header row and its separator.

@@ -34,8 +34,9 @@ func newStatusCmd() *cobra.Command {
 		Use:   "status --repo URL",
 		Short: "Show the fleet as the hosts report it on the status branch",
 		Long: `Status reads every host's status file on the status branch and prints the
-hosts (heartbeat, accelerator, last accepted epoch, fence violation, last
-report by the agent's clock); every VM a host reports (phase, power,
+hosts (state as the controller judges it: online, offline, no status yet,
+retired; heartbeat, accelerator, agent version, last accepted epoch, fence
+violation, last report by the agent's clock); every VM a host reports (phase, power,
 address, error, note): its VMs, the quarantined ones waiting for their
 grace before a delete (with since when), the ones it has destroyed (destroy
 acks the controller has not finalized yet) and the vanished ones (absent
@@ -59,13 +60,16 @@ kept after a history rewrite.
 
 --format json prints {"commit", "hosts", "unreadable", "pendingDeletes",
 "pendingError", "lastRejected", "controllerFailing", "controllerError",
-"applied", "retained"}: the status files themselves, the hosts whose file
+"applied", "retained", "liveness", "livenessError"}: the status files themselves, the hosts whose file
 could not be read with why, the pending deletes (kind, name, host, commit,
 author, time, epoch, publishedAt, destroyAt) and why they could not be
 read, if so, the ledger's last rejected commit (commit, reason, at,
 superseded), the controller's failure (outcome, since, reason), the
-applied commit (commit, branch, path) and the retained objects (kind,
-name, host, commit, since).
+applied commit (commit, branch, path), the retained objects (kind,
+name, host, commit, since) and each host's state as the controller
+judges it by its own clock (host, state: online, offline, no status yet
+or status unreadable; retired when no Host object is left), and why that
+could not be read.
 
 Exit status: 0; 1 when the status branch is missing (no agent has
 reported to this repository, or --repo names a clone rather than the
@@ -121,6 +125,14 @@ type statusReport struct {
 	// history rewrite dropped, kept running (the ledger's, without specs).
 	Applied  *snapshots.AppliedCommit `json:"applied,omitempty"`
 	Retained []retainedObject         `json:"retained"`
+	// Liveness is each host's state as the controller judges it by its
+	// own clock (liveness.yaml on the status branch): online, offline, no
+	// status yet or status unreadable, and retired (no Host object).
+	// Absent before the controller's first summary, or when written by
+	// a controller of an earlier release; LivenessError says why it could
+	// not be read.
+	Liveness      map[string]status.HostState `json:"liveness,omitempty"`
+	LivenessError string                      `json:"livenessError,omitempty"`
 }
 
 // retainedObject is an object kept after a history rewrite: the rewriting
@@ -198,6 +210,15 @@ func runStatus(ctx context.Context, out io.Writer, rf config.Repo, branch, snaps
 	default:
 		if rep.ControllerFailing, err = status.ParsePassFailure(status.ControllerPath, data); err != nil {
 			rep.ControllerError = err.Error()
+		}
+	}
+	switch data, err := repo.ReadFileMax(tip, status.LivenessPath, status.MaxLivenessBytes); {
+	case errors.Is(err, gitsource.ErrFileNotFound):
+	case err != nil:
+		rep.LivenessError = err.Error()
+	default:
+		if rep.Liveness, err = status.ParseLiveness(status.LivenessPath, data); err != nil {
+			rep.LivenessError = err.Error()
 		}
 	}
 	if format == "json" {
@@ -369,7 +390,7 @@ func writeControllerLines(out io.Writer, rep statusReport) {
 
 func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tHEARTBEAT\tEPOCH\tACCEL\tVMS\tREPORTED\tNOTE")
+	fmt.Fprintln(tw, "HOST\tSTATE\tHEARTBEAT\tEPOCH\tACCEL\tAGENT\tVMS\tREPORTED\tNOTE")
 	for _, st := range rep.Hosts {
 		note := st.SnapshotError
 		if st.FenceViolation {
@@ -378,7 +399,8 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 		if sus := st.Suspended; sus != nil {
 			note = strings.TrimSpace(fmt.Sprintf("suspended since epoch %d, acts on nothing: %s %s", sus.Epoch, sus.Reason, note))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t%s\n", dash(st.Host), st.Heartbeat, st.LastSeenEpoch, dash(st.Agent.Accel), len(st.VMs), stampOrDash(st.ObservedAt), dash(note))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", dash(st.Host), dash(hostState(rep, st.Host)), st.Heartbeat, st.LastSeenEpoch,
+			dash(st.Agent.Accel), dash(st.Agent.Version), len(st.VMs), stampOrDash(st.ObservedAt), dash(note))
 	}
 	bad := make([]string, 0, len(rep.Unreadable))
 	for h := range rep.Unreadable {
@@ -386,7 +408,7 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 	}
 	sort.Strings(bad)
 	for _, h := range bad {
-		fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\tunreadable: %s\n", h, rep.Unreadable[h])
+		fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\tunreadable: %s\n", dash(h), dash(hostState(rep, h)), dash(rep.Unreadable[h]))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -402,6 +424,7 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VM\tHOST\tPHASE\tPOWER\tADDRESS\tERROR\tNOTE")
 	for _, st := range rep.Hosts {
+		hostNote := status.VMHostNote(rep.Liveness[st.Host].State, st.Suspended != nil)
 		for _, vm := range st.VMs {
 			addr := ""
 			if vm.Power == "running" {
@@ -413,7 +436,11 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 					addr += "ssh " + vm.SSH
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(vm.Name), dash(st.Host), dash(vm.Phase), dash(vm.Power), dash(addr), dash(vm.LastError), dash(vm.Message))
+			note := vm.Message
+			if hostNote != "" {
+				note = strings.TrimPrefix(note+"; "+hostNote, "; ")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(vm.Name), dash(st.Host), dash(vm.Phase), dash(vm.Power), dash(addr), dash(vm.LastError), dash(note))
 		}
 		for _, q := range st.Quarantined {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t%s\t%s\n", dash(q.Name), dash(st.Host), status.PhaseQuarantined, "stopped", dash(q.LastError),
@@ -431,6 +458,23 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// hostState is host's state as the controller judges it (liveness.yaml),
+// with the retired note; "" when the controller has not said, or
+// "unknown (why)" when its file could not be read.
+func hostState(rep statusReport, host string) string {
+	if rep.LivenessError != "" {
+		return "unknown (" + rep.LivenessError + ")"
+	}
+	h, ok := rep.Liveness[host]
+	if !ok {
+		return ""
+	}
+	if h.Retired {
+		return h.State + ", " + status.RetiredNote
+	}
+	return h.State
 }
 
 func stampOrDash(t time.Time) string {

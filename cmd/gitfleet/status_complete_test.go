@@ -47,6 +47,7 @@ volumes: []
 suspended: {epoch: 3, reason: kernel upgrade}
 `
 	gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{"hosts/hv-a.yaml": forged}})
+	pass() // judges hv-a, which has reported now: online
 
 	code, out := runCLI(t, "status", "--repo", dir)
 	if code != 0 {
@@ -61,6 +62,9 @@ suspended: {epoch: 3, reason: kernel upgrade}
 		"x-01", "vanished",
 		"host destroys it at 2026-11-30T15:05:00Z",
 		"Kept after a history rewrite",
+		"HOST  STATE   HEARTBEAT  EPOCH  ACCEL  AGENT  VMS",
+		"hv-a  online  3          3      tcg    1      1",
+		"host suspended: changes wait",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status does not say %q:\n%s", want, out)
@@ -81,13 +85,14 @@ suspended: {epoch: 3, reason: kernel upgrade}
 		Hosts          []struct {
 			Suspended struct{ Reason string }
 		}
+		Liveness map[string]struct{ State string }
 	}
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatal(err)
 	}
 	if rep.Applied.Commit != applied || len(rep.Retained) != 1 || rep.Retained[0].Name != "web-01" ||
 		len(rep.PendingDeletes) != 1 || rep.PendingDeletes[0].DestroyAt != "2026-11-30T15:05:00Z" ||
-		len(rep.Hosts) != 1 || rep.Hosts[0].Suspended.Reason != "kernel upgrade" {
+		len(rep.Hosts) != 1 || rep.Hosts[0].Suspended.Reason != "kernel upgrade" || rep.Liveness["hv-a"].State != "online" {
 		t.Errorf("json: %+v\n%s", rep, out)
 	}
 }
