@@ -84,10 +84,20 @@ const (
 	// EffectRestart: vCPUs, memory, network, volumes, kernel of a VM that
 	// runs: a graceful shutdown, then a boot with the new spec.
 	EffectRestart Effect = "restarts the VM"
-	// EffectLive: power, a larger diskGB (grown online), labels.
-	EffectLive Effect = "applies live"
+	// EffectBoots: power from stopped to running.
+	EffectBoots Effect = "boots the VM"
+	// EffectShutsDown: power from running to stopped (a graceful
+	// shutdown; the disk is kept).
+	EffectShutsDown Effect = "shuts the VM down"
+	// EffectGrowsDisk: a larger diskGB, grown in place without a restart
+	// (the guest's growpart extends its partition at its next boot).
+	EffectGrowsDisk Effect = "grows the disk, no restart"
+	// EffectNone: metadata (labels), which the agent records and the
+	// guest never sees.
+	EffectNone Effect = "changes nothing on the guest"
 	// EffectNextBoot: a restart-class change of a VM whose spec says
-	// stopped: it applies when the VM is next booted.
+	// stopped, before or after the change: it applies when the VM is
+	// next booted (by this change, when it sets power to running).
 	EffectNextBoot Effect = "applies at next boot"
 	// EffectNotApplied: image, cloudInit, static addresses (cloud-init's
 	// network-config, applied at first boot) and a smaller diskGB are kept
@@ -97,8 +107,9 @@ const (
 )
 
 // vmFieldEffect is the Effect of changing field of a VM from old to new,
-// the VM's power in head being power.
-func vmFieldEffect(field, old, new, power string) Effect {
+// the VM's power in base being basePower and in head power ("" is
+// running).
+func vmFieldEffect(field, old, new, basePower, power string) Effect {
 	switch {
 	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."):
 		return EffectNotApplied
@@ -106,15 +117,22 @@ func vmFieldEffect(field, old, new, power string) Effect {
 		if atoi(new) < atoi(old) {
 			return EffectNotApplied
 		}
-		return EffectLive
-	case field == "spec.vcpus", field == "spec.memoryMB", field == "spec.network", field == "spec.volumes",
-		strings.HasPrefix(field, "spec.kernel."), field == "spec.kernel":
-		if power == string(PowerStopped) {
-			return EffectNextBoot
+		return EffectGrowsDisk
+	case field == "spec.power":
+		if new == string(PowerStopped) {
+			return EffectShutsDown
 		}
-		return EffectRestart
+		return EffectBoots
+	case strings.HasPrefix(field, "metadata."):
+		return EffectNone
 	}
-	return EffectLive
+	// vcpus, memoryMB, network, volumes, kernel.*, and any field not
+	// named above: what QEMU is started with. A VM stopped before or
+	// after the change is not restarted for it.
+	if power == string(PowerStopped) || basePower == string(PowerStopped) {
+		return EffectNextBoot
+	}
+	return EffectRestart
 }
 
 // ObjectRef names one object on one host.
@@ -130,6 +148,10 @@ type ObjectRef struct {
 // not a create.
 type PlanOptions struct {
 	Pending []ObjectRef
+	// Retained are the objects kept after a history rewrite (the ledger's):
+	// an object of head that base lacks and that is retained on the same
+	// host is desired again, not created.
+	Retained []ObjectRef
 }
 
 // Empty reports whether the plan changes nothing and has no errors.
@@ -144,9 +166,12 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 	if head == nil {
 		head = &Fleet{}
 	}
-	pending := map[ObjectRef]bool{}
+	pending, retained := map[ObjectRef]bool{}, map[ObjectRef]bool{}
 	for _, r := range opts.Pending {
 		pending[r] = true
+	}
+	for _, r := range opts.Retained {
+		retained[r] = true
 	}
 	byHost := map[string][]PlanChange{}
 	add := func(host string, c PlanChange) { byHost[host] = append(byHost[host], c) }
@@ -165,7 +190,7 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 				if fields := diffFields(o.fields, n.fields); len(fields) > 0 {
 					if kind == KindVM {
 						for i, f := range fields {
-							fields[i].Effect = vmFieldEffect(f.Field, o.fields[f.Field], n.fields[f.Field], n.fields["spec.power"])
+							fields[i].Effect = vmFieldEffect(f.Field, o.fields[f.Field], n.fields[f.Field], o.fields["spec.power"], n.fields["spec.power"])
 						}
 					}
 					add(o.host, PlanChange{Action: ActionUpdate, Kind: kind, Name: name, Fields: fields,
@@ -182,6 +207,11 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 					Warnings: []string{"the pending delete is cancelled; the existing disk is kept"}})
 				continue
 			}
+			if retained[ObjectRef{Kind: kind, Name: name, Host: n.host}] {
+				add(n.host, PlanChange{Action: ActionUndelete, Kind: kind, Name: name,
+					Warnings: []string{RetainedRestoreWarning}})
+				continue
+			}
 			add(n.host, PlanChange{Action: ActionCreate, Kind: kind, Name: name})
 		}
 	}
@@ -189,6 +219,7 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 	diff(KindVolume, volumeObjects(base), volumeObjects(head))
 	diff(KindVM, vmObjects(base), vmObjects(head))
 
+	suspendedWait(byHost, head)
 	p := &Plan{Hosts: []HostPlan{}}
 	for host, changes := range byHost {
 		sort.Slice(changes, func(i, j int) bool {
@@ -252,6 +283,31 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 		w = append(w, networkWarnings(fields)...)
 	}
 	return dedupe(w)
+}
+
+// RetainedRestoreWarning is the plan's note on an object kept after a
+// history rewrite whose file comes back: it is desired again, nothing is
+// created.
+const RetainedRestoreWarning = "kept after a history rewrite and desired again: nothing is created, the existing VM or volume and its data are kept (a spec that differs from the one it runs is applied as an edit)"
+
+// SuspendedWaitWarning is the plan's warning on a change of a VM or
+// volume whose host head suspends: the change waits until it resumes.
+const SuspendedWaitWarning = "waits: the host is suspended, and this change is applied once suspend is removed"
+
+// suspendedWait warns on every VM and volume change on a host that head
+// suspends.
+func suspendedWait(byHost map[string][]PlanChange, head *Fleet) {
+	for host, changes := range byHost {
+		h := head.Hosts[host]
+		if h == nil || !h.Spec.Suspend {
+			continue
+		}
+		for i := range changes {
+			if changes[i].Kind != KindHost {
+				changes[i].Warnings = append(changes[i].Warnings, SuspendedWaitWarning)
+			}
+		}
+	}
 }
 
 // SuspendWarning is the plan's warning on a Host being suspended.

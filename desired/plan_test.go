@@ -191,9 +191,12 @@ func TestPlanSaysWhatHappensToTheGuest(t *testing.T) {
 		{"kernel sha256 of a running VM", []func(*VMSpec){func(s *VMSpec) { s.Kernel = &Kernel{URL: "https://k", SHA256: testSHA} }},
 			[]func(*VMSpec){func(s *VMSpec) { s.Kernel = &Kernel{URL: "https://k", SHA256: strings.Repeat("b", 64)} }}, "spec.kernel.sha256", EffectRestart, ""},
 		{"memory of a VM stopped by the same change", nil, []func(*VMSpec){func(s *VMSpec) { s.MemoryMB = 4096; s.Power = PowerStopped }}, "spec.memoryMB", EffectNextBoot, ""},
-		{"a larger disk", nil, []func(*VMSpec){func(s *VMSpec) { s.DiskGB = 40 }}, "spec.diskGB", EffectLive, ""},
+		{"a larger disk", nil, []func(*VMSpec){func(s *VMSpec) { s.DiskGB = 40 }}, "spec.diskGB", EffectGrowsDisk, ""},
 		{"a smaller disk", nil, []func(*VMSpec){func(s *VMSpec) { s.DiskGB = 10 }}, "spec.diskGB", EffectNotApplied, "never shrink"},
-		{"power", nil, []func(*VMSpec){func(s *VMSpec) { s.Power = PowerStopped }}, "spec.power", EffectLive, ""},
+		{"power off", nil, []func(*VMSpec){func(s *VMSpec) { s.Power = PowerStopped }}, "spec.power", EffectShutsDown, ""},
+		{"power on", []func(*VMSpec){func(s *VMSpec) { s.Power = PowerStopped }}, []func(*VMSpec){func(s *VMSpec) { s.Power = PowerRunning }}, "spec.power", EffectBoots, ""},
+		{"vcpus of a VM booted by the same change", []func(*VMSpec){func(s *VMSpec) { s.Power = PowerStopped }},
+			[]func(*VMSpec){func(s *VMSpec) { s.Power = PowerRunning; s.VCPUs = 4 }}, "spec.vcpus", EffectNextBoot, ""},
 		{"image", nil, []func(*VMSpec){func(s *VMSpec) { s.Image.SHA256 = strings.Repeat("c", 64) }}, "spec.image.sha256", EffectNotApplied, "existing root disk"},
 		{"key rotation", []func(*VMSpec){withKeys("ssh-ed25519 AAAAold")}, []func(*VMSpec){withKeys("ssh-ed25519 AAAAnew")},
 			"spec.cloudInit.sshAuthorizedKeys", EffectNotApplied, "to rotate an SSH key"},
@@ -261,6 +264,8 @@ func TestPlanWarnsOfNetworkChanges(t *testing.T) {
 		{"a network is removed", planFleet(host(lab("10.77.0.0/24"))), planFleet(host(map[string]Network{"lan": {Bridge: "br0"}})),
 			"network lab is removed from the host once no VM there uses it"},
 		{"a host is suspended", planFleet(host(nil)), planFleet(suspended(host(nil))), SuspendWarning},
+		{"a VM of a suspended host changes", planFleet(suspended(host(nil)), planVM("web-01", "hv-a")),
+			planFleet(suspended(host(nil)), planVM("web-01", "hv-a", func(s *VMSpec) { s.VCPUs = 4 })), SuspendedWaitWarning},
 		{"a host resumes", planFleet(suspended(host(nil))), planFleet(host(nil)),
 			"reconciliation resumes: the host's agent applies every change that waited while it was suspended"},
 	} {
@@ -276,5 +281,32 @@ func TestPlanWarnsOfNetworkChanges(t *testing.T) {
 				t.Errorf("warnings = %q, want %q", warnings, tc.want)
 			}
 		})
+	}
+}
+
+// A label is metadata: the plan says the guest sees nothing of it. A VM
+// kept after a history rewrite whose file comes back is desired again, not
+// created; the same name without a retained record is a create.
+func TestPlanLabelsAndRestoredObjects(t *testing.T) {
+	labelled := planVM("web-01", "hv-a")
+	labelled.Metadata.Labels = map[string]string{"tier": "front"}
+	p := ComputePlan(planFleet(planHost("hv-a"), planVM("web-01", "hv-a")), planFleet(planHost("hv-a"), labelled), PlanOptions{})
+	if len(p.Hosts) != 1 || len(p.Hosts[0].Changes) != 1 || len(p.Hosts[0].Changes[0].Fields) != 1 ||
+		p.Hosts[0].Changes[0].Fields[0].Effect != EffectNone {
+		t.Errorf("a label change: %+v", p)
+	}
+
+	base, head := planFleet(planHost("hv-a")), planFleet(planHost("hv-a"), planVM("ci-01", "hv-a"))
+	kept := []ObjectRef{{Kind: KindVM, Name: "ci-01", Host: "hv-a"}}
+	p = ComputePlan(base, head, PlanOptions{Retained: kept})
+	if got := actions(p); !reflect.DeepEqual(got, []string{"hv-a: undelete VM ci-01"}) {
+		t.Errorf("a retained VM restored: %q", got)
+	}
+	if w := p.Hosts[0].Changes[0].Warnings; !reflect.DeepEqual(w, []string{RetainedRestoreWarning}) {
+		t.Errorf("warnings %q", w)
+	}
+	elsewhere := []ObjectRef{{Kind: KindVM, Name: "ci-01", Host: "hv-b"}}
+	if got := actions(ComputePlan(base, head, PlanOptions{Retained: elsewhere})); !reflect.DeepEqual(got, []string{"hv-a: create VM ci-01"}) {
+		t.Errorf("a VM retained on another host: %q", got)
 	}
 }

@@ -175,7 +175,7 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 	}
 	var p *desired.Plan
 	if headErr == nil {
-		p = desired.ComputePlan(baseFleet, headFleet, desired.PlanOptions{Pending: pendingDeletes(ledger)})
+		p = desired.ComputePlan(baseFleet, headFleet, desired.PlanOptions{Pending: pendingDeletes(ledger), Retained: retainedObjects(ledger)})
 		warnings = append(warnings, headFleet.FileURLWarnings()...)
 		if p.Guards, err = planGuards(repo, a, baseCommit, headCommit, baseFleet, p); err != nil {
 			return &exitError{code: 1, err: err}
@@ -284,6 +284,15 @@ func pendingDeletes(l *snapshots.Ledger) []desired.ObjectRef {
 	var refs []desired.ObjectRef
 	for _, t := range l.Tombstones {
 		refs = append(refs, desired.ObjectRef{Kind: t.Kind, Name: t.Name, Host: t.Host})
+	}
+	return refs
+}
+
+// retainedObjects are the ledger's objects kept after a history rewrite.
+func retainedObjects(l *snapshots.Ledger) []desired.ObjectRef {
+	var refs []desired.ObjectRef
+	for _, k := range l.Retained {
+		refs = append(refs, desired.ObjectRef{Kind: k.Kind, Name: k.Name, Host: k.Host})
 	}
 	return refs
 }
