@@ -106,6 +106,9 @@ type Agent struct {
 	current     *snapshots.Snapshot // the last snapshot fetched (maybe fenced); nil: the engine's last accepted
 	fetchFailed bool
 	snapErr     string
+	// noSnapshotTip is the snapshots tip at which "no snapshot for this
+	// host" was last logged ("-" once logged for a missing branch).
+	noSnapshotTip string
 
 	// now carries ReconcileNow's requests to the git loop.
 	now chan struct{}
@@ -414,9 +417,33 @@ func (a *Agent) fetch(ctx context.Context) error {
 		a.snapErr = ""
 		if snap != nil {
 			a.current = snap
+			a.noSnapshotTip = ""
+		} else {
+			a.logNoSnapshot(tip)
 		}
 		return nil
 	}
+}
+
+// logNoSnapshot says, once per snapshots tip, that the branch holds no
+// snapshot for this host: a host name that matches no Host object, or a
+// controller that has not published, leaves the agent doing nothing, and
+// an operator must hear why.
+func (a *Agent) logNoSnapshot(tip string) {
+	key := tip
+	if key == "" {
+		key = "-"
+	}
+	if a.noSnapshotTip == key {
+		return
+	}
+	a.noSnapshotTip = key
+	branch := a.source.branch
+	where := fmt.Sprintf("branch %s does not exist yet", branch)
+	if tip != "" {
+		where = fmt.Sprintf("branch %s at %.12s has no %s", branch, tip, snapshots.Path(a.cfg.Host))
+	}
+	a.log.Warnf("no snapshot for host %s: %s; is the controller running, and does the desired state have a Host object named exactly %q? Until one is published this agent acts on nothing new", a.cfg.Host, where, a.cfg.Host)
 }
 
 // gitFailure is err when git failed; a snapshot that fetched but does not

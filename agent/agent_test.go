@@ -112,11 +112,17 @@ func statusTip(t *testing.T, bare string) string {
 
 func newClock() *clock { return &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
 
+// It says why, once per snapshots tip: an agent whose host name matches no
+// Host object is otherwise silent.
 func TestAgentWithoutASnapshotDoesNothingButReport(t *testing.T) {
 	gittest.NeedGit(t)
 	bare := gittest.NewBare(t)
-	h := newHostAgent(t, bare, newClock(), nil)
+	var logs bytes.Buffer
+	log := logrus.New()
+	log.SetOutput(&logs)
+	h := newHostAgent(t, bare, newClock(), func(c *agent.EngineConfig) { c.Log = log })
 	require.NoError(t, h.once())
+	assert.Contains(t, logs.String(), "no snapshot for host "+testHost+": branch gitfleet/snapshots does not exist yet")
 	assert.Empty(t, h.prov.AllCalls())
 	st := readStatus(t, bare)
 	require.NotNil(t, st, "the status is written for liveness")
@@ -124,9 +130,14 @@ func TestAgentWithoutASnapshotDoesNothingButReport(t *testing.T) {
 	assert.Zero(t, st.LastSeenEpoch)
 
 	// A snapshots branch without this host's file is still "no snapshot".
+	logs.Reset()
 	publish(t, bare, &snapshots.Snapshot{Host: "hv-b", Epoch: 1})
 	require.NoError(t, h.once())
 	assert.Empty(t, h.prov.AllCalls())
+	assert.Contains(t, logs.String(), "has no hosts/"+testHost+".yaml; is the controller running, and does the desired state have a Host object named exactly")
+	logs.Reset()
+	require.NoError(t, h.once())
+	assert.NotContains(t, logs.String(), "no snapshot for host", "said once per snapshots tip")
 }
 
 func TestAgentMakesThePublishedVMsAndReportsThem(t *testing.T) {
