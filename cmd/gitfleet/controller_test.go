@@ -354,6 +354,14 @@ func TestStatusCommand(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, work+" has no branch gitfleet/status") || !strings.Contains(stderr, "--repo "+dir) {
 		t.Fatalf("status --repo . in a clone: exit %d\nstderr:\n%s", code, stderr)
 	}
+	// A clone made with a token in its remote's URL is pointed at the URL
+	// without it, which a person can paste, never at "***".
+	gittest.Git(t, work, "remote", "set-url", "origin", "https://git:tok-123@git.example.com/org/fleet.git")
+	code, _, stderr = runCLIStderr(t, "status", "--repo", ".")
+	if code != 1 || !strings.Contains(stderr, "--repo https://git.example.com/org/fleet.git (its credentials in GITFLEET_TOKEN, not in the URL)") ||
+		strings.Contains(stderr, "tok-123") {
+		t.Fatalf("status --repo . in a clone with a token in its remote: exit %d\nstderr:\n%s", code, stderr)
+	}
 }
 
 // TestControllerOnceAgainstAStalledRemote: `controller --once` against a

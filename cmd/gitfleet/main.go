@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/spf13/cobra"
 
 	"github.com/gitfleet/gitfleet/internal/config"
@@ -148,15 +149,29 @@ func execute(root *cobra.Command, args []string) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil && ee.err.Error() != "" {
-			fmt.Fprintln(os.Stderr, "gitfleet:", redact.Text(ee.err.Error()))
+			fmt.Fprintln(os.Stderr, "gitfleet:", strings.TrimRight(redact.Text(ee.err.Error()), "\n")+credentialHint(ee.err))
 		}
 		return ee.code
 	}
-	fmt.Fprintln(os.Stderr, "gitfleet:", redact.Text(err.Error()))
+	fmt.Fprintln(os.Stderr, "gitfleet:", strings.TrimRight(redact.Text(err.Error()), "\n")+credentialHint(err))
 	if strings.HasPrefix(err.Error(), "unknown command ") {
 		// cobra reports a mistyped subcommand as a plain error; it is a
 		// usage error like any other.
 		return 2
 	}
 	return 1
+}
+
+// credentialHint is what to do about a remote that refused gitfleet's
+// credentials or asked for some it was not given ("" for any other
+// error): the error itself is go-git's ("authentication required: 401",
+// "SSH agent requested but SSH_AUTH_SOCK not-specified").
+func credentialHint(err error) string {
+	switch {
+	case errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed):
+		return " (the remote wants credentials it accepts: over HTTPS a token that can read the repository, and write it for the controller and the agents, in GITFLEET_TOKEN or the agent's repo.auth.tokenFile; over ssh:// a key, --ssh-key or repo.auth.sshKeyFile)"
+	case strings.Contains(err.Error(), "SSH_AUTH_SOCK"):
+		return " (an ssh remote needs a key: --ssh-key FILE or GITFLEET_SSH_KEY, or repo.auth.sshKeyFile in agent.yaml, with a known_hosts file: --known-hosts or repo.auth.knownHostsFile)"
+	}
+	return ""
 }

@@ -149,3 +149,28 @@ func TestForgedHugeStatusIsRefused(t *testing.T) {
 		t.Errorf("README is %d bytes", len(readme))
 	}
 }
+
+// A remote that wants credentials gitfleet was not given, or refuses the
+// ones it was, gets an error that says where credentials go; an ssh remote
+// without a key is told to give one. The remote keeps its name in the
+// message (an scp-like one too), without its user.
+func TestCredentialErrorsSayWhatToDo(t *testing.T) {
+	gittest.NeedGit(t)
+	root := t.TempDir()
+	bare := filepath.Join(root, "fleet.git")
+	gittest.Git(t, "", "init", "--quiet", "--bare", "--initial-branch=main", bare)
+	url := gittest.ServeWith(t, root, gittest.ServeOptions{Username: "git", Password: "right-token"}) + "/fleet.git"
+	for _, token := range []string{"", "wrong-token"} {
+		t.Setenv("GITFLEET_TOKEN", token)
+		code, _, errOut := runCLIStderr(t, "status", "--repo", url)
+		if code != 1 || !strings.Contains(errOut, "authentication required: unauthorized (the remote wants credentials it accepts: over HTTPS a token that can read the repository") {
+			t.Errorf("token %q: exit %d:\n%s", token, code, errOut)
+		}
+	}
+	t.Setenv("GITFLEET_TOKEN", "")
+	t.Setenv("SSH_AUTH_SOCK", "")
+	code, _, errOut := runCLIStderr(t, "status", "--repo", "git@127.0.0.1:example-org/fleet.git")
+	if code != 1 || !strings.Contains(errOut, "an ssh remote needs a key: --ssh-key FILE or GITFLEET_SSH_KEY") || !strings.Contains(errOut, "***@127.0.0.1:example-org/fleet.git") {
+		t.Errorf("ssh without a key: exit %d:\n%s", code, errOut)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	neturl "net/url"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -262,10 +263,27 @@ func missingStatusBranch(url, branch string) error {
 		if _, err := local.Reference(plumbing.NewRemoteReferenceName(name, branch), false); err != nil || len(r.Config().URLs) == 0 {
 			continue
 		}
+		remote, creds := withoutUserinfo(r.Config().URLs[0])
+		if creds {
+			remote += " (its credentials in GITFLEET_TOKEN, not in the URL)"
+		}
 		return fmt.Errorf("%s has no branch %s, only %s/%s from its remote %q: this is a clone; point --repo at the fleet's remote: --repo %s",
-			url, branch, name, branch, name, r.Config().URLs[0])
+			url, branch, name, branch, name, remote)
 	}
 	return err
+}
+
+// withoutUserinfo is raw without the user information of an http(s) URL,
+// and whether it had any: a remote a clone was made with
+// (https://TOKEN@host/r.git) is suggested as --repo without its token,
+// which the redacted message would show as "***".
+func withoutUserinfo(raw string) (string, bool) {
+	u, err := neturl.Parse(raw)
+	if err != nil || u.User == nil || (u.Scheme != "http" && u.Scheme != "https") {
+		return raw, false
+	}
+	u.User = nil
+	return u.String(), true
 }
 
 // readLedger fills rep from the controller's ledger on the snapshots

@@ -32,10 +32,19 @@ const Mask = "***"
 // everything up to white space or a character that ends a quoted URL.
 var urlPattern = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>\x60]+`)
 
+// scpLike is git's scp-like remote, user@host:path; its host and path
+// are submatch 1.
+var scpLike = regexp.MustCompile(`^[^\s@:/]+@([A-Za-z0-9.-]+:[^\s@:]*)$`)
+
 // URL returns raw with its user information and query values masked. A
 // string that does not parse as a URL is masked from its "://" on after
-// the host, since it may still carry a secret.
+// the host, since it may still carry a secret; a scp-like git remote
+// (git@github.com:org/fleet.git) keeps its host and path
+// (***@github.com:org/fleet.git).
 func URL(raw string) string {
+	if m := scpLike.FindStringSubmatch(raw); m != nil {
+		return Mask + "@" + m[1] // like any URL's user information
+	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Opaque != "" {
 		return unparsable(raw)

@@ -22,6 +22,11 @@ func TestURL(t *testing.T) {
 		{"https://example.com/r.git", "https://example.com/r.git"},
 		{"file:///srv/fleet.git", "file:///srv/fleet.git"},
 		{"https://" + secret + "@exa mple.com/%zz", "https://exa mple.com/***"},
+		// scp-like remotes keep their host and path: an error must say
+		// which repository it is about.
+		{"git@github.com:example-org/fleet.git", "***@github.com:example-org/fleet.git"},
+		{secret + "@github.com:org/r.git", "***@github.com:org/r.git"},
+		{"git:" + secret + "@github.com:org/r.git", "***"},
 	} {
 		got := URL(tc.in)
 		if got != tc.want {
