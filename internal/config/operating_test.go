@@ -1,14 +1,22 @@
 package config
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/fleet"
 )
 
 // The configuration docs/operating.md tells an operator to write reads as
@@ -44,4 +52,64 @@ func TestOperatingGuideConfigRead(t *testing.T) {
 		}
 		assert.True(t, known[strings.TrimSuffix(v, "=")], "%s in docs/operating.md is a variable the controller reads", v)
 	}
+}
+
+// Section 14 rehearses the guide on one machine: its agent file reads as
+// the memory backend, the controller flags it names exist, and the webhook
+// it sends with openssl and curl is one the controller accepts (the same
+// HMAC, header and path), while a wrong secret is refused.
+func TestOperatingGuideRehearsal(t *testing.T) {
+	data, err := os.ReadFile("../../docs/operating.md")
+	require.NoError(t, err)
+	doc := string(data)
+	at := strings.Index(doc, "## 14. Rehearsing on one machine")
+	require.GreaterOrEqual(t, at, 0)
+	rehearsal := doc[at:]
+
+	agentFile := regexp.MustCompile(`(?s)cat > agent-\$h.yaml <<EOF\n(.*?)\nEOF`).FindStringSubmatch(rehearsal)
+	require.NotNil(t, agentFile, "section 14 writes each agent's file")
+	text := strings.NewReplacer("$h", "a", "$n", "1").Replace(agentFile[1])
+	path := filepath.Join(t.TempDir(), "agent-a.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(text), 0o600))
+	f, err := ReadAgentFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "memory", f.Backend)
+	assert.Equal(t, "hv-a", f.Host)
+
+	c, fl := DefaultController(), NewFlags(pflag.NewFlagSet("controller", pflag.ContinueOnError))
+	c.Bind(fl)
+	checked := map[string]bool{}
+	for _, use := range regexp.MustCompile("(?m)^gitfleet controller .*$|--(offline-after|abandon-grace) [0-9a-z]+").FindAllString(rehearsal, -1) {
+		for _, name := range regexp.MustCompile(`--([a-z-]+)`).FindAllStringSubmatch(use, -1) {
+			assert.NotNil(t, fl.fs.Lookup(name[1]), "--%s named in section 14 is a controller flag", name[1])
+			checked[name[1]] = true
+		}
+	}
+	for _, name := range []string{"repo", "cache-dir", "listen", "offline-after", "abandon-grace"} {
+		assert.True(t, checked[name], "section 14 uses --%s, and the test checked it", name)
+	}
+
+	secret := regexp.MustCompile(`GITFLEET_WEBHOOK_SECRET=(\w+)`).FindStringSubmatch(rehearsal)
+	body := regexp.MustCompile(`body='([^']*)'`).FindStringSubmatch(rehearsal)
+	hmacKey := regexp.MustCompile(`openssl dgst -sha256 -hmac (\w+)`).FindStringSubmatch(rehearsal)
+	header := regexp.MustCompile(`-H "(X-Hub-Signature-256): sha256=\$sig"`).FindStringSubmatch(rehearsal)
+	target := regexp.MustCompile(`http://127\.0\.0\.1:9780(/hooks/\w+)`).FindStringSubmatch(rehearsal)
+	require.True(t, secret != nil && body != nil && hmacKey != nil && header != nil && target != nil, "section 14 shows the webhook request whole")
+	require.Equal(t, secret[1], hmacKey[1], "the request is signed with the controller's secret")
+	mac := hmac.New(sha256.New, []byte(hmacKey[1]))
+	mac.Write([]byte(body[1])) // printf %s: no newline
+	kicked := 0
+	h := fleet.WebhookHandler([]byte(secret[1]), func() { kicked++ })
+	send := func(sig string) int {
+		req := httptest.NewRequest(http.MethodPost, target[1], strings.NewReader(body[1]))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-GitHub-Event", "push")
+		req.Header.Set(header[1], "sha256="+sig)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	assert.Equal(t, http.StatusAccepted, send(hex.EncodeToString(mac.Sum(nil))))
+	assert.Equal(t, 1, kicked, "an accepted webhook starts a pass")
+	assert.Equal(t, http.StatusUnauthorized, send(strings.Repeat("0", 64)))
 }
