@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -1209,7 +1210,12 @@ func TestABadEditKeepsTheRunningVM(t *testing.T) {
 		assert.Len(t, f.prov.Calls(agenttest.OpStage), 3, "the spent budget survives a restart")
 	})
 	t.Run("status says restarting while the VM restarts", func(t *testing.T) {
-		f := newFixture(t)
+		var logs bytes.Buffer
+		f := newFixture(t, func(c *agent.EngineConfig) {
+			l := logrus.New()
+			l.SetOutput(&logs)
+			c.Log = l
+		})
 		f.step(snap(1, vm("web-01")))
 		var during string
 		f.prov.SetHook(func(_ context.Context, op agenttest.Op, name string) error {
@@ -1221,6 +1227,12 @@ func TestABadEditKeepsTheRunningVM(t *testing.T) {
 		r := row(t, f.step(snap(2, vm("web-01", vcpus(2)))), "web-01")
 		assert.Equal(t, status.PhaseRestarting, during)
 		assert.Equal(t, status.PhaseReady, r.Phase)
+		assert.Contains(t, logs.String(), `reason="restart to apply the edited spec"`, "the log says why it boots")
+
+		logs.Reset()
+		f.step(snap(3, vm("web-01", vcpus(2), func(s *desired.VMSpec) { s.Power = desired.PowerStopped })))
+		f.step(snap(4, vm("web-01", vcpus(2))))
+		assert.Contains(t, logs.String(), `reason="spec says power: running"`)
 	})
 }
 

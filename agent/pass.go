@@ -505,8 +505,13 @@ func (p *vmPass) noteReadiness() {
 func (p *vmPass) boot(spec desired.VMSpec) error {
 	rec := p.rec
 	why := "vm process gone"
-	if rec.BootID != p.e.cfg.BootID() {
+	switch {
+	case rec.BootID != p.e.cfg.BootID():
 		why = "host rebooted"
+	case rec.Phase == status.PhaseRestarting:
+		why = "restart to apply the edited spec"
+	case rec.Phase == status.PhaseStopped:
+		why = "spec says power: running"
 	}
 	if rec.Reserved == nil {
 		if err := p.admit(spec); err != nil {
