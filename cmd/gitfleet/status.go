@@ -479,14 +479,20 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 }
 
 // hostState is host's state as the controller judges it (liveness.yaml),
-// with the retired note; "" when the controller has not said, or
-// "unknown (why)" when its file could not be read.
+// with the retired note; a host the file does not list is retired with
+// nothing delivered to it; "" when there is no file (a controller of an
+// earlier release), or "unknown (why)" when it could not be read.
 func hostState(rep statusReport, host string) string {
 	if rep.LivenessError != "" {
 		return "unknown (" + rep.LivenessError + ")"
 	}
 	h, ok := rep.Liveness[host]
-	if !ok {
+	switch {
+	case !ok && rep.Liveness != nil:
+		// The controller lists every host it knows: this one's status
+		// file outlived its Host object and every delivery.
+		return "not in the fleet: no Host object, nothing delivered to it"
+	case !ok:
 		return ""
 	}
 	if h.Retired {

@@ -46,8 +46,10 @@ vanished:
 volumes: []
 suspended: {epoch: 3, reason: kernel upgrade}
 `
-	gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{"hosts/hv-a.yaml": forged}})
-	pass() // judges hv-a, which has reported now: online
+	// hv-z's status outlived its Host object (or it never had one).
+	gone := strings.NewReplacer("host: hv-a", "host: hv-z", "web-01", "old-01", "db-01", "old-02", "x-01", "old-03").Replace(forged)
+	gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{"hosts/hv-a.yaml": forged, "hosts/hv-z.yaml": gone}})
+	pass() // judges hv-a, which has reported now: online; lists no hv-z
 
 	code, out := runCLI(t, "status", "--repo", dir)
 	if code != 0 {
@@ -62,13 +64,22 @@ suspended: {epoch: 3, reason: kernel upgrade}
 		"x-01", "vanished",
 		"host destroys it at 2026-11-30T15:05:00Z",
 		"Kept after a history rewrite",
-		"HOST  STATE   HEARTBEAT  EPOCH  ACCEL  AGENT  VMS",
-		"hv-a  online  3          3      tcg    1      1",
 		"host suspended: changes wait",
+		"hv-z  not in the fleet: no Host object, nothing delivered to it",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status does not say %q:\n%s", want, out)
 		}
+	}
+	lines := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && (f[0] == "HOST" || f[0] == "hv-a") {
+			lines[f[0]] = f
+		}
+	}
+	if h, a := strings.Join(lines["HOST"], " "), strings.Join(lines["hv-a"], " "); !strings.HasPrefix(h, "HOST STATE HEARTBEAT EPOCH ACCEL AGENT VMS") ||
+		!strings.HasPrefix(a, "hv-a online 3 3 tcg 1 1") {
+		t.Errorf("hosts table: %q / %q", h, a)
 	}
 	if !strings.Contains(out[strings.Index(out, "Kept after a history rewrite"):], "VM    web-01") {
 		t.Errorf("the retained VM is not listed:\n%s", out)
@@ -92,7 +103,7 @@ suspended: {epoch: 3, reason: kernel upgrade}
 	}
 	if rep.Applied.Commit != applied || len(rep.Retained) != 1 || rep.Retained[0].Name != "web-01" ||
 		len(rep.PendingDeletes) != 1 || rep.PendingDeletes[0].DestroyAt != "2026-11-30T15:05:00Z" ||
-		len(rep.Hosts) != 1 || rep.Hosts[0].Suspended.Reason != "kernel upgrade" || rep.Liveness["hv-a"].State != "online" {
+		len(rep.Hosts) != 2 || rep.Hosts[0].Suspended.Reason != "kernel upgrade" || rep.Liveness["hv-a"].State != "online" {
 		t.Errorf("json: %+v\n%s", rep, out)
 	}
 }
