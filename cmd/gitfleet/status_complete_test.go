@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 )
 
@@ -27,6 +28,14 @@ func TestStatusShowsEverythingTheSummaryShows(t *testing.T) {
 	// A force-push that drops web-01: kept, not deleted.
 	gittest.Commit(t, dir, gittest.Edit{Parents: []string{first}, Remove: []string{"fleet/web-01.yaml"}})
 	pass()
+	// A pull request that restores web-01's file plans it as desired
+	// again, not as a create: plan reads the ledger's retained objects.
+	restore := gittest.Commit(t, dir, gittest.Edit{Branch: "restore", Parents: []string{gittest.Git(t, dir, "rev-parse", "main")},
+		Write: map[string]string{"fleet/web-01.yaml": cliVM("web-01", "hv-a", "1")}})
+	if code, out := runCLI(t, "plan", "--repo", dir, "--base", "main", "--head", restore); code != 0 ||
+		!strings.Contains(out, desired.RetainedRestoreWarning) || strings.Contains(out, "create VM web-01") {
+		t.Errorf("plan of a restored retained VM: exit %d\n%s", code, out)
+	}
 	// A reviewed delete of db-01: pending until the host destroys it.
 	applied := gittest.Commit(t, dir, gittest.Edit{Remove: []string{"fleet/db-01.yaml"}})
 	pass()
