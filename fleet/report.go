@@ -138,7 +138,9 @@ func (c *Controller) reportIgnored(hosts []string) {
 			continue
 		}
 		c.ignored[h] = true
-		c.log.WithField("host", h).Warn("status of a host that is not in the desired state ignored: it creates no ledger record and moves no epoch; remove " + status.Path(h) + " from the status branch")
+		c.log.WithField("host", h).Warn("status of a host that is not in the desired state ignored: it creates no ledger record and moves no epoch; " +
+			"add a Host object named " + h + ", or stop the agent configured with host: " + h + " and delete its branch " + status.HostBranch(h) +
+			" (or, written by an agent of an earlier release, " + status.Path(h) + " on the status branch)")
 	}
 	if more > 0 && !c.ignored["\x00more"] {
 		c.ignored["\x00more"] = true

@@ -1,9 +1,12 @@
 package fleet
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/status"
@@ -73,5 +76,26 @@ func TestRetiredHostLeavesTheSummary(t *testing.T) {
 	}
 	if live := e.statusFile(status.LivenessPath); strings.Contains(live, "hv-d") {
 		t.Errorf("hv-d is still in liveness.yaml:\n%s", live)
+	}
+}
+
+// The warning on a status of a host the fleet does not have says what to
+// do, naming where the status is: the host's own branch (or, of an agent
+// of an earlier release, its file on the status branch).
+func TestIgnoredStatusSaysWhatToDo(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	var logs bytes.Buffer
+	l := logrus.New()
+	l.SetOutput(&logs)
+	c, err := New(Config{URL: e.url, Clock: e.clock.Now, Logger: logrus.NewEntry(l), SummaryInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	writeStatus(t, e.url, &status.Status{Host: "hv-typo", Heartbeat: 1})
+	e.pass()
+	want := "add a Host object named hv-typo, or stop the agent configured with host: hv-typo and delete its branch gitfleet/hosts/hv-typo"
+	if !strings.Contains(logs.String(), want) {
+		t.Errorf("log lacks %q:\n%s", want, logs.String())
 	}
 }
