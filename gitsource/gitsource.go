@@ -4,8 +4,9 @@
 // worktree, diff two trees, walk first-parent history, and write one commit
 // to one branch by compare-and-swap push (never force: the old tip is
 // always named), retrying on rejection; Edit may replace the tip rather
-// than follow it, and FetchPrefix fetches every branch under a prefix in
-// one glob fetch. A git failure is always returned as an error, never as an
+// than follow it; FetchAll fetches several branches and every branch
+// under a prefix in one fetch, and UpdateAt writes on the tip it just
+// fetched without fetching again. A git failure is always returned as an error, never as an
 // empty tree. It owns no branch file of gitfleet's: callers name branches
 // and paths.
 //
@@ -15,7 +16,9 @@
 // Damage to the cache (a missing object, an empty or garbage ref file, a
 // truncated pack, a stale lock, a missing HEAD, a reference changed under us,
 // a shallow-history gap) is repaired by fetching again and, as the last
-// resort, by cloning the cache afresh; it is never read as an empty tree.
+// resort, by cloning the cache afresh (every tracked branch fetched back in
+// one fetch); it is never read as an empty tree. Fetch, FetchPrefix and
+// FetchAll share that one loop and repair.
 // Every operation with the remote ends by Options.Timeout on every
 // transport (ErrTimeout); a SHA-256 repository is ErrObjectFormat.
 //
