@@ -12,10 +12,11 @@ import (
 )
 
 // Two controllers: A reads the desired branch, is slowed, and meanwhile a
-// delete is pushed and B publishes its tombstone. A's publish must not
-// move the ledger's applied commit back to the head it read (that would
-// read as a history rewrite and un-delete the VM): it loses the race,
-// reads the desired branch again, and publishes nothing B has not.
+// delete is pushed and B publishes its tombstone. A's publish (of an edit
+// it read, which B publishes too) must not move the ledger's applied
+// commit back to the head it read (that would read as a history rewrite
+// and un-delete the VM): it loses the race, reads the desired branch
+// again, and publishes nothing B has not.
 func TestStaleControllerLosesTheRace(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	a, b := e.c, e.newController()
@@ -23,6 +24,9 @@ func TestStaleControllerLosesTheRace(t *testing.T) {
 	if _, err := b.Pass(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	// Something for A to publish from the head it reads: it builds on
+	// the snapshots tip it fetched, which B moves meanwhile.
+	e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 4, "db-data")}, Message: "grow db-01"})
 	var deleted string
 	a.beforePublish = func() {
 		a.beforePublish = nil
