@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -162,14 +163,21 @@ func (c *Controller) lagging(live []status.Report, copies map[string]status.Repo
 }
 
 // eventKey is a digest of what rep's status says but for heartbeat and
-// observedAt, cached by blob hash (keep collects this pass's entries).
+// observedAt, cached by blob hash (keep collects this pass's entries). It
+// digests the status as JSON, not as status.Marshal's YAML: a heartbeat
+// changes every host's blob, so a pass over 1,000 hosts computes 1,000
+// keys, and YAML encoding was the largest cost of such a pass. Statuses
+// that differ only in a list absent against one empty (a file written
+// by hand) digest apart: their copy is written at once, never held back.
 func (c *Controller) eventKey(rep status.Report, keep map[string]string) string {
 	if k, ok := keep[rep.ID]; ok {
 		return k
 	}
 	k, ok := c.eventKeys[rep.ID]
 	if !ok {
-		data, err := status.EventKey(rep.Status)
+		st := *rep.Status
+		st.Heartbeat, st.ObservedAt = 0, time.Time{}
+		data, err := json.Marshal(&st)
 		if err != nil {
 			k = "unencodable " + rep.ID
 		} else {
