@@ -60,6 +60,42 @@ func TestStaleControllerLosesTheRace(t *testing.T) {
 	}
 }
 
+// A slow controller with nothing to publish from the head it read builds
+// on the snapshots tip it fetched, which another controller moved
+// meanwhile: it writes nothing, so the applied commit stays the other
+// controller's, and its next pass reads the new tips.
+func TestStaleControllerWithNothingToPublishWritesNothing(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	a, b := e.c, e.newController()
+	e.pass()
+	if _, err := b.Pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var deleted, moved string
+	a.beforePublish = func() {
+		a.beforePublish = nil
+		deleted = e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Message: "retire web-01"})
+		res, err := b.Pass(t.Context())
+		if err != nil || len(res.Tombstoned) != 1 {
+			t.Fatalf("B's pass: %+v, %v; want web-01 tombstoned", res, err)
+		}
+		moved = res.SnapshotsCommit
+	}
+	if res := e.pass(); len(res.Published) != 0 || len(res.Undeleted) != 0 {
+		t.Fatalf("the stale controller published: %+v", res)
+	}
+	if tip := gittest.Rev(t, e.dir, "refs/heads/"+DefaultSnapshotsBranch); tip != moved {
+		t.Fatalf("snapshots tip %s, want B's %s untouched", tip, moved)
+	}
+	if l := e.ledger(); l.Applied == nil || string(l.Applied.Commit) != deleted {
+		t.Fatalf("applied commit %+v, want %s", l.Applied, deleted)
+	}
+	res := e.pass()
+	if res.Head != deleted || len(res.Undeleted) != 0 {
+		t.Errorf("A's next pass: head %s, undeleted %v; want %s and nothing undeleted", res.Head, res.Undeleted, deleted)
+	}
+}
+
 // A history really rewritten (the desired branch reset to an older
 // commit, and still there when the publish re-checks) is no lost race: it
 // is published, and what it dropped is retained, not deleted.
