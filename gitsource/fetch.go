@@ -80,7 +80,7 @@ func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (tip st
 	defer r.mu.Unlock()
 	spec := config.RefSpec("+refs/heads/" + branch + ":" + trackingRef(branch).String())
 	err = r.remote(ctx, func(ctx context.Context) error {
-		return r.repo.FetchContext(ctx, &git.FetchOptions{
+		return r.indexWithin(ctx, &git.FetchOptions{
 			RemoteName: remoteName,
 			RefSpecs:   []config.RefSpec{spec},
 			Depth:      r.opts.Depth,
@@ -121,6 +121,17 @@ func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (tip st
 		}
 	}
 	return h.String(), fetched, nil
+}
+
+// indexWithin fetches with opts, ctx bounding the whole fetch: the
+// transfer, and the indexing of the pack that arrived (go-git closes the
+// pack writer without a context). Caller holds r.mu.
+func (r *Repo) indexWithin(ctx context.Context, opts *git.FetchOptions) error {
+	fetch := func() error { return r.repo.FetchContext(ctx, opts) }
+	if st, ok := r.st.(*diskStorage); ok {
+		return st.during(ctx, fetch)
+	}
+	return fetch()
 }
 
 // repair makes the next fetch of branch transfer its objects again: drop
@@ -261,7 +272,7 @@ func repairable(err error) bool {
 	case err == nil:
 		return false
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrTimeout),
-		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat), errors.Is(err, ErrTooManyRefs), isUnwritable(err),
+		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat), errors.Is(err, ErrTooManyRefs), errors.Is(err, ErrPackRefused), isUnwritable(err),
 		errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed),
 		errors.Is(err, transport.ErrRepositoryNotFound), errors.Is(err, transport.ErrInvalidAuthMethod):
 		return false
@@ -396,7 +407,7 @@ func (r *Repo) fetchPrefixOnce(ctx context.Context, prefix string) (tips map[str
 	defer r.mu.Unlock()
 	spec := config.RefSpec("+refs/heads/" + prefix + "*:" + trackingRef(prefix).String() + "*")
 	err = r.remote(ctx, func(ctx context.Context) error {
-		return r.repo.FetchContext(ctx, &git.FetchOptions{
+		return r.indexWithin(ctx, &git.FetchOptions{
 			RemoteName:   remoteName,
 			RefSpecs:     []config.RefSpec{spec},
 			Depth:        r.opts.Depth,

@@ -159,6 +159,13 @@ type Options struct {
 	// when it passes. 0 means DefaultTimeout. A caller's context can end
 	// an operation sooner.
 	Timeout time.Duration
+	// MaxSpill bounds, in bytes, the temporary files that indexing a
+	// fetched pack, or reading one object through its delta chain, may
+	// hold at once beside the cache (large delta bases and results go to
+	// disk, not memory); 0 means max(DefaultMaxSpill, 4 × the pack's
+	// size). Past it the fetch or read fails with ErrPackRefused naming
+	// the object: a small pack that expands past it is a delta bomb.
+	MaxSpill int64
 	// Logger receives the package's log lines; nil means the standard logrus
 	// logger. The component field is set to "gitsource".
 	Logger *logrus.Entry
@@ -386,7 +393,7 @@ func (r *Repo) openStorage(fresh bool) error {
 	// Objects past largeObject are read from their pack as a stream, not
 	// decoded whole into memory (and never into the object cache); a
 	// fetched pack is indexed in bounded memory (see diskStorage).
-	st := &diskStorage{dir: dir, Storage: filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte),
+	st := &diskStorage{dir: dir, maxSpill: r.opts.MaxSpill, Storage: filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte),
 		filesystem.Options{MaxOpenDescriptors: 2 * maxPacks, LargeObjectThreshold: largeObject})}
 	if len(ents) == 0 {
 		repo, err := git.Init(st, nil)
