@@ -49,6 +49,9 @@ type diskStorage struct {
 	// (with the git deadline), set while the fetch runs; nil means none.
 	// Guarded by Repo.mu, as the storage is.
 	ctx context.Context
+	// packs are the packs' indexes, open while the packs stay the same
+	// (see objectread.go); nil until first needed.
+	packs []*packIndex
 }
 
 // during runs op with ctx as the bound of any pack indexed meanwhile.
@@ -149,6 +152,7 @@ func (w *packWriter) install() error {
 	}
 	// go-git keeps the index of every pack in memory: load them again.
 	w.st.Reindex()
+	w.st.resetPacks()
 	return nil
 }
 
