@@ -667,8 +667,34 @@ func (r *Repo) remote(ctx context.Context, op func(context.Context) error) error
 	if f := objectFormat(err); f != "" {
 		return fmt.Errorf("%w %s: gitfleet reads only sha1 repositories (convert it, or serve a sha1 mirror)", ErrObjectFormat, f)
 	}
+	return refound(err)
+}
+
+// remoteFaults are the errors gitsource's own readers of a remote's
+// answer give, which go-git sometimes passes on as text alone ("error
+// decoding upload-pack response: %s").
+var remoteFaults = []error{ErrTooManyRefs, ErrTooManyShallows, ErrPackRefused}
+
+// refound makes err match the remote fault its text names, when go-git
+// flattened it.
+func refound(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, f := range remoteFaults {
+		if !errors.Is(err, f) && strings.Contains(err.Error(), f.Error()) {
+			return &flattened{err: err, fault: f}
+		}
+	}
 	return err
 }
+
+// flattened is an error whose text names a remote fault: it reads as it
+// is and matches the fault.
+type flattened struct{ err, fault error }
+
+func (f *flattened) Error() string   { return f.err.Error() }
+func (f *flattened) Unwrap() []error { return []error{f.err, f.fault} }
 
 // objectFormatCap finds the object-format capability in a ref
 // advertisement that go-git could not decode (a SHA-256 repository's

@@ -5,9 +5,15 @@ import (
 	"compress/zlib"
 	"crypto/sha1"
 	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
 	"testing"
 
 	"github.com/go-git/go-git/v5/plumbing"
+
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
 )
 
 // craftObject is one object of a pack made by hand: a whole object of
@@ -88,4 +94,36 @@ func deltaOf(baseSize int, n int, insert string) []byte {
 		d = append(d, insert...)
 	}
 	return d
+}
+
+// commitPack adds to objs a tree of entries (name → blob hash, regular
+// files) and a commit of it, and returns the pack and the commit.
+func commitPack(t testing.TB, objs []craftObject, entries map[string]plumbing.Hash) ([]byte, string) {
+	names := make([]string, 0, len(entries))
+	for n := range entries {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var tree []byte
+	for _, n := range names {
+		h := entries[n]
+		tree = append(append(tree, "100644 "+n+"\x00"...), h[:]...)
+	}
+	commit := []byte(fmt.Sprintf("tree %s\nauthor a <a@example.org> 0 +0000\ncommitter a <a@example.org> 0 +0000\n\nfleet\n",
+		plumbing.ComputeHash(plumbing.TreeObject, tree)))
+	objs = append(objs, craftObject{typ: plumbing.TreeObject, data: tree}, craftObject{typ: plumbing.CommitObject, data: commit})
+	return craftPack(t, objs), plumbing.ComputeHash(plumbing.CommitObject, commit).String()
+}
+
+// bareFromPack makes a bare repository holding pack (indexed by git
+// itself) with main at commit, and returns its path.
+func bareFromPack(t testing.TB, pack []byte, commit string) string {
+	dir := gittest.NewBare(t)
+	path := filepath.Join(dir, "objects", "pack", "crafted.pack")
+	if err := os.WriteFile(path, pack, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gittest.Git(t, dir, "index-pack", path)
+	gittest.Git(t, dir, "update-ref", "refs/heads/main", commit)
+	return dir
 }

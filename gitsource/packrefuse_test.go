@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
 )
 
 // openEmptyCache opens a cache on disk of an unused remote, for tests that
@@ -145,6 +147,38 @@ func TestDeltaBombRefused(t *testing.T) {
 	require.NoError(t, storePack(context.Background(), st, pack))
 	require.Equal(t, DefaultMaxSpill, spillLimit(0, 1<<20), "the floor for a small pack")
 	require.Equal(t, int64(8<<30), spillLimit(0, 2<<30), "four times a large pack")
+}
+
+// A delta bomb fetched from a real git server (git upload-pack sends the
+// delta as it is stored) fails the fetch with ErrPackRefused, over the
+// file transport and http, leaves no spill file and is not repaired.
+func TestFetchedDeltaBombRefused(t *testing.T) {
+	const copies = 512 // 32 MiB
+	h := plumbing.NewHasher(plumbing.BlobObject, copies<<16)
+	zeros := make([]byte, 1<<16)
+	for i := 0; i < copies; i++ {
+		h.Write(zeros)
+	}
+	d := binary.AppendUvarint(binary.AppendUvarint(nil, 1<<16), copies<<16)
+	for i := 0; i < copies; i++ {
+		d = append(d, 0x80)
+	}
+	pack, commit := commitPack(t, []craftObject{{typ: plumbing.BlobObject, data: zeros}, {ofs: 1, data: d}},
+		map[string]plumbing.Hash{"zeros": plumbing.ComputeHash(plumbing.BlobObject, zeros), "bomb": h.Sum()})
+	dir := bareFromPack(t, pack, commit)
+	url := gittest.Serve(t, filepath.Dir(dir)) + "/" + filepath.Base(dir)
+	for name, remote := range map[string]string{"file": dir, "http": url} {
+		cache := filepath.Join(t.TempDir(), "cache")
+		r, err := Open(context.Background(), Options{URL: remote, CacheDir: cache, MaxSpill: 8 << 20})
+		require.NoError(t, err)
+		_, err = r.Fetch(context.Background(), "main")
+		t.Logf("%s: %v", name, err)
+		require.ErrorIs(t, err, ErrPackRefused, name)
+		require.Contains(t, err.Error(), "expands past the spill limit", name)
+		left, _ := filepath.Glob(filepath.Join(cache, "objects", "pack", "*"))
+		require.Empty(t, left, name)
+		r.Close()
+	}
 }
 
 // Indexing a fetched pack honours the fetch's context: a cancelled or
