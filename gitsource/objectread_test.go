@@ -3,17 +3,19 @@ package gitsource
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
-	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"testing"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/internal/peakrss"
 )
 
 // smallOverLarge is a pack of one commit whose tree holds a large blob
@@ -33,28 +35,16 @@ func smallOverLarge(t testing.TB, base int) ([]byte, string, string) {
 		hugeDelta = append(append(hugeDelta, 127), ins...)
 		huge = append(huge, ins...)
 	}
-	blobs := map[string]plumbing.Hash{
-		"big.img":   plumbing.ComputeHash(plumbing.BlobObject, big),
-		"huge.yaml": plumbing.ComputeHash(plumbing.BlobObject, huge),
-		"web.yaml":  plumbing.ComputeHash(plumbing.BlobObject, []byte(small)),
-	}
-	names := []string{"big.img", "huge.yaml", "web.yaml"}
-	sort.Strings(names)
-	var tree []byte
-	for _, n := range names {
-		h := blobs[n]
-		tree = append(append(tree, "100644 "+n+"\x00"...), h[:]...)
-	}
-	treeHash := plumbing.ComputeHash(plumbing.TreeObject, tree)
-	commit := []byte(fmt.Sprintf("tree %s\nauthor a <a@example.org> 0 +0000\ncommitter a <a@example.org> 0 +0000\n\nfleet\n", treeHash))
-	pack := craftPack(t, []craftObject{
+	pack, commit := commitPack(t, []craftObject{
 		{typ: plumbing.BlobObject, data: big},
 		{ofs: 1, data: deltaOf(base, 64, "kind: VM\n")},
 		{ofs: 2, data: hugeDelta},
-		{typ: plumbing.TreeObject, data: tree},
-		{typ: plumbing.CommitObject, data: commit},
+	}, map[string]plumbing.Hash{
+		"big.img":   plumbing.ComputeHash(plumbing.BlobObject, big),
+		"huge.yaml": plumbing.ComputeHash(plumbing.BlobObject, huge),
+		"web.yaml":  plumbing.ComputeHash(plumbing.BlobObject, []byte(small)),
 	})
-	return pack, plumbing.ComputeHash(plumbing.CommitObject, commit).String(), small
+	return pack, commit, small
 }
 
 // allocated is the bytes op allocates on the heap (all of it, freed or
@@ -109,4 +99,43 @@ func requireNoSpill(t *testing.T, cache string) {
 	t.Helper()
 	left, _ := filepath.Glob(cache + "/objects/pack/tmp_*")
 	require.Empty(t, left, "spill files are removed")
+}
+
+// BenchmarkReadSmallDeltaPeakRSS prints the peak resident memory of a
+// process that fetches one branch into a cache on disk and reads a
+// 73-byte fleet file, stored whole ("without") or as a delta on an
+// incompressible 100 MB blob ("with100MBbase"), over the file transport.
+// The two are within a few MB of each other when the base is never read
+// into memory. Run with -benchtime=1x: each op is one fresh process.
+func BenchmarkReadSmallDeltaPeakRSS(b *testing.B) {
+	big := make([]byte, 100<<20)
+	if _, err := rand.Read(big); err != nil {
+		b.Fatal(err)
+	}
+	small := string(big[:64]) + "kind: VM\n"
+	for _, name := range []string{"without", "with100MBbase"} {
+		objs := []craftObject{{typ: plumbing.BlobObject, data: []byte(small)}}
+		files := map[string]plumbing.Hash{"web.yaml": plumbing.ComputeHash(plumbing.BlobObject, []byte(small))}
+		if name == "with100MBbase" {
+			objs = []craftObject{{typ: plumbing.BlobObject, data: big}, {ofs: 1, data: deltaOf(len(big), 64, "kind: VM\n")}}
+			files["disk.img"] = plumbing.ComputeHash(plumbing.BlobObject, big)
+		}
+		pack, commit := commitPack(b, objs, files)
+		dir := bareFromPack(b, pack, commit)
+		b.Run(name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFetch$")
+				cmd.Env = append(os.Environ(), "GITSOURCE_HELPER_FETCH="+dir+"\x1f"+filepath.Join(b.TempDir(), "cache")+"\x1fweb.yaml")
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					b.Fatalf("fetch and read in a child process: %v\n%s", err, out)
+				}
+				kib, err := peakrss.Parse(out)
+				if err != nil {
+					b.Fatalf("%v\n%s", err, out)
+				}
+				b.ReportMetric(float64(kib)/1024, "MB-peak-RSS")
+			}
+		})
+	}
 }
