@@ -393,7 +393,7 @@ func (r *Repo) openStorage(fresh bool) error {
 	// Objects past largeObject are read from their pack as a stream, not
 	// decoded whole into memory (and never into the object cache); a
 	// fetched pack is indexed in bounded memory (see diskStorage).
-	st := &diskStorage{dir: dir, maxSpill: r.opts.MaxSpill, Storage: filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte),
+	st := &diskStorage{dir: dir, maxSpill: r.opts.MaxSpill, goGits: map[plumbing.Hash]struct{}{}, Storage: filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte),
 		filesystem.Options{MaxOpenDescriptors: 2 * maxPacks, LargeObjectThreshold: largeObject})}
 	if len(ents) == 0 {
 		repo, err := git.Init(st, nil)

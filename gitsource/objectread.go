@@ -32,6 +32,9 @@ import (
 // ref-delta bases from the pack for every link).
 const goGitDepth = 64
 
+// maxGoGits bounds the objects remembered as go-git's to read.
+const maxGoGits = 1 << 17
+
 // packIndex is one pack's index (.idx, version 2, see gitformat-pack),
 // read from disk at each lookup: only its fan-out table is kept.
 type packIndex struct {
@@ -165,6 +168,7 @@ func (s *diskStorage) resetPacks() {
 		p.close()
 	}
 	s.packs = nil
+	clear(s.goGits)
 }
 
 // Close closes the pack indexes and go-git's storage.
@@ -302,11 +306,22 @@ func (s *diskStorage) EncodedObjectSize(h plumbing.Hash) (int64, error) {
 // Reader resolves it each time, through spill files when large); any
 // other object is go-git's to read.
 func (s *diskStorage) EncodedObject(t plumbing.ObjectType, h plumbing.Hash) (plumbing.EncodedObject, error) {
+	if _, ok := s.goGits[h]; ok {
+		return s.Storage.EncodedObject(t, h)
+	}
 	p, links, found, err := s.chain(h)
 	if err != nil {
 		return nil, err
 	}
 	if !found || len(links) == 1 || !needsBoundedRead(links) {
+		if found {
+			// Judged once: a walk of a tree read before costs go-git's
+			// object cache only.
+			if len(s.goGits) >= maxGoGits {
+				clear(s.goGits)
+			}
+			s.goGits[h] = struct{}{}
+		}
 		return s.Storage.EncodedObject(t, h)
 	}
 	base := links[len(links)-1]

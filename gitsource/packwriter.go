@@ -50,8 +50,10 @@ type diskStorage struct {
 	// Guarded by Repo.mu, as the storage is.
 	ctx context.Context
 	// packs are the packs' indexes, open while the packs stay the same
-	// (see objectread.go); nil until first needed.
-	packs []*packIndex
+	// (see objectread.go); nil until first needed. goGits holds packed
+	// objects judged small enough for go-git to read.
+	packs  []*packIndex
+	goGits map[plumbing.Hash]struct{}
 }
 
 // during runs op with ctx as the bound of any pack indexed meanwhile.
