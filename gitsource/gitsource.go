@@ -17,7 +17,11 @@
 // a shallow-history gap) is repaired by fetching again and, as the last
 // resort, by cloning the cache afresh; it is never read as an empty tree.
 // Every operation with the remote ends by Options.Timeout on every
-// transport (ErrTimeout); a SHA-256 repository is ErrObjectFormat.
+// transport (ErrTimeout), the indexing of the fetched pack included; a
+// SHA-256 repository is ErrObjectFormat. What a remote sends is bounded:
+// its ref advertisement (ErrTooManyRefs), its shallow lines
+// (ErrTooManyShallows), the delta chains and expansion of its pack
+// (ErrPackRefused, within Options.MaxSpill of spill files).
 //
 // A typical reader fetches, then reads at the commit Fetch returned:
 //
