@@ -202,6 +202,9 @@ func (s *diskStorage) chain(h plumbing.Hash) (*packIndex, []chainLink, bool, err
 			continue
 		}
 		links, err := p.links(off, true)
+		if errors.Is(err, errForeignBase) {
+			return nil, nil, false, nil
+		}
 		return p, links, true, err
 	}
 	return nil, nil, false, nil
@@ -230,8 +233,11 @@ func (p *packIndex) links(off int64, all bool) ([]chainLink, error) {
 			next = oh.OffsetReference
 		case plumbing.REFDeltaObject:
 			var ok bool
-			if next, ok, err = p.find(oh.Reference); err != nil || !ok {
-				return nil, fmt.Errorf("%w: base %s of the delta at offset %d of %s (%v)", ErrObjectMissing, oh.Reference, off, filepath.Base(p.pack), err)
+			if next, ok, err = p.find(oh.Reference); err != nil {
+				return nil, fmt.Errorf("%w: index of %s: %v", ErrObjectMissing, filepath.Base(p.pack), err)
+			}
+			if !ok {
+				return nil, errForeignBase
 			}
 		default:
 			return append(links, l), nil
@@ -246,6 +252,10 @@ func (p *packIndex) links(off int64, all bool) ([]chainLink, error) {
 		off = next
 	}
 }
+
+// errForeignBase: a ref-delta's base is in another pack (gitsource's own
+// packs never do that); go-git reads such an object.
+var errForeignBase = errors.New("delta base in another pack")
 
 // errHeadRead stops an inflate once a delta's two sizes are in.
 var errHeadRead = errors.New("delta header read")
