@@ -227,19 +227,7 @@ func (p *packIndex) links(off int64, all bool) ([]chainLink, error) {
 			return nil, fmt.Errorf("%w: object at offset %d of %s: %v", ErrObjectMissing, off, filepath.Base(p.pack), wrapPackEOF(err))
 		}
 		l := chainLink{offset: off, typ: oh.Type, length: oh.Length}
-		var next int64
-		switch oh.Type {
-		case plumbing.OFSDeltaObject:
-			next = oh.OffsetReference
-		case plumbing.REFDeltaObject:
-			var ok bool
-			if next, ok, err = p.find(oh.Reference); err != nil {
-				return nil, fmt.Errorf("%w: index of %s: %v", ErrObjectMissing, filepath.Base(p.pack), err)
-			}
-			if !ok {
-				return nil, errForeignBase
-			}
-		default:
+		if oh.Type != plumbing.OFSDeltaObject && oh.Type != plumbing.REFDeltaObject {
 			return append(links, l), nil
 		}
 		if l.src, l.dst, err = deltaHead(sc); err != nil {
@@ -248,6 +236,16 @@ func (p *packIndex) links(off int64, all bool) ([]chainLink, error) {
 		links = append(links, l)
 		if !all {
 			return links, nil
+		}
+		next := oh.OffsetReference
+		if oh.Type == plumbing.REFDeltaObject {
+			var ok bool
+			if next, ok, err = p.find(oh.Reference); err != nil {
+				return nil, fmt.Errorf("%w: index of %s: %v", ErrObjectMissing, filepath.Base(p.pack), err)
+			}
+			if !ok {
+				return nil, errForeignBase
+			}
 		}
 		off = next
 	}
