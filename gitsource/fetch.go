@@ -214,13 +214,24 @@ func (r *Repo) fetchOnce(ctx context.Context, set refSet, final bool) (tips map[
 	return tips, fetched, nil
 }
 
+// indexWithin fetches with opts, ctx bounding the whole fetch: the
+// transfer, and the indexing of the pack that arrived (go-git closes the
+// pack writer without a context). Caller holds r.mu.
+func (r *Repo) indexWithin(ctx context.Context, opts *git.FetchOptions) error {
+	fetch := func() error { return r.repo.FetchContext(ctx, opts) }
+	if st, ok := r.st.(*diskStorage); ok {
+		return st.during(ctx, fetch)
+	}
+	return fetch()
+}
+
 // fetchSpecs runs one go-git fetch of set's refspecs; fetched tells
 // whether the remote sent anything ("already up to date" is no error).
 func (r *Repo) fetchSpecs(ctx context.Context, set refSet) (fetched bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	err = r.remote(ctx, func(ctx context.Context) error {
-		return r.repo.FetchContext(ctx, &git.FetchOptions{
+		return r.indexWithin(ctx, &git.FetchOptions{
 			RemoteName: remoteName,
 			RefSpecs:   set.specs(),
 			Depth:      r.opts.Depth,
@@ -439,7 +450,7 @@ func repairable(err error) bool {
 	case err == nil:
 		return false
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrTimeout),
-		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat), errors.Is(err, ErrTooManyRefs), isUnwritable(err),
+		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat), errors.Is(err, ErrTooManyRefs), errors.Is(err, ErrTooManyShallows), errors.Is(err, ErrPackRefused), isUnwritable(err),
 		errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed),
 		errors.Is(err, transport.ErrRepositoryNotFound), errors.Is(err, transport.ErrInvalidAuthMethod):
 		return false
