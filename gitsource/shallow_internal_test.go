@@ -39,11 +39,16 @@ func TestShallowCacheOfManyBranches(t *testing.T) {
 		want := map[string]string{}
 		for i := 0; i < hosts; i++ {
 			b := fmt.Sprintf("gitfleet/hosts/hv-%d", i)
-			want[b] = gittest.Commit(t, dir, gittest.Edit{Branch: b, Write: map[string]string{"s": fmt.Sprint(round)}})
+			// The host's name in its file keeps the branches' commits
+			// apart (the same tree, parent and time would be one commit).
+			want[b] = gittest.Commit(t, dir, gittest.Edit{Branch: b, Write: map[string]string{"s": fmt.Sprint(round), "h": b}})
 		}
 		return want
 	}
 	r := mustOpen(t, Options{URL: base + "/" + filepath.Base(dir), Depth: 1})
+	// Each tip has a parent, so that a depth-1 fetch lists it as shallow
+	// (a root commit is no shallow boundary).
+	write(-1)
 	want := write(0)
 	tips, err := r.FetchPrefix(ctx, "gitfleet/hosts/")
 	require.NoError(t, err)
