@@ -713,8 +713,8 @@ func (c *Controller) fetchPrefix(ctx context.Context, repo *gitsource.Repo, pref
 	return tips, err
 }
 
-// update is repo.Update of branch with mutate, timed for the metrics as a
-// push; an error of mutate itself (the controller's, not git's) is not
+// update is repo.Update of branch with mutate, each commit signed with
+// Config.SigningKey when set, timed for the metrics as a push; an error of mutate itself (the controller's, not git's) is not
 // counted as git's failure.
 func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch string, mutate gitsource.Mutation) (string, error) {
 	var own error
@@ -724,7 +724,14 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 		return files, msg, err
 	}
 	start := time.Now()
-	tip, err := repo.Update(ctx, branch, wrapped)
+	tip, err := repo.Edit(ctx, branch, func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
+		hash := ""
+		if tip != nil {
+			hash = tip.Hash
+		}
+		files, msg, err := wrapped(hash, read)
+		return gitsource.Write{Files: files, Message: msg, Signer: c.cfg.SigningKey}, err
+	})
 	c.metrics.gitOp(GitPush, time.Since(start), err != nil && (own == nil || !errors.Is(err, own)))
 	return tip, err
 }

@@ -1,0 +1,160 @@
+package trust_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/trust"
+	"github.com/gitfleet/gitfleet/trust/trusttest"
+)
+
+// writeSigned writes one file to branch of the bare repository dir
+// through gitsource, the commit signed by signer, and returns the commit.
+func writeSigned(t *testing.T, dir, branch string, signer gitsource.CommitSigner) (*gitsource.Repo, string) {
+	t.Helper()
+	ctx := context.Background()
+	repo, err := gitsource.Open(ctx, gitsource.Options{URL: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tip, err := repo.Edit(ctx, branch, func(*gitsource.Commit, func(string) ([]byte, error)) (gitsource.Write, error) {
+		return gitsource.Write{Files: map[string][]byte{"hosts/hv-a.yaml": []byte("host: hv-a\n")}, Message: "snapshots: epoch 1", Signer: signer}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return repo, tip
+}
+
+// verifyCommit runs `git verify-commit` on commit in the repository dir
+// with allowed as gpg.ssh.allowedSignersFile and returns its output.
+func verifyCommit(dir, allowed, commit string) (string, error) {
+	cmd := exec.Command("git", "-c", "gpg.format=ssh", "-c", "gpg.ssh.allowedSignersFile="+allowed, "verify-commit", "-v", commit)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// The controller's commits carry the signature git itself makes with
+// gpg.format=ssh: the real git CLI verifies them against an
+// allowed-signers file, and refuses them against one naming another key.
+func TestCommitSignerGitVerifies(t *testing.T) {
+	ctl := trusttest.NewSSHKey(t, "controller")
+	eve := trusttest.NewSSHKey(t, "eve")
+	signer, err := trust.LoadCommitSigner(ctl.Private)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if signer.AuthorizedKey()+" controller" != ctl.Public {
+		t.Errorf("AuthorizedKey = %q, want the key of %q", signer.AuthorizedKey(), ctl.Public)
+	}
+	dir := gittest.NewBare(t)
+	repo, tip := writeSigned(t, dir, "gitfleet/snapshots", signer)
+
+	allowed := filepath.Join(t.TempDir(), "allowed_signers")
+	if err := os.WriteFile(allowed, []byte(ctl.AllowedSigner("gitfleet-controller")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := verifyCommit(dir, allowed, tip)
+	if err != nil {
+		t.Fatalf("git verify-commit refused the controller's commit: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, `Good "git" signature for gitfleet-controller`) {
+		t.Errorf("git verify-commit said %q, want a good signature for gitfleet-controller", out)
+	}
+	raw := gittest.Git(t, dir, "cat-file", "commit", tip)
+	if !strings.Contains(raw, "\ngpgsig -----BEGIN SSH SIGNATURE-----\n") {
+		t.Errorf("commit has no SSH gpgsig header:\n%s", raw)
+	}
+
+	other := filepath.Join(t.TempDir(), "allowed_signers")
+	if err := os.WriteFile(other, []byte(eve.AllowedSigner("eve")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := verifyCommit(dir, other, tip); err == nil {
+		t.Errorf("git verify-commit accepted the commit against an allowed-signers file without its key:\n%s", out)
+	}
+
+	// Signers.Verify reads the same signature the same way.
+	c, err := repo.Signed(tip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := sshSigners(t, ctl.AllowedSigner("gitfleet-controller")).Verify(c)
+	if err != nil || got.Who != "gitfleet-controller" || got.Key != signer.Fingerprint() {
+		t.Errorf("Verify = %+v, %v; want gitfleet-controller %s", got, err, signer.Fingerprint())
+	}
+	if _, err := sshSigners(t, eve.AllowedSigner("eve")).Verify(c); !errors.Is(err, trust.ErrUnknownKey) {
+		t.Errorf("Verify against another key: %v, want ErrUnknownKey", err)
+	}
+}
+
+// A commit written without a Signer carries no signature: nothing signs
+// by accident, and Verify says so.
+func TestUnsignedWriteIsUnsigned(t *testing.T) {
+	ctl := trusttest.NewSSHKey(t, "controller")
+	dir := gittest.NewBare(t)
+	repo, tip := writeSigned(t, dir, "gitfleet/snapshots", nil)
+	c, err := repo.Signed(tip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sshSigners(t, ctl.AllowedSigner("c")).Verify(c); !errors.Is(err, trust.ErrUnsigned) {
+		t.Errorf("Verify = %v, want ErrUnsigned", err)
+	}
+}
+
+func TestLoadCommitSignerRefuses(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "controller")
+	data, err := os.ReadFile(key.Private)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write := func(name string, data []byte, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	readable := write("readable", data, 0o644)
+	garbage := write("garbage", []byte("not a key\n"), 0o600)
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(key.Private, link); err != nil {
+		t.Fatal(err)
+	}
+	withPass := filepath.Join(dir, "withpass")
+	trusttest.SSHKeygen(t, "-q", "-t", "ed25519", "-N", "secret", "-C", "p", "-f", withPass)
+
+	for _, tc := range []struct {
+		name, path, want string
+	}{
+		{"others may read it", readable, "mode 0644"},
+		{"not a key", garbage, "not an OpenSSH private key"},
+		{"a symbolic link", link, "symbolic link"},
+		{"a passphrase", withPass, "has a passphrase"},
+		{"missing", filepath.Join(dir, "absent"), "no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := trust.LoadCommitSigner(tc.path)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("LoadCommitSigner(%s) = %v, want an error containing %q", tc.path, err, tc.want)
+			}
+			if strings.Contains(err.Error(), "PRIVATE KEY") {
+				t.Errorf("error quotes the key: %v", err)
+			}
+		})
+	}
+}
