@@ -15,6 +15,7 @@ import (
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/status"
 	"github.com/gitfleet/gitfleet/trust"
 	"github.com/gitfleet/gitfleet/trust/trusttest"
 )
@@ -186,4 +187,109 @@ func TestForgedSnapshotRefused(t *testing.T) {
 		assert.Equal(t, res.Published[testHost], st.LastSeenEpoch)
 		assert.Equal(t, 2, h.prov.RunningCount())
 	})
+}
+
+// forgeStatus commits st as the host's status on its host branch with git
+// itself, signed with sign (nil: unsigned), as anyone who can push there
+// could.
+func forgeStatus(t *testing.T, bare string, st *status.Status, sign *gittest.Signing) string {
+	t.Helper()
+	data, err := status.Marshal(st)
+	require.NoError(t, err)
+	return gittest.Commit(t, bare, gittest.Edit{Branch: status.HostBranch(st.Host), Message: "status: forged",
+		Write: map[string]string{status.Path(st.Host): string(data)}, Sign: sign})
+}
+
+// A Host naming spec.agentKey acks deletes only through status commits
+// signed by that key: a forged ack, unsigned or signed by another key,
+// leaves the tombstone pending, is reported in the status README and the
+// metrics, and the VM keeps running; the real agent's signed ack
+// finalizes the delete.
+func TestForgedAckLeavesTombstonePending(t *testing.T) {
+	gittest.NeedGit(t)
+	hostKey := trusttest.NewSSHKey(t, "gitfleet-agent@"+testHost)
+	eve := trusttest.NewSSHKey(t, "eve")
+	bare := gittest.NewBare(t)
+	gittest.Commit(t, bare, gittest.Edit{Branch: "main", Message: "the fleet", Write: map[string]string{
+		"hosts/hv-a.yaml": hostFile(testHost) + "  agentKey: " + hostKey.Public + "\n",
+		"vms/web-01.yaml": vmFile("web-01", testHost, ""),
+		"vms/old-01.yaml": vmFile("old-01", testHost, ""),
+	}})
+	ctl := signedController(t, bare, newClock(), nil)
+	h := &hostAgent{t: t, url: bare, dir: t.TempDir(), prov: agenttest.New(), clock: newClock(),
+		tune:       func(c *agent.EngineConfig) { c.TombstoneGrace = time.Minute },
+		signingKey: commitSigner(t, hostKey)}
+	h.start()
+	pass := func() fleet.PassResult {
+		t.Helper()
+		res, err := ctl.Pass(context.Background())
+		require.NoError(t, err)
+		require.NoError(t, res.Rejected)
+		return res
+	}
+	pass()
+	require.NoError(t, h.once())
+	st := readStatus(t, bare)
+	require.Len(t, st.VMs, 2)
+
+	gittest.Commit(t, bare, gittest.Edit{Branch: "main", Remove: []string{"vms/old-01.yaml"}, Message: "retire old-01"})
+	res := pass()
+	require.Contains(t, res.Tombstoned, "VM old-01@"+testHost)
+	epoch := res.Published[testHost]
+
+	// The agent does not run from here until the forgeries are done.
+	for i, tc := range []struct {
+		name string
+		sign *gittest.Signing
+		want string
+	}{
+		{"unsigned", nil, "carries no signature"},
+		{"signed by another key", eve.Sign(), "not on the allowed-signers list"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			forged := *st
+			forged.Heartbeat += uint64(10 * (i + 1))
+			forged.LastSeenEpoch = epoch
+			forged.Destroyed = []string{"old-01"}
+			commit := forgeStatus(t, bare, &forged, tc.sign)
+			res := pass()
+			assert.Empty(t, res.Finalized, "a forged ack finalizes nothing")
+			assert.Equal(t, 1, res.Pending)
+			require.Len(t, res.ForgedAcks, 1)
+			assert.Equal(t, "VM old-01@"+testHost, res.ForgedAcks[0].Ref)
+			assert.Equal(t, commit, res.ForgedAcks[0].Commit)
+			assert.Contains(t, res.ForgedAcks[0].Reason, tc.want)
+			assert.Contains(t, snapshotNamesAt(t, bare), "old-01", "still delivered as a tombstone")
+			readme := gittest.Show(t, bare, "refs/heads/"+status.Branch, "README.md")
+			assert.Contains(t, readme, "## Forged acks")
+			assert.Contains(t, readme, `VM old-01\@`+testHost)
+			assert.Contains(t, readme, commit[:12])
+			assert.Equal(t, 1.0, value(t, ctl.Registry(), "gitfleet_controller_forged_acks"))
+			assert.Empty(t, h.prov.Calls(agenttest.OpDestroy), "the VM was never destroyed")
+		})
+	}
+
+	t.Run("the real agent's signed ack finalizes", func(t *testing.T) {
+		require.NoError(t, h.once()) // quarantined
+		h.clock.Add(2 * time.Minute)
+		require.NoError(t, h.once()) // destroyed, acked with a signed commit
+		assert.Equal(t, []string{"old-01"}, h.prov.Calls(agenttest.OpDestroy))
+		tip := gittest.Rev(t, bare, "refs/heads/"+status.HostBranch(testHost))
+		raw := gittest.Git(t, bare, "cat-file", "commit", tip)
+		assert.Contains(t, raw, "gpgsig -----BEGIN SSH SIGNATURE-----", "the agent signs its status commits")
+		res := pass()
+		assert.Equal(t, []string{"VM old-01@" + testHost}, res.Finalized)
+		assert.Empty(t, res.ForgedAcks)
+		assert.Equal(t, 0.0, value(t, ctl.Registry(), "gitfleet_controller_forged_acks"))
+		readme := gittest.Show(t, bare, "refs/heads/"+status.Branch, "README.md")
+		assert.NotContains(t, readme, "## Forged acks")
+	})
+}
+
+// snapshotNamesAt is the VM names of the host's snapshot at the tip.
+func snapshotNamesAt(t *testing.T, bare string) []string {
+	t.Helper()
+	s, err := snapshots.ParseSnapshot([]byte(gittest.Show(t, bare, "refs/heads/"+agent.SnapshotsBranch, "hosts/"+testHost+".yaml") + "\n"))
+	require.NoError(t, err)
+	return snapshotNames(s)
 }

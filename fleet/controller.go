@@ -65,6 +65,9 @@ type Controller struct {
 	summaryKey []byte // summary with heartbeat-driven fields blanked
 	summaryAt  time.Time
 	summaryDue bool // a changed summary waits for SummaryInterval
+	// ackVerdicts are the verdicts on the hosts' status commits of the
+	// last pass (authenticate), by host.
+	ackVerdicts map[string]ackVerdict
 	// eventKeys caches status.EventKey digests by blob hash, for the
 	// statuses of the last pass.
 	eventKeys map[string]string
@@ -131,6 +134,10 @@ type PassResult struct {
 	// host. RetainedTotal is the number kept after the pass.
 	Retained, Unretained []string
 	RetainedTotal        int
+	// ForgedAcks are the acks this pass did not act on: the host's status
+	// commit is not signed by its Host's spec.agentKey. Their deletes stay
+	// pending.
+	ForgedAcks []ForgedAck
 	// Repaired lists hosts whose file on the snapshots branch differed from
 	// the snapshot the controller computes for it (edited, forged or
 	// removed): published again with a new epoch.
@@ -413,7 +420,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	// Step 4: the summary on the status branch. This pass acted: a
 	// failure recorded there is over. Statuses the computation ignored
 	// (hosts it does not know) are not shown.
-	sum := c.summarize(out.ledger, fl, withoutHosts(obs.reports, out.ignored), obs.err == nil, now)
+	sum := c.summarize(out.ledger, fl, withoutHosts(obs.reports, out.ignored), out.forgedAcks, obs.err == nil, now)
 	c.failing, c.lastSummary = nil, &sum
 	for _, h := range out.ignored {
 		delete(obs.copies.tips, h) // nor copied
@@ -479,15 +486,20 @@ type observation struct {
 	statuses map[string]*status.Status
 	// copies are the copies to bring up to date on the status branch.
 	copies statusCopies
+	// unsigned are the hosts whose status may not ack deletes: not
+	// signed by the key their Host's spec.agentKey names.
+	unsigned map[string]ackRefusal
 }
 
 // observe reads the hosts' statuses and feeds the liveness clock with
 // them and with the hosts fl desires (fl may be nil).
 func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Time) observation {
 	var obs observation
-	obs.tip, obs.reports, obs.copies, obs.err = c.readStatuses(ctx)
+	var hostTips map[string]string
+	obs.tip, obs.reports, obs.copies, hostTips, obs.err = c.readStatuses(ctx)
 	obs.statuses = map[string]*status.Status{}
 	if obs.err == nil {
+		obs.unsigned = c.authenticate(fl, obs.reports, hostTips)
 		for _, rep := range obs.reports {
 			if c.known(fl, rep.Host) {
 				// A host the computation ignores keeps no liveness.
@@ -600,7 +612,7 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 	return input{
 		branch: c.cfg.Branch, head: desired.Hash(head), fleet: fl, loadErr: loadErr,
 		path:   c.cfg.Path,
-		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil,
+		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil, unsigned: obs.unsigned,
 		offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
 		now:     now, grace: c.cfg.AbandonGrace,
 		attribute: func(refs []ref) (map[ref]snapshots.Tombstone, error) {

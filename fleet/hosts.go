@@ -27,16 +27,17 @@ type statusCopies struct {
 // host without one, from its file on the status branch, where an agent of
 // the old layout writes (docs/DESIGN.md, Branches and files: migration).
 // It returns a name of what was read (the tips), the reports sorted by
-// host, and the copies on the status branch that lag their host branch.
-func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, statusCopies, error) {
+// host, the copies on the status branch that lag their host branch, and
+// each host branch's tip by host.
+func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, statusCopies, map[string]string, error) {
 	var cp statusCopies
 	statusTip, err := c.fetch(ctx, c.tips, c.cfg.StatusBranch)
 	if err != nil && !errors.Is(err, gitsource.ErrBranchNotFound) {
-		return "", nil, cp, err // gitsource names the branch and the remote
+		return "", nil, cp, nil, err // gitsource names the branch and the remote
 	}
 	branches, err := c.fetchPrefix(ctx, c.tips, status.HostBranchPrefix)
 	if err != nil {
-		return "", nil, cp, err
+		return "", nil, cp, nil, err
 	}
 	hostTips := map[string]string{}
 	trees := map[string]desired.Tree{}
@@ -47,19 +48,19 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 		}
 		tree, err := c.tips.Tree(tip, "")
 		if err != nil {
-			return "", nil, cp, fmt.Errorf("read tree of %s at %s: %w", b, desired.Hash(tip).Short(), err)
+			return "", nil, cp, nil, fmt.Errorf("read tree of %s at %s: %w", b, desired.Hash(tip).Short(), err)
 		}
 		hostTips[host], trees[host] = tip, tree
 	}
 	var statusTree desired.Tree = status.BranchFiles(nil)
 	if statusTip != "" {
 		if statusTree, err = c.tips.Tree(statusTip, ""); err != nil {
-			return "", nil, cp, fmt.Errorf("read tree of %s: %w", desired.Hash(statusTip).Short(), err)
+			return "", nil, cp, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(statusTip).Short(), err)
 		}
 	}
 	read, err := c.statuses.ReadTrees(statusTree, status.BranchFiles(trees))
 	if err != nil {
-		return "", nil, cp, err
+		return "", nil, cp, nil, err
 	}
 	onBranch, live := read[0], read[1]
 	copies := make(map[string]status.Report, len(onBranch))
@@ -78,7 +79,7 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 	}
 	sort.Slice(reports, func(i, j int) bool { return reports[i].Host < reports[j].Host })
 	cp = c.lagging(live, copies, hostTips)
-	return tipsName(statusTip, hostTips), reports, cp, nil
+	return tipsName(statusTip, hostTips), reports, cp, hostTips, nil
 }
 
 // lagging compares each host branch's status with its copy on the status

@@ -21,6 +21,10 @@ type Summary struct {
 	Applied desired.Hash
 	Hosts   []HostSummary
 	Pending []PendingDelete
+	// ForgedAcks are acks the controller did not act on: the host's
+	// status commit is not signed by its Host's spec.agentKey. Their
+	// deletes stay pending.
+	ForgedAcks []ForgedAck
 	// Swept are the most recent deletes the controller finalized itself for
 	// hosts that were offline, newest last.
 	Swept []SweptDelete
@@ -107,6 +111,15 @@ type PendingDelete struct {
 	// then (published plus the abandon grace), zero once swept.
 	DestroyAt time.Time
 	SweepAt   time.Time
+}
+
+// ForgedAck is an ack not acted on: Ref is the object ("VM web-01@hv-a"),
+// Commit the host branch's status commit ("" when the status came from
+// the status branch), Reason why it does not count.
+type ForgedAck struct {
+	Ref    string
+	Commit desired.Hash
+	Reason string
 }
 
 // SweptDelete is a tombstone the controller finalized because its host was
@@ -245,6 +258,20 @@ func RenderSummary(s Summary) []byte {
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %d | %s |\n",
 				cell(p.Kind), cell(p.Name), cell(p.Host), by, cell(p.Author), stamp(p.Time), p.Epoch, cell(p.Deadline(s.AbandonGrace)))
+		}
+		b.WriteString("\n")
+	}
+
+	if len(s.ForgedAcks) > 0 {
+		b.WriteString("## Forged acks\n\n")
+		b.WriteString("These acks were not acted on: the status commit is not signed by the key the Host's spec.agentKey names. The deletes stay pending until the host's own agent acks them with a signed status (check who can push to the host's branch).\n\n")
+		tableHeader(&b, "object", "status commit", "reason")
+		for _, f := range s.ForgedAcks {
+			commit := "-"
+			if f.Commit != "" {
+				commit = "`" + f.Commit.Short() + "`"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", cell(f.Ref), commit, cell(f.Reason))
 		}
 		b.WriteString("\n")
 	}
