@@ -2,6 +2,9 @@ package trust
 
 import (
 	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -103,4 +106,28 @@ func (s *CommitSigner) Fingerprint() string { return ssh.FingerprintSHA256(s.sig
 // controllerKeys and a Host's spec.agentKey hold.
 func (s *CommitSigner) AuthorizedKey() string {
 	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.signer.PublicKey())))
+}
+
+// GenerateKey makes a new ed25519 key for signing commits and returns the
+// private key as an unencrypted OpenSSH private key file (what
+// `ssh-keygen -t ed25519 -N ""` writes; LoadCommitSigner reads it) and the
+// public key line with comment ("ssh-ed25519 AAAA… comment", no newline).
+func GenerateKey(comment string) (private []byte, public string, err error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, "", fmt.Errorf("generate an ed25519 key: %w", err)
+	}
+	block, err := ssh.MarshalPrivateKey(priv, comment)
+	if err != nil {
+		return nil, "", fmt.Errorf("encode the private key: %w", err)
+	}
+	signer, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		return nil, "", fmt.Errorf("encode the public key: %w", err)
+	}
+	public = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))
+	if comment != "" {
+		public += " " + comment
+	}
+	return pem.EncodeToMemory(block), public, nil
 }
