@@ -45,3 +45,33 @@ func TestHostAgentKey(t *testing.T) {
 		})
 	}
 }
+
+// plan warns when a Host's agent key is set, changed or removed.
+func TestPlanOfAgentKey(t *testing.T) {
+	const other = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHE+RFQWADQ8ET0erG2aOsfqB3NhBE604r37X2Wn0eo9 gitfleet-agent@hv-a"
+	none := map[string]string{"hosts/hv-a.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {}\n"}
+	load := func(files map[string]string) *Fleet {
+		t.Helper()
+		f, err := LoadDir(writeTree(t, files))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	for _, tc := range []struct {
+		name       string
+		base, head map[string]string
+		want       string
+	}{
+		{"set", none, agentKeyHost(testAgentKey), AgentKeyWarning},
+		{"changed", agentKeyHost(testAgentKey), agentKeyHost(other), AgentKeyWarning},
+		{"removed", agentKeyHost(testAgentKey), none, "acks are taken unsigned again"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			text := ComputePlan(load(tc.base), load(tc.head), PlanOptions{}).Text()
+			if !strings.Contains(text, tc.want) {
+				t.Errorf("plan lacks %q:\n%s", tc.want, text)
+			}
+		})
+	}
+}
