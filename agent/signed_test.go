@@ -148,6 +148,8 @@ func TestForgedSnapshotRefused(t *testing.T) {
 	t.Run("the controller's next snapshot, signed, is accepted", func(t *testing.T) {
 		res := pass(ctl)
 		require.Contains(t, res.Published, testHost, "the forged file is not what the controller computes: it publishes again")
+		readme := gittest.Show(t, bare, "refs/heads/"+status.Branch, "README.md")
+		assert.Contains(t, readme, `online, snapshot refused\: not signed by the controller\: `, "the status README says the host refuses its snapshot")
 		require.NoError(t, h.once())
 		st := readStatus(t, bare)
 		assert.Empty(t, st.SnapshotError)

@@ -56,6 +56,7 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		st := rep.Status
 		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
 		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
+		h.SnapshotError = st.SnapshotError
 		h.Quarantined, h.Suspended = st.Quarantined, st.Suspended
 	}
 	for _, h := range hosts {

@@ -80,7 +80,11 @@ type HostSummary struct {
 	Epoch          uint64
 	LastSeenEpoch  uint64
 	FenceViolation bool
-	VMs            []VM
+	// SnapshotError is why the host's agent refuses the snapshot on the
+	// branch (its status' snapshotError): not signed by the controller,
+	// unparsable, fenced.
+	SnapshotError string
+	VMs           []VM
 	// Quarantined are the host's tombstoned VMs shut down and waiting for
 	// their grace; Suspended is set while the host's reconciliation is
 	// suspended. Both as its status reports them.
@@ -197,8 +201,11 @@ func RenderSummary(s Summary) []byte {
 			case h.Online:
 				state = "online"
 			}
-			if h.FenceViolation {
+			switch {
+			case h.FenceViolation:
 				state += ", fence violation"
+			case h.SnapshotError != "":
+				state += ", snapshot refused: " + strings.TrimPrefix(h.SnapshotError, "snapshot refused: ")
 			}
 			if h.Suspended != nil {
 				state += ", suspended (acts on nothing)"
