@@ -404,6 +404,10 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 			return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
 		}
 		res.Rejected = loadErr
+		if obs.err == nil {
+			// The Hosts' agentKeys are the new head's.
+			obs.unsigned = c.authenticate(fl, obs.reports, obs.hostTips)
+		}
 		out, tip, err = c.publish(ctx, head, fl, loadErr, obs, now)
 	}
 	res.SnapshotsCommit = tip
@@ -487,19 +491,21 @@ type observation struct {
 	// copies are the copies to bring up to date on the status branch.
 	copies statusCopies
 	// unsigned are the hosts whose status may not ack deletes: not
-	// signed by the key their Host's spec.agentKey names.
+	// signed by the key their Host's spec.agentKey names (in the fleet
+	// the pass computes on); hostTips the host branches' tips they were
+	// judged on.
 	unsigned map[string]ackRefusal
+	hostTips map[string]string
 }
 
 // observe reads the hosts' statuses and feeds the liveness clock with
 // them and with the hosts fl desires (fl may be nil).
 func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Time) observation {
 	var obs observation
-	var hostTips map[string]string
-	obs.tip, obs.reports, obs.copies, hostTips, obs.err = c.readStatuses(ctx)
+	obs.tip, obs.reports, obs.copies, obs.hostTips, obs.err = c.readStatuses(ctx)
 	obs.statuses = map[string]*status.Status{}
 	if obs.err == nil {
-		obs.unsigned = c.authenticate(fl, obs.reports, hostTips)
+		obs.unsigned = c.authenticate(fl, obs.reports, obs.hostTips)
 		for _, rep := range obs.reports {
 			if c.known(fl, rep.Host) {
 				// A host the computation ignores keeps no liveness.
