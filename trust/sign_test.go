@@ -223,3 +223,58 @@ func BenchmarkSnapshotSignature(b *testing.B) {
 		b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/1000/float64(b.N), "cpu-ms/commit")
 	})
 }
+
+// ParseKeys reads controllerKeys entries: one .pub line each, the comment
+// as who; options, a second key and a line that is no key are errors
+// naming the entry.
+func TestParseKeys(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	bare := strings.Fields(key.Public)[0] + " " + strings.Fields(key.Public)[1]
+	got, err := trust.ParseKeys("agent.yaml: controllerKeys", []string{key.Public, bare})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Principals != "gitfleet-controller" || got[1].Principals != "key 1" {
+		t.Errorf("signers = %+v", got)
+	}
+	for _, tc := range []struct{ name, entry, want string }{
+		{"options", "restrict " + key.Public, "agent.yaml: controllerKeys[0]: options are not allowed"},
+		{"two keys", key.Public + "\n" + key.Public, "agent.yaml: controllerKeys[0]: one key per entry"},
+		{"not a key", "gitfleet-controller", "agent.yaml: controllerKeys[0]: not an SSH public key line"},
+		{"empty", "", "agent.yaml: controllerKeys[0]: not an SSH public key line"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := trust.ParseKeys("agent.yaml: controllerKeys", []string{tc.entry})
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Fatalf("ParseKeys(%q) = %v, want %q…", tc.entry, err, tc.want)
+			}
+		})
+	}
+}
+
+// failingSigner is a signer whose key is gone (an agent that cannot sign).
+type failingSigner struct{}
+
+func (failingSigner) SignCommit([]byte) (string, error) {
+	return "", errors.New("the key is unavailable")
+}
+
+// A commit that cannot be signed is not written: the write fails and the
+// branch stays where it was.
+func TestUnsignableWriteWritesNothing(t *testing.T) {
+	dir := gittest.NewBare(t)
+	_, tip := writeSigned(t, dir, "gitfleet/snapshots", nil)
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = repo.Edit(context.Background(), "gitfleet/snapshots", func(*gitsource.Commit, func(string) ([]byte, error)) (gitsource.Write, error) {
+		return gitsource.Write{Files: map[string][]byte{"hosts/hv-a.yaml": []byte("host: hv-a\nepoch: 2\n")}, Signer: failingSigner{}}, nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "the key is unavailable") {
+		t.Fatalf("Edit = %v, want the signer's error", err)
+	}
+	if got := gittest.Rev(t, dir, "refs/heads/gitfleet/snapshots"); got != tip {
+		t.Errorf("the branch moved to %s after a failed signature", got)
+	}
+}

@@ -54,12 +54,14 @@ func TestSigningKeysThroughTheCommands(t *testing.T) {
 
 	signers := filepath.Join(keys, "controller_signers")
 	require.NoError(t, os.WriteFile(signers, []byte("gitfleet-controller "+ctlPub+"\n"), 0o644))
-	verify := exec.Command("git", "-c", "gpg.ssh.allowedSignersFile="+signers, "verify-commit", "refs/heads/gitfleet/snapshots")
-	verify.Dir = bare
-	verify.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
-	msg, err := verify.CombinedOutput()
-	require.NoError(t, err, "git verify-commit: %s", msg)
-	assert.Contains(t, string(msg), `Good "git" signature for gitfleet-controller`)
+	for _, branch := range []string{"gitfleet/snapshots", "gitfleet/status"} {
+		verify := exec.Command("git", "-c", "gpg.ssh.allowedSignersFile="+signers, "verify-commit", "refs/heads/"+branch)
+		verify.Dir = bare
+		verify.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+		msg, err := verify.CombinedOutput()
+		require.NoError(t, err, "git verify-commit %s: %s", branch, msg)
+		assert.Contains(t, string(msg), `Good "git" signature for gitfleet-controller`, branch)
+	}
 
 	state := filepath.Join(t.TempDir(), "state")
 	agentConfig := func(controllerKey string) string {
