@@ -15,8 +15,10 @@ import (
 type ackVerdict struct {
 	tip, key string
 	// why is "" when the commit is signed by the key, else why its acks
-	// are not taken.
-	why string
+	// are not taken; retry is set when the commit could not be read (the
+	// next pass verifies it again).
+	why   string
+	retry bool
 }
 
 // ForgedAck is an ack the controller did not act on: the host's status
@@ -60,8 +62,9 @@ func (c *Controller) authenticate(fl *desired.Fleet, reports []status.Report, ho
 		}
 		tip := hostTips[rep.Host]
 		v, ok := c.ackVerdicts[rep.Host]
-		if !ok || v.tip != tip || v.key != key {
-			v = ackVerdict{tip: tip, key: key, why: c.verifyAck(rep.Host, tip, key)}
+		if !ok || v.tip != tip || v.key != key || v.retry {
+			why, retry := c.verifyAck(rep.Host, tip, key)
+			v = ackVerdict{tip: tip, key: key, why: why, retry: retry}
 			if v.why != "" {
 				c.log.WithField("host", rep.Host).WithField("commit", desired.Hash(tip).Short()).WithField("reason", v.why).
 					Warn("host status not signed by the Host's agentKey: its acks are not acted on")
@@ -77,28 +80,29 @@ func (c *Controller) authenticate(fl *desired.Fleet, reports []status.Report, ho
 }
 
 // verifyAck checks that tip, the tip of host's branch, is signed by key;
-// "" when it is, else why not.
-func (c *Controller) verifyAck(host, tip, key string) string {
+// "" when it is, else why not. retry is true when the commit could not be
+// read: no verdict, only this pass's refusal.
+func (c *Controller) verifyAck(host, tip, key string) (why string, retry bool) {
 	if tip == "" {
-		return fmt.Sprintf("the status was read from %s (the old layout), which the host's agent does not sign; it must write %s, signed", c.cfg.StatusBranch, status.HostBranch(host))
+		return fmt.Sprintf("the status was read from %s (the old layout), which the host's agent does not sign; it must write %s, signed", c.cfg.StatusBranch, status.HostBranch(host)), false
 	}
 	keys, err := trust.ParseKeys(fmt.Sprintf("Host %s spec.agentKey", host), []string{key})
 	if err != nil {
-		return err.Error() // validated on load; kept safe all the same
+		return err.Error(), false // validated on load; kept safe all the same
 	}
 	signers, err := trust.New(keys, nil)
 	if err != nil {
-		return err.Error()
+		return err.Error(), false
 	}
 	sc, err := c.tips.Signed(tip)
 	if err != nil {
-		return fmt.Sprintf("the status commit %s could not be read to verify it: %v", desired.Hash(tip).Short(), err)
+		return fmt.Sprintf("the status commit %s could not be read to verify it: %v", desired.Hash(tip).Short(), err), true
 	}
 	if _, err := signers.Verify(sc); err != nil {
 		if errors.Is(err, trust.ErrSignature) {
-			return fmt.Sprintf("not signed by the key the Host's spec.agentKey names (%v)", err)
+			return fmt.Sprintf("not signed by the key the Host's spec.agentKey names (%v)", err), false
 		}
-		return err.Error()
+		return err.Error(), true
 	}
-	return ""
+	return "", false
 }
