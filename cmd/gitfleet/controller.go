@@ -20,6 +20,7 @@ import (
 	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/internal/httpserve"
 	"github.com/gitfleet/gitfleet/internal/redact"
+	"github.com/gitfleet/gitfleet/internal/scratchdir"
 )
 
 func newControllerCmd() *cobra.Command {
@@ -83,7 +84,7 @@ on acks whose status commit that key signed; others are reported as forged.`,
 		if err != nil {
 			return usageOr(err)
 		}
-		done, err := privateClones(&fc)
+		done, err := privateClones(&fc, logrus.NewEntry(log))
 		if err != nil {
 			return err
 		}
@@ -109,8 +110,11 @@ on acks whose status commit that key signed; others are reported as forged.`,
 // would hold every blob of the repository, however large, a forged one on
 // a gitfleet branch too. They go in a private directory of this process,
 // which done removes, unless --cache-dir keeps the main one between runs.
-func privateClones(fc *fleet.Config) (done func(), err error) {
-	tmp, err := os.MkdirTemp("", "gitfleet-controller-")
+// The private directories of controllers that were killed (and so removed
+// nothing) are swept first; a running controller's stays (see scratchdir).
+func privateClones(fc *fleet.Config, log *logrus.Entry) (done func(), err error) {
+	scratchdir.Sweep(controllerScratch, log)
+	tmp, done, err := scratchdir.Make(controllerScratch)
 	if err != nil {
 		return nil, err
 	}
@@ -118,8 +122,12 @@ func privateClones(fc *fleet.Config) (done func(), err error) {
 		fc.CacheDir = filepath.Join(tmp, "cache")
 	}
 	fc.TipsCacheDir = filepath.Join(tmp, "tips")
-	return func() { os.RemoveAll(tmp) }, nil
+	return done, nil
 }
+
+// controllerScratch names the controller's private directories in the
+// temporary directory.
+const controllerScratch = "gitfleet-controller-"
 
 // controllerOnce runs one pass and says what came of it.
 func controllerOnce(ctx context.Context, ctl *fleet.Controller, out io.Writer) error {
