@@ -91,6 +91,19 @@ type Config struct {
 	// finished tick (Metrics.LastTick, for a health check); give it to the
 	// Engine too.
 	Metrics *Metrics
+	// ControllerKeys, when set, are the keys the controller signs the
+	// snapshots branch with (*trust.Signers from the agent's
+	// controllerKeys): a tip not signed by one of them is refused like a
+	// fence violation (ErrSnapshotSignature): the engine keeps the last
+	// accepted snapshot, the status's snapshotError says whose key and
+	// which commit, gitfleet_agent_snapshot_refusals_total counts it. Nil
+	// verifies nothing.
+	ControllerKeys CommitVerifier
+	// SigningKey, when set, signs every status commit on the host branch
+	// (trust.CommitSigner, the agent's signingKey): the controller
+	// finalizes a delete only on an ack signed by the key the Host's
+	// spec.agentKey names. Nil writes unsigned commits.
+	SigningKey gitsource.CommitSigner
 }
 
 // Agent runs one host: it fetches the host's snapshot, ticks the engine and
@@ -106,6 +119,7 @@ type Agent struct {
 	current     *snapshots.Snapshot // the last snapshot fetched (maybe fenced); nil: the engine's last accepted
 	fetchFailed bool
 	snapErr     string
+	refusedTip  string // the last tip refused, counted once
 	// noSnapshotTip is the snapshots tip at which "no snapshot for this
 	// host" was last logged ("-" once logged for a missing branch).
 	noSnapshotTip string
@@ -167,10 +181,11 @@ func New(cfg Config) (*Agent, error) {
 	}
 	return &Agent{
 		cfg:    cfg,
-		source: NewSource(cfg.Repo, cfg.Host, cfg.SnapshotsBranch),
+		source: NewSource(cfg.Repo, cfg.Host, cfg.SnapshotsBranch).Verified(cfg.ControllerKeys),
 		log:    cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
 		now:    make(chan struct{}, 1),
-		writer: &status.Writer{Repo: cfg.Repo, Host: cfg.Host, OldBranch: cfg.StatusBranch, AppendOnly: cfg.AppendStatus},
+		writer: &status.Writer{Repo: cfg.Repo, Host: cfg.Host, OldBranch: cfg.StatusBranch, AppendOnly: cfg.AppendStatus,
+			Signer: cfg.SigningKey},
 	}, nil
 }
 
@@ -400,7 +415,10 @@ func (a *Agent) fetch(ctx context.Context) error {
 		if a.snapErr != reason {
 			a.log.WithField("commit", tip).WithField("error", reason).Error("snapshot refused; keeping the last accepted one")
 		}
-		a.snapErr = reason
+		if tip != a.refusedTip {
+			a.cfg.Metrics.refused(err)
+		}
+		a.snapErr, a.refusedTip = reason, tip
 		a.current = nil
 		return nil
 	case err != nil:

@@ -35,6 +35,10 @@ type hostAgent struct {
 	tune  func(*agent.EngineConfig)
 	// appendStatus is agent.Config.AppendStatus.
 	appendStatus bool
+	// controllerKeys, signingKey and metrics are agent.Config's.
+	controllerKeys agent.CommitVerifier
+	signingKey     gitsource.CommitSigner
+	metrics        *agent.Metrics
 
 	eng *agent.Engine
 	ag  *agent.Agent
@@ -70,7 +74,8 @@ func (h *hostAgent) start() {
 	require.NoError(t, err)
 	// BootID, Now and Log come from the engine, so the agent's own log lines
 	// go where a test's tune sends the engine's.
-	h.ag, err = agent.New(agent.Config{Host: testHost, Repo: repo, Engine: h.eng, Store: store, Version: "test", AppendStatus: h.appendStatus})
+	h.ag, err = agent.New(agent.Config{Host: testHost, Repo: repo, Engine: h.eng, Store: store, Version: "test", AppendStatus: h.appendStatus,
+		ControllerKeys: h.controllerKeys, SigningKey: h.signingKey, Metrics: h.metrics})
 	require.NoError(t, err)
 	eng := h.eng
 	t.Cleanup(func() { eng.Close(context.Background()) })

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"sync/atomic"
@@ -23,6 +24,7 @@ type Metrics struct {
 	gitErrors    *prometheus.CounterVec
 	imageBytes   prometheus.Gauge
 	imageRemoved prometheus.Counter
+	refusals     *prometheus.CounterVec
 	// lastTick is the Unix nanoseconds of the last tick the agent's
 	// reconcile loop finished (LastTick).
 	lastTick atomic.Int64
@@ -48,6 +50,13 @@ const (
 	GitPush  = "push"
 )
 
+// Reasons a snapshots commit is refused, the reason label of
+// gitfleet_agent_snapshot_refusals_total.
+const (
+	RefusedSignature = "signature"
+	RefusedInvalid   = "invalid"
+)
+
 // NewMetrics registers the agent's metrics on reg. Give the result to
 // EngineConfig.Metrics and Config.Metrics; the report-derived gauges read
 // the engine made with it. An error is a name already registered on reg.
@@ -66,14 +75,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Bytes held by the image cache after its last collection."}),
 		imageRemoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "gitfleet_agent_image_cache_removed_total",
 			Help: "Cached artifacts removed because no VM used them for the image grace."}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gitfleet_agent_snapshot_refusals_total",
+			Help: "Snapshots commits refused before any epoch fence, once per commit, by reason: signature (not signed by a key of controllerKeys) or invalid (does not parse, names another host, too large)."}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.passes, m.creates, m.git, m.gitErrors, m.imageBytes, m.imageRemoved, &reportCollector{m: m}} {
+	for _, c := range []prometheus.Collector{m.passes, m.creates, m.git, m.gitErrors, m.imageBytes, m.imageRemoved, m.refusals, &reportCollector{m: m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	for _, r := range []string{CreateOK, CreateFailed} {
 		m.creates.WithLabelValues(r)
+	}
+	for _, r := range []string{RefusedSignature, RefusedInvalid} {
+		m.refusals.WithLabelValues(r)
 	}
 	for _, op := range []string{GitFetch, GitPush} {
 		m.git.WithLabelValues(op)
@@ -113,6 +127,19 @@ func (m *Metrics) gitOp(op string, d time.Duration, err error) {
 	if err != nil {
 		m.gitErrors.WithLabelValues(op).Inc()
 	}
+}
+
+// refused counts one refused snapshots commit; err wraps
+// ErrSnapshotInvalid.
+func (m *Metrics) refused(err error) {
+	if m == nil {
+		return
+	}
+	reason := RefusedInvalid
+	if errors.Is(err, ErrSnapshotSignature) {
+		reason = RefusedSignature
+	}
+	m.refusals.WithLabelValues(reason).Inc()
 }
 
 func (m *Metrics) images(res ImageCollection) {

@@ -9,6 +9,7 @@ import (
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 // Branches the agent reads and writes by default (docs/DESIGN.md, Branches
@@ -23,6 +24,20 @@ const (
 // desired state.
 var ErrSnapshotInvalid = errors.New("snapshot refused")
 
+// ErrSnapshotSignature: the snapshots commit is not signed by a controller
+// key the agent trusts (unsigned, signed by another key, or a signature
+// that does not verify). It wraps ErrSnapshotInvalid: the snapshot is
+// refused like a fence violation, nothing acts on it, and the status says
+// whose key and which commit.
+var ErrSnapshotSignature = fmt.Errorf("%w: not signed by the controller", ErrSnapshotInvalid)
+
+// CommitVerifier checks a commit's signature against the keys it trusts;
+// *trust.Signers is one. Its refusals wrap trust.ErrSignature and name the
+// commit and the key.
+type CommitVerifier interface {
+	Verify(c *gitsource.SignedCommit) (trust.Signer, error)
+}
+
 // Source reads one host's snapshot from the snapshots branch of a
 // repository. It parses a tip once: fetching the same tip again returns the
 // same answer without reading the file. Safe for concurrent use.
@@ -30,6 +45,9 @@ type Source struct {
 	repo   *gitsource.Repo
 	host   string
 	branch string
+	// verify, when set, checks the tip's signature before the snapshot
+	// is read.
+	verify CommitVerifier
 
 	mu      sync.Mutex
 	tip     string
@@ -46,11 +64,21 @@ func NewSource(repo *gitsource.Repo, host, branch string) *Source {
 	return &Source{repo: repo, host: host, branch: branch}
 }
 
+// Verified makes s accept a tip only when verify accepts its commit's
+// signature (the controller signs every snapshots commit; docs/DESIGN.md,
+// "Signed snapshots"); nil verifies nothing. It returns s.
+func (s *Source) Verified(verify CommitVerifier) *Source {
+	s.verify = verify
+	return s
+}
+
 // Fetch fetches the branch and returns the host's snapshot at its tip and
 // the tip. It returns a nil snapshot and nil error when the branch or the
 // host's file does not exist yet ("no snapshot yet": the agent does nothing
 // new); an error wrapping ErrSnapshotInvalid when the file does not parse or
-// belongs to another host; any other error is git's (unreachable remote,
+// belongs to another host, or ErrSnapshotSignature when the tip is not
+// signed by a trusted key (checked first: an unsigned tip is refused
+// whatever it holds); any other error is git's (unreachable remote,
 // missing objects) and says nothing about the desired state.
 func (s *Source) Fetch(ctx context.Context) (*snapshots.Snapshot, string, error) {
 	tip, err := s.repo.Fetch(ctx, s.branch)
@@ -74,6 +102,9 @@ func (s *Source) Fetch(ctx context.Context) (*snapshots.Snapshot, string, error)
 }
 
 func (s *Source) read(tip string) (*snapshots.Snapshot, error) {
+	if err := s.checkSignature(tip); err != nil {
+		return nil, err
+	}
 	path := snapshots.Path(s.host)
 	data, err := s.repo.ReadFileMax(tip, path, snapshots.MaxSnapshotBytes)
 	if errors.Is(err, gitsource.ErrFileNotFound) {
@@ -95,4 +126,24 @@ func (s *Source) read(tip string) (*snapshots.Snapshot, error) {
 		return nil, fmt.Errorf("%w: %s@%.12s: host is %q, not %q", ErrSnapshotInvalid, path, tip, snap.Host, s.host)
 	}
 	return snap, nil
+}
+
+// checkSignature refuses tip unless s.verify accepts its signature (no
+// verifier: every tip passes). A commit that cannot be read is git's error,
+// retried; a refused signature wraps ErrSnapshotSignature.
+func (s *Source) checkSignature(tip string) error {
+	if s.verify == nil {
+		return nil
+	}
+	c, err := s.repo.Signed(tip)
+	if err != nil {
+		return fmt.Errorf("read the signature of %s@%.12s: %w", s.branch, tip, err)
+	}
+	if _, err := s.verify.Verify(c); err != nil {
+		if !errors.Is(err, trust.ErrSignature) {
+			return fmt.Errorf("verify %s@%.12s: %w", s.branch, tip, err)
+		}
+		return fmt.Errorf("%w: %s@%.12s: %v; refused, acting on nothing until a snapshot signed by a key of controllerKeys is published", ErrSnapshotSignature, s.branch, tip, err)
+	}
+	return nil
 }

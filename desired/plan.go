@@ -275,6 +275,10 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 			w = append(w, "reconciliation resumes: the host's agent applies every change that waited while it was suspended")
 		case kind == KindHost && f.Field == "spec.ageRecipient":
 			w = append(w, AgeRecipientWarning)
+		case kind == KindHost && f.Field == "spec.agentKey" && f.New != "":
+			w = append(w, AgentKeyWarning)
+		case kind == KindHost && f.Field == "spec.agentKey":
+			w = append(w, "the host's acks are taken unsigned again: anyone who can push to its status branch can ack its deletes")
 		case kind == KindVM && strings.HasPrefix(f.Field, "spec.static."):
 			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot only: the created VM keeps the addresses it was created with; they apply when the VM is created again")
 		}
@@ -324,6 +328,10 @@ const CloudInitEditWarning = "cloudInit is not applied to the existing VM: cloud
 // encrypted to it (validate refuses one that is not).
 const AgeRecipientWarning = "the host's age recipient changes: add the new identity to the agent's ageIdentity file on this host before this merges (keep the old one until every VM created from its user-data is running); " +
 	"every VM's encryptedUserData here must be encrypted to the new recipient (gitfleet encrypt --host), and validate refuses one that is not; a created VM keeps running on the seed it was created with"
+
+// AgentKeyWarning is the plan's warning on a Host's new or changed
+// spec.agentKey: only acks signed by it finalize deletes on the host.
+const AgentKeyWarning = "the host's agent key changes: from this merge on, deletes on this host are finalized only on acks signed by this key; set the agent's signingKey to its private half first (gitfleet keygen --host), or the host's deletes wait, pending"
 
 // networkWarnings says what a Host's changed networks do to their guests:
 // a renumbered nat network, a network removed.

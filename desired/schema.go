@@ -113,6 +113,7 @@ func JSONSchema() []byte {
 			"suspendReason": obj{"type": "string", "maxLength": MaxSuspendReason,
 				"description": "Why the host is suspended, shown in status; needs suspend: true."},
 			"ageRecipient": obj{"type": "string", "pattern": "^age1", "description": "The public key of the host agent's age identity (gitfleet age-keygen prints it): VMs on this host may carry user-data encrypted to it."},
+			"agentKey":     obj{"type": "string", "pattern": "^(ssh-|ecdsa-|sk-)", "description": "The public SSH key the host's agent signs its status commits with (gitfleet keygen prints it): deletes on this host are finalized only on acks signed by it."},
 			"capacity": strict("What the host offers its VMs; 0 or absent means not limited.", nil, obj{
 				"vcpus":    integer("Virtual CPUs for all VMs together.", 0, MaxHostVCPUs),
 				"memoryMB": integer("Memory for all VMs together, in MiB.", 0, MaxHostMemoryMB),

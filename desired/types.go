@@ -188,6 +188,14 @@ type HostSpec struct {
 	// the host may carry user-data encrypted to it
 	// (CloudInit.EncryptedUserData). Optional; public.
 	AgeRecipient string `yaml:"ageRecipient,omitempty" json:"ageRecipient,omitempty"`
+	// AgentKey is the public SSH key the host's agent signs its status
+	// commits with: one authorized_keys line without options,
+	// "ssh-ed25519 AAAA… [comment]" (the .pub line of the agent's
+	// signingKey; gitfleet keygen prints it). When set, the controller
+	// finalizes a delete on this host only on an ack whose status commit
+	// is signed by this key (docs/DESIGN.md, "Authentic acks"); absent,
+	// acks are taken unsigned. Optional; public.
+	AgentKey string `yaml:"agentKey,omitempty" json:"agentKey,omitempty"`
 }
 
 // MaxSuspendReason bounds HostSpec.SuspendReason, in bytes.

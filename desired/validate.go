@@ -320,6 +320,11 @@ func (d *nodeDecoder) checkHost(s *HostSpec) {
 			d.add(d.valPos("spec.ageRecipient"), "spec.ageRecipient", "%v", err)
 		}
 	}
+	if d.written("spec.agentKey") && !d.bad["spec.agentKey"] {
+		if _, err := ParseAgentKey(s.AgentKey); err != nil {
+			d.add(d.valPos("spec.agentKey"), "spec.agentKey", "%v", err)
+		}
+	}
 	if c := s.Capacity; c != nil {
 		d.intRange("spec.capacity.vcpus", c.VCPUs, 0, MaxHostVCPUs, " (0 means not limited)")
 		d.intRange("spec.capacity.memoryMB", c.MemoryMB, 0, MaxHostMemoryMB, " MiB (0 means not limited)")

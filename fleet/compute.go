@@ -43,6 +43,10 @@ type input struct {
 	// status branch could not be read, which disables the sweep.
 	statuses map[string]*status.Status
 	statusOK bool
+	// unsigned are the hosts whose status may not ack deletes (its
+	// commit is not signed by the Host's spec.agentKey): their acks are
+	// reported as forged, never acted on.
+	unsigned map[string]ackRefusal
 	// offline reports whether the controller has seen no change of host's
 	// status file for offlineAfter, and for how long.
 	offline func(host string) (bool, time.Duration)
@@ -105,6 +109,9 @@ type output struct {
 	// held is host → why its snapshot was not published this pass (an
 	// epoch at the bound); every other host published.
 	held map[string]string
+	// forgedAcks are the acks not acted on: their status commit is not
+	// signed by the Host's spec.agentKey.
+	forgedAcks []ForgedAck
 }
 
 // MaxEpoch bounds snapshot epochs (snapshots.MaxEpoch, 2^53). The
@@ -510,7 +517,8 @@ func (p *computePass) reject(err error) error {
 }
 
 // finalize ends a published tombstone on a fresh ack (docs/DESIGN.md, the
-// epoch rule). The abandoned sweep, when its host is offline past the
+// epoch rule); an ack from a host whose status commit is not signed by its
+// Host's spec.agentKey is reported as forged and not acted on. The abandoned sweep, when its host is offline past the
 // abandon grace (never when the statuses could not be read), marks it swept
 // but keeps it: it stays in the host's snapshot until the host acks, so a
 // swept delete still completes on a host that comes back. A tombstone not
@@ -524,8 +532,14 @@ func (p *computePass) finalize() error {
 			continue
 		}
 		if st := in.statuses[t.Host]; st != nil && acked(st, t) {
-			p.out.finalized = append(p.out.finalized, t.Ref())
-			continue
+			r, forged := in.unsigned[t.Host]
+			if !forged {
+				p.out.finalized = append(p.out.finalized, t.Ref())
+				continue
+			}
+			// Never acted on: the tombstone stays pending (and may
+			// still be swept if the host goes offline).
+			p.out.forgedAcks = append(p.out.forgedAcks, ForgedAck{Ref: refName(t.Ref()), Commit: r.commit, Reason: r.why})
 		}
 		if t.SweptAt == nil && in.statusOK && in.now.Sub(t.PublishedAt) > in.grace {
 			if off, since := in.offline(t.Host); off {

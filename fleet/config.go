@@ -92,6 +92,13 @@ type Config struct {
 	// commit. Signers must be set unless Verify is off (ErrConfig).
 	Verify  VerifyMode
 	Signers *trust.Signers
+	// SigningKey, when set, signs every commit the controller writes, on
+	// the snapshots branch and the status branch (trust.CommitSigner: an
+	// SSH signature in git's gpgsig format, which `git verify-commit`
+	// accepts). Agents given the public key (controllerKeys) accept only
+	// snapshots signed with it (docs/DESIGN.md, "Signed snapshots"). Nil
+	// writes unsigned commits.
+	SigningKey gitsource.CommitSigner
 	// MaxDeletes is the mass-delete guard's limit (DeleteGuard): 0 means
 	// DefaultMaxDeletes (10), negative turns the guard off.
 	MaxDeletes int

@@ -67,6 +67,9 @@ type Controller struct {
 	summaryKey []byte // summary with heartbeat-driven fields blanked
 	summaryAt  time.Time
 	summaryDue bool // a changed summary waits for SummaryInterval
+	// ackVerdicts are the verdicts on the hosts' status commits of the
+	// last pass (authenticate), by host.
+	ackVerdicts map[string]ackVerdict
 	// eventKeys caches status.EventKey digests by blob hash, for the
 	// statuses of the last pass.
 	eventKeys map[string]string
@@ -139,6 +142,10 @@ type PassResult struct {
 	// host. RetainedTotal is the number kept after the pass.
 	Retained, Unretained []string
 	RetainedTotal        int
+	// ForgedAcks are the acks this pass did not act on: the host's status
+	// commit is not signed by its Host's spec.agentKey. Their deletes stay
+	// pending.
+	ForgedAcks []ForgedAck
 	// Repaired lists hosts whose file on the snapshots branch differed from
 	// the snapshot the controller computes for it (edited, forged or
 	// removed): published again with a new epoch.
@@ -410,6 +417,10 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 			return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
 		}
 		res.Rejected = loadErr
+		if obs.err == nil {
+			// The Hosts' agentKeys are the new head's.
+			obs.unsigned = c.authenticate(fl, obs.reports, obs.hostTips)
+		}
 		out, tip, err = c.publish(ctx, head, fl, loadErr, obs, now)
 	}
 	res.SnapshotsCommit = tip
@@ -426,7 +437,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	// Step 4: the summary on the status branch. This pass acted: a
 	// failure recorded there is over. Statuses the computation ignored
 	// (hosts it does not know) are not shown.
-	sum := c.summarize(out.ledger, fl, withoutHosts(obs.reports, out.ignored), obs.err == nil, now)
+	sum := c.summarize(out.ledger, fl, withoutHosts(obs.reports, out.ignored), out.forgedAcks, obs.err == nil, now)
 	c.failing, c.lastSummary = nil, &sum
 	for _, h := range out.ignored {
 		delete(obs.copies.tips, h) // nor copied
@@ -492,15 +503,22 @@ type observation struct {
 	statuses map[string]*status.Status
 	// copies are the copies to bring up to date on the status branch.
 	copies statusCopies
+	// unsigned are the hosts whose status may not ack deletes: not
+	// signed by the key their Host's spec.agentKey names (in the fleet
+	// the pass computes on); hostTips the host branches' tips they were
+	// judged on.
+	unsigned map[string]ackRefusal
+	hostTips map[string]string
 }
 
 // observe reads the hosts' statuses and feeds the liveness clock with
 // them and with the hosts fl desires (fl may be nil).
 func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Time) observation {
 	var obs observation
-	obs.tip, obs.reports, obs.copies, obs.err = c.readStatuses(ctx)
+	obs.tip, obs.reports, obs.copies, obs.hostTips, obs.err = c.readStatuses(ctx)
 	obs.statuses = map[string]*status.Status{}
 	if obs.err == nil {
+		obs.unsigned = c.authenticate(fl, obs.reports, obs.hostTips)
 		for _, rep := range obs.reports {
 			if c.known(fl, rep.Host) {
 				// A host the computation ignores keeps no liveness.
@@ -613,7 +631,7 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 	return input{
 		branch: c.cfg.Branch, head: desired.Hash(head), fleet: fl, loadErr: loadErr,
 		path:   c.cfg.Path,
-		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil,
+		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil, unsigned: obs.unsigned,
 		offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
 		now:     now, grace: c.cfg.AbandonGrace,
 		attribute: func(refs []ref) (map[ref]snapshots.Tombstone, error) {
@@ -717,10 +735,11 @@ func (c *Controller) fetch(ctx context.Context, repo *gitsource.Repo, branch str
 	return tip, err
 }
 
-// update is repo.Update of branch with mutate, timed for the metrics as a
-// push; an error of mutate itself (the controller's, not git's) is not
-// counted as git's failure. A branch of the tip repository this pass
-// fetched is updated on that tip (UpdateAt), and its new tip recorded.
+// update is repo.Update of branch with mutate, each commit signed with
+// Config.SigningKey when set, timed for the metrics as a push; an error of
+// mutate itself (the controller's, not git's) is not counted as git's
+// failure. A branch of the tip repository this pass fetched is updated on
+// that tip (EditAt), and its new tip recorded.
 func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch string, mutate gitsource.Mutation) (string, error) {
 	var own error
 	wrapped := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
@@ -729,13 +748,21 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 		return files, msg, err
 	}
 	start := time.Now()
+	edit := func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
+		hash := ""
+		if tip != nil {
+			hash = tip.Hash
+		}
+		files, msg, err := wrapped(hash, read)
+		return gitsource.Write{Files: files, Message: msg, Signer: c.cfg.SigningKey}, err
+	}
 	var tip string
 	var err error
 	if fetched, ok := c.fetched[branch]; ok && repo == c.tips {
 		// Built on the tip this pass fetched: no second fetch.
-		tip, err = repo.UpdateAt(ctx, branch, fetched, wrapped)
+		tip, err = repo.EditAt(ctx, branch, fetched, edit)
 	} else {
-		tip, err = repo.Update(ctx, branch, wrapped)
+		tip, err = repo.Edit(ctx, branch, edit)
 	}
 	c.metrics.gitOp(GitPush, time.Since(start), err != nil && (own == nil || !errors.Is(err, own)))
 	if err == nil && c.fetched != nil && repo == c.tips {

@@ -81,14 +81,15 @@ func (c *Controller) fetchTips(ctx context.Context) (map[string]string, error) {
 // branches in one fetch), or, for a host without one, from its file on
 // the status branch, where an agent of the old layout writes
 // (docs/DESIGN.md, Branches and files: migration). It returns a name of
-// what was read (the tips), the reports sorted by host, and the copies on
-// the status branch that lag their host branch. A host branch whose tip
-// is the one the last pass read is not read again (its tree is kept).
-func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, statusCopies, error) {
+// what was read (the tips), the reports sorted by host, the copies on the
+// status branch that lag their host branch, and each host branch's tip by
+// host. A host branch whose tip is the one the last pass read is not read
+// again (its tree is kept).
+func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, statusCopies, map[string]string, error) {
 	var cp statusCopies
 	branches, err := c.fetchTips(ctx)
 	if err != nil {
-		return "", nil, cp, err
+		return "", nil, cp, nil, err
 	}
 	statusTip := branches[c.cfg.StatusBranch]
 	hostTips := map[string]string{}
@@ -102,7 +103,7 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 		ht, ok := c.hostTrees[host]
 		if !ok || ht.tip != tip {
 			if ht, err = c.readHostTree(host, tip); err != nil {
-				return "", nil, cp, fmt.Errorf("read tree of %s at %s: %w", b, desired.Hash(tip).Short(), err)
+				return "", nil, cp, nil, fmt.Errorf("read tree of %s at %s: %w", b, desired.Hash(tip).Short(), err)
 			}
 		}
 		hostTips[host], trees[host] = tip, ht.files
@@ -112,12 +113,12 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 	var statusTree desired.Tree = status.BranchFiles(nil)
 	if statusTip != "" {
 		if statusTree, err = c.tips.Tree(statusTip, ""); err != nil {
-			return "", nil, cp, fmt.Errorf("read tree of %s: %w", desired.Hash(statusTip).Short(), err)
+			return "", nil, cp, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(statusTip).Short(), err)
 		}
 	}
 	read, err := c.statuses.ReadTrees(statusTree, status.BranchFiles(trees))
 	if err != nil {
-		return "", nil, cp, err
+		return "", nil, cp, nil, err
 	}
 	onBranch, live := read[0], read[1]
 	copies := make(map[string]status.Report, len(onBranch))
@@ -136,7 +137,7 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 	}
 	sort.Slice(reports, func(i, j int) bool { return reports[i].Host < reports[j].Host })
 	cp = c.lagging(live, copies, hostTips)
-	return tipsName(statusTip, hostTips), reports, cp, nil
+	return tipsName(statusTip, hostTips), reports, cp, hostTips, nil
 }
 
 // lagging compares each host branch's status with its copy on the status

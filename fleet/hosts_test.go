@@ -109,7 +109,7 @@ func TestHostBranchSpeaksForItsHostOnly(t *testing.T) {
 	if got := e.statusBranchFile(status.Path("hv-b")); got != "" {
 		t.Fatalf("a forged file was copied:\n%s", got)
 	}
-	_, reps, _, err := e.c.readStatuses(context.Background())
+	_, reps, _, _, err := e.c.readStatuses(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

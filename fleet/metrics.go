@@ -20,6 +20,7 @@ import (
 //	gitfleet_controller_git_errors_total{op}     failed git operations (a missing branch is an answer, not a failure)
 //	gitfleet_controller_hosts_held               hosts whose snapshot the last pass held (epoch at the bound)
 //	gitfleet_controller_statuses_ignored         status files of hosts neither desired nor in the ledger, last pass
+//	gitfleet_controller_forged_acks              acks not acted on in the last pass: status commit not signed by the Host's agentKey
 type metrics struct {
 	passes       *prometheus.CounterVec
 	rejected     prometheus.Counter
@@ -32,6 +33,7 @@ type metrics struct {
 	gitErrors    *prometheus.CounterVec
 	held         prometheus.Gauge
 	ignored      prometheus.Gauge
+	forgedAcks   prometheus.Gauge
 	lastRejected string
 }
 
@@ -64,6 +66,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Hosts whose snapshot the last pass held because their epoch is at the bound; the others published."}),
 		ignored: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_statuses_ignored",
 			Help: "Status files of hosts neither in the desired state nor in the ledger, ignored by the last pass."}),
+		forgedAcks: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_forged_acks",
+			Help: "Acks the last pass did not act on: the host's status commit is not signed by the key its Host's spec.agentKey names; their deletes stay pending."}),
 		git: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gitfleet_controller_git_seconds",
 			Help:    "Duration of git operations (fetch of the desired and status branches, push of snapshots and the status README) in seconds.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"op"}),
@@ -74,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.git.WithLabelValues(op)
 		m.gitErrors.WithLabelValues(op)
 	}
-	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration, m.held, m.ignored, m.git, m.gitErrors} {
+	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration, m.held, m.ignored, m.forgedAcks, m.git, m.gitErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register controller metrics: %w", err)
 		}
@@ -108,6 +112,7 @@ func (m *metrics) observe(res PassResult, outcome Outcome, d time.Duration) {
 	m.pending.Set(float64(res.Pending))
 	m.held.Set(float64(len(res.Held)))
 	m.ignored.Set(float64(len(res.IgnoredStatuses)))
+	m.forgedAcks.Set(float64(len(res.ForgedAcks)))
 	m.retained.Set(float64(res.RetainedTotal))
 	m.finalized.WithLabelValues("ack").Add(float64(len(res.Finalized)))
 	m.finalized.WithLabelValues("sweep").Add(float64(len(res.Swept)))

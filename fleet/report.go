@@ -115,6 +115,10 @@ func (c *Controller) report(res *PassResult, o *output) {
 	for _, h := range hosts {
 		c.log.WithField("host", h).Error("snapshot held, the other hosts published: " + o.held[h])
 	}
+	res.ForgedAcks = o.forgedAcks
+	for _, f := range o.forgedAcks {
+		c.log.WithFields(logrus.Fields{"object": f.Ref, "commit": desired.Hash(f.Commit).Short()}).Debug("forged ack not acted on: " + f.Reason)
+	}
 	res.IgnoredStatuses = o.ignored
 	c.reportIgnored(o.ignored)
 	res.Pending = len(o.ledger.Tombstones)

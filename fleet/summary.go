@@ -15,8 +15,11 @@ import (
 )
 
 // summarize builds the README.md summary.
-func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report, statusOK bool, now time.Time) status.Summary {
+func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report, forged []ForgedAck, statusOK bool, now time.Time) status.Summary {
 	s := status.Summary{Branch: c.cfg.Branch, AbandonGrace: c.cfg.AbandonGrace}
+	for _, f := range forged {
+		s.ForgedAcks = append(s.ForgedAcks, status.ForgedAck{Ref: f.Ref, Commit: desired.Hash(f.Commit), Reason: f.Reason})
+	}
 	if l.Applied != nil {
 		s.Applied = l.Applied.Commit
 	}
@@ -56,6 +59,7 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		st := rep.Status
 		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
 		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
+		h.SnapshotError = st.SnapshotError
 		h.Quarantined, h.Suspended = st.Quarantined, st.Suspended
 	}
 	for _, h := range hosts {

@@ -96,10 +96,25 @@ func mutation(mutate Mutation) EditFunc {
 // ruleset's "block force pushes" refuse it, and the refusal is returned,
 // never retried as a lost race). The new tree is still the tip's tree with
 // Files applied. It is ignored on a branch that has no tip yet.
+//
+// Signer, when set, signs the commit: its signature goes in the commit's
+// gpgsig header, over the commit without that header, as `git commit -S`
+// does (trust.CommitSigner signs as gpg.format=ssh does). A signing
+// failure fails the write; nothing is pushed.
 type Write struct {
 	Files      map[string][]byte
 	Message    string
 	ReplaceTip bool
+	Signer     CommitSigner
+}
+
+// CommitSigner signs a commit: payload is the commit object without its
+// gpgsig header (go-git's EncodeWithoutSignature, the bytes `git
+// verify-commit` checks); the result is the armored signature the header
+// holds ("-----BEGIN SSH SIGNATURE-----…" or an OpenPGP one). It must be
+// safe for concurrent use.
+type CommitSigner interface {
+	SignCommit(payload []byte) (armored string, err error)
 }
 
 // EditFunc is a Mutation that sees the tip commit itself (nil when the
@@ -115,6 +130,12 @@ type EditFunc func(tip *Commit, read func(path string) ([]byte, error)) (Write, 
 // growing with updates that carry no news.
 func (r *Repo) Edit(ctx context.Context, branch string, edit EditFunc) (string, error) {
 	return r.edit(ctx, branch, edit, nil)
+}
+
+// EditAt is Edit whose first attempt builds on tip, the branch's tip the
+// caller just fetched, as UpdateAt's does.
+func (r *Repo) EditAt(ctx context.Context, branch, tip string, edit EditFunc) (string, error) {
+	return r.edit(ctx, branch, edit, func() (string, bool) { return tip, true })
 }
 
 // EditOwn is Edit for a branch that this Repo alone writes (an agent's host
@@ -246,7 +267,7 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (
 			parents = tipCommit.Parents
 		}
 	}
-	commit, pack, err := r.build(tip, root, parents, w.Files, w.Message)
+	commit, pack, err := r.build(tip, root, parents, w.Files, w.Message, w.Signer)
 	if err != nil {
 		return "", err
 	}
@@ -273,9 +294,9 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (
 
 // build writes the commit of files on tip's tree (root; zero for a new
 // branch), with parents, into the store and returns it with a pack of the
-// new objects. A zero hash means the tree did not change (and the parents
-// are tip itself).
-func (r *Repo) build(tip string, root plumbing.Hash, parents []string, files map[string][]byte, msg string) (plumbing.Hash, []byte, error) {
+// new objects, signed by signer when it is not nil. A zero hash means the
+// tree did not change (and the parents are tip itself).
+func (r *Repo) build(tip string, root plumbing.Hash, parents []string, files map[string][]byte, msg string, signer CommitSigner) (plumbing.Hash, []byte, error) {
 	edits := make(map[string][]byte, len(files))
 	for p, data := range files {
 		cp, err := cleanPath(p)
@@ -316,6 +337,11 @@ func (r *Repo) build(tip string, root plumbing.Hash, parents []string, files map
 		msg += "\n"
 	}
 	c := &object.Commit{Author: sig, Committer: sig, Message: msg, TreeHash: newRoot, ParentHashes: parentHashes}
+	if signer != nil {
+		if c.PGPSignature, err = signCommit(c, signer); err != nil {
+			return plumbing.ZeroHash, nil, err
+		}
+	}
 	ch, err := b.store(c)
 	if err != nil {
 		return plumbing.ZeroHash, nil, err
@@ -325,6 +351,32 @@ func (r *Repo) build(tip string, root plumbing.Hash, parents []string, files map
 		return plumbing.ZeroHash, nil, fmt.Errorf("pack new objects: %w", err)
 	}
 	return ch, buf.Bytes(), nil
+}
+
+// signCommit signs c's encoding without a signature, the payload git
+// signs and verifies.
+func signCommit(c *object.Commit, signer CommitSigner) (string, error) {
+	enc := &plumbing.MemoryObject{}
+	if err := c.EncodeWithoutSignature(enc); err != nil {
+		return "", fmt.Errorf("sign commit: encode: %w", err)
+	}
+	rd, err := enc.Reader()
+	if err != nil {
+		return "", fmt.Errorf("sign commit: %w", err)
+	}
+	defer rd.Close()
+	payload, err := io.ReadAll(rd)
+	if err != nil {
+		return "", fmt.Errorf("sign commit: %w", err)
+	}
+	armored, err := signer.SignCommit(payload)
+	if err != nil {
+		return "", fmt.Errorf("sign commit: %w", err)
+	}
+	if strings.TrimSpace(armored) == "" {
+		return "", errors.New("sign commit: the signer returned no signature")
+	}
+	return armored, nil
 }
 
 // builder edits trees in the object store and remembers what it wrote

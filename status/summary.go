@@ -21,6 +21,10 @@ type Summary struct {
 	Applied desired.Hash
 	Hosts   []HostSummary
 	Pending []PendingDelete
+	// ForgedAcks are acks the controller did not act on: the host's
+	// status commit is not signed by its Host's spec.agentKey. Their
+	// deletes stay pending.
+	ForgedAcks []ForgedAck
 	// Swept are the most recent deletes the controller finalized itself for
 	// hosts that were offline, newest last.
 	Swept []SweptDelete
@@ -76,7 +80,11 @@ type HostSummary struct {
 	Epoch          uint64
 	LastSeenEpoch  uint64
 	FenceViolation bool
-	VMs            []VM
+	// SnapshotError is why the host's agent refuses the snapshot on the
+	// branch (its status' snapshotError): not signed by the controller,
+	// unparsable, fenced.
+	SnapshotError string
+	VMs           []VM
 	// Quarantined are the host's tombstoned VMs shut down and waiting for
 	// their grace; Suspended is set while the host's reconciliation is
 	// suspended. Both as its status reports them.
@@ -110,6 +118,15 @@ type PendingDelete struct {
 	// then (published plus the abandon grace), zero once swept.
 	DestroyAt time.Time
 	SweepAt   time.Time
+}
+
+// ForgedAck is an ack not acted on: Ref is the object ("VM web-01@hv-a"),
+// Commit the host branch's status commit ("" when the status came from
+// the status branch), Reason why it does not count.
+type ForgedAck struct {
+	Ref    string
+	Commit desired.Hash
+	Reason string
 }
 
 // SweptDelete is a tombstone the controller finalized because its host was
@@ -185,8 +202,11 @@ func RenderSummary(s Summary) []byte {
 			if h.Retired {
 				state += ", " + RetiredNote
 			}
-			if h.FenceViolation {
+			switch {
+			case h.FenceViolation:
 				state += ", fence violation"
+			case h.SnapshotError != "":
+				state += ", snapshot refused: " + strings.TrimPrefix(h.SnapshotError, "snapshot refused: ")
 			}
 			if h.Suspended != nil {
 				state += ", suspended (acts on nothing)"
@@ -247,6 +267,20 @@ func RenderSummary(s Summary) []byte {
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %d | %s |\n",
 				cell(p.Kind), cell(p.Name), cell(p.Host), by, cell(p.Author), stamp(p.Time), p.Epoch, cell(p.Deadline(s.AbandonGrace)))
+		}
+		b.WriteString("\n")
+	}
+
+	if len(s.ForgedAcks) > 0 {
+		b.WriteString("## Forged acks\n\n")
+		b.WriteString("These acks were not acted on: the status commit is not signed by the key the Host's spec.agentKey names. The deletes stay pending until the host's own agent acks them with a signed status (check who can push to the host's branch).\n\n")
+		tableHeader(&b, "object", "status commit", "reason")
+		for _, f := range s.ForgedAcks {
+			commit := "-"
+			if f.Commit != "" {
+				commit = "`" + f.Commit.Short() + "`"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", cell(f.Ref), commit, cell(f.Reason))
 		}
 		b.WriteString("\n")
 	}

@@ -35,3 +35,26 @@ func TestRenderSummaryKept(t *testing.T) {
 		t.Error("an empty summary shows the kept sections")
 	}
 }
+
+// Acks the controller did not act on get their own section, with the
+// commit and why; a summary without any has none.
+func TestRenderSummaryForgedAcks(t *testing.T) {
+	s := Summary{
+		Branch:  "main",
+		Applied: "0123456789abcdef0123456789abcdef01234567",
+		ForgedAcks: []ForgedAck{
+			{Ref: "VM old-01@hv-a", Commit: "abcdefabcdefabcdefabcdefabcdefabcdefabcd", Reason: "not signed by the key the Host's spec.agentKey names (commit abcdefabcdef carries no signature)"},
+			{Ref: "Volume scratch@hv-b", Reason: "the status was read from gitfleet/status (the old layout), which the host's agent does not sign"},
+		},
+	}
+	got := RenderSummary(s)
+	golden.Check(t, "summary-forged.md", got)
+	for _, want := range []string{"## Forged acks", "| VM old-01\\@hv-a | `abcdefabcdef` | not signed by", "| Volume scratch\\@hv-b | - | the status was read"} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(string(RenderSummary(Summary{})), "Forged acks") {
+		t.Error("an empty summary shows the forged acks section")
+	}
+}

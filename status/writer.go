@@ -40,6 +40,9 @@ type Writer struct {
 	// branch; empty: not read.
 	OldBranch  string
 	AppendOnly bool
+	// Signer, when set, signs every commit written (the agent's host key:
+	// docs/DESIGN.md, "Authentic acks"); nil writes unsigned commits.
+	Signer gitsource.CommitSigner
 
 	migrated  bool
 	forbidden bool
@@ -106,7 +109,7 @@ func (w *Writer) write(ctx context.Context, branch string, st *Status, floor uin
 			msg += "\n\n" + HeartbeatTrailer + "\n"
 		}
 		out.Replaced = !appendOnly && tip != nil && len(tip.Parents) == 1 && IsHeartbeatOnly(tip.Message)
-		return gitsource.Write{Files: map[string][]byte{path: data}, Message: msg, ReplaceTip: out.Replaced}, nil
+		return gitsource.Write{Files: map[string][]byte{path: data}, Message: msg, ReplaceTip: out.Replaced, Signer: w.Signer}, nil
 	})
 	if err != nil {
 		return out, fmt.Errorf("write status %s to %s: %w", path, branch, err)

@@ -163,3 +163,29 @@ func (s SSHSigner) allows(namespace string, when time.Time) error {
 	}
 	return nil
 }
+
+// ParseKeys reads public keys given one per entry, each as an
+// authorized_keys line ("ssh-ed25519 AAAA… [comment]", the .pub file's
+// line, no options), into allowed signers for any namespace and time:
+// an agent's controllerKeys. name says where the list is, for messages
+// ("FILE: controllerKeys"); an error is "name[i]: …". The comment (or
+// "key i" without one) is the signer's principals, reported only.
+func ParseKeys(name string, keys []string) ([]SSHSigner, error) {
+	out := make([]SSHSigner, 0, len(keys))
+	for i, k := range keys {
+		pub, comment, options, rest, err := ssh.ParseAuthorizedKey([]byte(k))
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("%s[%d]: not an SSH public key line (want keytype base64-key [comment], as in a .pub file): %v", name, i, err)
+		case len(options) > 0:
+			return nil, fmt.Errorf("%s[%d]: options are not allowed here; give the key line only", name, i)
+		case len(bytes.TrimSpace(rest)) > 0:
+			return nil, fmt.Errorf("%s[%d]: one key per entry", name, i)
+		}
+		if comment == "" {
+			comment = fmt.Sprintf("key %d", i)
+		}
+		out = append(out, SSHSigner{Principals: comment, Key: pub, File: name, Line: i})
+	}
+	return out, nil
+}

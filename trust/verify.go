@@ -228,3 +228,6 @@ func pgpIssuer(armored string) string {
 	}
 	return "(unknown)"
 }
+
+// Len is the number of keys: SSH keys and OpenPGP keys together.
+func (s *Signers) Len() int { return len(s.ssh) + len(s.pgp) }

@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 // The agent's backends.
@@ -59,6 +60,10 @@ const DefaultVMTimeout = 30 * time.Minute
 //	logLevel: info
 //	ageIdentity: /etc/gitfleet/age.key         # opens user-data encrypted to this host (mode 0600; gitfleet age-keygen)
 //	epochReset: {from: 9007199254740000, to: 41}  # reviewed: trust a lower epoch again (see DESIGN.md)
+//	controllerKeys:                            # accept only snapshots signed by one of these (gitfleet keygen)
+//	  - ssh-ed25519 AAAA… gitfleet-controller
+//	controllerKeysFile: /etc/gitfleet/controller_signers  # or: an allowed-signers file of them
+//	signingKey: /etc/gitfleet/agent_ed25519    # signs this host's status commits (mode 0600); the Host's spec.agentKey names its public key
 //
 // Durations are Go durations ("90s", "5m"). Secrets go in files
 // (passwordFile, tokenFile) or GITFLEET_TOKEN, never on the command line.
@@ -140,6 +145,16 @@ type AgentFile struct {
 		From uint64 `yaml:"from"`
 		To   uint64 `yaml:"to"`
 	} `yaml:"epochReset"`
+	// ControllerKeys are the public keys the controller signs snapshots
+	// with ("ssh-ed25519 AAAA… comment", several while a key is rotated);
+	// ControllerKeysFile an allowed-signers file (ssh-keygen -Y format) of
+	// them. With either, the agent accepts only snapshots signed by one
+	// of the keys (docs/DESIGN.md, "Signed snapshots").
+	ControllerKeys     []string `yaml:"controllerKeys"`
+	ControllerKeysFile string   `yaml:"controllerKeysFile"`
+	// SigningKey is the host's private SSH key file (unencrypted, mode
+	// 0600) its status commits are signed with.
+	SigningKey string `yaml:"signingKey"`
 }
 
 // agentFileChecks are the checks of AgentFile's values beyond their Go
@@ -153,8 +168,18 @@ var agentFileChecks = map[string]fieldCheck{
 	"host":                     agent.CheckHostName,
 	"stateDir":                 checkPath,
 	"ageIdentity":              checkPath,
-	"backend":                  oneOf(BackendQEMU, BackendMemory),
-	"qemu.accel":               oneOf(qemu.AccelAuto, qemu.AccelKVM, qemu.AccelTCG),
+	"controllerKeysFile":       checkPath,
+	"signingKey":               checkPath,
+	"controllerKeys[]": func(s string) error {
+		_, err := trust.ParseKeys("key", []string{s})
+		if err != nil {
+			_, msg, _ := strings.Cut(err.Error(), ": ")
+			return errors.New(msg)
+		}
+		return nil
+	},
+	"backend":    oneOf(BackendQEMU, BackendMemory),
+	"qemu.accel": oneOf(qemu.AccelAuto, qemu.AccelKVM, qemu.AccelTCG),
 	"artifacts.fileRoots[]": func(s string) error {
 		if !filepath.IsAbs(s) {
 			return fmt.Errorf("%q is not an absolute path", s)
@@ -268,6 +293,12 @@ type Agent struct {
 	AgeIdentity string
 	// EpochReset: see agent.EngineConfig; nil for none.
 	EpochReset *agent.EpochReset
+	// ControllerKeys are the keys of controllerKeys and
+	// controllerKeysFile together; nil when neither is set (snapshots are
+	// then not verified).
+	ControllerKeys *trust.Signers
+	// SigningKey is the signingKey file ("" for none), loaded by Open.
+	SigningKey string
 }
 
 // QEMU configures the QEMU backend (see qemu.Config).
@@ -434,6 +465,12 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 	}
 	c.Listen = f.Listen
 	c.AgeIdentity = f.AgeIdentity
+	c.SigningKey = f.SigningKey
+	keys, err := f.controllerKeys(path)
+	if err != nil {
+		return nil, err
+	}
+	c.ControllerKeys = keys
 	if f.LogLevel != "" {
 		lvl, err := logrus.ParseLevel(f.LogLevel)
 		if err != nil {
@@ -447,6 +484,37 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 	}
 	c.Auth = auth
 	return &c, nil
+}
+
+// controllerKeys reads controllerKeys and controllerKeysFile into one
+// list of signers; nil when both are absent.
+func (f *AgentFile) controllerKeys(path string) (*trust.Signers, error) {
+	if len(f.ControllerKeys) == 0 && f.ControllerKeysFile == "" {
+		return nil, nil
+	}
+	keys, err := trust.ParseKeys(path+": controllerKeys", f.ControllerKeys)
+	if err != nil {
+		return nil, fmt.Errorf("agent config %w", err)
+	}
+	if f.ControllerKeysFile != "" {
+		data, err := os.ReadFile(f.ControllerKeysFile)
+		if err != nil {
+			return nil, fmt.Errorf("agent config %s: controllerKeysFile: %w", path, err)
+		}
+		more, err := trust.ParseAllowedSigners(f.ControllerKeysFile, data)
+		if err != nil {
+			return nil, fmt.Errorf("agent config %s: controllerKeysFile: %w", path, err)
+		}
+		if len(more) == 0 {
+			return nil, fmt.Errorf("agent config %s: controllerKeysFile %s holds no key: snapshots would all be refused", path, f.ControllerKeysFile)
+		}
+		keys = append(keys, more...)
+	}
+	s, err := trust.New(keys, nil)
+	if err != nil {
+		return nil, fmt.Errorf("agent config %s: controllerKeys: %w", path, err)
+	}
+	return s, nil
 }
 
 func setIf(dst *string, v string) {

@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/redact"
 	"github.com/gitfleet/gitfleet/internal/sealed"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 // The QEMU backend reports accelerator and download progress in status.
@@ -61,6 +62,18 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 		keys = k
 		log.WithField("recipients", k.Recipients()).Info("age identity loaded: user-data encrypted to these recipients can be decrypted here")
 	}
+	var signer *trust.CommitSigner
+	if c.SigningKey != "" {
+		k, err := trust.LoadCommitSigner(c.SigningKey)
+		if err != nil {
+			return nil, fmt.Errorf("agent config %s: signingKey: %w", c.File, err)
+		}
+		signer = k
+		log.WithField("key", k.Fingerprint()).Info("signing status commits: the Host's spec.agentKey must name this key")
+	}
+	if c.ControllerKeys != nil {
+		log.Info("verifying snapshots: only commits signed by a key of controllerKeys are accepted")
+	}
 	store, err := agent.OpenStore(c.StateDir)
 	if err != nil {
 		return nil, err
@@ -100,7 +113,25 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 		Host: c.Host, Repo: repo, Engine: eng, Store: store, Version: c.Version,
 		TickInterval: c.TickInterval, PollInterval: c.PollInterval, Heartbeat: c.Heartbeat,
 		StopTimeout: c.StopTimeout, AppendStatus: c.AppendStatus, Metrics: metrics, Log: log,
+		ControllerKeys: verifier(c.ControllerKeys), SigningKey: commitSigner(signer),
 	}}, nil
+}
+
+// verifier is keys as an agent.CommitVerifier: nil (verify nothing) when
+// keys is nil, never a non-nil interface holding a nil pointer.
+func verifier(keys *trust.Signers) agent.CommitVerifier {
+	if keys == nil {
+		return nil
+	}
+	return keys
+}
+
+// commitSigner is k as a gitsource.CommitSigner, nil when k is nil.
+func commitSigner(k *trust.CommitSigner) gitsource.CommitSigner {
+	if k == nil {
+		return nil
+	}
+	return k
 }
 
 // orUnder is dir, or name under the store's root when dir is "".

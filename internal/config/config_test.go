@@ -18,6 +18,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/trust/trusttest"
 )
 
 // mapEnv is an environment of the variables in m.
@@ -163,6 +164,7 @@ func TestAgentFileKeys(t *testing.T) {
 		{"logLevel", head + "logLevel: warn\n", func(a *Agent) { a.LogLevel = logrus.WarnLevel }},
 		{"listen", head + "listen: 127.0.0.1:9781\n", func(a *Agent) { a.Listen = "127.0.0.1:9781" }},
 		{"epochReset", head + "epochReset: {from: 9007199254740000, to: 41}\n", func(a *Agent) { a.EpochReset = &agent.EpochReset{From: 9007199254740000, To: 41} }},
+		{"signingKey", head + "signingKey: /etc/gitfleet/agent_ed25519\n", func(a *Agent) { a.SigningKey = "/etc/gitfleet/agent_ed25519" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := writeFile(t, "agent.yaml", tc.yaml)
@@ -309,6 +311,9 @@ func TestMalformedAgentFile(t *testing.T) {
 		{"value for a list", head + "artifacts: {fileRoots: /srv}\n", `:3:24: artifacts.fileRoots: must be a list, got the string "/srv"`},
 		{"not a mapping", "- a\n- b\n", `:1:1: a config file must be a mapping of settings; got a list`},
 		{"unknown field", head + "graces:\n  vanish: 1h\n  tombstom: 5m\n", `:5:3: graces.tombstom: unknown field "tombstom"; did you mean "tombstone"?`},
+		{"controller key", head + "controllerKeys:\n  - " + testKeyA + "\n  - ssh-ed25519 AAAAnotbase64\n", `:5:5: controllerKeys[1]: not an SSH public key line`},
+		{"controller key with options", head + "controllerKeys: ['cert-authority " + testKeyA + "']\n", `:3:18: controllerKeys[0]: options are not allowed here`},
+		{"signing key path", head + "signingKey: ~/.ssh/id_ed25519\n", `:3:13: signingKey: invalid path: ~ is not expanded here`},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			path := writeFile(t, "agent.yaml", tc.yaml)
@@ -339,6 +344,9 @@ func TestAgentRequiredAndMissingFile(t *testing.T) {
 func TestControllerSignaturesAndDeletes(t *testing.T) {
 	good := writeFile(t, "allowed_signers", "ann@example.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGJ0sY7c5VbqOZ3zVtnDQ6hxrsNrZuqzlaaJD4o7TX5j\n")
 	bad := writeFile(t, "bad_signers", "# maintainers\nann@example.com ssh-ed25519 nope\n")
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	readableKey := writeFile(t, "readable_key", "irrelevant")
+	require.NoError(t, os.Chmod(readableKey, 0o644))
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -348,6 +356,8 @@ func TestControllerSignaturesAndDeletes(t *testing.T) {
 		{"bad file", []string{"--verify-signatures", "every", "--allowed-signers", bad}, bad + ":2:"},
 		{"missing file", []string{"--verify-signatures", "head", "--openpgp-keyring", "/nonexistent/keyring.asc"}, "/nonexistent/keyring.asc"},
 		{"max deletes 0", []string{"--max-deletes", "0"}, "--max-deletes 0"},
+		{"signing key others can read", []string{"--signing-key", readableKey}, "--signing-key: signing key " + readableKey + " has mode 0644"},
+		{"signing key not a key", []string{"--signing-key", good}, "--signing-key: signing key " + good},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := loadController(t, append([]string{"--repo", "/srv/fleet.git"}, tc.args...), nil)
@@ -367,4 +377,59 @@ func TestControllerSignaturesAndDeletes(t *testing.T) {
 	assert.Equal(t, fleet.VerifyEvery, fc.Verify)
 	assert.NotNil(t, fc.Signers)
 	assert.Equal(t, -1, fc.MaxDeletes)
+	assert.Nil(t, fc.SigningKey, "no --signing-key: nothing signed")
+
+	c, err = loadController(t, []string{"--repo", "/srv/fleet.git", "--signing-key", key.Private}, nil)
+	require.NoError(t, err)
+	fc, err = c.Fleet(nil)
+	require.NoError(t, err)
+	require.NotNil(t, fc.SigningKey)
+	sig, err := fc.SigningKey.SignCommit([]byte("tree 0\n"))
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(sig, "-----BEGIN SSH SIGNATURE-----"), sig)
+}
+
+// Two public keys (ed25519, made for these tests; the private halves are
+// not kept).
+const (
+	testKeyA = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMYho+K0VYK4PzBVjogDQiQYyYVZNkhc+WH4UipvMyX2 controller-2025"
+	testKeyB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHE+RFQWADQ8ET0erG2aOsfqB3NhBE604r37X2Wn0eo9 controller-2026"
+)
+
+// controllerKeys and controllerKeysFile make one list of the keys the
+// agent accepts snapshots from; neither leaves snapshots unverified.
+func TestAgentControllerKeys(t *testing.T) {
+	const head = "repo: {url: /srv/fleet.git}\nhost: hv-a\n"
+	signers := writeFile(t, "controller_signers", "# the controller's keys\ngitfleet-controller "+testKeyB+"\n")
+	empty := writeFile(t, "empty_signers", "# none yet\n")
+	for _, tc := range []struct {
+		name, yaml string
+		keys       int
+		wantErr    string
+	}{
+		{"none: not verified", head, 0, ""},
+		{"a list", head + "controllerKeys: ['" + testKeyA + "', '" + testKeyB + "']\n", 2, ""},
+		{"a file", head + "controllerKeysFile: " + signers + "\n", 1, ""},
+		{"both", head + "controllerKeys: ['" + testKeyA + "']\ncontrollerKeysFile: " + signers + "\n", 2, ""},
+		{"an empty file", head + "controllerKeysFile: " + empty + "\n", 0, "holds no key"},
+		{"a missing file", head + "controllerKeysFile: /nonexistent/signers\n", 0, "controllerKeysFile: open /nonexistent/signers"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeFile(t, "agent.yaml", tc.yaml)
+			got, err := loadAgent(t, []string{"--config", path}, nil)
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr)
+				assert.Contains(t, err.Error(), path)
+				return
+			}
+			require.NoError(t, err)
+			if tc.keys == 0 {
+				assert.Nil(t, got.ControllerKeys)
+				return
+			}
+			require.NotNil(t, got.ControllerKeys)
+			assert.Equal(t, tc.keys, got.ControllerKeys.Len())
+		})
+	}
 }

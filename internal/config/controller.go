@@ -68,6 +68,10 @@ type Controller struct {
 	// MaxDeletes is the mass-delete guard's limit (fleet.DeleteGuard):
 	// default fleet.DefaultMaxDeletes, negative off.
 	MaxDeletes int
+	// SigningKey is the private SSH key file the controller signs its
+	// commits with (trust.LoadCommitSigner: unencrypted, mode 0600); ""
+	// signs nothing.
+	SigningKey string
 }
 
 // Signatures is the signed-desired-state setting of the controller and of
@@ -143,15 +147,28 @@ func (c *Controller) Bind(f *Flags) {
 	f.String(&c.SnapshotsBranch, "snapshots-branch", "", "branch the snapshots are published on")
 	f.String(&c.StatusBranch, "status-branch", "", "branch the agents report on")
 	c.Signatures.Bind(f)
+	f.Path(&c.SigningKey, "signing-key", "GITFLEET_SIGNING_KEY", "private SSH key file (mode 0600, no passphrase) the controller signs its snapshots and status commits with; agents whose controllerKeys name its public key accept only snapshots signed with it")
 	f.Int(&c.MaxDeletes, "max-deletes", "GITFLEET_MAX_DELETES", "reject a change that newly tombstones more objects than this (or more than 25% of a host's VMs) unless a commit carries the trailer Gitfleet-Allow-Deletes: <n>; negative turns the guard off")
 }
 
 // Fleet is the controller's fleet.Config, logging to log. The error is
-// Signatures.Load's.
+// Signatures.Load's, or an ErrUsage error naming --signing-key when the
+// key does not load.
 func (c *Controller) Fleet(log *logrus.Entry) (fleet.Config, error) {
 	mode, signers, err := c.Signatures.Load()
 	if err != nil {
 		return fleet.Config{}, err
+	}
+	var signingKey gitsource.CommitSigner
+	if c.SigningKey != "" {
+		k, err := trust.LoadCommitSigner(c.SigningKey)
+		if err != nil {
+			return fleet.Config{}, usageError(fmt.Errorf("--signing-key: %w", err))
+		}
+		if log != nil {
+			log.WithField("key", k.Fingerprint()).Info("signing snapshots and status commits")
+		}
+		signingKey = k
 	}
 	if c.MaxDeletes == 0 {
 		// fleet.Config reads 0 as its default: refused rather than
@@ -163,6 +180,7 @@ func (c *Controller) Fleet(log *logrus.Entry) (fleet.Config, error) {
 		Branch: c.Branch, Path: c.Path, SnapshotsBranch: c.SnapshotsBranch, StatusBranch: c.StatusBranch,
 		AbandonGrace: c.AbandonGrace, OfflineAfter: c.OfflineAfter, GitTimeout: c.GitTimeout,
 		Verify: mode, Signers: signers, MaxDeletes: c.MaxDeletes,
-		Logger: log,
+		SigningKey: signingKey,
+		Logger:     log,
 	}, nil
 }

@@ -105,3 +105,14 @@ func run(t testing.TB, env []string, name string, args ...string) string {
 	}
 	return stdout.String()
 }
+
+// SSHKeygen runs ssh-keygen with args (a test's own key, with a
+// passphrase or of another type). It skips the test when ssh-keygen is
+// missing.
+func SSHKeygen(t testing.TB, args ...string) {
+	t.Helper()
+	if _, err := exec.LookPath("ssh-keygen"); err != nil {
+		t.Skip("ssh-keygen is not installed (openssh-client)")
+	}
+	run(t, nil, "ssh-keygen", args...)
+}

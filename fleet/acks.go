@@ -1,0 +1,108 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/trust"
+)
+
+// ackVerdict is the verdict on one host's status commit: whether it may
+// ack deletes, kept while the host branch's tip and the Host's agentKey
+// stay the same.
+type ackVerdict struct {
+	tip, key string
+	// why is "" when the commit is signed by the key, else why its acks
+	// are not taken; retry is set when the commit could not be read (the
+	// next pass verifies it again).
+	why   string
+	retry bool
+}
+
+// ForgedAck is an ack the controller did not act on: the host's status
+// lists the destroy (or the volume as absent) at an epoch that would
+// finalize the tombstone, but the status commit is not signed by the key
+// the Host's spec.agentKey names.
+type ForgedAck struct {
+	// Ref is "VM web-01@hv-a" or "Volume data@hv-a".
+	Ref string
+	// Commit is the host branch's tip ("" for a status read from the
+	// status branch's old layout); Reason says why it was not taken.
+	Commit string
+	Reason string
+}
+
+// ackRefusal is why a host's status may not ack deletes: its commit (""
+// when read from the status branch) and the reason.
+type ackRefusal struct{ commit, why string }
+
+// authenticate decides which hosts' statuses may ack deletes (docs/
+// DESIGN.md, "Authentic acks"): a host whose Host object (in fl, else the
+// last good fleet) names spec.agentKey acks only through a status commit
+// on its host branch signed by that key. It returns host → why its acks
+// are not taken, for every host whose status fails; a host without
+// agentKey is not checked. Verdicts are kept by (tip, key): a tip is
+// verified once. A commit that cannot be read is not taken this pass,
+// never treated as signed.
+func (c *Controller) authenticate(fl *desired.Fleet, reports []status.Report, hostTips map[string]string) map[string]ackRefusal {
+	if fl == nil {
+		fl = c.loadedFleet
+	}
+	out := map[string]ackRefusal{}
+	kept := make(map[string]ackVerdict, len(c.ackVerdicts))
+	for _, rep := range reports {
+		if rep.Status == nil || fl == nil || fl.Hosts[rep.Host] == nil {
+			continue
+		}
+		key := fl.Hosts[rep.Host].Spec.AgentKey
+		if key == "" {
+			continue
+		}
+		tip := hostTips[rep.Host]
+		v, ok := c.ackVerdicts[rep.Host]
+		if !ok || v.tip != tip || v.key != key || v.retry {
+			why, retry := c.verifyAck(rep.Host, tip, key)
+			v = ackVerdict{tip: tip, key: key, why: why, retry: retry}
+			if v.why != "" {
+				c.log.WithField("host", rep.Host).WithField("commit", desired.Hash(tip).Short()).WithField("reason", v.why).
+					Warn("host status not signed by the Host's agentKey: its acks are not acted on")
+			}
+		}
+		kept[rep.Host] = v
+		if v.why != "" {
+			out[rep.Host] = ackRefusal{commit: tip, why: v.why}
+		}
+	}
+	c.ackVerdicts = kept
+	return out
+}
+
+// verifyAck checks that tip, the tip of host's branch, is signed by key;
+// "" when it is, else why not. retry is true when the commit could not be
+// read: no verdict, only this pass's refusal.
+func (c *Controller) verifyAck(host, tip, key string) (why string, retry bool) {
+	if tip == "" {
+		return fmt.Sprintf("the status was read from %s (the old layout), which the host's agent does not sign; it must write %s, signed", c.cfg.StatusBranch, status.HostBranch(host)), false
+	}
+	keys, err := trust.ParseKeys(fmt.Sprintf("Host %s spec.agentKey", host), []string{key})
+	if err != nil {
+		return err.Error(), false // validated on load; kept safe all the same
+	}
+	signers, err := trust.New(keys, nil)
+	if err != nil {
+		return err.Error(), false
+	}
+	sc, err := c.tips.Signed(tip)
+	if err != nil {
+		return fmt.Sprintf("the status commit %s could not be read to verify it: %v", desired.Hash(tip).Short(), err), true
+	}
+	if _, err := signers.Verify(sc); err != nil {
+		if errors.Is(err, trust.ErrSignature) {
+			return fmt.Sprintf("not signed by the key the Host's spec.agentKey names (%v)", err), false
+		}
+		return err.Error(), true
+	}
+	return "", false
+}

@@ -1,0 +1,73 @@
+package fleet
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/trust"
+	"github.com/gitfleet/gitfleet/trust/trusttest"
+)
+
+// For a Host naming spec.agentKey, an ack read from the old layout's file
+// on the status branch (which no agent signs) is not acted on, even when
+// it is the only status there is; the agent's signed status on its own
+// branch finalizes. A volume's ack is held to the same rule as a VM's.
+func TestAckNeedsTheHostsSignature(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
+	signer, err := trust.LoadCommitSigner(key.Private)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"hosts/hv-a.yaml": hostYAML("hv-a") + "  agentKey: " + key.Public + "\n",
+		"vms/web-01.yaml": vmYAML("web-01", "hv-a", 1),
+		"vms/old-01.yaml": vmYAML("old-01", "hv-a", 1),
+		"vols/tmp.yaml":   volumeYAML("scratch", "hv-a", 1),
+	}
+	e := newEnv(t, files)
+	e.pass()
+	res := func() PassResult {
+		e.commit(gittest.Edit{Remove: []string{"vms/old-01.yaml", "vols/tmp.yaml"}, Message: "retire old-01 and scratch"})
+		return e.pass()
+	}()
+	if len(res.Tombstoned) != 2 {
+		t.Fatalf("tombstoned = %v", res.Tombstoned)
+	}
+	epoch := res.Published["hv-a"]
+	acks := &status.Status{Host: "hv-a", Heartbeat: 5, LastSeenEpoch: epoch, Destroyed: []string{"old-01"},
+		Volumes: []status.Volume{{Name: "scratch", Present: false}}}
+
+	writeOldStatus(t, e.url, acks)
+	res = e.pass()
+	if len(res.Finalized) != 0 || res.Pending != 2 {
+		t.Fatalf("finalized %v, pending %d: an unsigned old-layout ack was acted on", res.Finalized, res.Pending)
+	}
+	if len(res.ForgedAcks) != 2 {
+		t.Fatalf("forged acks = %+v, want the VM's and the volume's", res.ForgedAcks)
+	}
+	for _, f := range res.ForgedAcks {
+		if f.Commit != "" || !strings.Contains(f.Reason, "old layout") {
+			t.Errorf("forged ack %+v: want no commit and the old layout named", f)
+		}
+	}
+	if got := metricValue(t, e.c, "gitfleet_controller_forged_acks"); got != 2 {
+		t.Errorf("gitfleet_controller_forged_acks = %v, want 2", got)
+	}
+
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: e.url, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acks.Heartbeat++
+	if _, err := (&status.Writer{Repo: repo, Host: "hv-a", Signer: signer}).Write(context.Background(), acks); err != nil {
+		t.Fatal(err)
+	}
+	res = e.pass()
+	if len(res.Finalized) != 2 || res.Pending != 0 || len(res.ForgedAcks) != 0 {
+		t.Fatalf("finalized %v, pending %d, forged %+v: the signed ack should finalize both", res.Finalized, res.Pending, res.ForgedAcks)
+	}
+}

@@ -1,0 +1,133 @@
+package trust
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"syscall"
+
+	"github.com/hiddeco/sshsig"
+	"golang.org/x/crypto/ssh"
+)
+
+// CommitSigner signs commits with an SSH private key the way
+// `git -c gpg.format=ssh commit -S` does: an SSH signature (sshsig,
+// PROTOCOL.sshsig) in git's namespace "git" with SHA-512, armored
+// ("-----BEGIN SSH SIGNATURE-----"), over the commit object without its
+// gpgsig header. `git verify-commit` with an allowed-signers file naming
+// the public key accepts it, and so does Signers.Verify. It is what
+// gitsource.Write.Signer asks for. Safe for concurrent use.
+type CommitSigner struct {
+	signer ssh.Signer
+	// File is the private key file it was loaded from ("" when made from
+	// an ssh.Signer).
+	File string
+}
+
+// NewCommitSigner signs with signer (any key type ssh-keygen can sign
+// with: ed25519, ECDSA, RSA with rsa-sha2-512).
+func NewCommitSigner(signer ssh.Signer) *CommitSigner { return &CommitSigner{signer: signer} }
+
+// maxKeyFile bounds a private key file read (an RSA 16384-bit key is
+// about 13 kB).
+const maxKeyFile = 64 << 10
+
+// LoadCommitSigner reads an unencrypted OpenSSH private key file (as
+// `ssh-keygen -t ed25519 -N "" -f FILE` writes it). Like ssh, it refuses a
+// file others may read or write (mode must be 0600 or 0400), a symbolic
+// link, a file owned by neither root nor this process's user, and a key
+// with a passphrase (a daemon has no one to ask). Errors name the file and
+// never quote the key.
+func LoadCommitSigner(path string) (*CommitSigner, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, fmt.Errorf("signing key %s is a symbolic link: name the file itself", path)
+		}
+		return nil, fmt.Errorf("signing key: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("signing key: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("signing key %s is not a regular file", path)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("signing key %s has mode %04o: others can read the private key; chmod 600 %s", path, perm, path)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Getuid() {
+		return nil, fmt.Errorf("signing key %s is owned by uid %d, neither root nor this process's user (%d)", path, st.Uid, os.Getuid())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("signing key %s: %w", path, err)
+	}
+	if len(data) > maxKeyFile {
+		return nil, fmt.Errorf("signing key %s is larger than %d bytes: not a private key file", path, maxKeyFile)
+	}
+	signer, err := ssh.ParsePrivateKey(data)
+	var missing *ssh.PassphraseMissingError
+	if errors.As(err, &missing) {
+		return nil, fmt.Errorf("signing key %s has a passphrase: the daemon cannot ask for it; make a key without one (ssh-keygen -N \"\") and keep the file mode 0600", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("signing key %s: not an OpenSSH private key: %v", path, err)
+	}
+	return &CommitSigner{signer: signer, File: path}, nil
+}
+
+// SignCommit signs payload, a commit object without its gpgsig header,
+// and returns the armored SSH signature git keeps in that header.
+func (s *CommitSigner) SignCommit(payload []byte) (string, error) {
+	sig, err := sshsig.Sign(bytes.NewReader(payload), s.signer, sshsig.HashSHA512, gitNamespace)
+	if err != nil {
+		return "", fmt.Errorf("sign commit with %s: %w", s.Fingerprint(), err)
+	}
+	return string(sshsig.Armor(sig)), nil
+}
+
+// PublicKey is the signing key's public half.
+func (s *CommitSigner) PublicKey() ssh.PublicKey { return s.signer.PublicKey() }
+
+// Fingerprint is the public key's SHA256 fingerprint ("SHA256:…", as
+// ssh-keygen -l prints it).
+func (s *CommitSigner) Fingerprint() string { return ssh.FingerprintSHA256(s.signer.PublicKey()) }
+
+// AuthorizedKey is the public key as one line, "ssh-ed25519 AAAA…"
+// without a newline: what an allowed-signers line, an agent's
+// controllerKeys and a Host's spec.agentKey hold.
+func (s *CommitSigner) AuthorizedKey() string {
+	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.signer.PublicKey())))
+}
+
+// GenerateKey makes a new ed25519 key for signing commits and returns the
+// private key as an unencrypted OpenSSH private key file (what
+// `ssh-keygen -t ed25519 -N ""` writes; LoadCommitSigner reads it) and the
+// public key line with comment ("ssh-ed25519 AAAA… comment", no newline).
+func GenerateKey(comment string) (private []byte, public string, err error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, "", fmt.Errorf("generate an ed25519 key: %w", err)
+	}
+	block, err := ssh.MarshalPrivateKey(priv, comment)
+	if err != nil {
+		return nil, "", fmt.Errorf("encode the private key: %w", err)
+	}
+	signer, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		return nil, "", fmt.Errorf("encode the public key: %w", err)
+	}
+	public = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))
+	if comment != "" {
+		public += " " + comment
+	}
+	return pem.EncodeToMemory(block), public, nil
+}
