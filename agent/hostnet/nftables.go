@@ -24,7 +24,8 @@ const NftTable = "gitfleet"
 //
 // Per network: guests reach the host itself only for DHCP, DNS and ping
 // (input); the host's replies and the guests' own traffic are forwarded,
-// nothing from outside starts a connection to a guest (forward); what
+// nothing from outside — another nat network's guests included — starts
+// a connection to a guest (forward); what
 // leaves the network is masqueraded (postrouting).
 func renderNftables(nets map[string]string) []byte {
 	var b strings.Builder
@@ -44,12 +45,18 @@ func renderNftables(nets map[string]string) []byte {
 	}
 	b.WriteString("\t}\n")
 	b.WriteString("\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n")
+	// Into a network first, for every network, then out of one: a
+	// guest's own traffic, accepted on the way out, must not be accepted
+	// into another nat network before that network's rules see it.
+	for _, name := range sortedKeys(nets) {
+		br := desired.NATBridge(name)
+		fmt.Fprintf(&b, "\t\toifname %q ct state established,related accept\n", br)
+		fmt.Fprintf(&b, "\t\toifname %q drop\n", br)
+	}
 	for _, name := range sortedKeys(nets) {
 		br := desired.NATBridge(name)
 		fmt.Fprintf(&b, "\t\tiifname %q ip saddr %s accept\n", br, nets[name])
-		fmt.Fprintf(&b, "\t\toifname %q ct state established,related accept\n", br)
 		fmt.Fprintf(&b, "\t\tiifname %q drop\n", br)
-		fmt.Fprintf(&b, "\t\toifname %q drop\n", br)
 	}
 	b.WriteString("\t}\n")
 	b.WriteString("\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
