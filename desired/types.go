@@ -165,8 +165,10 @@ type Network struct {
 // host itself only for DHCP, DNS and ping.
 type NAT struct {
 	// CIDR is the network's IPv4 prefix, such as "10.77.0.0/24" (a network
-	// address, prefix length 16 to 29). CIDRs of one host's nat networks
-	// must not overlap.
+	// address, prefix length 16 to 29, inside 10.0.0.0/8, 172.16.0.0/12,
+	// 192.168.0.0/16 or 100.64.0.0/10: see NATRanges). CIDRs of one host's
+	// nat networks must not overlap; the agent leaves a network whose CIDR
+	// overlaps the host's own addresses or routes unmade.
 	CIDR string `yaml:"cidr" json:"cidr"`
 }
 
