@@ -2,6 +2,7 @@ package hostnet
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -143,5 +144,133 @@ func TestNATGuestsDoNotReachTheHostOverIPv6(t *testing.T) {
 	}
 	if out, err := exec.Command("busybox", "nc", "-w", "2", ll.WithZone("gf-lab").String(), itoa(port)).CombinedOutput(); !strings.Contains(string(out), "host service") {
 		t.Errorf("the host cannot reach its own service over IPv6 (the check above proves nothing): %v: %s", err, out)
+	}
+}
+
+// A nat network whose CIDR overlaps the host's own addresses or routes
+// (its LAN, a VPN's range, a blackhole) is left unmade, changing nothing
+// on the host, until the conflict goes: its bridge would take those
+// addresses from the host and hand them to guests.
+func TestNATNetworkOverlappingTheHostsRoutesIsRefused(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	f.run("ip", "link", "add", "lan0", "type", "veth", "peer", "name", "lan0p")
+	f.run("ip", "addr", "add", "10.85.0.5/16", "dev", "lan0")
+	f.run("ip", "link", "set", "lan0", "up")
+	f.run("ip", "route", "add", "default", "via", "10.85.0.1")
+	f.run("ip", "route", "add", "blackhole", "10.86.0.0/24")
+
+	for _, c := range []struct{ cidr, route string }{
+		{"10.85.3.0/24", "10.85.0.0/16"}, // inside the LAN's prefix
+		{"10.85.0.0/29", "10.85.0.0/16"}, // holding the host's own address
+		{"10.86.0.0/16", "10.86.0.0/24"}, // around a blackhole route
+	} {
+		nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: c.cidr}}}
+		err := f.m.Reconcile(ctx, nets, nil)
+		if !errors.Is(err, ErrAddressConflict) || !strings.Contains(err.Error(), c.route) {
+			t.Errorf("Reconcile with %s = %v; want ErrAddressConflict naming %s", c.cidr, err, c.route)
+		}
+		if err := f.m.Check("lab", nets["lab"]); !errors.Is(err, ErrAddressConflict) {
+			t.Errorf("Check with %s = %v; want ErrAddressConflict", c.cidr, err)
+		}
+		mac, _ := net.ParseMAC("52:54:00:00:0d:01")
+		if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-d", mac, netip.Addr{}); !errors.Is(err, ErrAddressConflict) {
+			t.Errorf("Attach with %s = %v; want ErrAddressConflict", c.cidr, err)
+		}
+		if _, err := netlink.LinkByName("gf-lab"); err == nil {
+			t.Fatalf("bridge gf-lab made for %s, which the host's routes use", c.cidr)
+		}
+		if exec.Command("nft", "list", "table", "inet", NftTable).Run() == nil {
+			t.Fatalf("nftables table loaded for %s, which the host's routes use", c.cidr)
+		}
+		if out := f.run("ip", "route", "get", "10.85.0.9"); !strings.Contains(out, "dev lan0") {
+			t.Fatalf("the host's LAN route changed: %s", out)
+		}
+	}
+
+	// The default route conflicts with nothing, and once the conflict goes
+	// the network is made.
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.87.0.0/24"}}}
+	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
+		t.Fatalf("Reconcile with 10.87.0.0/24 beside a default route: %v", err)
+	}
+	f.run("ip", "route", "del", "blackhole", "10.86.0.0/24")
+	nets = map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.86.0.0/16"}}}
+	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
+		t.Fatalf("Reconcile once the blackhole route is gone: %v", err)
+	}
+	if err := f.m.Check("lab", nets["lab"]); err != nil {
+		t.Fatalf("Check of the made network (its own bridge's routes) = %v", err)
+	}
+}
+
+// Two nat networks that swap CIDRs (and a renamed network taking the CIDR
+// of one still in use) converge: the agent's own bridges are no conflict.
+func TestNATNetworksSwappingCIDRsConverge(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	a, b := &desired.NAT{CIDR: "10.88.0.0/24"}, &desired.NAT{CIDR: "10.89.0.0/24"}
+	if err := f.m.Reconcile(ctx, map[string]desired.Network{"a": {NAT: a}, "b": {NAT: b}}, nil); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	swapped := map[string]desired.Network{"a": {NAT: b}, "b": {NAT: a}}
+	var err error
+	for i := 0; i < 3; i++ {
+		if err = f.m.Reconcile(ctx, swapped, nil); err == nil {
+			break
+		}
+		t.Logf("Reconcile %d after the swap: %v", i+1, err)
+	}
+	if err != nil {
+		t.Fatalf("the swapped networks did not converge: %v", err)
+	}
+	for name, want := range map[string]string{"a": "10.89.0.1/24", "b": "10.88.0.1/24"} {
+		br, _ := netlink.LinkByName(desired.NATBridge(name))
+		addrs, _ := netlink.AddrList(br, netlink.FAMILY_V4)
+		if len(addrs) != 1 || addrs[0].IPNet.String() != want {
+			t.Errorf("%s addresses = %v; want %s", desired.NATBridge(name), addrs, want)
+		}
+		if f.m.dnsmasqPid(name) == 0 {
+			t.Errorf("no dnsmasq runs for %s", name)
+		}
+	}
+	mac, _ := net.ParseMAC("52:54:00:00:0e:01")
+	if _, err := f.m.Attach(ctx, "a", swapped["a"], "vm-e", mac, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	g := f.peer("e", "gf-a", mac.String())
+	if got := f.dhcp(g); !netip.MustParsePrefix("10.89.0.0/24").Contains(got) {
+		t.Errorf("guest on a leased %s; want an address of 10.89.0.0/24", got)
+	}
+
+	// A network renamed while a VM still uses the old one, the new one
+	// taking the old one's CIDR: the two would hold one address on two
+	// bridges. The new one waits, naming the old one, until no VM uses it;
+	// the old one goes on serving its guests.
+	renamed := map[string]desired.Network{"c": {NAT: b}, "b": {NAT: a}}
+	err = f.m.Reconcile(ctx, renamed, map[string]bool{"a": true})
+	if !errors.Is(err, ErrAddressConflict) || !strings.Contains(err.Error(), "overlaps nat network a (bridge gf-a), which the Host spec no longer names but a VM still uses") {
+		t.Fatalf("Reconcile with a renamed to c while a VM uses a = %v; want ErrAddressConflict naming a", err)
+	}
+	if err := f.m.Check("c", renamed["c"]); !errors.Is(err, ErrAddressConflict) {
+		t.Fatalf("Check of c = %v; want ErrAddressConflict", err)
+	}
+	if _, err := netlink.LinkByName("gf-c"); err == nil {
+		t.Fatal("bridge gf-c made with the address of gf-a")
+	}
+	if f.m.dnsmasqPid("a") == 0 {
+		t.Fatal("dnsmasq of the kept network a stopped")
+	}
+	if err := f.m.Reconcile(ctx, renamed, map[string]bool{}); err != nil {
+		t.Fatalf("Reconcile once no VM uses a: %v", err)
+	}
+	if f.m.dnsmasqPid("c") == 0 {
+		t.Fatal("dnsmasq of c does not run")
 	}
 }

@@ -68,6 +68,12 @@ const (
 // Reconcile return it wrapped, with the bridge's name.
 var ErrBridgeMissing = errors.New("does not exist on this host")
 
+// ErrAddressConflict: a nat network's CIDR overlaps an address or route
+// the host itself uses (its LAN, a VPN, a container network). The Manager
+// leaves such a network unmade, changing nothing, until the conflict goes;
+// Attach, Check and Reconcile return it wrapped, naming the route.
+var ErrAddressConflict = errors.New("address conflict")
+
 // TapPrefix starts the name of every tap the Manager makes.
 const TapPrefix = "gft"
 
@@ -97,6 +103,16 @@ type Manager struct {
 	cfg Config
 	log *logrus.Entry
 	mu  sync.Mutex
+	// named holds the nat networks the last Reconcile was given (nil
+	// before the first): their bridges are no conflict for each other.
+	named map[string]bool
+}
+
+// ours reports whether the bridge of nat network net is no conflict for
+// nat network name: its own, or another the Host spec names. Before the
+// first Reconcile every nat network counts as named.
+func (m *Manager) ours(name string) func(string) bool {
+	return func(net string) bool { return net == name || m.named == nil || m.named[net] }
 }
 
 // Attachment is where a VM's NIC was attached.
@@ -132,34 +148,33 @@ func New(cfg Config) (*Manager, error) {
 	return &Manager{cfg: cfg, log: cfg.Logger.WithField("component", "hostnet")}, nil
 }
 
-// Reconcile makes the host's networks match nets, a Host spec's networks:
-// every nat network is ensured (bridge and address, forwarding, nftables,
-// a running dnsmasq: one that died is started again) and every bridge
-// network's bridge is checked to exist. A nat network this Manager made
-// that nets no longer names is torn down (dnsmasq stopped, bridge and
-// rules removed, its directory deleted) unless inUse names it (a VM record
-// still lists it) or inUse is nil (what VMs use is unknown: nothing is torn
-// down). It tries every network and returns the errors joined.
+// Reconcile makes the host's networks match nets, a Host spec's networks.
+// First a nat network this Manager made that nets no longer names is torn
+// down (dnsmasq stopped, bridge and rules removed, its directory deleted)
+// unless inUse names it (a VM record still lists it) or inUse is nil (what
+// VMs use is unknown: nothing is torn down), so a network renamed in the
+// spec can take the CIDR of the one it replaced. Then every nat network is
+// ensured (bridge and address, forwarding, nftables, a running dnsmasq:
+// one that died is started again), unless its CIDR overlaps the host's own
+// addresses and routes or a kept network (ErrAddressConflict: nothing is
+// changed for it), and every bridge network's bridge is checked to exist.
+// It tries every network and returns the errors joined.
 func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var errs []error
 	names := sortedKeys(nets)
+	m.named = map[string]bool{}
 	for _, name := range names {
-		n := nets[name]
-		var err error
-		if n.NAT != nil {
-			err = m.ensureNAT(ctx, name, *n.NAT)
-		} else {
-			_, err = bridgeLink(n.Bridge)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+		if nets[name].NAT != nil {
+			m.named[name] = true
 		}
 	}
+	// Unused networks go first: a network renamed in the spec may take
+	// the CIDR of the one it replaces.
 	made, err := m.natNetworks()
 	if err != nil {
-		return errors.Join(append(errs, err)...)
+		errs = append(errs, err)
 	}
 	for _, name := range made {
 		if n, ok := nets[name]; ok && n.NAT != nil {
@@ -171,6 +186,18 @@ func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network
 		}
 		if err := m.teardown(ctx, name); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: teardown: %w", name, err))
+		}
+	}
+	for _, name := range names {
+		n := nets[name]
+		var err error
+		if n.NAT != nil {
+			err = m.ensureNAT(ctx, name, *n.NAT)
+		} else {
+			_, err = bridgeLink(n.Bridge)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -219,9 +246,19 @@ func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, 
 
 // Check reports whether network name (def) can take a VM now, changing
 // nothing: a bridge network's bridge must exist (ErrBridgeMissing when it
-// does not); a nat network is the Manager's to make, so it always can.
+// does not); a nat network's CIDR must not overlap the host's own
+// addresses and routes (ErrAddressConflict when it does).
 func (m *Manager) Check(name string, def desired.Network) error {
 	if def.NAT != nil {
+		prefix, err := def.NAT.Prefix()
+		if err != nil {
+			return err
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if err := hostConflict(prefix, m.ours(name)); err != nil {
+			return fmt.Errorf("network %s: %w", name, err)
+		}
 		return nil
 	}
 	if _, err := bridgeLink(def.Bridge); err != nil {

@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/gitfleet/gitfleet/desired"
 )
 
 // bridgeLink returns the bridge device name; ErrBridgeMissing when there
@@ -147,4 +151,57 @@ func neighbourFor(bridge string, mac net.HardwareAddr) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, nil
+}
+
+// hostConflict reports the host's own use of an address of prefix: an
+// address or route of any routing table on a device other than the
+// bridges of the nat networks ours names (the network being made, and the
+// others of the Host spec, which validation keeps apart), or a route
+// without a device (unreachable, blackhole, multipath). Default routes do
+// not count. The bridge of a nat network gets a route for its whole CIDR,
+// more specific than most: a CIDR that overlaps the host's LAN, a VPN's
+// range, its default gateway or a nat network kept only because a VM still
+// uses it would take those addresses from their owner and give them to
+// guests. nil when nothing conflicts; wraps ErrAddressConflict when
+// something does.
+func hostConflict(prefix netip.Prefix, ours func(network string) bool) error {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("list the host's routes: %w", err)
+	}
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		dst, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		if !ok || ones == 0 || !netip.PrefixFrom(dst, ones).Overlaps(prefix) {
+			continue
+		}
+		dev := "no device"
+		if r.LinkIndex != 0 {
+			l, err := netlink.LinkByIndex(r.LinkIndex)
+			if err != nil {
+				return fmt.Errorf("route %s: device %d: %w", r.Dst, r.LinkIndex, err)
+			}
+			dev = "device " + l.Attrs().Name
+			if net, ok := strings.CutPrefix(l.Attrs().Name, desired.ManagedBridgePrefix); ok {
+				if _, br := l.(*netlink.Bridge); br {
+					if ours(net) {
+						continue
+					}
+					return fmt.Errorf("%s overlaps nat network %s (bridge %s), which the Host spec no longer names but a VM still uses: choose another CIDR for this network (%w)", prefix, net, l.Attrs().Name, ErrAddressConflict)
+				}
+			}
+		}
+		table := strconv.Itoa(r.Table)
+		switch r.Table {
+		case unix.RT_TABLE_MAIN:
+			table = "main"
+		case unix.RT_TABLE_LOCAL:
+			table = "local"
+		}
+		return fmt.Errorf("%s overlaps the host's route to %s (%s, table %s): choose another CIDR for this network, or remove that route (%w)", prefix, netip.PrefixFrom(dst, ones), dev, table, ErrAddressConflict)
+	}
+	return nil
 }

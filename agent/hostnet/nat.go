@@ -36,10 +36,14 @@ type natSpec struct {
 func (m *Manager) netDir(name string) string { return filepath.Join(m.cfg.Dir, name) }
 
 // ensureNAT makes nat network name real; see Reconcile. Steps, in order:
+// the host's own addresses (a CIDR that overlaps them changes nothing),
 // state directory, bridge, forwarding, nftables, dnsmasq.
 func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) error {
 	prefix, err := n.Prefix()
 	if err != nil {
+		return err
+	}
+	if err := hostConflict(prefix, m.ours(name)); err != nil {
 		return err
 	}
 	dir := m.netDir(name)

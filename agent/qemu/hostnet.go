@@ -170,10 +170,11 @@ func (p *Provisioner) checkNetwork(m agent.Machine) error {
 	return waitForNetwork(p.cfg.Networks.Check(m.Spec.Network, *m.Network))
 }
 
-// waitForNetwork marks a missing bridge as agent.ErrNetworkMissing, which
-// the engine waits for instead of spending a create attempt.
+// waitForNetwork marks a missing bridge, and a nat network whose CIDR the
+// host's own routes use, as agent.ErrNetworkMissing, which the engine
+// waits for instead of spending a create attempt.
 func waitForNetwork(err error) error {
-	if errors.Is(err, hostnet.ErrBridgeMissing) {
+	if errors.Is(err, hostnet.ErrBridgeMissing) || errors.Is(err, hostnet.ErrAddressConflict) {
 		return fmt.Errorf("%w: %w", err, agent.ErrNetworkMissing)
 	}
 	return err
