@@ -274,3 +274,27 @@ func TestNATNetworksSwappingCIDRsConverge(t *testing.T) {
 		t.Fatal("dnsmasq of c does not run")
 	}
 }
+
+// A guest that changed its address on the LAN shows the new one, though
+// the host's neighbour table still holds the old ones for its MAC.
+func TestBridgeAddressFollowsTheGuestsNewestAddress(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	lan := desired.Network{Bridge: "br0"}
+	f.run("ip", "link", "add", "br0", "type", "bridge")
+	f.run("ip", "addr", "add", "192.168.60.1/24", "dev", "br0")
+	f.run("ip", "link", "set", "br0", "up")
+	mac, _ := net.ParseMAC("52:54:00:00:0f:01")
+	guest := f.peer("g", "br0", mac.String())
+	for _, addr := range []string{"192.168.60.30", "192.168.60.11", "192.168.60.52", "192.168.60.7", "192.168.60.44", "192.168.60.20"} {
+		f.run("ip", "netns", "exec", guest, "ip", "addr", "flush", "dev", "eth0")
+		f.run("ip", "netns", "exec", guest, "ip", "addr", "add", addr+"/24", "dev", "eth0")
+		f.run("ip", "netns", "exec", guest, "busybox", "ping", "-c", "1", "-W", "2", "192.168.60.1")
+		time.Sleep(50 * time.Millisecond)
+		if got := f.m.Address("lan", lan, mac); got != netip.MustParseAddr(addr) {
+			t.Errorf("Address after the guest moved to %s = %s; neighbours:\n%s", addr, got, f.run("ip", "neigh", "show", "dev", "br0"))
+		}
+	}
+}

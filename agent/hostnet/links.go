@@ -132,7 +132,9 @@ func deleteLink(name string) error {
 }
 
 // neighbourFor finds mac's IPv4 address in the host's neighbour table on
-// bridge: an entry the kernel holds as valid (not failed or incomplete).
+// bridge: of the entries the kernel holds as valid (not failed or
+// incomplete), the one confirmed last. A guest that changed its address
+// leaves entries for the old ones behind, for its MAC, until they expire.
 func neighbourFor(bridge string, mac net.HardwareAddr) (netip.Addr, error) {
 	l, err := netlink.LinkByName(bridge)
 	if err != nil {
@@ -142,15 +144,22 @@ func neighbourFor(bridge string, mac net.HardwareAddr) (netip.Addr, error) {
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("neighbours of %s: %w", bridge, err)
 	}
-	for _, n := range neigh {
+	var best *netlink.Neigh
+	var found netip.Addr
+	for i, n := range neigh {
 		if !bytes.Equal(n.HardwareAddr, mac) || n.State&(unix.NUD_FAILED|unix.NUD_INCOMPLETE) != 0 {
 			continue
 		}
-		if a, ok := netip.AddrFromSlice(n.IP.To4()); ok {
-			return a, nil
+		a, ok := netip.AddrFromSlice(n.IP.To4())
+		if !ok {
+			continue
+		}
+		// Confirmed and Updated count clock ticks ago: smaller is newer.
+		if best == nil || n.Confirmed < best.Confirmed || n.Confirmed == best.Confirmed && n.Updated < best.Updated {
+			best, found = &neigh[i], a
 		}
 	}
-	return netip.Addr{}, nil
+	return found, nil
 }
 
 // hostConflict reports the host's own use of an address of prefix: an
