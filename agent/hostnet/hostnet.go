@@ -74,6 +74,10 @@ var ErrBridgeMissing = errors.New("does not exist on this host")
 // Attach, Check and Reconcile return it wrapped, naming the route.
 var ErrAddressConflict = errors.New("address conflict")
 
+// ErrHostAddress: an address is one of the host's own, so no guest holds
+// it (Holder).
+var ErrHostAddress = errors.New("(no guest holds it)")
+
 // TapPrefix starts the name of every tap the Manager makes.
 const TapPrefix = "gft"
 
@@ -349,6 +353,26 @@ func (m *Manager) Address(name string, def desired.Network, mac net.HardwareAddr
 		m.log.WithField("network", name).WithError(err).Debug("neighbour lookup")
 	}
 	return a
+}
+
+// Holder reports the MAC address of the machine that holds addr on
+// network name (def), as the host's neighbour table knows it: nil when
+// the host does not reach addr directly through the network's bridge (a
+// bridge network whose subnet the host has no address in: nothing can be
+// known) or holds no entry for it yet; ErrHostAddress when addr is the
+// host's own. After the host talked to addr, a
+// MAC other than a VM's says another machine answered at the VM's
+// address.
+func (m *Manager) Holder(name string, def desired.Network, addr netip.Addr) (net.HardwareAddr, error) {
+	bridge := def.Bridge
+	if def.NAT != nil {
+		bridge = desired.NATBridge(name)
+	}
+	mac, err := holder(bridge, addr)
+	if err != nil {
+		return nil, fmt.Errorf("network %s: %w", name, err)
+	}
+	return mac, nil
 }
 
 // natNetworks lists the nat networks this Manager made: the directories

@@ -214,3 +214,35 @@ func hostConflict(prefix netip.Prefix, ours func(network string) bool) error {
 	}
 	return nil
 }
+
+// holder is the MAC address the host's neighbour table holds for addr on
+// bridge, when the host reaches addr directly through bridge (its route to
+// addr leaves by bridge without a gateway); nil when it does not (addr is
+// routed elsewhere: the table says nothing of who holds it) or holds no
+// valid entry for addr. ErrHostAddress when addr is the host's own.
+func holder(bridge string, addr netip.Addr) (net.HardwareAddr, error) {
+	l, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return nil, fmt.Errorf("bridge %s: %w", bridge, err)
+	}
+	routes, err := netlink.RouteGet(addr.AsSlice())
+	if err != nil {
+		return nil, fmt.Errorf("route to %s: %w", addr, err)
+	}
+	if len(routes) > 0 && routes[0].Type == unix.RTN_LOCAL {
+		return nil, fmt.Errorf("%s is an address of this host %w", addr, ErrHostAddress)
+	}
+	if len(routes) == 0 || routes[0].LinkIndex != l.Attrs().Index || routes[0].Gw != nil {
+		return nil, nil
+	}
+	neigh, err := netlink.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("neighbours of %s: %w", bridge, err)
+	}
+	for _, n := range neigh {
+		if a, ok := netip.AddrFromSlice(n.IP.To4()); ok && a == addr && n.State&(unix.NUD_FAILED|unix.NUD_INCOMPLETE) == 0 && len(n.HardwareAddr) > 0 {
+			return n.HardwareAddr, nil
+		}
+	}
+	return nil, nil
+}

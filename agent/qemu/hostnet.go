@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,6 +40,10 @@ type HostNetworks interface {
 	// Reserve records VM vm's address on nat network name (def) without
 	// touching the network; see hostnet.Manager.Reserve.
 	Reserve(name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) error
+	// Holder is the MAC address of the machine holding addr on network
+	// name, as the host's neighbour table knows it; nil when that cannot
+	// be known. See hostnet.Manager.Holder.
+	Holder(name string, def desired.Network, addr netip.Addr) (net.HardwareAddr, error)
 	// Reconcile makes the host's networks match nets; see
 	// agent.NetworkReconciler.
 	Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error
@@ -274,4 +279,48 @@ func (p *Provisioner) staticSSH(st *vmState) string {
 		return netip.AddrPortFrom(a, 22).String()
 	}
 	return ""
+}
+
+// errAnotherHolder: the SSH banner read at a VM's address came from a
+// machine whose MAC is not the VM's, or from the host itself: another
+// guest, LAN machine or the host holds the address (a static address the
+// guest never took, or one taken from it). The probe counts it as the guest refusing: the guest did not
+// answer.
+var errAnotherHolder = errors.New("answered by another machine")
+
+// heldByGuest checks that the machine that answered at addr ("ip:port")
+// on the VM's host network is the VM: the host's neighbour table holds
+// the VM's MAC for that address. It is nil for a VM on user-mode
+// networking (its forward is its own), and when the host does not reach
+// the address directly through the network's bridge (nothing can be
+// known); it wraps errNoAddress when the table cannot be read or holds no
+// entry for the address, so the answer counts for nothing either way.
+func (p *Provisioner) heldByGuest(st *vmState, addr string) error {
+	r, ok := p.netRecord(st)
+	if !ok || p.cfg.Networks == nil {
+		return nil
+	}
+	if r == nil {
+		return fmt.Errorf("network record unreadable: %w", errNoAddress)
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return err
+	}
+	want, err := net.ParseMAC(r.MAC)
+	if err != nil {
+		return err
+	}
+	mac, err := p.cfg.Networks.Holder(r.Network, r.Def, ap.Addr())
+	switch {
+	case errors.Is(err, hostnet.ErrHostAddress):
+		return fmt.Errorf("%w: %w", errAnotherHolder, err)
+	case err != nil:
+		return fmt.Errorf("%s: %w (%w)", ap.Addr(), err, errNoAddress)
+	case mac == nil:
+		return nil
+	case !bytes.Equal(mac, want):
+		return fmt.Errorf("%s: %w (MAC %s), not the guest (MAC %s)", ap.Addr(), errAnotherHolder, mac, want)
+	}
+	return nil
 }
