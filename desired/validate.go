@@ -44,7 +44,27 @@ var (
 	sha256RE   = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$`)
 	bridgeRE   = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]*$`)
+	// domainLabelRE is one label of a domain name; see isDomain.
+	domainLabelRE = regexp.MustCompile(`^[A-Za-z0-9_]([-A-Za-z0-9_]*[A-Za-z0-9_])?$`)
 )
+
+// isDomain reports whether s is a DNS domain name as resolv.conf and the
+// network-config renderers take one: labels of 1 to 63 letters, digits,
+// '-' or '_' (not starting or ending with '-'), joined by '.', with an
+// optional final '.', 253 characters at most. Anything else (a newline, a
+// quote, '#') would be a line or a comment in the guest's configuration.
+func isDomain(s string) bool {
+	s = strings.TrimSuffix(s, ".")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if len(l) > 63 || !domainLabelRE.MatchString(l) {
+			return false
+		}
+	}
+	return true
+}
 
 // checkName reports why s is not an RFC 1123 label, or "".
 func checkName(s string) string {
@@ -420,8 +440,8 @@ func (d *nodeDecoder) checkStatic(s *VMSpec) {
 		}
 		for i, dom := range ns.Search {
 			f := indexPath("spec.static.nameservers.search", i)
-			if !d.bad[f] && (dom == "" || strings.ContainsAny(dom, " \t,")) {
-				d.add(d.valPos(f), f, "%q is not a domain name", dom)
+			if !d.bad[f] && !isDomain(dom) {
+				d.add(d.valPos(f), f, "%q is not a domain name (labels of 1 to 63 letters, digits, '-' or '_', joined by '.')", safetext.Truncate(dom, 70))
 			}
 		}
 	}
