@@ -298,3 +298,34 @@ func TestBridgeAddressFollowsTheGuestsNewestAddress(t *testing.T) {
 		}
 	}
 }
+
+// The nftables table is repaired whatever happened to it: deleted, a
+// chain flushed, a rule removed, a rule added to it. Its drop rules are
+// what keeps guests off the host.
+func TestNATNftablesTableIsRepairedWhenTamperedWith(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.84.0.0/24"}}}
+	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	want := f.run("nft", "list", "table", "inet", NftTable)
+	for _, tamper := range [][]string{
+		{"delete", "table", "inet", NftTable},
+		{"flush", "chain", "inet", NftTable, "input"},
+		{"flush", "chain", "inet", NftTable, "forward"},
+		{"add", "rule", "inet", NftTable, "input", "iifname", "gf-lab", "tcp", "dport", "22", "accept"},
+		{"insert", "rule", "inet", NftTable, "forward", "accept"},
+	} {
+		f.run("nft", tamper...)
+		if err := f.manager().Reconcile(ctx, nets, nil); err != nil {
+			t.Fatalf("Reconcile after nft %s: %v", strings.Join(tamper, " "), err)
+		}
+		if got := f.run("nft", "list", "table", "inet", NftTable); got != want {
+			t.Errorf("after nft %s and a Reconcile the table is\n%s\nwant\n%s", strings.Join(tamper, " "), got, want)
+		}
+	}
+}

@@ -19,6 +19,7 @@
 //	<dir>/<network>/leases        dnsmasq's lease file
 //	<dir>/<network>/dnsmasq.log   dnsmasq's log
 //	<dir>/nftables.conf           the table last loaded
+//	<dir>/nftables.list           the kernel's listing of it then
 //
 // Every operation is idempotent and safe to repeat after a crash or an
 // agent restart: an existing bridge, tap, reservation or table is kept; a
@@ -61,6 +62,9 @@ const (
 	LeasesFile   = "leases"
 	DnsmasqLog   = "dnsmasq.log"
 	NftablesFile = "nftables.conf"
+	// NftablesListFile is the kernel's listing of the table as last
+	// loaded (nft list table inet gitfleet), to find it changed.
+	NftablesListFile = "nftables.list"
 )
 
 // ErrBridgeMissing: the bridge a bridge network names is not a device of

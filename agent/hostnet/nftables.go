@@ -69,7 +69,11 @@ func renderNftables(nets map[string]string) []byte {
 
 // ensureNftables loads the table for every nat network this Manager made
 // (their spec files) when it differs from the one last loaded, or when the
-// kernel has no such table (a host reboot, a flush).
+// kernel's table is not the one loaded then: missing (a host reboot, a
+// flush) or changed by anyone else (a chain flushed, a rule added or
+// removed), since its drop rules are what keeps guests off the host. The
+// kernel's listing of the table as loaded is kept beside the script
+// (NftablesListFile) to compare with.
 func (m *Manager) ensureNftables(ctx context.Context) error {
 	made, err := m.natNetworks()
 	if err != nil {
@@ -84,12 +88,17 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 		nets[name] = s.CIDR
 	}
 	want := renderNftables(nets)
-	file := filepath.Join(m.cfg.Dir, NftablesFile)
+	file, listFile := filepath.Join(m.cfg.Dir, NftablesFile), filepath.Join(m.cfg.Dir, NftablesListFile)
 	have, _ := os.ReadFile(file)
+	loaded, _ := os.ReadFile(listFile)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	present := exec.CommandContext(ctx, m.cfg.Nft, "list", "table", "inet", NftTable).Run() == nil
-	if bytes.Equal(have, want) && present == (len(nets) > 0) {
+	live, present := m.listNftables(ctx)
+	switch {
+	case !bytes.Equal(have, want):
+	case len(nets) == 0 && !present:
+		return nil
+	case len(nets) > 0 && present && bytes.Equal(live, loaded):
 		return nil
 	}
 	cmd := exec.CommandContext(ctx, m.cfg.Nft, "-f", "-")
@@ -100,9 +109,27 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 	if err := os.MkdirAll(m.cfg.Dir, 0o700); err != nil {
 		return err
 	}
+	live, _ = m.listNftables(ctx)
+	if err := writeFile(listFile, live); err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
 	if err := writeFile(file, want); err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
+	if present && bytes.Equal(have, want) {
+		m.log.WithField("networks", len(nets)).Warn("nftables table changed by someone else; loaded again")
+		return nil
+	}
 	m.log.WithField("networks", len(nets)).Info("nftables table loaded")
 	return nil
+}
+
+// listNftables is the kernel's listing of the table, and whether it
+// exists.
+func (m *Manager) listNftables(ctx context.Context) ([]byte, bool) {
+	out, err := exec.CommandContext(ctx, m.cfg.Nft, "list", "table", "inet", NftTable).Output()
+	if err != nil {
+		return nil, false
+	}
+	return out, true
 }
