@@ -329,3 +329,48 @@ func TestNATNftablesTableIsRepairedWhenTamperedWith(t *testing.T) {
 		}
 	}
 }
+
+// A nat network whose name the spec gives a bridge network instead is
+// kept while a VM's tap is on it, and torn down once its VMs moved to the
+// bridge, though their records name the network still.
+func TestNATNetworkTurnedBridgeGoesOnceItsVMsMoved(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	nat := desired.Network{NAT: &desired.NAT{CIDR: "10.91.0.0/24"}}
+	if err := f.m.Reconcile(ctx, map[string]desired.Network{"lab": nat}, nil); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	mac, _ := net.ParseMAC("52:54:00:00:91:01")
+	if _, err := f.m.Attach(ctx, "lab", nat, "vm-g", mac, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	f.run("ip", "link", "add", "br1", "type", "bridge")
+	f.run("ip", "link", "set", "br1", "up")
+	bridged := map[string]desired.Network{"lab": {Bridge: "br1"}}
+	inUse := map[string]bool{"lab": true}
+	if err := f.m.Reconcile(ctx, bridged, inUse); err != nil {
+		t.Fatalf("Reconcile with lab a bridge network: %v", err)
+	}
+	if _, err := netlink.LinkByName("gf-lab"); err != nil || f.m.dnsmasqPid("lab") == 0 {
+		t.Fatalf("the nat network went while vm-g's tap is on it: %v", err)
+	}
+	// vm-g boots again, on the bridge.
+	if _, err := f.m.Attach(ctx, "lab", bridged["lab"], "vm-g", mac, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.Reconcile(ctx, bridged, inUse); err != nil {
+		t.Fatalf("Reconcile once vm-g moved: %v", err)
+	}
+	if _, err := netlink.LinkByName("gf-lab"); err == nil {
+		t.Error("gf-lab is still there once no tap is on it")
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, "networks", "lab")); err == nil {
+		t.Error("the nat network's directory is still there")
+	}
+	if exec.Command("nft", "list", "table", "inet", NftTable).Run() == nil {
+		t.Error("the nftables table is still there")
+	}
+}

@@ -159,8 +159,10 @@ func New(cfg Config) (*Manager, error) {
 // Reconcile makes the host's networks match nets, a Host spec's networks.
 // First a nat network this Manager made that nets no longer names is torn
 // down (dnsmasq stopped, bridge and rules removed, its directory deleted)
-// unless inUse names it (a VM record still lists it) or inUse is nil (what
-// VMs use is unknown: nothing is torn down), so a network renamed in the
+// unless inUse names it (a VM record still lists it; when nets now names
+// it as a bridge network, only while a tap is still a port of its bridge)
+// or inUse is nil (what VMs use is unknown: nothing is torn down), so a
+// network renamed in the
 // spec can take the CIDR of the one it replaced. Then every nat network is
 // ensured (bridge and address, forwarding, nftables, a running dnsmasq:
 // one that died is started again), unless its CIDR overlaps the host's own
@@ -185,10 +187,23 @@ func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network
 		errs = append(errs, err)
 	}
 	for _, name := range made {
-		if n, ok := nets[name]; ok && n.NAT != nil {
+		n, named := nets[name]
+		if named && n.NAT != nil {
 			continue
 		}
-		if inUse == nil || inUse[name] {
+		used := inUse == nil || inUse[name]
+		// A name the spec now gives a bridge network: the VMs that name
+		// it move to the bridge as they boot, and the nat network is
+		// used only while a tap is still a port of its bridge.
+		if named && inUse != nil && used {
+			ports, err := bridgePorts(desired.NATBridge(name))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+				continue
+			}
+			used = ports > 0
+		}
+		if used {
 			m.log.WithField("network", name).Info("network no longer named by the host but still used by a VM; kept")
 			continue
 		}

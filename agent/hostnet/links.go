@@ -246,3 +246,26 @@ func holder(bridge string, addr netip.Addr) (net.HardwareAddr, error) {
 	}
 	return nil, nil
 }
+
+// bridgePorts counts the devices that are ports of bridge; 0 when the
+// bridge does not exist.
+func bridgePorts(bridge string) (int, error) {
+	l, err := netlink.LinkByName(bridge)
+	if isNotFound(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("bridge %s: %w", bridge, err)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return 0, fmt.Errorf("list devices: %w", err)
+	}
+	n := 0
+	for _, p := range links {
+		if p.Attrs().MasterIndex == l.Attrs().Index {
+			n++
+		}
+	}
+	return n, nil
+}
