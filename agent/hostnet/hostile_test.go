@@ -374,3 +374,56 @@ func TestNATNetworkTurnedBridgeGoesOnceItsVMsMoved(t *testing.T) {
 		t.Error("the nftables table is still there")
 	}
 }
+
+// A device left behind under a VM's tap name is made the VM's tap, or
+// refused when it is no tap; a bridge network naming a device that is no
+// bridge (lo, an interface) is refused, and the device left alone.
+func TestLeftoverTapsAndDevicesThatAreNoBridge(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	f.run("ip", "link", "add", "br0", "type", "bridge")
+	f.run("ip", "link", "set", "br0", "up")
+	lan := desired.Network{Bridge: "br0"}
+	mac, _ := net.ParseMAC("52:54:00:00:92:01")
+	for _, leftover := range [][]string{
+		{"tuntap", "add", "dev", TapName("vm-h"), "mode", "tap"},                          // a crash's tap, down, on no bridge
+		{"tuntap", "add", "dev", TapName("vm-h"), "mode", "tun"},                          // a tun under the tap's name
+		{"tuntap", "add", "dev", TapName("vm-h"), "mode", "tap", "multi_queue"},           // a tap QEMU cannot open as one queue
+		{"tuntap", "add", "dev", TapName("vm-h"), "mode", "tap", "one_queue", "vnet_hdr"}, // one as the agent makes it
+	} {
+		exec.Command("ip", "link", "del", TapName("vm-h")).Run()
+		f.run("ip", leftover...)
+		a, err := f.m.Attach(ctx, "lan", lan, "vm-h", mac, netip.Addr{})
+		if err != nil {
+			t.Errorf("Attach over a leftover (ip %s): %v", strings.Join(leftover, " "), err)
+			continue
+		}
+		l, err := netlink.LinkByName(a.Tap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tap, ok := l.(*netlink.Tuntap)
+		br, _ := netlink.LinkByName("br0")
+		if !ok || tap.Mode != netlink.TUNTAP_MODE_TAP || tap.Flags&netlink.TUNTAP_MULTI_QUEUE != 0 || l.Attrs().MasterIndex != br.Attrs().Index || l.Attrs().Flags&net.FlagUp == 0 {
+			t.Errorf("after Attach over a leftover (ip %s) the tap is %+v", strings.Join(leftover, " "), l)
+		}
+	}
+	for _, dev := range []string{"lo", "eth0"} {
+		if dev == "eth0" {
+			f.run("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+		}
+		def := desired.Network{Bridge: dev}
+		if err := f.m.Check("lan", def); err == nil || !strings.Contains(err.Error(), "not a bridge") {
+			t.Errorf("Check of bridge %s = %v; want not a bridge", dev, err)
+		}
+		if _, err := f.m.Attach(ctx, "lan", def, "vm-i", mac, netip.Addr{}); err == nil {
+			t.Errorf("Attach to bridge %s succeeded", dev)
+		}
+		if l, _ := netlink.LinkByName(TapName("vm-i")); l != nil && l.Attrs().MasterIndex != 0 {
+			t.Errorf("a tap was made a port of %s", dev)
+		}
+	}
+}

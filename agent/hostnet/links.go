@@ -79,9 +79,18 @@ func ensureBridge(name string, addr netip.Prefix) (netlink.Link, error) {
 
 // ensureTap makes tap name exist (persistent, so it outlives QEMU and the
 // agent), be a port of br and be up. An existing tap is kept, moved to br
-// when it is a port of another bridge.
+// when it is a port of another bridge; a tun device or a multi-queue tap
+// under the name, which QEMU's single-queue tap cannot open (the kernel
+// refuses it), is replaced. The name is the VM's own (TapName) and the
+// VM's QEMU is not running while its tap is ensured.
 func ensureTap(name string, br netlink.Link) error {
 	l, err := netlink.LinkByName(name)
+	if t, ok := l.(*netlink.Tuntap); err == nil && ok && (t.Mode != netlink.TUNTAP_MODE_TAP || t.Flags&netlink.TUNTAP_MULTI_QUEUE != 0) {
+		if err := netlink.LinkDel(l); err != nil {
+			return fmt.Errorf("replace tap %s (a %s device QEMU cannot open): %w", name, t.Mode, err)
+		}
+		l, err = netlink.LinkByName(name)
+	}
 	if isNotFound(err) {
 		t := &netlink.Tuntap{
 			LinkAttrs: netlink.LinkAttrs{Name: name},
