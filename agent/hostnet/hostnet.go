@@ -374,6 +374,16 @@ func (m *Manager) Address(name string, def desired.Network, mac net.HardwareAddr
 	return a
 }
 
+// Firewall loads the nftables table of the nat networks this Manager made
+// again when it is missing or differs from the one loaded (see
+// ensureNftables), and changes nothing else: the agent calls it every
+// tick, suspended or not, since its drop rules keep guests off the host.
+func (m *Manager) Firewall(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ensureNftables(ctx)
+}
+
 // Holder reports the MAC address of the machine that holds addr on
 // network name (def), as the host's neighbour table knows it: nil when
 // the host does not reach addr directly through the network's bridge (a

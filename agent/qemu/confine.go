@@ -1,13 +1,16 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // DefaultQEMUUser is the system user the agent runs QEMU as unless its
@@ -113,5 +116,48 @@ func installGuard(ctx context.Context, nft string, uid int) error {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("install the guests' loopback guard (nftables table inet %s): %v: %s", guardTable(uid), err, trimTail(out, 1024))
 	}
+	return nil
+}
+
+// GuardHost implements agent.HostGuard: the guests' loopback guard (with a
+// QEMU user) and the nat networks' table (with host networking) are loaded
+// again when missing or changed since they were loaded.
+func (p *Provisioner) GuardHost(ctx context.Context) error {
+	var errs []error
+	if p.user != nil {
+		errs = append(errs, p.ensureGuard(ctx, false))
+	}
+	if p.cfg.Networks != nil {
+		errs = append(errs, p.cfg.Networks.Firewall(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// ensureGuard loads the loopback guard (installGuard) when force is set,
+// or when the kernel's listing of its table differs from the one taken
+// when it was last loaded (missing, flushed, a rule added), and keeps the
+// new listing.
+func (p *Provisioner) ensureGuard(ctx context.Context, force bool) error {
+	p.guardMu.Lock()
+	defer p.guardMu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	list := func() []byte {
+		out, err := exec.CommandContext(ctx, p.cfg.NFT, "list", "table", "inet", guardTable(p.user.uid)).Output()
+		if err != nil {
+			return nil
+		}
+		return out
+	}
+	if !force && p.guardList != nil && bytes.Equal(list(), p.guardList) {
+		return nil
+	}
+	if err := installGuard(ctx, p.cfg.NFT, p.user.uid); err != nil {
+		return err
+	}
+	if !force && p.guardList != nil {
+		p.log.WithField("table", guardTable(p.user.uid)).Warn("the guests' loopback guard was removed or changed; loaded again")
+	}
+	p.guardList = list()
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,5 +108,82 @@ func TestSSHReadinessOnANetworkCountsOnlyTheVMsMAC(t *testing.T) {
 	host := vm("app-01", "52:54:00:00:70:04", "192.168.70.1")
 	if err := probe(host); !errors.Is(err, errAnotherHolder) {
 		t.Errorf("probe of app-01, whose address is the host's = %v; want errAnotherHolder", err)
+	}
+}
+
+// The host's guards against guests come back whatever removed or changed
+// them while the agent runs: `systemctl restart nftables` flushes the
+// whole ruleset, the guests' loopback guard and the nat networks' table
+// with it. GuardHost, which the engine calls every tick, puts back both,
+// and leaves them be when untouched.
+func TestGuardHostRestoresFlushedTables(t *testing.T) {
+	needQEMU(t)
+	testQEMUUser(t)
+	if _, err := exec.LookPath("dnsmasq"); err != nil {
+		t.Skip("dnsmasq is not installed")
+	}
+	if !netnstest.Enter(t) {
+		return
+	}
+	root := t.TempDir()
+	m, err := hostnet.New(hostnet.Config{Dir: filepath.Join(root, "networks"), Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{CacheDir: filepath.Join(root, "images"), Accel: AccelTCG, RunAs: DefaultQEMUUser,
+		MachineDir: func(name string) string { return filepath.Join(root, "vms", name) },
+		Logger:     quietLog().Logger, Networks: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := p.Preflight(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.93.0.0/24"}}}
+	if err := p.ReconcileNetworks(ctx, nets, nil, map[string]bool{}); err != nil {
+		t.Fatal(err)
+	}
+	list := func() string { // both tables, in this order
+		var b strings.Builder
+		for _, table := range []string{guardTable(p.user.uid), hostnet.NftTable} {
+			out, err := exec.Command("nft", "list", "table", "inet", table).CombinedOutput()
+			if err != nil {
+				fmt.Fprintf(&b, "no table %s: %s\n", table, out)
+			}
+			b.Write(out)
+		}
+		return b.String()
+	}
+	want := list()
+	if strings.Contains(want, "no table") {
+		t.Fatalf("the guard or the nat table is missing:\n%s", want)
+	}
+	for _, tamper := range [][]string{
+		{"flush", "ruleset"},
+		{"flush", "chain", "inet", guardTable(p.user.uid), "output"},
+		{"insert", "rule", "inet", guardTable(p.user.uid), "output", "accept"},
+		{"delete", "table", "inet", hostnet.NftTable},
+	} {
+		run(t, "nft", tamper...)
+		if err := p.GuardHost(ctx); err != nil {
+			t.Fatalf("GuardHost after nft %s: %v", strings.Join(tamper, " "), err)
+		}
+		if got := list(); got != want {
+			t.Errorf("after nft %s and GuardHost the ruleset is\n%s\nwant\n%s", strings.Join(tamper, " "), got, want)
+		}
+	}
+	// Untouched, nothing is loaded again: the guard's table keeps its
+	// handle (a reload would make a new one).
+	handle := func() string {
+		out, _ := exec.Command("nft", "-a", "list", "table", "inet", guardTable(p.user.uid)).CombinedOutput()
+		return string(out)
+	}
+	before := handle()
+	if err := p.GuardHost(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := handle(); after != before {
+		t.Errorf("GuardHost reloaded an untouched guard:\n%s\nwas\n%s", after, before)
 	}
 }
