@@ -427,3 +427,63 @@ func TestLeftoverTapsAndDevicesThatAreNoBridge(t *testing.T) {
 		}
 	}
 }
+
+// A guest speaks only with the MAC its NIC was given: frames from its tap
+// with another source MAC (another VM's, to take its lease, its neighbour
+// entry or its readiness) are dropped where they enter the bridge.
+func TestTapsCarryOnlyTheirVMsMAC(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.94.0.0/24"}}}
+	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	macG, _ := net.ParseMAC("52:54:00:00:94:01")
+	macH, _ := net.ParseMAC("52:54:00:00:94:02")
+	for vm, mac := range map[string]net.HardwareAddr{"vm-g": macG, "vm-h": macH} {
+		if _, err := f.m.Attach(ctx, "lab", nets["lab"], vm, mac, netip.Addr{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rules := f.run("nft", "list", "table", "bridge", NftTable)
+	for vm, mac := range map[string]string{"vm-g": macG.String(), "vm-h": macH.String()} {
+		if want := `iifname "` + TapName(vm) + `" ether saddr != ` + mac + ` drop`; !strings.Contains(rules, want) {
+			t.Errorf("tap filter lacks %q:\n%s", want, rules)
+		}
+	}
+	// The guest is a namespace behind a veth port standing in for vm-g's
+	// tap (a tap passes frames only while QEMU holds it): the filter
+	// holds the port to vm-g's MAC as it holds the tap.
+	g := f.peer("g", "gf-lab", macG.String())
+	if err := f.m.recordTap(ctx, "vg", macG.String()); err != nil {
+		t.Fatal(err)
+	}
+	f.dhcp(g)
+	if err := f.try(g, "busybox", "ping", "-c", "1", "-W", "2", "10.94.0.1"); err != nil {
+		t.Fatalf("the guest cannot ping its gateway with its own MAC: %v", err)
+	}
+	f.run("ip", "netns", "exec", g, "ip", "link", "set", "eth0", "address", macH.String())
+	f.run("ip", "netns", "exec", g, "ip", "neigh", "flush", "all")
+	if err := f.try(g, "busybox", "ping", "-c", "1", "-W", "2", "10.94.0.1"); err == nil {
+		t.Error("the guest reached its gateway with vm-h's MAC")
+	}
+	if out, err := exec.Command("ip", "netns", "exec", g, "busybox", "udhcpc", "-i", "eth0", "-t", "2", "-T", "1", "-n", "-q", "-s", "/bin/true").CombinedOutput(); err == nil {
+		t.Errorf("the guest got vm-h's lease with vm-h's MAC: %s", out)
+	}
+
+	// Detached VMs leave the filter; with no tap left the table goes.
+	for _, vm := range []string{"vm-g", "vm-h"} {
+		if err := f.m.Detach(vm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.m.recordTap(ctx, "vg", ""); err != nil {
+		t.Fatal(err)
+	}
+	if exec.Command("nft", "list", "table", "bridge", NftTable).Run() == nil {
+		t.Errorf("the tap filter is still there with no tap:\n%s", f.run("nft", "list", "table", "bridge", NftTable))
+	}
+}

@@ -20,6 +20,7 @@
 //	<dir>/<network>/dnsmasq.log   dnsmasq's log
 //	<dir>/nftables.conf           the table last loaded
 //	<dir>/nftables.list           the kernel's listing of it then
+//	<dir>/taps.json               the taps made: tap -> the VM's MAC
 //
 // Every operation is idempotent and safe to repeat after a crash or an
 // agent restart: an existing bridge, tap, reservation or table is kept; a
@@ -65,6 +66,9 @@ const (
 	// NftablesListFile is the kernel's listing of the table as last
 	// loaded (nft list table inet gitfleet), to find it changed.
 	NftablesListFile = "nftables.list"
+	// TapsFile records the taps the Manager made: tap -> the MAC of the
+	// VM's NIC (JSON), for the tap filter.
+	TapsFile = "taps.json"
 )
 
 // ErrBridgeMissing: the bridge a bridge network names is not a device of
@@ -264,7 +268,46 @@ func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, 
 	if err := ensureTap(a.Tap, br); err != nil {
 		return a, fmt.Errorf("network %s: %w", name, err)
 	}
+	if err := m.recordTap(ctx, a.Tap, mac.String()); err != nil {
+		return a, fmt.Errorf("network %s: %w", name, err)
+	}
 	return a, nil
+}
+
+// readTaps reads TapsFile.
+func (m *Manager) readTaps() (map[string]string, error) {
+	taps := map[string]string{}
+	if err := readJSON(filepath.Join(m.cfg.Dir, TapsFile), &taps); err != nil {
+		return nil, fmt.Errorf("taps: %w", err)
+	}
+	return taps, nil
+}
+
+// recordTap records tap with mac ("" removes it) in TapsFile, and loads
+// the tap filter.
+func (m *Manager) recordTap(ctx context.Context, tap, mac string) error {
+	taps, err := m.readTaps()
+	if err != nil {
+		return err
+	}
+	if taps[tap] != mac {
+		if mac == "" {
+			delete(taps, tap)
+		} else {
+			taps[tap] = mac
+		}
+		b, err := json.MarshalIndent(taps, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(m.cfg.Dir, 0o700); err != nil {
+			return err
+		}
+		if err := writeFile(filepath.Join(m.cfg.Dir, TapsFile), append(b, '\n')); err != nil {
+			return fmt.Errorf("taps: %w", err)
+		}
+	}
+	return m.ensureNftables(ctx)
 }
 
 // Check reports whether network name (def) can take a VM now, changing
@@ -315,6 +358,9 @@ func (m *Manager) Detach(vm string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := deleteLink(TapName(vm)); err != nil {
+		return fmt.Errorf("detach %s: %w", vm, err)
+	}
+	if err := m.recordTap(context.Background(), TapName(vm), ""); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
 	if err := m.release(vm, ""); err != nil {

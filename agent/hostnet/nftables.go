@@ -13,9 +13,32 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 )
 
-// NftTable is the nftables table the Manager owns ("inet gitfleet"). Only
-// the Manager writes it; it is replaced whole on every change.
+// NftTable is the name of the nftables tables the Manager owns: "inet
+// gitfleet" (the nat networks) and "bridge gitfleet" (its taps). Only the
+// Manager writes them; they are replaced whole on every change.
 const NftTable = "gitfleet"
+
+// renderTapFilter is the "bridge gitfleet" table for the taps the Manager
+// made (tap -> the MAC of its VM's NIC), replacing the table as
+// renderNftables does: a frame a guest sends with a source MAC other than
+// the one its NIC was given is dropped where it enters the bridge, so no
+// guest speaks with another's MAC (and the host's neighbour table, which
+// addresses and readiness trust, holds a VM's MAC only for that VM's
+// traffic).
+func renderTapFilter(taps map[string]string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table bridge %s\ndelete table bridge %s\n", NftTable, NftTable)
+	if len(taps) == 0 {
+		return b.String()
+	}
+	fmt.Fprintf(&b, "table bridge %s {\n", NftTable)
+	b.WriteString("\tchain prerouting {\n\t\ttype filter hook prerouting priority filter; policy accept;\n")
+	for _, tap := range sortedKeys(taps) {
+		fmt.Fprintf(&b, "\t\tiifname %q ether saddr != %s drop\n", tap, taps[tap])
+	}
+	b.WriteString("\t}\n}\n")
+	return b.String()
+}
 
 // renderNftables is the whole "inet gitfleet" table for the nat networks
 // nets (name -> CIDR), as one nft script that replaces the table
@@ -67,9 +90,10 @@ func renderNftables(nets map[string]string) []byte {
 	return []byte(b.String())
 }
 
-// ensureNftables loads the table for every nat network this Manager made
-// (their spec files) when it differs from the one last loaded, or when the
-// kernel's table is not the one loaded then: missing (a host reboot, a
+// ensureNftables loads the tables for every nat network this Manager made
+// (their spec files) and every tap it made (TapsFile) when they differ
+// from the ones last loaded, or when the kernel's tables are not the ones
+// loaded then: missing (a host reboot, a
 // flush) or changed by anyone else (a chain flushed, a rule added or
 // removed), since its drop rules are what keeps guests off the host. The
 // kernel's listing of the table as loaded is kept beside the script
@@ -87,18 +111,21 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 		}
 		nets[name] = s.CIDR
 	}
-	want := renderNftables(nets)
+	taps, err := m.readTaps()
+	if err != nil {
+		return err
+	}
+	want := append(renderNftables(nets), renderTapFilter(taps)...)
 	file, listFile := filepath.Join(m.cfg.Dir, NftablesFile), filepath.Join(m.cfg.Dir, NftablesListFile)
 	have, _ := os.ReadFile(file)
 	loaded, _ := os.ReadFile(listFile)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	live, present := m.listNftables(ctx)
+	live := m.listNftables(ctx)
 	switch {
-	case !bytes.Equal(have, want):
-	case len(nets) == 0 && !present:
-		return nil
-	case len(nets) > 0 && present && bytes.Equal(live, loaded):
+	case len(nets) == 0 && len(taps) == 0 && len(live) == 0:
+		return nil // nothing to load, nothing loaded
+	case bytes.Equal(have, want) && bytes.Equal(live, loaded):
 		return nil
 	}
 	cmd := exec.CommandContext(ctx, m.cfg.Nft, "-f", "-")
@@ -109,27 +136,30 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 	if err := os.MkdirAll(m.cfg.Dir, 0o700); err != nil {
 		return err
 	}
-	live, _ = m.listNftables(ctx)
-	if err := writeFile(listFile, live); err != nil {
+	if err := writeFile(listFile, m.listNftables(ctx)); err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
 	if err := writeFile(file, want); err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	if present && bytes.Equal(have, want) {
-		m.log.WithField("networks", len(nets)).Warn("nftables table changed by someone else; loaded again")
+	log := m.log.WithField("networks", len(nets)).WithField("taps", len(taps))
+	if bytes.Equal(have, want) {
+		log.Warn("nftables tables changed by someone else; loaded again")
 		return nil
 	}
-	m.log.WithField("networks", len(nets)).Info("nftables table loaded")
+	log.Info("nftables tables loaded")
 	return nil
 }
 
-// listNftables is the kernel's listing of the table, and whether it
-// exists.
-func (m *Manager) listNftables(ctx context.Context) ([]byte, bool) {
-	out, err := exec.CommandContext(ctx, m.cfg.Nft, "list", "table", "inet", NftTable).Output()
-	if err != nil {
-		return nil, false
+// listNftables is the kernel's listing of both tables ("" for a missing
+// one).
+func (m *Manager) listNftables(ctx context.Context) []byte {
+	var b []byte
+	for _, family := range []string{"inet", "bridge"} {
+		out, err := exec.CommandContext(ctx, m.cfg.Nft, "list", "table", family, NftTable).Output()
+		if err == nil {
+			b = append(b, out...)
+		}
 	}
-	return out, true
+	return b
 }
