@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/netnstest"
@@ -185,5 +188,62 @@ func TestGuardHostRestoresFlushedTables(t *testing.T) {
 	}
 	if after := handle(); after != before {
 		t.Errorf("GuardHost reloaded an untouched guard:\n%s\nwas\n%s", after, before)
+	}
+}
+
+// A VM given a free address never takes the one another VM of the same
+// snapshot names as its static address, whichever name sorts first.
+func TestStaticAddressesAreReservedBeforePickedOnes(t *testing.T) {
+	for _, bin := range []string{"dnsmasq", "nft"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+	if !netnstest.Enter(t) {
+		return
+	}
+	root := t.TempDir()
+	lab := desired.Network{NAT: &desired.NAT{CIDR: "10.95.0.0/24"}}
+	nets := map[string]desired.Network{"lab": lab}
+	// Where "a-dyn" lands on its own: the address "b-static" then claims.
+	scratch, err := hostnet.New(hostnet.Config{Dir: filepath.Join(root, "scratch"), Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac, _ := net.ParseMAC(macFor("a-dyn"))
+	if err := scratch.Reserve("lab", lab, "a-dyn", mac, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	var hosts map[string]struct{ Addr netip.Addr }
+	b, _ := os.ReadFile(filepath.Join(root, "scratch", "lab", hostnet.HostsFile))
+	if err := json.Unmarshal(b, &hosts); err != nil {
+		t.Fatal(err)
+	}
+	taken := hosts["a-dyn"].Addr
+
+	m, err := hostnet.New(hostnet.Config{Dir: filepath.Join(root, "networks"), Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{CacheDir: filepath.Join(root, "images"), Accel: AccelTCG,
+		MachineDir: func(name string) string { return filepath.Join(root, "vms", name) },
+		Logger:     quietLog().Logger, Networks: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := []agent.NetworkMember{
+		{VM: "a-dyn", Network: "lab"},
+		{VM: "b-static", Network: "lab", Static: &desired.StaticIP{Addresses: []string{taken.String() + "/24"}}},
+	}
+	if err := p.ReconcileNetworks(context.Background(), nets, members, map[string]bool{}); err != nil {
+		t.Fatalf("ReconcileNetworks: %v", err)
+	}
+	b, _ = os.ReadFile(filepath.Join(root, "networks", "lab", hostnet.HostsFile))
+	hosts = nil
+	if err := json.Unmarshal(b, &hosts); err != nil {
+		t.Fatal(err)
+	}
+	if hosts["b-static"].Addr != taken || !hosts["a-dyn"].Addr.IsValid() || hosts["a-dyn"].Addr == taken {
+		t.Errorf("reservations = %+v; want b-static at its static %s and a-dyn elsewhere", hosts, taken)
 	}
 }

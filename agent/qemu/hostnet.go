@@ -68,7 +68,8 @@ type netRecord struct {
 
 // ReconcileNetworks hands the host's networks to Config.Networks, first
 // reserving each member's address on its nat network (the MAC and static
-// address its Boot would attach with), so that the network's dnsmasq
+// address its Boot would attach with; static addresses before picked
+// ones), so that the network's dnsmasq
 // starts once, with every reservation, instead of restarting as each VM
 // attaches. Without Config.Networks, a host that names networks is an
 // error (VMs on them cannot boot).
@@ -80,7 +81,17 @@ func (p *Provisioner) ReconcileNetworks(ctx context.Context, nets map[string]des
 		return nil
 	}
 	var errs []error
-	for _, m := range members {
+	// Static addresses first: a VM picked a free address must not take
+	// the one another VM of the same snapshot names as its static one.
+	ordered := make([]agent.NetworkMember, 0, len(members))
+	for _, static := range []bool{true, false} {
+		for _, m := range members {
+			if def, ok := nets[m.Network]; ok && staticOn(def, m.Static).IsValid() == static {
+				ordered = append(ordered, m)
+			}
+		}
+	}
+	for _, m := range ordered {
 		def, ok := nets[m.Network]
 		if !ok || def.NAT == nil {
 			continue
