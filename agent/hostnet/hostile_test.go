@@ -487,3 +487,42 @@ func TestTapsCarryOnlyTheirVMsMAC(t *testing.T) {
 		t.Errorf("the tap filter is still there with no tap:\n%s", f.run("nft", "list", "table", "bridge", NftTable))
 	}
 }
+
+// A guest reaches no link-local address through the host: the cloud
+// metadata service at 169.254.169.254 answers the host's own requests
+// with the host's credentials, and masquerading would make a guest's
+// request the host's.
+func TestNATGuestsDoNotReachTheMetadataService(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.96.0.0/24"}}}
+	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	mac, _ := net.ParseMAC("52:54:00:00:96:01")
+	if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-m", mac, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	g := f.peer("g", "gf-lab", mac.String())
+	f.dhcp(g)
+	// The metadata service, on the host's own link to it.
+	md := netnstest.Name() + "-md"
+	f.run("ip", "netns", "add", md)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", md).Run() })
+	f.run("ip", "link", "add", "meta0", "type", "veth", "peer", "name", "eth0", "netns", md)
+	f.run("ip", "addr", "add", "169.254.0.1/16", "dev", "meta0")
+	f.run("ip", "link", "set", "meta0", "up")
+	f.run("ip", "netns", "exec", md, "ip", "addr", "add", "169.254.169.254/16", "dev", "eth0")
+	f.run("ip", "netns", "exec", md, "ip", "link", "set", "eth0", "up")
+	f.run("ip", "netns", "exec", md, "ip", "link", "set", "lo", "up")
+	f.serve(md, "80", "host-credentials")
+	if !f.reaches(netnstest.Name(), "169.254.169.254", "80", "host-credentials") {
+		t.Fatal("the host does not reach its metadata service: the check below proves nothing")
+	}
+	if f.reaches(g, "169.254.169.254", "80", "host-credentials") {
+		t.Error("a guest of a nat network read the host's metadata service")
+	}
+}

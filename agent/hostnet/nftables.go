@@ -40,15 +40,22 @@ func renderTapFilter(taps map[string]string) string {
 	return b.String()
 }
 
+// LinkLocal4 is IPv4's link-local range. Guests of nat networks reach
+// none of it: a link-local address is never routed, so all a guest finds
+// there through the host is the host's own link, where a cloud's metadata
+// service (169.254.169.254) answers the host's (masqueraded) requests with
+// the host's credentials. (IPv6 from a nat network is not forwarded.)
+const LinkLocal4 = "169.254.0.0/16"
+
 // renderNftables is the whole "inet gitfleet" table for the nat networks
 // nets (name -> CIDR), as one nft script that replaces the table
 // atomically: declaring the table first makes "delete" succeed when it
 // does not exist yet, and nft applies a script as one transaction.
 //
 // Per network: guests reach the host itself only for DHCP, DNS and ping
-// (input); the host's replies and the guests' own traffic are forwarded,
-// nothing from outside — another nat network's guests included — starts
-// a connection to a guest (forward); what
+// (input); the host's replies and the guests' own traffic, link-local
+// destinations aside, are forwarded, nothing from outside — another nat
+// network's guests included — starts a connection to a guest (forward); what
 // leaves the network is masqueraded (postrouting).
 func renderNftables(nets map[string]string) []byte {
 	var b strings.Builder
@@ -78,6 +85,7 @@ func renderNftables(nets map[string]string) []byte {
 	}
 	for _, name := range sortedKeys(nets) {
 		br := desired.NATBridge(name)
+		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s drop\n", br, LinkLocal4)
 		fmt.Fprintf(&b, "\t\tiifname %q ip saddr %s accept\n", br, nets[name])
 		fmt.Fprintf(&b, "\t\tiifname %q drop\n", br)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -245,5 +246,64 @@ func TestStaticAddressesAreReservedBeforePickedOnes(t *testing.T) {
 	}
 	if hosts["b-static"].Addr != taken || !hosts["a-dyn"].Addr.IsValid() || hosts["a-dyn"].Addr == taken {
 		t.Errorf("reservations = %+v; want b-static at its static %s and a-dyn elsewhere", hosts, taken)
+	}
+}
+
+// QEMU's user reaches no link-local address (the cloud metadata service,
+// which would hand a user-mode guest the host's credentials through
+// slirp), as it reaches no address of the host.
+func TestGuardRefusesTheMetadataService(t *testing.T) {
+	testQEMUUser(t)
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("busybox is not installed")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("setpriv is not installed")
+	}
+	if !netnstest.Enter(t) {
+		return
+	}
+	u, err := lookupQEMUUser(DefaultQEMUUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := installGuard(context.Background(), "nft", u.uid); err != nil {
+		t.Fatal(err)
+	}
+	md := netnstest.Name() + "-md"
+	run(t, "ip", "netns", "add", md)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", md).Run() })
+	run(t, "ip", "link", "add", "meta0", "type", "veth", "peer", "name", "eth0", "netns", md)
+	run(t, "ip", "addr", "add", "169.254.0.1/16", "dev", "meta0")
+	run(t, "ip", "link", "set", "meta0", "up")
+	run(t, "ip", "netns", "exec", md, "ip", "addr", "add", "169.254.169.254/16", "dev", "eth0")
+	run(t, "ip", "netns", "exec", md, "ip", "link", "set", "eth0", "up")
+	script := filepath.Join(t.TempDir(), "md.sh")
+	os.WriteFile(script, []byte("#!/bin/sh\necho host-credentials\n"), 0o755)
+	srv := exec.Command("ip", "netns", "exec", md, "busybox", "nc", "-ll", "-p", "80", "-e", script)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	read := func(asQEMU bool) string {
+		args := []string{"busybox", "nc", "-w", "2", "169.254.169.254", "80"}
+		if asQEMU {
+			args = append([]string{"setpriv", "--reuid", strconv.Itoa(u.uid), "--regid", strconv.Itoa(u.gid), "--clear-groups"}, args...)
+		}
+		var out []byte
+		for i := 0; i < 20; i++ {
+			out, _ = exec.Command(args[0], args[1:]...).CombinedOutput()
+			if strings.Contains(string(out), "host-credentials") || asQEMU {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return string(out)
+	}
+	if !strings.Contains(read(false), "host-credentials") {
+		t.Fatal("root does not reach the metadata service: the check below proves nothing")
+	}
+	if out := read(true); strings.Contains(out, "host-credentials") {
+		t.Errorf("QEMU's user read the metadata service: %s", out)
 	}
 }
