@@ -526,3 +526,71 @@ func TestNATGuestsDoNotReachTheMetadataService(t *testing.T) {
 		t.Error("a guest of a nat network read the host's metadata service")
 	}
 }
+
+// A guest reaches the host for DHCP, DNS and ping at its network's bridge
+// address only: a DNS or DHCP service of the host's on another address is
+// no more the guests' than any other service. And the bridge address
+// serves only its guests: a machine beyond the host that routes to it
+// reaches neither dnsmasq nor anything else there.
+func TestNATHostServicesAreTheBridgeAddressesAndTheGuestsOnly(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.97.0.0/24"}}}
+	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	mac, _ := net.ParseMAC("52:54:00:00:97:01")
+	if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-n", mac, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	g := f.peer("g", "gf-lab", mac.String())
+	f.dhcp(g)
+	// The host's LAN: an uplink with the host at .1 and a machine at .2
+	// that routes 10.97.0.0/24 to the host.
+	up := netnstest.Name() + "-u"
+	f.run("ip", "netns", "add", up)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", up).Run() })
+	f.run("ip", "link", "add", "uplink", "type", "veth", "peer", "name", "eth0", "netns", up)
+	f.run("ip", "addr", "add", "198.51.100.1/24", "dev", "uplink")
+	f.run("ip", "link", "set", "uplink", "up")
+	f.run("ip", "netns", "exec", up, "ip", "addr", "add", "198.51.100.2/24", "dev", "eth0")
+	f.run("ip", "netns", "exec", up, "ip", "link", "set", "eth0", "up")
+	f.run("ip", "netns", "exec", up, "ip", "route", "add", "10.97.0.0/24", "via", "198.51.100.1")
+	// A DNS service of the host's on its LAN address (TCP, so a
+	// connection says it is reached).
+	l, err := net.Listen("tcp", "198.51.100.1:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("host dns\n"))
+			c.Close()
+		}
+	}()
+	if f.reaches(g, "198.51.100.1", "53", "host dns") {
+		t.Error("a guest reached the host's DNS service on its LAN address")
+	}
+	if !f.reaches(up, "198.51.100.1", "53", "host dns") {
+		t.Fatal("the LAN does not reach the host's DNS service: the check above proves nothing")
+	}
+	// dnsmasq on the bridge address answers the guest, not the LAN.
+	lookup := func(ns string) string {
+		out, _ := exec.Command("ip", "netns", "exec", ns, "busybox", "nslookup", "-timeout=2", "-retry=1", "vm-n", "10.97.0.1").CombinedOutput()
+		return string(out)
+	}
+	if out := lookup(g); !strings.Contains(out, "10.97.0.") {
+		t.Fatalf("the guest gets no answer from dnsmasq (the check below proves nothing):\n%s", out)
+	}
+	if out := lookup(up); strings.Contains(out, "10.97.0.") {
+		t.Errorf("a machine beyond the host got an answer from the network's dnsmasq:\n%s", out)
+	}
+}

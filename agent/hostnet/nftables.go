@@ -40,6 +40,12 @@ func renderTapFilter(taps map[string]string) string {
 	return b.String()
 }
 
+// gateway is the bridge address of the nat network with CIDR cidr (which
+// the Manager checked when it made the network).
+func gateway(cidr string) string {
+	return desired.NAT{CIDR: cidr}.Gateway().String()
+}
+
 // LinkLocal4 is IPv4's link-local range. Guests of nat networks reach
 // none of it: a link-local address is never routed, so all a guest finds
 // there through the host is the host's own link, where a cloud's metadata
@@ -53,7 +59,8 @@ const LinkLocal4 = "169.254.0.0/16"
 // does not exist yet, and nft applies a script as one transaction.
 //
 // Per network: guests reach the host itself only for DHCP, DNS and ping
-// (input); the host's replies and the guests' own traffic, link-local
+// at the bridge address (DHCP's broadcasts too), and nothing else reaches
+// the bridge address but the host itself (input); the host's replies and the guests' own traffic, link-local
 // destinations aside, are forwarded, nothing from outside — another nat
 // network's guests included — starts a connection to a guest (forward); what
 // leaves the network is masqueraded (postrouting).
@@ -66,12 +73,15 @@ func renderNftables(nets map[string]string) []byte {
 	fmt.Fprintf(&b, "table inet %s {\n", NftTable)
 	b.WriteString("\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n")
 	for _, name := range sortedKeys(nets) {
-		br := desired.NATBridge(name)
+		br, gw := desired.NATBridge(name), gateway(nets[name])
 		fmt.Fprintf(&b, "\t\tiifname %q ct state established,related accept\n", br)
-		fmt.Fprintf(&b, "\t\tiifname %q udp dport { 53, 67 } accept\n", br)
-		fmt.Fprintf(&b, "\t\tiifname %q tcp dport 53 accept\n", br)
-		fmt.Fprintf(&b, "\t\tiifname %q icmp type echo-request accept\n", br)
+		fmt.Fprintf(&b, "\t\tiifname %q ip daddr { %s, 255.255.255.255 } udp dport 67 accept\n", br, gw)
+		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s udp dport 53 accept\n", br, gw)
+		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s tcp dport 53 accept\n", br, gw)
+		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s icmp type echo-request accept\n", br, gw)
 		fmt.Fprintf(&b, "\t\tiifname %q drop\n", br)
+		// The bridge address serves its guests and the host alone.
+		fmt.Fprintf(&b, "\t\tiifname != { %q, \"lo\" } ip daddr %s drop\n", br, gw)
 	}
 	b.WriteString("\t}\n")
 	b.WriteString("\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n")
