@@ -170,15 +170,15 @@ func TestNATNetworkOverlappingTheHostsRoutesIsRefused(t *testing.T) {
 	} {
 		nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: c.cidr}}}
 		err := f.m.Reconcile(ctx, nets, nil)
-		if !errors.Is(err, ErrAddressConflict) || !strings.Contains(err.Error(), c.route) {
-			t.Errorf("Reconcile with %s = %v; want ErrAddressConflict naming %s", c.cidr, err, c.route)
+		if !errors.Is(err, ErrHostConflict) || !strings.Contains(err.Error(), c.route) {
+			t.Errorf("Reconcile with %s = %v; want ErrHostConflict naming %s", c.cidr, err, c.route)
 		}
-		if err := f.m.Check("lab", nets["lab"]); !errors.Is(err, ErrAddressConflict) {
-			t.Errorf("Check with %s = %v; want ErrAddressConflict", c.cidr, err)
+		if err := f.m.Check("lab", nets["lab"]); !errors.Is(err, ErrHostConflict) {
+			t.Errorf("Check with %s = %v; want ErrHostConflict", c.cidr, err)
 		}
 		mac, _ := net.ParseMAC("52:54:00:00:0d:01")
-		if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-d", mac, netip.Addr{}); !errors.Is(err, ErrAddressConflict) {
-			t.Errorf("Attach with %s = %v; want ErrAddressConflict", c.cidr, err)
+		if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-d", mac, netip.Addr{}); !errors.Is(err, ErrHostConflict) {
+			t.Errorf("Attach with %s = %v; want ErrHostConflict", c.cidr, err)
 		}
 		if _, err := netlink.LinkByName("gf-lab"); err == nil {
 			t.Fatalf("bridge gf-lab made for %s, which the host's routes use", c.cidr)
@@ -255,11 +255,11 @@ func TestNATNetworksSwappingCIDRsConverge(t *testing.T) {
 	// the old one goes on serving its guests.
 	renamed := map[string]desired.Network{"c": {NAT: b}, "b": {NAT: a}}
 	err = f.m.Reconcile(ctx, renamed, map[string]bool{"a": true})
-	if !errors.Is(err, ErrAddressConflict) || !strings.Contains(err.Error(), "overlaps nat network a (bridge gf-a), which the Host spec no longer names but a VM still uses") {
-		t.Fatalf("Reconcile with a renamed to c while a VM uses a = %v; want ErrAddressConflict naming a", err)
+	if !errors.Is(err, ErrHostConflict) || !strings.Contains(err.Error(), "overlaps nat network a (bridge gf-a), which the Host spec no longer names but a VM still uses") {
+		t.Fatalf("Reconcile with a renamed to c while a VM uses a = %v; want ErrHostConflict naming a", err)
 	}
-	if err := f.m.Check("c", renamed["c"]); !errors.Is(err, ErrAddressConflict) {
-		t.Fatalf("Check of c = %v; want ErrAddressConflict", err)
+	if err := f.m.Check("c", renamed["c"]); !errors.Is(err, ErrHostConflict) {
+		t.Fatalf("Check of c = %v; want ErrHostConflict", err)
 	}
 	if _, err := netlink.LinkByName("gf-c"); err == nil {
 		t.Fatal("bridge gf-c made with the address of gf-a")
@@ -592,5 +592,40 @@ func TestNATHostServicesAreTheBridgeAddressesAndTheGuestsOnly(t *testing.T) {
 	}
 	if out := lookup(up); strings.Contains(out, "10.97.0.") {
 		t.Errorf("a machine beyond the host got an answer from the network's dnsmasq:\n%s", out)
+	}
+}
+
+// A device of a nat network's bridge name that the agent did not make is
+// never taken over: its addresses stay, nothing joins it, and teardown
+// never deletes it.
+func TestNATNetworkLeavesAForeignBridgeOfItsNameAlone(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	f.run("ip", "link", "add", "gf-lan", "type", "bridge")
+	f.run("ip", "addr", "add", "192.168.99.1/24", "dev", "gf-lan")
+	f.run("ip", "link", "set", "gf-lan", "up")
+	before := f.run("ip", "-o", "addr", "show", "dev", "gf-lan")
+	nets := map[string]desired.Network{"lan": {NAT: &desired.NAT{CIDR: "10.98.0.0/24"}}}
+	if err := f.m.Reconcile(ctx, nets, nil); !errors.Is(err, ErrHostConflict) || !strings.Contains(err.Error(), "gf-lan exists and the agent did not make it") {
+		t.Fatalf("Reconcile = %v; want ErrHostConflict naming gf-lan", err)
+	}
+	if err := f.m.Check("lan", nets["lan"]); !errors.Is(err, ErrHostConflict) {
+		t.Errorf("Check = %v; want ErrHostConflict", err)
+	}
+	mac, _ := net.ParseMAC("52:54:00:00:98:01")
+	if _, err := f.m.Attach(ctx, "lan", nets["lan"], "vm-f", mac, netip.Addr{}); !errors.Is(err, ErrHostConflict) {
+		t.Errorf("Attach = %v; want ErrHostConflict", err)
+	}
+	if err := f.m.Reconcile(ctx, nil, map[string]bool{}); err != nil {
+		t.Fatalf("Reconcile without the network: %v", err)
+	}
+	if after := f.run("ip", "-o", "addr", "show", "dev", "gf-lan"); after != before {
+		t.Errorf("gf-lan changed:\n%s\nwas\n%s", after, before)
+	}
+	if f.m.dnsmasqPid("lan") != 0 {
+		t.Error("a dnsmasq runs on the foreign bridge")
 	}
 }

@@ -76,11 +76,13 @@ const (
 // Reconcile return it wrapped, with the bridge's name.
 var ErrBridgeMissing = errors.New("does not exist on this host")
 
-// ErrAddressConflict: a nat network's CIDR overlaps an address or route
-// the host itself uses (its LAN, a VPN, a container network). The Manager
-// leaves such a network unmade, changing nothing, until the conflict goes;
-// Attach, Check and Reconcile return it wrapped, naming the route.
-var ErrAddressConflict = errors.New("address conflict")
+// ErrHostConflict: a nat network would take what the host itself uses:
+// its CIDR overlaps an address or route of the host's (its LAN, a VPN, a
+// container network), or a device of its bridge's name exists that the
+// Manager did not make. The Manager leaves such a network unmade,
+// changing nothing, until the conflict goes; Attach, Check and Reconcile
+// return it wrapped, naming the route or the device.
+var ErrHostConflict = errors.New("conflict with the host's own network")
 
 // ErrHostAddress: an address is one of the host's own, so no guest holds
 // it (Holder).
@@ -170,7 +172,7 @@ func New(cfg Config) (*Manager, error) {
 // spec can take the CIDR of the one it replaced. Then every nat network is
 // ensured (bridge and address, forwarding, nftables, a running dnsmasq:
 // one that died is started again), unless its CIDR overlaps the host's own
-// addresses and routes or a kept network (ErrAddressConflict: nothing is
+// addresses and routes or a kept network (ErrHostConflict: nothing is
 // changed for it), and every bridge network's bridge is checked to exist.
 // It tries every network and returns the errors joined.
 func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error {
@@ -313,7 +315,8 @@ func (m *Manager) recordTap(ctx context.Context, tap, mac string) error {
 // Check reports whether network name (def) can take a VM now, changing
 // nothing: a bridge network's bridge must exist (ErrBridgeMissing when it
 // does not); a nat network's CIDR must not overlap the host's own
-// addresses and routes (ErrAddressConflict when it does).
+// addresses and routes, nor its bridge's name be a device the Manager did
+// not make (ErrHostConflict when either is).
 func (m *Manager) Check(name string, def desired.Network) error {
 	if def.NAT != nil {
 		prefix, err := def.NAT.Prefix()
@@ -322,6 +325,9 @@ func (m *Manager) Check(name string, def desired.Network) error {
 		}
 		m.mu.Lock()
 		defer m.mu.Unlock()
+		if err := m.foreignBridge(name); err != nil {
+			return fmt.Errorf("network %s: %w", name, err)
+		}
 		if err := hostConflict(prefix, m.ours(name)); err != nil {
 			return fmt.Errorf("network %s: %w", name, err)
 		}

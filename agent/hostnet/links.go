@@ -180,7 +180,7 @@ func neighbourFor(bridge string, mac net.HardwareAddr) (netip.Addr, error) {
 // more specific than most: a CIDR that overlaps the host's LAN, a VPN's
 // range, its default gateway or a nat network kept only because a VM still
 // uses it would take those addresses from their owner and give them to
-// guests. nil when nothing conflicts; wraps ErrAddressConflict when
+// guests. nil when nothing conflicts; wraps ErrHostConflict when
 // something does.
 func hostConflict(prefix netip.Prefix, ours func(network string) bool) error {
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
@@ -208,7 +208,7 @@ func hostConflict(prefix netip.Prefix, ours func(network string) bool) error {
 					if ours(net) {
 						continue
 					}
-					return fmt.Errorf("%s overlaps nat network %s (bridge %s), which the Host spec no longer names but a VM still uses: choose another CIDR for this network (%w)", prefix, net, l.Attrs().Name, ErrAddressConflict)
+					return fmt.Errorf("%s overlaps nat network %s (bridge %s), which the Host spec no longer names but a VM still uses: choose another CIDR for this network (%w)", prefix, net, l.Attrs().Name, ErrHostConflict)
 				}
 			}
 		}
@@ -219,7 +219,7 @@ func hostConflict(prefix netip.Prefix, ours func(network string) bool) error {
 		case unix.RT_TABLE_LOCAL:
 			table = "local"
 		}
-		return fmt.Errorf("%s overlaps the host's route to %s (%s, table %s): choose another CIDR for this network, or remove that route (%w)", prefix, netip.PrefixFrom(dst, ones), dev, table, ErrAddressConflict)
+		return fmt.Errorf("%s overlaps the host's route to %s (%s, table %s): choose another CIDR for this network, or remove that route (%w)", prefix, netip.PrefixFrom(dst, ones), dev, table, ErrHostConflict)
 	}
 	return nil
 }

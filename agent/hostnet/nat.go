@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/gitfleet/gitfleet/desired"
 )
 
@@ -36,7 +38,8 @@ type natSpec struct {
 func (m *Manager) netDir(name string) string { return filepath.Join(m.cfg.Dir, name) }
 
 // ensureNAT makes nat network name real; see Reconcile. Steps, in order:
-// the host's own addresses (a CIDR that overlaps them changes nothing),
+// the host's own addresses and devices (a CIDR that overlaps them, or a
+// device of the bridge's name the Manager did not make, changes nothing),
 // state directory, bridge, forwarding, nftables, dnsmasq.
 func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) error {
 	prefix, err := n.Prefix()
@@ -47,6 +50,10 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 		return err
 	}
 	dir := m.netDir(name)
+	br := desired.NATBridge(name)
+	if err := m.foreignBridge(name); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
@@ -57,7 +64,7 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 		}
 	}
 	gw := n.Gateway()
-	if _, err := ensureBridge(desired.NATBridge(name), netip.PrefixFrom(gw, prefix.Bits())); err != nil {
+	if _, err := ensureBridge(br, netip.PrefixFrom(gw, prefix.Bits())); err != nil {
 		return err
 	}
 	if err := enableForwarding(); err != nil {
@@ -77,6 +84,21 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 		m.log.WithField("network", name).WithField("cidr", prefix).Info("reservations renumbered into the new CIDR")
 	}
 	return m.ensureDnsmasq(ctx, name, prefix, gw, hosts)
+}
+
+// foreignBridge reports (ErrHostConflict) a device of nat network name's
+// bridge name that this Manager did not make: one that exists while the
+// network has no spec file, which the Manager writes before it makes the
+// bridge. The Manager never takes over, readdresses or deletes it.
+func (m *Manager) foreignBridge(name string) error {
+	br := desired.NATBridge(name)
+	if _, err := os.Stat(filepath.Join(m.netDir(name), SpecFile)); !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if _, err := netlink.LinkByName(br); err == nil {
+		return fmt.Errorf("device %s exists and the agent did not make it: rename that device or the network (%w)", br, ErrHostConflict)
+	}
+	return nil
 }
 
 // renumber gives every reservation that is no guest address of prefix (the

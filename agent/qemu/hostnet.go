@@ -193,7 +193,7 @@ func (p *Provisioner) checkNetwork(m agent.Machine) error {
 // host's own routes use, as agent.ErrNetworkMissing, which the engine
 // waits for instead of spending a create attempt.
 func waitForNetwork(err error) error {
-	if errors.Is(err, hostnet.ErrBridgeMissing) || errors.Is(err, hostnet.ErrAddressConflict) {
+	if errors.Is(err, hostnet.ErrBridgeMissing) || errors.Is(err, hostnet.ErrHostConflict) {
 		return fmt.Errorf("%w: %w", err, agent.ErrNetworkMissing)
 	}
 	return err
