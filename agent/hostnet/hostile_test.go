@@ -629,3 +629,46 @@ func TestNATNetworkLeavesAForeignBridgeOfItsNameAlone(t *testing.T) {
 		t.Error("a dnsmasq runs on the foreign bridge")
 	}
 }
+
+// A nat network's dnsmasq that died is started again by Guard, which the
+// agent runs at every tick even while the host is suspended (its guests
+// keep running, and would lose their addresses when their leases end),
+// with the configuration it had and its leases.
+func TestGuardStartsADeadDnsmasqAgain(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.99.0.0/24"}}}
+	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	mac, _ := net.ParseMAC("52:54:00:00:99:01")
+	if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-k", mac, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	g := f.peer("g", "gf-lab", mac.String())
+	leased := f.dhcp(g)
+	conf := filepath.Join(f.dir, "networks", "lab", DnsmasqConf)
+	before, _ := os.ReadFile(conf)
+	pid := f.m.dnsmasqPid("lab")
+	if err := stopProcess(pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.manager().Guard(ctx); err != nil {
+		t.Fatalf("Guard: %v", err)
+	}
+	if p := f.m.dnsmasqPid("lab"); p == 0 || p == pid {
+		t.Fatalf("dnsmasq pid %d after Guard (was %d); want a new one", p, pid)
+	}
+	if after, _ := os.ReadFile(conf); string(after) != string(before) {
+		t.Errorf("Guard changed dnsmasq's configuration:\n%s\nwas\n%s", after, before)
+	}
+	if got := f.dhcp(g); got != leased {
+		t.Errorf("guest leased %s after Guard; want its %s", got, leased)
+	}
+	if n := dnsmasqProcesses(t, conf); n != 1 {
+		t.Errorf("%d dnsmasq processes after Guard; want 1", n)
+	}
+}

@@ -426,14 +426,34 @@ func (m *Manager) Address(name string, def desired.Network, mac net.HardwareAddr
 	return a
 }
 
-// Firewall loads the nftables table of the nat networks this Manager made
-// again when it is missing or differs from the one loaded (see
-// ensureNftables), and changes nothing else: the agent calls it every
-// tick, suspended or not, since its drop rules keep guests off the host.
-func (m *Manager) Firewall(ctx context.Context) error {
+// Guard keeps in place what the guests that run rely on from the host,
+// changing nothing of what the networks are: the nftables tables (loaded
+// again when missing or changed, see ensureNftables: their drop rules keep
+// guests off the host and off each other) and the dnsmasq of every nat
+// network this Manager made (one that died is started again with the
+// configuration and leases it had, so guests renew their leases). The
+// agent calls it every tick, the host suspended or not.
+func (m *Manager) Guard(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.ensureNftables(ctx)
+	errs := []error{m.ensureNftables(ctx)}
+	made, err := m.natNetworks()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, name := range made {
+		if m.dnsmasqPid(name) != 0 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(m.netDir(name), DnsmasqConf)); err != nil {
+			continue // never started: Reconcile renders and starts it
+		}
+		m.log.WithField("network", name).Warn("dnsmasq is gone; starting it again")
+		if err := m.startDnsmasq(ctx, name); err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Holder reports the MAC address of the machine that holds addr on

@@ -302,6 +302,13 @@ func (m *Manager) ensureDnsmasq(ctx context.Context, name string, prefix netip.P
 			return fmt.Errorf("dnsmasq config: %w", err)
 		}
 	}
+	return m.startDnsmasq(ctx, name)
+}
+
+// startDnsmasq starts nat network name's dnsmasq with the configuration
+// file it has, and waits (up to 10 s) for its pidfile.
+func (m *Manager) startDnsmasq(ctx context.Context, name string) error {
+	conf := filepath.Join(m.netDir(name), DnsmasqConf)
 	os.Remove(filepath.Join(m.netDir(name), DnsmasqPid))
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -134,15 +134,16 @@ func installGuard(ctx context.Context, nft string, uid int) error {
 }
 
 // GuardHost implements agent.HostGuard: the guests' loopback guard (with a
-// QEMU user) and the nat networks' table (with host networking) are loaded
-// again when missing or changed since they were loaded.
+// QEMU user) is loaded again when missing or changed since it was loaded,
+// and so are the host networks' tables (with host networking), whose
+// dead dnsmasq processes are started again (hostnet.Manager.Guard).
 func (p *Provisioner) GuardHost(ctx context.Context) error {
 	var errs []error
 	if p.user != nil {
 		errs = append(errs, p.ensureGuard(ctx, false))
 	}
 	if p.cfg.Networks != nil {
-		errs = append(errs, p.cfg.Networks.Firewall(ctx))
+		errs = append(errs, p.cfg.Networks.Guard(ctx))
 	}
 	return errors.Join(errs...)
 }

@@ -44,9 +44,9 @@ type HostNetworks interface {
 	// name, as the host's neighbour table knows it; nil when that cannot
 	// be known. See hostnet.Manager.Holder.
 	Holder(name string, def desired.Network, addr netip.Addr) (net.HardwareAddr, error)
-	// Firewall loads the nat networks' nftables table again when it is
-	// missing or changed; see hostnet.Manager.Firewall.
-	Firewall(ctx context.Context) error
+	// Guard keeps the host's side of running guests in place (nftables
+	// tables, dnsmasq); see hostnet.Manager.Guard.
+	Guard(ctx context.Context) error
 	// Reconcile makes the host's networks match nets; see
 	// agent.NetworkReconciler.
 	Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error
