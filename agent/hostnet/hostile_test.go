@@ -672,3 +672,33 @@ func TestGuardStartsADeadDnsmasqAgain(t *testing.T) {
 		t.Errorf("%d dnsmasq processes after Guard; want 1", n)
 	}
 }
+
+// A guest's DHCP traffic writes nothing to the host's disk: a guest that
+// asks for its lease in a loop would otherwise grow dnsmasq's log under
+// the agent's state directory without bound.
+func TestGuestDHCPDoesNotGrowTheHostsLog(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.100.0.0/24"}}}
+	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	mac, _ := net.ParseMAC("52:54:00:00:a0:01")
+	if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-l", mac, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	g := f.peer("g", "gf-lab", mac.String())
+	f.dhcp(g)
+	logFile := filepath.Join(f.dir, "networks", "lab", DnsmasqLog)
+	before, _ := os.ReadFile(logFile)
+	for i := 0; i < 10; i++ {
+		f.dhcp(g)
+	}
+	after, _ := os.ReadFile(logFile)
+	if grown := len(after) - len(before); grown > 0 {
+		t.Errorf("10 leases grew dnsmasq's log by %d bytes:\n%s", grown, after[len(before):])
+	}
+}

@@ -272,7 +272,9 @@ func (m *Manager) renderDnsmasq(name string, prefix netip.Prefix, gw netip.Addr,
 	mask := net.IP(net.CIDRMask(prefix.Bits(), 32)).String()
 	fmt.Fprintf(&b, "dhcp-range=%s,static,%s,1h\n", prefix.Addr(), mask)
 	fmt.Fprintf(&b, "dhcp-option=option:router,%s\ndhcp-option=option:dns-server,%s\n", gw, gw)
-	b.WriteString("dhcp-authoritative\nno-hosts\ndomain-needed\nbogus-priv\n")
+	// quiet-dhcp: dnsmasq logs only its errors, so a guest asking for
+	// leases in a loop writes nothing to the host's disk.
+	b.WriteString("dhcp-authoritative\nno-hosts\ndomain-needed\nbogus-priv\nquiet-dhcp\n")
 	for _, vm := range sortedKeys(hosts) {
 		r := hosts[vm]
 		fmt.Fprintf(&b, "dhcp-host=%s,%s,%s\n", r.MAC, r.Addr, vm)
