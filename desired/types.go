@@ -132,7 +132,8 @@ type StaticIP struct {
 	// "192.168.1.50/24" or "2001:db8::50/64". At least one.
 	Addresses []string `yaml:"addresses" json:"addresses"`
 	// Gateway4 is the IPv4 default route's next hop, such as
-	// "192.168.1.1". On a nat network it defaults to the network's first
+	// "192.168.1.1": inside the prefix of one of Addresses, and none of
+	// them. On a nat network it defaults to the network's first
 	// address (the agent's bridge); elsewhere no default route is set
 	// without it.
 	Gateway4 string `yaml:"gateway4,omitempty" json:"gateway4,omitempty"`

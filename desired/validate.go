@@ -429,6 +429,8 @@ func (d *nodeDecoder) checkStatic(s *VMSpec) {
 	if st.Gateway4 != "" && !d.bad["spec.static.gateway4"] {
 		if a, err := netip.ParseAddr(st.Gateway4); err != nil || !a.Is4() {
 			d.add(d.valPos("spec.static.gateway4"), "spec.static.gateway4", "%q is not an IPv4 address", st.Gateway4)
+		} else if msg := offLink(a, st.Addresses); msg != "" {
+			d.add(d.valPos("spec.static.gateway4"), "spec.static.gateway4", "%s", msg)
 		}
 	}
 	if ns := st.Nameservers; ns != nil {
@@ -445,6 +447,29 @@ func (d *nodeDecoder) checkStatic(s *VMSpec) {
 			}
 		}
 	}
+}
+
+// offLink reports why gateway gw cannot be the default route of a NIC
+// with the static addresses addrs (those that parse): it is one of them,
+// or inside none of their IPv4 prefixes, so the guest has no route to it
+// (netplan's renderers refuse or ignore such a gateway). "" when it can.
+func offLink(gw netip.Addr, addrs []string) string {
+	onLink, any4 := false, false
+	for _, a := range addrs {
+		p, err := netip.ParsePrefix(a)
+		if err != nil || !p.Addr().Is4() {
+			continue
+		}
+		any4 = true
+		if p.Addr() == gw {
+			return fmt.Sprintf("%s is the VM's own address %q, not a gateway", gw, a)
+		}
+		onLink = onLink || p.Masked().Contains(gw)
+	}
+	if any4 && !onLink {
+		return fmt.Sprintf("%s is inside none of the VM's IPv4 static addresses' prefixes (%s): the guest would have no route to it", gw, strings.Join(addrs, ", "))
+	}
+	return ""
 }
 
 // crossCheck runs the checks between objects over objs, which are sorted
