@@ -87,6 +87,17 @@ func TestNATNetworksDoNotReachEachOthersGuests(t *testing.T) {
 	if !f.reaches(ga, addrA.String(), "7001", "guest-a") || !f.reaches(gb, addrB.String(), "7002", "guest-b") {
 		t.Fatalf("the guests' own services do not answer: the checks above prove nothing")
 	}
+	// Guests of one network reach each other, whether or not bridged
+	// traffic passes the host's firewall (br_netfilter).
+	macA2, _ := net.ParseMAC("52:54:00:00:0a:02")
+	if _, err := f.m.Attach(ctx, "a", nets["a"], "vm-a2", macA2, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	ga2 := f.peer("a2", "gf-a", macA2.String())
+	f.dhcp(ga2)
+	if !f.reaches(ga2, addrA.String(), "7001", "guest-a") {
+		t.Errorf("a guest of network a does not reach another guest of network a (%s)", addrA)
+	}
 }
 
 // A guest reaches no host service over IPv6 either: the bridge has an
@@ -458,7 +469,7 @@ func TestTapsCarryOnlyTheirVMsMAC(t *testing.T) {
 	// tap (a tap passes frames only while QEMU holds it): the filter
 	// holds the port to vm-g's MAC as it holds the tap.
 	g := f.peer("g", "gf-lab", macG.String())
-	if err := f.m.recordTap(ctx, "vg", macG.String()); err != nil {
+	if err := f.m.recordTap(ctx, "vg", tapRecord{MAC: macG.String(), NAT: true}); err != nil {
 		t.Fatal(err)
 	}
 	f.dhcp(g)
@@ -480,7 +491,7 @@ func TestTapsCarryOnlyTheirVMsMAC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := f.m.recordTap(ctx, "vg", ""); err != nil {
+	if err := f.m.recordTap(ctx, "vg", tapRecord{}); err != nil {
 		t.Fatal(err)
 	}
 	if exec.Command("nft", "list", "table", "bridge", NftTable).Run() == nil {
@@ -700,5 +711,48 @@ func TestGuestDHCPDoesNotGrowTheHostsLog(t *testing.T) {
 	after, _ := os.ReadFile(logFile)
 	if grown := len(after) - len(before); grown > 0 {
 		t.Errorf("10 leases grew dnsmasq's log by %d bytes:\n%s", grown, after[len(before):])
+	}
+}
+
+// A guest of a nat network is no DHCP server for the others: dnsmasq is
+// theirs, and a guest answering their DHCP requests first would hand them
+// another address (which status, reading dnsmasq's leases, would not
+// show) and itself as their gateway. On a bridge network (the LAN) a
+// guest may be the LAN's DHCP server. (The rule is pinned as loaded: in
+// the test's namespace a second DHCP server's offers did not reach the
+// other guest even without it, so a rogue server proves nothing here.)
+func TestNATGuestsServeNoDHCP(t *testing.T) {
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newFixture(t)
+	ctx := context.Background()
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.101.0.0/24"}}}
+	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	macR, _ := net.ParseMAC("52:54:00:00:a1:01")
+	macV, _ := net.ParseMAC("52:54:00:00:a1:02")
+	for vm, mac := range map[string]net.HardwareAddr{"vm-rogue": macR, "vm-victim": macV} {
+		if _, err := f.m.Attach(ctx, "lab", nets["lab"], vm, mac, netip.Addr{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rules := f.run("nft", "list", "table", "bridge", NftTable)
+	if want := `iifname "` + TapName("vm-rogue") + `" udp sport 67 drop`; !strings.Contains(rules, want) {
+		t.Errorf("the tap filter lacks %q:\n%s", want, rules)
+	}
+	// A tap on a bridge network may serve DHCP to the LAN.
+	f.run("ip", "link", "add", "br0", "type", "bridge")
+	macL, _ := net.ParseMAC("52:54:00:00:a1:03")
+	if _, err := f.m.Attach(ctx, "lan", desired.Network{Bridge: "br0"}, "vm-lan", macL, netip.Addr{}); err != nil {
+		t.Fatal(err)
+	}
+	rules = f.run("nft", "list", "table", "bridge", NftTable)
+	if bad := `iifname "` + TapName("vm-lan") + `" udp sport 67 drop`; strings.Contains(rules, bad) {
+		t.Errorf("the tap filter keeps a LAN guest from serving DHCP:\n%s", rules)
+	}
+	if want := `iifname "` + TapName("vm-lan") + `" ether saddr != ` + macL.String() + ` drop`; !strings.Contains(rules, want) {
+		t.Errorf("the tap filter lacks %q:\n%s", want, rules)
 	}
 }

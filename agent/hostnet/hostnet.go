@@ -67,7 +67,8 @@ const (
 	// loaded (nft list table inet gitfleet), to find it changed.
 	NftablesListFile = "nftables.list"
 	// TapsFile records the taps the Manager made: tap -> the MAC of the
-	// VM's NIC (JSON), for the tap filter.
+	// VM's NIC and whether the tap is on a nat network (JSON tapRecord),
+	// for the tap filter.
 	TapsFile = "taps.json"
 )
 
@@ -270,33 +271,41 @@ func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, 
 	if err := ensureTap(a.Tap, br); err != nil {
 		return a, fmt.Errorf("network %s: %w", name, err)
 	}
-	if err := m.recordTap(ctx, a.Tap, mac.String()); err != nil {
+	if err := m.recordTap(ctx, a.Tap, tapRecord{MAC: mac.String(), NAT: def.NAT != nil}); err != nil {
 		return a, fmt.Errorf("network %s: %w", name, err)
 	}
 	return a, nil
 }
 
+// tapRecord is what TapsFile records of one tap.
+type tapRecord struct {
+	// MAC is the MAC address of the VM's NIC.
+	MAC string `json:"mac"`
+	// NAT is set for a tap on a nat network.
+	NAT bool `json:"nat,omitempty"`
+}
+
 // readTaps reads TapsFile.
-func (m *Manager) readTaps() (map[string]string, error) {
-	taps := map[string]string{}
+func (m *Manager) readTaps() (map[string]tapRecord, error) {
+	taps := map[string]tapRecord{}
 	if err := readJSON(filepath.Join(m.cfg.Dir, TapsFile), &taps); err != nil {
 		return nil, fmt.Errorf("taps: %w", err)
 	}
 	return taps, nil
 }
 
-// recordTap records tap with mac ("" removes it) in TapsFile, and loads
+// recordTap records tap as r (r.MAC "" removes it) in TapsFile, and loads
 // the tap filter.
-func (m *Manager) recordTap(ctx context.Context, tap, mac string) error {
+func (m *Manager) recordTap(ctx context.Context, tap string, r tapRecord) error {
 	taps, err := m.readTaps()
 	if err != nil {
 		return err
 	}
-	if taps[tap] != mac {
-		if mac == "" {
+	if taps[tap] != r {
+		if r.MAC == "" {
 			delete(taps, tap)
 		} else {
-			taps[tap] = mac
+			taps[tap] = r
 		}
 		b, err := json.MarshalIndent(taps, "", "  ")
 		if err != nil {
@@ -366,7 +375,7 @@ func (m *Manager) Detach(vm string) error {
 	if err := deleteLink(TapName(vm)); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
-	if err := m.recordTap(context.Background(), TapName(vm), ""); err != nil {
+	if err := m.recordTap(context.Background(), TapName(vm), tapRecord{}); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
 	if err := m.release(vm, ""); err != nil {

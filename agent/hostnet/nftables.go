@@ -19,13 +19,16 @@ import (
 const NftTable = "gitfleet"
 
 // renderTapFilter is the "bridge gitfleet" table for the taps the Manager
-// made (tap -> the MAC of its VM's NIC), replacing the table as
-// renderNftables does: a frame a guest sends with a source MAC other than
-// the one its NIC was given is dropped where it enters the bridge, so no
-// guest speaks with another's MAC (and the host's neighbour table, which
-// addresses and readiness trust, holds a VM's MAC only for that VM's
-// traffic).
-func renderTapFilter(taps map[string]string) string {
+// made, replacing the table as renderNftables does: a frame a guest sends
+// with a source MAC other than the one its NIC was given is dropped where
+// it enters the bridge, so no guest speaks with another's MAC (and the
+// host's neighbour table, which addresses and readiness trust, holds a
+// VM's MAC only for that VM's traffic); and a guest of a nat network sends
+// no DHCP server's answer (dnsmasq is its network's DHCP server: a guest
+// answering first would give the others another address, which status
+// would not show, and itself as their gateway). A guest on a bridge
+// network may be the LAN's DHCP server.
+func renderTapFilter(taps map[string]tapRecord) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table bridge %s\ndelete table bridge %s\n", NftTable, NftTable)
 	if len(taps) == 0 {
@@ -34,7 +37,10 @@ func renderTapFilter(taps map[string]string) string {
 	fmt.Fprintf(&b, "table bridge %s {\n", NftTable)
 	b.WriteString("\tchain prerouting {\n\t\ttype filter hook prerouting priority filter; policy accept;\n")
 	for _, tap := range sortedKeys(taps) {
-		fmt.Fprintf(&b, "\t\tiifname %q ether saddr != %s drop\n", tap, taps[tap])
+		fmt.Fprintf(&b, "\t\tiifname %q ether saddr != %s drop\n", tap, taps[tap].MAC)
+		if taps[tap].NAT {
+			fmt.Fprintf(&b, "\t\tiifname %q udp sport 67 drop\n", tap)
+		}
 	}
 	b.WriteString("\t}\n}\n")
 	return b.String()
@@ -88,8 +94,12 @@ func renderNftables(nets map[string]string) []byte {
 	// Into a network first, for every network, then out of one: a
 	// guest's own traffic, accepted on the way out, must not be accepted
 	// into another nat network before that network's rules see it.
+	// Traffic between the guests of one network is bridged, and passes
+	// here only where br_netfilter is loaded (Docker loads it): it is
+	// accepted as it is without.
 	for _, name := range sortedKeys(nets) {
 		br := desired.NATBridge(name)
+		fmt.Fprintf(&b, "\t\tiifname %q oifname %q accept\n", br, br)
 		fmt.Fprintf(&b, "\t\toifname %q ct state established,related accept\n", br)
 		fmt.Fprintf(&b, "\t\toifname %q drop\n", br)
 	}
