@@ -68,6 +68,12 @@ type Controller struct {
 	// eventKeys caches status.EventKey digests by blob hash, for the
 	// statuses of the last pass.
 	eventKeys map[string]string
+	// fetched is branch → tip of the tip repository's branches as this
+	// pass fetched them ("" for one the remote lacks); nil before the
+	// fetch, or when it failed. update builds on them without fetching
+	// again. hostTrees are the host branches' trees the last pass read.
+	fetched   map[string]string
+	hostTrees map[string]hostTree
 	// rejectLogged is the last rejection logged; failLogged the last
 	// unreadable or refused cause logged ("" after a pass that was
 	// neither).
@@ -163,7 +169,7 @@ func (c *Controller) renewTips() error {
 	if err != nil {
 		return err // "open git source URL: …"
 	}
-	c.tips = repo
+	c.tips, c.hostTrees = repo, nil
 	if c.cfg.TipsCacheDir == "" {
 		// In memory: opened afresh when due. On disk the cache's own
 		// upkeep keeps it small, and one directory has one Repo.
@@ -346,6 +352,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	// needs git too, and nothing is said about the commit).
 	head, fl, loadErr := c.readDesired(ctx)
 	res.Head = head
+	c.fetched = nil
 	switch {
 	case errors.Is(loadErr, gitsource.ErrBranchNotFound):
 		// Git answered: there is no such branch. Never an empty fleet.
@@ -365,11 +372,12 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 
 	// Skip work when nothing observable changed since a pass that left
 	// nothing waiting (lastKey, set at the end of a pass).
-	// The snapshots tip is in the key too (the ref advertisement only): a
-	// hand edit of the snapshots branch is repaired at the next pass.
-	snapsTip, err := c.tips.RemoteHead(ctx, c.cfg.SnapshotsBranch)
-	if errors.Is(err, gitsource.ErrTimeout) {
-		return res, fmt.Errorf("%w: read the snapshots branch: %w", ErrUnreadable, err)
+	// The snapshots tip is in the key too (fetched with the statuses): a
+	// hand edit of the snapshots branch is repaired at the next pass. When
+	// the fetch failed, the key holds no tip and never matches.
+	snapsTip, ok := c.fetched[c.cfg.SnapshotsBranch]
+	if !ok {
+		snapsTip = "unread"
 	}
 	offlineSet := c.live.offlineSet(now)
 	keyAt := func(snaps string) string {
@@ -704,18 +712,10 @@ func (c *Controller) fetch(ctx context.Context, repo *gitsource.Repo, branch str
 	return tip, err
 }
 
-// fetchPrefix is repo.FetchPrefix of prefix, timed for the metrics as a
-// fetch.
-func (c *Controller) fetchPrefix(ctx context.Context, repo *gitsource.Repo, prefix string) (map[string]string, error) {
-	start := time.Now()
-	tips, err := repo.FetchPrefix(ctx, prefix)
-	c.metrics.gitOp(GitFetch, time.Since(start), err != nil)
-	return tips, err
-}
-
 // update is repo.Update of branch with mutate, timed for the metrics as a
 // push; an error of mutate itself (the controller's, not git's) is not
-// counted as git's failure.
+// counted as git's failure. A branch of the tip repository this pass
+// fetched is updated on that tip (UpdateAt), and its new tip recorded.
 func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch string, mutate gitsource.Mutation) (string, error) {
 	var own error
 	wrapped := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
@@ -724,8 +724,18 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 		return files, msg, err
 	}
 	start := time.Now()
-	tip, err := repo.Update(ctx, branch, wrapped)
+	var tip string
+	var err error
+	if fetched, ok := c.fetched[branch]; ok && repo == c.tips {
+		// Built on the tip this pass fetched: no second fetch.
+		tip, err = repo.UpdateAt(ctx, branch, fetched, wrapped)
+	} else {
+		tip, err = repo.Update(ctx, branch, wrapped)
+	}
 	c.metrics.gitOp(GitPush, time.Since(start), err != nil && (own == nil || !errors.Is(err, own)))
+	if err == nil && c.fetched != nil && repo == c.tips {
+		c.fetched[branch] = tip
+	}
 	return tip, err
 }
 

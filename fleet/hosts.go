@@ -4,15 +4,54 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/status"
 )
+
+// hostTree is a host branch's tip and the one file of its tree a pass
+// reads (status.Path of its host; none when absent), as the last pass
+// listed it: a tip that did not move is not listed again.
+type hostTree struct {
+	tip   string
+	files fileList
+}
+
+// fileList is a desired.Tree of files listed once.
+type fileList []desired.File
+
+func (l fileList) Walk(fn func(desired.File) error) error {
+	for _, f := range l {
+		if err := fn(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readHostTree lists host's status file in the tree of tip.
+func (c *Controller) readHostTree(host, tip string) (hostTree, error) {
+	tree, err := c.tips.Tree(tip, "")
+	if err != nil {
+		return hostTree{}, err
+	}
+	ht := hostTree{tip: tip}
+	want := status.Path(host)
+	err = tree.Walk(func(f desired.File) error {
+		if f.Path == want {
+			ht.files = append(ht.files, f)
+		}
+		return nil
+	})
+	return ht, err
+}
 
 // statusCopies are the host files of the status branch that differ from
 // their host branch's: host → the host branch's tip, and whether any of
@@ -22,35 +61,54 @@ type statusCopies struct {
 	event bool
 }
 
+// fetchTips fetches, in one fetch of the tip repository, the snapshots
+// branch, the status branch and every host branch, and records their tips
+// for this pass (c.fetched: publish and the status write build on them
+// without fetching again). A branch the remote lacks is absent.
+func (c *Controller) fetchTips(ctx context.Context) (map[string]string, error) {
+	start := time.Now()
+	tips, err := c.tips.FetchAll(ctx, []string{c.cfg.SnapshotsBranch, c.cfg.StatusBranch}, []string{status.HostBranchPrefix})
+	c.metrics.gitOp(GitFetch, time.Since(start), err != nil)
+	if err != nil {
+		return nil, err // gitsource names the branches and the remote
+	}
+	c.fetched = map[string]string{c.cfg.SnapshotsBranch: tips[c.cfg.SnapshotsBranch], c.cfg.StatusBranch: tips[c.cfg.StatusBranch]}
+	return tips, nil
+}
+
 // readStatuses reads every host's status: from its host branch
-// (status.HostBranchPrefix, all fetched with one glob fetch), or, for a
-// host without one, from its file on the status branch, where an agent of
-// the old layout writes (docs/DESIGN.md, Branches and files: migration).
-// It returns a name of what was read (the tips), the reports sorted by
-// host, and the copies on the status branch that lag their host branch.
+// (status.HostBranchPrefix, fetched with the snapshots and status
+// branches in one fetch), or, for a host without one, from its file on
+// the status branch, where an agent of the old layout writes
+// (docs/DESIGN.md, Branches and files: migration). It returns a name of
+// what was read (the tips), the reports sorted by host, and the copies on
+// the status branch that lag their host branch. A host branch whose tip
+// is the one the last pass read is not read again (its tree is kept).
 func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report, statusCopies, error) {
 	var cp statusCopies
-	statusTip, err := c.fetch(ctx, c.tips, c.cfg.StatusBranch)
-	if err != nil && !errors.Is(err, gitsource.ErrBranchNotFound) {
-		return "", nil, cp, err // gitsource names the branch and the remote
-	}
-	branches, err := c.fetchPrefix(ctx, c.tips, status.HostBranchPrefix)
+	branches, err := c.fetchTips(ctx)
 	if err != nil {
 		return "", nil, cp, err
 	}
+	statusTip := branches[c.cfg.StatusBranch]
 	hostTips := map[string]string{}
 	trees := map[string]desired.Tree{}
+	kept := make(map[string]hostTree, len(c.hostTrees))
 	for b, tip := range branches {
 		host, ok := status.HostFromBranch(b)
 		if !ok {
-			continue // gitfleet/hosts/a/b: no host's branch
+			continue // gitfleet/hosts/a/b, or not a host branch at all
 		}
-		tree, err := c.tips.Tree(tip, "")
-		if err != nil {
-			return "", nil, cp, fmt.Errorf("read tree of %s at %s: %w", b, desired.Hash(tip).Short(), err)
+		ht, ok := c.hostTrees[host]
+		if !ok || ht.tip != tip {
+			if ht, err = c.readHostTree(host, tip); err != nil {
+				return "", nil, cp, fmt.Errorf("read tree of %s at %s: %w", b, desired.Hash(tip).Short(), err)
+			}
 		}
-		hostTips[host], trees[host] = tip, tree
+		hostTips[host], trees[host] = tip, ht.files
+		kept[host] = ht
 	}
+	c.hostTrees = kept
 	var statusTree desired.Tree = status.BranchFiles(nil)
 	if statusTip != "" {
 		if statusTree, err = c.tips.Tree(statusTip, ""); err != nil {
@@ -105,14 +163,21 @@ func (c *Controller) lagging(live []status.Report, copies map[string]status.Repo
 }
 
 // eventKey is a digest of what rep's status says but for heartbeat and
-// observedAt, cached by blob hash (keep collects this pass's entries).
+// observedAt, cached by blob hash (keep collects this pass's entries). It
+// digests the status as JSON, not as status.Marshal's YAML: a heartbeat
+// changes every host's blob, so a pass over 1,000 hosts computes 1,000
+// keys, and YAML encoding was the largest cost of such a pass. Statuses
+// that differ only in a list absent against one empty (a file written
+// by hand) digest apart: their copy is written at once, never held back.
 func (c *Controller) eventKey(rep status.Report, keep map[string]string) string {
 	if k, ok := keep[rep.ID]; ok {
 		return k
 	}
 	k, ok := c.eventKeys[rep.ID]
 	if !ok {
-		data, err := status.EventKey(rep.Status)
+		st := *rep.Status
+		st.Heartbeat, st.ObservedAt = 0, time.Time{}
+		data, err := json.Marshal(&st)
 		if err != nil {
 			k = "unencodable " + rep.ID
 		} else {

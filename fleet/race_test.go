@@ -12,10 +12,11 @@ import (
 )
 
 // Two controllers: A reads the desired branch, is slowed, and meanwhile a
-// delete is pushed and B publishes its tombstone. A's publish must not
-// move the ledger's applied commit back to the head it read (that would
-// read as a history rewrite and un-delete the VM): it loses the race,
-// reads the desired branch again, and publishes nothing B has not.
+// delete is pushed and B publishes its tombstone. A's publish (of an edit
+// it read, which B publishes too) must not move the ledger's applied
+// commit back to the head it read (that would read as a history rewrite
+// and un-delete the VM): it loses the race, reads the desired branch
+// again, and publishes nothing B has not.
 func TestStaleControllerLosesTheRace(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	a, b := e.c, e.newController()
@@ -23,6 +24,9 @@ func TestStaleControllerLosesTheRace(t *testing.T) {
 	if _, err := b.Pass(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	// Something for A to publish from the head it reads: it builds on
+	// the snapshots tip it fetched, which B moves meanwhile.
+	e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 4, "db-data")}, Message: "grow db-01"})
 	var deleted string
 	a.beforePublish = func() {
 		a.beforePublish = nil
@@ -53,6 +57,42 @@ func TestStaleControllerLosesTheRace(t *testing.T) {
 	}
 	if vm := snap.VM("web-01"); vm == nil || !vm.Tombstoned {
 		t.Errorf("web-01 in hv-a's snapshot: %+v, want tombstoned", vm)
+	}
+}
+
+// A slow controller with nothing to publish from the head it read builds
+// on the snapshots tip it fetched, which another controller moved
+// meanwhile: it writes nothing, so the applied commit stays the other
+// controller's, and its next pass reads the new tips.
+func TestStaleControllerWithNothingToPublishWritesNothing(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	a, b := e.c, e.newController()
+	e.pass()
+	if _, err := b.Pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var deleted, moved string
+	a.beforePublish = func() {
+		a.beforePublish = nil
+		deleted = e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Message: "retire web-01"})
+		res, err := b.Pass(t.Context())
+		if err != nil || len(res.Tombstoned) != 1 {
+			t.Fatalf("B's pass: %+v, %v; want web-01 tombstoned", res, err)
+		}
+		moved = res.SnapshotsCommit
+	}
+	if res := e.pass(); len(res.Published) != 0 || len(res.Undeleted) != 0 {
+		t.Fatalf("the stale controller published: %+v", res)
+	}
+	if tip := gittest.Rev(t, e.dir, "refs/heads/"+DefaultSnapshotsBranch); tip != moved {
+		t.Fatalf("snapshots tip %s, want B's %s untouched", tip, moved)
+	}
+	if l := e.ledger(); l.Applied == nil || string(l.Applied.Commit) != deleted {
+		t.Fatalf("applied commit %+v, want %s", l.Applied, deleted)
+	}
+	res := e.pass()
+	if res.Head != deleted || len(res.Undeleted) != 0 {
+		t.Errorf("A's next pass: head %s, undeleted %v; want %s and nothing undeleted", res.Head, res.Undeleted, deleted)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,7 +96,7 @@ func BenchmarkStatusFleet(b *testing.B) {
 
 func runStatusFleet(b *testing.B, scale statusFleetScale) {
 	dir := fleetRepo(b, scale.hosts)
-	url := gittest.Serve(b, filepath.Dir(dir)) + "/" + filepath.Base(dir)
+	url := gittest.ServeWith(b, filepath.Dir(dir), gittest.ServeOptions{Wrap: workerPool(serverWorkers)}) + "/" + filepath.Base(dir)
 	ctx := context.Background()
 	c, err := New(Config{URL: url, Logger: quietLogger()})
 	if err != nil {
@@ -116,14 +117,16 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 			st: status.Status{Host: name, Agent: status.AgentInfo{Version: "bench", BootID: "b", Accel: "tcg"},
 				VMs: []status.VM{{Name: "vm-" + name, Phase: status.PhaseReady, Power: "running"}}}}
 	}
-	// Every host writes once, spread over one heartbeat, before the
+	// Every host writes once, spread over one heartbeat (and at least
+	// 50 ms a host, as a fleet's agents start over time), before the
 	// measurement starts: the first commit of a branch is no growth.
 	var wg sync.WaitGroup
+	ramp := max(scale.heartbeat, time.Duration(scale.hosts)*50*time.Millisecond)
 	for _, h := range hosts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			time.Sleep(rand.N(scale.heartbeat))
+			time.Sleep(rand.N(ramp))
 			if err := h.write(ctx, nil); err != nil {
 				b.Error(err)
 			}
@@ -216,6 +219,29 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 		len(passes), scale.hosts, passErrs, ms(percentile(passes, 0.5)), ms(percentile(passes, 1)), ms(finalPass), final.SummaryWritten, rss/1024)
 	if lost > 0 || failed > 0 {
 		b.Errorf("%d lost updates, %d failed writes", lost, failed)
+	}
+}
+
+// serverWorkers is how many git requests the benchmark's server runs at
+// once; the others wait their turn, as behind a git host's worker pool.
+// Unbounded, a thousand agents start a thousand git processes at once on
+// a machine of two cores, and every one of them times out.
+const serverWorkers = 8
+
+// workerPool lets n requests through at a time.
+func workerPool(n int) func(http.Handler) http.Handler {
+	slots := make(chan struct{}, n)
+	return func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case slots <- struct{}{}:
+			case <-r.Context().Done():
+				http.Error(w, "gave up waiting", http.StatusServiceUnavailable)
+				return
+			}
+			defer func() { <-slots }()
+			h.ServeHTTP(w, r)
+		})
 	}
 }
 

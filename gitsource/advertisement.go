@@ -46,16 +46,26 @@ func init() {
 }
 
 // advertisementLimit is an http.RoundTripper that bounds the body of the
-// smart-http ref discovery response.
+// smart-http ref discovery response, and the shallow lines of the
+// upload-pack response.
 type advertisementLimit struct{ next http.RoundTripper }
 
 func (t advertisementLimit) RoundTrip(req *http.Request) (*http.Response, error) {
 	res, err := t.next.RoundTrip(req)
-	if err == nil && req.Method == http.MethodGet && strings.HasSuffix(req.URL.Path, "/info/refs") {
+	switch {
+	case err != nil:
+	case req.Method == http.MethodGet && strings.HasSuffix(req.URL.Path, "/info/refs"):
 		res.Body = struct {
 			io.Reader
 			io.Closer
 		}{limitAdvertisement(res.Body), res.Body}
+	case req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/git-upload-pack"):
+		// The answer to a fetch: its shallow lines are bounded too (see
+		// limitShallow).
+		res.Body = struct {
+			io.Reader
+			io.Closer
+		}{limitShallow(res.Body), res.Body}
 	}
 	return res, err
 }

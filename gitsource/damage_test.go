@@ -24,9 +24,12 @@ type cacheDamage struct {
 	damage func(t *testing.T, cache string)
 }
 
-// cacheDamages lists them. Every one must be repaired by the next Open and
-// Fetch, without a person.
-func cacheDamages() []cacheDamage {
+// cacheDamages lists them, for the tracking ref of main. Every one must be
+// repaired by the next Open and Fetch, without a person.
+func cacheDamages() []cacheDamage { return cacheDamagesOf("refs/remotes/origin/main") }
+
+// cacheDamagesOf lists them with tracking as the tracking ref damaged.
+func cacheDamagesOf(tracking string) []cacheDamage {
 	write := func(rel, data string) func(t *testing.T, cache string) {
 		return func(t *testing.T, cache string) {
 			p := filepath.Join(cache, rel)
@@ -52,7 +55,6 @@ func cacheDamages() []cacheDamage {
 		require.NoError(t, err)
 		require.NoError(t, os.Truncate(p, fi.Size()/2))
 	}
-	tracking := "refs/remotes/origin/main"
 	return []cacheDamage{
 		{"empty ref file", write(tracking, "")},
 		{"garbage ref file", write(tracking, "not a hash at all\n")},

@@ -38,76 +38,167 @@ func (r *Repo) Fetch(ctx context.Context, branch string) (string, error) {
 	if err := checkBranch(branch); err != nil {
 		return "", fmt.Errorf("fetch: %w", err)
 	}
+	tips, err := r.fetchRefs(ctx, refSet{branches: []string{branch}})
+	if err != nil {
+		return "", err
+	}
+	tip, ok := tips[branch]
+	if !ok {
+		return "", fmt.Errorf("fetch %s: %w: %s on %s", branch, ErrBranchNotFound, branch, redactURL(r.url))
+	}
+	return tip, nil
+}
+
+// FetchPrefix fetches, in one fetch, every branch whose name starts with
+// prefix (which must end in "/": "gitfleet/hosts/", say) and returns
+// branch → tip commit for each. It is FetchAll with that prefix alone.
+func (r *Repo) FetchPrefix(ctx context.Context, prefix string) (map[string]string, error) {
+	return r.FetchAll(ctx, nil, []string{prefix})
+}
+
+// FetchAll fetches branches and every branch under each of prefixes (each
+// ending in "/": "gitfleet/hosts/", say) in one fetch — one ref
+// advertisement and at most one upload-pack — and returns branch → tip
+// commit for every branch found. A branch the remote lacks is absent from
+// the answer, not an error (it costs one more ref advertisement, to learn
+// which of several is missing); no branch at all is an empty map. The
+// refspecs are +refs/heads/B:refs/remotes/origin/B for each branch and the
+// glob +refs/heads/PREFIX*:refs/remotes/origin/PREFIX* for each prefix, at
+// Options.Depth, with pruning: a branch deleted on the remote under a
+// prefix leaves the answer and the cache. Every tip's commit and tree are
+// checked present before FetchAll returns. Cache damage is repaired as
+// Fetch repairs it (the tracking refs asked for are dropped and the fetch
+// repeated; the last resort is a fresh clone, which fetches back every
+// branch the cache tracked in one fetch too). Network and authentication
+// failures are returned as they are.
+func (r *Repo) FetchAll(ctx context.Context, branches, prefixes []string) (map[string]string, error) {
+	for _, b := range branches {
+		if err := checkBranch(b); err != nil {
+			return nil, fmt.Errorf("fetch: %w", err)
+		}
+	}
+	for _, p := range prefixes {
+		if !strings.HasSuffix(p, "/") {
+			return nil, fmt.Errorf("fetch prefix %q: must end in /", p)
+		}
+		if err := checkBranch(p + "x"); err != nil {
+			return nil, fmt.Errorf("fetch prefix: %w", err)
+		}
+	}
+	return r.fetchRefs(ctx, refSet{branches: branches, prefixes: prefixes})
+}
+
+// refSet is what one fetch asks for: exact branches, and prefixes (each
+// ending in "/") of which every branch is fetched.
+type refSet struct {
+	branches, prefixes []string
+}
+
+// String names the set for errors and log lines: "main, gitfleet/hosts/*".
+func (s refSet) String() string {
+	names := append([]string(nil), s.branches...)
+	for _, p := range s.prefixes {
+		names = append(names, p+"*")
+	}
+	return strings.Join(names, ", ")
+}
+
+// specs are the refspecs of the set.
+func (s refSet) specs() []config.RefSpec {
+	out := make([]config.RefSpec, 0, len(s.branches)+len(s.prefixes))
+	for _, b := range s.branches {
+		out = append(out, config.RefSpec("+refs/heads/"+b+":"+trackingRef(b).String()))
+	}
+	for _, p := range s.prefixes {
+		out = append(out, config.RefSpec("+refs/heads/"+p+"*:"+trackingRef(p).String()+"*"))
+	}
+	return out
+}
+
+// fetchRefs is the one fetch loop of Fetch, FetchPrefix and FetchAll:
+// fetch, verify, and on cache damage repair and try again (the second
+// repair clones afresh). Cache upkeep follows a fetch that brought
+// objects.
+func (r *Repo) fetchRefs(ctx context.Context, set refSet) (map[string]string, error) {
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
 		if attempt > 0 {
 			if err := ctx.Err(); err != nil {
-				return "", fmt.Errorf("fetch %s: %w (after %v)", branch, err, lastErr)
+				return nil, fmt.Errorf("fetch %s: %w (after %v)", set, err, lastErr)
 			}
-			if err := r.repair(ctx, branch, attempt == 2); err != nil {
+			if err := r.repair(ctx, set, attempt == 2); err != nil {
 				if u := r.refusedWrite(err); u != nil {
 					err = u
 				}
-				return "", fmt.Errorf("fetch %s: repair cache after %v: %w", branch, lastErr, err)
+				return nil, fmt.Errorf("fetch %s: repair cache after %v: %w", set, lastErr, err)
 			}
 		}
-		tip, fetched, err := r.fetchOnce(ctx, branch, attempt == 2)
-		if err == nil && fetched && r.maintain(ctx, branch) {
-			// A fresh clone: fetch again, so the tip returned is in it.
-			tip, _, err = r.fetchOnce(ctx, branch, true)
+		tips, fetched, err := r.fetchOnce(ctx, set, attempt == 2)
+		if err == nil && fetched && r.maintain(ctx, set) {
+			// A fresh clone: fetch again, so the tips returned are in it.
+			tips, _, err = r.fetchOnce(ctx, set, true)
 		}
 		if err == nil {
-			return tip, nil
+			return tips, nil
 		}
 		if u := r.refusedWrite(err); u != nil {
 			// Reported at once: a repair would write more.
-			return "", fmt.Errorf("fetch %s from %s: %w", branch, redactURL(r.url), u)
+			return nil, fmt.Errorf("fetch %s from %s: %w", set, redactURL(r.url), u)
 		}
 		if !repairable(err) {
-			return "", fmt.Errorf("fetch %s from %s: %w", branch, redactURL(r.url), err)
+			return nil, fmt.Errorf("fetch %s from %s: %w", set, redactURL(r.url), err)
 		}
-		r.log.WithError(err).WithField("branch", branch).WithField("attempt", attempt+1).Warn("fetch found the cache damaged; repairing")
+		r.log.WithError(err).WithField("branch", set.String()).WithField("attempt", attempt+1).Warn("fetch found the cache damaged; repairing")
 		lastErr = err
 	}
-	return "", fmt.Errorf("fetch %s from %s: %w", branch, redactURL(r.url), lastErr)
+	return nil, fmt.Errorf("fetch %s from %s: %w", set, redactURL(r.url), lastErr)
 }
 
-// fetchOnce fetches branch and verifies the tip; fetched tells whether
-// objects arrived. With final set, objects still missing after the fetch
-// are recorded as gone from the remote instead of failing.
-func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (tip string, fetched bool, err error) {
+// fetchOnce fetches set in one fetch and verifies the tips; fetched tells
+// whether objects arrived. An exact branch the remote lacks is left out
+// (the remote's branches are listed once to learn which). With final set,
+// objects still missing after the fetch are recorded as gone from the
+// remote instead of failing.
+func (r *Repo) fetchOnce(ctx context.Context, set refSet, final bool) (tips map[string]string, fetched bool, err error) {
+	fetched, err = r.fetchSpecs(ctx, set)
+	if errors.Is(err, git.NoMatchingRefSpecError{}) {
+		if len(set.branches) == 1 && len(set.prefixes) == 0 {
+			return map[string]string{}, false, nil
+		}
+		// Which of the branches is missing: ask once, fetch the rest.
+		remote, lerr := r.remoteBranches(ctx)
+		if lerr != nil {
+			return nil, false, lerr
+		}
+		present := set
+		present.branches = nil
+		for _, b := range set.branches {
+			if _, ok := remote[b]; ok {
+				present.branches = append(present.branches, b)
+			}
+		}
+		set = present
+		fetched, err = false, nil
+		if len(set.branches)+len(set.prefixes) > 0 {
+			fetched, err = r.fetchSpecs(ctx, set)
+		}
+	}
+	if errors.Is(err, transport.ErrEmptyRemoteRepository) {
+		return map[string]string{}, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	spec := config.RefSpec("+refs/heads/" + branch + ":" + trackingRef(branch).String())
-	err = r.remote(ctx, func(ctx context.Context) error {
-		return r.repo.FetchContext(ctx, &git.FetchOptions{
-			RemoteName: remoteName,
-			RefSpecs:   []config.RefSpec{spec},
-			Depth:      r.opts.Depth,
-			Auth:       r.auth,
-			Tags:       git.NoTags,
-			// ProxyOptions: the ssh deadline (see sshdeadline.go).
-			ProxyOptions: r.proxyOptions(),
-		})
-	})
-	switch {
-	case err == nil:
-		fetched = true
-	case errors.Is(err, git.NoErrAlreadyUpToDate):
-	case errors.Is(err, git.NoMatchingRefSpecError{}):
-		return "", false, fmt.Errorf("%w: %s on %s", ErrBranchNotFound, branch, redactURL(r.url))
-	case errors.Is(err, transport.ErrEmptyRemoteRepository):
-		return "", false, fmt.Errorf("%w: %s on %s (empty repository)", ErrBranchNotFound, branch, redactURL(r.url))
-	default:
-		return "", false, err
-	}
-	ref, err := r.st.Reference(trackingRef(branch))
+	tips, err = r.trackedTips(set)
 	if err != nil {
-		return "", false, fmt.Errorf("%w: tracking ref of %s after fetch: %v", ErrObjectMissing, branch, err)
+		return nil, false, err
 	}
-	h := ref.Hash()
-	if err := r.verifyCommit(h); err != nil {
-		return "", false, err
+	for _, tip := range tips {
+		if err := r.verifyCommit(plumbing.NewHash(tip)); err != nil {
+			return nil, false, err
+		}
 	}
 	for h := range r.missing {
 		if _, err := r.st.EncodedObject(plumbing.AnyObject, h); err == nil {
@@ -117,33 +208,99 @@ func (r *Repo) fetchOnce(ctx context.Context, branch string, final bool) (tip st
 			r.absent[h] = struct{}{}
 			delete(r.missing, h)
 		} else {
-			return "", false, fmt.Errorf("%w: %s (found missing by an earlier read)", ErrObjectMissing, h)
+			return nil, false, fmt.Errorf("%w: %s (found missing by an earlier read)", ErrObjectMissing, h)
 		}
 	}
-	return h.String(), fetched, nil
+	return tips, fetched, nil
 }
 
-// repair makes the next fetch of branch transfer its objects again: drop
-// the tracking ref (so the fetch does not stop at "up to date"), or, with
-// reclone set, clone the whole cache afresh and fetch back every branch it
-// tracked.
-func (r *Repo) repair(ctx context.Context, branch string, reclone bool) error {
+// indexWithin fetches with opts, ctx bounding the whole fetch: the
+// transfer, and the indexing of the pack that arrived (go-git closes the
+// pack writer without a context). Caller holds r.mu.
+func (r *Repo) indexWithin(ctx context.Context, opts *git.FetchOptions) error {
+	fetch := func() error { return r.repo.FetchContext(ctx, opts) }
+	if st, ok := r.st.(*diskStorage); ok {
+		return st.during(ctx, fetch)
+	}
+	return fetch()
+}
+
+// fetchSpecs runs one go-git fetch of set's refspecs; fetched tells
+// whether the remote sent anything ("already up to date" is no error).
+func (r *Repo) fetchSpecs(ctx context.Context, set refSet) (fetched bool, err error) {
 	r.mu.Lock()
-	if !reclone {
-		r.verified = map[plumbing.Hash]struct{}{}
-		err := r.st.RemoveReference(trackingRef(branch))
-		r.mu.Unlock()
-		if err == nil || errors.Is(err, plumbing.ErrReferenceNotFound) {
+	defer r.mu.Unlock()
+	err = r.remote(ctx, func(ctx context.Context) error {
+		return r.indexWithin(ctx, &git.FetchOptions{
+			RemoteName: remoteName,
+			RefSpecs:   set.specs(),
+			Depth:      r.opts.Depth,
+			Auth:       r.auth,
+			Tags:       git.NoTags,
+			Prune:      len(set.prefixes) > 0,
+			// ProxyOptions: the ssh deadline (see sshdeadline.go).
+			ProxyOptions: r.proxyOptions(),
+		})
+	})
+	if errors.Is(err, git.NoErrAlreadyUpToDate) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// trackedTips reads the tracking refs of set: branch → tip. Caller holds
+// r.mu.
+func (r *Repo) trackedTips(set refSet) (map[string]string, error) {
+	tips := make(map[string]string, len(set.branches))
+	for _, b := range set.branches {
+		ref, err := r.st.Reference(trackingRef(b))
+		if err != nil {
+			return nil, fmt.Errorf("%w: tracking ref of %s after fetch: %v", ErrObjectMissing, b, err)
+		}
+		tips[b] = ref.Hash().String()
+	}
+	if len(set.prefixes) == 0 {
+		return tips, nil
+	}
+	iter, err := r.st.IterReferences()
+	if err != nil {
+		return nil, fmt.Errorf("%w: list tracking refs of %s: %v", ErrObjectMissing, set, err)
+	}
+	err = iter.ForEach(func(ref *plumbing.Reference) error {
+		name := ref.Name().String()
+		if ref.Type() != plumbing.HashReference {
 			return nil
 		}
-		// The refs themselves are damaged past dropping one.
-		r.log.WithError(err).WithField("branch", branch).Warn("cannot drop the tracking ref; cloning the cache afresh")
-	} else {
-		r.mu.Unlock()
+		for _, p := range set.prefixes {
+			if tracking := trackingRef(p).String(); strings.HasPrefix(name, tracking) {
+				tips[p+strings.TrimPrefix(name, tracking)] = ref.Hash().String()
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: list tracking refs of %s: %v", ErrObjectMissing, set, err)
+	}
+	return tips, nil
+}
+
+// repair makes the next fetch of set transfer its objects again: drop its
+// tracking refs (so the fetch does not stop at "up to date"), or, with
+// reclone set, clone the whole cache afresh and fetch back, in one fetch,
+// every branch it tracked that the remote still has.
+func (r *Repo) repair(ctx context.Context, set refSet, reclone bool) error {
+	if !reclone {
+		err := r.dropTracking(set)
+		if err == nil {
+			return nil
+		}
+		// The refs themselves are damaged past dropping them.
+		r.log.WithError(err).WithField("branch", set.String()).Warn("cannot drop the tracking refs; cloning the cache afresh")
 	}
 	// A fresh clone throws the cache away: first make sure the remote
 	// answers, so a network failure never costs the cache.
-	if _, err := r.RemoteHead(ctx, branch); err != nil && !errors.Is(err, ErrBranchNotFound) {
+	remote, err := r.remoteBranches(ctx)
+	if err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -151,18 +308,50 @@ func (r *Repo) repair(ctx context.Context, branch string, reclone bool) error {
 	if err != nil {
 		branches = nil // the refs may be part of the damage
 	}
-	r.log.WithField("branch", branch).Warn("cloning the cache afresh")
+	r.log.WithField("branch", set.String()).Warn("cloning the cache afresh")
 	err = r.openStorage(true)
 	r.mu.Unlock()
 	if err != nil {
 		return err
 	}
+	var back refSet
 	for _, b := range branches {
-		if b == branch {
-			continue
+		if _, ok := remote[b]; ok {
+			back.branches = append(back.branches, b)
 		}
-		if _, _, err := r.fetchOnce(ctx, b, true); err != nil {
-			r.log.WithError(err).WithField("branch", b).Warn("refetch after a fresh clone failed; the next Fetch of it retries")
+	}
+	if len(back.branches) == 0 {
+		return nil
+	}
+	if _, _, err := r.fetchOnce(ctx, back, true); err != nil {
+		r.log.WithError(err).WithField("branches", len(back.branches)).Warn("refetch after a fresh clone failed; the next fetch of each retries")
+	}
+	return nil
+}
+
+// dropTracking removes the tracking refs of set's branches and of every
+// branch under its prefixes, and forgets which trees were verified.
+func (r *Repo) dropTracking(set refSet) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.verified = map[plumbing.Hash]struct{}{}
+	drop := append([]string(nil), set.branches...)
+	if len(set.prefixes) > 0 {
+		tracked, err := trackedBranches(r.st)
+		if err != nil {
+			return err
+		}
+		for _, b := range tracked {
+			for _, p := range set.prefixes {
+				if strings.HasPrefix(b, p) {
+					drop = append(drop, b)
+				}
+			}
+		}
+	}
+	for _, b := range drop {
+		if err := r.st.RemoveReference(trackingRef(b)); err != nil && !errors.Is(err, plumbing.ErrReferenceNotFound) {
+			return err
 		}
 	}
 	return nil
@@ -261,7 +450,7 @@ func repairable(err error) bool {
 	case err == nil:
 		return false
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrTimeout),
-		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat), errors.Is(err, ErrTooManyRefs), isUnwritable(err),
+		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat), errors.Is(err, ErrTooManyRefs), errors.Is(err, ErrTooManyShallows), errors.Is(err, ErrPackRefused), isUnwritable(err),
 		errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed),
 		errors.Is(err, transport.ErrRepositoryNotFound), errors.Is(err, transport.ErrInvalidAuthMethod):
 		return false
@@ -280,9 +469,10 @@ func repairable(err error) bool {
 	return false
 }
 
-// remotePrefixDigest digests the names and tips of the remote's branches
-// under prefix, from one ref advertisement; none is ErrBranchNotFound.
-func (r *Repo) remotePrefixDigest(ctx context.Context, prefix string) (string, error) {
+// remoteBranches lists the remote's branches, name → tip, from one ref
+// advertisement (like git ls-remote --heads); an empty repository has
+// none. It does not touch the cache.
+func (r *Repo) remoteBranches(ctx context.Context) (map[string]string, error) {
 	remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: remoteName, URLs: []string{r.url}})
 	var refs []*plumbing.Reference
 	err := r.remote(ctx, func(ctx context.Context) (err error) {
@@ -290,16 +480,31 @@ func (r *Repo) remotePrefixDigest(ctx context.Context, prefix string) (string, e
 		return err
 	})
 	if errors.Is(err, transport.ErrEmptyRemoteRepository) {
-		return "", fmt.Errorf("%w: %s* on %s (empty repository)", ErrBranchNotFound, prefix, redactURL(r.url))
+		return map[string]string{}, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("list %s* on %s: %w", prefix, redactURL(r.url), err)
+		return nil, fmt.Errorf("list branches on %s: %w", redactURL(r.url), err)
+	}
+	out := make(map[string]string, len(refs))
+	for _, ref := range refs {
+		if b, ok := strings.CutPrefix(ref.Name().String(), "refs/heads/"); ok && ref.Type() == plumbing.HashReference {
+			out[b] = ref.Hash().String()
+		}
+	}
+	return out, nil
+}
+
+// remotePrefixDigest digests the names and tips of the remote's branches
+// under prefix, from one ref advertisement; none is ErrBranchNotFound.
+func (r *Repo) remotePrefixDigest(ctx context.Context, prefix string) (string, error) {
+	remote, err := r.remoteBranches(ctx)
+	if err != nil {
+		return "", err
 	}
 	var lines []string
-	want := "refs/heads/" + prefix
-	for _, ref := range refs {
-		if ref.Type() == plumbing.HashReference && strings.HasPrefix(ref.Name().String(), want) {
-			lines = append(lines, ref.Name().String()+" "+ref.Hash().String())
+	for b, tip := range remote {
+		if strings.HasPrefix(b, prefix) {
+			lines = append(lines, "refs/heads/"+b+" "+tip)
 		}
 	}
 	if len(lines) == 0 {
@@ -317,162 +522,13 @@ func (r *Repo) RemoteHead(ctx context.Context, branch string) (string, error) {
 	if err := checkBranch(branch); err != nil {
 		return "", fmt.Errorf("remote head: %w", err)
 	}
-	remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: remoteName, URLs: []string{r.url}})
-	var refs []*plumbing.Reference
-	err := r.remote(ctx, func(ctx context.Context) (err error) {
-		refs, err = remote.ListContext(ctx, &git.ListOptions{Auth: r.auth, ProxyOptions: r.proxyOptions()})
-		return err
-	})
+	remote, err := r.remoteBranches(ctx)
 	if err != nil {
-		if errors.Is(err, transport.ErrEmptyRemoteRepository) {
-			return "", fmt.Errorf("remote head %s: %w: %s on %s (empty repository)", branch, ErrBranchNotFound, branch, redactURL(r.url))
-		}
-		return "", fmt.Errorf("remote head %s on %s: %w", branch, redactURL(r.url), err)
+		return "", fmt.Errorf("remote head %s: %w", branch, err)
 	}
-	want := plumbing.ReferenceName("refs/heads/" + branch)
-	for _, ref := range refs {
-		if ref.Name() == want && ref.Type() == plumbing.HashReference {
-			return ref.Hash().String(), nil
-		}
+	tip, ok := remote[branch]
+	if !ok {
+		return "", fmt.Errorf("remote head %s: %w: %s on %s", branch, ErrBranchNotFound, branch, redactURL(r.url))
 	}
-	return "", fmt.Errorf("remote head %s: %w: %s on %s", branch, ErrBranchNotFound, branch, redactURL(r.url))
-}
-
-// FetchPrefix fetches, in one fetch, every branch whose name starts with
-// prefix (which must end in "/": "gitfleet/hosts/", say) and returns
-// branch → tip commit for each. The refspec is the glob
-// +refs/heads/PREFIX*:refs/remotes/origin/PREFIX*, at Options.Depth, with
-// pruning: a branch deleted on the remote leaves the answer and the cache.
-// No matching branch is an empty map, not an error. Every tip's commit and
-// tree are checked present before FetchPrefix returns. Cache damage is
-// repaired like Fetch's (the prefix's tracking refs are dropped and the
-// fetch repeated; the last resort is a fresh clone). Network and
-// authentication failures are returned as they are.
-func (r *Repo) FetchPrefix(ctx context.Context, prefix string) (map[string]string, error) {
-	if !strings.HasSuffix(prefix, "/") {
-		return nil, fmt.Errorf("fetch prefix %q: must end in /", prefix)
-	}
-	if err := checkBranch(prefix + "x"); err != nil {
-		return nil, fmt.Errorf("fetch prefix: %w", err)
-	}
-	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ {
-		if attempt > 0 {
-			if err := ctx.Err(); err != nil {
-				return nil, fmt.Errorf("fetch %s*: %w (after %v)", prefix, err, lastErr)
-			}
-			if err := r.repairPrefix(ctx, prefix, attempt == 2); err != nil {
-				if u := r.refusedWrite(err); u != nil {
-					err = u
-				}
-				return nil, fmt.Errorf("fetch %s*: repair cache after %v: %w", prefix, lastErr, err)
-			}
-		}
-		tips, fetched, err := r.fetchPrefixOnce(ctx, prefix)
-		if err == nil && fetched && len(tips) > 0 && r.maintain(ctx, someBranch(tips)) {
-			// A fresh clone: fetch again, so the tips returned are in it.
-			tips, _, err = r.fetchPrefixOnce(ctx, prefix)
-		}
-		if err == nil {
-			return tips, nil
-		}
-		if u := r.refusedWrite(err); u != nil {
-			return nil, fmt.Errorf("fetch %s* from %s: %w", prefix, redactURL(r.url), u)
-		}
-		if !repairable(err) {
-			return nil, fmt.Errorf("fetch %s* from %s: %w", prefix, redactURL(r.url), err)
-		}
-		r.log.WithError(err).WithField("branch", prefix+"*").WithField("attempt", attempt+1).Warn("fetch found the cache damaged; repairing")
-		lastErr = err
-	}
-	return nil, fmt.Errorf("fetch %s* from %s: %w", prefix, redactURL(r.url), lastErr)
-}
-
-// fetchPrefixOnce is one glob fetch of prefix and the check of its tips;
-// fetched is whether the remote sent anything (cache upkeep follows only
-// then, as for Fetch).
-func (r *Repo) fetchPrefixOnce(ctx context.Context, prefix string) (tips map[string]string, fetched bool, err error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	spec := config.RefSpec("+refs/heads/" + prefix + "*:" + trackingRef(prefix).String() + "*")
-	err = r.remote(ctx, func(ctx context.Context) error {
-		return r.repo.FetchContext(ctx, &git.FetchOptions{
-			RemoteName:   remoteName,
-			RefSpecs:     []config.RefSpec{spec},
-			Depth:        r.opts.Depth,
-			Auth:         r.auth,
-			Tags:         git.NoTags,
-			Prune:        true,
-			ProxyOptions: r.proxyOptions(),
-		})
-	})
-	switch {
-	case err == nil:
-		fetched = true
-	case errors.Is(err, git.NoErrAlreadyUpToDate):
-	case errors.Is(err, transport.ErrEmptyRemoteRepository):
-		return map[string]string{}, false, nil
-	default:
-		return nil, false, err
-	}
-	iter, err := r.st.IterReferences()
-	if err != nil {
-		return nil, false, fmt.Errorf("%w: list tracking refs of %s*: %v", ErrObjectMissing, prefix, err)
-	}
-	tracking := trackingRef(prefix).String()
-	tips = map[string]string{}
-	err = iter.ForEach(func(ref *plumbing.Reference) error {
-		name := ref.Name().String()
-		if ref.Type() != plumbing.HashReference || !strings.HasPrefix(name, tracking) {
-			return nil
-		}
-		tips[prefix+strings.TrimPrefix(name, tracking)] = ref.Hash().String()
-		return nil
-	})
-	if err != nil {
-		return nil, false, fmt.Errorf("%w: list tracking refs of %s*: %v", ErrObjectMissing, prefix, err)
-	}
-	for _, tip := range tips {
-		if err := r.verifyCommit(plumbing.NewHash(tip)); err != nil {
-			return nil, false, err
-		}
-	}
-	return tips, fetched, nil
-}
-
-// repairPrefix drops the tracking refs of prefix, so the next fetch
-// transfers their objects again, or with reclone set clones the cache
-// afresh.
-func (r *Repo) repairPrefix(ctx context.Context, prefix string, reclone bool) error {
-	if reclone {
-		// repair probes the remote with the branch it names; a name
-		// under prefix that does not exist is an answer too.
-		return r.repair(ctx, prefix+"repair", true)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.verified = map[plumbing.Hash]struct{}{}
-	branches, err := trackedBranches(r.st)
-	if err != nil {
-		return err
-	}
-	for _, b := range branches {
-		if strings.HasPrefix(b, prefix) {
-			if err := r.st.RemoveReference(trackingRef(b)); err != nil && !errors.Is(err, plumbing.ErrReferenceNotFound) {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// someBranch is one branch of tips (the first by name).
-func someBranch(tips map[string]string) string {
-	first := ""
-	for b := range tips {
-		if first == "" || b < first {
-			first = b
-		}
-	}
-	return first
+	return tip, nil
 }

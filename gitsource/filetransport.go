@@ -209,7 +209,10 @@ func (s *commandSession) UploadPack(ctx context.Context, req *packp.UploadPackRe
 		return nil, s.failed(ctx, "read upload-pack answer", err)
 	}
 	res := packp.NewUploadPackResponse(req)
-	if err := res.Decode(ioutil.NewReadCloser(r, s)); err != nil {
+	if err := res.Decode(ioutil.NewReadCloser(limitShallow(r), s)); err != nil {
+		if errors.Is(err, ErrTooManyShallows) {
+			return nil, errors.Join(err, s.Close())
+		}
 		return nil, s.failed(ctx, "decode upload-pack answer", err)
 	}
 	return res, nil

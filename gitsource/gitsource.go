@@ -4,8 +4,9 @@
 // worktree, diff two trees, walk first-parent history, and write one commit
 // to one branch by compare-and-swap push (never force: the old tip is
 // always named), retrying on rejection; Edit may replace the tip rather
-// than follow it, and FetchPrefix fetches every branch under a prefix in
-// one glob fetch. A git failure is always returned as an error, never as an
+// than follow it; FetchAll fetches several branches and every branch
+// under a prefix in one fetch, and UpdateAt writes on the tip it just
+// fetched without fetching again. A git failure is always returned as an error, never as an
 // empty tree. It owns no branch file of gitfleet's: callers name branches
 // and paths.
 //
@@ -15,9 +16,15 @@
 // Damage to the cache (a missing object, an empty or garbage ref file, a
 // truncated pack, a stale lock, a missing HEAD, a reference changed under us,
 // a shallow-history gap) is repaired by fetching again and, as the last
-// resort, by cloning the cache afresh; it is never read as an empty tree.
+// resort, by cloning the cache afresh (every tracked branch fetched back in
+// one fetch); it is never read as an empty tree. Fetch, FetchPrefix and
+// FetchAll share that one loop and repair.
 // Every operation with the remote ends by Options.Timeout on every
-// transport (ErrTimeout); a SHA-256 repository is ErrObjectFormat.
+// transport (ErrTimeout), the indexing of the fetched pack included; a
+// SHA-256 repository is ErrObjectFormat. What a remote sends is bounded:
+// its ref advertisement (ErrTooManyRefs), its shallow lines
+// (ErrTooManyShallows), the delta chains and expansion of its pack
+// (ErrPackRefused, within Options.MaxSpill of spill files).
 //
 // A typical reader fetches, then reads at the commit Fetch returned:
 //
@@ -159,6 +166,13 @@ type Options struct {
 	// when it passes. 0 means DefaultTimeout. A caller's context can end
 	// an operation sooner.
 	Timeout time.Duration
+	// MaxSpill bounds, in bytes, the temporary files that indexing a
+	// fetched pack, or reading one object through its delta chain, may
+	// hold at once beside the cache (large delta bases and results go to
+	// disk, not memory); 0 means max(DefaultMaxSpill, 4 × the pack's
+	// size). Past it the fetch or read fails with ErrPackRefused naming
+	// the object: a small pack that expands past it is a delta bomb.
+	MaxSpill int64
 	// Logger receives the package's log lines; nil means the standard logrus
 	// logger. The component field is set to "gitsource".
 	Logger *logrus.Entry
@@ -386,7 +400,7 @@ func (r *Repo) openStorage(fresh bool) error {
 	// Objects past largeObject are read from their pack as a stream, not
 	// decoded whole into memory (and never into the object cache); a
 	// fetched pack is indexed in bounded memory (see diskStorage).
-	st := &diskStorage{dir: dir, Storage: filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte),
+	st := &diskStorage{dir: dir, maxSpill: r.opts.MaxSpill, goGits: map[plumbing.Hash]struct{}{}, Storage: filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte),
 		filesystem.Options{MaxOpenDescriptors: 2 * maxPacks, LargeObjectThreshold: largeObject})}
 	if len(ents) == 0 {
 		repo, err := git.Init(st, nil)
@@ -660,8 +674,34 @@ func (r *Repo) remote(ctx context.Context, op func(context.Context) error) error
 	if f := objectFormat(err); f != "" {
 		return fmt.Errorf("%w %s: gitfleet reads only sha1 repositories (convert it, or serve a sha1 mirror)", ErrObjectFormat, f)
 	}
+	return refound(err)
+}
+
+// remoteFaults are the errors gitsource's own readers of a remote's
+// answer give, which go-git sometimes passes on as text alone ("error
+// decoding upload-pack response: %s").
+var remoteFaults = []error{ErrTooManyRefs, ErrTooManyShallows, ErrPackRefused}
+
+// refound makes err match the remote fault its text names, when go-git
+// flattened it.
+func refound(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, f := range remoteFaults {
+		if !errors.Is(err, f) && strings.Contains(err.Error(), f.Error()) {
+			return &flattened{err: err, fault: f}
+		}
+	}
 	return err
 }
+
+// flattened is an error whose text names a remote fault: it reads as it
+// is and matches the fault.
+type flattened struct{ err, fault error }
+
+func (f *flattened) Error() string   { return f.err.Error() }
+func (f *flattened) Unwrap() []error { return []error{f.err, f.fault} }
 
 // objectFormatCap finds the object-format capability in a ref
 // advertisement that go-git could not decode (a SHA-256 repository's

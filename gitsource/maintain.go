@@ -26,8 +26,11 @@ var (
 	maxPacks = 16
 	// maxLoose: past this many loose objects, they are packed too.
 	maxLoose = 2048
-	// maxShallow: a shallow cache with a longer shallow list is cloned
-	// afresh (cheap: only the tips).
+	// maxShallow: a shallow cache with a longer shallow list, and one
+	// longer than growth times its tracked branches, is cloned afresh
+	// (cheap: only the tips, in one fetch). A fresh shallow clone lists
+	// about one commit per branch it tracks, so a cache of 1,000 host
+	// branches starts at 1,000 and must not count as grown.
 	maxShallow = 512
 	// growth: a memory cache, or a shallow cache on disk, that grew past
 	// growth times its size after its last fresh clone, and past its floor,
@@ -39,12 +42,12 @@ var (
 	diskFloor   = int64(64 << 20)
 )
 
-// maintain keeps the cache compact after a fetch of branch brought objects
+// maintain keeps the cache compact after a fetch of set brought objects
 // (or an Update wrote some). It reports whether it cloned the cache afresh
-// (then the caller must fetch branch again: what it fetched before may be
+// (then the caller must fetch set again: what it fetched before may be
 // gone). Failures are logged, never returned: the cache still works, only
 // slower.
-func (r *Repo) maintain(ctx context.Context, branch string) bool {
+func (r *Repo) maintain(ctx context.Context, set refSet) bool {
 	r.mu.Lock()
 	why := r.upkeep()
 	r.mu.Unlock()
@@ -52,7 +55,7 @@ func (r *Repo) maintain(ctx context.Context, branch string) bool {
 		return false
 	}
 	r.log.WithField("why", why).Info("cloning the cache afresh to keep it small")
-	if err := r.repair(ctx, branch, true); err != nil {
+	if err := r.repair(ctx, set, true); err != nil {
 		r.log.WithError(err).Warn("fresh clone of the cache")
 	}
 	return true
@@ -87,7 +90,10 @@ func (r *Repo) upkeep() string {
 	}
 	if r.opts.Depth > 0 {
 		if sh, err := r.st.Shallow(); err == nil && len(sh) > maxShallow {
-			return fmt.Sprintf("%d shallow commits listed", len(sh))
+			tracked, _ := trackedBranches(r.st)
+			if len(sh) > growth*len(tracked) {
+				return fmt.Sprintf("%d shallow commits listed for %d branches", len(sh), len(tracked))
+			}
 		}
 	}
 	if r.baseline == 0 {

@@ -3,6 +3,7 @@ package gitsource
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -42,6 +43,25 @@ type diskStorage struct {
 	*filesystem.Storage
 	// dir is the cache directory (the bare repository).
 	dir string
+	// maxSpill is Options.MaxSpill.
+	maxSpill int64
+	// ctx bounds the indexing of a fetched pack: the fetch's own context
+	// (with the git deadline), set while the fetch runs; nil means none.
+	// Guarded by Repo.mu, as the storage is.
+	ctx context.Context
+	// packs are the packs' indexes, open while the packs stay the same
+	// (see objectread.go); nil until first needed. goGits holds packed
+	// objects judged small enough for go-git to read.
+	packs  []*packIndex
+	goGits map[plumbing.Hash]struct{}
+}
+
+// during runs op with ctx as the bound of any pack indexed meanwhile.
+// Caller holds Repo.mu.
+func (s *diskStorage) during(ctx context.Context, op func() error) error {
+	s.ctx = ctx
+	defer func() { s.ctx = nil }()
+	return op()
 }
 
 var _ storer.PackfileWriter = (*diskStorage)(nil)
@@ -103,7 +123,11 @@ func (w *packWriter) install() error {
 	if _, err := w.f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	idx, sum, err := indexPack(w.f, w.n)
+	ctx := w.st.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	idx, sum, err := indexPack(ctx, w.f, w.n, spillLimit(w.st.maxSpill, w.n))
 	if err != nil {
 		return fmt.Errorf("index fetched pack: %w", err)
 	}
@@ -130,6 +154,7 @@ func (w *packWriter) install() error {
 	}
 	// go-git keeps the index of every pack in memory: load them again.
 	w.st.Reindex()
+	w.st.resetPacks()
 	return nil
 }
 
@@ -144,19 +169,51 @@ type packEntry struct {
 	base int64
 	ref  plumbing.Hash
 	hash plumbing.Hash // zero until known
-	// children counts the deltas still to resolve on this entry.
+	// children counts the deltas still to resolve on this entry; depth
+	// is the length of its delta chain (0 for a whole object).
 	children int
+	depth    int
+}
+
+// ErrPackRefused: a fetched pack is well-formed enough to read but
+// gitsource will not index it: a delta chain deeper than git's own bound,
+// deltas whose bases form a cycle or are missing from the pack, or deltas
+// that expand past the spill limit (a delta bomb; see Options.MaxSpill).
+// The error names the object (its offset in the pack). It is a fault of
+// the remote's pack, not of the cache: nothing is repaired, nothing in the
+// cache changed, and the pack's temporary files are removed.
+var ErrPackRefused = errors.New("fetched pack refused")
+
+// DefaultMaxSpill is the floor of the spill limit when Options.MaxSpill
+// is zero: indexing or reading one pack may hold at most
+// max(DefaultMaxSpill, 4 × the pack's size) bytes in spill files at once.
+const DefaultMaxSpill int64 = 1 << 30
+
+// spillLimit is the most bytes of spill files indexing or reading a pack
+// of packSize bytes may hold at once: max if set, else
+// max(DefaultMaxSpill, 4 × packSize).
+func spillLimit(limit, packSize int64) int64 {
+	if limit > 0 {
+		return limit
+	}
+	return DefaultMaxSpill + max(0, 4*packSize-DefaultMaxSpill)
 }
 
 // indexPack reads a pack of size bytes from f (at offset 0) and returns
-// its index and checksum. Whole objects are only hashed as they stream
-// by; a delta is resolved against its base (as git index-pack does): in
-// memory when base, delta and result are at most largeObject, with bases
-// shared by several deltas kept up to deltaCacheBytes, and through spill
-// files beside the pack when any of them is larger.
-// A pack that refers to objects outside itself (a thin pack; gitsource
-// never asks for one) is malformed.
-func indexPack(f *os.File, size int64) (*idxfile.MemoryIndex, plumbing.Hash, error) {
+// its index and checksum, as git index-pack does. Whole objects are only
+// hashed as they stream by. Deltas are then resolved once each, depth
+// first from every whole object through the deltas on it (by offset or by
+// the base's hash), so a chain costs its length, not its length squared:
+// in memory when base, delta and result are at most largeObject, with
+// bases that still have deltas on them kept up to deltaCacheBytes and in
+// spill files beyond; through spill files when any of them is larger.
+// Spill files live beside the pack and never hold more than spill bytes
+// at once. A chain deeper than maxDeltaDepth, a delta that never resolves
+// (its base absent, or a cycle of ref-deltas) or a spill past the limit is
+// ErrPackRefused. A pack that refers to objects outside itself (a thin
+// pack; gitsource never asks for one) is refused. ctx ends the work
+// between objects and during long copies (its error is returned).
+func indexPack(ctx context.Context, f *os.File, size, spill int64) (*idxfile.MemoryIndex, plumbing.Hash, error) {
 	sc := packfile.NewScanner(f)
 	_, count, err := sc.Header()
 	if err != nil {
@@ -169,8 +226,10 @@ func indexPack(f *os.File, size int64) (*idxfile.MemoryIndex, plumbing.Hash, err
 	}
 	entries := make([]*packEntry, 0, count)
 	byOffset := make(map[int64]*packEntry, count)
-	byHash := make(map[plumbing.Hash]*packEntry, count)
 	for i := uint32(0); i < count; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, plumbing.ZeroHash, err
+		}
 		oh, err := sc.NextObjectHeader()
 		if err != nil {
 			return nil, plumbing.ZeroHash, wrapPackEOF(err)
@@ -180,22 +239,23 @@ func indexPack(f *os.File, size int64) (*idxfile.MemoryIndex, plumbing.Hash, err
 		var hasher plumbing.Hasher
 		switch oh.Type {
 		case plumbing.OFSDeltaObject:
-			base, ok := byOffset[oh.OffsetReference]
-			if !ok {
+			if _, ok := byOffset[oh.OffsetReference]; !ok {
 				return nil, plumbing.ZeroHash, fmt.Errorf("%w: delta at %d on no object (offset %d)", packfile.ErrMalformedPackFile, oh.Offset, oh.OffsetReference)
 			}
-			base.children++
 			e.delta, e.base = true, oh.OffsetReference
 		case plumbing.REFDeltaObject:
 			e.delta, e.ref = true, oh.Reference
 		case plumbing.CommitObject, plumbing.TreeObject, plumbing.BlobObject, plumbing.TagObject:
 			hasher = plumbing.NewHasher(oh.Type, oh.Length)
-			sink = hasher
+			sink = ctxWriter{ctx, hasher}
 		default:
 			return nil, plumbing.ZeroHash, fmt.Errorf("%w: object of type %v at %d", packfile.ErrMalformedPackFile, oh.Type, oh.Offset)
 		}
 		n, crc, err := sc.NextObject(sink)
 		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, plumbing.ZeroHash, cerr
+			}
 			return nil, plumbing.ZeroHash, wrapPackEOF(err)
 		}
 		if n != oh.Length {
@@ -204,7 +264,6 @@ func indexPack(f *os.File, size int64) (*idxfile.MemoryIndex, plumbing.Hash, err
 		e.crc = crc
 		if !e.delta {
 			e.hash = hasher.Sum()
-			byHash[e.hash] = e
 		}
 		entries = append(entries, e)
 		byOffset[e.offset] = e
@@ -213,34 +272,10 @@ func indexPack(f *os.File, size int64) (*idxfile.MemoryIndex, plumbing.Hash, err
 	if err != nil {
 		return nil, plumbing.ZeroHash, wrapPackEOF(err)
 	}
-	for _, e := range entries {
-		if e.delta && e.ref != plumbing.ZeroHash {
-			if base, ok := byHash[e.ref]; ok {
-				base.children++
-			}
-		}
-	}
-	d := &deltaResolver{sc: packfile.NewScanner(f), byOffset: byOffset, byHash: byHash, dir: filepath.Dir(f.Name()), cache: map[int64]objData{}}
+	d := &deltaResolver{ctx: ctx, sc: packfile.NewScanner(f), dir: filepath.Dir(f.Name()), cache: map[int64]objData{}, spillLimit: spill}
 	defer d.close()
-	// A ref-delta may name a base that is itself a delta resolved later:
-	// go round until nothing more resolves.
-	for pending := true; pending; {
-		pending = false
-		progress := false
-		for _, e := range entries {
-			if !e.delta || e.hash != plumbing.ZeroHash {
-				continue
-			}
-			ok, err := d.resolve(e)
-			if err != nil {
-				return nil, plumbing.ZeroHash, err
-			}
-			progress = progress || ok
-			pending = pending || !ok
-		}
-		if pending && !progress {
-			return nil, plumbing.ZeroHash, fmt.Errorf("%w: a delta's base is not in the pack", packfile.ErrReferenceDeltaNotFound)
-		}
+	if err := d.resolveAll(entries); err != nil {
+		return nil, plumbing.ZeroHash, err
 	}
 	w := new(idxfile.Writer)
 	if err := w.OnHeader(count); err != nil {
@@ -256,17 +291,36 @@ func indexPack(f *os.File, size int64) (*idxfile.MemoryIndex, plumbing.Hash, err
 	return idx, sum, err
 }
 
-// deltaResolver finds the hashes of a pack's deltas.
+// ctxWriter is a writer that fails once its context ended, so that a
+// long stream (a large object hashed, a delta applied) stops with it.
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c ctxWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(p)
+}
+
+// deltaResolver finds the hashes of a pack's deltas, or reads one object
+// through its delta chain.
 type deltaResolver struct {
-	sc       *packfile.Scanner
-	byOffset map[int64]*packEntry
-	byHash   map[plumbing.Hash]*packEntry
-	// dir holds spill files (tmp_spill_*, beside the pack being indexed).
+	ctx context.Context
+	sc  *packfile.Scanner
+	// dir holds spill files (tmp_spill_*, beside the pack being read).
 	dir string
 	// cache holds the content of bases with deltas still to resolve on
 	// them: in memory up to deltaCacheBytes, spilled ones on disk.
 	cache      map[int64]objData
 	cacheBytes int
+	// spilled is the size of the spill files that exist now; it may not
+	// pass spillLimit.
+	spilled, spillLimit int64
+	// at is the offset of the object being resolved, for errors.
+	at int64
 }
 
 // objData is the content of one object while a pack is indexed: in
@@ -303,79 +357,142 @@ func (o objData) openAt() (readerAtCloser, error) {
 	return os.Open(o.file)
 }
 
-// resolve finds e's hash and type; false when its ref-delta base is not
-// known yet.
-func (d *deltaResolver) resolve(e *packEntry) (bool, error) {
-	if e.ref != plumbing.ZeroHash {
-		if _, ok := d.byHash[e.ref]; !ok {
-			return false, nil
-		}
-	}
-	data, typ, err := d.content(e, 0)
-	if err != nil {
-		return false, err
-	}
-	defer d.drop(data)
-	h := plumbing.NewHasher(typ, data.size)
-	rd, err := data.open()
-	if err != nil {
-		return false, err
-	}
-	_, err = io.Copy(h, rd)
-	_ = rd.Close()
-	if err != nil {
-		return false, fmt.Errorf("hash delta at %d: %w", e.offset, err)
-	}
-	e.typ = typ
-	e.hash = h.Sum()
-	d.byHash[e.hash] = e
-	d.hold(e, data)
-	return true, nil
-}
-
 // maxDeltaDepth is git's own bound on a delta chain (pack-objects'
 // OE_DEPTH_BITS).
 const maxDeltaDepth = 4095
 
-// content returns the whole object at e and its type. What it returns is
-// the caller's to drop, unless hold kept it.
-func (d *deltaResolver) content(e *packEntry, depth int) (objData, plumbing.ObjectType, error) {
-	if depth > maxDeltaDepth {
-		return objData{}, 0, fmt.Errorf("%w: delta chain deeper than %d", packfile.ErrMalformedPackFile, maxDeltaDepth)
+// resolveAll resolves every delta of entries: each whole object is the
+// root of a tree of deltas (ofs-deltas by their base's offset, ref-deltas
+// by its hash), walked depth first so that only the bases on the path
+// being walked are held.
+func (d *deltaResolver) resolveAll(entries []*packEntry) error {
+	ofsKids := map[int64][]*packEntry{}
+	refKids := map[plumbing.Hash][]*packEntry{}
+	deltas := 0
+	for _, e := range entries {
+		switch {
+		case !e.delta:
+		case e.ref != plumbing.ZeroHash:
+			refKids[e.ref] = append(refKids[e.ref], e)
+			deltas++
+		default:
+			ofsKids[e.base] = append(ofsKids[e.base], e)
+			deltas++
+		}
 	}
-	if b, ok := d.cache[e.offset]; ok && e.hash != plumbing.ZeroHash {
-		return b, e.typ, nil
+	kids := func(e *packEntry) []*packEntry {
+		k := append(ofsKids[e.offset], refKids[e.hash]...)
+		// A hash that two objects share (a pack may repeat an object) has
+		// its ref-deltas resolved once.
+		delete(refKids, e.hash)
+		return k
+	}
+	// pending holds the deltas whose base is resolved and held, in the
+	// order they are taken (last first).
+	type step struct{ e, base *packEntry }
+	var pending []step
+	resolved := 0
+	for _, root := range entries {
+		if root.delta {
+			continue
+		}
+		k := kids(root)
+		if len(k) == 0 {
+			continue
+		}
+		d.at = root.offset
+		data, err := d.raw(root)
+		if err != nil {
+			return err
+		}
+		root.children = len(k)
+		if err := d.hold(root, data); err != nil {
+			return err
+		}
+		for _, c := range k {
+			pending = append(pending, step{c, root})
+		}
+		for len(pending) > 0 {
+			s := pending[len(pending)-1]
+			pending = pending[:len(pending)-1]
+			if err := d.ctx.Err(); err != nil {
+				return err
+			}
+			e, base := s.e, s.base
+			if e.hash != plumbing.ZeroHash {
+				continue // reached twice through a repeated base hash
+			}
+			e.depth = base.depth + 1
+			if e.depth > maxDeltaDepth {
+				return fmt.Errorf("%w: object at offset %d: delta chain deeper than %d (git's own bound)", ErrPackRefused, e.offset, maxDeltaDepth)
+			}
+			data, err := d.resolve(e, base)
+			if err != nil {
+				return err
+			}
+			resolved++
+			k := kids(e)
+			e.children = len(k)
+			if err := d.hold(e, data); err != nil {
+				return err
+			}
+			for _, c := range k {
+				pending = append(pending, step{c, e})
+			}
+		}
+	}
+	if resolved < deltas {
+		for _, e := range entries {
+			if e.delta && e.hash == plumbing.ZeroHash {
+				return fmt.Errorf("%w: %d of %d deltas never resolve, the first at offset %d (on %s): their bases are not in the pack or form a cycle (%w)",
+					ErrPackRefused, deltas-resolved, deltas, e.offset, baseName(e), packfile.ErrReferenceDeltaNotFound)
+			}
+		}
+	}
+	return nil
+}
+
+// baseName names a delta's base for an error.
+func baseName(e *packEntry) string {
+	if e.ref != plumbing.ZeroHash {
+		return "object " + e.ref.String()
+	}
+	return fmt.Sprintf("the object at offset %d", e.base)
+}
+
+// resolve applies delta e to its base, which is held, and finds e's hash
+// and type. The content it returns is the caller's to hold or drop.
+func (d *deltaResolver) resolve(e, base *packEntry) (objData, error) {
+	d.at = e.offset
+	src, ok := d.cache[base.offset]
+	if !ok {
+		return objData{}, fmt.Errorf("delta at %d: its base at %d is not held", e.offset, base.offset)
 	}
 	raw, err := d.raw(e)
 	if err != nil {
-		return objData{}, 0, err
-	}
-	if !e.delta {
-		return raw, e.typ, nil
-	}
-	defer d.drop(raw)
-	var base *packEntry
-	if e.ref != plumbing.ZeroHash {
-		base = d.byHash[e.ref]
-	} else {
-		base = d.byOffset[e.base]
-	}
-	if base == nil {
-		return objData{}, 0, fmt.Errorf("%w: delta at %d", packfile.ErrReferenceDeltaNotFound, e.offset)
-	}
-	src, typ, err := d.content(base, depth+1)
-	if err != nil {
-		return objData{}, 0, err
+		return objData{}, err
 	}
 	out, err := d.patch(src, raw)
+	d.drop(raw)
 	// One delta on base fewer to go.
 	base.children--
-	d.hold(base, src)
-	d.drop(src)
+	d.release(base)
 	if err != nil {
-		return objData{}, 0, fmt.Errorf("delta at %d: %w", e.offset, err)
+		return objData{}, fmt.Errorf("delta at %d: %w", e.offset, err)
 	}
-	return out, typ, nil
+	h := plumbing.NewHasher(base.typ, out.size)
+	rd, err := out.open()
+	if err == nil {
+		_, err = io.Copy(ctxWriter{d.ctx, h}, rd)
+		_ = rd.Close()
+	}
+	if err != nil {
+		d.drop(out)
+		return objData{}, fmt.Errorf("hash delta at %d: %w", e.offset, err)
+	}
+	e.typ = base.typ
+	e.hash = h.Sum()
+	return out, nil
 }
 
 // patch applies the delta instructions raw to src. Small ones are
@@ -531,13 +648,39 @@ func (d *deltaResolver) raw(e *packEntry) (objData, error) {
 	return objData{mem: buf.Bytes(), size: int64(buf.Len())}, nil
 }
 
-// spill writes an object's content to a new spill file.
+// errSpillLimit stops a spill file's writer at the limit.
+var errSpillLimit = errors.New("spill limit reached")
+
+// spillCounter counts a spill file's bytes against the resolver's limit
+// and stops at the context's end.
+type spillCounter struct {
+	d *deltaResolver
+	w io.Writer
+	n int64
+}
+
+func (c *spillCounter) Write(p []byte) (int, error) {
+	if err := c.d.ctx.Err(); err != nil {
+		return 0, err
+	}
+	if c.d.spilled+c.n+int64(len(p)) > c.d.spillLimit {
+		return 0, errSpillLimit
+	}
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// spill writes an object's content to a new spill file, within the
+// spill limit: past it the object is ErrPackRefused (a delta bomb), and a
+// full filesystem is the filesystem's error (ENOSPC), never the pack's.
 func (d *deltaResolver) spill(write func(io.Writer) (int64, error)) (objData, error) {
 	f, err := os.CreateTemp(d.dir, "tmp_spill_")
 	if err != nil {
 		return objData{}, err
 	}
-	bw := bufio.NewWriterSize(f, 64<<10)
+	c := &spillCounter{d: d, w: f}
+	bw := bufio.NewWriterSize(c, 64<<10)
 	n, err := write(bw)
 	if err == nil {
 		err = bw.Flush()
@@ -547,8 +690,16 @@ func (d *deltaResolver) spill(write func(io.Writer) (int64, error)) (objData, er
 	}
 	if err != nil {
 		_ = os.Remove(f.Name())
+		if errors.Is(err, errSpillLimit) {
+			return objData{}, fmt.Errorf("%w: the object at offset %d expands past the spill limit of %s (%s held already): a delta bomb, or a pack larger than the limit allows (Options.MaxSpill)",
+				ErrPackRefused, d.at, sizeText(d.spillLimit), sizeText(d.spilled))
+		}
+		if isUnwritable(err) {
+			return objData{}, fmt.Errorf("spill the object at offset %d to %s: %w", d.at, d.dir, err)
+		}
 		return objData{}, err
 	}
+	d.spilled += n
 	return objData{file: f.Name(), size: n}, nil
 }
 
@@ -563,33 +714,54 @@ func (d *deltaResolver) drop(o objData) {
 			return
 		}
 	}
-	_ = os.Remove(o.file)
+	d.remove(o)
 }
 
-// hold keeps the content of e while deltas on it remain to be resolved —
-// in memory within deltaCacheBytes, a spill file on disk — and lets it go
-// when none remain.
-func (d *deltaResolver) hold(e *packEntry, data objData) {
-	c, cached := d.cache[e.offset]
-	switch {
-	case cached && e.children <= 0:
-		delete(d.cache, e.offset)
-		d.cacheBytes -= len(c.mem)
-		if c.file != "" {
-			_ = os.Remove(c.file)
-		}
-	case !cached && e.children > 0 && e.hash != plumbing.ZeroHash && (data.file != "" || d.cacheBytes+len(data.mem) <= deltaCacheBytes):
-		d.cache[e.offset] = data
-		d.cacheBytes += len(data.mem)
+// remove deletes a spill file and counts its bytes free.
+func (d *deltaResolver) remove(o objData) {
+	if o.file != "" && os.Remove(o.file) == nil {
+		d.spilled -= o.size
 	}
+}
+
+// hold keeps the content of e while deltas on it remain to be resolved:
+// in memory within deltaCacheBytes, in a spill file past it; content
+// nothing depends on is dropped.
+func (d *deltaResolver) hold(e *packEntry, data objData) error {
+	if e.children <= 0 {
+		d.drop(data)
+		return nil
+	}
+	if data.file == "" && d.cacheBytes+len(data.mem) > deltaCacheBytes {
+		spilled, err := d.spill(func(w io.Writer) (int64, error) {
+			n, err := w.Write(data.mem)
+			return int64(n), err
+		})
+		if err != nil {
+			return err
+		}
+		data = spilled
+	}
+	d.cache[e.offset] = data
+	d.cacheBytes += len(data.mem)
+	return nil
+}
+
+// release lets go of e's content once no delta on it remains.
+func (d *deltaResolver) release(e *packEntry) {
+	c, cached := d.cache[e.offset]
+	if !cached || e.children > 0 {
+		return
+	}
+	delete(d.cache, e.offset)
+	d.cacheBytes -= len(c.mem)
+	d.remove(c)
 }
 
 // close removes every spill file still held.
 func (d *deltaResolver) close() {
 	for off, c := range d.cache {
-		if c.file != "" {
-			_ = os.Remove(c.file)
-		}
+		d.remove(c)
 		delete(d.cache, off)
 	}
 }

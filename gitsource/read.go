@@ -197,7 +197,13 @@ func (r *Repo) ReadFileMax(commit, p string, max int64) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", p, err)
 	}
-	e, err := r.lookup(commit, c.TreeHash, cp)
+	return r.readAt(commit, c.TreeHash, p, cp, max)
+}
+
+// readAt is ReadFileMax of the clean path cp (p as the caller gave it) in
+// the tree root of commit. Caller holds r.mu.
+func (r *Repo) readAt(commit string, root plumbing.Hash, p, cp string, max int64) ([]byte, error) {
+	e, err := r.lookup(commit, root, cp)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", p, err)
 	}

@@ -84,8 +84,8 @@ func fetchRSS(tb testing.TB, url, cache string) int64 {
 }
 
 // TestHelperFetch opens the cache named in GITSOURCE_HELPER_FETCH
-// (URL and cache dir, unit-separator separated), fetches main and reads
-// one small file, in a process of its own, for BenchmarkFetchPeakRSS; it
+// (URL, cache dir and optionally the file to read, unit-separator
+// separated), fetches main and reads one small file, in a process of its own, for BenchmarkFetchPeakRSS; it
 // does nothing in a normal run.
 func TestHelperFetch(t *testing.T) {
 	args := os.Getenv("GITSOURCE_HELPER_FETCH")
@@ -93,6 +93,10 @@ func TestHelperFetch(t *testing.T) {
 		return
 	}
 	url, cache, _ := strings.Cut(args, "\x1f")
+	file := "fleet/hv-a/web.yaml"
+	if c, f, ok := strings.Cut(cache, "\x1f"); ok {
+		cache, file = c, f
+	}
 	ctx := context.Background()
 	r, err := gitsource.Open(ctx, gitsource.Options{URL: url, CacheDir: cache})
 	if err != nil {
@@ -102,7 +106,7 @@ func TestHelperFetch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.ReadFile(tip, "fleet/hv-a/web.yaml"); err != nil {
+	if _, err := r.ReadFile(tip, file); err != nil {
 		t.Fatal(err)
 	}
 	if err := peakrss.Print(os.Stdout); err != nil {

@@ -60,14 +60,29 @@ var errRejected = errors.New("push rejected")
 // ErrConflict too if ctx ended while waiting to retry). Update calls on one
 // Repo run one at a time.
 func (r *Repo) Update(ctx context.Context, branch string, mutate Mutation) (string, error) {
-	return r.Edit(ctx, branch, func(tip *Commit, read func(string) ([]byte, error)) (Write, error) {
+	return r.edit(ctx, branch, mutation(mutate), nil)
+}
+
+// UpdateAt is Update whose first attempt builds on tip, the branch's tip
+// the caller just fetched (FetchAll; "" when the branch was absent),
+// without fetching it again: when the branch is still there the write
+// costs one round trip with the remote, the push. When it moved, the push
+// is refused as a lost race and the next attempts fetch first, as
+// Update's do; a tip the cache does not hold is fetched as well.
+func (r *Repo) UpdateAt(ctx context.Context, branch, tip string, mutate Mutation) (string, error) {
+	return r.edit(ctx, branch, mutation(mutate), func() (string, bool) { return tip, true })
+}
+
+// mutation is mutate as an EditFunc (never replacing the tip).
+func mutation(mutate Mutation) EditFunc {
+	return func(tip *Commit, read func(string) ([]byte, error)) (Write, error) {
 		hash := ""
 		if tip != nil {
 			hash = tip.Hash
 		}
 		files, msg, err := mutate(hash, read)
 		return Write{Files: files, Message: msg}, err
-	})
+	}
 }
 
 // Write is the commit an EditFunc asks for: Files (path → content, nil
@@ -99,7 +114,7 @@ type EditFunc func(tip *Commit, read func(path string) ([]byte, error)) (Write, 
 // A writer that alone writes its branch uses it to keep history from
 // growing with updates that carry no news.
 func (r *Repo) Edit(ctx context.Context, branch string, edit EditFunc) (string, error) {
-	return r.edit(ctx, branch, edit, false)
+	return r.edit(ctx, branch, edit, nil)
 }
 
 // EditOwn is Edit for a branch that this Repo alone writes (an agent's host
@@ -109,11 +124,12 @@ func (r *Repo) Edit(ctx context.Context, branch string, edit EditFunc) (string, 
 // branch the push is refused as a lost race, and the next attempts fetch
 // first, as Edit's do. A cache that has not seen the branch fetches.
 func (r *Repo) EditOwn(ctx context.Context, branch string, edit EditFunc) (string, error) {
-	return r.edit(ctx, branch, edit, true)
+	return r.edit(ctx, branch, edit, func() (string, bool) { return r.trackedTip(branch) })
 }
 
-// edit is Edit; own builds the first attempt on the tracking ref.
-func (r *Repo) edit(ctx context.Context, branch string, edit EditFunc, own bool) (string, error) {
+// edit is Edit; first, when set, gives the tip the first attempt builds
+// on without fetching (false: fetch as every later attempt does).
+func (r *Repo) edit(ctx context.Context, branch string, edit EditFunc, first func() (string, bool)) (string, error) {
 	if err := checkBranch(branch); err != nil {
 		return "", fmt.Errorf("update: %w", err)
 	}
@@ -147,8 +163,8 @@ func (r *Repo) edit(ctx context.Context, branch string, edit EditFunc, own bool)
 			}
 		}
 		tip, known := "", false
-		if own && attempt == 0 {
-			tip, known = r.trackedTip(branch)
+		if first != nil && attempt == 0 {
+			tip, known = first()
 		}
 		if !known {
 			var err error
@@ -191,19 +207,30 @@ func (r *Repo) trackedTip(branch string) (string, bool) {
 
 // attempt runs edit on tip, builds the commit and pushes it.
 func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (string, error) {
+	// The tip is read once: its commit gives the message and parents the
+	// edit sees, and the root tree that reads and the build start from.
+	var tipCommit *Commit
+	var root plumbing.Hash
+	if tip != "" {
+		r.mu.Lock()
+		c, err := r.resolve(tip)
+		r.mu.Unlock()
+		if err != nil {
+			return "", fmt.Errorf("commit info: %w", err)
+		}
+		tipCommit, root = describe(c), c.TreeHash
+	}
 	read := func(p string) ([]byte, error) {
 		if tip == "" {
 			return nil, &notFoundError{commit: "(new branch " + branch + ")", path: p}
 		}
-		return r.ReadFile(tip, p)
-	}
-	var tipCommit *Commit
-	if tip != "" {
-		c, err := r.CommitInfo(tip)
-		if err != nil {
-			return "", err
+		cp, err := cleanPath(p)
+		if err != nil || cp == "" {
+			return nil, fmt.Errorf("read %q at %s: bad path: %v", p, desired.Hash(tip).Short(), err)
 		}
-		tipCommit = c
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.readAt(tip, root, p, cp, -1)
 	}
 	w, err := edit(tipCommit, read)
 	if err != nil {
@@ -219,7 +246,7 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (
 			parents = tipCommit.Parents
 		}
 	}
-	commit, pack, err := r.build(tip, parents, w.Files, w.Message)
+	commit, pack, err := r.build(tip, root, parents, w.Files, w.Message)
 	if err != nil {
 		return "", err
 	}
@@ -240,14 +267,15 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (
 		// The push stands; the next Fetch sets the tracking ref.
 		r.log.WithError(err).WithField("branch", branch).Warn("record pushed tip")
 	}
-	r.maintain(ctx, branch)
+	r.maintain(ctx, refSet{branches: []string{branch}})
 	return commit.String(), nil
 }
 
-// build writes the commit of files on tip's tree, with parents, into the
-// store and returns it with a pack of the new objects. A zero hash means the
-// tree did not change (and the parents are tip itself).
-func (r *Repo) build(tip string, parents []string, files map[string][]byte, msg string) (plumbing.Hash, []byte, error) {
+// build writes the commit of files on tip's tree (root; zero for a new
+// branch), with parents, into the store and returns it with a pack of the
+// new objects. A zero hash means the tree did not change (and the parents
+// are tip itself).
+func (r *Repo) build(tip string, root plumbing.Hash, parents []string, files map[string][]byte, msg string) (plumbing.Hash, []byte, error) {
 	edits := make(map[string][]byte, len(files))
 	for p, data := range files {
 		cp, err := cleanPath(p)
@@ -259,14 +287,6 @@ func (r *Repo) build(tip string, parents []string, files map[string][]byte, msg 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b := &builder{r: r}
-	var root plumbing.Hash
-	if tip != "" {
-		c, err := r.resolve(tip)
-		if err != nil {
-			return plumbing.ZeroHash, nil, err
-		}
-		root = c.TreeHash
-	}
 	parentHashes := make([]plumbing.Hash, len(parents))
 	for i, p := range parents {
 		parentHashes[i] = plumbing.NewHash(p)

@@ -20,6 +20,7 @@ import (
 	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/internal/httpserve"
 	"github.com/gitfleet/gitfleet/internal/redact"
+	"github.com/gitfleet/gitfleet/internal/scratchdir"
 )
 
 func newControllerCmd() *cobra.Command {
@@ -77,7 +78,7 @@ unless a commit carries the trailer "Gitfleet-Allow-Deletes: <n>".`,
 		if err != nil {
 			return usageOr(err)
 		}
-		done, err := privateClones(&fc)
+		done, err := privateClones(&fc, logrus.NewEntry(log))
 		if err != nil {
 			return err
 		}
@@ -103,8 +104,11 @@ unless a commit carries the trailer "Gitfleet-Allow-Deletes: <n>".`,
 // would hold every blob of the repository, however large, a forged one on
 // a gitfleet branch too. They go in a private directory of this process,
 // which done removes, unless --cache-dir keeps the main one between runs.
-func privateClones(fc *fleet.Config) (done func(), err error) {
-	tmp, err := os.MkdirTemp("", "gitfleet-controller-")
+// The private directories of controllers that were killed (and so removed
+// nothing) are swept first; a running controller's stays (see scratchdir).
+func privateClones(fc *fleet.Config, log *logrus.Entry) (done func(), err error) {
+	scratchdir.Sweep(controllerScratch, log)
+	tmp, done, err := scratchdir.Make(controllerScratch)
 	if err != nil {
 		return nil, err
 	}
@@ -112,8 +116,12 @@ func privateClones(fc *fleet.Config) (done func(), err error) {
 		fc.CacheDir = filepath.Join(tmp, "cache")
 	}
 	fc.TipsCacheDir = filepath.Join(tmp, "tips")
-	return func() { os.RemoveAll(tmp) }, nil
+	return done, nil
 }
+
+// controllerScratch names the controller's private directories in the
+// temporary directory.
+const controllerScratch = "gitfleet-controller-"
 
 // controllerOnce runs one pass and says what came of it.
 func controllerOnce(ctx context.Context, ctl *fleet.Controller, out io.Writer) error {

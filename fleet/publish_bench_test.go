@@ -1,0 +1,120 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gitfleet/gitfleet/internal/peakrss"
+)
+
+// BenchmarkPushToPublish is the latency a person sees: on the big fleet
+// (10,000 VMs on 1,000 hosts, a file remote), a long-running controller
+// (Run, watching the desired branch) and 20 one-file commits pushed with
+// git push from a clone, one at a time; for each, the time from git push
+// returning to the snapshots branch moving (goal: median under 150 ms).
+// It prints the median and the slowest, and the peak RSS of this process
+// (controller and all; goal under 300 MB). Run it with -benchtime 1x; the
+// pass's own wall time is BenchmarkOneFileCommitPass's ns/op.
+func BenchmarkPushToPublish(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		runPushToPublish(b, 20)
+	}
+}
+
+func runPushToPublish(b *testing.B, pushes int) {
+	dir := bigRepo(b)
+	work := filepath.Join(b.TempDir(), "work")
+	git := func(args ...string) string {
+		b.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir = work
+		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=Bench", "GIT_AUTHOR_EMAIL=bench@example.com",
+			"GIT_COMMITTER_NAME=Bench", "GIT_COMMITTER_EMAIL=bench@example.com")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			b.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if out, err := exec.Command("git", "clone", "--quiet", dir, work).CombinedOutput(); err != nil {
+		b.Fatalf("clone: %v\n%s", err, out)
+	}
+	c, err := New(Config{URL: dir, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, time.Minute) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			b.Error(err)
+		}
+	}()
+	snaps := func() string { return snapshotsRef(b, dir) }
+	waitMoved := func(from string, limit time.Duration) (string, time.Duration) {
+		t0 := time.Now()
+		for time.Since(t0) < limit {
+			if now := snaps(); now != from {
+				return now, time.Since(t0)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		b.Fatalf("the snapshots branch did not move from %s within %v", from, limit)
+		return "", 0
+	}
+	tip, _ := waitMoved("", 10*time.Minute) // the first pass publishes everything
+	// Let the first passes' summary writes settle.
+	time.Sleep(3 * time.Second)
+	tip = snaps()
+
+	var lat []time.Duration
+	for i := 0; i < pushes; i++ {
+		path := "vms/07/vm-00007.yaml"
+		if err := os.WriteFile(filepath.Join(work, path), []byte(vmYAML("vm-00007", "hv-0007", 3+i%2)), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		git("commit", "--quiet", "-am", "resize vm-00007")
+		git("push", "--quiet", "origin", "HEAD:main")
+		var d time.Duration
+		tip, d = waitMoved(tip, time.Minute)
+		lat = append(lat, d)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	rss, _ := peakrss.Self()
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(ms(percentile(lat, 0.5)), "median-push-to-publish-ms")
+	b.ReportMetric(ms(percentile(lat, 1)), "max-push-to-publish-ms")
+	b.ReportMetric(float64(rss)/1024, "peak-rss-MB")
+	b.Logf("%d pushes, git push returning → snapshots moved: median %.0f ms, max %.0f ms (all: %v); peak RSS %d MB; load average %s",
+		pushes, ms(percentile(lat, 0.5)), ms(percentile(lat, 1)), lat, rss/1024, loadAverage())
+}
+
+// snapshotsRef reads the snapshots branch's tip in the bare repository
+// dir without running git: the loose ref, else its line in packed-refs;
+// "" when there is none.
+func snapshotsRef(b *testing.B, dir string) string {
+	ref := "refs/heads/" + DefaultSnapshotsBranch
+	if data, err := os.ReadFile(filepath.Join(dir, ref)); err == nil {
+		return strings.TrimSpace(string(data))
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "packed-refs"))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[1] == ref {
+			return f[0]
+		}
+	}
+	return ""
+}

@@ -1,0 +1,78 @@
+package gitsource
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// pkt is one pkt-line holding s.
+func pkt(s string) string { return fmt.Sprintf("%04x%s", len(s)+4, s) }
+
+// shallowFlood is a remote's side of a shallow fetch: the ref
+// advertisement (main at a made-up commit), and an answer that starts
+// with n shallow lines.
+func shallowFlood(n int) (adv, answer string) {
+	tip := strings.Repeat("ab", 20)
+	adv = pkt(tip+" HEAD\x00shallow side-band-64k ofs-delta no-progress agent=git/2\n") + pkt(tip+" refs/heads/main\n") + "0000"
+	var b strings.Builder
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "%s", pkt(fmt.Sprintf("shallow %040x\n", i)))
+	}
+	b.WriteString("0000" + pkt("NAK\n"))
+	return adv, b.String()
+}
+
+// A server that answers a shallow fetch with 20,000 shallow lines (go-git
+// would hold them all and merge them in time squared) fails the fetch
+// with ErrTooManyShallows, over http and over the file transport; it is
+// a git failure, not cache damage. An answer within the bound passes the
+// reader byte for byte.
+func TestShallowLinesBounded(t *testing.T) {
+	adv, answer := shallowFlood(2 * maxShallowLines)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/r.git/info/refs", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-git-upload-pack-advertisement")
+		io.WriteString(w, pkt("# service=git-upload-pack\n")+"0000"+adv)
+	})
+	mux.HandleFunc("/r.git/git-upload-pack", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-git-upload-pack-result")
+		io.WriteString(w, answer)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	// The file transport runs git-upload-pack from PATH: a stand-in that
+	// advertises, reads the request up to its "done" and answers.
+	bin := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "adv"), []byte(adv), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "answer"), []byte(answer), 0o600))
+	script := "#!/bin/sh\ncat " + bin + "/adv\nwhile read -r l; do case \"$l\" in *done*) break;; esac; done\ncat " + bin + "/answer\n"
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "git-upload-pack"), []byte(script), 0o700))
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+
+	for name, url := range map[string]string{"http": srv.URL + "/r.git", "file": filepath.Join(t.TempDir(), "r.git")} {
+		r, err := Open(context.Background(), Options{URL: url, CacheDir: filepath.Join(t.TempDir(), "cache"), Depth: 1})
+		require.NoError(t, err, name)
+		_, err = r.Fetch(context.Background(), "main")
+		t.Logf("%s: %v", name, err)
+		require.ErrorIs(t, err, ErrTooManyShallows, name)
+		require.False(t, repairable(err), name)
+		r.Close()
+	}
+
+	_, small := shallowFlood(3)
+	got, err := io.ReadAll(limitShallow(strings.NewReader(small + "PACK...")))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal([]byte(small+"PACK..."), got))
+}

@@ -1,0 +1,98 @@
+package scratchdir_test
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/internal/scratchdir"
+)
+
+const prefix = "gitfleet-controller-"
+
+// killedScratch makes a scratch directory in a child process and kills
+// the child (SIGKILL) while it holds the directory, as the OOM killer
+// would, and returns the directory left behind.
+func killedScratch(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHoldScratch$")
+	cmd.Env = append(os.Environ(), "SCRATCHDIR_HELPER=1")
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	dir := strings.TrimSpace(strings.TrimPrefix(line, "dir="))
+	require.DirExists(t, dir)
+	return dir
+}
+
+// TestHelperHoldScratch makes a scratch directory, prints it and waits
+// to be killed; it does nothing in a normal run.
+func TestHelperHoldScratch(t *testing.T) {
+	if os.Getenv("SCRATCHDIR_HELPER") == "" {
+		return
+	}
+	dir, _, err := scratchdir.Make(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Stdout.WriteString("dir=" + dir + "\n")
+	select {}
+}
+
+// A scratch directory a killed process left is swept; everything else
+// under the same temporary directory stays: a live process's, one
+// without the marker, a file and a symbolic link named like one, another
+// prefix's, and a directory whose marker is a link.
+func TestSweepRemovesOnlyWhatKilledProcessesLeft(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	dead := killedScratch(t)
+	require.FileExists(t, filepath.Join(dead, scratchdir.Marker))
+	require.NoError(t, os.MkdirAll(filepath.Join(dead, "cache", "objects"), 0o700))
+
+	live, done, err := scratchdir.Make(prefix)
+	require.NoError(t, err)
+	defer done()
+	keep := map[string]func(string) error{
+		prefix + "nomarker": func(p string) error { return os.Mkdir(p, 0o700) },
+		prefix + "file":     func(p string) error { return os.WriteFile(p, nil, 0o600) },
+		prefix + "link":     func(p string) error { return os.Symlink(dead, p) },
+		prefix + "linkedmarker": func(p string) error {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				return err
+			}
+			return os.Symlink(filepath.Join(dead, scratchdir.Marker), filepath.Join(p, scratchdir.Marker))
+		},
+		"other-tool-x": func(p string) error {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(p, scratchdir.Marker), nil, 0o600)
+		},
+	}
+	for name, make := range keep {
+		require.NoError(t, make(filepath.Join(tmp, name)), name)
+	}
+
+	swept := scratchdir.Sweep(prefix, nil)
+	require.Equal(t, []string{dead}, swept)
+	require.NoDirExists(t, dead)
+	require.DirExists(t, live, "a running process's directory stays")
+	for name := range keep {
+		_, err := os.Lstat(filepath.Join(tmp, name))
+		require.NoError(t, err, "%s stays", name)
+	}
+	require.Empty(t, scratchdir.Sweep(prefix, nil), "nothing more to sweep")
+
+	done()
+	require.NoDirExists(t, live, "done removes the directory")
+}
