@@ -480,6 +480,7 @@ func (e *Engine) Tick(ctx context.Context, snap *snapshots.Snapshot) error {
 		return fmt.Errorf("tick: %w", err)
 	}
 	inUse := e.adopt(snap, hash)
+	e.guardHost(ctx)
 	if e.suspendedNow() {
 		return nil
 	}
@@ -693,6 +694,16 @@ func (e *Engine) kickAll(vols []status.Volume, orphans []string) {
 			continue // reported, never acted on
 		}
 		e.kickLocked(name)
+	}
+}
+
+// guardHost has a HostGuard put back its firewall rules if anyone
+// removed or changed them.
+func (e *Engine) guardHost(ctx context.Context) {
+	if g, ok := e.prov.(HostGuard); ok {
+		if err := g.GuardHost(ctx); err != nil {
+			e.log.WithError(err).Warn("host guard")
+		}
 	}
 }
 

@@ -155,6 +155,18 @@ type NetworkReconciler interface {
 	ReconcileNetworks(ctx context.Context, nets map[string]desired.Network, members []NetworkMember, inUse map[string]bool) error
 }
 
+// HostGuard is implemented by a Provisioner that keeps host-side pieces
+// its running guests rely on: firewall rules between the guests and the
+// host (nftables tables that anyone with root can flush: `systemctl
+// restart nftables` runs `flush ruleset`), DHCP servers. GuardHost puts
+// back each one that is missing, dead or was changed since the
+// Provisioner set it up, as it was, and changes nothing else. The engine
+// calls it at every tick, the host suspended or not (it changes nothing
+// of any guest), and logs its error.
+type HostGuard interface {
+	GuardHost(ctx context.Context) error
+}
+
 // NetworkMember is a VM the snapshot wants on host network Network, with
 // the static addresses it keeps (a created VM keeps those it was created
 // with; nil when it has none).

@@ -20,11 +20,25 @@ const (
 	MaxNATPrefix = 29
 )
 
+// NATRanges are the ranges a nat network's CIDR must lie in: the private
+// ranges of RFC 1918 and the shared address space of RFC 6598. The host
+// routes a nat network's CIDR to the network's bridge, so any other range
+// would hide addresses the host itself needs behind its guests: loopback
+// (127.0.0.0/8), link-local with the cloud metadata service
+// (169.254.169.254), multicast, reserved or anyone's public addresses (a
+// guest holding 8.8.8.8 would answer the host's DNS queries).
+var NATRanges = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+}
+
 // NATBridge is the bridge device of the nat network named network.
 func NATBridge(network string) string { return ManagedBridgePrefix + network }
 
 // Prefix parses the CIDR: an IPv4 network address with a prefix length
-// from MinNATPrefix to MaxNATPrefix.
+// from MinNATPrefix to MaxNATPrefix, inside one of NATRanges.
 func (n NAT) Prefix() (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(n.CIDR)
 	if err != nil {
@@ -38,7 +52,12 @@ func (n NAT) Prefix() (netip.Prefix, error) {
 	case p.Masked() != p:
 		return netip.Prefix{}, fmt.Errorf("%q has host bits set; the network address is %s", n.CIDR, p.Masked())
 	}
-	return p, nil
+	for _, r := range NATRanges {
+		if r.Contains(p.Addr()) && p.Bits() >= r.Bits() {
+			return p, nil
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("%q is not a private range: a nat network takes its addresses from 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 or 100.64.0.0/10, since the host routes the CIDR to its guests (loopback, link-local with the metadata service at 169.254.169.254, multicast or public addresses would be taken from the host)", n.CIDR)
 }
 
 // Gateway is the first address of the CIDR: the bridge's address, the

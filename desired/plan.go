@@ -334,11 +334,15 @@ const AgeRecipientWarning = "the host's age recipient changes: add the new ident
 const AgentKeyWarning = "the host's agent key changes: from this merge on, deletes on this host are finalized only on acks signed by this key; set the agent's signingKey to its private half first (gitfleet keygen --host), or the host's deletes wait, pending"
 
 // networkWarnings says what a Host's changed networks do to their guests:
-// a renumbered nat network, a network removed.
+// a renumbered nat network, a network removed, a network on another
+// bridge or of the other kind (the running guests stay where they are
+// until they restart: a host network's definition is not the VM's spec).
 func networkWarnings(fields []FieldChange) []string {
 	var w []string
 	removed := map[string]bool{}
 	var names []string
+	type kinds struct{ wasNAT, isNAT, wasBridge, isBridge bool }
+	kind := map[string]*kinds{}
 	for _, f := range fields {
 		rest, ok := strings.CutPrefix(f.Field, "spec.networks.")
 		if !ok {
@@ -348,15 +352,32 @@ func networkWarnings(fields []FieldChange) []string {
 		if _, seen := removed[name]; !seen {
 			names = append(names, name)
 			removed[name] = true
+			kind[name] = &kinds{}
 		}
 		removed[name] = removed[name] && f.New == ""
-		if leaf == "nat.cidr" && f.Old != "" && f.New != "" {
-			w = append(w, fmt.Sprintf("network %s is renumbered: its guests get new addresses at their next DHCP renewal (within 30 minutes) or restart", name))
+		k := kind[name]
+		switch leaf {
+		case "nat.cidr":
+			k.wasNAT, k.isNAT = f.Old != "", f.New != ""
+			if f.Old != "" && f.New != "" {
+				w = append(w, fmt.Sprintf("network %s is renumbered: its guests get new addresses at their next DHCP renewal (within 30 minutes) or restart", name))
+			}
+		case "bridge":
+			k.wasBridge, k.isBridge = f.Old != "", f.New != ""
+			if f.Old != "" && f.New != "" {
+				w = append(w, fmt.Sprintf("network %s moves from bridge %s to bridge %s: its running guests stay on %s until they restart", name, f.Old, f.New, f.Old))
+			}
 		}
 	}
 	for _, name := range names {
-		if removed[name] {
+		k := kind[name]
+		switch {
+		case removed[name]:
 			w = append(w, fmt.Sprintf("network %s is removed from the host once no VM there uses it", name))
+		case k.wasNAT && k.isBridge:
+			w = append(w, fmt.Sprintf("network %s changes from nat to bridge: its running guests stay on the nat network until they restart", name))
+		case k.wasBridge && k.isNAT:
+			w = append(w, fmt.Sprintf("network %s changes from bridge to nat: its running guests stay on the bridge until they restart", name))
 		}
 	}
 	return w

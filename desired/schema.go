@@ -129,7 +129,7 @@ func JSONSchema() []byte {
 						"bridge": obj{"type": "string", "pattern": bridgeRE.String(), "maxLength": MaxBridgeLength,
 							"description": "An existing host bridge device, such as br0; the agent adds a tap per VM."},
 						"nat": strict("A network the agent manages: bridge gf-<name>, dnsmasq, masquerading.", []string{"cidr"}, obj{
-							"cidr": str("IPv4 network, such as 10.77.0.0/24 (prefix length 16 to 29)."),
+							"cidr": str("Private IPv4 network, such as 10.77.0.0/24 (prefix length 16 to 29, inside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 or 100.64.0.0/10)."),
 						}),
 					},
 				},

@@ -132,7 +132,8 @@ type StaticIP struct {
 	// "192.168.1.50/24" or "2001:db8::50/64". At least one.
 	Addresses []string `yaml:"addresses" json:"addresses"`
 	// Gateway4 is the IPv4 default route's next hop, such as
-	// "192.168.1.1". On a nat network it defaults to the network's first
+	// "192.168.1.1": inside the prefix of one of Addresses, and none of
+	// them. On a nat network it defaults to the network's first
 	// address (the agent's bridge); elsewhere no default route is set
 	// without it.
 	Gateway4 string `yaml:"gateway4,omitempty" json:"gateway4,omitempty"`
@@ -165,8 +166,10 @@ type Network struct {
 // host itself only for DHCP, DNS and ping.
 type NAT struct {
 	// CIDR is the network's IPv4 prefix, such as "10.77.0.0/24" (a network
-	// address, prefix length 16 to 29). CIDRs of one host's nat networks
-	// must not overlap.
+	// address, prefix length 16 to 29, inside 10.0.0.0/8, 172.16.0.0/12,
+	// 192.168.0.0/16 or 100.64.0.0/10: see NATRanges). CIDRs of one host's
+	// nat networks must not overlap; the agent leaves a network whose CIDR
+	// overlaps the host's own addresses or routes unmade.
 	CIDR string `yaml:"cidr" json:"cidr"`
 }
 

@@ -44,7 +44,27 @@ var (
 	sha256RE   = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$`)
 	bridgeRE   = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]*$`)
+	// domainLabelRE is one label of a domain name; see isDomain.
+	domainLabelRE = regexp.MustCompile(`^[A-Za-z0-9_]([-A-Za-z0-9_]*[A-Za-z0-9_])?$`)
 )
+
+// isDomain reports whether s is a DNS domain name as resolv.conf and the
+// network-config renderers take one: labels of 1 to 63 letters, digits,
+// '-' or '_' (not starting or ending with '-'), joined by '.', with an
+// optional final '.', 253 characters at most. Anything else (a newline, a
+// quote, '#') would be a line or a comment in the guest's configuration.
+func isDomain(s string) bool {
+	s = strings.TrimSuffix(s, ".")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if len(l) > 63 || !domainLabelRE.MatchString(l) {
+			return false
+		}
+	}
+	return true
+}
 
 // checkName reports why s is not an RFC 1123 label, or "".
 func checkName(s string) string {
@@ -414,6 +434,8 @@ func (d *nodeDecoder) checkStatic(s *VMSpec) {
 	if st.Gateway4 != "" && !d.bad["spec.static.gateway4"] {
 		if a, err := netip.ParseAddr(st.Gateway4); err != nil || !a.Is4() {
 			d.add(d.valPos("spec.static.gateway4"), "spec.static.gateway4", "%q is not an IPv4 address", st.Gateway4)
+		} else if msg := offLink(a, st.Addresses); msg != "" {
+			d.add(d.valPos("spec.static.gateway4"), "spec.static.gateway4", "%s", msg)
 		}
 	}
 	if ns := st.Nameservers; ns != nil {
@@ -425,11 +447,34 @@ func (d *nodeDecoder) checkStatic(s *VMSpec) {
 		}
 		for i, dom := range ns.Search {
 			f := indexPath("spec.static.nameservers.search", i)
-			if !d.bad[f] && (dom == "" || strings.ContainsAny(dom, " \t,")) {
-				d.add(d.valPos(f), f, "%q is not a domain name", dom)
+			if !d.bad[f] && !isDomain(dom) {
+				d.add(d.valPos(f), f, "%q is not a domain name (labels of 1 to 63 letters, digits, '-' or '_', joined by '.')", safetext.Truncate(dom, 70))
 			}
 		}
 	}
+}
+
+// offLink reports why gateway gw cannot be the default route of a NIC
+// with the static addresses addrs (those that parse): it is one of them,
+// or inside none of their IPv4 prefixes, so the guest has no route to it
+// (netplan's renderers refuse or ignore such a gateway). "" when it can.
+func offLink(gw netip.Addr, addrs []string) string {
+	onLink, any4 := false, false
+	for _, a := range addrs {
+		p, err := netip.ParsePrefix(a)
+		if err != nil || !p.Addr().Is4() {
+			continue
+		}
+		any4 = true
+		if p.Addr() == gw {
+			return fmt.Sprintf("%s is the VM's own address %q, not a gateway", gw, a)
+		}
+		onLink = onLink || p.Masked().Contains(gw)
+	}
+	if any4 && !onLink {
+		return fmt.Sprintf("%s is inside none of the VM's IPv4 static addresses' prefixes (%s): the guest would have no route to it", gw, strings.Join(addrs, ", "))
+	}
+	return ""
 }
 
 // crossCheck runs the checks between objects over objs, which are sorted

@@ -19,6 +19,8 @@
 //	<dir>/<network>/leases        dnsmasq's lease file
 //	<dir>/<network>/dnsmasq.log   dnsmasq's log
 //	<dir>/nftables.conf           the table last loaded
+//	<dir>/nftables.list           the kernel's listing of it then
+//	<dir>/taps.json               the taps made: tap -> the VM's MAC
 //
 // Every operation is idempotent and safe to repeat after a crash or an
 // agent restart: an existing bridge, tap, reservation or table is kept; a
@@ -61,12 +63,31 @@ const (
 	LeasesFile   = "leases"
 	DnsmasqLog   = "dnsmasq.log"
 	NftablesFile = "nftables.conf"
+	// NftablesListFile is the kernel's listing of the table as last
+	// loaded (nft list table inet gitfleet), to find it changed.
+	NftablesListFile = "nftables.list"
+	// TapsFile records the taps the Manager made: tap -> the MAC of the
+	// VM's NIC and whether the tap is on a nat network (JSON tapRecord),
+	// for the tap filter.
+	TapsFile = "taps.json"
 )
 
 // ErrBridgeMissing: the bridge a bridge network names is not a device of
 // this host (yet). The Manager never creates it; Attach, Check and
 // Reconcile return it wrapped, with the bridge's name.
 var ErrBridgeMissing = errors.New("does not exist on this host")
+
+// ErrHostConflict: a nat network would take what the host itself uses:
+// its CIDR overlaps an address or route of the host's (its LAN, a VPN, a
+// container network), or a device of its bridge's name exists that the
+// Manager did not make. The Manager leaves such a network unmade,
+// changing nothing, until the conflict goes; Attach, Check and Reconcile
+// return it wrapped, naming the route or the device.
+var ErrHostConflict = errors.New("conflict with the host's own network")
+
+// ErrHostAddress: an address is one of the host's own, so no guest holds
+// it (Holder).
+var ErrHostAddress = errors.New("(no guest holds it)")
 
 // TapPrefix starts the name of every tap the Manager makes.
 const TapPrefix = "gft"
@@ -97,6 +118,16 @@ type Manager struct {
 	cfg Config
 	log *logrus.Entry
 	mu  sync.Mutex
+	// named holds the nat networks the last Reconcile was given (nil
+	// before the first): their bridges are no conflict for each other.
+	named map[string]bool
+}
+
+// ours reports whether the bridge of nat network net is no conflict for
+// nat network name: its own, or another the Host spec names. Before the
+// first Reconcile every nat network counts as named.
+func (m *Manager) ours(name string) func(string) bool {
+	return func(net string) bool { return net == name || m.named == nil || m.named[net] }
 }
 
 // Attachment is where a VM's NIC was attached.
@@ -132,19 +163,61 @@ func New(cfg Config) (*Manager, error) {
 	return &Manager{cfg: cfg, log: cfg.Logger.WithField("component", "hostnet")}, nil
 }
 
-// Reconcile makes the host's networks match nets, a Host spec's networks:
-// every nat network is ensured (bridge and address, forwarding, nftables,
-// a running dnsmasq: one that died is started again) and every bridge
-// network's bridge is checked to exist. A nat network this Manager made
-// that nets no longer names is torn down (dnsmasq stopped, bridge and
-// rules removed, its directory deleted) unless inUse names it (a VM record
-// still lists it) or inUse is nil (what VMs use is unknown: nothing is torn
-// down). It tries every network and returns the errors joined.
+// Reconcile makes the host's networks match nets, a Host spec's networks.
+// First a nat network this Manager made that nets no longer names is torn
+// down (dnsmasq stopped, bridge and rules removed, its directory deleted)
+// unless inUse names it (a VM record still lists it; when nets now names
+// it as a bridge network, only while a tap is still a port of its bridge)
+// or inUse is nil (what VMs use is unknown: nothing is torn down), so a
+// network renamed in the
+// spec can take the CIDR of the one it replaced. Then every nat network is
+// ensured (bridge and address, forwarding, nftables, a running dnsmasq:
+// one that died is started again), unless its CIDR overlaps the host's own
+// addresses and routes or a kept network (ErrHostConflict: nothing is
+// changed for it), and every bridge network's bridge is checked to exist.
+// It tries every network and returns the errors joined.
 func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var errs []error
 	names := sortedKeys(nets)
+	m.named = map[string]bool{}
+	for _, name := range names {
+		if nets[name].NAT != nil {
+			m.named[name] = true
+		}
+	}
+	// Unused networks go first: a network renamed in the spec may take
+	// the CIDR of the one it replaces.
+	made, err := m.natNetworks()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, name := range made {
+		n, named := nets[name]
+		if named && n.NAT != nil {
+			continue
+		}
+		used := inUse == nil || inUse[name]
+		// A name the spec now gives a bridge network: the VMs that name
+		// it move to the bridge as they boot, and the nat network is
+		// used only while a tap is still a port of its bridge.
+		if named && inUse != nil && used {
+			ports, err := bridgePorts(desired.NATBridge(name))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+				continue
+			}
+			used = ports > 0
+		}
+		if used {
+			m.log.WithField("network", name).Info("network no longer named by the host but still used by a VM; kept")
+			continue
+		}
+		if err := m.teardown(ctx, name); err != nil {
+			errs = append(errs, fmt.Errorf("network %s: teardown: %w", name, err))
+		}
+	}
 	for _, name := range names {
 		n := nets[name]
 		var err error
@@ -155,22 +228,6 @@ func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
-		}
-	}
-	made, err := m.natNetworks()
-	if err != nil {
-		return errors.Join(append(errs, err)...)
-	}
-	for _, name := range made {
-		if n, ok := nets[name]; ok && n.NAT != nil {
-			continue
-		}
-		if inUse == nil || inUse[name] {
-			m.log.WithField("network", name).Info("network no longer named by the host but still used by a VM; kept")
-			continue
-		}
-		if err := m.teardown(ctx, name); err != nil {
-			errs = append(errs, fmt.Errorf("network %s: teardown: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -214,14 +271,75 @@ func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, 
 	if err := ensureTap(a.Tap, br); err != nil {
 		return a, fmt.Errorf("network %s: %w", name, err)
 	}
+	if err := m.recordTap(ctx, a.Tap, tapRecord{MAC: mac.String(), NAT: def.NAT != nil}); err != nil {
+		return a, fmt.Errorf("network %s: %w", name, err)
+	}
 	return a, nil
+}
+
+// tapRecord is what TapsFile records of one tap.
+type tapRecord struct {
+	// MAC is the MAC address of the VM's NIC.
+	MAC string `json:"mac"`
+	// NAT is set for a tap on a nat network.
+	NAT bool `json:"nat,omitempty"`
+}
+
+// readTaps reads TapsFile.
+func (m *Manager) readTaps() (map[string]tapRecord, error) {
+	taps := map[string]tapRecord{}
+	if err := readJSON(filepath.Join(m.cfg.Dir, TapsFile), &taps); err != nil {
+		return nil, fmt.Errorf("taps: %w", err)
+	}
+	return taps, nil
+}
+
+// recordTap records tap as r (r.MAC "" removes it) in TapsFile, and loads
+// the tap filter.
+func (m *Manager) recordTap(ctx context.Context, tap string, r tapRecord) error {
+	taps, err := m.readTaps()
+	if err != nil {
+		return err
+	}
+	if taps[tap] != r {
+		if r.MAC == "" {
+			delete(taps, tap)
+		} else {
+			taps[tap] = r
+		}
+		b, err := json.MarshalIndent(taps, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(m.cfg.Dir, 0o700); err != nil {
+			return err
+		}
+		if err := writeFile(filepath.Join(m.cfg.Dir, TapsFile), append(b, '\n')); err != nil {
+			return fmt.Errorf("taps: %w", err)
+		}
+	}
+	return m.ensureNftables(ctx)
 }
 
 // Check reports whether network name (def) can take a VM now, changing
 // nothing: a bridge network's bridge must exist (ErrBridgeMissing when it
-// does not); a nat network is the Manager's to make, so it always can.
+// does not); a nat network's CIDR must not overlap the host's own
+// addresses and routes, nor its bridge's name be a device the Manager did
+// not make (ErrHostConflict when either is).
 func (m *Manager) Check(name string, def desired.Network) error {
 	if def.NAT != nil {
+		prefix, err := def.NAT.Prefix()
+		if err != nil {
+			return err
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if err := m.foreignBridge(name); err != nil {
+			return fmt.Errorf("network %s: %w", name, err)
+		}
+		if err := hostConflict(prefix, m.ours(name)); err != nil {
+			return fmt.Errorf("network %s: %w", name, err)
+		}
 		return nil
 	}
 	if _, err := bridgeLink(def.Bridge); err != nil {
@@ -255,6 +373,9 @@ func (m *Manager) Detach(vm string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := deleteLink(TapName(vm)); err != nil {
+		return fmt.Errorf("detach %s: %w", vm, err)
+	}
+	if err := m.recordTap(context.Background(), TapName(vm), tapRecord{}); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
 	if err := m.release(vm, ""); err != nil {
@@ -312,6 +433,56 @@ func (m *Manager) Address(name string, def desired.Network, mac net.HardwareAddr
 		m.log.WithField("network", name).WithError(err).Debug("neighbour lookup")
 	}
 	return a
+}
+
+// Guard keeps in place what the guests that run rely on from the host,
+// changing nothing of what the networks are: the nftables tables (loaded
+// again when missing or changed, see ensureNftables: their drop rules keep
+// guests off the host and off each other) and the dnsmasq of every nat
+// network this Manager made (one that died is started again with the
+// configuration and leases it had, so guests renew their leases). The
+// agent calls it every tick, the host suspended or not.
+func (m *Manager) Guard(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	errs := []error{m.ensureNftables(ctx)}
+	made, err := m.natNetworks()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, name := range made {
+		if m.dnsmasqPid(name) != 0 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(m.netDir(name), DnsmasqConf)); err != nil {
+			continue // never started: Reconcile renders and starts it
+		}
+		m.log.WithField("network", name).Warn("dnsmasq is gone; starting it again")
+		if err := m.startDnsmasq(ctx, name); err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Holder reports the MAC address of the machine that holds addr on
+// network name (def), as the host's neighbour table knows it: nil when
+// the host does not reach addr directly through the network's bridge (a
+// bridge network whose subnet the host has no address in: nothing can be
+// known) or holds no entry for it yet; ErrHostAddress when addr is the
+// host's own. After the host talked to addr, a
+// MAC other than a VM's says another machine answered at the VM's
+// address.
+func (m *Manager) Holder(name string, def desired.Network, addr netip.Addr) (net.HardwareAddr, error) {
+	bridge := def.Bridge
+	if def.NAT != nil {
+		bridge = desired.NATBridge(name)
+	}
+	mac, err := holder(bridge, addr)
+	if err != nil {
+		return nil, fmt.Errorf("network %s: %w", name, err)
+	}
+	return mac, nil
 }
 
 // natNetworks lists the nat networks this Manager made: the directories

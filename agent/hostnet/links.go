@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/gitfleet/gitfleet/desired"
 )
 
 // bridgeLink returns the bridge device name; ErrBridgeMissing when there
@@ -75,9 +79,18 @@ func ensureBridge(name string, addr netip.Prefix) (netlink.Link, error) {
 
 // ensureTap makes tap name exist (persistent, so it outlives QEMU and the
 // agent), be a port of br and be up. An existing tap is kept, moved to br
-// when it is a port of another bridge.
+// when it is a port of another bridge; a tun device or a multi-queue tap
+// under the name, which QEMU's single-queue tap cannot open (the kernel
+// refuses it), is replaced. The name is the VM's own (TapName) and the
+// VM's QEMU is not running while its tap is ensured.
 func ensureTap(name string, br netlink.Link) error {
 	l, err := netlink.LinkByName(name)
+	if t, ok := l.(*netlink.Tuntap); err == nil && ok && (t.Mode != netlink.TUNTAP_MODE_TAP || t.Flags&netlink.TUNTAP_MULTI_QUEUE != 0) {
+		if err := netlink.LinkDel(l); err != nil {
+			return fmt.Errorf("replace tap %s (a %s device QEMU cannot open): %w", name, t.Mode, err)
+		}
+		l, err = netlink.LinkByName(name)
+	}
 	if isNotFound(err) {
 		t := &netlink.Tuntap{
 			LinkAttrs: netlink.LinkAttrs{Name: name},
@@ -128,7 +141,9 @@ func deleteLink(name string) error {
 }
 
 // neighbourFor finds mac's IPv4 address in the host's neighbour table on
-// bridge: an entry the kernel holds as valid (not failed or incomplete).
+// bridge: of the entries the kernel holds as valid (not failed or
+// incomplete), the one confirmed last. A guest that changed its address
+// leaves entries for the old ones behind, for its MAC, until they expire.
 func neighbourFor(bridge string, mac net.HardwareAddr) (netip.Addr, error) {
 	l, err := netlink.LinkByName(bridge)
 	if err != nil {
@@ -138,13 +153,128 @@ func neighbourFor(bridge string, mac net.HardwareAddr) (netip.Addr, error) {
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("neighbours of %s: %w", bridge, err)
 	}
-	for _, n := range neigh {
+	var best *netlink.Neigh
+	var found netip.Addr
+	for i, n := range neigh {
 		if !bytes.Equal(n.HardwareAddr, mac) || n.State&(unix.NUD_FAILED|unix.NUD_INCOMPLETE) != 0 {
 			continue
 		}
-		if a, ok := netip.AddrFromSlice(n.IP.To4()); ok {
-			return a, nil
+		a, ok := netip.AddrFromSlice(n.IP.To4())
+		if !ok {
+			continue
+		}
+		// Confirmed and Updated count clock ticks ago: smaller is newer.
+		if best == nil || n.Confirmed < best.Confirmed || n.Confirmed == best.Confirmed && n.Updated < best.Updated {
+			best, found = &neigh[i], a
 		}
 	}
-	return netip.Addr{}, nil
+	return found, nil
+}
+
+// hostConflict reports the host's own use of an address of prefix: an
+// address or route of any routing table on a device other than the
+// bridges of the nat networks ours names (the network being made, and the
+// others of the Host spec, which validation keeps apart), or a route
+// without a device (unreachable, blackhole, multipath). Default routes do
+// not count. The bridge of a nat network gets a route for its whole CIDR,
+// more specific than most: a CIDR that overlaps the host's LAN, a VPN's
+// range, its default gateway or a nat network kept only because a VM still
+// uses it would take those addresses from their owner and give them to
+// guests. nil when nothing conflicts; wraps ErrHostConflict when
+// something does.
+func hostConflict(prefix netip.Prefix, ours func(network string) bool) error {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("list the host's routes: %w", err)
+	}
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		dst, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		if !ok || ones == 0 || !netip.PrefixFrom(dst, ones).Overlaps(prefix) {
+			continue
+		}
+		dev := "no device"
+		if r.LinkIndex != 0 {
+			l, err := netlink.LinkByIndex(r.LinkIndex)
+			if err != nil {
+				return fmt.Errorf("route %s: device %d: %w", r.Dst, r.LinkIndex, err)
+			}
+			dev = "device " + l.Attrs().Name
+			if net, ok := strings.CutPrefix(l.Attrs().Name, desired.ManagedBridgePrefix); ok {
+				if _, br := l.(*netlink.Bridge); br {
+					if ours(net) {
+						continue
+					}
+					return fmt.Errorf("%s overlaps nat network %s (bridge %s), which the Host spec no longer names but a VM still uses: choose another CIDR for this network (%w)", prefix, net, l.Attrs().Name, ErrHostConflict)
+				}
+			}
+		}
+		table := strconv.Itoa(r.Table)
+		switch r.Table {
+		case unix.RT_TABLE_MAIN:
+			table = "main"
+		case unix.RT_TABLE_LOCAL:
+			table = "local"
+		}
+		return fmt.Errorf("%s overlaps the host's route to %s (%s, table %s): choose another CIDR for this network, or remove that route (%w)", prefix, netip.PrefixFrom(dst, ones), dev, table, ErrHostConflict)
+	}
+	return nil
+}
+
+// holder is the MAC address the host's neighbour table holds for addr on
+// bridge, when the host reaches addr directly through bridge (its route to
+// addr leaves by bridge without a gateway); nil when it does not (addr is
+// routed elsewhere: the table says nothing of who holds it) or holds no
+// valid entry for addr. ErrHostAddress when addr is the host's own.
+func holder(bridge string, addr netip.Addr) (net.HardwareAddr, error) {
+	l, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return nil, fmt.Errorf("bridge %s: %w", bridge, err)
+	}
+	routes, err := netlink.RouteGet(addr.AsSlice())
+	if err != nil {
+		return nil, fmt.Errorf("route to %s: %w", addr, err)
+	}
+	if len(routes) > 0 && routes[0].Type == unix.RTN_LOCAL {
+		return nil, fmt.Errorf("%s is an address of this host %w", addr, ErrHostAddress)
+	}
+	if len(routes) == 0 || routes[0].LinkIndex != l.Attrs().Index || routes[0].Gw != nil {
+		return nil, nil
+	}
+	neigh, err := netlink.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("neighbours of %s: %w", bridge, err)
+	}
+	for _, n := range neigh {
+		if a, ok := netip.AddrFromSlice(n.IP.To4()); ok && a == addr && n.State&(unix.NUD_FAILED|unix.NUD_INCOMPLETE) == 0 && len(n.HardwareAddr) > 0 {
+			return n.HardwareAddr, nil
+		}
+	}
+	return nil, nil
+}
+
+// bridgePorts counts the devices that are ports of bridge; 0 when the
+// bridge does not exist.
+func bridgePorts(bridge string) (int, error) {
+	l, err := netlink.LinkByName(bridge)
+	if isNotFound(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("bridge %s: %w", bridge, err)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return 0, fmt.Errorf("list devices: %w", err)
+	}
+	n := 0
+	for _, p := range links {
+		if p.Attrs().MasterIndex == l.Attrs().Index {
+			n++
+		}
+	}
+	return n, nil
 }

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/gitfleet/gitfleet/desired"
 )
 
@@ -36,13 +38,22 @@ type natSpec struct {
 func (m *Manager) netDir(name string) string { return filepath.Join(m.cfg.Dir, name) }
 
 // ensureNAT makes nat network name real; see Reconcile. Steps, in order:
+// the host's own addresses and devices (a CIDR that overlaps them, or a
+// device of the bridge's name the Manager did not make, changes nothing),
 // state directory, bridge, forwarding, nftables, dnsmasq.
 func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) error {
 	prefix, err := n.Prefix()
 	if err != nil {
 		return err
 	}
+	if err := hostConflict(prefix, m.ours(name)); err != nil {
+		return err
+	}
 	dir := m.netDir(name)
+	br := desired.NATBridge(name)
+	if err := m.foreignBridge(name); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
@@ -53,7 +64,7 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 		}
 	}
 	gw := n.Gateway()
-	if _, err := ensureBridge(desired.NATBridge(name), netip.PrefixFrom(gw, prefix.Bits())); err != nil {
+	if _, err := ensureBridge(br, netip.PrefixFrom(gw, prefix.Bits())); err != nil {
 		return err
 	}
 	if err := enableForwarding(); err != nil {
@@ -73,6 +84,21 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 		m.log.WithField("network", name).WithField("cidr", prefix).Info("reservations renumbered into the new CIDR")
 	}
 	return m.ensureDnsmasq(ctx, name, prefix, gw, hosts)
+}
+
+// foreignBridge reports (ErrHostConflict) a device of nat network name's
+// bridge name that this Manager did not make: one that exists while the
+// network has no spec file, which the Manager writes before it makes the
+// bridge. The Manager never takes over, readdresses or deletes it.
+func (m *Manager) foreignBridge(name string) error {
+	br := desired.NATBridge(name)
+	if _, err := os.Stat(filepath.Join(m.netDir(name), SpecFile)); !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if _, err := netlink.LinkByName(br); err == nil {
+		return fmt.Errorf("device %s exists and the agent did not make it: rename that device or the network (%w)", br, ErrHostConflict)
+	}
+	return nil
 }
 
 // renumber gives every reservation that is no guest address of prefix (the
@@ -246,7 +272,9 @@ func (m *Manager) renderDnsmasq(name string, prefix netip.Prefix, gw netip.Addr,
 	mask := net.IP(net.CIDRMask(prefix.Bits(), 32)).String()
 	fmt.Fprintf(&b, "dhcp-range=%s,static,%s,1h\n", prefix.Addr(), mask)
 	fmt.Fprintf(&b, "dhcp-option=option:router,%s\ndhcp-option=option:dns-server,%s\n", gw, gw)
-	b.WriteString("dhcp-authoritative\nno-hosts\ndomain-needed\nbogus-priv\n")
+	// quiet-dhcp: dnsmasq logs only its errors, so a guest asking for
+	// leases in a loop writes nothing to the host's disk.
+	b.WriteString("dhcp-authoritative\nno-hosts\ndomain-needed\nbogus-priv\nquiet-dhcp\n")
 	for _, vm := range sortedKeys(hosts) {
 		r := hosts[vm]
 		fmt.Fprintf(&b, "dhcp-host=%s,%s,%s\n", r.MAC, r.Addr, vm)
@@ -276,6 +304,13 @@ func (m *Manager) ensureDnsmasq(ctx context.Context, name string, prefix netip.P
 			return fmt.Errorf("dnsmasq config: %w", err)
 		}
 	}
+	return m.startDnsmasq(ctx, name)
+}
+
+// startDnsmasq starts nat network name's dnsmasq with the configuration
+// file it has, and waits (up to 10 s) for its pidfile.
+func (m *Manager) startDnsmasq(ctx context.Context, name string) error {
+	conf := filepath.Join(m.netDir(name), DnsmasqConf)
 	os.Remove(filepath.Join(m.netDir(name), DnsmasqPid))
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

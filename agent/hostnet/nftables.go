@@ -13,9 +13,51 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 )
 
-// NftTable is the nftables table the Manager owns ("inet gitfleet"). Only
-// the Manager writes it; it is replaced whole on every change.
+// NftTable is the name of the nftables tables the Manager owns: "inet
+// gitfleet" (the nat networks) and "bridge gitfleet" (its taps). Only the
+// Manager writes them; they are replaced whole on every change.
 const NftTable = "gitfleet"
+
+// renderTapFilter is the "bridge gitfleet" table for the taps the Manager
+// made, replacing the table as renderNftables does: a frame a guest sends
+// with a source MAC other than the one its NIC was given is dropped where
+// it enters the bridge, so no guest speaks with another's MAC (and the
+// host's neighbour table, which addresses and readiness trust, holds a
+// VM's MAC only for that VM's traffic); and a guest of a nat network sends
+// no DHCP server's answer (dnsmasq is its network's DHCP server: a guest
+// answering first would give the others another address, which status
+// would not show, and itself as their gateway). A guest on a bridge
+// network may be the LAN's DHCP server.
+func renderTapFilter(taps map[string]tapRecord) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table bridge %s\ndelete table bridge %s\n", NftTable, NftTable)
+	if len(taps) == 0 {
+		return b.String()
+	}
+	fmt.Fprintf(&b, "table bridge %s {\n", NftTable)
+	b.WriteString("\tchain prerouting {\n\t\ttype filter hook prerouting priority filter; policy accept;\n")
+	for _, tap := range sortedKeys(taps) {
+		fmt.Fprintf(&b, "\t\tiifname %q ether saddr != %s drop\n", tap, taps[tap].MAC)
+		if taps[tap].NAT {
+			fmt.Fprintf(&b, "\t\tiifname %q udp sport 67 drop\n", tap)
+		}
+	}
+	b.WriteString("\t}\n}\n")
+	return b.String()
+}
+
+// gateway is the bridge address of the nat network with CIDR cidr (which
+// the Manager checked when it made the network).
+func gateway(cidr string) string {
+	return desired.NAT{CIDR: cidr}.Gateway().String()
+}
+
+// LinkLocal4 is IPv4's link-local range. Guests of nat networks reach
+// none of it: a link-local address is never routed, so all a guest finds
+// there through the host is the host's own link, where a cloud's metadata
+// service (169.254.169.254) answers the host's (masqueraded) requests with
+// the host's credentials. (IPv6 from a nat network is not forwarded.)
+const LinkLocal4 = "169.254.0.0/16"
 
 // renderNftables is the whole "inet gitfleet" table for the nat networks
 // nets (name -> CIDR), as one nft script that replaces the table
@@ -23,8 +65,10 @@ const NftTable = "gitfleet"
 // does not exist yet, and nft applies a script as one transaction.
 //
 // Per network: guests reach the host itself only for DHCP, DNS and ping
-// (input); the host's replies and the guests' own traffic are forwarded,
-// nothing from outside starts a connection to a guest (forward); what
+// at the bridge address (DHCP's broadcasts too), and nothing else reaches
+// the bridge address but the host itself (input); the host's replies and the guests' own traffic, link-local
+// destinations aside, are forwarded, nothing from outside — another nat
+// network's guests included — starts a connection to a guest (forward); what
 // leaves the network is masqueraded (postrouting).
 func renderNftables(nets map[string]string) []byte {
 	var b strings.Builder
@@ -35,21 +79,35 @@ func renderNftables(nets map[string]string) []byte {
 	fmt.Fprintf(&b, "table inet %s {\n", NftTable)
 	b.WriteString("\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n")
 	for _, name := range sortedKeys(nets) {
-		br := desired.NATBridge(name)
+		br, gw := desired.NATBridge(name), gateway(nets[name])
 		fmt.Fprintf(&b, "\t\tiifname %q ct state established,related accept\n", br)
-		fmt.Fprintf(&b, "\t\tiifname %q udp dport { 53, 67 } accept\n", br)
-		fmt.Fprintf(&b, "\t\tiifname %q tcp dport 53 accept\n", br)
-		fmt.Fprintf(&b, "\t\tiifname %q icmp type echo-request accept\n", br)
+		fmt.Fprintf(&b, "\t\tiifname %q ip daddr { %s, 255.255.255.255 } udp dport 67 accept\n", br, gw)
+		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s udp dport 53 accept\n", br, gw)
+		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s tcp dport 53 accept\n", br, gw)
+		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s icmp type echo-request accept\n", br, gw)
 		fmt.Fprintf(&b, "\t\tiifname %q drop\n", br)
+		// The bridge address serves its guests and the host alone.
+		fmt.Fprintf(&b, "\t\tiifname != { %q, \"lo\" } ip daddr %s drop\n", br, gw)
 	}
 	b.WriteString("\t}\n")
 	b.WriteString("\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n")
+	// Into a network first, for every network, then out of one: a
+	// guest's own traffic, accepted on the way out, must not be accepted
+	// into another nat network before that network's rules see it.
+	// Traffic between the guests of one network is bridged, and passes
+	// here only where br_netfilter is loaded (Docker loads it): it is
+	// accepted as it is without.
 	for _, name := range sortedKeys(nets) {
 		br := desired.NATBridge(name)
-		fmt.Fprintf(&b, "\t\tiifname %q ip saddr %s accept\n", br, nets[name])
+		fmt.Fprintf(&b, "\t\tiifname %q oifname %q accept\n", br, br)
 		fmt.Fprintf(&b, "\t\toifname %q ct state established,related accept\n", br)
-		fmt.Fprintf(&b, "\t\tiifname %q drop\n", br)
 		fmt.Fprintf(&b, "\t\toifname %q drop\n", br)
+	}
+	for _, name := range sortedKeys(nets) {
+		br := desired.NATBridge(name)
+		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s drop\n", br, LinkLocal4)
+		fmt.Fprintf(&b, "\t\tiifname %q ip saddr %s accept\n", br, nets[name])
+		fmt.Fprintf(&b, "\t\tiifname %q drop\n", br)
 	}
 	b.WriteString("\t}\n")
 	b.WriteString("\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
@@ -60,9 +118,14 @@ func renderNftables(nets map[string]string) []byte {
 	return []byte(b.String())
 }
 
-// ensureNftables loads the table for every nat network this Manager made
-// (their spec files) when it differs from the one last loaded, or when the
-// kernel has no such table (a host reboot, a flush).
+// ensureNftables loads the tables for every nat network this Manager made
+// (their spec files) and every tap it made (TapsFile) when they differ
+// from the ones last loaded, or when the kernel's tables are not the ones
+// loaded then: missing (a host reboot, a
+// flush) or changed by anyone else (a chain flushed, a rule added or
+// removed), since its drop rules are what keeps guests off the host. The
+// kernel's listing of the table as loaded is kept beside the script
+// (NftablesListFile) to compare with.
 func (m *Manager) ensureNftables(ctx context.Context) error {
 	made, err := m.natNetworks()
 	if err != nil {
@@ -76,13 +139,21 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 		}
 		nets[name] = s.CIDR
 	}
-	want := renderNftables(nets)
-	file := filepath.Join(m.cfg.Dir, NftablesFile)
+	taps, err := m.readTaps()
+	if err != nil {
+		return err
+	}
+	want := append(renderNftables(nets), renderTapFilter(taps)...)
+	file, listFile := filepath.Join(m.cfg.Dir, NftablesFile), filepath.Join(m.cfg.Dir, NftablesListFile)
 	have, _ := os.ReadFile(file)
+	loaded, _ := os.ReadFile(listFile)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	present := exec.CommandContext(ctx, m.cfg.Nft, "list", "table", "inet", NftTable).Run() == nil
-	if bytes.Equal(have, want) && present == (len(nets) > 0) {
+	live := m.listNftables(ctx)
+	switch {
+	case len(nets) == 0 && len(taps) == 0 && len(live) == 0:
+		return nil // nothing to load, nothing loaded
+	case bytes.Equal(have, want) && bytes.Equal(live, loaded):
 		return nil
 	}
 	cmd := exec.CommandContext(ctx, m.cfg.Nft, "-f", "-")
@@ -93,9 +164,30 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 	if err := os.MkdirAll(m.cfg.Dir, 0o700); err != nil {
 		return err
 	}
+	if err := writeFile(listFile, m.listNftables(ctx)); err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
 	if err := writeFile(file, want); err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	m.log.WithField("networks", len(nets)).Info("nftables table loaded")
+	log := m.log.WithField("networks", len(nets)).WithField("taps", len(taps))
+	if bytes.Equal(have, want) {
+		log.Warn("nftables tables changed by someone else; loaded again")
+		return nil
+	}
+	log.Info("nftables tables loaded")
 	return nil
+}
+
+// listNftables is the kernel's listing of both tables ("" for a missing
+// one).
+func (m *Manager) listNftables(ctx context.Context) []byte {
+	var b []byte
+	for _, family := range []string{"inet", "bridge"} {
+		out, err := exec.CommandContext(ctx, m.cfg.Nft, "list", "table", family, NftTable).Output()
+		if err == nil {
+			b = append(b, out...)
+		}
+	}
+	return b
 }

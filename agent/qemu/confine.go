@@ -1,13 +1,16 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // DefaultQEMUUser is the system user the agent runs QEMU as unless its
@@ -80,10 +83,22 @@ func (u *qemuUser) own(dir string) error {
 // guardTable is the nftables table that keeps guests off the host.
 func guardTable(uid int) string { return "gitfleet_guard_" + strconv.Itoa(uid) }
 
+// Link-local ranges, and the IPv6 address of the EC2 metadata service:
+// guests reach none of them through the host. A link-local address is
+// never routed, so all a guest finds there through the host is the host's
+// own link, where a cloud's metadata service (169.254.169.254) answers
+// the host's requests with the host's credentials.
+const (
+	LinkLocal4   = "169.254.0.0/16"
+	LinkLocal6   = "fe80::/10"
+	MetadataAWS6 = "fd00:ec2::254"
+)
+
 // guardRules is the nftables script of installGuard: new connections that
 // QEMU's user opens to any address of this host (loopback included) are
 // refused, except DNS, which user-mode networking relays to the host's
-// resolver. Connections to the guest's forwarded port come in to QEMU and
+// resolver; so are those to link-local addresses and the metadata
+// service (LinkLocal4 and the rest). Connections to the guest's forwarded port come in to QEMU and
 // are established, so the guest's own forward keeps working, and so do
 // connections to any other host.
 func guardRules(uid int) string {
@@ -97,6 +112,8 @@ func guardRules(uid int) string {
 		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local udp dport 53 accept",
 		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local tcp dport 53 accept",
 		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local reject",
+		"    meta skuid " + strconv.Itoa(uid) + " ct state new ip daddr " + LinkLocal4 + " reject",
+		"    meta skuid " + strconv.Itoa(uid) + " ct state new ip6 daddr { " + LinkLocal6 + ", " + MetadataAWS6 + " } reject",
 		"  }",
 		"}",
 	}, "\n") + "\n"
@@ -113,5 +130,49 @@ func installGuard(ctx context.Context, nft string, uid int) error {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("install the guests' loopback guard (nftables table inet %s): %v: %s", guardTable(uid), err, trimTail(out, 1024))
 	}
+	return nil
+}
+
+// GuardHost implements agent.HostGuard: the guests' loopback guard (with a
+// QEMU user) is loaded again when missing or changed since it was loaded,
+// and so are the host networks' tables (with host networking), whose
+// dead dnsmasq processes are started again (hostnet.Manager.Guard).
+func (p *Provisioner) GuardHost(ctx context.Context) error {
+	var errs []error
+	if p.user != nil {
+		errs = append(errs, p.ensureGuard(ctx, false))
+	}
+	if p.cfg.Networks != nil {
+		errs = append(errs, p.cfg.Networks.Guard(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// ensureGuard loads the loopback guard (installGuard) when force is set,
+// or when the kernel's listing of its table differs from the one taken
+// when it was last loaded (missing, flushed, a rule added), and keeps the
+// new listing.
+func (p *Provisioner) ensureGuard(ctx context.Context, force bool) error {
+	p.guardMu.Lock()
+	defer p.guardMu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	list := func() []byte {
+		out, err := exec.CommandContext(ctx, p.cfg.NFT, "list", "table", "inet", guardTable(p.user.uid)).Output()
+		if err != nil {
+			return nil
+		}
+		return out
+	}
+	if !force && p.guardList != nil && bytes.Equal(list(), p.guardList) {
+		return nil
+	}
+	if err := installGuard(ctx, p.cfg.NFT, p.user.uid); err != nil {
+		return err
+	}
+	if !force && p.guardList != nil {
+		p.log.WithField("table", guardTable(p.user.uid)).Warn("the guests' loopback guard was removed or changed; loaded again")
+	}
+	p.guardList = list()
 	return nil
 }

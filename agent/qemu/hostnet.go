@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,6 +40,13 @@ type HostNetworks interface {
 	// Reserve records VM vm's address on nat network name (def) without
 	// touching the network; see hostnet.Manager.Reserve.
 	Reserve(name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) error
+	// Holder is the MAC address of the machine holding addr on network
+	// name, as the host's neighbour table knows it; nil when that cannot
+	// be known. See hostnet.Manager.Holder.
+	Holder(name string, def desired.Network, addr netip.Addr) (net.HardwareAddr, error)
+	// Guard keeps the host's side of running guests in place (nftables
+	// tables, dnsmasq); see hostnet.Manager.Guard.
+	Guard(ctx context.Context) error
 	// Reconcile makes the host's networks match nets; see
 	// agent.NetworkReconciler.
 	Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error
@@ -60,7 +68,8 @@ type netRecord struct {
 
 // ReconcileNetworks hands the host's networks to Config.Networks, first
 // reserving each member's address on its nat network (the MAC and static
-// address its Boot would attach with), so that the network's dnsmasq
+// address its Boot would attach with; static addresses before picked
+// ones), so that the network's dnsmasq
 // starts once, with every reservation, instead of restarting as each VM
 // attaches. Without Config.Networks, a host that names networks is an
 // error (VMs on them cannot boot).
@@ -72,7 +81,17 @@ func (p *Provisioner) ReconcileNetworks(ctx context.Context, nets map[string]des
 		return nil
 	}
 	var errs []error
-	for _, m := range members {
+	// Static addresses first: a VM picked a free address must not take
+	// the one another VM of the same snapshot names as its static one.
+	ordered := make([]agent.NetworkMember, 0, len(members))
+	for _, static := range []bool{true, false} {
+		for _, m := range members {
+			if def, ok := nets[m.Network]; ok && staticOn(def, m.Static).IsValid() == static {
+				ordered = append(ordered, m)
+			}
+		}
+	}
+	for _, m := range ordered {
 		def, ok := nets[m.Network]
 		if !ok || def.NAT == nil {
 			continue
@@ -170,10 +189,11 @@ func (p *Provisioner) checkNetwork(m agent.Machine) error {
 	return waitForNetwork(p.cfg.Networks.Check(m.Spec.Network, *m.Network))
 }
 
-// waitForNetwork marks a missing bridge as agent.ErrNetworkMissing, which
-// the engine waits for instead of spending a create attempt.
+// waitForNetwork marks a missing bridge, and a nat network whose CIDR the
+// host's own routes use, as agent.ErrNetworkMissing, which the engine
+// waits for instead of spending a create attempt.
 func waitForNetwork(err error) error {
-	if errors.Is(err, hostnet.ErrBridgeMissing) {
+	if errors.Is(err, hostnet.ErrBridgeMissing) || errors.Is(err, hostnet.ErrHostConflict) {
 		return fmt.Errorf("%w: %w", err, agent.ErrNetworkMissing)
 	}
 	return err
@@ -273,4 +293,48 @@ func (p *Provisioner) staticSSH(st *vmState) string {
 		return netip.AddrPortFrom(a, 22).String()
 	}
 	return ""
+}
+
+// errAnotherHolder: the SSH banner read at a VM's address came from a
+// machine whose MAC is not the VM's, or from the host itself: another
+// guest, LAN machine or the host holds the address (a static address the
+// guest never took, or one taken from it). The probe counts it as the guest refusing: the guest did not
+// answer.
+var errAnotherHolder = errors.New("answered by another machine")
+
+// heldByGuest checks that the machine that answered at addr ("ip:port")
+// on the VM's host network is the VM: the host's neighbour table holds
+// the VM's MAC for that address. It is nil for a VM on user-mode
+// networking (its forward is its own), and when the host does not reach
+// the address directly through the network's bridge (nothing can be
+// known); it wraps errNoAddress when the table cannot be read or holds no
+// entry for the address, so the answer counts for nothing either way.
+func (p *Provisioner) heldByGuest(st *vmState, addr string) error {
+	r, ok := p.netRecord(st)
+	if !ok || p.cfg.Networks == nil {
+		return nil
+	}
+	if r == nil {
+		return fmt.Errorf("network record unreadable: %w", errNoAddress)
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return err
+	}
+	want, err := net.ParseMAC(r.MAC)
+	if err != nil {
+		return err
+	}
+	mac, err := p.cfg.Networks.Holder(r.Network, r.Def, ap.Addr())
+	switch {
+	case errors.Is(err, hostnet.ErrHostAddress):
+		return fmt.Errorf("%w: %w", errAnotherHolder, err)
+	case err != nil:
+		return fmt.Errorf("%s: %w (%w)", ap.Addr(), err, errNoAddress)
+	case mac == nil:
+		return nil
+	case !bytes.Equal(mac, want):
+		return fmt.Errorf("%s: %w (MAC %s), not the guest (MAC %s)", ap.Addr(), errAnotherHolder, mac, want)
+	}
+	return nil
 }

@@ -172,6 +172,11 @@ type Provisioner struct {
 	// process, before the first create's fetch: every create pass runs
 	// Preflight, and a later sweep would delete downloads in flight.
 	sweepOnce sync.Once
+
+	// guardList is the kernel's listing of the loopback guard's table as
+	// last loaded (nil before), to find it removed or changed.
+	guardMu   sync.Mutex
+	guardList []byte
 }
 
 // vmState is what the Provisioner remembers about one VM in memory; all of
@@ -199,7 +204,10 @@ type vmState struct {
 	guestAddr guestAddr
 }
 
-var _ agent.Provisioner = (*Provisioner)(nil)
+var (
+	_ agent.Provisioner = (*Provisioner)(nil)
+	_ agent.HostGuard   = (*Provisioner)(nil)
+)
 
 // New checks cfg and returns a Provisioner. It resolves the binaries and
 // the accelerator but starts nothing; Preflight checks the host further.
@@ -324,7 +332,7 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 		}
 	})
 	if p.user != nil {
-		if err := installGuard(ctx, p.cfg.NFT, p.user.uid); err != nil {
+		if err := p.ensureGuard(ctx, true); err != nil {
 			return err
 		}
 	} else {

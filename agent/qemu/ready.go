@@ -305,7 +305,10 @@ var errNoAddress = errors.New("no ssh address yet")
 // the address Address reports (its forward on 127.0.0.1 under user-mode
 // networking), or, on a network where no address is observed yet, at its
 // static address. A forward accepts connections before the guest listens
-// and then closes them, so only the "SSH-" line counts.
+// and then closes them, so only the "SSH-" line counts. On a host network
+// the banner counts only when the host's neighbour table shows the VM's
+// MAC at that address (heldByGuest): another machine that holds the
+// address is not the guest answering.
 func (p *Provisioner) probeSSH(ctx context.Context, st *vmState) (string, error) {
 	addr := p.Address(st.name).SSH
 	if addr == "" {
@@ -314,7 +317,10 @@ func (p *Provisioner) probeSSH(ctx context.Context, st *vmState) (string, error)
 	if addr == "" {
 		return "", errNoAddress
 	}
-	return addr, sshBanner(ctx, addr)
+	if err := sshBanner(ctx, addr); err != nil {
+		return addr, err
+	}
+	return addr, p.heldByGuest(st, addr)
 }
 
 // sshBanner dials addr and reads its first line, which must start with
