@@ -7,11 +7,9 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
-	"syscall"
 
+	"github.com/gitfleet/gitfleet/internal/secretfile"
 	"github.com/hiddeco/sshsig"
 	"golang.org/x/crypto/ssh"
 )
@@ -45,33 +43,9 @@ const maxKeyFile = 64 << 10
 // with a passphrase (a daemon has no one to ask). Errors name the file and
 // never quote the key.
 func LoadCommitSigner(path string) (*CommitSigner, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	data, err := secretfile.Read(path, "signing key", "others can read the private key", maxKeyFile)
 	if err != nil {
-		if errors.Is(err, syscall.ELOOP) {
-			return nil, fmt.Errorf("signing key %s is a symbolic link: name the file itself", path)
-		}
-		return nil, fmt.Errorf("signing key: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("signing key: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("signing key %s is not a regular file", path)
-	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("signing key %s has mode %04o: others can read the private key; chmod 600 %s", path, perm, path)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Getuid() {
-		return nil, fmt.Errorf("signing key %s is owned by uid %d, neither root nor this process's user (%d)", path, st.Uid, os.Getuid())
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("signing key %s: %w", path, err)
-	}
-	if len(data) > maxKeyFile {
-		return nil, fmt.Errorf("signing key %s is larger than %d bytes: not a private key file", path, maxKeyFile)
+		return nil, err
 	}
 	signer, err := ssh.ParsePrivateKey(data)
 	var missing *ssh.PassphraseMissingError

@@ -26,12 +26,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
-	"syscall"
 
 	"filippo.io/age"
 	"filippo.io/age/armor"
+	"github.com/gitfleet/gitfleet/internal/secretfile"
 )
 
 // ArmorHeader starts every armored age file Seal writes and Open reads.
@@ -159,28 +158,11 @@ func NewKeyring(ids ...age.Identity) (*Keyring, error) {
 // process's user or by root: anyone else who can read it can read every
 // VM's user-data. Errors name the file and never quote a key.
 func LoadKeyring(path string) (*Keyring, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	data, err := secretfile.Read(path, "age identity", "others can read the key that opens every VM's user-data", 1<<20)
 	if err != nil {
-		if errors.Is(err, syscall.ELOOP) {
-			return nil, fmt.Errorf("age identity %s is a symbolic link: name the file itself", path)
-		}
-		return nil, fmt.Errorf("age identity: %w", err)
+		return nil, err
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("age identity: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("age identity %s is not a regular file", path)
-	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("age identity %s has mode %04o: others can read the key that opens every VM's user-data; chmod 600 %s", path, perm, path)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Getuid() {
-		return nil, fmt.Errorf("age identity %s is owned by uid %d, neither root nor this process's user (%d)", path, st.Uid, os.Getuid())
-	}
-	ids, err := age.ParseIdentities(io.LimitReader(f, 1<<20))
+	ids, err := age.ParseIdentities(bytes.NewReader(data))
 	if err != nil {
 		// age's parse errors name a line, never its content.
 		return nil, fmt.Errorf("age identity %s: %v", path, err)
