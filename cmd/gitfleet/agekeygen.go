@@ -1,10 +1,8 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -45,21 +43,8 @@ func runAgeKeygen(w io.Writer, out, host string) error {
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
-	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return &exitError{code: 1, err: fmt.Errorf("%s exists; it is never overwritten (append a new key to rotate: see gitfleet age-keygen --help)", out)}
-		}
-		return &exitError{code: 1, err: err}
-	}
-	if _, err := io.WriteString(f, file); err != nil {
-		f.Close()
-		os.Remove(out)
-		return &exitError{code: 1, err: err}
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(out)
-		return &exitError{code: 1, err: err}
+	if err := writeNew(out, []byte(file), 0o600, "append a new key to rotate: see gitfleet age-keygen --help"); err != nil {
+		return err
 	}
 	fmt.Fprintf(w, `Public key: %[1]s
 Identity written to %[2]s (mode 0600; back it up: without it this host cannot open its VMs' user-data).

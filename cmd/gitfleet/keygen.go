@@ -77,10 +77,10 @@ func runKeygen(w io.Writer, out, host string) error {
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
-	if err := writeNew(out, private, 0o600); err != nil {
+	if err := writeNew(out, private, 0o600, "give another --out"); err != nil {
 		return err
 	}
-	if err := writeNew(out+".pub", []byte(public+"\n"), 0o644); err != nil {
+	if err := writeNew(out+".pub", []byte(public+"\n"), 0o644, "give another --out"); err != nil {
 		os.Remove(out)
 		return err
 	}
@@ -118,12 +118,13 @@ func runKeygen(w io.Writer, out, host string) error {
 }
 
 // writeNew writes data to a new file path with mode perm; an existing file
-// is an error, never overwritten.
-func writeNew(path string, data []byte, perm os.FileMode) error {
+// is an error, never overwritten, and hint says what to do instead. A
+// failed write leaves no file behind.
+func writeNew(path string, data []byte, perm os.FileMode, hint string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return &exitError{code: 1, err: fmt.Errorf("%s exists; a key file is never overwritten (give another --out)", path)}
+			return &exitError{code: 1, err: fmt.Errorf("%s exists; it is never overwritten (%s)", path, hint)}
 		}
 		return &exitError{code: 1, err: err}
 	}
