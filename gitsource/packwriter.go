@@ -129,7 +129,7 @@ func (w *packWriter) install() error {
 	}
 	idx, sum, err := indexPack(ctx, w.f, w.n, spillLimit(w.st.maxSpill, w.n))
 	if err != nil {
-		return fmt.Errorf("index fetched pack: %w", err)
+		return fmt.Errorf("index fetched pack: %w", packFault(err))
 	}
 	idxTmp, err := os.Create(w.f.Name() + ".idx")
 	if err != nil {
@@ -175,14 +175,30 @@ type packEntry struct {
 	depth    int
 }
 
-// ErrPackRefused: a fetched pack is well-formed enough to read but
-// gitsource will not index it: a delta chain deeper than git's own bound,
-// deltas whose bases form a cycle or are missing from the pack, or deltas
-// that expand past the spill limit (a delta bomb; see Options.MaxSpill).
+// ErrPackRefused: gitsource will not index a fetched pack: it is
+// malformed (a bad checksum, zlib stream, declared size or delta, an
+// object count that lies, an end that comes early), or it has a delta
+// chain deeper than git's own bound, deltas whose bases form a cycle or
+// are missing from the pack, or deltas that expand past the spill limit
+// (a delta bomb; see Options.MaxSpill).
 // The error names the object (its offset in the pack). It is a fault of
 // the remote's pack, not of the cache: nothing is repaired, nothing in the
 // cache changed, and the pack's temporary files are removed.
 var ErrPackRefused = errors.New("fetched pack refused")
+
+// packFault is an error of indexing a fetched pack as what it is: the
+// context's end and a filesystem that refuses writes stay what they are;
+// anything else (a bad checksum, zlib stream, size or delta, a pack that
+// ends early) is a fault of the pack the remote sent, ErrPackRefused, and
+// never cache damage: the pack was only ever in a temporary file, so
+// repairing the cache (cloning it afresh, throwing away what it held)
+// would mend nothing and fetch the same pack again.
+func packFault(err error) error {
+	if errors.Is(err, ErrPackRefused) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || isUnwritable(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrPackRefused, err)
+}
 
 // DefaultMaxSpill is the floor of the spill limit when Options.MaxSpill
 // is zero: indexing or reading one pack may hold at most

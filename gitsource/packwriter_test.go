@@ -81,7 +81,8 @@ func mustRead(t *testing.T, r *Repo, commit, p string) []byte {
 // A pack of ref-deltas (a base named by hash, as git sends to a client
 // that does not ask for ofs-delta) gets the index git index-pack makes
 // for it; a pack cut short or with a wrong checksum is refused as
-// malformed and leaves nothing in the cache.
+// malformed, the remote's fault and not cache damage (cloning the cache
+// afresh would fetch the same pack), and leaves nothing in the cache.
 func TestPackWriterRefDeltasAndDamage(t *testing.T) {
 	ctx := context.Background()
 	dir := deltaRepo(t)
@@ -117,7 +118,9 @@ func TestPackWriterRefDeltasAndDamage(t *testing.T) {
 	} {
 		err := write(bad)
 		require.Error(t, err, name)
-		require.True(t, repairable(err), "%s: %v is reported as cache damage", name, err)
+		require.ErrorIs(t, err, ErrPackRefused, name)
+		require.ErrorIs(t, err, packfile.ErrMalformedPackFile, name)
+		require.False(t, repairable(err), "%s: %v is not reported as cache damage", name, err)
 		left, _ := filepath.Glob(filepath.Join(cache, "objects", "pack", "*"))
 		require.Empty(t, left, name)
 	}

@@ -1,0 +1,90 @@
+package gitsource
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/binary"
+	"testing"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/stretchr/testify/require"
+)
+
+// Hostile packs the indexer must refuse as the remote's fault, leaving
+// nothing in the cache: ofs-deltas on no earlier object, deltas whose
+// declared sizes lie, copies past the base, object counts that lie, and
+// a cycle through an ofs-delta and a ref-delta.
+func TestHostilePacksRefused(t *testing.T) {
+	base := []byte("0123456789abcdef")
+	bh := plumbing.ComputeHash(plumbing.BlobObject, base)
+	lies := func(src, dst uint64, instr ...byte) []byte {
+		return append(binary.AppendUvarint(binary.AppendUvarint(nil, src), dst), instr...)
+	}
+	big := make([]byte, 2<<20)
+	cases := map[string][]byte{
+		"result larger than declared":  craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: base}, {ofs: 1, data: lies(16, 4, 0x90|0x80, 0, 8)}}),
+		"result smaller than declared": craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: base}, {ofs: 1, data: lies(16, 40, 0x91, 0, 8)}}),
+		"copy past the base's end":     craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: base}, {ofs: 1, data: lies(16, 8, 0x91, 12, 8)}}),
+		"wrong base size":              craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: base}, {ofs: 1, data: lies(15, 8, 0x91, 0, 8)}}),
+		"large: result smaller":        craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: big}, {ofs: 1, data: lies(2<<20, 3<<20, 0x80)}}),
+		"large: copy past the end":     craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: big}, {ofs: 1, data: lies(2<<20, 0x10000, 0x80|0x08, 0xff)}}),
+		"large: trailing instructions": craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: big}, {ofs: 1, data: lies(2<<20, 2<<20, repeat(0x80, 33)...)}}),
+		"ofs and ref cycle": craftPack(t, []craftObject{
+			{typ: plumbing.BlobObject, data: base},
+			{ref: plumbing.ComputeHash(plumbing.BlobObject, []byte("0123456789abcdefX")), data: deltaOf(17, 16, "")},
+			{ofs: 1, data: deltaOf(16, 16, "X")},
+		}),
+		"ref to itself": craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: base}, {ref: plumbing.ComputeHash(plumbing.BlobObject, []byte("zz")), data: deltaOf(2, 2, "")}}),
+	}
+	_ = bh
+	for name, pack := range cases {
+		_, st, cache := openEmptyCache(t, Options{})
+		err := storePack(context.Background(), st, pack)
+		t.Logf("%s: %v", name, err)
+		require.ErrorIs(t, err, ErrPackRefused, name)
+		require.False(t, repairable(err), "%s: the remote's fault, not cache damage", name)
+		requireNothingLeft(t, cache)
+	}
+	// Cut short, and an ofs-delta whose offset points at itself or
+	// before the pack (its offset bytes edited in a good pack).
+	good := craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: base}, {ofs: 1, data: deltaOf(16, 16, "X")}})
+	at := 12 + len(craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: base}})) - 32 // the delta's header
+	self := append([]byte(nil), good...)
+	self[at+1] = 0 // offset 0: itself
+	outside := append([]byte(nil), good...)
+	outside[at+1] = 0x7f // 127 bytes back: before the pack
+	for name, p := range map[string][]byte{"cut short": good[:len(good)/2], "ofs-delta on itself": resum(self), "ofs-delta before the pack": resum(outside)} {
+		_, st, cache := openEmptyCache(t, Options{})
+		err := storePack(context.Background(), st, p)
+		t.Logf("%s: %v", name, err)
+		require.ErrorIs(t, err, ErrPackRefused, name)
+		require.False(t, repairable(err), "%s: the remote's fault, not cache damage", name)
+		requireNothingLeft(t, cache)
+	}
+	// Object counts that lie.
+	pack := craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: base}, {typ: plumbing.BlobObject, data: []byte("x")}})
+	for name, n := range map[string]uint32{"more": 3, "fewer": 1, "huge": 1 << 31} {
+		p := append([]byte(nil), pack...)
+		binary.BigEndian.PutUint32(p[8:], n)
+		_, st, cache := openEmptyCache(t, Options{})
+		err := storePack(context.Background(), st, p)
+		t.Logf("count %s: %v", name, err)
+		require.ErrorIs(t, err, ErrPackRefused, name)
+		require.False(t, repairable(err), "count %s: the remote's fault, not cache damage", name)
+		requireNothingLeft(t, cache)
+	}
+}
+
+// resum gives an edited pack its trailing SHA-1 again.
+func resum(p []byte) []byte {
+	sum := sha1.Sum(p[:len(p)-20])
+	return append(p[:len(p)-20:len(p)-20], sum[:]...)
+}
+
+func repeat(b byte, n int) []byte {
+	out := make([]byte, n)
+	for i := range out {
+		out[i] = b
+	}
+	return out
+}
