@@ -76,3 +76,34 @@ func TestShallowLinesBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal([]byte(small+"PACK..."), got))
 }
+
+// go-git reads on past an ACK or NAK in the shallow section (it skips
+// lines it does not know there) and holds every ACK line that follows:
+// neither ends the bound. Lines flooded after a NAK, after a flush, or as
+// ACKs fail with ErrTooManyShallows; a well-formed answer with its pack in
+// side-band packets, or raw, passes byte for byte.
+func TestShallowBoundNotEndedByACKOrNAK(t *testing.T) {
+	defer func(n int) { maxShallowLines = n }(maxShallowLines)
+	maxShallowLines = 100
+	var shallows, acks strings.Builder
+	for i := 0; i < 200; i++ {
+		shallows.WriteString(pkt(fmt.Sprintf("shallow %040x\n", i)))
+		acks.WriteString(pkt(fmt.Sprintf("ACK %040x\n", i)))
+	}
+	for name, answer := range map[string]string{
+		"shallow lines after a NAK":   pkt("NAK\n") + shallows.String() + "0000",
+		"shallow lines after a flush": "0000" + shallows.String() + "0000",
+		"an ACK flood":                "0000" + acks.String() + "PACK",
+	} {
+		_, err := io.ReadAll(limitShallow(strings.NewReader(answer)))
+		require.ErrorIs(t, err, ErrTooManyShallows, name)
+	}
+	for name, answer := range map[string]string{
+		"side-band pack": pkt("shallow "+strings.Repeat("a", 40)+"\n") + "0000" + pkt("NAK\n") + pkt("\x01PACK"+strings.Repeat("x", 1000)) + "0000",
+		"raw pack":       "0000" + pkt("NAK\n") + "PACK" + strings.Repeat("\x00", 1000),
+	} {
+		got, err := io.ReadAll(limitShallow(strings.NewReader(answer)))
+		require.NoError(t, err, name)
+		require.Equal(t, answer, string(got), name)
+	}
+}
