@@ -10,7 +10,8 @@
 // dies, however it dies. Sweep removes the directories under a prefix
 // whose marker is no longer locked, and nothing else: not a directory
 // without the marker, not one of another user, not a symbolic link, not
-// one whose process still runs.
+// one whose marker is no regular file (a named pipe, a device), not one
+// whose process still runs.
 //
 //	dir, done, err := scratchdir.Make("gitfleet-controller-")
 //	defer done()
@@ -108,7 +109,13 @@ func isStale(dir string) (bool, error) {
 	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Getuid() {
 		return false, nil
 	}
-	fd, err := syscall.Open(filepath.Join(dir, Marker), syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	// Only a regular file is a marker: opening a named pipe waits for a
+	// writer, a device may act on being opened. O_NONBLOCK keeps a pipe
+	// put in its place since the Lstat from waiting too.
+	if mfi, err := os.Lstat(filepath.Join(dir, Marker)); err != nil || !mfi.Mode().IsRegular() {
+		return false, nil
+	}
+	fd, err := syscall.Open(filepath.Join(dir, Marker), syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		// No marker: not ours (or made before markers existed).
 		return false, nil

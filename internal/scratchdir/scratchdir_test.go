@@ -6,7 +6,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -95,4 +97,33 @@ func TestSweepRemovesOnlyWhatKilledProcessesLeft(t *testing.T) {
 
 	done()
 	require.NoDirExists(t, live, "done removes the directory")
+}
+
+// A marker that is a named pipe (opening one for reading waits for a
+// writer) or a directory is not judged, and Sweep returns: a directory
+// of this user that looks like a scratch directory never hangs the start
+// of a command.
+func TestSweepSkipsMarkersThatAreNoFiles(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	fifo := filepath.Join(tmp, prefix+"fifo")
+	require.NoError(t, os.Mkdir(fifo, 0o700))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(fifo, scratchdir.Marker), 0o600))
+	dir := filepath.Join(tmp, prefix+"dir")
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, scratchdir.Marker), 0o700))
+
+	swept := make(chan []string, 1)
+	go func() { swept <- scratchdir.Sweep(prefix, nil) }()
+	select {
+	case got := <-swept:
+		require.Empty(t, got)
+	case <-time.After(time.Minute):
+		// Let the stuck open return before failing.
+		if w, err := os.OpenFile(filepath.Join(fifo, scratchdir.Marker), os.O_WRONLY, 0); err == nil {
+			w.Close()
+		}
+		t.Fatal("Sweep hangs on a marker that is a named pipe")
+	}
+	require.DirExists(t, fifo)
+	require.DirExists(t, dir)
 }
