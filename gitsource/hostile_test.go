@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 	"github.com/stretchr/testify/require"
 )
 
@@ -87,4 +88,50 @@ func repeat(b byte, n int) []byte {
 		out[i] = b
 	}
 	return out
+}
+
+// A read that cannot spill (past the spill limit, or a filesystem that
+// refuses the spill file) fails as what it is, never as a missing object:
+// that would be cache damage, repaired by cloning the cache afresh on
+// every pass, which mends nothing.
+func TestReadSpillFailureIsNoCacheDamage(t *testing.T) {
+	pack, _, _ := smallOverLarge(t, 4<<20)
+	r, st, cache := openEmptyCache(t, Options{})
+	require.NoError(t, storePack(context.Background(), st, pack))
+	var huge []byte
+	for i := 0; i < (8<<20)/128; i++ {
+		huge = append(huge, repeat('x', 127)...)
+	}
+	h := plumbing.ComputeHash(plumbing.BlobObject, huge)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st.maxSpill = 16 << 20 // the base and the delta fit, the result not
+	o, err := st.EncodedObject(plumbing.BlobObject, h)
+	require.NoError(t, err)
+	_, err = o.Reader()
+	t.Logf("read past the spill limit: %v", err)
+	require.ErrorIs(t, err, ErrPackRefused)
+	require.NotErrorIs(t, err, ErrObjectMissing)
+	require.False(t, repairable(err))
+	requireNoSpill(t, cache)
+
+	st.maxSpill = 0
+	rd, err := o.Reader()
+	require.NoError(t, err, "within the limit it reads")
+	require.NoError(t, rd.Close())
+	requireNoSpill(t, cache)
+}
+
+// A delta of inserts whose result cannot be written (past the spill
+// limit here; a full disk or the context's end alike) fails with that
+// cause while indexing too, not as an invalid delta.
+func TestInsertDeltaWriteFailureKeepsItsCause(t *testing.T) {
+	pack, _, _ := smallOverLarge(t, 4<<20)
+	_, st, cache := openEmptyCache(t, Options{MaxSpill: 16 << 20})
+	err := storePack(context.Background(), st, pack)
+	t.Logf("index past the spill limit: %v", err)
+	require.ErrorIs(t, err, ErrPackRefused)
+	require.Contains(t, err.Error(), "expands past the spill limit")
+	require.NotErrorIs(t, err, packfile.ErrInvalidDelta)
+	requireNothingLeft(t, cache)
 }

@@ -409,7 +409,7 @@ func (o *chainObject) Reader() (io.ReadCloser, error) {
 		d.drop(raw)
 		d.drop(cur)
 		if err != nil {
-			return fail(fmt.Errorf("%w: delta at offset %d: %v", ErrObjectMissing, o.links[i].offset, err))
+			return fail(fmt.Errorf("delta at offset %d: %w", o.links[i].offset, deltaFault(err)))
 		}
 		cur = out
 	}
@@ -433,6 +433,20 @@ func (o *chainObject) Reader() (io.ReadCloser, error) {
 		return fail(err)
 	}
 	return spillReader{ReadCloser: rd, drop: func() { d.drop(cur) }}, nil
+}
+
+// deltaFault is an error of applying a delta of the cache's packs as
+// what it is: a delta that does not apply is damage of the pack on disk
+// (ErrObjectMissing, mended by fetching again); a spill refused (the
+// spill limit, a filesystem that takes no writes) is not, since fetching
+// again would meet it again.
+func deltaFault(err error) error {
+	for _, damage := range []error{packfile.ErrInvalidDelta, packfile.ErrDeltaCmd, packfile.ErrMalformedPackFile, packfile.ErrInflatedSizeMismatch} {
+		if errors.Is(err, damage) {
+			return fmt.Errorf("%w: %w", ErrObjectMissing, err)
+		}
+	}
+	return err
 }
 
 // spillReader reads a resolved object and removes its spill file on

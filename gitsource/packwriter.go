@@ -575,6 +575,7 @@ func applyDelta(w io.Writer, base io.ReaderAt, baseSize int64, delta *bufio.Read
 		return 0, err
 	}
 	var n int64
+	var insert [0x7f]byte
 	for uint64(n) < dstSize {
 		cmd, err := delta.ReadByte()
 		if err != nil {
@@ -616,10 +617,16 @@ func applyDelta(w io.Writer, base io.ReaderAt, baseSize int64, delta *bufio.Read
 			if uint64(n)+uint64(cmd) > dstSize {
 				return n, packfile.ErrInvalidDelta
 			}
-			m, err := io.CopyN(w, delta, int64(cmd))
-			n += m
-			if err != nil {
+			// A delta cut short is invalid; a write that fails (the
+			// spill limit, a full disk, the context's end) is that
+			// failure, not the delta's.
+			if _, err := io.ReadFull(delta, insert[:cmd]); err != nil {
 				return n, packfile.ErrInvalidDelta
+			}
+			m, err := w.Write(insert[:cmd])
+			n += int64(m)
+			if err != nil {
+				return n, err
 			}
 		default:
 			return n, packfile.ErrDeltaCmd
