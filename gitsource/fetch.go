@@ -443,6 +443,33 @@ var cacheDamageText = []string{
 	"ref file is empty", "is a directory", "invalid byte", "encoding/hex", "invalid hash",
 }
 
+// ErrRemoteAnswer: the remote's answer (its ref advertisement, or its
+// answer to an upload request: shallow lines, ACKs, NAK) did not decode.
+// It is the remote's fault, like a refused pack: nothing in the cache is
+// repaired, and the next fetch asks again.
+var ErrRemoteAnswer = errors.New("the remote's answer does not decode")
+
+// remoteAnswerText matches go-git's errors for an answer it could not
+// decode, flattened into text: the http transport's upload-pack answer,
+// and the ref advertisement's decoder (which names the pkt-line).
+var remoteAnswerText = []string{"error decoding upload-pack response", "pkt-line "}
+
+// isRemoteAnswer reports whether err is a remote's answer that did not
+// decode (its messages can hold "shallow" or "malformed", which name
+// cache damage elsewhere).
+func isRemoteAnswer(err error) bool {
+	if errors.Is(err, ErrRemoteAnswer) {
+		return true
+	}
+	msg := err.Error()
+	for _, t := range remoteAnswerText {
+		if strings.Contains(msg, t) {
+			return true
+		}
+	}
+	return false
+}
+
 // repairable reports whether err is damage a refetch or a fresh clone can
 // mend, as opposed to a network, authentication, timeout or input failure.
 func repairable(err error) bool {
@@ -450,7 +477,7 @@ func repairable(err error) bool {
 	case err == nil:
 		return false
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrTimeout),
-		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat), errors.Is(err, ErrTooManyRefs), errors.Is(err, ErrTooManyShallows), errors.Is(err, ErrPackRefused), isUnwritable(err),
+		errors.Is(err, ErrBranchNotFound), errors.Is(err, ErrObjectFormat), errors.Is(err, ErrTooManyRefs), errors.Is(err, ErrTooManyShallows), errors.Is(err, ErrPackRefused), isUnwritable(err), isRemoteAnswer(err),
 		errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed),
 		errors.Is(err, transport.ErrRepositoryNotFound), errors.Is(err, transport.ErrInvalidAuthMethod):
 		return false

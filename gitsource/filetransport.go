@@ -160,7 +160,7 @@ func (s *commandSession) AdvertisedReferencesContext(ctx context.Context) (*pack
 		if errors.As(err, &line) && isRepoNotFound(line.Text) {
 			return nil, transport.ErrRepositoryNotFound
 		}
-		return nil, s.failed(ctx, "read ref advertisement", err)
+		return nil, s.failed(ctx, "read ref advertisement", fmt.Errorf("%w: %w", ErrRemoteAnswer, err))
 	}
 	if s.service == transport.UploadPackServiceName && ar.IsEmpty() {
 		return nil, transport.ErrEmptyRemoteRepository
@@ -213,7 +213,7 @@ func (s *commandSession) UploadPack(ctx context.Context, req *packp.UploadPackRe
 		if errors.Is(err, ErrTooManyShallows) {
 			return nil, errors.Join(err, s.Close())
 		}
-		return nil, s.failed(ctx, "decode upload-pack answer", err)
+		return nil, s.failed(ctx, "decode upload-pack answer", fmt.Errorf("%w: %w", ErrRemoteAnswer, err))
 	}
 	return res, nil
 }

@@ -4,10 +4,18 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/binary"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/format/packfile"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/require"
 )
 
@@ -134,4 +142,66 @@ func TestInsertDeltaWriteFailureKeepsItsCause(t *testing.T) {
 	require.Contains(t, err.Error(), "expands past the spill limit")
 	require.NotErrorIs(t, err, packfile.ErrInvalidDelta)
 	requireNothingLeft(t, cache)
+}
+
+// serveAnswer serves over http a remote whose ref advertisement is adv
+// and whose every upload-pack answer is answer, and returns its URL.
+func serveAnswer(t *testing.T, adv, answer string) string {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/r.git/info/refs", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-git-upload-pack-advertisement")
+		io.WriteString(w, pkt("# service=git-upload-pack\n")+"0000"+adv)
+	})
+	mux.HandleFunc("/r.git/git-upload-pack", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-git-upload-pack-result")
+		io.WriteString(w, answer)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL + "/r.git"
+}
+
+// serveAnswerFile is serveAnswer over the file transport: a stand-in
+// git-upload-pack first in PATH. It returns the remote's path.
+func serveAnswerFile(t *testing.T, adv, answer string) string {
+	bin := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "adv"), []byte(adv), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "answer"), []byte(answer), 0o600))
+	script := "#!/bin/sh\ncat " + bin + "/adv\nwhile read -r l; do case \"$l\" in *done*) break;; esac; done\ncat " + bin + "/answer\n"
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "git-upload-pack"), []byte(script), 0o700))
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	return filepath.Join(t.TempDir(), "r.git")
+}
+
+// A remote whose answer to a shallow fetch is malformed (a shallow line
+// of the wrong length, a pkt-line length that is no number), or whose ref
+// advertisement is, fails the fetch as the remote's fault, over http and
+// the file transport: no repair, no fresh clone of the cache.
+func TestMalformedShallowAnswerIsNoCacheDamage(t *testing.T) {
+	adv, _ := shallowFlood(0)
+	type remote struct{ adv, answer string }
+	cases := map[string]remote{
+		"short shallow line":      {adv, pkt("shallow abc\n") + "0000" + pkt("NAK\n")},
+		"long unshallow line":     {adv, pkt("unshallow "+strings.Repeat("a", 41)+"\n") + "0000" + pkt("NAK\n")},
+		"pkt length not a number": {adv, "00zzshallow"},
+		"malformed advertisement": {pkt("zz"+adv[6:]) + "0000", ""},
+	}
+	serve := map[string]func(*testing.T, string, string) string{"http": serveAnswer, "file": serveAnswerFile}
+	for name, c := range cases {
+		for transport, serve := range serve {
+			name := name + " over " + transport
+			logger, hook := logtest.NewNullLogger()
+			r, err := Open(context.Background(), Options{URL: serve(t, c.adv, c.answer), CacheDir: filepath.Join(t.TempDir(), "cache"), Depth: 1, Logger: logrus.NewEntry(logger)})
+			require.NoError(t, err, name)
+			_, err = r.Fetch(context.Background(), "main")
+			t.Logf("%s: %v", name, err)
+			require.Error(t, err, name)
+			require.False(t, repairable(err), "%s: the remote's fault, not cache damage", name)
+			for _, e := range hook.AllEntries() {
+				require.NotContains(t, e.Message, "repair", name)
+			}
+			r.Close()
+		}
+	}
 }
