@@ -205,3 +205,59 @@ func TestMalformedShallowAnswerIsNoCacheDamage(t *testing.T) {
 		}
 	}
 }
+
+// The spill limit holds exactly: a delta whose result is as large as the
+// limit indexes, one byte less of limit refuses it.
+func TestSpillLimitBoundary(t *testing.T) {
+	pack := bomb(t, 32) // a 2 MiB result, the only spill
+	_, st, _ := openEmptyCache(t, Options{MaxSpill: 2 << 20})
+	require.NoError(t, storePack(context.Background(), st, pack))
+	_, st, cache := openEmptyCache(t, Options{MaxSpill: 2<<20 - 1})
+	err := storePack(context.Background(), st, pack)
+	require.ErrorIs(t, err, ErrPackRefused)
+	requireNothingLeft(t, cache)
+}
+
+// A pack with bytes after its trailing checksum is refused: what follows
+// the checksum is no part of any object, and a pack stored with it would
+// not be the pack its name and index say.
+func TestPackWithTrailingBytesRefused(t *testing.T) {
+	pack := craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: []byte("a")}})
+	_, st, cache := openEmptyCache(t, Options{})
+	err := storePack(context.Background(), st, append(pack, "trailing"...))
+	t.Logf("trailing bytes: %v", err)
+	require.ErrorIs(t, err, ErrPackRefused)
+	require.False(t, repairable(err))
+	requireNothingLeft(t, cache)
+}
+
+// A base that is itself the result of a large delta (a chain of large
+// results) indexes and reads back through spill files, and leaves none.
+func TestLargeResultAsBase(t *testing.T) {
+	big := make([]byte, 2<<20)
+	mid := append(append([]byte(nil), big...), "mid"...)
+	top := append(append([]byte(nil), mid[:100]...), "top"...)
+	d1 := binary.AppendUvarint(binary.AppendUvarint(nil, uint64(len(big))), uint64(len(mid)))
+	for i := 0; i < 32; i++ {
+		d1 = append(d1, 0x80|0x01|0x02|0x04, 0, byte(i), 0) // copy 64 KiB at i×64 KiB
+	}
+	d1 = append(d1, 3, 'm', 'i', 'd')
+	objs := []craftObject{{typ: plumbing.BlobObject, data: big}, {ofs: 1, data: d1}, {ofs: 1, data: deltaOf(len(mid), 100, "top")}}
+	r, st, cache := openEmptyCache(t, Options{})
+	require.NoError(t, storePack(context.Background(), st, craftPack(t, objs)))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, want := range [][]byte{mid, top} {
+		o, err := st.EncodedObject(plumbing.BlobObject, plumbing.ComputeHash(plumbing.BlobObject, want))
+		require.NoError(t, err)
+		rd, err := o.Reader()
+		require.NoError(t, err)
+		got, err := io.ReadAll(rd)
+		require.NoError(t, err)
+		require.NoError(t, rd.Close())
+		require.Equal(t, len(want), len(got))
+		require.True(t, string(want) == string(got))
+	}
+	left, _ := filepath.Glob(cache + "/objects/pack/tmp_*")
+	require.Empty(t, left)
+}

@@ -288,6 +288,16 @@ func indexPack(ctx context.Context, f *os.File, size, spill int64) (*idxfile.Mem
 	if err != nil {
 		return nil, plumbing.ZeroHash, wrapPackEOF(err)
 	}
+	// Nothing may follow the checksum (git index-pack: "pack has junk
+	// at the end"): the stored file would not be the pack it is named
+	// after.
+	end, err := sc.SeekFromStart(0)
+	if err != nil {
+		return nil, plumbing.ZeroHash, err
+	}
+	if end != size {
+		return nil, plumbing.ZeroHash, fmt.Errorf("%w: %d bytes after the pack's checksum", packfile.ErrMalformedPackFile, size-end)
+	}
 	d := &deltaResolver{ctx: ctx, sc: packfile.NewScanner(f), dir: filepath.Dir(f.Name()), cache: map[int64]objData{}, spillLimit: spill}
 	defer d.close()
 	if err := d.resolveAll(entries); err != nil {
