@@ -127,6 +127,12 @@ func isStale(dir string) (bool, error) {
 	}
 	switch err := syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB); {
 	case err == nil:
+		// The lock is free because its process is gone, or because it
+		// removed the directory itself and let go: then the marker is
+		// unlinked, and nothing was left behind.
+		if err := syscall.Fstat(fd, &mst); err != nil || mst.Nlink == 0 {
+			return false, nil
+		}
 		return true, nil
 	case errors.Is(err, syscall.EWOULDBLOCK):
 		return false, nil // its process still runs

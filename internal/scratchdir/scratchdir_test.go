@@ -127,3 +127,51 @@ func TestSweepSkipsMarkersThatAreNoFiles(t *testing.T) {
 	require.DirExists(t, fifo)
 	require.DirExists(t, dir)
 }
+
+// A directory of another user, with a marker nobody holds, stays.
+func TestSweepLeavesOtherUsersDirectories(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving a directory to another user needs root")
+	}
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	other := filepath.Join(tmp, prefix+"other")
+	require.NoError(t, os.Mkdir(other, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(other, scratchdir.Marker), nil, 0o600))
+	require.NoError(t, os.Chown(other, 65534, 65534))
+	require.Empty(t, scratchdir.Sweep(prefix, nil))
+	require.DirExists(t, other)
+}
+
+// Sweeps running while directories are made and removed never remove
+// one whose maker still runs (its marker is locked before it takes the
+// name), and never report one its maker removed itself as left behind.
+func TestSweepRacingMake(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	stop := make(chan struct{})
+	swept := make(chan []string)
+	go func() {
+		var all []string
+		for {
+			select {
+			case <-stop:
+				swept <- all
+				return
+			default:
+				all = append(all, scratchdir.Sweep(prefix, nil)...)
+			}
+		}
+	}()
+	for i := 0; i < 200; i++ {
+		dir, done, err := scratchdir.Make(prefix)
+		require.NoError(t, err)
+		for j := 0; j < 3; j++ {
+			require.FileExists(t, filepath.Join(dir, scratchdir.Marker), "a live directory keeps its marker")
+			time.Sleep(time.Millisecond) // let sweeps run meanwhile
+		}
+		done()
+	}
+	close(stop)
+	require.Empty(t, <-swept, "no directory was swept: each was live or removed by its maker")
+}
