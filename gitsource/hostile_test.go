@@ -261,3 +261,18 @@ func TestLargeResultAsBase(t *testing.T) {
 	left, _ := filepath.Glob(cache + "/objects/pack/tmp_*")
 	require.Empty(t, left)
 }
+
+// A pack that holds an object twice, with a delta on the second copy, is
+// refused: the index lists each object once, so the delta would name a
+// base the index does not know, and every read of it would fail as cache
+// damage, repaired by fetching the same pack again.
+func TestPackRepeatingAnObjectRefused(t *testing.T) {
+	pack := craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: []byte("a")}, {typ: plumbing.BlobObject, data: []byte("a")}, {ofs: 1, data: deltaOf(1, 1, "b")}})
+	_, st, cache := openEmptyCache(t, Options{})
+	err := storePack(context.Background(), st, pack)
+	t.Logf("an object twice: %v", err)
+	require.ErrorIs(t, err, ErrPackRefused)
+	require.Contains(t, err.Error(), "in the pack twice")
+	require.False(t, repairable(err))
+	requireNothingLeft(t, cache)
+}

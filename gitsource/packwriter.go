@@ -303,6 +303,17 @@ func indexPack(ctx context.Context, f *os.File, size, spill int64) (*idxfile.Mem
 	if err := d.resolveAll(entries); err != nil {
 		return nil, plumbing.ZeroHash, err
 	}
+	// An object the pack holds twice would be listed once in the index,
+	// so a delta on the other copy would name a base at an offset the
+	// index does not know: unreadable, and taken for cache damage on
+	// every read. git pack-objects never repeats one.
+	seen := make(map[plumbing.Hash]int64, len(entries))
+	for _, e := range entries {
+		if at, ok := seen[e.hash]; ok {
+			return nil, plumbing.ZeroHash, fmt.Errorf("%w: object %s is in the pack twice, at offsets %d and %d", ErrPackRefused, e.hash, at, e.offset)
+		}
+		seen[e.hash] = e.offset
+	}
 	w := new(idxfile.Writer)
 	if err := w.OnHeader(count); err != nil {
 		return nil, plumbing.ZeroHash, err
