@@ -276,3 +276,31 @@ func TestPackRepeatingAnObjectRefused(t *testing.T) {
 	require.False(t, repairable(err))
 	requireNothingLeft(t, cache)
 }
+
+// A large chain whose pack on disk changed under its index (the same
+// layout, one byte of a delta's insert different: an unlucky disk)
+// resolves to another object: the read fails as cache damage, to be
+// fetched again, and never returns the wrong content.
+func TestChainResolvingToWrongHashIsDamage(t *testing.T) {
+	big := make([]byte, 2<<20)
+	mk := func(line string) []byte {
+		return craftPack(t, []craftObject{{typ: plumbing.BlobObject, data: big}, {ofs: 1, data: deltaOf(len(big), 64, line)}})
+	}
+	good, bad := mk("kind: VM\n"), mk("kind: VX\n")
+	require.Equal(t, len(good), len(bad), "the same layout")
+	r, st, cache := openEmptyCache(t, Options{})
+	require.NoError(t, storePack(context.Background(), st, good))
+	packs, _ := filepath.Glob(cache + "/objects/pack/*.pack")
+	require.Len(t, packs, 1)
+	require.NoError(t, os.WriteFile(packs[0], bad, 0o600))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st.resetPacks()
+	o, err := st.EncodedObject(plumbing.BlobObject, plumbing.ComputeHash(plumbing.BlobObject, append(append([]byte(nil), big[:64]...), "kind: VM\n"...)))
+	require.NoError(t, err)
+	_, err = o.Reader()
+	t.Logf("a chain resolving to another object: %v", err)
+	require.ErrorIs(t, err, ErrObjectMissing)
+	require.True(t, repairable(err))
+	requireNoSpill(t, cache)
+}

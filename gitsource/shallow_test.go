@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/stretchr/testify/require"
 )
@@ -106,4 +107,18 @@ func TestShallowBoundNotEndedByACKOrNAK(t *testing.T) {
 		require.NoError(t, err, name)
 		require.Equal(t, answer, string(got), name)
 	}
+}
+
+// Pkt-lines split across reads (a remote that writes one byte at a time)
+// are bounded the same, and pass byte for byte within the bound.
+func TestShallowBoundOverOneByteReads(t *testing.T) {
+	defer func(n int) { maxShallowLines = n }(maxShallowLines)
+	maxShallowLines = 10
+	_, flood := shallowFlood(20)
+	_, err := io.ReadAll(limitShallow(iotest.OneByteReader(strings.NewReader(flood))))
+	require.ErrorIs(t, err, ErrTooManyShallows)
+	_, small := shallowFlood(3)
+	got, err := io.ReadAll(limitShallow(iotest.OneByteReader(strings.NewReader(small + "PACK..."))))
+	require.NoError(t, err)
+	require.Equal(t, small+"PACK...", string(got))
 }
