@@ -27,21 +27,22 @@ var ErrUserDataSealed = errors.New("this host cannot decrypt the VM's encryptedU
 const UserDataNotOpened = "encryptedUserData cannot be decrypted on this host"
 
 // userDataOpens reports why this host cannot decrypt spec's encrypted
-// user-data, or nil (also when it has none). The plaintext is dropped at
-// once; the answer is memoized by the ciphertext's sha256, since the
-// keyring never changes while the engine runs. The error names keys and
-// never content.
-func (e *Engine) userDataOpens(spec desired.VMSpec) error {
+// user-data for the VM named name (it opens only for the VM it was sealed
+// for: sealed.Keyring.Open), or nil (also when it has none). The
+// plaintext is dropped at once; the answer is memoized by the sha256 of
+// the name and the ciphertext, since the keyring never changes while the
+// engine runs. The error names keys and VMs, never content.
+func (e *Engine) userDataOpens(name string, spec desired.VMSpec) error {
 	ci := spec.CloudInit
 	if ci == nil || ci.EncryptedUserData == nil {
 		return nil
 	}
-	key := sha256.Sum256([]byte(ci.EncryptedUserData.Ciphertext))
+	key := sha256.Sum256([]byte(name + "\x00" + ci.EncryptedUserData.Ciphertext))
 	if v, ok := e.opens.Load(key); ok {
 		err, _ := v.(error)
 		return err
 	}
-	_, err := e.cfg.AgeIdentity.Open(ci.EncryptedUserData.Ciphertext)
+	_, err := e.cfg.AgeIdentity.Open(ci.EncryptedUserData.Ciphertext, name)
 	if err != nil {
 		err = fmt.Errorf("user-data encrypted to %s: %w", ci.EncryptedUserData.Recipient, err)
 	}
@@ -51,7 +52,7 @@ func (e *Engine) userDataOpens(spec desired.VMSpec) error {
 
 // userDataCheck is the create step StepUserData.
 func (p *vmPass) userDataCheck(spec desired.VMSpec) error {
-	if err := p.e.userDataOpens(spec); err != nil {
+	if err := p.e.userDataOpens(p.rec.Name, spec); err != nil {
 		return fmt.Errorf("%w: %v; encrypt it to this host's recipient (the Host's spec.ageRecipient, which this host's identity file must hold: gitfleet encrypt --host %s)", ErrUserDataSealed, err, p.e.cfg.Host)
 	}
 	return nil
@@ -62,11 +63,11 @@ func (p *vmPass) userDataCheck(spec desired.VMSpec) error {
 // with, which cloud-init read at first boot), or a new one the spec asks
 // for. "" when there is none.
 func (p *vmPass) userDataProblem() string {
-	if err := p.e.userDataOpens(p.rec.Spec); err != nil {
+	if err := p.e.userDataOpens(p.rec.Name, p.rec.Spec); err != nil {
 		return fmt.Sprintf("%s: %v; nothing is restarted or destroyed for it: the VM keeps running, and a later boot reuses the user-data of its existing seed; encrypt it again to this host's recipient before the VM is ever created again", UserDataNotOpened, err)
 	}
 	if p.want != nil {
-		if err := p.e.userDataOpens(p.want.Spec); err != nil {
+		if err := p.e.userDataOpens(p.rec.Name, p.want.Spec); err != nil {
 			return fmt.Sprintf("%s: the spec's new user-data: %v; it would only seed the VM if it were created again", UserDataNotOpened, err)
 		}
 	}

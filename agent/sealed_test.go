@@ -28,9 +28,16 @@ func newKeyring(t *testing.T) (*sealed.Keyring, string) {
 	return k, id.Recipient().String()
 }
 
-// encryptedTo gives the VM user-data encrypted to recipient.
+// encryptedTo gives the VM user-data encrypted to recipient, sealed for
+// the VM web-01.
 func encryptedTo(t *testing.T, recipient, plain string) func(*desired.VMSpec) {
-	ct, err := sealed.Seal(recipient, []byte(plain))
+	return sealedFor(t, "web-01", recipient, plain)
+}
+
+// sealedFor gives a VM user-data encrypted to recipient, sealed for the
+// VM named vm.
+func sealedFor(t *testing.T, vm, recipient, plain string) func(*desired.VMSpec) {
+	ct, err := sealed.Seal(recipient, vm, []byte(plain))
 	require.NoError(t, err)
 	return func(s *desired.VMSpec) {
 		s.CloudInit = &desired.CloudInit{EncryptedUserData: &desired.EncryptedUserData{Recipient: recipient, Ciphertext: ct}}
@@ -77,8 +84,24 @@ func TestCreateWithUserDataEncryptedToAnotherKeyFailsClearly(t *testing.T) {
 
 	// No identity at all: the error names the setting.
 	g := newFixture(t)
-	st = g.step(snap(1, vm("web-02", encryptedTo(t, hostRecipient, sealedSecret))))
+	st = g.step(snap(1, vm("web-02", sealedFor(t, "web-02", hostRecipient, sealedSecret))))
 	assert.Contains(t, row(t, st, "web-02").LastError, "ageIdentity")
+}
+
+// A ciphertext copied from one VM's file into another's on the same host
+// (review cannot tell ciphertexts apart) opens for the VM it was sealed
+// for only: the other VM's create stops at its user-data step, naming
+// both VMs and no content, and nothing is made or booted.
+func TestCreateWithUserDataSealedForAnotherVMFails(t *testing.T) {
+	keys, recipient := newKeyring(t)
+	f := newFixture(t, func(c *agent.EngineConfig) { c.AgeIdentity = keys })
+	st := f.step(snap(1, vm("web-01", sealedFor(t, "db-01", recipient, sealedSecret))))
+	r := row(t, st, "web-01")
+	assert.Equal(t, status.PhaseFailed, r.Phase)
+	assert.Contains(t, r.LastError, agent.StepUserData+": "+agent.ErrUserDataSealed.Error())
+	assert.Contains(t, r.LastError, `sealed for VM "db-01", not "web-01"`)
+	assert.NotContains(t, r.LastError, "S3CR3T")
+	assert.Empty(t, f.prov.AllCalls(), "nothing was fetched, made or booted")
 }
 
 // The host's key changed after the VM was created: the VM keeps running

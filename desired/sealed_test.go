@@ -54,7 +54,7 @@ func newRecipient(t *testing.T) string {
 
 func seal(t *testing.T, recipient, plain string) string {
 	t.Helper()
-	ct, err := sealed.Seal(recipient, []byte(plain))
+	ct, err := sealed.Seal(recipient, "web-01", []byte(plain))
 	if err != nil {
 		t.Fatal(err)
 	}

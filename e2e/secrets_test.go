@@ -81,7 +81,7 @@ func sealVMFile(t *testing.T, vmFile, recipient string) string {
 	t.Helper()
 	vm, err := desired.DecodeVMFile("vm.yaml", []byte(vmFile))
 	require.NoError(t, err)
-	ct, err := sealed.Seal(recipient, []byte(vm.Spec.CloudInit.UserData))
+	ct, err := sealed.Seal(recipient, vm.Metadata.Name, []byte(vm.Spec.CloudInit.UserData))
 	require.NoError(t, err)
 	out, err := desired.SetEncryptedUserData("vm.yaml", []byte(vmFile), desired.EncryptedUserData{Recipient: recipient, Ciphertext: ct})
 	require.NoError(t, err)
@@ -136,7 +136,7 @@ func TestEncryptedUserDataReachesOnlyTheGuest(t *testing.T) {
 
 	// A VM whose ciphertext is for another key under the Host's recipient
 	// (a mislabelled file): validate cannot tell; the agent can.
-	ct, err := sealed.Seal(otherRecipient, []byte(plain))
+	ct, err := sealed.Seal(otherRecipient, stray, []byte(plain))
 	require.NoError(t, err)
 	strayYAML := strings.Replace(f.art.vmFile(stray, "running", nil, false), "    userData: |\n      #cloud-config\n      hostname: "+stray+"\n",
 		"    encryptedUserData:\n      recipient: "+recipient+"\n      ciphertext: |\n        "+strings.ReplaceAll(strings.TrimRight(ct, "\n"), "\n", "\n        ")+"\n", 1)

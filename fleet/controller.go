@@ -691,7 +691,7 @@ func (c *Controller) verifier(l *snapshots.Ledger, head string) func() error {
 			return err
 		}
 		sigs := Signatures{Mode: c.cfg.Verify, Signers: c.cfg.Signers, Repo: c.repo}
-		err = sigs.Verify(rng, truncated)
+		err = sigs.VerifyFrom(c.repo, applied, head, rng, truncated)
 		if err == nil || errors.Is(err, trust.ErrSignature) {
 			c.sigKey, c.sigErr = key, err
 		}

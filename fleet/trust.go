@@ -156,6 +156,42 @@ func (s Signatures) Verify(rng []*gitsource.Commit, truncated bool) error {
 	return nil
 }
 
+// VerifyFrom is the controller's check of head over applied, the commit
+// the ledger names as applied, with rng and truncated AppliedRange's
+// answer for them. The ledger lives on the snapshots branch, which anyone
+// who can push there may rewrite, so it is no witness of what was
+// verified: the head is verified even when the ledger names it as applied
+// (an empty rng), and in VerifyEvery mode so is applied itself when the
+// repository holds it, since a forged applied commit just under a signed
+// head would otherwise leave the unsigned commits below it unchecked. A
+// refusal of applied names it and how to start over.
+func (s Signatures) VerifyFrom(h History, applied, head string, rng []*gitsource.Commit, truncated bool) error {
+	if s.Mode == VerifyOff {
+		return nil
+	}
+	if len(rng) == 0 {
+		c, err := h.CommitInfo(head)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", desired.Hash(head).Short(), err)
+		}
+		rng = []*gitsource.Commit{c}
+	}
+	if err := s.Verify(rng, truncated); err != nil || s.Mode != VerifyEvery || applied == "" || applied == head {
+		return err
+	}
+	c, err := s.Repo.Signed(applied)
+	if errors.Is(err, gitsource.ErrObjectMissing) {
+		return nil // a rewritten history: AppliedRange walked to the root
+	}
+	if err != nil {
+		return fmt.Errorf("read the signature of %s: %w", desired.Hash(applied).Short(), err)
+	}
+	if _, err := s.Signers.Verify(c); err != nil {
+		return fmt.Errorf("%w (the commit the ledger names as applied, where the range checked starts; start the controller once with --verify-signatures=head over a signed head to start again from there; --verify-signatures=%s)", err, s.Mode)
+	}
+	return nil
+}
+
 // AllowDeletesTrailer is the commit-message trailer that lets a change
 // tombstone more objects than the mass-delete guard allows:
 // "Gitfleet-Allow-Deletes: <n>", n at least the number of new tombstones.

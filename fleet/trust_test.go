@@ -426,3 +426,54 @@ func mustInfo(t *testing.T, repo *gitsource.Repo, h string) *gitsource.Commit {
 	}
 	return c
 }
+
+// forgeApplied pushes a snapshots commit, as anyone who can push to the
+// branch could, whose ledger says commit was applied already.
+func forgeApplied(t *testing.T, url, commit string) {
+	t.Helper()
+	pushSnapshots(t, url, func(read func(string) ([]byte, error)) map[string][]byte {
+		ld, err := read(snapshots.LedgerPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := snapshots.ParseLedger(ld)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Applied.Commit = desired.Hash(commit)
+		data, err := l.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return map[string][]byte{snapshots.LedgerPath: data}
+	})
+}
+
+// The ledger on the snapshots branch is no witness of what was verified:
+// a forged ledger naming an unsigned head (or an unsigned commit under a
+// signed head) as applied does not make the controller publish it, in
+// head or every mode.
+func TestForgedAppliedCommitDoesNotSkipVerification(t *testing.T) {
+	ann := trusttest.NewSSHKey(t, "ann")
+	allowed := sshAllowed(t, ann)
+	for _, mode := range []VerifyMode{VerifyHead, VerifyEvery} {
+		t.Run(string(mode), func(t *testing.T) {
+			e := newVerifyingEnv(t, mode, allowed, ann.Sign())
+			if res := e.pass(); res.Rejected != nil {
+				t.Fatalf("signed initial fleet: %v", res.Rejected)
+			}
+			unsigned := e.commit(editWeb(4, nil))
+			forgeApplied(t, e.url, unsigned)
+			e.wantRejected(e.pass(), unsigned, 2, "carries no signature")
+			if mode != VerifyEvery {
+				return
+			}
+			// An unsigned commit a signed head covers: the forged ledger
+			// names the unsigned one as applied, so the range is the
+			// signed head alone.
+			signed := e.commit(editWeb(5, ann.Sign()))
+			forgeApplied(t, e.url, unsigned)
+			e.wantRejected(e.pass(), signed, 2, desired.Hash(unsigned).Short(), "carries no signature")
+		})
+	}
+}

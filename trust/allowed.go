@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -17,8 +16,10 @@ import (
 type SSHSigner struct {
 	Principals string
 	Key        ssh.PublicKey
-	// Namespaces lists the signature namespaces the key may sign in
-	// (namespaces="git,file"); nil means any. A commit is signed in "git".
+	// Namespaces is the pattern list of the signature namespaces the key
+	// may sign in (namespaces="git,file"), read as ssh-keygen reads it
+	// (matchPatternList: * and ? wildcards, a !-negated pattern that
+	// matches refuses); nil means any. A commit is signed in "git".
 	Namespaces []string
 	// ValidAfter and ValidBefore bound the commit time at which a
 	// signature counts (valid-after=, valid-before=); zero means unbounded.
@@ -34,7 +35,8 @@ func (s SSHSigner) Fingerprint() string { return ssh.FingerprintSHA256(s.Key) }
 // ParseAllowedSigners reads an allowed-signers file (ssh-keygen(1), ALLOWED
 // SIGNERS): one key per line as "principals [options] keytype base64-key
 // [comment]"; empty lines and lines starting with # are skipped. The
-// options understood are namespaces="…", valid-after="…" and
+// options understood are namespaces="…" (a pattern list, matched as
+// ssh-keygen matches it), valid-after="…" and
 // valid-before="…" (YYYYMMDD[HHMM[SS]], local time, or UTC with a Z
 // suffix). cert-authority is refused: certificates are not supported, and
 // a line silently dropped would read as a signer allowed. name is the file
@@ -152,7 +154,7 @@ func parseKeyTime(v string) (time.Time, error) {
 // allows reports whether s may sign a commit made at when (its committer
 // time) in namespace.
 func (s SSHSigner) allows(namespace string, when time.Time) error {
-	if s.Namespaces != nil && !slices.Contains(s.Namespaces, namespace) {
+	if s.Namespaces != nil && !matchPatternList(namespace, s.Namespaces) {
 		return fmt.Errorf("%s:%d allows namespaces %s, not %q", s.File, s.Line, strings.Join(s.Namespaces, ","), namespace)
 	}
 	if !s.ValidAfter.IsZero() && when.Before(s.ValidAfter) {
@@ -162,6 +164,58 @@ func (s SSHSigner) allows(namespace string, when time.Time) error {
 		return fmt.Errorf("%s:%d is valid before %s; the commit is of %s", s.File, s.Line, s.ValidBefore.UTC().Format(time.RFC3339), when.UTC().Format(time.RFC3339))
 	}
 	return nil
+}
+
+// matchPatternList reports whether name is allowed by patterns, as
+// OpenSSH's match_pattern_list (match.c) decides for an allowed-signers
+// line's namespaces=: a pattern of * (any run) and ? (any one character)
+// wildcards, matched case-sensitively against the whole name; a pattern
+// starting with ! that matches refuses name whatever the other patterns
+// say; otherwise any matching pattern allows it.
+func matchPatternList(name string, patterns []string) bool {
+	allowed := false
+	for _, p := range patterns {
+		if neg, ok := strings.CutPrefix(p, "!"); ok {
+			if matchPattern(name, neg) {
+				return false
+			}
+			continue
+		}
+		if matchPattern(name, p) {
+			allowed = true
+		}
+	}
+	return allowed
+}
+
+// matchPattern matches name against an OpenSSH pattern of * and ?
+// wildcards (no character classes: [ is an ordinary character).
+func matchPattern(name, pattern string) bool {
+	for pattern != "" {
+		switch pattern[0] {
+		case '*':
+			rest := strings.TrimLeft(pattern, "*")
+			if rest == "" {
+				return true
+			}
+			for i := 0; i <= len(name); i++ {
+				if matchPattern(name[i:], rest) {
+					return true
+				}
+			}
+			return false
+		case '?':
+			if name == "" {
+				return false
+			}
+		default:
+			if name == "" || name[0] != pattern[0] {
+				return false
+			}
+		}
+		name, pattern = name[1:], pattern[1:]
+	}
+	return name == ""
 }
 
 // ParseKeys reads public keys given one per entry, each as an

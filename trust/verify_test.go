@@ -159,6 +159,13 @@ func TestVerifySSHRestrictions(t *testing.T) {
 	}{
 		{"namespace git", `ann namespaces="git,file" ` + ann.Public, true},
 		{"other namespace only", `ann namespaces="file" ` + ann.Public, false},
+		// namespaces= is a pattern list, as ssh-keygen reads it: a
+		// negated match refuses whatever else the list holds.
+		{"namespace negated", `ann namespaces="git,!git" ` + ann.Public, false},
+		{"namespace negated after wildcard", `ann namespaces="*,!git" ` + ann.Public, false},
+		{"namespace wildcard", `ann namespaces="*" ` + ann.Public, true},
+		{"namespace single-character wildcard", `ann namespaces="file,g?t" ` + ann.Public, true},
+		{"namespace wildcard elsewhere", `ann namespaces="gi*x" ` + ann.Public, false},
 		{"valid since long ago", `ann valid-after="20000101" ` + ann.Public, true},
 		{"valid only later", `ann valid-after="29990101Z" ` + ann.Public, false},
 		{"expired", `ann valid-before="20000101000000Z" ` + ann.Public, false},

@@ -50,7 +50,7 @@ func sealedProvisioner(t *testing.T, keys *sealed.Keyring, buf *bytes.Buffer) (*
 
 func sealedMachine(t *testing.T, root, recipient, plain, instanceID string) agent.Machine {
 	t.Helper()
-	ct, err := sealed.Seal(recipient, []byte(plain))
+	ct, err := sealed.Seal(recipient, "web-01", []byte(plain))
 	if err != nil {
 		t.Fatal(err)
 	}

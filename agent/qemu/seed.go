@@ -101,7 +101,7 @@ func (p *Provisioner) userData(st *vmState, m agent.Machine) ([]byte, error) {
 	case ci.EncryptedUserData == nil:
 		return []byte(ci.UserData), nil
 	}
-	plain, err := p.cfg.AgeIdentity.Open(ci.EncryptedUserData.Ciphertext)
+	plain, err := p.cfg.AgeIdentity.Open(ci.EncryptedUserData.Ciphertext, m.Name)
 	if err == nil {
 		return plain, nil
 	}

@@ -99,7 +99,7 @@ func runEncrypt(stdin io.Reader, out io.Writer, a encryptArgs) error {
 	if err != nil {
 		return &exitError{code: 1, err: fmt.Errorf("recipient of host %s in %s: %w", host, filepath.Join(a.repo, a.path), err)}
 	}
-	ct, err := sealed.Seal(recipient, plain) // past the size check, only the recipient can be wrong
+	ct, err := sealed.Seal(recipient, vm.Metadata.Name, plain) // past the size check, only the recipient can be wrong
 	if err != nil {
 		return &exitError{code: 1, err: fmt.Errorf("%s: spec.ageRecipient: %w", hostFile, err)}
 	}

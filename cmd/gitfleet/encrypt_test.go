@@ -77,7 +77,7 @@ func TestEncryptWritesTheFieldInPlace(t *testing.T) {
 	require.NoError(t, err)
 	keys, err := sealed.LoadKeyring(identity)
 	require.NoError(t, err)
-	plain, err := keys.Open(vm.Spec.CloudInit.EncryptedUserData.Ciphertext)
+	plain, err := keys.Open(vm.Spec.CloudInit.EncryptedUserData.Ciphertext, vm.Metadata.Name)
 	require.NoError(t, err)
 	assert.Equal(t, cliSecret, string(plain), "the host's identity opens exactly what was written")
 

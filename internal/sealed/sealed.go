@@ -8,9 +8,11 @@
 //     (ML-KEM-768 + X25519), as `age-keygen -y` or `gitfleet age-keygen`
 //     prints it; the Host object names it (spec.ageRecipient) and
 //     ParseRecipient checks it (validate, encrypt);
-//   - Seal encrypts user-data to one recipient as an ASCII-armored age file
-//     ("-----BEGIN AGE ENCRYPTED FILE-----"), which a VM file carries in
-//     spec.cloudInit.encryptedUserData (gitfleet encrypt);
+//   - Seal encrypts one VM's user-data to one recipient as an
+//     ASCII-armored age file ("-----BEGIN AGE ENCRYPTED FILE-----"), which
+//     the VM's file carries in spec.cloudInit.encryptedUserData (gitfleet
+//     encrypt); the VM's name is sealed with it (VMLine), so the file
+//     opens for that VM only;
 //   - CheckCiphertext checks an armored age file's shape without any key
 //     (validate): the controller never decrypts;
 //   - a Keyring is the agent's identity file (LoadKeyring, which refuses a
@@ -40,6 +42,16 @@ const ArmorHeader = "-----BEGIN AGE ENCRYPTED FILE-----"
 // returns (the bound CheckUserData holds user-data to; a NoCloud seed is
 // small).
 const MaxPlaintext = 4 << 20
+
+// VMLine starts the plaintext Seal encrypts: "gitfleet-vm: NAME\n", then
+// the user-data. Age authenticates the whole plaintext, so the line binds
+// the ciphertext to the VM it was sealed for: one copied into another
+// VM's file (a ciphertext is opaque to review) is refused by Open.
+const VMLine = "gitfleet-vm: "
+
+// ErrOtherVM is what Open's error matches when the file was sealed for
+// another VM, or without a VM name (not by Seal).
+var ErrOtherVM = errors.New("sealed for another VM")
 
 // ErrNotForThisHost is what Open's error matches (errors.Is) when no
 // identity of the keyring opens the file: it was encrypted to another key.
@@ -76,11 +88,15 @@ func prefix(s string) string {
 	return s
 }
 
-// Seal encrypts plaintext (at most MaxPlaintext bytes) to recipient and
-// returns the armored age file, ending in a newline.
-func Seal(recipient string, plaintext []byte) (string, error) {
+// Seal encrypts plaintext (at most MaxPlaintext bytes), the user-data of
+// the VM named vm, to recipient and returns the armored age file, ending
+// in a newline. The VM's name is sealed with it (VMLine).
+func Seal(recipient, vm string, plaintext []byte) (string, error) {
 	if len(plaintext) > MaxPlaintext {
 		return "", fmt.Errorf("user-data is %d bytes; at most %d", len(plaintext), MaxPlaintext)
+	}
+	if vm == "" || strings.ContainsAny(vm, "\r\n") {
+		return "", fmt.Errorf("VM name %q: want a VM's metadata.name", vm)
 	}
 	r, err := ParseRecipient(recipient)
 	if err != nil {
@@ -90,6 +106,9 @@ func Seal(recipient string, plaintext []byte) (string, error) {
 	aw := armor.NewWriter(&buf)
 	w, err := age.Encrypt(aw, r)
 	if err != nil {
+		return "", fmt.Errorf("encrypt: %w", err)
+	}
+	if _, err := io.WriteString(w, VMLine+vm+"\n"); err != nil {
 		return "", fmt.Errorf("encrypt: %w", err)
 	}
 	if _, err := w.Write(plaintext); err != nil {
@@ -193,11 +212,13 @@ func (k *Keyring) Holds(recipient string) bool {
 	return false
 }
 
-// Open decrypts an armored age file with the keyring. An error matching
-// ErrNotForThisHost means no identity opens it; any other, that it is
-// damaged or too large (MaxPlaintext). A nil keyring opens nothing: the
-// error says the agent has no identity.
-func (k *Keyring) Open(armored string) ([]byte, error) {
+// Open decrypts an armored age file with the keyring and returns the
+// user-data Seal sealed for the VM named vm. An error matching
+// ErrNotForThisHost means no identity opens it; ErrOtherVM, that it was
+// sealed for another VM (or not by Seal); any other, that it is damaged or
+// too large (MaxPlaintext). A nil keyring opens nothing: the error says
+// the agent has no identity.
+func (k *Keyring) Open(armored, vm string) ([]byte, error) {
 	if k == nil {
 		return nil, errors.New("this host has no age identity: set ageIdentity in the agent's configuration (gitfleet age-keygen prints the setup)")
 	}
@@ -209,10 +230,19 @@ func (k *Keyring) Open(armored string) ([]byte, error) {
 		}
 		return nil, fmt.Errorf("decrypt: %v", err)
 	}
-	b, err := io.ReadAll(io.LimitReader(r, MaxPlaintext+1))
+	want := VMLine + vm + "\n"
+	b, err := io.ReadAll(io.LimitReader(r, int64(len(want))+MaxPlaintext+1))
 	if err != nil {
 		return nil, fmt.Errorf("decrypt: %v", err)
 	}
+	if !bytes.HasPrefix(b, []byte(want)) {
+		sealedFor := "no VM (it was not sealed by gitfleet encrypt)"
+		if line, _, ok := bytes.Cut(b, []byte("\n")); ok && bytes.HasPrefix(line, []byte(VMLine)) && len(line) <= len(VMLine)+253 {
+			sealedFor = fmt.Sprintf("VM %q", strings.TrimPrefix(string(line), VMLine))
+		}
+		return nil, fmt.Errorf("%w: sealed for %s, not %q; encrypt this VM's own user-data (gitfleet encrypt)", ErrOtherVM, sealedFor, vm)
+	}
+	b = b[len(want):]
 	if len(b) > MaxPlaintext {
 		return nil, fmt.Errorf("decrypt: plaintext larger than %d bytes", MaxPlaintext)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"filippo.io/age"
+	"filippo.io/age/armor"
 )
 
 // newIdentityFile writes a fresh identity file with mode perm and returns
@@ -39,7 +40,7 @@ func TestSealOpensOnlyWithItsHostsIdentity(t *testing.T) {
 	if got := keys.Recipients(); len(got) != 1 || got[0] != recipient || !keys.Holds(recipient) {
 		t.Fatalf("keyring holds %v, want [%s]", got, recipient)
 	}
-	ct, err := Seal(recipient, []byte(secret))
+	ct, err := Seal(recipient, "web-01", []byte(secret))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func TestSealOpensOnlyWithItsHostsIdentity(t *testing.T) {
 	if err := CheckCiphertext(ct); err != nil {
 		t.Errorf("CheckCiphertext of Seal's output: %v", err)
 	}
-	plain, err := keys.Open(ct)
+	plain, err := keys.Open(ct, "web-01")
 	if err != nil || string(plain) != secret {
 		t.Fatalf("Open = %q, %v; want the plaintext", plain, err)
 	}
@@ -62,7 +63,7 @@ func TestSealOpensOnlyWithItsHostsIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = otherKeys.Open(ct)
+	_, err = otherKeys.Open(ct, "web-01")
 	if !errors.Is(err, ErrNotForThisHost) {
 		t.Fatalf("Open with another key: %v, want ErrNotForThisHost", err)
 	}
@@ -70,7 +71,7 @@ func TestSealOpensOnlyWithItsHostsIdentity(t *testing.T) {
 		t.Errorf("error should name the recipient held and no secret key: %v", err)
 	}
 	var none *Keyring
-	if _, err := none.Open(ct); err == nil || !strings.Contains(err.Error(), "ageIdentity") {
+	if _, err := none.Open(ct, "web-01"); err == nil || !strings.Contains(err.Error(), "ageIdentity") {
 		t.Errorf("nil keyring: %v, want an error naming the ageIdentity setting", err)
 	}
 
@@ -79,7 +80,7 @@ func TestSealOpensOnlyWithItsHostsIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if plain, err := both.Open(ct); err != nil || string(plain) != secret {
+	if plain, err := both.Open(ct, "web-01"); err != nil || string(plain) != secret {
 		t.Errorf("two-key keyring: %q, %v", plain, err)
 	}
 }
@@ -148,7 +149,7 @@ func TestParseRecipient(t *testing.T) {
 
 func TestCheckCiphertext(t *testing.T) {
 	_, recipient := newIdentityFile(t, 0o600)
-	ct, err := Seal(recipient, []byte("#!/bin/sh\necho hi\n"))
+	ct, err := Seal(recipient, "web-01", []byte("#!/bin/sh\necho hi\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,12 +178,12 @@ func BenchmarkOpen(b *testing.B) {
 		b.Fatal(err)
 	}
 	keys, _ := NewKeyring(id)
-	ct, err := Seal(id.Recipient().String(), []byte(strings.Repeat("#cloud-config\n", 300)))
+	ct, err := Seal(id.Recipient().String(), "web-01", []byte(strings.Repeat("#cloud-config\n", 300)))
 	if err != nil {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		if _, err := keys.Open(ct); err != nil {
+		if _, err := keys.Open(ct, "web-01"); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -196,14 +197,65 @@ func TestSealBoundsThePlaintext(t *testing.T) {
 		t.Fatal(err)
 	}
 	most := bytes.Repeat([]byte("x"), MaxPlaintext)
-	ct, err := Seal(recipient, most)
+	ct, err := Seal(recipient, "web-01", most)
 	if err != nil {
 		t.Fatalf("Seal of MaxPlaintext bytes: %v", err)
 	}
-	if plain, err := keys.Open(ct); err != nil || !bytes.Equal(plain, most) {
+	if plain, err := keys.Open(ct, "web-01"); err != nil || !bytes.Equal(plain, most) {
 		t.Fatalf("Open of MaxPlaintext bytes: %d bytes, %v", len(plain), err)
 	}
-	if _, err := Seal(recipient, append(most, 'x')); err == nil || !strings.Contains(err.Error(), "at most") {
+	if _, err := Seal(recipient, "web-01", append(most, 'x')); err == nil || !strings.Contains(err.Error(), "at most") {
 		t.Fatalf("Seal of MaxPlaintext+1 bytes: %v, want refused", err)
+	}
+}
+
+// A ciphertext copied from one VM's file into another's on the same host
+// (opaque to review) does not open for the other VM, and an age file not
+// sealed for a VM (age -r, say) opens for none; the error quotes no
+// user-data.
+func TestOpenBindsTheVM(t *testing.T) {
+	path, recipient := newIdentityFile(t, 0o600)
+	keys, err := LoadKeyring(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, err := Seal(recipient, "db-01", []byte("password: hunter2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = keys.Open(ct, "web-01")
+	if !errors.Is(err, ErrOtherVM) || !strings.Contains(err.Error(), `VM "db-01", not "web-01"`) || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("Open for another VM: %v, want ErrOtherVM naming both VMs", err)
+	}
+	// A VM whose name is a prefix of the sealed one's is another VM.
+	if _, err := keys.Open(ct, "db-0"); !errors.Is(err, ErrOtherVM) {
+		t.Fatalf("Open for a VM named by a prefix: %v, want ErrOtherVM", err)
+	}
+
+	r, err := age.ParseX25519Recipient(recipient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	aw := armor.NewWriter(&buf)
+	w, err := age.Encrypt(aw, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write([]byte("password: hunter2\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := aw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = keys.Open(buf.String(), "web-01")
+	if !errors.Is(err, ErrOtherVM) || !strings.Contains(err.Error(), "not sealed by gitfleet encrypt") || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("Open of an age file sealed for no VM: %v, want ErrOtherVM", err)
+	}
+	if _, err := Seal(recipient, "", []byte("x")); err == nil {
+		t.Fatal("Seal without a VM name: want an error")
 	}
 }
