@@ -1,6 +1,8 @@
 package gitsource
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha1"
 	"encoding/binary"
@@ -303,4 +305,58 @@ func TestChainResolvingToWrongHashIsDamage(t *testing.T) {
 	require.ErrorIs(t, err, ErrObjectMissing)
 	require.True(t, repairable(err))
 	requireNoSpill(t, cache)
+}
+
+// byteCopies is delta instructions that make n bytes from a base of
+// baseSize bytes, one byte per copy, walking the base backwards from
+// its end (each copy a few bytes of pack: a delta that costs its
+// receiver time, not bytes).
+func byteCopies(baseSize, n int) []byte {
+	d := binary.AppendUvarint(binary.AppendUvarint(nil, uint64(baseSize)), uint64(n))
+	for i := 0; i < n; i++ {
+		off := (baseSize - 1 - i%baseSize)
+		d = append(d, 0x80|0x0f|0x10, byte(off), byte(off>>8), byte(off>>16), byte(off>>24), 1)
+	}
+	return d
+}
+
+// One-byte copies across the base's windows make what go-git's
+// PatchDelta makes.
+func TestApplyDeltaByteCopiesAcrossWindows(t *testing.T) {
+	base := make([]byte, 200<<10)
+	for i := range base {
+		base[i] = byte(i * 7)
+	}
+	d := byteCopies(len(base), 300<<10)
+	want, err := packfile.PatchDelta(base, d)
+	require.NoError(t, err)
+	var got bytes.Buffer
+	n, err := applyDelta(&got, bytes.NewReader(base), int64(len(base)), bufio.NewReader(bytes.NewReader(d)), uint64(len(want)))
+	require.NoError(t, err)
+	require.Equal(t, int64(len(want)), n)
+	require.True(t, bytes.Equal(want, got.Bytes()))
+}
+
+// BenchmarkByteCopiesFromSpilledBase indexes a pack of 100 KB whose delta
+// makes 4 MiB from a 2 MiB base (spilled, past largeObject) one byte per
+// copy, walking the base backwards: 9 s when each copy read the base's
+// file, 0.4 s through a window (a loaded 2-core machine).
+func BenchmarkByteCopiesFromSpilledBase(b *testing.B) {
+	big := make([]byte, 2<<20)
+	pack := craftPack(b, []craftObject{{typ: plumbing.BlobObject, data: big}, {ofs: 1, data: byteCopies(len(big), 4<<20)}})
+	path := filepath.Join(b.TempDir(), "tmp_pack")
+	if err := os.WriteFile(path, pack, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		f, err := os.Open(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := indexPack(context.Background(), f, int64(len(pack)), DefaultMaxSpill); err != nil {
+			b.Fatal(err)
+		}
+		f.Close()
+	}
 }

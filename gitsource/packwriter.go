@@ -597,6 +597,7 @@ func applyDelta(w io.Writer, base io.ReaderAt, baseSize int64, delta *bufio.Read
 	}
 	var n int64
 	var insert [0x7f]byte
+	win := &baseWindow{r: base, size: baseSize}
 	for uint64(n) < dstSize {
 		cmd, err := delta.ReadByte()
 		if err != nil {
@@ -629,7 +630,7 @@ func applyDelta(w io.Writer, base io.ReaderAt, baseSize int64, delta *bufio.Read
 			if off+size > uint64(baseSize) || uint64(n)+size > dstSize {
 				return n, packfile.ErrInvalidDelta
 			}
-			m, err := io.Copy(w, io.NewSectionReader(base, int64(off), int64(size)))
+			m, err := win.copy(w, int64(off), int64(size))
 			n += m
 			if err != nil {
 				return n, err
@@ -657,6 +658,50 @@ func applyDelta(w io.Writer, base io.ReaderAt, baseSize int64, delta *bufio.Read
 		return n, packfile.ErrInvalidDelta // instructions past the result
 	}
 	return n, nil
+}
+
+// baseWindow reads a delta's base through a window of its bytes, so
+// that many small copies near each other (a delta of one-byte copies: a
+// few bytes of pack each), forwards or backwards, cost a memory copy
+// each, not a read of the base's file and a buffer each: 4 MiB of
+// one-byte copies from a spilled base took 14 s.
+type baseWindow struct {
+	r    io.ReaderAt
+	size int64
+	buf  [64 << 10]byte
+	off  int64 // of buf[0] in the base
+	n    int   // bytes of buf that hold the base
+}
+
+// copy writes size bytes of the base from off to w.
+func (b *baseWindow) copy(w io.Writer, off, size int64) (int64, error) {
+	var done int64
+	for done < size {
+		at := off + done
+		if at < b.off || at >= b.off+int64(b.n) {
+			// Past the window: the next one starts here. Before it (a
+			// delta that walks the base backwards): it ends here.
+			start := at
+			if at < b.off {
+				start = max(0, at+1-int64(len(b.buf)))
+			}
+			n, err := b.r.ReadAt(b.buf[:min(int64(len(b.buf)), b.size-start)], start)
+			b.off, b.n = start, n
+			if at >= start+int64(n) {
+				if err == nil {
+					err = io.ErrUnexpectedEOF
+				}
+				return done, err
+			}
+		}
+		chunk := b.buf[at-b.off : min(int64(b.n), at-b.off+size-done)]
+		m, err := w.Write(chunk)
+		done += int64(m)
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
 }
 
 // deltaSizes reads the two sizes a delta starts with: its base's and its
