@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 
@@ -201,7 +202,7 @@ func (r *Repo) fetchOnce(ctx context.Context, set refSet, final bool) (tips map[
 		}
 	}
 	for h := range r.missing {
-		if _, err := r.st.EncodedObject(plumbing.AnyObject, h); err == nil {
+		if err := r.readable(h); err == nil {
 			delete(r.missing, h)
 		} else if final {
 			r.log.WithField("object", h.String()).Warn("object not on the remote any more; not repairing it again")
@@ -212,6 +213,23 @@ func (r *Repo) fetchOnce(ctx context.Context, set refSet, final bool) (tips map[
 		}
 	}
 	return tips, fetched, nil
+}
+
+// readable reports whether object h can be read whole from the cache: its
+// index entry alone is not enough when its data is damaged (a pack
+// overwritten in place). Streamed, never held in memory. Caller holds r.mu.
+func (r *Repo) readable(h plumbing.Hash) error {
+	obj, err := r.st.EncodedObject(plumbing.AnyObject, h)
+	if err != nil {
+		return err
+	}
+	rd, err := obj.Reader()
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	_, err = io.Copy(io.Discard, rd)
+	return err
 }
 
 // indexWithin fetches with opts, ctx bounding the whole fetch: the

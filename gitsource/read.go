@@ -37,8 +37,13 @@ func (e *notFoundError) Is(target error) bool {
 func (r *Repo) missingObject(what string, h plumbing.Hash, err error) error {
 	// A commit beyond a shallow boundary is expected to be absent; trees and
 	// blobs of a fetched commit never are.
-	expected := r.opts.Depth > 0 && what == "commit"
-	if errors.Is(err, plumbing.ErrObjectNotFound) && !expected {
+	// Any other failure to read an object the cache lists (damaged data:
+	// "zlib: invalid header") is repaired the same way.
+	// A refusal, a deadline or a full disk is no damage.
+	expected := r.opts.Depth > 0 && what == "commit" && errors.Is(err, plumbing.ErrObjectNotFound)
+	notDamage := errors.Is(err, ErrPackRefused) || errors.Is(err, ErrTimeout) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, context.DeadlineExceeded) || isUnwritable(err)
+	if !expected && !notDamage {
 		if _, gone := r.absent[h]; !gone {
 			r.missing[h] = struct{}{}
 		}
@@ -152,7 +157,7 @@ func (r *Repo) readBlob(h plumbing.Hash) ([]byte, error) {
 	defer rd.Close()
 	data, err := io.ReadAll(rd)
 	if err != nil {
-		return nil, fmt.Errorf("%w: read blob %s: %v", ErrObjectMissing, h, err)
+		return nil, r.missingObject("blob", h, err)
 	}
 	return data, nil
 }
