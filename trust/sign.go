@@ -23,14 +23,9 @@ import (
 // gitsource.Write.Signer asks for. Safe for concurrent use.
 type CommitSigner struct {
 	signer ssh.Signer
-	// File is the private key file it was loaded from ("" when made from
-	// an ssh.Signer).
+	// File is the private key file it was loaded from.
 	File string
 }
-
-// NewCommitSigner signs with signer (any key type ssh-keygen can sign
-// with: ed25519, ECDSA, RSA with rsa-sha2-512).
-func NewCommitSigner(signer ssh.Signer) *CommitSigner { return &CommitSigner{signer: signer} }
 
 // maxKeyFile bounds a private key file read (an RSA 16384-bit key is
 // about 13 kB).
