@@ -5,9 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
-	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -40,29 +37,7 @@ func shallowFlood(n int) (adv, answer string) {
 // reader byte for byte.
 func TestShallowLinesBounded(t *testing.T) {
 	adv, answer := shallowFlood(2 * maxShallowLines)
-	mux := http.NewServeMux()
-	mux.HandleFunc("/r.git/info/refs", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/x-git-upload-pack-advertisement")
-		io.WriteString(w, pkt("# service=git-upload-pack\n")+"0000"+adv)
-	})
-	mux.HandleFunc("/r.git/git-upload-pack", func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/x-git-upload-pack-result")
-		io.WriteString(w, answer)
-	})
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-
-	// The file transport runs git-upload-pack from PATH: a stand-in that
-	// advertises, reads the request up to its "done" and answers.
-	bin := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(bin, "adv"), []byte(adv), 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(bin, "answer"), []byte(answer), 0o600))
-	script := "#!/bin/sh\ncat " + bin + "/adv\nwhile read -r l; do case \"$l\" in *done*) break;; esac; done\ncat " + bin + "/answer\n"
-	require.NoError(t, os.WriteFile(filepath.Join(bin, "git-upload-pack"), []byte(script), 0o700))
-	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
-
-	for name, url := range map[string]string{"http": srv.URL + "/r.git", "file": filepath.Join(t.TempDir(), "r.git")} {
+	for name, url := range map[string]string{"http": serveAnswer(t, adv, answer), "file": serveAnswerFile(t, adv, answer)} {
 		r, err := Open(context.Background(), Options{URL: url, CacheDir: filepath.Join(t.TempDir(), "cache"), Depth: 1})
 		require.NoError(t, err, name)
 		_, err = r.Fetch(context.Background(), "main")
