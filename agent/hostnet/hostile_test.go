@@ -118,22 +118,7 @@ func TestNATGuestsDoNotReachTheHostOverIPv6(t *testing.T) {
 	}
 	g := f.peer("c", "gf-lab", mac.String())
 	f.dhcp(g)
-	l, err := net.Listen("tcp", "[::]:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	port := l.Addr().(*net.TCPAddr).Port
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("host service\n"))
-			c.Close()
-		}
-	}()
+	port := hostService(t, "[::]:0")
 	br, _ := netlink.LinkByName("gf-lab")
 	var ll netip.Addr
 	for i := 0; i < 100 && !ll.IsValid(); i++ {

@@ -225,22 +225,7 @@ func TestNATNetworkServesGuestsAndIsolatesTheHost(t *testing.T) {
 
 	// A host service is out of the guests' reach, on the bridge address
 	// and on the host's other addresses alike; the host itself reaches it.
-	l, err := net.Listen("tcp", "0.0.0.0:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	port := l.Addr().(*net.TCPAddr).Port
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("host service\n"))
-			c.Close()
-		}
-	}()
+	port := hostService(t, "0.0.0.0:0")
 	for _, target := range []string{"10.77.0.1", "198.51.100.1"} {
 		out, _ := exec.Command("ip", "netns", "exec", guest, "busybox", "nc", "-w", "2", target, itoa(port)).CombinedOutput()
 		if strings.Contains(string(out), "host service") {
@@ -253,6 +238,28 @@ func TestNATNetworkServesGuestsAndIsolatesTheHost(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// hostService listens on addr in the host's namespace, answers every
+// connection with "host service", and returns its port; it stops with
+// the test.
+func hostService(t *testing.T, addr string) int {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("host service\n"))
+			c.Close()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).Port
+}
 
 func syscallAlive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 
