@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/gitfleet/gitfleet/gitsource"
 )
 
 // health is what Healthz reads without the pass lock (a pass holds it for
@@ -24,7 +26,7 @@ type health struct {
 func (c *Controller) healthLimit() time.Duration {
 	git := c.cfg.GitTimeout
 	if git <= 0 {
-		git = time.Minute
+		git = gitsource.DefaultTimeout
 	}
 	return 3*time.Duration(c.health.maxWait.Load()) + 2*git
 }
