@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -158,4 +159,52 @@ func TestSHA256RepositoryNamed(t *testing.T) {
 			assert.ErrorIs(t, err, gitsource.ErrObjectFormat)
 		})
 	}
+}
+
+// A blob whose bytes in the cache's pack are damaged while its index
+// entry stands (zlib's "invalid header") fails the read as a missing
+// object, and the next Fetch repairs it: the object is read whole before
+// it counts as present again, so an index entry alone does not hide it.
+func TestUnreadableBlobIsRepairedByTheNextFetch(t *testing.T) {
+	gittest.NeedGit(t)
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	content := strings.Repeat("a blob long enough to be deflated apart ", 20)
+	tip := gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"vms/a.yaml": content}})
+	blob := strings.TrimSpace(gittest.Git(t, rm, "rev-parse", tip+":vms/a.yaml"))
+	cache := filepath.Join(t.TempDir(), "cache")
+	r := open(t, gitsource.Options{URL: rm, CacheDir: cache})
+	_, err := r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+
+	// Overwrite the blob's compressed bytes in place, where git
+	// verify-pack says the object starts.
+	idx, err := filepath.Glob(filepath.Join(cache, "objects", "pack", "*.idx"))
+	require.NoError(t, err)
+	require.Len(t, idx, 1)
+	var offset int64 = -1
+	for _, line := range strings.Split(gittest.Git(t, cache, "verify-pack", "-v", idx[0]), "\n") {
+		if f := strings.Fields(line); len(f) >= 5 && f[0] == blob {
+			offset, err = strconv.ParseInt(f[4], 10, 64)
+			require.NoError(t, err)
+		}
+	}
+	require.GreaterOrEqual(t, offset, int64(0), "the blob is in the cache's pack")
+	f, err := os.OpenFile(strings.TrimSuffix(idx[0], ".idx")+".pack", os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte{0xff, 0xff, 0xff, 0xff}, offset+2)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	r, err = gitsource.Open(ctx, gitsource.Options{URL: rm, CacheDir: cache})
+	require.NoError(t, err)
+	defer r.Close()
+	_, err = r.ReadFile(tip, "vms/a.yaml")
+	require.ErrorIs(t, err, gitsource.ErrObjectMissing, "the damaged blob cannot be read")
+	_, err = r.Fetch(ctx, "main")
+	require.NoError(t, err, "the fetch after the read repairs the cache")
+	data, err := r.ReadFile(tip, "vms/a.yaml")
+	require.NoError(t, err)
+	require.Equal(t, content, string(data))
 }
