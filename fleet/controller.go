@@ -651,6 +651,12 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	if c.ledgerKeys != nil && tip != "" {
 		c.signedOnce = true
 	}
+	if c.history != nil {
+		// The walk's clone is read no more: the next pass reads the tip
+		// this one wrote.
+		c.history.Close()
+		c.history = nil
+	}
 	return out, tip, nil
 }
 
