@@ -312,3 +312,47 @@ func TestLedgerKeyRotation(t *testing.T) {
 		t.Fatal("the new tip is not signed with the new key")
 	}
 }
+
+// Without a signing key, a controller whose clone no longer holds the
+// commit a retained record names (a fresh clone after the rewrite) keeps
+// publishing it only while its host reports it exactly as recorded:
+// publishing it then changes nothing on the host.
+func TestRetainedAfterFreshCloneNeedsTheHostsReport(t *testing.T) {
+	for _, reported := range []bool{true, false} {
+		t.Run(map[bool]string{true: "host reports it", false: "host does not"}[reported], func(t *testing.T) {
+			e := newEnv(t, baseFleet())
+			e.pass()
+			orphan := e.commit(gittest.Edit{Branch: "orphan", Message: "Initial", Write: map[string]string{
+				"hosts/hv-a.yaml": hostYAML("hv-a"), "hosts/hv-b.yaml": hostYAML("hv-b"),
+				"vms/web-01.yaml": vmYAML("web-01", "hv-a", 2)}})
+			gittest.SetBranch(t, e.dir, "main", orphan)
+			if res := e.pass(); res.RetainedTotal != 2 {
+				t.Fatalf("rewrite: %+v, want db-01 and db-data retained", res)
+			}
+			if reported {
+				var spec desired.VMSpec
+				for _, k := range e.ledger().Retained {
+					if k.Kind == desired.KindVM {
+						spec = *k.Spec
+					}
+				}
+				writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 1, LastSeenEpoch: e.snapshot("hv-b").Epoch,
+					VMs:     []status.VM{{Name: "db-01", Phase: "ready", Power: "running", SpecHash: desired.SpecHash(spec)}},
+					Volumes: []status.Volume{{Name: "db-data", Present: true, SizeGB: 50}}})
+			}
+			e.c = e.newController() // its clone lacks the commit before the rewrite
+			res := e.pass()
+			vm := e.snapshot("hv-b").VM("db-01")
+			if reported {
+				if vm == nil || res.RetainedTotal != 2 || len(res.ForgedCommits) != 0 {
+					t.Fatalf("db-01 %+v, retained %d, forged %+v: the host's report should keep it", vm, res.RetainedTotal, res.ForgedCommits)
+				}
+				return
+			}
+			if vm != nil || res.RetainedTotal != 0 {
+				t.Fatalf("db-01 %+v, retained %d: published without a witness", vm, res.RetainedTotal)
+			}
+			e.wantForged(res, "does not report it")
+		})
+	}
+}
