@@ -84,6 +84,11 @@ type input struct {
 	// only when that history shows the object (justifyRetained,
 	// tombstone). Nil trusts the ledger's records.
 	desiredAt func(commit desired.Hash) (*desired.Fleet, error)
+	// removedBy reports whether commit, in the desired branch's history,
+	// removed r: its first parent holds r there. Set
+	// with desiredAt: a pending tombstone of the ledger is acted on only
+	// when it does (checkTombstones).
+	removedBy func(r ref, commit desired.Hash) (bool, error)
 	// tip is the snapshots branch tip the ledger was read at, for reports;
 	// adopted is tip when its unsigned ledger was adopted once
 	// (Config.TrustUnsignedLedgerOnce), recorded in the ledger.
@@ -193,6 +198,7 @@ func computeSteps() []computeStep {
 	return []computeStep{
 		{"guard ledger", (*computePass).guardLedger},
 		{"check retained records", (*computePass).checkRetained},
+		{"check tombstone records", (*computePass).checkTombstones},
 		{"ignore unknown hosts", (*computePass).ignoreUnknownHosts},
 		{"recover fence", (*computePass).recoverFence},
 		{"verify signatures", (*computePass).verifySignatures},
@@ -490,6 +496,31 @@ func (p *computePass) checkRetained() error {
 		kept = append(kept, k)
 	}
 	p.l.Retained = kept
+	return nil
+}
+
+// checkTombstones drops, when the ledger is not authenticated, every
+// pending tombstone whose commit did not remove its object in the desired
+// branch's history (removedBy): it is never published, and reported. The
+// object, if its host runs it, is then kept there as vanished, never
+// destroyed.
+func (p *computePass) checkTombstones() error {
+	if p.in.removedBy == nil || len(p.l.Tombstones) == 0 {
+		return nil
+	}
+	kept := p.l.Tombstones[:0:0]
+	for _, t := range p.l.Tombstones {
+		ok, err := p.in.removedBy(t.Ref(), t.Tombstone.Commit)
+		if err != nil {
+			return fmt.Errorf("check the tombstone of %s: %w", refName(t.Ref()), err)
+		}
+		if !ok {
+			p.refuseRecord(fmt.Sprintf("tombstone of %s: its commit %s is not a commit of the desired branch's history that removed it", refName(t.Ref()), t.Tombstone.Commit.Short()))
+			continue
+		}
+		kept = append(kept, t)
+	}
+	p.l.Tombstones = kept
 	return nil
 }
 

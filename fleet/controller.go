@@ -66,8 +66,10 @@ type Controller struct {
 	ledgerKeys *trust.Signers
 	signedOnce bool
 	history    *gitsource.Repo
-	// fleetsAt are the desired states fleetAt loaded, by commit.
+	// fleetsAt are the desired states fleetAt loaded, by commit;
+	// removals removedBy's verdicts, by object and commit.
 	fleetsAt map[desired.Hash]*desired.Fleet
+	removals map[string]bool
 	// verifiedTip is the snapshots tip whose host files are known to be
 	// the ones the ledger published (this controller wrote or checked
 	// them); a pass on another tip checks every file.
@@ -693,7 +695,53 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 		verify:    c.verifier(l, head),
 		deletes:   DeleteGuard{Max: c.cfg.MaxDeletes},
 		desiredAt: c.desiredAtFunc(),
+		removedBy: c.removedByFunc(),
 	}
+}
+
+// removedByFunc is compute's removedBy: nil when the ledger is
+// authenticated by a controller key's signature, else removedBy.
+func (c *Controller) removedByFunc() func(ref, desired.Hash) (bool, error) {
+	if c.ledgerKeys != nil {
+		return nil
+	}
+	return c.removedBy
+}
+
+// maxRemovals bounds the verdicts removedBy keeps.
+const maxRemovals = 100000
+
+// removedBy reports whether commit (a full hash in the desired branch's
+// clone, which holds only what was fetched from the desired branch)
+// removed r, as attribution reads it (removes). A verdict is kept by
+// object and commit (a commit's content never changes). An error is
+// git's.
+func (c *Controller) removedBy(r ref, commit desired.Hash) (bool, error) {
+	key := r.String() + "\x00" + string(commit)
+	if ok, seen := c.removals[key]; seen {
+		return ok, nil
+	}
+	ok, err := func() (bool, error) {
+		if !commitHash.MatchString(string(commit)) {
+			return false, nil
+		}
+		info, err := c.repo.CommitInfo(string(commit))
+		if errors.Is(err, gitsource.ErrObjectMissing) {
+			return false, nil
+		}
+		if err != nil || len(info.Parents) == 0 {
+			return false, err
+		}
+		return removes(c.repo, c.cfg.Path, info.Parents[0], info.Hash, r)
+	}()
+	if err != nil {
+		return false, err
+	}
+	if c.removals == nil || len(c.removals) >= maxRemovals {
+		c.removals = map[string]bool{}
+	}
+	c.removals[key] = ok
+	return ok, nil
 }
 
 // desiredAtFunc is compute's desiredAt: nil when the ledger is

@@ -356,3 +356,34 @@ func TestRetainedAfterFreshCloneNeedsTheHostsReport(t *testing.T) {
 		})
 	}
 }
+
+// Without a signing key, a pending tombstone the ledger lists is published
+// only when its commit removed the object in the desired branch's
+// history: a forged one (naming a live VM, or a commit that removed
+// something else) is never delivered, while a reviewed delete stays
+// pending.
+func TestForgedTombstoneRecordNotPublished(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	retire := e.commit(gittest.Edit{Remove: []string{"vms/db-01.yaml"}, Message: "retire db-01"})
+	if res := e.pass(); len(res.Tombstoned) != 1 {
+		t.Fatalf("tombstoned = %v", res.Tombstoned)
+	}
+	e.forgeLedger(func(l *snapshots.Ledger) {
+		// Not a live VM (that would be un-deleted at once): a VM the
+		// agent runs but the desired state never named, and db-data
+		// attributed to the commit that removed db-01.
+		l.Tombstones = append(l.Tombstones,
+			&snapshots.TombstoneRecord{Kind: desired.KindVM, Name: "ghost", Host: "hv-a", Tombstone: snapshots.Tombstone{Commit: desired.Hash(retire), Epoch: 1}},
+			&snapshots.TombstoneRecord{Kind: desired.KindVolume, Name: "other", Host: "hv-b", Tombstone: snapshots.Tombstone{Commit: desired.Hash(retire), Epoch: 1}})
+	}, nil)
+	res := e.pass()
+	if e.snapshot("hv-a").VM("ghost") != nil {
+		t.Fatal("the forged tombstone was published")
+	}
+	if vm := e.snapshot("hv-b").VM("db-01"); vm == nil || !vm.Tombstoned || res.Pending != 1 {
+		t.Fatalf("db-01 = %+v, pending %d: the reviewed delete should stay pending", vm, res.Pending)
+	}
+	e.wantForged(res, "tombstone of VM ghost@hv-a")
+	e.wantForged(res, "tombstone of Volume other@hv-b")
+}

@@ -302,7 +302,7 @@ func RenderSummary(s Summary) []byte {
 
 	if len(s.ForgedCommits) > 0 {
 		b.WriteString("## Forged snapshots commits\n\n")
-		b.WriteString("These commits on the snapshots branch are not signed by a controller key: the controller never acted on their ledger or files, read the ledger of the signed commit below them instead, and wrote its next commit over them, republishing every host file that differed. A row without a signed commit is a ledger record a controller without a signing key did not act on (a retained object the desired history does not justify, a name the applied commit never held). Check who can push to the snapshots branch (docs/operating.md, \"Forged snapshots commits\").\n\n")
+		b.WriteString("These commits on the snapshots branch are not signed by a controller key: the controller never acted on their ledger or files, read the ledger of the signed commit below them instead, and wrote its next commit over them, republishing every host file that differed. A row without a signed commit is a ledger record a controller without a signing key did not act on (a retained object the desired history does not justify, a name the applied commit never held, a tombstone no desired commit made). Check who can push to the snapshots branch (docs/operating.md, \"Forged snapshots commits\").\n\n")
 		tableHeader(&b, "commit", "signed commit read instead", "found", "reason")
 		for _, f := range s.ForgedCommits {
 			signed := "-"
