@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/snapshots"
@@ -164,7 +166,7 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 	if err != nil {
 		return nil, fmt.Errorf("ledger of the signed commit %s: %w", desired.Hash(from).Short(), err)
 	}
-	c.log.WithFields(map[string]any{"commit": desired.Hash(tip).Short(), "signed": desired.Hash(from).Short(), "forged": len(forged)}).
+	c.log.WithFields(logrus.Fields{"commit": desired.Hash(tip).Short(), "signed": desired.Hash(from).Short(), "forged": len(forged)}).
 		Warn("snapshots branch tip not signed by a controller key: acting on the ledger of the newest signed commit and repairing over the tip")
 	return &ledgerSource{tip: tip, from: from, ledger: l, read: readFrom, forged: forged}, nil
 }
