@@ -27,7 +27,8 @@ const (
 // validation errors of head, as FILE:LINE:COL: message; a Plan with errors
 // would be rejected by the controller and its Hosts are empty. Warnings
 // say what a reader must know before trusting the plan (a base that does
-// not validate, so the plan was computed against another base); they are
+// not validate, so the plan was computed against another base; a mass
+// delete that a Gitfleet-Allow-Deletes trailer lets through); they are
 // shown at the top. Guards are the controller's checks beyond validation
 // that the change trips as it stands (a commit signature refused, the
 // mass-delete guard and the trailer it needs): the controller would reject
