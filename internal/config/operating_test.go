@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -168,4 +169,22 @@ func dedent(s string) string {
 		lines[i] = strings.TrimPrefix(l, "  ")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// The controller runs as a dynamic user that reads the allowed-signers
+// file and the keyring the guide puts under /etc/gitfleet: no step of the
+// guide makes that directory unreadable to it (install -d sets the mode
+// of a directory that exists already).
+func TestOperatingGuideKeepsEtcGitfleetReadable(t *testing.T) {
+	data, err := os.ReadFile("../../docs/operating.md")
+	require.NoError(t, err)
+	doc := string(data)
+	require.Contains(t, doc, "GITFLEET_ALLOWED_SIGNERS=/etc/gitfleet/", "the guide puts a file the controller reads under /etc/gitfleet")
+	modes := regexp.MustCompile(`install -d -m (0[0-7]{3}) /etc/gitfleet(\s|$)`).FindAllStringSubmatch(doc, -1)
+	require.NotEmpty(t, modes, "section 1 makes /etc/gitfleet")
+	for _, m := range modes {
+		mode, err := strconv.ParseUint(m[1], 8, 32)
+		require.NoError(t, err)
+		assert.NotZero(t, mode&0o001, "install -d -m %s /etc/gitfleet: the controller's dynamic user can no longer reach the files in it", m[1])
+	}
 }
