@@ -438,6 +438,11 @@ func hostObjects(f *Fleet) map[string]planObject {
 // secretFields are shown as changed, never with their values.
 var secretFields = []string{"spec.cloudInit."}
 
+// publicFields are fields under a secretFields prefix that hold no secret
+// and are shown: the age recipient user-data is encrypted to is a public
+// key, and a plan that hides its change hides a re-encryption.
+var publicFields = []string{"spec.cloudInit.encryptedUserData.recipient"}
+
 // flatten renders v's JSON form as field path → compact value. Objects are
 // walked; lists and scalars are leaves. metadata.name is left out: it is the
 // identity, not a field. Secret values are kept here and redacted by
@@ -491,11 +496,7 @@ func diffFields(old, new map[string]string) []FieldChange {
 		if o == n {
 			continue
 		}
-		secret := false
-		for _, sec := range secretFields {
-			secret = secret || strings.HasPrefix(k, sec)
-		}
-		if secret {
+		if isSecretField(k) {
 			o, n = maskSecret(o), maskSecret(n)
 			if o == n {
 				n = "(secret, changed)"
