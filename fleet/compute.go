@@ -329,7 +329,8 @@ func (p *computePass) verifySignatures() error {
 
 // keepLastGood ends the pass of a rejected desired state: the last good
 // snapshots stay untouched, and the ledger only remembers why (once per
-// commit and reason, keeping when it was first refused).
+// commit and reason, keeping when it was first refused) and the forged
+// snapshots commits found (recordForgeries).
 func (p *computePass) keepLastGood() error {
 	if p.in.fleet != nil {
 		return nil
@@ -345,7 +346,9 @@ func (p *computePass) keepLastGood() error {
 		p.l.Rejected = &snapshots.Rejection{Commit: p.in.head, Reason: reason, At: p.in.now}
 	}
 	p.done = true
-	return nil
+	// The forged snapshots commits found under a rejected head are
+	// reported too: the pass writes over them.
+	return p.recordForgeries()
 }
 
 // groupLive groups the live objects per host, sorted by name, without
@@ -759,9 +762,11 @@ func (p *computePass) recordForgeries() error {
 	if p.in.adopted != "" {
 		p.l.Adopted = &snapshots.Adoption{Commit: p.in.adopted, At: p.in.now}
 	}
-	p.l.ForgedAcks = nil
-	for _, f := range p.out.forgedAcks {
-		p.l.ForgedAcks = append(p.l.ForgedAcks, snapshots.ForgedAckRecord{Ref: f.Ref, Commit: desired.Hash(f.Commit), Reason: f.Reason})
+	if p.in.fleet != nil { // a rejected pass read no acks: the last stay
+		p.l.ForgedAcks = nil
+		for _, f := range p.out.forgedAcks {
+			p.l.ForgedAcks = append(p.l.ForgedAcks, snapshots.ForgedAckRecord{Ref: f.Ref, Commit: desired.Hash(f.Commit), Reason: f.Reason})
+		}
 	}
 	known := make(map[string]bool, len(p.l.ForgedCommits))
 	for _, f := range p.l.ForgedCommits {

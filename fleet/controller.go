@@ -635,6 +635,9 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		}
 		files := o.files
 		files[snapshots.LedgerPath] = data
+		if err := src.restore(files); err != nil {
+			return nil, "", err
+		}
 		return files, commitMessage(head, o), nil
 	}
 	tip, err := c.update(ctx, c.tips, c.cfg.SnapshotsBranch, mutate)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 
 	"github.com/sirupsen/logrus"
 
@@ -42,12 +43,14 @@ type ForgedCommit struct {
 // tip is the snapshots branch tip, from the commit whose ledger and host
 // files are authentic (== tip without a signing key, when the tip is
 // signed, or adopted); read reads files at from; forged are the commits
-// above from, newest first.
+// above from, newest first, and changed the paths they changed (both
+// sides of a rename), sorted.
 type ledgerSource struct {
 	tip, from string
 	ledger    *snapshots.Ledger
 	read      func(string) ([]byte, error)
 	forged    []ForgedCommit
+	changed   []string
 	// adopted is set when the unsigned ledger at tip was adopted
 	// (TrustUnsignedLedgerOnce).
 	adopted bool
@@ -166,9 +169,56 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 	if err != nil {
 		return nil, fmt.Errorf("ledger of the signed commit %s: %w", desired.Hash(from).Short(), err)
 	}
+	changes, err := hist.Diff(from, tip)
+	if err != nil {
+		return nil, fmt.Errorf("list what the commits above the signed %s changed: %w", desired.Hash(from).Short(), err)
+	}
 	c.log.WithFields(logrus.Fields{"commit": desired.Hash(tip).Short(), "signed": desired.Hash(from).Short(), "forged": len(forged)}).
 		Warn("snapshots branch tip not signed by a controller key: acting on the ledger of the newest signed commit and repairing over the tip")
-	return &ledgerSource{tip: tip, from: from, ledger: l, read: readFrom, forged: forged}, nil
+	return &ledgerSource{tip: tip, from: from, ledger: l, read: readFrom, forged: forged, changed: changedPaths(changes)}, nil
+}
+
+// changedPaths is the sorted set of paths changes name, both sides.
+func changedPaths(changes []gitsource.Change) []string {
+	set := make(map[string]bool, 2*len(changes))
+	for _, ch := range changes {
+		for _, p := range []string{ch.From, ch.To} {
+			if p != "" {
+				set[p] = true
+			}
+		}
+	}
+	paths := make([]string, 0, len(set))
+	for p := range set {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	return paths
+}
+
+// restore adds to files, for every path the unsigned commits above the
+// signed one changed and files does not already write, that path's
+// content at the signed commit (nil, a removal, where it had none). A
+// commit the controller signs vouches for its whole tree, and agents
+// check only the tip's signature: without this, a pass that writes only
+// the ledger (a rejected desired state, a held host) would sign a forged
+// host file into acceptance.
+func (s *ledgerSource) restore(files map[string][]byte) error {
+	for _, p := range s.changed {
+		if _, ok := files[p]; ok {
+			continue
+		}
+		data, err := s.read(p)
+		switch {
+		case errors.Is(err, gitsource.ErrFileNotFound):
+			files[p] = nil
+		case err != nil:
+			return fmt.Errorf("restore %s from the signed commit %s: %w", p, desired.Hash(s.from).Short(), err)
+		default:
+			files[p] = data
+		}
+	}
+	return nil
 }
 
 // ledgerHistory is a repository holding the snapshots branch's history to

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -386,4 +387,45 @@ func TestForgedTombstoneRecordNotPublished(t *testing.T) {
 	}
 	e.wantForged(res, "tombstone of VM ghost@hv-a")
 	e.wantForged(res, "tombstone of Volume other@hv-b")
+}
+
+// A forged snapshots commit is never signed into acceptance by a pass
+// that writes only the ledger: with the desired state rejected, every
+// path the forged commit changed (a host file at a higher epoch with a
+// tombstone, a file it added) is restored to the signed commit's content
+// in the controller's signed commit on top. Agents check only the tip's
+// signature, so without the restore they accepted the forged file.
+func TestForgedHostFileRestoredWhenTheDesiredStateIsRejected(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	e := newEnv(t, baseFleet())
+	c, err := e.signingController(key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+	signed := e.snapshotsTip()
+	genuine := gittest.Show(t, e.dir, signed, snapshots.Path("hv-a"))
+	forgedFile := "host: hv-a\nepoch: 50\nvms: []\nvolumes: []\ntombstones: [{kind: VM, name: web-01, epoch: 50}]\n"
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged",
+		Write: map[string]string{snapshots.Path("hv-a"): forgedFile, "extra.yaml": "planted: true\n"}})
+	head := e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": "kind: VM\nmetadata: {name: web-01\n"}, Message: "broken"})
+
+	res := e.pass()
+	if res.Rejected == nil || len(res.ForgedCommits) != 1 {
+		t.Fatalf("rejected %v, forged %+v: want %s rejected and the forged commit reported", res.Rejected, res.ForgedCommits, desired.Hash(head).Short())
+	}
+	if !e.signedBy(key) {
+		t.Fatal("the tip after the pass is not the controller's signed commit")
+	}
+	tip := e.snapshotsTip()
+	if got := gittest.Show(t, e.dir, tip, snapshots.Path("hv-a")); got != genuine {
+		t.Errorf("the signed tip holds hosts/hv-a.yaml =\n%s\nwant the signed commit's:\n%s", got, genuine)
+	}
+	if out, err := exec.Command("git", "-C", e.dir, "cat-file", "-e", tip+":extra.yaml").CombinedOutput(); err == nil {
+		t.Errorf("the signed tip still holds the forged commit's extra.yaml (%s)", out)
+	}
+	if l := e.ledger(); l.Rejected == nil || l.Rejected.Commit != desired.Hash(head) {
+		t.Errorf("ledger rejected = %+v, want %s", l.Rejected, desired.Hash(head).Short())
+	}
 }
