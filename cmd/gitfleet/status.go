@@ -510,7 +510,11 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 				dash(status.QuarantineNote(q)))
 		}
 		for _, name := range st.Destroyed {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t-\t%s\n", name, st.Host, "destroyed", "destroy acked; the controller finalizes the delete")
+			note := "destroy acked; the controller finalizes the delete"
+			if forgedAck(rep.ForgedAcks, st.Host, name) {
+				note = "ack not signed by the host's agentKey: not acted on, the delete stays pending (see forged acks)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t-\t%s\n", name, st.Host, "destroyed", note)
 		}
 		for _, v := range st.Vanished {
 			note := "not in the snapshot, no tombstone, since " + stampOrDash(v.Since) + ": left as it is, never destroyed"
@@ -561,4 +565,16 @@ func dash(s string) string {
 		return "-"
 	}
 	return safetext.Line(s)
+}
+
+// forgedAck reports whether the controller's last pass refused host's ack
+// of VM name as forged (ledger forgedAcks).
+func forgedAck(acks []snapshots.ForgedAckRecord, host, name string) bool {
+	ref := string(desired.KindVM) + " " + name + "@" + host // as fleet writes a ref
+	for _, f := range acks {
+		if f.Ref == ref {
+			return true
+		}
+	}
+	return false
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/status"
 )
 
 // `gitfleet status` lists what the controller refused as forged, as the
@@ -75,5 +76,27 @@ func TestStatusShowsForgeries(t *testing.T) {
 	if len(rep.ForgedAcks) != 1 || rep.ForgedAcks[0].Ref != "VM db-01@hv-a" ||
 		len(rep.ForgedCommits) != 1 || rep.ForgedCommits[0].Commit != forged || !strings.Contains(rep.ForgedCommits[0].Reason, "evil") {
 		t.Errorf("json: %+v\n%s", rep, out)
+	}
+}
+
+// A destroy ack the controller refused as forged is not shown as on its
+// way to being finalized: the delete stays pending.
+func TestStatusDoesNotCallAForgedAckFinalizing(t *testing.T) {
+	rep := statusReport{Hosts: []*status.Status{{Host: "hv-a", Destroyed: []string{"db-01", "web-01"}}},
+		ForgedAcks: []snapshots.ForgedAckRecord{{Ref: "VM db-01@hv-a", Reason: "not signed"}}}
+	var b strings.Builder
+	if err := writeHostsAndVMs(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(b.String(), "\n") {
+		switch {
+		case strings.HasPrefix(line, "db-01") && !strings.Contains(line, "not acted on"):
+			t.Errorf("the forged ack's row does not say it was not acted on: %s", line)
+		case strings.HasPrefix(line, "web-01") && !strings.Contains(line, "the controller finalizes"):
+			t.Errorf("a genuine ack's row: %s", line)
+		}
+	}
+	if !strings.Contains(b.String(), "db-01") || !strings.Contains(b.String(), "web-01") {
+		t.Fatalf("rows missing:\n%s", b.String())
 	}
 }
