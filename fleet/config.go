@@ -92,9 +92,10 @@ type Config struct {
 	// commit. Signers must be set unless Verify is off (ErrConfig).
 	Verify  VerifyMode
 	Signers *trust.Signers
-	// SigningKey, when set, signs every commit the controller writes, on
-	// the snapshots branch and the status branch (trust.CommitSigner: an
-	// SSH signature in git's gpgsig format, which `git verify-commit`
+	// SigningKey, when set, signs every commit the controller writes on
+	// the snapshots branch, and none on the status branch (its tree is
+	// anyone's; docs/DESIGN.md, "Signed snapshots") (trust.CommitSigner:
+	// an SSH signature in git's gpgsig format, which `git verify-commit`
 	// accepts). Agents given the public key (controllerKeys) accept only
 	// snapshots signed with it (docs/DESIGN.md, "Signed snapshots"). Nil
 	// writes unsigned commits.

@@ -871,8 +871,24 @@ func (c *Controller) fetch(ctx context.Context, repo *gitsource.Repo, branch str
 	return tip, err
 }
 
-// update is repo.Update of branch with mutate, each commit signed with
-// Config.SigningKey when set, timed for the metrics as a push; an error of
+// signerFor is the signer of the controller's commits on branch:
+// Config.SigningKey on the snapshots branch, nil (unsigned) on any other.
+// A signature by a controller key is what agents and the ledger walk take
+// as "a snapshots commit a controller wrote", and they check only the
+// signature: a signed commit on the status branch, built on a tree anyone
+// who can push there chose (a planted ledger.yaml or host file), would be
+// that once pushed to the snapshots branch (docs/DESIGN.md, "Signed
+// snapshots").
+func (c *Controller) signerFor(branch string) gitsource.CommitSigner {
+	if branch != c.cfg.SnapshotsBranch {
+		return nil
+	}
+	return c.cfg.SigningKey
+}
+
+// update is repo.Update of branch with mutate, each commit on the
+// snapshots branch signed with Config.SigningKey when set (never another
+// branch's: see signerFor), timed for the metrics as a push; an error of
 // mutate itself (the controller's, not git's) is not counted as git's
 // failure. A branch of the tip repository this pass fetched is updated on
 // that tip (EditAt), and its new tip recorded.
@@ -884,13 +900,14 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 		return files, msg, err
 	}
 	start := time.Now()
+	signer := c.signerFor(branch)
 	edit := func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
 		hash := ""
 		if tip != nil {
 			hash = tip.Hash
 		}
 		files, msg, err := wrapped(hash, read)
-		return gitsource.Write{Files: files, Message: msg, Signer: c.cfg.SigningKey}, err
+		return gitsource.Write{Files: files, Message: msg, Signer: signer}, err
 	}
 	var tip string
 	var err error

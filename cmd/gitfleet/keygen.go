@@ -92,7 +92,7 @@ func runKeygen(w io.Writer, out, host string) error {
        LoadCredential=signing-key:%[2]s
        Environment=GITFLEET_SIGNING_KEY=%%d/signing-key
      (not run by systemd: --signing-key %[2]s, the file owned by the controller's user.)
-     Its snapshots and status commits are signed from its next pass on.
+     Its snapshots commits are signed from its next pass on.
   2. Then on every host, in the agent's configuration (/etc/gitfleet/agent.yaml), and restart the agent:
        controllerKeys:
          - %[1]s

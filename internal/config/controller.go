@@ -70,7 +70,7 @@ type Controller struct {
 	// default fleet.DefaultMaxDeletes, negative off.
 	MaxDeletes int
 	// SigningKey is the private SSH key file the controller signs its
-	// commits with (trust.LoadCommitSigner: unencrypted, mode 0600); ""
+	// snapshots commits with (trust.LoadCommitSigner: unencrypted, mode 0600); ""
 	// signs nothing.
 	SigningKey string
 	// ControllerKeys is an allowed-signers file (ssh-keygen -Y format, as
@@ -155,7 +155,7 @@ func (c *Controller) Bind(f *Flags) {
 	f.String(&c.SnapshotsBranch, "snapshots-branch", "", "branch the snapshots are published on")
 	f.String(&c.StatusBranch, "status-branch", "", "branch the agents report on")
 	c.Signatures.Bind(f)
-	f.Path(&c.SigningKey, "signing-key", "GITFLEET_SIGNING_KEY", "private SSH key file (mode 0600, no passphrase) the controller signs its snapshots and status commits with; agents whose controllerKeys name its public key accept only snapshots signed with it")
+	f.Path(&c.SigningKey, "signing-key", "GITFLEET_SIGNING_KEY", "private SSH key file (mode 0600, no passphrase) the controller signs its snapshots commits with (never its status commits); agents whose controllerKeys name its public key accept only snapshots signed with it")
 	f.Path(&c.ControllerKeys, "controller-keys", "GITFLEET_CONTROLLER_KEYS", "allowed-signers file (ssh-keygen -Y format, the agents' controllerKeysFile) of other controllers' public keys: with --signing-key the controller acts only on the ledger of the newest snapshots commit signed by its own key or one of these (a second controller, a rotated key)")
 	f.Bool(&c.TrustUnsignedLedgerOnce, "trust-unsigned-ledger-once", "GITFLEET_TRUST_UNSIGNED_LEDGER_ONCE", "with --signing-key, adopt the ledger at the snapshots tip when no commit there is signed by a controller key yet (the first start with a key; check ledger.yaml first), until this process has published; remove it afterwards")
 	f.Int(&c.MaxDeletes, "max-deletes", "GITFLEET_MAX_DELETES", "reject a change that newly tombstones more objects than this (or more than 25% of a host's VMs) unless a commit carries the trailer Gitfleet-Allow-Deletes: <n>; negative turns the guard off")

@@ -1,0 +1,168 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"testing"
+
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/trust/trusttest"
+)
+
+// A forged merge whose first parent is an older signed commit (one whose
+// ledger holds a tombstone of a VM undeleted since) and whose second
+// parent is the newest signed commit replays the old ledger: the
+// controller walks first parents to the old signed commit. The replay
+// destroys nothing (the VM, desired again, stays live and untombstoned)
+// and does not hold the host back: the agent's report of the epoch it
+// accepted lifts the host above it (fence recovery), and the forged merge
+// is reported.
+func TestReplayedSignedLedgerThroughForgedMerge(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	e := newEnv(t, baseFleet())
+	c, err := e.signingController(key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+	e.commit(gittest.Edit{Remove: []string{"vms/db-01.yaml"}, Message: "retire db-01"})
+	if res := e.pass(); len(res.Tombstoned) != 1 {
+		t.Fatalf("tombstoned = %v", res.Tombstoned)
+	}
+	old := e.snapshotsTip()
+	oldLedger := gittest.Show(t, e.dir, old, snapshots.LedgerPath)
+	oldHost := gittest.Show(t, e.dir, old, snapshots.Path("hv-b"))
+	e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 2, "db-data")}, Message: "keep db-01 after all"})
+	e.pass()
+	newest := e.snapshotsTip()
+	accepted := e.snapshot("hv-b").Epoch
+	if vm := e.snapshot("hv-b").VM("db-01"); vm == nil || vm.Tombstoned {
+		t.Fatalf("db-01 = %+v after the undelete", vm)
+	}
+	writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 1, LastSeenEpoch: accepted})
+
+	merge := e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Parents: []string{old, newest}, Message: "forged merge",
+		Write: map[string]string{snapshots.LedgerPath: oldLedger, snapshots.Path("hv-b"): oldHost}})
+	res := e.pass()
+	if len(res.ForgedCommits) != 1 || res.ForgedCommits[0].Commit != merge || res.ForgedCommits[0].Signed != old {
+		t.Fatalf("forged commits = %+v, want the merge %s above %s", res.ForgedCommits, merge, old)
+	}
+	if !e.signedBy(key) {
+		t.Fatal("the tip after the pass is not signed")
+	}
+	snap := e.snapshot("hv-b")
+	if vm := snap.VM("db-01"); vm == nil || vm.Tombstoned {
+		t.Fatalf("db-01 = %+v: the replayed tombstone of an undeleted VM was published", vm)
+	}
+	for _, tr := range e.ledger().Tombstones {
+		if tr.Name == "db-01" {
+			t.Fatalf("the ledger keeps the replayed tombstone %+v", tr)
+		}
+	}
+	if snap.Epoch <= accepted {
+		t.Errorf("hv-b published at epoch %d, not above the %d its agent accepted: it would refuse it", snap.Epoch, accepted)
+	}
+	if e.snapshot("hv-a").VM("web-01") == nil {
+		t.Error("hv-a lost web-01")
+	}
+}
+
+// A forged commit that renames a host file (git records a rename) is
+// undone on both sides by the controller's signed commit, even when the
+// desired state is rejected and the pass writes only the ledger: the old
+// path has the signed content again and the new one is gone.
+func TestForgedHostFileRenameRestored(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	e := newEnv(t, baseFleet())
+	c, err := e.signingController(key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+	genuine := gittest.Show(t, e.dir, e.snapshotsTip(), snapshots.Path("hv-b"))
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged rename",
+		Rename: map[string]string{snapshots.Path("hv-b"): snapshots.Path("hv-z")}})
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": "kind: VM\nmetadata: {name: web-01\n"}, Message: "broken"})
+	res := e.pass()
+	if res.Rejected == nil || len(res.ForgedCommits) != 1 {
+		t.Fatalf("rejected %v, forged %+v", res.Rejected, res.ForgedCommits)
+	}
+	if !e.signedBy(key) {
+		t.Fatal("the tip after the pass is not signed")
+	}
+	tip := e.snapshotsTip()
+	if got := gittest.Show(t, e.dir, tip, snapshots.Path("hv-b")); got != genuine {
+		t.Errorf("hosts/hv-b.yaml at the signed tip =\n%s\nwant\n%s", got, genuine)
+	}
+	for _, f := range gittest.Files(t, e.dir, tip) {
+		if f == snapshots.Path("hv-z") {
+			t.Errorf("the signed tip still holds the renamed %s", f)
+		}
+	}
+}
+
+// The status branch is anyone's to write, and the controller commits its
+// summary on top of whatever tree it finds there. Were that commit signed
+// with the snapshots key, someone who can push planted a ledger and a
+// host file on gitfleet/status, waited for the controller's next summary
+// commit, and pushed it to gitfleet/snapshots: a tip a controller key
+// signed, whose ledger the controller acted on (it published the planted
+// retained VM) and whose host file (a tombstone at a high epoch) agents
+// accepted. The controller signs only its snapshots commits: the
+// replayed status commit verifies for no one, and the controller refuses
+// to act on a branch with no signed commit (restore it from a backup).
+func TestStatusCommitReplayedOnSnapshotsIsNotSigned(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	e := newEnv(t, baseFleet())
+	c, err := e.signingController(key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+	genuine := e.snapshotsTip()
+	l := e.ledger()
+	l.Retained = append(l.Retained, evilRetained(l.Applied.Commit))
+	forgedLedger, err := l.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	forgedHost := "host: hv-a\nepoch: 99999\nvms: []\nvolumes: []\ntombstones: [{kind: VM, name: web-01, epoch: 99999}]\n"
+	e.commit(gittest.Edit{Branch: DefaultStatusBranch, Message: "planted",
+		Write: map[string]string{snapshots.LedgerPath: string(forgedLedger), snapshots.Path("hv-a"): forgedHost}})
+	// A heartbeat changes the summary: the controller commits on top.
+	writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 1, LastSeenEpoch: e.snapshot("hv-b").Epoch})
+	e.clock.Add(time.Minute)
+	e.pass()
+	replayed := gittest.Rev(t, e.dir, "refs/heads/"+DefaultStatusBranch)
+	if gittest.Show(t, e.dir, replayed, snapshots.LedgerPath) != strings.TrimSuffix(string(forgedLedger), "\n") {
+		t.Fatal("the status tip does not hold the planted ledger")
+	}
+	gittest.SetBranch(t, e.dir, DefaultSnapshotsBranch, replayed)
+	if e.signedBy(key) {
+		t.Fatal("the controller's status commit is signed: agents accept its planted hosts/hv-a.yaml as a snapshot")
+	}
+
+	_, err = e.c.Pass(context.Background())
+	if !errors.Is(err, ErrUnsignedLedger) {
+		t.Fatalf("pass over the replayed status commit: %v, want ErrUnsignedLedger", err)
+	}
+	if e.snapshotsTip() != replayed {
+		t.Fatal("a refused pass wrote over the replayed commit")
+	}
+	gittest.SetBranch(t, e.dir, DefaultSnapshotsBranch, genuine) // the backup
+	e.pass()
+	if e.snapshot("hv-a").VM("evil") != nil {
+		t.Fatal("the ledger planted on the status branch was acted on")
+	}
+	if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || vm.Tombstoned {
+		t.Fatalf("web-01 = %+v, want it live", vm)
+	}
+}
