@@ -70,6 +70,9 @@ type input struct {
 	// verification off); an error wrapping trust.ErrSignature rejects the
 	// head, any other is git's.
 	verify func() error
+	// controllerKeys are the keys whose snapshots commits the controller
+	// trusts (nil without a signing key): no Host's agentKey may be one.
+	controllerKeys *trust.Signers
 	// appliedRange returns the commits since ledger.Applied, head first
 	// (AppliedRange, WithMergedCommits): their messages carry the
 	// mass-delete guard's trailer.
@@ -202,6 +205,7 @@ func computeSteps() []computeStep {
 		{"ignore unknown hosts", (*computePass).ignoreUnknownHosts},
 		{"recover fence", (*computePass).recoverFence},
 		{"verify signatures", (*computePass).verifySignatures},
+		{"separate agent keys", (*computePass).separateAgentKeys},
 		{"keep last good", (*computePass).keepLastGood},
 		{"group live objects", (*computePass).groupLive},
 		{"un-retain", (*computePass).unretain},
@@ -324,6 +328,44 @@ func (p *computePass) verifySignatures() error {
 	}
 	p.in.fleet, p.in.loadErr = nil, err
 	p.out.rejected = err
+	return nil
+}
+
+// ErrAgentKeyIsControllerKey is wrapped by the rejection of a desired
+// state in which a Host's spec.agentKey is a key whose snapshots commits
+// the controller trusts.
+var ErrAgentKeyIsControllerKey = errors.New("a Host's agentKey is a controller key")
+
+// separateAgentKeys rejects a desired state whose Host names a controller
+// key (this controller's or one of --controller-keys) as its agentKey:
+// that agent signs its status commits, on a host branch whose tree anyone
+// who can push chose, with a key agents and the ledger walk take for the
+// controller's, so any of them pushed to the snapshots branch would be a
+// snapshots commit "a controller wrote".
+func (p *computePass) separateAgentKeys() error {
+	if p.in.fleet == nil || p.in.controllerKeys == nil {
+		return nil
+	}
+	names := make([]string, 0, len(p.in.fleet.Hosts))
+	for name := range p.in.fleet.Hosts {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		h := p.in.fleet.Hosts[name]
+		if h.Spec.AgentKey == "" {
+			continue
+		}
+		keys, err := trust.ParseKeys("Host "+name+" spec.agentKey", []string{h.Spec.AgentKey})
+		if err != nil || len(keys) != 1 || !p.in.controllerKeys.HoldsSSH(keys[0].Fingerprint()) {
+			continue // a bad key is the loader's to report
+		}
+		err = fmt.Errorf("%w: %s: Host %s spec.agentKey %s is a controller key: its agent's signed status commits would pass for snapshots commits; give the agent its own key (gitfleet keygen --host %s)",
+			ErrAgentKeyIsControllerKey, h.Origin.File, name, keys[0].Fingerprint(), name)
+		p.in.fleet, p.in.loadErr = nil, err
+		p.out.rejected = err
+		return nil
+	}
 	return nil
 }
 

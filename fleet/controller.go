@@ -695,10 +695,11 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 			all, err := WithMergedCommits(c.repo, rng)
 			return all, truncated, err
 		},
-		verify:    c.verifier(l, head),
-		deletes:   DeleteGuard{Max: c.cfg.MaxDeletes},
-		desiredAt: c.desiredAtFunc(),
-		removedBy: c.removedByFunc(),
+		verify:         c.verifier(l, head),
+		controllerKeys: c.ledgerKeys,
+		deletes:        DeleteGuard{Max: c.cfg.MaxDeletes},
+		desiredAt:      c.desiredAtFunc(),
+		removedBy:      c.removedByFunc(),
 	}
 }
 

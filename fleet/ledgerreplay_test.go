@@ -166,3 +166,34 @@ func TestStatusCommitReplayedOnSnapshotsIsNotSigned(t *testing.T) {
 		t.Fatalf("web-01 = %+v, want it live", vm)
 	}
 }
+
+// A Host naming a controller key (this controller's, or one of
+// --controller-keys) as its agentKey is rejected: its agent signs status
+// commits on a host branch whose tree anyone who can push chose, and each
+// of them, pushed to the snapshots branch, would pass for a snapshots
+// commit a controller wrote. The last good snapshots stay.
+func TestAgentKeyThatIsAControllerKeyRejected(t *testing.T) {
+	own := trusttest.NewSSHKey(t, "gitfleet-controller")
+	other := trusttest.NewSSHKey(t, "gitfleet-controller-2")
+	for name, agentKey := range map[string]string{"its own key": own.Public, "a listed controller key": other.Public} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, baseFleet())
+			c, err := e.signingController(own, false, other)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.c = c
+			e.pass()
+			good := e.snapshot("hv-a")
+			head := e.commit(gittest.Edit{Message: "hv-a signs", Write: map[string]string{
+				"hosts/hv-a.yaml": hostYAML("hv-a") + "  agentKey: " + agentKey + "\n"}})
+			res := e.pass()
+			if res.Rejected == nil || !errors.Is(res.Rejected, ErrAgentKeyIsControllerKey) || !strings.Contains(res.Rejected.Error(), "hosts/hv-a.yaml") {
+				t.Fatalf("rejected = %v, want %s rejected for ErrAgentKeyIsControllerKey naming hosts/hv-a.yaml", res.Rejected, head)
+			}
+			if got := e.snapshot("hv-a"); got.Epoch != good.Epoch || got.VM("web-01") == nil {
+				t.Fatalf("hv-a = %+v, want the last good snapshot", got)
+			}
+		})
+	}
+}

@@ -42,6 +42,17 @@ type Signers struct {
 	pgp openpgp.EntityList
 }
 
+// HoldsSSH reports whether s lists the SSH key whose fingerprint is
+// fingerprint (ssh.FingerprintSHA256's "SHA256:…").
+func (s *Signers) HoldsSSH(fingerprint string) bool {
+	for _, k := range s.ssh {
+		if k.Fingerprint() == fingerprint {
+			return true
+		}
+	}
+	return false
+}
+
 // Signer says who signed a verified commit.
 type Signer struct {
 	// Kind is "ssh" or "openpgp".

@@ -79,11 +79,22 @@ func TestSigningKeysThroughTheCommands(t *testing.T) {
 	assert.Contains(t, raw, "gpgsig -----BEGIN SSH SIGNATURE-----", "the agent signs its status")
 
 	t.Run("an agent that trusts another key refuses the snapshot", func(t *testing.T) {
-		code, out := runCLI(t, "agent", "--config", agentConfig(agentPub), "--once")
+		otherPub := keygenPublic(t, "--controller", "--out", filepath.Join(keys, "other_ed25519"))
+		code, out := runCLI(t, "agent", "--config", agentConfig(otherPub), "--once")
 		require.Equal(t, 0, code, out)
 		st := hostStatus(t, bare)
 		assert.Contains(t, st.SnapshotError, "not signed by the controller")
 		require.Len(t, st.VMs, 1, "the VM of the last accepted snapshot keeps running")
 		assert.Equal(t, status.PhaseReady, st.VMs[0].Phase)
+	})
+
+	// The host branch's tree is anyone's: a commit the agent signs there
+	// with a key agents take for the controller's would pass, pushed to
+	// gitfleet/snapshots, for a snapshots commit over a planted ledger.
+	t.Run("an agent signing with a controller key does not start", func(t *testing.T) {
+		code, out, stderr := runCLIStderr(t, "agent", "--config", agentConfig(agentPub), "--once")
+		assert.NotEqual(t, 0, code, out)
+		assert.Contains(t, stderr, "signingKey")
+		assert.Contains(t, stderr, "is one of controllerKeys")
 	})
 }

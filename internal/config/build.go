@@ -68,6 +68,9 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 		if err != nil {
 			return nil, fmt.Errorf("agent config %s: signingKey: %w", c.File, err)
 		}
+		if c.ControllerKeys != nil && c.ControllerKeys.HoldsSSH(k.Fingerprint()) {
+			return nil, fmt.Errorf("agent config %s: signingKey %s is one of controllerKeys: a status commit this agent signs, on a host branch whose tree anyone who can push there chose, would pass for a snapshots commit of the controller; give the agent its own key (gitfleet keygen --host %s)", c.File, k.Fingerprint(), c.Host)
+		}
 		signer = k
 		log.WithField("key", k.Fingerprint()).Info("signing status commits: the Host's spec.agentKey must name this key")
 	}
