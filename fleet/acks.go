@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
 	"github.com/gitfleet/gitfleet/trust"
 )
@@ -42,19 +43,20 @@ type ackRefusal struct{ commit, why string }
 // DESIGN.md, "Authentic acks"): a host whose Host object (in fl, else the
 // last good fleet) names spec.agentKey acks only through a status commit
 // on its host branch signed by that key; a host whose Host object left
-// the desired state, by the last agentKey the ledger kept for it. It returns host → why its acks
-// are not taken, for every host whose status fails; a host without
+// the desired state, by the last agentKey l kept for it (l is the ledger
+// the pass computes on: the authentic one, read before this is called).
+// It returns host → why its acks are not taken, for every host whose status fails; a host without
 // agentKey is not checked. Verdicts are kept by (tip, key): a tip is
 // verified once. A commit that cannot be read is not taken this pass,
 // never treated as signed.
-func (c *Controller) authenticate(fl *desired.Fleet, reports []status.Report, hostTips map[string]string) map[string]ackRefusal {
+func (c *Controller) authenticate(fl *desired.Fleet, l *snapshots.Ledger, reports []status.Report, hostTips map[string]string) map[string]ackRefusal {
 	if fl == nil {
 		fl = c.loadedFleet
 	}
 	out := map[string]ackRefusal{}
 	kept := make(map[string]ackVerdict, len(c.ackVerdicts))
 	for _, rep := range reports {
-		key := c.agentKey(fl, rep.Host)
+		key := agentKey(fl, l, rep.Host)
 		if rep.Status == nil || key == "" {
 			continue
 		}
@@ -79,14 +81,14 @@ func (c *Controller) authenticate(fl *desired.Fleet, reports []status.Report, ho
 
 // agentKey is the key host's acks must be signed with: its Host's
 // spec.agentKey in fl, or, for a host that left the desired state, the
-// last one the ledger kept for it (keepAgentKeys); "" when neither names
-// one.
-func (c *Controller) agentKey(fl *desired.Fleet, host string) string {
+// last one l, the ledger the pass computes on, kept for it
+// (keepAgentKeys); "" when neither names one.
+func agentKey(fl *desired.Fleet, l *snapshots.Ledger, host string) string {
 	if fl != nil && fl.Hosts[host] != nil {
 		return fl.Hosts[host].Spec.AgentKey
 	}
-	if c.ledger != nil && c.ledger.Hosts[host] != nil {
-		return c.ledger.Hosts[host].AgentKey
+	if l != nil && l.Hosts[host] != nil {
+		return l.Hosts[host].AgentKey
 	}
 	return ""
 }

@@ -117,3 +117,27 @@ func TestAckOfDepartedHostNeedsItsLastAgentKey(t *testing.T) {
 		t.Fatalf("finalized %v, pending %d, forged %+v: the signed ack should finalize", res.Finalized, res.Pending, res.ForgedAcks)
 	}
 }
+
+// The first pass of a controller that has just started checks a departed
+// host's acks against the agentKey the ledger kept, as every later pass
+// does: it authenticates statuses before it has read any ledger, and an
+// unsigned ack there was taken as a Host without agentKey.
+func TestAckOfDepartedHostAfterRestart(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
+	files := baseFleet()
+	files["hosts/hv-a.yaml"] = hostYAML("hv-a") + "  agentKey: " + key.Public + "\n"
+	e := newEnv(t, files)
+	e.pass()
+	e.commit(gittest.Edit{Remove: []string{"hosts/hv-a.yaml", "vms/web-01.yaml"}, Message: "retire hv-a"})
+	res := e.pass()
+	if len(res.Tombstoned) != 1 {
+		t.Fatalf("tombstoned = %v, want web-01", res.Tombstoned)
+	}
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 5, LastSeenEpoch: res.Published["hv-a"], Destroyed: []string{"web-01"}})
+
+	e.c = e.newController() // restarted
+	res = e.pass()
+	if len(res.Finalized) != 0 || res.Pending != 1 || len(res.ForgedAcks) != 1 {
+		t.Fatalf("finalized %v, pending %d, forged %+v: the restarted controller acted on an unsigned ack of a departed host", res.Finalized, res.Pending, res.ForgedAcks)
+	}
+}

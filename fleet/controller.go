@@ -437,10 +437,6 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 			return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
 		}
 		res.Rejected = loadErr
-		if obs.err == nil {
-			// The Hosts' agentKeys are the new head's.
-			obs.unsigned = c.authenticate(fl, obs.reports, obs.hostTips)
-		}
 		out, tip, err = c.publish(ctx, head, fl, loadErr, obs, now)
 	}
 	res.SnapshotsCommit = tip
@@ -523,11 +519,8 @@ type observation struct {
 	statuses map[string]*status.Status
 	// copies are the copies to bring up to date on the status branch.
 	copies statusCopies
-	// unsigned are the hosts whose status may not ack deletes: not
-	// signed by the key their Host's spec.agentKey names (in the fleet
-	// the pass computes on); hostTips the host branches' tips they were
-	// judged on.
-	unsigned map[string]ackRefusal
+	// hostTips are the host branches' tips the statuses were read at,
+	// whose signatures input judges (authenticate).
 	hostTips map[string]string
 }
 
@@ -538,7 +531,6 @@ func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Ti
 	obs.tip, obs.reports, obs.copies, obs.hostTips, obs.err = c.readStatuses(ctx)
 	obs.statuses = map[string]*status.Status{}
 	if obs.err == nil {
-		obs.unsigned = c.authenticate(fl, obs.reports, obs.hostTips)
 		for _, rep := range obs.reports {
 			if c.known(fl, rep.Host) {
 				// A host the computation ignores keeps no liveness.
@@ -671,10 +663,18 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs observation, now time.Time,
 	l *snapshots.Ledger, read, verify func(string) ([]byte, error)) input {
 	hashes := c.hashes
+	// The hosts whose status may not ack deletes are judged against the
+	// fleet and the ledger this attempt computes on: a departed host's
+	// last agentKey is in l (the authentic ledger), which a just-started
+	// controller has read nowhere else yet.
+	var unsigned map[string]ackRefusal
+	if obs.err == nil {
+		unsigned = c.authenticate(fl, l, obs.reports, obs.hostTips)
+	}
 	return input{
 		branch: c.cfg.Branch, head: desired.Hash(head), fleet: fl, loadErr: loadErr,
 		path:   c.cfg.Path,
-		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil, unsigned: obs.unsigned,
+		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil, unsigned: unsigned,
 		offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
 		now:     now, grace: c.cfg.AbandonGrace,
 		attribute: func(refs []ref) (map[ref]snapshots.Tombstone, error) {
