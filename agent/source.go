@@ -110,7 +110,7 @@ func (s *Source) read(tip string) (*snapshots.Snapshot, error) {
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil
 	}
-	if errors.Is(err, gitsource.ErrFileTooLarge) {
+	if errors.Is(err, gitsource.ErrFileTooLarge) || errors.Is(err, gitsource.ErrNotAFile) {
 		// Refused like a fence violation: nothing acts on it, and the
 		// status says why.
 		return nil, fmt.Errorf("%w: %s@%.12s: %w", ErrSnapshotInvalid, path, tip, err)

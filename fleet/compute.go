@@ -1015,7 +1015,7 @@ func (p *computePass) genuine(host string, s *hostSnapshot) (bool, error) {
 		return true, nil
 	}
 	data, err := read(snapshots.Path(host))
-	if errors.Is(err, gitsource.ErrFileNotFound) || errors.Is(err, gitsource.ErrFileTooLarge) {
+	if errors.Is(err, gitsource.ErrFileNotFound) || errors.Is(err, gitsource.ErrFileTooLarge) || errors.Is(err, gitsource.ErrNotAFile) {
 		return false, nil
 	}
 	if err != nil {

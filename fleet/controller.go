@@ -1000,7 +1000,7 @@ func readSnapshot(read func(string) ([]byte, error), host string) (*snapshots.Sn
 	if errors.Is(err, gitsource.ErrFileNotFound) {
 		return nil, nil
 	}
-	if errors.Is(err, gitsource.ErrFileTooLarge) {
+	if errors.Is(err, gitsource.ErrFileTooLarge) || errors.Is(err, gitsource.ErrNotAFile) {
 		return nil, nil // refused like one that does not parse
 	}
 	if err != nil {

@@ -197,3 +197,58 @@ func TestAgentKeyThatIsAControllerKeyRejected(t *testing.T) {
 		})
 	}
 }
+
+// A forged commit that turns a host file into a directory, and another's
+// into a symlink, is undone too when the pass writes only the ledger: the
+// signed tip has each host file back as the signed commit had it.
+func TestForgedHostPathKindsRestored(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	e := newEnv(t, baseFleet())
+	c, err := e.signingController(key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+	signed := e.snapshotsTip()
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged",
+		Remove:  []string{snapshots.Path("hv-a"), snapshots.Path("hv-b")},
+		Write:   map[string]string{snapshots.Path("hv-a") + "/x": "planted\n", snapshots.Path("hv-b"): "/etc/shadow"},
+		Symlink: []string{snapshots.Path("hv-b")}})
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": "kind: VM\nmetadata: {name: web-01\n"}, Message: "broken"})
+	res := e.pass()
+	if res.Rejected == nil || len(res.ForgedCommits) != 1 {
+		t.Fatalf("rejected %v, forged %+v", res.Rejected, res.ForgedCommits)
+	}
+	tip := e.snapshotsTip()
+	for _, h := range []string{"hv-a", "hv-b"} {
+		if got, want := gittest.Show(t, e.dir, tip, snapshots.Path(h)), gittest.Show(t, e.dir, signed, snapshots.Path(h)); got != want {
+			t.Errorf("%s at the signed tip =\n%s\nwant\n%s", snapshots.Path(h), got, want)
+		}
+	}
+	if want, got := gittest.Git(t, e.dir, "ls-tree", "-r", signed), gittest.Git(t, e.dir, "ls-tree", "-r", tip); !strings.Contains(got, strings.Split(want, "\n")[0]) || strings.Contains(got, "120000") || strings.Contains(got, "/x") {
+		t.Errorf("tree at the signed tip:\n%s\nwant the signed commit's modes and paths:\n%s", got, want)
+	}
+}
+
+// Without a signing key, a directory planted at a host file's path on the
+// snapshots branch is not what the controller computes: the next pass
+// publishes the host file over it, and every other host too. Before,
+// reading it failed the pass for the whole fleet, and writing over it
+// failed the publish ("a directory is in the way"), for as long as it
+// stayed.
+func TestPlantedDirectoryAtAHostFileRepublished(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	epoch := e.snapshot("hv-a").Epoch
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "planted", Remove: []string{snapshots.Path("hv-a")},
+		Write: map[string]string{snapshots.Path("hv-a") + "/planted": "x\n"}})
+	e.commit(editWeb(3, nil))
+	res := e.pass()
+	if res.Published["hv-a"] == 0 || e.snapshot("hv-a").Epoch <= epoch || e.snapshot("hv-a").VM("web-01") == nil {
+		t.Fatalf("published %v, hv-a %+v: want hv-a's file back above epoch %d", res.Published, e.snapshot("hv-a"), epoch)
+	}
+	if e.snapshot("hv-b").VM("db-01") == nil {
+		t.Fatal("hv-b lost db-01")
+	}
+}

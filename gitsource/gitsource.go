@@ -79,6 +79,10 @@ var (
 	// ErrFileNotFound: the path does not exist in the tree of that commit.
 	// It also matches fs.ErrNotExist.
 	ErrFileNotFound = errors.New("file not found")
+	// ErrNotAFile: the path names a directory or a submodule, not a file.
+	// On the gitfleet branches, whose files anyone who can push may
+	// replace, it is read like a file that does not parse.
+	ErrNotAFile = errors.New("not a file")
 	// ErrShallowHistory: a history walk reached the boundary of a shallow
 	// fetch (Options.Depth > 0); the older history is not in the cache. It is
 	// never read as "history ends here".

@@ -213,7 +213,7 @@ func (r *Repo) readAt(commit string, root plumbing.Hash, p, cp string, max int64
 		return nil, fmt.Errorf("read %s: %w", p, err)
 	}
 	if e.Mode == filemode.Dir || e.Mode == filemode.Submodule {
-		return nil, fmt.Errorf("read %s at %s: not a file (mode %s)", p, desired.Hash(commit).Short(), e.Mode)
+		return nil, fmt.Errorf("read %s at %s: %w (mode %s)", p, desired.Hash(commit).Short(), ErrNotAFile, e.Mode)
 	}
 	if max >= 0 {
 		n, err := r.blobSize(e.Hash)

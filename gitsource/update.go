@@ -480,13 +480,27 @@ func (b *builder) edit(h plumbing.Hash, edits map[string][]byte) (plumbing.Hash,
 	}
 	changed := false
 	removed := map[string]bool{}
+	// A path's write or removal replaces whatever the tree holds there
+	// (a directory where a file is written, a file where a directory is
+	// written under): these trees are the writer's, and an entry of
+	// another kind in the way is someone else's, never a reason to stop
+	// writing. Removals under a path written itself are subsumed by it.
 	for name, data := range here {
+		if sub, clash := below[name]; clash {
+			if !allNil(sub) {
+				return plumbing.ZeroHash, fmt.Errorf("write %s: also written as a directory", name)
+			}
+			delete(below, name)
+		}
 		i, exists := index[name]
 		if exists && entries[i].Mode == filemode.Dir {
-			return plumbing.ZeroHash, fmt.Errorf("write %s: a directory is in the way", name)
-		}
-		if _, clash := below[name]; clash {
-			return plumbing.ZeroHash, fmt.Errorf("write %s: also written as a directory", name)
+			if data == nil {
+				removed[name] = true
+				changed = true
+				continue
+			}
+			entries[i].Mode = filemode.Regular // replaced below
+			entries[i].Hash = plumbing.ZeroHash
 		}
 		if data == nil {
 			if exists {
@@ -519,9 +533,13 @@ func (b *builder) edit(h plumbing.Hash, edits map[string][]byte) (plumbing.Hash,
 		var old plumbing.Hash
 		if exists {
 			if entries[i].Mode != filemode.Dir {
-				return plumbing.ZeroHash, fmt.Errorf("write under %s: a file is in the way", name)
+				if allNil(sub) {
+					continue // nothing there to remove
+				}
+				entries[i].Mode = filemode.Dir // the file is replaced
+			} else {
+				old = entries[i].Hash
 			}
-			old = entries[i].Hash
 		}
 		nh, err := b.edit(old, sub)
 		if err != nil {
@@ -554,6 +572,16 @@ func (b *builder) edit(h plumbing.Hash, edits map[string][]byte) (plumbing.Hash,
 		return plumbing.ZeroHash, nil
 	}
 	return b.writeTree(kept)
+}
+
+// allNil reports whether edits only remove.
+func allNil(edits map[string][]byte) bool {
+	for _, data := range edits {
+		if data != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // push sends commit (whose objects are in pack) to refs/heads/branch,

@@ -131,8 +131,6 @@ func TestUpdateRejectsBadPaths(t *testing.T) {
 		{"dot-dot", map[string][]byte{"hosts/../x": []byte("x")}},
 		{"git dir", map[string][]byte{".git/config": []byte("x")}},
 		{"trailing slash", map[string][]byte{"hosts/": []byte("x")}},
-		{"file over directory", map[string][]byte{"hosts": []byte("x")}},
-		{"directory over file", map[string][]byte{"file/x": []byte("x")}},
 		{"file and directory at once", map[string][]byte{"n": []byte("x"), "n/m": []byte("y")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -223,4 +221,35 @@ func TestUpdateRemovingOnNewBranch(t *testing.T) {
 	assert.Empty(t, tip)
 	_, err = r.RemoteHead(context.Background(), "gitfleet/status")
 	assert.ErrorIs(t, err, gitsource.ErrBranchNotFound)
+}
+
+// A write replaces an entry of another kind in its way: a directory
+// planted where a file is written, a file planted where a directory is
+// written under; a removal under a path that is written, or under a file,
+// is no error. Someone who can push the branch planted them: before,
+// every write of the controller (a host file) or of an agent (its status)
+// failed for as long as they stayed.
+func TestUpdateReplacesWhatIsInTheWay(t *testing.T) {
+	rm := gittest.NewBare(t)
+	gittest.Commit(t, rm, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{
+		"hosts/hv-a.yaml/planted": "x\n", "hosts/hv-b.yaml/planted": "x\n", "logs": "a file\n", "keep.yaml": "k\n"}})
+	r := open(t, gitsource.Options{URL: rm})
+	tip, err := r.Update(context.Background(), "gitfleet/status", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		return map[string][]byte{
+			"hosts/hv-a.yaml": []byte("status\n"), "hosts/hv-a.yaml/planted": nil,
+			"hosts/hv-b.yaml": nil,
+			"logs/today":      []byte("line\n"),
+			"keep.yaml/under": nil,
+		}, "write over", nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "status", gittest.Show(t, rm, tip, "hosts/hv-a.yaml"))
+	assert.Equal(t, "line", gittest.Show(t, rm, tip, "logs/today"))
+	assert.Equal(t, "k", gittest.Show(t, rm, tip, "keep.yaml"))
+	assert.ElementsMatch(t, []string{"hosts/hv-a.yaml", "logs/today", "keep.yaml"}, gittest.Files(t, rm, tip))
+
+	_, err = r.Update(context.Background(), "gitfleet/status", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		return map[string][]byte{"x": []byte("file\n"), "x/y": []byte("and a directory\n")}, "contradiction", nil
+	})
+	assert.ErrorContains(t, err, "also written as a directory")
 }

@@ -91,9 +91,10 @@ func (w *Writer) write(ctx context.Context, branch string, st *Status, floor uin
 	tip, err := w.Repo.EditOwn(ctx, branch, func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
 		c.Heartbeat = max(st.Heartbeat, floor)
 		var prev *Status
+		// A broken file is replaced, and so is a directory planted there.
 		if old, err := read(path); err == nil {
-			prev, _ = Parse(path, old) // a broken file is replaced
-		} else if !errors.Is(err, gitsource.ErrFileNotFound) {
+			prev, _ = Parse(path, old)
+		} else if !errors.Is(err, gitsource.ErrFileNotFound) && !errors.Is(err, gitsource.ErrNotAFile) {
 			return gitsource.Write{}, err
 		}
 		if prev != nil && prev.Heartbeat >= c.Heartbeat {

@@ -157,3 +157,25 @@ func TestHostBranchAndHeartbeatOnly(t *testing.T) {
 	}
 	assert.False(t, status.SameExceptHeartbeat(nil, a))
 }
+
+// A directory planted at the host's status path on its branch (anyone who
+// can push there may) does not stop the agent's status writes: the status
+// file replaces it. Before, every write failed, the heartbeat stopped, and
+// the controller counted the host offline.
+func TestWriterReplacesAPlantedDirectory(t *testing.T) {
+	dir, repo := served(t)
+	ctx := context.Background()
+	w := &status.Writer{Repo: repo, Host: "hv-a"}
+	st := &status.Status{Host: "hv-a", LastSeenEpoch: 1, Heartbeat: 1}
+	_, err := w.Write(ctx, st)
+	require.NoError(t, err)
+	branch := status.HostBranch("hv-a")
+	gittest.Commit(t, dir, gittest.Edit{Branch: branch, Remove: []string{status.Path("hv-a")},
+		Write: map[string]string{status.Path("hv-a") + "/planted": "x\n"}, Message: "planted"})
+	st.Heartbeat, st.VMs = 2, []status.VM{{Name: "web-01", Phase: status.PhaseReady}}
+	_, err = w.Write(ctx, st)
+	require.NoError(t, err)
+	got, err := status.Parse(status.Path("hv-a"), []byte(gittest.Show(t, dir, branch, status.Path("hv-a"))+"\n"))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), got.Heartbeat)
+}
