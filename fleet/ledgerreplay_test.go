@@ -252,3 +252,19 @@ func TestPlantedDirectoryAtAHostFileRepublished(t *testing.T) {
 		t.Fatal("hv-b lost db-01")
 	}
 }
+
+// A directory planted at a host's status path, on the status branch (the
+// old layout's place) and on its host branch, does not stop the pass:
+// every host is still published.
+func TestPlantedDirectoryAtAStatusPath(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	for _, branch := range []string{DefaultStatusBranch, status.HostBranch("hv-a")} {
+		e.commit(gittest.Edit{Branch: branch, Message: "planted", Write: map[string]string{status.Path("hv-a") + "/planted": "x\n"}})
+	}
+	e.commit(editWeb(3, nil))
+	res := e.pass()
+	if res.Published["hv-a"] == 0 {
+		t.Fatalf("published %v: want hv-a's edit published", res.Published)
+	}
+}
