@@ -51,7 +51,9 @@ type Controller struct {
 	loadedFleet *desired.Fleet
 	// baseline is the applied commit whose tree the loader compares a
 	// new head with (desired.Loader.SetBaseline); "" when none is set.
-	baseline desired.Hash
+	// loaderHead is the commit of the loader's last Load.
+	baseline   desired.Hash
+	loaderHead string
 	// ledger cache: the snapshots tip and its parsed ledger.
 	ledgerTip string
 	ledger    *snapshots.Ledger
@@ -717,6 +719,7 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 		return head, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(head).Short(), err)
 	}
 	c.setBaseline()
+	c.loaderHead = head
 	fl, err := c.loader.Load(tree)
 	if err != nil {
 		return head, nil, err
@@ -775,10 +778,16 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 // read says is applied, so that a name defined twice is reported at the
 // file the change added. Best effort: without a ledger yet (the first
 // pass), or when that commit cannot be read (a force-push dropped it),
-// the loader has no baseline and reports the later path.
+// the loader has no baseline and reports the later path. When the applied
+// commit is the one the loader read last (this controller published it),
+// its tree is not walked again.
 func (c *Controller) setBaseline() {
 	applied := c.ledger.AppliedHash()
 	if applied == c.baseline {
+		return
+	}
+	if applied != "" && string(applied) == c.loaderHead && c.loader.SetBaselineLast() {
+		c.baseline = applied
 		return
 	}
 	var tree desired.Tree
