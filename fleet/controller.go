@@ -69,6 +69,10 @@ type Controller struct {
 	summaryKey []byte // summary with heartbeat-driven fields blanked
 	summaryAt  time.Time
 	summaryDue bool // a changed summary waits for SummaryInterval
+	// livenessRows are the rows of the last liveness.yaml encoded, and
+	// livenessData that encoding (see liveness).
+	livenessRows []status.HostState
+	livenessData []byte
 	// ackVerdicts are the verdicts on the hosts' status commits of the
 	// last pass (authenticate), by host.
 	ackVerdicts map[string]ackVerdict
