@@ -85,6 +85,9 @@ type Controller struct {
 	// again. hostTrees are the host branches' trees the last pass read.
 	fetched   map[string]string
 	hostTrees map[string]hostTree
+	// statusSeen is the status branch's tip as the last pass fetched or
+	// wrote it ("" when it did not fetch it).
+	statusSeen string
 	// rejectLogged is the last rejection logged; failLogged the last
 	// unreadable or refused cause logged ("" after a pass that was
 	// neither).
@@ -211,16 +214,20 @@ func (c *Controller) Kick() {
 // Run runs passes until ctx ends: at once, then every interval (jittered,
 // default 15 s), whenever the desired branch moves (Watch: polling, and
 // fsnotify on a local repository), on Kick, and when a host branch or the
-// status branch moves (at most one such pass per 2 s). A failed pass is
-// logged and retried at the next trigger. It returns ctx's error.
+// status branch moves (at most one such pass per 2 s) — but not when the
+// status branch's tip is the one the last pass read or wrote itself. A
+// failed pass is logged and retried at the next trigger. It returns ctx's
+// error.
 func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
+	// All three resolve heads only: the cache does not grow. The status
+	// branch moves for agents of the old layout, and for this
+	// controller's own summary writes.
 	mainCh := c.repo.Watch(ctx, c.cfg.Branch, interval)
-	// Both resolve heads only: the cache does not grow. The status branch
-	// moves for agents of the old layout.
-	statusCh := either(c.repo.WatchPrefix(ctx, status.HostBranchPrefix, interval), c.repo.Watch(ctx, c.cfg.StatusBranch, interval))
+	hostsCh := c.repo.WatchPrefix(ctx, status.HostBranchPrefix, interval)
+	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval)
 	c.health.started.Store(c.clock().UnixNano())
 	for {
 		started := time.Now()
@@ -232,65 +239,52 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 		c.health.maxWait.Store(int64(wait + wait/2)) // jittered below
 		wait = wait/2 + time.Duration(rand.Int64N(int64(wait)+1))
 		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-mainCh:
-		case <-c.kick:
-		case <-t.C:
-		case <-statusCh:
-			// Agents write often; a status change waits out the gap so
-			// a thousand heartbeats do not become a thousand passes.
-			gap := time.NewTimer(time.Until(started.Add(statusGap)))
-			select {
-			case <-ctx.Done():
-				gap.Stop()
-				t.Stop()
-				return ctx.Err()
-			case <-mainCh:
-			case <-c.kick:
-			case <-gap.C:
-			}
-			gap.Stop()
-		}
+		next := c.await(ctx, t, started, mainCh, hostsCh, statusCh)
 		t.Stop()
+		if !next {
+			return ctx.Err()
+		}
 	}
 }
 
-// either forwards the values of a and b to one channel of capacity one
-// (a value not read yet is replaced), closed when both are.
-func either(a, b <-chan string) <-chan string {
-	out := make(chan string, 1)
-	go func() {
-		defer close(out)
-		for a != nil || b != nil {
-			var v string
-			var ok bool
-			select {
-			case v, ok = <-a:
-				if !ok {
-					a = nil
-					continue
-				}
-			case v, ok = <-b:
-				if !ok {
-					b = nil
-					continue
-				}
-			}
-			select {
-			case out <- v:
-			default:
-				select {
-				case <-out:
-				default:
-				}
-				out <- v
+// await waits for the next pass's trigger (see Run): t, the desired
+// branch, a kick, or a host branch or the status branch moving, which
+// waits out statusGap from started. A status tip the last pass read or
+// wrote is no trigger: the controller's own write moves the branch after
+// every publish. It returns false when ctx ended.
+func (c *Controller) await(ctx context.Context, t *time.Timer, started time.Time, mainCh, hostsCh, statusCh <-chan string) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-mainCh:
+			return true
+		case <-c.kick:
+			return true
+		case <-t.C:
+			return true
+		case <-hostsCh:
+		case tip := <-statusCh:
+			c.mu.Lock()
+			seen := tip != "" && tip == c.statusSeen
+			c.mu.Unlock()
+			if seen {
+				continue
 			}
 		}
-	}()
-	return out
+		// Agents write often; a status change waits out the gap so a
+		// thousand heartbeats do not become a thousand passes.
+		gap := time.NewTimer(time.Until(started.Add(statusGap)))
+		defer gap.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-mainCh:
+		case <-c.kick:
+		case <-gap.C:
+		}
+		return true
+	}
 }
 
 // statusGap is the least time between the starts of two passes when the
@@ -356,6 +350,9 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	default:
 		log.WithFields(logrus.Fields{"pending": res.Pending}).Debug("pass done, nothing to publish")
 	}
+	// What the status branch held after this pass, writes included
+	// (recordFailure's too): Run does not wake for it.
+	c.statusSeen = c.fetched[c.cfg.StatusBranch]
 	return res, err
 }
 
