@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"sync"
 	"time"
 
@@ -54,9 +55,23 @@ type Controller struct {
 	// loaderHead is the commit of the loader's last Load.
 	baseline   desired.Hash
 	loaderHead string
-	// ledger cache: the snapshots tip and its parsed ledger.
+	// ledger cache: the snapshots tip and its parsed ledger (the
+	// authentic one, see authenticLedger), and src where it was read.
 	ledgerTip string
 	ledger    *snapshots.Ledger
+	ledgerSrc *ledgerSource
+	// ledgerKeys are the keys whose snapshots commits the controller
+	// trusts (nil without a signing key); signedOnce is set once this
+	// process published a signed commit (TrustUnsignedLedgerOnce is over);
+	// history is the deep repository the last walk read (closed when
+	// replaced).
+	ledgerKeys *trust.Signers
+	signedOnce bool
+	history    *gitsource.Repo
+	// fleetsAt are the desired states fleetAt loaded, by commit;
+	// removals removedBy's verdicts, by object and commit.
+	fleetsAt map[desired.Hash]*desired.Fleet
+	removals map[string]bool
 	// verifiedTip is the snapshots tip whose host files are known to be
 	// the ones the ledger published (this controller wrote or checked
 	// them); a pass on another tip checks every file.
@@ -155,6 +170,11 @@ type PassResult struct {
 	// commit is not signed by its Host's spec.agentKey. Their deletes stay
 	// pending.
 	ForgedAcks []ForgedAck
+	// ForgedCommits are the snapshots commits above the newest one a
+	// controller key signed, newest first (only with a signing key): the
+	// pass read the ledger of that signed commit instead and wrote over
+	// them, repairing every host file that differed.
+	ForgedCommits []ForgedCommit
 	// Repaired lists hosts whose file on the snapshots branch differed from
 	// the snapshot the controller computes for it (edited, forged or
 	// removed): published again with a new epoch.
@@ -581,10 +601,11 @@ func withoutHosts(reports []status.Report, hosts []string) []status.Report {
 func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet, loadErr error, obs observation, now time.Time) (*output, string, error) {
 	var out *output
 	mutate := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		l, err := c.ledgerAt(tip, read)
+		src, err := c.ledgerAt(ctx, tip, read)
 		if err != nil {
 			return nil, "", err
 		}
+		l := src.ledger
 		if err := c.checkHead(ctx, head, l); err != nil {
 			return nil, "", err
 		}
@@ -592,7 +613,12 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if tip != "" && tip == c.verifiedTip {
 			verify = nil
 		}
-		o, err := compute(c.input(head, fl, loadErr, obs, now, l, c.bounded(tip, read, snapshots.MaxSnapshotBytes), verify))
+		in := c.input(head, fl, loadErr, obs, now, l, src.read, verify)
+		in.forged, in.tip = src.forged, desired.Hash(tip)
+		if src.adopted {
+			in.adopted = desired.Hash(tip)
+		}
+		o, err := compute(in)
 		if err != nil {
 			return nil, "", err
 		}
@@ -605,11 +631,16 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
 			return nil, "", fmt.Errorf("read %s: %w", snapshots.LedgerPath, err)
 		}
-		if len(o.files) == 0 && string(old) == string(data) {
+		if len(o.files) == 0 && string(old) == string(data) && src.from == tip {
+			// A tip no controller key signed is written over even when
+			// nothing else changed: the next tip is signed again.
 			return nil, "", nil
 		}
 		files := o.files
 		files[snapshots.LedgerPath] = data
+		if err := src.restore(files); err != nil {
+			return nil, "", err
+		}
 		return files, commitMessage(head, o), nil
 	}
 	tip, err := c.update(ctx, c.tips, c.cfg.SnapshotsBranch, mutate)
@@ -622,6 +653,18 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	// The written ledger is the ledger at the new tip, and its files are
 	// the ones it describes.
 	c.ledgerTip, c.ledger, c.verifiedTip = tip, out.ledger, tip
+	c.ledgerSrc = &ledgerSource{tip: tip, from: tip, ledger: out.ledger, read: func(p string) ([]byte, error) {
+		return c.tips.ReadFileMax(tip, p, snapshots.MaxSnapshotBytes)
+	}}
+	if c.ledgerKeys != nil && tip != "" {
+		c.signedOnce = true
+	}
+	if c.history != nil {
+		// The walk's clone is read no more: the next pass reads the tip
+		// this one wrote.
+		c.history.Close()
+		c.history = nil
+	}
 	return out, tip, nil
 }
 
@@ -655,9 +698,102 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 			all, err := WithMergedCommits(c.repo, rng)
 			return all, truncated, err
 		},
-		verify:  c.verifier(l, head),
-		deletes: DeleteGuard{Max: c.cfg.MaxDeletes},
+		verify:    c.verifier(l, head),
+		deletes:   DeleteGuard{Max: c.cfg.MaxDeletes},
+		desiredAt: c.desiredAtFunc(),
+		removedBy: c.removedByFunc(),
 	}
+}
+
+// removedByFunc is compute's removedBy: nil when the ledger is
+// authenticated by a controller key's signature, else removedBy.
+func (c *Controller) removedByFunc() func(ref, desired.Hash) (bool, error) {
+	if c.ledgerKeys != nil {
+		return nil
+	}
+	return c.removedBy
+}
+
+// maxRemovals bounds the verdicts removedBy keeps.
+const maxRemovals = 100000
+
+// removedBy reports whether commit (a full hash in the desired branch's
+// clone, which holds only what was fetched from the desired branch)
+// removed r, as attribution reads it (removes). A verdict is kept by
+// object and commit (a commit's content never changes). An error is
+// git's.
+func (c *Controller) removedBy(r ref, commit desired.Hash) (bool, error) {
+	key := r.String() + "\x00" + string(commit)
+	if ok, seen := c.removals[key]; seen {
+		return ok, nil
+	}
+	ok, err := func() (bool, error) {
+		if !commitHash.MatchString(string(commit)) {
+			return false, nil
+		}
+		info, err := c.repo.CommitInfo(string(commit))
+		if errors.Is(err, gitsource.ErrObjectMissing) {
+			return false, nil
+		}
+		if err != nil || len(info.Parents) == 0 {
+			return false, err
+		}
+		return removes(c.repo, c.cfg.Path, info.Parents[0], info.Hash, r)
+	}()
+	if err != nil {
+		return false, err
+	}
+	if c.removals == nil || len(c.removals) >= maxRemovals {
+		c.removals = map[string]bool{}
+	}
+	c.removals[key] = ok
+	return ok, nil
+}
+
+// desiredAtFunc is compute's desiredAt: nil when the ledger is
+// authenticated by a controller key's signature, else fleetAt.
+func (c *Controller) desiredAtFunc() func(desired.Hash) (*desired.Fleet, error) {
+	if c.ledgerKeys != nil {
+		return nil
+	}
+	return c.fleetAt
+}
+
+// commitHash is a full SHA-1 commit hash, the only form fleetAt reads.
+var commitHash = regexp.MustCompile(`^[0-9a-f]{40}$`)
+
+// maxFleetsAt bounds the desired states fleetAt keeps loaded.
+const maxFleetsAt = 2
+
+// fleetAt loads the desired state at commit from the desired branch's
+// repository, which holds only what was fetched from the desired branch
+// (never from the snapshots or status branches): the history ledger
+// records are checked against. A commit it does not hold wraps
+// gitsource.ErrObjectMissing. The last maxFleetsAt are kept.
+func (c *Controller) fleetAt(commit desired.Hash) (*desired.Fleet, error) {
+	if f, ok := c.fleetsAt[commit]; ok {
+		return f, nil
+	}
+	if !commitHash.MatchString(string(commit)) {
+		// Never a revision ("HEAD", a ref) the cache would resolve.
+		return nil, fmt.Errorf("%w: %q is not a commit hash", gitsource.ErrObjectMissing, commit)
+	}
+	if commit == desired.Hash(c.loadedHead) && c.loadedFleet != nil {
+		return c.loadedFleet, nil
+	}
+	tree, err := c.repo.Tree(string(commit), "")
+	if err != nil {
+		return nil, err
+	}
+	f, err := desired.NewLoader(c.cfg.Path).Load(tree)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", commit.Short(), err)
+	}
+	if len(c.fleetsAt) >= maxFleetsAt || c.fleetsAt == nil {
+		c.fleetsAt = map[desired.Hash]*desired.Fleet{}
+	}
+	c.fleetsAt[commit] = f
+	return f, nil
 }
 
 // appliedRange is the first-parent commits from head back to the commit l
@@ -834,18 +970,19 @@ func (c *Controller) bounded(tip string, read func(string) ([]byte, error), max 
 	return func(p string) ([]byte, error) { return c.tips.ReadFileMax(tip, p, max) }
 }
 
-// ledgerAt returns the ledger at tip, from the cache when tip is the one
-// last written or read.
-func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*snapshots.Ledger, error) {
-	if tip != "" && tip == c.ledgerTip && c.ledger != nil {
-		return c.ledger, nil
+// ledgerAt returns the ledger a pass computes on at tip and where it was
+// read (authenticLedger), from the cache when tip is the one last written
+// or read.
+func (c *Controller) ledgerAt(ctx context.Context, tip string, read func(string) ([]byte, error)) (*ledgerSource, error) {
+	if tip != "" && tip == c.ledgerTip && c.ledgerSrc != nil {
+		return c.ledgerSrc, nil
 	}
-	l, err := snapshots.LedgerAt(c.bounded(tip, read, snapshots.MaxLedgerBytes))
+	src, err := c.authenticLedger(ctx, tip, read)
 	if err != nil {
 		return nil, err
 	}
-	c.ledgerTip, c.ledger = tip, l
-	return l, nil
+	c.ledgerTip, c.ledger, c.ledgerSrc = tip, src.ledger, src
+	return src, nil
 }
 
 // readSnapshot reads host's snapshot at the tip; nil when it has none or it

@@ -20,6 +20,9 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 	for _, f := range forged {
 		s.ForgedAcks = append(s.ForgedAcks, status.ForgedAck{Ref: f.Ref, Commit: desired.Hash(f.Commit), Reason: f.Reason})
 	}
+	for _, f := range l.ForgedCommits {
+		s.ForgedCommits = append(s.ForgedCommits, status.ForgedCommit{Commit: f.Commit, Signed: f.Signed, Reason: f.Reason, At: f.At})
+	}
 	if l.Applied != nil {
 		s.Applied = l.Applied.Commit
 	}
