@@ -52,7 +52,9 @@ type Controller struct {
 	loadedFleet *desired.Fleet
 	// baseline is the applied commit whose tree the loader compares a
 	// new head with (desired.Loader.SetBaseline); "" when none is set.
-	baseline desired.Hash
+	// loaderHead is the commit of the loader's last Load.
+	baseline   desired.Hash
+	loaderHead string
 	// ledger cache: the snapshots tip and its parsed ledger (the
 	// authentic one, see authenticLedger), and src where it was read.
 	ledgerTip string
@@ -82,6 +84,10 @@ type Controller struct {
 	summaryKey []byte // summary with heartbeat-driven fields blanked
 	summaryAt  time.Time
 	summaryDue bool // a changed summary waits for SummaryInterval
+	// livenessRows are the rows of the last liveness.yaml encoded, and
+	// livenessData that encoding (see liveness).
+	livenessRows []status.HostState
+	livenessData []byte
 	// ackVerdicts are the verdicts on the hosts' status commits of the
 	// last pass (authenticate), by host.
 	ackVerdicts map[string]ackVerdict
@@ -94,6 +100,9 @@ type Controller struct {
 	// again. hostTrees are the host branches' trees the last pass read.
 	fetched   map[string]string
 	hostTrees map[string]hostTree
+	// statusSeen is the status branch's tip as the last pass fetched or
+	// wrote it ("" when it did not fetch it).
+	statusSeen string
 	// rejectLogged is the last rejection logged; failLogged the last
 	// unreadable or refused cause logged ("" after a pass that was
 	// neither).
@@ -225,16 +234,20 @@ func (c *Controller) Kick() {
 // Run runs passes until ctx ends: at once, then every interval (jittered,
 // default 15 s), whenever the desired branch moves (Watch: polling, and
 // fsnotify on a local repository), on Kick, and when a host branch or the
-// status branch moves (at most one such pass per 2 s). A failed pass is
-// logged and retried at the next trigger. It returns ctx's error.
+// status branch moves (at most one such pass per 2 s) — but not when the
+// status branch's tip is the one the last pass read or wrote itself. A
+// failed pass is logged and retried at the next trigger. It returns ctx's
+// error.
 func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
+	// All three resolve heads only: the cache does not grow. The status
+	// branch moves for agents of the old layout, and for this
+	// controller's own summary writes.
 	mainCh := c.repo.Watch(ctx, c.cfg.Branch, interval)
-	// Both resolve heads only: the cache does not grow. The status branch
-	// moves for agents of the old layout.
-	statusCh := either(c.repo.WatchPrefix(ctx, status.HostBranchPrefix, interval), c.repo.Watch(ctx, c.cfg.StatusBranch, interval))
+	hostsCh := c.repo.WatchPrefix(ctx, status.HostBranchPrefix, interval)
+	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval)
 	c.health.started.Store(c.clock().UnixNano())
 	for {
 		started := time.Now()
@@ -246,65 +259,52 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 		c.health.maxWait.Store(int64(wait + wait/2)) // jittered below
 		wait = wait/2 + time.Duration(rand.Int64N(int64(wait)+1))
 		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-mainCh:
-		case <-c.kick:
-		case <-t.C:
-		case <-statusCh:
-			// Agents write often; a status change waits out the gap so
-			// a thousand heartbeats do not become a thousand passes.
-			gap := time.NewTimer(time.Until(started.Add(statusGap)))
-			select {
-			case <-ctx.Done():
-				gap.Stop()
-				t.Stop()
-				return ctx.Err()
-			case <-mainCh:
-			case <-c.kick:
-			case <-gap.C:
-			}
-			gap.Stop()
-		}
+		next := c.await(ctx, t, started, mainCh, hostsCh, statusCh)
 		t.Stop()
+		if !next {
+			return ctx.Err()
+		}
 	}
 }
 
-// either forwards the values of a and b to one channel of capacity one
-// (a value not read yet is replaced), closed when both are.
-func either(a, b <-chan string) <-chan string {
-	out := make(chan string, 1)
-	go func() {
-		defer close(out)
-		for a != nil || b != nil {
-			var v string
-			var ok bool
-			select {
-			case v, ok = <-a:
-				if !ok {
-					a = nil
-					continue
-				}
-			case v, ok = <-b:
-				if !ok {
-					b = nil
-					continue
-				}
-			}
-			select {
-			case out <- v:
-			default:
-				select {
-				case <-out:
-				default:
-				}
-				out <- v
+// await waits for the next pass's trigger (see Run): t, the desired
+// branch, a kick, or a host branch or the status branch moving, which
+// waits out statusGap from started. A status tip the last pass read or
+// wrote is no trigger: the controller's own write moves the branch after
+// every publish. It returns false when ctx ended.
+func (c *Controller) await(ctx context.Context, t *time.Timer, started time.Time, mainCh, hostsCh, statusCh <-chan string) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-mainCh:
+			return true
+		case <-c.kick:
+			return true
+		case <-t.C:
+			return true
+		case <-hostsCh:
+		case tip := <-statusCh:
+			c.mu.Lock()
+			seen := tip != "" && tip == c.statusSeen
+			c.mu.Unlock()
+			if seen {
+				continue
 			}
 		}
-	}()
-	return out
+		// Agents write often; a status change waits out the gap so a
+		// thousand heartbeats do not become a thousand passes.
+		gap := time.NewTimer(time.Until(started.Add(statusGap)))
+		defer gap.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-mainCh:
+		case <-c.kick:
+		case <-gap.C:
+		}
+		return true
+	}
 }
 
 // statusGap is the least time between the starts of two passes when the
@@ -370,6 +370,9 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	default:
 		log.WithFields(logrus.Fields{"pending": res.Pending}).Debug("pass done, nothing to publish")
 	}
+	// What the status branch held after this pass, writes included
+	// (recordFailure's too): Run does not wake for it.
+	c.statusSeen = c.fetched[c.cfg.StatusBranch]
 	return res, err
 }
 
@@ -854,6 +857,7 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 		return head, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(head).Short(), err)
 	}
 	c.setBaseline()
+	c.loaderHead = head
 	fl, err := c.loader.Load(tree)
 	if err != nil {
 		return head, nil, err
@@ -929,10 +933,16 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 // read says is applied, so that a name defined twice is reported at the
 // file the change added. Best effort: without a ledger yet (the first
 // pass), or when that commit cannot be read (a force-push dropped it),
-// the loader has no baseline and reports the later path.
+// the loader has no baseline and reports the later path. When the applied
+// commit is the one the loader read last (this controller published it),
+// its tree is not walked again.
 func (c *Controller) setBaseline() {
 	applied := c.ledger.AppliedHash()
 	if applied == c.baseline {
+		return
+	}
+	if applied != "" && string(applied) == c.loaderHead && c.loader.SetBaselineLast() {
+		c.baseline = applied
 		return
 	}
 	var tree desired.Tree

@@ -210,7 +210,7 @@ func (c *Controller) writeStatusBranch(ctx context.Context, s status.Summary, cp
 	if err != nil {
 		return false, err
 	}
-	liveness, err := status.Liveness(s)
+	liveness, err := c.liveness(s)
 	if err != nil {
 		return false, err
 	}
@@ -283,4 +283,19 @@ func summaryKey(s status.Summary) []byte {
 	}
 	s.Hosts = hosts
 	return status.RenderSummary(s)
+}
+
+// liveness is status.Liveness of s, encoded again only when its rows
+// differ from the last ones (most writes change no host's state).
+func (c *Controller) liveness(s status.Summary) ([]byte, error) {
+	rows := status.LivenessStates(s)
+	if c.livenessData != nil && slices.Equal(rows, c.livenessRows) {
+		return c.livenessData, nil
+	}
+	data, err := status.MarshalLiveness(rows)
+	if err != nil {
+		return nil, err
+	}
+	c.livenessRows, c.livenessData = rows, data
+	return data, nil
 }

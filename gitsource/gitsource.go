@@ -235,6 +235,8 @@ type Repo struct {
 	missing map[plumbing.Hash]struct{}
 	absent  map[plumbing.Hash]struct{}
 	sizes   map[plumbing.Hash]int64
+	// listed caches the listings of tree objects (Tree's Walk).
+	listed listings
 	// baseline is the size of the cache after its last fresh clone: objects
 	// of a memory cache, bytes of packs on disk (see maintain).
 	baseline int64
@@ -601,6 +603,7 @@ func (r *Repo) adopt(st storage.Storer, repo *git.Repository, fresh bool) error 
 		r.baseline = 0
 		r.verified = map[plumbing.Hash]struct{}{}
 		r.sizes = map[plumbing.Hash]int64{}
+		r.listed.reset()
 	}
 	return nil
 }
