@@ -17,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
@@ -77,11 +80,15 @@ func TestTwoControllers(t *testing.T) {
 			f()
 		}()
 	}
+	// Each controller's log is kept: the lost races are counted.
+	logs := map[string]*logtest.Hook{}
 	for name, url := range map[string]string{"A": slow.HTTPURL + "/fleet.git", "B": plain} {
+		logger, hook := logtest.NewNullLogger()
+		logs[name] = hook
 		// Deletes are finalized by acks only (no host goes offline for
 		// an hour), and the mass-delete guard is off: a controller that
 		// fell behind by ten deletes would rightly hold them.
-		c, err := New(Config{URL: url, Logger: quietLogger(), GitTimeout: 30 * time.Second,
+		c, err := New(Config{URL: url, Logger: logrus.NewEntry(logger), GitTimeout: 30 * time.Second,
 			AbandonGrace: time.Hour, OfflineAfter: time.Hour, SummaryInterval: -1, MaxDeletes: -1})
 		if err != nil {
 			t.Fatalf("controller %s: %v", name, err)
@@ -117,7 +124,8 @@ func TestTwoControllers(t *testing.T) {
 
 	// Convergence: main's last commit applied, every delete finalized.
 	last := p.commits[len(p.commits)-1]
-	deadline := time.Now().Add(3 * time.Minute)
+	// A bound against a hang, not a speed target.
+	deadline := time.Now().Add(10 * time.Minute)
 	for {
 		l := haLedger(t, dir)
 		if l != nil && l.Applied != nil && string(l.Applied.Commit) == last && len(l.Tombstones) == 0 {
@@ -128,7 +136,7 @@ func TestTwoControllers(t *testing.T) {
 			if l != nil && l.Applied != nil {
 				applied = string(l.Applied.Commit)
 			}
-			t.Fatalf("3 minutes after the last push, the ledger applies %s (main is at %s) with tombstones %v", applied, last, haTombstones(l))
+			t.Fatalf("10 minutes after the last push, the ledger applies %s (main is at %s) with tombstones %v", applied, last, haTombstones(l))
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -144,9 +152,18 @@ func TestTwoControllers(t *testing.T) {
 			t.Logf("agent %s: %d status writes failed (retried)", a.host, a.failed)
 		}
 	}
+	lost := map[string]int{}
+	for name, hook := range logs {
+		for _, e := range hook.AllEntries() {
+			if e.Message == "reading the desired branch again" {
+				lost[name]++
+			}
+		}
+	}
 	st := checkHAHistory(t, dir, p)
 	t.Logf("%v of pushes (%d commits on main: %d adds, %d edits, %d deletes, %d re-adds), A stalled %d times; converged %v after the last push",
 		pushed.Round(time.Second), len(p.commits), p.adds, p.edits, p.deletes, p.readds, stalls, converged.Round(time.Second))
+	t.Logf("races lost to the other controller (the desired branch read again before publishing): A %d, B %d", lost["A"], lost["B"])
 	t.Logf("checked %d snapshots commits: %d snapshot files published, %d tombstones, %d finalized, %d undeleted by a re-add; %d distinct applied commits",
 		st.commits, st.published, st.tombstoned, st.finalized, st.undeleted, st.applied)
 }
