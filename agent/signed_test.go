@@ -145,6 +145,21 @@ func TestForgedSnapshotRefused(t *testing.T) {
 		})
 	}
 
+	// A refusal is not a fence: the last accepted snapshot stays in force,
+	// so a guest that crashes meanwhile is started again.
+	t.Run("the last accepted snapshot stays in force", func(t *testing.T) {
+		h.prov.ResetCalls()
+		h.prov.Crash("web-01")
+		require.Equal(t, 0, h.prov.RunningCount())
+		require.NoError(t, h.once())
+		st := readStatus(t, bare)
+		assert.Contains(t, st.SnapshotError, "not signed by the controller", "the refusal stands")
+		assert.Contains(t, st.SnapshotError, "the last accepted snapshot stays in force", "the status says what the host does meanwhile")
+		assert.NotEmpty(t, h.prov.Calls(agenttest.OpBoot), "the crashed guest is booted again")
+		assert.Equal(t, 1, h.prov.RunningCount())
+		assert.Equal(t, accepted, st.LastSeenEpoch)
+	})
+
 	t.Run("the controller's next snapshot, signed, is accepted", func(t *testing.T) {
 		res := pass(ctl)
 		require.Contains(t, res.Published, testHost, "the forged file is not what the controller computes: it publishes again")

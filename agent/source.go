@@ -143,7 +143,7 @@ func (s *Source) checkSignature(tip string) error {
 		if !errors.Is(err, trust.ErrSignature) {
 			return fmt.Errorf("verify %s@%.12s: %w", s.branch, tip, err)
 		}
-		return fmt.Errorf("%w: %s@%.12s: %v; refused, acting on nothing until a snapshot signed by a key of controllerKeys is published", ErrSnapshotSignature, s.branch, tip, err)
+		return fmt.Errorf("%w: %s@%.12s: %v; refused; the last accepted snapshot stays in force until one signed by a key of controllerKeys is published", ErrSnapshotSignature, s.branch, tip, err)
 	}
 	return nil
 }

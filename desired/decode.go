@@ -161,6 +161,11 @@ func valueFor(field string, v string) string {
 // isSecretField reports whether field holds a secret (see secretFields):
 // its value is never shown, by validate, plan or the agent.
 func isSecretField(field string) bool {
+	for _, pub := range publicFields {
+		if field == pub {
+			return false
+		}
+	}
 	for _, sec := range secretFields {
 		if strings.HasPrefix(field, sec) {
 			return true

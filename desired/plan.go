@@ -27,7 +27,8 @@ const (
 // validation errors of head, as FILE:LINE:COL: message; a Plan with errors
 // would be rejected by the controller and its Hosts are empty. Warnings
 // say what a reader must know before trusting the plan (a base that does
-// not validate, so the plan was computed against another base); they are
+// not validate, so the plan was computed against another base; a mass
+// delete that a Gitfleet-Allow-Deletes trailer lets through); they are
 // shown at the top. Guards are the controller's checks beyond validation
 // that the change trips as it stands (a commit signature refused, the
 // mass-delete guard and the trailer it needs): the controller would reject
@@ -437,6 +438,11 @@ func hostObjects(f *Fleet) map[string]planObject {
 // secretFields are shown as changed, never with their values.
 var secretFields = []string{"spec.cloudInit."}
 
+// publicFields are fields under a secretFields prefix that hold no secret
+// and are shown: the age recipient user-data is encrypted to is a public
+// key, and a plan that hides its change hides a re-encryption.
+var publicFields = []string{"spec.cloudInit.encryptedUserData.recipient"}
+
 // flatten renders v's JSON form as field path → compact value. Objects are
 // walked; lists and scalars are leaves. metadata.name is left out: it is the
 // identity, not a field. Secret values are kept here and redacted by
@@ -490,11 +496,7 @@ func diffFields(old, new map[string]string) []FieldChange {
 		if o == n {
 			continue
 		}
-		secret := false
-		for _, sec := range secretFields {
-			secret = secret || strings.HasPrefix(k, sec)
-		}
-		if secret {
+		if isSecretField(k) {
 			o, n = maskSecret(o), maskSecret(n)
 			if o == n {
 				n = "(secret, changed)"

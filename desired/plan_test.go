@@ -319,3 +319,26 @@ func TestPlanLabelsAndRestoredObjects(t *testing.T) {
 		t.Errorf("a VM retained on another host: %q", got)
 	}
 }
+
+// TestPlanShowsTheRecipientNotTheCiphertext: the age recipient of
+// encrypted user-data is a public key, and a plan that hid its change would
+// hide a re-encryption to another host; the ciphertext stays masked.
+func TestPlanShowsTheRecipientNotTheCiphertext(t *testing.T) {
+	sealed := func(recipient, ciphertext string) func(*VMSpec) {
+		return func(s *VMSpec) {
+			s.CloudInit = &CloudInit{EncryptedUserData: &EncryptedUserData{Recipient: recipient, Ciphertext: ciphertext}}
+		}
+	}
+	base := planFleet(planHost("hv-a"), planVM("web-01", "hv-a", sealed("age1oldrecipient", "CIPHERold")))
+	head := planFleet(planHost("hv-a"), planVM("web-01", "hv-a", sealed("age1newrecipient", "CIPHERnew")))
+	p := ComputePlan(base, head, PlanOptions{})
+	out := p.Text()
+	for _, want := range []string{"age1oldrecipient", "age1newrecipient"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("plan does not show the recipient %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "CIPHER") {
+		t.Errorf("plan shows the ciphertext:\n%s", out)
+	}
+}

@@ -622,7 +622,7 @@ func checkSealedTo(e *EncryptedUserData, h *object) string {
 	case want == "":
 		return fmt.Sprintf("the user-data is encrypted to %s, but Host %q names no spec.ageRecipient (%s:%d:%d): give the Host its agent's public key (gitfleet age-keygen prints it), or write plain userData", e.Recipient, h.name, h.origin().File, h.at.name.line, h.at.name.col)
 	case want != e.Recipient:
-		return fmt.Sprintf("the user-data is encrypted to %s, but Host %q's spec.ageRecipient is %s (%s:%d:%d): the host's key changed or the VM moved, and that host's agent cannot decrypt it; encrypt it again for this host (gitfleet encrypt --host %s FILE), or, for a VM already created, remove encryptedUserData (cloudInit is read at first boot only)", e.Recipient, h.name, want, h.origin().File, h.at.ageRecipient.line, h.at.ageRecipient.col, h.name)
+		return fmt.Sprintf("the user-data is encrypted to %s, but Host %q's spec.ageRecipient is %s (%s:%d:%d): the host's key changed or the VM moved, and that host's agent cannot decrypt it; encrypt its plaintext again for this host (gitfleet encrypt --host %s --user-data PLAINTEXT VMFILE), or, for a VM already created, remove encryptedUserData (cloudInit is read at first boot only)", e.Recipient, h.name, want, h.origin().File, h.at.ageRecipient.line, h.at.ageRecipient.col, h.name)
 	}
 	return ""
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -121,6 +122,28 @@ func TestValidateReportsRecipientsAtTheirLine(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, out, filepath.ToSlash(dir)+"/vms/web-01.yaml:12:18: spec.cloudInit.encryptedUserData.recipient: the user-data is encrypted to "+recipient)
 	assert.NotContains(t, out, "S3CR3T")
+
+	// The command the error names re-encrypts the file to the new key: an
+	// encrypted file takes its plaintext from --user-data.
+	m := regexp.MustCompile(`\(gitfleet (encrypt [^)]*)\)`).FindStringSubmatch(out)
+	require.NotNil(t, m, "the error names the command that fixes it: %s", out)
+	plaintext := filepath.Join(t.TempDir(), "user-data")
+	require.NoError(t, os.WriteFile(plaintext, []byte(cliSecret), 0o600))
+	words := strings.Fields(m[1]) // encrypt --host hv-a --user-data PLAINTEXT VMFILE
+	args := []string{words[0], "--repo", dir}
+	for _, a := range words[1:] {
+		switch a {
+		case "PLAINTEXT":
+			a = plaintext
+		case "VMFILE":
+			a = filepath.Join(dir, "vms", "web-01.yaml")
+		}
+		args = append(args, a)
+	}
+	code, out = runCLI(t, args...)
+	require.Equal(t, 0, code, "gitfleet %s: %s", m[1], out)
+	code, out = runCLI(t, "validate", dir)
+	assert.Equal(t, 0, code, "re-encrypted as the error says, the fleet validates: %s", out)
 }
 
 // The agent refuses to start with an identity file others can read.

@@ -117,9 +117,10 @@ func runKeygen(w io.Writer, out, host string) error {
 	return nil
 }
 
-// writeNew writes data to a new file path with mode perm; an existing file
-// is an error, never overwritten, and hint says what to do instead. A
-// failed write leaves no file behind.
+// writeNew writes data to a new file path with mode perm, whatever the
+// process umask (main's 077 would make a public key 0600); an existing
+// file is an error, never overwritten, and hint says what to do instead.
+// A failed write leaves no file behind.
 func writeNew(path string, data []byte, perm os.FileMode, hint string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
@@ -128,7 +129,11 @@ func writeNew(path string, data []byte, perm os.FileMode, hint string) error {
 		}
 		return &exitError{code: 1, err: err}
 	}
-	if _, err := f.Write(data); err != nil {
+	err = f.Chmod(perm)
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err != nil {
 		f.Close()
 		os.Remove(path)
 		return &exitError{code: 1, err: err}

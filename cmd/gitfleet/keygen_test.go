@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -19,6 +20,7 @@ import (
 // as an agent's controllerKeys entry.
 func TestKeygen(t *testing.T) {
 	dir := t.TempDir()
+	defer syscall.Umask(syscall.Umask(0o077)) // as main sets it
 	for _, tc := range []struct {
 		name  string
 		args  []string
@@ -43,6 +45,9 @@ func TestKeygen(t *testing.T) {
 			pub, err := os.ReadFile(out + ".pub")
 			require.NoError(t, err)
 			assert.Equal(t, public+"\n", string(pub))
+			fi, err = os.Stat(out + ".pub")
+			require.NoError(t, err)
+			assert.Equal(t, os.FileMode(0o644), fi.Mode().Perm(), "the public key is readable by all, whatever the process umask")
 
 			signer, err := trust.LoadCommitSigner(out)
 			require.NoError(t, err)

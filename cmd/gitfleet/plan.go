@@ -177,9 +177,11 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
 	if headErr == nil {
 		p = desired.ComputePlan(baseFleet, headFleet, desired.PlanOptions{Pending: pendingDeletes(ledger), Retained: retainedObjects(ledger)})
 		warnings = append(warnings, headFleet.FileURLWarnings()...)
-		if p.Guards, err = planGuards(repo, a, baseCommit, headCommit, baseFleet, p); err != nil {
+		var allowed []string
+		if p.Guards, allowed, err = planGuards(repo, a, baseCommit, headCommit, baseFleet, p); err != nil {
 			return &exitError{code: 1, err: err}
 		}
+		warnings = append(warnings, allowed...)
 	} else {
 		p = &desired.Plan{Hosts: []desired.HostPlan{}}
 		for _, e := range list {
@@ -300,16 +302,17 @@ func retainedObjects(l *snapshots.Ledger) []desired.ObjectRef {
 // planGuards lists what would make the controller reject head over base
 // beyond validation: a refused signature in base..head (as
 // --verify-signatures asks) and the mass-delete guard with the trailer it
-// needs. An error is git's.
-func planGuards(repo *gitsource.Repo, a planArgs, base, head string, baseFleet *desired.Fleet, p *desired.Plan) ([]string, error) {
-	var guards []string
+// needs. allowed says which mass delete the change's trailer lets
+// through, for the plan's warnings: a reviewer sees the trailer at work.
+// An error is git's.
+func planGuards(repo *gitsource.Repo, a planArgs, base, head string, baseFleet *desired.Fleet, p *desired.Plan) (guards, allowed []string, err error) {
 	mode, signers, err := a.sigs.Load()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rng, truncated, err := fleet.AppliedRange(repo, base, head)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if mode != fleet.VerifyOff {
 		err := fleet.Signatures{Mode: mode, Signers: signers, Repo: repo}.Verify(rng, truncated)
@@ -317,7 +320,7 @@ func planGuards(repo *gitsource.Repo, a planArgs, base, head string, baseFleet *
 		case errors.Is(err, trust.ErrSignature):
 			guards = append(guards, err.Error()+"; a merge or squash made in your git host's web UI is signed with its key (README: Signed changes)")
 		case err != nil:
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	d := planDeletes(baseFleet, p)
@@ -325,14 +328,17 @@ func planGuards(repo *gitsource.Repo, a planArgs, base, head string, baseFleet *
 	if guard.Trips(d) != "" {
 		all, err := fleet.WithMergedCommits(repo, rng)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		allowed, found := fleet.AllowedDeletes(all)
-		if err := guard.Check(d, allowed, found); err != nil {
+		n, found := fleet.AllowedDeletes(all)
+		if err := guard.Check(d, n, found); err != nil {
 			guards = append(guards, err.Error())
+		} else {
+			allowed = append(allowed, fmt.Sprintf("mass delete: the change newly tombstones %d object(s) (%s), let through by the trailer \"%s: %d\" in the change",
+				d.Total, guard.Trips(d), fleet.AllowDeletesTrailer, n))
 		}
 	}
-	return guards, nil
+	return guards, allowed, nil
 }
 
 // planDeletes counts the plan's deletes as the mass-delete guard does:

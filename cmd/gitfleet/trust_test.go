@@ -44,6 +44,12 @@ func TestPlanShowsTheControllersGuards(t *testing.T) {
 	if strings.Contains(out, "Controller guards") {
 		t.Fatalf("a signed head with the trailer trips no guard:\n%s", out)
 	}
+	if !strings.Contains(out, `mass delete: the change newly tombstones 2 object(s) (2 of host hv-a's 2 VMs, more than 25%), let through by the trailer "Gitfleet-Allow-Deletes: 2"`) {
+		t.Fatalf("the plan says the trailer lets the mass delete through:\n%s", out)
+	}
+	if md := plan("--head", withTrailer, "--format", "markdown"); !strings.Contains(md, "let through by the trailer") {
+		t.Fatalf("markdown lacks the trailer at work:\n%s", md)
+	}
 	out = plan("--head", withTrailer, "--verify-signatures", "every", "--allowed-signers", allowed)
 	if !strings.Contains(out, "Controller guards") || !strings.Contains(out, "carries no signature") || !strings.Contains(out, head[:12]) {
 		t.Fatalf("every mode names the unsigned commit below the head:\n%s", out)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/fleet"
+	"github.com/gitfleet/gitfleet/trust/trusttest"
 )
 
 // The configuration docs/operating.md tells an operator to write reads as
@@ -112,4 +114,77 @@ func TestOperatingGuideRehearsal(t *testing.T) {
 	assert.Equal(t, http.StatusAccepted, send(hex.EncodeToString(mac.Sum(nil))))
 	assert.Equal(t, 1, kicked, "an accepted webhook starts a pass")
 	assert.Equal(t, http.StatusUnauthorized, send(strings.Repeat("0", 64)))
+}
+
+// Section 14's rehearsal of the trust features: every controller flag it
+// names exists (the signature mode it sets parses), and the lines it
+// appends to each agent's file read as the verification and signing
+// setup, with the controller's public key where the shell puts it.
+func TestOperatingGuideRehearsesTrust(t *testing.T) {
+	data, err := os.ReadFile("../../docs/operating.md")
+	require.NoError(t, err)
+	doc := string(data)
+	at := strings.Index(doc, "- **Signed changes, snapshots and acks")
+	require.GreaterOrEqual(t, at, 0, "section 14 rehearses the signing keys")
+	bullet := doc[at:]
+	if end := strings.Index(bullet[1:], "\n- **"); end >= 0 {
+		bullet = bullet[:end+1]
+	}
+
+	// An applied unsigned commit: one pass in head mode, then every.
+	lines := regexp.MustCompile(`(?m)^[ \t]*gitfleet controller (.*?)(?: >.*)?$`).FindAllStringSubmatch(bullet, -1)
+	require.Len(t, lines, 2, "the bullet runs the controller once in head mode, then for good")
+	for i, mode := range []string{"head", "every"} {
+		c, fl := DefaultController(), NewFlags(pflag.NewFlagSet("controller", pflag.ContinueOnError))
+		c.Bind(fl)
+		args := strings.Fields(strings.Replace(lines[i][1], "--once", "", 1)) // cmd/gitfleet's own flag
+		require.NoError(t, fl.fs.Parse(args), "the controller line of section 14 parses: %s", lines[i][0])
+		for _, name := range []string{"verify-signatures", "allowed-signers", "signing-key"} {
+			assert.True(t, fl.fs.Changed(name), "section 14's controller line sets --%s", name)
+		}
+		got, err := fl.fs.GetString("verify-signatures")
+		require.NoError(t, err)
+		assert.Equal(t, mode, got)
+	}
+	assert.True(t, strings.Contains(lines[0][1], "--once"), "the head-mode pass is a single one")
+
+	appended := regexp.MustCompile(`(?s)cat >> agent-\$h.yaml <<EOF\n(.*?)\n\s*EOF`).FindStringSubmatch(bullet)
+	require.NotNil(t, appended, "the bullet appends the keys to each agent's file")
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	base := "repo: {url: /tmp/rehearsal/fleet.git}\nhost: hv-a\nstateDir: /tmp/rehearsal/state-a\nbackend: memory\n"
+	text := strings.NewReplacer("$(cat keys/controller_ed25519.pub)", key.Public, "$h", "a").Replace(dedent(appended[1]))
+	path := filepath.Join(t.TempDir(), "agent-a.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(base+text+"\n"), 0o600))
+	f, err := ReadAgentFile(path)
+	require.NoError(t, err, "%s", text)
+	assert.Equal(t, []string{key.Public}, f.ControllerKeys)
+	assert.Equal(t, "/tmp/rehearsal/keys/agent-hv-a", f.SigningKey)
+	assert.Contains(t, bullet, "keygen --host hv-$h --out /tmp/rehearsal/keys/agent-hv-$h", "the key the agent file names is the one keygen writes")
+}
+
+// dedent removes the indentation of a code block inside a list item.
+func dedent(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimPrefix(l, "  ")
+	}
+	return strings.Join(lines, "\n")
+}
+
+// The controller runs as a dynamic user that reads the allowed-signers
+// file and the keyring the guide puts under /etc/gitfleet: no step of the
+// guide makes that directory unreadable to it (install -d sets the mode
+// of a directory that exists already).
+func TestOperatingGuideKeepsEtcGitfleetReadable(t *testing.T) {
+	data, err := os.ReadFile("../../docs/operating.md")
+	require.NoError(t, err)
+	doc := string(data)
+	require.Contains(t, doc, "GITFLEET_ALLOWED_SIGNERS=/etc/gitfleet/", "the guide puts a file the controller reads under /etc/gitfleet")
+	modes := regexp.MustCompile(`install -d -m (0[0-7]{3}) /etc/gitfleet(\s|$)`).FindAllStringSubmatch(doc, -1)
+	require.NotEmpty(t, modes, "section 1 makes /etc/gitfleet")
+	for _, m := range modes {
+		mode, err := strconv.ParseUint(m[1], 8, 32)
+		require.NoError(t, err)
+		assert.NotZero(t, mode&0o001, "install -d -m %s /etc/gitfleet: the controller's dynamic user can no longer reach the files in it", m[1])
+	}
 }
