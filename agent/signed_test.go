@@ -37,12 +37,16 @@ func commitSigner(t *testing.T, k trusttest.SSHKey) *trust.CommitSigner {
 	return s
 }
 
-// signedController is a controller over bare that signs with key.
-func signedController(t *testing.T, bare string, clk *clock, key gitsource.CommitSigner) *fleet.Controller {
+// signedController is a controller over bare that signs with key and
+// trusts the snapshots commits of the public keys of others too (a key
+// rotation).
+func signedController(t *testing.T, bare string, clk *clock, key gitsource.CommitSigner, others ...string) *fleet.Controller {
 	t.Helper()
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: bare, Logger: quietLog().WithField("test", t.Name())})
 	require.NoError(t, err)
-	ctl, err := fleet.New(fleet.Config{Repo: repo, Clock: clk.Now, SigningKey: key, Logger: quietLog().WithField("test", t.Name())})
+	keys, err := trust.ParseKeys("other controllers", others)
+	require.NoError(t, err)
+	ctl, err := fleet.New(fleet.Config{Repo: repo, Clock: clk.Now, SigningKey: key, ControllerKeys: keys, Logger: quietLog().WithField("test", t.Name())})
 	require.NoError(t, err)
 	t.Cleanup(func() { ctl.Close() })
 	return ctl
@@ -180,7 +184,7 @@ func TestForgedSnapshotRefused(t *testing.T) {
 		h.controllerKeys = controllerKeys(t, oldKey.Public, newKey.Public)
 		h.start()
 		ctl.Close()
-		ctl = signedController(t, bare, ctlClock, commitSigner(t, newKey))
+		ctl = signedController(t, bare, ctlClock, commitSigner(t, newKey), oldKey.Public) // the ledger the old key signed stays trusted
 		gittest.Commit(t, bare, gittest.Edit{Branch: "main", Message: "web-02",
 			Write: map[string]string{"vms/web-02.yaml": vmFile("web-02", testHost, "")}})
 		res := pass(ctl)

@@ -1,6 +1,7 @@
 package desired
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -28,5 +29,47 @@ func TestDuplicateReportedAtTheFileTheChangeMade(t *testing.T) {
 	// Without one, the later path is reported.
 	if _, err := NewLoader("").Load(DirTree(after)); err == nil || !strings.HasPrefix(err.Error(), "b.yaml:3:18:") {
 		t.Errorf("without a baseline: %v", err)
+	}
+
+	// The tree of the last Load as the baseline reports the same, for
+	// trees with content IDs (git's) and without (a directory).
+	for name, trees := range map[string][2]Tree{
+		"directory": {DirTree(before), DirTree(after)},
+		"git-like": {newMemTree(map[string]string{"hv-a.yaml": host, "b.yaml": vm("web-01"), "a.yaml": vm("db-01")}, nil),
+			newMemTree(map[string]string{"hv-a.yaml": host, "b.yaml": vm("web-01"), "a.yaml": vm("web-01")}, nil)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			l := NewLoader("")
+			if l.SetBaselineLast() {
+				t.Fatal("SetBaselineLast before any Load: true, want false")
+			}
+			if _, err := l.Load(trees[0]); err != nil {
+				t.Fatal(err)
+			}
+			if !l.SetBaselineLast() {
+				t.Fatal("SetBaselineLast after a Load: false")
+			}
+			if _, err := l.Load(trees[1]); err == nil || err.Error() != want {
+				t.Errorf("with the last tree as baseline: %v\nwant %s", err, want)
+			}
+		})
+	}
+}
+
+// A Load that could not read every file leaves no tree to take as the
+// baseline: SetBaselineLast refuses rather than compare with part of one.
+func TestSetBaselineLastAfterAFailedRead(t *testing.T) {
+	l := NewLoader("")
+	if _, err := l.Load(newMemTree(goodFleet, nil)); err != nil {
+		t.Fatal(err)
+	}
+	broken := newMemTree(goodFleet, nil)
+	broken.files = append(broken.files, File{Path: "vms/unreadable.yaml", Mode: Regular, ID: "x",
+		Read: func() ([]byte, error) { return nil, errors.New("disk gone") }})
+	if _, err := l.Load(broken); err == nil {
+		t.Fatal("Load of a tree with an unreadable file succeeded")
+	}
+	if l.SetBaselineLast() {
+		t.Error("SetBaselineLast after a failed read: true, want false")
 	}
 }

@@ -27,9 +27,14 @@ import (
 type Loader struct {
 	dir   string
 	cache map[string]*parsed
-	// baseline maps each object file's path at the commit the fleet runs
-	// to its content ID ("" when the tree gives none); nil when unknown.
-	baseline map[string]string
+	// cacheWhole is true when cache holds every object file of the last
+	// Load's tree (that Load read them all), so that SetBaselineLast may
+	// take it as a baseline.
+	cacheWhole bool
+	// baseline holds the cache key (path NUL content ID) of each object
+	// file at the commit the fleet runs; nil when unknown. Its values are
+	// unused: SetBaselineLast shares the map of an earlier cache.
+	baseline map[string]*parsed
 }
 
 // SetBaseline gives the Loader the tree of the commit the fleet runs (the
@@ -44,7 +49,7 @@ func (l *Loader) SetBaseline(t Tree) error {
 		l.baseline = nil
 		return nil
 	}
-	b := map[string]string{}
+	b := map[string]*parsed{}
 	err := t.Walk(func(f File) error {
 		rel, ok := l.relative(f.Path)
 		if !ok || hidden(rel) || !isYAML(rel) || (f.Mode != Regular && f.Mode != Executable) {
@@ -59,7 +64,7 @@ func (l *Loader) SetBaseline(t Tree) error {
 			sum := sha256.Sum256(data)
 			id = "sha256:" + hex.EncodeToString(sum[:])
 		}
-		b[f.Path] = id
+		b[f.Path+"\x00"+id] = nil
 		return nil
 	})
 	if err != nil {
@@ -67,6 +72,21 @@ func (l *Loader) SetBaseline(t Tree) error {
 	}
 	l.baseline = b
 	return nil
+}
+
+// SetBaselineLast makes the tree of the last Load the baseline, as
+// SetBaseline with that tree would, without walking it: for a caller whose
+// fleet now runs the commit it loaded last (a controller that published
+// it). It reports false, and changes nothing, when the last Load did not
+// read every object file (a file could not be read, or there was no Load
+// yet): then call SetBaseline.
+func (l *Loader) SetBaselineLast() bool {
+	if !l.cacheWhole {
+		return false
+	}
+	// Load replaces the cache map, never changes it: sharing it is safe.
+	l.baseline = l.cache
+	return true
 }
 
 // parsed is the outcome of parsing one file at one path.
@@ -146,6 +166,7 @@ type candidate struct {
 // or mistyped must not read that way. To delete every VM, keep the Host
 // files.
 func (l *Loader) Load(t Tree) (*Fleet, error) {
+	l.cacheWhole = false
 	var cands []*candidate
 	var errs ErrorList
 	err := t.Walk(func(f File) error {
@@ -202,12 +223,12 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 		errs = append(errs, c.res.errs...)
 		if c.res.obj != nil {
 			objs = append(objs, c.res.obj)
-			if id, ok := l.baseline[c.file.Path]; ok && strings.HasSuffix(c.key, "\x00"+id) {
+			if _, ok := l.baseline[c.key]; ok {
 				unchanged[c.res.obj] = true
 			}
 		}
 	}
-	l.cache = next
+	l.cache, l.cacheWhole = next, true
 	// With some files rejected, what they define is unknown: the checks
 	// that a referenced object exists would only add false alarms.
 	errs = append(errs, crossCheck(objs, len(errs) == 0, unchanged)...)

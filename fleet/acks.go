@@ -41,7 +41,8 @@ type ackRefusal struct{ commit, why string }
 // authenticate decides which hosts' statuses may ack deletes (docs/
 // DESIGN.md, "Authentic acks"): a host whose Host object (in fl, else the
 // last good fleet) names spec.agentKey acks only through a status commit
-// on its host branch signed by that key. It returns host → why its acks
+// on its host branch signed by that key; a host whose Host object left
+// the desired state, by the last agentKey the ledger kept for it. It returns host → why its acks
 // are not taken, for every host whose status fails; a host without
 // agentKey is not checked. Verdicts are kept by (tip, key): a tip is
 // verified once. A commit that cannot be read is not taken this pass,
@@ -53,11 +54,8 @@ func (c *Controller) authenticate(fl *desired.Fleet, reports []status.Report, ho
 	out := map[string]ackRefusal{}
 	kept := make(map[string]ackVerdict, len(c.ackVerdicts))
 	for _, rep := range reports {
-		if rep.Status == nil || fl == nil || fl.Hosts[rep.Host] == nil {
-			continue
-		}
-		key := fl.Hosts[rep.Host].Spec.AgentKey
-		if key == "" {
+		key := c.agentKey(fl, rep.Host)
+		if rep.Status == nil || key == "" {
 			continue
 		}
 		tip := hostTips[rep.Host]
@@ -77,6 +75,20 @@ func (c *Controller) authenticate(fl *desired.Fleet, reports []status.Report, ho
 	}
 	c.ackVerdicts = kept
 	return out
+}
+
+// agentKey is the key host's acks must be signed with: its Host's
+// spec.agentKey in fl, or, for a host that left the desired state, the
+// last one the ledger kept for it (keepAgentKeys); "" when neither names
+// one.
+func (c *Controller) agentKey(fl *desired.Fleet, host string) string {
+	if fl != nil && fl.Hosts[host] != nil {
+		return fl.Hosts[host].Spec.AgentKey
+	}
+	if c.ledger != nil && c.ledger.Hosts[host] != nil {
+		return c.ledger.Hosts[host].AgentKey
+	}
+	return ""
 }
 
 // verifyAck checks that tip, the tip of host's branch, is signed by key;

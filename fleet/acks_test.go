@@ -71,3 +71,49 @@ func TestAckNeedsTheHostsSignature(t *testing.T) {
 		t.Fatalf("finalized %v, pending %d, forged %+v: the signed ack should finalize both", res.Finalized, res.Pending, res.ForgedAcks)
 	}
 }
+
+// A host whose Host file was deleted with deletes still pending acks them
+// only with a status signed by the last agentKey its Host named, which the
+// ledger keeps for it.
+func TestAckOfDepartedHostNeedsItsLastAgentKey(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
+	signer, err := trust.LoadCommitSigner(key.Private)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := baseFleet()
+	files["hosts/hv-a.yaml"] = hostYAML("hv-a") + "  agentKey: " + key.Public + "\n"
+	e := newEnv(t, files)
+	e.pass()
+	if got := e.ledger().Hosts["hv-a"].AgentKey; got != key.Public {
+		t.Fatalf("ledger agentKey of hv-a = %q, want the Host's", got)
+	}
+	e.commit(gittest.Edit{Remove: []string{"hosts/hv-a.yaml", "vms/web-01.yaml"}, Message: "retire hv-a"})
+	res := e.pass()
+	if len(res.Tombstoned) != 1 {
+		t.Fatalf("tombstoned = %v, want web-01", res.Tombstoned)
+	}
+	if got := e.ledger().Hosts["hv-a"].AgentKey; got != key.Public {
+		t.Fatalf("ledger agentKey of the departed hv-a = %q, want it kept", got)
+	}
+	acks := &status.Status{Host: "hv-a", Heartbeat: 5, LastSeenEpoch: res.Published["hv-a"], Destroyed: []string{"web-01"}}
+
+	writeStatus(t, e.url, acks) // on its own branch, unsigned
+	res = e.pass()
+	if len(res.Finalized) != 0 || res.Pending != 1 || len(res.ForgedAcks) != 1 {
+		t.Fatalf("finalized %v, pending %d, forged %+v: an unsigned ack of a departed host was acted on", res.Finalized, res.Pending, res.ForgedAcks)
+	}
+
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: e.url, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acks.Heartbeat++
+	if _, err := (&status.Writer{Repo: repo, Host: "hv-a", Signer: signer}).Write(context.Background(), acks); err != nil {
+		t.Fatal(err)
+	}
+	res = e.pass()
+	if len(res.Finalized) != 1 || res.Pending != 0 || len(res.ForgedAcks) != 0 {
+		t.Fatalf("finalized %v, pending %d, forged %+v: the signed ack should finalize", res.Finalized, res.Pending, res.ForgedAcks)
+	}
+}

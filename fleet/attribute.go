@@ -119,6 +119,36 @@ func attribute(h History, dir, applied, head string, refs []ref) (map[ref]snapsh
 	return out, nil
 }
 
+// removes reports whether the change from parent to commit removes r, as
+// attribute reads it: a file in dir that held r at parent changed, and no
+// file changed holds r at commit. Git errors are returned.
+func removes(h History, dir, parent, commit string, r ref) (bool, error) {
+	changes, err := h.Diff(parent, commit)
+	if err != nil {
+		return false, fmt.Errorf("diff %s..%s: %w", parent, commit, err)
+	}
+	before := false
+	for _, ch := range changes {
+		if ch.From != "" && inDir(dir, ch.From) {
+			got, ok, err := identify(h, parent, ch.From)
+			if err != nil {
+				return false, err
+			}
+			before = before || (ok && got == r)
+		}
+		if ch.To != "" && inDir(dir, ch.To) {
+			got, ok, err := identify(h, commit, ch.To)
+			if err != nil {
+				return false, err
+			}
+			if ok && got == r {
+				return false, nil
+			}
+		}
+	}
+	return before, nil
+}
+
 func inDir(dir, p string) bool {
 	if dir == "" {
 		return isObjectPath(p)

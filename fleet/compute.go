@@ -76,6 +76,27 @@ type input struct {
 	appliedRange func() ([]*gitsource.Commit, bool, error)
 	// deletes is the mass-delete guard.
 	deletes DeleteGuard
+	// desiredAt loads the desired state at a commit of the desired
+	// branch's repository (an error wrapping gitsource.ErrObjectMissing
+	// when it does not hold the commit). Set when the ledger is not
+	// authenticated by a signature (no signing key): then a retained
+	// record or a tombstone the ledger's names would create is acted on
+	// only when that history shows the object (justifyRetained,
+	// tombstone). Nil trusts the ledger's records.
+	desiredAt func(commit desired.Hash) (*desired.Fleet, error)
+	// removedBy reports whether commit, in the desired branch's history,
+	// removed r: its first parent holds r there. Set
+	// with desiredAt: a pending tombstone of the ledger is acted on only
+	// when it does (checkTombstones).
+	removedBy func(r ref, commit desired.Hash) (bool, error)
+	// tip is the snapshots branch tip the ledger was read at, for reports;
+	// adopted is tip when its unsigned ledger was adopted once
+	// (Config.TrustUnsignedLedgerOnce), recorded in the ledger.
+	tip     desired.Hash
+	adopted desired.Hash
+	// forged are the snapshots commits above the one whose ledger this is
+	// that no controller key signed (authenticLedger), newest first.
+	forged []ForgedCommit
 }
 
 // output is what the computation decided.
@@ -112,6 +133,9 @@ type output struct {
 	// forgedAcks are the acks not acted on: their status commit is not
 	// signed by the Host's spec.agentKey.
 	forgedAcks []ForgedAck
+	// forgedCommits are the snapshots commits found this pass above the
+	// newest one a controller key signed.
+	forgedCommits []ForgedCommit
 }
 
 // MaxEpoch bounds snapshot epochs (snapshots.MaxEpoch, 2^53). The
@@ -173,6 +197,8 @@ type computeStep struct {
 func computeSteps() []computeStep {
 	return []computeStep{
 		{"guard ledger", (*computePass).guardLedger},
+		{"check retained records", (*computePass).checkRetained},
+		{"check tombstone records", (*computePass).checkTombstones},
 		{"ignore unknown hosts", (*computePass).ignoreUnknownHosts},
 		{"recover fence", (*computePass).recoverFence},
 		{"verify signatures", (*computePass).verifySignatures},
@@ -184,6 +210,8 @@ func computeSteps() []computeStep {
 		{"guard mass deletes", (*computePass).guardDeletes},
 		{"reject conflicts", (*computePass).rejectConflicts},
 		{"finalize", (*computePass).finalize},
+		{"record forgeries", (*computePass).recordForgeries},
+		{"keep agent keys", (*computePass).keepAgentKeys},
 		{"assemble snapshots", (*computePass).assemble},
 		{"remove departed hosts", (*computePass).removeDeparted},
 		{"publish", (*computePass).publish},
@@ -301,7 +329,8 @@ func (p *computePass) verifySignatures() error {
 
 // keepLastGood ends the pass of a rejected desired state: the last good
 // snapshots stay untouched, and the ledger only remembers why (once per
-// commit and reason, keeping when it was first refused).
+// commit and reason, keeping when it was first refused) and the forged
+// snapshots commits found (recordForgeries).
 func (p *computePass) keepLastGood() error {
 	if p.in.fleet != nil {
 		return nil
@@ -317,7 +346,9 @@ func (p *computePass) keepLastGood() error {
 		p.l.Rejected = &snapshots.Rejection{Commit: p.in.head, Reason: reason, At: p.in.now}
 	}
 	p.done = true
-	return nil
+	// The forged snapshots commits found under a rejected head are
+	// reported too: the pass writes over them.
+	return p.recordForgeries()
 }
 
 // groupLive groups the live objects per host, sorted by name, without
@@ -429,14 +460,157 @@ func (p *computePass) retain(removed []ref) error {
 		t.Name = r.Name
 		fillLast(t, last)
 		k.Spec, k.SizeGB = t.Spec, t.SizeGB
+		k.From = p.l.Applied.Commit
 		if k.Kind == desired.KindVM && k.Spec == nil {
 			return fmt.Errorf("%w: VM %s on host %s, dropped by the history rewrite at %s, has no last spec: %s is missing or unreadable on the snapshots branch; restore that file, or restore the VM's file on the desired branch",
 				ErrNoLastSpec, r.Name, r.Host, p.in.head.Short(), snapshots.Path(r.Host))
+		}
+		why, err := p.justifyRetained(k)
+		if err != nil {
+			return err
+		}
+		if why != "" {
+			p.refuseRecord(fmt.Sprintf("%s to retain: %s", refName(r), why))
+			continue
 		}
 		p.l.Retained = append(p.l.Retained, k)
 		p.out.retained = append(p.out.retained, k)
 	}
 	return nil
+}
+
+// checkRetained drops, when the ledger is not authenticated (desiredAt
+// set), every retained record the desired branch's history does not
+// justify (justifyRetained): it is not published, and reported.
+func (p *computePass) checkRetained() error {
+	if p.in.desiredAt == nil || len(p.l.Retained) == 0 {
+		return nil
+	}
+	kept := p.l.Retained[:0:0]
+	for _, k := range p.l.Retained {
+		why, err := p.justifyRetained(k)
+		if err != nil {
+			return err
+		}
+		if why != "" {
+			p.refuseRecord(fmt.Sprintf("retained %s: %s", refName(k.Ref()), why))
+			continue
+		}
+		kept = append(kept, k)
+	}
+	p.l.Retained = kept
+	return nil
+}
+
+// checkTombstones drops, when the ledger is not authenticated, every
+// pending tombstone whose commit did not remove its object in the desired
+// branch's history (removedBy): it is never published, and reported. The
+// object, if its host runs it, is then kept there as vanished, never
+// destroyed.
+func (p *computePass) checkTombstones() error {
+	if p.in.removedBy == nil || len(p.l.Tombstones) == 0 {
+		return nil
+	}
+	kept := p.l.Tombstones[:0:0]
+	for _, t := range p.l.Tombstones {
+		ok, err := p.in.removedBy(t.Ref(), t.Tombstone.Commit)
+		if err != nil {
+			return fmt.Errorf("check the tombstone of %s: %w", refName(t.Ref()), err)
+		}
+		if !ok {
+			p.refuseRecord(fmt.Sprintf("tombstone of %s: its commit %s is not a commit of the desired branch's history that removed it", refName(t.Ref()), t.Tombstone.Commit.Short()))
+			continue
+		}
+		kept = append(kept, t)
+	}
+	p.l.Tombstones = kept
+	return nil
+}
+
+// justifyRetained returns "" when k may be published: the ledger is
+// authenticated (desiredAt nil), or k.From, read from the desired
+// branch's repository (which holds only what was fetched from the desired
+// branch), holds the object on k.Host with k's spec (VM) or size
+// (Volume). Else why not; an error is git's.
+func (p *computePass) justifyRetained(k *snapshots.RetainedRecord) (string, error) {
+	if p.in.desiredAt == nil {
+		return "", nil
+	}
+	if k.From == "" {
+		return "the record names no commit it was desired at (from)", nil
+	}
+	f, err := p.in.desiredAt(k.From)
+	if errors.Is(err, gitsource.ErrObjectMissing) {
+		// A fresh clone after the rewrite no longer holds the commit:
+		// the host's own report is the witness left.
+		if p.hostRuns(k) {
+			return "", nil
+		}
+		return fmt.Sprintf("its commit %s is not in the desired branch's history this controller holds, and host %s does not report it with that spec or size (signed by its agentKey when its Host names one)", k.From.Short(), k.Host), nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read %s, where retained %s was desired: %w", k.From.Short(), refName(k.Ref()), err)
+	}
+	if !holds(f, k.Ref()) {
+		return fmt.Sprintf("the commit %s does not hold it on host %s", k.From.Short(), k.Host), nil
+	}
+	switch {
+	case k.Kind == desired.KindVM && (k.Spec == nil || desired.SpecHash(*k.Spec) != desired.SpecHash(f.VMs[k.Name].Spec)):
+		return fmt.Sprintf("its spec is not the one the commit %s gives it", k.From.Short()), nil
+	case k.Kind == desired.KindVolume && k.SizeGB != f.Volumes[k.Name].Spec.SizeGB:
+		return fmt.Sprintf("its size is not the one the commit %s gives it", k.From.Short()), nil
+	}
+	return "", nil
+}
+
+// hostRuns reports whether k's host reports k as it is: a VM of k's name
+// with k's spec hash, a volume present at k's size, in a status whose acks
+// the controller would take (signed by the Host's agentKey when it names
+// one). Publishing such a record changes nothing on the host.
+func (p *computePass) hostRuns(k *snapshots.RetainedRecord) bool {
+	st := p.in.statuses[k.Host]
+	if _, unsigned := p.in.unsigned[k.Host]; st == nil || unsigned {
+		return false
+	}
+	switch k.Kind {
+	case desired.KindVM:
+		if k.Spec == nil {
+			return false
+		}
+		want := desired.SpecHash(*k.Spec)
+		for _, vm := range st.VMs {
+			if vm.Name == k.Name && vm.SpecHash == want {
+				return true
+			}
+		}
+	case desired.KindVolume:
+		for _, v := range st.Volumes {
+			if v.Name == k.Name && v.Present && v.SizeGB == k.SizeGB {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// holds reports whether f has the object r names on r's host.
+func holds(f *desired.Fleet, r ref) bool {
+	switch r.Kind {
+	case desired.KindVM:
+		vm := f.VMs[r.Name]
+		return vm != nil && vm.Spec.Host == r.Host
+	case desired.KindVolume:
+		v := f.Volumes[r.Name]
+		return v != nil && v.Spec.Host == r.Host
+	}
+	return false
+}
+
+// refuseRecord reports a ledger record the pass did not act on (it is
+// not justified by the desired branch's history), as a forgery found at
+// the snapshots tip.
+func (p *computePass) refuseRecord(why string) {
+	p.out.forgedCommits = append(p.out.forgedCommits, ForgedCommit{Commit: string(p.in.tip), Reason: "ledger record not acted on: " + why})
 }
 
 // tombstone records a pending delete of every removed object, attributed
@@ -447,7 +621,21 @@ func (p *computePass) tombstone(removed []ref) error {
 	if err != nil {
 		return fmt.Errorf("attribute deletes: %w", err)
 	}
+	var applied *desired.Fleet
+	if p.in.desiredAt != nil {
+		if applied, err = p.in.desiredAt(p.l.Applied.Commit); err != nil {
+			// An ancestor of the head (rewritten said so): git's failure.
+			return fmt.Errorf("read the applied commit %s: %w", p.l.Applied.Commit.Short(), err)
+		}
+	}
 	for _, r := range removed {
+		if applied != nil && !holds(applied, r) {
+			// A name the ledger lists that the applied commit never
+			// held there: ledger content nobody reviewed deletes nothing.
+			p.refuseRecord(fmt.Sprintf("%s listed in %s hosts.%s but absent from the applied commit %s: not tombstoned",
+				refName(r), snapshots.LedgerPath, r.Host, p.l.Applied.Commit.Short()))
+			continue
+		}
 		t := &snapshots.TombstoneRecord{Kind: r.Kind, Name: r.Name, Host: r.Host, Tombstone: who[r], PublishedAt: p.in.now}
 		t.Tombstone.Epoch = 0 // set when published
 		last, err := p.in.lastSnapshot(r.Host)
@@ -561,6 +749,62 @@ func (p *computePass) finalize() error {
 	p.l.Tombstones = kept
 	if n := len(p.l.Sweeps); n > snapshots.MaxSweeps {
 		p.l.Sweeps = append([]snapshots.SweepRecord(nil), p.l.Sweeps[n-snapshots.MaxSweeps:]...)
+	}
+	return nil
+}
+
+// recordForgeries keeps in the ledger what this pass refused as forged:
+// the acks not acted on (this pass's, replacing the last pass's) and the
+// snapshots commits no controller key signed (added to those found
+// before, oldest first, at most snapshots.MaxForgedCommits), so README.md
+// and `gitfleet status` show them after the branch was repaired.
+func (p *computePass) recordForgeries() error {
+	if p.in.adopted != "" {
+		p.l.Adopted = &snapshots.Adoption{Commit: p.in.adopted, At: p.in.now}
+	}
+	if p.in.fleet != nil { // a rejected pass read no acks: the last stay
+		p.l.ForgedAcks = nil
+		for _, f := range p.out.forgedAcks {
+			p.l.ForgedAcks = append(p.l.ForgedAcks, snapshots.ForgedAckRecord{Ref: f.Ref, Commit: desired.Hash(f.Commit), Reason: f.Reason})
+		}
+	}
+	known := make(map[string]bool, len(p.l.ForgedCommits))
+	for _, f := range p.l.ForgedCommits {
+		known[string(f.Commit)+"\x00"+f.Reason] = true
+	}
+	found := make([]ForgedCommit, 0, len(p.in.forged)+len(p.out.forgedCommits))
+	for i := len(p.in.forged) - 1; i >= 0; i-- { // oldest first
+		found = append(found, p.in.forged[i])
+	}
+	found = append(found, p.out.forgedCommits...) // refused records
+	p.out.forgedCommits = found
+	for _, f := range found {
+		reason := safetext.Lines(f.Reason)
+		if known[f.Commit+"\x00"+reason] {
+			continue
+		}
+		known[f.Commit+"\x00"+reason] = true
+		p.l.ForgedCommits = append(p.l.ForgedCommits, snapshots.ForgedCommitRecord{Commit: desired.Hash(f.Commit),
+			Signed: desired.Hash(f.Signed), Reason: reason, At: p.in.now})
+	}
+	if n := len(p.l.ForgedCommits); n > snapshots.MaxForgedCommits {
+		p.l.ForgedCommits = append([]snapshots.ForgedCommitRecord(nil), p.l.ForgedCommits[n-snapshots.MaxForgedCommits:]...)
+	}
+	return nil
+}
+
+// keepAgentKeys records each desired Host's spec.agentKey in its ledger
+// record, and keeps it there after the Host object left the desired
+// state: the acks of the deletes still pending on that host are verified
+// against it (authenticate). A Host desired without agentKey clears it.
+func (p *computePass) keepAgentKeys() error {
+	if p.in.fleet == nil {
+		return nil
+	}
+	for name, h := range p.in.fleet.Hosts {
+		if rec := p.l.Hosts[name]; rec != nil || h.Spec.AgentKey != "" {
+			p.l.Host(name).AgentKey = h.Spec.AgentKey
+		}
 	}
 	return nil
 }

@@ -236,3 +236,48 @@ func TestMissing(t *testing.T) {
 		}
 	}
 }
+
+// TestRunSleepsThroughItsOwnStatusWrite runs the loop on a local
+// repository with a long interval: the summary the controller writes after
+// a publish moves the status branch, and that starts no pass of its own;
+// a write by anyone else (an agent of the old layout) does.
+func TestRunSleepsThroughItsOwnStatusWrite(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.c.Run(ctx, time.Hour) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	waitFor(t, func() bool { return hasBranch(t, e.dir, DefaultStatusBranch) })
+	passes := func() float64 {
+		t.Helper()
+		mfs, err := e.c.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0.0
+		for _, mf := range mfs {
+			if mf.GetName() == "gitfleet_controller_passes_total" {
+				for _, m := range mf.GetMetric() {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+		return n
+	}
+	// Past the status gap, twice over: a pass woken by a write would have
+	// run by then.
+	time.Sleep(2 * statusGap)
+	settled := passes()
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 6)}})
+	waitFor(t, func() bool { return e.snapshot("hv-a").VM("web-01").Spec.VCPUs == 6 })
+	time.Sleep(2 * statusGap)
+	if n := passes() - settled; n != 1 {
+		t.Errorf("%v passes for a commit, want 1: the controller's own status write woke it", n)
+	}
+	settled = passes()
+	gittest.Commit(t, e.dir, gittest.Edit{Branch: DefaultStatusBranch, Write: map[string]string{"hosts/hv-a.yaml": "host: hv-a\nheartbeat: 1\n"}})
+	waitFor(t, func() bool { return passes() > settled })
+}

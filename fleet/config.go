@@ -101,6 +101,20 @@ type Config struct {
 	// snapshots signed with it (docs/DESIGN.md, "Signed snapshots"). Nil
 	// writes unsigned commits.
 	SigningKey gitsource.CommitSigner
+	// ControllerKeys are the public keys of other controllers whose
+	// snapshots commits this one trusts besides its own, for a second
+	// controller or a key rotation (as an agent's controllerKeys, e.g.
+	// trust.ParseAllowedSigners of the file agents take as
+	// controllerKeysFile). With a SigningKey the controller acts only on the ledger
+	// of the newest snapshots commit one of these keys or its own signed
+	// (docs/DESIGN.md, "Authentic ledger"). Needs SigningKey.
+	ControllerKeys []trust.SSHSigner
+	// TrustUnsignedLedgerOnce lets a controller with a SigningKey adopt
+	// the ledger at the snapshots tip when no commit within
+	// MaxLedgerWalk is signed by a controller key (the first start with
+	// a key), until this process has written its first signed commit.
+	// Without it such a branch is refused (ErrUnsignedLedger).
+	TrustUnsignedLedgerOnce bool
 	// MaxDeletes is the mass-delete guard's limit (DeleteGuard): 0 means
 	// DefaultMaxDeletes (10), negative turns the guard off.
 	MaxDeletes int
@@ -156,6 +170,10 @@ func New(cfg Config) (*Controller, error) {
 	if mode != VerifyOff && cfg.Signers == nil {
 		return nil, fmt.Errorf("%w: verifying signatures (%s) needs allowed signers: an allowed-signers file or an OpenPGP keyring", ErrConfig, mode)
 	}
+	lkeys, err := ledgerKeys(cfg)
+	if err != nil {
+		return nil, err
+	}
 	p, err := CleanPath(cfg.Path)
 	if err != nil {
 		return nil, err
@@ -182,16 +200,17 @@ func New(cfg Config) (*Controller, error) {
 		locks = append(locks, l)
 	}
 	c := &Controller{
-		locks:    locks,
-		cfg:      cfg,
-		repo:     cfg.Repo,
-		log:      cfg.Logger.WithField("component", "controller"),
-		clock:    cfg.Clock,
-		kick:     make(chan struct{}, 1),
-		loader:   desired.NewLoader(cfg.Path),
-		statuses: status.NewReader(),
-		hashes:   map[*desired.VM]desired.Hash{},
-		ignored:  map[string]bool{},
+		locks:      locks,
+		cfg:        cfg,
+		repo:       cfg.Repo,
+		log:        cfg.Logger.WithField("component", "controller"),
+		clock:      cfg.Clock,
+		kick:       make(chan struct{}, 1),
+		loader:     desired.NewLoader(cfg.Path),
+		statuses:   status.NewReader(),
+		hashes:     map[*desired.VM]desired.Hash{},
+		ignored:    map[string]bool{},
+		ledgerKeys: lkeys,
 	}
 	opened := false
 	defer func() {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"sync"
 	"time"
 
@@ -51,10 +52,26 @@ type Controller struct {
 	loadedFleet *desired.Fleet
 	// baseline is the applied commit whose tree the loader compares a
 	// new head with (desired.Loader.SetBaseline); "" when none is set.
-	baseline desired.Hash
-	// ledger cache: the snapshots tip and its parsed ledger.
+	// loaderHead is the commit of the loader's last Load.
+	baseline   desired.Hash
+	loaderHead string
+	// ledger cache: the snapshots tip and its parsed ledger (the
+	// authentic one, see authenticLedger), and src where it was read.
 	ledgerTip string
 	ledger    *snapshots.Ledger
+	ledgerSrc *ledgerSource
+	// ledgerKeys are the keys whose snapshots commits the controller
+	// trusts (nil without a signing key); signedOnce is set once this
+	// process published a signed commit (TrustUnsignedLedgerOnce is over);
+	// history is the deep repository the last walk read (closed when
+	// replaced).
+	ledgerKeys *trust.Signers
+	signedOnce bool
+	history    *gitsource.Repo
+	// fleetsAt are the desired states fleetAt loaded, by commit;
+	// removals removedBy's verdicts, by object and commit.
+	fleetsAt map[desired.Hash]*desired.Fleet
+	removals map[string]bool
 	// verifiedTip is the snapshots tip whose host files are known to be
 	// the ones the ledger published (this controller wrote or checked
 	// them); a pass on another tip checks every file.
@@ -67,6 +84,10 @@ type Controller struct {
 	summaryKey []byte // summary with heartbeat-driven fields blanked
 	summaryAt  time.Time
 	summaryDue bool // a changed summary waits for SummaryInterval
+	// livenessRows are the rows of the last liveness.yaml encoded, and
+	// livenessData that encoding (see liveness).
+	livenessRows []status.HostState
+	livenessData []byte
 	// ackVerdicts are the verdicts on the hosts' status commits of the
 	// last pass (authenticate), by host.
 	ackVerdicts map[string]ackVerdict
@@ -79,6 +100,9 @@ type Controller struct {
 	// again. hostTrees are the host branches' trees the last pass read.
 	fetched   map[string]string
 	hostTrees map[string]hostTree
+	// statusSeen is the status branch's tip as the last pass fetched or
+	// wrote it ("" when it did not fetch it).
+	statusSeen string
 	// rejectLogged is the last rejection logged; failLogged the last
 	// unreadable or refused cause logged ("" after a pass that was
 	// neither).
@@ -146,6 +170,11 @@ type PassResult struct {
 	// commit is not signed by its Host's spec.agentKey. Their deletes stay
 	// pending.
 	ForgedAcks []ForgedAck
+	// ForgedCommits are the snapshots commits above the newest one a
+	// controller key signed, newest first (only with a signing key): the
+	// pass read the ledger of that signed commit instead and wrote over
+	// them, repairing every host file that differed.
+	ForgedCommits []ForgedCommit
 	// Repaired lists hosts whose file on the snapshots branch differed from
 	// the snapshot the controller computes for it (edited, forged or
 	// removed): published again with a new epoch.
@@ -205,16 +234,20 @@ func (c *Controller) Kick() {
 // Run runs passes until ctx ends: at once, then every interval (jittered,
 // default 15 s), whenever the desired branch moves (Watch: polling, and
 // fsnotify on a local repository), on Kick, and when a host branch or the
-// status branch moves (at most one such pass per 2 s). A failed pass is
-// logged and retried at the next trigger. It returns ctx's error.
+// status branch moves (at most one such pass per 2 s) — but not when the
+// status branch's tip is the one the last pass read or wrote itself. A
+// failed pass is logged and retried at the next trigger. It returns ctx's
+// error.
 func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
+	// All three resolve heads only: the cache does not grow. The status
+	// branch moves for agents of the old layout, and for this
+	// controller's own summary writes.
 	mainCh := c.repo.Watch(ctx, c.cfg.Branch, interval)
-	// Both resolve heads only: the cache does not grow. The status branch
-	// moves for agents of the old layout.
-	statusCh := either(c.repo.WatchPrefix(ctx, status.HostBranchPrefix, interval), c.repo.Watch(ctx, c.cfg.StatusBranch, interval))
+	hostsCh := c.repo.WatchPrefix(ctx, status.HostBranchPrefix, interval)
+	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval)
 	c.health.started.Store(c.clock().UnixNano())
 	for {
 		started := time.Now()
@@ -226,65 +259,52 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 		c.health.maxWait.Store(int64(wait + wait/2)) // jittered below
 		wait = wait/2 + time.Duration(rand.Int64N(int64(wait)+1))
 		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-mainCh:
-		case <-c.kick:
-		case <-t.C:
-		case <-statusCh:
-			// Agents write often; a status change waits out the gap so
-			// a thousand heartbeats do not become a thousand passes.
-			gap := time.NewTimer(time.Until(started.Add(statusGap)))
-			select {
-			case <-ctx.Done():
-				gap.Stop()
-				t.Stop()
-				return ctx.Err()
-			case <-mainCh:
-			case <-c.kick:
-			case <-gap.C:
-			}
-			gap.Stop()
-		}
+		next := c.await(ctx, t, started, mainCh, hostsCh, statusCh)
 		t.Stop()
+		if !next {
+			return ctx.Err()
+		}
 	}
 }
 
-// either forwards the values of a and b to one channel of capacity one
-// (a value not read yet is replaced), closed when both are.
-func either(a, b <-chan string) <-chan string {
-	out := make(chan string, 1)
-	go func() {
-		defer close(out)
-		for a != nil || b != nil {
-			var v string
-			var ok bool
-			select {
-			case v, ok = <-a:
-				if !ok {
-					a = nil
-					continue
-				}
-			case v, ok = <-b:
-				if !ok {
-					b = nil
-					continue
-				}
-			}
-			select {
-			case out <- v:
-			default:
-				select {
-				case <-out:
-				default:
-				}
-				out <- v
+// await waits for the next pass's trigger (see Run): t, the desired
+// branch, a kick, or a host branch or the status branch moving, which
+// waits out statusGap from started. A status tip the last pass read or
+// wrote is no trigger: the controller's own write moves the branch after
+// every publish. It returns false when ctx ended.
+func (c *Controller) await(ctx context.Context, t *time.Timer, started time.Time, mainCh, hostsCh, statusCh <-chan string) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-mainCh:
+			return true
+		case <-c.kick:
+			return true
+		case <-t.C:
+			return true
+		case <-hostsCh:
+		case tip := <-statusCh:
+			c.mu.Lock()
+			seen := tip != "" && tip == c.statusSeen
+			c.mu.Unlock()
+			if seen {
+				continue
 			}
 		}
-	}()
-	return out
+		// Agents write often; a status change waits out the gap so a
+		// thousand heartbeats do not become a thousand passes.
+		gap := time.NewTimer(time.Until(started.Add(statusGap)))
+		defer gap.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-mainCh:
+		case <-c.kick:
+		case <-gap.C:
+		}
+		return true
+	}
 }
 
 // statusGap is the least time between the starts of two passes when the
@@ -350,6 +370,9 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	default:
 		log.WithFields(logrus.Fields{"pending": res.Pending}).Debug("pass done, nothing to publish")
 	}
+	// What the status branch held after this pass, writes included
+	// (recordFailure's too): Run does not wake for it.
+	c.statusSeen = c.fetched[c.cfg.StatusBranch]
 	return res, err
 }
 
@@ -578,10 +601,11 @@ func withoutHosts(reports []status.Report, hosts []string) []status.Report {
 func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet, loadErr error, obs observation, now time.Time) (*output, string, error) {
 	var out *output
 	mutate := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		l, err := c.ledgerAt(tip, read)
+		src, err := c.ledgerAt(ctx, tip, read)
 		if err != nil {
 			return nil, "", err
 		}
+		l := src.ledger
 		if err := c.checkHead(ctx, head, l); err != nil {
 			return nil, "", err
 		}
@@ -589,7 +613,12 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if tip != "" && tip == c.verifiedTip {
 			verify = nil
 		}
-		o, err := compute(c.input(head, fl, loadErr, obs, now, l, c.bounded(tip, read, snapshots.MaxSnapshotBytes), verify))
+		in := c.input(head, fl, loadErr, obs, now, l, src.read, verify)
+		in.forged, in.tip = src.forged, desired.Hash(tip)
+		if src.adopted {
+			in.adopted = desired.Hash(tip)
+		}
+		o, err := compute(in)
 		if err != nil {
 			return nil, "", err
 		}
@@ -602,11 +631,16 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
 			return nil, "", fmt.Errorf("read %s: %w", snapshots.LedgerPath, err)
 		}
-		if len(o.files) == 0 && string(old) == string(data) {
+		if len(o.files) == 0 && string(old) == string(data) && src.from == tip {
+			// A tip no controller key signed is written over even when
+			// nothing else changed: the next tip is signed again.
 			return nil, "", nil
 		}
 		files := o.files
 		files[snapshots.LedgerPath] = data
+		if err := src.restore(files); err != nil {
+			return nil, "", err
+		}
 		return files, commitMessage(head, o), nil
 	}
 	tip, err := c.update(ctx, c.tips, c.cfg.SnapshotsBranch, mutate)
@@ -619,6 +653,18 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	// The written ledger is the ledger at the new tip, and its files are
 	// the ones it describes.
 	c.ledgerTip, c.ledger, c.verifiedTip = tip, out.ledger, tip
+	c.ledgerSrc = &ledgerSource{tip: tip, from: tip, ledger: out.ledger, read: func(p string) ([]byte, error) {
+		return c.tips.ReadFileMax(tip, p, snapshots.MaxSnapshotBytes)
+	}}
+	if c.ledgerKeys != nil && tip != "" {
+		c.signedOnce = true
+	}
+	if c.history != nil {
+		// The walk's clone is read no more: the next pass reads the tip
+		// this one wrote.
+		c.history.Close()
+		c.history = nil
+	}
 	return out, tip, nil
 }
 
@@ -652,9 +698,102 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 			all, err := WithMergedCommits(c.repo, rng)
 			return all, truncated, err
 		},
-		verify:  c.verifier(l, head),
-		deletes: DeleteGuard{Max: c.cfg.MaxDeletes},
+		verify:    c.verifier(l, head),
+		deletes:   DeleteGuard{Max: c.cfg.MaxDeletes},
+		desiredAt: c.desiredAtFunc(),
+		removedBy: c.removedByFunc(),
 	}
+}
+
+// removedByFunc is compute's removedBy: nil when the ledger is
+// authenticated by a controller key's signature, else removedBy.
+func (c *Controller) removedByFunc() func(ref, desired.Hash) (bool, error) {
+	if c.ledgerKeys != nil {
+		return nil
+	}
+	return c.removedBy
+}
+
+// maxRemovals bounds the verdicts removedBy keeps.
+const maxRemovals = 100000
+
+// removedBy reports whether commit (a full hash in the desired branch's
+// clone, which holds only what was fetched from the desired branch)
+// removed r, as attribution reads it (removes). A verdict is kept by
+// object and commit (a commit's content never changes). An error is
+// git's.
+func (c *Controller) removedBy(r ref, commit desired.Hash) (bool, error) {
+	key := r.String() + "\x00" + string(commit)
+	if ok, seen := c.removals[key]; seen {
+		return ok, nil
+	}
+	ok, err := func() (bool, error) {
+		if !commitHash.MatchString(string(commit)) {
+			return false, nil
+		}
+		info, err := c.repo.CommitInfo(string(commit))
+		if errors.Is(err, gitsource.ErrObjectMissing) {
+			return false, nil
+		}
+		if err != nil || len(info.Parents) == 0 {
+			return false, err
+		}
+		return removes(c.repo, c.cfg.Path, info.Parents[0], info.Hash, r)
+	}()
+	if err != nil {
+		return false, err
+	}
+	if c.removals == nil || len(c.removals) >= maxRemovals {
+		c.removals = map[string]bool{}
+	}
+	c.removals[key] = ok
+	return ok, nil
+}
+
+// desiredAtFunc is compute's desiredAt: nil when the ledger is
+// authenticated by a controller key's signature, else fleetAt.
+func (c *Controller) desiredAtFunc() func(desired.Hash) (*desired.Fleet, error) {
+	if c.ledgerKeys != nil {
+		return nil
+	}
+	return c.fleetAt
+}
+
+// commitHash is a full SHA-1 commit hash, the only form fleetAt reads.
+var commitHash = regexp.MustCompile(`^[0-9a-f]{40}$`)
+
+// maxFleetsAt bounds the desired states fleetAt keeps loaded.
+const maxFleetsAt = 2
+
+// fleetAt loads the desired state at commit from the desired branch's
+// repository, which holds only what was fetched from the desired branch
+// (never from the snapshots or status branches): the history ledger
+// records are checked against. A commit it does not hold wraps
+// gitsource.ErrObjectMissing. The last maxFleetsAt are kept.
+func (c *Controller) fleetAt(commit desired.Hash) (*desired.Fleet, error) {
+	if f, ok := c.fleetsAt[commit]; ok {
+		return f, nil
+	}
+	if !commitHash.MatchString(string(commit)) {
+		// Never a revision ("HEAD", a ref) the cache would resolve.
+		return nil, fmt.Errorf("%w: %q is not a commit hash", gitsource.ErrObjectMissing, commit)
+	}
+	if commit == desired.Hash(c.loadedHead) && c.loadedFleet != nil {
+		return c.loadedFleet, nil
+	}
+	tree, err := c.repo.Tree(string(commit), "")
+	if err != nil {
+		return nil, err
+	}
+	f, err := desired.NewLoader(c.cfg.Path).Load(tree)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", commit.Short(), err)
+	}
+	if len(c.fleetsAt) >= maxFleetsAt || c.fleetsAt == nil {
+		c.fleetsAt = map[desired.Hash]*desired.Fleet{}
+	}
+	c.fleetsAt[commit] = f
+	return f, nil
 }
 
 // appliedRange is the first-parent commits from head back to the commit l
@@ -717,6 +856,7 @@ func (c *Controller) readDesired(ctx context.Context) (string, *desired.Fleet, e
 		return head, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(head).Short(), err)
 	}
 	c.setBaseline()
+	c.loaderHead = head
 	fl, err := c.loader.Load(tree)
 	if err != nil {
 		return head, nil, err
@@ -775,10 +915,16 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 // read says is applied, so that a name defined twice is reported at the
 // file the change added. Best effort: without a ledger yet (the first
 // pass), or when that commit cannot be read (a force-push dropped it),
-// the loader has no baseline and reports the later path.
+// the loader has no baseline and reports the later path. When the applied
+// commit is the one the loader read last (this controller published it),
+// its tree is not walked again.
 func (c *Controller) setBaseline() {
 	applied := c.ledger.AppliedHash()
 	if applied == c.baseline {
+		return
+	}
+	if applied != "" && string(applied) == c.loaderHead && c.loader.SetBaselineLast() {
+		c.baseline = applied
 		return
 	}
 	var tree desired.Tree
@@ -824,18 +970,19 @@ func (c *Controller) bounded(tip string, read func(string) ([]byte, error), max 
 	return func(p string) ([]byte, error) { return c.tips.ReadFileMax(tip, p, max) }
 }
 
-// ledgerAt returns the ledger at tip, from the cache when tip is the one
-// last written or read.
-func (c *Controller) ledgerAt(tip string, read func(string) ([]byte, error)) (*snapshots.Ledger, error) {
-	if tip != "" && tip == c.ledgerTip && c.ledger != nil {
-		return c.ledger, nil
+// ledgerAt returns the ledger a pass computes on at tip and where it was
+// read (authenticLedger), from the cache when tip is the one last written
+// or read.
+func (c *Controller) ledgerAt(ctx context.Context, tip string, read func(string) ([]byte, error)) (*ledgerSource, error) {
+	if tip != "" && tip == c.ledgerTip && c.ledgerSrc != nil {
+		return c.ledgerSrc, nil
 	}
-	l, err := snapshots.LedgerAt(c.bounded(tip, read, snapshots.MaxLedgerBytes))
+	src, err := c.authenticLedger(ctx, tip, read)
 	if err != nil {
 		return nil, err
 	}
-	c.ledgerTip, c.ledger = tip, l
-	return l, nil
+	c.ledgerTip, c.ledger, c.ledgerSrc = tip, src.ledger, src
+	return src, nil
 }
 
 // readSnapshot reads host's snapshot at the tip; nil when it has none or it

@@ -54,7 +54,27 @@ func TestADuplicateIsReportedAtTheFileTheChangeAdded(t *testing.T) {
 	if res.Rejected == nil {
 		t.Fatal("a duplicate name was not rejected")
 	}
-	msg := res.Rejected.Error()
+	wantAtCopy(t, res.Rejected.Error())
+
+	// The same after a rejected commit in between: the loader's last
+	// tree is then not the applied one, and is no baseline.
+	e = newEnv(t, map[string]string{"hosts/hv-a.yaml": hostYAML("hv-a"), "vms/zz-web.yaml": vmYAML("web-01", "hv-a", 1)})
+	e.pass()
+	e.commit(gittest.Edit{Write: map[string]string{"vms/broken.yaml": "kind: [\n"}})
+	if res := e.pass(); res.Rejected == nil {
+		t.Fatal("a broken file was not rejected")
+	}
+	e.commit(gittest.Edit{Write: map[string]string{"vms/aa-copy.yaml": vmYAML("web-01", "hv-a", 1)}, Remove: []string{"vms/broken.yaml"}})
+	if res = e.pass(); res.Rejected == nil {
+		t.Fatal("a duplicate name was not rejected")
+	}
+	wantAtCopy(t, res.Rejected.Error())
+}
+
+// wantAtCopy checks that msg reports VM web-01 at vms/aa-copy.yaml, the
+// file the change added, naming vms/zz-web.yaml as the existing one.
+func wantAtCopy(t *testing.T, msg string) {
+	t.Helper()
 	if !strings.Contains(msg, `vms/aa-copy.yaml:`) || !strings.Contains(msg, `VM "web-01" is also defined in vms/zz-web.yaml:`) ||
 		!strings.Contains(msg, "defined before this change") {
 		t.Errorf("rejected with %q; want it at vms/aa-copy.yaml, naming vms/zz-web.yaml as the existing definition", msg)

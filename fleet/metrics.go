@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gitfleet/gitfleet/snapshots"
 )
 
 // metrics are the controller's Prometheus series:
@@ -21,20 +23,24 @@ import (
 //	gitfleet_controller_hosts_held               hosts whose snapshot the last pass held (epoch at the bound)
 //	gitfleet_controller_statuses_ignored         status files of hosts neither desired nor in the ledger, last pass
 //	gitfleet_controller_forged_acks              acks not acted on in the last pass: status commit not signed by the Host's agentKey
+//	gitfleet_controller_forged_snapshots_commits_total  snapshots commits found above the newest one a controller key signed (never acted on, written over)
 type metrics struct {
-	passes       *prometheus.CounterVec
-	rejected     prometheus.Counter
-	pending      prometheus.Gauge
-	retained     prometheus.Gauge
-	finalized    *prometheus.CounterVec
-	epochs       *prometheus.GaugeVec
-	duration     prometheus.Histogram
-	git          *prometheus.HistogramVec
-	gitErrors    *prometheus.CounterVec
-	held         prometheus.Gauge
-	ignored      prometheus.Gauge
-	forgedAcks   prometheus.Gauge
-	lastRejected string
+	passes        *prometheus.CounterVec
+	rejected      prometheus.Counter
+	pending       prometheus.Gauge
+	retained      prometheus.Gauge
+	finalized     *prometheus.CounterVec
+	epochs        *prometheus.GaugeVec
+	duration      prometheus.Histogram
+	git           *prometheus.HistogramVec
+	gitErrors     *prometheus.CounterVec
+	held          prometheus.Gauge
+	ignored       prometheus.Gauge
+	forgedAcks    prometheus.Gauge
+	forgedCommits prometheus.Counter
+	lastRejected  string
+	// countedForged are the forged snapshots commits counted already.
+	countedForged map[string]bool
 }
 
 // Git operations, the op label of gitfleet_controller_git_seconds and
@@ -68,6 +74,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Status files of hosts neither in the desired state nor in the ledger, ignored by the last pass."}),
 		forgedAcks: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gitfleet_controller_forged_acks",
 			Help: "Acks the last pass did not act on: the host's status commit is not signed by the key its Host's spec.agentKey names; their deletes stay pending."}),
+		forgedCommits: prometheus.NewCounter(prometheus.CounterOpts{Name: "gitfleet_controller_forged_snapshots_commits_total",
+			Help: "Commits found on the snapshots branch above the newest one a controller key signed: their ledger and files were never acted on, and the controller wrote over them (needs a signing key)."}),
+		countedForged: map[string]bool{},
 		git: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gitfleet_controller_git_seconds",
 			Help:    "Duration of git operations (fetch of the desired and status branches, push of snapshots and the status README) in seconds.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"op"}),
@@ -78,7 +87,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.git.WithLabelValues(op)
 		m.gitErrors.WithLabelValues(op)
 	}
-	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration, m.held, m.ignored, m.forgedAcks, m.git, m.gitErrors} {
+	for _, c := range []prometheus.Collector{m.passes, m.rejected, m.pending, m.retained, m.finalized, m.epochs, m.duration, m.held, m.ignored, m.forgedAcks, m.forgedCommits, m.git, m.gitErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register controller metrics: %w", err)
 		}
@@ -106,6 +115,15 @@ func (m *metrics) observe(res PassResult, outcome Outcome, d time.Duration) {
 		}
 	}
 	m.passes.WithLabelValues(string(outcome)).Inc()
+	for _, f := range res.ForgedCommits {
+		if !m.countedForged[f.Commit] {
+			if len(m.countedForged) >= snapshots.MaxForgedCommits {
+				clear(m.countedForged)
+			}
+			m.countedForged[f.Commit] = true
+			m.forgedCommits.Inc()
+		}
+	}
 	if outcome == OutcomeUnreadable || outcome == OutcomeRefused || outcome == OutcomeSkipped {
 		return
 	}

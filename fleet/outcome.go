@@ -26,7 +26,8 @@ import (
 //     commit. Retried with back-off.
 //   - OutcomeRefused: the controller will not act on what it read (the
 //     desired branch is missing, the ledger belongs to another branch or
-//     path, a VM to retain without its last spec; an epoch past the bound
+//     path, a VM to retain without its last spec, a snapshots branch no
+//     controller key signed (ErrUnsignedLedger); an epoch past the bound
 //     holds only its host, see PassResult.Held). Fix the configuration or the
 //     branch it names. Logged once per distinct cause, retried with
 //     back-off.
@@ -61,7 +62,7 @@ func passError(err error) error {
 	if err == nil || errors.Is(err, ErrRefused) || errors.Is(err, ErrUnreadable) {
 		return err
 	}
-	for _, r := range []error{ErrLedgerMismatch, ErrEpochBound, ErrNoLastSpec} {
+	for _, r := range []error{ErrLedgerMismatch, ErrEpochBound, ErrNoLastSpec, ErrUnsignedLedger} {
 		if errors.Is(err, r) {
 			return fmt.Errorf("%w: %w", ErrRefused, err)
 		}

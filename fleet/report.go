@@ -119,6 +119,16 @@ func (c *Controller) report(res *PassResult, o *output) {
 	for _, f := range o.forgedAcks {
 		c.log.WithFields(logrus.Fields{"object": f.Ref, "commit": desired.Hash(f.Commit).Short()}).Debug("forged ack not acted on: " + f.Reason)
 	}
+	res.ForgedCommits = o.forgedCommits
+	for _, f := range o.forgedCommits {
+		if f.Signed == "" {
+			c.log.WithField("commit", desired.Hash(f.Commit).Short()).
+				Error("snapshots branch content not acted on (check who can push to the snapshots branch): " + f.Reason)
+			continue
+		}
+		c.log.WithFields(logrus.Fields{"commit": desired.Hash(f.Commit).Short(), "signed": desired.Hash(f.Signed).Short()}).
+			Error("snapshots commit not signed by a controller key: its ledger and files were not acted on, and are repaired (check who can push to the snapshots branch): " + f.Reason)
+	}
 	res.IgnoredStatuses = o.ignored
 	c.reportIgnored(o.ignored)
 	res.Pending = len(o.ledger.Tombstones)

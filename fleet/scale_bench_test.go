@@ -432,7 +432,11 @@ func fleetRepo(b testing.TB, hosts int) string {
 // (read, held back: no commit); and a pass after one host's change (read
 // and copied at once). The host branches are written with git fast-import,
 // not by simulated agents, so the figure is the controller's alone; it
-// prints each pass's time and the peak RSS of the process.
+// prints each pass's wall time with the load average, its CPU time in
+// this process (the controller) and in git http-backend (the remote:
+// its CGI processes are this process's children), and the peak RSS of
+// the process. The passes after the first carry the profile label
+// pass=steady (go tool pprof -tagfocus pass=steady).
 func BenchmarkStatusPass(b *testing.B) {
 	hosts := 1000
 	if v := os.Getenv("GITFLEET_BENCH_HOSTS"); v != "" {
@@ -451,23 +455,33 @@ func BenchmarkStatusPass(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		timed := func(what string, wantWritten bool) {
+		timed := func(what string, steady, wantWritten bool) {
+			s0, k0 := cpuTimes()
 			t0 := time.Now()
-			res, err := c.Pass(ctx)
+			var res PassResult
+			var err error
+			if steady {
+				res, err = steadyPass(c)
+			} else {
+				res, err = c.Pass(ctx)
+			}
+			wall := time.Since(t0)
+			s1, k1 := cpuTimes()
 			if err != nil {
 				b.Fatal(err)
 			}
 			if res.SummaryWritten != wantWritten {
 				b.Fatalf("%s: status branch written %v, want %v", what, res.SummaryWritten, wantWritten)
 			}
-			b.Logf("%s over %d statuses: %v", what, hosts, time.Since(t0).Round(time.Millisecond))
+			b.Logf("%s over %d statuses: %v wall (load %s), CPU %v controller, %v git http-backend",
+				what, hosts, wall.Round(time.Millisecond), loadAverage(), (s1 - s0).Round(time.Millisecond), (k1 - k0).Round(time.Millisecond))
 		}
-		timed("first pass (publish, copy every status)", true)
-		timed("pass on its own write", false)
+		timed("first pass (publish, copy every status)", false, true)
+		timed("pass on its own write", true, false)
 		writeHostBranches(b, dir, hosts, uint64(2+2*i), "")
-		timed("pass after a heartbeat of every host (held back)", false)
+		timed("pass after a heartbeat of every host (held back)", true, false)
 		writeHostBranches(b, dir, 1, uint64(3+2*i), "changed")
-		timed("pass after one host's change (copied)", true)
+		timed("pass after one host's change (copied)", true, true)
 		c.Close()
 	}
 	rss, _ := peakrss.Self()

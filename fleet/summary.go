@@ -20,6 +20,9 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 	for _, f := range forged {
 		s.ForgedAcks = append(s.ForgedAcks, status.ForgedAck{Ref: f.Ref, Commit: desired.Hash(f.Commit), Reason: f.Reason})
 	}
+	for _, f := range l.ForgedCommits {
+		s.ForgedCommits = append(s.ForgedCommits, status.ForgedCommit{Commit: f.Commit, Signed: f.Signed, Reason: f.Reason, At: f.At})
+	}
 	if l.Applied != nil {
 		s.Applied = l.Applied.Commit
 	}
@@ -207,7 +210,7 @@ func (c *Controller) writeStatusBranch(ctx context.Context, s status.Summary, cp
 	if err != nil {
 		return false, err
 	}
-	liveness, err := status.Liveness(s)
+	liveness, err := c.liveness(s)
 	if err != nil {
 		return false, err
 	}
@@ -280,4 +283,19 @@ func summaryKey(s status.Summary) []byte {
 	}
 	s.Hosts = hosts
 	return status.RenderSummary(s)
+}
+
+// liveness is status.Liveness of s, encoded again only when its rows
+// differ from the last ones (most writes change no host's state).
+func (c *Controller) liveness(s status.Summary) ([]byte, error) {
+	rows := status.LivenessStates(s)
+	if c.livenessData != nil && slices.Equal(rows, c.livenessRows) {
+		return c.livenessData, nil
+	}
+	data, err := status.MarshalLiveness(rows)
+	if err != nil {
+		return nil, err
+	}
+	c.livenessRows, c.livenessData = rows, data
+	return data, nil
 }

@@ -546,18 +546,28 @@ func (r *Repo) remotePrefixDigest(ctx context.Context, prefix string) (string, e
 	if err != nil {
 		return "", err
 	}
+	d := prefixDigest(remote, prefix)
+	if d == "" {
+		return "", fmt.Errorf("%w: no %s* on %s", ErrBranchNotFound, prefix, redactURL(r.url))
+	}
+	return d, nil
+}
+
+// prefixDigest digests the names and tips of the branches under prefix
+// ("" when there are none).
+func prefixDigest(branches map[string]string, prefix string) string {
 	var lines []string
-	for b, tip := range remote {
+	for b, tip := range branches {
 		if strings.HasPrefix(b, prefix) {
 			lines = append(lines, "refs/heads/"+b+" "+tip)
 		}
 	}
 	if len(lines) == 0 {
-		return "", fmt.Errorf("%w: no %s* on %s", ErrBranchNotFound, prefix, redactURL(r.url))
+		return ""
 	}
 	sort.Strings(lines)
 	sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
-	return hex.EncodeToString(sum[:]), nil
+	return hex.EncodeToString(sum[:])
 }
 
 // RemoteHead resolves branch's tip on the remote without fetching objects

@@ -231,6 +231,8 @@ type Repo struct {
 	missing map[plumbing.Hash]struct{}
 	absent  map[plumbing.Hash]struct{}
 	sizes   map[plumbing.Hash]int64
+	// listed caches the listings of tree objects (Tree's Walk).
+	listed listings
 	// baseline is the size of the cache after its last fresh clone: bytes
 	// of object data in memory, bytes of packs on disk (see maintain).
 	baseline int64
@@ -597,6 +599,7 @@ func (r *Repo) adopt(st storage.Storer, repo *git.Repository, fresh bool) error 
 		r.baseline = 0
 		r.verified = map[plumbing.Hash]struct{}{}
 		r.sizes = map[plumbing.Hash]int64{}
+		r.listed.reset()
 	}
 	return nil
 }

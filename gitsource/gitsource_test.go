@@ -3,6 +3,7 @@ package gitsource_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"path/filepath"
 	"sort"
@@ -362,4 +363,46 @@ func TestSubmoduleEntry(t *testing.T) {
 	_, err = r.ReadFile(tip, "vms/vendored")
 	assert.Error(t, err)
 	assert.NotErrorIs(t, err, gitsource.ErrFileNotFound)
+}
+
+// Walks of commits that each change one file, add one or remove a
+// directory list exactly the files git lists, with their blob IDs: the
+// listings of unchanged directories are taken from the cache, the rest
+// is listed afresh.
+func TestTreeWalksFollowEachCommit(t *testing.T) {
+	ctx := context.Background()
+	dir := gittest.NewBare(t)
+	files := map[string]string{}
+	for d := 0; d < 5; d++ {
+		for f := 0; f < 4; f++ {
+			files[fmt.Sprintf("vms/%02d/vm-%d.yaml", d, f)] = fmt.Sprintf("vm %d %d\n", d, f)
+		}
+	}
+	files["hosts/hv-a.yaml"] = "host\n"
+	gittest.Commit(t, dir, gittest.Edit{Write: files})
+	r := open(t, gitsource.Options{URL: dir})
+	check := func(what string) {
+		t.Helper()
+		tip, err := r.Fetch(ctx, "main")
+		require.NoError(t, err)
+		tr, err := r.Tree(tip, "")
+		require.NoError(t, err)
+		_, got := walk(t, tr)
+		want := gittest.Files(t, dir, tip)
+		assert.Len(t, got, len(want), what)
+		for _, p := range want {
+			f, ok := got[p]
+			if assert.True(t, ok, "%s: %s not listed", what, p) {
+				assert.Equal(t, gittest.Git(t, dir, "rev-parse", tip+":"+p), f.ID, "%s: %s", what, p)
+			}
+		}
+	}
+	check("first commit")
+	check("the same commit again")
+	gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"vms/03/vm-1.yaml": "changed\n"}})
+	check("one file changed")
+	gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"vms/05/vm-0.yaml": "new\n"}})
+	check("a directory added")
+	gittest.Commit(t, dir, gittest.Edit{Remove: []string{"vms/01"}})
+	check("a directory removed")
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/go-git/go-git/v5/plumbing"
@@ -48,6 +49,7 @@ func (r *Repo) missingObject(what string, h plumbing.Hash, err error) error {
 			r.missing[h] = struct{}{}
 		}
 		r.verified = map[plumbing.Hash]struct{}{}
+		r.listed.reset()
 	}
 	return fmt.Errorf("%w: %s %s: %v", ErrObjectMissing, what, h, err)
 }
@@ -288,8 +290,23 @@ func (t *gitTree) list() ([]desired.File, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var files []desired.File
-	var walk func(h plumbing.Hash, prefix string) error
+	var walk, walkTree func(h plumbing.Hash, prefix string) error
+	// walk takes a listing from the cache, else lists the tree and
+	// caches its listing.
 	walk = func(h plumbing.Hash, prefix string) error {
+		key := listingKey{tree: h, prefix: prefix}
+		if listed, ok := r.listed.get(key); ok {
+			files = append(files, listed...)
+			return nil
+		}
+		start := len(files)
+		if err := walkTree(h, prefix); err != nil {
+			return err
+		}
+		r.listed.put(key, slices.Clone(files[start:]))
+		return nil
+	}
+	walkTree = func(h plumbing.Hash, prefix string) error {
 		tr, err := r.tree(h)
 		if err != nil {
 			return err

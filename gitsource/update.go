@@ -14,7 +14,6 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
-	"github.com/go-git/go-git/v5/plumbing/format/packfile"
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp/capability"
@@ -347,7 +346,7 @@ func (r *Repo) build(tip string, root plumbing.Hash, parents []string, files map
 		return plumbing.ZeroHash, nil, err
 	}
 	var buf bytes.Buffer
-	if _, err := packfile.NewEncoder(&buf, r.st, false).Encode(b.written, 0); err != nil {
+	if err := encodePack(&buf, r.st, b.written); err != nil {
 		return plumbing.ZeroHash, nil, fmt.Errorf("pack new objects: %w", err)
 	}
 	return ch, buf.Bytes(), nil

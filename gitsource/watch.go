@@ -22,8 +22,22 @@ import (
 // sends nothing; errors of RemoteHead are logged and retried at the next
 // tick. An interval <= 0 means 15 s. Each wait is random in
 // [interval/2, interval·3/2].
+//
+// On a local repository the tip is read from the repository's ref files
+// (loose, then packed-refs), and git is asked only when they hold no such
+// branch: every change of its refs (a push of another branch, the
+// controller's own writes) wakes the watch, and a git process each time
+// cost more than the pass it started.
 func (r *Repo) Watch(ctx context.Context, branch string, interval time.Duration) <-chan string {
-	return r.watch(ctx, branch, interval, func(ctx context.Context) (string, error) { return r.RemoteHead(ctx, branch) })
+	dir := r.localPath()
+	return r.watch(ctx, branch, interval, func(ctx context.Context) (string, error) {
+		if dir != "" {
+			if tips, ok := localBranches(dir, branch, true); ok {
+				return tips[branch], nil
+			}
+		}
+		return r.RemoteHead(ctx, branch)
+	})
 }
 
 // WatchPrefix is Watch for every branch whose name starts with prefix
@@ -31,8 +45,18 @@ func (r *Repo) Watch(ctx context.Context, branch string, interval time.Duration)
 // hex string, equal for equal sets) whenever one of them moves, appears or
 // goes, polling one ref advertisement every interval. No matching branch
 // sends nothing.
+// On a local repository the branches are read from its ref files, as
+// Watch reads them.
 func (r *Repo) WatchPrefix(ctx context.Context, prefix string, interval time.Duration) <-chan string {
-	return r.watch(ctx, prefix+"*", interval, func(ctx context.Context) (string, error) { return r.remotePrefixDigest(ctx, prefix) })
+	dir := r.localPath()
+	return r.watch(ctx, prefix+"*", interval, func(ctx context.Context) (string, error) {
+		if dir != "" {
+			if tips, ok := localBranches(dir, prefix, false); ok {
+				return prefixDigest(tips, prefix), nil
+			}
+		}
+		return r.remotePrefixDigest(ctx, prefix)
+	})
 }
 
 // watch is Watch over resolve, which names what is watched by a string

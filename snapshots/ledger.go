@@ -46,11 +46,55 @@ type Ledger struct {
 	// it is desired on its host again; deleting it takes a reviewed delete
 	// (add the file back, then delete it).
 	Retained []*RetainedRecord `yaml:"retained,omitempty" json:"retained,omitempty"`
+	// ForgedAcks are the acks the last pass did not act on: the host's
+	// status commit is not signed by the key its Host's spec.agentKey
+	// names. Their deletes stay pending. Recomputed by every pass.
+	ForgedAcks []ForgedAckRecord `yaml:"forgedAcks,omitempty" json:"forgedAcks,omitempty"`
+	// ForgedCommits are the last commits found on the snapshots branch
+	// above the newest one a controller key signed (written by someone
+	// else, and never read by the controller), oldest first, at most
+	// MaxForgedCommits.
+	ForgedCommits []ForgedCommitRecord `yaml:"forgedCommits,omitempty" json:"forgedCommits,omitempty"`
+	// Adopted is the unsigned snapshots commit whose ledger a controller
+	// with a signing key adopted once (--trust-unsigned-ledger-once), and
+	// when (its clock); nil when none was.
+	Adopted *Adoption `yaml:"adopted,omitempty" json:"adopted,omitempty"`
+}
+
+// Adoption is an unsigned ledger adopted by a controller that signs.
+type Adoption struct {
+	Commit desired.Hash `yaml:"commit" json:"commit"`
+	At     time.Time    `yaml:"at" json:"at"`
+}
+
+// MaxForgedCommits bounds the forged snapshots commits kept in the ledger
+// (newest kept).
+const MaxForgedCommits = 50
+
+// ForgedAckRecord is an ack not acted on: Ref is the object ("VM
+// web-01@hv-a"), Commit the host's status commit ("" when the status came
+// from the status branch), Reason why it does not count.
+type ForgedAckRecord struct {
+	Ref    string       `yaml:"ref" json:"ref"`
+	Commit desired.Hash `yaml:"commit,omitempty" json:"commit,omitempty"`
+	Reason string       `yaml:"reason" json:"reason"`
+}
+
+// ForgedCommitRecord is a commit on the snapshots branch that no
+// controller key signed: Commit, Signed the newest signed commit below it
+// (the one whose ledger was read instead), Reason why it was refused and
+// At, the controller's clock when it was first found.
+type ForgedCommitRecord struct {
+	Commit desired.Hash `yaml:"commit" json:"commit"`
+	Signed desired.Hash `yaml:"signed,omitempty" json:"signed,omitempty"`
+	Reason string       `yaml:"reason" json:"reason"`
+	At     time.Time    `yaml:"at" json:"at"`
 }
 
 // RetainedRecord is an object kept after a history rewrite: its last spec
-// (VM) or size in GB (Volume), the rewriting head commit (Commit) and
-// Since, the controller's clock when it was first kept.
+// (VM) or size in GB (Volume), the rewriting head commit (Commit), Since,
+// the controller's clock when it was first kept, and From, where it was
+// last desired.
 type RetainedRecord struct {
 	Kind   desired.Kind    `yaml:"kind" json:"kind"`
 	Name   string          `yaml:"name" json:"name"`
@@ -59,6 +103,11 @@ type RetainedRecord struct {
 	SizeGB int             `yaml:"sizeGB,omitempty" json:"sizeGB,omitempty"`
 	Commit desired.Hash    `yaml:"commit" json:"commit"`
 	Since  time.Time       `yaml:"since" json:"since"`
+	// From is the applied commit the object was last desired at, before
+	// the rewrite: a controller without a signing key publishes the
+	// record only while that commit, read from the desired branch's
+	// repository, holds the object on Host with this spec or size.
+	From desired.Hash `yaml:"from,omitempty" json:"from,omitempty"`
 }
 
 // Ref is the object r keeps.
@@ -98,12 +147,16 @@ type Rejection struct {
 // hosts/<host>.yaml, for a person reading the ledger: the controller decides
 // whether the file on the branch is genuine by rendering the snapshot
 // afresh, never by this record, which is forged as easily as the file.
+// AgentKey is the host's last known spec.agentKey (an authorized_keys
+// line): kept after the Host object left the desired state, so the acks
+// of its pending deletes are still verified against it.
 type HostRecord struct {
-	Epoch   uint64       `yaml:"epoch" json:"epoch"`
-	Hash    desired.Hash `yaml:"hash,omitempty" json:"hash,omitempty"`
-	File    desired.Hash `yaml:"file,omitempty" json:"file,omitempty"`
-	VMs     []string     `yaml:"vms,flow,omitempty" json:"vms,omitempty"`
-	Volumes []string     `yaml:"volumes,flow,omitempty" json:"volumes,omitempty"`
+	Epoch    uint64       `yaml:"epoch" json:"epoch"`
+	Hash     desired.Hash `yaml:"hash,omitempty" json:"hash,omitempty"`
+	File     desired.Hash `yaml:"file,omitempty" json:"file,omitempty"`
+	VMs      []string     `yaml:"vms,flow,omitempty" json:"vms,omitempty"`
+	Volumes  []string     `yaml:"volumes,flow,omitempty" json:"volumes,omitempty"`
+	AgentKey string       `yaml:"agentKey,omitempty" json:"agentKey,omitempty"`
 }
 
 // TombstoneRecord is one pending delete: the object's last spec (VM) or size
@@ -240,6 +293,20 @@ func (l *Ledger) Marshal() ([]byte, error) {
 		w.lines(len(l.Sweeps), func(i int) { w.put(l.Sweeps[i]) })
 		w.b.WriteString("]")
 	}
+	if l.Adopted != nil {
+		w.b.WriteString(",\n\"adopted\": ")
+		w.put(l.Adopted)
+	}
+	if len(l.ForgedAcks) > 0 {
+		w.b.WriteString(",\n\"forgedAcks\": [")
+		w.lines(len(l.ForgedAcks), func(i int) { w.put(l.ForgedAcks[i]) })
+		w.b.WriteString("]")
+	}
+	if len(l.ForgedCommits) > 0 {
+		w.b.WriteString(",\n\"forgedCommits\": [")
+		w.lines(len(l.ForgedCommits), func(i int) { w.put(l.ForgedCommits[i]) })
+		w.b.WriteString("]")
+	}
 	if len(l.Retained) > 0 {
 		sortByRef(l.Retained)
 		w.b.WriteString(",\n\"retained\": [")
@@ -324,6 +391,12 @@ func (l *Ledger) Clone() *Ledger {
 		c.Tombstones[i] = &tt
 	}
 	c.Sweeps = append([]SweepRecord(nil), l.Sweeps...)
+	if l.Adopted != nil {
+		a := *l.Adopted
+		c.Adopted = &a
+	}
+	c.ForgedAcks = append([]ForgedAckRecord(nil), l.ForgedAcks...)
+	c.ForgedCommits = append([]ForgedCommitRecord(nil), l.ForgedCommits...)
 	c.Retained = make([]*RetainedRecord, len(l.Retained))
 	for i, r := range l.Retained {
 		rr := *r

@@ -25,6 +25,10 @@ type Summary struct {
 	// status commit is not signed by its Host's spec.agentKey. Their
 	// deletes stay pending.
 	ForgedAcks []ForgedAck
+	// ForgedCommits are the commits the controller found on the snapshots
+	// branch above the newest one a controller key signed (the ledger's
+	// record, at most 50, oldest first): never acted on, written over.
+	ForgedCommits []ForgedCommit
 	// Swept are the most recent deletes the controller finalized itself for
 	// hosts that were offline, newest last.
 	Swept []SweptDelete
@@ -127,6 +131,17 @@ type ForgedAck struct {
 	Ref    string
 	Commit desired.Hash
 	Reason string
+}
+
+// ForgedCommit is a snapshots commit no controller key signed: Commit,
+// Signed the signed commit below it whose ledger the controller read
+// instead, Reason why it was refused, At when it was first found (the
+// controller's clock).
+type ForgedCommit struct {
+	Commit desired.Hash
+	Signed desired.Hash
+	Reason string
+	At     time.Time
 }
 
 // SweptDelete is a tombstone the controller finalized because its host was
@@ -281,6 +296,20 @@ func RenderSummary(s Summary) []byte {
 				commit = "`" + f.Commit.Short() + "`"
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s |\n", cell(f.Ref), commit, cell(f.Reason))
+		}
+		b.WriteString("\n")
+	}
+
+	if len(s.ForgedCommits) > 0 {
+		b.WriteString("## Forged snapshots commits\n\n")
+		b.WriteString("These commits on the snapshots branch are not signed by a controller key: the controller never acted on their ledger or files, read the ledger of the signed commit below them instead, and wrote its next commit over them, republishing every host file that differed. A row without a signed commit is a ledger record a controller without a signing key did not act on (a retained object the desired history does not justify, a name the applied commit never held, a tombstone no desired commit made). Check who can push to the snapshots branch (docs/operating.md, \"Forged snapshots commits\").\n\n")
+		tableHeader(&b, "commit", "signed commit read instead", "found", "reason")
+		for _, f := range s.ForgedCommits {
+			signed := "-"
+			if f.Signed != "" {
+				signed = "`" + f.Signed.Short() + "`"
+			}
+			fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", f.Commit.Short(), signed, stamp(f.At), cell(f.Reason))
 		}
 		b.WriteString("\n")
 	}

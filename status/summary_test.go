@@ -1,6 +1,7 @@
 package status
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -56,5 +57,63 @@ func TestRenderSummaryForgedAcks(t *testing.T) {
 	}
 	if strings.Contains(string(RenderSummary(Summary{})), "Forged acks") {
 		t.Error("an empty summary shows the forged acks section")
+	}
+}
+
+// Snapshots commits and ledger records the controller refused get their
+// own section, with the signed commit it read instead; a summary without
+// any has none.
+func TestRenderSummaryForgedCommits(t *testing.T) {
+	at := time.Date(2026, 11, 30, 23, 0, 0, 0, time.UTC)
+	s := Summary{
+		Branch:  "main",
+		Applied: "0123456789abcdef0123456789abcdef01234567",
+		ForgedCommits: []ForgedCommit{
+			{Commit: "feedfeedfeedfeedfeedfeedfeedfeedfeedfeed", Signed: "5151515151515151515151515151515151515151", Reason: "commit feedfeedfeed carries no signature", At: at},
+			{Commit: "abcdefabcdefabcdefabcdefabcdefabcdefabcd", Reason: "ledger record not acted on: retained VM evil@hv-a: the commit 012345678901 does not hold it on host hv-a", At: at},
+		},
+	}
+	got := RenderSummary(s)
+	golden.Check(t, "summary-forged-commits.md", got)
+	for _, want := range []string{"## Forged snapshots commits", "| `feedfeedfeed` | `515151515151` | 2026-11-30T23:00:00Z | commit feedfeedfeed carries no signature |", "retained VM evil\\@hv-a"} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(string(RenderSummary(Summary{})), "Forged snapshots") {
+		t.Error("an empty summary shows the forged commits section")
+	}
+}
+
+// Every section the summary shows for what the controller refused as
+// forged has its entry in the runbook (docs/operating.md, section 12),
+// under the same heading.
+func TestRunbookExplainsForgeries(t *testing.T) {
+	data, err := os.ReadFile("../docs/operating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(data)
+	start, end := strings.Index(doc, "## 12. Runbook"), strings.Index(doc, "## 13.")
+	if start < 0 || end < start {
+		t.Fatal("docs/operating.md has no section 12 runbook")
+	}
+	runbook := doc[start:end]
+	s := Summary{Branch: "main",
+		ForgedAcks:    []ForgedAck{{Ref: "VM a@h", Reason: "r"}},
+		ForgedCommits: []ForgedCommit{{Commit: "feedfeedfeedfeedfeedfeedfeedfeedfeedfeed", Reason: "r"}}}
+	n := 0
+	for _, line := range strings.Split(string(RenderSummary(s)), "\n") {
+		heading, ok := strings.CutPrefix(line, "## Forged ")
+		if !ok {
+			continue
+		}
+		n++
+		if !strings.Contains(runbook, "\n### Forged "+heading+"\n") {
+			t.Errorf("the runbook has no entry %q", "### Forged "+heading)
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d forged sections rendered, want 2", n)
 	}
 }

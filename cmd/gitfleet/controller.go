@@ -96,6 +96,7 @@ on acks whose status commit that key signed; others are reported as forged.`,
 		if err != nil {
 			return err
 		}
+		defer ctl.Close() // its cache locks, for a next run in this process
 		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		if once {

@@ -57,17 +57,22 @@ been applied.
 It starts with the desired-state commit the snapshots carry, marks a
 suspended host (it acts on nothing) in its note, gives each quarantined VM
 and pending delete the time its host destroys it, and lists the objects
-kept after a history rewrite.
+kept after a history rewrite, and what the controller refused as forged:
+acks whose status commit the Host's agentKey did not sign, and snapshots
+commits no controller key signed (with the ledger records it would not
+act on).
 
 --format json prints {"commit", "hosts", "unreadable", "pendingDeletes",
 "pendingError", "lastRejected", "controllerFailing", "controllerError",
-"applied", "retained", "liveness", "livenessError"}: the status files themselves, the hosts whose file
+"applied", "retained", "forgedAcks", "forgedCommits", "liveness", "livenessError"}: the status files themselves, the hosts whose file
 could not be read with why, the pending deletes (kind, name, host, commit,
 author, time, epoch, publishedAt, destroyAt) and why they could not be
 read, if so, the ledger's last rejected commit (commit, reason, at,
 superseded), the controller's failure (outcome, since, reason), the
 applied commit (commit, branch, path), the retained objects (kind,
-name, host, commit, since) and each host's state as the controller
+name, host, commit, since), the acks the controller did not act on
+(ref, commit, reason), the snapshots commits and ledger records it
+refused as forged (commit, signed, reason, at) and each host's state as the controller
 judges it by its own clock (host, state: online, offline, no status yet
 or status unreadable; retired when no Host object is left), and why that
 could not be read.
@@ -126,6 +131,12 @@ type statusReport struct {
 	// history rewrite dropped, kept running (the ledger's, without specs).
 	Applied  *snapshots.AppliedCommit `json:"applied,omitempty"`
 	Retained []retainedObject         `json:"retained"`
+	// ForgedAcks are the acks the controller's last pass did not act on
+	// (the status commit is not signed by the Host's agentKey);
+	// ForgedCommits the snapshots commits no controller key signed and
+	// the ledger records it refused (the ledger's, oldest first).
+	ForgedAcks    []snapshots.ForgedAckRecord    `json:"forgedAcks"`
+	ForgedCommits []snapshots.ForgedCommitRecord `json:"forgedCommits"`
 	// Liveness is each host's state as the controller judges it by its
 	// own clock (liveness.yaml on the status branch): online, offline, no
 	// status yet or status unreadable, and retired (no Host object).
@@ -303,6 +314,7 @@ func readLedger(ctx context.Context, repo *gitsource.Repo, branch string, rep *s
 		rep.Retained = append(rep.Retained, retainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host, Commit: string(k.Commit), Since: k.Since})
 	}
 	rep.LastRejected, rep.Applied = l.Rejected, l.Applied
+	rep.ForgedAcks, rep.ForgedCommits = l.ForgedAcks, l.ForgedCommits
 	return nil
 }
 
@@ -337,6 +349,9 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 	}
 	fmt.Fprintln(out)
 	writeControllerLines(out, rep)
+	if err := writeForged(out, rep); err != nil {
+		return err
+	}
 	if err := writeRetained(out, rep); err != nil {
 		return err
 	}
@@ -363,6 +378,36 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", dash(p.Kind), dash(p.Name), dash(p.Host), dash(desired.Hash(p.Commit).Short()), dash(p.Author), since, p.Epoch, sd.Deadline(0))
 	}
 	return tw.Flush()
+}
+
+// writeForged lists the acks the controller did not act on and the
+// snapshots commits and ledger records it refused as forged.
+func writeForged(out io.Writer, rep statusReport) error {
+	if len(rep.ForgedAcks) > 0 {
+		fmt.Fprintln(out, "Forged acks (not acted on: the status commit is not signed by the Host's spec.agentKey; the deletes stay pending):")
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "OBJECT\tSTATUS COMMIT\tREASON")
+		for _, f := range rep.ForgedAcks {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", dash(f.Ref), dash(f.Commit.Short()), dash(f.Reason))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(out)
+	}
+	if len(rep.ForgedCommits) > 0 {
+		fmt.Fprintln(out, "Forged snapshots commits and ledger records (never acted on; the controller wrote over them):")
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "COMMIT\tSIGNED COMMIT READ\tFOUND\tREASON")
+		for _, f := range rep.ForgedCommits {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", dash(f.Commit.Short()), dash(f.Signed.Short()), stampOrDash(f.At), dash(f.Reason))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(out)
+	}
+	return nil
 }
 
 // writeRetained lists the objects kept after a history rewrite.
@@ -465,7 +510,11 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 				dash(status.QuarantineNote(q)))
 		}
 		for _, name := range st.Destroyed {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t-\t%s\n", name, st.Host, "destroyed", "destroy acked; the controller finalizes the delete")
+			note := "destroy acked; the controller finalizes the delete"
+			if forgedAck(rep.ForgedAcks, st.Host, name) {
+				note = "ack not signed by the host's agentKey: not acted on, the delete stays pending (see forged acks)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t-\t%s\n", name, st.Host, "destroyed", note)
 		}
 		for _, v := range st.Vanished {
 			note := "not in the snapshot, no tombstone, since " + stampOrDash(v.Since) + ": left as it is, never destroyed"
@@ -516,4 +565,16 @@ func dash(s string) string {
 		return "-"
 	}
 	return safetext.Line(s)
+}
+
+// forgedAck reports whether the controller's last pass refused host's ack
+// of VM name as forged (ledger forgedAcks).
+func forgedAck(acks []snapshots.ForgedAckRecord, host, name string) bool {
+	ref := string(desired.KindVM) + " " + name + "@" + host // as fleet writes a ref
+	for _, f := range acks {
+		if f.Ref == ref {
+			return true
+		}
+	}
+	return false
 }

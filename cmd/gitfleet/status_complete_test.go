@@ -15,9 +15,12 @@ import (
 // host, in the table and in --format json.
 func TestStatusShowsEverythingTheSummaryShows(t *testing.T) {
 	dir := cliFleet(t)
+	// The controller keeps its clone between runs, as a daemon does: the
+	// commit a force-push drops stays there to justify what it retains.
+	cache := t.TempDir()
 	pass := func() {
 		t.Helper()
-		if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once"); code != 0 {
+		if code, out := runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--cache-dir", cache, "--once"); code != 0 {
 			t.Fatal(out)
 		}
 	}

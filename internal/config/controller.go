@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -72,6 +73,13 @@ type Controller struct {
 	// commits with (trust.LoadCommitSigner: unencrypted, mode 0600); ""
 	// signs nothing.
 	SigningKey string
+	// ControllerKeys is an allowed-signers file (ssh-keygen -Y format, as
+	// an agent's controllerKeysFile) of the other controllers' keys whose
+	// snapshots commits this one trusts besides its own ("": none);
+	// TrustUnsignedLedgerOnce adopts an unsigned ledger at the first start
+	// with a signing key (fleet.Config).
+	ControllerKeys          string
+	TrustUnsignedLedgerOnce bool
 }
 
 // Signatures is the signed-desired-state setting of the controller and of
@@ -148,6 +156,8 @@ func (c *Controller) Bind(f *Flags) {
 	f.String(&c.StatusBranch, "status-branch", "", "branch the agents report on")
 	c.Signatures.Bind(f)
 	f.Path(&c.SigningKey, "signing-key", "GITFLEET_SIGNING_KEY", "private SSH key file (mode 0600, no passphrase) the controller signs its snapshots and status commits with; agents whose controllerKeys name its public key accept only snapshots signed with it")
+	f.Path(&c.ControllerKeys, "controller-keys", "GITFLEET_CONTROLLER_KEYS", "allowed-signers file (ssh-keygen -Y format, the agents' controllerKeysFile) of other controllers' public keys: with --signing-key the controller acts only on the ledger of the newest snapshots commit signed by its own key or one of these (a second controller, a rotated key)")
+	f.Bool(&c.TrustUnsignedLedgerOnce, "trust-unsigned-ledger-once", "GITFLEET_TRUST_UNSIGNED_LEDGER_ONCE", "with --signing-key, adopt the ledger at the snapshots tip when no commit there is signed by a controller key yet (the first start with a key; check ledger.yaml first), until this process has published; remove it afterwards")
 	f.Int(&c.MaxDeletes, "max-deletes", "GITFLEET_MAX_DELETES", "reject a change that newly tombstones more objects than this (or more than 25% of a host's VMs) unless a commit carries the trailer Gitfleet-Allow-Deletes: <n>; negative turns the guard off")
 }
 
@@ -170,6 +180,16 @@ func (c *Controller) Fleet(log *logrus.Entry) (fleet.Config, error) {
 		}
 		signingKey = k
 	}
+	var controllerKeys []trust.SSHSigner
+	if c.ControllerKeys != "" {
+		data, err := os.ReadFile(c.ControllerKeys)
+		if err != nil {
+			return fleet.Config{}, usageError(fmt.Errorf("--controller-keys: %w", err))
+		}
+		if controllerKeys, err = trust.ParseAllowedSigners(c.ControllerKeys, data); err != nil {
+			return fleet.Config{}, usageError(fmt.Errorf("--controller-keys: %w", err))
+		}
+	}
 	if c.MaxDeletes == 0 {
 		// fleet.Config reads 0 as its default: refused rather than
 		// silently read as 10.
@@ -180,7 +200,7 @@ func (c *Controller) Fleet(log *logrus.Entry) (fleet.Config, error) {
 		Branch: c.Branch, Path: c.Path, SnapshotsBranch: c.SnapshotsBranch, StatusBranch: c.StatusBranch,
 		AbandonGrace: c.AbandonGrace, OfflineAfter: c.OfflineAfter, GitTimeout: c.GitTimeout,
 		Verify: mode, Signers: signers, MaxDeletes: c.MaxDeletes,
-		SigningKey: signingKey,
-		Logger:     log,
+		SigningKey: signingKey, ControllerKeys: controllerKeys, TrustUnsignedLedgerOnce: c.TrustUnsignedLedgerOnce,
+		Logger: log,
 	}, nil
 }

@@ -53,6 +53,12 @@ func (f *Flags) Int(p *int, name, env, usage string) {
 	f.bind(&intValue{p: p}, name, env, usage)
 }
 
+// Bool binds a switch: --name alone is true.
+func (f *Flags) Bool(p *bool, name, env, usage string) {
+	f.bind(&boolValue{p: p}, name, env, usage)
+	f.fs.Lookup(name).NoOptDefVal = "true"
+}
+
 func (f *Flags) bind(v pflag.Value, name, env, usage string) {
 	if env != "" {
 		usage += " ($" + env + ")"

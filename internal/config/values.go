@@ -124,6 +124,20 @@ func (v *intValue) Set(s string) error {
 	return nil
 }
 
+// boolValue is a flag given alone (--flag) or as --flag=true|false.
+type boolValue struct{ p *bool }
+
+func (v *boolValue) String() string { return strconv.FormatBool(*v.p) }
+func (v *boolValue) Type() string   { return "bool" }
+func (v *boolValue) Set(s string) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New("invalid boolean, want true or false")
+	}
+	*v.p = b
+	return nil
+}
+
 // Duration is a time.Duration written in YAML as a Go duration ("90s",
 // "5m"), 0 or more.
 type Duration time.Duration

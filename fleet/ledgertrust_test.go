@@ -1,0 +1,431 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/trust"
+	"github.com/gitfleet/gitfleet/trust/trusttest"
+)
+
+// forgeLedger plays someone who can push to the snapshots branch: an
+// unsigned commit on it whose ledger is edit's change of the current one,
+// and whose other files are files.
+func (e *env) forgeLedger(edit func(l *snapshots.Ledger), files map[string]string) string {
+	e.t.Helper()
+	l := e.ledger()
+	edit(l)
+	data, err := l.Marshal()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	w := map[string]string{snapshots.LedgerPath: string(data)}
+	for p, c := range files {
+		w[p] = c
+	}
+	return e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Write: w, Message: "forged"})
+}
+
+// evilRetained is a forged retained record: a VM the desired branch never
+// held, with a spec that reads a host file.
+func evilRetained(from desired.Hash) *snapshots.RetainedRecord {
+	spec := desired.VMSpec{Host: "hv-a", VCPUs: 1, MemoryMB: 256}
+	return &snapshots.RetainedRecord{Kind: desired.KindVM, Name: "evil", Host: "hv-a", Spec: &spec, Commit: from, From: from}
+}
+
+// signingController is a controller over e's repository signing with
+// key, trusting the snapshots commits of more as well.
+func (e *env) signingController(key trusttest.SSHKey, trustOnce bool, more ...trusttest.SSHKey) (*Controller, error) {
+	e.t.Helper()
+	signer, err := trust.LoadCommitSigner(key.Private)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var others []trust.SSHSigner
+	for _, k := range more {
+		s, err := trust.ParseKeys("test", []string{k.Public})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		others = append(others, s...)
+	}
+	return New(Config{URL: e.url, Clock: e.clock.Now, Logger: quietLogger(), SummaryInterval: -1,
+		SigningKey: signer, ControllerKeys: others, TrustUnsignedLedgerOnce: trustOnce})
+}
+
+// signedBy reports whether the snapshots tip is signed by key.
+func (e *env) signedBy(key trusttest.SSHKey) bool {
+	e.t.Helper()
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: e.url, Logger: quietLogger()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	tip, err := repo.Fetch(context.Background(), DefaultSnapshotsBranch)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	sc, err := repo.Signed(tip)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	keys, err := trust.ParseKeys("test", []string{key.Public})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s, err := trust.New(keys, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	_, err = s.Verify(sc)
+	return err == nil
+}
+
+// wantForged checks that res and the ledger report a forgery whose reason
+// holds want.
+func (e *env) wantForged(res PassResult, want string) {
+	e.t.Helper()
+	found := false
+	for _, f := range res.ForgedCommits {
+		found = found || strings.Contains(f.Reason, want)
+	}
+	if !found {
+		e.t.Errorf("forged commits %+v: none names %q", res.ForgedCommits, want)
+	}
+	found = false
+	for _, f := range e.ledger().ForgedCommits {
+		found = found || strings.Contains(f.Reason, want)
+	}
+	if !found {
+		e.t.Errorf("ledger forgedCommits %+v: none names %q", e.ledger().ForgedCommits, want)
+	}
+}
+
+// Without a signing key, a retained record the desired branch's history
+// does not justify is never published: a name the commit it names never
+// held, a record naming no commit, a revision instead of a commit. Every
+// host is still published, and the forgery is reported.
+func TestForgedRetainedRecordNotPublished(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		from       func(applied desired.Hash) desired.Hash
+	}{
+		{"never in the named commit", "does not hold it", func(a desired.Hash) desired.Hash { return a }},
+		{"no commit named", "names no commit", func(desired.Hash) desired.Hash { return "" }},
+		{"a revision, not a commit", "not in the desired branch's history", func(desired.Hash) desired.Hash { return "HEAD" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, baseFleet())
+			e.pass()
+			applied := e.ledger().Applied.Commit
+			e.forgeLedger(func(l *snapshots.Ledger) {
+				l.Retained = append(l.Retained, evilRetained(tc.from(applied)))
+			}, nil)
+			res := e.pass()
+			if vm := e.snapshot("hv-a").VM("evil"); vm != nil {
+				t.Fatalf("forged retained VM published: %+v", vm)
+			}
+			if e.snapshot("hv-a").VM("web-01") == nil || e.snapshot("hv-b").VM("db-01") == nil {
+				t.Fatal("the desired VMs should stay published")
+			}
+			if len(e.ledger().Retained) != 0 || res.RetainedTotal != 0 {
+				t.Fatalf("retained = %+v, want the forged record dropped", e.ledger().Retained)
+			}
+			e.wantForged(res, "evil")
+			e.wantForged(res, tc.want)
+			if got := metricValue(t, e.c, "gitfleet_controller_forged_snapshots_commits_total"); got < 1 {
+				t.Errorf("gitfleet_controller_forged_snapshots_commits_total = %v", got)
+			}
+		})
+	}
+}
+
+// A retained record whose spec differs from the one its commit gave the
+// VM is not published either.
+func TestForgedRetainedSpecNotPublished(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	applied := e.ledger().Applied.Commit
+	// Drop web-01 from the desired state by review, then forge it back
+	// in as retained with more memory.
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Message: "retire web-01"})
+	e.pass()
+	e.forgeLedger(func(l *snapshots.Ledger) {
+		r := evilRetained(applied)
+		r.Name, r.Spec.MemoryMB = "web-01", 65536
+		l.Retained = append(l.Retained, r)
+		l.Tombstones = nil
+	}, nil)
+	res := e.pass()
+	if vm := e.snapshot("hv-a").VM("web-01"); vm != nil && !vm.Tombstoned {
+		t.Fatalf("web-01 published live from a forged record: %+v", vm)
+	}
+	e.wantForged(res, "its spec is not the one")
+}
+
+// Without a signing key, names the ledger lists for a host that the
+// applied commit never held there are not tombstoned.
+func TestForgedLedgerNamesNotTombstoned(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	e.forgeLedger(func(l *snapshots.Ledger) {
+		l.Hosts["hv-a"].VMs = append(l.Hosts["hv-a"].VMs, "ghost")
+		l.Hosts["hv-b"].Volumes = append(l.Hosts["hv-b"].Volumes, "ghost-data")
+	}, nil)
+	res := e.pass()
+	if len(res.Tombstoned) != 0 || len(e.ledger().Tombstones) != 0 {
+		t.Fatalf("tombstoned %v from forged ledger names", res.Tombstoned)
+	}
+	if e.snapshot("hv-a").VM("ghost") != nil {
+		t.Fatal("ghost is in hv-a's snapshot")
+	}
+	e.wantForged(res, "VM ghost@hv-a")
+	e.wantForged(res, "Volume ghost-data@hv-b")
+	// A reviewed delete is still tombstoned.
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Message: "retire web-01"})
+	if res := e.pass(); len(res.Tombstoned) != 1 || res.Tombstoned[0] != "VM web-01@hv-a" {
+		t.Fatalf("tombstoned = %v, want web-01", res.Tombstoned)
+	}
+}
+
+// With a signing key, a forged ledger on top of a signed one is never
+// read: the controller acts on the signed commit's ledger, writes over the
+// forgery (republishing the host file it changed), and reports it.
+func TestForgedLedgerOverSignedOneRepaired(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	e := newEnv(t, baseFleet())
+	c, err := e.signingController(key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+	signed := e.snapshotsTip()
+	epoch := e.snapshot("hv-a").Epoch
+	forged := e.forgeLedger(func(l *snapshots.Ledger) {
+		l.Retained = append(l.Retained, evilRetained(l.Applied.Commit))
+		l.Hosts["hv-b"].VMs = append(l.Hosts["hv-b"].VMs, "ghost")
+		l.Hosts["hv-a"].Epoch += 1000
+	}, map[string]string{snapshots.Path("hv-a"): "host: hv-a\nepoch: 99999\nvms: []\nvolumes: []\n"})
+	res := e.pass()
+	if len(res.ForgedCommits) != 1 || res.ForgedCommits[0].Commit != forged || res.ForgedCommits[0].Signed != signed {
+		t.Fatalf("forged commits = %+v, want %s above %s", res.ForgedCommits, forged, signed)
+	}
+	if e.snapshot("hv-a").VM("evil") != nil || e.snapshot("hv-a").VM("web-01") == nil {
+		t.Fatalf("hv-a = %+v, want web-01 and no forged VM", e.snapshot("hv-a"))
+	}
+	if got := e.snapshot("hv-a").Epoch; got != epoch+1 {
+		t.Errorf("hv-a repaired at epoch %d, want %d (the signed ledger's next)", got, epoch+1)
+	}
+	if l := e.ledger(); len(l.Retained) != 0 || len(l.Tombstones) != 0 || len(res.Tombstoned) != 0 {
+		t.Fatalf("ledger retained %+v tombstones %+v: the forged ledger was acted on", l.Retained, l.Tombstones)
+	}
+	if !e.signedBy(key) {
+		t.Fatal("the snapshots tip after the repair is not signed")
+	}
+	e.wantForged(res, "carries no signature")
+	if got := metricValue(t, e.c, "gitfleet_controller_forged_snapshots_commits_total"); got != 1 {
+		t.Errorf("gitfleet_controller_forged_snapshots_commits_total = %v, want 1", got)
+	}
+	if res := e.pass(); len(res.ForgedCommits) != 0 {
+		t.Fatalf("a pass over the repaired tip reports %+v", res.ForgedCommits)
+	}
+	// README.md on the status branch lists it.
+	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
+	if !strings.Contains(readme, "## Forged snapshots commits") || !strings.Contains(readme, desired.Hash(forged).Short()) {
+		t.Errorf("README.md lacks the forged commit:\n%s", readme)
+	}
+}
+
+// A controller given a signing key over a snapshots branch that no
+// controller key signed refuses to publish, naming the one-time trust
+// option; with it, it adopts the ledger once and signs; from then on an
+// unsigned commit on top is not adopted.
+func TestUnsignedLedgerNeedsExplicitTrust(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	e := newEnv(t, baseFleet())
+	e.pass() // unsigned, as before keys were configured
+	tip := e.snapshotsTip()
+
+	c, err := e.signingController(key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Pass(context.Background())
+	if !errors.Is(err, ErrUnsignedLedger) || !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), TrustUnsignedLedgerOnceFlag) {
+		t.Fatalf("pass error = %v, want ErrUnsignedLedger naming %s", err, TrustUnsignedLedgerOnceFlag)
+	}
+	if e.snapshotsTip() != tip {
+		t.Fatal("a refused pass wrote to the snapshots branch")
+	}
+
+	if e.c, err = e.signingController(key, true); err != nil {
+		t.Fatal(err)
+	}
+	e.pass()
+	if !e.signedBy(key) {
+		t.Fatal("the adopted ledger was not written over, signed")
+	}
+	e.forgeLedger(func(l *snapshots.Ledger) { l.Retained = append(l.Retained, evilRetained(l.Applied.Commit)) }, nil)
+	res := e.pass()
+	if len(res.ForgedCommits) != 1 || e.snapshot("hv-a").VM("evil") != nil {
+		t.Fatalf("forged %+v, hv-a %+v: the once-option adopted a second unsigned ledger", res.ForgedCommits, e.snapshot("hv-a"))
+	}
+}
+
+// A controller whose key rotated trusts the commits of the old key when
+// it is listed among the controller keys, and refuses them when not.
+func TestLedgerKeyRotation(t *testing.T) {
+	old := trusttest.NewSSHKey(t, "controller-2025")
+	next := trusttest.NewSSHKey(t, "controller-2026")
+	e := newEnv(t, baseFleet())
+	c, err := e.signingController(old, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+
+	unlisted, err := e.signingController(next, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unlisted.Pass(context.Background()); !errors.Is(err, ErrUnsignedLedger) {
+		t.Fatalf("old key not listed: pass error = %v, want ErrUnsignedLedger", err)
+	}
+
+	if e.c, err = e.signingController(next, false, old); err != nil {
+		t.Fatal(err)
+	}
+	e.commit(editWeb(3, nil))
+	res := e.pass()
+	if len(res.ForgedCommits) != 0 || res.Published["hv-a"] == 0 {
+		t.Fatalf("rotated controller: %+v", res)
+	}
+	if !e.signedBy(next) {
+		t.Fatal("the new tip is not signed with the new key")
+	}
+}
+
+// Without a signing key, a controller whose clone no longer holds the
+// commit a retained record names (a fresh clone after the rewrite) keeps
+// publishing it only while its host reports it exactly as recorded:
+// publishing it then changes nothing on the host.
+func TestRetainedAfterFreshCloneNeedsTheHostsReport(t *testing.T) {
+	for _, reported := range []bool{true, false} {
+		t.Run(map[bool]string{true: "host reports it", false: "host does not"}[reported], func(t *testing.T) {
+			e := newEnv(t, baseFleet())
+			e.pass()
+			orphan := e.commit(gittest.Edit{Branch: "orphan", Message: "Initial", Write: map[string]string{
+				"hosts/hv-a.yaml": hostYAML("hv-a"), "hosts/hv-b.yaml": hostYAML("hv-b"),
+				"vms/web-01.yaml": vmYAML("web-01", "hv-a", 2)}})
+			gittest.SetBranch(t, e.dir, "main", orphan)
+			if res := e.pass(); res.RetainedTotal != 2 {
+				t.Fatalf("rewrite: %+v, want db-01 and db-data retained", res)
+			}
+			if reported {
+				var spec desired.VMSpec
+				for _, k := range e.ledger().Retained {
+					if k.Kind == desired.KindVM {
+						spec = *k.Spec
+					}
+				}
+				writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 1, LastSeenEpoch: e.snapshot("hv-b").Epoch,
+					VMs:     []status.VM{{Name: "db-01", Phase: "ready", Power: "running", SpecHash: desired.SpecHash(spec)}},
+					Volumes: []status.Volume{{Name: "db-data", Present: true, SizeGB: 50}}})
+			}
+			e.c = e.newController() // its clone lacks the commit before the rewrite
+			res := e.pass()
+			vm := e.snapshot("hv-b").VM("db-01")
+			if reported {
+				if vm == nil || res.RetainedTotal != 2 || len(res.ForgedCommits) != 0 {
+					t.Fatalf("db-01 %+v, retained %d, forged %+v: the host's report should keep it", vm, res.RetainedTotal, res.ForgedCommits)
+				}
+				return
+			}
+			if vm != nil || res.RetainedTotal != 0 {
+				t.Fatalf("db-01 %+v, retained %d: published without a witness", vm, res.RetainedTotal)
+			}
+			e.wantForged(res, "does not report it")
+		})
+	}
+}
+
+// Without a signing key, a pending tombstone the ledger lists is published
+// only when its commit removed the object in the desired branch's
+// history: a forged one (naming a live VM, or a commit that removed
+// something else) is never delivered, while a reviewed delete stays
+// pending.
+func TestForgedTombstoneRecordNotPublished(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	retire := e.commit(gittest.Edit{Remove: []string{"vms/db-01.yaml"}, Message: "retire db-01"})
+	if res := e.pass(); len(res.Tombstoned) != 1 {
+		t.Fatalf("tombstoned = %v", res.Tombstoned)
+	}
+	e.forgeLedger(func(l *snapshots.Ledger) {
+		// Not a live VM (that would be un-deleted at once): a VM the
+		// agent runs but the desired state never named, and db-data
+		// attributed to the commit that removed db-01.
+		l.Tombstones = append(l.Tombstones,
+			&snapshots.TombstoneRecord{Kind: desired.KindVM, Name: "ghost", Host: "hv-a", Tombstone: snapshots.Tombstone{Commit: desired.Hash(retire), Epoch: 1}},
+			&snapshots.TombstoneRecord{Kind: desired.KindVolume, Name: "other", Host: "hv-b", Tombstone: snapshots.Tombstone{Commit: desired.Hash(retire), Epoch: 1}})
+	}, nil)
+	res := e.pass()
+	if e.snapshot("hv-a").VM("ghost") != nil {
+		t.Fatal("the forged tombstone was published")
+	}
+	if vm := e.snapshot("hv-b").VM("db-01"); vm == nil || !vm.Tombstoned || res.Pending != 1 {
+		t.Fatalf("db-01 = %+v, pending %d: the reviewed delete should stay pending", vm, res.Pending)
+	}
+	e.wantForged(res, "tombstone of VM ghost@hv-a")
+	e.wantForged(res, "tombstone of Volume other@hv-b")
+}
+
+// A forged snapshots commit is never signed into acceptance by a pass
+// that writes only the ledger: with the desired state rejected, every
+// path the forged commit changed (a host file at a higher epoch with a
+// tombstone, a file it added) is restored to the signed commit's content
+// in the controller's signed commit on top. Agents check only the tip's
+// signature, so without the restore they accepted the forged file.
+func TestForgedHostFileRestoredWhenTheDesiredStateIsRejected(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	e := newEnv(t, baseFleet())
+	c, err := e.signingController(key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+	signed := e.snapshotsTip()
+	genuine := gittest.Show(t, e.dir, signed, snapshots.Path("hv-a"))
+	forgedFile := "host: hv-a\nepoch: 50\nvms: []\nvolumes: []\ntombstones: [{kind: VM, name: web-01, epoch: 50}]\n"
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged",
+		Write: map[string]string{snapshots.Path("hv-a"): forgedFile, "extra.yaml": "planted: true\n"}})
+	head := e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": "kind: VM\nmetadata: {name: web-01\n"}, Message: "broken"})
+
+	res := e.pass()
+	if res.Rejected == nil || len(res.ForgedCommits) != 1 {
+		t.Fatalf("rejected %v, forged %+v: want %s rejected and the forged commit reported", res.Rejected, res.ForgedCommits, desired.Hash(head).Short())
+	}
+	if !e.signedBy(key) {
+		t.Fatal("the tip after the pass is not the controller's signed commit")
+	}
+	tip := e.snapshotsTip()
+	if got := gittest.Show(t, e.dir, tip, snapshots.Path("hv-a")); got != genuine {
+		t.Errorf("the signed tip holds hosts/hv-a.yaml =\n%s\nwant the signed commit's:\n%s", got, genuine)
+	}
+	if out, err := exec.Command("git", "-C", e.dir, "cat-file", "-e", tip+":extra.yaml").CombinedOutput(); err == nil {
+		t.Errorf("the signed tip still holds the forged commit's extra.yaml (%s)", out)
+	}
+	if l := e.ledger(); l.Rejected == nil || l.Rejected.Commit != desired.Hash(head) {
+		t.Errorf("ledger rejected = %+v, want %s", l.Rejected, desired.Hash(head).Short())
+	}
+}
