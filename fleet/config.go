@@ -38,8 +38,10 @@ type Config struct {
 	Repo *gitsource.Repo
 	// TipRepo serves the snapshots and status branches, of which only the
 	// tips are read. When nil and URL is set, New opens URL at depth 1 —
-	// in TipsCacheDir, or in memory and opened afresh every hour, so the
-	// status branch (a commit per agent heartbeat) never piles up in the
+	// in TipsCacheDir, or in memory and opened afresh every hour and
+	// whenever its object data passes gitsource's bound (16 MiB and four
+	// times its fresh clone), so neither the status branch (a commit per
+	// agent heartbeat) nor the published ledgers pile up in the
 	// controller; when nil without URL, Repo serves them too.
 	TipRepo  *gitsource.Repo
 	URL      string

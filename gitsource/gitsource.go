@@ -42,8 +42,8 @@
 // one Repo take turns on its cache, Updates run one at a time. One CacheDir
 // belongs to one Repo at a time. The cache keeps itself compact: past 16
 // pack files (each fetch adds one) or 2048 loose objects (each Update adds
-// a few) they are merged, and a memory cache that grew fourfold since its
-// last clone is cloned afresh.
+// a few) they are merged, and a memory cache whose object data grew past
+// 16 MiB and fourfold since its last clone is cloned afresh.
 package gitsource
 
 import (
@@ -234,8 +234,8 @@ type Repo struct {
 	sizes   map[plumbing.Hash]int64
 	// listed caches the listings of tree objects (Tree's Walk).
 	listed listings
-	// baseline is the size of the cache after its last fresh clone: objects
-	// of a memory cache, bytes of packs on disk (see maintain).
+	// baseline is the size of the cache after its last fresh clone: bytes
+	// of object data in memory, bytes of packs on disk (see maintain).
 	baseline int64
 
 	// updateMu serializes Update calls.

@@ -33,12 +33,15 @@ var (
 	// branches starts at 1,000 and must not count as grown.
 	maxShallow = 512
 	// growth: a memory cache, or a shallow cache on disk, that grew past
-	// growth times its size after its last fresh clone, and past its floor,
-	// is cloned afresh. A full cache on disk is only compacted: its history
-	// is what it is for.
+	// growth times its size after its last fresh clone, and past its
+	// floor, is cloned afresh (sizes in bytes). A full cache on disk is
+	// only compacted: its history is what it is for.
 	growth = 4
-	// memoryFloor is in objects, diskFloor in bytes of pack files.
-	memoryFloor = 20000
+	// memoryFloor is in bytes of object data, diskFloor in bytes of pack
+	// files. Bytes, not objects: the controller's tips publish a ledger
+	// of hundreds of KB per pass in a handful of objects, so a floor in
+	// objects let a thousand passes keep 300 MB.
+	memoryFloor = int64(16 << 20)
 	diskFloor   = int64(64 << 20)
 )
 
@@ -84,7 +87,7 @@ func (r *Repo) upkeep() string {
 		}
 		size, floor = packBytes(r.st.(*diskStorage)), diskFloor
 	case *memory.Storage:
-		size, floor = int64(r.objectCount()), int64(memoryFloor)
+		size, floor = r.objectBytes(), memoryFloor
 	default:
 		return ""
 	}
@@ -232,11 +235,17 @@ func packHashes(st *diskStorage, pack plumbing.Hash) ([]plumbing.Hash, error) {
 	return out, nil
 }
 
-// objectCount is the number of objects of a memory cache (0 for a cache on
-// disk). Caller holds r.mu.
-func (r *Repo) objectCount() int {
-	if ms, ok := r.st.(*memory.Storage); ok {
-		return len(ms.ObjectStorage.Objects)
+// objectBytes is the size of the object data a memory cache holds, in
+// bytes (0 for a cache on disk): one pass over its objects, a
+// millisecond for a hundred thousand. Caller holds r.mu.
+func (r *Repo) objectBytes() int64 {
+	ms, ok := r.st.(*memory.Storage)
+	if !ok {
+		return 0
 	}
-	return 0
+	var n int64
+	for _, o := range ms.ObjectStorage.Objects {
+		n += o.Size()
+	}
+	return n
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-git/go-git/v5/storage/memory"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -102,7 +103,7 @@ func mustOpen(t *testing.T, o Options) *Repo {
 // TestMemoryCacheIsBounded: a memory cache that keeps growing is cloned
 // afresh (shallow here, so the fresh clone is small) and keeps working.
 func TestMemoryCacheIsBounded(t *testing.T) {
-	defer func(g, f, s int) { growth, memoryFloor, maxShallow = g, f, s }(growth, memoryFloor, maxShallow)
+	defer func(g int, f int64, s int) { growth, memoryFloor, maxShallow = g, f, s }(growth, memoryFloor, maxShallow)
 	growth, memoryFloor, maxShallow = 2, 10, 1000
 	ctx := context.Background()
 	rm := gittest.NewBare(t)
@@ -123,6 +124,54 @@ func TestMemoryCacheIsBounded(t *testing.T) {
 	// Depth 1 of a 30-file tree: 1 commit, 2 trees, 30 blobs, and less than
 	// growth times that of leftovers.
 	assert.Less(t, n, 2*33+1)
+}
+
+// TestMemoryCacheIsBoundedByBytes: a memory cache that grows by a few
+// objects but many bytes a fetch (a 1 MiB file rewritten by every commit,
+// as every publish of the controller rewrites its ledger) is cloned afresh
+// once its object data passes the floor and four times its first clone,
+// with the defaults; reads go on working. Bounded by objects, it kept
+// every version.
+func TestMemoryCacheIsBoundedByBytes(t *testing.T) {
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"ledger.yaml": incompressible(t, 1<<20)}})
+	r, err := Open(ctx, Options{URL: rm, Depth: 1})
+	require.NoError(t, err)
+	var highest int64
+	for i := 0; i < 24; i++ {
+		content := incompressible(t, 1<<20)
+		want := gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"ledger.yaml": content}})
+		tip, err := r.Fetch(ctx, "main")
+		require.NoError(t, err)
+		require.Equal(t, want, tip)
+		data, err := r.ReadFile(tip, "ledger.yaml")
+		require.NoError(t, err)
+		require.Equal(t, content, string(data))
+		r.mu.Lock()
+		highest = max(highest, r.objectBytes())
+		r.mu.Unlock()
+	}
+	// 25 MiB were fetched; the cache held at most the floor and the
+	// version that passed it (commits and trees are a few hundred bytes).
+	assert.LessOrEqual(t, highest, memoryFloor+(1<<20)+(64<<10))
+}
+
+// objectCount is the number of objects of a memory cache (0 for a cache on
+// disk). Caller holds r.mu.
+func (r *Repo) objectCount() int {
+	if ms, ok := r.st.(*memory.Storage); ok {
+		return len(ms.ObjectStorage.Objects)
+	}
+	return 0
+}
+
+// incompressible is n bytes of hex digits of random bytes.
+func incompressible(t *testing.T, n int) string {
+	b := make([]byte, n/2)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return hex.EncodeToString(b)
 }
 
 // TestShallowDiskCacheIsBounded: a shallow cache on disk is cloned afresh
