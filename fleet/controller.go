@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"regexp"
 	"sync"
@@ -424,14 +425,32 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		return res, nil
 	}
 
-	// Step 3: compute on the snapshots tip and publish in one CAS commit.
+	// Step 3: compute on the snapshots tip and publish in one CAS commit,
+	// pushed with step 4's in one atomic push.
 	// A publish that lost a race with another controller (errStaleHead)
 	// reads the desired branch again and computes anew, as a rejected
 	// push fetches again.
 	if c.beforePublish != nil {
 		c.beforePublish()
 	}
-	out, tip, err := c.publish(ctx, head, fl, loadErr, obs, now)
+	// Step 4, in the same write: the summary on the status branch. This
+	// pass acted: a failure recorded there is over. Statuses the
+	// computation ignored (hosts it does not know) are not shown nor
+	// copied. The summary is made from each attempt's computation.
+	var sum status.Summary
+	summary := func(out *output) (*statusWrite, error) {
+		shown := fl
+		if out.rejected != nil {
+			shown = nil // summarized without the refused state
+		}
+		sum = c.summarize(out.ledger, shown, withoutHosts(obs.reports, out.ignored), out.forgedAcks, obs.err == nil, now)
+		copies := statusCopies{tips: maps.Clone(obs.copies.tips), event: obs.copies.event}
+		for _, h := range out.ignored {
+			delete(copies.tips, h)
+		}
+		return c.planStatus(sum, copies, now)
+	}
+	out, tip, written, err := c.publish(ctx, head, fl, loadErr, obs, now, summary)
 	for tries := 0; errors.Is(err, errStaleHead) && tries < 3; tries++ {
 		c.log.WithError(cleanErr(err)).Info("reading the desired branch again")
 		head, fl, loadErr = c.readDesired(ctx)
@@ -440,7 +459,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 			return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
 		}
 		res.Rejected = loadErr
-		out, tip, err = c.publish(ctx, head, fl, loadErr, obs, now)
+		out, tip, written, err = c.publish(ctx, head, fl, loadErr, obs, now, summary)
 	}
 	res.SnapshotsCommit = tip
 	if err != nil {
@@ -448,23 +467,10 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	}
 	c.report(&res, out)
 	if out.rejected != nil {
-		// Refused by the computation: report it like any rejection, and
-		// summarize without the refused state.
-		res.Rejected, fl = out.rejected, nil
+		// Refused by the computation: report it like any rejection.
+		res.Rejected = out.rejected
 	}
-
-	// Step 4: the summary on the status branch. This pass acted: a
-	// failure recorded there is over. Statuses the computation ignored
-	// (hosts it does not know) are not shown.
-	sum := c.summarize(out.ledger, fl, withoutHosts(obs.reports, out.ignored), out.forgedAcks, obs.err == nil, now)
 	c.failing, c.lastSummary = nil, &sum
-	for _, h := range out.ignored {
-		delete(obs.copies.tips, h) // nor copied
-	}
-	written, err := c.writeStatusBranch(ctx, sum, obs.copies, now)
-	if err != nil {
-		return res, fmt.Errorf("write summary: %w", err)
-	}
 	res.SummaryWritten = written
 	// The next pass may skip on the same inputs only when this one left
 	// nothing waiting: no rejection to retry, no tombstone waiting for an
@@ -590,7 +596,15 @@ func withoutHosts(reports []status.Report, hosts []string) []status.Report {
 // them in one compare-and-swap commit (recomputed on a moved tip). It
 // returns the computation's output and the new tip (the tip also with the
 // error of a write that ran no computation).
-func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet, loadErr error, obs observation, now time.Time) (*output, string, error) {
+//
+// status plans the status branch's write from the output of each
+// computation (a nil write: nothing to write); both branches are written
+// in one compare-and-swap write, one push, that the remote takes whole or
+// refuses whole (a moved tip of either runs both again). The planned
+// write's done is called once it is pushed, and the third result reports
+// whether the status tip moved.
+func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet, loadErr error, obs observation, now time.Time,
+	status func(*output) (*statusWrite, error)) (*output, string, bool, error) {
 	var out *output
 	mutate := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		src, err := c.ledgerAt(ctx, tip, read)
@@ -635,12 +649,42 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		}
 		return files, commitMessage(head, o), nil
 	}
-	tip, err := c.update(ctx, c.tips, c.cfg.SnapshotsBranch, mutate)
+	// The status edit runs after the snapshots edit of the same attempt:
+	// out is that attempt's computation.
+	var sw *statusWrite
+	writeStatus := func(statusTip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		sw = nil
+		if out == nil {
+			return nil, "", errors.New("no computation ran")
+		}
+		w, err := status(out)
+		if err != nil {
+			return nil, "", fmt.Errorf("write summary: %w", err)
+		}
+		if w == nil {
+			return nil, "", nil
+		}
+		sw = w
+		files, msg, err := w.mutate(statusTip, read)
+		if err != nil {
+			return nil, "", fmt.Errorf("write summary: %w", err)
+		}
+		return files, msg, nil
+	}
+	tips, err := c.updateMany(ctx, []string{c.cfg.SnapshotsBranch, c.cfg.StatusBranch}, []gitsource.Mutation{mutate, writeStatus})
+	tip, written := "", false
+	if err == nil {
+		tip = tips[0]
+		if sw != nil {
+			sw.done()
+			written = tips[1] != sw.base
+		}
+	}
 	if err != nil {
-		return nil, "", fmt.Errorf("publish snapshots: %w", err)
+		return nil, "", false, fmt.Errorf("publish snapshots: %w", err)
 	}
 	if out == nil {
-		return nil, tip, errors.New("publish snapshots: no computation ran")
+		return nil, tip, false, errors.New("publish snapshots: no computation ran")
 	}
 	// The written ledger is the ledger at the new tip, and its files are
 	// the ones it describes.
@@ -657,7 +701,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		c.history.Close()
 		c.history = nil
 	}
-	return out, tip, nil
+	return out, tip, written, nil
 }
 
 // input is compute's input for one attempt on the snapshots tip whose
@@ -927,6 +971,38 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 		c.fetched[branch] = tip
 	}
 	return tip, err
+}
+
+// updateMany is update of several branches of the tip repository in one
+// compare-and-swap write (gitsource.EditMany: one atomic push), each
+// built on the tip this pass fetched when it fetched it, the snapshots
+// commit signed with Config.SigningKey when set (signerFor); their new
+// tips are recorded.
+func (c *Controller) updateMany(ctx context.Context, branches []string, mutates []gitsource.Mutation) ([]string, error) {
+	var own error
+	edits := make([]gitsource.BranchEdit, len(branches))
+	for i, branch := range branches {
+		mutate := mutates[i]
+		edits[i] = gitsource.BranchEdit{Branch: branch, Edit: func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
+			hash := ""
+			if tip != nil {
+				hash = tip.Hash
+			}
+			files, msg, err := mutate(hash, read)
+			own = err
+			return gitsource.Write{Files: files, Message: msg, Signer: c.signerFor(branch)}, err
+		}}
+		edits[i].Tip, edits[i].Known = c.fetched[branch]
+	}
+	start := time.Now()
+	tips, err := c.tips.EditMany(ctx, edits)
+	c.metrics.gitOp(GitPush, time.Since(start), err != nil && (own == nil || !errors.Is(err, own)))
+	if err == nil && c.fetched != nil {
+		for i, branch := range branches {
+			c.fetched[branch] = tips[i]
+		}
+	}
+	return tips, err
 }
 
 // setBaseline gives the loader the tree of the commit the ledger last

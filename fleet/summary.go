@@ -195,35 +195,63 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now tim
 // write; any other change is written at once, with every copy that lags.
 // It touches no other file.
 func (c *Controller) writeStatusBranch(ctx context.Context, s status.Summary, cp statusCopies, now time.Time) (bool, error) {
+	w, err := c.planStatus(s, cp, now)
+	if w == nil || err != nil {
+		return false, err
+	}
+	newTip, err := c.update(ctx, c.tips, c.cfg.StatusBranch, w.mutate)
+	if err != nil {
+		return false, err
+	}
+	w.done()
+	return newTip != w.base, nil
+}
+
+// statusWrite is a write of the status branch planStatus prepared: mutate
+// gives the files on the status tip (none when the tip holds them
+// already) and records that tip in base; done records the summary as
+// written, once the commit is pushed.
+type statusWrite struct {
+	mutate gitsource.Mutation
+	base   string
+	done   func()
+}
+
+// planStatus prepares writeStatusBranch's write of s and cp; nil when
+// there is nothing to write (the summary unchanged, or a change of
+// heartbeats only that SummaryInterval holds back: c.summaryDue).
+func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time) (*statusWrite, error) {
 	data := status.RenderSummary(s)
 	if string(data) == string(c.summary) && len(cp.tips) == 0 {
 		c.summaryDue = false
-		return false, nil
+		return nil, nil
 	}
 	key := summaryKey(s)
 	heartbeatsOnly := string(key) == string(c.summaryKey) && !cp.event
 	if heartbeatsOnly && c.cfg.SummaryInterval > 0 && !c.summaryAt.IsZero() && now.Sub(c.summaryAt) < c.cfg.SummaryInterval {
 		c.summaryDue = true
-		return false, nil
+		return nil, nil
 	}
 	copies, err := c.copyFiles(cp)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	liveness, err := c.liveness(s)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	var failing []byte
 	if s.Failing != nil {
 		var err error
 		if failing, err = status.MarshalPassFailure(s.Failing); err != nil {
-			return false, err
+			return nil, err
 		}
 	}
-	base := ""
-	newTip, err := c.update(ctx, c.tips, c.cfg.StatusBranch, func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		base = tip
+	w := &statusWrite{done: func() {
+		c.summary, c.summaryKey, c.summaryAt, c.summaryDue = data, key, now, false
+	}}
+	w.mutate = func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		w.base = tip
 		files := map[string][]byte{}
 		// Each file is read up to the size it should have: a bigger
 		// one (forged, say) differs, and costs no memory.
@@ -264,12 +292,8 @@ func (c *Controller) writeStatusBranch(ctx context.Context, s status.Summary, cp
 			return nil, "", nil
 		}
 		return files, msg, nil
-	})
-	if err != nil {
-		return false, err
 	}
-	c.summary, c.summaryKey, c.summaryAt, c.summaryDue = data, key, now, false
-	return newTip != base, nil
+	return w, nil
 }
 
 // summaryKey renders s with its heartbeat-driven fields (the hosts'

@@ -57,6 +57,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -243,6 +244,9 @@ type Repo struct {
 
 	// updateMu serializes Update calls.
 	updateMu sync.Mutex
+	// noAtomic is set once the remote was seen to take no atomic
+	// pushes (EditMany then pushes one branch at a time).
+	noAtomic atomic.Bool
 }
 
 // Open opens (or clones into opts.CacheDir) the remote. It does not fetch.

@@ -155,32 +155,11 @@ func (r *Repo) edit(ctx context.Context, branch string, edit EditFunc, first fun
 	}
 	r.updateMu.Lock()
 	defer r.updateMu.Unlock()
-	attempts := r.opts.UpdateAttempts
-	if attempts <= 0 {
-		attempts = DefaultUpdateAttempts
-	}
-	base, ceiling := r.opts.Backoff, r.opts.MaxBackoff
-	if base <= 0 {
-		base = 25 * time.Millisecond
-	}
-	if ceiling <= 0 {
-		ceiling = 2 * time.Second
-	}
+	attempts := r.attempts()
 	var lastErr error
 	for attempt := 0; attempt < attempts; attempt++ {
-		if attempt > 0 {
-			wait := base << min(attempt-1, 20)
-			if wait > ceiling || wait <= 0 {
-				wait = ceiling
-			}
-			wait = time.Duration(rand.Int64N(int64(wait) + 1))
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return "", fmt.Errorf("update %s: %w: %w (last: %v)", branch, ErrConflict, ctx.Err(), lastErr)
-			case <-t.C:
-			}
+		if err := r.backoff(ctx, attempt); err != nil {
+			return "", fmt.Errorf("update %s: %w: %w (last: %v)", branch, ErrConflict, err, lastErr)
 		}
 		tip, known := "", false
 		if first != nil && attempt == 0 {
@@ -211,6 +190,43 @@ func (r *Repo) edit(ctx context.Context, branch string, edit EditFunc, first fun
 	return "", fmt.Errorf("update %s: %w after %d attempts: %v", branch, ErrConflict, attempts, lastErr)
 }
 
+// attempts is Options.UpdateAttempts, or its default.
+func (r *Repo) attempts() int {
+	if r.opts.UpdateAttempts <= 0 {
+		return DefaultUpdateAttempts
+	}
+	return r.opts.UpdateAttempts
+}
+
+// backoff waits before attempt (none before the first) a jittered,
+// exponentially growing time bounded by Options.MaxBackoff; it returns
+// ctx's error when ctx ends first.
+func (r *Repo) backoff(ctx context.Context, attempt int) error {
+	if attempt == 0 {
+		return nil
+	}
+	base, ceiling := r.opts.Backoff, r.opts.MaxBackoff
+	if base <= 0 {
+		base = 25 * time.Millisecond
+	}
+	if ceiling <= 0 {
+		ceiling = 2 * time.Second
+	}
+	wait := base << min(attempt-1, 20)
+	if wait > ceiling || wait <= 0 {
+		wait = ceiling
+	}
+	wait = time.Duration(rand.Int64N(int64(wait) + 1))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
 // trackedTip is branch's tracking ref when the cache holds its commit.
 func (r *Repo) trackedTip(branch string) (string, bool) {
 	r.mu.Lock()
@@ -227,6 +243,38 @@ func (r *Repo) trackedTip(branch string) (string, bool) {
 
 // attempt runs edit on tip, builds the commit and pushes it.
 func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (string, error) {
+	p, err := r.prepare(branch, tip, edit)
+	if err != nil || p.commit.IsZero() {
+		return tip, err
+	}
+	pack, err := r.pack(p.written)
+	if err != nil {
+		return "", err
+	}
+	u := refUpdate{branch: branch, old: tip, new: p.commit}
+	err = r.remote(ctx, func(ctx context.Context) error { return r.push(ctx, []refUpdate{u}, pack, false) })
+	if err != nil && p.replace && tip != "" && refusedNonFastForward(err) {
+		return "", fmt.Errorf("%w: %s: %v", ErrNonFastForward, branch, err)
+	}
+	if err != nil {
+		return "", err
+	}
+	r.pushed([]refUpdate{u})
+	r.maintain(ctx, refSet{branches: []string{branch}})
+	return p.commit.String(), nil
+}
+
+// prepared is a commit an edit asked for, built in the store but not
+// pushed: zero commit when there is nothing to write; written holds the
+// new objects, replace whether it replaces the tip.
+type prepared struct {
+	commit  plumbing.Hash
+	written []plumbing.Hash
+	replace bool
+}
+
+// prepare runs edit on tip and builds the commit it asks for.
+func (r *Repo) prepare(branch, tip string, edit EditFunc) (prepared, error) {
 	// The tip is read once: its commit gives the message and parents the
 	// edit sees, and the root tree that reads and the build start from.
 	var tipCommit *Commit
@@ -236,7 +284,7 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (
 		c, err := r.resolve(tip)
 		r.mu.Unlock()
 		if err != nil {
-			return "", fmt.Errorf("commit info: %w", err)
+			return prepared{}, fmt.Errorf("commit info: %w", err)
 		}
 		tipCommit, root = describe(c), c.TreeHash
 	}
@@ -253,11 +301,8 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (
 		return r.readAt(tip, root, p, cp, -1)
 	}
 	w, err := edit(tipCommit, read)
-	if err != nil {
-		return "", err
-	}
-	if len(w.Files) == 0 {
-		return tip, nil
+	if err != nil || len(w.Files) == 0 {
+		return prepared{}, err
 	}
 	var parents []string
 	if tipCommit != nil {
@@ -266,36 +311,41 @@ func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (
 			parents = tipCommit.Parents
 		}
 	}
-	commit, pack, err := r.build(tip, root, parents, w.Files, w.Message, w.Signer)
+	commit, written, err := r.build(tip, root, parents, w.Files, w.Message, w.Signer)
 	if err != nil {
-		return "", err
+		return prepared{}, err
 	}
-	if commit.IsZero() {
-		return tip, nil // the contents are already there
-	}
-	err = r.remote(ctx, func(ctx context.Context) error { return r.push(ctx, branch, tip, commit, pack) })
-	if err != nil && w.ReplaceTip && tip != "" && refusedNonFastForward(err) {
-		return "", fmt.Errorf("%w: %s: %v", ErrNonFastForward, branch, err)
-	}
-	if err != nil {
-		return "", err
-	}
+	return prepared{commit: commit, written: written, replace: w.ReplaceTip}, nil
+}
+
+// pack encodes the objects hs (each once) as a pack to push.
+func (r *Repo) pack(hs []plumbing.Hash) ([]byte, error) {
 	r.mu.Lock()
-	err = r.st.SetReference(plumbing.NewHashReference(trackingRef(branch), commit))
-	r.mu.Unlock()
-	if err != nil {
-		// The push stands; the next Fetch sets the tracking ref.
-		r.log.WithError(err).WithField("branch", branch).Warn("record pushed tip")
+	defer r.mu.Unlock()
+	var buf bytes.Buffer
+	if err := encodePack(&buf, r.st, hs); err != nil {
+		return nil, fmt.Errorf("pack new objects: %w", err)
 	}
-	r.maintain(ctx, refSet{branches: []string{branch}})
-	return commit.String(), nil
+	return buf.Bytes(), nil
+}
+
+// pushed records the new tips of pushed updates as tracking refs.
+func (r *Repo) pushed(ups []refUpdate) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, u := range ups {
+		if err := r.st.SetReference(plumbing.NewHashReference(trackingRef(u.branch), u.new)); err != nil {
+			// The push stands; the next Fetch sets the tracking ref.
+			r.log.WithError(err).WithField("branch", u.branch).Warn("record pushed tip")
+		}
+	}
 }
 
 // build writes the commit of files on tip's tree (root; zero for a new
-// branch), with parents, into the store and returns it with a pack of the
-// new objects, signed by signer when it is not nil. A zero hash means the
+// branch), with parents, into the store and returns it with the new
+// objects (for the pack), signed by signer when it is not nil. A zero hash means the
 // tree did not change (and the parents are tip itself).
-func (r *Repo) build(tip string, root plumbing.Hash, parents []string, files map[string][]byte, msg string, signer CommitSigner) (plumbing.Hash, []byte, error) {
+func (r *Repo) build(tip string, root plumbing.Hash, parents []string, files map[string][]byte, msg string, signer CommitSigner) (plumbing.Hash, []plumbing.Hash, error) {
 	edits := make(map[string][]byte, len(files))
 	for p, data := range files {
 		cp, err := cleanPath(p)
@@ -345,11 +395,7 @@ func (r *Repo) build(tip string, root plumbing.Hash, parents []string, files map
 	if err != nil {
 		return plumbing.ZeroHash, nil, err
 	}
-	var buf bytes.Buffer
-	if err := encodePack(&buf, r.st, b.written); err != nil {
-		return plumbing.ZeroHash, nil, fmt.Errorf("pack new objects: %w", err)
-	}
-	return ch, buf.Bytes(), nil
+	return ch, b.written, nil
 }
 
 // signCommit signs c's encoding without a signature, the payload git
@@ -583,10 +629,29 @@ func allNil(edits map[string][]byte) bool {
 	return true
 }
 
-// push sends commit (whose objects are in pack) to refs/heads/branch,
-// naming tip as the value the branch must still have. A refusal because the
-// branch moved is errRejected.
-func (r *Repo) push(ctx context.Context, branch, tip string, commit plumbing.Hash, pack []byte) error {
+// refUpdate is one branch a push moves from old (a full hash; "" for a
+// branch to create) to new.
+type refUpdate struct {
+	branch string
+	old    string
+	new    plumbing.Hash
+}
+
+// errNoAtomic marks an atomic push the remote cannot take: it does not
+// advertise git's atomic capability (receive.advertiseAtomic false, or a
+// server without it). Nothing was sent.
+var errNoAtomic = errors.New("the remote does not advertise atomic pushes")
+
+// push sends ups (whose new objects are in pack) in one receive-pack,
+// naming each branch's old value as the value it must still have. With
+// atomic, the remote takes all of them or none (git's atomic capability;
+// errNoAtomic when it lacks it). A refusal because a branch moved is
+// errRejected.
+func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bool) error {
+	what := ups[0].branch
+	for _, u := range ups[1:] {
+		what += ", " + u.branch
+	}
 	ep, err := transport.NewEndpoint(r.url)
 	if err != nil {
 		return err
@@ -598,50 +663,73 @@ func (r *Repo) push(ctx context.Context, branch, tip string, commit plumbing.Has
 	}
 	sess, err := cl.NewReceivePackSession(ep, r.auth)
 	if err != nil {
-		return fmt.Errorf("push %s: %w", branch, err)
+		return fmt.Errorf("push %s: %w", what, err)
 	}
 	defer sess.Close()
 	ar, err := sess.AdvertisedReferencesContext(ctx)
 	if err != nil {
-		return fmt.Errorf("push %s: %w", branch, err)
+		return fmt.Errorf("push %s: %w", what, err)
+	}
+	if atomic && !ar.Capabilities.Supports(capability.Atomic) {
+		return fmt.Errorf("push %s: %w", what, errNoAtomic)
 	}
 	refs, err := ar.AllReferences()
 	if err != nil {
-		return fmt.Errorf("push %s: %w", branch, err)
-	}
-	name := plumbing.ReferenceName("refs/heads/" + branch)
-	old := plumbing.ZeroHash
-	if tip != "" {
-		old = plumbing.NewHash(tip)
-	}
-	current := plumbing.ZeroHash
-	if ref, err := refs.Reference(name); err == nil {
-		current = ref.Hash()
-	}
-	if current != old {
-		return fmt.Errorf("%w: %s moved from %s to %s", errRejected, branch, desired.Hash(old.String()).Short(), desired.Hash(current.String()).Short())
+		return fmt.Errorf("push %s: %w", what, err)
 	}
 	req := packp.NewReferenceUpdateRequestFromCapabilities(ar.Capabilities)
-	req.Commands = []*packp.Command{{Name: name, Old: old, New: commit}}
+	if atomic {
+		if err := req.Capabilities.Set(capability.Atomic); err != nil {
+			return fmt.Errorf("push %s: %w", what, err)
+		}
+	}
+	for _, u := range ups {
+		name := plumbing.ReferenceName("refs/heads/" + u.branch)
+		old := plumbing.ZeroHash
+		if u.old != "" {
+			old = plumbing.NewHash(u.old)
+		}
+		current := plumbing.ZeroHash
+		if ref, err := refs.Reference(name); err == nil {
+			current = ref.Hash()
+		}
+		if current != old {
+			return fmt.Errorf("%w: %s moved from %s to %s", errRejected, u.branch, desired.Hash(old.String()).Short(), desired.Hash(current.String()).Short())
+		}
+		req.Commands = append(req.Commands, &packp.Command{Name: name, Old: old, New: u.new})
+	}
 	req.Packfile = io.NopCloser(bytes.NewReader(pack))
 	if !ar.Capabilities.Supports(capability.ReportStatus) {
-		return fmt.Errorf("push %s: the remote does not report status", branch)
+		return fmt.Errorf("push %s: the remote does not report status", what)
 	}
 	rs, err := sess.ReceivePack(ctx, req)
-	if err != nil {
-		if pushRejected(err) {
+	if rs == nil {
+		if err != nil && pushRejected(err) {
 			return fmt.Errorf("%w: %v", errRejected, err)
 		}
-		return fmt.Errorf("push %s: %w", branch, err)
-	}
-	if rs == nil {
-		return fmt.Errorf("push %s: no report from the remote", branch)
+		if err != nil {
+			return fmt.Errorf("push %s: %w", what, err)
+		}
+		return fmt.Errorf("push %s: no report from the remote", what)
 	}
 	if err := rs.Error(); err != nil {
+		// In an atomic push every ref reports the failure of one: git
+		// says "atomic transaction failed" for all of them when a ref's
+		// lock found another value (the old values were checked just
+		// before, so a concurrent push moved it), "atomic push failure"
+		// for the others when one ref's update was refused.
+		for _, cs := range rs.CommandStatuses {
+			if cerr := cs.Error(); cerr != nil && (pushRejected(cerr) || strings.Contains(cerr.Error(), "atomic transaction failed")) {
+				return fmt.Errorf("%w: %v", errRejected, cerr)
+			}
+		}
 		if pushRejected(err) {
 			return fmt.Errorf("%w: %v", errRejected, err)
 		}
-		return fmt.Errorf("push %s: %w", branch, err)
+		return fmt.Errorf("push %s: %w", what, err)
+	}
+	if err != nil {
+		return fmt.Errorf("push %s: %w", what, err)
 	}
 	return nil
 }
