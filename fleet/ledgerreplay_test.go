@@ -23,14 +23,7 @@ import (
 // accepted lifts the host above it (fence recovery), and the forged merge
 // is reported.
 func TestReplayedSignedLedgerThroughForgedMerge(t *testing.T) {
-	key := trusttest.NewSSHKey(t, "gitfleet-controller")
-	e := newEnv(t, baseFleet())
-	c, err := e.signingController(key, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.c = c
-	e.pass()
+	e, key := newSigningEnv(t)
 	e.commit(gittest.Edit{Remove: []string{"vms/db-01.yaml"}, Message: "retire db-01"})
 	if res := e.pass(); len(res.Tombstoned) != 1 {
 		t.Fatalf("tombstoned = %v", res.Tombstoned)
@@ -78,14 +71,7 @@ func TestReplayedSignedLedgerThroughForgedMerge(t *testing.T) {
 // desired state is rejected and the pass writes only the ledger: the old
 // path has the signed content again and the new one is gone.
 func TestForgedHostFileRenameRestored(t *testing.T) {
-	key := trusttest.NewSSHKey(t, "gitfleet-controller")
-	e := newEnv(t, baseFleet())
-	c, err := e.signingController(key, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.c = c
-	e.pass()
+	e, key := newSigningEnv(t)
 	genuine := gittest.Show(t, e.dir, e.snapshotsTip(), snapshots.Path("hv-b"))
 	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged rename",
 		Rename: map[string]string{snapshots.Path("hv-b"): snapshots.Path("hv-z")}})
@@ -119,14 +105,7 @@ func TestForgedHostFileRenameRestored(t *testing.T) {
 // replayed status commit verifies for no one, and the controller refuses
 // to act on a branch with no signed commit (restore it from a backup).
 func TestStatusCommitReplayedOnSnapshotsIsNotSigned(t *testing.T) {
-	key := trusttest.NewSSHKey(t, "gitfleet-controller")
-	e := newEnv(t, baseFleet())
-	c, err := e.signingController(key, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.c = c
-	e.pass()
+	e, key := newSigningEnv(t)
 	genuine := e.snapshotsTip()
 	l := e.ledger()
 	l.Retained = append(l.Retained, evilRetained(l.Applied.Commit))
@@ -202,14 +181,7 @@ func TestAgentKeyThatIsAControllerKeyRejected(t *testing.T) {
 // into a symlink, is undone too when the pass writes only the ledger: the
 // signed tip has each host file back as the signed commit had it.
 func TestForgedHostPathKindsRestored(t *testing.T) {
-	key := trusttest.NewSSHKey(t, "gitfleet-controller")
-	e := newEnv(t, baseFleet())
-	c, err := e.signingController(key, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.c = c
-	e.pass()
+	e, key := newSigningEnv(t)
 	signed := e.snapshotsTip()
 	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged",
 		Remove:  []string{snapshots.Path("hv-a"), snapshots.Path("hv-b")},
@@ -219,6 +191,9 @@ func TestForgedHostPathKindsRestored(t *testing.T) {
 	res := e.pass()
 	if res.Rejected == nil || len(res.ForgedCommits) != 1 {
 		t.Fatalf("rejected %v, forged %+v", res.Rejected, res.ForgedCommits)
+	}
+	if !e.signedBy(key) {
+		t.Fatal("the tip after the pass is not the controller's signed commit")
 	}
 	tip := e.snapshotsTip()
 	for _, h := range []string{"hv-a", "hv-b"} {

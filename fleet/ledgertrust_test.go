@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
@@ -64,28 +63,22 @@ func (e *env) signingController(key trusttest.SSHKey, trustOnce bool, more ...tr
 // signedBy reports whether the snapshots tip is signed by key.
 func (e *env) signedBy(key trusttest.SSHKey) bool {
 	e.t.Helper()
-	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: e.url, Logger: quietLogger()})
+	return e.signedAt(DefaultSnapshotsBranch, key)
+}
+
+// newSigningEnv is newEnv(t, baseFleet()) with a controller signing with a
+// new key, after its first pass.
+func newSigningEnv(t *testing.T) (*env, trusttest.SSHKey) {
+	t.Helper()
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	e := newEnv(t, baseFleet())
+	c, err := e.signingController(key, false)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
-	tip, err := repo.Fetch(context.Background(), DefaultSnapshotsBranch)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	sc, err := repo.Signed(tip)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	keys, err := trust.ParseKeys("test", []string{key.Public})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	s, err := trust.New(keys, nil)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	_, err = s.Verify(sc)
-	return err == nil
+	e.c = c
+	e.pass()
+	return e, key
 }
 
 // wantForged checks that res and the ledger report a forgery whose reason
@@ -199,14 +192,7 @@ func TestForgedLedgerNamesNotTombstoned(t *testing.T) {
 // read: the controller acts on the signed commit's ledger, writes over the
 // forgery (republishing the host file it changed), and reports it.
 func TestForgedLedgerOverSignedOneRepaired(t *testing.T) {
-	key := trusttest.NewSSHKey(t, "gitfleet-controller")
-	e := newEnv(t, baseFleet())
-	c, err := e.signingController(key, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.c = c
-	e.pass()
+	e, key := newSigningEnv(t)
 	signed := e.snapshotsTip()
 	epoch := e.snapshot("hv-a").Epoch
 	forged := e.forgeLedger(func(l *snapshots.Ledger) {
@@ -396,14 +382,7 @@ func TestForgedTombstoneRecordNotPublished(t *testing.T) {
 // in the controller's signed commit on top. Agents check only the tip's
 // signature, so without the restore they accepted the forged file.
 func TestForgedHostFileRestoredWhenTheDesiredStateIsRejected(t *testing.T) {
-	key := trusttest.NewSSHKey(t, "gitfleet-controller")
-	e := newEnv(t, baseFleet())
-	c, err := e.signingController(key, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.c = c
-	e.pass()
+	e, key := newSigningEnv(t)
 	signed := e.snapshotsTip()
 	genuine := gittest.Show(t, e.dir, signed, snapshots.Path("hv-a"))
 	forgedFile := "host: hv-a\nepoch: 50\nvms: []\nvolumes: []\ntombstones: [{kind: VM, name: web-01, epoch: 50}]\n"
