@@ -1,11 +1,9 @@
 package fleet
 
 import (
-	"context"
 	"strings"
 	"testing"
 
-	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/status"
 	"github.com/gitfleet/gitfleet/trust"
@@ -58,14 +56,8 @@ func TestAckNeedsTheHostsSignature(t *testing.T) {
 		t.Errorf("gitfleet_controller_forged_acks = %v, want 2", got)
 	}
 
-	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: e.url, Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	acks.Heartbeat++
-	if _, err := (&status.Writer{Repo: repo, Host: "hv-a", Signer: signer}).Write(context.Background(), acks); err != nil {
-		t.Fatal(err)
-	}
+	writeSignedStatus(t, e.url, acks, signer)
 	res = e.pass()
 	if len(res.Finalized) != 2 || res.Pending != 0 || len(res.ForgedAcks) != 0 {
 		t.Fatalf("finalized %v, pending %d, forged %+v: the signed ack should finalize both", res.Finalized, res.Pending, res.ForgedAcks)
@@ -104,14 +96,8 @@ func TestAckOfDepartedHostNeedsItsLastAgentKey(t *testing.T) {
 		t.Fatalf("finalized %v, pending %d, forged %+v: an unsigned ack of a departed host was acted on", res.Finalized, res.Pending, res.ForgedAcks)
 	}
 
-	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: e.url, Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	acks.Heartbeat++
-	if _, err := (&status.Writer{Repo: repo, Host: "hv-a", Signer: signer}).Write(context.Background(), acks); err != nil {
-		t.Fatal(err)
-	}
+	writeSignedStatus(t, e.url, acks, signer)
 	res = e.pass()
 	if len(res.Finalized) != 1 || res.Pending != 0 || len(res.ForgedAcks) != 0 {
 		t.Fatalf("finalized %v, pending %d, forged %+v: the signed ack should finalize", res.Finalized, res.Pending, res.ForgedAcks)

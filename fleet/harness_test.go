@@ -166,20 +166,22 @@ func (e *env) snapshotsTip() string {
 // branch with the agents' status.Writer, from its own repository clone.
 func writeStatus(t testing.TB, url string, st *status.Status) {
 	t.Helper()
+	writeSignedStatus(t, url, st, nil)
+}
+
+// writeSignedStatus is writeStatus with each commit signed by signer (the
+// agent's key; nil leaves it unsigned).
+func writeSignedStatus(t testing.TB, url string, st *status.Status, signer gitsource.CommitSigner) {
+	t.Helper()
 	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: url, Logger: quietLogger(),
 		Committer: "agent " + st.Host + " <agent@" + st.Host + ">", UpdateAttempts: 50})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := putStatus(repo, st); err != nil {
+	w := &status.Writer{Repo: repo, Host: st.Host, Signer: signer}
+	if _, err := w.Write(context.Background(), st); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func putStatus(repo *gitsource.Repo, st *status.Status) error {
-	w := &status.Writer{Repo: repo, Host: st.Host}
-	_, err := w.Write(context.Background(), st)
-	return err
 }
 
 // writeOldStatus plays an agent of the old layout: it writes host's
