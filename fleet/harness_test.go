@@ -131,6 +131,13 @@ func (e *env) pass() PassResult {
 	return res
 }
 
+// commitBroken commits a desired state that does not parse (web-01's
+// YAML cut short) for the next pass to reject, and returns the commit.
+func (e *env) commitBroken() string {
+	e.t.Helper()
+	return e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": "kind: VM\nmetadata: {name: web-01\n"}, Message: "broken"})
+}
+
 // snapshot reads host's snapshot at the snapshots tip; nil when absent.
 func (e *env) snapshot(host string) *snapshots.Snapshot {
 	e.t.Helper()

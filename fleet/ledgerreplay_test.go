@@ -75,7 +75,7 @@ func TestForgedHostFileRenameRestored(t *testing.T) {
 	genuine := gittest.Show(t, e.dir, e.snapshotsTip(), snapshots.Path("hv-b"))
 	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged rename",
 		Rename: map[string]string{snapshots.Path("hv-b"): snapshots.Path("hv-z")}})
-	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": "kind: VM\nmetadata: {name: web-01\n"}, Message: "broken"})
+	e.commitBroken()
 	res := e.pass()
 	if res.Rejected == nil || len(res.ForgedCommits) != 1 {
 		t.Fatalf("rejected %v, forged %+v", res.Rejected, res.ForgedCommits)
@@ -187,7 +187,7 @@ func TestForgedHostPathKindsRestored(t *testing.T) {
 		Remove:  []string{snapshots.Path("hv-a"), snapshots.Path("hv-b")},
 		Write:   map[string]string{snapshots.Path("hv-a") + "/x": "planted\n", snapshots.Path("hv-b"): "/etc/shadow"},
 		Symlink: []string{snapshots.Path("hv-b")}})
-	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": "kind: VM\nmetadata: {name: web-01\n"}, Message: "broken"})
+	e.commitBroken()
 	res := e.pass()
 	if res.Rejected == nil || len(res.ForgedCommits) != 1 {
 		t.Fatalf("rejected %v, forged %+v", res.Rejected, res.ForgedCommits)

@@ -388,7 +388,7 @@ func TestForgedHostFileRestoredWhenTheDesiredStateIsRejected(t *testing.T) {
 	forgedFile := "host: hv-a\nepoch: 50\nvms: []\nvolumes: []\ntombstones: [{kind: VM, name: web-01, epoch: 50}]\n"
 	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged",
 		Write: map[string]string{snapshots.Path("hv-a"): forgedFile, "extra.yaml": "planted: true\n"}})
-	head := e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": "kind: VM\nmetadata: {name: web-01\n"}, Message: "broken"})
+	head := e.commitBroken()
 
 	res := e.pass()
 	if res.Rejected == nil || len(res.ForgedCommits) != 1 {
