@@ -68,6 +68,18 @@ func (e *env) signedAt(branch string, key trusttest.SSHKey) bool {
 	return err == nil
 }
 
+// growDBAndPass commits db-01 at 4 vCPUs and passes; the pass must
+// publish and write the summary.
+func (e *env) growDBAndPass() PassResult {
+	e.t.Helper()
+	e.commit(growDB())
+	res := e.pass()
+	if len(res.Published) == 0 || !res.SummaryWritten {
+		e.t.Fatalf("pass %+v: want a publish and a summary", res)
+	}
+	return res
+}
+
 // A pass that publishes and writes the summary moves both branches in
 // one receive-pack, the snapshots commit alone signed with the
 // controller's key.
@@ -83,11 +95,7 @@ func TestPassWritesBothBranchesInOnePush(t *testing.T) {
 	e.pass()
 	pc.n.Store(0)
 	snaps, stat := e.snapshotsTip(), gittest.Rev(t, e.dir, DefaultStatusBranch)
-	e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 4, "db-data")}, Message: "grow db-01"})
-	res := e.pass()
-	if len(res.Published) == 0 || !res.SummaryWritten {
-		t.Fatalf("pass %+v: want a publish and a summary", res)
-	}
+	e.growDBAndPass()
 	if n := pc.n.Load(); n != 1 {
 		t.Errorf("%d receive-pack runs, want 1 for both branches", n)
 	}
@@ -126,11 +134,7 @@ func TestPassLostRaceOnEitherBranch(t *testing.T) {
 					foreign = e.commit(gittest.Edit{Branch: moved, Write: map[string]string{"foreign.txt": "x"}, Message: "concurrent"})
 				}
 			}
-			e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 4, "db-data")}, Message: "grow db-01"})
-			res := e.pass()
-			if len(res.Published) == 0 || !res.SummaryWritten {
-				t.Fatalf("pass %+v: want a publish and a summary", res)
-			}
+			e.growDBAndPass()
 			if n := pc.n.Load(); n != 2 {
 				t.Errorf("%d receive-pack runs, want 2 (the refused one, the retry)", n)
 			}
@@ -164,11 +168,7 @@ func TestPassWithoutAtomicPushes(t *testing.T) {
 	e.c = e.newController()
 	e.pass()
 	pc.n.Store(0)
-	e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 4, "db-data")}, Message: "grow db-01"})
-	res := e.pass()
-	if len(res.Published) == 0 || !res.SummaryWritten {
-		t.Fatalf("pass %+v: want a publish and a summary", res)
-	}
+	res := e.growDBAndPass()
 	if n := pc.n.Load(); n != 2 {
 		t.Errorf("%d receive-pack runs, want 2 (one per branch)", n)
 	}

@@ -51,6 +51,11 @@ spec:
 %s`, name, host, vcpus, imageSHA, vols)
 }
 
+// growDB is an edit of main that gives db-01 (on hv-b) 4 vCPUs.
+func growDB() gittest.Edit {
+	return gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 4, "db-data")}, Message: "grow db-01"}
+}
+
 func volumeYAML(name, host string, size int) string {
 	return fmt.Sprintf(`apiVersion: gitfleet.dev/v1alpha1
 kind: Volume

@@ -26,7 +26,7 @@ func TestStaleControllerLosesTheRace(t *testing.T) {
 	}
 	// Something for A to publish from the head it reads: it builds on
 	// the snapshots tip it fetched, which B moves meanwhile.
-	e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 4, "db-data")}, Message: "grow db-01"})
+	e.commit(growDB())
 	var deleted string
 	a.beforePublish = func() {
 		a.beforePublish = nil
