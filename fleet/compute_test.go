@@ -251,22 +251,7 @@ func TestRunSleepsThroughItsOwnStatusWrite(t *testing.T) {
 		<-done
 	}()
 	waitFor(t, func() bool { return hasBranch(t, e.dir, DefaultStatusBranch) })
-	passes := func() float64 {
-		t.Helper()
-		mfs, err := e.c.Registry().Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0.0
-		for _, mf := range mfs {
-			if mf.GetName() == "gitfleet_controller_passes_total" {
-				for _, m := range mf.GetMetric() {
-					n += m.GetCounter().GetValue()
-				}
-			}
-		}
-		return n
-	}
+	passes := func() float64 { return metricValue(t, e.c, "gitfleet_controller_passes_total") }
 	// Past the status gap, twice over: a pass woken by a write would have
 	// run by then.
 	time.Sleep(2 * statusGap)

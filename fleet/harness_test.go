@@ -231,14 +231,17 @@ func writeTree(t testing.TB, dir string, files map[string]string) string {
 	return dir
 }
 
-// metricValue returns the value of a counter or gauge series of the
-// controller's registry whose labels include labels (name=value pairs).
+// metricValue returns the sum of the counter or gauge series of the
+// controller's registry whose labels include labels (name=value pairs):
+// the value of the one series when labels name it, of every series when
+// none are given.
 func metricValue(t testing.TB, c *Controller, name string, labels ...string) float64 {
 	t.Helper()
 	mfs, err := c.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	sum := 0.0
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -255,10 +258,11 @@ func metricValue(t testing.TB, c *Controller, name string, labels ...string) flo
 				}
 			}
 			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
+				sum += m.GetCounter().GetValue()
+			} else {
+				sum += m.GetGauge().GetValue()
 			}
-			return m.GetGauge().GetValue()
 		}
 	}
-	return 0
+	return sum
 }
