@@ -21,14 +21,20 @@ import (
 	"github.com/gitfleet/gitfleet/trust/trusttest"
 )
 
+// operatingGuide is the text of docs/operating.md.
+func operatingGuide(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile("../../docs/operating.md")
+	require.NoError(t, err)
+	return string(data)
+}
+
 // The configuration docs/operating.md tells an operator to write reads as
 // it says: the agent file strictly, and every GITFLEET_* variable it sets
 // for the controller (in controller.env and in the SSH drop-in) is one the
 // controller reads. A renamed key or variable fails here, not on a host.
 func TestOperatingGuideConfigRead(t *testing.T) {
-	data, err := os.ReadFile("../../docs/operating.md")
-	require.NoError(t, err)
-	doc := string(data)
+	doc := operatingGuide(t)
 
 	// The agent file: the first yaml block after its heading line.
 	at := strings.Index(doc, "`/etc/gitfleet/agent.yaml` on `hv-a`")
@@ -61,9 +67,7 @@ func TestOperatingGuideConfigRead(t *testing.T) {
 // it sends with openssl and curl is one the controller accepts (the same
 // HMAC, header and path), while a wrong secret is refused.
 func TestOperatingGuideRehearsal(t *testing.T) {
-	data, err := os.ReadFile("../../docs/operating.md")
-	require.NoError(t, err)
-	doc := string(data)
+	doc := operatingGuide(t)
 	at := strings.Index(doc, "## 14. Rehearsing on one machine")
 	require.GreaterOrEqual(t, at, 0)
 	rehearsal := doc[at:]
@@ -121,9 +125,7 @@ func TestOperatingGuideRehearsal(t *testing.T) {
 // appends to each agent's file read as the verification and signing
 // setup, with the controller's public key where the shell puts it.
 func TestOperatingGuideRehearsesTrust(t *testing.T) {
-	data, err := os.ReadFile("../../docs/operating.md")
-	require.NoError(t, err)
-	doc := string(data)
+	doc := operatingGuide(t)
 	at := strings.Index(doc, "- **Signed changes, snapshots and acks")
 	require.GreaterOrEqual(t, at, 0, "section 14 rehearses the signing keys")
 	bullet := doc[at:]
@@ -176,9 +178,7 @@ func dedent(s string) string {
 // guide makes that directory unreadable to it (install -d sets the mode
 // of a directory that exists already).
 func TestOperatingGuideKeepsEtcGitfleetReadable(t *testing.T) {
-	data, err := os.ReadFile("../../docs/operating.md")
-	require.NoError(t, err)
-	doc := string(data)
+	doc := operatingGuide(t)
 	require.Contains(t, doc, "GITFLEET_ALLOWED_SIGNERS=/etc/gitfleet/", "the guide puts a file the controller reads under /etc/gitfleet")
 	modes := regexp.MustCompile(`install -d -m (0[0-7]{3}) /etc/gitfleet(\s|$)`).FindAllStringSubmatch(doc, -1)
 	require.NotEmpty(t, modes, "section 1 makes /etc/gitfleet")
