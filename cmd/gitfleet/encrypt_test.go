@@ -28,7 +28,7 @@ func ageKeygen(t *testing.T) (string, string) {
 	path := filepath.Join(t.TempDir(), "age.key")
 	code, out := runCLI(t, "age-keygen", "--out", path, "--host", "hv-a")
 	require.Equal(t, 0, code, out)
-	recipient := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(out, "\n", 2)[0], "Public key:"))
+	recipient := printedPublicKey(out)
 	require.True(t, strings.HasPrefix(recipient, "age1"), out)
 	for _, want := range []string{"ageIdentity: " + path, "ageRecipient: " + recipient, "gitfleet encrypt --host hv-a"} {
 		assert.Contains(t, out, want, "the setup printed")

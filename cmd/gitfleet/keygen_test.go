@@ -33,7 +33,7 @@ func TestKeygen(t *testing.T) {
 			out := filepath.Join(dir, tc.name+"_ed25519")
 			code, text := runCLI(t, append([]string{"keygen", "--out", out}, tc.args...)...)
 			require.Equal(t, 0, code, text)
-			public := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(text, "\n", 2)[0], "Public key:"))
+			public := printedPublicKey(text)
 			for _, want := range tc.wants {
 				assert.Contains(t, text, want)
 			}

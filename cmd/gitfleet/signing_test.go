@@ -20,6 +20,12 @@ func keygenPublic(t *testing.T, args ...string) string {
 	t.Helper()
 	code, out := runCLI(t, append([]string{"keygen"}, args...)...)
 	require.Equal(t, 0, code, out)
+	return printedPublicKey(out)
+}
+
+// printedPublicKey is the key on the first line keygen and age-keygen
+// print ("Public key: KEY").
+func printedPublicKey(out string) string {
 	return strings.TrimSpace(strings.TrimPrefix(strings.SplitN(out, "\n", 2)[0], "Public key:"))
 }
 
