@@ -52,7 +52,7 @@ func commitMessage(head string, o *output) string {
 	return b.String()
 }
 
-func refName(r ref) string { return fmt.Sprintf("%s %s@%s", r.Kind, r.Name, r.Host) }
+func refName(r ref) string { return r.Key() }
 
 // report copies the computation's decisions into res and logs them.
 func (c *Controller) report(res *PassResult, o *output) {

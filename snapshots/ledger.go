@@ -204,6 +204,10 @@ func (t *TombstoneRecord) Ref() Ref { return Ref{Kind: t.Kind, Name: t.Name, Hos
 // String is "Kind name on host", for messages.
 func (r Ref) String() string { return fmt.Sprintf("%s %s on %s", r.Kind, r.Name, r.Host) }
 
+// Key is "Kind name@host" ("VM web-01@hv-a"), as a ForgedAckRecord's Ref
+// and the controller's reports name the object.
+func (r Ref) Key() string { return fmt.Sprintf("%s %s@%s", r.Kind, r.Name, r.Host) }
+
 // NewLedger is the ledger of a snapshots branch that has none yet.
 func NewLedger() *Ledger {
 	return &Ledger{Version: ledgerVersion, Hosts: map[string]*HostRecord{}}

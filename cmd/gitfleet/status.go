@@ -570,7 +570,7 @@ func dash(s string) string {
 // forgedAck reports whether the controller's last pass refused host's ack
 // of VM name as forged (ledger forgedAcks).
 func forgedAck(acks []snapshots.ForgedAckRecord, host, name string) bool {
-	ref := string(desired.KindVM) + " " + name + "@" + host // as fleet writes a ref
+	ref := snapshots.Ref{Kind: desired.KindVM, Name: name, Host: host}.Key()
 	for _, f := range acks {
 		if f.Ref == ref {
 			return true
