@@ -384,30 +384,25 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 // snapshots commits and ledger records it refused as forged.
 func writeForged(out io.Writer, rep statusReport) error {
 	if len(rep.ForgedAcks) > 0 {
-		fmt.Fprintln(out, "Forged acks (not acted on: the status commit is not signed by the Host's spec.agentKey; the deletes stay pending):")
-		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "OBJECT\tSTATUS COMMIT\tREASON")
-		for _, f := range rep.ForgedAcks {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", dash(f.Ref), dash(f.Commit.Short()), dash(f.Reason))
-		}
-		if err := tw.Flush(); err != nil {
+		err := writeSection(out, "Forged acks (not acted on: the status commit is not signed by the Host's spec.agentKey; the deletes stay pending):",
+			"OBJECT\tSTATUS COMMIT\tREASON", func(tw io.Writer) {
+				for _, f := range rep.ForgedAcks {
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", dash(f.Ref), dash(f.Commit.Short()), dash(f.Reason))
+				}
+			})
+		if err != nil {
 			return err
 		}
-		fmt.Fprintln(out)
 	}
-	if len(rep.ForgedCommits) > 0 {
-		fmt.Fprintln(out, "Forged snapshots commits and ledger records (never acted on; the controller wrote over them):")
-		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "COMMIT\tSIGNED COMMIT READ\tFOUND\tREASON")
-		for _, f := range rep.ForgedCommits {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", dash(f.Commit.Short()), dash(f.Signed.Short()), stampOrDash(f.At), dash(f.Reason))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		fmt.Fprintln(out)
+	if len(rep.ForgedCommits) == 0 {
+		return nil
 	}
-	return nil
+	return writeSection(out, "Forged snapshots commits and ledger records (never acted on; the controller wrote over them):",
+		"COMMIT\tSIGNED COMMIT READ\tFOUND\tREASON", func(tw io.Writer) {
+			for _, f := range rep.ForgedCommits {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", dash(f.Commit.Short()), dash(f.Signed.Short()), stampOrDash(f.At), dash(f.Reason))
+			}
+		})
 }
 
 // writeRetained lists the objects kept after a history rewrite.
@@ -415,12 +410,21 @@ func writeRetained(out io.Writer, rep statusReport) error {
 	if len(rep.Retained) == 0 {
 		return nil
 	}
-	fmt.Fprintln(out, "Kept after a history rewrite (running on their last spec; restore the file, or re-add and delete it in a reviewed commit):")
+	return writeSection(out, "Kept after a history rewrite (running on their last spec; restore the file, or re-add and delete it in a reviewed commit):",
+		"KIND\tNAME\tHOST\tREWRITTEN BY\tSINCE", func(tw io.Writer) {
+			for _, k := range rep.Retained {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", dash(k.Kind), dash(k.Name), dash(k.Host), dash(desired.Hash(k.Commit).Short()), stampOrDash(k.Since))
+			}
+		})
+}
+
+// writeSection writes heading, then a table of header and the rows rows
+// writes (tab-separated lines), then a blank line.
+func writeSection(out io.Writer, heading, header string, rows func(tw io.Writer)) error {
+	fmt.Fprintln(out, heading)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KIND\tNAME\tHOST\tREWRITTEN BY\tSINCE")
-	for _, k := range rep.Retained {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", dash(k.Kind), dash(k.Name), dash(k.Host), dash(desired.Hash(k.Commit).Short()), stampOrDash(k.Since))
-	}
+	fmt.Fprintln(tw, header)
+	rows(tw)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
