@@ -648,10 +648,7 @@ var errNoAtomic = errors.New("the remote does not advertise atomic pushes")
 // errNoAtomic when it lacks it). A refusal because a branch moved is
 // errRejected.
 func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bool) error {
-	what := ups[0].branch
-	for _, u := range ups[1:] {
-		what += ", " + u.branch
-	}
+	what := strings.Join(branchesOf(ups), ", ")
 	ep, err := transport.NewEndpoint(r.url)
 	if err != nil {
 		return err
