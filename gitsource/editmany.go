@@ -118,10 +118,10 @@ func (r *Repo) attemptMany(ctx context.Context, edits []BranchEdit, tips []strin
 	if len(ups) == 0 {
 		return newTips, nil
 	}
-	nonFastForward := func(err error, replaced ...bool) error {
+	nonFastForward := func(err error, what string, replaced ...bool) error {
 		for _, rp := range replaced {
 			if rp && refusedNonFastForward(err) {
-				return fmt.Errorf("%w: %v", ErrNonFastForward, err)
+				return fmt.Errorf("%w: %s: %v", ErrNonFastForward, what, err)
 			}
 		}
 		return err
@@ -138,7 +138,7 @@ func (r *Repo) attemptMany(ctx context.Context, edits []BranchEdit, tips []strin
 			return newTips, nil
 		}
 		if !errors.Is(err, errNoAtomic) {
-			return nil, nonFastForward(err, replacing...)
+			return nil, nonFastForward(err, strings.Join(branchesOf(ups), ", "), replacing...)
 		}
 		r.noAtomic.Store(true)
 		r.log.Info("the remote takes no atomic pushes: writing one branch per push")
@@ -151,7 +151,7 @@ func (r *Repo) attemptMany(ctx context.Context, edits []BranchEdit, tips []strin
 			return nil, err
 		}
 		if err := r.remote(ctx, func(ctx context.Context) error { return r.push(ctx, []refUpdate{u}, pack, false) }); err != nil {
-			return nil, nonFastForward(err, replacing[i])
+			return nil, nonFastForward(err, u.branch, replacing[i])
 		}
 		r.pushed([]refUpdate{u})
 	}
