@@ -59,17 +59,28 @@ func (r *Repo) EditMany(ctx context.Context, edits []BranchEdit) ([]string, erro
 		if err := r.backoff(ctx, attempt); err != nil {
 			return nil, fmt.Errorf("update %s: %w: %w (last: %v)", what, ErrConflict, err, lastErr)
 		}
+		// The branches not known are fetched together: one ref
+		// advertisement and at most one upload-pack.
+		var fetch []string
+		for _, e := range edits {
+			if attempt > 0 || !e.Known {
+				fetch = append(fetch, e.Branch)
+			}
+		}
+		var fetched map[string]string
+		if len(fetch) > 0 {
+			var err error
+			if fetched, err = r.FetchAll(ctx, fetch, nil); err != nil {
+				return nil, fmt.Errorf("update %s: %w", strings.Join(fetch, ", "), err)
+			}
+		}
 		tips := make([]string, len(edits))
 		for i, e := range edits {
 			if attempt == 0 && e.Known {
 				tips[i] = e.Tip
-				continue
+			} else {
+				tips[i] = fetched[e.Branch] // "" for a branch the remote lacks
 			}
-			tip, err := r.Fetch(ctx, e.Branch)
-			if err != nil && !errors.Is(err, ErrBranchNotFound) {
-				return nil, fmt.Errorf("update %s: %w", e.Branch, err)
-			}
-			tips[i] = tip
 		}
 		newTips, err := r.attemptMany(ctx, edits, tips)
 		if err == nil {
