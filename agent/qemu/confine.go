@@ -105,17 +105,18 @@ const (
 // connections to any other host.
 func guardRules(uid int) string {
 	t := guardTable(uid)
+	newConn := "    meta skuid " + strconv.Itoa(uid) + " ct state new"
 	return strings.Join([]string{
 		"table inet " + t + " {}",
 		"delete table inet " + t,
 		"table inet " + t + " {",
 		"  chain output {",
 		"    type filter hook output priority 0; policy accept;",
-		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local udp dport 53 accept",
-		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local tcp dport 53 accept",
-		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local reject",
-		"    meta skuid " + strconv.Itoa(uid) + " ct state new ip daddr " + hostnet.LinkLocal4 + " reject",
-		"    meta skuid " + strconv.Itoa(uid) + " ct state new ip6 daddr { " + LinkLocal6 + ", " + MetadataAWS6 + " } reject",
+		newConn + " fib daddr type local udp dport 53 accept",
+		newConn + " fib daddr type local tcp dport 53 accept",
+		newConn + " fib daddr type local reject",
+		newConn + " ip daddr " + hostnet.LinkLocal4 + " reject",
+		newConn + " ip6 daddr { " + LinkLocal6 + ", " + MetadataAWS6 + " } reject",
 		"  }",
 		"}",
 	}, "\n") + "\n"
