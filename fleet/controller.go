@@ -943,21 +943,8 @@ func (c *Controller) signerFor(branch string) gitsource.CommitSigner {
 // that tip (EditAt), and its new tip recorded.
 func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch string, mutate gitsource.Mutation) (string, error) {
 	var own error
-	wrapped := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		files, msg, err := mutate(tip, read)
-		own = err
-		return files, msg, err
-	}
+	edit := c.editFor(branch, mutate, &own)
 	start := time.Now()
-	signer := c.signerFor(branch)
-	edit := func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
-		hash := ""
-		if tip != nil {
-			hash = tip.Hash
-		}
-		files, msg, err := wrapped(hash, read)
-		return gitsource.Write{Files: files, Message: msg, Signer: signer}, err
-	}
 	var tip string
 	var err error
 	if fetched, ok := c.fetched[branch]; ok && repo == c.tips {
@@ -982,16 +969,7 @@ func (c *Controller) updateMany(ctx context.Context, branches []string, mutates 
 	var own error
 	edits := make([]gitsource.BranchEdit, len(branches))
 	for i, branch := range branches {
-		mutate := mutates[i]
-		edits[i] = gitsource.BranchEdit{Branch: branch, Edit: func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
-			hash := ""
-			if tip != nil {
-				hash = tip.Hash
-			}
-			files, msg, err := mutate(hash, read)
-			own = err
-			return gitsource.Write{Files: files, Message: msg, Signer: c.signerFor(branch)}, err
-		}}
+		edits[i] = gitsource.BranchEdit{Branch: branch, Edit: c.editFor(branch, mutates[i], &own)}
 		edits[i].Tip, edits[i].Known = c.fetched[branch]
 	}
 	start := time.Now()
@@ -1003,6 +981,22 @@ func (c *Controller) updateMany(ctx context.Context, branches []string, mutates 
 		}
 	}
 	return tips, err
+}
+
+// editFor is mutate as the edit of branch: its commit signed as
+// signerFor says, and mutate's own error (the controller's, not git's)
+// left in *own for the metrics.
+func (c *Controller) editFor(branch string, mutate gitsource.Mutation, own *error) gitsource.EditFunc {
+	signer := c.signerFor(branch)
+	return func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
+		hash := ""
+		if tip != nil {
+			hash = tip.Hash
+		}
+		files, msg, err := mutate(hash, read)
+		*own = err
+		return gitsource.Write{Files: files, Message: msg, Signer: signer}, err
+	}
 }
 
 // setBaseline gives the loader the tree of the commit the ledger last
