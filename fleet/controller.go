@@ -56,10 +56,8 @@ type Controller struct {
 	// loaderHead is the commit of the loader's last Load.
 	baseline   desired.Hash
 	loaderHead string
-	// ledger cache: the snapshots tip and its parsed ledger (the
-	// authentic one, see authenticLedger), and src where it was read.
-	ledgerTip string
-	ledger    *snapshots.Ledger
+	// ledgerSrc caches the last ledger read (the authentic one, see
+	// authenticLedger) with the snapshots tip it was read at.
 	ledgerSrc *ledgerSource
 	// ledgerKeys are the keys whose snapshots commits the controller
 	// trusts (nil without a signing key); signedOnce is set once this
@@ -571,7 +569,8 @@ func (c *Controller) known(fl *desired.Fleet, host string) bool {
 	if fl != nil && fl.Hosts[host] != nil {
 		return true
 	}
-	return c.ledger != nil && c.ledger.Hosts[host] != nil
+	l := c.lastLedger()
+	return l != nil && l.Hosts[host] != nil
 }
 
 // withoutHosts is reports less those of hosts.
@@ -688,7 +687,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	}
 	// The written ledger is the ledger at the new tip, and its files are
 	// the ones it describes.
-	c.ledgerTip, c.ledger, c.verifiedTip = tip, out.ledger, tip
+	c.verifiedTip = tip
 	c.ledgerSrc = &ledgerSource{tip: tip, from: tip, ledger: out.ledger, read: func(p string) ([]byte, error) {
 		return c.tips.ReadFileMax(tip, p, snapshots.MaxSnapshotBytes)
 	}}
@@ -943,21 +942,8 @@ func (c *Controller) signerFor(branch string) gitsource.CommitSigner {
 // that tip (EditAt), and its new tip recorded.
 func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch string, mutate gitsource.Mutation) (string, error) {
 	var own error
-	wrapped := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		files, msg, err := mutate(tip, read)
-		own = err
-		return files, msg, err
-	}
+	edit := c.editFor(branch, mutate, &own)
 	start := time.Now()
-	signer := c.signerFor(branch)
-	edit := func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
-		hash := ""
-		if tip != nil {
-			hash = tip.Hash
-		}
-		files, msg, err := wrapped(hash, read)
-		return gitsource.Write{Files: files, Message: msg, Signer: signer}, err
-	}
 	var tip string
 	var err error
 	if fetched, ok := c.fetched[branch]; ok && repo == c.tips {
@@ -982,16 +968,7 @@ func (c *Controller) updateMany(ctx context.Context, branches []string, mutates 
 	var own error
 	edits := make([]gitsource.BranchEdit, len(branches))
 	for i, branch := range branches {
-		mutate := mutates[i]
-		edits[i] = gitsource.BranchEdit{Branch: branch, Edit: func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
-			hash := ""
-			if tip != nil {
-				hash = tip.Hash
-			}
-			files, msg, err := mutate(hash, read)
-			own = err
-			return gitsource.Write{Files: files, Message: msg, Signer: c.signerFor(branch)}, err
-		}}
+		edits[i] = gitsource.BranchEdit{Branch: branch, Edit: c.editFor(branch, mutates[i], &own)}
 		edits[i].Tip, edits[i].Known = c.fetched[branch]
 	}
 	start := time.Now()
@@ -1005,6 +982,22 @@ func (c *Controller) updateMany(ctx context.Context, branches []string, mutates 
 	return tips, err
 }
 
+// editFor is mutate as the edit of branch: its commit signed as
+// signerFor says, and mutate's own error (the controller's, not git's)
+// left in *own for the metrics.
+func (c *Controller) editFor(branch string, mutate gitsource.Mutation, own *error) gitsource.EditFunc {
+	signer := c.signerFor(branch)
+	return func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
+		hash := ""
+		if tip != nil {
+			hash = tip.Hash
+		}
+		files, msg, err := mutate(hash, read)
+		*own = err
+		return gitsource.Write{Files: files, Message: msg, Signer: signer}, err
+	}
+}
+
 // setBaseline gives the loader the tree of the commit the ledger last
 // read says is applied, so that a name defined twice is reported at the
 // file the change added. Best effort: without a ledger yet (the first
@@ -1013,7 +1006,7 @@ func (c *Controller) updateMany(ctx context.Context, branches []string, mutates 
 // commit is the one the loader read last (this controller published it),
 // its tree is not walked again.
 func (c *Controller) setBaseline() {
-	applied := c.ledger.AppliedHash()
+	applied := c.lastLedger().AppliedHash()
 	if applied == c.baseline {
 		return
 	}
@@ -1068,15 +1061,23 @@ func (c *Controller) bounded(tip string, read func(string) ([]byte, error), max 
 // read (authenticLedger), from the cache when tip is the one last written
 // or read.
 func (c *Controller) ledgerAt(ctx context.Context, tip string, read func(string) ([]byte, error)) (*ledgerSource, error) {
-	if tip != "" && tip == c.ledgerTip && c.ledgerSrc != nil {
+	if tip != "" && c.ledgerSrc != nil && tip == c.ledgerSrc.tip {
 		return c.ledgerSrc, nil
 	}
 	src, err := c.authenticLedger(ctx, tip, read)
 	if err != nil {
 		return nil, err
 	}
-	c.ledgerTip, c.ledger, c.ledgerSrc = tip, src.ledger, src
+	c.ledgerSrc = src
 	return src, nil
+}
+
+// lastLedger is the ledger last read or written, nil before the first.
+func (c *Controller) lastLedger() *snapshots.Ledger {
+	if c.ledgerSrc == nil {
+		return nil
+	}
+	return c.ledgerSrc.ledger
 }
 
 // readSnapshot reads host's snapshot at the tip; nil when it has none or it
