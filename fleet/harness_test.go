@@ -190,10 +190,21 @@ func writeSignedStatus(t testing.TB, url string, st *status.Status, signer gitso
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &status.Writer{Repo: repo, Host: st.Host, Signer: signer}
-	if _, err := w.Write(context.Background(), st); err != nil {
+	if err := putSignedStatus(repo, st, signer); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// putStatus writes st with the agents' status.Writer on repo, unsigned.
+func putStatus(repo *gitsource.Repo, st *status.Status) error {
+	return putSignedStatus(repo, st, nil)
+}
+
+// putSignedStatus is putStatus with each commit signed by signer.
+func putSignedStatus(repo *gitsource.Repo, st *status.Status, signer gitsource.CommitSigner) error {
+	w := &status.Writer{Repo: repo, Host: st.Host, Signer: signer}
+	_, err := w.Write(context.Background(), st)
+	return err
 }
 
 // writeOldStatus plays an agent of the old layout: it writes host's
