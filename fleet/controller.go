@@ -56,10 +56,8 @@ type Controller struct {
 	// loaderHead is the commit of the loader's last Load.
 	baseline   desired.Hash
 	loaderHead string
-	// ledger cache: the snapshots tip and its parsed ledger (the
-	// authentic one, see authenticLedger), and src where it was read.
-	ledgerTip string
-	ledger    *snapshots.Ledger
+	// ledgerSrc caches the last ledger read (the authentic one, see
+	// authenticLedger) with the snapshots tip it was read at.
 	ledgerSrc *ledgerSource
 	// ledgerKeys are the keys whose snapshots commits the controller
 	// trusts (nil without a signing key); signedOnce is set once this
@@ -571,7 +569,8 @@ func (c *Controller) known(fl *desired.Fleet, host string) bool {
 	if fl != nil && fl.Hosts[host] != nil {
 		return true
 	}
-	return c.ledger != nil && c.ledger.Hosts[host] != nil
+	l := c.lastLedger()
+	return l != nil && l.Hosts[host] != nil
 }
 
 // withoutHosts is reports less those of hosts.
@@ -688,7 +687,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	}
 	// The written ledger is the ledger at the new tip, and its files are
 	// the ones it describes.
-	c.ledgerTip, c.ledger, c.verifiedTip = tip, out.ledger, tip
+	c.verifiedTip = tip
 	c.ledgerSrc = &ledgerSource{tip: tip, from: tip, ledger: out.ledger, read: func(p string) ([]byte, error) {
 		return c.tips.ReadFileMax(tip, p, snapshots.MaxSnapshotBytes)
 	}}
@@ -1007,7 +1006,7 @@ func (c *Controller) editFor(branch string, mutate gitsource.Mutation, own *erro
 // commit is the one the loader read last (this controller published it),
 // its tree is not walked again.
 func (c *Controller) setBaseline() {
-	applied := c.ledger.AppliedHash()
+	applied := c.lastLedger().AppliedHash()
 	if applied == c.baseline {
 		return
 	}
@@ -1062,15 +1061,23 @@ func (c *Controller) bounded(tip string, read func(string) ([]byte, error), max 
 // read (authenticLedger), from the cache when tip is the one last written
 // or read.
 func (c *Controller) ledgerAt(ctx context.Context, tip string, read func(string) ([]byte, error)) (*ledgerSource, error) {
-	if tip != "" && tip == c.ledgerTip && c.ledgerSrc != nil {
+	if tip != "" && c.ledgerSrc != nil && tip == c.ledgerSrc.tip {
 		return c.ledgerSrc, nil
 	}
 	src, err := c.authenticLedger(ctx, tip, read)
 	if err != nil {
 		return nil, err
 	}
-	c.ledgerTip, c.ledger, c.ledgerSrc = tip, src.ledger, src
+	c.ledgerSrc = src
 	return src, nil
+}
+
+// lastLedger is the ledger last read or written, nil before the first.
+func (c *Controller) lastLedger() *snapshots.Ledger {
+	if c.ledgerSrc == nil {
+		return nil
+	}
+	return c.ledgerSrc.ledger
 }
 
 // readSnapshot reads host's snapshot at the tip; nil when it has none or it
