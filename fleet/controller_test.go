@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
@@ -646,6 +648,54 @@ func TestSummaryRewrittenAtMostEveryInterval(t *testing.T) {
 	e.clock.Add(time.Minute) // hv-a still online: nothing to show
 	if res := e.pass(); res.SummaryWritten || statusTip() != tip {
 		t.Fatalf("an unchanged summary was rewritten: %+v", res)
+	}
+}
+
+// TestIdleFleetHourAddsOnlySummaryRefreshes: an idle fleet (no change,
+// heartbeats only) adds no commit to the status branch for an hour but
+// at most one summary refresh per SummaryInterval (issue 15's idle-fleet
+// figure), with the default interval and a heartbeat a minute.
+func TestIdleFleetHourAddsOnlySummaryRefreshes(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.c.cfg.SummaryInterval = DefaultSummaryInterval
+	e.pass()
+	agents := map[string]*gitsource.Repo{}
+	for _, h := range []string{"hv-a", "hv-b"} {
+		repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: e.url, Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { repo.Close() })
+		agents[h] = repo
+	}
+	epochs := map[string]uint64{"hv-a": e.snapshot("hv-a").Epoch, "hv-b": e.snapshot("hv-b").Epoch} // idle: they stay
+	beat := uint64(1)
+	heartbeats := func() {
+		for h, repo := range agents {
+			if err := putStatus(repo, &status.Status{Host: h, Heartbeat: beat, LastSeenEpoch: epochs[h]}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		beat++
+	}
+	heartbeats()
+	e.pass()
+	e.pass() // sees its own writes
+	start := gittest.Rev(t, e.dir, "refs/heads/"+DefaultStatusBranch)
+	for minute := 1; minute <= 60; minute++ {
+		e.clock.Add(time.Minute)
+		heartbeats()
+		e.pass()
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(gittest.Git(t, e.dir, "rev-list", "--count", start+"..refs/heads/"+DefaultStatusBranch)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if max := int(time.Hour / DefaultSummaryInterval); n > max {
+		t.Fatalf("an idle hour added %d commits to %s, want at most %d (one summary refresh per %s)", n, DefaultStatusBranch, max, DefaultSummaryInterval)
+	}
+	if n == 0 {
+		t.Fatal("an idle hour never refreshed the summary: the heartbeat counters it shows are an hour old")
 	}
 }
 
