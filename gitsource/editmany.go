@@ -59,17 +59,28 @@ func (r *Repo) EditMany(ctx context.Context, edits []BranchEdit) ([]string, erro
 		if err := r.backoff(ctx, attempt); err != nil {
 			return nil, fmt.Errorf("update %s: %w: %w (last: %v)", what, ErrConflict, err, lastErr)
 		}
+		// The branches not known are fetched together: one ref
+		// advertisement and at most one upload-pack.
+		var fetch []string
+		for _, e := range edits {
+			if attempt > 0 || !e.Known {
+				fetch = append(fetch, e.Branch)
+			}
+		}
+		var fetched map[string]string
+		if len(fetch) > 0 {
+			var err error
+			if fetched, err = r.FetchAll(ctx, fetch, nil); err != nil {
+				return nil, fmt.Errorf("update %s: %w", strings.Join(fetch, ", "), err)
+			}
+		}
 		tips := make([]string, len(edits))
 		for i, e := range edits {
 			if attempt == 0 && e.Known {
 				tips[i] = e.Tip
-				continue
+			} else {
+				tips[i] = fetched[e.Branch] // "" for a branch the remote lacks
 			}
-			tip, err := r.Fetch(ctx, e.Branch)
-			if err != nil && !errors.Is(err, ErrBranchNotFound) {
-				return nil, fmt.Errorf("update %s: %w", e.Branch, err)
-			}
-			tips[i] = tip
 		}
 		newTips, err := r.attemptMany(ctx, edits, tips)
 		if err == nil {
@@ -118,10 +129,10 @@ func (r *Repo) attemptMany(ctx context.Context, edits []BranchEdit, tips []strin
 	if len(ups) == 0 {
 		return newTips, nil
 	}
-	nonFastForward := func(err error, replaced ...bool) error {
+	nonFastForward := func(err error, what string, replaced ...bool) error {
 		for _, rp := range replaced {
 			if rp && refusedNonFastForward(err) {
-				return fmt.Errorf("%w: %v", ErrNonFastForward, err)
+				return fmt.Errorf("%w: %s: %v", ErrNonFastForward, what, err)
 			}
 		}
 		return err
@@ -138,7 +149,7 @@ func (r *Repo) attemptMany(ctx context.Context, edits []BranchEdit, tips []strin
 			return newTips, nil
 		}
 		if !errors.Is(err, errNoAtomic) {
-			return nil, nonFastForward(err, replacing...)
+			return nil, nonFastForward(err, strings.Join(branchesOf(ups), ", "), replacing...)
 		}
 		r.noAtomic.Store(true)
 		r.log.Info("the remote takes no atomic pushes: writing one branch per push")
@@ -151,7 +162,7 @@ func (r *Repo) attemptMany(ctx context.Context, edits []BranchEdit, tips []strin
 			return nil, err
 		}
 		if err := r.remote(ctx, func(ctx context.Context) error { return r.push(ctx, []refUpdate{u}, pack, false) }); err != nil {
-			return nil, nonFastForward(err, replacing[i])
+			return nil, nonFastForward(err, u.branch, replacing[i])
 		}
 		r.pushed([]refUpdate{u})
 	}

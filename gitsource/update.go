@@ -241,27 +241,14 @@ func (r *Repo) trackedTip(branch string) (string, bool) {
 	return ref.Hash().String(), true
 }
 
-// attempt runs edit on tip, builds the commit and pushes it.
+// attempt runs edit on tip, builds the commit and pushes it: EditMany's
+// attempt for one branch.
 func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (string, error) {
-	p, err := r.prepare(branch, tip, edit)
-	if err != nil || p.commit.IsZero() {
-		return tip, err
-	}
-	pack, err := r.pack(p.written)
+	tips, err := r.attemptMany(ctx, []BranchEdit{{Branch: branch, Edit: edit}}, []string{tip})
 	if err != nil {
 		return "", err
 	}
-	u := refUpdate{branch: branch, old: tip, new: p.commit}
-	err = r.remote(ctx, func(ctx context.Context) error { return r.push(ctx, []refUpdate{u}, pack, false) })
-	if err != nil && p.replace && tip != "" && refusedNonFastForward(err) {
-		return "", fmt.Errorf("%w: %s: %v", ErrNonFastForward, branch, err)
-	}
-	if err != nil {
-		return "", err
-	}
-	r.pushed([]refUpdate{u})
-	r.maintain(ctx, refSet{branches: []string{branch}})
-	return p.commit.String(), nil
+	return tips[0], nil
 }
 
 // prepared is a commit an edit asked for, built in the store but not
@@ -648,10 +635,7 @@ var errNoAtomic = errors.New("the remote does not advertise atomic pushes")
 // errNoAtomic when it lacks it). A refusal because a branch moved is
 // errRejected.
 func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bool) error {
-	what := ups[0].branch
-	for _, u := range ups[1:] {
-		what += ", " + u.branch
-	}
+	what := strings.Join(branchesOf(ups), ", ")
 	ep, err := transport.NewEndpoint(r.url)
 	if err != nil {
 		return err

@@ -74,7 +74,12 @@ func (s *CommitSigner) Fingerprint() string { return ssh.FingerprintSHA256(s.sig
 // without a newline: what an allowed-signers line, an agent's
 // controllerKeys and a Host's spec.agentKey hold.
 func (s *CommitSigner) AuthorizedKey() string {
-	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.signer.PublicKey())))
+	return authorizedKey(s.signer.PublicKey())
+}
+
+// authorizedKey is key as one authorized_keys line without a newline.
+func authorizedKey(key ssh.PublicKey) string {
+	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key)))
 }
 
 // GenerateKey makes a new ed25519 key for signing commits and returns the
@@ -90,11 +95,11 @@ func GenerateKey(comment string) (private []byte, public string, err error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("encode the private key: %w", err)
 	}
-	signer, err := ssh.NewSignerFromKey(priv)
+	pub, err := ssh.NewPublicKey(priv.Public())
 	if err != nil {
 		return nil, "", fmt.Errorf("encode the public key: %w", err)
 	}
-	public = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))
+	public = authorizedKey(pub)
 	if comment != "" {
 		public += " " + comment
 	}
