@@ -44,9 +44,12 @@ type hostAgent struct {
 	ag  *agent.Agent
 }
 
-func quietLog() *logrus.Logger {
+func quietLog() *logrus.Logger { return logTo(io.Discard) }
+
+// logTo is a logger writing its lines (info and up) to w.
+func logTo(w io.Writer) *logrus.Logger {
 	l := logrus.New()
-	l.SetOutput(io.Discard)
+	l.SetOutput(w)
 	return l
 }
 
@@ -123,9 +126,7 @@ func TestAgentWithoutASnapshotDoesNothingButReport(t *testing.T) {
 	gittest.NeedGit(t)
 	bare := gittest.NewBare(t)
 	var logs bytes.Buffer
-	log := logrus.New()
-	log.SetOutput(&logs)
-	h := newHostAgent(t, bare, newClock(), func(c *agent.EngineConfig) { c.Log = log })
+	h := newHostAgent(t, bare, newClock(), func(c *agent.EngineConfig) { c.Log = logTo(&logs) })
 	require.NoError(t, h.once())
 	assert.Contains(t, logs.String(), "no snapshot for host "+testHost+": branch gitfleet/snapshots does not exist yet")
 	assert.Empty(t, h.prov.AllCalls())
@@ -413,8 +414,7 @@ func TestSecretsStayOutOfStatusAndLogs(t *testing.T) {
 	bare := gittest.NewBare(t)
 	const userData, key = "#cloud-config\npassword: hunter2-user-data\n", "ssh-ed25519 AAAAC3NzaSECRETKEY"
 	var logs bytes.Buffer
-	log := logrus.New()
-	log.SetOutput(&logs)
+	log := logTo(&logs)
 	log.SetLevel(logrus.DebugLevel)
 	h := newHostAgent(t, bare, newClock(), func(c *agent.EngineConfig) { c.Log = log }) // the agent's log too
 	secret := vm("web-01", func(s *desired.VMSpec) {

@@ -1211,11 +1211,7 @@ func TestABadEditKeepsTheRunningVM(t *testing.T) {
 	})
 	t.Run("status says restarting while the VM restarts", func(t *testing.T) {
 		var logs bytes.Buffer
-		f := newFixture(t, func(c *agent.EngineConfig) {
-			l := logrus.New()
-			l.SetOutput(&logs)
-			c.Log = l
-		})
+		f := newFixture(t, func(c *agent.EngineConfig) { c.Log = logTo(&logs) })
 		f.step(snap(1, vm("web-01")))
 		var during string
 		f.prov.SetHook(func(_ context.Context, op agenttest.Op, name string) error {

@@ -66,9 +66,16 @@ func newFleetEnv(t *testing.T, files map[string]string) *fleetEnv {
 
 func (e *fleetEnv) pass() fleet.PassResult {
 	e.t.Helper()
-	res, err := e.ctrl.Pass(context.Background())
-	require.NoError(e.t, err)
-	require.NoError(e.t, res.Rejected)
+	return mustPass(e.t, e.ctrl)
+}
+
+// mustPass runs one pass of ctl, which must neither fail nor reject the
+// desired state.
+func mustPass(t *testing.T, ctl *fleet.Controller) fleet.PassResult {
+	t.Helper()
+	res, err := ctl.Pass(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, res.Rejected)
 	return res
 }
 
@@ -82,8 +89,14 @@ func (e *fleetEnv) agentOnce() *status.Status {
 
 func (e *fleetEnv) snapshot() *snapshots.Snapshot {
 	e.t.Helper()
-	s, err := snapshots.ParseSnapshot([]byte(gittest.Show(e.t, e.bare, "refs/heads/"+agent.SnapshotsBranch, "hosts/"+testHost+".yaml") + "\n"))
-	require.NoError(e.t, err)
+	return tipSnapshot(e.t, e.bare)
+}
+
+// tipSnapshot is testHost's snapshot at the tip of bare's snapshots branch.
+func tipSnapshot(t *testing.T, bare string) *snapshots.Snapshot {
+	t.Helper()
+	s, err := snapshots.ParseSnapshot([]byte(gittest.Show(t, bare, "refs/heads/"+agent.SnapshotsBranch, "hosts/"+testHost+".yaml") + "\n"))
+	require.NoError(t, err)
 	return s
 }
 

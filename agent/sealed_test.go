@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"filippo.io/age"
-	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -150,9 +149,7 @@ func TestAHostRecipientTheAgentDoesNotHoldIsLogged(t *testing.T) {
 	keys, held := newKeyring(t)
 	_, other := newKeyring(t)
 	var buf bytes.Buffer
-	log := logrus.New()
-	log.SetOutput(&buf)
-	f := newFixture(t, func(c *agent.EngineConfig) { c.AgeIdentity, c.Log = keys, log })
+	f := newFixture(t, func(c *agent.EngineConfig) { c.AgeIdentity, c.Log = keys, logTo(&buf) })
 	s := snap(1, vm("web-01"))
 	s.HostSpec.AgeRecipient = held
 	f.step(s)

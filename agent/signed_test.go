@@ -88,14 +88,7 @@ func TestForgedSnapshotRefused(t *testing.T) {
 		controllerKeys: controllerKeys(t, oldKey.Public), metrics: m}
 	h.start()
 
-	pass := func(ctl *fleet.Controller) fleet.PassResult {
-		t.Helper()
-		res, err := ctl.Pass(context.Background())
-		require.NoError(t, err)
-		require.NoError(t, res.Rejected)
-		return res
-	}
-	res := pass(ctl)
+	res := mustPass(t, ctl)
 	require.NoError(t, h.once())
 	st := readStatus(t, bare)
 	require.Len(t, st.VMs, 1)
@@ -106,10 +99,7 @@ func TestForgedSnapshotRefused(t *testing.T) {
 	assert.Equal(t, 0.0, value(t, reg, "gitfleet_agent_snapshot_refusals_total", "reason", "signature"))
 
 	// The controller is stopped from here on until it is needed.
-	var current snapshots.Snapshot
-	s, err := snapshots.ParseSnapshot([]byte(gittest.Show(t, bare, "refs/heads/"+agent.SnapshotsBranch, "hosts/"+testHost+".yaml") + "\n"))
-	require.NoError(t, err)
-	current = *s
+	current := *tipSnapshot(t, bare)
 	tombstoned := func(epoch uint64) *snapshots.Snapshot {
 		f := current
 		f.Epoch = epoch
@@ -165,7 +155,7 @@ func TestForgedSnapshotRefused(t *testing.T) {
 	})
 
 	t.Run("the controller's next snapshot, signed, is accepted", func(t *testing.T) {
-		res := pass(ctl)
+		res := mustPass(t, ctl)
 		require.Contains(t, res.Published, testHost, "the forged file is not what the controller computes: it publishes again")
 		readme := gittest.Show(t, bare, "refs/heads/"+status.Branch, "README.md")
 		assert.Contains(t, readme, `online, snapshot refused\: not signed by the controller\: `, "the status README says the host refuses its snapshot")
@@ -187,7 +177,7 @@ func TestForgedSnapshotRefused(t *testing.T) {
 		ctl = signedController(t, bare, ctlClock, commitSigner(t, newKey), oldKey.Public) // the ledger the old key signed stays trusted
 		gittest.Commit(t, bare, gittest.Edit{Branch: "main", Message: "web-02",
 			Write: map[string]string{"vms/web-02.yaml": vmFile("web-02", testHost, "")}})
-		res := pass(ctl)
+		res := mustPass(t, ctl)
 		require.Contains(t, res.Published, testHost)
 		require.NoError(t, h.once())
 		st := readStatus(t, bare)
@@ -243,10 +233,7 @@ func TestForgedAckLeavesTombstonePending(t *testing.T) {
 	h.start()
 	pass := func() fleet.PassResult {
 		t.Helper()
-		res, err := ctl.Pass(context.Background())
-		require.NoError(t, err)
-		require.NoError(t, res.Rejected)
-		return res
+		return mustPass(t, ctl)
 	}
 	pass()
 	require.NoError(t, h.once())
@@ -280,7 +267,7 @@ func TestForgedAckLeavesTombstonePending(t *testing.T) {
 			assert.Equal(t, "VM old-01@"+testHost, res.ForgedAcks[0].Ref)
 			assert.Equal(t, commit, res.ForgedAcks[0].Commit)
 			assert.Contains(t, res.ForgedAcks[0].Reason, tc.want)
-			assert.Contains(t, snapshotNamesAt(t, bare), "old-01", "still delivered as a tombstone")
+			assert.Contains(t, snapshotNames(tipSnapshot(t, bare)), "old-01", "still delivered as a tombstone")
 			readme := gittest.Show(t, bare, "refs/heads/"+status.Branch, "README.md")
 			assert.Contains(t, readme, "## Forged acks")
 			assert.Contains(t, readme, `VM old-01\@`+testHost)
@@ -305,12 +292,4 @@ func TestForgedAckLeavesTombstonePending(t *testing.T) {
 		readme := gittest.Show(t, bare, "refs/heads/"+status.Branch, "README.md")
 		assert.NotContains(t, readme, "## Forged acks")
 	})
-}
-
-// snapshotNamesAt is the VM names of the host's snapshot at the tip.
-func snapshotNamesAt(t *testing.T, bare string) []string {
-	t.Helper()
-	s, err := snapshots.ParseSnapshot([]byte(gittest.Show(t, bare, "refs/heads/"+agent.SnapshotsBranch, "hosts/"+testHost+".yaml") + "\n"))
-	require.NoError(t, err)
-	return snapshotNames(s)
 }

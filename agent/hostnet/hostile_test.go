@@ -48,6 +48,28 @@ func (f *fixture) reaches(ns, addr, port, banner string) bool {
 	return strings.Contains(string(out), banner)
 }
 
+// natGuest reconciles a single nat network "lab" on cidr, attaches vm
+// with mac to it, and makes a namespace (named with suffix) standing in
+// for the guest on its bridge, which leases its address by DHCP. It
+// returns the namespace and the leased address.
+func (f *fixture) natGuest(cidr, vm, mac, suffix string) (string, netip.Addr) {
+	f.t.Helper()
+	ctx := context.Background()
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: cidr}}}
+	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
+		f.t.Fatalf("Reconcile: %v", err)
+	}
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := f.m.Attach(ctx, "lab", nets["lab"], vm, hw, netip.Addr{}); err != nil {
+		f.t.Fatal(err)
+	}
+	g := f.peer(suffix, "gf-lab", hw.String())
+	return g, f.dhcp(g)
+}
+
 // Guests of one nat network never start a connection to a guest of
 // another: "nothing outside starts a connection to a guest" holds for the
 // host's other nat networks too, whichever sorts first.
@@ -107,17 +129,7 @@ func TestNATGuestsDoNotReachTheHostOverIPv6(t *testing.T) {
 		return
 	}
 	f := newFixture(t)
-	ctx := context.Background()
-	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.83.0.0/24"}}}
-	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
-		t.Fatalf("Reconcile: %v", err)
-	}
-	mac, _ := net.ParseMAC("52:54:00:00:0c:01")
-	if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-c", mac, netip.Addr{}); err != nil {
-		t.Fatal(err)
-	}
-	g := f.peer("c", "gf-lab", mac.String())
-	f.dhcp(g)
+	g, _ := f.natGuest("10.83.0.0/24", "vm-c", "52:54:00:00:0c:01", "c")
 	port := hostService(t, "[::]:0")
 	br, _ := netlink.LinkByName("gf-lab")
 	var ll netip.Addr
@@ -493,17 +505,7 @@ func TestNATGuestsDoNotReachTheMetadataService(t *testing.T) {
 		return
 	}
 	f := newFixture(t)
-	ctx := context.Background()
-	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.96.0.0/24"}}}
-	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
-		t.Fatalf("Reconcile: %v", err)
-	}
-	mac, _ := net.ParseMAC("52:54:00:00:96:01")
-	if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-m", mac, netip.Addr{}); err != nil {
-		t.Fatal(err)
-	}
-	g := f.peer("g", "gf-lab", mac.String())
-	f.dhcp(g)
+	g, _ := f.natGuest("10.96.0.0/24", "vm-m", "52:54:00:00:96:01", "g")
 	// The metadata service, on the host's own link to it.
 	md := netnstest.Name() + "-md"
 	f.run("ip", "netns", "add", md)
@@ -533,17 +535,7 @@ func TestNATHostServicesAreTheBridgeAddressesAndTheGuestsOnly(t *testing.T) {
 		return
 	}
 	f := newFixture(t)
-	ctx := context.Background()
-	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.97.0.0/24"}}}
-	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
-		t.Fatalf("Reconcile: %v", err)
-	}
-	mac, _ := net.ParseMAC("52:54:00:00:97:01")
-	if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-n", mac, netip.Addr{}); err != nil {
-		t.Fatal(err)
-	}
-	g := f.peer("g", "gf-lab", mac.String())
-	f.dhcp(g)
+	g, _ := f.natGuest("10.97.0.0/24", "vm-n", "52:54:00:00:97:01", "g")
 	// The host's LAN: an uplink with the host at .1 and a machine at .2
 	// that routes 10.97.0.0/24 to the host.
 	up := netnstest.Name() + "-u"
@@ -636,16 +628,7 @@ func TestGuardStartsADeadDnsmasqAgain(t *testing.T) {
 	}
 	f := newFixture(t)
 	ctx := context.Background()
-	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.99.0.0/24"}}}
-	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
-		t.Fatalf("Reconcile: %v", err)
-	}
-	mac, _ := net.ParseMAC("52:54:00:00:99:01")
-	if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-k", mac, netip.Addr{}); err != nil {
-		t.Fatal(err)
-	}
-	g := f.peer("g", "gf-lab", mac.String())
-	leased := f.dhcp(g)
+	g, leased := f.natGuest("10.99.0.0/24", "vm-k", "52:54:00:00:99:01", "g")
 	conf := filepath.Join(f.dir, "networks", "lab", DnsmasqConf)
 	before, _ := os.ReadFile(conf)
 	pid := f.m.dnsmasqPid("lab")
@@ -677,17 +660,7 @@ func TestGuestDHCPDoesNotGrowTheHostsLog(t *testing.T) {
 		return
 	}
 	f := newFixture(t)
-	ctx := context.Background()
-	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.100.0.0/24"}}}
-	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
-		t.Fatalf("Reconcile: %v", err)
-	}
-	mac, _ := net.ParseMAC("52:54:00:00:a0:01")
-	if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-l", mac, netip.Addr{}); err != nil {
-		t.Fatal(err)
-	}
-	g := f.peer("g", "gf-lab", mac.String())
-	f.dhcp(g)
+	g, _ := f.natGuest("10.100.0.0/24", "vm-l", "52:54:00:00:a0:01", "g")
 	logFile := filepath.Join(f.dir, "networks", "lab", DnsmasqLog)
 	before, _ := os.ReadFile(logFile)
 	for i := 0; i < 10; i++ {

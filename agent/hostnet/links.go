@@ -156,11 +156,8 @@ func neighbourFor(bridge string, mac net.HardwareAddr) (netip.Addr, error) {
 	var best *netlink.Neigh
 	var found netip.Addr
 	for i, n := range neigh {
-		if !bytes.Equal(n.HardwareAddr, mac) || n.State&(unix.NUD_FAILED|unix.NUD_INCOMPLETE) != 0 {
-			continue
-		}
-		a, ok := netip.AddrFromSlice(n.IP.To4())
-		if !ok {
+		a, ok := validIPv4(n)
+		if !ok || !bytes.Equal(n.HardwareAddr, mac) {
 			continue
 		}
 		// Confirmed and Updated count clock ticks ago: smaller is newer.
@@ -169,6 +166,15 @@ func neighbourFor(bridge string, mac net.HardwareAddr) (netip.Addr, error) {
 		}
 	}
 	return found, nil
+}
+
+// validIPv4 is the IPv4 address of neighbour entry n when the kernel holds
+// it as valid (not failed or incomplete).
+func validIPv4(n netlink.Neigh) (netip.Addr, bool) {
+	if n.State&(unix.NUD_FAILED|unix.NUD_INCOMPLETE) != 0 {
+		return netip.Addr{}, false
+	}
+	return netip.AddrFromSlice(n.IP.To4())
 }
 
 // hostConflict reports the host's own use of an address of prefix: an
@@ -249,7 +255,7 @@ func holder(bridge string, addr netip.Addr) (net.HardwareAddr, error) {
 		return nil, fmt.Errorf("neighbours of %s: %w", bridge, err)
 	}
 	for _, n := range neigh {
-		if a, ok := netip.AddrFromSlice(n.IP.To4()); ok && a == addr && n.State&(unix.NUD_FAILED|unix.NUD_INCOMPLETE) == 0 && len(n.HardwareAddr) > 0 {
+		if a, ok := validIPv4(n); ok && a == addr && len(n.HardwareAddr) > 0 {
 			return n.HardwareAddr, nil
 		}
 	}

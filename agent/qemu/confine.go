@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gitfleet/gitfleet/agent/hostnet"
 )
 
 // DefaultQEMUUser is the system user the agent runs QEMU as unless its
@@ -83,13 +85,13 @@ func (u *qemuUser) own(dir string) error {
 // guardTable is the nftables table that keeps guests off the host.
 func guardTable(uid int) string { return "gitfleet_guard_" + strconv.Itoa(uid) }
 
-// Link-local ranges, and the IPv6 address of the EC2 metadata service:
-// guests reach none of them through the host. A link-local address is
-// never routed, so all a guest finds there through the host is the host's
-// own link, where a cloud's metadata service (169.254.169.254) answers
-// the host's requests with the host's credentials.
+// IPv6's link-local range, and the IPv6 address of the EC2 metadata
+// service: guests reach neither through the host, nor IPv4's link-local
+// range (hostnet.LinkLocal4). A link-local address is never routed, so all
+// a guest finds there through the host is the host's own link, where a
+// cloud's metadata service (169.254.169.254) answers the host's requests
+// with the host's credentials.
 const (
-	LinkLocal4   = "169.254.0.0/16"
 	LinkLocal6   = "fe80::/10"
 	MetadataAWS6 = "fd00:ec2::254"
 )
@@ -98,22 +100,23 @@ const (
 // QEMU's user opens to any address of this host (loopback included) are
 // refused, except DNS, which user-mode networking relays to the host's
 // resolver; so are those to link-local addresses and the metadata
-// service (LinkLocal4 and the rest). Connections to the guest's forwarded port come in to QEMU and
+// service (hostnet.LinkLocal4 and the rest). Connections to the guest's forwarded port come in to QEMU and
 // are established, so the guest's own forward keeps working, and so do
 // connections to any other host.
 func guardRules(uid int) string {
 	t := guardTable(uid)
+	newConn := "    meta skuid " + strconv.Itoa(uid) + " ct state new"
 	return strings.Join([]string{
 		"table inet " + t + " {}",
 		"delete table inet " + t,
 		"table inet " + t + " {",
 		"  chain output {",
 		"    type filter hook output priority 0; policy accept;",
-		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local udp dport 53 accept",
-		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local tcp dport 53 accept",
-		"    meta skuid " + strconv.Itoa(uid) + " ct state new fib daddr type local reject",
-		"    meta skuid " + strconv.Itoa(uid) + " ct state new ip daddr " + LinkLocal4 + " reject",
-		"    meta skuid " + strconv.Itoa(uid) + " ct state new ip6 daddr { " + LinkLocal6 + ", " + MetadataAWS6 + " } reject",
+		newConn + " fib daddr type local udp dport 53 accept",
+		newConn + " fib daddr type local tcp dport 53 accept",
+		newConn + " fib daddr type local reject",
+		newConn + " ip daddr " + hostnet.LinkLocal4 + " reject",
+		newConn + " ip6 daddr { " + LinkLocal6 + ", " + MetadataAWS6 + " } reject",
 		"  }",
 		"}",
 	}, "\n") + "\n"

@@ -34,16 +34,7 @@ func TestSSHReadinessOnANetworkCountsOnlyTheVMsMAC(t *testing.T) {
 		return
 	}
 	root := t.TempDir()
-	m, err := hostnet.New(hostnet.Config{Dir: filepath.Join(root, "networks"), Logger: quietLog().Logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Config{CacheDir: filepath.Join(root, "images"), Accel: AccelTCG,
-		MachineDir: func(name string) string { return filepath.Join(root, "vms", name) },
-		Logger:     quietLog().Logger, Networks: m})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := networkedProvisioner(t, root, "")
 	run(t, "ip", "link", "add", "br0", "type", "bridge")
 	run(t, "ip", "addr", "add", "192.168.70.1/24", "dev", "br0")
 	run(t, "ip", "link", "set", "br0", "up")
@@ -130,16 +121,7 @@ func TestGuardHostRestoresFlushedTables(t *testing.T) {
 		return
 	}
 	root := t.TempDir()
-	m, err := hostnet.New(hostnet.Config{Dir: filepath.Join(root, "networks"), Logger: quietLog().Logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Config{CacheDir: filepath.Join(root, "images"), Accel: AccelTCG, RunAs: DefaultQEMUUser,
-		MachineDir: func(name string) string { return filepath.Join(root, "vms", name) },
-		Logger:     quietLog().Logger, Networks: m})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := networkedProvisioner(t, root, DefaultQEMUUser)
 	ctx := context.Background()
 	if err := p.Preflight(ctx); err != nil {
 		t.Fatal(err)
@@ -222,16 +204,7 @@ func TestStaticAddressesAreReservedBeforePickedOnes(t *testing.T) {
 	}
 	taken := hosts["a-dyn"].Addr
 
-	m, err := hostnet.New(hostnet.Config{Dir: filepath.Join(root, "networks"), Logger: quietLog().Logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Config{CacheDir: filepath.Join(root, "images"), Accel: AccelTCG,
-		MachineDir: func(name string) string { return filepath.Join(root, "vms", name) },
-		Logger:     quietLog().Logger, Networks: m})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := networkedProvisioner(t, root, "")
 	members := []agent.NetworkMember{
 		{VM: "a-dyn", Network: "lab"},
 		{VM: "b-static", Network: "lab", Static: &desired.StaticIP{Addresses: []string{taken.String() + "/24"}}},
@@ -306,4 +279,22 @@ func TestGuardRefusesTheMetadataService(t *testing.T) {
 	if out := read(true); strings.Contains(out, "host-credentials") {
 		t.Errorf("QEMU's user read the metadata service: %s", out)
 	}
+}
+
+// networkedProvisioner is a TCG provisioner keeping its images, machines
+// and networks under root ("images", "vms", "networks"), running QEMU as
+// runAs ("" for the agent's own user), with a hostnet manager of its own.
+func networkedProvisioner(t *testing.T, root, runAs string) *Provisioner {
+	t.Helper()
+	m, err := hostnet.New(hostnet.Config{Dir: filepath.Join(root, "networks"), Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{CacheDir: filepath.Join(root, "images"), Accel: AccelTCG, RunAs: runAs,
+		MachineDir: func(name string) string { return filepath.Join(root, "vms", name) },
+		Logger:     quietLog().Logger, Networks: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
