@@ -231,17 +231,13 @@ func TestForgedAckLeavesTombstonePending(t *testing.T) {
 		tune:       func(c *agent.EngineConfig) { c.TombstoneGrace = time.Minute },
 		signingKey: commitSigner(t, hostKey)}
 	h.start()
-	pass := func() fleet.PassResult {
-		t.Helper()
-		return mustPass(t, ctl)
-	}
-	pass()
+	mustPass(t, ctl)
 	require.NoError(t, h.once())
 	st := readStatus(t, bare)
 	require.Len(t, st.VMs, 2)
 
 	gittest.Commit(t, bare, gittest.Edit{Branch: "main", Remove: []string{"vms/old-01.yaml"}, Message: "retire old-01"})
-	res := pass()
+	res := mustPass(t, ctl)
 	require.Contains(t, res.Tombstoned, "VM old-01@"+testHost)
 	epoch := res.Published[testHost]
 
@@ -260,7 +256,7 @@ func TestForgedAckLeavesTombstonePending(t *testing.T) {
 			forged.LastSeenEpoch = epoch
 			forged.Destroyed = []string{"old-01"}
 			commit := forgeStatus(t, bare, &forged, tc.sign)
-			res := pass()
+			res := mustPass(t, ctl)
 			assert.Empty(t, res.Finalized, "a forged ack finalizes nothing")
 			assert.Equal(t, 1, res.Pending)
 			require.Len(t, res.ForgedAcks, 1)
@@ -285,7 +281,7 @@ func TestForgedAckLeavesTombstonePending(t *testing.T) {
 		tip := gittest.Rev(t, bare, "refs/heads/"+status.HostBranch(testHost))
 		raw := gittest.Git(t, bare, "cat-file", "commit", tip)
 		assert.Contains(t, raw, "gpgsig -----BEGIN SSH SIGNATURE-----", "the agent signs its status commits")
-		res := pass()
+		res := mustPass(t, ctl)
 		assert.Equal(t, []string{"VM old-01@" + testHost}, res.Finalized)
 		assert.Empty(t, res.ForgedAcks)
 		assert.Equal(t, 0.0, value(t, ctl.Registry(), "gitfleet_controller_forged_acks"))
