@@ -18,10 +18,12 @@ import (
 )
 
 // countingServer serves a fresh bare repository over git http-backend and
-// counts the upload-pack runs (POST git-upload-pack) it answers.
+// counts the upload-pack runs (POST git-upload-pack) and the upload-pack
+// ref advertisements (GET info/refs?service=git-upload-pack) it answers.
 type countingServer struct {
 	dir, url string
 	uploads  atomic.Int64
+	adverts  atomic.Int64
 }
 
 func serveCounting(t *testing.T) *countingServer {
@@ -30,6 +32,9 @@ func serveCounting(t *testing.T) *countingServer {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/git-upload-pack") {
 				s.uploads.Add(1)
+			}
+			if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/info/refs") && r.URL.Query().Get("service") == "git-upload-pack" {
+				s.adverts.Add(1)
 			}
 			h.ServeHTTP(w, r)
 		})
