@@ -166,10 +166,10 @@ func (r *Repo) fetchLoop(ctx context.Context, set refSet) (map[string]string, er
 				return nil, fmt.Errorf("fetch %s: repair cache after %v: %w", set, lastErr, err)
 			}
 		}
-		tips, fetched, err := r.fetchOnce(ctx, set, attempt == 2)
+		tips, fetched, err := r.fetchMoved(ctx, set, attempt == 2)
 		if err == nil && fetched && r.maintain(ctx, set) {
 			// A fresh clone: fetch again, so the tips returned are in it.
-			tips, _, err = r.fetchOnce(ctx, set, true)
+			tips, _, err = r.fetchMoved(ctx, set, true)
 		}
 		if err == nil {
 			return tips, nil
@@ -185,6 +185,33 @@ func (r *Repo) fetchLoop(ctx context.Context, set refSet) (map[string]string, er
 		lastErr = err
 	}
 	return nil, fmt.Errorf("fetch %s from %s: %w", set, redactURL(r.url), lastErr)
+}
+
+// refMovedRetries is how many times fetchMoved asks again.
+const refMovedRetries = 3
+
+// fetchMoved is fetchOnce, asked again (at most refMovedRetries times,
+// each with a new ref advertisement) while the remote refuses a tip it
+// advertised: "not our ref". Over http the advertisement and the request
+// are two requests, each served by its own git-upload-pack, and a branch
+// whose tip was replaced between them (an agent's heartbeat-only write
+// replaces its tip, several times a second across 1,000 hosts) is
+// refused as no longer reachable: a race lost, not a failure of the
+// remote nor damage of the cache.
+func (r *Repo) fetchMoved(ctx context.Context, set refSet, final bool) (map[string]string, bool, error) {
+	for try := 0; ; try++ {
+		tips, fetched, err := r.fetchOnce(ctx, set, final)
+		if err == nil || !refMoved(err) || try == refMovedRetries || ctx.Err() != nil {
+			return tips, fetched, err
+		}
+		r.log.WithError(err).WithField("branch", set.String()).Debug("a branch moved during the fetch; asking again")
+	}
+}
+
+// refMoved reports whether err is upload-pack's refusal of a tip it
+// advertised ("not our ref"; git's upload-pack.c).
+func refMoved(err error) bool {
+	return strings.Contains(err.Error(), "not our ref")
 }
 
 // fetchOnce fetches set in one fetch and verifies the tips; fetched tells
