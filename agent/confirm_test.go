@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -375,4 +376,51 @@ func TestForgedQuarantineConfirmsNothing(t *testing.T) {
 			assert.NotContains(t, gittest.Show(t, f.bare, "refs/heads/"+agent.SnapshotsBranch, snapshots.LedgerPath), `"confirm"`)
 		})
 	}
+}
+
+// A quarantine begun before the agent required confirmation (it had no
+// controllerKeys yet, or ran an earlier release) gets its nonce at the
+// first tick after, its grace unchanged: it is destroyed once the grace
+// has passed and the controller has confirmed, not before.
+func TestQuarantineFromBeforeConfirmationGetsANonce(t *testing.T) {
+	f := newSignedFleet(t, map[string]string{
+		"hosts/hv-a.yaml":  hostFile(testHost),
+		"vms/web-01.yaml":  vmFile("web-01", testHost, ""),
+		"vms/old-01.yaml":  vmFile("old-01", testHost, ""),
+		"volumes/old.yaml": volumeFile("old-data", testHost, 1),
+	})
+	keys := f.host.controllerKeys
+	f.host.eng.Close(context.Background())
+	f.host.controllerKeys = nil // no verification, no confirmation
+	f.host.start()
+	f.pass()
+	f.agentOnce()
+	f.commit(gittest.Edit{Remove: []string{"vms/old-01.yaml", "volumes/old.yaml"}, Message: "retire old-01"})
+	f.pass()
+	st := f.agentOnce()
+	before := quarantineOf(t, st.Quarantined, "old-01")
+	beforeVol := quarantineOf(t, st.QuarantinedVolumes, "old-data")
+	assert.Empty(t, before.Confirm, "an agent that does not verify snapshots reports no nonce")
+	assert.Empty(t, beforeVol.Confirm)
+	f.pass()
+
+	f.host.eng.Close(context.Background())
+	f.host.controllerKeys = keys
+	f.host.start()
+	st = f.agentOnce()
+	vm := quarantineOf(t, st.Quarantined, "old-01")
+	vol := quarantineOf(t, st.QuarantinedVolumes, "old-data")
+	require.True(t, snapshots.ValidConfirm(vm.Confirm), "given a nonce: %q", vm.Confirm)
+	require.True(t, snapshots.ValidConfirm(vol.Confirm), "given a nonce: %q", vol.Confirm)
+	assert.Equal(t, before.Since, vm.Since, "the grace is unchanged")
+	assert.Equal(t, beforeVol.Since, vol.Since)
+
+	f.host.clock.Add(2 * time.Minute)
+	st = f.agentOnce()
+	assert.Empty(t, f.host.prov.Calls(agenttest.OpDestroy), "not confirmed yet")
+	assert.True(t, st.Volume("old-data").Present)
+	require.ElementsMatch(t, []string{"VM old-01@" + testHost, "Volume old-data@" + testHost}, f.pass().Confirmed)
+	st = f.agentOnce()
+	assert.Equal(t, []string{"old-01"}, f.host.prov.Calls(agenttest.OpDestroy))
+	assert.False(t, st.Volume("old-data").Present)
 }
