@@ -805,11 +805,12 @@ func (p *computePass) finalize() error {
 // nonce its host's status gives the object's quarantine (Quarantined for
 // a VM, QuarantinedVolumes for a volume) is copied into the tombstone's
 // Confirm, and so into the host's snapshot (a content change: a new
-// epoch). Only from a status that has seen the epoch that published the
-// tombstone (the ack rule: an older quarantine belongs to another
-// delete), may ack deletes (signed by the Host's agentKey when it names
-// one) and gives a well-formed nonce. It runs only in a pass that applied
-// the desired head: the confirmation says that the latest reviewed intent
+// epoch). A nonce is taken only from a status that has seen the epoch
+// that published the tombstone (the ack rule: an older quarantine belongs
+// to another delete) and whose acks count (signed by the Host's agentKey
+// when it names one), and only when it is well-formed
+// (snapshots.ValidConfirm). It runs only in a pass that applied the
+// desired head: the confirmation says that the latest reviewed intent
 // still deletes the object. A status, forged or not, can only ever have a
 // pending delete confirmed: an object without one gets nothing.
 func (p *computePass) confirmQuarantines() error {
