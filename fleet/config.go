@@ -110,12 +110,15 @@ type Config struct {
 	// of the newest snapshots commit one of these keys or its own signed
 	// (docs/DESIGN.md, "Authentic ledger"). Needs SigningKey.
 	ControllerKeys []trust.SSHSigner
-	// TrustUnsignedLedgerOnce lets a controller with a SigningKey adopt
-	// the ledger at the snapshots tip when no commit within
-	// MaxLedgerWalk is signed by a controller key (the first start with
-	// a key), until this process has written its first signed commit.
-	// Without it such a branch is refused (ErrUnsignedLedger).
-	TrustUnsignedLedgerOnce bool
+	// TrustUnsignedLedgerOnce is the full hash (40 or 64 hex digits) of
+	// the snapshots commit whose ledger a person checked: a controller
+	// with a SigningKey adopts the ledger at the snapshots tip when no
+	// commit within MaxLedgerWalk is signed by a controller key (the
+	// first start with a key) and the tip is that commit, until this
+	// process has written its first signed commit. Another tip is
+	// refused naming both hashes; "" refuses every such branch
+	// (ErrUnsignedLedger).
+	TrustUnsignedLedgerOnce string
 	// MaxDeletes is the mass-delete guard's limit (DeleteGuard): 0 means
 	// DefaultMaxDeletes (10), negative turns the guard off.
 	MaxDeletes int
