@@ -86,7 +86,11 @@ type Config struct {
 	// few milliseconds; the status branch's history must grow with events.
 	// A change held back is written by a later pass. Any other change
 	// (phases, acks, pending deletes, errors, epochs, a rejected commit, a
-	// host going online or offline) is written at once.
+	// host going online or offline) is written at once. It is also the
+	// longest the controller lets pass without writing the status branch
+	// when nothing changed at all (DefaultSummaryInterval when it is
+	// negative): status.LastWritePath records each write, and readers call a
+	// controller stale after status.StaleRefreshes of them.
 	SummaryInterval time.Duration
 	// Verify is which desired-state commits must be signed by one of
 	// Signers before a head is applied (VerifyOff, the default, VerifyHead

@@ -422,7 +422,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		return fmt.Sprintf("%s|%s|%s|%v|%s", head, snaps, obs.tip, obs.err == nil, offlineSet)
 	}
 	key := keyAt(snapsTip)
-	if loadErr == nil && obs.err == nil && key == c.lastKey {
+	if loadErr == nil && obs.err == nil && key == c.lastKey && !c.refreshDue(now) {
 		res.Skipped = true
 		return res, nil
 	}
