@@ -333,9 +333,9 @@ func planLedger(ctx context.Context, repo *gitsource.Repo, branch string, keys *
 // and the newest few, short.
 func forgedList(walk fleet.LedgerWalk) string {
 	const shown = 5
-	n := fmt.Sprint(len(walk.Forged))
+	n := plural(len(walk.Forged), "unsigned commit", "unsigned commits")
 	if walk.More {
-		n += " and more"
+		n = fmt.Sprintf("%d unsigned commits and more", len(walk.Forged))
 	}
 	names := make([]string, 0, shown)
 	for i, f := range walk.Forged {
@@ -345,7 +345,7 @@ func forgedList(walk fleet.LedgerWalk) string {
 		}
 		names = append(names, desired.Hash(f.Commit).Short())
 	}
-	return fmt.Sprintf("%s unsigned commits (%s)", n, strings.Join(names, ", "))
+	return fmt.Sprintf("%s (%s)", n, strings.Join(names, ", "))
 }
 
 // label names a revision for a person: the name given, and the commit when
