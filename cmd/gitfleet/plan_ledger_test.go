@@ -66,6 +66,19 @@ func TestPlanReadsTheSignedLedger(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, desired.Hash(forged).Short())
 
+	// A history of its own, no signed commit in it: planned without a
+	// ledger, and said so.
+	orphan := gittest.Commit(t, dir, gittest.Edit{Branch: "orphan", Parents: []string{}, Message: "forged",
+		Write: map[string]string{snapshots.LedgerPath: string(data)}})
+	before := gittest.Rev(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch)
+	gittest.SetBranch(t, dir, fleet.DefaultSnapshotsBranch, orphan)
+	code, out = runCLI(t, append(plan, "--controller-keys", signers)...)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "is signed by a controller key (1 unsigned commit ("+desired.Hash(orphan).Short()+"))")
+	require.Contains(t, out, "planned without it")
+	require.Contains(t, out, "+ create VM db-01")
+	gittest.SetBranch(t, dir, fleet.DefaultSnapshotsBranch, before)
+
 	// Signed tip: no warning.
 	code, out = runCLI(t, ctl...)
 	require.Equal(t, 0, code, out)
