@@ -29,6 +29,7 @@ import (
 //	GITFLEET_BENCH_DURATION  how long the hosts write [15s]
 //	GITFLEET_BENCH_HEARTBEAT each host's heartbeat [2s]
 //	GITFLEET_BENCH_EVENT     each host's real change (a VM message) [6s]
+//	GITFLEET_BENCH_DELETES   reviewed deletes during the run, each acked [5]
 //
 // The fleet of the issue is 1,000 hosts for 5 minutes at a 60 s heartbeat
 // with one change per host every 10 minutes:
@@ -36,12 +37,12 @@ import (
 //	GITFLEET_BENCH_HOSTS=1000 GITFLEET_BENCH_DURATION=5m GITFLEET_BENCH_HEARTBEAT=60s \
 //	GITFLEET_BENCH_EVENT=10m go test ./fleet -run '^$' -bench StatusFleet -benchtime 1x -timeout 30m
 type statusFleetScale struct {
-	hosts                      int
+	hosts, deletes             int
 	duration, heartbeat, event time.Duration
 }
 
 func statusFleetScaleFromEnv(b *testing.B) statusFleetScale {
-	s := statusFleetScale{hosts: 20, duration: 15 * time.Second, heartbeat: 2 * time.Second, event: 6 * time.Second}
+	s := statusFleetScale{hosts: 20, deletes: 5, duration: 15 * time.Second, heartbeat: 2 * time.Second, event: 6 * time.Second}
 	if v := os.Getenv("GITFLEET_BENCH_HOSTS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
@@ -49,6 +50,14 @@ func statusFleetScaleFromEnv(b *testing.B) statusFleetScale {
 		}
 		s.hosts = n
 	}
+	if v := os.Getenv("GITFLEET_BENCH_DELETES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			b.Fatalf("GITFLEET_BENCH_DELETES=%q: want a number, 0 or more", v)
+		}
+		s.deletes = n
+	}
+	s.deletes = min(s.deletes, s.hosts)
 	for name, d := range map[string]*time.Duration{
 		"GITFLEET_BENCH_DURATION": &s.duration, "GITFLEET_BENCH_HEARTBEAT": &s.heartbeat, "GITFLEET_BENCH_EVENT": &s.event,
 	} {
@@ -75,7 +84,15 @@ type simHost struct {
 	events    int
 	heartbeat uint64
 	failed    int
+	// tombstones takes the epoch of the snapshot that tombstoned the
+	// host's second VM (hosts with one to delete only): the host writes
+	// its destroy ack at once, as an agent does after the destroy.
+	tombstones chan uint64
 }
+
+// doomedVM is the second VM of a host the benchmark deletes: a reviewed
+// delete whose destroy the host acks.
+func doomedVM(host string) string { return "gone-" + host }
 
 // BenchmarkStatusFleet runs many simulated hosts, each writing its own
 // host branch with status.Writer in its own goroutine, against git
@@ -85,8 +102,12 @@ type simHost struct {
 // without the host's last write or a change missing from history: must be
 // 0), commits kept per host per day (extrapolated, events only), the
 // status branch's commits, the controller's pass times over N statuses and
-// the peak RSS of this process (hosts, controller and all). Shape:
-// statusFleetScale. Run it with -benchtime 1x.
+// the peak RSS of this process (hosts, controller and all). Reviewed
+// deletes are pushed during the run (GITFLEET_BENCH_DELETES, one commit
+// each); the host acks each tombstone at once, and the benchmark fails
+// unless every ack is finalized by the first controller pass that starts
+// after the ack's write returned (it prints the most passes any took).
+// Shape: statusFleetScale. Run it with -benchtime 1x.
 func BenchmarkStatusFleet(b *testing.B) {
 	scale := statusFleetScaleFromEnv(b)
 	for i := 0; i < b.N; i++ {
@@ -96,6 +117,17 @@ func BenchmarkStatusFleet(b *testing.B) {
 
 func runStatusFleet(b *testing.B, scale statusFleetScale) {
 	dir := fleetRepo(b, scale.hosts)
+	// The hosts whose second VM is deleted during the run, spread over
+	// the fleet; each delete is its own reviewed commit.
+	doomed := make([]string, scale.deletes)
+	add := map[string]string{}
+	for k := range doomed {
+		doomed[k] = fmt.Sprintf("hv-%04d", k*scale.hosts/max(scale.deletes, 1))
+		add["vms/"+doomedVM(doomed[k])+".yaml"] = vmYAML(doomedVM(doomed[k]), doomed[k], 1)
+	}
+	if len(add) > 0 {
+		gittest.Commit(b, dir, gittest.Edit{Branch: "main", Write: add, Message: "VMs to delete"})
+	}
 	url := gittest.ServeWith(b, filepath.Dir(dir), gittest.ServeOptions{Wrap: workerPool(serverWorkers)}) + "/" + filepath.Base(dir)
 	ctx := context.Background()
 	c, err := New(Config{URL: url, Logger: quietLogger()})
@@ -115,7 +147,16 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 		}
 		hosts[i] = &simHost{name: name, writer: &status.Writer{Repo: repo, Host: name},
 			st: status.Status{Host: name, Agent: status.AgentInfo{Version: "bench", BootID: "b", Accel: "tcg"},
-				VMs: []status.VM{{Name: "vm-" + name, Phase: status.PhaseReady, Power: "running"}}}}
+				VMs: []status.VM{{Name: "vm-" + name, Phase: status.PhaseReady, Power: "running"}}},
+			tombstones: make(chan uint64, 1)}
+	}
+	byName := map[string]*simHost{}
+	for _, h := range hosts {
+		byName[h.name] = h
+	}
+	for _, name := range doomed {
+		h := byName[name]
+		h.st.VMs = append(h.st.VMs, status.VM{Name: doomedVM(name), Phase: status.PhaseReady, Power: "running"})
 	}
 	// Every host writes once, spread over one heartbeat (and at least
 	// 50 ms a host, as a fleet's agents start over time), before the
@@ -146,6 +187,13 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 		latencies = append(latencies, d)
 		mu.Unlock()
 	}
+	// acked is host → when its destroy ack's write returned.
+	acked := map[string]time.Time{}
+	ackDone := func(host string) {
+		mu.Lock()
+		acked[host] = time.Now()
+		mu.Unlock()
+	}
 	runCtx, stop := context.WithTimeout(ctx, scale.duration)
 	defer stop()
 	self0, git0 := cpuTimes()
@@ -154,17 +202,32 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h.run(runCtx, scale, record)
+			h.run(runCtx, scale, record, ackDone)
 		}()
 	}
 	var passes []time.Duration
 	var passErrs int
+	acks := newAckTracker(doomed)
+	nextDelete := 0
 	for runCtx.Err() == nil {
+		// The deletes are spread over the run: one reviewed commit each,
+		// with the trailer the mass-delete guard asks for (one of the
+		// host's two VMs is half of them).
+		if nextDelete < len(doomed) && time.Since(start) >= scale.duration*time.Duration(nextDelete+1)/time.Duration(len(doomed)+2) {
+			name := doomed[nextDelete]
+			gittest.Commit(b, dir, gittest.Edit{Branch: "main", Remove: []string{"vms/" + doomedVM(name) + ".yaml"},
+				Message: "delete " + doomedVM(name) + "\n\n" + AllowDeletesTrailer + ": 1"})
+			nextDelete++
+		}
 		t0 := time.Now()
-		if _, err := c.Pass(ctx); err != nil {
+		res, err := c.Pass(ctx)
+		if err != nil {
 			passErrs++
 			b.Logf("pass: %v", err)
 		}
+		mu.Lock()
+		acks.pass(res, t0, acked, byName)
+		mu.Unlock()
 		passes = append(passes, time.Since(t0))
 		select {
 		case <-runCtx.Done():
@@ -181,6 +244,28 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 		b.Fatal(err)
 	}
 	finalPass := time.Since(t0)
+	acks.pass(final, t0, acked, byName)
+	// A tombstone published by the last passes is acked now, as its
+	// agent would, and followed to its finalize.
+	for range 3 {
+		n := 0
+		for _, name := range doomed {
+			select {
+			case epoch := <-byName[name].tombstones:
+				byName[name].ack(context.Background(), epoch, record, ackDone)
+				n++
+			default:
+			}
+		}
+		if n == 0 {
+			break
+		}
+		t0 := time.Now()
+		if final, err = c.Pass(ctx); err != nil {
+			b.Fatal(err)
+		}
+		acks.pass(final, t0, acked, byName)
+	}
 
 	lost := lostUpdates(b, dir, hosts)
 	keptAfter := keptCommits(b, dir)
@@ -205,6 +290,8 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 	b.ReportMetric(ms(percentile(passes, 0.50)), "p50-pass-ms")
 	b.ReportMetric(ms(percentile(passes, 1)), "max-pass-ms")
 	b.ReportMetric(float64(rss)/1024, "peak-rss-MB")
+	b.ReportMetric(float64(len(acks.finalizedIn)), "acks-finalized")
+	b.ReportMetric(float64(acks.maxPasses()), "max-passes-to-finalize")
 	perWrite := func(d time.Duration) float64 { return ms(d) / float64(max(writes, 1)) }
 	b.ReportMetric(perWrite(git1-git0), "git-cpu-ms/write")
 	b.ReportMetric(perWrite(self1-self0), "self-cpu-ms/write")
@@ -217,9 +304,83 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 		perWrite(git1-git0), perWrite(self1-self0), loadAverage())
 	b.Logf("controller: %d passes over %d statuses (%d failed): p50 %.0f ms, max %.0f ms; final pass %.0f ms (status branch written: %v); peak RSS of the process %d MB",
 		len(passes), scale.hosts, passErrs, ms(percentile(passes, 0.5)), ms(percentile(passes, 1)), ms(finalPass), final.SummaryWritten, rss/1024)
+	b.Logf("deletes: %d committed, %d tombstoned, %d acked, %d finalized; passes from an ack's write to its finalize: at most %d (want 1)",
+		nextDelete, len(acks.epoch), len(acked), len(acks.finalizedIn), acks.maxPasses())
 	if lost > 0 || failed > 0 {
 		b.Errorf("%d lost updates, %d failed writes", lost, failed)
 	}
+	if missing := acks.unfinalized(doomed[:nextDelete]); len(missing) > 0 {
+		b.Errorf("deletes not finalized at the end: %s", strings.Join(missing, ", "))
+	}
+	if n := acks.maxPasses(); n > 1 {
+		b.Errorf("an ack took %d controller passes to finalize; want 1", n)
+	}
+}
+
+// ackTracker follows BenchmarkStatusFleet's deletes from tombstone to
+// finalize: it hands each tombstone's epoch to its host, which acks at
+// once, and counts the controller passes that started after the ack's
+// write returned, up to the one that finalized it.
+type ackTracker struct {
+	doomed map[string]bool
+	// epoch is host → epoch of the snapshot that tombstoned its VM.
+	epoch map[string]uint64
+	// since is host → passes started after its ack returned, so far.
+	since map[string]int
+	// finalizedIn is host → passes it took (0: a pass already under way).
+	finalizedIn map[string]int
+}
+
+func newAckTracker(doomed []string) *ackTracker {
+	t := &ackTracker{doomed: map[string]bool{}, epoch: map[string]uint64{}, since: map[string]int{}, finalizedIn: map[string]int{}}
+	for _, h := range doomed {
+		t.doomed[h] = true
+	}
+	return t
+}
+
+// pass takes one pass's result (started at started; res is the zero
+// value when it failed); acked is host → when its ack's write returned.
+func (t *ackTracker) pass(res PassResult, started time.Time, acked map[string]time.Time, hosts map[string]*simHost) {
+	for host, at := range acked {
+		if _, done := t.finalizedIn[host]; !done && at.Before(started) {
+			t.since[host]++
+		}
+	}
+	for _, r := range res.Tombstoned {
+		for host := range t.doomed {
+			if _, seen := t.epoch[host]; !seen && r == "VM "+doomedVM(host)+"@"+host {
+				t.epoch[host] = res.Published[host]
+				hosts[host].tombstones <- res.Published[host]
+			}
+		}
+	}
+	for _, r := range res.Finalized {
+		for host := range t.doomed {
+			if _, done := t.finalizedIn[host]; !done && r == "VM "+doomedVM(host)+"@"+host {
+				t.finalizedIn[host] = t.since[host]
+			}
+		}
+	}
+}
+
+func (t *ackTracker) maxPasses() int {
+	n := 0
+	for _, p := range t.finalizedIn {
+		n = max(n, p)
+	}
+	return n
+}
+
+// unfinalized lists the hosts of deletes committed but not finalized.
+func (t *ackTracker) unfinalized(committed []string) []string {
+	var out []string
+	for _, h := range committed {
+		if _, done := t.finalizedIn[h]; !done {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // serverWorkers is how many git requests the benchmark's server runs at
@@ -265,13 +426,16 @@ func (h *simHost) write(ctx context.Context, record func(time.Duration)) error {
 
 // run writes h's heartbeats and changes until ctx ends. A write under way
 // when it ends is finished (its outcome counts), not cut short.
-func (h *simHost) run(ctx context.Context, scale statusFleetScale, record func(time.Duration)) {
+func (h *simHost) run(ctx context.Context, scale statusFleetScale, record func(time.Duration), acked func(host string)) {
 	nextEvent := time.Now().Add(rand.N(scale.event))
 	for {
 		wait := scale.heartbeat*9/10 + rand.N(scale.heartbeat/5+1)
 		select {
 		case <-ctx.Done():
 			return
+		case epoch := <-h.tombstones:
+			h.ack(context.Background(), epoch, record, acked)
+			continue
 		case <-time.After(wait):
 		}
 		if !time.Now().Before(nextEvent) {
@@ -280,6 +444,20 @@ func (h *simHost) run(ctx context.Context, scale statusFleetScale, record func(t
 			nextEvent = nextEvent.Add(scale.event)
 		}
 		_ = h.write(context.Background(), record)
+	}
+}
+
+// ack writes the destroy ack of h's second VM, tombstoned at epoch: the
+// VM leaves the status and its name is listed as destroyed, with the
+// epoch seen, as an agent writes it after the destroy.
+func (h *simHost) ack(ctx context.Context, epoch uint64, record func(time.Duration), acked func(host string)) {
+	gone := h.st.VMs[1].Name
+	h.st.VMs = h.st.VMs[:1]
+	h.st.Destroyed = append(h.st.Destroyed, gone)
+	h.st.LastSeenEpoch = max(h.st.LastSeenEpoch, epoch)
+	h.events++
+	if h.write(ctx, record) == nil {
+		acked(h.name)
 	}
 }
 

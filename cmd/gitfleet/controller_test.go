@@ -420,7 +420,10 @@ func TestControllerOnceStopsAtTheFirstStall(t *testing.T) {
 		answer.Store(n)
 		stalled.Store(0)
 		start := time.Now()
-		code, _, stderr := runCLIStderr(t, "controller", "--repo", url, "--once", "--git-timeout", "1s", "--cache-dir", filepath.Join(t.TempDir(), "cache"))
+		// 3 s: long enough that an answered request never times out on
+		// a loaded machine (1 s did, at a load of 16), short enough for
+		// the seven runs that do stall.
+		code, _, stderr := runCLIStderr(t, "controller", "--repo", url, "--once", "--git-timeout", "3s", "--cache-dir", filepath.Join(t.TempDir(), "cache"))
 		t.Logf("stall after %d requests: exit %d after %v, %d request(s) stalled", n, code, time.Since(start).Round(time.Millisecond), stalled.Load())
 		if s := stalled.Load(); s > 1 {
 			t.Errorf("stall after %d requests: %d requests waited for the timeout, want at most 1:\n%s", n, s, stderr)
