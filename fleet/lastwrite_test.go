@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -48,5 +49,34 @@ func TestIdleFleetRefreshesLastWrite(t *testing.T) {
 	}
 	if w := e.lastWrite(); !w.Stale(e.clock.Now().Add(status.StaleRefreshes*DefaultSummaryInterval + time.Second)) {
 		t.Fatalf("last-write.yaml = %+v: not stale %d intervals later", w, status.StaleRefreshes)
+	}
+}
+
+// A controller whose passes keep failing the same way writes nothing new,
+// but still refreshes last-write.yaml once per SummaryInterval: it is
+// failing, not stopped, and `gitfleet status` must not call it stale.
+func TestFailingControllerRefreshesLastWrite(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.c.cfg.SummaryInterval = DefaultSummaryInterval
+	e.pass()
+	gittest.DeleteBranch(t, e.dir, "main")
+	if _, err := e.c.Pass(context.Background()); err == nil {
+		t.Fatal("a pass without the desired branch did not fail")
+	}
+	statusTip := func() string { return gittest.Rev(t, e.dir, "refs/heads/"+DefaultStatusBranch) }
+	tip := statusTip()
+	e.clock.Add(time.Minute)
+	if _, err := e.c.Pass(context.Background()); err == nil || statusTip() != tip {
+		t.Fatalf("the same failure a minute later: %v, status branch moved %v", err, statusTip() != tip)
+	}
+	e.clock.Add(DefaultSummaryInterval)
+	if _, err := e.c.Pass(context.Background()); err == nil {
+		t.Fatal("the pass did not fail")
+	}
+	if w := e.lastWrite(); !w.At.Equal(e.clock.Now()) {
+		t.Fatalf("last-write.yaml = %+v, want refreshed at %s", w, e.clock.Now())
+	}
+	if e.statusFile(status.ControllerPath) == "" {
+		t.Fatal("the refresh dropped the failure's record")
 	}
 }
