@@ -97,7 +97,10 @@ type Config struct {
 	// fence violation (ErrSnapshotSignature): the engine keeps the last
 	// accepted snapshot, the status's snapshotError says whose key and
 	// which commit, gitfleet_agent_snapshot_refusals_total counts it. Nil
-	// verifies nothing.
+	// verifies nothing. Set, it also makes the Engine's destroys wait for
+	// the controller's confirmation (EngineConfig.ConfirmDeletes): a
+	// genuine but stale snapshot, pushed back to the branch, then shuts a
+	// VM down but never destroys it.
 	ControllerKeys CommitVerifier
 	// SigningKey, when set, signs every status commit on the host branch
 	// (trust.CommitSigner, the agent's signingKey): the controller
@@ -178,6 +181,9 @@ func New(cfg Config) (*Agent, error) {
 		if a, ok := cfg.Engine.prov.(AccelReporter); ok {
 			cfg.Accel = a.Accel()
 		}
+	}
+	if cfg.ControllerKeys != nil {
+		cfg.Engine.requireConfirmation()
 	}
 	return &Agent{
 		cfg:    cfg,

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -127,6 +128,16 @@ type EngineConfig struct {
 	// changed) keeps running and says so in lastError. nil: no identity,
 	// and such user-data is refused that way.
 	AgeIdentity *sealed.Keyring
+	// ConfirmDeletes makes every destroy of a tombstoned VM or volume
+	// wait, besides its TombstoneGrace, for the controller's confirmation:
+	// the quarantine gets a random nonce (on disk with its marker,
+	// reported in the status), and the object is destroyed only once the
+	// accepted snapshot's tombstone of it carries that nonce
+	// (docs/DESIGN.md, "Delete confirmation"). An agent that verifies
+	// snapshots turns it on (Config.ControllerKeys): only then does a
+	// snapshot carrying the nonce prove the controller confirmed this
+	// quarantine. Off, the grace alone gates a destroy.
+	ConfirmDeletes bool
 	// EpochReset, when set, lowers the accepted epoch from EpochReset.From
 	// to EpochReset.To when NewEngine finds exactly From accepted
 	// (Store.ResetEpoch); otherwise it does nothing.
@@ -200,6 +211,16 @@ type Engine struct {
 	changed     chan struct{}
 	// opens memoizes whether AgeIdentity opens a ciphertext (sealed.go).
 	opens sync.Map
+	// confirmDeletes is EngineConfig.ConfirmDeletes, or turned on by an
+	// Agent that verifies snapshots (requireConfirmation).
+	confirmDeletes atomic.Bool
+	// awaiting are the quarantined objects whose grace has passed and
+	// whose delete waits for the controller's confirmation, by
+	// confirmKey, with the nonce logged for them (confirm.go).
+	awaiting map[string]string
+	// volQuarantined are the quarantined volumes as the last volume pass
+	// found them.
+	volQuarantined []status.Quarantine
 }
 
 type worker struct {
@@ -239,16 +260,18 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		cfg.Log = logrus.StandardLogger()
 	}
 	e := &Engine{
-		cfg:     cfg,
-		store:   cfg.Store,
-		prov:    cfg.Provisioner,
-		log:     cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
-		recs:    map[string]*Record{},
-		bad:     map[string]error{},
-		want:    map[string]*snapshots.SnapshotVM{},
-		workers: map[string]*worker{},
-		changed: make(chan struct{}, 1),
+		cfg:      cfg,
+		store:    cfg.Store,
+		prov:     cfg.Provisioner,
+		log:      cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
+		recs:     map[string]*Record{},
+		bad:      map[string]error{},
+		want:     map[string]*snapshots.SnapshotVM{},
+		workers:  map[string]*worker{},
+		changed:  make(chan struct{}, 1),
+		awaiting: map[string]string{},
 	}
+	e.confirmDeletes.Store(cfg.ConfirmDeletes)
 	e.idle = sync.NewCond(&e.mu)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	if cfg.Host != "" {
@@ -484,9 +507,9 @@ func (e *Engine) Tick(ctx context.Context, snap *snapshots.Snapshot) error {
 	if e.suspendedNow() {
 		return nil
 	}
-	vols, orphans := e.reconcileVolumes(snap, inUse)
+	vols, orphans, volQuarantined := e.reconcileVolumes(snap, inUse)
 	e.reconcileNetworks(ctx, snap)
-	e.kickAll(vols, orphans)
+	e.kickAll(vols, orphans, volQuarantined)
 	e.collectImages(ctx, snap)
 	return nil
 }
@@ -684,10 +707,10 @@ func (e *Engine) adoptSuspensionLocked(snap *snapshots.Snapshot) {
 
 // kickAll publishes the volume pass's result and kicks the worker of every
 // VM whose record can be read and whose name is valid.
-func (e *Engine) kickAll(vols []status.Volume, orphans []string) {
+func (e *Engine) kickAll(vols []status.Volume, orphans []string, volQuarantined []status.Quarantine) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.volumes, e.orphans = vols, orphans
+	e.volumes, e.orphans, e.volQuarantined = vols, orphans, volQuarantined
 	e.ticked = true
 	for _, name := range e.namesLocked() {
 		if !validName(name) || e.bad[name] != nil {
@@ -951,6 +974,7 @@ func (e *Engine) commit(rec *Record) error {
 func (e *Engine) forget(name string) {
 	e.mu.Lock()
 	delete(e.recs, name)
+	delete(e.awaiting, confirmKey(confirmVM, name))
 	e.mu.Unlock()
 	e.signal()
 }

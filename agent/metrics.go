@@ -176,6 +176,8 @@ var (
 	epochDesc       = prometheus.NewDesc("gitfleet_agent_snapshot_epoch", "Epoch of the last accepted snapshot.", nil, nil)
 	fenceDesc       = prometheus.NewDesc("gitfleet_agent_fence_violation", "1 while the host refuses its snapshot (fenced), else 0.", nil, nil)
 	suspendedDesc   = prometheus.NewDesc("gitfleet_agent_suspended", "1 while the host's Host spec suspends it (it acts on nothing), else 0.", nil, nil)
+	awaitingDesc    = prometheus.NewDesc("gitfleet_agent_deletes_awaiting_confirmation",
+		"Quarantined objects whose tombstone grace has passed and whose delete waits for the controller to confirm it (a snapshot carrying the quarantine's nonce), by kind (vm, volume): not destroyed until it does.", []string{"kind"}, nil)
 )
 
 // reportCollector exports Engine.Report as gauges at scrape time; nothing
@@ -183,7 +185,7 @@ var (
 type reportCollector struct{ m *Metrics }
 
 func (c *reportCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{vmsDesc, quarantinedDesc, vanishedDesc, epochDesc, fenceDesc, suspendedDesc} {
+	for _, d := range []*prometheus.Desc{vmsDesc, quarantinedDesc, vanishedDesc, epochDesc, fenceDesc, suspendedDesc, awaitingDesc} {
 		ch <- d
 	}
 }
@@ -218,6 +220,21 @@ func (c *reportCollector) Collect(ch chan<- prometheus.Metric) {
 		suspended = 1
 	}
 	ch <- prometheus.MustNewConstMetric(suspendedDesc, prometheus.GaugeValue, suspended)
+	now := e.now()
+	ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(awaitingConfirmation(st.Quarantined, now)), confirmVM)
+	ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(awaitingConfirmation(st.QuarantinedVolumes, now)), confirmVolume)
+}
+
+// awaitingConfirmation counts the quarantines whose grace has passed at
+// now and that wait for the controller's confirmation.
+func awaitingConfirmation(qs []status.Quarantine, now time.Time) int {
+	n := 0
+	for _, q := range qs {
+		if q.AwaitsConfirmation() && !q.DestroyAt.IsZero() && !now.Before(q.DestroyAt) {
+			n++
+		}
+	}
+	return n
 }
 
 // Healthz answers a health check (GET /healthz): 200 "ok" while the

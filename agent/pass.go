@@ -123,9 +123,10 @@ func (p *vmPass) vanished() {
 		if rec.QuarantinedAt != nil {
 			// Its tombstone left the snapshot without the VM coming back:
 			// the delete is no longer asked for. The VM stays down; a
-			// tombstone that returns gets a whole new grace.
-			rec.QuarantinedAt = nil
+			// tombstone that returns gets a whole new grace and nonce.
+			rec.QuarantinedAt, rec.Confirm = nil, ""
 			rec.LastError = ""
+			p.e.endWait(confirmVM, rec.Name)
 		}
 		p.log.WithField("grace", p.e.cfg.VanishGrace.String()).Warn("vm absent from the snapshot without a tombstone; left as it is, then shut down and kept after the grace; never destroyed without a tombstone")
 		_ = p.e.commit(rec)
@@ -151,9 +152,10 @@ func (p *vmPass) vanished() {
 }
 
 // remove is the delete path of a tombstoned VM: shut down and quarantine,
-// then destroy once TombstoneGrace has passed since the quarantine marker.
-// Only a successful destroy removes the record. It reports whether the VM is
-// gone.
+// then destroy once TombstoneGrace has passed since the quarantine marker
+// and, when the engine requires it, the accepted snapshot's tombstone
+// carries the quarantine's nonce (confirm.go). Only a successful destroy
+// removes the record. It reports whether the VM is gone.
 func (p *vmPass) remove() bool {
 	rec := p.rec
 	if rec.DestroyedAt != nil {
@@ -173,7 +175,15 @@ func (p *vmPass) remove() bool {
 			t := p.e.now()
 			rec.QuarantinedAt = &t
 			rec.VanishedAt = nil
-			p.log.WithField("grace", grace.String()).Info("tombstoned vm shut down and quarantined")
+			rec.Confirm = ""
+			log := p.log.WithField("grace", grace.String())
+			if p.e.ConfirmsDeletes() {
+				if !p.giveConfirm() {
+					return false
+				}
+				log = log.WithField("confirm", rec.Confirm)
+			}
+			log.Info("tombstoned vm shut down and quarantined")
 		}
 		rec.Reserved = nil
 		rec.Phase = status.PhaseQuarantined
@@ -183,7 +193,22 @@ func (p *vmPass) remove() bool {
 			return false
 		}
 	}
+	if p.e.ConfirmsDeletes() && rec.Confirm == "" {
+		// Quarantined before this agent required confirmation (an
+		// upgrade, controllerKeys configured since): it gets its nonce
+		// now, its grace unchanged.
+		if !p.giveConfirm() {
+			return false
+		}
+		p.log.WithField("confirm", rec.Confirm).Info("quarantined vm given a confirmation nonce")
+		if err := p.e.commit(rec); err != nil {
+			return false
+		}
+	}
 	if p.e.now().Sub(*rec.QuarantinedAt) < grace {
+		return false
+	}
+	if !p.e.confirmed(confirmVM, rec.Name, rec.Confirm, p.want.Tombstone) {
 		return false
 	}
 	if err := p.e.prov.Destroy(p.ctx, rec.Name); err != nil {
@@ -205,6 +230,21 @@ func (p *vmPass) remove() bool {
 	}
 	p.log.Info("tombstoned vm destroyed after its grace")
 	return p.removeState()
+}
+
+// giveConfirm gives the quarantine of p's VM a fresh nonce (not yet
+// saved). It reports false, with lastError saying why and nothing
+// destroyed, when none can be made.
+func (p *vmPass) giveConfirm() bool {
+	nonce, err := newConfirm()
+	if err != nil {
+		p.rec.LastError = err.Error()
+		p.log.WithError(err).Warn("quarantine without a confirmation nonce cannot be confirmed; retrying next tick")
+		_ = p.e.commit(p.rec)
+		return false
+	}
+	p.rec.Confirm = nonce
+	return true
 }
 
 // removeState removes the state directory of a VM whose destroy succeeded
@@ -253,9 +293,10 @@ func (p *vmPass) apply() {
 		}
 	}
 	if rec.QuarantinedAt != nil {
-		rec.QuarantinedAt = nil
+		rec.QuarantinedAt, rec.Confirm = nil, ""
 		rec.LastError = ""
 		rec.Phase = status.PhaseStopped
+		p.e.endWait(confirmVM, rec.Name)
 		p.log.Info("vm un-deleted; quarantine cleared")
 	}
 	if rec.VanishedAt != nil {

@@ -22,7 +22,9 @@ import (
 //     keeps its row as failed with the reason. IP and SSH are shown only
 //     while the VM's power is running. A VM recorded ready whose current
 //     boot has not answered (Provisioner.Readiness) is shown booting.
-//   - Quarantined: tombstoned VMs shut down and waiting for their grace.
+//   - Quarantined: tombstoned VMs shut down and waiting for their grace
+//     and, when the engine requires it, for the controller's confirmation
+//     (Confirm, Confirmed); QuarantinedVolumes the same for volumes.
 //   - Vanished: VMs this host keeps although the snapshot dropped them
 //     without a tombstone: left as they are for VanishGrace, then shut down
 //     and kept (Quarantined set), never destroyed.
@@ -40,7 +42,7 @@ import (
 func (e *Engine) Report() *status.Status {
 	st, snap, fenced := e.reportLocked()
 	if fenced || st.Suspended != nil {
-		st.Volumes, st.Orphans = e.reportVolumes(snap)
+		st.Volumes, st.Orphans, st.QuarantinedVolumes = e.reportVolumes(snap)
 		if st.Volumes == nil {
 			st.Volumes = []status.Volume{}
 		}
@@ -101,6 +103,9 @@ func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fe
 		Volumes:        append([]status.Volume{}, e.volumes...),
 		Orphans:        append([]string(nil), e.orphans...),
 	}
+	if len(e.volQuarantined) > 0 {
+		st.QuarantinedVolumes = append([]status.Quarantine(nil), e.volQuarantined...)
+	}
 	for _, name := range e.namesLocked() {
 		want, rec, bad := e.want[name], e.recs[name], e.bad[name]
 		switch {
@@ -123,6 +128,11 @@ func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fe
 				// A suspended host destroys nothing: no time is promised.
 				q.DestroyAt = rec.QuarantinedAt.Add(e.cfg.TombstoneGrace).UTC()
 			}
+			var tomb *snapshots.Tombstone
+			if want != nil {
+				tomb = want.Tombstone
+			}
+			e.confirmRow(&q, rec.Confirm, tomb)
 			st.Quarantined = append(st.Quarantined, q)
 		case want == nil:
 			v := e.vanishedRow(rec)

@@ -26,9 +26,13 @@ const maxVolumeGB = 1 << 20
 //
 // It runs inside Tick, before any VM worker is kicked, so a VM's volumes
 // exist when it boots. Sparse creation costs nothing, so it is synchronous.
-func (e *Engine) reconcileVolumes(snap *snapshots.Snapshot, inUse map[string]bool) ([]status.Volume, []string) {
+//
+// It also returns the quarantined volumes: tombstoned volumes still
+// present, with their marker's time and nonce.
+func (e *Engine) reconcileVolumes(snap *snapshots.Snapshot, inUse map[string]bool) ([]status.Volume, []string, []status.Quarantine) {
 	rows := make([]status.Volume, 0, len(snap.Volumes))
 	named := make(map[string]bool, len(snap.Volumes))
+	var quarantined []status.Quarantine
 	for _, v := range snap.Volumes {
 		if err := checkName("volume", v.Name); err != nil {
 			// Refused before any path is built; answered, so the controller
@@ -38,24 +42,32 @@ func (e *Engine) reconcileVolumes(snap *snapshots.Snapshot, inUse map[string]boo
 			continue
 		}
 		named[v.Name] = true
-		rows = append(rows, e.convergeVolume(v, inUse[v.Name]))
+		row, q := e.convergeVolume(v, inUse[v.Name])
+		rows = append(rows, row)
+		if q != nil {
+			quarantined = append(quarantined, *q)
+		}
 	}
 	orphans := e.orphanVolumes(named)
 	for _, n := range orphans {
 		// A reclaim the snapshot no longer asks for is forgotten: if the
-		// tombstone returns, it gets a whole new grace.
+		// tombstone returns, it gets a whole new grace and nonce.
+		e.endWait(confirmVolume, n)
 		if err := os.Remove(e.volumeMarker(n)); err == nil {
 			e.log.WithField("volume", n).Warn("tombstoned volume left the snapshot without a finalized delete; kept as an orphan, its pending reclaim forgotten")
 		}
 	}
-	return rows, orphans
+	return rows, orphans, quarantined
 }
 
-// reportVolumes describes the snapshot's volumes and the orphans without
-// touching anything: the fence path uses it.
-func (e *Engine) reportVolumes(snap *snapshots.Snapshot) ([]status.Volume, []string) {
+// reportVolumes describes the snapshot's volumes, the orphans and the
+// quarantined volumes (from their markers) without touching anything: the
+// fence and suspend paths use it. A suspended or fenced host removes
+// nothing, so no quarantine promises a time.
+func (e *Engine) reportVolumes(snap *snapshots.Snapshot) ([]status.Volume, []string, []status.Quarantine) {
 	named := map[string]bool{}
 	var rows []status.Volume
+	var quarantined []status.Quarantine
 	if snap != nil {
 		for _, v := range snap.Volumes {
 			if !validName(v.Name) {
@@ -63,10 +75,19 @@ func (e *Engine) reportVolumes(snap *snapshots.Snapshot) ([]status.Volume, []str
 				continue
 			}
 			named[v.Name] = true
-			rows = append(rows, e.statVolume(v.Name))
+			row := e.statVolume(v.Name)
+			rows = append(rows, row)
+			if !v.Tombstoned || !row.Present {
+				continue
+			}
+			if m, err := readMarker(e.volumeMarker(v.Name)); err == nil {
+				q := status.Quarantine{Name: v.Name, Since: m.since.UTC()}
+				e.confirmRow(&q, m.confirm, v.Tombstone)
+				quarantined = append(quarantined, q)
+			}
 		}
 	}
-	return rows, e.orphanVolumes(named)
+	return rows, e.orphanVolumes(named), quarantined
 }
 
 // orphanVolumes lists volume files whose names are not in named, sorted. It
@@ -139,23 +160,26 @@ func inspectVolume(path string) (fi fs.FileInfo, present bool, err error) {
 // convergeVolume brings one named volume toward its spec and reports it.
 // A present volume is never resized, in either direction: the guest's
 // filesystem was made against its size.
-func (e *Engine) convergeVolume(v snapshots.SnapshotVolume, inUse bool) status.Volume {
+// A tombstoned volume is reclaimed (reclaimVolume), and its quarantine row
+// returned while it is present.
+func (e *Engine) convergeVolume(v snapshots.SnapshotVolume, inUse bool) (status.Volume, *status.Quarantine) {
 	if v.Tombstoned {
-		return e.reclaimVolume(v.Name, inUse)
+		return e.reclaimVolume(v, inUse)
 	}
-	// An un-deleted volume forgets its pending reclaim.
+	// An un-deleted volume forgets its pending reclaim, and its nonce.
+	e.endWait(confirmVolume, v.Name)
 	if err := os.Remove(e.volumeMarker(v.Name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		e.log.WithField("volume", v.Name).WithError(err).Warn("cannot clear volume tombstone marker")
 	}
 	if row := e.statVolume(v.Name); row.Present {
-		return row
+		return row, nil
 	}
 	if err := createSparse(e.store.VolumePath(v.Name), v.SizeGB); err != nil {
 		e.log.WithField("volume", v.Name).WithError(err).Warn("create volume")
-		return status.Volume{Name: v.Name, Present: false}
+		return status.Volume{Name: v.Name, Present: false}, nil
 	}
 	e.log.WithField("volume", v.Name).WithField("sizeGB", v.SizeGB).Info("volume created")
-	return e.statVolume(v.Name)
+	return e.statVolume(v.Name), nil
 }
 
 func (e *Engine) volumeMarker(name string) string {
@@ -163,47 +187,95 @@ func (e *Engine) volumeMarker(name string) string {
 }
 
 // reclaimVolume deletes a tombstoned volume once TombstoneGrace has passed
-// since its marker was written. The marker is on disk, so the grace survives
-// restarts and does not restart with every snapshot that restates the
-// tombstone. A volume still attached to a running VM waits for that VM.
-func (e *Engine) reclaimVolume(name string, inUse bool) status.Volume {
+// since its marker was written and, when the engine requires it, the
+// snapshot's tombstone carries the marker's nonce (confirm.go). The marker
+// is on disk, so the grace and the nonce survive restarts and do not
+// restart with every snapshot that restates the tombstone. A volume still
+// attached to a running VM waits for that VM. It returns the volume's row
+// and, while the volume is present, its quarantine row.
+func (e *Engine) reclaimVolume(v snapshots.SnapshotVolume, inUse bool) (status.Volume, *status.Quarantine) {
+	name := v.Name
+	log := e.log.WithField("volume", name)
 	fi, present, err := inspectVolume(e.store.VolumePath(name))
 	row := e.volumeRow(name, fi, present, err)
 	if !present {
+		e.endWait(confirmVolume, name)
 		_ = os.Remove(e.volumeMarker(name))
-		return row
+		return row, nil
 	}
 	if errors.Is(err, ErrVolumeUnusable) {
 		// Not a volume the agent made: a tombstone is no permission to
 		// remove a directory, a device or a link.
-		e.log.WithField("volume", name).WithError(err).Warn("tombstoned volume path holds no volume file; left as it is")
-		return row
+		log.WithError(err).Warn("tombstoned volume path holds no volume file; left as it is")
+		return row, nil
 	}
-	since, err := readMarker(e.volumeMarker(name))
-	if errors.Is(err, fs.ErrNotExist) {
-		since = e.now()
-		err = writeMarker(e.volumeMarker(name), since)
-	}
+	m, err := e.volumeQuarantine(name)
 	if err != nil {
-		// A grace that cannot be read is no permission to delete.
-		e.log.WithField("volume", name).WithError(err).Warn("volume tombstone marker")
-		return row
+		// A grace or nonce that cannot be read or kept is no permission
+		// to delete.
+		log.WithError(err).Warn("volume tombstone marker")
+		return row, nil
 	}
-	if e.now().Sub(since) < e.cfg.TombstoneGrace {
-		return row
+	q := &status.Quarantine{Name: name, Since: m.since.UTC(), DestroyAt: m.since.Add(e.cfg.TombstoneGrace).UTC()}
+	e.confirmRow(q, m.confirm, v.Tombstone)
+	if e.now().Sub(m.since) < e.cfg.TombstoneGrace {
+		return row, q
 	}
 	if inUse {
-		e.log.WithField("volume", name).Info("tombstoned volume still attached to a VM on this host (or a VM record is unreadable); waiting")
-		return row
+		log.Info("tombstoned volume still attached to a VM on this host (or a VM record is unreadable); waiting")
+		return row, q
+	}
+	if !e.confirmed(confirmVolume, name, m.confirm, v.Tombstone) {
+		return row, q
 	}
 	if err := os.Remove(e.store.VolumePath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		e.log.WithField("volume", name).WithError(err).Warn("reclaim volume")
-		return row
+		log.WithError(err).Warn("reclaim volume")
+		q.LastError = "remove: " + err.Error()
+		return row, q
 	}
+	e.endWait(confirmVolume, name)
 	_ = os.Remove(e.volumeMarker(name))
 	_ = syncDir(e.store.VolumesDir())
-	e.log.WithField("volume", name).Info("tombstoned volume deleted after its grace")
-	return status.Volume{Name: name, Present: false}
+	log.Info("tombstoned volume deleted after its grace")
+	return status.Volume{Name: name, Present: false}, nil
+}
+
+// volumeQuarantine reads the tombstoned volume's marker, writing it first
+// when there is none (the tombstone is first seen now), and gives it a
+// nonce when the engine requires confirmation and it has none (a new
+// quarantine, or one begun before confirmation was required: its time is
+// kept).
+func (e *Engine) volumeQuarantine(name string) (marker, error) {
+	path := e.volumeMarker(name)
+	m, err := readMarker(path)
+	fresh := errors.Is(err, fs.ErrNotExist)
+	switch {
+	case fresh:
+		m = marker{since: e.now()}
+	case err != nil:
+		return marker{}, err
+	}
+	if !fresh && (m.confirm != "" || !e.ConfirmsDeletes()) {
+		return m, nil
+	}
+	if e.ConfirmsDeletes() {
+		if m.confirm, err = newConfirm(); err != nil {
+			return marker{}, err
+		}
+	}
+	if err := writeMarker(path, m); err != nil {
+		return marker{}, err
+	}
+	log := e.log.WithField("volume", name).WithField("grace", e.cfg.TombstoneGrace.String())
+	if m.confirm != "" {
+		log = log.WithField("confirm", m.confirm)
+	}
+	if fresh {
+		log.Info("tombstoned volume quarantined")
+	} else {
+		log.Info("quarantined volume given a confirmation nonce")
+	}
+	return m, nil
 }
 
 // createSparse makes a sizeGB (GiB) sparse file at path through
@@ -251,29 +323,55 @@ func createSparse(path string, sizeGB int) error {
 	return syncDir(filepath.Dir(path))
 }
 
-// writeMarker records t in a marker file (RFC 3339, nanoseconds) and sets
-// its mtime to t as well, for a person reading ls -l.
-func writeMarker(path string, t time.Time) error {
-	if err := writeFileAtomic(path, []byte(t.UTC().Format(time.RFC3339Nano)+"\n")); err != nil {
+// marker is what a volume's tombstone marker records: when the tombstone
+// was first seen and, when deletes need confirmation, the quarantine's
+// nonce ("" when none).
+type marker struct {
+	since   time.Time
+	confirm string
+}
+
+// confirmPrefix starts a marker's nonce line.
+const confirmPrefix = "confirm "
+
+// writeMarker records m in a marker file: the time (RFC 3339,
+// nanoseconds) on the first line, then "confirm <nonce>" when m has one.
+// It sets the file's mtime to the time as well, for a person reading ls -l.
+func writeMarker(path string, m marker) error {
+	data := m.since.UTC().Format(time.RFC3339Nano) + "\n"
+	if m.confirm != "" {
+		data += confirmPrefix + m.confirm + "\n"
+	}
+	if err := writeFileAtomic(path, []byte(data)); err != nil {
 		return err
 	}
-	_ = os.Chtimes(path, t, t)
+	_ = os.Chtimes(path, m.since, m.since)
 	return nil
 }
 
-// readMarker reads the time a marker records; a marker whose content does not
-// parse falls back to its mtime.
-func readMarker(path string) (time.Time, error) {
+// readMarker reads a marker. A time that does not parse falls back to the
+// file's mtime; a nonce line that is not a nonce (snapshots.ValidConfirm)
+// reads as none, and is replaced by a fresh one.
+func readMarker(path string) (marker, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return time.Time{}, err
+		return marker{}, err
 	}
-	if t, perr := time.Parse(time.RFC3339Nano, strings.TrimSpace(string(data))); perr == nil {
-		return t, nil
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	var m marker
+	if len(lines) > 1 {
+		if c, ok := strings.CutPrefix(strings.TrimSpace(lines[1]), confirmPrefix); ok && snapshots.ValidConfirm(c) {
+			m.confirm = c
+		}
+	}
+	if t, perr := time.Parse(time.RFC3339Nano, strings.TrimSpace(lines[0])); perr == nil {
+		m.since = t
+		return m, nil
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
-		return time.Time{}, err
+		return marker{}, err
 	}
-	return fi.ModTime(), nil
+	m.since = fi.ModTime()
+	return m, nil
 }

@@ -121,6 +121,9 @@ type output struct {
 	repaired  []string
 	undeleted []ref
 	finalized []ref
+	// confirmed are the pending deletes whose host's quarantine nonce
+	// this pass copied into their tombstone.
+	confirmed []ref
 	swept     []snapshots.SweepRecord
 	// rejected is set when the desired state was refused by the
 	// computation itself (a VM attaching a retained VM's volume, a
@@ -214,6 +217,7 @@ func computeSteps() []computeStep {
 		{"guard mass deletes", (*computePass).guardDeletes},
 		{"reject conflicts", (*computePass).rejectConflicts},
 		{"finalize", (*computePass).finalize},
+		{"confirm quarantines", (*computePass).confirmQuarantines},
 		{"record forgeries", (*computePass).recordForgeries},
 		{"keep agent keys", (*computePass).keepAgentKeys},
 		{"assemble snapshots", (*computePass).assemble},
@@ -795,6 +799,48 @@ func (p *computePass) finalize() error {
 	return nil
 }
 
+// confirmQuarantines confirms the quarantines of pending deletes
+// (docs/DESIGN.md, "Delete confirmation"): for every tombstone still
+// pending in the ledger this pass computes on and already published, the
+// nonce its host's status gives the object's quarantine (Quarantined for
+// a VM, QuarantinedVolumes for a volume) is copied into the tombstone's
+// Confirm, and so into the host's snapshot (a content change: a new
+// epoch). A nonce is taken only from a status that has seen the epoch
+// that published the tombstone (the ack rule: an older quarantine belongs
+// to another delete) and whose acks count (signed by the Host's agentKey
+// when it names one), and only when it is well-formed
+// (snapshots.ValidConfirm). It runs only in a pass that applied the
+// desired head: the confirmation says that the latest reviewed intent
+// still deletes the object. A status, forged or not, can only ever have a
+// pending delete confirmed: an object without one gets nothing.
+func (p *computePass) confirmQuarantines() error {
+	in := p.in
+	if in.fleet == nil {
+		return nil
+	}
+	for _, t := range p.l.Tombstones {
+		st := in.statuses[t.Host]
+		if st == nil || t.Tombstone.Epoch == 0 || st.LastSeenEpoch < t.Tombstone.Epoch {
+			continue
+		}
+		if _, forged := in.unsigned[t.Host]; forged {
+			continue
+		}
+		list := st.Quarantined
+		if t.Kind == desired.KindVolume {
+			list = st.QuarantinedVolumes
+		}
+		for _, q := range list {
+			if q.Name != t.Name || !snapshots.ValidConfirm(q.Confirm) || q.Confirm == t.Tombstone.Confirm {
+				continue
+			}
+			t.Tombstone.Confirm = q.Confirm
+			p.out.confirmed = append(p.out.confirmed, t.Ref())
+		}
+	}
+	return nil
+}
+
 // recordForgeries keeps in the ledger what this pass refused as forged:
 // the acks not acted on (this pass's, replacing the last pass's) and the
 // snapshots commits no controller key signed (added to those found
@@ -1338,6 +1384,11 @@ func contentKey(s *snapshots.Snapshot) desired.Hash {
 			return
 		}
 		fmt.Fprintf(w, "\x00%s\x00%s\x00%s\x00%t", t.Commit, t.Author, t.Time, t.Rewritten)
+		if t.Confirm != "" {
+			// Only when set: the keys of snapshots published before
+			// confirmations existed stay what they were.
+			io.WriteString(w, "\x00confirm\x00"+t.Confirm)
+		}
 	}
 	for _, vm := range s.VMs {
 		io.WriteString(h, "\x01vm\x00"+vm.Name+"\x00"+string(vm.SpecHash)+"\x00"+strconv.FormatBool(vm.Tombstoned))

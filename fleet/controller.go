@@ -164,6 +164,10 @@ type PassResult struct {
 	// Tombstoned, Undeleted, Finalized (acked) and Swept (abandoned) list
 	// the objects whose delete moved, as "Kind name@host".
 	Tombstoned, Undeleted, Finalized, Swept []string
+	// Confirmed lists the pending deletes whose host's quarantine nonce
+	// this pass published in their tombstone (docs/DESIGN.md, "Delete
+	// confirmation"), as "Kind name@host".
+	Confirmed []string
 	// Retained lists the objects a history rewrite dropped that this pass
 	// kept (never tombstoned); Unretained those desired again on their
 	// host. RetainedTotal is the number kept after the pass.

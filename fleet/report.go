@@ -46,6 +46,9 @@ func commitMessage(head string, o *output) string {
 	for _, r := range o.finalized {
 		fmt.Fprintf(&b, "finalized %s (acked)\n", r)
 	}
+	for _, r := range o.confirmed {
+		fmt.Fprintf(&b, "confirm the delete of %s (the host's quarantine nonce)\n", r)
+	}
 	for _, s := range o.swept {
 		fmt.Fprintf(&b, "finalized %s %s on %s (%s)\n", s.Kind, s.Name, s.Host, s.Reason)
 	}
@@ -82,6 +85,10 @@ func (c *Controller) report(res *PassResult, o *output) {
 	for _, r := range o.finalized {
 		res.Finalized = append(res.Finalized, refName(r))
 		c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name}).Info("delete finalized: acked")
+	}
+	for _, r := range o.confirmed {
+		res.Confirmed = append(res.Confirmed, refName(r))
+		c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name}).Info("delete confirmed: the host's quarantine nonce is published in its tombstone")
 	}
 	for _, s := range o.swept {
 		res.Swept = append(res.Swept, refName(ref{Kind: s.Kind, Name: s.Name, Host: s.Host}))

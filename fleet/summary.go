@@ -63,7 +63,8 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
 		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
 		h.SnapshotError = st.SnapshotError
-		h.Quarantined, h.Suspended = st.Quarantined, st.Suspended
+		h.Quarantined, h.Suspended, h.QuarantinedVolumes = st.Quarantined, st.Suspended, st.QuarantinedVolumes
+		h.Unconfirmed = unconfirmed(l, st)
 	}
 	for _, h := range hosts {
 		if rec := l.Hosts[h.Name]; rec != nil {
@@ -85,10 +86,15 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		if !t.PublishedAt.IsZero() {
 			p.SweepAt = t.PublishedAt.Add(c.cfg.AbandonGrace).UTC()
 		}
-		if h := hosts[t.Host]; h != nil && t.Kind == desired.KindVM {
-			for _, q := range h.Quarantined {
+		if h := hosts[t.Host]; h != nil {
+			list := h.Quarantined
+			if t.Kind == desired.KindVolume {
+				list = h.QuarantinedVolumes
+			}
+			for _, q := range list {
 				if q.Name == t.Name {
 					p.DestroyAt = q.DestroyAt
+					p.Unconfirmed = q.AwaitsConfirmation() && q.Confirm != t.Tombstone.Confirm
 				}
 			}
 		}
@@ -346,4 +352,27 @@ func (c *Controller) liveness(s status.Summary) ([]byte, error) {
 	}
 	c.livenessRows, c.livenessData = rows, data
 	return data, nil
+}
+
+// unconfirmed counts the quarantines of st that wait for a confirmation
+// the ledger l has not published: no pending tombstone of the object on
+// the host carries the quarantine's nonce.
+func unconfirmed(l *snapshots.Ledger, st *status.Status) int {
+	published := map[snapshots.Ref]string{}
+	for _, t := range l.Tombstones {
+		if t.Host == st.Host {
+			published[t.Ref()] = t.Tombstone.Confirm
+		}
+	}
+	n := 0
+	count := func(kind desired.Kind, qs []status.Quarantine) {
+		for _, q := range qs {
+			if q.AwaitsConfirmation() && published[snapshots.Ref{Kind: kind, Name: q.Name, Host: st.Host}] != q.Confirm {
+				n++
+			}
+		}
+	}
+	count(desired.KindVM, st.Quarantined)
+	count(desired.KindVolume, st.QuarantinedVolumes)
+	return n
 }

@@ -35,7 +35,8 @@ var snapshotFormat = desired.Format{Noun: "snapshot", Shape: "a mapping with hos
 // files (one document, no unknown fields or duplicate keys, no coercion, no
 // anchors or aliases) and at most MaxSnapshotBytes, and checks it: host, vms
 // and volumes are present, names are RFC 1123 labels and unique within
-// their list, and each VM's specHash is desired.SpecHash of its spec. The error is
+// their list, each VM's specHash is desired.SpecHash of its spec, and a
+// tombstone's confirm is a nonce (ValidConfirm). The error is
 // a desired.ErrorList whose entries have an empty File and format as
 // LINE:COL: message; callers add the path.
 func ParseSnapshot(data []byte) (*Snapshot, error) {
@@ -62,10 +63,24 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 		}
 	}
 	checkNames(doc, "volumes", "volume", s.Volumes, func(v *SnapshotVolume) string { return v.Name })
+	for i, vm := range s.VMs {
+		checkConfirm(doc, fmt.Sprintf("vms[%d].tombstone.confirm", i), vm.Tombstone)
+	}
+	for i, v := range s.Volumes {
+		checkConfirm(doc, fmt.Sprintf("volumes[%d].tombstone.confirm", i), v.Tombstone)
+	}
 	if err := doc.Err(); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkConfirm checks a tombstone's confirmation nonce, when it has one:
+// ValidConfirm's shape.
+func checkConfirm(doc *desired.Document, field string, t *Tombstone) {
+	if t != nil && t.Confirm != "" && !ValidConfirm(t.Confirm) {
+		doc.Errorf(field, "%q is not a confirmation nonce (%d lowercase hex digits)", safetext.Truncate(t.Confirm, 70), ConfirmLen)
+	}
 }
 
 // checkNames checks the name of every entry of list, the list at field

@@ -28,6 +28,8 @@ func TestParseSnapshotErrors(t *testing.T) {
 			"7:15: vms[0].specHash: \"" + string(desired.SpecHash(spec)) + "\" does not match the spec, whose hash is " + string(desired.SpecHash(desired.VMSpec{Host: "hv-a", VCPUs: 2, MemoryMB: 512, DiskGB: 5, Power: desired.PowerRunning}))},
 		{"duplicate VM", strings.Replace(valid, "volumes: []\n", "", 1) + strings.Join(strings.SplitAfter(valid, "\n")[5:9], "") + "volumes: []\n",
 			"10:11: vms[1].name: VM \"web-01\" is listed twice"},
+		{"confirm that is no nonce", strings.Replace(valid, "tombstoned: false\n", "tombstoned: true\n    tombstone: {commit: abc, author: a, time: t, epoch: 3, confirm: not-a-nonce}\n", 1),
+			"10:69: vms[0].tombstone.confirm: \"not-a-nonce\" is not a confirmation nonce (32 lowercase hex digits)"},
 		{"bad host name", strings.Replace(valid, "host: hv-a\nepoch", "host: HV_A\nepoch", 1), "1:7: host: \"HV_A\" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit"},
 	}
 	for _, tt := range tests {
@@ -72,5 +74,39 @@ func TestParseSnapshotBound(t *testing.T) {
 	want := fmt.Sprintf("1:1: file is %d bytes; a snapshot may be at most %d bytes", MaxSnapshotBytes+1, MaxSnapshotBytes)
 	if _, err := ParseSnapshot(big); err == nil || err.Error() != want {
 		t.Errorf("ParseSnapshot of %d bytes: %v, want %s", len(big), err, want)
+	}
+}
+
+// A tombstone's confirm is a nonce: ConfirmLen lowercase hex digits, and
+// only a nonce equal to the quarantine's confirms it.
+func TestConfirmNonce(t *testing.T) {
+	nonce := strings.Repeat("0f", ConfirmLen/2)
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{nonce, true},
+		{"", false},
+		{nonce[:ConfirmLen-1], false},
+		{nonce + "0", false},
+		{strings.ToUpper(nonce), false},
+		{strings.Repeat("g", ConfirmLen), false},
+	} {
+		if got := ValidConfirm(tc.in); got != tc.want {
+			t.Errorf("ValidConfirm(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	var none *Tombstone
+	if none.Confirms(nonce) {
+		t.Error("a missing tombstone confirms")
+	}
+	if (&Tombstone{}).Confirms("") {
+		t.Error("an empty confirm confirms a quarantine without a nonce")
+	}
+	if (&Tombstone{Confirm: nonce}).Confirms(strings.Repeat("ab", ConfirmLen/2)) {
+		t.Error("another nonce confirms")
+	}
+	if !(&Tombstone{Confirm: nonce}).Confirms(nonce) {
+		t.Error("the nonce does not confirm")
 	}
 }

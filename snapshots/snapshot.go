@@ -76,12 +76,45 @@ type SnapshotVolume struct {
 // controller publishes it false (a rewrite retains what it dropped, see
 // package fleet), and readers show a true one as such (docs/DESIGN.md,
 // Refinements).
+//
+// Confirm is the nonce the host's agent gave its quarantine of the object
+// (status.Quarantine.Confirm), copied by the controller from the host's
+// status while the tombstone is pending in its ledger: an agent that
+// verifies snapshots destroys the object only when the snapshot it
+// accepted carries the nonce of its own quarantine (docs/DESIGN.md,
+// "Delete confirmation"). Empty until the controller has confirmed.
 type Tombstone struct {
 	Commit    desired.Hash `yaml:"commit" json:"commit"`
 	Author    string       `yaml:"author" json:"author"`
 	Time      string       `yaml:"time" json:"time"`
 	Epoch     uint64       `yaml:"epoch" json:"epoch"`
 	Rewritten bool         `yaml:"rewritten,omitempty" json:"rewritten,omitempty"`
+	Confirm   string       `yaml:"confirm,omitempty" json:"confirm,omitempty"`
+}
+
+// ConfirmLen is the length of a confirmation nonce: 32 lowercase hex
+// digits, 128 random bits.
+const ConfirmLen = 32
+
+// ValidConfirm reports whether s has the shape of a confirmation nonce
+// (ConfirmLen lowercase hex digits). A status is input anyone who can push
+// its branch may forge: the controller copies only nonces of this shape.
+func ValidConfirm(s string) bool {
+	if len(s) != ConfirmLen {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// Confirms reports whether the tombstone t (which may be nil) confirms the
+// quarantine whose nonce is nonce: both are set and equal.
+func (t *Tombstone) Confirms(nonce string) bool {
+	return t != nil && nonce != "" && t.Confirm == nonce
 }
 
 // VM returns the snapshot's entry for the VM name, or nil when the snapshot

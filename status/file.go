@@ -207,6 +207,12 @@ func redacted(st *Status) Status {
 	for i := range c.Quarantined {
 		c.Quarantined[i].LastError = redact.Text(c.Quarantined[i].LastError)
 	}
+	if st.QuarantinedVolumes != nil {
+		c.QuarantinedVolumes = append([]Quarantine(nil), st.QuarantinedVolumes...)
+		for i := range c.QuarantinedVolumes {
+			c.QuarantinedVolumes[i].LastError = redact.Text(c.QuarantinedVolumes[i].LastError)
+		}
+	}
 	if st.Suspended != nil {
 		sus := *st.Suspended
 		sus.Reason = redact.Text(sus.Reason)

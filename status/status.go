@@ -29,6 +29,11 @@ type Status struct {
 	SnapshotError string       `yaml:"snapshotError,omitempty" json:"snapshotError,omitempty"`
 	VMs           []VM         `yaml:"vms" json:"vms"`
 	Quarantined   []Quarantine `yaml:"quarantined" json:"quarantined"`
+	// QuarantinedVolumes are the tombstoned volumes waiting for their
+	// grace (and, on an agent that verifies snapshots, for the
+	// controller's confirmation) before they are removed; Since is when
+	// the agent's marker was written. Omitted when empty.
+	QuarantinedVolumes []Quarantine `yaml:"quarantinedVolumes,omitempty" json:"quarantinedVolumes,omitempty"`
 	// Destroyed are destroy acks, repeated on every write until the name
 	// leaves the snapshot.
 	Destroyed []string `yaml:"destroyed" json:"destroyed"`
@@ -115,7 +120,24 @@ type Quarantine struct {
 	// plus the agent's tombstoneGrace (its clock). Zero from an agent that
 	// does not say.
 	DestroyAt time.Time `yaml:"destroyAt,omitempty" json:"destroyAt,omitempty"`
+	// Confirm is the nonce the agent gave this quarantine, set only by an
+	// agent that verifies snapshots (controllerKeys): it destroys the
+	// object only after the grace and once the snapshot it accepted
+	// carries this nonce on the object's tombstone (its confirm), which
+	// the controller copies there while the delete is pending in its
+	// ledger. A new quarantine gets a new nonce (docs/DESIGN.md, "Delete
+	// confirmation"). Empty from an agent that does not verify snapshots:
+	// it destroys after the grace alone.
+	Confirm string `yaml:"confirm,omitempty" json:"confirm,omitempty"`
+	// Confirmed is true once the accepted snapshot carries Confirm.
+	Confirmed bool `yaml:"confirmed,omitempty" json:"confirmed,omitempty"`
 }
+
+// AwaitsConfirmation reports whether the quarantined object waits for the
+// controller to confirm its delete: it has a nonce the accepted snapshot
+// does not carry yet. It is not destroyed, whatever its grace, until it
+// does.
+func (q Quarantine) AwaitsConfirmation() bool { return q.Confirm != "" && !q.Confirmed }
 
 // Vanished is a VM absent from the accepted snapshot without a tombstone.
 // The agent leaves it exactly as it is (a running VM keeps running) for

@@ -94,6 +94,15 @@ type HostSummary struct {
 	// suspended. Both as its status reports them.
 	Quarantined []Quarantine
 	Suspended   *Suspension
+	// QuarantinedVolumes are the host's tombstoned volumes waiting for
+	// their grace, as its status reports them.
+	QuarantinedVolumes []Quarantine
+	// Unconfirmed counts the host's quarantined objects whose delete waits
+	// for a confirmation the controller has not published: the host
+	// quarantined them for a tombstone the controller does not hold
+	// pending (an old snapshot pushed back to the branch), or it has not
+	// read the host's nonce yet. They are not destroyed until it does.
+	Unconfirmed int
 	// Retired is set for a host the applied desired state has no Host
 	// object for, listed while deletes delivered to it wait for its ack.
 	Retired bool
@@ -116,12 +125,16 @@ type PendingDelete struct {
 	// Swept: the controller finalized it while the host was offline; it
 	// stays delivered until the host acks the destroy.
 	Swept bool
-	// DestroyAt is when the host destroys the VM (its status' quarantine
-	// entry), zero until the host has shut it down. SweepAt is when the
+	// DestroyAt is when the host destroys the VM or removes the volume
+	// (its status' quarantine entry), zero until the host has quarantined
+	// it. SweepAt is when the
 	// controller finalizes the delete itself should the host be offline
 	// then (published plus the abandon grace), zero once swept.
 	DestroyAt time.Time
 	SweepAt   time.Time
+	// Unconfirmed is set while the host's quarantine of the object waits
+	// for the controller to confirm the delete (Quarantine.AwaitsConfirmation).
+	Unconfirmed bool
 }
 
 // ForgedAck is an ack not acted on: Ref is the object ("VM web-01@hv-a"),
@@ -222,6 +235,9 @@ func RenderSummary(s Summary) []byte {
 				state += ", fence violation"
 			case h.SnapshotError != "":
 				state += ", snapshot refused: " + strings.TrimPrefix(h.SnapshotError, "snapshot refused: ")
+			}
+			if h.Unconfirmed > 0 {
+				state += fmt.Sprintf(", %d quarantined, waiting for the controller to confirm the delete", h.Unconfirmed)
 			}
 			if h.Suspended != nil {
 				state += ", suspended (acts on nothing)"
@@ -348,12 +364,28 @@ func RenderSummary(s Summary) []byte {
 
 // QuarantineNote says, for a person, what happens to a quarantined VM and
 // when: "pending delete: shut down since T, destroyed at D (grace G)".
+//
+// An object waiting for the controller's confirmation says so: "…;
+// waiting for the controller to confirm the delete (nonce N): not
+// destroyed until it does".
 func QuarantineNote(q Quarantine) string {
 	note := "pending delete: shut down since " + stamp(q.Since)
 	if q.DestroyAt.IsZero() {
-		return note + ", destroyed after the host's tombstone grace"
+		note += ", destroyed after the host's tombstone grace"
+	} else {
+		note = fmt.Sprintf("%s, destroyed at %s (tombstone grace %s)", note, stamp(q.DestroyAt), q.DestroyAt.Sub(q.Since))
 	}
-	return fmt.Sprintf("%s, destroyed at %s (tombstone grace %s)", note, stamp(q.DestroyAt), q.DestroyAt.Sub(q.Since))
+	if q.AwaitsConfirmation() {
+		note += "; " + AwaitingConfirmation(q.Confirm)
+	}
+	return note
+}
+
+// AwaitingConfirmation is what a person reads about a quarantined object
+// whose host waits for the controller to confirm its delete (nonce is
+// the quarantine's Confirm).
+func AwaitingConfirmation(nonce string) string {
+	return fmt.Sprintf("waiting for the controller to confirm the delete (nonce %.8s): not destroyed until a snapshot it publishes carries the nonce", nonce)
 }
 
 // Deadline says when the pending delete happens: the host's destroy time
@@ -362,12 +394,17 @@ func QuarantineNote(q Quarantine) string {
 func (p PendingDelete) Deadline(abandonGrace time.Duration) string {
 	var d string
 	switch {
-	case !p.DestroyAt.IsZero():
+	case !p.DestroyAt.IsZero() && p.Kind == "VM":
 		d = "host destroys it at " + stamp(p.DestroyAt)
+	case !p.DestroyAt.IsZero():
+		d = "host removes it at " + stamp(p.DestroyAt) + ", once no VM uses it"
 	case p.Kind == "VM":
 		d = "not shut down yet: the host destroys it one tombstone grace after it does"
 	default:
 		d = "the host removes it one tombstone grace after no VM uses it"
+	}
+	if p.Unconfirmed {
+		d += "; the host waits for the controller to confirm the delete"
 	}
 	if !p.SweepAt.IsZero() && !p.Swept {
 		d += fmt.Sprintf("; if the host is offline then, the controller finalizes it at %s (abandon grace %s)", stamp(p.SweepAt), abandonGrace)

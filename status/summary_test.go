@@ -117,3 +117,38 @@ func TestRunbookExplainsForgeries(t *testing.T) {
 		t.Fatalf("%d forged sections rendered, want 2", n)
 	}
 }
+
+// A quarantined object whose host waits for the controller's confirmation
+// says so in its note, its pending delete's deadline and its host's line;
+// a confirmed one, or one from an agent that does not confirm, does not.
+func TestSummaryShowsDeletesAwaitingConfirmation(t *testing.T) {
+	since := time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC)
+	nonce := strings.Repeat("ab", 16)
+	waiting := Quarantine{Name: "old-01", Since: since, DestroyAt: since.Add(5 * time.Minute), Confirm: nonce}
+	confirmed := waiting
+	confirmed.Confirmed = true
+	plain := waiting
+	plain.Confirm = ""
+	if !waiting.AwaitsConfirmation() || confirmed.AwaitsConfirmation() || plain.AwaitsConfirmation() {
+		t.Fatalf("AwaitsConfirmation: waiting %v, confirmed %v, without a nonce %v", waiting.AwaitsConfirmation(), confirmed.AwaitsConfirmation(), plain.AwaitsConfirmation())
+	}
+	const says = "waiting for the controller to confirm the delete"
+	if note := QuarantineNote(waiting); !strings.Contains(note, says) || !strings.Contains(note, nonce[:8]) {
+		t.Errorf("note of a quarantine waiting for confirmation: %q", note)
+	}
+	for _, q := range []Quarantine{confirmed, plain} {
+		if note := QuarantineNote(q); strings.Contains(note, says) {
+			t.Errorf("note of %+v: %q", q, note)
+		}
+	}
+	p := PendingDelete{Kind: "Volume", DestroyAt: waiting.DestroyAt, Unconfirmed: true}
+	if d := p.Deadline(time.Hour); !strings.Contains(d, "host removes it at 2026-11-30T02:05:00Z") || !strings.Contains(d, "waits for the controller to confirm the delete") {
+		t.Errorf("deadline of an unconfirmed volume delete: %q", d)
+	}
+	got := string(RenderSummary(Summary{Hosts: []HostSummary{{Name: "hv-a", Reported: true, Online: true, Quarantined: []Quarantine{waiting}, Unconfirmed: 1}}}))
+	for _, want := range []string{"1 quarantined, waiting for the controller to confirm the delete", "waiting for the controller to confirm the delete \\(nonce abababab\\)"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+}

@@ -56,7 +56,8 @@ been applied.
 
 It starts with the desired-state commit the snapshots carry, marks a
 suspended host (it acts on nothing) in its note, gives each quarantined VM
-and pending delete the time its host destroys it, and lists the objects
+and pending delete the time its host destroys it (and says when the host
+waits for the controller to confirm the delete), and lists the objects
 kept after a history rewrite, and what the controller refused as forged:
 acks whose status commit the Host's agentKey did not sign, and snapshots
 commits no controller key signed (with the ledger records it would not
@@ -67,7 +68,8 @@ act on).
 "applied", "retained", "forgedAcks", "forgedCommits", "liveness", "livenessError",
 "controllerWrote", "lastWriteError"}: the status files themselves, the hosts whose file
 could not be read with why, the pending deletes (kind, name, host, commit,
-author, time, epoch, publishedAt, destroyAt) and why they could not be
+author, time, epoch, publishedAt, destroyAt, confirm, awaitingConfirmation)
+and why they could not be
 read, if so, the ledger's last rejected commit (commit, reason, at,
 superseded), the controller's failure (outcome, since, reason), the
 applied commit (commit, branch, path), the retained objects (kind,
@@ -199,6 +201,12 @@ type pendingDelete struct {
 	// quarantine entry (the grace ends); absent until the host has shut
 	// the VM down.
 	DestroyAt *time.Time `json:"destroyAt,omitempty"`
+	// Confirm is the host's quarantine nonce the controller published in
+	// the tombstone (its confirmation); AwaitingConfirmation is set while
+	// the host's quarantine of the object waits for a confirmation the
+	// ledger does not carry (docs/DESIGN.md, "Delete confirmation").
+	Confirm              string `json:"confirm,omitempty"`
+	AwaitingConfirmation bool   `json:"awaitingConfirmation,omitempty"`
 }
 
 func runStatus(ctx context.Context, out io.Writer, rf config.Repo, branch, snapshots, format string) error {
@@ -349,7 +357,8 @@ func readLedger(ctx context.Context, repo *gitsource.Repo, branch string, rep *s
 	}
 	for _, t := range l.Tombstones {
 		rep.PendingDeletes = append(rep.PendingDeletes, pendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host, Commit: string(t.Tombstone.Commit),
-			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt, SweptAt: t.SweptAt})
+			Author: t.Tombstone.Author, Time: t.Tombstone.Time, Epoch: t.Tombstone.Epoch, PublishedAt: t.PublishedAt, SweptAt: t.SweptAt,
+			Confirm: t.Tombstone.Confirm})
 	}
 	for _, k := range l.Retained {
 		rep.Retained = append(rep.Retained, retainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host, Commit: string(k.Commit), Since: k.Since})
@@ -359,21 +368,31 @@ func readLedger(ctx context.Context, repo *gitsource.Repo, branch string, rep *s
 	return nil
 }
 
-// destroyAt gives each pending VM delete the time its host destroys it, when
-// the host's status has it quarantined.
+// destroyAt gives each pending delete the time its host destroys the VM or
+// removes the volume, when the host's status has it quarantined, and marks
+// those whose quarantine waits for a confirmation the ledger does not
+// carry.
 func destroyAt(rep *statusReport) {
-	at := map[[2]string]time.Time{}
+	type key struct{ kind, host, name string }
+	quarantined := map[key]status.Quarantine{}
 	for _, st := range rep.Hosts {
 		for _, q := range st.Quarantined {
-			if !q.DestroyAt.IsZero() {
-				at[[2]string{st.Host, q.Name}] = q.DestroyAt
-			}
+			quarantined[key{string(desired.KindVM), st.Host, q.Name}] = q
+		}
+		for _, q := range st.QuarantinedVolumes {
+			quarantined[key{string(desired.KindVolume), st.Host, q.Name}] = q
 		}
 	}
 	for i, p := range rep.PendingDeletes {
-		if t, ok := at[[2]string{p.Host, p.Name}]; ok && p.Kind == string(desired.KindVM) {
+		q, ok := quarantined[key{p.Kind, p.Host, p.Name}]
+		if !ok {
+			continue
+		}
+		if !q.DestroyAt.IsZero() {
+			t := q.DestroyAt
 			rep.PendingDeletes[i].DestroyAt = &t
 		}
+		rep.PendingDeletes[i].AwaitingConfirmation = q.AwaitsConfirmation() && q.Confirm != p.Confirm
 	}
 }
 
@@ -413,7 +432,7 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 		if p.SweptAt != nil {
 			since += " (swept: host offline; waits for its ack)"
 		}
-		sd := status.PendingDelete{Kind: p.Kind}
+		sd := status.PendingDelete{Kind: p.Kind, Unconfirmed: p.AwaitingConfirmation}
 		if p.DestroyAt != nil {
 			sd.DestroyAt = *p.DestroyAt
 		}
