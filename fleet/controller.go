@@ -66,7 +66,13 @@ type Controller struct {
 	// replaced).
 	ledgerKeys *trust.Signers
 	signedOnce bool
-	history    *gitsource.Repo
+	// trustFlagIgnored is set once the log said that
+	// TrustUnsignedLedgerOnce is set over a signed tip.
+	trustFlagIgnored bool
+	// failingAt is when recordBeforeFirstPass last wrote the failing
+	// pass's record.
+	failingAt time.Time
+	history   *gitsource.Repo
 	// lastSigned is the last snapshots commit a controller key signed
 	// that this process wrote or verified at the tip (nil before one):
 	// the ledger a walk that finds no signed commit falls back to.

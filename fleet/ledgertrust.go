@@ -188,6 +188,10 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 		return nil, fmt.Errorf("read the signature of %s@%s: %w", c.cfg.SnapshotsBranch, desired.Hash(tip).Short(), err)
 	}
 	if _, verr := c.ledgerKeys.Verify(sc); verr == nil {
+		if c.cfg.TrustUnsignedLedgerOnce != "" && !c.trustFlagIgnored {
+			c.trustFlagIgnored = true
+			c.log.WithField("commit", tip).Warn(TrustUnsignedLedgerOnceFlag + " is set but the snapshots tip is signed by a controller key: the flag does nothing; remove it")
+		}
 		src, err := atTip()
 		if err == nil {
 			c.lastSigned = &signedLedger{commit: tip, ledger: src.ledger}
@@ -289,6 +293,13 @@ func (c *Controller) adoptOrRefuse(tip string, walk LedgerWalk, atTip func() (*l
 			return nil, fmt.Errorf("%w: %s=%s names a commit that is not the tip of %s, %s: the branch moved since it was checked; refusing to adopt a ledger no person checked. Check %s@%s by hand and restart with %s=%s",
 				ErrUnsignedLedger, TrustUnsignedLedgerOnceFlag, named, c.cfg.SnapshotsBranch, tip, snapshots.LedgerPath, desired.Hash(tip).Short(), TrustUnsignedLedgerOnceFlag, tip)
 		}
+		// A tip without a ledger is no controller's commit: adopting it
+		// would start from an empty ledger and drop every pending
+		// delete and retained object the branch's history holds.
+		if _, err := c.tips.ReadFileMax(tip, snapshots.LedgerPath, snapshots.MaxLedgerBytes); errors.Is(err, gitsource.ErrFileNotFound) {
+			return nil, fmt.Errorf("%w: %s=%s names a commit that holds no %s: no controller wrote it, and adopting it would drop every pending delete; push the last signed snapshots commit back instead (docs/operating.md, \"Forged snapshots commits\")",
+				ErrUnsignedLedger, TrustUnsignedLedgerOnceFlag, named, snapshots.LedgerPath)
+		}
 		c.log.WithField("commit", tip).Warn("no snapshots commit is signed by a controller key; adopting the unsigned ledger at the tip named by " + TrustUnsignedLedgerOnceFlag + " once; remove the flag once this controller has published")
 		src, err := atTip()
 		if err == nil {
@@ -296,7 +307,7 @@ func (c *Controller) adoptOrRefuse(tip string, walk LedgerWalk, atTip func() (*l
 		}
 		return src, err
 	}
-	return nil, fmt.Errorf("%w: none of the newest %s first-parent commits of %s from %s is signed by a controller key (this controller's signing key or --controller-keys): the ledger there may be anyone's, refusing to act on it; if this is the first start with a signing key, check %s@%s by hand and start the controller once with %s=%s",
+	return nil, fmt.Errorf("%w: none of the newest %s first-parent commits of %s from %s is signed by a controller key (this controller's signing key or --controller-keys): the ledger there may be anyone's, refusing to act on it; if this is the first start with a signing key, check %s@%s by hand and start the controller once with %s=%s; if a controller signed this branch before, it was forged: push the last signed commit back instead (docs/operating.md, \"Forged snapshots commits\")",
 		ErrUnsignedLedger, walkedCount(walk), c.cfg.SnapshotsBranch, desired.Hash(tip).Short(), snapshots.LedgerPath, desired.Hash(tip).Short(), TrustUnsignedLedgerOnceFlag, tip)
 }
 

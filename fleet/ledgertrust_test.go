@@ -290,6 +290,27 @@ func TestUnsignedLedgerNeedsExplicitTrust(t *testing.T) {
 	}
 }
 
+// A tip that holds no ledger is no controller's commit: named for the
+// one-time adoption, it is refused, since adopting it would start from an
+// empty ledger and drop every pending delete.
+func TestAdoptionRefusesATipWithoutALedger(t *testing.T) {
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	e := newEnv(t, baseFleet())
+	e.pass() // unsigned, as before keys were configured
+	bare := gittest.Commit(t, e.dir, gittest.Edit{Branch: DefaultSnapshotsBranch, Remove: []string{snapshots.LedgerPath}, Message: "no ledger"})
+	c, err := e.signingController(key, bare)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Pass(context.Background())
+	if !errors.Is(err, ErrUnsignedLedger) || !strings.Contains(err.Error(), "holds no "+snapshots.LedgerPath) {
+		t.Fatalf("pass error = %v, want ErrUnsignedLedger saying the tip holds no ledger", err)
+	}
+	if e.snapshotsTip() != bare {
+		t.Fatal("a refused pass wrote to the snapshots branch")
+	}
+}
+
 // A controller whose key rotated trusts the commits of the old key when
 // it is listed among the controller keys, and refuses them when not.
 func TestLedgerKeyRotation(t *testing.T) {
@@ -534,6 +555,17 @@ func TestDeepOrOrphanForgeryFallsBackToTheLastSignedCommit(t *testing.T) {
 			_, err = fresh.Pass(context.Background())
 			if !errors.Is(err, ErrUnsignedLedger) || !strings.Contains(err.Error(), TrustUnsignedLedgerOnceFlag+"="+e.snapshotsTip()) {
 				t.Fatalf("restarted controller: pass error = %v, want ErrUnsignedLedger naming %s=<tip>", err, TrustUnsignedLedgerOnceFlag)
+			}
+			// It has no summary of its own yet, but it records the
+			// refusal on the status branch: the last view there must
+			// not read as a healthy fleet, nor, later, as a stopped
+			// controller.
+			rec := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.ControllerPath)
+			if !strings.Contains(rec, string(OutcomeRefused)) || !strings.Contains(rec, TrustUnsignedLedgerOnceFlag) {
+				t.Fatalf("restarted controller: %s on the status branch:\n%s\nwant the refusal", status.ControllerPath, rec)
+			}
+			if gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.LastWritePath) == "" {
+				t.Fatalf("restarted controller: no %s", status.LastWritePath)
 			}
 		})
 	}

@@ -107,17 +107,24 @@ func backoff(interval time.Duration, n int) time.Duration {
 // commits nothing but last-write.yaml's refresh once per SummaryInterval
 // (refreshDue). A controller that has not completed a pass since it
 // started writes nothing — it may not be the one the branches belong to —
-// nor does one refused because the ledger names another branch or path,
-// nor one whose remote timed out (the write would wait on it again).
-// The write is best effort (git may be what failed); the next pass that
-// acts removes the record. Caller holds c.mu.
+// except the record alone of a pass refused for want of a signed ledger
+// (recordBeforeFirstPass), nor does one refused because the ledger names
+// another branch or path, nor one whose remote timed out (the write would
+// wait on it again). The write is best effort (git may be what failed);
+// the next pass that acts removes the record. Caller holds c.mu.
 func (c *Controller) recordFailure(ctx context.Context, outcome Outcome, err error) {
-	if c.lastSummary == nil || errors.Is(err, ErrLedgerMismatch) || errors.Is(err, gitsource.ErrTimeout) || ctx.Err() != nil {
+	if errors.Is(err, ErrLedgerMismatch) || errors.Is(err, gitsource.ErrTimeout) || ctx.Err() != nil {
 		// A stalled remote would stall the record's write too.
 		return
 	}
 	reason := safetext.Lines(redact.Text(err.Error()))
 	now := c.clock()
+	if c.lastSummary == nil {
+		if errors.Is(err, ErrUnsignedLedger) {
+			c.recordBeforeFirstPass(ctx, outcome, reason, now)
+		}
+		return
+	}
 	if f := c.failing; f != nil && f.Outcome == string(outcome) && f.Reason == reason {
 		// The same failure: written again only when the status branch
 		// is due its refresh (last-write.yaml), so that a controller
@@ -140,4 +147,40 @@ func (c *Controller) recordFailure(ctx context.Context, outcome Outcome, err err
 	if _, werr := c.writeSummary(ctx, s, now); werr != nil {
 		c.log.WithError(cleanErr(werr)).Warn("could not record the failing pass on the status branch")
 	}
+}
+
+// recordBeforeFirstPass writes controller.yaml and last-write.yaml alone,
+// the rest of the status branch as it is, for a controller refused since
+// its start because no snapshots commit within the walk is signed by a
+// controller key (a forged history pushed while it was stopped, or the
+// first start with a key): it has no summary of its own to show, but
+// without the record `gitfleet status` showed the last view as healthy,
+// and after three refresh intervals took the controller for a stopped
+// one. The same failure is written again once per refresh interval.
+// Caller holds c.mu.
+func (c *Controller) recordBeforeFirstPass(ctx context.Context, outcome Outcome, reason string, now time.Time) {
+	if f := c.failing; f != nil && f.Outcome == string(outcome) && f.Reason == reason && now.Sub(c.failingAt) < c.refreshEvery() {
+		return
+	}
+	if f := c.failing; f == nil || f.Outcome != string(outcome) || f.Reason != reason {
+		c.failing = &status.PassFailure{Outcome: string(outcome), Since: now, Reason: reason}
+	}
+	failing, err := status.MarshalPassFailure(c.failing)
+	if err != nil {
+		c.log.WithError(err).Warn("could not record the failing pass on the status branch")
+		return
+	}
+	written, err := status.MarshalLastWrite(status.LastWrite{At: now, RefreshSeconds: int64(c.refreshEvery() / time.Second)})
+	if err != nil {
+		c.log.WithError(err).Warn("could not record the failing pass on the status branch")
+		return
+	}
+	_, err = c.update(ctx, c.tips, c.cfg.StatusBranch, func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		return map[string][]byte{status.ControllerPath: failing, status.LastWritePath: written}, "Record the failing pass", nil
+	})
+	if err != nil {
+		c.log.WithError(cleanErr(err)).Warn("could not record the failing pass on the status branch")
+		return
+	}
+	c.failingAt = now
 }
