@@ -107,7 +107,7 @@ errors.`,
 		}
 		return runStatus(cmd.Context(), cmd.OutOrStdout(), repo, branch, snapshots, form)
 	}
-	cmd.Flags().StringVar(&branch, "status-branch", fleet.DefaultStatusBranch, "branch the agents report on")
+	cmd.Flags().StringVar(&branch, "status-branch", fleet.DefaultStatusBranch, "branch the controller writes the fleet's status on (its summary and a copy of each host's status)")
 	cmd.Flags().StringVar(&snapshots, "snapshots-branch", fleet.DefaultSnapshotsBranch, "branch the controller publishes snapshots and its ledger on")
 	cmd.Flags().StringVar(&form, "format", "table", "output format: table or json")
 	return cmd
@@ -309,7 +309,7 @@ func missingStatusBranch(url, branch string) error {
 			url = abs
 		}
 	}
-	err := fmt.Errorf("%s has no branch %s: no agent has reported to this repository yet, or --repo does not name the fleet's repository", url, branch)
+	err := fmt.Errorf("%s has no branch %s: no controller has written its status there yet, or --repo does not name the fleet's repository", url, branch)
 	if oerr != nil {
 		return err
 	}

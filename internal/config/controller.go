@@ -178,7 +178,7 @@ func (c *Controller) Fleet(log *logrus.Entry) (fleet.Config, error) {
 			return fleet.Config{}, usageError(fmt.Errorf("--signing-key: %w", err))
 		}
 		if log != nil {
-			log.WithField("key", k.Fingerprint()).Info("signing snapshots and status commits")
+			log.WithField("key", k.Fingerprint()).Info("signing snapshots commits (status commits stay unsigned)")
 		}
 		signingKey = k
 	}
