@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
@@ -58,4 +59,82 @@ func TestAttackUnsignedStatusMovesNoEpoch(t *testing.T) {
 	if res := e.pass(); res.Published["hv-a"] != epoch+41 {
 		t.Fatalf("signed status above the ledger: published %v, want hv-a at %d", res.Published, epoch+41)
 	}
+}
+
+// A status of a host whose Host names spec.agentKey, pushed unsigned by
+// someone else, says web-01 is ready. The controller knows the status is
+// not signed by the key (it refuses its acks), yet the status README shows
+// its phases as the host's, with nothing saying they are unverified.
+func TestAttackUnsignedStatusShownAsTheHosts(t *testing.T) {
+	t.Skip("open: a status not signed by its Host's agentKey is shown in README.md and `gitfleet status` as the host's, unmarked")
+	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
+	signer, err := trust.LoadCommitSigner(key.Private)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := baseFleet()
+	files["hosts/hv-a.yaml"] = hostYAML("hv-a") + "  agentKey: " + key.Public + "\n"
+	e := newEnv(t, files)
+	epoch := e.pass().Published["hv-a"]
+	writeSignedStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: epoch,
+		VMs: []status.VM{{Name: "web-01", Phase: status.PhaseFailed, LastError: "boot: qemu exited"}}}, signer)
+	e.pass()
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 2, LastSeenEpoch: epoch,
+		VMs: []status.VM{{Name: "web-01", Phase: status.PhaseReady}}})
+	e.pass()
+	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
+	if !strings.Contains(readme, "not signed") {
+		t.Fatalf("README shows an unsigned status of hv-a as its own:\n%s", readme)
+	}
+}
+
+// A force-push of main never deletes: what the rewritten head lacks is
+// retained. Someone who can push the snapshots branch then resets it to
+// an older controller-signed commit, whose applied commit is an ancestor
+// of the rewritten head: the controller reads that genuine, old ledger,
+// finds the retained VM absent since, and tombstones it, attributed to
+// the unreviewed commit the force-push brought.
+func TestAttackRolledBackLedgerTurnsARewriteIntoADelete(t *testing.T) {
+	t.Skip("open: a rolled-back signed ledger makes the controller tombstone what a later force-push of main dropped (retained)")
+	key := trusttest.NewSSHKey(t, "gitfleet-controller")
+	files := baseFleet()
+	files["vms/x-01.yaml"] = vmYAML("x-01", "hv-a", 2)
+	e := newEnv(t, files)
+	c, err := e.signingController(key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.pass()
+	c1 := gittest.Rev(t, e.dir, "refs/heads/main")
+	old := e.snapshotsTip() // signed, applied c1
+
+	e.commit(gittest.Edit{Write: map[string]string{"vms/y-01.yaml": vmYAML("y-01", "hv-a", 2)}, Message: "add y-01"})
+	e.pass()
+	// A person rewrites main: back to c1, then an unreviewed commit that
+	// also drops x-01.
+	gittest.Git(t, e.dir, "update-ref", "refs/heads/main", c1)
+	e.commit(gittest.Edit{Remove: []string{"vms/x-01.yaml"}, Message: "history surgery"})
+	res := e.pass()
+	if !containsStr(res.Retained, "x-01") {
+		t.Fatalf("retained %v: the rewrite's drop of x-01 is not retained", res.Retained)
+	}
+
+	gittest.Git(t, e.dir, "update-ref", "refs/heads/"+DefaultSnapshotsBranch, old)
+	res = e.pass()
+	if len(res.Tombstoned) != 0 {
+		t.Fatalf("tombstoned %v after the snapshots branch was reset to an old signed commit: a force-push deleted", res.Tombstoned)
+	}
+	if tb := e.snapshot("hv-a").VM("x-01"); tb == nil || tb.Tombstoned {
+		t.Fatalf("x-01 in hv-a's snapshot: %+v", tb)
+	}
+}
+
+func containsStr(list []string, sub string) bool {
+	for _, s := range list {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
 }
