@@ -138,3 +138,58 @@ func containsStr(list []string, sub string) bool {
 	}
 	return false
 }
+
+// The nonce of a pending delete is taken only from its own host's
+// status: another host's status reporting that quarantine (with the
+// nonce read from the real host's status, at an epoch above the
+// tombstone's) confirms nothing.
+func TestAttackNonceFromAnotherHostConfirmsNothing(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Message: "retire web-01"})
+	epoch := e.pass().Published["hv-a"]
+	nonce := strings.Repeat("c3", snapshots.ConfirmLen/2)
+	writeStatus(t, e.url, &status.Status{Host: "hv-b", Heartbeat: 3, LastSeenEpoch: epoch + 5,
+		Quarantined: []status.Quarantine{{Name: "web-01", Confirm: nonce}}})
+	res := e.pass()
+	if len(res.Confirmed) != 0 {
+		t.Fatalf("confirmed %v from hv-b's status", res.Confirmed)
+	}
+	if tb := e.snapshot("hv-a").VM("web-01").Tombstone; tb == nil || tb.Confirm != "" {
+		t.Fatalf("web-01's tombstone on hv-a: %+v", tb)
+	}
+	// Its own host's status confirms it.
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 3, LastSeenEpoch: epoch,
+		Quarantined: []status.Quarantine{{Name: "web-01", Confirm: nonce}}})
+	if res := e.pass(); len(res.Confirmed) != 1 {
+		t.Fatalf("confirmed %v from hv-a's own status", res.Confirmed)
+	}
+}
+
+// A head the controller rejects confirms nothing, although the host
+// reports its nonce: the rejected commit may bring the VM back (here it
+// does, beside a file that does not parse), and the last good desired
+// state is no statement of the latest reviewed intent. A valid head that
+// still deletes it confirms.
+func TestAttackRejectedHeadConfirmsNothing(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Message: "retire web-01"})
+	epoch := e.pass().Published["hv-a"]
+	e.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 2),
+		"vms/bad.yaml": "kind: VM\nmetadata: {name: bad\n"}, Message: "web-01 back, and a broken file"})
+	nonce := strings.Repeat("d4", snapshots.ConfirmLen/2)
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 3, LastSeenEpoch: epoch,
+		Quarantined: []status.Quarantine{{Name: "web-01", Confirm: nonce}}})
+	res := e.pass()
+	if res.Rejected == nil || len(res.Confirmed) != 0 {
+		t.Fatalf("rejected %v, confirmed %v: a rejected head confirmed a delete", res.Rejected, res.Confirmed)
+	}
+	if tb := e.snapshot("hv-a").VM("web-01").Tombstone; tb == nil || tb.Confirm != "" {
+		t.Fatalf("web-01's tombstone on hv-a: %+v", tb)
+	}
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml", "vms/bad.yaml"}, Message: "web-01 goes after all"})
+	if res := e.pass(); len(res.Confirmed) != 1 {
+		t.Fatalf("confirmed %v once the head is valid", res.Confirmed)
+	}
+}
