@@ -87,7 +87,7 @@ func TestPassWritesBothBranchesInOnePush(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	pc := e.serveCounted()
 	key := trusttest.NewSSHKey(t, "gitfleet-controller")
-	c, err := e.signingController(key, false)
+	c, err := e.signingController(key, "")
 	if err != nil {
 		t.Fatal(err)
 	}

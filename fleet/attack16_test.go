@@ -100,7 +100,7 @@ func TestAttackRolledBackLedgerTurnsARewriteIntoADelete(t *testing.T) {
 	files := baseFleet()
 	files["vms/x-01.yaml"] = vmYAML("x-01", "hv-a", 2)
 	e := newEnv(t, files)
-	c, err := e.signingController(key, false)
+	c, err := e.signingController(key, "")
 	if err != nil {
 		t.Fatal(err)
 	}

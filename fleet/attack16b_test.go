@@ -22,9 +22,9 @@ func TestAttackAdoptionSignsAPlantedHostFile(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.pass() // unsigned, as before keys were configured
 	planted := "host: hv-c\nepoch: 9\nvms: []\nvolumes: []\n"
-	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged", Write: map[string]string{snapshots.Path("hv-c"): planted, "extra.yaml": "planted: true\n"}})
+	tip := e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged", Write: map[string]string{snapshots.Path("hv-c"): planted, "extra.yaml": "planted: true\n"}})
 
-	c, err := e.signingController(key, true)
+	c, err := e.signingController(key, tip)
 	if err != nil {
 		t.Fatal(err)
 	}

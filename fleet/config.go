@@ -86,7 +86,11 @@ type Config struct {
 	// few milliseconds; the status branch's history must grow with events.
 	// A change held back is written by a later pass. Any other change
 	// (phases, acks, pending deletes, errors, epochs, a rejected commit, a
-	// host going online or offline) is written at once.
+	// host going online or offline) is written at once. It is also the
+	// longest the controller lets pass without writing the status branch
+	// when nothing changed at all (DefaultSummaryInterval when it is
+	// negative): status.LastWritePath records each write, and readers call a
+	// controller stale after status.StaleRefreshes of them.
 	SummaryInterval time.Duration
 	// Verify is which desired-state commits must be signed by one of
 	// Signers before a head is applied (VerifyOff, the default, VerifyHead
@@ -110,12 +114,15 @@ type Config struct {
 	// of the newest snapshots commit one of these keys or its own signed
 	// (docs/DESIGN.md, "Authentic ledger"). Needs SigningKey.
 	ControllerKeys []trust.SSHSigner
-	// TrustUnsignedLedgerOnce lets a controller with a SigningKey adopt
-	// the ledger at the snapshots tip when no commit within
-	// MaxLedgerWalk is signed by a controller key (the first start with
-	// a key), until this process has written its first signed commit.
-	// Without it such a branch is refused (ErrUnsignedLedger).
-	TrustUnsignedLedgerOnce bool
+	// TrustUnsignedLedgerOnce is the full hash (40 or 64 hex digits) of
+	// the snapshots commit whose ledger a person checked: a controller
+	// with a SigningKey adopts the ledger at the snapshots tip when no
+	// commit within MaxLedgerWalk is signed by a controller key (the
+	// first start with a key) and the tip is that commit, until this
+	// process has written its first signed commit. Another tip is
+	// refused naming both hashes; "" refuses every such branch
+	// (ErrUnsignedLedger).
+	TrustUnsignedLedgerOnce string
 	// MaxDeletes is the mass-delete guard's limit (DeleteGuard): 0 means
 	// DefaultMaxDeletes (10), negative turns the guard off.
 	MaxDeletes int

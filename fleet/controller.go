@@ -67,6 +67,10 @@ type Controller struct {
 	ledgerKeys *trust.Signers
 	signedOnce bool
 	history    *gitsource.Repo
+	// lastSigned is the last snapshots commit a controller key signed
+	// that this process wrote or verified at the tip (nil before one):
+	// the ledger a walk that finds no signed commit falls back to.
+	lastSigned *signedLedger
 	// fleetsAt are the desired states fleetAt loaded, by commit;
 	// removals removedBy's verdicts, by object and commit.
 	fleetsAt map[desired.Hash]*desired.Fleet
@@ -422,7 +426,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 		return fmt.Sprintf("%s|%s|%s|%v|%s", head, snaps, obs.tip, obs.err == nil, offlineSet)
 	}
 	key := keyAt(snapsTip)
-	if loadErr == nil && obs.err == nil && key == c.lastKey {
+	if loadErr == nil && obs.err == nil && key == c.lastKey && !c.refreshDue(now) {
 		res.Skipped = true
 		return res, nil
 	}
@@ -702,6 +706,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	}}
 	if c.ledgerKeys != nil && tip != "" {
 		c.signedOnce = true
+		c.lastSigned = &signedLedger{commit: tip, ledger: out.ledger}
 	}
 	if c.history != nil {
 		// The walk's clone is read no more: the next pass reads the tip

@@ -102,8 +102,10 @@ func TestForgedHostFileRenameRestored(t *testing.T) {
 // signed, whose ledger the controller acted on (it published the planted
 // retained VM) and whose host file (a tombstone at a high epoch) agents
 // accepted. The controller signs only its snapshots commits: the
-// replayed status commit verifies for no one, and the controller refuses
-// to act on a branch with no signed commit (restore it from a backup).
+// replayed status commit verifies for no one. The running controller
+// falls back to the last signed commit it wrote and repairs over it; a
+// restarted one, with no signed commit of its own, refuses to act on a
+// branch with no signed commit (restore it from a backup).
 func TestStatusCommitReplayedOnSnapshotsIsNotSigned(t *testing.T) {
 	e, key := newSigningEnv(t)
 	genuine := e.snapshotsTip()
@@ -129,21 +131,39 @@ func TestStatusCommitReplayedOnSnapshotsIsNotSigned(t *testing.T) {
 		t.Fatal("the controller's status commit is signed: agents accept its planted hosts/hv-a.yaml as a snapshot")
 	}
 
-	_, err = e.c.Pass(context.Background())
+	restarted, err := e.signingController(key, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = restarted.Pass(context.Background())
 	if !errors.Is(err, ErrUnsignedLedger) {
-		t.Fatalf("pass over the replayed status commit: %v, want ErrUnsignedLedger", err)
+		t.Fatalf("restarted controller's pass over the replayed status commit: %v, want ErrUnsignedLedger", err)
 	}
 	if e.snapshotsTip() != replayed {
 		t.Fatal("a refused pass wrote over the replayed commit")
 	}
+	live := func(after string) {
+		t.Helper()
+		if e.snapshot("hv-a").VM("evil") != nil {
+			t.Fatalf("%s: the ledger planted on the status branch was acted on", after)
+		}
+		if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || vm.Tombstoned {
+			t.Fatalf("%s: web-01 = %+v, want it live", after, vm)
+		}
+		if !e.signedBy(key) {
+			t.Fatalf("%s: the snapshots tip is not signed", after)
+		}
+	}
+	// The running controller wrote genuine: it repairs over the replay.
+	if res := e.pass(); len(res.ForgedCommits) == 0 {
+		t.Fatal("the replayed commit is not reported")
+	}
+	live("repaired by the running controller")
+
 	gittest.SetBranch(t, e.dir, DefaultSnapshotsBranch, genuine) // the backup
+	e.c = restarted
 	e.pass()
-	if e.snapshot("hv-a").VM("evil") != nil {
-		t.Fatal("the ledger planted on the status branch was acted on")
-	}
-	if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || vm.Tombstoned {
-		t.Fatalf("web-01 = %+v, want it live", vm)
-	}
+	live("restored from the backup")
 }
 
 // A Host naming a controller key (this controller's, or one of
@@ -157,7 +177,7 @@ func TestAgentKeyThatIsAControllerKeyRejected(t *testing.T) {
 	for name, agentKey := range map[string]string{"its own key": own.Public, "a listed controller key": other.Public} {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, baseFleet())
-			c, err := e.signingController(own, false, other)
+			c, err := e.signingController(own, "", other)
 			if err != nil {
 				t.Fatal(err)
 			}

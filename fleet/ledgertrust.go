@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
+	"strings"
 
 	"github.com/sirupsen/logrus"
 
@@ -28,8 +30,14 @@ const MaxLedgerWalk = 200
 var ErrUnsignedLedger = errors.New("no snapshots commit signed by a controller key")
 
 // TrustUnsignedLedgerOnceFlag is the controller flag that lets it adopt
-// an unsigned ledger the first time it signs (Config.TrustUnsignedLedgerOnce).
+// the unsigned ledger of one named snapshots commit the first time it
+// signs (Config.TrustUnsignedLedgerOnce).
 const TrustUnsignedLedgerOnceFlag = "--trust-unsigned-ledger-once"
+
+// fullHash is a full commit hash, SHA-1 or SHA-256: what
+// TrustUnsignedLedgerOnce takes. A prefix is refused: a forger who can
+// push can make a commit whose hash starts with any 7 or 10 hex digits.
+var fullHash = regexp.MustCompile(`^([0-9a-fA-F]{40}|[0-9a-fA-F]{64})$`)
 
 // ForgedCommit is a commit on the snapshots branch above the newest one a
 // controller key signed: the controller read the ledger of Signed instead,
@@ -65,10 +73,13 @@ func ledgerKeys(cfg Config) (*trust.Signers, error) {
 		if len(cfg.ControllerKeys) > 0 {
 			return nil, fmt.Errorf("%w: controller keys are given but no signing key: the ledger is checked only by a controller that signs its own commits", ErrConfig)
 		}
-		if cfg.TrustUnsignedLedgerOnce {
+		if cfg.TrustUnsignedLedgerOnce != "" {
 			return nil, fmt.Errorf("%w: %s needs a signing key", ErrConfig, TrustUnsignedLedgerOnceFlag)
 		}
 		return nil, nil
+	}
+	if h := cfg.TrustUnsignedLedgerOnce; h != "" && !fullHash.MatchString(h) {
+		return nil, fmt.Errorf("%w: %s=%q: give the full hash (40 or 64 hex digits) of the snapshots commit whose %s was checked", ErrConfig, TrustUnsignedLedgerOnceFlag, h, snapshots.LedgerPath)
 	}
 	keys := append([]trust.SSHSigner(nil), cfg.ControllerKeys...)
 	if own, ok := cfg.SigningKey.(interface{ AuthorizedKey() string }); ok {
@@ -88,13 +99,79 @@ func ledgerKeys(cfg Config) (*trust.Signers, error) {
 	return s, nil
 }
 
+// LedgerWalk is what WalkToSigned found on the snapshots branch.
+type LedgerWalk struct {
+	// Signed is the newest first-parent commit from the tip signed by a
+	// controller key ("" when none was found).
+	Signed string
+	// Forged are the commits above Signed (all the walk read when Signed
+	// is ""), newest first, at most MaxLedgerWalk; their Signed is Signed
+	// and their Reason why their signature was refused.
+	Forged []ForgedCommit
+	// More is set when the walk stopped before it found a signed commit
+	// or the root: at MaxLedgerWalk, or at the boundary of a shallow
+	// history. Forged is then not all there is.
+	More bool
+}
+
+// WalkToSigned walks the first-parent history of repo from tip, newest
+// first, to the newest commit keys verify, reading at most MaxLedgerWalk
+// unsigned commits (docs/DESIGN.md, "Authentic ledger"). It is the one
+// walk the controller and `gitfleet plan` make. A commit it cannot read
+// is an error; a signature keys refuse (trust.ErrSignature) makes the
+// commit forged; an error of keys of another kind is returned as it is.
+func WalkToSigned(repo *gitsource.Repo, tip string, keys *trust.Signers) (LedgerWalk, error) {
+	var w LedgerWalk
+	err := repo.FirstParents(tip, func(cm *gitsource.Commit) (bool, error) {
+		if len(w.Forged) == MaxLedgerWalk {
+			w.More = true
+			return false, nil
+		}
+		sc, err := repo.Signed(cm.Hash)
+		if err != nil {
+			return false, fmt.Errorf("read the signature of %s: %w", desired.Hash(cm.Hash).Short(), err)
+		}
+		_, verr := keys.Verify(sc)
+		if verr == nil {
+			w.Signed = cm.Hash
+			return false, nil
+		}
+		if !errors.Is(verr, trust.ErrSignature) {
+			return false, verr
+		}
+		w.Forged = append(w.Forged, ForgedCommit{Commit: cm.Hash, Reason: verr.Error()})
+		return true, nil
+	})
+	if errors.Is(err, gitsource.ErrShallowHistory) {
+		w.More, err = true, nil
+	}
+	if err != nil {
+		return LedgerWalk{}, err
+	}
+	for i := range w.Forged {
+		w.Forged[i].Signed = w.Signed
+	}
+	return w, nil
+}
+
+// signedLedger is the last snapshots commit a controller key signed that
+// this process wrote or verified at the tip, with its ledger: the
+// fallback of a walk that finds no signed commit (lastSigned). Its
+// objects are read from the tip repository, which fetched or wrote it.
+type signedLedger struct {
+	commit string
+	ledger *snapshots.Ledger
+}
+
 // authenticLedger returns the ledger the pass may act on at tip, the
 // snapshots branch tip read reads at. Without ledger keys it is the
 // ledger at tip. With them it is the ledger of the newest first-parent
 // commit from tip that a controller key signed, the commits above it
-// reported as forged; none within MaxLedgerWalk is ErrUnsignedLedger,
-// unless Config.TrustUnsignedLedgerOnce lets this process adopt the tip
-// until it has written its first signed commit.
+// reported as forged. None within MaxLedgerWalk (a deep or an orphan
+// forgery) falls back to the last signed commit this process wrote or
+// verified (lastSigned); without one it is ErrUnsignedLedger, unless
+// Config.TrustUnsignedLedgerOnce names tip and this process has not yet
+// written its first signed commit.
 func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(string) ([]byte, error)) (*ledgerSource, error) {
 	atTip := func() (*ledgerSource, error) {
 		l, err := snapshots.LedgerAt(c.bounded(tip, read, snapshots.MaxLedgerBytes))
@@ -111,53 +188,27 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 		return nil, fmt.Errorf("read the signature of %s@%s: %w", c.cfg.SnapshotsBranch, desired.Hash(tip).Short(), err)
 	}
 	if _, verr := c.ledgerKeys.Verify(sc); verr == nil {
-		return atTip()
+		src, err := atTip()
+		if err == nil {
+			c.lastSigned = &signedLedger{commit: tip, ledger: src.ledger}
+		}
+		return src, err
 	}
 	hist, err := c.ledgerHistory(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var (
-		forged []ForgedCommit
-		from   string
-	)
-	werr := hist.FirstParents(tip, func(cm *gitsource.Commit) (bool, error) {
-		if len(forged) == MaxLedgerWalk {
-			return false, nil
-		}
-		sc, err := hist.Signed(cm.Hash)
-		if err != nil {
-			return false, fmt.Errorf("read the signature of %s: %w", desired.Hash(cm.Hash).Short(), err)
-		}
-		_, verr := c.ledgerKeys.Verify(sc)
-		if verr == nil {
-			from = cm.Hash
-			return false, nil
-		}
-		if !errors.Is(verr, trust.ErrSignature) {
-			return false, verr
-		}
-		forged = append(forged, ForgedCommit{Commit: cm.Hash, Reason: verr.Error()})
-		return true, nil
-	})
-	if werr != nil && !errors.Is(werr, gitsource.ErrShallowHistory) {
-		return nil, fmt.Errorf("walk %s back to a commit signed by a controller key: %w", c.cfg.SnapshotsBranch, werr)
+	walk, err := WalkToSigned(hist, tip, c.ledgerKeys)
+	if err != nil {
+		return nil, fmt.Errorf("walk %s back to a commit signed by a controller key: %w", c.cfg.SnapshotsBranch, err)
 	}
-	if from == "" {
-		if c.cfg.TrustUnsignedLedgerOnce && !c.signedOnce {
-			c.log.WithField("commit", desired.Hash(tip).Short()).Warn("no snapshots commit is signed by a controller key; adopting the unsigned ledger at the tip once (" + TrustUnsignedLedgerOnceFlag + "); remove the flag once this controller has published")
-			src, err := atTip()
-			if err == nil {
-				src.adopted = true // recorded: written over at once, signed
-			}
-			return src, err
+	if walk.Signed == "" {
+		if c.lastSigned != nil {
+			return c.lastSignedSource(tip, walk)
 		}
-		return nil, fmt.Errorf("%w: none of the newest %d first-parent commits of %s from %s is signed by a controller key (this controller's signing key or --controller-keys): the ledger there may be anyone's, refusing to act on it; if this is the first start with a signing key, check %s@%s by hand and start the controller once with %s",
-			ErrUnsignedLedger, len(forged), c.cfg.SnapshotsBranch, desired.Hash(tip).Short(), snapshots.LedgerPath, desired.Hash(tip).Short(), TrustUnsignedLedgerOnceFlag)
+		return c.adoptOrRefuse(tip, walk, atTip)
 	}
-	for i := range forged {
-		forged[i].Signed = from
-	}
+	from := walk.Signed
 	readFrom := func(p string) ([]byte, error) {
 		max := int64(snapshots.MaxSnapshotBytes)
 		if p == snapshots.LedgerPath {
@@ -173,9 +224,80 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 	if err != nil {
 		return nil, fmt.Errorf("list what the commits above the signed %s changed: %w", desired.Hash(from).Short(), err)
 	}
-	c.log.WithFields(logrus.Fields{"commit": desired.Hash(tip).Short(), "signed": desired.Hash(from).Short(), "forged": len(forged)}).
+	c.log.WithFields(logrus.Fields{"commit": desired.Hash(tip).Short(), "signed": desired.Hash(from).Short(), "forged": len(walk.Forged)}).
 		Warn("snapshots branch tip not signed by a controller key: acting on the ledger of the newest signed commit and repairing over the tip")
-	return &ledgerSource{tip: tip, from: from, ledger: l, read: readFrom, forged: forged, changed: changedPaths(changes)}, nil
+	return &ledgerSource{tip: tip, from: from, ledger: l, read: readFrom, forged: walk.Forged, changed: changedPaths(changes)}, nil
+}
+
+// lastSignedSource is the ledger source of a tip whose walk found no
+// signed commit (walk), when this process wrote or verified one
+// (c.lastSigned): someone pushed more than MaxLedgerWalk unsigned commits
+// on top of it, or a history that does not hold it. The pass acts on
+// that commit's ledger and restores every path that differs between it
+// and tip, as over a signed commit the walk found: this process wrote or
+// verified it, so it needs no person to vouch for it. Its objects must
+// still be in the tip repository (a fresh clone of it has lost them);
+// when they are not, the pass is refused (ErrUnsignedLedger) and says so.
+func (c *Controller) lastSignedSource(tip string, walk LedgerWalk) (*ledgerSource, error) {
+	last := c.lastSigned
+	changes, err := c.tips.Diff(last.commit, tip)
+	if err != nil {
+		return nil, fmt.Errorf("%w: none of the %s first-parent commits of %s from %s is signed by a controller key, and the last signed commit this controller wrote or verified, %s, is no longer in its local copy (%v): refusing to act on the ledger at the tip; push %s back onto %s if a clone still holds it, or check %s@%s by hand and restart the controller once with %s=%s",
+			ErrUnsignedLedger, walkedCount(walk), c.cfg.SnapshotsBranch, desired.Hash(tip).Short(), last.commit, err,
+			last.commit, c.cfg.SnapshotsBranch, snapshots.LedgerPath, desired.Hash(tip).Short(), TrustUnsignedLedgerOnceFlag, tip)
+	}
+	read := func(p string) ([]byte, error) {
+		max := int64(snapshots.MaxSnapshotBytes)
+		if p == snapshots.LedgerPath {
+			max = snapshots.MaxLedgerBytes
+		}
+		return c.tips.ReadFileMax(last.commit, p, max)
+	}
+	forged := walk.Forged
+	for i := range forged {
+		forged[i].Signed = last.commit
+	}
+	if len(forged) > 0 {
+		// The tip's record carries the count: the list is bounded.
+		forged[0].Reason += fmt.Sprintf(" (%s unsigned commits walked from the tip without reaching a signed one; the last signed commit this controller wrote or verified is %s)",
+			walkedCount(walk), desired.Hash(last.commit).Short())
+	}
+	c.log.WithFields(logrus.Fields{"commit": desired.Hash(tip).Short(), "signed": desired.Hash(last.commit).Short(), "forged": walkedCount(walk)}).
+		Error("no snapshots commit within reach of the tip is signed by a controller key: acting on the ledger of the last signed commit this controller wrote or verified and repairing over the tip")
+	return &ledgerSource{tip: tip, from: last.commit, ledger: last.ledger, read: read, forged: forged, changed: changedPaths(changes)}, nil
+}
+
+// walkedCount is the number of unsigned commits walk read, "and more"
+// when it stopped before the end of the history.
+func walkedCount(walk LedgerWalk) string {
+	if walk.More {
+		return fmt.Sprintf("%d and more", len(walk.Forged))
+	}
+	return fmt.Sprint(len(walk.Forged))
+}
+
+// adoptOrRefuse is the ledger source of a tip whose walk found no signed
+// commit when this process has none to fall back to: the ledger at tip
+// (atTip) when Config.TrustUnsignedLedgerOnce names tip and this process
+// has not yet written a signed commit, else ErrUnsignedLedger naming the
+// flag and the tip's full hash, for a person to copy once they checked
+// the ledger there.
+func (c *Controller) adoptOrRefuse(tip string, walk LedgerWalk, atTip func() (*ledgerSource, error)) (*ledgerSource, error) {
+	named := c.cfg.TrustUnsignedLedgerOnce
+	if named != "" && !c.signedOnce {
+		if !strings.EqualFold(named, tip) {
+			return nil, fmt.Errorf("%w: %s=%s names a commit that is not the tip of %s, %s: the branch moved since it was checked; refusing to adopt a ledger no person checked. Check %s@%s by hand and restart with %s=%s",
+				ErrUnsignedLedger, TrustUnsignedLedgerOnceFlag, named, c.cfg.SnapshotsBranch, tip, snapshots.LedgerPath, desired.Hash(tip).Short(), TrustUnsignedLedgerOnceFlag, tip)
+		}
+		c.log.WithField("commit", tip).Warn("no snapshots commit is signed by a controller key; adopting the unsigned ledger at the tip named by " + TrustUnsignedLedgerOnceFlag + " once; remove the flag once this controller has published")
+		src, err := atTip()
+		if err == nil {
+			src.adopted = true // recorded: written over at once, signed
+		}
+		return src, err
+	}
+	return nil, fmt.Errorf("%w: none of the newest %s first-parent commits of %s from %s is signed by a controller key (this controller's signing key or --controller-keys): the ledger there may be anyone's, refusing to act on it; if this is the first start with a signing key, check %s@%s by hand and start the controller once with %s=%s",
+		ErrUnsignedLedger, walkedCount(walk), c.cfg.SnapshotsBranch, desired.Hash(tip).Short(), snapshots.LedgerPath, desired.Hash(tip).Short(), TrustUnsignedLedgerOnceFlag, tip)
 }
 
 // changedPaths is the sorted set of paths changes name, both sides.

@@ -41,8 +41,9 @@ func evilRetained(from desired.Hash) *snapshots.RetainedRecord {
 }
 
 // signingController is a controller over e's repository signing with
-// key, trusting the snapshots commits of more as well.
-func (e *env) signingController(key trusttest.SSHKey, trustOnce bool, more ...trusttest.SSHKey) (*Controller, error) {
+// key, trusting the snapshots commits of more as well, and adopting the
+// unsigned ledger of the snapshots commit trustOnce ("": none).
+func (e *env) signingController(key trusttest.SSHKey, trustOnce string, more ...trusttest.SSHKey) (*Controller, error) {
 	e.t.Helper()
 	signer, err := trust.LoadCommitSigner(key.Private)
 	if err != nil {
@@ -72,7 +73,7 @@ func newSigningEnv(t *testing.T) (*env, trusttest.SSHKey) {
 	t.Helper()
 	key := trusttest.NewSSHKey(t, "gitfleet-controller")
 	e := newEnv(t, baseFleet())
-	c, err := e.signingController(key, false)
+	c, err := e.signingController(key, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,22 +241,45 @@ func TestUnsignedLedgerNeedsExplicitTrust(t *testing.T) {
 	e.pass() // unsigned, as before keys were configured
 	tip := e.snapshotsTip()
 
-	c, err := e.signingController(key, false)
+	c, err := e.signingController(key, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.Pass(context.Background())
-	if !errors.Is(err, ErrUnsignedLedger) || !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), TrustUnsignedLedgerOnceFlag) {
-		t.Fatalf("pass error = %v, want ErrUnsignedLedger naming %s", err, TrustUnsignedLedgerOnceFlag)
+	if !errors.Is(err, ErrUnsignedLedger) || !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), TrustUnsignedLedgerOnceFlag+"="+tip) {
+		t.Fatalf("pass error = %v, want ErrUnsignedLedger naming %s=%s", err, TrustUnsignedLedgerOnceFlag, tip)
 	}
 	if e.snapshotsTip() != tip {
 		t.Fatal("a refused pass wrote to the snapshots branch")
 	}
 
-	if e.c, err = e.signingController(key, true); err != nil {
+	// The person checked tip; before the restart someone pushed another
+	// commit on top. It is not adopted, and the refusal names both.
+	forged := e.forgeLedger(func(*snapshots.Ledger) {}, map[string]string{"note.txt": "pushed after the check\n"})
+	if c, err = e.signingController(key, tip); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Pass(context.Background())
+	if !errors.Is(err, ErrUnsignedLedger) || !strings.Contains(err.Error(), tip) || !strings.Contains(err.Error(), forged) {
+		t.Fatalf("pass error = %v, want ErrUnsignedLedger naming the checked %s and the tip %s", err, tip, forged)
+	}
+	if e.snapshotsTip() != forged {
+		t.Fatal("a refused pass wrote to the snapshots branch")
+	}
+	for _, bad := range []string{tip[:7], tip[:12], "true", "HEAD"} {
+		if _, err := e.signingController(key, bad); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s=%s: New error = %v, want ErrConfig (a full hash only)", TrustUnsignedLedgerOnceFlag, bad, err)
+		}
+	}
+
+	// Checked again, at the new tip: adopted.
+	if e.c, err = e.signingController(key, forged); err != nil {
 		t.Fatal(err)
 	}
 	e.pass()
+	if l := e.ledger(); l.Adopted == nil || string(l.Adopted.Commit) != forged {
+		t.Fatalf("ledger adopted = %+v, want %s", l.Adopted, forged)
+	}
 	if !e.signedBy(key) {
 		t.Fatal("the adopted ledger was not written over, signed")
 	}
@@ -272,14 +296,14 @@ func TestLedgerKeyRotation(t *testing.T) {
 	old := trusttest.NewSSHKey(t, "controller-2025")
 	next := trusttest.NewSSHKey(t, "controller-2026")
 	e := newEnv(t, baseFleet())
-	c, err := e.signingController(old, false)
+	c, err := e.signingController(old, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.c = c
 	e.pass()
 
-	unlisted, err := e.signingController(next, false)
+	unlisted, err := e.signingController(next, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +311,7 @@ func TestLedgerKeyRotation(t *testing.T) {
 		t.Fatalf("old key not listed: pass error = %v, want ErrUnsignedLedger", err)
 	}
 
-	if e.c, err = e.signingController(next, false, old); err != nil {
+	if e.c, err = e.signingController(next, "", old); err != nil {
 		t.Fatal(err)
 	}
 	e.commit(editWeb(3, nil))
@@ -406,5 +430,129 @@ func TestForgedHostFileRestoredWhenTheDesiredStateIsRejected(t *testing.T) {
 	}
 	if l := e.ledger(); l.Rejected == nil || l.Rejected.Commit != desired.Hash(head) {
 		t.Errorf("ledger rejected = %+v, want %s", l.Rejected, desired.Hash(head).Short())
+	}
+}
+
+// forgeDeep plays someone who can push to the snapshots branch and hides
+// the signed commits from the controller's walk: a forged commit (a host
+// file at a higher epoch with a tombstone of web-01, a planted file, a
+// forged retained record in the ledger), on top of the tip or, with
+// orphan, in a history of its own, then more unsigned commits on top of
+// it. It returns the new tip.
+func (e *env) forgeDeep(more int, orphan bool) string {
+	e.t.Helper()
+	l := e.ledger()
+	l.Retained = append(l.Retained, evilRetained(l.Applied.Commit))
+	data, err := l.Marshal()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ed := gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged", Write: map[string]string{
+		snapshots.LedgerPath:   string(data),
+		snapshots.Path("hv-a"): "host: hv-a\nepoch: 50\nvms: []\nvolumes: []\ntombstones: [{kind: VM, name: web-01, epoch: 50}]\n",
+		"extra.yaml":           "planted: true\n",
+	}}
+	if orphan {
+		ed.Parents = []string{}
+		ed.Write[snapshots.Path("hv-b")] = gittest.Show(e.t, e.dir, e.snapshotsTip(), snapshots.Path("hv-b"))
+	}
+	tip := e.commit(ed)
+	tree := gittest.Git(e.t, e.dir, "rev-parse", tip+"^{tree}")
+	for i := 0; i < more; i++ {
+		tip = gittest.Git(e.t, e.dir, "-c", "user.name=forger", "-c", "user.email=forger@example.invalid", "commit-tree", tree, "-p", tip, "-m", "forged")
+	}
+	gittest.SetBranch(e.t, e.dir, DefaultSnapshotsBranch, tip)
+	return tip
+}
+
+// A running controller over a snapshots branch whose walk reaches no
+// signed commit — more than MaxLedgerWalk unsigned commits on top, or a
+// history without the signed ones — falls back to the last signed commit
+// it wrote: every host is published, the forged host file and the planted
+// file are gone from its signed commit on top of the forged tip, the
+// forged ledger is not acted on, and the forgery is reported, bounded.
+// Before, every pass was refused (ErrUnsignedLedger) until a person came.
+func TestDeepOrOrphanForgeryFallsBackToTheLastSignedCommit(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		more   int
+		orphan bool
+		want   string
+	}{
+		{"more unsigned commits than the walk reads", MaxLedgerWalk, false, "200 and more unsigned commits"},
+		{"an orphan history", 2, true, "3 unsigned commits"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, key := newSigningEnv(t)
+			signed := e.snapshotsTip()
+			forgedTip := e.forgeDeep(tc.more, tc.orphan)
+
+			res := e.pass()
+			var atTip *ForgedCommit
+			for i, f := range res.ForgedCommits { // oldest first
+				if f.Commit == forgedTip {
+					atTip = &res.ForgedCommits[i]
+				}
+			}
+			if atTip == nil || atTip.Signed != signed {
+				t.Fatalf("forged commits (%d) = %+v: want the tip %s above the last signed %s", len(res.ForgedCommits), atTip, forgedTip, signed)
+			}
+			if len(res.ForgedCommits) > MaxLedgerWalk {
+				t.Errorf("%d forged commits reported, want at most %d", len(res.ForgedCommits), MaxLedgerWalk)
+			}
+			e.wantForged(res, tc.want)
+			if !e.signedBy(key) {
+				t.Fatal("the snapshots tip after the pass is not the controller's signed commit")
+			}
+			tip := e.snapshotsTip()
+			if parent := gittest.Rev(t, e.dir, tip+"^"); parent != forgedTip {
+				t.Errorf("the signed commit's parent is %s, want the forged tip %s", parent, forgedTip)
+			}
+			if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || vm.Tombstoned {
+				t.Fatalf("hv-a = %+v, want web-01, not tombstoned", e.snapshot("hv-a"))
+			}
+			if e.snapshot("hv-a").VM("evil") != nil || len(e.ledger().Retained) != 0 || len(e.ledger().Tombstones) != 0 {
+				t.Fatalf("hv-a %+v, ledger retained %+v: the forged ledger was acted on", e.snapshot("hv-a"), e.ledger().Retained)
+			}
+			if e.snapshot("hv-b").VM("db-01") == nil {
+				t.Fatal("hv-b lost db-01")
+			}
+			if out, err := exec.Command("git", "-C", e.dir, "cat-file", "-e", tip+":extra.yaml").CombinedOutput(); err == nil {
+				t.Errorf("the signed tip still holds the forged extra.yaml (%s)", out)
+			}
+			if res := e.pass(); len(res.ForgedCommits) != 0 {
+				t.Fatalf("a pass over the repaired tip reports %d forged commits", len(res.ForgedCommits))
+			}
+
+			// A restarted controller has no signed commit of its own to
+			// fall back to: it refuses, naming the flag with the tip.
+			e.forgeDeep(tc.more, tc.orphan)
+			fresh, err := e.signingController(key, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = fresh.Pass(context.Background())
+			if !errors.Is(err, ErrUnsignedLedger) || !strings.Contains(err.Error(), TrustUnsignedLedgerOnceFlag+"="+e.snapshotsTip()) {
+				t.Fatalf("restarted controller: pass error = %v, want ErrUnsignedLedger naming %s=<tip>", err, TrustUnsignedLedgerOnceFlag)
+			}
+		})
+	}
+}
+
+// The fallback reads the last signed commit from the controller's own
+// copy of the snapshots branch; when that copy no longer holds it, the
+// pass is refused and says so.
+func TestDeepForgeryRefusedWhenTheLastSignedCommitIsGone(t *testing.T) {
+	e, _ := newSigningEnv(t)
+	e.forgeDeep(MaxLedgerWalk, false)
+	// A commit the tip repository never fetched (the desired branch's).
+	e.c.lastSigned.commit = gittest.Rev(t, e.dir, "refs/heads/main")
+	tip := e.snapshotsTip()
+	_, err := e.c.Pass(context.Background())
+	if !errors.Is(err, ErrUnsignedLedger) || !strings.Contains(err.Error(), "no longer in its local copy") {
+		t.Fatalf("pass error = %v, want ErrUnsignedLedger saying the last signed commit is gone", err)
+	}
+	if e.snapshotsTip() != tip {
+		t.Fatal("a refused pass wrote to the snapshots branch")
 	}
 }

@@ -104,7 +104,8 @@ func backoff(interval time.Duration, n int) time.Duration {
 // recordFailure writes the cause of an unreadable or refused pass to the
 // status branch (controller.yaml and README.md), once per distinct
 // outcome and reason: a pass that fails the same way every interval
-// commits nothing. A controller that has not completed a pass since it
+// commits nothing but last-write.yaml's refresh once per SummaryInterval
+// (refreshDue). A controller that has not completed a pass since it
 // started writes nothing — it may not be the one the branches belong to —
 // nor does one refused because the ledger names another branch or path,
 // nor one whose remote timed out (the write would wait on it again).
@@ -116,10 +117,20 @@ func (c *Controller) recordFailure(ctx context.Context, outcome Outcome, err err
 		return
 	}
 	reason := safetext.Lines(redact.Text(err.Error()))
+	now := c.clock()
 	if f := c.failing; f != nil && f.Outcome == string(outcome) && f.Reason == reason {
+		// The same failure: written again only when the status branch
+		// is due its refresh (last-write.yaml), so that a controller
+		// failing for long is not taken for a stopped one.
+		if c.refreshDue(now) {
+			s := *c.lastSummary
+			s.Failing = f
+			if _, werr := c.writeSummary(ctx, s, now); werr != nil {
+				c.log.WithError(cleanErr(werr)).Warn("could not refresh the failing pass's record on the status branch")
+			}
+		}
 		return
 	}
-	now := c.clock()
 	c.failing = &status.PassFailure{Outcome: string(outcome), Since: now, Reason: reason}
 	// The next pass must not skip on the inputs of the last one that
 	// acted: it is the one that removes the record.

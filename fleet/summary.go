@@ -199,7 +199,9 @@ func (c *Controller) writeSummary(ctx context.Context, s status.Summary, now tim
 // they are. A change only of heartbeat counters (in the summary or in
 // the copies) is held back until SummaryInterval has passed since the last
 // write; any other change is written at once, with every copy that lags.
-// It touches no other file.
+// Every write holds last-write.yaml (status.LastWrite: when), and the branch is
+// written after refreshEvery even when nothing changed, so a reader can
+// tell a stopped controller's last view. It touches no other file.
 func (c *Controller) writeStatusBranch(ctx context.Context, s status.Summary, cp statusCopies, now time.Time) (bool, error) {
 	w, err := c.planStatus(s, cp, now)
 	if w == nil || err != nil {
@@ -228,7 +230,7 @@ type statusWrite struct {
 // heartbeats only that SummaryInterval holds back: c.summaryDue).
 func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time) (*statusWrite, error) {
 	data := status.RenderSummary(s)
-	if string(data) == string(c.summary) && len(cp.tips) == 0 {
+	if string(data) == string(c.summary) && len(cp.tips) == 0 && !c.refreshDue(now) {
 		c.summaryDue = false
 		return nil, nil
 	}
@@ -243,6 +245,10 @@ func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time
 		return nil, err
 	}
 	liveness, err := c.liveness(s)
+	if err != nil {
+		return nil, err
+	}
+	written, err := status.MarshalLastWrite(status.LastWrite{At: now, RefreshSeconds: int64(c.refreshEvery() / time.Second)})
 	if err != nil {
 		return nil, err
 	}
@@ -277,8 +283,9 @@ func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time
 			return want != nil && string(old) == string(want), nil
 		}
 		// controller.yaml is there while passes fail, gone once one
-		// succeeds (a nil content removes it).
-		for path, want := range map[string][]byte{status.SummaryPath: data, status.ControllerPath: failing, status.LivenessPath: liveness} {
+		// succeeds (a nil content removes it). last-write.yaml differs in
+		// every write: each commit says when the controller made it.
+		for path, want := range map[string][]byte{status.SummaryPath: data, status.ControllerPath: failing, status.LivenessPath: liveness, status.LastWritePath: written} {
 			ok, err := same(path, want)
 			if err != nil {
 				return nil, "", err
@@ -300,6 +307,23 @@ func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time
 		return files, msg, nil
 	}
 	return w, nil
+}
+
+// refreshEvery is the longest the controller lets pass between two writes
+// of the status branch when nothing changed (status.LastWrite's refresh):
+// SummaryInterval, or DefaultSummaryInterval when that is not positive.
+func (c *Controller) refreshEvery() time.Duration {
+	if c.cfg.SummaryInterval > 0 {
+		return c.cfg.SummaryInterval
+	}
+	return DefaultSummaryInterval
+}
+
+// refreshDue reports whether the status branch is due a write at now
+// although nothing on it changed: this process wrote it refreshEvery ago
+// or more. Before its first write, the first pass writes anyway.
+func (c *Controller) refreshDue(now time.Time) bool {
+	return !c.summaryAt.IsZero() && now.Sub(c.summaryAt) >= c.refreshEvery()
 }
 
 // summaryKey renders s with its heartbeat-driven fields (the hosts'

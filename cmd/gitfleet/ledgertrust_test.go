@@ -12,8 +12,9 @@ import (
 )
 
 // The first start with --signing-key over a snapshots branch written
-// unsigned is refused with the flag that adopts it named; with that flag
-// it publishes, signed; a controller with a new key publishes over it only
+// unsigned is refused with the flag that adopts it named, with the tip's
+// hash; with that flag naming the tip (not a prefix, not bare) it
+// publishes, signed; a controller with a new key publishes over it only
 // with the old key in --controller-keys.
 func TestControllerLedgerTrustFlags(t *testing.T) {
 	gittest.NeedGit(t)
@@ -30,12 +31,19 @@ func TestControllerLedgerTrustFlags(t *testing.T) {
 	code, out := run()
 	require.Equal(t, 0, code, out)
 
+	tip := gittest.Rev(t, dir, "refs/heads/gitfleet/snapshots")
 	code, out = run("--signing-key", oldKey)
 	require.Equal(t, 1, code, out)
-	require.Contains(t, out, "--trust-unsigned-ledger-once")
+	require.Contains(t, out, "--trust-unsigned-ledger-once="+tip, "the refusal names the flag with the tip to copy")
 	require.Contains(t, out, "refused")
 
 	code, out = run("--signing-key", oldKey, "--trust-unsigned-ledger-once")
+	require.Equal(t, 2, code, "the flag takes the checked commit: %s", out)
+	code, out = run("--signing-key", oldKey, "--trust-unsigned-ledger-once="+tip[:12])
+	require.Equal(t, 2, code, "a prefix is not a checked commit: %s", out)
+	require.Contains(t, out, "full hash")
+
+	code, out = run("--signing-key", oldKey, "--trust-unsigned-ledger-once="+tip)
 	require.Equal(t, 0, code, out)
 
 	gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"README.md": "# fleet, rotated\n"}})

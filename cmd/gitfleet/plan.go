@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -27,6 +28,9 @@ type planArgs struct {
 	// would reject the head.
 	sigs       config.Signatures
 	maxDeletes int
+	// controllerKeys is the allowed-signers file of the controller's
+	// public keys ("": the ledger at the tip is read unverified).
+	controllerKeys string
 }
 
 func newPlanCmd() *cobra.Command {
@@ -70,7 +74,14 @@ the controller reject the head as it stands: a commit whose signature is
 refused (base..head, first parents), or more deletes than the mass-delete
 guard allows, with the trailer "Gitfleet-Allow-Deletes: <n>" that lets
 them through. Guards do not change the exit status: a pull request's own
-commits are not what lands when it is merged through a signed web merge.`,
+commits are not what lands when it is merged through a signed web merge.
+
+Anyone who can push the snapshots branch can write a ledger there. With
+--controller-keys (the allowed-signers file of the controller's public
+keys, its own included: the file agents take as controllerKeysFile), plan
+reads the ledger of the newest commit a controller key signed, as the
+controller does, and names the unsigned commits above it. Without it the
+plan says that the ledger it read is unverified.`,
 		Args: cobra.NoArgs,
 	}
 	flags := config.NewFlags(cmd.Flags())
@@ -82,6 +93,7 @@ commits are not what lands when it is merged through a signed web merge.`,
 	cmd.Flags().StringVar(&a.snapshotsBranch, "snapshots-branch", a.snapshotsBranch, "branch the controller publishes snapshots and its ledger on")
 	a.sigs.Bind(flags)
 	flags.Int(&a.maxDeletes, "max-deletes", "GITFLEET_MAX_DELETES", "the controller's mass-delete limit (negative: off), to show whether the change needs the Gitfleet-Allow-Deletes trailer")
+	flags.Path(&a.controllerKeys, "controller-keys", "GITFLEET_CONTROLLER_KEYS", "allowed-signers file of the controller's public keys (its own and --controller-keys', as agents' controllerKeysFile): read the ledger of the newest snapshots commit one of them signed, as the controller does")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := flags.FromEnv(config.OS); err != nil {
 			return usageOr(err)
@@ -98,7 +110,14 @@ commits are not what lands when it is merged through a signed web merge.`,
 		if _, _, err := a.sigs.Load(); err != nil {
 			return usageOr(err)
 		}
-		return runPlan(cmd.Context(), cmd.OutOrStdout(), a)
+		var keys *trust.Signers
+		if a.controllerKeys != "" {
+			var err error
+			if keys, err = trust.Load(a.controllerKeys, ""); err != nil {
+				return &exitError{code: 2, err: fmt.Errorf("--controller-keys: %w", err)}
+			}
+		}
+		return runPlan(cmd.Context(), cmd.OutOrStdout(), a, keys)
 	}
 	return cmd
 }
@@ -149,19 +168,22 @@ func emptyBase(rev string) bool {
 	return rev == nullCommit || rev == emptyTree
 }
 
-func runPlan(ctx context.Context, out io.Writer, a planArgs) error {
+// runPlan plans a's change; keys are the controller's public keys (nil:
+// the ledger is read unverified).
+func runPlan(ctx context.Context, out io.Writer, a planArgs, keys *trust.Signers) error {
 	repo, done, err := openScratch(ctx, gitsource.Options{URL: a.repo.URL, Auth: a.repo.Auth()})
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
 	defer done()
 	src := planSource{repo: repo, path: a.path}
-	ledger, warnings := planLedger(ctx, repo, a.snapshotsBranch)
-	baseCommit, baseFleet, baseWarnings, err := planBase(ctx, src, a.base, ledger)
+	ledger, ledgerWarnings := planLedger(ctx, repo, a.snapshotsBranch, keys)
+	baseCommit, baseFleet, warnings, err := planBase(ctx, src, a.base, ledger)
 	if err != nil {
 		return err
 	}
-	warnings = append(warnings, baseWarnings...)
+	// What the base is comes first; how the ledger was read after it.
+	warnings = append(warnings, ledgerWarnings...)
 	// A name defined twice is reported at the file the change added,
 	// relative to the commit the fleet runs (else to the base).
 	baseline := string(ledger.AppliedHash())
@@ -259,15 +281,71 @@ func writePlan(out io.Writer, p *desired.Plan, format string) error {
 // controller has run. A ledger that exists but cannot be read gives an
 // empty one and a warning, since un-deletes then show as creates and a
 // broken base cannot fall back to the applied commit.
-func planLedger(ctx context.Context, repo *gitsource.Repo, branch string) (*snapshots.Ledger, []string) {
-	l, _, err := snapshots.ReadLedger(ctx, repo, branch)
-	switch {
-	case err != nil:
+//
+// Anyone who can push the branch can write a ledger there. With keys (the
+// controller's public keys) the ledger is read as the controller reads it
+// (fleet.WalkToSigned, docs/DESIGN.md "Authentic ledger"): at the tip when
+// a controller key signed it, else at the newest signed first-parent
+// commit, with a warning naming the unsigned commits above it; with none
+// within fleet.MaxLedgerWalk, planned without a ledger. Without keys, a
+// ledger read at the tip carries a one-line warning that it is unverified.
+func planLedger(ctx context.Context, repo *gitsource.Repo, branch string, keys *trust.Signers) (*snapshots.Ledger, []string) {
+	unreadable := func(err error) (*snapshots.Ledger, []string) {
 		return snapshots.NewLedger(), []string{fmt.Sprintf("the controller's ledger on %s cannot be read (%v): planned without it, so pending deletes show as creates and a broken base has no applied commit to fall back to", branch, err)}
-	case l == nil:
-		return snapshots.NewLedger(), nil
 	}
-	return l, nil
+	l, tip, lerr := snapshots.ReadLedger(ctx, repo, branch)
+	switch {
+	case lerr != nil && (keys == nil || tip == ""):
+		return unreadable(lerr)
+	case tip == "":
+		return snapshots.NewLedger(), nil // no branch: no controller has run
+	case keys == nil && l == nil:
+		return snapshots.NewLedger(), nil
+	case keys == nil:
+		return l, []string{fmt.Sprintf("the controller's ledger (pending deletes, retained objects, the applied commit) was read at %s@%s unverified: anyone who can push that branch can write it; give --controller-keys to read the one the controller signed", branch, desired.Hash(tip).Short())}
+	}
+	walk, err := fleet.WalkToSigned(repo, tip, keys)
+	if err != nil {
+		return unreadable(fmt.Errorf("walk back to a commit signed by a controller key: %w", err))
+	}
+	if walk.Signed == tip {
+		if lerr != nil {
+			return unreadable(lerr)
+		}
+		if l == nil {
+			return snapshots.NewLedger(), nil
+		}
+		return l, nil
+	}
+	if walk.Signed == "" {
+		return snapshots.NewLedger(), []string{fmt.Sprintf("no commit of %s within %d of its tip %s is signed by a controller key (%s): the ledger there may be anyone's, planned without it, so pending deletes show as creates",
+			branch, fleet.MaxLedgerWalk, desired.Hash(tip).Short(), forgedList(walk))}
+	}
+	signed, err := snapshots.LedgerAt(func(p string) ([]byte, error) { return repo.ReadFileMax(walk.Signed, p, snapshots.MaxLedgerBytes) })
+	if err != nil {
+		return unreadable(fmt.Errorf("ledger of the signed commit %s: %w", desired.Hash(walk.Signed).Short(), err))
+	}
+	return signed, []string{fmt.Sprintf("the tip of %s is not signed by a controller key: %s above the signed %s, whose ledger this plan reads (the controller acts on it too and writes over the rest)",
+		branch, forgedList(walk), desired.Hash(walk.Signed).Short())}
+}
+
+// forgedList names the unsigned commits of walk for a person: the count
+// and the newest few, short.
+func forgedList(walk fleet.LedgerWalk) string {
+	const shown = 5
+	n := plural(len(walk.Forged), "unsigned commit", "unsigned commits")
+	if walk.More {
+		n = fmt.Sprintf("%d unsigned commits and more", len(walk.Forged))
+	}
+	names := make([]string, 0, shown)
+	for i, f := range walk.Forged {
+		if i == shown {
+			names = append(names, "…")
+			break
+		}
+		names = append(names, desired.Hash(f.Commit).Short())
+	}
+	return fmt.Sprintf("%s (%s)", n, strings.Join(names, ", "))
 }
 
 // label names a revision for a person: the name given, and the commit when

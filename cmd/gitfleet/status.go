@@ -65,7 +65,8 @@ act on).
 
 --format json prints {"commit", "hosts", "unreadable", "pendingDeletes",
 "pendingError", "lastRejected", "controllerFailing", "controllerError",
-"applied", "retained", "forgedAcks", "forgedCommits", "liveness", "livenessError"}: the status files themselves, the hosts whose file
+"applied", "retained", "forgedAcks", "forgedCommits", "liveness", "livenessError",
+"controllerWrote", "lastWriteError"}: the status files themselves, the hosts whose file
 could not be read with why, the pending deletes (kind, name, host, commit,
 author, time, epoch, publishedAt, destroyAt, confirm, awaitingConfirmation)
 and why they could not be
@@ -77,7 +78,13 @@ name, host, commit, since), the acks the controller did not act on
 refused as forged (commit, signed, reason, at) and each host's state as the controller
 judges it by its own clock (host, state: online, offline, no status yet
 or status unreadable; retired when no Host object is left), and why that
-could not be read.
+could not be read, and when the controller last wrote the status branch
+(at, refreshSeconds, ageSeconds, stale) and why that could not be read.
+
+The controller writes the status branch at least every 10 minutes, an
+idle fleet included; when its last write is older than three of those
+intervals, the table starts with a warning that the controller is
+stopped or cannot write, and that what it shows is its last view.
 
 Exit status: 0; 1 when the status branch is missing (no agent has
 reported to this repository, or --repo names a clone rather than the
@@ -147,6 +154,22 @@ type statusReport struct {
 	// not be read.
 	Liveness      map[string]status.HostState `json:"liveness,omitempty"`
 	LivenessError string                      `json:"livenessError,omitempty"`
+	// ControllerWrote is when the controller last wrote the status branch
+	// (last-write.yaml), how long before this reading, and whether that
+	// is stale: older than status.StaleRefreshes of its refresh
+	// intervals, so the rest is a stopped controller's last view. Absent
+	// when a controller of an earlier release wrote the branch;
+	// LastWriteError says why it could not be read.
+	ControllerWrote *controllerWrote `json:"controllerWrote,omitempty"`
+	LastWriteError  string           `json:"lastWriteError,omitempty"`
+}
+
+// controllerWrote is status.LastWrite with its age at the reader's clock
+// (whole seconds) and the verdict.
+type controllerWrote struct {
+	status.LastWrite
+	AgeSeconds int64 `json:"ageSeconds"`
+	Stale      bool  `json:"stale"`
 }
 
 // retainedObject is an object kept after a history rewrite: the rewriting
@@ -187,6 +210,12 @@ type pendingDelete struct {
 }
 
 func runStatus(ctx context.Context, out io.Writer, rf config.Repo, branch, snapshots, format string) error {
+	return runStatusAt(ctx, out, rf, branch, snapshots, format, time.Now())
+}
+
+// runStatusAt is runStatus reading at now (the reader's clock: the age of
+// the controller's last write).
+func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, snapshots, format string, now time.Time) error {
 	repo, done, err := openScratch(ctx, gitsource.Options{URL: rf.URL, Auth: rf.Auth(), Depth: 1})
 	if err != nil {
 		return &exitError{code: 1, err: err}
@@ -240,6 +269,18 @@ func runStatus(ctx context.Context, out io.Writer, rf config.Repo, branch, snaps
 		if rep.Liveness, err = status.ParseLiveness(status.LivenessPath, data); err != nil {
 			rep.LivenessError = err.Error()
 		}
+	}
+	switch data, err := repo.ReadFileMax(tip, status.LastWritePath, status.MaxLastWriteBytes); {
+	case errors.Is(err, gitsource.ErrFileNotFound):
+	case err != nil:
+		rep.LastWriteError = err.Error()
+	default:
+		w, err := status.ParseLastWrite(status.LastWritePath, data)
+		if err != nil {
+			rep.LastWriteError = err.Error()
+			break
+		}
+		rep.ControllerWrote = &controllerWrote{LastWrite: w, AgeSeconds: int64(w.Age(now) / time.Second), Stale: w.Stale(now)}
 	}
 	if format == "json" {
 		enc := json.NewEncoder(out)
@@ -356,6 +397,7 @@ func destroyAt(rep *statusReport) {
 }
 
 func writeStatusTable(out io.Writer, rep statusReport) error {
+	writeLastWrite(out, rep)
 	if a := rep.Applied; a != nil {
 		fmt.Fprintf(out, "Desired state: %s at %s (applied).\n\n", dash(a.Branch), dash(a.Commit.Short()))
 	} else if rep.PendingError == "" {
@@ -454,6 +496,26 @@ func writeSection(out io.Writer, heading, header string, rows func(tw io.Writer)
 // writeControllerLines prints why the controller's passes fail, if they
 // do, and the last rejected commit while it stands, each on a line of its
 // own (the reasons cut to their first line; --format json has them whole).
+// writeLastWrite says how old the controller's view is: a warning above
+// everything when it is stale (what follows is its last view, not the
+// fleet now), else one line with its age.
+func writeLastWrite(out io.Writer, rep statusReport) {
+	switch w := rep.ControllerWrote; {
+	case rep.LastWriteError != "":
+		fmt.Fprintf(out, "Controller last wrote: unknown (%s)\n\n", safetext.Line(rep.LastWriteError))
+	case w == nil:
+		// A controller of an earlier release, or none yet: nothing to say.
+	case w.Stale:
+		fmt.Fprintf(out, "WARNING: the controller last wrote %s ago (at %s; it writes at least every %s): it is stopped or cannot write to this repository. What follows is its last view, not the fleet now.\n\n",
+			ageText(w.AgeSeconds), stampOrDash(w.At), w.Refresh())
+	default:
+		fmt.Fprintf(out, "Controller last wrote %s ago (at %s).\n", ageText(w.AgeSeconds), stampOrDash(w.At))
+	}
+}
+
+// ageText is seconds as a duration to the second ("1h2m3s").
+func ageText(seconds int64) string { return (time.Duration(seconds) * time.Second).String() }
+
 func writeControllerLines(out io.Writer, rep statusReport) {
 	first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return safetext.Line(l) }
 	switch f := rep.ControllerFailing; {

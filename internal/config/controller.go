@@ -76,10 +76,12 @@ type Controller struct {
 	// ControllerKeys is an allowed-signers file (ssh-keygen -Y format, as
 	// an agent's controllerKeysFile) of the other controllers' keys whose
 	// snapshots commits this one trusts besides its own ("": none);
-	// TrustUnsignedLedgerOnce adopts an unsigned ledger at the first start
-	// with a signing key (fleet.Config).
+	// TrustUnsignedLedgerOnce is the full hash of the snapshots commit
+	// whose unsigned ledger a person checked, adopted at the first start
+	// with a signing key when it is the tip (fleet.Config); "" adopts
+	// none.
 	ControllerKeys          string
-	TrustUnsignedLedgerOnce bool
+	TrustUnsignedLedgerOnce string
 }
 
 // Signatures is the signed-desired-state setting of the controller and of
@@ -157,7 +159,7 @@ func (c *Controller) Bind(f *Flags) {
 	c.Signatures.Bind(f)
 	f.Path(&c.SigningKey, "signing-key", "GITFLEET_SIGNING_KEY", "private SSH key file (mode 0600, no passphrase) the controller signs its snapshots commits with (never its status commits); agents whose controllerKeys name its public key accept only snapshots signed with it")
 	f.Path(&c.ControllerKeys, "controller-keys", "GITFLEET_CONTROLLER_KEYS", "allowed-signers file (ssh-keygen -Y format, the agents' controllerKeysFile) of other controllers' public keys: with --signing-key the controller acts only on the ledger of the newest snapshots commit signed by its own key or one of these (a second controller, a rotated key)")
-	f.Bool(&c.TrustUnsignedLedgerOnce, "trust-unsigned-ledger-once", "GITFLEET_TRUST_UNSIGNED_LEDGER_ONCE", "with --signing-key, adopt the ledger at the snapshots tip when no commit there is signed by a controller key yet (the first start with a key; check ledger.yaml first), until this process has published; remove it afterwards")
+	f.String(&c.TrustUnsignedLedgerOnce, "trust-unsigned-ledger-once", "GITFLEET_TRUST_UNSIGNED_LEDGER_ONCE", "full hash of the snapshots commit whose ledger.yaml you checked: with --signing-key, adopt its ledger when it is the snapshots tip and no commit there is signed by a controller key yet (the first start with a key), until this process has published; remove it afterwards")
 	f.Int(&c.MaxDeletes, "max-deletes", "GITFLEET_MAX_DELETES", "reject a change that newly tombstones more objects than this (or more than 25% of a host's VMs) unless a commit carries the trailer Gitfleet-Allow-Deletes: <n>; negative turns the guard off")
 }
 
