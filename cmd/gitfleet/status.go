@@ -183,8 +183,8 @@ type statusReport struct {
 	// snapshots tip a controller key signed: unverified (no
 	// --controller-keys), or at the newest signed commit below unsigned
 	// ones, or not at all.
-	LedgerWarning string `json:"ledgerWarning,omitempty"`
-	LastWriteError  string           `json:"lastWriteError,omitempty"`
+	LedgerWarning  string `json:"ledgerWarning,omitempty"`
+	LastWriteError string `json:"lastWriteError,omitempty"`
 }
 
 // controllerWrote is status.LastWrite with its age at the reader's clock
