@@ -179,12 +179,12 @@ type statusReport struct {
 	// when a controller of an earlier release wrote the branch;
 	// LastWriteError says why it could not be read.
 	ControllerWrote *controllerWrote `json:"controllerWrote,omitempty"`
+	LastWriteError  string           `json:"lastWriteError,omitempty"`
 	// LedgerWarning says how the ledger was read when it is not the
 	// snapshots tip a controller key signed: unverified (no
 	// --controller-keys), or at the newest signed commit below unsigned
 	// ones, or not at all.
-	LedgerWarning  string `json:"ledgerWarning,omitempty"`
-	LastWriteError string `json:"lastWriteError,omitempty"`
+	LedgerWarning string `json:"ledgerWarning,omitempty"`
 }
 
 // controllerWrote is status.LastWrite with its age at the reader's clock
