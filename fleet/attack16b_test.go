@@ -1,8 +1,10 @@
 package fleet
 
 import (
+	"context"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
@@ -42,5 +44,29 @@ func TestAttackAdoptionSignsAPlantedHostFile(t *testing.T) {
 		if e.snapshot(h) == nil {
 			t.Errorf("%s's snapshot is gone", h)
 		}
+	}
+}
+
+// A running controller falls back to its last signed commit when a deep
+// forgery hides every signed one from its walk, reading that commit from
+// its copy of the snapshots branch. That copy is opened afresh every hour
+// (at depth 1, holding the tip only): someone who pushes a deep forgery
+// again and again is there when it renews, and the fallback finds its
+// commit gone; every pass is then refused until a person comes.
+func TestAttackDeepForgeryAcrossTheTipRenewal(t *testing.T) {
+	e, key := newSigningEnv(t)
+	e.forgeDeep(MaxLedgerWalk, false)
+	e.pass() // repaired: the fallback
+	if !e.signedBy(key) {
+		t.Fatal("not repaired")
+	}
+	e.forgeDeep(MaxLedgerWalk, false)
+	e.clock.Add(tipsRenewal + time.Minute)
+	res, err := e.c.Pass(context.Background())
+	if err != nil {
+		t.Fatalf("pass after the tip repository was renewed: %v", err)
+	}
+	if !e.signedBy(key) || e.snapshot("hv-a").VM("web-01") == nil || e.snapshot("hv-a").VM("web-01").Tombstoned {
+		t.Fatalf("not repaired: %+v", res)
 	}
 }

@@ -706,7 +706,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	}}
 	if c.ledgerKeys != nil && tip != "" {
 		c.signedOnce = true
-		c.lastSigned = &signedLedger{commit: tip, ledger: out.ledger}
+		c.lastSigned = &signedLedger{commit: tip, ledger: out.ledger, repo: c.tips}
 	}
 	if c.history != nil {
 		// The walk's clone is read no more: the next pass reads the tip

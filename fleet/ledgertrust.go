@@ -157,10 +157,13 @@ func WalkToSigned(repo *gitsource.Repo, tip string, keys *trust.Signers) (Ledger
 // signedLedger is the last snapshots commit a controller key signed that
 // this process wrote or verified at the tip, with its ledger: the
 // fallback of a walk that finds no signed commit (lastSigned). Its
-// objects are read from the tip repository, which fetched or wrote it.
+// objects are read from repo, the tip repository that fetched or wrote
+// it: kept when the controller opens a fresh one (tipsRenewal), which
+// holds only the tip it fetched.
 type signedLedger struct {
 	commit string
 	ledger *snapshots.Ledger
+	repo   *gitsource.Repo
 }
 
 // authenticLedger returns the ledger the pass may act on at tip, the
@@ -190,7 +193,7 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 	if _, verr := c.ledgerKeys.Verify(sc); verr == nil {
 		src, err := atTip()
 		if err == nil {
-			c.lastSigned = &signedLedger{commit: tip, ledger: src.ledger}
+			c.lastSigned = &signedLedger{commit: tip, ledger: src.ledger, repo: c.tips}
 		}
 		return src, err
 	}
@@ -204,7 +207,7 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 	}
 	if walk.Signed == "" {
 		if c.lastSigned != nil {
-			return c.lastSignedSource(tip, walk)
+			return c.lastSignedSource(ctx, tip, walk)
 		}
 		return c.adoptOrRefuse(tip, walk, atTip)
 	}
@@ -235,12 +238,23 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 // on top of it, or a history that does not hold it. The pass acts on
 // that commit's ledger and restores every path that differs between it
 // and tip, as over a signed commit the walk found: this process wrote or
-// verified it, so it needs no person to vouch for it. Its objects must
-// still be in the tip repository (a fresh clone of it has lost them);
-// when they are not, the pass is refused (ErrUnsignedLedger) and says so.
-func (c *Controller) lastSignedSource(tip string, walk LedgerWalk) (*ledgerSource, error) {
+// verified it, so it needs no person to vouch for it. Its objects are
+// read from the tip repository that held it (last.repo): when the
+// controller has opened a fresh one since (tipsRenewal, while someone
+// kept pushing forgeries), that one fetches the tip too. When neither
+// holds them (a clone from a restart), the pass is refused
+// (ErrUnsignedLedger) and says so.
+func (c *Controller) lastSignedSource(ctx context.Context, tip string, walk LedgerWalk) (*ledgerSource, error) {
 	last := c.lastSigned
-	changes, err := c.tips.Diff(last.commit, tip)
+	repo := c.tips
+	changes, err := repo.Diff(last.commit, tip)
+	if err != nil && last.repo != nil && last.repo != c.tips {
+		repo = last.repo
+		if _, ferr := repo.Fetch(ctx, c.cfg.SnapshotsBranch); ferr != nil {
+			return nil, fmt.Errorf("fetch %s into the copy that holds the last signed commit %s: %w", c.cfg.SnapshotsBranch, desired.Hash(last.commit).Short(), ferr)
+		}
+		changes, err = repo.Diff(last.commit, tip)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: none of the %s first-parent commits of %s from %s is signed by a controller key, and the last signed commit this controller wrote or verified, %s, is no longer in its local copy (%v): refusing to act on the ledger at the tip; push %s back onto %s if a clone still holds it, or check %s@%s by hand and restart the controller once with %s=%s",
 			ErrUnsignedLedger, walkedCount(walk), c.cfg.SnapshotsBranch, desired.Hash(tip).Short(), last.commit, err,
@@ -251,7 +265,7 @@ func (c *Controller) lastSignedSource(tip string, walk LedgerWalk) (*ledgerSourc
 		if p == snapshots.LedgerPath {
 			max = snapshots.MaxLedgerBytes
 		}
-		return c.tips.ReadFileMax(last.commit, p, max)
+		return repo.ReadFileMax(last.commit, p, max)
 	}
 	forged := walk.Forged
 	for i := range forged {
