@@ -3,6 +3,7 @@ package fleet
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
@@ -191,5 +192,33 @@ func TestAttackRejectedHeadConfirmsNothing(t *testing.T) {
 	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml", "vms/bad.yaml"}, Message: "web-01 goes after all"})
 	if res := e.pass(); len(res.Confirmed) != 1 {
 		t.Fatalf("confirmed %v once the head is valid", res.Confirmed)
+	}
+}
+
+// The agent of hv-a, whose Host names spec.agentKey, stopped. Someone who
+// can push its branch writes an unsigned status every minute. The
+// controller refuses that status's acks, yet counts each write as the
+// host's heartbeat: hv-a stays online in the README, its VMs read as
+// they were, and a delete pending on it is never swept.
+func TestAttackUnsignedStatusKeepsADeadHostOnline(t *testing.T) {
+	t.Skip("open: a status not signed by its Host's agentKey still counts as the host's heartbeat (liveness, the abandoned sweep)")
+	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
+	signer, err := trust.LoadCommitSigner(key.Private)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := baseFleet()
+	files["hosts/hv-a.yaml"] = hostYAML("hv-a") + "  agentKey: " + key.Public + "\n"
+	e := newEnv(t, files)
+	epoch := e.pass().Published["hv-a"]
+	writeSignedStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: epoch}, signer)
+	e.pass()
+	for i := range 10 { // the real agent is gone; the forger writes on
+		e.clock.Add(time.Minute)
+		writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: uint64(2 + i), LastSeenEpoch: epoch})
+		e.pass()
+	}
+	if off, _ := e.c.live.offline("hv-a", e.clock.Now()); !off {
+		t.Fatal("hv-a is online on unsigned statuses alone, ten minutes after its agent stopped")
 	}
 }
