@@ -199,9 +199,9 @@ func TestAttackRejectedHeadConfirmsNothing(t *testing.T) {
 // can push its branch writes an unsigned status every minute. The
 // controller refuses that status's acks, yet counts each write as the
 // host's heartbeat: hv-a stays online in the README, its VMs read as
-// they were, and a delete pending on it is never swept.
+// they were, and a delete pending on it is never swept. Now such a
+// status is no heartbeat: hv-a goes offline.
 func TestAttackUnsignedStatusKeepsADeadHostOnline(t *testing.T) {
-	t.Skip("open: a status not signed by its Host's agentKey still counts as the host's heartbeat (liveness, the abandoned sweep)")
 	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
 	signer, err := trust.LoadCommitSigner(key.Private)
 	if err != nil {

@@ -546,8 +546,17 @@ func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Ti
 	obs.tip, obs.reports, obs.copies, obs.hostTips, obs.err = c.readStatuses(ctx)
 	obs.statuses = map[string]*status.Status{}
 	if obs.err == nil {
+		var l *snapshots.Ledger
+		if c.ledgerSrc != nil {
+			l = c.ledgerSrc.ledger
+		}
+		// A status its Host's agentKey did not sign is no heartbeat of
+		// the host: anyone who can push its branch wrote it. (The pass
+		// judges its acks again against the ledger it computes on.)
+		unsigned := c.authenticate(fl, l, obs.reports, obs.hostTips)
 		for _, rep := range obs.reports {
-			if c.known(fl, rep.Host) {
+			_, forged := unsigned[rep.Host]
+			if c.known(fl, rep.Host) && !forged {
 				// A host the computation ignores keeps no liveness.
 				c.live.observe(rep.Host, rep.ID, now)
 			}
