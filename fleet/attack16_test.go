@@ -65,9 +65,9 @@ func TestAttackUnsignedStatusMovesNoEpoch(t *testing.T) {
 // A status of a host whose Host names spec.agentKey, pushed unsigned by
 // someone else, says web-01 is ready. The controller knows the status is
 // not signed by the key (it refuses its acks), yet the status README shows
-// its phases as the host's, with nothing saying they are unverified.
+// its phases as the host's, with nothing saying they are unverified. Now
+// the host line and each of its VM rows say so.
 func TestAttackUnsignedStatusShownAsTheHosts(t *testing.T) {
-	t.Skip("open: a status not signed by its Host's agentKey is shown in README.md and `gitfleet status` as the host's, unmarked")
 	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
 	signer, err := trust.LoadCommitSigner(key.Private)
 	if err != nil {
@@ -84,7 +84,7 @@ func TestAttackUnsignedStatusShownAsTheHosts(t *testing.T) {
 		VMs: []status.VM{{Name: "web-01", Phase: status.PhaseReady}}})
 	e.pass()
 	readme := gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.SummaryPath)
-	if !strings.Contains(readme, "not signed") {
+	if strings.Count(readme, "status not signed by the Host") != 2 { // the host line, web-01's row
 		t.Fatalf("README shows an unsigned status of hv-a as its own:\n%s", readme)
 	}
 }
