@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -92,42 +93,59 @@ func TestAttackUnsignedStatusShownAsTheHosts(t *testing.T) {
 // A force-push of main never deletes: what the rewritten head lacks is
 // retained. Someone who can push the snapshots branch then resets it to
 // an older controller-signed commit, whose applied commit is an ancestor
-// of the rewritten head: the controller reads that genuine, old ledger,
-// finds the retained VM absent since, and tombstones it, attributed to
-// the unreviewed commit the force-push brought.
+// of the rewritten head: the controller read that genuine, old ledger,
+// found the retained VM absent since, and tombstoned it, attributed to
+// the unreviewed commit the force-push brought. Now a running controller
+// sees that the signed ledger is older than the last one it wrote (a
+// host's epoch is lower) and acts on its own. A restarted one has no
+// such memory: still open.
 func TestAttackRolledBackLedgerTurnsARewriteIntoADelete(t *testing.T) {
-	t.Skip("open: a rolled-back signed ledger makes the controller tombstone what a later force-push of main dropped (retained)")
-	key := trusttest.NewSSHKey(t, "gitfleet-controller")
-	files := baseFleet()
-	files["vms/x-01.yaml"] = vmYAML("x-01", "hv-a", 2)
-	e := newEnv(t, files)
-	c, err := e.signingController(key, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.c = c
-	e.pass()
-	c1 := gittest.Rev(t, e.dir, "refs/heads/main")
-	old := e.snapshotsTip() // signed, applied c1
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restarted=%v", restart), func(t *testing.T) {
+			if restart {
+				t.Skip("open: a controller started after the snapshots branch was reset to an older signed commit acts on that ledger, and tombstones what a later force-push of main dropped (retained)")
+			}
+			key := trusttest.NewSSHKey(t, "gitfleet-controller")
+			files := baseFleet()
+			files["vms/x-01.yaml"] = vmYAML("x-01", "hv-a", 2)
+			e := newEnv(t, files)
+			c, err := e.signingController(key, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.c = c
+			e.pass()
+			c1 := gittest.Rev(t, e.dir, "refs/heads/main")
+			old := e.snapshotsTip() // signed, applied c1
 
-	e.commit(gittest.Edit{Write: map[string]string{"vms/y-01.yaml": vmYAML("y-01", "hv-a", 2)}, Message: "add y-01"})
-	e.pass()
-	// A person rewrites main: back to c1, then an unreviewed commit that
-	// also drops x-01.
-	gittest.Git(t, e.dir, "update-ref", "refs/heads/main", c1)
-	e.commit(gittest.Edit{Remove: []string{"vms/x-01.yaml"}, Message: "history surgery"})
-	res := e.pass()
-	if !containsStr(res.Retained, "x-01") {
-		t.Fatalf("retained %v: the rewrite's drop of x-01 is not retained", res.Retained)
-	}
+			e.commit(gittest.Edit{Write: map[string]string{"vms/y-01.yaml": vmYAML("y-01", "hv-a", 2)}, Message: "add y-01"})
+			e.pass()
+			// A person rewrites main: back to c1, then an unreviewed
+			// commit that also drops x-01.
+			gittest.Git(t, e.dir, "update-ref", "refs/heads/main", c1)
+			e.commit(gittest.Edit{Remove: []string{"vms/x-01.yaml"}, Message: "history surgery"})
+			res := e.pass()
+			if !containsStr(res.Retained, "x-01") {
+				t.Fatalf("retained %v: the rewrite's drop of x-01 is not retained", res.Retained)
+			}
 
-	gittest.Git(t, e.dir, "update-ref", "refs/heads/"+DefaultSnapshotsBranch, old)
-	res = e.pass()
-	if len(res.Tombstoned) != 0 {
-		t.Fatalf("tombstoned %v after the snapshots branch was reset to an old signed commit: a force-push deleted", res.Tombstoned)
-	}
-	if tb := e.snapshot("hv-a").VM("x-01"); tb == nil || tb.Tombstoned {
-		t.Fatalf("x-01 in hv-a's snapshot: %+v", tb)
+			gittest.Git(t, e.dir, "update-ref", "refs/heads/"+DefaultSnapshotsBranch, old)
+			if restart {
+				if e.c, err = e.signingController(key, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res = e.pass()
+			if len(res.Tombstoned) != 0 {
+				t.Fatalf("tombstoned %v after the snapshots branch was reset to an old signed commit: a force-push deleted", res.Tombstoned)
+			}
+			if vm := e.snapshot("hv-a").VM("x-01"); vm == nil || vm.Tombstoned {
+				t.Fatalf("x-01 in hv-a's snapshot: %+v", vm)
+			}
+			if len(res.ForgedCommits) != 1 || res.ForgedCommits[0].Commit != old || !e.signedBy(key) {
+				t.Fatalf("forged %+v: want the reset to %s reported and repaired", res.ForgedCommits, old)
+			}
+		})
 	}
 }
 
