@@ -68,10 +68,13 @@ func TestAttackHiddenUndeleteAfterConfirmation(t *testing.T) {
 	assert.True(t, quarantineOf(t, st.Quarantined, "x-01").AwaitsConfirmation())
 	assert.True(t, quarantineOf(t, st.QuarantinedVolumes, "x-data").AwaitsConfirmation())
 
-	// The controller is back: it publishes the un-delete, never confirms.
+	// The controller is back: it acts on its own, newer ledger (x-01
+	// live), reports the reset and publishes over it; it never confirms.
 	res := f.pass()
 	assert.Empty(t, res.Confirmed)
-	assert.Contains(t, res.Undeleted, "VM x-01@"+testHost)
+	require.NotEmpty(t, res.ForgedCommits)
+	assert.Equal(t, replay, res.ForgedCommits[0].Commit)
+	assert.False(t, tipSnapshot(t, f.bare).VM("x-01").Tombstoned)
 	st = f.agentOnce()
 	assert.Empty(t, st.Quarantined)
 	assert.Empty(t, st.QuarantinedVolumes)

@@ -142,10 +142,12 @@ func TestReplayedSignedTombstoneNeverDestroys(t *testing.T) {
 	assert.Equal(t, 1.0, value(t, f.metrics, "gitfleet_agent_deletes_awaiting_confirmation", "kind", "vm"))
 	assert.Equal(t, 1, strings.Count(f.logs.String(), "waiting for the controller to confirm the delete"), "logged once:\n%s", f.logs.String())
 
-	// The controller comes back: C1's ledger is genuine, but the desired
-	// head holds x-01, so the delete is undone; nothing is confirmed.
+	// The controller comes back: C1's ledger is genuine but older than
+	// the one it wrote last, so it acts on its own (x-01 live) and
+	// reports the reset; nothing is confirmed.
 	res := f.pass()
-	assert.Contains(t, res.Undeleted, "VM x-01@"+testHost)
+	require.NotEmpty(t, res.ForgedCommits)
+	assert.Equal(t, c1, res.ForgedCommits[0].Commit, "the reset to C1 is reported")
 	assert.Empty(t, res.Confirmed)
 	require.Contains(t, res.Published, testHost)
 	assert.False(t, tipSnapshot(t, f.bare).VM("x-01").Tombstoned)
