@@ -389,10 +389,16 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	now := c.clock()
 	c.renewTipsWhenDue(now)
 
+	// Steps 1 and 2 fetch under one ref advertisement: the desired
+	// branch's fetch records it, and the tip repository's fetch runs no
+	// upload-pack when none of its branches moved in it
+	// (gitsource.WithAdvertisement).
+	read := gitsource.WithAdvertisement(ctx, &gitsource.Advertisement{})
+
 	// Step 1: read desired. Any error keeps the last good snapshots; one
 	// that is git's, not the commit's, ends the pass (every later step
 	// needs git too, and nothing is said about the commit).
-	head, fl, loadErr := c.readDesired(ctx)
+	head, fl, loadErr := c.readDesired(read)
 	res.Head = head
 	c.fetched = nil
 	switch {
@@ -407,7 +413,7 @@ func (c *Controller) pass(ctx context.Context) (PassResult, error) {
 	// Step 2: read the hosts' statuses; a failure disables the sweep. A
 	// remote that stalls ends the pass: every later step waits on it too,
 	// and a pass must not cost a git timeout per step.
-	obs := c.observe(ctx, fl, now)
+	obs := c.observe(read, fl, now)
 	if errors.Is(obs.err, gitsource.ErrTimeout) {
 		return res, fmt.Errorf("%w: read the statuses: %w", ErrUnreadable, obs.err)
 	}

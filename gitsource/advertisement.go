@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/go-git/go-git/v5/plumbing/transport/client"
 	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
 )
 
@@ -41,8 +40,8 @@ func init() {
 	// used by gitsource; the environment's proxy settings still apply
 	// through http.DefaultTransport.
 	c := githttp.NewClient(&http.Client{Transport: advertisementLimit{next: http.DefaultTransport}})
-	client.InstallProtocol("http", c)
-	client.InstallProtocol("https", c)
+	recordAdvertisements("http", c)
+	recordAdvertisements("https", c)
 }
 
 // advertisementLimit is an http.RoundTripper that bounds the body of the

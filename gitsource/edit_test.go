@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -160,4 +163,34 @@ func TestEditOwnRecoversFromAForeignWrite(t *testing.T) {
 	assert.Equal(t, tip, gittest.Rev(t, rm.dir, branch))
 	assert.Equal(t, "2", gittest.Show(t, rm.dir, branch, "a"))
 	assert.Equal(t, "foreign", gittest.Show(t, rm.dir, branch, "b"))
+}
+
+// On a local repository the watches read the ref files, and run no git
+// process, also while the branch watched does not exist: before any host
+// branch was written, every push to main ran one git-upload-pack per
+// watch of a missing branch (the controller watches the host branches and
+// the status branch). The branches still arrive once written.
+func TestWatchMissingLocalBranchRunsNoGit(t *testing.T) {
+	dir := gittest.NewBare(t)
+	gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"a": "0"}})
+	bin := t.TempDir()
+	count := filepath.Join(bin, "runs")
+	script := "#!/bin/sh\necho run >> " + count + "\nexec git upload-pack \"$@\"\n"
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "git-upload-pack"), []byte(script), 0o700))
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	w := open(t, gitsource.Options{URL: dir})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hosts := w.WatchPrefix(ctx, "gitfleet/hosts/", time.Hour)
+	status := w.Watch(ctx, "gitfleet/status", time.Hour)
+	for i := 1; i <= 3; i++ {
+		gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"a": fmt.Sprint(i)}})
+		time.Sleep(100 * time.Millisecond) // let the watches wake and read
+	}
+	tip := gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/status", Write: map[string]string{"README.md": "x"}})
+	gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/hosts/hv-a", Write: map[string]string{"hosts/hv-a.yaml": "x"}})
+	assert.Equal(t, tip, <-status, "a branch written later is seen")
+	assert.NotEmpty(t, <-hosts, "a host branch written later is seen")
+	_, err := os.Stat(count)
+	assert.ErrorIs(t, err, fs.ErrNotExist, "no git-upload-pack ran")
 }

@@ -71,7 +71,11 @@ func (r *Repo) FetchPrefix(ctx context.Context, prefix string) (map[string]strin
 // Fetch repairs it (the tracking refs asked for are dropped and the fetch
 // repeated; the last resort is a fresh clone, which fetches back every
 // branch the cache tracked in one fetch too). Network and authentication
-// failures are returned as they are.
+// failures are returned as they are. Under a context carrying an
+// Advertisement (WithAdvertisement) that another fetch of the same remote
+// recorded, it runs no upload-pack when every branch asked for is
+// advertised at the tip the cache tracks, and asks only for the exact
+// branches advertised.
 func (r *Repo) FetchAll(ctx context.Context, branches, prefixes []string) (map[string]string, error) {
 	for _, b := range branches {
 		if err := checkBranch(b); err != nil {
@@ -116,11 +120,39 @@ func (s refSet) specs() []config.RefSpec {
 	return out
 }
 
-// fetchRefs is the one fetch loop of Fetch, FetchPrefix and FetchAll:
-// fetch, verify, and on cache damage repair and try again (the second
-// repair clones afresh). Cache upkeep follows a fetch that brought
-// objects.
+// fetchRefs is the one fetch of Fetch, FetchPrefix and FetchAll: none
+// when ctx carries an Advertisement in which set is unchanged (see
+// WithAdvertisement); else fetch, verify, and on cache damage repair and
+// try again (the second repair clones afresh), recording the
+// advertisement read. Cache upkeep follows a fetch that brought objects.
 func (r *Repo) fetchRefs(ctx context.Context, set refSet) (map[string]string, error) {
+	adv := advertisementOf(ctx)
+	if tips, ok := r.fetchAdvertised(adv, set); ok {
+		return tips, nil
+	}
+	if advertised := adv.tips(r.url); advertised != nil && len(set.branches) > 0 {
+		// The branches the remote lacks are known: not asked for, so
+		// no second advertisement is read to find which.
+		present := refSet{prefixes: set.prefixes}
+		for _, b := range set.branches {
+			if _, ok := advertised[b]; ok {
+				present.branches = append(present.branches, b)
+			}
+		}
+		if len(present.branches)+len(present.prefixes) == 0 {
+			return map[string]string{}, nil
+		}
+		set = present
+	}
+	tips, err := r.fetchLoop(ctx, set)
+	if adv != nil {
+		adv.settle(r.url, err == nil)
+	}
+	return tips, err
+}
+
+// fetchLoop is fetchRefs's fetch, verify and repair loop.
+func (r *Repo) fetchLoop(ctx context.Context, set refSet) (map[string]string, error) {
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
 		if attempt > 0 {
@@ -134,10 +166,10 @@ func (r *Repo) fetchRefs(ctx context.Context, set refSet) (map[string]string, er
 				return nil, fmt.Errorf("fetch %s: repair cache after %v: %w", set, lastErr, err)
 			}
 		}
-		tips, fetched, err := r.fetchOnce(ctx, set, attempt == 2)
+		tips, fetched, err := r.fetchMoved(ctx, set, attempt == 2)
 		if err == nil && fetched && r.maintain(ctx, set) {
 			// A fresh clone: fetch again, so the tips returned are in it.
-			tips, _, err = r.fetchOnce(ctx, set, true)
+			tips, _, err = r.fetchMoved(ctx, set, true)
 		}
 		if err == nil {
 			return tips, nil
@@ -153,6 +185,33 @@ func (r *Repo) fetchRefs(ctx context.Context, set refSet) (map[string]string, er
 		lastErr = err
 	}
 	return nil, fmt.Errorf("fetch %s from %s: %w", set, redactURL(r.url), lastErr)
+}
+
+// refMovedRetries is how many times fetchMoved asks again.
+const refMovedRetries = 3
+
+// fetchMoved is fetchOnce, asked again (at most refMovedRetries times,
+// each with a new ref advertisement) while the remote refuses a tip it
+// advertised: "not our ref". Over http the advertisement and the request
+// are two requests, each served by its own git-upload-pack, and a branch
+// whose tip was replaced between them (an agent's heartbeat-only write
+// replaces its tip, several times a second across 1,000 hosts) is
+// refused as no longer reachable: a race lost, not a failure of the
+// remote nor damage of the cache.
+func (r *Repo) fetchMoved(ctx context.Context, set refSet, final bool) (map[string]string, bool, error) {
+	for try := 0; ; try++ {
+		tips, fetched, err := r.fetchOnce(ctx, set, final)
+		if err == nil || !refMoved(err) || try == refMovedRetries || ctx.Err() != nil {
+			return tips, fetched, err
+		}
+		r.log.WithError(err).WithField("branch", set.String()).Debug("a branch moved during the fetch; asking again")
+	}
+}
+
+// refMoved reports whether err is upload-pack's refusal of a tip it
+// advertised ("not our ref"; git's upload-pack.c).
+func refMoved(err error) bool {
+	return strings.Contains(err.Error(), "not our ref")
 }
 
 // fetchOnce fetches set in one fetch and verifies the tips; fetched tells

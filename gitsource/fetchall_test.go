@@ -18,10 +18,12 @@ import (
 )
 
 // countingServer serves a fresh bare repository over git http-backend and
-// counts the upload-pack runs (POST git-upload-pack) it answers.
+// counts the upload-pack runs (POST git-upload-pack) and the upload-pack
+// ref advertisements (GET info/refs?service=git-upload-pack) it answers.
 type countingServer struct {
 	dir, url string
 	uploads  atomic.Int64
+	adverts  atomic.Int64
 }
 
 func serveCounting(t *testing.T) *countingServer {
@@ -30,6 +32,9 @@ func serveCounting(t *testing.T) *countingServer {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/git-upload-pack") {
 				s.uploads.Add(1)
+			}
+			if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/info/refs") && r.URL.Query().Get("service") == "git-upload-pack" {
+				s.adverts.Add(1)
 			}
 			h.ServeHTTP(w, r)
 		})
@@ -139,4 +144,47 @@ func TestFetchPrefixDamageRepaired(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A host branch whose tip is replaced (an agent's heartbeat-only write
+// replaces its tip, not fast-forward) between a fetch's ref advertisement
+// and its request over http — two requests of stateless git
+// http-backend, each with its own upload-pack — makes the remote refuse
+// the old tip ("not our ref": no longer reachable). At 1,000 hosts a
+// branch is replaced several times a second, so FetchAll asks again (a
+// new advertisement) instead of failing the pass, and returns the tip
+// the remote has now.
+func TestFetchAllTipReplacedMidFetch(t *testing.T) {
+	ctx := context.Background()
+	dir := gittest.NewBare(t)
+	hosts := hostBranches(t, dir, 2)
+	var replace atomic.Bool
+	var replaced atomic.Int64
+	var next string
+	base := gittest.ServeWith(t, filepath.Dir(dir), gittest.ServeOptions{Wrap: func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/git-upload-pack") && replace.CompareAndSwap(true, false) {
+				// After the advertisement, before the request: the tip the
+				// client wants is no longer reachable.
+				parent := gittest.Git(t, dir, "rev-parse", hosts["gitfleet/hosts/hv-1"]+"^")
+				next = gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/hosts/hv-1", Parents: []string{parent},
+					Write: map[string]string{"hosts/hv-1.yaml": "replaced"}})
+				replaced.Add(1)
+			}
+			h.ServeHTTP(w, r)
+		})
+	}})
+	r := open(t, gitsource.Options{URL: base + "/" + filepath.Base(dir), Depth: 1})
+	_, err := r.FetchAll(ctx, nil, []string{"gitfleet/hosts/"})
+	require.NoError(t, err)
+
+	hosts["gitfleet/hosts/hv-1"] = gittest.Commit(t, dir, gittest.Edit{Branch: "gitfleet/hosts/hv-1", Write: map[string]string{"hosts/hv-1.yaml": "heartbeat"}})
+	replace.Store(true)
+	tips, err := r.FetchAll(ctx, nil, []string{"gitfleet/hosts/"})
+	require.NoError(t, err, "a tip replaced during the fetch is fetched again")
+	require.Equal(t, int64(1), replaced.Load(), "the tip was replaced during the fetch")
+	assert.Equal(t, next, tips["gitfleet/hosts/hv-1"])
+	data, err := r.ReadFile(next, "hosts/hv-1.yaml")
+	require.NoError(t, err)
+	assert.Equal(t, "replaced", string(data))
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp/capability"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp/sideband"
 	"github.com/go-git/go-git/v5/plumbing/transport"
-	"github.com/go-git/go-git/v5/plumbing/transport/client"
 	"github.com/go-git/go-git/v5/utils/ioutil"
 )
 
@@ -32,7 +31,7 @@ import (
 // that. It speaks the same protocol (v0, pkt-lines) through go-git's packp
 // encoders.
 func init() {
-	client.InstallProtocol("file", fileTransport{})
+	recordAdvertisements("file", fileTransport{})
 }
 
 // commandWaitDelay bounds the wait for a killed server's pipes, and for a

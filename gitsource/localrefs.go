@@ -84,3 +84,19 @@ func isHash(s string) bool {
 	}
 	return true
 }
+
+// filesRefs reports whether the repository at dir keeps its refs in files
+// (refs/heads a directory, no reftable): then localBranches finding no
+// branch is the answer, as certain as git's (a ref being written is the
+// next change's), and git need not be asked.
+func filesRefs(dir string) bool {
+	gitDir := dir
+	if st, err := os.Stat(filepath.Join(dir, ".git")); err == nil && st.IsDir() {
+		gitDir = filepath.Join(dir, ".git")
+	}
+	if _, err := os.Stat(filepath.Join(gitDir, "reftable")); !errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	st, err := os.Stat(filepath.Join(gitDir, "refs", "heads"))
+	return err == nil && st.IsDir()
+}

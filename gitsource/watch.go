@@ -3,6 +3,7 @@ package gitsource
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -24,16 +25,21 @@ import (
 // [interval/2, interval·3/2].
 //
 // On a local repository the tip is read from the repository's ref files
-// (loose, then packed-refs), and git is asked only when they hold no such
-// branch: every change of its refs (a push of another branch, the
-// controller's own writes) wakes the watch, and a git process each time
-// cost more than the pass it started.
+// (loose, then packed-refs), and git is asked only when its refs are not
+// files (a reftable repository): every change of its refs (a push of
+// another branch, the controller's own writes) wakes the watch, and a git
+// process each time cost more than the pass it started — also when the
+// branch does not exist (no host branch yet: each push to main ran one
+// git-upload-pack per watch of a missing branch).
 func (r *Repo) Watch(ctx context.Context, branch string, interval time.Duration) <-chan string {
 	dir := r.localPath()
 	return r.watch(ctx, branch, interval, func(ctx context.Context) (string, error) {
 		if dir != "" {
 			if tips, ok := localBranches(dir, branch, true); ok {
 				return tips[branch], nil
+			}
+			if filesRefs(dir) {
+				return "", fmt.Errorf("%w: %s", ErrBranchNotFound, branch)
 			}
 		}
 		return r.RemoteHead(ctx, branch)
@@ -53,6 +59,9 @@ func (r *Repo) WatchPrefix(ctx context.Context, prefix string, interval time.Dur
 		if dir != "" {
 			if tips, ok := localBranches(dir, prefix, false); ok {
 				return prefixDigest(tips, prefix), nil
+			}
+			if filesRefs(dir) {
+				return "", fmt.Errorf("%w: no %s*", ErrBranchNotFound, prefix)
 			}
 		}
 		return r.remotePrefixDigest(ctx, prefix)

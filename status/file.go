@@ -3,8 +3,10 @@ package status
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/hostfile"
@@ -138,30 +140,52 @@ func (r *Reader) ReadTrees(trees ...desired.Tree) ([][]Report, error) {
 }
 
 // readTree reads the status files of one tree, adding their blob hashes
-// to seen.
+// to seen. The files the cache lacks are read and parsed by
+// GOMAXPROCS workers (a heartbeat of every host changes every blob, and
+// parsing is most of a pass over a thousand statuses), as desired.Loader
+// parses a tree.
 func (r *Reader) readTree(tree desired.Tree, seen map[string]bool) ([]Report, error) {
 	var out []Report
+	var files []desired.File
 	err := tree.Walk(func(f desired.File) error {
 		host, ok := HostFromPath(f.Path)
 		if !ok {
 			return nil
 		}
 		seen[f.ID] = true
-		rep := Report{Host: host, ID: f.ID}
-		rep.Status, rep.Err = r.read(f)
-		if rep.Err == nil && rep.Status.Host != host {
-			rep.Status, rep.Err = nil, fmt.Errorf("read status %s: host %q: %w", f.Path, rep.Status.Host, ErrHostMismatch)
-		}
-		out = append(out, rep)
+		out = append(out, Report{Host: host, ID: f.ID})
+		files = append(files, f)
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read statuses: %w", err)
 	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(out)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(out) {
+					return
+				}
+				rep := &out[i]
+				rep.Status, rep.Err = r.read(files[i])
+				if rep.Err == nil && rep.Status.Host != rep.Host {
+					rep.Status, rep.Err = nil, fmt.Errorf("read status %s: host %q: %w", files[i].Path, rep.Status.Host, ErrHostMismatch)
+				}
+			}
+		}()
+	}
+	wg.Wait()
 	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
 	return out, nil
 }
 
+// read is one file's status: from the cache, else read and parsed (and
+// then cached). Safe to call concurrently.
 func (r *Reader) read(f desired.File) (*Status, error) {
 	if f.ID != "" {
 		r.mu.Lock()
