@@ -95,8 +95,8 @@ func quarantineOf(t *testing.T, qs []status.Quarantine, name string) status.Quar
 // and C2, comes back while the controller is stopped: it accepts C1
 // (signed, its epoch above the agent's) and shuts x-01 down, but never
 // destroys it however long the grace has passed, since C1 cannot carry
-// the nonce of a quarantine made after it; it says it waits for the
-// controller's confirmation. When the controller runs again it publishes
+// the nonce of a quarantine made after it (given only once its grace has
+// passed); it says it waits for the controller's confirmation. When the controller runs again it publishes
 // the un-delete and x-01 comes back with its disk.
 func TestReplayedSignedTombstoneNeverDestroys(t *testing.T) {
 	f := newSignedFleet(t, map[string]string{
@@ -123,9 +123,8 @@ func TestReplayedSignedTombstoneNeverDestroys(t *testing.T) {
 	st = f.agentOnce()
 	require.Empty(t, st.SnapshotError, "C1 is genuine: accepted")
 	q := quarantineOf(t, st.Quarantined, "x-01")
-	assert.True(t, snapshots.ValidConfirm(q.Confirm), "the quarantine has a nonce: %q", q.Confirm)
-	assert.False(t, q.Confirmed)
-	assert.True(t, q.AwaitsConfirmation())
+	assert.Empty(t, q.Confirm, "no nonce inside the grace")
+	assert.False(t, q.AwaitsConfirmation())
 	require.Equal(t, []string{"x-01"}, f.host.prov.Calls(agenttest.OpShutdown), "shut down: quarantined")
 
 	for range 3 { // the grace passes, and passes again
@@ -136,15 +135,19 @@ func TestReplayedSignedTombstoneNeverDestroys(t *testing.T) {
 	assert.Empty(t, st.Destroyed)
 	assert.Equal(t, 2, f.host.prov.DiskGB("x-01"), "its disk is intact")
 	q = quarantineOf(t, st.Quarantined, "x-01")
+	assert.True(t, snapshots.ValidConfirm(q.Confirm), "the grace has passed: the quarantine has a nonce: %q", q.Confirm)
+	assert.False(t, q.Confirmed)
 	assert.True(t, q.AwaitsConfirmation())
 	assert.Contains(t, status.QuarantineNote(q), "waiting for the controller to confirm the delete")
 	assert.Equal(t, 1.0, value(t, f.metrics, "gitfleet_agent_deletes_awaiting_confirmation", "kind", "vm"))
 	assert.Equal(t, 1, strings.Count(f.logs.String(), "waiting for the controller to confirm the delete"), "logged once:\n%s", f.logs.String())
 
-	// The controller comes back: C1's ledger is genuine, but the desired
-	// head holds x-01, so the delete is undone; nothing is confirmed.
+	// The controller comes back: C1's ledger is genuine but older than
+	// the one it wrote last, so it acts on its own (x-01 live) and
+	// reports the reset; nothing is confirmed.
 	res := f.pass()
-	assert.Contains(t, res.Undeleted, "VM x-01@"+testHost)
+	require.NotEmpty(t, res.ForgedCommits)
+	assert.Equal(t, c1, res.ForgedCommits[0].Commit, "the reset to C1 is reported")
 	assert.Empty(t, res.Confirmed)
 	require.Contains(t, res.Published, testHost)
 	assert.False(t, tipSnapshot(t, f.bare).VM("x-01").Tombstoned)
@@ -162,9 +165,9 @@ func TestReplayedSignedTombstoneNeverDestroys(t *testing.T) {
 }
 
 // A reviewed delete on an agent that verifies snapshots: the VM and the
-// volume are quarantined with nonces, the controller publishes them in
-// the tombstones, the agent destroys both after the grace, and the acks
-// finalize the deletes.
+// volume are quarantined, given nonces once the grace has passed, the
+// controller publishes them in the tombstones, the agent destroys both,
+// and the acks finalize the deletes.
 func TestConfirmedDeleteDestroysAfterTheGrace(t *testing.T) {
 	f := newSignedFleet(t, map[string]string{
 		"hosts/hv-a.yaml":     hostFile(testHost),
@@ -184,12 +187,24 @@ func TestConfirmedDeleteDestroysAfterTheGrace(t *testing.T) {
 	st := f.agentOnce()
 	vm := quarantineOf(t, st.Quarantined, "old-01")
 	vol := quarantineOf(t, st.QuarantinedVolumes, "old-data")
+	assert.Empty(t, vm.Confirm, "no nonce inside the grace")
+	assert.Empty(t, vol.Confirm)
+	assert.False(t, vm.AwaitsConfirmation())
+	assert.False(t, vol.DestroyAt.IsZero())
+	res = f.pass()
+	assert.Empty(t, res.Confirmed, "nothing to confirm inside the grace")
+	assert.NotContains(t, res.Published, testHost)
+
+	f.host.clock.Add(2 * time.Minute)
+	st = f.agentOnce()
+	assert.Empty(t, f.host.prov.Calls(agenttest.OpDestroy), "the grace has passed, not yet confirmed")
+	vm = quarantineOf(t, st.Quarantined, "old-01")
+	vol = quarantineOf(t, st.QuarantinedVolumes, "old-data")
 	require.True(t, snapshots.ValidConfirm(vm.Confirm))
 	require.True(t, snapshots.ValidConfirm(vol.Confirm))
 	assert.NotEqual(t, vm.Confirm, vol.Confirm)
 	assert.True(t, vm.AwaitsConfirmation())
 	assert.True(t, vol.AwaitsConfirmation())
-	assert.False(t, vol.DestroyAt.IsZero())
 
 	t.Run("the controller confirms", func(t *testing.T) {
 		res := f.pass()
@@ -199,16 +214,9 @@ func TestConfirmedDeleteDestroysAfterTheGrace(t *testing.T) {
 		assert.Equal(t, vm.Confirm, snap.VM("old-01").Tombstone.Confirm)
 		assert.Equal(t, vol.Confirm, snap.Volume("old-data").Tombstone.Confirm)
 		assert.Empty(t, f.pass().Published, "confirmed once: the next pass publishes nothing")
-
-		st := f.agentOnce()
-		assert.True(t, quarantineOf(t, st.Quarantined, "old-01").Confirmed)
-		assert.True(t, quarantineOf(t, st.QuarantinedVolumes, "old-data").Confirmed)
-		assert.Empty(t, f.host.prov.Calls(agenttest.OpDestroy), "confirmed, but the grace has not passed")
-		assert.NotContains(t, status.QuarantineNote(quarantineOf(t, st.Quarantined, "old-01")), "waiting for the controller")
 	})
 
-	t.Run("destroyed after the grace, and the acks finalize", func(t *testing.T) {
-		f.host.clock.Add(2 * time.Minute)
+	t.Run("destroyed, and the acks finalize", func(t *testing.T) {
 		st := f.agentOnce()
 		assert.Equal(t, []string{"old-01"}, f.host.prov.Calls(agenttest.OpDestroy))
 		assert.Equal(t, []string{"old-01"}, st.Destroyed)
@@ -220,12 +228,12 @@ func TestConfirmedDeleteDestroysAfterTheGrace(t *testing.T) {
 		snap := tipSnapshot(t, f.bare)
 		assert.Nil(t, snap.VM("old-01"))
 		assert.Nil(t, snap.Volume("old-data"))
-		assert.NotContains(t, f.logs.String(), "waiting for the controller to confirm", "a confirmed delete never waited")
+		assert.NotContains(t, f.logs.String(), "waiting for the controller to confirm", "confirmed at the first round trip: the delete never waited")
 	})
 }
 
-// The nonce is kept on disk with the quarantine marker: an agent restart
-// reports the same one. An un-delete clears it; the next delete gets a new
+// The nonce, given once the grace has passed, is kept on disk with the
+// quarantine marker: an agent restart reports the same one. An un-delete clears it; the next delete gets a new
 // one, and a snapshot carrying the old nonce (a controller-signed commit
 // from the first delete) does not destroy; the controller's confirmation
 // of the new nonce does.
@@ -241,6 +249,8 @@ func TestConfirmNonceSurvivesRestartAndIsNewPerQuarantine(t *testing.T) {
 	f.pass()
 	f.commit(gittest.Edit{Remove: []string{"vms/old-01.yaml", "volumes/old.yaml"}, Message: "retire old-01"})
 	f.pass()
+	f.agentOnce()
+	f.host.clock.Add(2 * time.Minute) // the grace passes: nonces
 	st := f.agentOnce()
 	first := quarantineOf(t, st.Quarantined, "old-01").Confirm
 	firstVol := quarantineOf(t, st.QuarantinedVolumes, "old-data").Confirm
@@ -266,6 +276,8 @@ func TestConfirmNonceSurvivesRestartAndIsNewPerQuarantine(t *testing.T) {
 	// Deleted again: a new quarantine, a new nonce.
 	f.commit(gittest.Edit{Remove: []string{"vms/old-01.yaml", "volumes/old.yaml"}, Message: "retire old-01 again"})
 	f.pass()
+	f.agentOnce()
+	f.host.clock.Add(2 * time.Minute)
 	st = f.agentOnce()
 	second := quarantineOf(t, st.Quarantined, "old-01").Confirm
 	secondVol := quarantineOf(t, st.QuarantinedVolumes, "old-data").Confirm
@@ -380,8 +392,8 @@ func TestForgedQuarantineConfirmsNothing(t *testing.T) {
 
 // A quarantine begun before the agent required confirmation (it had no
 // controllerKeys yet, or ran an earlier release) gets its nonce at the
-// first tick after, its grace unchanged: it is destroyed once the grace
-// has passed and the controller has confirmed, not before.
+// first tick after its grace (unchanged) has passed: it is destroyed once
+// the controller has confirmed, not before.
 func TestQuarantineFromBeforeConfirmationGetsANonce(t *testing.T) {
 	f := newSignedFleet(t, map[string]string{
 		"hosts/hv-a.yaml":  hostFile(testHost),
@@ -408,15 +420,16 @@ func TestQuarantineFromBeforeConfirmationGetsANonce(t *testing.T) {
 	f.host.controllerKeys = keys
 	f.host.start()
 	st = f.agentOnce()
+	assert.Empty(t, quarantineOf(t, st.Quarantined, "old-01").Confirm, "no nonce inside the grace")
+
+	f.host.clock.Add(2 * time.Minute)
+	st = f.agentOnce()
 	vm := quarantineOf(t, st.Quarantined, "old-01")
 	vol := quarantineOf(t, st.QuarantinedVolumes, "old-data")
 	require.True(t, snapshots.ValidConfirm(vm.Confirm), "given a nonce: %q", vm.Confirm)
 	require.True(t, snapshots.ValidConfirm(vol.Confirm), "given a nonce: %q", vol.Confirm)
 	assert.Equal(t, before.Since, vm.Since, "the grace is unchanged")
 	assert.Equal(t, beforeVol.Since, vol.Since)
-
-	f.host.clock.Add(2 * time.Minute)
-	st = f.agentOnce()
 	assert.Empty(t, f.host.prov.Calls(agenttest.OpDestroy), "not confirmed yet")
 	assert.True(t, st.Volume("old-data").Present)
 	require.ElementsMatch(t, []string{"VM old-01@" + testHost, "Volume old-data@" + testHost}, f.pass().Confirmed)

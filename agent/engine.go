@@ -130,10 +130,10 @@ type EngineConfig struct {
 	AgeIdentity *sealed.Keyring
 	// ConfirmDeletes makes every destroy of a tombstoned VM or volume
 	// wait, besides its TombstoneGrace, for the controller's confirmation:
-	// the quarantine gets a random nonce (on disk with its marker,
-	// reported in the status), and the object is destroyed only once the
-	// accepted snapshot's tombstone of it carries that nonce
-	// (docs/DESIGN.md, "Delete confirmation"). An agent that verifies
+	// once its grace has passed, the quarantine gets a random nonce (on
+	// disk with its marker, reported in the status), and the object is
+	// destroyed only once the accepted snapshot's tombstone of it carries
+	// that nonce (docs/DESIGN.md, "Delete confirmation"). An agent that verifies
 	// snapshots turns it on (Config.ControllerKeys): only then does a
 	// snapshot carrying the nonce prove the controller confirmed this
 	// quarantine. Off, the grace alone gates a destroy.

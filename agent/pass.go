@@ -154,8 +154,9 @@ func (p *vmPass) vanished() {
 // remove is the delete path of a tombstoned VM: shut down and quarantine,
 // then destroy once TombstoneGrace has passed since the quarantine marker
 // and, when the engine requires it, the accepted snapshot's tombstone
-// carries the quarantine's nonce (confirm.go). Only a successful destroy
-// removes the record. It reports whether the VM is gone.
+// carries the quarantine's nonce (confirm.go), given only once the grace
+// has passed. Only a successful destroy removes the record. It reports
+// whether the VM is gone.
 func (p *vmPass) remove() bool {
 	rec := p.rec
 	if rec.DestroyedAt != nil {
@@ -176,14 +177,7 @@ func (p *vmPass) remove() bool {
 			rec.QuarantinedAt = &t
 			rec.VanishedAt = nil
 			rec.Confirm = ""
-			log := p.log.WithField("grace", grace.String())
-			if p.e.ConfirmsDeletes() {
-				if !p.giveConfirm() {
-					return false
-				}
-				log = log.WithField("confirm", rec.Confirm)
-			}
-			log.Info("tombstoned vm shut down and quarantined")
+			p.log.WithField("grace", grace.String()).Info("tombstoned vm shut down and quarantined")
 		}
 		rec.Reserved = nil
 		rec.Phase = status.PhaseQuarantined
@@ -193,19 +187,29 @@ func (p *vmPass) remove() bool {
 			return false
 		}
 	}
+	if p.e.now().Sub(*rec.QuarantinedAt) < grace {
+		if rec.Confirm != "" {
+			// A nonce given inside the grace (by an earlier release)
+			// may be confirmed before an un-delete in the grace: that
+			// confirmation, replayed, would destroy what the un-delete
+			// keeps. It is dropped; the grace's end gives a fresh one.
+			rec.Confirm = ""
+			_ = p.e.commit(rec)
+		}
+		return false
+	}
 	if p.e.ConfirmsDeletes() && rec.Confirm == "" {
-		// Quarantined before this agent required confirmation (an
-		// upgrade, controllerKeys configured since): it gets its nonce
-		// now, its grace unchanged.
+		// The grace has passed: only now does the quarantine get its
+		// nonce (also one begun before this agent required
+		// confirmation), so every confirmation the controller signs
+		// postdates the grace, and an un-delete within the grace leaves
+		// none to replay. The nonce is reported at the next status
+		// write; nothing is destroyed before it is confirmed.
 		if !p.giveConfirm() {
 			return false
 		}
-		p.log.WithField("confirm", rec.Confirm).Info("quarantined vm given a confirmation nonce")
-		if err := p.e.commit(rec); err != nil {
-			return false
-		}
-	}
-	if p.e.now().Sub(*rec.QuarantinedAt) < grace {
+		p.log.WithField("confirm", rec.Confirm).Info("tombstone grace passed; quarantined vm given a confirmation nonce for the controller to confirm")
+		_ = p.e.commit(rec)
 		return false
 	}
 	if !p.e.confirmed(confirmVM, rec.Name, rec.Confirm, p.want.Tombstone) {

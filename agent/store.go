@@ -39,7 +39,7 @@ var (
 //	vms/<name>/record.json   one Record per VM; the provisioner owns the rest of vms/<name>/
 //	volumes/<name>           a volume file (sparse, raw)
 //	volumes/<name>.partial   a volume being created; renamed into place when complete
-//	volumes/<name>.tombstone when the volume's tombstone was first seen (RFC 3339), then "confirm <nonce>" when deletes need confirmation
+//	volumes/<name>.tombstone when the volume's tombstone was first seen (RFC 3339), then "confirm <nonce>" once its grace has passed when deletes need confirmation
 //	snapshot.json            the last accepted snapshot
 //	epoch                    the highest snapshot epoch accepted (decimal)
 //	accepted                 "<epoch> <sha256>": the hash of the snapshot accepted at that epoch
@@ -170,8 +170,10 @@ type Record struct {
 	// set when the engine requires confirmation of deletes
 	// (EngineConfig.ConfirmDeletes): the VM is destroyed only once the
 	// accepted snapshot's tombstone carries it (snapshots.Tombstone.Confirm).
-	// It is made with the marker and cleared with it, so a new quarantine
-	// gets a new nonce and a restart keeps the one reported.
+	// It is made once the grace has passed (never inside it, so no
+	// confirmation predates an un-delete within the grace) and cleared
+	// with the marker, so a new quarantine gets a new nonce and a restart
+	// keeps the one reported.
 	Confirm string `json:"confirm,omitempty"`
 	// VanishedAt is when the VM was first found absent from the accepted
 	// snapshot without a tombstone. The vanish grace is measured from it;

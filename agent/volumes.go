@@ -188,7 +188,8 @@ func (e *Engine) volumeMarker(name string) string {
 
 // reclaimVolume deletes a tombstoned volume once TombstoneGrace has passed
 // since its marker was written and, when the engine requires it, the
-// snapshot's tombstone carries the marker's nonce (confirm.go). The marker
+// snapshot's tombstone carries the marker's nonce (confirm.go), given
+// only once the grace has passed and no VM holds the volume. The marker
 // is on disk, so the grace and the nonce survive restarts and do not
 // restart with every snapshot that restates the tombstone. A volume still
 // attached to a running VM waits for that VM. It returns the volume's row
@@ -217,14 +218,32 @@ func (e *Engine) reclaimVolume(v snapshots.SnapshotVolume, inUse bool) (status.V
 		return row, nil
 	}
 	q := &status.Quarantine{Name: name, Since: m.since.UTC(), DestroyAt: m.since.Add(e.cfg.TombstoneGrace).UTC()}
-	e.confirmRow(q, m.confirm, v.Tombstone)
 	if e.now().Sub(m.since) < e.cfg.TombstoneGrace {
+		if m.confirm != "" {
+			// Given inside the grace (by an earlier release): dropped,
+			// as a VM's is (vmPass.remove).
+			m.confirm = ""
+			if err := writeMarker(e.volumeMarker(name), m); err != nil {
+				log.WithError(err).Warn("volume tombstone marker")
+			}
+		}
 		return row, q
 	}
 	if inUse {
 		log.Info("tombstoned volume still attached to a VM on this host (or a VM record is unreadable); waiting")
+		e.confirmRow(q, m.confirm, v.Tombstone)
 		return row, q
 	}
+	if e.ConfirmsDeletes() && m.confirm == "" {
+		// Its nonce only now, as a VM's (vmPass.remove): every
+		// confirmation postdates the grace.
+		if err := e.giveVolumeConfirm(name, &m); err != nil {
+			log.WithError(err).Warn("volume tombstone marker: no confirmation nonce; retrying next tick")
+		}
+		e.confirmRow(q, m.confirm, v.Tombstone)
+		return row, q
+	}
+	e.confirmRow(q, m.confirm, v.Tombstone)
 	if !e.confirmed(confirmVolume, name, m.confirm, v.Tombstone) {
 		return row, q
 	}
@@ -241,41 +260,38 @@ func (e *Engine) reclaimVolume(v snapshots.SnapshotVolume, inUse bool) (status.V
 }
 
 // volumeQuarantine reads the tombstoned volume's marker, writing it first
-// when there is none (the tombstone is first seen now), and gives it a
-// nonce when the engine requires confirmation and it has none (a new
-// quarantine, or one begun before confirmation was required: its time is
-// kept).
+// when there is none (the tombstone is first seen now). The marker gets
+// its nonce only once the grace has passed (giveVolumeConfirm).
 func (e *Engine) volumeQuarantine(name string) (marker, error) {
 	path := e.volumeMarker(name)
 	m, err := readMarker(path)
-	fresh := errors.Is(err, fs.ErrNotExist)
-	switch {
-	case fresh:
-		m = marker{since: e.now()}
-	case err != nil:
-		return marker{}, err
+	if !errors.Is(err, fs.ErrNotExist) {
+		return m, err
 	}
-	if !fresh && (m.confirm != "" || !e.ConfirmsDeletes()) {
-		return m, nil
-	}
-	if e.ConfirmsDeletes() {
-		if m.confirm, err = newConfirm(); err != nil {
-			return marker{}, err
-		}
-	}
+	m = marker{since: e.now()}
 	if err := writeMarker(path, m); err != nil {
 		return marker{}, err
 	}
-	log := e.log.WithField("volume", name).WithField("grace", e.cfg.TombstoneGrace.String())
-	if m.confirm != "" {
-		log = log.WithField("confirm", m.confirm)
-	}
-	if fresh {
-		log.Info("tombstoned volume quarantined")
-	} else {
-		log.Info("quarantined volume given a confirmation nonce")
-	}
+	e.log.WithField("volume", name).WithField("grace", e.cfg.TombstoneGrace.String()).Info("tombstoned volume quarantined")
 	return m, nil
+}
+
+// giveVolumeConfirm gives m, the marker of the tombstoned volume name
+// whose grace has passed, a fresh nonce and writes it. On error m is
+// unchanged.
+func (e *Engine) giveVolumeConfirm(name string, m *marker) error {
+	c, err := newConfirm()
+	if err != nil {
+		return err
+	}
+	next := *m
+	next.confirm = c
+	if err := writeMarker(e.volumeMarker(name), next); err != nil {
+		return err
+	}
+	*m = next
+	e.log.WithField("volume", name).WithField("confirm", c).Info("tombstone grace passed; quarantined volume given a confirmation nonce for the controller to confirm")
+	return nil
 }
 
 // createSparse makes a sizeGB (GiB) sparse file at path through

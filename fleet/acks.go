@@ -67,7 +67,7 @@ func (c *Controller) authenticate(fl *desired.Fleet, l *snapshots.Ledger, report
 			v = ackVerdict{tip: tip, key: key, why: why, retry: retry}
 			if v.why != "" {
 				c.log.WithField("host", rep.Host).WithField("commit", desired.Hash(tip).Short()).WithField("reason", v.why).
-					Warn("host status not signed by the Host's agentKey: its acks are not acted on")
+					Warn("host status not signed by the Host's agentKey: its acks and its epoch are not acted on")
 			}
 		}
 		kept[rep.Host] = v

@@ -285,11 +285,15 @@ func (p *computePass) ignoreUnknownHosts() error {
 // snapshot forced out at the next epoch. A jump beyond
 // snapshots.MaxAcceptedEpoch (no agent accepts such an epoch, so the
 // status is corrupt or forged) is not followed: that host is held, and
-// every other host publishes.
+// every other host publishes. A status not signed by its Host's agentKey
+// (in.unsigned) moves nothing: it is as forgeable as its acks, and one
+// just under the bound would otherwise hold the host for good.
 func (p *computePass) recoverFence() error {
 	fenced := make([]string, 0, len(p.in.statuses))
 	for host := range p.in.statuses {
-		fenced = append(fenced, host)
+		if _, forged := p.in.unsigned[host]; !forged {
+			fenced = append(fenced, host)
+		}
 	}
 	sort.Strings(fenced)
 	for _, host := range fenced {

@@ -558,8 +558,17 @@ func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Ti
 	obs.tip, obs.reports, obs.copies, obs.hostTips, obs.err = c.readStatuses(ctx)
 	obs.statuses = map[string]*status.Status{}
 	if obs.err == nil {
+		var l *snapshots.Ledger
+		if c.ledgerSrc != nil {
+			l = c.ledgerSrc.ledger
+		}
+		// A status its Host's agentKey did not sign is no heartbeat of
+		// the host: anyone who can push its branch wrote it. (The pass
+		// judges its acks again against the ledger it computes on.)
+		unsigned := c.authenticate(fl, l, obs.reports, obs.hostTips)
 		for _, rep := range obs.reports {
-			if c.known(fl, rep.Host) {
+			_, forged := unsigned[rep.Host]
+			if c.known(fl, rep.Host) && !forged {
 				// A host the computation ignores keeps no liveness.
 				c.live.observe(rep.Host, rep.ID, now)
 			}
@@ -666,6 +675,11 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if err := src.restore(files); err != nil {
 			return nil, "", err
 		}
+		if src.adopted {
+			if err := c.dropUnadopted(tip, files, o.ledger); err != nil {
+				return nil, "", err
+			}
+		}
 		return files, commitMessage(head, o), nil
 	}
 	// The status edit runs after the snapshots edit of the same attempt:
@@ -713,7 +727,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	}}
 	if c.ledgerKeys != nil && tip != "" {
 		c.signedOnce = true
-		c.lastSigned = &signedLedger{commit: tip, ledger: out.ledger}
+		c.lastSigned = &signedLedger{commit: tip, ledger: out.ledger, repo: c.tips}
 	}
 	if c.history != nil {
 		// The walk's clone is read no more: the next pass reads the tip
@@ -722,6 +736,32 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		c.history = nil
 	}
 	return out, tip, written, nil
+}
+
+// dropUnadopted adds to files a removal of every path of tip, an adopted
+// unsigned commit (Config.TrustUnsignedLedgerOnce), that files does not
+// write and that is neither the ledger nor the host file of a host l, the
+// ledger written, has a record of. A person checked the ledger there,
+// nothing else: without this, a file planted beside it (a host file for a
+// host the desired state does not have, whose agent may still run) would
+// be signed with the controller's first commit and every later one. The
+// host files of hosts l knows are the computation's: rewritten, or found
+// to be what it computes (step 5).
+func (c *Controller) dropUnadopted(tip string, files map[string][]byte, l *snapshots.Ledger) error {
+	tree, err := c.tips.Tree(tip, "")
+	if err != nil {
+		return fmt.Errorf("list the adopted commit %s: %w", desired.Hash(tip).Short(), err)
+	}
+	return tree.Walk(func(f desired.File) error {
+		if _, ok := files[f.Path]; ok || f.Path == snapshots.LedgerPath {
+			return nil
+		}
+		if h, ok := snapshots.HostFromPath(f.Path); ok && l.Hosts[h] != nil {
+			return nil
+		}
+		files[f.Path] = nil
+		return nil
+	})
 }
 
 // input is compute's input for one attempt on the snapshots tip whose

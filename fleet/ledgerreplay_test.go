@@ -17,8 +17,9 @@ import (
 // A forged merge whose first parent is an older signed commit (one whose
 // ledger holds a tombstone of a VM undeleted since) and whose second
 // parent is the newest signed commit replays the old ledger: the
-// controller walks first parents to the old signed commit. The replay
-// destroys nothing (the VM, desired again, stays live and untombstoned)
+// controller walks first parents to the old signed commit, and a running
+// one, which wrote a newer signed ledger, acts on that one instead. The
+// replay destroys nothing (the VM, desired again, stays live and untombstoned)
 // and does not hold the host back: the agent's report of the epoch it
 // accepted lifts the host above it (fence recovery), and the forged merge
 // is reported.
@@ -43,8 +44,12 @@ func TestReplayedSignedLedgerThroughForgedMerge(t *testing.T) {
 	merge := e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Parents: []string{old, newest}, Message: "forged merge",
 		Write: map[string]string{snapshots.LedgerPath: oldLedger, snapshots.Path("hv-b"): oldHost}})
 	res := e.pass()
-	if len(res.ForgedCommits) != 1 || res.ForgedCommits[0].Commit != merge || res.ForgedCommits[0].Signed != old {
-		t.Fatalf("forged commits = %+v, want the merge %s above %s", res.ForgedCommits, merge, old)
+	// A running controller knows a newer signed ledger than old's: it
+	// acts on that one, and reports old (its ledger is older) and the
+	// merge above it.
+	if len(res.ForgedCommits) != 2 || res.ForgedCommits[0].Commit != old || res.ForgedCommits[1].Commit != merge ||
+		res.ForgedCommits[1].Signed != newest || !strings.Contains(res.ForgedCommits[0].Reason, "older") {
+		t.Fatalf("forged commits = %+v, want the old signed %s and the merge %s, above %s", res.ForgedCommits, old, merge, newest)
 	}
 	if !e.signedBy(key) {
 		t.Fatal("the tip after the pass is not signed")

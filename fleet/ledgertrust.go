@@ -157,10 +157,13 @@ func WalkToSigned(repo *gitsource.Repo, tip string, keys *trust.Signers) (Ledger
 // signedLedger is the last snapshots commit a controller key signed that
 // this process wrote or verified at the tip, with its ledger: the
 // fallback of a walk that finds no signed commit (lastSigned). Its
-// objects are read from the tip repository, which fetched or wrote it.
+// objects are read from repo, the tip repository that fetched or wrote
+// it: kept when the controller opens a fresh one (tipsRenewal), which
+// holds only the tip it fetched.
 type signedLedger struct {
 	commit string
 	ledger *snapshots.Ledger
+	repo   *gitsource.Repo
 }
 
 // authenticLedger returns the ledger the pass may act on at tip, the
@@ -193,10 +196,14 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 			c.log.WithField("commit", tip).Warn(TrustUnsignedLedgerOnceFlag + " is set but the snapshots tip is signed by a controller key: the flag does nothing; remove it")
 		}
 		src, err := atTip()
-		if err == nil {
-			c.lastSigned = &signedLedger{commit: tip, ledger: src.ledger}
+		if err != nil {
+			return nil, err
 		}
-		return src, err
+		if why := c.rolledBack(src.ledger); why != "" {
+			return c.rollBackSource(ctx, tip, []ForgedCommit{{Commit: tip, Reason: "signed by a controller key, but " + why}})
+		}
+		c.lastSigned = &signedLedger{commit: tip, ledger: src.ledger, repo: c.tips}
+		return src, nil
 	}
 	hist, err := c.ledgerHistory(ctx)
 	if err != nil {
@@ -208,7 +215,7 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 	}
 	if walk.Signed == "" {
 		if c.lastSigned != nil {
-			return c.lastSignedSource(tip, walk)
+			return c.lastSignedSource(ctx, tip, walk)
 		}
 		return c.adoptOrRefuse(tip, walk, atTip)
 	}
@@ -223,6 +230,10 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 	l, err := snapshots.LedgerAt(readFrom)
 	if err != nil {
 		return nil, fmt.Errorf("ledger of the signed commit %s: %w", desired.Hash(from).Short(), err)
+	}
+	if why := c.rolledBack(l); why != "" {
+		forged := append(walk.Forged, ForgedCommit{Commit: from, Reason: "signed by a controller key, but " + why})
+		return c.rollBackSource(ctx, tip, forged)
 	}
 	changes, err := hist.Diff(from, tip)
 	if err != nil {
@@ -239,35 +250,93 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 // on top of it, or a history that does not hold it. The pass acts on
 // that commit's ledger and restores every path that differs between it
 // and tip, as over a signed commit the walk found: this process wrote or
-// verified it, so it needs no person to vouch for it. Its objects must
-// still be in the tip repository (a fresh clone of it has lost them);
-// when they are not, the pass is refused (ErrUnsignedLedger) and says so.
-func (c *Controller) lastSignedSource(tip string, walk LedgerWalk) (*ledgerSource, error) {
-	last := c.lastSigned
-	changes, err := c.tips.Diff(last.commit, tip)
+// verified it, so it needs no person to vouch for it. Its objects are
+// read from the tip repository that held it (last.repo): when the
+// controller has opened a fresh one since (tipsRenewal, while someone
+// kept pushing forgeries), that one fetches the tip too. When neither
+// holds them (a clone from a restart), the pass is refused
+// (ErrUnsignedLedger) and says so.
+func (c *Controller) lastSignedSource(ctx context.Context, tip string, walk LedgerWalk) (*ledgerSource, error) {
+	forged := walk.Forged
+	if len(forged) > 0 {
+		// The tip's record carries the count: the list is bounded.
+		forged[0].Reason += fmt.Sprintf(" (%s unsigned commits walked from the tip without reaching a signed one; the last signed commit this controller wrote or verified is %s)",
+			walkedCount(walk), desired.Hash(c.lastSigned.commit).Short())
+	}
+	src, err := c.fromLastSigned(ctx, tip, forged)
 	if err != nil {
-		return nil, fmt.Errorf("%w: none of the %s first-parent commits of %s from %s is signed by a controller key, and the last signed commit this controller wrote or verified, %s, is no longer in its local copy (%v): refusing to act on the ledger at the tip; push %s back onto %s if a clone still holds it, or check %s@%s by hand and restart the controller once with %s=%s",
-			ErrUnsignedLedger, walkedCount(walk), c.cfg.SnapshotsBranch, desired.Hash(tip).Short(), last.commit, err,
-			last.commit, c.cfg.SnapshotsBranch, snapshots.LedgerPath, desired.Hash(tip).Short(), TrustUnsignedLedgerOnceFlag, tip)
+		return nil, fmt.Errorf("%w: none of the %s first-parent commits of %s from %s is signed by a controller key, and %w",
+			ErrUnsignedLedger, walkedCount(walk), c.cfg.SnapshotsBranch, desired.Hash(tip).Short(), err)
+	}
+	return src, nil
+}
+
+// rolledBack says why l, the ledger of a commit a controller key signed,
+// is older than the last one this process wrote or verified
+// (c.lastSigned), "" when it is not: a host's epoch in it is below the
+// one there. Epochs only rise, so such a ledger is an old, genuine one
+// pushed back (the branch reset to an older signed commit, or a forged
+// merge whose first parent is one). Acted on, it would compute anew from
+// its old applied commit: what a force-push of the desired branch
+// dropped since (retained) would be tombstoned.
+func (c *Controller) rolledBack(l *snapshots.Ledger) string {
+	if c.lastSigned == nil {
+		return ""
+	}
+	hosts := make([]string, 0, len(c.lastSigned.ledger.Hosts))
+	for h := range c.lastSigned.ledger.Hosts {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	for _, h := range hosts {
+		if r := l.Hosts[h]; r != nil && r.Epoch < c.lastSigned.ledger.Hosts[h].Epoch {
+			return fmt.Sprintf("its ledger is older than the last signed commit this controller wrote or verified, %s (host %s at epoch %d there, %d here): the branch was reset to an older signed commit",
+				desired.Hash(c.lastSigned.commit).Short(), h, c.lastSigned.ledger.Hosts[h].Epoch, r.Epoch)
+		}
+	}
+	return ""
+}
+
+// rollBackSource is fromLastSigned for a tip whose signed ledger is older
+// than c.lastSigned (rolledBack); a refusal names ErrUnsignedLedger.
+func (c *Controller) rollBackSource(ctx context.Context, tip string, forged []ForgedCommit) (*ledgerSource, error) {
+	src, err := c.fromLastSigned(ctx, tip, forged)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the ledger signed at or below %s is older than this controller's, and %w", ErrUnsignedLedger, desired.Hash(tip).Short(), err)
+	}
+	return src, nil
+}
+
+// fromLastSigned is the ledger source of tip read at c.lastSigned, the
+// commits forged listed above it: every path that differs between the two
+// is restored by the pass.
+func (c *Controller) fromLastSigned(ctx context.Context, tip string, forged []ForgedCommit) (*ledgerSource, error) {
+	last := c.lastSigned
+	repo := c.tips
+	changes, err := repo.Diff(last.commit, tip)
+	if err != nil && last.repo != nil && last.repo != c.tips {
+		repo = last.repo
+		if _, ferr := repo.Fetch(ctx, c.cfg.SnapshotsBranch); ferr != nil {
+			return nil, fmt.Errorf("fetch %s into the copy that holds the last signed commit %s: %w", c.cfg.SnapshotsBranch, desired.Hash(last.commit).Short(), ferr)
+		}
+		changes, err = repo.Diff(last.commit, tip)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the last signed commit this controller wrote or verified, %s, is no longer in its local copy (%v): refusing to act on the ledger at the tip; push %s back onto %s if a clone still holds it, or check %s@%s by hand and restart the controller once with %s=%s",
+			last.commit, err, last.commit, c.cfg.SnapshotsBranch, snapshots.LedgerPath, desired.Hash(tip).Short(), TrustUnsignedLedgerOnceFlag, tip)
 	}
 	read := func(p string) ([]byte, error) {
 		max := int64(snapshots.MaxSnapshotBytes)
 		if p == snapshots.LedgerPath {
 			max = snapshots.MaxLedgerBytes
 		}
-		return c.tips.ReadFileMax(last.commit, p, max)
+		return repo.ReadFileMax(last.commit, p, max)
 	}
-	forged := walk.Forged
 	for i := range forged {
 		forged[i].Signed = last.commit
 	}
-	if len(forged) > 0 {
-		// The tip's record carries the count: the list is bounded.
-		forged[0].Reason += fmt.Sprintf(" (%s unsigned commits walked from the tip without reaching a signed one; the last signed commit this controller wrote or verified is %s)",
-			walkedCount(walk), desired.Hash(last.commit).Short())
-	}
-	c.log.WithFields(logrus.Fields{"commit": desired.Hash(tip).Short(), "signed": desired.Hash(last.commit).Short(), "forged": walkedCount(walk)}).
-		Error("no snapshots commit within reach of the tip is signed by a controller key: acting on the ledger of the last signed commit this controller wrote or verified and repairing over the tip")
+	c.log.WithFields(logrus.Fields{"commit": desired.Hash(tip).Short(), "signed": desired.Hash(last.commit).Short(), "forged": len(forged)}).
+		Error("the snapshots tip is not acted on as it stands (no signed commit within reach, or an older signed ledger): acting on the ledger of the last signed commit this controller wrote or verified and repairing over the tip")
 	return &ledgerSource{tip: tip, from: last.commit, ledger: last.ledger, read: read, forged: forged, changed: changedPaths(changes)}, nil
 }
 

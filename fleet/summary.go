@@ -60,6 +60,9 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 			continue
 		}
 		st := rep.Status
+		if v, ok := c.ackVerdicts[rep.Host]; ok && v.why != "" {
+			h.Unsigned = v.why
+		}
 		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
 		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
 		h.SnapshotError = st.SnapshotError

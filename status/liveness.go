@@ -115,6 +115,11 @@ func (h HostSummary) State() string {
 // state of a retired host.
 const RetiredNote = "retired: no Host object; listed until it acks the deletes delivered to it"
 
+// UnsignedNote is what the Hosts table adds to the state of a host whose
+// status commit is not signed by its Host's spec.agentKey, and each of
+// its VM rows to its note.
+const UnsignedNote = "status not signed by the Host's agentKey: unverified, not acted on"
+
 // VMHostNote is the note a VM's row carries for what its host's state
 // means for it, "" when nothing: the row of an offline host is its last
 // report, and a suspended host applies no change.

@@ -125,7 +125,8 @@ type Quarantine struct {
 	// object only after the grace and once the snapshot it accepted
 	// carries this nonce on the object's tombstone (its confirm), which
 	// the controller copies there while the delete is pending in its
-	// ledger. A new quarantine gets a new nonce (docs/DESIGN.md, "Delete
+	// ledger. It is given once the grace has passed (empty before); a
+	// new quarantine gets a new nonce (docs/DESIGN.md, "Delete
 	// confirmation"). Empty from an agent that does not verify snapshots:
 	// it destroys after the grace alone.
 	Confirm string `yaml:"confirm,omitempty" json:"confirm,omitempty"`

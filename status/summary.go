@@ -106,6 +106,10 @@ type HostSummary struct {
 	// Retired is set for a host the applied desired state has no Host
 	// object for, listed while deletes delivered to it wait for its ack.
 	Retired bool
+	// Unsigned says why the host's status commit is not signed by its
+	// Host's spec.agentKey ("" when it is, or the Host names none): what
+	// the status reports is unverified, and none of it is acted on.
+	Unsigned string
 }
 
 // PendingDelete is a tombstone not finalized yet: who removed what, with
@@ -230,6 +234,9 @@ func RenderSummary(s Summary) []byte {
 			if h.Retired {
 				state += ", " + RetiredNote
 			}
+			if h.Unsigned != "" {
+				state += ", " + UnsignedNote + ": " + h.Unsigned
+			}
 			switch {
 			case h.FenceViolation:
 				state += ", fence violation"
@@ -264,6 +271,9 @@ func RenderSummary(s Summary) []byte {
 		tableHeader(&b, "VM", "host", "phase", "power", "address", "error", "note")
 		for _, h := range s.Hosts {
 			hostNote := VMHostNote(h.State(), h.Suspended != nil)
+			if h.Unsigned != "" {
+				hostNote = joinNotes(UnsignedNote, hostNote)
+			}
 			for _, vm := range h.VMs {
 				addr := vm.IP
 				if vm.SSH != "" {

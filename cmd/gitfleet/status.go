@@ -24,6 +24,7 @@ import (
 	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/trust"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -66,7 +67,7 @@ act on).
 --format json prints {"commit", "hosts", "unreadable", "pendingDeletes",
 "pendingError", "lastRejected", "controllerFailing", "controllerError",
 "applied", "retained", "forgedAcks", "forgedCommits", "liveness", "livenessError",
-"controllerWrote", "lastWriteError"}: the status files themselves, the hosts whose file
+"controllerWrote", "lastWriteError", "ledgerWarning"}: the status files themselves, the hosts whose file
 could not be read with why, the pending deletes (kind, name, host, commit,
 author, time, epoch, publishedAt, destroyAt, confirm, awaitingConfirmation)
 and why they could not be
@@ -79,12 +80,20 @@ refused as forged (commit, signed, reason, at) and each host's state as the cont
 judges it by its own clock (host, state: online, offline, no status yet
 or status unreadable; retired when no Host object is left), and why that
 could not be read, and when the controller last wrote the status branch
-(at, refreshSeconds, ageSeconds, stale) and why that could not be read.
+(at, refreshSeconds, ageSeconds, stale) and why that could not be read,
+and how the ledger was read when it is not the tip a controller key signed.
 
 The controller writes the status branch at least every 10 minutes, an
 idle fleet included; when its last write is older than three of those
 intervals, the table starts with a warning that the controller is
 stopped or cannot write, and that what it shows is its last view.
+
+Anyone who can push the snapshots branch can write a ledger there. With
+--controller-keys (the allowed-signers file of the controller's public
+keys, as plan takes it), status reads the ledger of the newest commit a
+controller key signed, as the controller does, and says which unsigned
+commits lie above it; without it, it says that the ledger it read is
+unverified ("ledgerWarning" in the JSON).
 
 Exit status: 0; 1 when the status branch is missing (no agent has
 reported to this repository, or --repo names a clone rather than the
@@ -95,6 +104,8 @@ errors.`,
 	}
 	flags := config.NewFlags(cmd.Flags())
 	repo.Bind(flags)
+	var controllerKeys string
+	flags.Path(&controllerKeys, "controller-keys", "GITFLEET_CONTROLLER_KEYS", "allowed-signers file of the controller's public keys (its own and --controller-keys', as agents' controllerKeysFile): read the ledger of the newest snapshots commit one of them signed, as the controller does")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := flags.FromEnv(config.OS); err != nil {
 			return usageOr(err)
@@ -105,7 +116,14 @@ errors.`,
 		if form != "table" && form != "json" {
 			return &exitError{code: 2, err: fmt.Errorf("--format must be table or json, got %q", form)}
 		}
-		return runStatus(cmd.Context(), cmd.OutOrStdout(), repo, branch, snapshots, form)
+		var keys *trust.Signers
+		if controllerKeys != "" {
+			var err error
+			if keys, err = trust.Load(controllerKeys, ""); err != nil {
+				return &exitError{code: 2, err: fmt.Errorf("--controller-keys: %w", err)}
+			}
+		}
+		return runStatus(cmd.Context(), cmd.OutOrStdout(), repo, branch, snapshots, form, keys)
 	}
 	cmd.Flags().StringVar(&branch, "status-branch", fleet.DefaultStatusBranch, "branch the controller writes the fleet's status on (its summary and a copy of each host's status)")
 	cmd.Flags().StringVar(&snapshots, "snapshots-branch", fleet.DefaultSnapshotsBranch, "branch the controller publishes snapshots and its ledger on")
@@ -162,6 +180,11 @@ type statusReport struct {
 	// LastWriteError says why it could not be read.
 	ControllerWrote *controllerWrote `json:"controllerWrote,omitempty"`
 	LastWriteError  string           `json:"lastWriteError,omitempty"`
+	// LedgerWarning says how the ledger was read when it is not the
+	// snapshots tip a controller key signed: unverified (no
+	// --controller-keys), or at the newest signed commit below unsigned
+	// ones, or not at all.
+	LedgerWarning string `json:"ledgerWarning,omitempty"`
 }
 
 // controllerWrote is status.LastWrite with its age at the reader's clock
@@ -209,14 +232,20 @@ type pendingDelete struct {
 	AwaitingConfirmation bool   `json:"awaitingConfirmation,omitempty"`
 }
 
-func runStatus(ctx context.Context, out io.Writer, rf config.Repo, branch, snapshots, format string) error {
-	return runStatusAt(ctx, out, rf, branch, snapshots, format, time.Now())
+// runStatus prints the status; keys are the controller's public keys
+// (nil: the ledger is read unverified at the tip).
+func runStatus(ctx context.Context, out io.Writer, rf config.Repo, branch, snapshots, format string, keys *trust.Signers) error {
+	return runStatusAt(ctx, out, rf, branch, snapshots, format, keys, time.Now())
 }
 
 // runStatusAt is runStatus reading at now (the reader's clock: the age of
 // the controller's last write).
-func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, snapshots, format string, now time.Time) error {
-	repo, done, err := openScratch(ctx, gitsource.Options{URL: rf.URL, Auth: rf.Auth(), Depth: 1})
+func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, snapshots, format string, keys *trust.Signers, now time.Time) error {
+	depth := 1
+	if keys != nil {
+		depth = fleet.MaxLedgerWalk + 1 // the walk back to a signed commit
+	}
+	repo, done, err := openScratch(ctx, gitsource.Options{URL: rf.URL, Auth: rf.Auth(), Depth: depth})
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
@@ -248,7 +277,7 @@ func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, sna
 		}
 		rep.Hosts = append(rep.Hosts, r.Status)
 	}
-	if err = readLedger(ctx, repo, snapshots, &rep); err != nil {
+	if err = readLedger(ctx, repo, snapshots, keys, &rep); err != nil {
 		rep.PendingDeletes, rep.PendingError = []pendingDelete{}, err.Error()
 	}
 	destroyAt(&rep)
@@ -350,8 +379,9 @@ func withoutUserinfo(raw string) (string, bool) {
 // branch: the pending deletes, the last rejected commit, the applied
 // commit and the retained objects; none when the branch does not exist
 // yet.
-func readLedger(ctx context.Context, repo *gitsource.Repo, branch string, rep *statusReport) error {
-	l, _, err := snapshots.ReadLedger(ctx, repo, branch)
+func readLedger(ctx context.Context, repo *gitsource.Repo, branch string, keys *trust.Signers, rep *statusReport) error {
+	l, warning, err := statusLedger(ctx, repo, branch, keys)
+	rep.LedgerWarning = warning
 	if err != nil || l == nil {
 		return err
 	}
@@ -366,6 +396,40 @@ func readLedger(ctx context.Context, repo *gitsource.Repo, branch string, rep *s
 	rep.LastRejected, rep.Applied = l.Rejected, l.Applied
 	rep.ForgedAcks, rep.ForgedCommits = l.ForgedAcks, l.ForgedCommits
 	return nil
+}
+
+// statusLedger reads the controller's ledger on branch for status, and a
+// warning for a person ("" when the ledger is the tip a controller key
+// signed, or there is none). Anyone who can push the branch can write a
+// ledger there: without keys (the controller's public keys) it is read at
+// the tip and said to be unverified; with them it is read as the
+// controller reads it (fleet.WalkToSigned, docs/DESIGN.md "Authentic
+// ledger"): at the newest signed first-parent commit, the warning naming
+// the unsigned commits above it, and with none within
+// fleet.MaxLedgerWalk, not at all (nil).
+func statusLedger(ctx context.Context, repo *gitsource.Repo, branch string, keys *trust.Signers) (*snapshots.Ledger, string, error) {
+	l, tip, lerr := snapshots.ReadLedger(ctx, repo, branch)
+	switch {
+	case tip == "":
+		return l, "", lerr
+	case keys == nil:
+		return l, fmt.Sprintf("the controller's ledger (pending deletes, retained objects, the applied commit, forged commits) was read at %s@%s unverified: anyone who can push that branch can write it; give --controller-keys to read the one the controller signed", branch, desired.Hash(tip).Short()), lerr
+	}
+	walk, err := fleet.WalkToSigned(repo, tip, keys)
+	if err != nil {
+		return nil, "", fmt.Errorf("walk %s back to a commit signed by a controller key: %w", branch, err)
+	}
+	switch walk.Signed {
+	case tip:
+		return l, "", lerr
+	case "":
+		return nil, fmt.Sprintf("no commit of %s within %d of its tip %s is signed by a controller key (%s): the ledger there may be anyone's; pending deletes, retained objects and forged commits are not shown", branch, fleet.MaxLedgerWalk, desired.Hash(tip).Short(), forgedList(walk)), nil
+	}
+	signed, err := snapshots.LedgerAt(func(p string) ([]byte, error) { return repo.ReadFileMax(walk.Signed, p, snapshots.MaxLedgerBytes) })
+	if err != nil {
+		return nil, "", fmt.Errorf("ledger of the signed commit %s: %w", desired.Hash(walk.Signed).Short(), err)
+	}
+	return signed, fmt.Sprintf("the tip of %s is not signed by a controller key: %s above the signed %s, whose ledger this shows (the controller acts on it too and writes over the rest)", branch, forgedList(walk), desired.Hash(walk.Signed).Short()), nil
 }
 
 // destroyAt gives each pending delete the time its host destroys the VM or
@@ -398,6 +462,9 @@ func destroyAt(rep *statusReport) {
 
 func writeStatusTable(out io.Writer, rep statusReport) error {
 	writeLastWrite(out, rep)
+	if rep.LedgerWarning != "" {
+		fmt.Fprintf(out, "Note: %s.\n\n", safetext.Line(rep.LedgerWarning))
+	}
 	if a := rep.Applied; a != nil {
 		fmt.Fprintf(out, "Desired state: %s at %s (applied).\n\n", dash(a.Branch), dash(a.Commit.Short()))
 	} else if rep.PendingError == "" {
