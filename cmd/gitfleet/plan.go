@@ -290,43 +290,22 @@ func writePlan(out io.Writer, p *desired.Plan, format string) error {
 // within fleet.MaxLedgerWalk, planned without a ledger. Without keys, a
 // ledger read at the tip carries a one-line warning that it is unverified.
 func planLedger(ctx context.Context, repo *gitsource.Repo, branch string, keys *trust.Signers) (*snapshots.Ledger, []string) {
-	unreadable := func(err error) (*snapshots.Ledger, []string) {
-		return snapshots.NewLedger(), []string{fmt.Sprintf("the controller's ledger on %s cannot be read (%v): planned without it, so pending deletes show as creates and a broken base has no applied commit to fall back to", branch, err)}
-	}
-	l, tip, lerr := snapshots.ReadLedger(ctx, repo, branch)
+	r, err := readControllerLedger(ctx, repo, branch, keys)
 	switch {
-	case lerr != nil && (keys == nil || tip == ""):
-		return unreadable(lerr)
-	case tip == "":
-		return snapshots.NewLedger(), nil // no branch: no controller has run
-	case keys == nil && l == nil:
-		return snapshots.NewLedger(), nil
-	case keys == nil:
-		return l, []string{fmt.Sprintf("the controller's ledger (pending deletes, retained objects, the applied commit) was read at %s@%s unverified: anyone who can push that branch can write it; give --controller-keys to read the one the controller signed", branch, desired.Hash(tip).Short())}
-	}
-	walk, err := fleet.WalkToSigned(repo, tip, keys)
-	if err != nil {
-		return unreadable(fmt.Errorf("walk back to a commit signed by a controller key: %w", err))
-	}
-	if walk.Signed == tip {
-		if lerr != nil {
-			return unreadable(lerr)
-		}
-		if l == nil {
-			return snapshots.NewLedger(), nil
-		}
-		return l, nil
-	}
-	if walk.Signed == "" {
+	case err != nil:
+		return snapshots.NewLedger(), []string{fmt.Sprintf("the controller's ledger on %s cannot be read (%v): planned without it, so pending deletes show as creates and a broken base has no applied commit to fall back to", branch, err)}
+	case r.walk != nil && r.walk.Signed == "":
 		return snapshots.NewLedger(), []string{fmt.Sprintf("no commit of %s within %d of its tip %s is signed by a controller key (%s): the ledger there may be anyone's, planned without it, so pending deletes show as creates",
-			branch, fleet.MaxLedgerWalk, desired.Hash(tip).Short(), forgedList(walk))}
+			branch, fleet.MaxLedgerWalk, desired.Hash(r.tip).Short(), forgedList(*r.walk))}
+	case r.walk != nil:
+		return r.ledger, []string{fmt.Sprintf("the tip of %s is not signed by a controller key: %s above the signed %s, whose ledger this plan reads (the controller acts on it too and writes over the rest)",
+			branch, forgedList(*r.walk), desired.Hash(r.walk.Signed).Short())}
+	case r.ledger == nil:
+		return snapshots.NewLedger(), nil // no branch (no controller has run), or no ledger on it
+	case keys == nil:
+		return r.ledger, []string{fmt.Sprintf("the controller's ledger (pending deletes, retained objects, the applied commit) was read at %s@%s unverified: anyone who can push that branch can write it; give --controller-keys to read the one the controller signed", branch, desired.Hash(r.tip).Short())}
 	}
-	signed, err := snapshots.LedgerAt(func(p string) ([]byte, error) { return repo.ReadFileMax(walk.Signed, p, snapshots.MaxLedgerBytes) })
-	if err != nil {
-		return unreadable(fmt.Errorf("ledger of the signed commit %s: %w", desired.Hash(walk.Signed).Short(), err))
-	}
-	return signed, []string{fmt.Sprintf("the tip of %s is not signed by a controller key: %s above the signed %s, whose ledger this plan reads (the controller acts on it too and writes over the rest)",
-		branch, forgedList(walk), desired.Hash(walk.Signed).Short())}
+	return r.ledger, nil
 }
 
 // forgedList names the unsigned commits of walk for a person: the count

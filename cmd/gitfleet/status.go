@@ -408,28 +408,18 @@ func readLedger(ctx context.Context, repo *gitsource.Repo, branch string, keys *
 // the unsigned commits above it, and with none within
 // fleet.MaxLedgerWalk, not at all (nil).
 func statusLedger(ctx context.Context, repo *gitsource.Repo, branch string, keys *trust.Signers) (*snapshots.Ledger, string, error) {
-	l, tip, lerr := snapshots.ReadLedger(ctx, repo, branch)
+	r, err := readControllerLedger(ctx, repo, branch, keys)
 	switch {
-	case tip == "":
-		return l, "", lerr
+	case r.tip == "":
+		return r.ledger, "", err
 	case keys == nil:
-		return l, fmt.Sprintf("the controller's ledger (pending deletes, retained objects, the applied commit, forged commits) was read at %s@%s unverified: anyone who can push that branch can write it; give --controller-keys to read the one the controller signed", branch, desired.Hash(tip).Short()), lerr
+		return r.ledger, fmt.Sprintf("the controller's ledger (pending deletes, retained objects, the applied commit, forged commits) was read at %s@%s unverified: anyone who can push that branch can write it; give --controller-keys to read the one the controller signed", branch, desired.Hash(r.tip).Short()), err
+	case err != nil || r.walk == nil:
+		return r.ledger, "", err
+	case r.walk.Signed == "":
+		return nil, fmt.Sprintf("no commit of %s within %d of its tip %s is signed by a controller key (%s): the ledger there may be anyone's; pending deletes, retained objects and forged commits are not shown", branch, fleet.MaxLedgerWalk, desired.Hash(r.tip).Short(), forgedList(*r.walk)), nil
 	}
-	walk, err := fleet.WalkToSigned(repo, tip, keys)
-	if err != nil {
-		return nil, "", fmt.Errorf("walk %s back to a commit signed by a controller key: %w", branch, err)
-	}
-	switch walk.Signed {
-	case tip:
-		return l, "", lerr
-	case "":
-		return nil, fmt.Sprintf("no commit of %s within %d of its tip %s is signed by a controller key (%s): the ledger there may be anyone's; pending deletes, retained objects and forged commits are not shown", branch, fleet.MaxLedgerWalk, desired.Hash(tip).Short(), forgedList(walk)), nil
-	}
-	signed, err := snapshots.LedgerAt(func(p string) ([]byte, error) { return repo.ReadFileMax(walk.Signed, p, snapshots.MaxLedgerBytes) })
-	if err != nil {
-		return nil, "", fmt.Errorf("ledger of the signed commit %s: %w", desired.Hash(walk.Signed).Short(), err)
-	}
-	return signed, fmt.Sprintf("the tip of %s is not signed by a controller key: %s above the signed %s, whose ledger this shows (the controller acts on it too and writes over the rest)", branch, forgedList(walk), desired.Hash(walk.Signed).Short()), nil
+	return r.ledger, fmt.Sprintf("the tip of %s is not signed by a controller key: %s above the signed %s, whose ledger this shows (the controller acts on it too and writes over the rest)", branch, forgedList(*r.walk), desired.Hash(r.walk.Signed).Short()), nil
 }
 
 // destroyAt gives each pending delete the time its host destroys the VM or
