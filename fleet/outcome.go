@@ -125,13 +125,13 @@ func (c *Controller) recordFailure(ctx context.Context, outcome Outcome, err err
 		}
 		return
 	}
-	if f := c.failing; f != nil && f.Outcome == string(outcome) && f.Reason == reason {
+	if c.sameFailure(outcome, reason) {
 		// The same failure: written again only when the status branch
 		// is due its refresh (last-write.yaml), so that a controller
 		// failing for long is not taken for a stopped one.
 		if c.refreshDue(now) {
 			s := *c.lastSummary
-			s.Failing = f
+			s.Failing = c.failing
 			if _, werr := c.writeSummary(ctx, s, now); werr != nil {
 				c.log.WithError(cleanErr(werr)).Warn("could not refresh the failing pass's record on the status branch")
 			}
@@ -159,10 +159,11 @@ func (c *Controller) recordFailure(ctx context.Context, outcome Outcome, err err
 // one. The same failure is written again once per refresh interval.
 // Caller holds c.mu.
 func (c *Controller) recordBeforeFirstPass(ctx context.Context, outcome Outcome, reason string, now time.Time) {
-	if f := c.failing; f != nil && f.Outcome == string(outcome) && f.Reason == reason && now.Sub(c.failingAt) < c.refreshEvery() {
+	same := c.sameFailure(outcome, reason)
+	if same && now.Sub(c.failingAt) < c.refreshEvery() {
 		return
 	}
-	if f := c.failing; f == nil || f.Outcome != string(outcome) || f.Reason != reason {
+	if !same {
 		c.failing = &status.PassFailure{Outcome: string(outcome), Since: now, Reason: reason}
 	}
 	failing, err := status.MarshalPassFailure(c.failing)
@@ -170,7 +171,7 @@ func (c *Controller) recordBeforeFirstPass(ctx context.Context, outcome Outcome,
 		c.log.WithError(err).Warn("could not record the failing pass on the status branch")
 		return
 	}
-	written, err := status.MarshalLastWrite(status.LastWrite{At: now, RefreshSeconds: int64(c.refreshEvery() / time.Second)})
+	written, err := c.lastWrite(now)
 	if err != nil {
 		c.log.WithError(err).Warn("could not record the failing pass on the status branch")
 		return
@@ -183,4 +184,11 @@ func (c *Controller) recordBeforeFirstPass(ctx context.Context, outcome Outcome,
 		return
 	}
 	c.failingAt = now
+}
+
+// sameFailure reports whether the failure on record (c.failing) is the
+// one of outcome and reason.
+func (c *Controller) sameFailure(outcome Outcome, reason string) bool {
+	f := c.failing
+	return f != nil && f.Outcome == string(outcome) && f.Reason == reason
 }

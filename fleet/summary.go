@@ -251,7 +251,7 @@ func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time
 	if err != nil {
 		return nil, err
 	}
-	written, err := status.MarshalLastWrite(status.LastWrite{At: now, RefreshSeconds: int64(c.refreshEvery() / time.Second)})
+	written, err := c.lastWrite(now)
 	if err != nil {
 		return nil, err
 	}
@@ -325,6 +325,11 @@ func (c *Controller) refreshEvery() time.Duration {
 // refreshDue reports whether the status branch is due a write at now
 // although nothing on it changed: this process wrote it refreshEvery ago
 // or more. Before its first write, the first pass writes anyway.
+// lastWrite renders last-write.yaml for a status commit made at now.
+func (c *Controller) lastWrite(now time.Time) ([]byte, error) {
+	return status.MarshalLastWrite(status.LastWrite{At: now, RefreshSeconds: int64(c.refreshEvery() / time.Second)})
+}
+
 func (c *Controller) refreshDue(now time.Time) bool {
 	return !c.summaryAt.IsZero() && now.Sub(c.summaryAt) >= c.refreshEvery()
 }
