@@ -9,11 +9,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
+
+	"github.com/gitfleet/gitfleet/internal/parallel"
 )
 
 // Loader loads fleets from trees and remembers what it parsed: objects are
@@ -268,23 +267,7 @@ func (l *Loader) parseAll(cands []*candidate) {
 		}
 		todo = append(todo, c)
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	workers := min(runtime.GOMAXPROCS(0), len(todo))
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(todo) {
-					return
-				}
-				l.parseOne(todo[i])
-			}
-		}()
-	}
-	wg.Wait()
+	parallel.For(len(todo), func(i int) { l.parseOne(todo[i]) })
 }
 
 // parseOne reads and parses one candidate. It reads l.cache but never

@@ -3,13 +3,12 @@ package status
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"sort"
 	"sync"
-	"sync/atomic"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/hostfile"
+	"github.com/gitfleet/gitfleet/internal/parallel"
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
 
@@ -160,26 +159,13 @@ func (r *Reader) readTree(tree desired.Tree, seen map[string]bool) ([]Report, er
 	if err != nil {
 		return nil, fmt.Errorf("read statuses: %w", err)
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(out)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(out) {
-					return
-				}
-				rep := &out[i]
-				rep.Status, rep.Err = r.read(files[i])
-				if rep.Err == nil && rep.Status.Host != rep.Host {
-					rep.Status, rep.Err = nil, fmt.Errorf("read status %s: host %q: %w", files[i].Path, rep.Status.Host, ErrHostMismatch)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	parallel.For(len(out), func(i int) {
+		rep := &out[i]
+		rep.Status, rep.Err = r.read(files[i])
+		if rep.Err == nil && rep.Status.Host != rep.Host {
+			rep.Status, rep.Err = nil, fmt.Errorf("read status %s: host %q: %w", files[i].Path, rep.Status.Host, ErrHostMismatch)
+		}
+	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
 	return out, nil
 }
