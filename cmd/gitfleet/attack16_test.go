@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -23,29 +21,7 @@ import (
 // ledger is unverified; with them it reads the ledger the controller
 // signed (db-01's delete is pending) and says the tip is not signed.
 func TestAttackStatusShowsAForgedLedger(t *testing.T) {
-	gittest.NeedGit(t)
-	keys := t.TempDir()
-	key := filepath.Join(keys, "controller_ed25519")
-	pub := keygenPublic(t, "--controller", "--out", key)
-	signers := filepath.Join(keys, "controller_signers")
-	require.NoError(t, os.WriteFile(signers, []byte("gitfleet-controller "+pub+"\n"), 0o644))
-
-	dir := cliFleet(t)
-	ctl := []string{"controller", "--repo", dir, "--path", "fleet", "--once", "--signing-key", key}
-	code, out := runCLI(t, ctl...)
-	require.Equal(t, 0, code, out)
-	gittest.Commit(t, dir, gittest.Edit{Remove: []string{"fleet/db-01.yaml"}})
-	code, out = runCLI(t, ctl...)
-	require.Equal(t, 0, code, out)
-
-	l, err := snapshots.ParseLedger([]byte(gittest.Show(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch, snapshots.LedgerPath)))
-	require.NoError(t, err)
-	require.NotEmpty(t, l.Tombstones)
-	l.Tombstones, l.ForgedCommits = nil, nil
-	data, err := l.Marshal()
-	require.NoError(t, err)
-	forged := gittest.Commit(t, dir, gittest.Edit{Branch: fleet.DefaultSnapshotsBranch, Message: "forged",
-		Write: map[string]string{snapshots.LedgerPath: string(data)}})
+	dir, _, signers, forged := signedFleetWithForgedLedger(t, func(l *snapshots.Ledger) { l.Tombstones, l.ForgedCommits = nil, nil })
 
 	type report struct {
 		PendingDeletes []struct{ Name string }

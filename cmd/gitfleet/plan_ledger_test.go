@@ -21,35 +21,13 @@ import (
 // an un-delete, as the controller will treat it) and names the forged
 // commit.
 func TestPlanReadsTheSignedLedger(t *testing.T) {
-	gittest.NeedGit(t)
-	keys := t.TempDir()
-	key := filepath.Join(keys, "controller_ed25519")
-	pub := keygenPublic(t, "--controller", "--out", key)
-	signers := filepath.Join(keys, "controller_signers")
-	require.NoError(t, os.WriteFile(signers, []byte("gitfleet-controller "+pub+"\n"), 0o644))
-
-	dir := cliFleet(t)
-	ctl := []string{"controller", "--repo", dir, "--path", "fleet", "--once", "--signing-key", key}
-	code, out := runCLI(t, ctl...)
-	require.Equal(t, 0, code, out)
-	gittest.Commit(t, dir, gittest.Edit{Remove: []string{"fleet/db-01.yaml"}})
-	code, out = runCLI(t, ctl...)
-	require.Equal(t, 0, code, out)
-
-	l, err := snapshots.ParseLedger([]byte(gittest.Show(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch, snapshots.LedgerPath)))
-	require.NoError(t, err)
-	require.NotEmpty(t, l.Tombstones, "the controller published db-01's tombstone")
-	l.Tombstones = nil
-	data, err := l.Marshal()
-	require.NoError(t, err)
-	forged := gittest.Commit(t, dir, gittest.Edit{Branch: fleet.DefaultSnapshotsBranch, Message: "forged",
-		Write: map[string]string{snapshots.LedgerPath: string(data)}})
+	dir, key, signers, forged := signedFleetWithForgedLedger(t, func(l *snapshots.Ledger) { l.Tombstones = nil })
 
 	gittest.SetBranch(t, dir, "restore", gittest.Rev(t, dir, "refs/heads/main"))
 	gittest.Commit(t, dir, gittest.Edit{Branch: "restore", Write: map[string]string{"fleet/db-01.yaml": cliVM("db-01", "hv-a", "1")}})
 	plan := []string{"plan", "--repo", dir, "--path", "fleet", "--base", "main", "--head", "restore"}
 
-	code, out = runCLI(t, plan...)
+	code, out := runCLI(t, plan...)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "+ create VM db-01", "the forged ledger, read unverified")
 	require.Contains(t, out, "unverified")
@@ -69,7 +47,7 @@ func TestPlanReadsTheSignedLedger(t *testing.T) {
 	// A history of its own, no signed commit in it: planned without a
 	// ledger, and said so.
 	orphan := gittest.Commit(t, dir, gittest.Edit{Branch: "orphan", Parents: []string{}, Message: "forged",
-		Write: map[string]string{snapshots.LedgerPath: string(data)}})
+		Write: map[string]string{snapshots.LedgerPath: gittest.Show(t, dir, forged, snapshots.LedgerPath)}})
 	before := gittest.Rev(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch)
 	gittest.SetBranch(t, dir, fleet.DefaultSnapshotsBranch, orphan)
 	code, out = runCLI(t, append(plan, "--controller-keys", signers)...)
@@ -80,10 +58,44 @@ func TestPlanReadsTheSignedLedger(t *testing.T) {
 	gittest.SetBranch(t, dir, fleet.DefaultSnapshotsBranch, before)
 
 	// Signed tip: no warning.
-	code, out = runCLI(t, ctl...)
+	code, out = runCLI(t, "controller", "--repo", dir, "--path", "fleet", "--once", "--signing-key", key)
 	require.Equal(t, 0, code, out)
 	code, out = runCLI(t, append(plan, "--controller-keys", signers)...)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "^ undelete VM db-01")
 	require.NotContains(t, out, "signed by a controller key", "a signed tip needs no warning:\n%s", out)
+}
+
+// signedFleetWithForgedLedger is cliFleet run by a controller that signs
+// (keys from gitfleet keygen), which published db-01's delete, and then a
+// forged, unsigned commit on the snapshots branch whose ledger is the
+// controller's as forge changes it. It returns the repository, the
+// controller's private key, the allowed-signers file of its public key
+// and the forged commit.
+func signedFleetWithForgedLedger(t *testing.T, forge func(*snapshots.Ledger)) (dir, key, signers, forged string) {
+	t.Helper()
+	gittest.NeedGit(t)
+	keys := t.TempDir()
+	key = filepath.Join(keys, "controller_ed25519")
+	pub := keygenPublic(t, "--controller", "--out", key)
+	signers = filepath.Join(keys, "controller_signers")
+	require.NoError(t, os.WriteFile(signers, []byte("gitfleet-controller "+pub+"\n"), 0o644))
+
+	dir = cliFleet(t)
+	ctl := []string{"controller", "--repo", dir, "--path", "fleet", "--once", "--signing-key", key}
+	code, out := runCLI(t, ctl...)
+	require.Equal(t, 0, code, out)
+	gittest.Commit(t, dir, gittest.Edit{Remove: []string{"fleet/db-01.yaml"}})
+	code, out = runCLI(t, ctl...)
+	require.Equal(t, 0, code, out)
+
+	l, err := snapshots.ParseLedger([]byte(gittest.Show(t, dir, "refs/heads/"+fleet.DefaultSnapshotsBranch, snapshots.LedgerPath)))
+	require.NoError(t, err)
+	require.NotEmpty(t, l.Tombstones, "the controller published db-01's tombstone")
+	forge(l)
+	data, err := l.Marshal()
+	require.NoError(t, err)
+	forged = gittest.Commit(t, dir, gittest.Edit{Branch: fleet.DefaultSnapshotsBranch, Message: "forged",
+		Write: map[string]string{snapshots.LedgerPath: string(data)}})
+	return dir, key, signers, forged
 }
