@@ -68,13 +68,7 @@ func TestAckNeedsTheHostsSignature(t *testing.T) {
 // only with a status signed by the last agentKey its Host named, which the
 // ledger keeps for it.
 func TestAckOfDepartedHostNeedsItsLastAgentKey(t *testing.T) {
-	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
-	signer, err := trust.LoadCommitSigner(key.Private)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := baseFleet()
-	files["hosts/hv-a.yaml"] = hostYAML("hv-a") + "  agentKey: " + key.Public + "\n"
+	files, key, signer := agentKeyFleet(t)
 	e := newEnv(t, files)
 	e.pass()
 	if got := e.ledger().Hosts["hv-a"].AgentKey; got != key.Public {
@@ -126,4 +120,18 @@ func TestAckOfDepartedHostAfterRestart(t *testing.T) {
 	if len(res.Finalized) != 0 || res.Pending != 1 || len(res.ForgedAcks) != 1 {
 		t.Fatalf("finalized %v, pending %d, forged %+v: the restarted controller acted on an unsigned ack of a departed host", res.Finalized, res.Pending, res.ForgedAcks)
 	}
+}
+
+// agentKeyFleet is baseFleet with hv-a's Host naming a new agent key in
+// spec.agentKey: the files, the key and its signer (the host's agent).
+func agentKeyFleet(t *testing.T) (map[string]string, trusttest.SSHKey, *trust.CommitSigner) {
+	t.Helper()
+	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
+	signer, err := trust.LoadCommitSigner(key.Private)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := baseFleet()
+	files["hosts/hv-a.yaml"] = hostYAML("hv-a") + "  agentKey: " + key.Public + "\n"
+	return files, key, signer
 }

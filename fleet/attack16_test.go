@@ -9,7 +9,6 @@ import (
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
-	"github.com/gitfleet/gitfleet/trust"
 	"github.com/gitfleet/gitfleet/trust/trusttest"
 )
 
@@ -24,13 +23,7 @@ import (
 // bound held the host for as long as it stayed. The host's real,
 // signed status is followed as before.
 func TestAttackUnsignedStatusMovesNoEpoch(t *testing.T) {
-	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
-	signer, err := trust.LoadCommitSigner(key.Private)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := baseFleet()
-	files["hosts/hv-a.yaml"] = hostYAML("hv-a") + "  agentKey: " + key.Public + "\n"
+	files, _, signer := agentKeyFleet(t)
 	e := newEnv(t, files)
 	epoch := e.pass().Published["hv-a"]
 	writeSignedStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: epoch}, signer)
@@ -69,13 +62,7 @@ func TestAttackUnsignedStatusMovesNoEpoch(t *testing.T) {
 // its phases as the host's, with nothing saying they are unverified. Now
 // the host line and each of its VM rows say so.
 func TestAttackUnsignedStatusShownAsTheHosts(t *testing.T) {
-	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
-	signer, err := trust.LoadCommitSigner(key.Private)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := baseFleet()
-	files["hosts/hv-a.yaml"] = hostYAML("hv-a") + "  agentKey: " + key.Public + "\n"
+	files, _, signer := agentKeyFleet(t)
 	e := newEnv(t, files)
 	epoch := e.pass().Published["hv-a"]
 	writeSignedStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: epoch,
@@ -220,13 +207,7 @@ func TestAttackRejectedHeadConfirmsNothing(t *testing.T) {
 // they were, and a delete pending on it is never swept. Now such a
 // status is no heartbeat: hv-a goes offline.
 func TestAttackUnsignedStatusKeepsADeadHostOnline(t *testing.T) {
-	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-a")
-	signer, err := trust.LoadCommitSigner(key.Private)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := baseFleet()
-	files["hosts/hv-a.yaml"] = hostYAML("hv-a") + "  agentKey: " + key.Public + "\n"
+	files, _, signer := agentKeyFleet(t)
 	e := newEnv(t, files)
 	epoch := e.pass().Published["hv-a"]
 	writeSignedStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: epoch}, signer)
