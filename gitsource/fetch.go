@@ -133,12 +133,7 @@ func (r *Repo) fetchRefs(ctx context.Context, set refSet) (map[string]string, er
 	if advertised := adv.tips(r.url); advertised != nil && len(set.branches) > 0 {
 		// The branches the remote lacks are known: not asked for, so
 		// no second advertisement is read to find which.
-		present := refSet{prefixes: set.prefixes}
-		for _, b := range set.branches {
-			if _, ok := advertised[b]; ok {
-				present.branches = append(present.branches, b)
-			}
-		}
+		present := set.advertisedIn(advertised)
 		if len(present.branches)+len(present.prefixes) == 0 {
 			return map[string]string{}, nil
 		}

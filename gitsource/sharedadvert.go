@@ -187,13 +187,7 @@ func (r *Repo) fetchAdvertised(adv *Advertisement, set refSet) (tips map[string]
 	if !r.unchanged(advertised, set) {
 		return nil, false
 	}
-	present := refSet{prefixes: set.prefixes}
-	for _, b := range set.branches {
-		if _, ok := advertised[b]; ok {
-			present.branches = append(present.branches, b)
-		}
-	}
-	tips, err := r.trackedTips(present)
+	tips, err := r.trackedTips(set.advertisedIn(advertised))
 	if err != nil {
 		return nil, false
 	}
@@ -203,4 +197,16 @@ func (r *Repo) fetchAdvertised(adv *Advertisement, set refSet) (tips map[string]
 		}
 	}
 	return tips, true
+}
+
+// advertisedIn is set without the exact branches advertised (branch →
+// tip) does not list; its prefixes stay.
+func (s refSet) advertisedIn(advertised map[string]string) refSet {
+	present := refSet{prefixes: s.prefixes}
+	for _, b := range s.branches {
+		if _, ok := advertised[b]; ok {
+			present.branches = append(present.branches, b)
+		}
+	}
+	return present
 }
