@@ -52,8 +52,10 @@ func TestStatusShowsForgeries(t *testing.T) {
 	l.ForgedAcks = []snapshots.ForgedAckRecord{{Ref: "VM db-01@hv-a", Commit: desired.Hash(strings.Repeat("ab", 20)), Reason: "not signed by the key the Host's spec.agentKey names"}}
 	write(l)
 
+	// Forgeries are shown, not failed on: the status branch and the
+	// ledger were read, so the exit status is 0.
 	code, out := runCLI(t, "status", "--repo", dir)
-	if code != 1 && code != 0 {
+	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 	for _, want := range []string{
