@@ -75,6 +75,14 @@ func TestAttackUnsignedStatusShownAsTheHosts(t *testing.T) {
 	if strings.Count(readme, "status not signed by the Host") != 2 { // the host line, web-01's row
 		t.Fatalf("README shows an unsigned status of hv-a as its own:\n%s", readme)
 	}
+	// So does liveness.yaml, which `gitfleet status` reads.
+	live, err := status.ParseLiveness(status.LivenessPath, []byte(gittest.Show(t, e.dir, "refs/heads/"+DefaultStatusBranch, status.LivenessPath)+"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(live["hv-a"].Unsigned, "not signed") {
+		t.Fatalf("liveness.yaml of hv-a: %+v, want why its status is unsigned", live["hv-a"])
+	}
 }
 
 // A force-push of main never deletes: what the rewritten head lacks is

@@ -36,10 +36,14 @@ const (
 // HostState is one host as the controller judges it. Retired is set for a
 // host whose Host object the applied desired state no longer has, listed
 // while its snapshot stays (deletes delivered to it wait for its ack).
+// Unsigned is HostSummary.Unsigned: why the host's status commit is not
+// signed by its Host's spec.agentKey, "" when it is or the Host names
+// none (a reader of an earlier release refuses a file that sets it).
 type HostState struct {
-	Host    string `yaml:"host" json:"host"`
-	State   string `yaml:"state" json:"state"`
-	Retired bool   `yaml:"retired,omitempty" json:"retired,omitempty"`
+	Host     string `yaml:"host" json:"host"`
+	State    string `yaml:"state" json:"state"`
+	Retired  bool   `yaml:"retired,omitempty" json:"retired,omitempty"`
+	Unsigned string `yaml:"unsigned,omitempty" json:"unsigned,omitempty"`
 }
 
 // livenessFile is the layout of liveness.yaml.
@@ -60,7 +64,7 @@ func Liveness(s Summary) ([]byte, error) {
 func LivenessStates(s Summary) []HostState {
 	rows := make([]HostState, 0, len(s.Hosts))
 	for _, h := range s.Hosts {
-		rows = append(rows, HostState{Host: h.Name, State: h.State(), Retired: h.Retired})
+		rows = append(rows, HostState{Host: h.Name, State: h.State(), Retired: h.Retired, Unsigned: h.Unsigned})
 	}
 	return rows
 }
@@ -115,9 +119,9 @@ func (h HostSummary) State() string {
 // state of a retired host.
 const RetiredNote = "retired: no Host object; listed until it acks the deletes delivered to it"
 
-// UnsignedNote is what the Hosts table adds to the state of a host whose
-// status commit is not signed by its Host's spec.agentKey, and each of
-// its VM rows to its note.
+// UnsignedNote is what the Hosts table and `gitfleet status` add to the
+// state of a host whose status commit is not signed by its Host's
+// spec.agentKey, and each of its VM rows to its note.
 const UnsignedNote = "status not signed by the Host's agentKey: unverified, not acted on"
 
 // VMHostNote is the note a VM's row carries for what its host's state

@@ -630,6 +630,9 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 	fmt.Fprintln(tw, "VM\tHOST\tPHASE\tPOWER\tADDRESS\tERROR\tNOTE")
 	for _, st := range rep.Hosts {
 		hostNote := status.VMHostNote(rep.Liveness[st.Host].State, st.Suspended != nil)
+		if rep.Liveness[st.Host].Unsigned != "" {
+			hostNote = strings.TrimSuffix(status.UnsignedNote+"; "+hostNote, "; ")
+		}
 		for _, vm := range st.VMs {
 			addr := ""
 			if vm.Power == "running" {
@@ -670,7 +673,7 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 }
 
 // hostState is host's state as the controller judges it (liveness.yaml),
-// with the retired note; a host the file does not list is retired with
+// with the retired note and the unsigned one; a host the file does not list is retired with
 // nothing delivered to it; "" when there is no file (a controller of an
 // earlier release), or "unknown (why)" when it could not be read.
 func hostState(rep statusReport, host string) string {
@@ -686,10 +689,14 @@ func hostState(rep statusReport, host string) string {
 	case !ok:
 		return ""
 	}
+	state := h.State
 	if h.Retired {
-		return h.State + ", " + status.RetiredNote
+		state += ", " + status.RetiredNote
 	}
-	return h.State
+	if h.Unsigned != "" {
+		state += ", " + status.UnsignedNote + ": " + h.Unsigned
+	}
+	return state
 }
 
 func stampOrDash(t time.Time) string {

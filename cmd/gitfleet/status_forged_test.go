@@ -102,3 +102,32 @@ func TestStatusDoesNotCallAForgedAckFinalizing(t *testing.T) {
 		t.Fatalf("rows missing:\n%s", b.String())
 	}
 }
+
+// A host whose status commit is not signed by its Host's agentKey is
+// marked so in the hosts table and on each of its VM rows, as in the
+// status README: what it reports is unverified.
+func TestStatusMarksAnUnsignedHostStatus(t *testing.T) {
+	rep := statusReport{
+		Hosts: []*status.Status{
+			{Host: "hv-a", VMs: []status.VM{{Name: "web-01", Phase: status.PhaseReady, Power: "running"}}},
+			{Host: "hv-b", VMs: []status.VM{{Name: "db-01", Phase: status.PhaseReady, Power: "running"}}},
+		},
+		Liveness: map[string]status.HostState{
+			"hv-a": {Host: "hv-a", State: status.StateOnline, Unsigned: "not signed"},
+			"hv-b": {Host: "hv-b", State: status.StateOnline},
+		},
+	}
+	var b strings.Builder
+	if err := writeHostsAndVMs(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	var marked []string
+	for _, line := range strings.Split(b.String(), "\n") {
+		if strings.Contains(line, status.UnsignedNote) {
+			marked = append(marked, strings.Fields(line)[0])
+		}
+	}
+	if strings.Join(marked, " ") != "hv-a web-01" {
+		t.Errorf("rows marked unsigned: %v, want hv-a's host row and web-01:\n%s", marked, b.String())
+	}
+}
