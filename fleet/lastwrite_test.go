@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,6 +47,14 @@ func TestIdleFleetRefreshesLastWrite(t *testing.T) {
 	}
 	if w := e.lastWrite(); !w.At.Equal(e.clock.Now()) || w.Stale(e.clock.Now()) {
 		t.Fatalf("last-write.yaml = %+v, want at %s, not stale", w, e.clock.Now())
+	}
+	// The README, which people browse, says the same time and when it
+	// goes stale.
+	readme := e.statusFile(status.SummaryPath)
+	for _, want := range []string{"Written at " + e.clock.Now().UTC().Format(time.RFC3339) + ".", "at least every 10m0s", "older than 30m0s"} {
+		if !strings.Contains(readme, want) {
+			t.Errorf("README does not say %q:\n%s", want, readme)
+		}
 	}
 	if w := e.lastWrite(); !w.Stale(e.clock.Now().Add(status.StaleRefreshes*DefaultSummaryInterval + time.Second)) {
 		t.Fatalf("last-write.yaml = %+v: not stale %d intervals later", w, status.StaleRefreshes)

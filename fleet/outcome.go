@@ -171,7 +171,7 @@ func (c *Controller) recordBeforeFirstPass(ctx context.Context, outcome Outcome,
 		c.log.WithError(err).Warn("could not record the failing pass on the status branch")
 		return
 	}
-	written, err := c.lastWrite(now)
+	written, err := status.MarshalLastWrite(c.lastWrite(now))
 	if err != nil {
 		c.log.WithError(err).Warn("could not record the failing pass on the status branch")
 		return

@@ -251,10 +251,16 @@ func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time
 	if err != nil {
 		return nil, err
 	}
-	written, err := c.lastWrite(now)
+	lw := c.lastWrite(now)
+	written, err := status.MarshalLastWrite(lw)
 	if err != nil {
 		return nil, err
 	}
+	// The README says when it was written; data, which the next pass
+	// compares with, does not.
+	stamped := s
+	stamped.Written = &lw
+	readme := status.RenderSummary(stamped)
 	var failing []byte
 	if s.Failing != nil {
 		var err error
@@ -288,7 +294,7 @@ func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time
 		// controller.yaml is there while passes fail, gone once one
 		// succeeds (a nil content removes it). last-write.yaml differs in
 		// every write: each commit says when the controller made it.
-		for path, want := range map[string][]byte{status.SummaryPath: data, status.ControllerPath: failing, status.LivenessPath: liveness, status.LastWritePath: written} {
+		for path, want := range map[string][]byte{status.SummaryPath: readme, status.ControllerPath: failing, status.LivenessPath: liveness, status.LastWritePath: written} {
 			ok, err := same(path, want)
 			if err != nil {
 				return nil, "", err
@@ -325,9 +331,9 @@ func (c *Controller) refreshEvery() time.Duration {
 // refreshDue reports whether the status branch is due a write at now
 // although nothing on it changed: this process wrote it refreshEvery ago
 // or more. Before its first write, the first pass writes anyway.
-// lastWrite renders last-write.yaml for a status commit made at now.
-func (c *Controller) lastWrite(now time.Time) ([]byte, error) {
-	return status.MarshalLastWrite(status.LastWrite{At: now, RefreshSeconds: int64(c.refreshEvery() / time.Second)})
+// lastWrite is last-write.yaml of a status commit made at now.
+func (c *Controller) lastWrite(now time.Time) status.LastWrite {
+	return status.LastWrite{At: now, RefreshSeconds: int64(c.refreshEvery() / time.Second)}
 }
 
 func (c *Controller) refreshDue(now time.Time) bool {

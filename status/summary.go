@@ -48,6 +48,12 @@ type Summary struct {
 	// AbandonGrace is the controller's abandon grace, stated with each
 	// pending delete's sweep deadline.
 	AbandonGrace time.Duration
+	// Written, when set, is the last-write.yaml of the commit the README
+	// goes in: the README then says when the controller wrote it, and how
+	// old it may get before the controller counts as stopped
+	// (LastWrite.Stale). Nil in the render a controller compares with
+	// its last write, which must not differ only by the time.
+	Written *LastWrite
 }
 
 // RetainedObject is an object kept after a history rewrite: Commit is the
@@ -188,7 +194,11 @@ type Rejection struct {
 func RenderSummary(s Summary) []byte {
 	var b bytes.Buffer
 	b.WriteString("# gitfleet status\n\n")
-	b.WriteString("This file is written by the gitfleet controller; each host's agent writes its own `hosts/<host>.yaml`.\n\n")
+	b.WriteString("This file is written by the gitfleet controller; each `hosts/<host>.yaml` beside it is the controller's copy of a host's status, which the host's agent writes to its own branch.\n\n")
+	if w := s.Written; w != nil {
+		fmt.Fprintf(&b, "Written at %s. The controller rewrites this branch at least every %s: a time older than %s means what follows is not its current view (it has stopped, or its passes fail: see `controller.yaml`).\n\n",
+			stamp(w.At.Truncate(time.Second)), w.Refresh(), StaleRefreshes*w.Refresh())
+	}
 	branch := s.Branch
 	if branch == "" {
 		branch = "main"
