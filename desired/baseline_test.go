@@ -73,3 +73,15 @@ func TestSetBaselineLastAfterAFailedRead(t *testing.T) {
 		t.Error("SetBaselineLast after a failed read: true, want false")
 	}
 }
+
+// hidden is true when any element of the path starts with a dot.
+func TestHidden(t *testing.T) {
+	for p, want := range map[string]bool{
+		"vms/web.yaml": false, "a./b.yaml": false, "vms/web.yaml.": false, "x/y..z/w.yaml": false,
+		".gitfleet/schema.json": true, "vms/.draft/web.yaml": true, "vms/.web.yaml": true, ".web.yaml": true,
+	} {
+		if got := hidden(p); got != want {
+			t.Errorf("hidden(%q) = %v, want %v", p, got, want)
+		}
+	}
+}

@@ -213,7 +213,7 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 
 	next := make(map[string]*parsed, len(cands))
 	objs := make([]*object, 0, len(cands))
-	unchanged := map[*object]bool{}
+	unchanged := make(map[*object]bool, len(l.baseline))
 	for _, c := range cands {
 		if c.err != nil {
 			return nil, c.err
@@ -319,12 +319,7 @@ func (l *Loader) relative(p string) (string, bool) {
 // hidden reports whether any element of the slash-separated path starts
 // with a dot.
 func hidden(p string) bool {
-	for _, e := range strings.Split(p, "/") {
-		if strings.HasPrefix(e, ".") {
-			return true
-		}
-	}
-	return false
+	return strings.HasPrefix(p, ".") || strings.Contains(p, "/.")
 }
 
 func isYAML(p string) bool {

@@ -487,9 +487,20 @@ func crossCheck(objs []*object, complete bool, unchanged map[*object]bool) []*Er
 	add := func(o *object, p pos, field, format string, args ...any) {
 		errs = append(errs, &Error{File: o.origin().File, Line: p.line, Col: p.col, Field: field, Msg: fmt.Sprintf(format, args...)})
 	}
-	hosts := make(map[string]*object)
-	volumes := make(map[string]*object)
-	vms := make(map[string]*object)
+	// Sized up front: a fleet of ten thousand VMs would grow each map a
+	// dozen times per pass.
+	var nHosts, nVolumes int
+	for _, o := range objs {
+		switch o.kind {
+		case KindHost:
+			nHosts++
+		case KindVolume:
+			nVolumes++
+		}
+	}
+	hosts := make(map[string]*object, nHosts)
+	volumes := make(map[string]*object, nVolumes)
+	vms := make(map[string]*object, len(objs)-nHosts-nVolumes)
 	duplicate := make(map[*object]bool)
 	for _, o := range objs {
 		var m map[string]*object
