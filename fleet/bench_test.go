@@ -110,6 +110,26 @@ func BenchmarkOneFileCommitPass(b *testing.B) {
 	// transport and what they run, all waited for within the pass).
 	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms/op")
 	b.ReportMetric(float64(git.Milliseconds())/float64(b.N), "git-cpu-ms/op")
+	// The remote runs seven git processes per pass (upload-pack and its
+	// pack-objects; receive-pack, unpack-objects, the connectivity
+	// check's rev-list and its for-each-ref, gc --auto: GIT_TRACE2_PERF
+	// lists them), each waited for in turn. git-start-ms is what starting
+	// one costs on this machine, doing nothing: a floor of the pass that
+	// no change to the controller moves.
+	b.StopTimer()
+	b.ReportMetric(float64(gitStart(b).Microseconds())/1000, "git-start-ms")
+}
+
+// gitStart is the mean wall time of `git --version` over 20 runs: the
+// cost of starting a git process on this machine.
+func gitStart(b *testing.B) time.Duration {
+	t0 := time.Now()
+	for range 20 {
+		if out, err := exec.Command("git", "--version").CombinedOutput(); err != nil {
+			b.Fatalf("git --version: %v %s", err, out)
+		}
+	}
+	return time.Since(t0) / 20
 }
 
 // BenchmarkIdlePass is a pass with nothing new: the poll's cost.
