@@ -84,6 +84,8 @@ type simHost struct {
 	events    int
 	heartbeat uint64
 	failed    int
+	// wrote is when the last write that succeeded started.
+	wrote time.Time
 	// tombstones takes the epoch of the snapshot that tombstoned the
 	// host's second VM (hosts with one to delete only): the host writes
 	// its destroy ack at once, as an agent does after the destroy.
@@ -421,6 +423,7 @@ func (h *simHost) write(ctx context.Context, record func(time.Duration)) error {
 		return fmt.Errorf("%s: %w", h.name, err)
 	}
 	h.heartbeat = out.Heartbeat
+	h.wrote = t0
 	return nil
 }
 
@@ -428,15 +431,18 @@ func (h *simHost) write(ctx context.Context, record func(time.Duration)) error {
 // when it ends is finished (its outcome counts), not cut short.
 func (h *simHost) run(ctx context.Context, scale statusFleetScale, record func(time.Duration), acked func(host string)) {
 	nextEvent := time.Now().Add(rand.N(scale.event))
+	// The first heartbeat keeps the phase of the host's write before the
+	// run, as an agent's does: a fleet's agents started over time, so
+	// their heartbeats are spread over the interval, not all due at once.
+	next := h.wrote.Add(scale.heartbeat)
 	for {
-		wait := scale.heartbeat*9/10 + rand.N(scale.heartbeat/5+1)
 		select {
 		case <-ctx.Done():
 			return
 		case epoch := <-h.tombstones:
 			h.ack(context.Background(), epoch, record, acked)
 			continue
-		case <-time.After(wait):
+		case <-time.After(time.Until(next)):
 		}
 		if !time.Now().Before(nextEvent) {
 			h.events++
@@ -444,6 +450,7 @@ func (h *simHost) run(ctx context.Context, scale statusFleetScale, record func(t
 			nextEvent = nextEvent.Add(scale.event)
 		}
 		_ = h.write(context.Background(), record)
+		next = time.Now().Add(scale.heartbeat*9/10 + rand.N(scale.heartbeat/5+1))
 	}
 }
 
