@@ -258,9 +258,7 @@ func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time
 	}
 	// The README says when it was written; data, which the next pass
 	// compares with, does not.
-	stamped := s
-	stamped.Written = &lw
-	readme := status.RenderSummary(stamped)
+	readme := status.StampSummary(data, lw)
 	var failing []byte
 	if s.Failing != nil {
 		var err error

@@ -48,12 +48,6 @@ type Summary struct {
 	// AbandonGrace is the controller's abandon grace, stated with each
 	// pending delete's sweep deadline.
 	AbandonGrace time.Duration
-	// Written, when set, is the last-write.yaml of the commit the README
-	// goes in: the README then says when the controller wrote it, and how
-	// old it may get before the controller counts as stopped
-	// (LastWrite.Stale). Nil in the render a controller compares with
-	// its last write, which must not differ only by the time.
-	Written *LastWrite
 }
 
 // RetainedObject is an object kept after a history rewrite: Commit is the
@@ -189,16 +183,39 @@ type Rejection struct {
 	SupersededBy desired.Hash
 }
 
+// summaryIntro opens every README after its title; StampSummary's
+// paragraph follows it.
+const summaryIntro = "This file is written by the gitfleet controller; each `hosts/<host>.yaml` beside it is the controller's copy of a host's status, which the host's agent writes to its own branch.\n\n"
+
+// writtenLine is the README's paragraph on when it was written.
+func writtenLine(w LastWrite) string {
+	return fmt.Sprintf("Written at %s. The controller rewrites this branch at least every %s: a time older than %s means what follows is not its current view (it has stopped, or its passes fail: see `controller.yaml`).\n\n",
+		stamp(w.At.Truncate(time.Second)), w.Refresh(), StaleRefreshes*w.Refresh())
+}
+
+// StampSummary adds to data, a RenderSummary, the paragraph that says
+// when the controller wrote it (w, the last-write.yaml of the commit it
+// goes in) and how old it may get before it is not the controller's
+// current view (LastWrite.Stale), after the intro. RenderSummary leaves
+// it out: the controller compares renders to tell a change, and the time
+// alone is none. data without the intro is returned as it is.
+func StampSummary(data []byte, w LastWrite) []byte {
+	i := bytes.Index(data, []byte(summaryIntro))
+	if i < 0 {
+		return data
+	}
+	at := i + len(summaryIntro)
+	line := writtenLine(w)
+	out := make([]byte, 0, len(data)+len(line))
+	return append(append(append(out, data[:at]...), line...), data[at:]...)
+}
+
 // RenderSummary renders s as the Markdown of README.md. Commits are shown by
 // their first 12 hex digits; times in UTC, RFC 3339.
 func RenderSummary(s Summary) []byte {
 	var b bytes.Buffer
 	b.WriteString("# gitfleet status\n\n")
-	b.WriteString("This file is written by the gitfleet controller; each `hosts/<host>.yaml` beside it is the controller's copy of a host's status, which the host's agent writes to its own branch.\n\n")
-	if w := s.Written; w != nil {
-		fmt.Fprintf(&b, "Written at %s. The controller rewrites this branch at least every %s: a time older than %s means what follows is not its current view (it has stopped, or its passes fail: see `controller.yaml`).\n\n",
-			stamp(w.At.Truncate(time.Second)), w.Refresh(), StaleRefreshes*w.Refresh())
-	}
+	b.WriteString(summaryIntro)
 	branch := s.Branch
 	if branch == "" {
 		branch = "main"

@@ -152,3 +152,22 @@ func TestSummaryShowsDeletesAwaitingConfirmation(t *testing.T) {
 		}
 	}
 }
+
+// StampSummary puts when the controller wrote the README right after its
+// intro, and nothing else changes.
+func TestStampSummary(t *testing.T) {
+	data := RenderSummary(Summary{Branch: "main", Applied: "0123456789abcdef0123456789abcdef01234567"})
+	w := LastWrite{At: time.Date(2026, 11, 30, 3, 4, 5, 600, time.UTC), RefreshSeconds: 600}
+	got := string(StampSummary(data, w))
+	line := "Written at 2026-11-30T03:04:05Z. The controller rewrites this branch at least every 10m0s: a time older than 30m0s means what follows is not its current view"
+	i := strings.Index(got, line)
+	if i < 0 || !strings.HasPrefix(got[:i], "# gitfleet status\n\nThis file is written by the gitfleet controller") || !strings.HasSuffix(got[:i], ".\n\n") {
+		t.Fatalf("the Written paragraph is not right after the intro:\n%s", got)
+	}
+	if rest := got[:i] + got[strings.Index(got[i:], "\n\n")+i+2:]; rest != string(data) {
+		t.Errorf("stamping changed more than the one paragraph:\n%s", got)
+	}
+	if other := []byte("# not a summary\n"); string(StampSummary(other, w)) != string(other) {
+		t.Error("a file without the intro was changed")
+	}
+}
