@@ -1,0 +1,167 @@
+package gitsource
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/gitsource/gittest"
+)
+
+// cacheObjects lists every object of a cache on disk, packed or loose.
+// Caller holds r.mu.
+func cacheObjects(t *testing.T, st *diskStorage) map[plumbing.Hash]bool {
+	t.Helper()
+	all := map[plumbing.Hash]bool{}
+	packs, err := st.ObjectPacks()
+	require.NoError(t, err)
+	for _, p := range packs {
+		hs, err := packHashes(st, p)
+		require.NoError(t, err)
+		for _, h := range hs {
+			all[h] = true
+		}
+	}
+	require.NoError(t, st.ForEachObjectHash(func(h plumbing.Hash) error {
+		all[h] = true
+		return nil
+	}))
+	return all
+}
+
+// requireObjects reads every object of want from r's cache and checks
+// that its content hashes to its name.
+func requireObjects(t *testing.T, r *Repo, want map[plumbing.Hash]bool) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.st.(*diskStorage)
+	for h := range want {
+		obj, err := st.EncodedObject(plumbing.AnyObject, h)
+		require.NoError(t, err, "object %s lost", h)
+		rd, err := obj.Reader()
+		require.NoError(t, err, "object %s unreadable", h)
+		hasher := plumbing.NewHasher(obj.Type(), obj.Size())
+		_, err = io.Copy(hasher, rd)
+		rd.Close()
+		require.NoError(t, err)
+		require.Equal(t, h, hasher.Sum(), "object %s corrupt", h)
+	}
+}
+
+// TestHostileCompactOwnPackAgain: a cache holds its largest (fetched)
+// pack and one pack an earlier compaction wrote from its loose objects.
+// Compacting it again merges that one pack alone: encodePack writes the
+// same objects in the same order at the same level, so the new pack is
+// byte for byte the old one, has its name, is moved over it, and is then
+// deleted as "merged".
+func TestHostileCompactOwnPackAgain(t *testing.T) {
+	defer func(p, l int) { maxPacks, maxLoose = p, l }(maxPacks, maxLoose)
+	maxPacks, maxLoose = 1, 4
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"big": incompressible(t, 256<<10)}})
+	cache := t.TempDir()
+	r, err := Open(ctx, Options{URL: rm, CacheDir: cache})
+	require.NoError(t, err)
+	_, err = r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	// Our own commits, loose; no maintain between them (maxLoose is
+	// passed only by the last).
+	maxLoose = 1 << 20
+	var tips []string
+	for i := 0; i < 3; i++ {
+		tip, err := r.Update(ctx, "main", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+			return map[string][]byte{fmt.Sprintf("hosts/%d.yaml", i): []byte(fmt.Sprint(i))}, "ours", nil
+		})
+		require.NoError(t, err)
+		tips = append(tips, tip)
+	}
+	maxLoose = 4
+	r.mu.Lock()
+	want := cacheObjects(t, r.st.(*diskStorage))
+	require.Empty(t, r.upkeep()) // loose objects into a second pack
+	r.mu.Unlock()
+	packs, loose := countPacks(t, cache)
+	require.Equal(t, 2, packs)
+	require.Zero(t, loose)
+	requireObjects(t, r, want)
+
+	// Two packs, more than maxPacks: the next upkeep merges the smaller.
+	r.mu.Lock()
+	require.Empty(t, r.upkeep())
+	r.mu.Unlock()
+	packs, _ = countPacks(t, cache)
+	t.Logf("packs after the second compaction: %d", packs)
+	requireObjects(t, r, want)
+	requireObjects(t, mustOpen(t, Options{URL: rm, CacheDir: cache}), want)
+	for _, tip := range tips {
+		_, err := r.ReadFile(tip, "big")
+		require.NoError(t, err)
+	}
+}
+
+// TestHostileCompactInterruptedDelete: compaction deletes each merged
+// pack with go-git's DeleteOldObjectPackAndIndex, which removes the .pack
+// and then the .idx. A compaction stopped between the two (the process
+// killed) leaves a merged pack's .idx without its .pack; every object is
+// still in the new pack. The cache opened afterwards must read them all.
+func TestHostileCompactInterruptedDelete(t *testing.T) {
+	defer func(p, l int) { maxPacks, maxLoose = p, l }(maxPacks, maxLoose)
+	maxPacks, maxLoose = 1<<20, 1<<20
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	cache := t.TempDir()
+	r, err := Open(ctx, Options{URL: rm, CacheDir: cache})
+	require.NoError(t, err)
+	for i := 0; i < 4; i++ {
+		gittest.Commit(t, rm, Edit(fmt.Sprintf("vms/%d.yaml", i)))
+		_, err := r.Fetch(ctx, "main")
+		require.NoError(t, err)
+	}
+	idxs := map[string][]byte{}
+	ms, err := filepath.Glob(filepath.Join(cache, "objects", "pack", "pack-*.idx"))
+	require.NoError(t, err)
+	for _, m := range ms {
+		b, err := os.ReadFile(m)
+		require.NoError(t, err)
+		idxs[m] = b
+	}
+	maxPacks = 2
+	r.mu.Lock()
+	want := cacheObjects(t, r.st.(*diskStorage))
+	changed, err := compact(r.st.(*diskStorage))
+	r.mu.Unlock()
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.NoError(t, r.Close())
+	// The state between the two removals of one merged pack.
+	restored := 0
+	for m, b := range idxs {
+		if _, err := os.Stat(strings.TrimSuffix(m, ".idx") + ".pack"); os.IsNotExist(err) && restored == 0 {
+			require.NoError(t, os.WriteFile(m, b, 0o600))
+			restored++
+		}
+	}
+	require.Equal(t, 1, restored)
+	maxPacks = 16
+	r2, err := Open(ctx, Options{URL: rm, CacheDir: cache})
+	require.NoError(t, err)
+	tip := gittest.Rev(t, rm, "main")
+	_, rerr := r2.ReadFile(tip, "vms/3.yaml")
+	if rerr != nil {
+		// Does a fetch mend it?
+		_, ferr := r2.Fetch(ctx, "main")
+		_, again := r2.ReadFile(tip, "vms/3.yaml")
+		t.Logf("after a fetch: fetch %v, read %v", ferr, again)
+	}
+	require.NoError(t, rerr)
+	requireObjects(t, r2, want)
+}
