@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -63,4 +64,37 @@ func contains(s, sub string) bool {
 		}
 	}
 	return false
+}
+
+// TestHostileFailingRefreshKeepsStaleHostsUnderAFreshTime: passes fail
+// (the desired branch is gone) while hv-a falls silent. The failing
+// controller refreshes the status branch once per SummaryInterval with
+// the last good summary: the README then says "Written at <now>", which
+// its intro offers as the mark of the controller's current view, above a
+// Hosts table that still shows hv-a online 20 minutes after its last
+// heartbeat (OfflineAfter is 3 minutes).
+func TestHostileFailingRefreshKeepsStaleHostsUnderAFreshTime(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.c.cfg.SummaryInterval = DefaultSummaryInterval
+	e.pass()
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1})
+	e.pass()
+	if s := e.summary(); !contains(s, "| hv-a | online |") {
+		t.Fatalf("hv-a not online:\n%s", s)
+	}
+	gittest.DeleteBranch(t, e.dir, "main")
+	for i := 0; i < 2; i++ {
+		e.clock.Add(DefaultSummaryInterval)
+		if _, err := e.c.Pass(context.Background()); err == nil {
+			t.Fatal("a pass without the desired branch did not fail")
+		}
+	}
+	s := e.summary()
+	if !contains(s, "Written at "+e.clock.Now().UTC().Format(time.RFC3339)+".") {
+		t.Skipf("the README was not refreshed:\n%s", s)
+	}
+	if contains(s, "| hv-a | online |") {
+		t.Fatalf("README written at %s (fresh) shows hv-a online, silent since %s:\n%s",
+			e.clock.Now().UTC().Format(time.RFC3339), e.clock.Now().Add(-2*DefaultSummaryInterval).UTC().Format(time.RFC3339), s)
+	}
 }
