@@ -53,3 +53,35 @@ func TestHostileRetiredHostUnsignedCopyIsMarked(t *testing.T) {
 		t.Fatalf("the status branch copies hv-d's unsigned status (VM claimed, running), and liveness.yaml does not mark it unsigned: %+v\nREADME:\n%s", live["hv-d"], e.summary())
 	}
 }
+
+// TestHostileUnsignedUnmanagedVMIsMarked: hv-a's Host names an agentKey;
+// an unsigned status on its branch claims a VM the desired state does not
+// have. Every README row that shows what that status claims must carry
+// the unsigned mark; the "On hosts, not in the desired state" section
+// lists the claimed VM as kept, unmarked.
+func TestHostileUnsignedUnmanagedVMIsMarked(t *testing.T) {
+	files, _, _ := agentKeyFleet(t)
+	e := newEnv(t, files)
+	res := e.pass()
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: res.Published["hv-a"],
+		VMs: []status.VM{{Name: "claimed", Phase: status.PhaseReady, Power: "running"}}})
+	e.pass()
+	e.pass()
+	readme := e.summary()
+	rows := 0
+	for _, line := range strings.Split(readme, "\n") {
+		if !strings.HasPrefix(line, "| claimed |") {
+			continue
+		}
+		rows++
+		if !strings.Contains(line, "not signed") {
+			t.Errorf("a row of hv-a's unsigned status is not marked unsigned: %s", line)
+		}
+	}
+	if rows == 0 {
+		t.Fatalf("the claimed VM is not shown at all:\n%s", readme)
+	}
+	if t.Failed() {
+		t.Logf("README:\n%s", readme)
+	}
+}
