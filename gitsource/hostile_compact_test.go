@@ -12,6 +12,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/stretchr/testify/require"
 
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
 )
 
@@ -222,4 +223,44 @@ func TestHostileCompactLargeDeltaChain(t *testing.T) {
 	data, err := r2.ReadFileMax(tip, "loose.bin", 4<<20)
 	require.NoError(t, err)
 	require.Equal(t, loose, string(data))
+}
+
+// TestHostileTreeReadAcrossCompaction: a desired.Tree taken before an
+// Update whose upkeep compacts the cache (deleting the packs and loose
+// objects the tree's files were in, and reopening the store) must still
+// read every file afterwards.
+func TestHostileTreeReadAcrossCompaction(t *testing.T) {
+	defer func(p, l int) { maxPacks, maxLoose = p, l }(maxPacks, maxLoose)
+	maxPacks, maxLoose = 1<<20, 1<<20
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	for i := 0; i < 3; i++ {
+		gittest.Commit(t, rm, Edit(fmt.Sprintf("vms/%d.yaml", i)))
+	}
+	cache := t.TempDir()
+	r, err := Open(ctx, Options{URL: rm, CacheDir: cache})
+	require.NoError(t, err)
+	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"big": incompressible(t, 64<<10)}})
+	_, err = r.Fetch(ctx, "main") // the largest pack, kept
+	require.NoError(t, err)
+	tip, err := r.Update(ctx, "main", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		return map[string][]byte{"hosts/a.yaml": []byte("a")}, "ours", nil
+	})
+	require.NoError(t, err)
+	tr, err := r.Tree(tip, "")
+	require.NoError(t, err)
+	maxPacks, maxLoose = 1, 1
+	_, err = r.Update(ctx, "main", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		return map[string][]byte{"hosts/b.yaml": []byte("b")}, "ours", nil
+	})
+	require.NoError(t, err)
+	_, loose := countPacks(t, cache)
+	require.Zero(t, loose, "the Update did not compact")
+	n := 0
+	require.NoError(t, tr.Walk(func(f desired.File) error {
+		_, err := f.Read()
+		n++
+		return err
+	}))
+	require.Equal(t, 5, n)
 }
