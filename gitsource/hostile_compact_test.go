@@ -264,3 +264,47 @@ func TestHostileTreeReadAcrossCompaction(t *testing.T) {
 	}))
 	require.Equal(t, 5, n)
 }
+
+// TestHostileFastForwardFetchAfterCompaction is TestHostileCompactOwnPackAgain
+// through the public calls alone: our Updates to a branch are compacted
+// into a pack of their own; then a person fast-forwards main to our tip (a
+// ref move, no new object). Fetching main brings no pack but moves a ref,
+// so upkeep runs, merges that one pack, writes it again byte for byte
+// under its own name, and deletes it.
+func TestHostileFastForwardFetchAfterCompaction(t *testing.T) {
+	defer func(p, l int) { maxPacks, maxLoose = p, l }(maxPacks, maxLoose)
+	maxPacks, maxLoose = 1, 4
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"big": incompressible(t, 256<<10)}})
+	cache := t.TempDir()
+	r, err := Open(ctx, Options{URL: rm, CacheDir: cache})
+	require.NoError(t, err)
+	main, err := r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	gittest.SetBranch(t, rm, "ours", main)
+	_, err = r.Fetch(ctx, "ours")
+	require.NoError(t, err)
+	var tip string
+	for i := 0; ; i++ {
+		require.Less(t, i, 10, "no compaction into a second pack")
+		tip, err = r.Update(ctx, "ours", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+			return map[string][]byte{fmt.Sprintf("hosts/%d.yaml", i): []byte(fmt.Sprint(i))}, "ours", nil
+		})
+		require.NoError(t, err)
+		if packs, loose := countPacks(t, cache); packs == 2 && loose == 0 {
+			break
+		}
+	}
+	gittest.SetBranch(t, rm, "main", tip) // a fast-forward to our tip
+	got, err := r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	require.Equal(t, tip, got)
+	_, err = r.ReadFile(tip, "hosts/0.yaml")
+	require.NoError(t, err, "our commit's file, after the fetch")
+	r.mu.Lock()
+	st := r.st.(*diskStorage)
+	_, err = st.EncodedObject(plumbing.AnyObject, plumbing.NewHash(tip))
+	r.mu.Unlock()
+	require.NoError(t, err, "our tip commit, after the fetch")
+}
