@@ -308,3 +308,67 @@ func TestHostileFastForwardFetchAfterCompaction(t *testing.T) {
 	r.mu.Unlock()
 	require.NoError(t, err, "our tip commit, after the fetch")
 }
+
+// TestHostileInterruptedCompactionThenFastForward: maxPacks as shipped.
+// A cache of one fetched pack and our loose objects compacts them into a
+// pack and is stopped before it deletes the loose objects (a crash; here
+// they are put back). Reopened, a fetch that only moves a ref (main
+// fast-forwarded to our tip) runs upkeep: the loose objects are past
+// maxLoose, the one pack merged is the one the interrupted compaction
+// wrote, in the same order, so it is written again under its own name
+// and deleted, and then the loose objects are deleted too.
+func TestHostileInterruptedCompactionThenFastForward(t *testing.T) {
+	defer func(p, l int) { maxPacks, maxLoose = p, l }(maxPacks, maxLoose)
+	maxLoose = 1 << 20
+	ctx := context.Background()
+	rm := gittest.NewBare(t)
+	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"big": incompressible(t, 256<<10)}})
+	cache := t.TempDir()
+	r, err := Open(ctx, Options{URL: rm, CacheDir: cache})
+	require.NoError(t, err)
+	main, err := r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	gittest.SetBranch(t, rm, "ours", main)
+	_, err = r.Fetch(ctx, "ours")
+	require.NoError(t, err)
+	var tip string
+	for i := 0; i < 3; i++ {
+		tip, err = r.Update(ctx, "ours", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+			return map[string][]byte{fmt.Sprintf("hosts/%d.yaml", i): []byte(fmt.Sprint(i))}, "ours", nil
+		})
+		require.NoError(t, err)
+	}
+	// Keep the loose objects, compact, put them back: the compaction
+	// stopped after its pack was installed.
+	saved := map[string][]byte{}
+	dirs, err := filepath.Glob(filepath.Join(cache, "objects", "[0-9a-f][0-9a-f]", "*"))
+	require.NoError(t, err)
+	for _, p := range dirs {
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		saved[p] = b
+	}
+	require.NotEmpty(t, saved)
+	maxLoose = 4
+	r.mu.Lock()
+	changed, err := compact(r.st.(*diskStorage))
+	r.mu.Unlock()
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.NoError(t, r.Close())
+	for p, b := range saved {
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o700))
+		require.NoError(t, os.WriteFile(p, b, 0o444))
+	}
+	packs, loose := countPacks(t, cache)
+	require.Equal(t, 2, packs)
+	require.Equal(t, len(saved), loose)
+
+	r2 := mustOpen(t, Options{URL: rm, CacheDir: cache})
+	gittest.SetBranch(t, rm, "main", tip)
+	got, err := r2.Fetch(ctx, "main")
+	require.NoError(t, err)
+	require.Equal(t, tip, got)
+	_, err = r2.ReadFile(tip, "hosts/0.yaml")
+	require.NoError(t, err, "our commit's file, after the fetch")
+}
