@@ -51,6 +51,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -492,9 +493,12 @@ func isCache(ents []os.DirEntry) bool {
 
 // sweepLeftovers removes what an interrupted git leaves in a cache: lock
 // files (go-git locks with flock and writes none, so any is stale, and
-// one under refs/ reads as a broken ref) and partial packs of a fetch cut
-// short (never read, only taking space). One CacheDir belongs to one Repo,
-// so nothing else is writing them.
+// one under refs/ reads as a broken ref), partial packs of a fetch cut
+// short (never read, only taking space) and an index whose pack is gone
+// (a pack's deletion removes the pack, then its index; its installation
+// moves the index in first): an index holds no object, and one without
+// its pack fails every read of a packed object. One CacheDir belongs to
+// one Repo, so nothing else is writing them.
 func sweepLeftovers(dir string, log *logrus.Entry) {
 	var stale []string
 	if ms, err := filepath.Glob(filepath.Join(dir, "*.lock")); err == nil {
@@ -502,6 +506,13 @@ func sweepLeftovers(dir string, log *logrus.Entry) {
 	}
 	if ms, err := filepath.Glob(filepath.Join(dir, "objects", "pack", "tmp_*")); err == nil {
 		stale = append(stale, ms...)
+	}
+	if ms, err := filepath.Glob(filepath.Join(dir, "objects", "pack", "pack-*.idx")); err == nil {
+		for _, idx := range ms {
+			if _, err := os.Stat(strings.TrimSuffix(idx, ".idx") + ".pack"); errors.Is(err, fs.ErrNotExist) {
+				stale = append(stale, idx)
+			}
+		}
 	}
 	_ = filepath.WalkDir(filepath.Join(dir, "refs"), func(p string, d os.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".lock") {
@@ -511,10 +522,10 @@ func sweepLeftovers(dir string, log *logrus.Entry) {
 	})
 	for _, p := range stale {
 		if err := os.Remove(p); err != nil {
-			log.WithError(err).WithField("path", p).Warn("remove a stale lock or partial pack from the cache")
+			log.WithError(err).WithField("path", p).Warn("remove a stale lock, partial pack or orphan index from the cache")
 			continue
 		}
-		log.WithField("path", p).Info("removed a stale lock or partial pack from the cache")
+		log.WithField("path", p).Info("removed a stale lock, partial pack or orphan index from the cache")
 	}
 }
 

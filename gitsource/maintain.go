@@ -187,7 +187,8 @@ func compact(st *diskStorage) (bool, error) {
 	// CPU than the disk it saves here). go-git's encoder holds every
 	// object it packs in memory at once: the merge of a few hundred of the
 	// controller's ledgers (hundreds of KB each) raised its RSS by 100 MB.
-	if err := encodePack(w, st, objs); err != nil {
+	made, err := encodePack(w, st, objs)
+	if err != nil {
 		_ = w.Close()
 		return false, fmt.Errorf("write merged pack: %w", err)
 	}
@@ -195,6 +196,12 @@ func compact(st *diskStorage) (bool, error) {
 		return false, fmt.Errorf("write merged pack: %w", err)
 	}
 	for _, p := range merge {
+		if p == made {
+			// The merge made a pack it merged, byte for byte (its
+			// objects alone, as an earlier compaction wrote them): the
+			// file is the new pack, not one to delete.
+			continue
+		}
 		if err := st.DeleteOldObjectPackAndIndex(p, time.Time{}); err != nil {
 			return true, fmt.Errorf("delete merged pack %s: %w", p, err)
 		}

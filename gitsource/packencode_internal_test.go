@@ -38,7 +38,7 @@ func TestEncodePackIsReadByGit(t *testing.T) {
 		hs = append(hs, h)
 	}
 	var pack bytes.Buffer
-	if err := encodePack(&pack, st, hs); err != nil {
+	if _, err := encodePack(&pack, st, hs); err != nil {
 		t.Fatal(err)
 	}
 	dir := gittest.NewBare(t)

@@ -310,7 +310,7 @@ func (r *Repo) pack(hs []plumbing.Hash) ([]byte, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var buf bytes.Buffer
-	if err := encodePack(&buf, r.st, hs); err != nil {
+	if _, err := encodePack(&buf, r.st, hs); err != nil {
 		return nil, fmt.Errorf("pack new objects: %w", err)
 	}
 	return buf.Bytes(), nil
