@@ -16,10 +16,13 @@ import (
 type ackVerdict struct {
 	tip, key string
 	// why is "" when the commit is signed by the key, else why its acks
-	// are not taken; retry is set when the commit could not be read (the
-	// next pass verifies it again).
-	why   string
-	retry bool
+	// are not taken (naming the commit, for the log and the forged acks);
+	// brief says the same without naming a commit, for the summary, so
+	// that a host whose every heartbeat is unsigned does not change the
+	// summary with each one. retry is set when the commit could not be
+	// read (the next pass verifies it again).
+	why, brief string
+	retry      bool
 }
 
 // ForgedAck is an ack the controller did not act on: the host's status
@@ -63,8 +66,8 @@ func (c *Controller) authenticate(fl *desired.Fleet, l *snapshots.Ledger, report
 		tip := hostTips[rep.Host]
 		v, ok := c.ackVerdicts[rep.Host]
 		if !ok || v.tip != tip || v.key != key || v.retry {
-			why, retry := c.verifyAck(rep.Host, tip, key)
-			v = ackVerdict{tip: tip, key: key, why: why, retry: retry}
+			why, brief, retry := c.verifyAck(rep.Host, tip, key)
+			v = ackVerdict{tip: tip, key: key, why: why, brief: brief, retry: retry}
 			if v.why != "" {
 				c.log.WithField("host", rep.Host).WithField("commit", desired.Hash(tip).Short()).WithField("reason", v.why).
 					Warn("host status not signed by the Host's agentKey: its acks and its epoch are not acted on")
@@ -94,29 +97,39 @@ func agentKey(fl *desired.Fleet, l *snapshots.Ledger, host string) string {
 }
 
 // verifyAck checks that tip, the tip of host's branch, is signed by key;
-// "" when it is, else why not. retry is true when the commit could not be
-// read: no verdict, only this pass's refusal.
-func (c *Controller) verifyAck(host, tip, key string) (why string, retry bool) {
+// "" when it is, else why not, and briefly, without naming the commit.
+// retry is true when the commit could not be read: no verdict, only this
+// pass's refusal.
+func (c *Controller) verifyAck(host, tip, key string) (why, brief string, retry bool) {
 	if tip == "" {
-		return fmt.Sprintf("the status was read from %s (the old layout), which the host's agent does not sign; it must write %s, signed", c.cfg.StatusBranch, status.HostBranch(host)), false
+		why = fmt.Sprintf("the status was read from %s (the old layout), which the host's agent does not sign; it must write %s, signed", c.cfg.StatusBranch, status.HostBranch(host))
+		return why, why, false
 	}
 	keys, err := trust.ParseKeys(fmt.Sprintf("Host %s spec.agentKey", host), []string{key})
 	if err != nil {
-		return err.Error(), false // validated on load; kept safe all the same
+		return err.Error(), err.Error(), false // validated on load; kept safe all the same
 	}
 	signers, err := trust.New(keys, nil)
 	if err != nil {
-		return err.Error(), false
+		return err.Error(), err.Error(), false
 	}
 	sc, err := c.tips.Signed(tip)
 	if err != nil {
-		return fmt.Sprintf("the status commit %s could not be read to verify it: %v", desired.Hash(tip).Short(), err), true
+		return fmt.Sprintf("the status commit %s could not be read to verify it: %v", desired.Hash(tip).Short(), err),
+			"its status commit could not be read to verify it", true
 	}
 	if _, err := signers.Verify(sc); err != nil {
-		if errors.Is(err, trust.ErrSignature) {
-			return fmt.Sprintf("not signed by the key the Host's spec.agentKey names (%v)", err), false
+		switch {
+		case errors.Is(err, trust.ErrUnsigned):
+			brief = "the commit carries no signature"
+		case errors.Is(err, trust.ErrUnknownKey):
+			brief = "the commit is signed by another key"
+		case errors.Is(err, trust.ErrSignature):
+			brief = "the commit's signature does not verify"
+		default:
+			return err.Error(), "its status commit could not be verified", true
 		}
-		return err.Error(), true
+		return fmt.Sprintf("not signed by the key the Host's spec.agentKey names (%v)", err), brief, false
 	}
-	return "", false
+	return "", "", false
 }

@@ -80,7 +80,7 @@ func TestAttackUnsignedStatusShownAsTheHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(live["hv-a"].Unsigned, "not signed") {
+	if !strings.Contains(live["hv-a"].Unsigned, "no signature") {
 		t.Fatalf("liveness.yaml of hv-a: %+v, want why its status is unsigned", live["hv-a"])
 	}
 }

@@ -61,7 +61,7 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		}
 		st := rep.Status
 		if v, ok := c.ackVerdicts[rep.Host]; ok && v.why != "" {
-			h.Unsigned = v.why
+			h.Unsigned = v.brief
 		}
 		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
 		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs

@@ -381,8 +381,16 @@ func RenderSummary(s Summary) []byte {
 	if len(s.Unmanaged) > 0 {
 		b.WriteString("## On hosts, not in the desired state\n\n")
 		tableHeader(&b, "VM", "host", "phase", "state")
+		unsigned := map[string]bool{}
+		for _, h := range s.Hosts {
+			unsigned[h.Name] = h.Unsigned != ""
+		}
 		for _, u := range s.Unmanaged {
-			fmt.Fprintf(&b, "| %s | %s | %s | on host, not in the desired state: kept |\n", cell(u.Name), cell(u.Host), cell(u.Phase))
+			state := "on host, not in the desired state: kept"
+			if unsigned[u.Host] {
+				state = joinNotes(state, UnsignedNote)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", cell(u.Name), cell(u.Host), cell(u.Phase), state)
 		}
 		b.WriteString("\n")
 	}
