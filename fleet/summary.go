@@ -16,7 +16,7 @@ import (
 
 // summarize builds the README.md summary.
 func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report, forged []ForgedAck, statusOK bool, now time.Time) status.Summary {
-	s := status.Summary{Branch: c.cfg.Branch, AbandonGrace: c.cfg.AbandonGrace}
+	s := status.Summary{Branch: c.cfg.Branch, AbandonGrace: c.cfg.AbandonGrace, ViewAt: now}
 	for _, f := range forged {
 		s.ForgedAcks = append(s.ForgedAcks, status.ForgedAck{Ref: f.Ref, Commit: desired.Hash(f.Commit), Reason: f.Reason})
 	}

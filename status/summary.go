@@ -48,6 +48,12 @@ type Summary struct {
 	// AbandonGrace is the controller's abandon grace, stated with each
 	// pending delete's sweep deadline.
 	AbandonGrace time.Duration
+	// ViewAt is the controller's clock at the pass that made this
+	// summary. While passes fail (Failing), the controller writes its
+	// last good summary again, and the README says the hosts and VMs it
+	// lists are as of ViewAt: the time the README was written is not the
+	// time of that view.
+	ViewAt time.Time
 }
 
 // RetainedObject is an object kept after a history rewrite: Commit is the
@@ -231,7 +237,11 @@ func RenderSummary(s Summary) []byte {
 		if f.Outcome == FailureRefused {
 			why = "`refused`: the controller will not act on what it read"
 		}
-		fmt.Fprintf(&b, "Since %s every pass is %s; the last good snapshots stay in place, and passes are retried with back-off.\n\n", stamp(f.Since), why)
+		fmt.Fprintf(&b, "Since %s every pass is %s; the last good snapshots stay in place, and passes are retried with back-off.", stamp(f.Since), why)
+		if !s.ViewAt.IsZero() {
+			fmt.Fprintf(&b, " Hosts, VMs and deletes below are as of %s, the last pass that succeeded: not what they are now.", stamp(s.ViewAt))
+		}
+		b.WriteString("\n\n")
 		codeBlock(&b, f.Reason)
 	}
 	if s.Rejected != nil {
