@@ -14,9 +14,11 @@ import (
 // runs nothing, and its Host file is removed (retired with nothing
 // delivered: it leaves the Hosts table and liveness.yaml). Then an
 // unsigned status claiming a running VM is pushed to its branch. Whatever
-// of it the status branch shows (its copy hosts/hv-d.yaml, read by
-// `gitfleet status`) must be marked unsigned; liveness.yaml is where
-// `gitfleet status` reads that mark.
+// of it the status branch shows must be marked: the README's row of the
+// claimed VM as unsigned, and its copy hosts/hv-d.yaml, which `gitfleet
+// status` reads, by liveness.yaml not listing hv-d (status then notes on
+// each of its VMs that the controller neither verifies nor acts on it:
+// cmd/gitfleet TestHostileStatusRetiredUnsignedHost).
 func TestHostileRetiredHostUnsignedCopyIsMarked(t *testing.T) {
 	key := trusttest.NewSSHKey(t, "gitfleet-agent@hv-d")
 	signer, err := trust.LoadCommitSigner(key.Private)
@@ -49,8 +51,17 @@ func TestHostileRetiredHostUnsignedCopyIsMarked(t *testing.T) {
 	} else {
 		t.Logf("ledger has no record of hv-d")
 	}
-	if live["hv-d"].Unsigned == "" {
-		t.Fatalf("the status branch copies hv-d's unsigned status (VM claimed, running), and liveness.yaml does not mark it unsigned: %+v\nREADME:\n%s", live["hv-d"], e.summary())
+	if row, listed := live["hv-d"]; listed && row.Unsigned == "" {
+		t.Fatalf("liveness.yaml lists hv-d unmarked, whose unsigned status (VM claimed, running) the status branch copies: %+v", row)
+	}
+	readme := e.summary()
+	for _, line := range strings.Split(readme, "\n") {
+		if strings.HasPrefix(line, "| claimed |") && !strings.Contains(line, status.UnsignedNote) {
+			t.Fatalf("README shows what hv-d's unsigned status claims unmarked: %s\n%s", line, readme)
+		}
+	}
+	if !strings.Contains(readme, "| claimed | hv-d |") {
+		t.Fatalf("README does not list the claimed VM at all:\n%s", readme)
 	}
 }
 

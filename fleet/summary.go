@@ -108,6 +108,13 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 			Commit: k.Commit, Since: k.Since})
 	}
 	s.Unmanaged = unmanaged(l, fl, reports)
+	for i, u := range s.Unmanaged {
+		// A host the summary does not list (retired, nothing delivered
+		// to it) included: its Host's last agentKey still judges it.
+		if v, ok := c.ackVerdicts[u.Host]; ok && v.why != "" {
+			s.Unmanaged[i].Unsigned = v.brief
+		}
+	}
 	sweeps := l.Sweeps
 	if len(sweeps) > 10 {
 		sweeps = sweeps[len(sweeps)-10:]

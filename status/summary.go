@@ -72,6 +72,9 @@ type UnmanagedVM struct {
 	Name  string
 	Host  string
 	Phase string
+	// Unsigned is HostSummary.Unsigned of its host (set for a host the
+	// summary does not list, too): the VM is only the status' claim.
+	Unsigned string
 }
 
 // HostSummary is one host's line. Online is judged by the controller's own
@@ -391,13 +394,9 @@ func RenderSummary(s Summary) []byte {
 	if len(s.Unmanaged) > 0 {
 		b.WriteString("## On hosts, not in the desired state\n\n")
 		tableHeader(&b, "VM", "host", "phase", "state")
-		unsigned := map[string]bool{}
-		for _, h := range s.Hosts {
-			unsigned[h.Name] = h.Unsigned != ""
-		}
 		for _, u := range s.Unmanaged {
 			state := "on host, not in the desired state: kept"
-			if unsigned[u.Host] {
+			if u.Unsigned != "" {
 				state = joinNotes(state, UnsignedNote)
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", cell(u.Name), cell(u.Host), cell(u.Phase), state)

@@ -12,7 +12,8 @@ import (
 // unsigned status (fleet's TestHostileRetiredHostUnsignedCopyIsMarked):
 // its copy, a VM "claimed" running, is on the status branch; liveness.yaml
 // has no row for it. `gitfleet status` must still not show the claimed
-// VM as the host's own, unmarked.
+// VM as the host's own, unmarked: liveness.yaml lists no such host, so
+// the row says the controller neither verifies nor acts on it.
 func TestHostileStatusRetiredUnsignedHost(t *testing.T) {
 	rep := statusReport{
 		Hosts: []*status.Status{
@@ -28,7 +29,7 @@ func TestHostileStatusRetiredUnsignedHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(b.String(), "\n") {
-		if f := strings.Fields(line); len(f) > 0 && f[0] == "claimed" && !strings.Contains(line, status.UnsignedNote) {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "claimed" && !strings.Contains(line, notInFleetNote) {
 			t.Errorf("the claimed VM of hv-d's unsigned status is shown unmarked: %s\n%s", line, b.String())
 		}
 	}

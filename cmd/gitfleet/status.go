@@ -629,9 +629,16 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VM\tHOST\tPHASE\tPOWER\tADDRESS\tERROR\tNOTE")
 	for _, st := range rep.Hosts {
-		hostNote := status.VMHostNote(rep.Liveness[st.Host].State, st.Suspended != nil)
-		if rep.Liveness[st.Host].Unsigned != "" {
+		live, listed := rep.Liveness[st.Host]
+		hostNote := status.VMHostNote(live.State, st.Suspended != nil)
+		switch {
+		case live.Unsigned != "":
 			hostNote = strings.TrimSuffix(status.UnsignedNote+"; "+hostNote, "; ")
+		case !listed && rep.Liveness != nil:
+			// The controller does not list the host (no Host object,
+			// nothing delivered): it neither verifies nor acts on what
+			// its status claims.
+			hostNote = notInFleetNote
 		}
 		for _, vm := range st.VMs {
 			addr := ""
@@ -671,6 +678,10 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 	}
 	return tw.Flush()
 }
+
+// notInFleetNote is the note of each VM row of a host liveness.yaml does
+// not list.
+const notInFleetNote = "host not in the fleet: its status is neither verified nor acted on"
 
 // hostState is host's state as the controller judges it (liveness.yaml),
 // with the retired note and the unsigned one; a host the file does not list is retired with
