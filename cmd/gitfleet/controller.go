@@ -62,8 +62,9 @@ other head is rejected. A change that newly tombstones more than
 --max-deletes objects, or more than 25% of a host's VMs, is rejected
 unless a commit carries the trailer "Gitfleet-Allow-Deletes: <n>".
 
---signing-key signs every commit the controller writes with an SSH key
-(gitfleet keygen --controller), as git -c gpg.format=ssh commit -S would:
+--signing-key signs every snapshots commit the controller writes (never its
+status commits) with an SSH key (gitfleet keygen --controller), as git -c
+gpg.format=ssh commit -S would:
 agents listing its public key in controllerKeys accept only snapshots
 signed with it. For a Host naming spec.agentKey, deletes are finalized only
 on acks whose status commit that key signed; others are reported as forged.`,

@@ -153,7 +153,7 @@ func (c *Controller) Bind(f *Flags) {
 	f.String(&c.WebhookSecret, "webhook-secret", "GITFLEET_WEBHOOK_SECRET", "webhook secret; better set the variable")
 	f.Duration(&c.AbandonGrace, "abandon-grace", "GITFLEET_ABANDON_GRACE", "how long a delete waits on an offline host before the controller finalizes it")
 	f.Duration(&c.GitTimeout, "git-timeout", "GITFLEET_GIT_TIMEOUT", "bound of each git operation (fetch, ls-remote, push) on every transport")
-	f.Duration(&c.OfflineAfter, "offline-after", "GITFLEET_OFFLINE_AFTER", "no status change for this long makes a host offline")
+	f.Duration(&c.OfflineAfter, "offline-after", "GITFLEET_OFFLINE_AFTER", "no status change for this long makes a host offline: at least three of the agents' heartbeats (intervals.heartbeat)")
 	f.String(&c.SnapshotsBranch, "snapshots-branch", "", "branch the snapshots are published on")
 	f.String(&c.StatusBranch, "status-branch", "", "branch the agents report on")
 	c.Signatures.Bind(f)
