@@ -89,7 +89,9 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		if !t.PublishedAt.IsZero() {
 			p.SweepAt = t.PublishedAt.Add(c.cfg.AbandonGrace).UTC()
 		}
-		if h := hosts[t.Host]; h != nil {
+		if h := hosts[t.Host]; h != nil && h.Unsigned != "" {
+			p.HostUnverified = true
+		} else if h != nil {
 			list := h.Quarantined
 			if t.Kind == desired.KindVolume {
 				list = h.QuarantinedVolumes

@@ -148,6 +148,11 @@ type PendingDelete struct {
 	// Unconfirmed is set while the host's quarantine of the object waits
 	// for the controller to confirm the delete (Quarantine.AwaitsConfirmation).
 	Unconfirmed bool
+	// HostUnverified is set when the host's status commit is not signed
+	// by its Host's agentKey (HostSummary.Unsigned): DestroyAt and
+	// Unconfirmed are then not taken from it, and the deadline says the
+	// host's progress is unknown.
+	HostUnverified bool
 }
 
 // ForgedAck is an ack not acted on: Ref is the object ("VM web-01@hv-a"),
@@ -448,6 +453,8 @@ func AwaitingConfirmation(nonce string) string {
 func (p PendingDelete) Deadline(abandonGrace time.Duration) string {
 	var d string
 	switch {
+	case p.HostUnverified:
+		d = "unknown: the host's status is not signed by its agentKey, so what it says of this delete is not read"
 	case !p.DestroyAt.IsZero() && p.Kind == "VM":
 		d = "host destroys it at " + stamp(p.DestroyAt)
 	case !p.DestroyAt.IsZero():

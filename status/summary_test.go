@@ -171,3 +171,12 @@ func TestStampSummary(t *testing.T) {
 		t.Error("a file without the intro was changed")
 	}
 }
+
+// A pending delete on a host whose status is unverified says its host's
+// progress is unknown, whatever destroy time it carries.
+func TestDeadlineOfAnUnverifiedHost(t *testing.T) {
+	p := PendingDelete{Kind: "VM", DestroyAt: time.Date(2026, 11, 30, 3, 5, 0, 0, time.UTC), HostUnverified: true}
+	if d := p.Deadline(0); !strings.HasPrefix(d, "unknown: the host's status is not signed by its agentKey") || strings.Contains(d, "03:05") {
+		t.Errorf("deadline %q", d)
+	}
+}

@@ -230,6 +230,10 @@ type pendingDelete struct {
 	// ledger does not carry (docs/DESIGN.md, "Delete confirmation").
 	Confirm              string `json:"confirm,omitempty"`
 	AwaitingConfirmation bool   `json:"awaitingConfirmation,omitempty"`
+	// HostUnverified is set when the host's status is not signed by its
+	// Host's agentKey (liveness.yaml's unsigned): destroyAt and
+	// awaitingConfirmation are then not read from it.
+	HostUnverified bool `json:"hostUnverified,omitempty"`
 }
 
 // runStatus prints the status; keys are the controller's public keys
@@ -280,7 +284,6 @@ func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, sna
 	if err = readLedger(ctx, repo, snapshots, keys, &rep); err != nil {
 		rep.PendingDeletes, rep.PendingError = []pendingDelete{}, err.Error()
 	}
-	destroyAt(&rep)
 	switch data, err := repo.ReadFileMax(tip, status.ControllerPath, status.MaxControllerBytes); {
 	case errors.Is(err, gitsource.ErrFileNotFound):
 	case err != nil:
@@ -299,6 +302,7 @@ func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, sna
 			rep.LivenessError = err.Error()
 		}
 	}
+	destroyAt(&rep)
 	switch data, err := repo.ReadFileMax(tip, status.LastWritePath, status.MaxLastWriteBytes); {
 	case errors.Is(err, gitsource.ErrFileNotFound):
 	case err != nil:
@@ -425,11 +429,19 @@ func statusLedger(ctx context.Context, repo *gitsource.Repo, branch string, keys
 // destroyAt gives each pending delete the time its host destroys the VM or
 // removes the volume, when the host's status has it quarantined, and marks
 // those whose quarantine waits for a confirmation the ledger does not
-// carry.
+// carry; the deletes of a host whose status its agentKey did not sign
+// (rep.Liveness, read first) are marked HostUnverified instead.
 func destroyAt(rep *statusReport) {
 	type key struct{ kind, host, name string }
 	quarantined := map[key]status.Quarantine{}
+	unverified := map[string]bool{}
 	for _, st := range rep.Hosts {
+		if rep.Liveness[st.Host].Unsigned != "" {
+			// Not signed by the host's agentKey: what it says of its
+			// quarantines is nobody's word.
+			unverified[st.Host] = true
+			continue
+		}
 		for _, q := range st.Quarantined {
 			quarantined[key{string(desired.KindVM), st.Host, q.Name}] = q
 		}
@@ -438,6 +450,10 @@ func destroyAt(rep *statusReport) {
 		}
 	}
 	for i, p := range rep.PendingDeletes {
+		if unverified[p.Host] {
+			rep.PendingDeletes[i].HostUnverified = true
+			continue
+		}
 		q, ok := quarantined[key{p.Kind, p.Host, p.Name}]
 		if !ok {
 			continue
@@ -489,7 +505,7 @@ func writeStatusTable(out io.Writer, rep statusReport) error {
 		if p.SweptAt != nil {
 			since += " (swept: host offline; waits for its ack)"
 		}
-		sd := status.PendingDelete{Kind: p.Kind, Unconfirmed: p.AwaitingConfirmation}
+		sd := status.PendingDelete{Kind: p.Kind, Unconfirmed: p.AwaitingConfirmation, HostUnverified: p.HostUnverified}
 		if p.DestroyAt != nil {
 			sd.DestroyAt = *p.DestroyAt
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource/gittest"
@@ -129,5 +130,32 @@ func TestStatusMarksAnUnsignedHostStatus(t *testing.T) {
 	}
 	if strings.Join(marked, " ") != "hv-a web-01" {
 		t.Errorf("rows marked unsigned: %v, want hv-a's host row and web-01:\n%s", marked, b.String())
+	}
+}
+
+// A pending delete on a host whose status its agentKey did not sign takes
+// nothing from that status: a forged status that drops the quarantine (or
+// invents one) must not move the deadline shown, which says the host's
+// progress is unknown.
+func TestPendingDeleteOfAnUnsignedHostIsUnknown(t *testing.T) {
+	at := time.Date(2026, 11, 30, 3, 5, 0, 0, time.UTC)
+	rep := statusReport{
+		Hosts: []*status.Status{{Host: "hv-a", Quarantined: []status.Quarantine{{Name: "web-01", DestroyAt: at}}}},
+		Liveness: map[string]status.HostState{
+			"hv-a": {Host: "hv-a", State: status.StateOnline, Unsigned: "the commit carries no signature"},
+		},
+		PendingDeletes: []pendingDelete{{Kind: "VM", Name: "web-01", Host: "hv-a"}},
+	}
+	destroyAt(&rep)
+	p := rep.PendingDeletes[0]
+	if p.DestroyAt != nil || !p.HostUnverified {
+		t.Fatalf("pending delete %+v: want no destroy time from an unsigned status, and hostUnverified", p)
+	}
+	var b strings.Builder
+	if err := writeStatusTable(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "unknown: the host's status is not signed by its agentKey") {
+		t.Errorf("the deadline does not say the host's progress is unknown:\n%s", b.String())
 	}
 }
