@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/gitfleet/gitfleet/gitsource"
 )
@@ -61,7 +62,8 @@ type Written struct {
 }
 
 // Write writes st (not modified) with heartbeat st.Heartbeat, or one more
-// than the heartbeat at the tip when that is not below it. Errors are
+// than the heartbeat at the tip when that is not below it (and not the
+// largest uint64, which only another writer puts there). Errors are
 // git's (wrapped; ErrConflict after every attempt lost, ctx's) or
 // Marshal's.
 func (w *Writer) Write(ctx context.Context, st *Status) (Written, error) {
@@ -97,7 +99,10 @@ func (w *Writer) write(ctx context.Context, branch string, st *Status, floor uin
 		} else if !errors.Is(err, gitsource.ErrFileNotFound) && !errors.Is(err, gitsource.ErrNotAFile) {
 			return gitsource.Write{}, err
 		}
-		if prev != nil && prev.Heartbeat >= c.Heartbeat {
+		if prev != nil && prev.Heartbeat >= c.Heartbeat && prev.Heartbeat < math.MaxUint64 {
+			// The tip may be another writer's (a forged status on the
+			// branch): past the largest counter, this write keeps its
+			// own, which differs all the same.
 			c.Heartbeat = prev.Heartbeat + 1
 		}
 		data, err := Marshal(&c)

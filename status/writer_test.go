@@ -2,6 +2,7 @@ package status_test
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +179,17 @@ func TestWriterReplacesAPlantedDirectory(t *testing.T) {
 	got, err := status.Parse(status.Path("hv-a"), []byte(gittest.Show(t, dir, branch, status.Path("hv-a"))+"\n"))
 	require.NoError(t, err)
 	assert.Equal(t, uint64(2), got.Heartbeat)
+}
+
+// A status pushed by someone else with the largest heartbeat does not
+// wrap the agent's next write around to 0: it writes its own counter.
+func TestWriterPastTheLargestHeartbeat(t *testing.T) {
+	dir, repo := served(t)
+	forged, err := status.Marshal(&status.Status{Host: "hv-a", Heartbeat: math.MaxUint64})
+	require.NoError(t, err)
+	gittest.Commit(t, dir, gittest.Edit{Branch: status.HostBranch("hv-a"), Write: map[string]string{status.Path("hv-a"): string(forged)}})
+	w := &status.Writer{Repo: repo, Host: "hv-a"}
+	out, err := w.Write(context.Background(), &status.Status{Host: "hv-a", Heartbeat: 19})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(19), out.Heartbeat)
 }
