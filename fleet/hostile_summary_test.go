@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,7 +38,7 @@ func idleHeartbeats(t *testing.T, signed bool) {
 	e.pass()
 	e.pass()
 	statusTip := func() string { return gittest.Rev(t, e.dir, "refs/heads/"+DefaultStatusBranch) }
-	if s := e.summary(); contains(s, "carries no signature") == signed {
+	if s := e.summary(); strings.Contains(s, "carries no signature") == signed {
 		t.Fatalf("README marks hv-a unsigned %v, want %v:\n%s", !signed, !signed, s)
 	}
 	writes := 0
@@ -57,15 +58,6 @@ func idleHeartbeats(t *testing.T, signed bool) {
 	}
 }
 
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
-		}
-	}
-	return false
-}
-
 // TestHostileFailingRefreshKeepsStaleHostsUnderAFreshTime: passes fail
 // (the desired branch is gone) while hv-a falls silent. The failing
 // controller refreshes the status branch once per SummaryInterval with
@@ -80,7 +72,7 @@ func TestHostileFailingRefreshKeepsStaleHostsUnderAFreshTime(t *testing.T) {
 	e.pass()
 	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: 1})
 	e.pass()
-	if s := e.summary(); !contains(s, "| hv-a | online |") {
+	if s := e.summary(); !strings.Contains(s, "| hv-a | online |") {
 		t.Fatalf("hv-a not online:\n%s", s)
 	}
 	gittest.DeleteBranch(t, e.dir, "main")
@@ -91,11 +83,11 @@ func TestHostileFailingRefreshKeepsStaleHostsUnderAFreshTime(t *testing.T) {
 		}
 	}
 	s := e.summary()
-	if !contains(s, "Written at "+e.clock.Now().UTC().Format(time.RFC3339)+".") {
+	if !strings.Contains(s, "Written at "+e.clock.Now().UTC().Format(time.RFC3339)+".") {
 		t.Skipf("the README was not refreshed:\n%s", s)
 	}
 	lastGood := e.clock.Now().Add(-2 * DefaultSummaryInterval).UTC().Format(time.RFC3339)
-	if contains(s, "| hv-a | online |") && !contains(s, "Hosts, VMs and deletes below are as of "+lastGood+", the last pass that succeeded") {
+	if strings.Contains(s, "| hv-a | online |") && !strings.Contains(s, "Hosts, VMs and deletes below are as of "+lastGood+", the last pass that succeeded") {
 		t.Fatalf("README written at %s (fresh) shows hv-a online, silent since %s, without saying it is the view of %s:\n%s",
 			e.clock.Now().UTC().Format(time.RFC3339), lastGood, lastGood, s)
 	}

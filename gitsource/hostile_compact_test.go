@@ -275,23 +275,12 @@ func TestHostileFastForwardFetchAfterCompaction(t *testing.T) {
 	defer func(p, l int) { maxPacks, maxLoose = p, l }(maxPacks, maxLoose)
 	maxPacks, maxLoose = 1, 4
 	ctx := context.Background()
-	rm := gittest.NewBare(t)
-	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"big": incompressible(t, 256<<10)}})
-	cache := t.TempDir()
-	r, err := Open(ctx, Options{URL: rm, CacheDir: cache})
-	require.NoError(t, err)
-	main, err := r.Fetch(ctx, "main")
-	require.NoError(t, err)
-	gittest.SetBranch(t, rm, "ours", main)
-	_, err = r.Fetch(ctx, "ours")
-	require.NoError(t, err)
+	rm, cache, r := oursCache(t)
+	var err error
 	var tip string
 	for i := 0; ; i++ {
 		require.Less(t, i, 10, "no compaction into a second pack")
-		tip, err = r.Update(ctx, "ours", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
-			return map[string][]byte{fmt.Sprintf("hosts/%d.yaml", i): []byte(fmt.Sprint(i))}, "ours", nil
-		})
-		require.NoError(t, err)
+		tip = writeOurs(t, r, i)
 		if packs, loose := countPacks(t, cache); packs == 2 && loose == 0 {
 			break
 		}
@@ -321,22 +310,11 @@ func TestHostileInterruptedCompactionThenFastForward(t *testing.T) {
 	defer func(p, l int) { maxPacks, maxLoose = p, l }(maxPacks, maxLoose)
 	maxLoose = 1 << 20
 	ctx := context.Background()
-	rm := gittest.NewBare(t)
-	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"big": incompressible(t, 256<<10)}})
-	cache := t.TempDir()
-	r, err := Open(ctx, Options{URL: rm, CacheDir: cache})
-	require.NoError(t, err)
-	main, err := r.Fetch(ctx, "main")
-	require.NoError(t, err)
-	gittest.SetBranch(t, rm, "ours", main)
-	_, err = r.Fetch(ctx, "ours")
-	require.NoError(t, err)
+	rm, cache, r := oursCache(t)
+	var err error
 	var tip string
 	for i := 0; i < 3; i++ {
-		tip, err = r.Update(ctx, "ours", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
-			return map[string][]byte{fmt.Sprintf("hosts/%d.yaml", i): []byte(fmt.Sprint(i))}, "ours", nil
-		})
-		require.NoError(t, err)
+		tip = writeOurs(t, r, i)
 	}
 	// Keep the loose objects, compact, put them back: the compaction
 	// stopped after its pack was installed.
@@ -371,4 +349,34 @@ func TestHostileInterruptedCompactionThenFastForward(t *testing.T) {
 	require.Equal(t, tip, got)
 	_, err = r2.ReadFile(tip, "hosts/0.yaml")
 	require.NoError(t, err, "our commit's file, after the fetch")
+}
+
+// oursCache is a remote whose main holds an incompressible blob, and a
+// cache on disk that fetched main and a branch "ours" at the same commit
+// (a pack of git's), for our own commits to add loose objects to.
+func oursCache(t *testing.T) (rm, cache string, r *Repo) {
+	t.Helper()
+	ctx := context.Background()
+	rm = gittest.NewBare(t)
+	gittest.Commit(t, rm, gittest.Edit{Write: map[string]string{"big": incompressible(t, 256<<10)}})
+	cache = t.TempDir()
+	r, err := Open(ctx, Options{URL: rm, CacheDir: cache})
+	require.NoError(t, err)
+	main, err := r.Fetch(ctx, "main")
+	require.NoError(t, err)
+	gittest.SetBranch(t, rm, "ours", main)
+	_, err = r.Fetch(ctx, "ours")
+	require.NoError(t, err)
+	return rm, cache, r
+}
+
+// writeOurs commits hosts/<i>.yaml on "ours" through Update (loose
+// objects) and returns the new tip.
+func writeOurs(t *testing.T, r *Repo, i int) string {
+	t.Helper()
+	tip, err := r.Update(context.Background(), "ours", func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+		return map[string][]byte{fmt.Sprintf("hosts/%d.yaml", i): []byte(fmt.Sprint(i))}, "ours", nil
+	})
+	require.NoError(t, err)
+	return tip
 }
