@@ -317,7 +317,7 @@ func RenderSummary(s Summary) []byte {
 		for _, h := range s.Hosts {
 			hostNote := VMHostNote(h.State(), h.Suspended != nil)
 			if h.Unsigned != "" {
-				hostNote = joinNotes(UnsignedNote, hostNote)
+				hostNote = JoinNotes(UnsignedNote, hostNote)
 			}
 			for _, vm := range h.VMs {
 				addr := vm.IP
@@ -328,7 +328,7 @@ func RenderSummary(s Summary) []byte {
 					addr += "ssh " + vm.SSH
 				}
 				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
-					cell(vm.Name), cell(h.Name), cell(vm.Phase), cell(vm.Power), cell(addr), cell(vm.LastError), cell(joinNotes(vm.Message, hostNote)))
+					cell(vm.Name), cell(h.Name), cell(vm.Phase), cell(vm.Power), cell(addr), cell(vm.LastError), cell(JoinNotes(vm.Message, hostNote)))
 			}
 			for _, q := range h.Quarantined {
 				fmt.Fprintf(&b, "| %s | %s | %s | stopped | - | %s | %s |\n",
@@ -402,7 +402,7 @@ func RenderSummary(s Summary) []byte {
 		for _, u := range s.Unmanaged {
 			state := "on host, not in the desired state: kept"
 			if u.Unsigned != "" {
-				state = joinNotes(state, UnsignedNote)
+				state = JoinNotes(state, UnsignedNote)
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", cell(u.Name), cell(u.Host), cell(u.Phase), state)
 		}
@@ -473,8 +473,9 @@ func (p PendingDelete) Deadline(abandonGrace time.Duration) string {
 	return d
 }
 
-// joinNotes joins the non-empty notes with "; ".
-func joinNotes(notes ...string) string {
+// JoinNotes joins the non-empty notes with "; ": a row's notes, in the
+// README and in `gitfleet status` alike.
+func JoinNotes(notes ...string) string {
 	var out []string
 	for _, n := range notes {
 		if n != "" {

@@ -434,12 +434,10 @@ func statusLedger(ctx context.Context, repo *gitsource.Repo, branch string, keys
 func destroyAt(rep *statusReport) {
 	type key struct{ kind, host, name string }
 	quarantined := map[key]status.Quarantine{}
-	unverified := map[string]bool{}
 	for _, st := range rep.Hosts {
 		if rep.Liveness[st.Host].Unsigned != "" {
 			// Not signed by the host's agentKey: what it says of its
 			// quarantines is nobody's word.
-			unverified[st.Host] = true
 			continue
 		}
 		for _, q := range st.Quarantined {
@@ -450,7 +448,7 @@ func destroyAt(rep *statusReport) {
 		}
 	}
 	for i, p := range rep.PendingDeletes {
-		if unverified[p.Host] {
+		if rep.Liveness[p.Host].Unsigned != "" {
 			rep.PendingDeletes[i].HostUnverified = true
 			continue
 		}
@@ -649,7 +647,7 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 		hostNote := status.VMHostNote(live.State, st.Suspended != nil)
 		switch {
 		case live.Unsigned != "":
-			hostNote = strings.TrimSuffix(status.UnsignedNote+"; "+hostNote, "; ")
+			hostNote = status.JoinNotes(status.UnsignedNote, hostNote)
 		case !listed && rep.Liveness != nil:
 			// The controller does not list the host (no Host object,
 			// nothing delivered): it neither verifies nor acts on what
@@ -669,7 +667,7 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 			}
 			note := vm.Message
 			if hostNote != "" {
-				note = strings.TrimPrefix(note+"; "+hostNote, "; ")
+				note = status.JoinNotes(note, hostNote)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(vm.Name), dash(st.Host), dash(vm.Phase), dash(vm.Power), dash(addr), dash(vm.LastError), dash(note))
 		}
