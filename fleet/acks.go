@@ -96,6 +96,13 @@ func agentKey(fl *desired.Fleet, l *snapshots.Ledger, host string) string {
 	return ""
 }
 
+// unsignedNote is why host's status commit is not signed by its Host's
+// agentKey, naming no commit (status.HostSummary.Unsigned); "" when it
+// is, or when no key judges it.
+func (c *Controller) unsignedNote(host string) string {
+	return c.ackVerdicts[host].brief
+}
+
 // verifyAck checks that tip, the tip of host's branch, is signed by key;
 // "" when it is, else why not, and briefly, without naming the commit.
 // retry is true when the commit could not be read: no verdict, only this

@@ -60,9 +60,7 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 			continue
 		}
 		st := rep.Status
-		if v, ok := c.ackVerdicts[rep.Host]; ok && v.why != "" {
-			h.Unsigned = v.brief
-		}
+		h.Unsigned = c.unsignedNote(rep.Host)
 		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
 		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
 		h.SnapshotError = st.SnapshotError
@@ -113,9 +111,7 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 	for i, u := range s.Unmanaged {
 		// A host the summary does not list (retired, nothing delivered
 		// to it) included: its Host's last agentKey still judges it.
-		if v, ok := c.ackVerdicts[u.Host]; ok && v.why != "" {
-			s.Unmanaged[i].Unsigned = v.brief
-		}
+		s.Unmanaged[i].Unsigned = c.unsignedNote(u.Host)
 	}
 	sweeps := l.Sweeps
 	if len(sweeps) > 10 {
