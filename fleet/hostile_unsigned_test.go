@@ -38,10 +38,8 @@ func TestHostileRetiredHostUnsignedCopyIsMarked(t *testing.T) {
 	writeStatus(t, e.url, forged) // unsigned
 	e.pass()
 	e.pass()
-	cp := e.statusBranchFile(status.Path("hv-d"))
-	if !strings.Contains(cp, "claimed") {
-		t.Skipf("the unsigned status is not copied to the status branch: nothing shown unmarked\n%s", cp)
-	}
+	// Whether the copy is there or not, nothing of it may show unmarked.
+	copied := strings.Contains(e.statusBranchFile(status.Path("hv-d")), "claimed")
 	live, err := status.ParseLiveness(status.LivenessPath, []byte(e.statusFile(status.LivenessPath)))
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +49,7 @@ func TestHostileRetiredHostUnsignedCopyIsMarked(t *testing.T) {
 	} else {
 		t.Logf("ledger has no record of hv-d")
 	}
-	if row, listed := live["hv-d"]; listed && row.Unsigned == "" {
+	if row, listed := live["hv-d"]; copied && listed && row.Unsigned == "" {
 		t.Fatalf("liveness.yaml lists hv-d unmarked, whose unsigned status (VM claimed, running) the status branch copies: %+v", row)
 	}
 	readme := e.summary()
