@@ -127,14 +127,7 @@ func TestHostileCompactInterruptedDelete(t *testing.T) {
 		_, err := r.Fetch(ctx, "main")
 		require.NoError(t, err)
 	}
-	idxs := map[string][]byte{}
-	ms, err := filepath.Glob(filepath.Join(cache, "objects", "pack", "pack-*.idx"))
-	require.NoError(t, err)
-	for _, m := range ms {
-		b, err := os.ReadFile(m)
-		require.NoError(t, err)
-		idxs[m] = b
-	}
+	idxs := readGlob(t, filepath.Join(cache, "objects", "pack", "pack-*.idx"))
 	maxPacks = 2
 	r.mu.Lock()
 	want := cacheObjects(t, r.st.(*diskStorage))
@@ -318,14 +311,7 @@ func TestHostileInterruptedCompactionThenFastForward(t *testing.T) {
 	}
 	// Keep the loose objects, compact, put them back: the compaction
 	// stopped after its pack was installed.
-	saved := map[string][]byte{}
-	dirs, err := filepath.Glob(filepath.Join(cache, "objects", "[0-9a-f][0-9a-f]", "*"))
-	require.NoError(t, err)
-	for _, p := range dirs {
-		b, err := os.ReadFile(p)
-		require.NoError(t, err)
-		saved[p] = b
-	}
+	saved := readGlob(t, filepath.Join(cache, "objects", "[0-9a-f][0-9a-f]", "*"))
 	require.NotEmpty(t, saved)
 	maxLoose = 4
 	r.mu.Lock()
@@ -379,4 +365,19 @@ func writeOurs(t *testing.T, r *Repo, i int) string {
 	})
 	require.NoError(t, err)
 	return tip
+}
+
+// readGlob is path → content of every file pattern matches: what a test
+// puts back to stage a compaction cut short.
+func readGlob(t *testing.T, pattern string) map[string][]byte {
+	t.Helper()
+	ms, err := filepath.Glob(pattern)
+	require.NoError(t, err)
+	out := map[string][]byte{}
+	for _, m := range ms {
+		b, err := os.ReadFile(m)
+		require.NoError(t, err)
+		out[m] = b
+	}
+	return out
 }

@@ -27,10 +27,7 @@ func TestStatusSaysWhenTheControllerLastWrote(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.True(t, strings.HasPrefix(out, "Controller last wrote "), "the age comes first:\n%s", out)
 	require.NotContains(t, out, "WARNING")
-	code, out = runCLI(t, "status", "--repo", dir, "--format", "json")
-	require.Equal(t, 0, code, out)
-	var rep statusReport
-	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	rep, out := statusJSON(t, dir)
 	require.NotNil(t, rep.ControllerWrote, out)
 	require.False(t, rep.ControllerWrote.Stale, out)
 	require.Equal(t, int64(fleet.DefaultSummaryInterval/time.Second), rep.ControllerWrote.RefreshSeconds)
@@ -43,10 +40,7 @@ func TestStatusSaysWhenTheControllerLastWrote(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.True(t, strings.HasPrefix(out, "WARNING: the controller last wrote 2h0m"), "a stale view is said first:\n%s", out)
 	require.Contains(t, out, "What follows is its last view")
-	code, out = runCLI(t, "status", "--repo", dir, "--format", "json")
-	require.Equal(t, 0, code, out)
-	rep = statusReport{}
-	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	rep, out = statusJSON(t, dir)
 	require.NotNil(t, rep.ControllerWrote, out)
 	require.True(t, rep.ControllerWrote.Stale, out)
 	require.GreaterOrEqual(t, rep.ControllerWrote.AgeSeconds, int64(7200))
@@ -65,4 +59,15 @@ func TestStatusSaysWhenTheControllerLastWrote(t *testing.T) {
 	code, out = runCLI(t, "status", "--repo", dir)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "Controller last wrote: unknown")
+}
+
+// statusJSON is `gitfleet status --format json` of dir, which must exit 0,
+// parsed, with its output.
+func statusJSON(t *testing.T, dir string) (statusReport, string) {
+	t.Helper()
+	code, out := runCLI(t, "status", "--repo", dir, "--format", "json")
+	require.Equal(t, 0, code, out)
+	var rep statusReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	return rep, out
 }
