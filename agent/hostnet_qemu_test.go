@@ -17,14 +17,14 @@ import (
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/internal/netnstest"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 )
 
 // These tests run the engine with the QEMU backend and real host
-// networking (internal/netnstest): bridges, taps, dnsmasq and nftables
+// networking (testsupport/netnstest): bridges, taps, dnsmasq and nftables
 // live in a network namespace the test made, and the tiny guest boots on
 // them under TCG.
 

@@ -39,7 +39,7 @@ type Address struct {
 // for concurrent use across VMs. Errors wrapped with Permanent fail a create
 // at once; any other error is transient and retried within the budget.
 //
-// Implementations: package agent/qemu (QEMU), agent/agenttest (in memory).
+// Implementations: package agent/qemu (QEMU), agent/inmem (in memory; testsupport/agenttest injects faults over it).
 type Provisioner interface {
 	// Preflight checks the host can run VMs at all (binaries, accelerator).
 	Preflight(ctx context.Context) error

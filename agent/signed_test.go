@@ -10,14 +10,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/agent/agenttest"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/agenttest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/trusttest"
 	"github.com/gitfleet/gitfleet/trust"
-	"github.com/gitfleet/gitfleet/trust/trusttest"
 )
 
 // controllerKeys is an agent's controllerKeys: the public key lines given.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gitfleet/gitfleet/internal/golden"
+	"github.com/gitfleet/gitfleet/testsupport/golden"
 )
 
 // planGolden compares got with testdata/plan/<name>; -update rewrites it.

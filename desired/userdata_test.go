@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gitfleet/gitfleet/internal/cloudinittest"
+	"github.com/gitfleet/gitfleet/testsupport/cloudinittest"
 )
 
 // TestUserDataTypeMatchesCloudInit types documents with UserDataType and

@@ -31,10 +31,10 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/agent/qemu"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
-	"github.com/gitfleet/gitfleet/internal/debianguest"
-	"github.com/gitfleet/gitfleet/internal/netnstest"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/debianguest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 )
 
 // guestNet is how a test's Debian guest is attached and reached. name is

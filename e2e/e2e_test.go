@@ -31,11 +31,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/agent/qemu"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
-	"github.com/gitfleet/gitfleet/internal/e2etest"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/e2etest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // binary is the gitfleet binary TestMain builds; skipReason is set instead

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/agent/hostnet"
-	"github.com/gitfleet/gitfleet/internal/netnstest"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 )
 
 // TestNATNetworkAcrossAnAgentRestart runs the controller and the agent in a

@@ -4,10 +4,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/trusttest"
 	"github.com/gitfleet/gitfleet/trust"
-	"github.com/gitfleet/gitfleet/trust/trusttest"
 )
 
 // For a Host naming spec.agentKey, an ack read from the old layout's file

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // Fleet size of the benchmarks: 10,000 VMs on 1,000 hosts.

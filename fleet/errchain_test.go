@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/internal/errchain"
 	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // Git's failures reach the controller's pass, and plan's and status'

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // TestHostileLostUpdatesSeesALostAckCopy: BenchmarkStatusFleet's

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // TestHostileIdleUnsignedHostWritesOncePerInterval: an idle fleet whose

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // lastWrite is last-write.yaml on the status branch, parsed.

@@ -8,10 +8,10 @@ import (
 
 	"testing"
 
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
-	"github.com/gitfleet/gitfleet/trust/trusttest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/trusttest"
 )
 
 // A forged merge whose first parent is an older signed commit (one whose

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitfleet/gitfleet/internal/peakrss"
+	"github.com/gitfleet/gitfleet/testsupport/peakrss"
 )
 
 // BenchmarkPushToPublish is the latency a person sees: on the big fleet

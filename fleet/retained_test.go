@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // A VM kept after a history rewrite still holds its volumes: a commit adding

@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
-	"github.com/gitfleet/gitfleet/internal/peakrss"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/peakrss"
 )
 
 // statusFleetScale is the shape of BenchmarkStatusFleet, from the

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // BenchmarkPublishSoak is a long-running controller over many publishing

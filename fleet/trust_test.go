@@ -9,11 +9,11 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/trusttest"
 	"github.com/gitfleet/gitfleet/trust"
-	"github.com/gitfleet/gitfleet/trust/trusttest"
 )
 
 // newVerifyingEnv is newEnv whose controller verifies signatures in mode

@@ -12,7 +12,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 func TestShallowFetch(t *testing.T) {

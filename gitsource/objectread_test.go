@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/internal/peakrss"
+	"github.com/gitfleet/gitfleet/testsupport/peakrss"
 )
 
 // smallOverLarge is a pack of one commit whose tree holds a large blob

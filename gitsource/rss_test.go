@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
-	"github.com/gitfleet/gitfleet/internal/peakrss"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/peakrss"
 )
 
 // BenchmarkFetchPeakRSS prints the peak resident memory of a process that

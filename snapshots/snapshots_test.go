@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 func TestPathAndHostFromPath(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitfleet/gitfleet/internal/golden"
+	"github.com/gitfleet/gitfleet/testsupport/golden"
 )
 
 // A failing pass gets a section of its own, above and apart from the last

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/internal/golden"
+	"github.com/gitfleet/gitfleet/testsupport/golden"
 )
 
 func sampleStatus() *Status {

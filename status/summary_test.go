@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitfleet/gitfleet/internal/golden"
+	"github.com/gitfleet/gitfleet/testsupport/golden"
 )
 
 // Objects kept after a history rewrite and VMs on a host that the desired

@@ -14,9 +14,9 @@ import (
 	"github.com/ProtonMail/go-crypto/openpgp"
 
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/trusttest"
 	"github.com/gitfleet/gitfleet/trust"
-	"github.com/gitfleet/gitfleet/trust/trusttest"
 )
 
 // worktree is a non-bare repository where commits are made with

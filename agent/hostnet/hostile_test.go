@@ -15,7 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/internal/netnstest"
+	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 )
 
 // serve runs a TCP service in namespace ns on port that answers every

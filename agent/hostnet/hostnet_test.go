@@ -17,7 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/internal/netnstest"
+	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 )
 
 func TestTapNameIsStableAndFits(t *testing.T) {

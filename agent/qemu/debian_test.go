@@ -14,7 +14,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/internal/debianguest"
+	"github.com/gitfleet/gitfleet/testsupport/debianguest"
 )
 
 // debianBootLimit bounds the wait for a Debian guest to answer on SSH and

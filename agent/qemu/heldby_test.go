@@ -18,7 +18,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/internal/netnstest"
+	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 )
 
 // A VM's SSH readiness on a host network counts only the VM's own answer:

@@ -15,11 +15,11 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/internal/netnstest"
+	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 )
 
 // These tests boot the tiny guest on host networks inside a network
-// namespace of their own (internal/netnstest): QEMU, its tap, the bridge
+// namespace of their own (testsupport/netnstest): QEMU, its tap, the bridge
 // and dnsmasq all live there, and nothing leaves it.
 
 // netGuest builds the tiny guest before the test enters its namespace (a

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/internal/netnstest"
+	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 )
 
 // startQGA runs the real qemu-guest-agent on this host, listening on a unix

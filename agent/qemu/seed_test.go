@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/internal/cloudinittest"
+	"github.com/gitfleet/gitfleet/testsupport/cloudinittest"
 )
 
 // userDataExamples are the user-data documents of testdata/userdata: each

@@ -8,9 +8,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/fleet"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // With the controller stopped, someone who can push the snapshots branch

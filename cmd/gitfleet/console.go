@@ -13,7 +13,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/inmem"
 	"github.com/gitfleet/gitfleet/agent/qemu"
-	"github.com/gitfleet/gitfleet/internal/config"
+	"github.com/gitfleet/gitfleet/cmd/gitfleet/internal/config"
 )
 
 func newConsoleCmd() *cobra.Command {

@@ -16,8 +16,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
 
+	"github.com/gitfleet/gitfleet/cmd/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/fleet"
-	"github.com/gitfleet/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/internal/httpserve"
 	"github.com/gitfleet/gitfleet/internal/redact"
 	"github.com/gitfleet/gitfleet/internal/scratchdir"

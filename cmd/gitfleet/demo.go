@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gitfleet/gitfleet/agent/qemu"
-	"github.com/gitfleet/gitfleet/internal/config"
-	"github.com/gitfleet/gitfleet/internal/demo"
+	"github.com/gitfleet/gitfleet/cmd/gitfleet/internal/config"
+	"github.com/gitfleet/gitfleet/cmd/gitfleet/internal/demo"
 )
 
 func newDemoCmd() *cobra.Command {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/gitfleet/gitfleet/internal/demo"
+	"github.com/gitfleet/gitfleet/cmd/gitfleet/internal/demo"
 )
 
 // TestDemoWithoutQEMU pins that the demo stops before making anything when

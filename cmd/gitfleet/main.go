@@ -16,7 +16,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/transport"
 	"github.com/spf13/cobra"
 
-	"github.com/gitfleet/gitfleet/internal/config"
+	"github.com/gitfleet/gitfleet/cmd/gitfleet/internal/config"
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
 

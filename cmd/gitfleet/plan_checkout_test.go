@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/fleet"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // actionsCheckout makes the working copy actions/checkout leaves for a

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // The first commit of a fleet repository has nothing before it and no

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/gitfleet/gitfleet/desired"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // `gitfleet status` shows what the status README shows: the applied commit,

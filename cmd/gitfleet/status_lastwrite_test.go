@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/fleet"
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // gitfleet status shows how old the controller's view is: its age after

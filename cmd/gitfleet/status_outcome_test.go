@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // `gitfleet status` shows the controller's failing passes (controller.yaml

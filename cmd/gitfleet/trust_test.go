@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
-	"github.com/gitfleet/gitfleet/trust/trusttest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/trusttest"
 )
 
 // plan shows the controller's guards before merge: the mass-delete guard

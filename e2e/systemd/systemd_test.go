@@ -19,9 +19,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
-	"github.com/gitfleet/gitfleet/internal/nspawn"
 	"github.com/gitfleet/gitfleet/status"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/nspawn"
 )
 
 // The systemd tests run the shipped units, unchanged, under real systemd:

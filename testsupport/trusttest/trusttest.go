@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gitfleet/gitfleet/gitsource/gittest"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
 
 // SSHKey is an ed25519 key made by ssh-keygen.

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gitfleet/gitfleet/internal/config"
+	"github.com/gitfleet/gitfleet/cmd/gitfleet/internal/config"
 )
 
 // The demo's controller and agent start from the commands' defaults

@@ -18,13 +18,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/fleet"
-	"github.com/gitfleet/gitfleet/trust/trusttest"
+	"github.com/gitfleet/gitfleet/testsupport/trusttest"
 )
 
 // operatingGuide is the text of docs/operating.md.
 func operatingGuide(t *testing.T) string {
 	t.Helper()
-	data, err := os.ReadFile("../../docs/operating.md")
+	data, err := os.ReadFile("../../../../docs/operating.md")
 	require.NoError(t, err)
 	return string(data)
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/fleet"
 	"github.com/gitfleet/gitfleet/gitsource"
-	"github.com/gitfleet/gitfleet/trust/trusttest"
+	"github.com/gitfleet/gitfleet/testsupport/trusttest"
 )
 
 // mapEnv is an environment of the variables in m.

@@ -16,7 +16,7 @@ import (
 // as what they say: the agent file strictly, and every variable of the
 // controller's file is one the controller reads.
 func TestShippedExamplesRead(t *testing.T) {
-	f, err := ReadAgentFile("../../examples/agent.yaml")
+	f, err := ReadAgentFile("../../../../examples/agent.yaml")
 	require.NoError(t, err)
 	assert.Equal(t, "hv-a", f.Host)
 	assert.Equal(t, "/etc/gitfleet/token", f.Repo.Auth.TokenFile)
@@ -25,7 +25,7 @@ func TestShippedExamplesRead(t *testing.T) {
 	c, fl := DefaultController(), NewFlags(pflag.NewFlagSet("controller", pflag.ContinueOnError))
 	c.Bind(fl)
 	known := controllerVariables(t)
-	file, err := os.Open("../../examples/controller.env")
+	file, err := os.Open("../../../../examples/controller.env")
 	require.NoError(t, err)
 	defer file.Close()
 	env := map[string]string{}
@@ -66,10 +66,10 @@ func controllerVariables(t *testing.T) map[string]bool {
 // once copied into a fleet repository; the pull-request workflow says its
 // comment step is GitHub's and pins a version.
 func TestShippedFilesPointAtWhatExists(t *testing.T) {
-	nfpm, err := os.ReadFile("../../packaging/nfpm.yaml")
+	nfpm, err := os.ReadFile("../../../../packaging/nfpm.yaml")
 	require.NoError(t, err)
 	for _, unit := range []string{"gitfleet-agent.service", "gitfleet-controller.service"} {
-		data, err := os.ReadFile("../../examples/systemd/" + unit)
+		data, err := os.ReadFile("../../../../examples/systemd/" + unit)
 		require.NoError(t, err)
 		var doc string
 		for _, line := range strings.Split(string(data), "\n") {
@@ -80,7 +80,7 @@ func TestShippedFilesPointAtWhatExists(t *testing.T) {
 		for _, link := range strings.Fields(doc) {
 			switch {
 			case strings.HasPrefix(link, "https://github.com/gitfleet/gitfleet/blob/main/"):
-				_, err := os.Stat("../../" + strings.TrimPrefix(link, "https://github.com/gitfleet/gitfleet/blob/main/"))
+				_, err := os.Stat("../../../../" + strings.TrimPrefix(link, "https://github.com/gitfleet/gitfleet/blob/main/"))
 				assert.NoError(t, err, "%s: %s names a file of the repository", unit, link)
 			case strings.HasPrefix(link, "file:"):
 				assert.Contains(t, string(nfpm), "dst: "+strings.TrimPrefix(link, "file:"), "%s: the package installs %s", unit, link)
@@ -91,11 +91,11 @@ func TestShippedFilesPointAtWhatExists(t *testing.T) {
 		assert.Contains(t, doc, "docs/operating.md", "%s: Documentation= names the operating guide", unit)
 	}
 
-	readme, err := os.ReadFile("../../examples/fleet/README.md")
+	readme, err := os.ReadFile("../../../../examples/fleet/README.md")
 	require.NoError(t, err)
 	assert.Contains(t, string(readme), "\n    gitfleet validate .\n", "the command as run in a fleet repository's root")
 
-	wf, err := os.ReadFile("../../examples/github/gitfleet-pr.yml")
+	wf, err := os.ReadFile("../../../../examples/github/gitfleet-pr.yml")
 	require.NoError(t, err)
 	comment := strings.Index(string(wf), "- name: Comment the plan")
 	require.Greater(t, comment, 0)
