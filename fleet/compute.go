@@ -67,9 +67,10 @@ type input struct {
 	// specHash returns the spec hash of a VM of the fleet.
 	specHash func(vm *desired.VM) desired.Hash
 	// verify checks the signatures of the commits the head brings (nil:
-	// verification off); an error wrapping trust.ErrSignature rejects the
-	// head, any other is git's.
-	verify func() error
+	// verification off) and returns when each commit checked was first
+	// seen, for the ledger; an error wrapping trust.ErrSignature rejects
+	// the head, any other is git's.
+	verify func() ([]snapshots.SeenCommit, error)
 	// controllerKeys are the keys whose snapshots commits the controller
 	// trusts (nil without a signing key): no Host's agentKey may be one.
 	controllerKeys *trust.Signers
@@ -327,7 +328,10 @@ func (p *computePass) verifySignatures() error {
 	if p.in.fleet == nil || p.in.verify == nil {
 		return nil
 	}
-	err := p.in.verify()
+	seen, err := p.in.verify()
+	if err == nil || errors.Is(err, trust.ErrSignature) {
+		p.l.SignaturesSeen = seen
+	}
 	if err == nil {
 		return nil
 	}

@@ -219,6 +219,8 @@ func New(cfg Config) (*Controller, error) {
 		hashes:     map[*desired.VM]desired.Hash{},
 		ignored:    map[string]bool{},
 		ledgerKeys: lkeys,
+		seen:       trust.NewFirstSeen(snapshots.MaxSignaturesSeen),
+		snapSeen:   trust.NewFirstSeen(maxSnapshotsSeen),
 	}
 	opened := false
 	defer func() {

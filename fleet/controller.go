@@ -132,6 +132,12 @@ type Controller struct {
 	rangeVal         []*gitsource.Commit
 	rangeTrunc       bool
 	sigErr           error
+	// seen is when this controller first saw each desired-state commit
+	// whose signature it checks (or when a signed ledger says one was),
+	// sigSeen that record of the commits of the last verdict; snapSeen
+	// the same for snapshots commits (signseen.go).
+	seen, snapSeen *trust.FirstSeen
+	sigSeen        []snapshots.SeenCommit
 	// ignored are the hosts whose status was ignored and logged once
 	// (unknown to the desired state and the ledger).
 	ignored map[string]bool
@@ -651,6 +657,9 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		in.forged, in.tip = src.forged, desired.Hash(tip)
 		if src.adopted {
 			in.adopted = desired.Hash(tip)
+			// A person checked the adopted ledger, not when it says
+			// commits were first seen.
+			in.verify = c.verifier(l, head, now, false)
 		}
 		o, err := compute(in)
 		if err != nil {
@@ -728,6 +737,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	if c.ledgerKeys != nil && tip != "" {
 		c.signedOnce = true
 		c.lastSigned = &signedLedger{commit: tip, ledger: out.ledger, repo: c.tips}
+		c.snapSeen.At(tip, now) // written now, by this controller
 	}
 	if c.history != nil {
 		// The walk's clone is read no more: the next pass reads the tip
@@ -802,7 +812,7 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 			all, err := WithMergedCommits(c.repo, rng)
 			return all, truncated, err
 		},
-		verify:         c.verifier(l, head),
+		verify:         c.verifier(l, head, now, c.ledgerKeys != nil),
 		controllerKeys: c.ledgerKeys,
 		deletes:        DeleteGuard{Max: c.cfg.MaxDeletes},
 		desiredAt:      c.desiredAtFunc(),
@@ -915,32 +925,6 @@ func (c *Controller) appliedRange(l *snapshots.Ledger, head string) ([]*gitsourc
 	}
 	c.rangeKey, c.rangeVal, c.rangeTrunc = key, rng, truncated
 	return rng, truncated, nil
-}
-
-// verifier is compute's signature check of head over l's applied commit,
-// nil when verification is off. A verdict (accepted or refused) is kept
-// for the next pass on the same pair; a git error is not.
-func (c *Controller) verifier(l *snapshots.Ledger, head string) func() error {
-	if c.cfg.Verify == VerifyOff {
-		return nil
-	}
-	return func() error {
-		applied := string(l.AppliedHash())
-		key := applied + " " + head
-		if key == c.sigKey {
-			return c.sigErr
-		}
-		rng, truncated, err := c.appliedRange(l, head)
-		if err != nil {
-			return err
-		}
-		sigs := Signatures{Mode: c.cfg.Verify, Signers: c.cfg.Signers, Repo: c.repo}
-		err = sigs.VerifyFrom(c.repo, applied, head, rng, truncated)
-		if err == nil || errors.Is(err, trust.ErrSignature) {
-			c.sigKey, c.sigErr = key, err
-		}
-		return err
-	}
 }
 
 // readDesired fetches the desired branch and loads its tree. The error is
