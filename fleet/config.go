@@ -221,6 +221,7 @@ func New(cfg Config) (*Controller, error) {
 		ledgerKeys: lkeys,
 		seen:       trust.NewFirstSeen(snapshots.MaxSignaturesSeen),
 		snapSeen:   trust.NewFirstSeen(maxSnapshotsSeen),
+		epochs:     openEpochMemory(cfg.CacheDir, cfg.Logger.WithField("component", "controller")),
 	}
 	opened := false
 	defer func() {

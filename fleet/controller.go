@@ -138,6 +138,11 @@ type Controller struct {
 	// the same for snapshots commits (signseen.go).
 	seen, snapSeen *trust.FirstSeen
 	sigSeen        []snapshots.SeenCommit
+	// epochs is this controller's own history of epochs (epochMemory);
+	// unfollowedLogged the status epochs it logged as not followed, by
+	// host.
+	epochs           *epochMemory
+	unfollowedLogged map[string]string
 	// ignored are the hosts whose status was ignored and logged once
 	// (unknown to the desired state and the ledger).
 	ignored map[string]bool
@@ -201,6 +206,11 @@ type PassResult struct {
 	// Held is host → why its snapshot was not published (its epoch at the
 	// bound, see ErrEpochBound); every other host was.
 	Held map[string]string
+	// EpochsNotFollowed is host → why the fence recovery did not follow
+	// its status's lastSeenEpoch: beyond the epochs this controller
+	// published, with no agentKey signature to vouch for it
+	// (docs/DESIGN.md, "Epoch bounds"). The host published as usual.
+	EpochsNotFollowed map[string]string
 	// IgnoredStatuses lists the hosts whose status file was ignored: they
 	// are neither in the desired state nor in the ledger.
 	IgnoredStatuses []string
@@ -649,6 +659,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if err := c.checkHead(ctx, head, l); err != nil {
 			return nil, "", err
 		}
+		c.epochs.note(l)
 		verify := read
 		if tip != "" && tip == c.verifiedTip {
 			verify = nil
@@ -730,6 +741,7 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 	}
 	// The written ledger is the ledger at the new tip, and its files are
 	// the ones it describes.
+	c.epochs.note(out.ledger)
 	c.verifiedTip = tip
 	c.ledgerSrc = &ledgerSource{tip: tip, from: tip, ledger: out.ledger, read: func(p string) ([]byte, error) {
 		return c.tips.ReadFileMax(tip, p, snapshots.MaxSnapshotBytes)
@@ -788,12 +800,17 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 	if obs.err == nil {
 		unsigned = c.authenticate(fl, l, obs.reports, obs.hostTips)
 	}
+	signed := map[string]bool{}
+	for h, v := range c.ackVerdicts {
+		signed[h] = v.why == "" && !v.retry
+	}
 	return input{
 		branch: c.cfg.Branch, head: desired.Hash(head), fleet: fl, loadErr: loadErr,
 		path:   c.cfg.Path,
-		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil, unsigned: unsigned,
-		offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
-		now:     now, grace: c.cfg.AbandonGrace,
+		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil, unsigned: unsigned, signed: signed,
+		ownEpoch: c.epochs.bound,
+		offline:  func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
+		now:      now, grace: c.cfg.AbandonGrace,
 		attribute: func(refs []ref) (map[ref]snapshots.Tombstone, error) {
 			return attribute(c.repo, c.cfg.Path, string(l.Applied.Commit), head, refs)
 		},

@@ -122,6 +122,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 	for _, h := range hosts {
 		c.log.WithField("host", h).Error("snapshot held, the other hosts published: " + o.held[h])
 	}
+	c.reportUnfollowed(res, o)
 	res.ForgedAcks = o.forgedAcks
 	for _, f := range o.forgedAcks {
 		c.log.WithFields(logrus.Fields{"object": f.Ref, "commit": desired.Hash(f.Commit).Short()}).Debug("forged ack not acted on: " + f.Reason)

@@ -1,0 +1,152 @@
+package fleet
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/gitfleet/gitfleet/snapshots"
+)
+
+// epochMemory is this controller's own history of epochs: per host, the
+// highest epoch it published, or read in a ledger it computed on (the
+// authentic one: signed by a controller key, or without a signing key
+// the tip's), for as long as it ran. The fence recovery follows a host
+// status whose lastSeenEpoch no agentKey signature vouches for only this
+// far (docs/DESIGN.md, "Epoch bounds"): a status anyone can write, just
+// under the highest epoch an agent accepts, no longer moves a host's
+// epoch to the bound, while a snapshots branch restored from an old copy
+// (its ledger below the epochs this controller published) is still
+// followed back up. It is kept in a file beside the cache directory
+// (CacheDir + ".epochs", JSON, mode 0600, written when an epoch rises),
+// so a restarted controller remembers it; without a CacheDir, in memory.
+// A file that does not parse is logged and read as empty: the history
+// starts over, which follows less, never more. Safe for concurrent use.
+type epochMemory struct {
+	path string
+	log  *logrus.Entry
+
+	mu   sync.Mutex
+	high map[string]uint64
+}
+
+// epochMemorySuffix names the file beside CacheDir; epochMemoryFile is
+// its format (map keys sorted by encoding/json).
+const epochMemorySuffix = ".epochs"
+
+type epochMemoryFile struct {
+	Version int               `json:"version"`
+	Hosts   map[string]uint64 `json:"hosts"`
+}
+
+// openEpochMemory reads the history kept beside cacheDir ("" keeps it in
+// memory).
+func openEpochMemory(cacheDir string, log *logrus.Entry) *epochMemory {
+	m := &epochMemory{log: log, high: map[string]uint64{}}
+	if cacheDir == "" {
+		return m
+	}
+	m.path = filepath.Clean(cacheDir) + epochMemorySuffix
+	data, err := os.ReadFile(m.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return m
+	}
+	var f epochMemoryFile
+	if err == nil {
+		err = json.Unmarshal(data, &f)
+	}
+	if err == nil && f.Version != 1 {
+		err = fmt.Errorf("version %d, this controller reads version 1", f.Version)
+	}
+	if err != nil {
+		log.WithError(err).WithField("file", m.path).Warn("the controller's record of the epochs it published is unreadable; it starts over (the fence recovery follows host statuses no further than the ledger until it publishes again)")
+		return m
+	}
+	for h, e := range f.Hosts {
+		m.high[h] = e
+	}
+	return m
+}
+
+// bound is the highest epoch this controller's history holds for host.
+func (m *epochMemory) bound(host string) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.high[host]
+}
+
+// note raises the history to the epochs of l, a ledger the controller
+// computed on or wrote, and keeps it when one rose. A failure to write
+// the file is logged: the history in memory still holds.
+func (m *epochMemory) note(l *snapshots.Ledger) {
+	if l == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rose := false
+	for h, rec := range l.Hosts {
+		if rec != nil && rec.Epoch > m.high[h] {
+			m.high[h], rose = rec.Epoch, true
+		}
+	}
+	if !rose || m.path == "" {
+		return
+	}
+	if err := m.save(); err != nil {
+		m.log.WithError(err).WithField("file", m.path).Warn("keep the controller's record of the epochs it published")
+	}
+}
+
+// save writes the file: a temporary file beside it, synced, renamed over
+// it. Caller holds m.mu.
+func (m *epochMemory) save() error {
+	data, err := json.Marshal(epochMemoryFile{Version: 1, Hosts: m.high})
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(m.path), filepath.Base(m.path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(data, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), m.path)
+}
+
+// reportUnfollowed puts the statuses whose lastSeenEpoch the fence
+// recovery did not follow into res, and logs each once per host and
+// reason (a forged status stays on its branch pass after pass).
+func (c *Controller) reportUnfollowed(res *PassResult, o *output) {
+	res.EpochsNotFollowed = o.unfollowed
+	if c.unfollowedLogged == nil {
+		c.unfollowedLogged = map[string]string{}
+	}
+	for h, why := range o.unfollowed {
+		if c.unfollowedLogged[h] != why {
+			c.unfollowedLogged[h] = why
+			c.log.WithField("host", h).Error("status epoch not followed: " + why)
+		}
+	}
+	for h := range c.unfollowedLogged {
+		if _, ok := o.unfollowed[h]; !ok {
+			delete(c.unfollowedLogged, h)
+		}
+	}
+}
