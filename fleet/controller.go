@@ -659,7 +659,6 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		if err := c.checkHead(ctx, head, l); err != nil {
 			return nil, "", err
 		}
-		c.epochs.note(l)
 		verify := read
 		if tip != "" && tip == c.verifiedTip {
 			verify = nil
@@ -668,9 +667,6 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		in.forged, in.tip = src.forged, desired.Hash(tip)
 		if src.adopted {
 			in.adopted = desired.Hash(tip)
-			// A person checked the adopted ledger, not when it says
-			// commits were first seen.
-			in.verify = c.verifier(l, head, now, false)
 		}
 		o, err := compute(in)
 		if err != nil {
@@ -829,7 +825,7 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 			all, err := WithMergedCommits(c.repo, rng)
 			return all, truncated, err
 		},
-		verify:         c.verifier(l, head, now, c.ledgerKeys != nil),
+		verify:         c.verifier(l, head, now, c.signedLedger()),
 		controllerKeys: c.ledgerKeys,
 		deletes:        DeleteGuard{Max: c.cfg.MaxDeletes},
 		desiredAt:      c.desiredAtFunc(),
@@ -1131,6 +1127,7 @@ func (c *Controller) ledgerAt(ctx context.Context, tip string, read func(string)
 		return nil, err
 	}
 	c.ledgerSrc = src
+	c.epochs.note(src.ledger)
 	return src, nil
 }
 

@@ -83,3 +83,11 @@ func (c *Controller) verifier(l *snapshots.Ledger, head string, now time.Time, t
 		return seen, err
 	}
 }
+
+// signedLedger reports whether the ledger the pass computes on was read
+// from a commit a controller key signed: with a signing key, and not
+// adopted (a person checked an adopted ledger, not when it says commits
+// were first seen).
+func (c *Controller) signedLedger() bool {
+	return c.ledgerKeys != nil && (c.ledgerSrc == nil || !c.ledgerSrc.adopted)
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/snapshots"
 	"github.com/gitfleet/gitfleet/testsupport/gittest"
 	"github.com/gitfleet/gitfleet/testsupport/trusttest"
 	"github.com/gitfleet/gitfleet/trust"
@@ -191,5 +192,49 @@ func TestExpiredOpenPGPKeyJudgedWhenFirstSeen(t *testing.T) {
 	e.wantRejected(res, late, 2, "expired", ann.Fingerprint)
 	if strings.Contains(res.Rejected.Error(), "bad signature") || strings.Contains(res.Rejected.Error(), "does not verify") {
 		t.Errorf("an expired key's valid signature is called bad: %v", res.Rejected)
+	}
+}
+
+// The record of when commits were first seen is the controller's own: in
+// a ledger no controller key signed (no signing key; a forged commit above
+// a signed one; a ledger adopted once by a person's check) a record saying
+// a retired key's commit was seen long ago is not acted on, and the
+// commit is refused as expired.
+func TestForgedSignaturesSeenNotActedOn(t *testing.T) {
+	ann := trusttest.NewSSHKey(t, "ann")
+	bob := trusttest.NewSSHKey(t, "bob")
+	ctl := trusttest.NewSSHKey(t, "gitfleet-controller")
+	for _, tc := range []string{"no signing key", "forged over a signed ledger", "adopted ledger"} {
+		t.Run(tc, func(t *testing.T) {
+			e := newEnv(t, nil)
+			now := e.clock.Now()
+			allowed := signersFrom(t, fmt.Sprintf("ann@example.com valid-before=%q %s\nbob@example.com %s\n",
+				keyTime(now.Add(-24*time.Hour)), ann.Public, bob.Public))
+			e.commit(gittest.Edit{Write: baseFleet(), Message: "initial fleet", Sign: bob.Sign()})
+			var key *trusttest.SSHKey
+			if tc == "forged over a signed ledger" {
+				key = &ctl
+			}
+			e.c = e.verifyingController(VerifyEvery, allowed, key)
+			e.pass()
+			late := e.commit(editWeb(3, ann.Sign()))
+			tip := e.forgeLedger(func(l *snapshots.Ledger) {
+				l.SignaturesSeen = append(l.SignaturesSeen, snapshots.SeenCommit{Commit: desired.Hash(late), At: now.Add(-30 * 24 * time.Hour)})
+			}, nil)
+			switch tc {
+			case "no signing key":
+				e.c = e.verifyingController(VerifyEvery, allowed, nil)
+			case "adopted ledger":
+				signer, err := trust.LoadCommitSigner(ctl.Private)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if e.c, err = New(Config{URL: e.url, Clock: e.clock.Now, Logger: quietLogger(), SummaryInterval: -1, Verify: VerifyEvery,
+					Signers: allowed, SigningKey: signer, TrustUnsignedLedgerOnce: tip}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e.wantRejected(e.pass(), late, 2, "expired")
+		})
 	}
 }

@@ -416,20 +416,16 @@ func (r *Repo) openStorage(fresh bool) error {
 	// fetched pack is indexed in bounded memory (see diskStorage).
 	st := &diskStorage{dir: dir, maxSpill: r.opts.MaxSpill, goGits: map[plumbing.Hash]struct{}{}, Storage: filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte),
 		filesystem.Options{MaxOpenDescriptors: 2 * maxPacks, LargeObjectThreshold: largeObject})}
-	// A fresh cache holds only the strays removeCache kept.
-	if len(ents) == 0 || fresh && !isCache(ents) {
+	if init, err := r.checkCacheDir(dir, ents, fresh); err != nil || init {
+		if err != nil {
+			return err
+		}
 		repo, err := git.Init(st, nil)
 		if err != nil {
 			return fmt.Errorf("init cache %s: %w", dir, err)
 		}
 		return r.adopt(st, repo, true)
 	}
-	if !isCache(ents) {
-		return fmt.Errorf("cache dir %s is neither empty nor a git cache", dir)
-	}
-	logStrays(dir, ents, r.log)
-	sweepLeftovers(dir, r.log)
-	dropDamagedPacks(dir, r.log)
 	damaged := func(err error) error {
 		_ = st.Close()
 		if fresh {

@@ -67,3 +67,21 @@ func keepStrays(old, dir string, ents []os.DirEntry) error {
 	}
 	return nil
 }
+
+// checkCacheDir decides what openStorage does with the cache dir whose
+// entries are ents: init is true for a new cache (none, or only the
+// strays a fresh clone's removeCache kept); a directory that is no cache
+// is an error; a cache has its strays logged and what an interrupted git
+// or a damaged pack left swept, and is opened.
+func (r *Repo) checkCacheDir(dir string, ents []os.DirEntry, fresh bool) (init bool, err error) {
+	if len(ents) == 0 || fresh && !isCache(ents) {
+		return true, nil
+	}
+	if !isCache(ents) {
+		return false, fmt.Errorf("cache dir %s is neither empty nor a git cache", dir)
+	}
+	logStrays(dir, ents, r.log)
+	sweepLeftovers(dir, r.log)
+	dropDamagedPacks(dir, r.log)
+	return false, nil
+}
