@@ -800,6 +800,9 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 	for h, v := range c.ackVerdicts {
 		signed[h] = v.why == "" && !v.retry
 	}
+	if verify != nil { // a tip another wrote; without keys read reads it, bounded
+		c.observeBranchEpochs(read, obs.statuses, signed)
+	}
 	return input{
 		branch: c.cfg.Branch, head: desired.Hash(head), fleet: fl, loadErr: loadErr,
 		path:   c.cfg.Path,

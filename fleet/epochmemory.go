@@ -12,12 +12,14 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/status"
 )
 
 // epochMemory is this controller's own history of epochs: per host, the
 // highest epoch it published, or read in a ledger it computed on (the
 // authentic one: signed by a controller key, or without a signing key
-// the tip's), for as long as it ran. The fence recovery follows a host
+// the tip's), or, without a signing key, saw in the host's file on the
+// snapshots branch (observeBranchEpochs), for as long as it ran. The fence recovery follows a host
 // status whose lastSeenEpoch no agentKey signature vouches for only this
 // far (docs/DESIGN.md, "Epoch bounds"): a status anyone can write, just
 // under the highest epoch an agent accepts, no longer moves a host's
@@ -149,4 +151,39 @@ func (c *Controller) reportUnfollowed(res *PassResult, o *output) {
 			delete(c.unfollowedLogged, h)
 		}
 	}
+}
+
+// observeBranchEpochs adds to the history, without a signing key, the
+// epoch of the host file at the snapshots tip of each host whose status
+// (one no signature vouches for) reports an epoch beyond it: without
+// keys, what the branch holds is what agents accept, and a snapshot
+// someone pushed there at a high epoch (a forged tombstone) is one the
+// fence recovery must follow the host's agent past, to publish the host
+// above it. A status alone, with no such file, moves nothing. read reads
+// the tip, bounded (without a signing key, the ledger is the tip's). With
+// a signing key the tip's host files count only as the signed ledger
+// records them.
+func (c *Controller) observeBranchEpochs(read func(string) ([]byte, error), statuses map[string]*status.Status, signed map[string]bool) {
+	if c.ledgerKeys != nil {
+		return
+	}
+	for host, st := range statuses {
+		if st == nil || signed[host] || st.LastSeenEpoch <= c.epochs.bound(host) {
+			continue
+		}
+		data, err := read(snapshots.Path(host))
+		if err != nil {
+			continue
+		}
+		snap, err := snapshots.ParseSnapshot(data)
+		if err != nil || snap.Host != host || snap.Epoch > snapshots.MaxAcceptedEpoch {
+			continue
+		}
+		c.epochs.raise(host, snap.Epoch)
+	}
+}
+
+// raise raises host's history to epoch.
+func (m *epochMemory) raise(host string, epoch uint64) {
+	m.note(&snapshots.Ledger{Hosts: map[string]*snapshots.HostRecord{host: {Epoch: epoch}}})
 }

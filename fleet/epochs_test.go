@@ -113,3 +113,37 @@ func TestFenceRecoveryFollowsARestoredBranch(t *testing.T) {
 		t.Fatalf("hv-a at %d", e.snapshot("hv-a").Epoch)
 	}
 }
+
+// Without keys, what the snapshots branch holds is what agents accept: a
+// snapshot pushed there at a high epoch, tombstoning web-01, is accepted
+// by hv-a's agent, whose status then reports that epoch. The controller
+// saw the file on the branch, so it follows the status past it and
+// publishes hv-a above it, web-01 live again, within the agent's grace.
+// (A status alone at such an epoch, with no such file, moves nothing:
+// TestAttackForgedStatusFreezesNoHost.)
+func TestFenceRecoveryFollowsAForgedSnapshotItSaw(t *testing.T) {
+	e := newEnv(t, baseFleet())
+	e.pass()
+	forged := *e.snapshot("hv-a")
+	forged.Epoch = 5000
+	forged.VMs = append([]snapshots.SnapshotVM(nil), forged.VMs...)
+	for i := range forged.VMs {
+		if forged.VMs[i].Name == "web-01" {
+			forged.VMs[i].Tombstoned = true
+			forged.VMs[i].Tombstone = &snapshots.Tombstone{Commit: "0123456789abcdef0123456789abcdef01234567", Author: "Eve <eve@example.com>", Time: "2026-01-01T00:00:00Z", Epoch: 5000}
+		}
+	}
+	data, err := snapshots.MarshalSnapshot(&forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.commit(gittest.Edit{Branch: DefaultSnapshotsBranch, Message: "forged", Write: map[string]string{snapshots.Path("hv-a"): string(data)}})
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 2, LastSeenEpoch: 5000})
+	res := e.pass()
+	if res.FenceJumps["hv-a"] != 5000 || res.Published["hv-a"] != 5001 || len(res.EpochsNotFollowed) != 0 {
+		t.Fatalf("jumps %v, published %v, not followed %v; want hv-a published at 5001", res.FenceJumps, res.Published, res.EpochsNotFollowed)
+	}
+	if vm := e.snapshot("hv-a").VM("web-01"); vm == nil || vm.Tombstoned {
+		t.Fatalf("web-01 in hv-a's snapshot: %+v", vm)
+	}
+}
