@@ -324,17 +324,10 @@ func (d *nodeDecoder) userData(ud string) {
 	}
 }
 
+// checkHost checks a Host's spec on its own: the suspend reason, the
+// public keys, the capacity and each network.
 func (d *nodeDecoder) checkHost(s *HostSpec) {
-	if rf := "spec.suspendReason"; d.written(rf) && !d.bad[rf] {
-		switch {
-		case !s.Suspend:
-			d.add(d.keyPos(rf), rf, "needs suspend: true (a reason for a host that is not suspended would say nothing true)")
-		case len(s.SuspendReason) > MaxSuspendReason:
-			d.add(d.valPos(rf), rf, "is %d bytes; at most %d", len(s.SuspendReason), MaxSuspendReason)
-		case strings.IndexFunc(s.SuspendReason, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) >= 0:
-			d.add(d.valPos(rf), rf, "holds a control character or invalid UTF-8; one line of text")
-		}
-	}
+	d.suspendReason(s)
 	if d.written("spec.ageRecipient") && !d.bad["spec.ageRecipient"] {
 		if _, err := sealed.ParseRecipient(s.AgeRecipient); err != nil {
 			d.add(d.valPos("spec.ageRecipient"), "spec.ageRecipient", "%v", err)
@@ -349,18 +342,44 @@ func (d *nodeDecoder) checkHost(s *HostSpec) {
 		d.intRange("spec.capacity.vcpus", c.VCPUs, 0, MaxHostVCPUs, " (0 means not limited)")
 		d.intRange("spec.capacity.memoryMB", c.MemoryMB, 0, MaxHostMemoryMB, " MiB (0 means not limited)")
 	}
-	names := make([]string, 0, len(s.Networks))
-	for name := range s.Networks {
+	d.hostNetworks(s.Networks)
+}
+
+// suspendReason checks spec.suspendReason: it needs suspend: true and is
+// one short line of text.
+func (d *nodeDecoder) suspendReason(s *HostSpec) {
+	const rf = "spec.suspendReason"
+	if !d.written(rf) || d.bad[rf] {
+		return
+	}
+	switch {
+	case !s.Suspend:
+		d.add(d.keyPos(rf), rf, "needs suspend: true (a reason for a host that is not suspended would say nothing true)")
+	case len(s.SuspendReason) > MaxSuspendReason:
+		d.add(d.valPos(rf), rf, "is %d bytes; at most %d", len(s.SuspendReason), MaxSuspendReason)
+	case strings.IndexFunc(s.SuspendReason, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) >= 0:
+		d.add(d.valPos(rf), rf, "holds a control character or invalid UTF-8; one line of text")
+	}
+}
+
+// natNet is a nat network of the Host being checked, for the overlap
+// check.
+type natNet struct {
+	name   string
+	prefix netip.Prefix
+}
+
+// hostNetworks checks each network of a Host, in name order, so that of
+// two overlapping nat networks the later name is reported.
+func (d *nodeDecoder) hostNetworks(networks map[string]Network) {
+	names := make([]string, 0, len(networks))
+	for name := range networks {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	type natNet struct {
-		name   string
-		prefix netip.Prefix
-	}
 	var nats []natNet
 	for _, name := range names {
-		n := s.Networks[name]
+		n := networks[name]
 		f := "spec.networks." + name
 		if msg := checkName(name); msg != "" {
 			d.add(d.keyPos(f), f, "network name %s", msg)
@@ -372,40 +391,52 @@ func (d *nodeDecoder) checkHost(s *HostSpec) {
 		switch {
 		case d.written(bf) && d.written(nf):
 			d.add(d.keyPos(nf), f, "has both bridge and nat; a network is one or the other")
-			continue
 		case !d.written(bf) && !d.written(nf):
 			d.add(d.keyPos(f), f, "needs bridge (an existing host bridge) or nat (a network the agent manages)")
-			continue
 		case d.written(bf):
-			if d.bad[bf] {
-				continue
+			d.bridge(bf, n.Bridge)
+		case n.NAT != nil && d.required(nf+".cidr"):
+			if p, ok := d.natNetwork(name, n.NAT, nats); ok {
+				nats = append(nats, natNet{name, p})
 			}
-			if len(n.Bridge) > MaxBridgeLength || !bridgeRE.MatchString(n.Bridge) {
-				d.add(d.valPos(bf), bf, "%q is not a Linux interface name (1 to %d letters, digits, '-', '_' or '.')", safetext.Truncate(n.Bridge, 70), MaxBridgeLength)
-			} else if strings.HasPrefix(n.Bridge, ManagedBridgePrefix) {
-				d.add(d.valPos(bf), bf, "%q starts with %q, the prefix of the bridges the agent makes for nat networks; name your own bridge otherwise", n.Bridge, ManagedBridgePrefix)
-			}
-		default:
-			if n.NAT == nil || !d.required(nf+".cidr") {
-				continue
-			}
-			if len(name) > MaxNATNameLength {
-				d.add(d.keyPos(f), f, "a nat network's name is at most %d characters (its bridge is %s<name>, and Linux interface names are at most %d)", MaxNATNameLength, ManagedBridgePrefix, MaxBridgeLength)
-			}
-			cf := nf + ".cidr"
-			p, err := n.NAT.Prefix()
-			if err != nil {
-				d.add(d.valPos(cf), cf, "%v", err)
-				continue
-			}
-			for _, o := range nats {
-				if o.prefix.Overlaps(p) {
-					d.add(d.valPos(cf), cf, "%s overlaps %s of network %q on this host; the nat networks of a host must not overlap", p, o.prefix, o.name)
-				}
-			}
-			nats = append(nats, natNet{name, p})
 		}
 	}
+}
+
+// bridge checks the bridge device named at field bf: a Linux interface
+// name, and not one of the agent's own.
+func (d *nodeDecoder) bridge(bf, bridge string) {
+	if d.bad[bf] {
+		return
+	}
+	if len(bridge) > MaxBridgeLength || !bridgeRE.MatchString(bridge) {
+		d.add(d.valPos(bf), bf, "%q is not a Linux interface name (1 to %d letters, digits, '-', '_' or '.')", safetext.Truncate(bridge, 70), MaxBridgeLength)
+	} else if strings.HasPrefix(bridge, ManagedBridgePrefix) {
+		d.add(d.valPos(bf), bf, "%q starts with %q, the prefix of the bridges the agent makes for nat networks; name your own bridge otherwise", bridge, ManagedBridgePrefix)
+	}
+}
+
+// natNetwork checks the nat network name of a Host, whose cidr was
+// written, against the name's length limit and against the nat networks
+// checked before it (nats). It returns the network's prefix and whether
+// the cidr parses.
+func (d *nodeDecoder) natNetwork(name string, nat *NAT, nats []natNet) (netip.Prefix, bool) {
+	f := "spec.networks." + name
+	if len(name) > MaxNATNameLength {
+		d.add(d.keyPos(f), f, "a nat network's name is at most %d characters (its bridge is %s<name>, and Linux interface names are at most %d)", MaxNATNameLength, ManagedBridgePrefix, MaxBridgeLength)
+	}
+	cf := f + ".nat.cidr"
+	p, err := nat.Prefix()
+	if err != nil {
+		d.add(d.valPos(cf), cf, "%v", err)
+		return netip.Prefix{}, false
+	}
+	for _, o := range nats {
+		if o.prefix.Overlaps(p) {
+			d.add(d.valPos(cf), cf, "%s overlaps %s of network %q on this host; the nat networks of a host must not overlap", p, o.prefix, o.name)
+		}
+	}
+	return p, true
 }
 
 // checkStatic checks a VM's static IP configuration on its own; whether
