@@ -37,6 +37,8 @@ const (
 	MaxHostMemoryMB = 64 << 20
 	// MaxBridgeLength is the longest Linux interface name.
 	MaxBridgeLength = 15
+	// MaxLabelValueLength is the longest value of a metadata label.
+	MaxLabelValueLength = 253
 )
 
 var (
@@ -185,8 +187,8 @@ func (d *nodeDecoder) check(o *object) {
 		if len(k) > MaxNameLength || !labelKeyRE.MatchString(k) {
 			d.add(d.keyPos(f), f, "label key %q must be 1 to %d letters, digits, '-', '_', '.' or '/', starting and ending with a letter or digit", safetext.Truncate(k, 70), MaxNameLength)
 		}
-		if len(v) > 253 {
-			d.add(d.valPos(f), f, "label value is %d characters; at most 253", len(v))
+		if len(v) > MaxLabelValueLength {
+			d.add(d.valPos(f), f, "label value is %d characters; at most %d", len(v), MaxLabelValueLength)
 		}
 	}
 	o.at = positions{
