@@ -23,9 +23,10 @@ const SchemaID = "https://gitfleet.dev/schemas/v1alpha1/object.json"
 // Load and gitfleet validate. The output is deterministic, indented JSON
 // ending in a newline.
 //
-// The schema is generated from the types the decoder fills (see
-// typeSchema): the fields are the decoder's, by their yaml tags, so the
-// two cannot disagree on what a file may hold.
+// The schema is generated from the types the decoder fills, read as the
+// decoder reads them (by their yaml tags), and the descriptions and limits
+// beside each type (typeSchema); TestSchemaFieldsMatchDecoder holds schema
+// and decoder to the same fields, required fields, types and limits.
 func JSONSchema() []byte {
 	schema, _ := buildSchema()
 	b, err := json.MarshalIndent(schema, "", "  ")
@@ -114,7 +115,7 @@ func between(lo, hi int) *intRange { return &intRange{lo, hi} }
 // sorts their keys), and what the annotations lack or get wrong, one line
 // each, sorted: TestSchemaAnnotations fails on any.
 func buildSchema() (obj, []string) {
-	b := &schemaBuilder{defs: obj{}, problems: map[string]bool{}}
+	b := newSchemaBuilder()
 	for name, s := range schemaShapes {
 		b.defs[name] = b.value("$defs."+name, reflect.TypeFor[string](), s)
 	}
@@ -139,12 +140,7 @@ func buildSchema() (obj, []string) {
 		"allOf": onKinds,
 		"$defs": b.defs,
 	}
-	problems := make([]string, 0, len(b.problems))
-	for p := range b.problems {
-		problems = append(problems, p)
-	}
-	sort.Strings(problems)
-	return schema, problems
+	return schema, b.sortedProblems()
 }
 
 // envelope is the typeSchema of the document type of kind k: apiVersion,
@@ -180,6 +176,20 @@ type schemaBuilder struct {
 	problems map[string]bool
 }
 
+func newSchemaBuilder() *schemaBuilder {
+	return &schemaBuilder{defs: obj{}, problems: map[string]bool{}}
+}
+
+// sortedProblems returns the problems found so far, one line each.
+func (b *schemaBuilder) sortedProblems() []string {
+	problems := make([]string, 0, len(b.problems))
+	for p := range b.problems {
+		problems = append(problems, p)
+	}
+	sort.Strings(problems)
+	return problems
+}
+
 func (b *schemaBuilder) problem(at, format string, args ...any) {
 	b.problems[at+": "+fmt.Sprintf(format, args...)] = true
 }
@@ -199,6 +209,10 @@ func (b *schemaBuilder) value(at string, t reflect.Type, f fieldSchema) obj {
 			b.problem(at, "no shape %q in schemaShapes", f.shape)
 		}
 		o["$ref"] = "#/$defs/" + f.shape
+	case t == timeType || reflect.PointerTo(t).Implements(textUnmarshalerType):
+		// The decoder reads these from a scalar, as text.
+		o["type"] = "string"
+		b.stringBounds(f, o)
 	case t.Kind() == reflect.Struct:
 		o = b.structValue(at, t, f.desc)
 	case t.Kind() == reflect.String:

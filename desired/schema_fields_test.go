@@ -290,7 +290,13 @@ func (p *schemaProbe) leaf(path []probeSeg, s map[string]any) {
 		}
 		reject(probeKey)
 	case s["type"] == "integer":
-		lo, hi := int(s["minimum"].(float64)), int(s["maximum"].(float64))
+		min, okMin := s["minimum"].(float64)
+		max, okMax := s["maximum"].(float64)
+		if !okMin || !okMax {
+			p.t.Errorf("%s: an integer without a minimum and a maximum", f)
+			return
+		}
+		lo, hi := int(min), int(max)
 		accept(lo)
 		accept(hi)
 		reject(lo - 1)

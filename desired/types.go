@@ -90,7 +90,8 @@ type CloudInit struct {
 
 func (CloudInit) schema() typeSchema {
 	return typeSchema{fields: map[string]fieldSchema{
-		"sshAuthorizedKeys": {items: &fieldSchema{minLength: 1}},
+		"sshAuthorizedKeys": {items: &fieldSchema{minLength: 1},
+			desc: "Public SSH keys for the default user (the seed's meta-data public-keys), each one line of authorized_keys."},
 		"userData":          {desc: "The user-data document in any format cloud-init reads (#cloud-config, #cloud-config-archive, MIME multipart, script, ...), written to the seed byte for byte; read by cloud-init at the VM's first boot only."},
 		"encryptedUserData": {desc: "userData encrypted with age to the VM's Host (gitfleet encrypt writes it); only that host's agent decrypts it, when it builds the seed. Not with userData."},
 	}}
@@ -233,8 +234,8 @@ type Nameservers struct {
 
 func (Nameservers) schema() typeSchema {
 	return typeSchema{fields: map[string]fieldSchema{
-		"addresses": {},
-		"search":    {},
+		"addresses": {desc: "DNS servers' IP addresses; on a nat network, the agent's dnsmasq by default."},
+		"search":    {desc: "DNS search domains."},
 	}}
 }
 
