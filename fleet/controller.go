@@ -389,116 +389,173 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	return res, err
 }
 
-// pass is Pass's steps, in order; the first error stops it.
+// pass is Pass's steps, in order; the first error, or a step that ends the
+// pass (skipUnchanged), stops it.
 func (c *Controller) pass(ctx context.Context) (PassResult, error) {
-	var res PassResult
 	now := c.clock()
 	c.renewTipsWhenDue(now)
+	p := &passState{c: c, ctx: ctx, now: now,
+		read: gitsource.WithAdvertisement(ctx, &gitsource.Advertisement{})}
+	for _, step := range []func() error{p.readDesired, p.readStatuses, p.skipUnchanged, p.publish, p.record} {
+		if err := step(); err != nil || p.done {
+			return p.res, err
+		}
+	}
+	return p.res, nil
+}
 
-	// Steps 1 and 2 fetch under one ref advertisement: the desired
-	// branch's fetch records it, and the tip repository's fetch runs no
-	// upload-pack when none of its branches moved in it
-	// (gitsource.WithAdvertisement).
-	read := gitsource.WithAdvertisement(ctx, &gitsource.Advertisement{})
+// passState is the state pass's steps share.
+type passState struct {
+	c   *Controller
+	ctx context.Context
+	now time.Time
+	// read is ctx for the fetches of readDesired and readStatuses, which
+	// run under one ref advertisement: the desired branch's fetch records
+	// it, and the tip repository's fetch runs no upload-pack when none of
+	// its branches moved in it (gitsource.WithAdvertisement).
+	read context.Context
+	res  PassResult
+	// head, fl and loadErr are the desired state last read (readDesired,
+	// again after a lost race).
+	head    string
+	fl      *desired.Fleet
+	loadErr error
+	obs     observation
+	// offline is the offline hosts at now (liveness.offlineSet), in the
+	// skip key.
+	offline string
+	// sum is the summary of the last computation; out the output of the
+	// publish that succeeded, and written whether it moved the status tip.
+	sum     status.Summary
+	out     *output
+	written bool
+	// done ends the pass after the current step with res as it stands.
+	done bool
+}
 
-	// Step 1: read desired. Any error keeps the last good snapshots; one
-	// that is git's, not the commit's, ends the pass (every later step
-	// needs git too, and nothing is said about the commit).
-	head, fl, loadErr := c.readDesired(read)
-	res.Head = head
-	c.fetched = nil
-	switch {
-	case errors.Is(loadErr, gitsource.ErrBranchNotFound):
+// readDesired is step 1: read desired. Any error keeps the last good
+// snapshots; one that is git's, not the commit's, ends the pass (every
+// later step needs git too, and nothing is said about the commit).
+func (p *passState) readDesired() error {
+	head, fl, loadErr := p.c.readDesired(p.read)
+	p.c.fetched = nil
+	if errors.Is(loadErr, gitsource.ErrBranchNotFound) {
 		// Git answered: there is no such branch. Never an empty fleet.
-		return res, fmt.Errorf("%w: %w", ErrRefused, loadErr)
-	case loadErr != nil && !errors.Is(loadErr, desired.ErrInvalid):
-		return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
+		p.res.Head = head
+		return fmt.Errorf("%w: %w", ErrRefused, loadErr)
 	}
-	res.Rejected = loadErr
+	return p.take(head, fl, loadErr)
+}
 
-	// Step 2: read the hosts' statuses; a failure disables the sweep. A
-	// remote that stalls ends the pass: every later step waits on it too,
-	// and a pass must not cost a git timeout per step.
-	obs := c.observe(read, fl, now)
-	if errors.Is(obs.err, gitsource.ErrTimeout) {
-		return res, fmt.Errorf("%w: read the statuses: %w", ErrUnreadable, obs.err)
+// take makes the desired state read at head the pass's: a commit git
+// could not read ends the pass (ErrUnreadable); an invalid one is
+// rejected (res.Rejected).
+func (p *passState) take(head string, fl *desired.Fleet, loadErr error) error {
+	p.head, p.fl, p.loadErr = head, fl, loadErr
+	p.res.Head = head
+	if loadErr != nil && !errors.Is(loadErr, desired.ErrInvalid) {
+		return fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
 	}
+	p.res.Rejected = loadErr
+	return nil
+}
 
-	// Skip work when nothing observable changed since a pass that left
-	// nothing waiting (lastKey, set at the end of a pass).
-	// The snapshots tip is in the key too (fetched with the statuses): a
-	// hand edit of the snapshots branch is repaired at the next pass. When
-	// the fetch failed, the key holds no tip and never matches.
+// readStatuses is step 2: read the hosts' statuses; a failure disables
+// the sweep. A remote that stalls ends the pass: every later step waits on
+// it too, and a pass must not cost a git timeout per step.
+func (p *passState) readStatuses() error {
+	p.obs = p.c.observe(p.read, p.fl, p.now)
+	if errors.Is(p.obs.err, gitsource.ErrTimeout) {
+		return fmt.Errorf("%w: read the statuses: %w", ErrUnreadable, p.obs.err)
+	}
+	return nil
+}
+
+// skipUnchanged ends the pass (res.Skipped) when nothing observable changed
+// since a pass that left nothing waiting (lastKey, set by record). The
+// snapshots tip is in the key too (fetched with the statuses): a hand edit
+// of the snapshots branch is repaired at the next pass. When the fetch
+// failed, the key holds no tip and never matches.
+func (p *passState) skipUnchanged() error {
+	c := p.c
 	snapsTip, ok := c.fetched[c.cfg.SnapshotsBranch]
 	if !ok {
 		snapsTip = "unread"
 	}
-	offlineSet := c.live.offlineSet(now)
-	keyAt := func(snaps string) string {
-		return fmt.Sprintf("%s|%s|%s|%v|%s", head, snaps, obs.tip, obs.err == nil, offlineSet)
+	p.offline = c.live.offlineSet(p.now)
+	if p.loadErr == nil && p.obs.err == nil && p.key(snapsTip) == c.lastKey && !c.refreshDue(p.now) {
+		p.res.Skipped = true
+		p.done = true
 	}
-	key := keyAt(snapsTip)
-	if loadErr == nil && obs.err == nil && key == c.lastKey && !c.refreshDue(now) {
-		res.Skipped = true
-		return res, nil
-	}
+	return nil
+}
 
-	// Step 3: compute on the snapshots tip and publish in one CAS commit,
-	// pushed with step 4's in one atomic push.
-	// A publish that lost a race with another controller (errStaleHead)
-	// reads the desired branch again and computes anew, as a rejected
-	// push fetches again.
+// key is the skip key of the pass's inputs with the snapshots tip snaps.
+func (p *passState) key(snaps string) string {
+	return fmt.Sprintf("%s|%s|%s|%v|%s", p.head, snaps, p.obs.tip, p.obs.err == nil, p.offline)
+}
+
+// publish is steps 3 and 4: compute on the snapshots tip and publish in
+// one CAS commit, pushed in one atomic push with the summary on the status
+// branch. A publish that lost a race with another controller
+// (errStaleHead) reads the desired branch again and computes anew, as a
+// rejected push fetches again.
+func (p *passState) publish() error {
+	c := p.c
 	if c.beforePublish != nil {
 		c.beforePublish()
 	}
-	// Step 4, in the same write: the summary on the status branch. This
-	// pass acted: a failure recorded there is over. Statuses the
-	// computation ignored (hosts it does not know) are not shown nor
-	// copied. The summary is made from each attempt's computation.
-	var sum status.Summary
-	summary := func(out *output) (*statusWrite, error) {
-		shown := fl
-		if out.rejected != nil {
-			shown = nil // summarized without the refused state
-		}
-		sum = c.summarize(out.ledger, shown, withoutHosts(obs.reports, out.ignored), out.forgedAcks, obs.err == nil, now)
-		copies := statusCopies{tips: maps.Clone(obs.copies.tips), event: obs.copies.event}
-		for _, h := range out.ignored {
-			delete(copies.tips, h)
-		}
-		return c.planStatus(sum, copies, now)
-	}
-	out, tip, written, err := c.publish(ctx, head, fl, loadErr, obs, now, summary)
+	out, tip, written, err := c.publish(p.ctx, p.head, p.fl, p.loadErr, p.obs, p.now, p.statusWriteFor)
 	for tries := 0; errors.Is(err, errStaleHead) && tries < 3; tries++ {
 		c.log.WithError(cleanErr(err)).Info("reading the desired branch again")
-		head, fl, loadErr = c.readDesired(ctx)
-		res.Head = head
-		if loadErr != nil && !errors.Is(loadErr, desired.ErrInvalid) {
-			return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
+		if err := p.take(c.readDesired(p.ctx)); err != nil {
+			return err
 		}
-		res.Rejected = loadErr
-		out, tip, written, err = c.publish(ctx, head, fl, loadErr, obs, now, summary)
+		out, tip, written, err = c.publish(p.ctx, p.head, p.fl, p.loadErr, p.obs, p.now, p.statusWriteFor)
 	}
-	res.SnapshotsCommit = tip
-	if err != nil {
-		return res, err
+	p.res.SnapshotsCommit = tip
+	p.out, p.written = out, written
+	return err
+}
+
+// statusWriteFor is step 4's write, planned from one computation's output:
+// this pass acted, so a failure recorded on the status branch is over.
+// Statuses the computation ignored (hosts it does not know) are neither
+// shown nor copied.
+func (p *passState) statusWriteFor(out *output) (*statusWrite, error) {
+	shown := p.fl
+	if out.rejected != nil {
+		shown = nil // summarized without the refused state
 	}
-	c.report(&res, out)
+	p.sum = p.c.summarize(out.ledger, shown, withoutHosts(p.obs.reports, out.ignored), out.forgedAcks, p.obs.err == nil, p.now)
+	copies := statusCopies{tips: maps.Clone(p.obs.copies.tips), event: p.obs.copies.event}
+	for _, h := range out.ignored {
+		delete(copies.tips, h)
+	}
+	return p.c.planStatus(p.sum, copies, p.now)
+}
+
+// record reports the published computation in res and keeps what the next
+// pass needs: the summary, and the skip key.
+func (p *passState) record() error {
+	c, res, out := p.c, &p.res, p.out
+	c.report(res, out)
 	if out.rejected != nil {
 		// Refused by the computation: report it like any rejection.
 		res.Rejected = out.rejected
 	}
+	sum := p.sum
 	c.failing, c.lastSummary = nil, &sum
-	res.SummaryWritten = written
+	res.SummaryWritten = p.written
 	// The next pass may skip on the same inputs only when this one left
 	// nothing waiting: no rejection to retry, no tombstone waiting for an
 	// ack or for time to pass, no summary held back, and no summary just
 	// written (our write moved the status tip; the next pass reads it).
 	c.lastKey = ""
-	if res.Rejected == nil && obs.err == nil && !waiting(out.ledger) && !written && !c.summaryDue {
-		c.lastKey = keyAt(tip)
+	if res.Rejected == nil && p.obs.err == nil && !waiting(out.ledger) && !p.written && !c.summaryDue {
+		c.lastKey = p.key(res.SnapshotsCommit)
 	}
-	return res, nil
+	return nil
 }
 
 // waiting reports whether a tombstone of l waits for time to pass (the
