@@ -425,9 +425,12 @@ type passState struct {
 	// skip key.
 	offline string
 	// sum is the summary of the last computation; out the output of the
-	// publish that succeeded, and written whether it moved the status tip.
+	// last computation of write (nil before one ran), and sw the status
+	// write planned from it. written is whether the publish moved the
+	// status tip.
 	sum     status.Summary
 	out     *output
+	sw      *statusWrite
 	written bool
 	// done ends the pass after the current step with res as it stands.
 	done bool
@@ -505,16 +508,16 @@ func (p *passState) publish() error {
 	if c.beforePublish != nil {
 		c.beforePublish()
 	}
-	out, tip, written, err := c.publish(p.ctx, p.head, p.fl, p.loadErr, p.obs, p.now, p.statusWriteFor)
+	tip, written, err := p.write()
 	for tries := 0; errors.Is(err, errStaleHead) && tries < 3; tries++ {
 		c.log.WithError(cleanErr(err)).Info("reading the desired branch again")
 		if err := p.take(c.readDesired(p.ctx)); err != nil {
 			return err
 		}
-		out, tip, written, err = c.publish(p.ctx, p.head, p.fl, p.loadErr, p.obs, p.now, p.statusWriteFor)
+		tip, written, err = p.write()
 	}
 	p.res.SnapshotsCommit = tip
-	p.out, p.written = out, written
+	p.written = written
 	return err
 }
 
@@ -677,114 +680,136 @@ func withoutHosts(reports []status.Report, hosts []string) []status.Report {
 	return out
 }
 
-// publish computes the pass's decisions on the snapshots tip and writes
-// them in one compare-and-swap commit (recomputed on a moved tip). It
-// returns the computation's output and the new tip (the tip also with the
-// error of a write that ran no computation).
+// write computes the pass's decisions on the snapshots tip and writes
+// them in one compare-and-swap commit (recomputed on a moved tip), leaving
+// the computation in out. It returns the new tip (also with the error of a
+// write that ran no computation) and whether the status tip moved.
 //
-// status plans the status branch's write from the output of each
-// computation (a nil write: nothing to write); both branches are written
-// in one compare-and-swap write, one push, that the remote takes whole or
-// refuses whole (a moved tip of either runs both again). The planned
-// write's done is called once it is pushed, and the third result reports
-// whether the status tip moved.
-func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet, loadErr error, obs observation, now time.Time,
-	status func(*output) (*statusWrite, error)) (*output, string, bool, error) {
-	var out *output
-	mutate := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		src, err := c.ledgerAt(ctx, tip, read)
-		if err != nil {
-			return nil, "", err
-		}
-		l := src.ledger
-		if err := c.checkHead(ctx, head, l); err != nil {
-			return nil, "", err
-		}
-		verify := read
-		if tip != "" && tip == c.verifiedTip {
-			verify = nil
-		}
-		in := c.input(head, fl, loadErr, obs, now, l, src.read, verify)
-		in.forged, in.tip = src.forged, desired.Hash(tip)
-		if src.adopted {
-			in.adopted = desired.Hash(tip)
-		}
-		o, err := compute(in)
-		if err != nil {
-			return nil, "", err
-		}
-		out = o
-		data, err := o.ledger.Marshal()
-		if err != nil {
-			return nil, "", err
-		}
-		old, err := read(snapshots.LedgerPath)
-		if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
-			return nil, "", fmt.Errorf("read %s: %w", snapshots.LedgerPath, err)
-		}
-		if len(o.files) == 0 && string(old) == string(data) && src.from == tip {
-			// A tip no controller key signed is written over even when
-			// nothing else changed: the next tip is signed again.
-			return nil, "", nil
-		}
-		files := o.files
-		files[snapshots.LedgerPath] = data
-		if err := src.restore(files); err != nil {
-			return nil, "", err
-		}
-		if src.adopted {
-			if err := c.dropUnadopted(tip, files, o.ledger); err != nil {
-				return nil, "", err
-			}
-		}
-		return files, commitMessage(head, o), nil
-	}
-	// The status edit runs after the snapshots edit of the same attempt:
-	// out is that attempt's computation.
-	var sw *statusWrite
-	writeStatus := func(statusTip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		sw = nil
-		if out == nil {
-			return nil, "", errors.New("no computation ran")
-		}
-		w, err := status(out)
-		if err != nil {
-			return nil, "", fmt.Errorf("write summary: %w", err)
-		}
-		if w == nil {
-			return nil, "", nil
-		}
-		sw = w
-		files, msg, err := w.mutate(statusTip, read)
-		if err != nil {
-			return nil, "", fmt.Errorf("write summary: %w", err)
-		}
-		return files, msg, nil
-	}
-	tips, err := c.updateMany(ctx, []string{c.cfg.SnapshotsBranch, c.cfg.StatusBranch}, []gitsource.Mutation{mutate, writeStatus})
-	tip, written := "", false
-	if err == nil {
-		tip = tips[0]
-		if sw != nil {
-			sw.done()
-			written = tips[1] != sw.base
-		}
-	}
+// The status branch's write is planned from the output of each
+// computation (statusWriteFor; a nil write: nothing to write); both
+// branches are written in one compare-and-swap write, one push, that the
+// remote takes whole or refuses whole (a moved tip of either runs both
+// again). The planned write's done is called once it is pushed.
+func (p *passState) write() (string, bool, error) {
+	c := p.c
+	p.out, p.sw = nil, nil
+	tips, err := c.updateMany(p.ctx, []string{c.cfg.SnapshotsBranch, c.cfg.StatusBranch},
+		[]gitsource.Mutation{p.editSnapshots, p.editStatus})
 	if err != nil {
-		return nil, "", false, fmt.Errorf("publish snapshots: %w", err)
+		return "", false, fmt.Errorf("publish snapshots: %w", err)
 	}
-	if out == nil {
-		return nil, tip, false, errors.New("publish snapshots: no computation ran")
+	tip, written := tips[0], false
+	if p.sw != nil {
+		p.sw.done()
+		written = tips[1] != p.sw.base
 	}
-	// The written ledger is the ledger at the new tip, and its files are
-	// the ones it describes.
+	if p.out == nil {
+		return tip, false, errors.New("publish snapshots: no computation ran")
+	}
+	c.recordPublished(tip, p.out.ledger)
+	return tip, written, nil
+}
+
+// editSnapshots is the snapshots branch's edit of one attempt of write:
+// compute on the ledger at tip (its output left in out), and the files and
+// message of its commit.
+func (p *passState) editSnapshots(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+	c := p.c
+	src, err := c.ledgerAt(p.ctx, tip, read)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := c.checkHead(p.ctx, p.head, src.ledger); err != nil {
+		return nil, "", err
+	}
+	o, err := compute(p.computeInput(tip, src, read))
+	if err != nil {
+		return nil, "", err
+	}
+	p.out = o
+	return p.snapshotsCommit(tip, src, read, o)
+}
+
+// computeInput is compute's input on tip, whose ledger src holds and whose
+// files read returns: the published files are checked unless tip is known
+// to hold them (verifiedTip).
+func (p *passState) computeInput(tip string, src *ledgerSource, read func(string) ([]byte, error)) input {
+	verify := read
+	if tip != "" && tip == p.c.verifiedTip {
+		verify = nil
+	}
+	in := p.c.input(p.head, p.fl, p.loadErr, p.obs, p.now, src.ledger, src.read, verify)
+	in.forged, in.tip = src.forged, desired.Hash(tip)
+	if src.adopted {
+		in.adopted = desired.Hash(tip)
+	}
+	return in
+}
+
+// snapshotsCommit is the files and message of the commit of o over tip:
+// o's files and ledger, what src restores, and on an adopted tip the
+// removal of every file the adoption did not vouch for (dropUnadopted).
+// None when tip holds them already.
+func (p *passState) snapshotsCommit(tip string, src *ledgerSource, read func(string) ([]byte, error), o *output) (map[string][]byte, string, error) {
+	data, err := o.ledger.Marshal()
+	if err != nil {
+		return nil, "", err
+	}
+	old, err := read(snapshots.LedgerPath)
+	if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
+		return nil, "", fmt.Errorf("read %s: %w", snapshots.LedgerPath, err)
+	}
+	if len(o.files) == 0 && string(old) == string(data) && src.from == tip {
+		// A tip no controller key signed is written over even when
+		// nothing else changed: the next tip is signed again.
+		return nil, "", nil
+	}
+	files := o.files
+	files[snapshots.LedgerPath] = data
+	if err := src.restore(files); err != nil {
+		return nil, "", err
+	}
+	if src.adopted {
+		if err := p.c.dropUnadopted(tip, files, o.ledger); err != nil {
+			return nil, "", err
+		}
+	}
+	return files, commitMessage(p.head, o), nil
+}
+
+// editStatus is the status branch's edit of one attempt of write. It runs
+// after the snapshots edit of the same attempt: out is that attempt's
+// computation, from which statusWriteFor plans the write (left in sw).
+func (p *passState) editStatus(statusTip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+	p.sw = nil
+	if p.out == nil {
+		return nil, "", errors.New("no computation ran")
+	}
+	w, err := p.statusWriteFor(p.out)
+	if err != nil {
+		return nil, "", fmt.Errorf("write summary: %w", err)
+	}
+	if w == nil {
+		return nil, "", nil
+	}
+	p.sw = w
+	files, msg, err := w.mutate(statusTip, read)
+	if err != nil {
+		return nil, "", fmt.Errorf("write summary: %w", err)
+	}
+	return files, msg, nil
+}
+
+// recordPublished records tip, the snapshots commit this process just
+// wrote, as holding the ledger l and the files l describes.
+func (c *Controller) recordPublished(tip string, l *snapshots.Ledger) {
 	c.verifiedTip = tip
-	c.ledgerSrc = &ledgerSource{tip: tip, from: tip, ledger: out.ledger, read: func(p string) ([]byte, error) {
+	c.ledgerSrc = &ledgerSource{tip: tip, from: tip, ledger: l, read: func(p string) ([]byte, error) {
 		return c.tips.ReadFileMax(tip, p, snapshots.MaxSnapshotBytes)
 	}}
 	if c.ledgerKeys != nil && tip != "" {
 		c.signedOnce = true
-		c.lastSigned = &signedLedger{commit: tip, ledger: out.ledger, repo: c.tips}
+		c.lastSigned = &signedLedger{commit: tip, ledger: l, repo: c.tips}
 	}
 	if c.history != nil {
 		// The walk's clone is read no more: the next pass reads the tip
@@ -792,7 +817,6 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		c.history.Close()
 		c.history = nil
 	}
-	return out, tip, written, nil
 }
 
 // dropUnadopted adds to files a removal of every path of tip, an adopted
