@@ -14,8 +14,36 @@ import (
 	"github.com/gitfleet/gitfleet/status"
 )
 
-// summarize builds the README.md summary.
+// summarize builds the README.md summary: what the ledger l records, a row
+// of every host, the pending deletes beside their hosts' rows, and the VMs
+// the hosts run that no one manages.
 func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report, forged []ForgedAck, statusOK bool, now time.Time) status.Summary {
+	s := c.ledgerSummary(l, forged, now)
+	hosts := c.hostRows(l, fl, reports, statusOK, now)
+	for _, h := range hosts {
+		s.Hosts = append(s.Hosts, *h)
+	}
+	sort.Slice(s.Hosts, func(i, j int) bool { return s.Hosts[i].Name < s.Hosts[j].Name })
+	for _, t := range l.Tombstones {
+		s.Pending = append(s.Pending, c.pendingDelete(t, hosts[t.Host]))
+	}
+	s.Unmanaged = unmanaged(l, fl, reports)
+	for i, u := range s.Unmanaged {
+		// A host the summary does not list (retired, nothing delivered
+		// to it) included: its Host's last agentKey still judges it.
+		s.Unmanaged[i].Unsigned = c.unsignedNote(u.Host)
+	}
+	return s
+}
+
+// sweepsShown is how many of the ledger's sweeps, the newest, the summary
+// lists.
+const sweepsShown = 10
+
+// ledgerSummary is the summary of what l records (the applied and the
+// rejected commit, the forged snapshots commits, the retained objects, the
+// last sweeps) and of the acks this pass found forged.
+func (c *Controller) ledgerSummary(l *snapshots.Ledger, forged []ForgedAck, now time.Time) status.Summary {
 	s := status.Summary{Branch: c.cfg.Branch, AbandonGrace: c.cfg.AbandonGrace, ViewAt: now}
 	for _, f := range forged {
 		s.ForgedAcks = append(s.ForgedAcks, status.ForgedAck{Ref: f.Ref, Commit: desired.Hash(f.Commit), Reason: f.Reason})
@@ -30,6 +58,27 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		s.Rejected = &status.Rejection{Commit: l.Rejected.Commit, At: l.Rejected.At, Reason: l.Rejected.Reason,
 			SupersededBy: l.Rejected.Superseded}
 	}
+	for _, k := range l.Retained {
+		s.Retained = append(s.Retained, status.RetainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host,
+			Commit: k.Commit, Since: k.Since})
+	}
+	sweeps := l.Sweeps
+	if len(sweeps) > sweepsShown {
+		sweeps = sweeps[len(sweeps)-sweepsShown:]
+	}
+	for _, w := range sweeps {
+		s.Swept = append(s.Swept, status.SweptDelete{Kind: string(w.Kind), Name: w.Name, Host: w.Host,
+			Commit: w.Commit, At: w.At, Reason: w.Reason})
+	}
+	return s
+}
+
+// hostRows are the rows of the Hosts table, by name: every host fl
+// desires, every host l delivers a snapshot to (every host l knows when fl
+// is nil), and every host that reports but one retired and done
+// (retiredAndDone). A host is online only when the statuses were read
+// (statusOK) and it reported.
+func (c *Controller) hostRows(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report, statusOK bool, now time.Time) map[string]*status.HostSummary {
 	hosts := map[string]*status.HostSummary{}
 	get := func(name string) *status.HostSummary {
 		h := hosts[name]
@@ -53,19 +102,7 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		if retiredAndDone(l, fl, rep.Host) {
 			continue // its VMs, if it runs any, are listed as unmanaged
 		}
-		h := get(rep.Host)
-		h.Reported = true
-		if rep.Err != nil {
-			h.StatusError = rep.Err.Error()
-			continue
-		}
-		st := rep.Status
-		h.Unsigned = c.unsignedNote(rep.Host)
-		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
-		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
-		h.SnapshotError = st.SnapshotError
-		h.Quarantined, h.Suspended, h.QuarantinedVolumes = st.Quarantined, st.Suspended, st.QuarantinedVolumes
-		h.Unconfirmed = unconfirmed(l, st)
+		c.fillReported(get(rep.Host), l, rep)
 	}
 	for _, h := range hosts {
 		if rec := l.Hosts[h.Name]; rec != nil {
@@ -76,52 +113,57 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 			h.Online = !off
 		}
 		h.Retired = fl != nil && fl.Hosts[h.Name] == nil
-		s.Hosts = append(s.Hosts, *h)
 	}
-	sort.Slice(s.Hosts, func(i, j int) bool { return s.Hosts[i].Name < s.Hosts[j].Name })
-	for _, t := range l.Tombstones {
-		at, _ := time.Parse(time.RFC3339, t.Tombstone.Time)
-		p := status.PendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host,
-			Commit: t.Tombstone.Commit, Author: t.Tombstone.Author, Time: at, Epoch: t.Tombstone.Epoch,
-			Rewritten: t.Tombstone.Rewritten, Swept: t.SweptAt != nil}
-		if !t.PublishedAt.IsZero() {
-			p.SweepAt = t.PublishedAt.Add(c.cfg.AbandonGrace).UTC()
+	return hosts
+}
+
+// fillReported fills h, the row of rep's host, from rep: the status read
+// (marked when its host did not sign it: unsignedNote), or why it could
+// not be read.
+func (c *Controller) fillReported(h *status.HostSummary, l *snapshots.Ledger, rep status.Report) {
+	h.Reported = true
+	if rep.Err != nil {
+		h.StatusError = rep.Err.Error()
+		return
+	}
+	st := rep.Status
+	h.Unsigned = c.unsignedNote(rep.Host)
+	h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
+	h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
+	h.SnapshotError = st.SnapshotError
+	h.Quarantined, h.Suspended, h.QuarantinedVolumes = st.Quarantined, st.Suspended, st.QuarantinedVolumes
+	h.Unconfirmed = unconfirmed(l, st)
+}
+
+// pendingDelete is the row of t, a pending delete, beside h, the row of
+// its host (nil when the summary lists none): when the host's quarantine
+// destroys the object and whether it waits for a confirmation, taken from
+// h only when its host signed its status.
+func (c *Controller) pendingDelete(t *snapshots.TombstoneRecord, h *status.HostSummary) status.PendingDelete {
+	at, _ := time.Parse(time.RFC3339, t.Tombstone.Time)
+	p := status.PendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host,
+		Commit: t.Tombstone.Commit, Author: t.Tombstone.Author, Time: at, Epoch: t.Tombstone.Epoch,
+		Rewritten: t.Tombstone.Rewritten, Swept: t.SweptAt != nil}
+	if !t.PublishedAt.IsZero() {
+		p.SweepAt = t.PublishedAt.Add(c.cfg.AbandonGrace).UTC()
+	}
+	switch {
+	case h == nil:
+	case h.Unsigned != "":
+		p.HostUnverified = true
+	default:
+		list := h.Quarantined
+		if t.Kind == desired.KindVolume {
+			list = h.QuarantinedVolumes
 		}
-		if h := hosts[t.Host]; h != nil && h.Unsigned != "" {
-			p.HostUnverified = true
-		} else if h != nil {
-			list := h.Quarantined
-			if t.Kind == desired.KindVolume {
-				list = h.QuarantinedVolumes
-			}
-			for _, q := range list {
-				if q.Name == t.Name {
-					p.DestroyAt = q.DestroyAt
-					p.Unconfirmed = q.AwaitsConfirmation() && q.Confirm != t.Tombstone.Confirm
-				}
+		for _, q := range list {
+			if q.Name == t.Name {
+				p.DestroyAt = q.DestroyAt
+				p.Unconfirmed = q.AwaitsConfirmation() && q.Confirm != t.Tombstone.Confirm
 			}
 		}
-		s.Pending = append(s.Pending, p)
 	}
-	for _, k := range l.Retained {
-		s.Retained = append(s.Retained, status.RetainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host,
-			Commit: k.Commit, Since: k.Since})
-	}
-	s.Unmanaged = unmanaged(l, fl, reports)
-	for i, u := range s.Unmanaged {
-		// A host the summary does not list (retired, nothing delivered
-		// to it) included: its Host's last agentKey still judges it.
-		s.Unmanaged[i].Unsigned = c.unsignedNote(u.Host)
-	}
-	sweeps := l.Sweeps
-	if len(sweeps) > 10 {
-		sweeps = sweeps[len(sweeps)-10:]
-	}
-	for _, w := range sweeps {
-		s.Swept = append(s.Swept, status.SweptDelete{Kind: string(w.Kind), Name: w.Name, Host: w.Host,
-			Commit: w.Commit, At: w.At, Reason: w.Reason})
-	}
-	return s
+	return p
 }
 
 // retiredAndDone reports whether host is one the desired state fl no longer
