@@ -290,77 +290,105 @@ func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time
 		c.summaryDue = true
 		return nil, nil
 	}
-	copies, err := c.copyFiles(cp)
+	files, err := c.renderStatus(s, data, cp, now)
 	if err != nil {
 		return nil, err
-	}
-	liveness, err := c.liveness(s)
-	if err != nil {
-		return nil, err
-	}
-	lw := c.lastWrite(now)
-	written, err := status.MarshalLastWrite(lw)
-	if err != nil {
-		return nil, err
-	}
-	// The README says when it was written; data, which the next pass
-	// compares with, does not.
-	readme := status.StampSummary(data, lw)
-	var failing []byte
-	if s.Failing != nil {
-		var err error
-		if failing, err = status.MarshalPassFailure(s.Failing); err != nil {
-			return nil, err
-		}
 	}
 	w := &statusWrite{done: func() {
 		c.summary, c.summaryKey, c.summaryAt, c.summaryDue = data, key, now, false
 	}}
 	w.mutate = func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		w.base = tip
-		files := map[string][]byte{}
-		// Each file is read up to the size it should have: a bigger
-		// one (forged, say) differs, and costs no memory.
-		same := func(path string, want []byte) (bool, error) {
-			if tip == "" {
-				return want == nil, nil
-			}
-			old, err := c.tips.ReadFileMax(tip, path, int64(len(want)))
-			switch {
-			case errors.Is(err, gitsource.ErrFileNotFound):
-				return want == nil, nil
-			case errors.Is(err, gitsource.ErrFileTooLarge):
-				return false, nil
-			case err != nil:
-				return false, fmt.Errorf("read %s: %w", path, err)
-			}
-			return want != nil && string(old) == string(want), nil
-		}
-		// controller.yaml is there while passes fail, gone once one
-		// succeeds (a nil content removes it). last-write.yaml differs in
-		// every write: each commit says when the controller made it.
-		for path, want := range map[string][]byte{status.SummaryPath: readme, status.ControllerPath: failing, status.LivenessPath: liveness, status.LastWritePath: written} {
-			ok, err := same(path, want)
-			if err != nil {
-				return nil, "", err
-			}
-			if !ok {
-				files[path] = want
-			}
-		}
-		msg := "Update the fleet summary"
-		if len(copies) > 0 {
-			msg = fmt.Sprintf("Update the fleet summary and %d host status(es)", len(copies))
-			for path, data := range copies {
-				files[path] = data // the same content is no change
-			}
-		}
-		if len(files) == 0 {
-			return nil, "", nil
-		}
-		return files, msg, nil
+		return files.commit(c.tips, tip)
 	}
 	return w, nil
+}
+
+// statusFiles are the files of a write of the status branch: the
+// controller's own, path → content (nil: none), and the copies of the
+// hosts' statuses.
+type statusFiles struct {
+	own, copies map[string][]byte
+}
+
+// renderStatus renders the files of a write at now of s, whose rendering
+// is data, and of cp.
+func (c *Controller) renderStatus(s status.Summary, data []byte, cp statusCopies, now time.Time) (statusFiles, error) {
+	copies, err := c.copyFiles(cp)
+	if err != nil {
+		return statusFiles{}, err
+	}
+	liveness, err := c.liveness(s)
+	if err != nil {
+		return statusFiles{}, err
+	}
+	lw := c.lastWrite(now)
+	written, err := status.MarshalLastWrite(lw)
+	if err != nil {
+		return statusFiles{}, err
+	}
+	// The README says when it was written; data, which the next pass
+	// compares with, does not.
+	readme := status.StampSummary(data, lw)
+	var failing []byte
+	if s.Failing != nil {
+		if failing, err = status.MarshalPassFailure(s.Failing); err != nil {
+			return statusFiles{}, err
+		}
+	}
+	// controller.yaml is there while passes fail, gone once one succeeds
+	// (a nil content removes it). last-write.yaml differs in every write:
+	// each commit says when the controller made it.
+	own := map[string][]byte{status.SummaryPath: readme, status.ControllerPath: failing,
+		status.LivenessPath: liveness, status.LastWritePath: written}
+	return statusFiles{own: own, copies: copies}, nil
+}
+
+// commit is the files and message of the commit of f on tip, a commit of
+// repo's status branch ("" before its first): each of the controller's
+// own files tip does not hold as it is, and every copy (the same content
+// is no change). None when nothing differs.
+func (f statusFiles) commit(repo *gitsource.Repo, tip string) (map[string][]byte, string, error) {
+	files := map[string][]byte{}
+	for path, want := range f.own {
+		ok, err := sameAtTip(repo, tip, path, want)
+		if err != nil {
+			return nil, "", err
+		}
+		if !ok {
+			files[path] = want
+		}
+	}
+	msg := "Update the fleet summary"
+	if len(f.copies) > 0 {
+		msg = fmt.Sprintf("Update the fleet summary and %d host status(es)", len(f.copies))
+		for path, data := range f.copies {
+			files[path] = data // the same content is no change
+		}
+	}
+	if len(files) == 0 {
+		return nil, "", nil
+	}
+	return files, msg, nil
+}
+
+// sameAtTip reports whether tip of repo holds want at path (no file there
+// when want is nil). The file is read up to the size it should have: a
+// bigger one (forged, say) differs, and costs no memory.
+func sameAtTip(repo *gitsource.Repo, tip, path string, want []byte) (bool, error) {
+	if tip == "" {
+		return want == nil, nil
+	}
+	old, err := repo.ReadFileMax(tip, path, int64(len(want)))
+	switch {
+	case errors.Is(err, gitsource.ErrFileNotFound):
+		return want == nil, nil
+	case errors.Is(err, gitsource.ErrFileTooLarge):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("read %s: %w", path, err)
+	}
+	return want != nil && string(old) == string(want), nil
 }
 
 // refreshEvery is the longest the controller lets pass between two writes
@@ -373,14 +401,14 @@ func (c *Controller) refreshEvery() time.Duration {
 	return DefaultSummaryInterval
 }
 
-// refreshDue reports whether the status branch is due a write at now
-// although nothing on it changed: this process wrote it refreshEvery ago
-// or more. Before its first write, the first pass writes anyway.
 // lastWrite is last-write.yaml of a status commit made at now.
 func (c *Controller) lastWrite(now time.Time) status.LastWrite {
 	return status.LastWrite{At: now, RefreshSeconds: int64(c.refreshEvery() / time.Second)}
 }
 
+// refreshDue reports whether the status branch is due a write at now
+// although nothing on it changed: this process wrote it refreshEvery ago
+// or more. Before its first write, the first pass writes anyway.
 func (c *Controller) refreshDue(now time.Time) bool {
 	return !c.summaryAt.IsZero() && now.Sub(c.summaryAt) >= c.refreshEvery()
 }
