@@ -148,46 +148,90 @@ func (r *Repo) EditOwn(ctx context.Context, branch string, edit EditFunc) (strin
 }
 
 // edit is Edit; first, when set, gives the tip the first attempt builds
-// on without fetching (false: fetch as every later attempt does).
+// on without fetching (false: fetch as every later attempt does). first
+// is called once the writes before this one are done, so a tip it reads
+// from the cache is the last one this Repo pushed.
 func (r *Repo) edit(ctx context.Context, branch string, edit EditFunc, first func() (string, bool)) (string, error) {
 	if err := checkBranch(branch); err != nil {
 		return "", fmt.Errorf("update: %w", err)
 	}
 	r.updateMu.Lock()
 	defer r.updateMu.Unlock()
+	e := BranchEdit{Branch: branch, Edit: edit}
+	if first != nil {
+		e.Tip, e.Known = first()
+	}
+	tips, err := r.updateLoop(ctx, []BranchEdit{e})
+	if err != nil {
+		return "", err
+	}
+	return tips[0], nil
+}
+
+// updateLoop is the one compare-and-swap loop of Update, Edit and EditMany:
+// each attempt takes the branches' tips (attemptTips), runs the edits on
+// them, builds the commits and pushes them naming those tips
+// (attemptMany). A rejection, or a tip gone from the cache (a fresh clone
+// between the fetch and the build), waits a jittered backoff and tries
+// again on tips fetched afresh, up to Options.UpdateAttempts; any other
+// error ends it. Errors name the branches ("update B1, B2: …").
+// Caller holds r.updateMu.
+func (r *Repo) updateLoop(ctx context.Context, edits []BranchEdit) ([]string, error) {
+	what := strings.Join(editedBranches(edits), ", ")
 	attempts := r.attempts()
 	var lastErr error
 	for attempt := 0; attempt < attempts; attempt++ {
 		if err := r.backoff(ctx, attempt); err != nil {
-			return "", fmt.Errorf("update %s: %w: %w (last: %v)", branch, ErrConflict, err, lastErr)
+			return nil, fmt.Errorf("update %s: %w: %w (last: %v)", what, ErrConflict, err, lastErr)
 		}
-		tip, known := "", false
-		if first != nil && attempt == 0 {
-			tip, known = first()
+		tips, err := r.attemptTips(ctx, edits, attempt)
+		if err != nil {
+			return nil, err
 		}
-		if !known {
-			var err error
-			tip, err = r.Fetch(ctx, branch)
-			if err != nil && !errors.Is(err, ErrBranchNotFound) {
-				return "", fmt.Errorf("update %s: %w", branch, err)
-			}
-		}
-		newTip, err := r.attempt(ctx, branch, tip, edit)
+		newTips, err := r.attemptMany(ctx, edits, tips)
 		if err == nil {
-			return newTip, nil
+			return newTips, nil
 		}
 		if u := r.refusedWrite(err); u != nil {
-			return "", fmt.Errorf("update %s: %w", branch, u)
+			return nil, fmt.Errorf("update %s: %w", what, u)
 		}
-		// A tip gone from the cache (a fresh clone between the fetch and
-		// the build) is retried like a rejection.
 		if !errors.Is(err, errRejected) && !errors.Is(err, ErrObjectMissing) {
-			return "", fmt.Errorf("update %s: %w", branch, err)
+			return nil, fmt.Errorf("update %s: %w", what, err)
 		}
-		r.log.WithField("branch", branch).WithField("attempt", attempt+1).Debug(err.Error())
+		r.log.WithField("branch", what).WithField("attempt", attempt+1).Debug(err.Error())
 		lastErr = err
 	}
-	return "", fmt.Errorf("update %s: %w after %d attempts: %v", branch, ErrConflict, attempts, lastErr)
+	return nil, fmt.Errorf("update %s: %w after %d attempts: %v", what, ErrConflict, attempts, lastErr)
+}
+
+// attemptTips are the tips the edits build on in attempt: an edit's own
+// Tip in the first attempt when Known, else its branch's tip fetched now
+// ("" for a branch the remote lacks). The branches to fetch are fetched
+// together: one ref advertisement and at most one upload-pack.
+func (r *Repo) attemptTips(ctx context.Context, edits []BranchEdit, attempt int) ([]string, error) {
+	given := func(e BranchEdit) bool { return attempt == 0 && e.Known }
+	var fetch []string
+	for _, e := range edits {
+		if !given(e) {
+			fetch = append(fetch, e.Branch)
+		}
+	}
+	var fetched map[string]string
+	if len(fetch) > 0 {
+		var err error
+		if fetched, err = r.FetchAll(ctx, fetch, nil); err != nil {
+			return nil, fmt.Errorf("update %s: %w", strings.Join(fetch, ", "), err)
+		}
+	}
+	tips := make([]string, len(edits))
+	for i, e := range edits {
+		if given(e) {
+			tips[i] = e.Tip
+		} else {
+			tips[i] = fetched[e.Branch]
+		}
+	}
+	return tips, nil
 }
 
 // attempts is Options.UpdateAttempts, or its default.
@@ -239,16 +283,6 @@ func (r *Repo) trackedTip(branch string) (string, bool) {
 		return "", false
 	}
 	return ref.Hash().String(), true
-}
-
-// attempt runs edit on tip, builds the commit and pushes it: EditMany's
-// attempt for one branch.
-func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (string, error) {
-	tips, err := r.attemptMany(ctx, []BranchEdit{{Branch: branch, Edit: edit}}, []string{tip})
-	if err != nil {
-		return "", err
-	}
-	return tips[0], nil
 }
 
 // prepared is a commit an edit asked for, built in the store but not
