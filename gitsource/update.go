@@ -516,121 +516,166 @@ func sortName(e object.TreeEntry) string {
 
 // edit applies edits (paths relative to the tree at h, nil data removes) and
 // returns the new tree's hash: zero when the tree ends up empty, h itself
-// when nothing changed.
+// when nothing changed. A path's write or removal replaces whatever the
+// tree holds there (a directory where a file is written, a file where a
+// directory is written under): these trees are the writer's, and an entry
+// of another kind in the way is someone else's, never a reason to stop
+// writing.
 func (b *builder) edit(h plumbing.Hash, edits map[string][]byte) (plumbing.Hash, error) {
-	var entries []object.TreeEntry
-	if !h.IsZero() {
-		t, err := b.r.tree(h)
-		if err != nil {
+	t, err := b.level(h)
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	files, dirs, err := splitEdits(edits)
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	for name, data := range files {
+		if err := b.editFile(t, name, data); err != nil {
 			return plumbing.ZeroHash, err
 		}
-		entries = append(entries, t.Entries...)
 	}
-	// Split the edits into this level's files and the subdirectories'.
-	here := map[string][]byte{}
-	below := map[string]map[string][]byte{}
+	for name, sub := range dirs {
+		if err := b.editDir(t, name, sub); err != nil {
+			return plumbing.ZeroHash, err
+		}
+	}
+	if !t.changed {
+		return h, nil
+	}
+	return b.writeLevel(t)
+}
+
+// splitEdits splits edits into this level's files (name → data) and the
+// edits under each subdirectory (name → paths relative to it). Removals
+// under a path written itself are subsumed by the write; a path written
+// both as a file and under as a directory is an error.
+func splitEdits(edits map[string][]byte) (files map[string][]byte, dirs map[string]map[string][]byte, err error) {
+	files, dirs = map[string][]byte{}, map[string]map[string][]byte{}
 	for p, data := range edits {
 		dir, rest, nested := strings.Cut(p, "/")
 		if !nested {
-			here[p] = data
+			files[p] = data
 			continue
 		}
-		if below[dir] == nil {
-			below[dir] = map[string][]byte{}
+		if dirs[dir] == nil {
+			dirs[dir] = map[string][]byte{}
 		}
-		below[dir][rest] = data
+		dirs[dir][rest] = data
 	}
-	index := map[string]int{}
-	for i, e := range entries {
-		index[e.Name] = i
-	}
-	changed := false
-	removed := map[string]bool{}
-	// A path's write or removal replaces whatever the tree holds there
-	// (a directory where a file is written, a file where a directory is
-	// written under): these trees are the writer's, and an entry of
-	// another kind in the way is someone else's, never a reason to stop
-	// writing. Removals under a path written itself are subsumed by it.
-	for name, data := range here {
-		if sub, clash := below[name]; clash {
+	for name := range files {
+		if sub, clash := dirs[name]; clash {
 			if !allNil(sub) {
-				return plumbing.ZeroHash, fmt.Errorf("write %s: also written as a directory", name)
+				return nil, nil, fmt.Errorf("write %s: also written as a directory", name)
 			}
-			delete(below, name)
+			delete(dirs, name)
 		}
-		i, exists := index[name]
-		if exists && entries[i].Mode == filemode.Dir {
-			if data == nil {
-				removed[name] = true
-				changed = true
-				continue
-			}
-			entries[i].Mode = filemode.Regular // replaced below
-			entries[i].Hash = plumbing.ZeroHash
-		}
-		if data == nil {
-			if exists {
-				removed[name] = true
-				changed = true
-			}
-			continue
-		}
-		bh, err := b.writeBlob(data)
+	}
+	return files, dirs, nil
+}
+
+// treeLevel is one tree while builder.edit changes it: its entries, each
+// one's index by name, the names removed, and whether anything changed.
+type treeLevel struct {
+	entries []object.TreeEntry
+	index   map[string]int
+	removed map[string]bool
+	changed bool
+}
+
+// level reads the tree at h (zero: a tree that does not exist yet) for
+// editing.
+func (b *builder) level(h plumbing.Hash) (*treeLevel, error) {
+	t := &treeLevel{index: map[string]int{}, removed: map[string]bool{}}
+	if !h.IsZero() {
+		tree, err := b.r.tree(h)
 		if err != nil {
-			return plumbing.ZeroHash, err
+			return nil, err
 		}
-		mode := filemode.Regular
-		if exists && entries[i].Mode == filemode.Executable {
-			mode = filemode.Executable
+		t.entries = append(t.entries, tree.Entries...)
+	}
+	for i, e := range t.entries {
+		t.index[e.Name] = i
+	}
+	return t, nil
+}
+
+// put sets name's entry to mode and hash, adding it when absent.
+func (t *treeLevel) put(name string, mode filemode.FileMode, hash plumbing.Hash) {
+	if i, exists := t.index[name]; exists {
+		if t.entries[i].Hash != hash || t.entries[i].Mode != mode {
+			t.entries[i].Hash, t.entries[i].Mode = hash, mode
+			t.changed = true
 		}
+		return
+	}
+	t.index[name] = len(t.entries)
+	t.entries = append(t.entries, object.TreeEntry{Name: name, Mode: mode, Hash: hash})
+	t.changed = true
+}
+
+// remove drops name's entry.
+func (t *treeLevel) remove(name string) {
+	t.removed[name] = true
+	t.changed = true
+}
+
+// editFile writes data as the file name of t, or removes whatever t holds
+// there when data is nil. An executable file stays executable; a
+// directory in the way is replaced.
+func (b *builder) editFile(t *treeLevel, name string, data []byte) error {
+	i, exists := t.index[name]
+	if data == nil {
 		if exists {
-			if entries[i].Hash != bh || entries[i].Mode != mode {
-				entries[i].Hash, entries[i].Mode = bh, mode
-				changed = true
-			}
-			continue
+			t.remove(name)
 		}
-		index[name] = len(entries)
-		entries = append(entries, object.TreeEntry{Name: name, Mode: mode, Hash: bh})
-		changed = true
+		return nil
 	}
-	for name, sub := range below {
-		i, exists := index[name]
-		var old plumbing.Hash
-		if exists {
-			if entries[i].Mode != filemode.Dir {
-				if allNil(sub) {
-					continue // nothing there to remove
-				}
-				entries[i].Mode = filemode.Dir // the file is replaced
-			} else {
-				old = entries[i].Hash
-			}
+	bh, err := b.writeBlob(data)
+	if err != nil {
+		return err
+	}
+	mode := filemode.Regular
+	if exists && t.entries[i].Mode == filemode.Executable {
+		mode = filemode.Executable
+	}
+	t.put(name, mode, bh)
+	return nil
+}
+
+// editDir applies sub to the directory name of t: a directory left empty
+// is removed, a file in the way is replaced, unless sub only removes
+// (there is nothing under a file to remove).
+func (b *builder) editDir(t *treeLevel, name string, sub map[string][]byte) error {
+	var old plumbing.Hash
+	if i, exists := t.index[name]; exists {
+		if t.entries[i].Mode != filemode.Dir && allNil(sub) {
+			return nil
 		}
-		nh, err := b.edit(old, sub)
-		if err != nil {
-			return plumbing.ZeroHash, fmt.Errorf("%s/%w", name, err)
-		}
-		switch {
-		case nh == old:
-		case nh.IsZero():
-			removed[name] = true
-			changed = true
-		case exists:
-			entries[i].Hash = nh
-			changed = true
-		default:
-			index[name] = len(entries)
-			entries = append(entries, object.TreeEntry{Name: name, Mode: filemode.Dir, Hash: nh})
-			changed = true
+		if t.entries[i].Mode == filemode.Dir {
+			old = t.entries[i].Hash
 		}
 	}
-	if !changed {
-		return h, nil
+	nh, err := b.edit(old, sub)
+	if err != nil {
+		return fmt.Errorf("%s/%w", name, err)
 	}
-	kept := entries[:0]
-	for _, e := range entries {
-		if !removed[e.Name] {
+	switch {
+	case nh == old:
+	case nh.IsZero():
+		t.remove(name)
+	default:
+		t.put(name, filemode.Dir, nh)
+	}
+	return nil
+}
+
+// writeLevel stores t's entries but the removed ones as a tree: zero
+// when none is left.
+func (b *builder) writeLevel(t *treeLevel) (plumbing.Hash, error) {
+	kept := t.entries[:0]
+	for _, e := range t.entries {
+		if !t.removed[e.Name] {
 			kept = append(kept, e)
 		}
 	}
