@@ -712,38 +712,66 @@ var errNoAtomic = errors.New("the remote does not advertise atomic pushes")
 // naming each branch's old value as the value it must still have. With
 // atomic, the remote takes all of them or none (git's atomic capability;
 // errNoAtomic when it lacks it). A refusal because a branch moved is
-// errRejected.
+// errRejected: found in the ref advertisement before anything is sent,
+// or reported by the remote (pushOutcome).
 func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bool) error {
 	what := strings.Join(branchesOf(ups), ", ")
-	ep, err := transport.NewEndpoint(r.url)
+	sess, err := r.receivePack(what)
 	if err != nil {
 		return err
-	}
-	ep.Proxy = r.proxyOptions() // the ssh deadline (see sshdeadline.go)
-	cl, err := client.NewClient(ep)
-	if err != nil {
-		return err
-	}
-	sess, err := cl.NewReceivePackSession(ep, r.auth)
-	if err != nil {
-		return fmt.Errorf("push %s: %w", what, err)
 	}
 	defer sess.Close()
 	ar, err := sess.AdvertisedReferencesContext(ctx)
 	if err != nil {
 		return fmt.Errorf("push %s: %w", what, err)
 	}
+	req, err := pushRequest(what, ar, ups, atomic)
+	if err != nil {
+		return err
+	}
+	req.Packfile = io.NopCloser(bytes.NewReader(pack))
+	if !ar.Capabilities.Supports(capability.ReportStatus) {
+		return fmt.Errorf("push %s: the remote does not report status", what)
+	}
+	rs, err := sess.ReceivePack(ctx, req)
+	return pushOutcome(what, rs, err)
+}
+
+// receivePack opens a receive-pack session with the remote, within the
+// ssh deadline (see sshdeadline.go).
+func (r *Repo) receivePack(what string) (transport.ReceivePackSession, error) {
+	ep, err := transport.NewEndpoint(r.url)
+	if err != nil {
+		return nil, err
+	}
+	ep.Proxy = r.proxyOptions()
+	cl, err := client.NewClient(ep)
+	if err != nil {
+		return nil, err
+	}
+	sess, err := cl.NewReceivePackSession(ep, r.auth)
+	if err != nil {
+		return nil, fmt.Errorf("push %s: %w", what, err)
+	}
+	return sess, nil
+}
+
+// pushRequest is the update request for ups: one command per branch from
+// its old value to its new one, atomic when asked. A branch whose
+// advertised value is not its old one is errRejected: it moved, and
+// nothing is sent.
+func pushRequest(what string, ar *packp.AdvRefs, ups []refUpdate, atomic bool) (*packp.ReferenceUpdateRequest, error) {
 	if atomic && !ar.Capabilities.Supports(capability.Atomic) {
-		return fmt.Errorf("push %s: %w", what, errNoAtomic)
+		return nil, fmt.Errorf("push %s: %w", what, errNoAtomic)
 	}
 	refs, err := ar.AllReferences()
 	if err != nil {
-		return fmt.Errorf("push %s: %w", what, err)
+		return nil, fmt.Errorf("push %s: %w", what, err)
 	}
 	req := packp.NewReferenceUpdateRequestFromCapabilities(ar.Capabilities)
 	if atomic {
 		if err := req.Capabilities.Set(capability.Atomic); err != nil {
-			return fmt.Errorf("push %s: %w", what, err)
+			return nil, fmt.Errorf("push %s: %w", what, err)
 		}
 	}
 	for _, u := range ups {
@@ -757,15 +785,17 @@ func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bo
 			current = ref.Hash()
 		}
 		if current != old {
-			return fmt.Errorf("%w: %s moved from %s to %s", errRejected, u.branch, desired.Hash(old.String()).Short(), desired.Hash(current.String()).Short())
+			return nil, fmt.Errorf("%w: %s moved from %s to %s", errRejected, u.branch, desired.Hash(old.String()).Short(), desired.Hash(current.String()).Short())
 		}
 		req.Commands = append(req.Commands, &packp.Command{Name: name, Old: old, New: u.new})
 	}
-	req.Packfile = io.NopCloser(bytes.NewReader(pack))
-	if !ar.Capabilities.Supports(capability.ReportStatus) {
-		return fmt.Errorf("push %s: the remote does not report status", what)
-	}
-	rs, err := sess.ReceivePack(ctx, req)
+	return req, nil
+}
+
+// pushOutcome reads the remote's answer to a push, its report rs and
+// the session's err: nil when it took every update, errRejected when it
+// refused one as a lost race, else the failure.
+func pushOutcome(what string, rs *packp.ReportStatus, err error) error {
 	if rs == nil {
 		if err != nil && pushRejected(err) {
 			return fmt.Errorf("%w: %v", errRejected, err)
@@ -775,7 +805,7 @@ func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bo
 		}
 		return fmt.Errorf("push %s: no report from the remote", what)
 	}
-	if err := rs.Error(); err != nil {
+	if failed := rs.Error(); failed != nil {
 		// In an atomic push every ref reports the failure of one: git
 		// says "atomic transaction failed" for all of them when a ref's
 		// lock found another value (the old values were checked just
@@ -786,10 +816,10 @@ func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bo
 				return fmt.Errorf("%w: %v", errRejected, cerr)
 			}
 		}
-		if pushRejected(err) {
-			return fmt.Errorf("%w: %v", errRejected, err)
+		if pushRejected(failed) {
+			return fmt.Errorf("%w: %v", errRejected, failed)
 		}
-		return fmt.Errorf("push %s: %w", what, err)
+		return fmt.Errorf("push %s: %w", what, failed)
 	}
 	if err != nil {
 		return fmt.Errorf("push %s: %w", what, err)
