@@ -231,101 +231,144 @@ func spillLimit(limit, packSize int64) int64 {
 // between objects and during long copies (its error is returned).
 func indexPack(ctx context.Context, f *os.File, size, spill int64) (*idxfile.MemoryIndex, plumbing.Hash, error) {
 	sc := packfile.NewScanner(f)
-	_, count, err := sc.Header()
+	entries, err := scanPack(ctx, sc, size)
 	if err != nil {
 		return nil, plumbing.ZeroHash, err
 	}
-	// Every object takes at least two bytes: a count past that is a lie
-	// that must not size an allocation.
-	if int64(count) > size/2 {
-		return nil, plumbing.ZeroHash, fmt.Errorf("%w: %d objects claimed in %d bytes", packfile.ErrMalformedPackFile, count, size)
-	}
-	entries := make([]*packEntry, 0, count)
-	byOffset := make(map[int64]*packEntry, count)
-	for i := uint32(0); i < count; i++ {
-		if err := ctx.Err(); err != nil {
-			return nil, plumbing.ZeroHash, err
-		}
-		oh, err := sc.NextObjectHeader()
-		if err != nil {
-			return nil, plumbing.ZeroHash, wrapPackEOF(err)
-		}
-		e := &packEntry{offset: oh.Offset, typ: oh.Type}
-		var sink io.Writer = io.Discard
-		var hasher plumbing.Hasher
-		switch oh.Type {
-		case plumbing.OFSDeltaObject:
-			if _, ok := byOffset[oh.OffsetReference]; !ok {
-				return nil, plumbing.ZeroHash, fmt.Errorf("%w: delta at %d on no object (offset %d)", packfile.ErrMalformedPackFile, oh.Offset, oh.OffsetReference)
-			}
-			e.delta, e.base = true, oh.OffsetReference
-		case plumbing.REFDeltaObject:
-			e.delta, e.ref = true, oh.Reference
-		case plumbing.CommitObject, plumbing.TreeObject, plumbing.BlobObject, plumbing.TagObject:
-			hasher = plumbing.NewHasher(oh.Type, oh.Length)
-			sink = ctxWriter{ctx, hasher}
-		default:
-			return nil, plumbing.ZeroHash, fmt.Errorf("%w: object of type %v at %d", packfile.ErrMalformedPackFile, oh.Type, oh.Offset)
-		}
-		n, crc, err := sc.NextObject(sink)
-		if err != nil {
-			if cerr := ctx.Err(); cerr != nil {
-				return nil, plumbing.ZeroHash, cerr
-			}
-			return nil, plumbing.ZeroHash, wrapPackEOF(err)
-		}
-		if n != oh.Length {
-			return nil, plumbing.ZeroHash, fmt.Errorf("%w: object at %d", packfile.ErrInflatedSizeMismatch, oh.Offset)
-		}
-		e.crc = crc
-		if !e.delta {
-			e.hash = hasher.Sum()
-		}
-		entries = append(entries, e)
-		byOffset[e.offset] = e
-	}
-	sum, err := sc.Checksum()
-	if err != nil {
-		return nil, plumbing.ZeroHash, wrapPackEOF(err)
-	}
-	// Nothing may follow the checksum (git index-pack: "pack has junk
-	// at the end"): the stored file would not be the pack it is named
-	// after.
-	end, err := sc.SeekFromStart(0)
+	sum, err := packChecksum(sc, size)
 	if err != nil {
 		return nil, plumbing.ZeroHash, err
-	}
-	if end != size {
-		return nil, plumbing.ZeroHash, fmt.Errorf("%w: %d bytes after the pack's checksum", packfile.ErrMalformedPackFile, size-end)
 	}
 	d := &deltaResolver{ctx: ctx, sc: packfile.NewScanner(f), dir: filepath.Dir(f.Name()), cache: map[int64]objData{}, spillLimit: spill}
 	defer d.close()
 	if err := d.resolveAll(entries); err != nil {
 		return nil, plumbing.ZeroHash, err
 	}
-	// An object the pack holds twice would be listed once in the index,
-	// so a delta on the other copy would name a base at an offset the
-	// index does not know: unreadable, and taken for cache damage on
-	// every read. git pack-objects never repeats one.
+	if err := refuseRepeats(entries); err != nil {
+		return nil, plumbing.ZeroHash, err
+	}
+	idx, err := packIndexOf(entries, sum)
+	return idx, sum, err
+}
+
+// scanPack reads the pack's header and then each of its objects once, as
+// it streams by: a whole object through its hash, a delta to its end.
+// The entries it returns are in the pack's order, deltas unresolved.
+func scanPack(ctx context.Context, sc *packfile.Scanner, size int64) ([]*packEntry, error) {
+	_, count, err := sc.Header()
+	if err != nil {
+		return nil, err
+	}
+	// Every object takes at least two bytes: a count past that is a lie
+	// that must not size an allocation.
+	if int64(count) > size/2 {
+		return nil, fmt.Errorf("%w: %d objects claimed in %d bytes", packfile.ErrMalformedPackFile, count, size)
+	}
+	entries := make([]*packEntry, 0, count)
+	byOffset := make(map[int64]*packEntry, count)
+	for i := uint32(0); i < count; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		e, err := scanObject(ctx, sc, byOffset)
+		if err != nil {
+			return nil, err
+		}
+		entries = append(entries, e)
+		byOffset[e.offset] = e
+	}
+	return entries, nil
+}
+
+// scanObject reads the pack's next object: its type, offset and CRC, and
+// a whole object's hash, or which base a delta is on (an ofs-delta's must
+// be one of the objects before it, byOffset).
+func scanObject(ctx context.Context, sc *packfile.Scanner, byOffset map[int64]*packEntry) (*packEntry, error) {
+	oh, err := sc.NextObjectHeader()
+	if err != nil {
+		return nil, wrapPackEOF(err)
+	}
+	e := &packEntry{offset: oh.Offset, typ: oh.Type}
+	var sink io.Writer = io.Discard
+	var hasher plumbing.Hasher
+	switch oh.Type {
+	case plumbing.OFSDeltaObject:
+		if _, ok := byOffset[oh.OffsetReference]; !ok {
+			return nil, fmt.Errorf("%w: delta at %d on no object (offset %d)", packfile.ErrMalformedPackFile, oh.Offset, oh.OffsetReference)
+		}
+		e.delta, e.base = true, oh.OffsetReference
+	case plumbing.REFDeltaObject:
+		e.delta, e.ref = true, oh.Reference
+	case plumbing.CommitObject, plumbing.TreeObject, plumbing.BlobObject, plumbing.TagObject:
+		hasher = plumbing.NewHasher(oh.Type, oh.Length)
+		sink = ctxWriter{ctx, hasher}
+	default:
+		return nil, fmt.Errorf("%w: object of type %v at %d", packfile.ErrMalformedPackFile, oh.Type, oh.Offset)
+	}
+	n, crc, err := sc.NextObject(sink)
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
+		}
+		return nil, wrapPackEOF(err)
+	}
+	if n != oh.Length {
+		return nil, fmt.Errorf("%w: object at %d", packfile.ErrInflatedSizeMismatch, oh.Offset)
+	}
+	e.crc = crc
+	if !e.delta {
+		e.hash = hasher.Sum()
+	}
+	return e, nil
+}
+
+// packChecksum reads the pack's trailing checksum, after its last object.
+// Nothing may follow it (git index-pack: "pack has junk at the end"): the
+// stored file would not be the pack it is named after.
+func packChecksum(sc *packfile.Scanner, size int64) (plumbing.Hash, error) {
+	sum, err := sc.Checksum()
+	if err != nil {
+		return plumbing.ZeroHash, wrapPackEOF(err)
+	}
+	end, err := sc.SeekFromStart(0)
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	if end != size {
+		return plumbing.ZeroHash, fmt.Errorf("%w: %d bytes after the pack's checksum", packfile.ErrMalformedPackFile, size-end)
+	}
+	return sum, nil
+}
+
+// refuseRepeats refuses a pack that holds an object twice: it would be
+// listed once in the index, so a delta on the other copy would name a
+// base at an offset the index does not know: unreadable, and taken for
+// cache damage on every read. git pack-objects never repeats one.
+func refuseRepeats(entries []*packEntry) error {
 	seen := make(map[plumbing.Hash]int64, len(entries))
 	for _, e := range entries {
 		if at, ok := seen[e.hash]; ok {
-			return nil, plumbing.ZeroHash, fmt.Errorf("%w: object %s is in the pack twice, at offsets %d and %d", ErrPackRefused, e.hash, at, e.offset)
+			return fmt.Errorf("%w: object %s is in the pack twice, at offsets %d and %d", ErrPackRefused, e.hash, at, e.offset)
 		}
 		seen[e.hash] = e.offset
 	}
+	return nil
+}
+
+// packIndexOf is the index of the pack whose resolved entries and
+// checksum are given.
+func packIndexOf(entries []*packEntry, sum plumbing.Hash) (*idxfile.MemoryIndex, error) {
 	w := new(idxfile.Writer)
-	if err := w.OnHeader(count); err != nil {
-		return nil, plumbing.ZeroHash, err
+	if err := w.OnHeader(uint32(len(entries))); err != nil {
+		return nil, err
 	}
 	for _, e := range entries {
 		w.Add(e.hash, uint64(e.offset), e.crc)
 	}
 	if err := w.OnFooter(sum); err != nil {
-		return nil, plumbing.ZeroHash, err
+		return nil, err
 	}
-	idx, err := w.Index()
-	return idx, sum, err
+	return w.Index()
 }
 
 // ctxWriter is a writer that fails once its context ended, so that a
