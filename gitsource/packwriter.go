@@ -444,89 +444,125 @@ const maxDeltaDepth = 4095
 // resolveAll resolves every delta of entries: each whole object is the
 // root of a tree of deltas (ofs-deltas by their base's offset, ref-deltas
 // by its hash), walked depth first so that only the bases on the path
-// being walked are held.
+// being walked are held. A delta no tree reaches is ErrPackRefused.
 func (d *deltaResolver) resolveAll(entries []*packEntry) error {
-	ofsKids := map[int64][]*packEntry{}
-	refKids := map[plumbing.Hash][]*packEntry{}
-	deltas := 0
-	for _, e := range entries {
-		switch {
-		case !e.delta:
-		case e.ref != plumbing.ZeroHash:
-			refKids[e.ref] = append(refKids[e.ref], e)
-			deltas++
-		default:
-			ofsKids[e.base] = append(ofsKids[e.base], e)
-			deltas++
-		}
-	}
-	kids := func(e *packEntry) []*packEntry {
-		k := append(ofsKids[e.offset], refKids[e.hash]...)
-		// A hash that two objects share (a pack may repeat an object) has
-		// its ref-deltas resolved once.
-		delete(refKids, e.hash)
-		return k
-	}
-	// pending holds the deltas whose base is resolved and held, in the
-	// order they are taken (last first).
-	type step struct{ e, base *packEntry }
-	var pending []step
+	kids := groupDeltas(entries)
 	resolved := 0
 	for _, root := range entries {
 		if root.delta {
 			continue
 		}
-		k := kids(root)
-		if len(k) == 0 {
-			continue
-		}
-		d.at = root.offset
-		data, err := d.raw(root)
+		n, err := d.resolveTree(root, kids)
 		if err != nil {
 			return err
 		}
-		root.children = len(k)
-		if err := d.hold(root, data); err != nil {
+		resolved += n
+	}
+	if resolved < kids.count {
+		return unresolved(entries, kids.count-resolved, kids.count)
+	}
+	return nil
+}
+
+// deltaKids are a pack's deltas by their base: ofs-deltas by its offset,
+// ref-deltas by its hash; count is how many deltas there are.
+type deltaKids struct {
+	ofs   map[int64][]*packEntry
+	ref   map[plumbing.Hash][]*packEntry
+	count int
+}
+
+// groupDeltas finds the deltas of entries on each base.
+func groupDeltas(entries []*packEntry) *deltaKids {
+	k := &deltaKids{ofs: map[int64][]*packEntry{}, ref: map[plumbing.Hash][]*packEntry{}}
+	for _, e := range entries {
+		switch {
+		case !e.delta:
+		case e.ref != plumbing.ZeroHash:
+			k.ref[e.ref] = append(k.ref[e.ref], e)
+			k.count++
+		default:
+			k.ofs[e.base] = append(k.ofs[e.base], e)
+			k.count++
+		}
+	}
+	return k
+}
+
+// of takes the deltas on e, now that its hash is known. A hash that two
+// objects share (a pack may repeat an object) has its ref-deltas
+// resolved once.
+func (k *deltaKids) of(e *packEntry) []*packEntry {
+	out := append(k.ofs[e.offset], k.ref[e.hash]...)
+	delete(k.ref, e.hash)
+	return out
+}
+
+// resolveTree resolves the deltas on root and on them in turn, depth
+// first, holding each base until its last delta is resolved, and returns
+// how many it resolved. It reads root only when a delta is on it.
+func (d *deltaResolver) resolveTree(root *packEntry, kids *deltaKids) (int, error) {
+	k := kids.of(root)
+	if len(k) == 0 {
+		return 0, nil
+	}
+	// pending holds the deltas whose base is resolved and held, in the
+	// order they are taken (last first).
+	type step struct{ e, base *packEntry }
+	var pending []step
+	hold := func(e *packEntry, data objData, k []*packEntry) error {
+		e.children = len(k)
+		if err := d.hold(e, data); err != nil {
 			return err
 		}
 		for _, c := range k {
-			pending = append(pending, step{c, root})
+			pending = append(pending, step{c, e})
 		}
-		for len(pending) > 0 {
-			s := pending[len(pending)-1]
-			pending = pending[:len(pending)-1]
-			if err := d.ctx.Err(); err != nil {
-				return err
-			}
-			e, base := s.e, s.base
-			if e.hash != plumbing.ZeroHash {
-				continue // reached twice through a repeated base hash
-			}
-			e.depth = base.depth + 1
-			if e.depth > maxDeltaDepth {
-				return fmt.Errorf("%w: object at offset %d: delta chain deeper than %d (git's own bound)", ErrPackRefused, e.offset, maxDeltaDepth)
-			}
-			data, err := d.resolve(e, base)
-			if err != nil {
-				return err
-			}
-			resolved++
-			k := kids(e)
-			e.children = len(k)
-			if err := d.hold(e, data); err != nil {
-				return err
-			}
-			for _, c := range k {
-				pending = append(pending, step{c, e})
-			}
+		return nil
+	}
+	d.at = root.offset
+	data, err := d.raw(root)
+	if err != nil {
+		return 0, err
+	}
+	if err := hold(root, data, k); err != nil {
+		return 0, err
+	}
+	resolved := 0
+	for len(pending) > 0 {
+		s := pending[len(pending)-1]
+		pending = pending[:len(pending)-1]
+		if err := d.ctx.Err(); err != nil {
+			return 0, err
+		}
+		e, base := s.e, s.base
+		if e.hash != plumbing.ZeroHash {
+			continue // reached twice through a repeated base hash
+		}
+		e.depth = base.depth + 1
+		if e.depth > maxDeltaDepth {
+			return 0, fmt.Errorf("%w: object at offset %d: delta chain deeper than %d (git's own bound)", ErrPackRefused, e.offset, maxDeltaDepth)
+		}
+		data, err := d.resolve(e, base)
+		if err != nil {
+			return 0, err
+		}
+		resolved++
+		if err := hold(e, data, kids.of(e)); err != nil {
+			return 0, err
 		}
 	}
-	if resolved < deltas {
-		for _, e := range entries {
-			if e.delta && e.hash == plumbing.ZeroHash {
-				return fmt.Errorf("%w: %d of %d deltas never resolve, the first at offset %d (on %s): their bases are not in the pack or form a cycle (%w)",
-					ErrPackRefused, deltas-resolved, deltas, e.offset, baseName(e), packfile.ErrReferenceDeltaNotFound)
-			}
+	return resolved, nil
+}
+
+// unresolved refuses a pack in which missing of its deltas never
+// resolve (their bases are absent, or form a cycle), naming the first
+// such delta; nil when there is none.
+func unresolved(entries []*packEntry, missing, deltas int) error {
+	for _, e := range entries {
+		if e.delta && e.hash == plumbing.ZeroHash {
+			return fmt.Errorf("%w: %d of %d deltas never resolve, the first at offset %d (on %s): their bases are not in the pack or form a cycle (%w)",
+				ErrPackRefused, missing, deltas, e.offset, baseName(e), packfile.ErrReferenceDeltaNotFound)
 		}
 	}
 	return nil
