@@ -881,7 +881,7 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 	for h, v := range c.ackVerdicts {
 		signed[h] = v.why == "" && !v.retry
 	}
-	if verify != nil { // a tip another wrote; without keys read reads it, bounded
+	if verify != nil { // a tip another wrote; read reads the commit whose ledger l is, bounded
 		c.observeBranchEpochs(read, obs.statuses, signed)
 	}
 	return input{

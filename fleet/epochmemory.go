@@ -18,8 +18,8 @@ import (
 // epochMemory is this controller's own history of epochs: per host, the
 // highest epoch it published, or read in a ledger it computed on (the
 // authentic one: signed by a controller key, or without a signing key
-// the tip's), or, without a signing key, saw in the host's file on the
-// snapshots branch (observeBranchEpochs), for as long as it ran. The fence recovery follows a host
+// the tip's) or in a host's file of that commit (observeBranchEpochs),
+// for as long as it ran. The fence recovery follows a host
 // status whose lastSeenEpoch no agentKey signature vouches for only this
 // far (docs/DESIGN.md, "Epoch bounds"): a status anyone can write, just
 // under the highest epoch an agent accepts, no longer moves a host's
@@ -153,20 +153,18 @@ func (c *Controller) reportUnfollowed(res *PassResult, o *output) {
 	}
 }
 
-// observeBranchEpochs adds to the history, without a signing key, the
-// epoch of the host file at the snapshots tip of each host whose status
-// (one no signature vouches for) reports an epoch beyond it: without
-// keys, what the branch holds is what agents accept, and a snapshot
-// someone pushed there at a high epoch (a forged tombstone) is one the
-// fence recovery must follow the host's agent past, to publish the host
-// above it. A status alone, with no such file, moves nothing. read reads
-// the tip, bounded (without a signing key, the ledger is the tip's). With
-// a signing key the tip's host files count only as the signed ledger
-// records them.
+// observeBranchEpochs adds to the history the epoch of each host's file
+// in the commit whose ledger the pass computes on (read reads it,
+// bounded: the tip without a signing key; with one, the newest commit a
+// controller key signed), for each host whose status (one no signature
+// vouches for) reports an epoch beyond the history: what that commit
+// holds is what agents accept. Without keys, a snapshot someone pushed
+// at a high epoch (a forged tombstone) is one the fence recovery must
+// follow the host's agent past, to publish the host above it; with keys,
+// a commit a controller key signed (another controller's, or one pushed
+// back) is a controller's history. A status alone, with no such file,
+// moves nothing.
 func (c *Controller) observeBranchEpochs(read func(string) ([]byte, error), statuses map[string]*status.Status, signed map[string]bool) {
-	if c.ledgerKeys != nil {
-		return
-	}
 	for host, st := range statuses {
 		if st == nil || signed[host] || st.LastSeenEpoch <= c.epochs.bound(host) {
 			continue
