@@ -4,10 +4,16 @@
 // A bridge network is an existing host bridge (the LAN): the Manager only
 // checks that it exists and adds taps to it; it never creates, changes or
 // deletes the bridge. A nat network is the Manager's own: bridge
-// gf-<name> holding the CIDR's first address, one dnsmasq for DHCP and DNS,
-// IPv4 forwarding, and the nftables table "inet gitfleet" (masquerading out
-// of the host, and an input rule that lets guests reach the host only for
-// DHCP, DNS and ping).
+// gf-<name> holding the CIDR's first address, one dnsmasq for DHCP and DNS
+// that answers the reserved MACs alone, IPv4 forwarding, and the nftables
+// table "inet gitfleet" (masquerading out of the host, and an input rule
+// that lets guests reach the host only for DHCP, DNS and ping).
+//
+// Every tap the Manager makes is a NIC of a VM, held by the table "bridge
+// gitfleet" to the MAC the VM's NIC was given; on a nat network also to
+// the addresses reserved for that MAC, and away from every DHCP, DHCPv6
+// and IPv6 router's message (tapfilter.go): a guest there is a client of
+// its network and nothing more.
 //
 // Everything the Manager keeps lives under Config.Dir, one directory per
 // nat network:
@@ -17,7 +23,8 @@
 //	<dir>/<network>/dnsmasq.conf  dnsmasq's configuration, rendered from both
 //	<dir>/<network>/dnsmasq.pid   dnsmasq's pidfile
 //	<dir>/<network>/leases        dnsmasq's lease file
-//	<dir>/<network>/dnsmasq.log   dnsmasq's log
+//	<dir>/<network>/dnsmasq.log   dnsmasq's log (at most DnsmasqLogMax)
+//	<dir>/<network>/dnsmasq.log.1 the log before, moved aside by Guard
 //	<dir>/nftables.conf           the table last loaded
 //	<dir>/nftables.list           the kernel's listing of it then
 //	<dir>/taps.json               the taps made: tap -> the VM's MAC
@@ -68,7 +75,8 @@ const (
 	NftablesListFile = "nftables.list"
 	// TapsFile records the taps the Manager made: tap -> the MAC of the
 	// VM's NIC and whether the tap is on a nat network (JSON tapRecord),
-	// for the tap filter.
+	// for the tap filter, which takes a nat tap's addresses from the
+	// reservations of its MAC.
 	TapsFile = "taps.json"
 )
 
@@ -237,9 +245,10 @@ func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network
 // of the network's bridge, and returns the attachment. On a nat network it
 // also reserves the VM's address for mac: static when valid (the VM's
 // static address; an error when another VM holds it), else the address
-// reserved before, else a free one chosen from the VM's name. A VM moved
-// from another nat network loses its reservation there. Attaching an
-// attached VM is a no-op that returns the same attachment.
+// reserved before, else a free one chosen from the VM's name; the tap
+// filter holds the guest to that address. A VM moved from another nat
+// network loses its reservation there. Attaching an attached VM is a
+// no-op that returns the same attachment.
 func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) (Attachment, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -440,8 +449,9 @@ func (m *Manager) Address(name string, def desired.Network, mac net.HardwareAddr
 // again when missing or changed, see ensureNftables: their drop rules keep
 // guests off the host and off each other) and the dnsmasq of every nat
 // network this Manager made (one that died is started again with the
-// configuration and leases it had, so guests renew their leases). The
-// agent calls it every tick, the host suspended or not.
+// configuration and leases it had, so guests renew their leases), whose
+// log it keeps within DnsmasqLogMax. The agent calls it every tick, the
+// host suspended or not.
 func (m *Manager) Guard(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -451,6 +461,9 @@ func (m *Manager) Guard(ctx context.Context) error {
 		return errors.Join(append(errs, err)...)
 	}
 	for _, name := range made {
+		if err := capLog(filepath.Join(m.netDir(name), DnsmasqLog)); err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+		}
 		if m.dnsmasqPid(name) != 0 {
 			continue
 		}

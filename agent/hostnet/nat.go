@@ -70,9 +70,6 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 	if err := enableForwarding(); err != nil {
 		return err
 	}
-	if err := m.ensureNftables(ctx); err != nil {
-		return err
-	}
 	hosts, err := m.readHosts(name)
 	if err != nil {
 		return err
@@ -82,6 +79,11 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 			return err
 		}
 		m.log.WithField("network", name).WithField("cidr", prefix).Info("reservations renumbered into the new CIDR")
+	}
+	// The tap filter binds each guest to its reservation: loaded once
+	// the reservations are final.
+	if err := m.ensureNftables(ctx); err != nil {
+		return err
 	}
 	return m.ensureDnsmasq(ctx, name, prefix, gw, hosts)
 }
@@ -262,7 +264,11 @@ func pick(prefix netip.Prefix, vm string, taken map[netip.Addr]string) (netip.Ad
 }
 
 // renderDnsmasq is dnsmasq's configuration for nat network name: DHCP and
-// DNS on its bridge only, addresses handed out only to reserved MACs.
+// DNS on its bridge only, and DHCP for the reserved MACs alone: a client
+// no dhcp-host line names (tag "known") is ignored, as are the client
+// identifiers and host names clients send, so a guest neither gets an
+// address nor releases or renames a lease in another's name, nor makes
+// dnsmasq answer (or log) the clients a flood makes up.
 func (m *Manager) renderDnsmasq(name string, prefix netip.Prefix, gw netip.Addr, hosts map[string]reservation) []byte {
 	dir := m.netDir(name)
 	var b strings.Builder
@@ -272,9 +278,11 @@ func (m *Manager) renderDnsmasq(name string, prefix netip.Prefix, gw netip.Addr,
 	mask := net.IP(net.CIDRMask(prefix.Bits(), 32)).String()
 	fmt.Fprintf(&b, "dhcp-range=%s,static,%s,1h\n", prefix.Addr(), mask)
 	fmt.Fprintf(&b, "dhcp-option=option:router,%s\ndhcp-option=option:dns-server,%s\n", gw, gw)
-	// quiet-dhcp: dnsmasq logs only its errors, so a guest asking for
-	// leases in a loop writes nothing to the host's disk.
+	// quiet-dhcp: dnsmasq logs only its errors, so a guest's leases write
+	// nothing to the host's disk (what it still logs is bounded:
+	// DnsmasqLogMax).
 	b.WriteString("dhcp-authoritative\nno-hosts\ndomain-needed\nbogus-priv\nquiet-dhcp\n")
+	b.WriteString("dhcp-ignore=tag:!known\ndhcp-ignore-clid\ndhcp-ignore-names\n")
 	for _, vm := range sortedKeys(hosts) {
 		r := hosts[vm]
 		fmt.Fprintf(&b, "dhcp-host=%s,%s,%s\n", r.MAC, r.Addr, vm)
@@ -307,6 +315,15 @@ func (m *Manager) ensureDnsmasq(ctx context.Context, name string, prefix netip.P
 	return m.startDnsmasq(ctx, name)
 }
 
+// DnsmasqLogMax bounds, in bytes, every file a nat network's dnsmasq
+// writes: its log (and so the disk a guest can make it fill between two
+// of the agent's ticks) and its lease file (room for some 8,000 leases).
+// dnsmasq runs with that file size limit (RLIMIT_FSIZE, with SIGXFSZ
+// ignored: a write past it fails and dnsmasq goes on), and Guard moves a
+// log past half of it to DnsmasqLog+".1" (replacing the older one), so a
+// network's logs take at most twice DnsmasqLogMax.
+const DnsmasqLogMax = 1 << 20
+
 // startDnsmasq starts nat network name's dnsmasq with the configuration
 // file it has, and waits (up to 10 s) for its pidfile.
 func (m *Manager) startDnsmasq(ctx context.Context, name string) error {
@@ -316,8 +333,11 @@ func (m *Manager) startDnsmasq(ctx context.Context, name string) error {
 	defer cancel()
 	// dnsmasq forks into the background, writes its pidfile and the
 	// parent exits: a session of its own keeps it out of the agent's
-	// process group, so it outlives the agent like the guests.
-	cmd := exec.CommandContext(ctx, m.cfg.Dnsmasq, "--conf-file="+conf)
+	// process group, so it outlives the agent like the guests. The shell
+	// sets the file size limit (POSIX ulimit -f counts 512-byte blocks)
+	// and ignores SIGXFSZ, which dnsmasq inherits through exec.
+	limit := fmt.Sprintf("trap '' XFSZ && ulimit -f %d && exec \"$0\" \"$@\"", DnsmasqLogMax/512)
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", limit, m.cfg.Dnsmasq, "--conf-file="+conf)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("start dnsmasq: %v: %s", err, trim(out))
@@ -355,6 +375,28 @@ func (m *Manager) dnsmasqPid(name string) int {
 		}
 	}
 	return 0
+}
+
+// capLog moves dnsmasq's log at path to path+".1" (replacing the older
+// one) once it holds more than half of DnsmasqLogMax: copied, then
+// truncated in place, since dnsmasq keeps it open and appends (O_APPEND)
+// at the new end. Lines dnsmasq writes during the copy can be lost.
+func capLog(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil || fi.Size() <= DnsmasqLogMax/2 {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("dnsmasq log: %w", err)
+	}
+	if err := writeFile(path+".1", b); err != nil {
+		return fmt.Errorf("dnsmasq log: %w", err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		return fmt.Errorf("dnsmasq log: %w", err)
+	}
+	return nil
 }
 
 // stopProcess sends SIGTERM to pid and waits up to 5 s for it to go, then

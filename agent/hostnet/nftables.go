@@ -18,34 +18,6 @@ import (
 // Manager writes them; they are replaced whole on every change.
 const NftTable = "gitfleet"
 
-// renderTapFilter is the "bridge gitfleet" table for the taps the Manager
-// made, replacing the table as renderNftables does: a frame a guest sends
-// with a source MAC other than the one its NIC was given is dropped where
-// it enters the bridge, so no guest speaks with another's MAC (and the
-// host's neighbour table, which addresses and readiness trust, holds a
-// VM's MAC only for that VM's traffic); and a guest of a nat network sends
-// no DHCP server's answer (dnsmasq is its network's DHCP server: a guest
-// answering first would give the others another address, which status
-// would not show, and itself as their gateway). A guest on a bridge
-// network may be the LAN's DHCP server.
-func renderTapFilter(taps map[string]tapRecord) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "table bridge %s\ndelete table bridge %s\n", NftTable, NftTable)
-	if len(taps) == 0 {
-		return b.String()
-	}
-	fmt.Fprintf(&b, "table bridge %s {\n", NftTable)
-	b.WriteString("\tchain prerouting {\n\t\ttype filter hook prerouting priority filter; policy accept;\n")
-	for _, tap := range sortedKeys(taps) {
-		fmt.Fprintf(&b, "\t\tiifname %q ether saddr != %s drop\n", tap, taps[tap].MAC)
-		if taps[tap].NAT {
-			fmt.Fprintf(&b, "\t\tiifname %q udp sport 67 drop\n", tap)
-		}
-	}
-	b.WriteString("\t}\n}\n")
-	return b.String()
-}
-
 // gateway is the bridge address of the nat network with CIDR cidr (which
 // the Manager checked when it made the network).
 func gateway(cidr string) string {
@@ -139,11 +111,11 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 		}
 		nets[name] = s.CIDR
 	}
-	taps, err := m.readTaps()
+	nics, err := m.nics()
 	if err != nil {
 		return err
 	}
-	want := append(renderNftables(nets), renderTapFilter(taps)...)
+	want := append(renderNftables(nets), renderTapFilter(nics)...)
 	file, listFile := filepath.Join(m.cfg.Dir, NftablesFile), filepath.Join(m.cfg.Dir, NftablesListFile)
 	have, _ := os.ReadFile(file)
 	loaded, _ := os.ReadFile(listFile)
@@ -151,7 +123,7 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 	defer cancel()
 	live := m.listNftables(ctx)
 	switch {
-	case len(nets) == 0 && len(taps) == 0 && len(live) == 0:
+	case len(nets) == 0 && len(nics) == 0 && len(live) == 0:
 		return nil // nothing to load, nothing loaded
 	case bytes.Equal(have, want) && bytes.Equal(live, loaded):
 		return nil
@@ -170,7 +142,7 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 	if err := writeFile(file, want); err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	log := m.log.WithField("networks", len(nets)).WithField("taps", len(taps))
+	log := m.log.WithField("networks", len(nets)).WithField("taps", len(nics))
 	if bytes.Equal(have, want) {
 		log.Warn("nftables tables changed by someone else; loaded again")
 		return nil
