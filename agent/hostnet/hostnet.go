@@ -247,13 +247,17 @@ func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network
 // static address; an error when another VM holds it), else the address
 // reserved before, else a free one chosen from the VM's name; the tap
 // filter holds the guest to that address. A VM moved from another nat
-// network loses its reservation there. Attaching an attached VM is a
-// no-op that returns the same attachment.
+// network loses its reservation and lease there (see Detach). Attaching
+// an attached VM is a no-op that returns the same attachment.
 func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) (Attachment, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var a Attachment
-	if err := m.release(vm, name); err != nil {
+	left, err := m.release(vm, name)
+	if err != nil {
+		return a, err
+	}
+	if err := m.refreshDnsmasq(ctx, left); err != nil {
 		return a, err
 	}
 	if def.NAT != nil {
@@ -376,48 +380,58 @@ func (m *Manager) Reserve(name string, def desired.Network, vm string, mac net.H
 	return err
 }
 
-// Detach removes VM vm's tap and its address reservations. Detaching a
-// VM that has none is a no-op.
+// Detach removes VM vm's tap and its address reservations, and releases
+// its leases: the dnsmasq of each network it leaves restarts at once
+// without them (in its lease file and its memory), so the VM's address
+// is free for the next VM it is reserved for. Detaching a VM that has
+// none is a no-op.
 func (m *Manager) Detach(vm string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	ctx := context.Background()
 	if err := deleteLink(TapName(vm)); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
-	if err := m.recordTap(context.Background(), TapName(vm), tapRecord{}); err != nil {
+	left, err := m.release(vm, "")
+	if err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
-	if err := m.release(vm, ""); err != nil {
+	if err := m.recordTap(ctx, TapName(vm), tapRecord{}); err != nil {
+		return fmt.Errorf("detach %s: %w", vm, err)
+	}
+	if err := m.refreshDnsmasq(ctx, left); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
 	return nil
 }
 
-// release drops VM vm's reservations on every nat network but keep. The
-// dnsmasq of a network that lost one gets its new configuration on the
-// next ensure.
-func (m *Manager) release(vm, keep string) error {
+// release drops VM vm's reservations on every nat network but keep, and
+// returns the networks that lost one: their dnsmasq is to be refreshed
+// (refreshDnsmasq), which releases the VM's lease there.
+func (m *Manager) release(vm, keep string) ([]string, error) {
 	nets, err := m.natNetworks()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var left []string
 	for _, name := range nets {
 		if name == keep {
 			continue
 		}
 		hosts, err := m.readHosts(name)
 		if err != nil {
-			return err
+			return left, err
 		}
 		if _, ok := hosts[vm]; !ok {
 			continue
 		}
 		delete(hosts, vm)
 		if err := m.writeHosts(name, hosts); err != nil {
-			return err
+			return left, err
 		}
+		left = append(left, name)
 	}
-	return nil
+	return left, nil
 }
 
 // Address reports the IPv4 address of the guest whose NIC has mac on

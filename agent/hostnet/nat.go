@@ -1,7 +1,6 @@
 package hostnet
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -86,6 +85,39 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 		return err
 	}
 	return m.ensureDnsmasq(ctx, name, prefix, gw, hosts)
+}
+
+// refreshDnsmasq gives the dnsmasq of each nat network of names that runs
+// (or ran: it has a configuration) the network's current reservations,
+// restarting it when they changed, so a lease of a reservation gone goes
+// with it at once (startDnsmasq). A network never ensured is left to its
+// first ensure.
+func (m *Manager) refreshDnsmasq(ctx context.Context, names []string) error {
+	var errs []error
+	for _, name := range names {
+		if _, err := os.Stat(filepath.Join(m.netDir(name), DnsmasqConf)); err != nil {
+			continue
+		}
+		var s natSpec
+		if err := readJSON(filepath.Join(m.netDir(name), SpecFile), &s); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n := desired.NAT{CIDR: s.CIDR}
+		prefix, err := n.Prefix()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+			continue
+		}
+		hosts, err := m.readHosts(name)
+		if err == nil {
+			err = m.ensureDnsmasq(ctx, name, prefix, n.Gateway(), hosts)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // foreignBridge reports (ErrHostConflict) a device of nat network name's
@@ -325,10 +357,17 @@ func (m *Manager) ensureDnsmasq(ctx context.Context, name string, prefix netip.P
 const DnsmasqLogMax = 1 << 20
 
 // startDnsmasq starts nat network name's dnsmasq with the configuration
-// file it has, and waits (up to 10 s) for its pidfile.
+// file it has, and waits (up to 10 s) for its pidfile. dnsmasq reads its
+// lease file only as it starts: the leases of addresses no longer
+// reserved for their MAC (a VM destroyed, moved or renumbered) are
+// dropped from it first, so they neither outlive their VM in status nor
+// keep their address from the VM it is reserved for now.
 func (m *Manager) startDnsmasq(ctx context.Context, name string) error {
 	conf := filepath.Join(m.netDir(name), DnsmasqConf)
 	os.Remove(filepath.Join(m.netDir(name), DnsmasqPid))
+	if err := m.pruneLeases(name); err != nil {
+		return fmt.Errorf("start dnsmasq: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	// dnsmasq forks into the background, writes its pidfile and the
@@ -420,31 +459,139 @@ func stopProcess(pid int) error {
 	return nil
 }
 
-// leaseFor finds mac's address in a dnsmasq lease file (lines "<expiry>
-// <mac> <ip> <hostname> <client-id>"); invalid when there is none.
-func leaseFor(path string, mac net.HardwareAddr) (netip.Addr, error) {
-	f, err := os.Open(path)
+// lease is one line of a dnsmasq lease file: "<expiry> <mac> <ip>
+// <hostname> <client-id>", expiry in seconds since the epoch (0: never).
+type lease struct {
+	Expiry int64
+	MAC    string
+	Addr   netip.Addr
+}
+
+// readLeases reads the IPv4 leases of a dnsmasq lease file (none when it
+// does not exist), with every line as it is, lease or not (nil for a line
+// that is no IPv4 lease).
+func readLeases(path string) (lines []string, leases []*lease, err error) {
+	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return netip.Addr{}, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return netip.Addr{}, err
+		return nil, nil, err
 	}
-	defer f.Close()
+	for _, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		if l == "" {
+			continue
+		}
+		lines = append(lines, l)
+		fields := strings.Fields(l)
+		var le *lease
+		if len(fields) >= 3 {
+			exp, err1 := strconv.ParseInt(fields[0], 10, 64)
+			a, err2 := netip.ParseAddr(fields[2])
+			if mac := parseMAC(fields[1]); err1 == nil && err2 == nil && a.Is4() && mac != "" {
+				le = &lease{Expiry: exp, MAC: mac, Addr: a}
+			}
+		}
+		leases = append(leases, le)
+	}
+	return lines, leases, nil
+}
+
+// current reports whether l holds at now.
+func (l *lease) current(now time.Time) bool { return l.Expiry == 0 || l.Expiry > now.Unix() }
+
+// leaseFor finds mac's address in a dnsmasq lease file: of its leases,
+// the one that ends last; invalid when there is none.
+func leaseFor(path string, mac net.HardwareAddr) (netip.Addr, error) {
+	_, leases, err := readLeases(path)
 	var found netip.Addr
 	var latest int64 = -1
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 3 || !strings.EqualFold(fields[1], mac.String()) {
+	for _, l := range leases {
+		if l == nil || l.MAC != mac.String() || l.Expiry < latest {
 			continue
 		}
-		exp, _ := strconv.ParseInt(fields[0], 10, 64)
-		a, err := netip.ParseAddr(fields[2])
-		if err != nil || exp < latest {
-			continue
-		}
-		found, latest = a, exp
+		found, latest = l.Addr, l.Expiry
 	}
-	return found, sc.Err()
+	return found, err
+}
+
+// pruneLeases drops from nat network name's lease file every lease that
+// is not of an address reserved for its MAC. Call it only while the
+// network's dnsmasq does not run (it rewrites the file on every change).
+func (m *Manager) pruneLeases(name string) error {
+	hosts, err := m.readHosts(name)
+	if err != nil {
+		return err
+	}
+	reserved := map[string]bool{}
+	for _, r := range hosts {
+		reserved[parseMAC(r.MAC)+" "+r.Addr.String()] = true
+	}
+	path := filepath.Join(m.netDir(name), LeasesFile)
+	lines, leases, err := readLeases(path)
+	if err != nil {
+		return fmt.Errorf("leases: %w", err)
+	}
+	var keep []string
+	for i, l := range leases {
+		if l != nil && !reserved[l.MAC+" "+l.Addr.String()] {
+			m.log.WithField("network", name).WithField("mac", l.MAC).WithField("ip", l.Addr).Info("lease of an address no longer reserved for its MAC released")
+			continue
+		}
+		keep = append(keep, lines[i]+"\n")
+	}
+	if len(keep) == len(lines) {
+		return nil
+	}
+	if err := writeFile(path, []byte(strings.Join(keep, ""))); err != nil {
+		return fmt.Errorf("leases: %w", err)
+	}
+	return nil
+}
+
+// ErrAddressHeld: the address a nat network reserves for a VM's MAC is
+// leased to another MAC, so the VM's guest cannot have it. Unleased
+// returns it wrapped, naming that MAC.
+var ErrAddressHeld = errors.New("is leased to another MAC")
+
+// ErrNoLease: dnsmasq holds no lease for a VM's MAC of the address its
+// nat network reserves for it (the guest has not asked yet, or was
+// refused), or no address is reserved for the MAC. Unleased returns it
+// wrapped.
+var ErrNoLease = errors.New("no lease")
+
+// Unleased reports whether the guest whose NIC has mac holds the lease of
+// the address nat network name reserves for that MAC, as dnsmasq's lease
+// file says now: nil when it does; wrapping ErrAddressHeld, naming the
+// holder's MAC, when a lease of the address that has not ended is another
+// MAC's; wrapping ErrNoLease otherwise. It reads files only.
+func (m *Manager) Unleased(name string, mac net.HardwareAddr) error {
+	hosts, err := m.readHosts(name)
+	if err != nil {
+		return err
+	}
+	var addr netip.Addr
+	for _, r := range hosts {
+		if parseMAC(r.MAC) == mac.String() {
+			addr = r.Addr
+		}
+	}
+	if !addr.IsValid() {
+		return fmt.Errorf("network %s reserves no address for MAC %s: %w", name, mac, ErrNoLease)
+	}
+	_, leases, err := readLeases(filepath.Join(m.netDir(name), LeasesFile))
+	if err != nil {
+		return fmt.Errorf("network %s: leases: %w", name, err)
+	}
+	now := time.Now()
+	for _, l := range leases {
+		if l == nil || l.Addr != addr || !l.current(now) {
+			continue
+		}
+		if l.MAC == mac.String() {
+			return nil
+		}
+		return fmt.Errorf("address %s reserved for MAC %s on network %s %w %s", addr, mac, name, ErrAddressHeld, l.MAC)
+	}
+	return fmt.Errorf("%w of address %s for MAC %s on network %s", ErrNoLease, addr, mac, name)
 }

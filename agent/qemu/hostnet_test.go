@@ -3,6 +3,8 @@ package qemu
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -287,5 +289,54 @@ func TestLeavingANetworkDropsTheTapAndReservation(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.HostsFile))
 	if strings.Contains(string(b), m.Name) {
 		t.Errorf("reservation survived: %s", b)
+	}
+}
+
+// A destroyed VM's lease goes with it: the next VM given its address (on
+// a full network, the only one free) leases it, and counts as leased. It
+// did not: dnsmasq kept the lease ("not using configured address … because
+// it is leased to <the destroyed VM's MAC>"), the new guest got no address
+// and its status said ready.
+func TestADestroyedVMsAddressGoesToTheNextVM(t *testing.T) {
+	netGuest(t)
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newNetFixture(t)
+	p, m := f.provisioner()
+	lab := desired.Network{NAT: &desired.NAT{CIDR: "10.121.0.0/29"}} // .2 to .6
+	ctx := context.Background()
+	if err := p.ReconcileNetworks(ctx, map[string]desired.Network{"lab": lab}, nil, map[string]bool{}); err != nil {
+		t.Fatalf("ReconcileNetworks: %v", err)
+	}
+	for i := 0; i < 4; i++ {
+		name := fmt.Sprintf("filler-%d", i)
+		hw, _ := net.ParseMAC(macFor(name))
+		if err := m.Reserve("lab", lab, name, hw, netip.Addr{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := f.machine("first", "lab", lab)
+	f.boot(p, first)
+	lines := strings.Join(guestLines(waitSerial(t, first.Dir, "tinyguest: ready")), "\n")
+	addr := p.Address(first.Name).IP
+	if addr == "" || !strings.Contains(lines, "lease eth0 ip="+addr+" ") {
+		t.Fatalf("the first guest's address %q; it said:\n%s", addr, lines)
+	}
+	if err := p.Destroy(ctx, first.Name); err != nil {
+		t.Fatal(err)
+	}
+
+	next := f.machine("next", "lab", lab)
+	f.boot(p, next)
+	lines = strings.Join(guestLines(waitSerial(t, next.Dir, "tinyguest: ready")), "\n")
+	if !strings.Contains(lines, "lease eth0 ip="+addr+" ") {
+		t.Errorf("the next guest did not lease the destroyed VM's %s; it said:\n%s", addr, lines)
+	}
+	if err := p.Unleased(next.Name); err != nil {
+		t.Errorf("Unleased = %v; want its lease", err)
+	}
+	if got := p.Address(next.Name).IP; got != addr {
+		t.Errorf("Address = %q; want %s", got, addr)
 	}
 }
