@@ -6,8 +6,10 @@
 // deletes the bridge. A nat network is the Manager's own: bridge
 // gf-<name> holding the CIDR's first address, one dnsmasq for DHCP and DNS
 // that answers the reserved MACs alone, IPv4 forwarding, and the nftables
-// table "inet gitfleet" (masquerading out of the host, and an input rule
-// that lets guests reach the host only for DHCP, DNS and ping).
+// table "inet gitfleet" (masquerading out of the host, an input rule that
+// lets guests reach the host only for DHCP, DNS and ping, and, with
+// UserMode, an output rule that keeps QEMU's user-mode networking off the
+// nat networks).
 //
 // Every tap the Manager makes is a NIC of a VM, held by the table "bridge
 // gitfleet" to the MAC the VM's NIC was given; on a nat network also to
@@ -129,6 +131,24 @@ type Manager struct {
 	// named holds the nat networks the last Reconcile was given (nil
 	// before the first): their bridges are no conflict for each other.
 	named map[string]bool
+	// userModeUID is QEMU's user, whose sockets reach no nat network
+	// (UserMode); 0 for none.
+	userModeUID int
+}
+
+// UserMode names uid, the user QEMU runs as (-runas), whose sockets carry
+// the user-mode networking of the VMs on no host network: their
+// connections leave the host's own stack, where the nat networks' forward
+// rules never see them, so the table "inet gitfleet" refuses every
+// connection of that user to an address of a nat network (its CIDR, the
+// bridge's address included). 0, the default, names none (QEMU that runs
+// as root or as the agent's own user, which the agent warns of). The rule
+// is loaded at the next operation that ensures the tables (Reconcile,
+// Attach, Guard); call UserMode before the first.
+func (m *Manager) UserMode(uid int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.userModeUID = uid
 }
 
 // ours reports whether the bridge of nat network net is no conflict for

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,8 +42,12 @@ const LinkLocal4 = "169.254.0.0/16"
 // the bridge address but the host itself (input); the host's replies and the guests' own traffic, link-local
 // destinations aside, are forwarded, nothing from outside — another nat
 // network's guests included — starts a connection to a guest (forward); what
-// leaves the network is masqueraded (postrouting).
-func renderNftables(nets map[string]string) []byte {
+// leaves the network is masqueraded (postrouting). With userModeUID (not
+// 0), that user's sockets reach no address of any nat network (output):
+// they carry the user-mode networking of the VMs on no host network,
+// whose connections leave the host's own stack, where the forward rules
+// never see them.
+func renderNftables(nets map[string]string, userModeUID int) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s\ndelete table inet %s\n", NftTable, NftTable)
 	if len(nets) == 0 {
@@ -82,12 +87,39 @@ func renderNftables(nets map[string]string) []byte {
 		fmt.Fprintf(&b, "\t\tiifname %q drop\n", br)
 	}
 	b.WriteString("\t}\n")
+	b.WriteString(userModeGuard(nets, userModeUID))
 	b.WriteString("\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
 	for _, name := range sortedKeys(nets) {
 		fmt.Fprintf(&b, "\t\tip saddr %s ip daddr != %s masquerade\n", nets[name], nets[name])
 	}
 	b.WriteString("\t}\n}\n")
 	return []byte(b.String())
+}
+
+// userModeGuard is the output chain that keeps the sockets of uid (QEMU's
+// user) off every address of the nat networks nets (name -> CIDR), IPv4
+// or IPv6; "" for uid 0.
+func userModeGuard(nets map[string]string, uid int) string {
+	if uid == 0 {
+		return ""
+	}
+	var v4, v6 []string
+	for _, name := range sortedKeys(nets) {
+		if p, err := netip.ParsePrefix(nets[name]); err == nil && p.Addr().Is6() {
+			v6 = append(v6, nets[name])
+		} else {
+			v4 = append(v4, nets[name])
+		}
+	}
+	var b strings.Builder
+	b.WriteString("\tchain output {\n\t\ttype filter hook output priority filter; policy accept;\n")
+	for i, cidrs := range [][]string{v4, v6} {
+		if len(cidrs) > 0 {
+			fmt.Fprintf(&b, "\t\tmeta skuid %d %s daddr { %s } reject\n", uid, []string{"ip", "ip6"}[i], strings.Join(cidrs, ", "))
+		}
+	}
+	b.WriteString("\t}\n")
+	return b.String()
 }
 
 // ensureNftables loads the tables for every nat network this Manager made
@@ -115,7 +147,7 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	want := append(renderNftables(nets), renderTapFilter(nics)...)
+	want := append(renderNftables(nets, m.userModeUID), renderTapFilter(nics)...)
 	file, listFile := filepath.Join(m.cfg.Dir, NftablesFile), filepath.Join(m.cfg.Dir, NftablesListFile)
 	have, _ := os.ReadFile(file)
 	loaded, _ := os.ReadFile(listFile)

@@ -54,6 +54,10 @@ type HostNetworks interface {
 	// address nat network name reserves for it; see
 	// hostnet.Manager.Unleased.
 	Unleased(name string, mac net.HardwareAddr) error
+	// UserMode names the uid QEMU runs as, whose sockets carry the
+	// user-mode networking of VMs on no host network, to keep them off
+	// every nat network; see hostnet.Manager.UserMode.
+	UserMode(uid int)
 }
 
 var (
