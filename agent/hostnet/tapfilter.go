@@ -121,9 +121,9 @@ func nicChain(tap string) string { return "nic_" + tap }
 //     and no relay address (giaddr), so it can neither decline nor release
 //     another's address nor ask in the name of clients that do not exist;
 //     from any IPv4 source, as a client renewing after a renumbering does;
-//     and at most 10 a second (bursts of 20), a hundred times what a
-//     client needs, so a guest neither keeps dnsmasq from its neighbours
-//     nor makes it log more than about a kilobyte a second;
+//     and at most 10 a second (bursts of 20), ten times what a client
+//     retrying every second sends, so a guest neither keeps dnsmasq from
+//     its neighbours nor makes it log more than about a kilobyte a second;
 //   - sends no IPv6 router advertisement, redirect or router renumbering,
 //     and no DHCPv6 server's message (to a client's port 546, or from a
 //     server's 547).
