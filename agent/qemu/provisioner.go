@@ -79,7 +79,7 @@ const (
 var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
 	PidFile, QMPSocket, SerialLog, SerialLogOld, SerialLogOld + ".partial", SerialSocket, ConsoleLock, QEMULog, PortFile, NetFile, NetFile + ".partial",
-	QGASocket, ReadyFile, ReadyFile + ".partial",
+	QGASocket, ReadyFile, ReadyFile + ".partial", SnapshotMarker, NBDSocket,
 }
 
 // Config configures the QEMU backend. Zero values take the defaults given.
@@ -202,6 +202,9 @@ type vmState struct {
 	qgaMu sync.Mutex
 	// guestAddr is the address the guest agent last reported (qga.go).
 	guestAddr guestAddr
+	// snap is the disk snapshot held for a backup (fleece.go), nil when
+	// none; guarded by mu.
+	snap *heldSnapshot
 }
 
 var (
@@ -364,6 +367,7 @@ func (p *Provisioner) state(name, dir string) *vmState {
 		}
 		st = &vmState{name: name, dir: dir}
 		p.machines[name] = st
+		p.sweepAtStart(st)
 	}
 	if dir != "" && st.dir != dir {
 		st.dir = dir
