@@ -4,7 +4,7 @@
 // restic`) behind HTTP basic authentication. Both listen only on an
 // address the caller gives, which must be inside a network namespace the
 // test made (testsupport/netnstest) or on loopback; AddAddress puts one on
-// a dummy interface of the current namespace.
+// an interface of the current namespace.
 //
 // Servers stop when the test ends. Every file they use lives in the
 // test's temporary directories.
@@ -28,14 +28,16 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// AddAddress gives the current network namespace a dummy interface called
-// dev with addr (CIDR form, "198.51.100.1/24"), up. Run it only inside a
-// namespace the test made (netnstest.Enter).
+// AddAddress gives the current network namespace a veth pair, dev and
+// dev+"p", with cidr ("198.51.100.1/24") on dev, both up: other
+// addresses of the subnet answer nothing. Run it only inside a namespace
+// the test made (netnstest.Enter).
 func AddAddress(t testing.TB, dev, cidr string) {
 	t.Helper()
 	for _, args := range [][]string{
-		{"link", "add", dev, "type", "dummy"},
+		{"link", "add", dev, "type", "veth", "peer", "name", dev + "p"},
 		{"addr", "add", cidr, "dev", dev},
+		{"link", "set", dev + "p", "up"},
 		{"link", "set", dev, "up"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
