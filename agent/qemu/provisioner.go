@@ -21,6 +21,10 @@
 //	qemu.log     QEMU's own stdout and stderr (FailureReason's source)
 //	ssh-port     the forwarded SSH port on 127.0.0.1, kept across restarts
 //	network.json the host network the NIC is on (absent on user-mode networking)
+//	backup-snapshot.json, backup-fleece-N.raw, backup-nbd.sock
+//	             a disk snapshot held for a backup (fleece.go)
+//	root.qcow2.before-restore-<unix time>
+//	             a root disk a restore replaced (diskio.go; kept, never removed)
 //
 // Destroy removes exactly these files and nothing else; volumes are never
 // touched. Downloaded artifacts live in Config.CacheDir as <sha256>; root
