@@ -24,7 +24,8 @@
 //	backup-snapshot.json, backup-fleece-N.raw, backup-nbd.sock
 //	             a disk snapshot held for a backup (fleece.go)
 //	root.qcow2.before-restore-<unix time>
-//	             a root disk a restore replaced (diskio.go; kept, never removed)
+//	             a root disk a restore replaced (diskio.go); Destroy leaves it,
+//	             for an operator to remove once the restore is proven
 //
 // Destroy removes exactly these files and nothing else; volumes are never
 // touched. Downloaded artifacts live in Config.CacheDir as <sha256>; root
