@@ -89,6 +89,13 @@
 //     indentation is an error, unless the line only ends the scalar and
 //     reading it as blank changes nothing (not with keep chomping, |+).
 //
+// # Schema
+//
+// JSONSchema is generated from the same types the decoder fills, by their
+// yaml tags; what a Go type cannot say (descriptions, limits) is in a
+// schema method beside each type (see typeSchema, and docs/DESIGN.md,
+// Objects, for how a new field gets into the schema).
+//
 // # Validation
 //
 // Each object is checked on its own (names are RFC 1123 labels of at most

@@ -53,6 +53,10 @@ type hostDoc struct {
 	Spec       HostSpec `yaml:"spec"`
 }
 
+func (vmDoc) schema() typeSchema     { return envelope(KindVM) }
+func (volumeDoc) schema() typeSchema { return envelope(KindVolume) }
+func (hostDoc) schema() typeSchema   { return envelope(KindHost) }
+
 // parseFile decodes and checks one object file. It returns the object when
 // the file has no errors of its own; cross-object checks come later.
 func parseFile(file string, data []byte) (*object, []*Error) {

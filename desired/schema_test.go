@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -163,5 +164,51 @@ func TestSchemaErrorsNameOnlyTheObjectsKind(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSchemaAnnotations fails while a field of a type in the schema has no
+// entry in its type's schema method, or no description (its own, or its
+// shape's or type's), an integer no range, a named string type no enum,
+// or an entry or an anyOf/oneOf names a field the type does not have.
+func TestSchemaAnnotations(t *testing.T) {
+	_, problems := buildSchema()
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
+
+// badlyAnnotated has every mistake TestSchemaAnnotations reports.
+type badlyAnnotated struct {
+	Count int    `yaml:"count"`
+	Mode  Power  `yaml:"mode"`
+	Note  string `yaml:"note"`
+	Extra string `yaml:"extra"`
+}
+
+func (badlyAnnotated) schema() typeSchema {
+	return typeSchema{anyOf: [][]string{{"spare"}}, fields: map[string]fieldSchema{
+		"count": {desc: "A count."},
+		"mode":  {desc: "A mode."},
+		"note":  {},
+		"gone":  {desc: "A field that was removed."},
+	}}
+}
+
+func TestSchemaAnnotationsCatch(t *testing.T) {
+	b := newSchemaBuilder()
+	b.value("bad", reflect.TypeFor[badlyAnnotated](), fieldSchema{desc: "A badly annotated type."})
+	problems := strings.Join(b.sortedProblems(), "\n")
+	for _, want := range []string{
+		"badlyAnnotated.count: an integer needs a range",
+		"badlyAnnotated.mode: a value of type desired.Power needs its enum",
+		"badlyAnnotated.note: no desc",
+		"badlyAnnotated.extra: no entry in badlyAnnotated's schema method",
+		"badlyAnnotated.gone: annotated in badlyAnnotated's schema method, but badlyAnnotated has no such field",
+		"badlyAnnotated.spare: named in an anyOf or oneOf, but badlyAnnotated has no such field",
+	} {
+		if !strings.Contains(problems, want) {
+			t.Errorf("no problem %q; got:\n%s", want, problems)
+		}
 	}
 }
