@@ -21,6 +21,11 @@
 //	qemu.log     QEMU's own stdout and stderr (FailureReason's source)
 //	ssh-port     the forwarded SSH port on 127.0.0.1, kept across restarts
 //	network.json the host network the NIC is on (absent on user-mode networking)
+//	backup-snapshot.json, backup-fleece-N.raw, backup-nbd.sock
+//	             a disk snapshot held for a backup (fleece.go)
+//	root.qcow2.before-restore-<unix time>
+//	             a root disk a restore replaced (diskio.go); Destroy leaves it,
+//	             for an operator to remove once the restore is proven
 //
 // Destroy removes exactly these files and nothing else; volumes are never
 // touched. Downloaded artifacts live in Config.CacheDir as <sha256>; root
@@ -79,7 +84,7 @@ const (
 var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
 	PidFile, QMPSocket, SerialLog, SerialLogOld, SerialLogOld + ".partial", SerialSocket, ConsoleLock, QEMULog, PortFile, NetFile, NetFile + ".partial",
-	QGASocket, ReadyFile, ReadyFile + ".partial",
+	QGASocket, ReadyFile, ReadyFile + ".partial", SnapshotMarker, NBDSocket,
 }
 
 // Config configures the QEMU backend. Zero values take the defaults given.
@@ -120,7 +125,10 @@ type Config struct {
 	// guard (nft must be installed) that refuses connections from that
 	// user to any address of the host, so a guest cannot reach the host's
 	// loopback services through user-mode networking's gateway
-	// (10.0.2.2), and each VM's directory is given to that user (0700).
+	// (10.0.2.2), and has Networks refuse that user every address of the
+	// nat networks (hostnet.Manager.UserMode), so a guest on user-mode
+	// networking reaches no guest there; each VM's directory is given to
+	// that user (0700).
 	// "" is DefaultQEMUUser when the agent runs as root, and no drop
 	// when it does not (QEMU then runs as the agent's own unprivileged
 	// user, without the guard, which needs root). "root" keeps QEMU root
@@ -202,6 +210,9 @@ type vmState struct {
 	qgaMu sync.Mutex
 	// guestAddr is the address the guest agent last reported (qga.go).
 	guestAddr guestAddr
+	// snap is the disk snapshot held for a backup (fleece.go), nil when
+	// none; guarded by mu.
+	snap *heldSnapshot
 }
 
 var (
@@ -299,7 +310,8 @@ func (p *Provisioner) Progress(sha256 string) (done, total int64, ok bool) {
 }
 
 // Preflight checks that QEMU and qemu-img run, that the cache directory is
-// writable, and that the chosen accelerator is available.
+// writable, and that the chosen accelerator is available; with a QEMU
+// user it loads the guests' guard and names that user to Networks.
 func (p *Provisioner) Preflight(ctx context.Context) error {
 	for _, bin := range []string{p.cfg.QEMU, p.cfg.QEMUImg} {
 		out, err := exec.CommandContext(ctx, bin, "--version").CombinedOutput()
@@ -335,6 +347,9 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 		if err := p.ensureGuard(ctx, true); err != nil {
 			return err
 		}
+		if p.cfg.Networks != nil {
+			p.cfg.Networks.UserMode(p.user.uid)
+		}
 	} else {
 		p.log.WithField("uid", os.Geteuid()).Warn("qemu runs as the agent's user without a guard: guests reach the host's 127.0.0.1 through 10.0.2.2 (run the agent as root with qemu.user set)")
 	}
@@ -364,6 +379,7 @@ func (p *Provisioner) state(name, dir string) *vmState {
 		}
 		st = &vmState{name: name, dir: dir}
 		p.machines[name] = st
+		p.sweepAtStart(st)
 	}
 	if dir != "" && st.dir != dir {
 		st.dir = dir
