@@ -1,48 +1,55 @@
 package config
 
 import (
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
-// Every line of docs/DESIGN.md's "Threat model" is pinned by a test it
-// names: each name is a test function of the repository, so renaming or
+// Every line of docs/DESIGN.md's "Threat model", "A branch writer", is
+// pinned by a test it names, as "`package` TestName, TestOther": each
+// name is a test function of that package, so renaming, moving or
 // removing one fails here until the section is made true again.
 func TestThreatModelNamesRealTests(t *testing.T) {
 	root := filepath.Join("..", "..", "..", "..")
 	doc, err := os.ReadFile(filepath.Join(root, "docs", "DESIGN.md"))
 	require.NoError(t, err)
-	m := regexp.MustCompile(`(?s)\n## Threat model\n(.*?)\n## `).FindSubmatch(doc)
-	require.NotNil(t, m, "docs/DESIGN.md has a Threat model section")
-	named := map[string]bool{}
-	for _, n := range regexp.MustCompile("`(Test[A-Za-z0-9_]+)`").FindAllStringSubmatch(string(m[1]), -1) {
-		named[n[1]] = true
-	}
-	require.NotEmpty(t, named)
-	defined := map[string]bool{}
+	m := regexp.MustCompile(`(?s)\n## Threat model\n.*?\n### A branch writer\n(.*?)\n##`).FindSubmatch(doc)
+	require.NotNil(t, m, "docs/DESIGN.md's Threat model has a subsection A branch writer")
+	defined := map[string]map[string]bool{} // package directory → its test functions
 	funcs := regexp.MustCompile(`(?m)^func (Test[A-Za-z0-9_]+)\(`)
-	require.NoError(t, filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(p, "_test.go") {
-			return err
+	testsOf := func(pkg string) map[string]bool {
+		if d, ok := defined[pkg]; ok {
+			return d
 		}
-		src, err := os.ReadFile(p)
-		if err != nil {
-			return err
+		d := map[string]bool{}
+		files, err := filepath.Glob(filepath.Join(root, filepath.FromSlash(pkg), "*_test.go"))
+		require.NoError(t, err)
+		for _, f := range files {
+			src, err := os.ReadFile(f)
+			require.NoError(t, err)
+			for _, fn := range funcs.FindAllStringSubmatch(string(src), -1) {
+				d[fn[1]] = true
+			}
 		}
-		for _, f := range funcs.FindAllStringSubmatch(string(src), -1) {
-			defined[f[1]] = true
+		defined[pkg] = d
+		return d
+	}
+	pkg, named := "", 0
+	for _, tok := range regexp.MustCompile("`([a-z][a-z0-9/]*)` |\\b(Test[A-Za-z0-9_]+)\\b").FindAllStringSubmatch(string(m[1]), -1) {
+		if tok[1] != "" {
+			pkg = tok[1]
+			continue
 		}
-		return nil
-	}))
-	for n := range named {
-		if !defined[n] {
-			t.Errorf("the Threat model names %s, which is no test of the repository", n)
+		named++
+		if pkg == "" {
+			t.Errorf("%s is named before any package", tok[2])
+		} else if !testsOf(pkg)[tok[2]] {
+			t.Errorf("the Threat model names %s in %s, which has no such test", tok[2], pkg)
 		}
 	}
+	require.NotZero(t, named, "the subsection names no test")
 }
