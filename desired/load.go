@@ -34,6 +34,9 @@ type Loader struct {
 	// file at the commit the fleet runs; nil when unknown. Its values are
 	// unused: SetBaselineLast shares the map of an earlier cache.
 	baseline map[string]*parsed
+	// effective holds the effective VMs of the last Load's VMs that name
+	// a profile, by the two files' cache keys (withProfiles).
+	effective map[string]*parsed
 }
 
 // SetBaseline gives the Loader the tree of the commit the fleet runs (the
@@ -181,6 +184,8 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 	errs = append(errs, fileErrs...)
 	// With some files rejected, what they define is unknown: the checks
 	// that a referenced object exists would only add false alarms.
+	objs, profileErrs := l.withProfiles(objs, objectKeys(cands), unchanged, len(errs) == 0)
+	errs = append(errs, profileErrs...)
 	errs = append(errs, crossCheck(objs, len(errs) == 0, unchanged)...)
 	if len(errs) > 0 {
 		errs.Sort()
@@ -268,12 +273,24 @@ func (l *Loader) collect(cands []*candidate) (objs []*object, unchanged map[*obj
 	return objs, unchanged, errs, nil
 }
 
+// objectKeys maps the object of each parsed candidate to its cache key.
+func objectKeys(cands []*candidate) map[*object]string {
+	keys := make(map[*object]string, len(cands))
+	for _, c := range cands {
+		if c.res != nil && c.res.obj != nil {
+			keys[c.res.obj] = c.key
+		}
+	}
+	return keys
+}
+
 // newFleet files checked objects by kind and name.
 func newFleet(objs []*object) *Fleet {
 	f := &Fleet{
-		VMs:     map[string]*VM{},
-		Volumes: map[string]*Volume{},
-		Hosts:   map[string]*Host{},
+		VMs:      map[string]*VM{},
+		Volumes:  map[string]*Volume{},
+		Hosts:    map[string]*Host{},
+		Profiles: map[string]*Profile{},
 	}
 	for _, o := range objs {
 		switch o.kind {
@@ -283,6 +300,8 @@ func newFleet(objs []*object) *Fleet {
 			f.Volumes[o.name] = o.volume
 		case KindHost:
 			f.Hosts[o.name] = o.host
+		case KindProfile:
+			f.Profiles[o.name] = o.profile
 		}
 	}
 	return f
