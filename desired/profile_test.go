@@ -378,3 +378,169 @@ func TestProfileUserDataUnderEncrypted(t *testing.T) {
 		t.Errorf("cloudInit = %+v, want the VM's encrypted user-data alone", ci)
 	}
 }
+
+// fleet40With loads fleet40 with the given files replaced (content "" removes one).
+func fleet40With(t *testing.T, files map[string]string) *Fleet {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.CopyFS(dir, os.DirFS(fleet40)); err != nil {
+		t.Fatal(err)
+	}
+	for p, content := range files {
+		full := filepath.Join(dir, filepath.FromSlash(p))
+		if content == "" {
+			if err := os.Remove(full); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := LoadDir(dir)
+	if err != nil {
+		t.Fatalf("LoadDir: %v", err)
+	}
+	return f
+}
+
+// webProfileWith is the fleet's profile file with old replaced by new.
+func webProfileWith(t *testing.T, old, new string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(fleet40, "profiles", "web.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), old) {
+		t.Fatalf("the profile has no %q", old)
+	}
+	return strings.Replace(string(data), old, new, 1)
+}
+
+func web(i int) string { return fmt.Sprintf("web-%02d", i) }
+
+// webRange names web-from to web-to.
+func webRange(from, to int) []string {
+	var names []string
+	for i := from; i <= to; i++ {
+		names = append(names, web(i))
+	}
+	return names
+}
+
+// TestPlanOfProfileChange plans changes of the profile of 40 VMs: each
+// VM's update is the effective field with its own effect, and the
+// profile's entry groups the VMs it reaches by effect.
+func TestPlanOfProfileChange(t *testing.T) {
+	base := fleet40With(t, nil)
+	const newImage = "    url: https://cloud.debian.org/images/cloud/bookworm/20250210-2019/debian-12-genericcloud-amd64-20250210-2019.qcow2\n    sha256: 6b0ea1ec01a3a7cd7bb0a3d4e3c0e48b3c2c0c3e1d0f5a6b7c8d9e0f1a2b3c4d\n"
+	const oldImage = "    url: https://cloud.debian.org/images/cloud/bookworm/20240211-1654/debian-12-genericcloud-amd64-20240211-1654.qcow2\n    sha256: 5da221d8f7434ee86145e78a2c60ca45eb4ef8296535e04f6f333193225792aa\n"
+	vm := func(i int, extra string) string {
+		host := map[bool]string{true: "hv-b", false: "hv-a"}[i%2 == 0]
+		return vmFile(web(i), "  profile: web\n  host: "+host+"\n"+extra)
+	}
+	for _, tc := range []struct {
+		name  string
+		base  map[string]string
+		head  map[string]string
+		want  []ProfileReach
+		field string // a field every reached VM's update carries
+	}{{
+		name:  "memory: 40 restarts",
+		head:  map[string]string{"profiles/web.yaml": webProfileWith(t, "memoryMB: 2048", "memoryMB: 4096")},
+		want:  []ProfileReach{{EffectRestart, webRange(1, 40)}},
+		field: "spec.memoryMB",
+	}, {
+		name:  "image: not applied to 40",
+		head:  map[string]string{"profiles/web.yaml": webProfileWith(t, oldImage, newImage)},
+		want:  []ProfileReach{{EffectNotApplied, webRange(1, 40)}},
+		field: "spec.image.url",
+	}, {
+		name: "memory and image, some VMs writing their own, one stopped, one new",
+		base: map[string]string{"vms/web-03.yaml": vm(3, "  power: stopped\n"), "vms/web-04.yaml": vm(4, "  memoryMB: 8192\n"),
+			"vms/web-05.yaml": vm(5, "  memoryMB: 8192\n  image:\n"+oldImage)},
+		head: map[string]string{"profiles/web.yaml": webProfileWith(t, "memoryMB: 2048\n  diskGB: 20\n  image:\n"+oldImage, "memoryMB: 4096\n  diskGB: 20\n  image:\n"+newImage),
+			"vms/web-03.yaml": vm(3, "  power: stopped\n"), "vms/web-04.yaml": vm(4, "  memoryMB: 8192\n"),
+			"vms/web-05.yaml": vm(5, "  memoryMB: 8192\n  image:\n"+oldImage), "vms/web-41.yaml": vm(41, "")},
+		want: []ProfileReach{
+			{EffectRestart, append(webRange(1, 2), webRange(6, 40)...)},
+			{EffectNextBoot, []string{"web-03"}},
+			{EffectNotApplied, append(webRange(1, 4), webRange(6, 40)...)},
+			{EffectCreated, []string{"web-41"}},
+			{EffectUnchanged, []string{"web-05"}},
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := base
+			if tc.base != nil {
+				b = fleet40With(t, tc.base)
+			}
+			p := ComputePlan(b, fleet40With(t, tc.head), PlanOptions{})
+			if len(p.Profiles) != 1 || p.Profiles[0].Name != "web" || p.Profiles[0].Action != ActionUpdate || p.Profiles[0].File != "profiles/web.yaml" {
+				t.Fatalf("profiles = %+v, want the update of web", p.Profiles)
+			}
+			if got := p.Profiles[0].Reaches; !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("reaches:\n got %+v\nwant %+v", got, tc.want)
+			}
+			if tc.field == "" {
+				return
+			}
+			updates := 0
+			for _, h := range p.Hosts {
+				for _, c := range h.Changes {
+					if c.Action != ActionUpdate || len(c.Fields) == 0 || !strings.HasPrefix(c.Fields[0].Field, strings.TrimSuffix(tc.field, ".url")) {
+						t.Errorf("%s: %+v, want an update of %s", h.Host, c, tc.field)
+					}
+					updates++
+				}
+			}
+			if updates != 40 {
+				t.Errorf("%d VM updates, want 40", updates)
+			}
+		})
+	}
+}
+
+// TestPlanOfProfileGolden pins the text and the pull-request comment of
+// the plan of a memory change of the profile of 40 VMs.
+func TestPlanOfProfileGolden(t *testing.T) {
+	p := ComputePlan(fleet40With(t, nil), fleet40With(t, map[string]string{
+		"profiles/web.yaml": webProfileWith(t, "memoryMB: 2048", "memoryMB: 4096")}), PlanOptions{})
+	p.Base, p.Head = "1111111111111111111111111111111111111111", "2222222222222222222222222222222222222222"
+	planGolden(t, "profile.txt", p.Text())
+	planGolden(t, "profile.md", p.Markdown())
+}
+
+// TestPlanOfProfileCreateAndDelete plans a new profile that VMs switch
+// to, and the old one deleted in the same change.
+func TestPlanOfProfileCreateAndDelete(t *testing.T) {
+	profile, err := os.ReadFile(filepath.Join(fleet40, "profiles", "web.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := map[string]string{"profiles/web.yaml": "", "profiles/web2.yaml": strings.Replace(strings.Replace(string(profile), "name: web", "name: web2", 1), "vcpus: 2", "vcpus: 3", 1)}
+	for i := 1; i <= 40; i++ {
+		host := map[bool]string{true: "hv-b", false: "hv-a"}[i%2 == 0]
+		head[fmt.Sprintf("vms/web-%02d.yaml", i)] = strings.Replace(vmFile(web(i), "  profile: web2\n  host: "+host+"\n"), "\nspec:", "\n  labels: {tier: web}\nspec:", 1)
+	}
+	p := ComputePlan(fleet40With(t, nil), fleet40With(t, head), PlanOptions{})
+	if len(p.Profiles) != 2 {
+		t.Fatalf("profiles = %+v", p.Profiles)
+	}
+	if c := p.Profiles[0]; c.Name != "web" || c.Action != ActionDelete || c.File != "profiles/web.yaml" || c.Reaches != nil {
+		t.Errorf("first = %+v, want the delete of web, reaching nothing", c)
+	}
+	if c := p.Profiles[1]; c.Name != "web2" || c.Action != ActionCreate || !reflect.DeepEqual(c.Reaches, []ProfileReach{{EffectRestart, webRange(1, 40)}}) {
+		t.Errorf("second = %+v, want web2 created, restarting 40", c)
+	}
+	for _, h := range p.Hosts {
+		for _, c := range h.Changes {
+			want := []FieldChange{{Field: "spec.profile", Old: "web", New: "web2", Effect: EffectNone},
+				{Field: "spec.vcpus", Old: "2", New: "3", Effect: EffectRestart}}
+			if !reflect.DeepEqual(c.Fields, want) {
+				t.Errorf("%s: fields %+v, want %+v", c.Name, c.Fields, want)
+			}
+		}
+	}
+}
