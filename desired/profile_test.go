@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/gitfleet/gitfleet/testsupport/golden"
 )
 
 // fleet40 is a fleet of 40 VMs on one profile (testdata/profiles/fleet40):
@@ -542,5 +544,44 @@ func TestPlanOfProfileCreateAndDelete(t *testing.T) {
 				t.Errorf("%s: fields %+v, want %+v", c.Name, c.Fields, want)
 			}
 		}
+	}
+}
+
+// TestExplainVM pins gitfleet show's view of a VM on a profile: every
+// field of the effective spec with the FILE:LINE:COL its value came from.
+func TestExplainVM(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.CopyFS(dir, os.DirFS(fleet40)); err != nil {
+		t.Fatal(err)
+	}
+	web07 := filepath.Join(dir, "vms", "web-07.yaml")
+	data, err := os.ReadFile(web07)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(web07, append(data, "  memoryMB: 4096\n  kernel: {url: \"https://u:p@example.org/k\", sha256: "+sumA+"}\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := ExplainVM(DirTree(dir), "", "web-07")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden.Check(t, "explain/web-07.txt", []byte(ex.Text()))
+	js, err := ex.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden.Check(t, "explain/web-07.json", js)
+	if strings.Contains(ex.Text(), "nginx") || strings.Contains(ex.Text(), "u:p@") {
+		t.Errorf("a secret or a URL's credentials shown:\n%s", ex.Text())
+	}
+	if ex, err := ExplainVM(DirTree(dir), "", "web-99"); !errors.Is(err, ErrNoSuchVM) {
+		t.Errorf("web-99: %v, %v; want ErrNoSuchVM", ex, err)
+	}
+	if err := os.WriteFile(web07, append(data, "  vcpus: 0\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ExplainVM(DirTree(dir), "", "web-07"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("an invalid fleet explained: %v", err)
 	}
 }
