@@ -36,7 +36,7 @@ type Loader struct {
 	baseline map[string]*parsed
 	// effective holds the effective VMs of the last Load's VMs that name
 	// a profile, by the two files' cache keys (withProfiles).
-	effective map[string]*parsed
+	effective map[effectiveKey]*parsed
 }
 
 // SetBaseline gives the Loader the tree of the commit the fleet runs (the
@@ -273,12 +273,13 @@ func (l *Loader) collect(cands []*candidate) (objs []*object, unchanged map[*obj
 	return objs, unchanged, errs, nil
 }
 
-// objectKeys maps the object of each parsed candidate to its cache key.
-func objectKeys(cands []*candidate) map[*object]string {
-	keys := make(map[*object]string, len(cands))
+// objectKeys are the cache keys of the objects of cands, in the order
+// collect lists the objects.
+func objectKeys(cands []*candidate) []string {
+	keys := make([]string, 0, len(cands))
 	for _, c := range cands {
-		if c.res != nil && c.res.obj != nil {
-			keys[c.res.obj] = c.key
+		if c.res.obj != nil {
+			keys = append(keys, c.key)
 		}
 	}
 	return keys

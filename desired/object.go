@@ -24,10 +24,12 @@ type object struct {
 	host    *Host
 	profile *Profile
 	at      positions
-	// root is the file's document, kept for a Profile and for a VM that
-	// names one, whose effective spec Load decodes from both files
-	// (effectiveVM); nil otherwise.
+	// root is a Profile's document, and src the content of the file of a
+	// VM that names a profile: Load decodes the VM's effective spec from
+	// both (decodeEffective). A VM keeps its bytes, not its nodes, which
+	// take ten times the memory; a profile's nodes serve all its VMs.
 	root *yaml.Node
+	src  []byte
 }
 
 // positions are the locations cross-object errors are reported at.
@@ -97,6 +99,9 @@ func parseFile(file string, data []byte) (*object, []*Error) {
 	obj := d.object(root)
 	if len(d.errs) > 0 {
 		return nil, d.errs
+	}
+	if obj.kind == KindVM && obj.vm.Profile != "" {
+		obj.src = data
 	}
 	return obj, nil
 }
@@ -251,7 +256,7 @@ func (d *nodeDecoder) object(root *yaml.Node) *object {
 	d.required("metadata")
 	d.required("spec")
 	obj := d.newObject(target, Origin{File: d.file, Line: root.Line, Col: root.Column})
-	if obj.profile != nil || obj.kind == KindVM && d.partial {
+	if obj.profile != nil {
 		obj.root = root
 	}
 	d.check(obj)

@@ -139,20 +139,25 @@ func withValue(n *yaml.Node, key string, v *yaml.Node) *yaml.Node {
 }
 
 // decodeEffective decodes the effective VM of vm, an object of a VM file
-// that names a profile, and p, that profile's object: vm's document with
-// its spec written over p's (mergeSpec), decoded and checked in full as
+// that names a profile, and p, that profile's object: vm's document (parsed
+// again from its src) with its spec written over p's (mergeSpec), decoded
+// and checked in full as
 // one VM file whose fields from p lie in p's file. It returns the decoder,
 // whose pos holds where each field's value was written, and the object
 // (nil when the effective spec has errors, in d.errs).
 func decodeEffective(vm, p *object) (*nodeDecoder, *object) {
 	d := newNodeDecoder(vm.origin().File)
+	root := d.document(vm.src) // as parseFile found it: a mapping with a spec mapping
+	if root == nil {
+		return d, nil
+	}
 	d.profile = p.name
 	d.nodeFile = map[*yaml.Node]string{}
 	pfile := p.origin().File
 	mark := func(n *yaml.Node) { d.nodeFile[n] = pfile }
-	spec := mappingValue(vm.root, "spec")
+	spec := mappingValue(root, "spec")
 	merged := mergeSpec(mappingValue(p.root, "spec"), withValue(spec, "profile", nil), mark)
-	obj := d.object(withValue(vm.root, "spec", merged))
+	obj := d.object(withValue(root, "spec", merged))
 	if len(d.errs) > 0 {
 		obj = nil
 	}
@@ -175,71 +180,68 @@ func (o *object) viaProfile() string {
 		o.name, o.vm.Profile, o.origin().File, o.at.profile.line, o.at.profile.col)
 }
 
-// profiled is one VM naming a profile, to resolve in Load.
-type profiled struct {
-	i       int     // index in the objects
-	vm, p   *object // p is nil when no such profile was read
-	key     string  // effective cache key: the two files' cache keys
-	res     *parsed
-	missing bool
-}
+// effectiveKey names an effective VM in the Loader's cache: the cache
+// keys of the VM's file and of its profile's.
+type effectiveKey struct{ vm, profile string }
 
 // withProfiles replaces, in objs, each VM that names a profile by its
 // effective VM (decodeEffective), reusing the effective VMs of the last
-// Load when neither file changed (keys holds each object's cache key). It
+// Load when neither file changed (keys[i] is the cache key of objs[i]). It
 // returns the errors of the VMs it could not resolve: a profile that does
 // not exist (unless complete is false: then a rejected file may define
 // it, and the VM is left out in silence), and the effective specs' own.
 // A VM whose effective spec has errors is left out. VMs keep their place,
 // so objs stays sorted by file.
-func (l *Loader) withProfiles(objs []*object, keys map[*object]string, unchanged map[*object]bool, complete bool) ([]*object, ErrorList) {
-	profiles := map[string]*object{}
-	for _, o := range objs {
+func (l *Loader) withProfiles(objs []*object, keys []string, unchanged map[*object]bool, complete bool) ([]*object, ErrorList) {
+	profiles := map[string]int{} // name → index in objs
+	for i, o := range objs {
 		if _, dup := profiles[o.name]; o.kind == KindProfile && !dup {
-			profiles[o.name] = o
+			profiles[o.name] = i
 		}
 	}
-	var todo []*profiled
-	next := make(map[string]*parsed)
+	out := append([]*object(nil), objs...)
+	res := make([]*parsed, len(objs))
+	next := make(map[effectiveKey]*parsed, len(l.effective))
+	var todo []int // indexes of the VMs to decode
+	var errs ErrorList
 	for i, o := range objs {
 		if o.kind != KindVM || o.vm.Profile == "" {
 			continue
 		}
-		pr := &profiled{i: i, vm: o, p: profiles[o.vm.Profile]}
-		if pr.p == nil {
-			pr.missing = true
-			todo = append(todo, pr)
+		p, ok := profiles[o.vm.Profile]
+		switch {
+		case !ok && complete:
+			errs = append(errs, missingProfile(o, profileUsers(objs, o.vm.Profile)))
+			out[i] = nil
+		case !ok:
+			out[i] = nil
+		default:
+			k := effectiveKey{keys[i], keys[p]}
+			if res[i] = l.effective[k]; res[i] == nil {
+				todo = append(todo, i)
+			}
+			next[k] = res[i]
+		}
+	}
+	parallel.For(len(todo), func(j int) {
+		vm := objs[todo[j]]
+		d, obj := decodeEffective(vm, objs[profiles[vm.vm.Profile]])
+		r := &parsed{obj: obj}
+		if obj == nil {
+			r.errs = d.errs
+		}
+		res[todo[j]] = r
+	})
+	for _, i := range todo {
+		next[effectiveKey{keys[i], keys[profiles[objs[i].vm.Profile]]}] = res[i]
+	}
+	for i, r := range res {
+		if r == nil {
 			continue
 		}
-		pr.key = keys[o] + "\x00" + keys[pr.p]
-		pr.res = l.effective[pr.key]
-		todo = append(todo, pr)
-	}
-	parallel.For(len(todo), func(i int) {
-		if pr := todo[i]; pr.res == nil && !pr.missing {
-			d, obj := decodeEffective(pr.vm, pr.p)
-			pr.res = &parsed{obj: obj}
-			if obj == nil {
-				pr.res.errs = d.errs
-			}
-		}
-	})
-	out := append([]*object(nil), objs...)
-	var errs ErrorList
-	for _, pr := range todo {
-		switch {
-		case pr.missing && complete:
-			errs = append(errs, missingProfile(pr.vm, profileUsers(objs, pr.vm.vm.Profile)))
-			out[pr.i] = nil
-		case pr.missing:
-			out[pr.i] = nil
-		default:
-			next[pr.key] = pr.res
-			errs = append(errs, pr.res.errs...)
-			out[pr.i] = pr.res.obj
-			if unchanged[pr.vm] && pr.res.obj != nil {
-				unchanged[pr.res.obj] = true
-			}
+		errs = append(errs, r.errs...)
+		if out[i] = r.obj; r.obj != nil && unchanged[objs[i]] {
+			unchanged[r.obj] = true
 		}
 	}
 	l.effective = next
