@@ -23,7 +23,8 @@ type ProfilePlan struct {
 
 // ProfileReach is the VMs on which a profile's change has one Effect:
 // the effect of the VM's changed fields that the profile's change
-// touches, EffectCreated for a VM created naming it, EffectUnchanged for
+// touches, EffectCreated for a VM created naming it (new, or moved to
+// another host), EffectUnchanged for
 // one whose effective spec it leaves as it was (the VM writes those
 // fields itself). A VM with fields of several effects is in each group.
 // VMs are sorted by name.
@@ -34,7 +35,8 @@ type ProfileReach struct {
 
 // The groups of ProfileReach beyond a field's Effect.
 const (
-	// EffectCreated: a VM created naming the profile.
+	// EffectCreated: a VM created naming the profile (new, or on the
+	// host it moves to).
 	EffectCreated Effect = "created with these fields"
 	// EffectUnchanged: a VM whose effective spec stays as it was.
 	EffectUnchanged Effect = "unchanged: the VM writes these fields itself"
@@ -52,7 +54,7 @@ func profilePlans(base, head *Fleet, hosts []HostPlan) []ProfilePlan {
 	vmChanges := map[string]PlanChange{}
 	for _, h := range hosts {
 		for _, c := range h.Changes {
-			if c.Kind == KindVM && (c.Action == ActionUpdate || c.Action == ActionCreate && c.MovedFrom == "") {
+			if c.Kind == KindVM && (c.Action == ActionUpdate || c.Action == ActionCreate) {
 				vmChanges[c.Name] = c
 			}
 		}
@@ -85,7 +87,7 @@ func profilePlans(base, head *Fleet, hosts []HostPlan) []ProfilePlan {
 		default:
 			pp.File = head.Profiles[name].Origin.File
 		}
-		if inHead {
+		if inHead && touchesSpec(fields) {
 			pp.Reaches = reaches(head, name, fields, vmChanges)
 		}
 		plans = append(plans, pp)
@@ -150,6 +152,17 @@ func reachRank(e Effect) int {
 		}
 	}
 	return len(reachOrder)
+}
+
+// touchesSpec reports whether any of a profile's changed fields is of its
+// spec: its metadata is its own, and reaches no VM.
+func touchesSpec(fields []FieldChange) bool {
+	for _, f := range fields {
+		if strings.HasPrefix(f.Field, "spec.") {
+			return true
+		}
+	}
+	return false
 }
 
 // touches reports whether a VM's changed field lies at, under or above

@@ -139,12 +139,12 @@ func withValue(n *yaml.Node, key string, v *yaml.Node) *yaml.Node {
 }
 
 // decodeEffective decodes the effective VM of vm, an object of a VM file
-// that names a profile, and p, that profile's object: vm's document (parsed
-// again from its src) with its spec written over p's (mergeSpec), decoded
-// and checked in full as
-// one VM file whose fields from p lie in p's file. It returns the decoder,
-// whose pos holds where each field's value was written, and the object
-// (nil when the effective spec has errors, in d.errs).
+// that names a profile, and p, that profile's object: vm's document
+// (parsed again from its src) with its spec written over p's (mergeSpec),
+// decoded and checked in full as one VM file whose fields from p lie in
+// p's file. It returns the decoder, whose pos holds where each field's
+// value was written, and the object (nil when the effective spec has
+// errors, in d.errs).
 func decodeEffective(vm, p *object) (*nodeDecoder, *object) {
 	d := newNodeDecoder(vm.origin().File)
 	root := d.document(vm.src) // as parseFile found it: a mapping with a spec mapping

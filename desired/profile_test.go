@@ -459,17 +459,18 @@ func TestPlanOfProfileChange(t *testing.T) {
 		want:  []ProfileReach{{EffectNotApplied, webRange(1, 40)}},
 		field: "spec.image.url",
 	}, {
-		name: "memory and image, some VMs writing their own, one stopped, one new",
+		name: "memory and image, some VMs writing their own, one stopped, one new, one moved",
 		base: map[string]string{"vms/web-03.yaml": vm(3, "  power: stopped\n"), "vms/web-04.yaml": vm(4, "  memoryMB: 8192\n"),
 			"vms/web-05.yaml": vm(5, "  memoryMB: 8192\n  image:\n"+oldImage)},
 		head: map[string]string{"profiles/web.yaml": webProfileWith(t, "memoryMB: 2048\n  diskGB: 20\n  image:\n"+oldImage, "memoryMB: 4096\n  diskGB: 20\n  image:\n"+newImage),
 			"vms/web-03.yaml": vm(3, "  power: stopped\n"), "vms/web-04.yaml": vm(4, "  memoryMB: 8192\n"),
-			"vms/web-05.yaml": vm(5, "  memoryMB: 8192\n  image:\n"+oldImage), "vms/web-41.yaml": vm(41, "")},
+			"vms/web-05.yaml": vm(5, "  memoryMB: 8192\n  image:\n"+oldImage), "vms/web-41.yaml": vm(41, ""),
+			"vms/web-06.yaml": strings.Replace(vm(6, ""), "hv-b", "hv-a", 1)},
 		want: []ProfileReach{
-			{EffectRestart, append(webRange(1, 2), webRange(6, 40)...)},
+			{EffectRestart, append(webRange(1, 2), webRange(7, 40)...)},
 			{EffectNextBoot, []string{"web-03"}},
-			{EffectNotApplied, append(webRange(1, 4), webRange(6, 40)...)},
-			{EffectCreated, []string{"web-41"}},
+			{EffectNotApplied, append(webRange(1, 4), webRange(7, 40)...)},
+			{EffectCreated, []string{"web-06", "web-41"}},
 			{EffectUnchanged, []string{"web-05"}},
 		},
 	}} {
@@ -583,5 +584,14 @@ func TestExplainVM(t *testing.T) {
 	}
 	if _, err := ExplainVM(DirTree(dir), "", "web-07"); !errors.Is(err, ErrInvalid) {
 		t.Errorf("an invalid fleet explained: %v", err)
+	}
+}
+
+// TestPlanOfProfileLabels: a profile's own labels reach no VM.
+func TestPlanOfProfileLabels(t *testing.T) {
+	p := ComputePlan(fleet40With(t, nil), fleet40With(t, map[string]string{
+		"profiles/web.yaml": webProfileWith(t, "name: web\n", "name: web\n  labels: {owner: ops}\n")}), PlanOptions{})
+	if len(p.Hosts) != 0 || len(p.Profiles) != 1 || p.Profiles[0].Reaches != nil || !strings.Contains(p.Text(), "metadata.labels.owner: (none) -> ops\n  reaches no VM\n") {
+		t.Fatalf("plan:\n%s", p.Text())
 	}
 }
