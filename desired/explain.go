@@ -118,7 +118,7 @@ func decodeVMAgain(ex *Explanation, data map[string][]byte) (*nodeDecoder, error
 	if errs != nil {
 		return nil, ErrorList(errs)
 	}
-	d, obj := decodeEffective(vmObj, pObj)
+	d, obj := decodeEffective(vmObj, pObj, nil)
 	if obj == nil {
 		return nil, ErrorList(d.errs)
 	}

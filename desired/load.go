@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strings"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/gitfleet/gitfleet/internal/parallel"
 )
 
@@ -143,6 +145,9 @@ type candidate struct {
 	key  string // cache key, once known
 	res  *parsed
 	err  error // failure to read
+	// root is the document of a file parsed by this Load (nil for one
+	// from the cache), kept for this Load only.
+	root *yaml.Node
 }
 
 // Load reads every object file under the Loader's directory in t, decodes
@@ -184,7 +189,8 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 	errs = append(errs, fileErrs...)
 	// With some files rejected, what they define is unknown: the checks
 	// that a referenced object exists would only add false alarms.
-	objs, profileErrs := l.withProfiles(objs, objectKeys(cands), unchanged, len(errs) == 0)
+	keys, roots := objectKeys(cands)
+	objs, profileErrs := l.withProfiles(objs, keys, roots, unchanged, len(errs) == 0)
 	errs = append(errs, profileErrs...)
 	errs = append(errs, crossCheck(objs, len(errs) == 0, unchanged)...)
 	if len(errs) > 0 {
@@ -273,16 +279,16 @@ func (l *Loader) collect(cands []*candidate) (objs []*object, unchanged map[*obj
 	return objs, unchanged, errs, nil
 }
 
-// objectKeys are the cache keys of the objects of cands, in the order
-// collect lists the objects.
-func objectKeys(cands []*candidate) []string {
-	keys := make([]string, 0, len(cands))
+// objectKeys are the cache keys of the objects of cands and the documents
+// of those parsed by this Load, in the order collect lists the objects.
+func objectKeys(cands []*candidate) (keys []string, roots []*yaml.Node) {
+	keys, roots = make([]string, 0, len(cands)), make([]*yaml.Node, 0, len(cands))
 	for _, c := range cands {
 		if c.res.obj != nil {
-			keys = append(keys, c.key)
+			keys, roots = append(keys, c.key), append(roots, c.root)
 		}
 	}
-	return keys
+	return keys, roots
 }
 
 // newFleet files checked objects by kind and name.
@@ -341,8 +347,8 @@ func (l *Loader) parseOne(c *candidate) {
 			return
 		}
 	}
-	obj, errs := parseFile(c.file.Path, data)
-	c.res = &parsed{obj: obj, errs: errs}
+	obj, root, errs := parseFileRoot(c.file.Path, data)
+	c.res, c.root = &parsed{obj: obj, errs: errs}, root
 }
 
 // noObjects is the error of a tree without object files under the

@@ -91,19 +91,26 @@ func (hostDoc) schema() typeSchema    { return envelope(KindHost) }
 // parseFile decodes and checks one object file. It returns the object when
 // the file has no errors of its own; cross-object checks come later.
 func parseFile(file string, data []byte) (*object, []*Error) {
+	obj, _, errs := parseFileRoot(file, data)
+	return obj, errs
+}
+
+// parseFileRoot is parseFile that also returns the file's document, for
+// Load to merge a VM that names a profile without parsing it again.
+func parseFileRoot(file string, data []byte) (*object, *yaml.Node, []*Error) {
 	d := newNodeDecoder(file)
 	root := d.document(data)
 	if root == nil {
-		return nil, d.errs
+		return nil, nil, d.errs
 	}
 	obj := d.object(root)
 	if len(d.errs) > 0 {
-		return nil, d.errs
+		return nil, nil, d.errs
 	}
 	if obj.kind == KindVM && obj.vm.Profile != "" {
 		obj.src = data
 	}
-	return obj, nil
+	return obj, root, nil
 }
 
 // document checks the encoding and returns the root node of the file's one

@@ -139,17 +139,19 @@ func withValue(n *yaml.Node, key string, v *yaml.Node) *yaml.Node {
 }
 
 // decodeEffective decodes the effective VM of vm, an object of a VM file
-// that names a profile, and p, that profile's object: vm's document
-// (parsed again from its src) with its spec written over p's (mergeSpec),
-// decoded and checked in full as one VM file whose fields from p lie in
-// p's file. It returns the decoder, whose pos holds where each field's
-// value was written, and the object (nil when the effective spec has
-// errors, in d.errs).
-func decodeEffective(vm, p *object) (*nodeDecoder, *object) {
+// that names a profile, and p, that profile's object: vm's document (root,
+// or when nil parsed again from its src) with its spec written over p's
+// (mergeSpec), decoded and checked in full as one VM file whose fields
+// from p lie in p's file. It returns the decoder, whose pos holds where
+// each field's value was written, and the object (nil when the effective
+// spec has errors, in d.errs).
+func decodeEffective(vm, p *object, root *yaml.Node) (*nodeDecoder, *object) {
 	d := newNodeDecoder(vm.origin().File)
-	root := d.document(vm.src) // as parseFile found it: a mapping with a spec mapping
 	if root == nil {
-		return d, nil
+		// As parseFile found it: a mapping with a spec mapping.
+		if root = d.document(vm.src); root == nil {
+			return d, nil
+		}
 	}
 	d.profile = p.name
 	d.nodeFile = map[*yaml.Node]string{}
@@ -186,13 +188,14 @@ type effectiveKey struct{ vm, profile string }
 
 // withProfiles replaces, in objs, each VM that names a profile by its
 // effective VM (decodeEffective), reusing the effective VMs of the last
-// Load when neither file changed (keys[i] is the cache key of objs[i]). It
+// Load when neither file changed (keys[i] is the cache key of objs[i],
+// roots[i] its document when this Load parsed it). It
 // returns the errors of the VMs it could not resolve: a profile that does
 // not exist (unless complete is false: then a rejected file may define
 // it, and the VM is left out in silence), and the effective specs' own.
 // A VM whose effective spec has errors is left out. VMs keep their place,
 // so objs stays sorted by file.
-func (l *Loader) withProfiles(objs []*object, keys []string, unchanged map[*object]bool, complete bool) ([]*object, ErrorList) {
+func (l *Loader) withProfiles(objs []*object, keys []string, roots []*yaml.Node, unchanged map[*object]bool, complete bool) ([]*object, ErrorList) {
 	profiles := map[string]int{} // name → index in objs
 	for i, o := range objs {
 		if _, dup := profiles[o.name]; o.kind == KindProfile && !dup {
@@ -225,7 +228,7 @@ func (l *Loader) withProfiles(objs []*object, keys []string, unchanged map[*obje
 	}
 	parallel.For(len(todo), func(j int) {
 		vm := objs[todo[j]]
-		d, obj := decodeEffective(vm, objs[profiles[vm.vm.Profile]])
+		d, obj := decodeEffective(vm, objs[profiles[vm.vm.Profile]], roots[todo[j]])
 		r := &parsed{obj: obj}
 		if obj == nil {
 			r.errs = d.errs
