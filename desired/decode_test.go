@@ -125,6 +125,9 @@ func TestParseFileErrors(t *testing.T) {
 		{"missing kind", strings.Replace(vm(vmBody), "kind: VM\n", "", 1), []string{
 			`obj.yaml:1:1: kind: missing; write kind: VM, Volume, Host or Profile`,
 		}},
+		{"empty apiVersion", strings.Replace(vm(vmBody), "apiVersion: gitfleet.dev/v1alpha1", "apiVersion:", 1), []string{
+			`obj.yaml:1:1: apiVersion: missing (the value is empty); write apiVersion: gitfleet.dev/v1alpha1`,
+		}},
 		{"missing spec", "apiVersion: gitfleet.dev/v1alpha1\nkind: Volume\nmetadata: {name: data-01}\n", []string{
 			`obj.yaml:1:1: spec: missing`,
 		}},

@@ -221,20 +221,25 @@ func offsetPos(b []byte, off int) pos {
 func (d *nodeDecoder) object(root *yaml.Node) *object {
 	d.pos[""] = fieldPos{key: nodePos(root), val: nodePos(root)}
 	// Find apiVersion and kind first: the kind decides the spec's shape.
-	var apiVersion, kind *yaml.Node
+	var apiVersionKey, apiVersion, kind *yaml.Node
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k := root.Content[i]
 		switch {
 		case k.Kind != yaml.ScalarNode || k.Tag != "!!str":
 		case k.Value == "apiVersion" && apiVersion == nil:
-			apiVersion = root.Content[i+1]
+			apiVersionKey, apiVersion = k, root.Content[i+1]
 		case k.Value == "kind" && kind == nil:
 			kind = root.Content[i+1]
 		}
 	}
-	if apiVersion == nil {
+	switch {
+	case apiVersion == nil:
 		d.add(nodePos(root), "apiVersion", "missing; write apiVersion: %s", APIVersion)
-	} else if apiVersion.Kind == yaml.ScalarNode && apiVersion.Tag == "!!str" && apiVersion.Value != APIVersion {
+	case isNull(apiVersion) && apiVersion.Style&yaml.TaggedStyle == 0 && apiVersion.Anchor == "":
+		// The decoder reads an empty value as one left out, which
+		// would leave the object without an apiVersion.
+		d.add(nodePos(apiVersionKey), "apiVersion", "missing (the value is empty); write apiVersion: %s", APIVersion)
+	case apiVersion.Kind == yaml.ScalarNode && apiVersion.Tag == "!!str" && apiVersion.Value != APIVersion:
 		d.add(nodePos(apiVersion), "apiVersion", "unknown apiVersion %q; this release reads %s", apiVersion.Value, APIVersion)
 	}
 	var target any
