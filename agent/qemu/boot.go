@@ -339,10 +339,9 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 }
 
 // failureText is QEMU's own output of the run start just began (its log
-// is truncated at every start), or "(no output)".
+// is made anew at every start), or "(no output)".
 func (p *Provisioner) failureText(st *vmState) string {
-	b, _ := os.ReadFile(st.path(QEMULog))
-	if tail := trimTail(b, 1024); len(tail) > 0 {
+	if tail := qemuLogTail(st); len(tail) > 0 {
 		return string(tail)
 	}
 	return "(no output)"

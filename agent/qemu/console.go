@@ -90,10 +90,11 @@ func prepareSerialLog(dir string, now time.Time) error {
 }
 
 // rotateRunningSerialLog moves a running VM's log past SerialLogMax to
-// SerialLogOld by copying it and truncating it in place: QEMU keeps its
-// descriptor, opened with O_APPEND, and goes on writing at the new end. What
-// the guest prints between the copy and the truncation (microseconds) is
-// lost; that is the price of never interrupting QEMU.
+// SerialLogOld by copying it (as long as it was when checked) and
+// truncating it in place: QEMU keeps its descriptor, opened with O_APPEND,
+// and goes on writing at the new end. What the guest prints between the
+// check and the truncation is lost; that is the price of never
+// interrupting QEMU.
 func rotateRunningSerialLog(dir string) error {
 	path := filepath.Join(dir, SerialLog)
 	fi, err := os.Stat(path)
@@ -111,7 +112,9 @@ func rotateRunningSerialLog(dir string) error {
 	if err != nil {
 		return fmt.Errorf("rotate serial log: %w", err)
 	}
-	_, err = io.Copy(dst, src)
+	// What the guest prints during the copy is not waited for: a guest
+	// that prints faster than the copy runs would keep it going for ever.
+	_, err = io.CopyN(dst, src, fi.Size())
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}
@@ -190,7 +193,7 @@ func AttachConsole(ctx context.Context, dir string, in io.Reader, out io.Writer)
 		lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	conn, err := dialUnix(dctx, filepath.Join(dir, SerialSocket))
+	conn, err := dialSocket(dctx, filepath.Join(dir, SerialSocket))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("console: the VM's serial port does not answer (is it running?): %w", err)

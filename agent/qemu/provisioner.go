@@ -480,6 +480,14 @@ func (p *Provisioner) Address(name string) agent.Address {
 	return a
 }
 
+// qemuLogTail is the last KiB of QEMU's own output (QEMULog), from a line
+// start where one is near: QEMU writes as much as it likes there, and
+// only the tail is read.
+func qemuLogTail(st *vmState) []byte {
+	b, _ := readTail(st.path(QEMULog), 4<<10)
+	return trimTail(b, 1024)
+}
+
 // FailureReason is the tail of QEMU's own output (qemu.log), or, when it
 // wrote nothing, how the QEMU this Provisioner started exited.
 func (p *Provisioner) FailureReason(name string) string {
@@ -487,8 +495,7 @@ func (p *Provisioner) FailureReason(name string) string {
 	if st == nil {
 		return ""
 	}
-	b, _ := os.ReadFile(st.path(QEMULog))
-	if tail := trimTail(b, 1024); len(tail) > 0 {
+	if tail := qemuLogTail(st); len(tail) > 0 {
 		return string(tail)
 	}
 	st.exitMu.Lock()

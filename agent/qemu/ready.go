@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -321,32 +320,6 @@ func (p *Provisioner) probeSSH(ctx context.Context, st *vmState) (string, error)
 		return addr, err
 	}
 	return addr, p.heldByGuest(st, addr)
-}
-
-// sshBanner dials addr and reads its first line, which must start with
-// "SSH-" (RFC 4253 section 4.2; a server may send other lines first, which
-// are skipped).
-func sshBanner(ctx context.Context, addr string) error {
-	d := net.Dialer{Timeout: sshDialTimeout}
-	conn, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	conn.SetReadDeadline(time.Now().Add(sshBannerTimeout))
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
-	defer stop()
-	r := bufio.NewReaderSize(conn, 256)
-	for i := 0; i < 8; i++ {
-		line, err := r.ReadString('\n')
-		if strings.HasPrefix(line, "SSH-") {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("ssh banner from %s: %w", addr, err)
-		}
-	}
-	return fmt.Errorf("ssh banner from %s: none in the first lines", addr)
 }
 
 // probeQGA pings the guest agent.
