@@ -66,12 +66,12 @@ func consoleArgs(dir string) []string {
 // own, so each boot's output is found after its marker.
 func prepareSerialLog(dir string, now time.Time) error {
 	path := filepath.Join(dir, SerialLog)
-	if fi, err := os.Stat(path); err == nil && fi.Size() > SerialLogMax {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().IsRegular() && fi.Size() > SerialLogMax {
 		if err := os.Rename(path, filepath.Join(dir, SerialLogOld)); err != nil {
 			return fmt.Errorf("rotate serial log: %w", err)
 		}
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_RDWR, 0o600)
+	f, err := openRegular(path, os.O_CREATE|os.O_APPEND|os.O_RDWR, 0o600)
 	if err != nil {
 		return fmt.Errorf("serial log: %w", err)
 	}
@@ -97,18 +97,21 @@ func prepareSerialLog(dir string, now time.Time) error {
 // interrupting QEMU.
 func rotateRunningSerialLog(dir string) error {
 	path := filepath.Join(dir, SerialLog)
-	fi, err := os.Stat(path)
-	if err != nil || fi.Size() <= SerialLogMax {
+	if fi, err := os.Lstat(path); err != nil || fi.Size() <= SerialLogMax {
 		return nil
 	}
-	src, err := os.Open(path)
+	src, err := openRegular(path, os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("rotate serial log: %w", err)
 	}
 	defer src.Close()
+	fi, err := src.Stat()
+	if err != nil {
+		return fmt.Errorf("rotate serial log: %w", err)
+	}
 	old := filepath.Join(dir, SerialLogOld)
 	tmp := old + ".partial"
-	dst, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	dst, err := createRegular(tmp, 0o600)
 	if err != nil {
 		return fmt.Errorf("rotate serial log: %w", err)
 	}
@@ -122,7 +125,7 @@ func rotateRunningSerialLog(dir string) error {
 		err = os.Rename(tmp, old)
 	}
 	if err == nil {
-		err = os.Truncate(path, 0)
+		err = src.Truncate(0)
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -176,15 +179,16 @@ const ConsoleEscape = 0x1d
 // it. QEMU logs the guest's output to SerialLog meanwhile, as always. It
 // fails when the VM does not run (no socket answers).
 func AttachConsole(ctx context.Context, dir string, in io.Reader, out io.Writer) error {
-	lock, err := os.OpenFile(filepath.Join(dir, ConsoleLock), os.O_CREATE|os.O_RDWR, 0o600)
+	lock, err := openRegular(filepath.Join(dir, ConsoleLock), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return fmt.Errorf("console: %w", err)
 	}
 	defer lock.Close()
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			b, _ := os.ReadFile(lock.Name())
-			return fmt.Errorf("%w: attached by pid %s", ErrConsoleBusy, bytes.TrimSpace(b))
+			b := make([]byte, 32)
+			n, _ := lock.ReadAt(b, 0)
+			return fmt.Errorf("%w: attached by pid %s", ErrConsoleBusy, bytes.TrimSpace(b[:n]))
 		}
 		return fmt.Errorf("console: lock: %w", err)
 	}

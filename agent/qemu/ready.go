@@ -139,7 +139,7 @@ func (st *vmState) stopWatch() {
 // bootTime is when the VM's QEMU started: its pidfile's modification time
 // (QEMU writes it at start; Boot removes an old one first).
 func bootTime(st *vmState) time.Time {
-	if fi, err := os.Stat(st.path(PidFile)); err == nil {
+	if fi, err := os.Lstat(st.path(PidFile)); err == nil {
 		return fi.ModTime()
 	}
 	return time.Now()
@@ -348,7 +348,7 @@ func newConsoleScan(path string) *consoleScan { return &consoleScan{path: path} 
 const maxConsoleLine = 4096
 
 func (c *consoleScan) probe(context.Context) (string, error) {
-	f, err := os.Open(c.path)
+	f, err := openRegular(c.path, os.O_RDONLY, 0)
 	if err != nil {
 		return "", err
 	}
@@ -391,7 +391,6 @@ func (c *consoleScan) probe(context.Context) (string, error) {
 // boot answered at <at>; a refused time other than 0 says its sshd has
 // refused since then and it is not ready.
 func writeReadyFile(path string, pid int, r agent.Readiness) error {
-	tmp := path + ".partial"
 	addr, refused := r.Addr, int64(0)
 	if addr == "" {
 		addr = "-"
@@ -400,10 +399,7 @@ func writeReadyFile(path string, pid int, r agent.Readiness) error {
 		refused = r.Refused.UnixNano()
 	}
 	line := fmt.Sprintf("%d %s %d %s %d\n", pid, r.Via, r.At.UnixNano(), addr, refused)
-	if err := os.WriteFile(tmp, []byte(line), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return writeAtomic(path, []byte(line), 0o644)
 }
 
 // readReadyFile reads a ReadyFile; ok only when it records the boot of
@@ -411,7 +407,7 @@ func writeReadyFile(path string, pid int, r agent.Readiness) error {
 // Lines of three or four fields, written before refusals were recorded,
 // read as ready.
 func readReadyFile(path string, pid int) (agent.Readiness, bool) {
-	b, err := os.ReadFile(path)
+	b, err := readRegular(path, 256)
 	if err != nil {
 		return agent.Readiness{}, false
 	}
