@@ -297,3 +297,53 @@ func TestArtifactFailureIsNotShared(t *testing.T) {
 		t.Errorf("error %q carries the URL's query", err)
 	}
 }
+
+// The policy is checked against the spec's URL on every use, not only on
+// download: an artifact already in the cache (fetched by another VM from
+// an allowed URL, or under an earlier policy) is used only when the URL
+// this spec names is allowed now. Knowing an artifact's sha256 must not
+// let a spec name a file outside the roots, or an address the policy
+// denies, and get the cached content.
+func TestArtifactPolicyIsCheckedOnEveryUse(t *testing.T) {
+	root := t.TempDir()
+	data := []byte("an image fetched from an allowed place")
+	os.WriteFile(filepath.Join(root, "good.img"), data, 0o644)
+	outside := t.TempDir()
+	os.WriteFile(filepath.Join(outside, "secret.img"), data, 0o600)
+	srv, conns := serveOn(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(data) }))
+	cache := t.TempDir()
+	allowed := ArtifactPolicy{FileRoots: []string{root}, AllowNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	if _, err := newImageCache(cache, allowed, quietLog()).fetch(context.Background(), desired.Artifact{URL: "file://" + filepath.Join(root, "good.img"), SHA256: sum(data)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		policy ArtifactPolicy
+		url    string
+	}{
+		{"a file outside the roots", allowed, "file://" + filepath.Join(outside, "secret.img")},
+		{"a file:// URL once fileRoots is emptied", ArtifactPolicy{AllowNetworks: allowed.AllowNetworks}, "file://" + filepath.Join(root, "good.img")},
+		{"a missing file outside the roots", allowed, "file:///nonexistent/secret.img"},
+		{"a loopback address once allowNetworks no longer names it", ArtifactPolicy{FileRoots: allowed.FileRoots}, srv.URL + "/img"},
+		{"a name that resolves to loopback", ArtifactPolicy{FileRoots: allowed.FileRoots}, "http://localhost:1/img"},
+		{"a scheme no download takes", allowed, "ftp://mirror.example/img"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := newImageCache(cache, tc.policy, quietLog()).fetch(context.Background(), desired.Artifact{URL: tc.url, SHA256: sum(data)})
+			if !agent.IsPermanent(err) || !errors.Is(err, ErrArtifactRefused) {
+				t.Errorf("the cached artifact was used for %s: error %v, want a permanent %v", tc.url, err, ErrArtifactRefused)
+			}
+		})
+	}
+	t.Run("an allowed URL uses the cache", func(t *testing.T) {
+		c := newImageCache(cache, allowed, quietLog())
+		for _, url := range []string{srv.URL + "/img", "file://" + filepath.Join(root, "moved-away.img")} {
+			if _, err := c.fetch(context.Background(), desired.Artifact{URL: url, SHA256: sum(data)}); err != nil {
+				t.Errorf("%s: %v", url, err)
+			}
+		}
+		if n := conns.n.Load(); n != 0 {
+			t.Errorf("the server saw %d connections for a cached artifact", n)
+		}
+	})
+}

@@ -90,7 +90,8 @@ func (c *imageCache) progress(sum string) (done, total int64, ok bool) {
 }
 
 // fetch returns the path of the verified artifact a, downloading it when
-// it is not cached yet. Errors that a retry cannot fix (bad sha256 in the
+// it is not cached yet; a cached one is used only when the policy allows
+// a's URL now (checkURL). Errors that a retry cannot fix (bad sha256 in the
 // spec, a URL the policy refuses, checksum mismatch, HTTP 4xx, an artifact
 // over the size limit) are agent.Permanent. The download runs under the
 // policy's own deadline, apart from ctx: a caller that gives up (its ctx
@@ -100,8 +101,14 @@ func (c *imageCache) fetch(ctx context.Context, a desired.Artifact) (string, err
 		return "", agent.Permanent(fmt.Errorf("artifact %s: sha256 is not 64 lowercase hex digits", redact.URL(a.URL)))
 	}
 	dst := c.path(a.SHA256)
-	if c.touch(dst) {
-		return dst, c.verify(dst, a.SHA256)
+	if c.cached(dst) {
+		// Allowed when it was downloaded says nothing of this URL now.
+		if err := c.policy.checkURL(ctx, a.URL); err != nil {
+			return "", err
+		}
+		if c.touch(dst) {
+			return dst, c.verify(dst, a.SHA256)
+		}
 	}
 	key := downloadKey{a.URL, a.SHA256}
 	c.mu.Lock()
@@ -134,6 +141,12 @@ func (c *imageCache) fetch(ctx context.Context, a desired.Artifact) (string, err
 		return "", d.err
 	}
 	return dst, nil
+}
+
+// cached reports whether the artifact at path is in the cache now.
+func (c *imageCache) cached(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // touch reports whether the artifact at path is cached and, when it is,
