@@ -347,3 +347,79 @@ func TestArtifactPolicyIsCheckedOnEveryUse(t *testing.T) {
 		}
 	})
 }
+
+// A download goes on while a fetch waits for it, and ends, its partial
+// file removed, once none does: a VM deleted while its create trickles an
+// image (its pass's context cancelled) leaves neither a download running
+// for up to DefaultDownloadTimeout nor a partial file behind. While
+// another fetch still waits, the download goes on for it.
+func TestDownloadEndsWhenNoFetchWaitsForIt(t *testing.T) {
+	data := []byte(strings.Repeat("image ", 8192))
+	var requests atomic.Int32
+	gone := make(chan struct{}, 4)
+	ended := make(chan struct{})
+	srv, _ := serveOn(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		// One byte at a time, each well within the stall timeout.
+		for i := 0; i < len(data); i++ {
+			if _, err := w.Write(data[i : i+1]); err != nil {
+				break
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				gone <- struct{}{}
+				return
+			case <-ended:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}))
+	t.Cleanup(func() { close(ended) }) // before the server's Close
+	cache := t.TempDir()
+	c := newImageCache(cache, loopbackPolicy(), quietLog())
+	art := desired.Artifact{URL: srv.URL + "/trickle", SHA256: sum(data)}
+	partials := func() []string { m, _ := filepath.Glob(filepath.Join(cache, "*.partial-*")); return m }
+
+	start := func() (context.CancelFunc, chan error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { _, err := c.fetch(ctx, art); done <- err }()
+		return cancel, done
+	}
+	cancelA, doneA := start()
+	for requests.Load() == 0 || len(partials()) == 0 {
+		waitABit()
+	}
+	cancelB, doneB := start()
+	for _, _, ok := c.progress(art.SHA256); !ok; _, _, ok = c.progress(art.SHA256) {
+		waitABit()
+	}
+	time.Sleep(200 * time.Millisecond) // B has joined
+	cancelA()
+	if err := <-doneA; !errors.Is(err, context.Canceled) {
+		t.Errorf("the first fetch: %v, want its context's end", err)
+	}
+	select {
+	case <-gone:
+		t.Fatal("the download ended while another fetch still waited for it")
+	case <-time.After(500 * time.Millisecond):
+	}
+	cancelB()
+	<-doneB
+	select {
+	case <-gone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the download went on with no fetch waiting for it")
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(partials()) > 0; waitABit() {
+		if time.Now().After(deadline) {
+			t.Fatalf("partial files left in the cache: %v", partials())
+		}
+	}
+	if _, _, ok := c.progress(art.SHA256); ok {
+		t.Error("progress still reports the ended download")
+	}
+}
