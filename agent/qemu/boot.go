@@ -119,11 +119,27 @@ func (l launch) args() []string {
 	return a
 }
 
+// scopeDevices are the only device nodes a VM's scope may open, besides
+// the pseudo devices DevicePolicy=closed always allows (/dev/null,
+// /dev/zero, /dev/full, /dev/random, /dev/urandom, /dev/tty, /dev/ptmx):
+// KVM, and the tun device a host network's tap is attached through. No
+// disk, no /dev/mem: QEMU before it drops root opens nothing else, and
+// whatever it is made to open cannot reach a block device. (vhost-net is
+// not used: taps run without vhost=on.) The agent's unit
+// (examples/systemd/gitfleet-agent.service) allows the same.
+var scopeDevices = []string{"/dev/kvm rw", "/dev/net/tun rw"}
+
 // scopeArgs wraps a command so systemd runs it in its own transient scope
-// unit, outside the agent's unit: systemd-run --scope execs the command in
-// place, so the pid stays QEMU's.
+// unit, outside the agent's unit, under scopeDevices' device policy (the
+// scope leaves the agent unit's cgroup, and with it the unit's policy):
+// systemd-run --scope execs the command in place, so the pid stays
+// QEMU's.
 func scopeArgs(name string, cmd []string) []string {
-	return append([]string{"systemd-run", "--scope", "--quiet", "--collect", "--unit", "gitfleet-vm-" + name, "--"}, cmd...)
+	a := []string{"systemd-run", "--scope", "--quiet", "--collect", "--unit", "gitfleet-vm-" + name, "--property=DevicePolicy=closed"}
+	for _, d := range scopeDevices {
+		a = append(a, "--property=DeviceAllow="+d)
+	}
+	return append(append(a, "--"), cmd...)
 }
 
 // Boot puts the VM's NIC on its host network (a tap, with the network
