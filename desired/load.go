@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strings"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/gitfleet/gitfleet/internal/parallel"
 )
 
@@ -34,6 +36,9 @@ type Loader struct {
 	// file at the commit the fleet runs; nil when unknown. Its values are
 	// unused: SetBaselineLast shares the map of an earlier cache.
 	baseline map[string]*parsed
+	// effective holds the effective VMs of the last Load's VMs that name
+	// a profile, by the two files' cache keys (withProfiles).
+	effective map[effectiveKey]*parsed
 }
 
 // SetBaseline gives the Loader the tree of the commit the fleet runs (the
@@ -140,6 +145,9 @@ type candidate struct {
 	key  string // cache key, once known
 	res  *parsed
 	err  error // failure to read
+	// root is the document of a file parsed by this Load (nil for one
+	// from the cache), kept for this Load only.
+	root *yaml.Node
 }
 
 // Load reads every object file under the Loader's directory in t, decodes
@@ -166,57 +174,97 @@ type candidate struct {
 // files.
 func (l *Loader) Load(t Tree) (*Fleet, error) {
 	l.cacheWhole = false
-	var cands []*candidate
-	var errs ErrorList
-	err := t.Walk(func(f File) error {
-		rel, ok := l.relative(f.Path)
-		if !ok {
-			return nil
-		}
-		if hidden(rel) {
-			return nil
-		}
-		switch f.Mode {
-		case Symlink:
-			errs = append(errs, &Error{File: f.Path, Line: 1, Col: 1,
-				Msg: "symlinks are not followed; replace the link by the file it points to, or remove it"})
-			return nil
-		case Submodule:
-			errs = append(errs, &Error{File: f.Path, Line: 1, Col: 1,
-				Msg: "submodules are not read; copy the objects into this repository, or remove the submodule"})
-			return nil
-		}
-		if !isYAML(rel) {
-			return nil
-		}
-		if f.Size > MaxFileSize {
-			errs = append(errs, &Error{File: f.Path, Line: 1, Col: 1,
-				Msg: fmt.Sprintf("file is %d bytes; an object file may be at most %d bytes (1 MiB)", f.Size, MaxFileSize)})
-			return nil
-		}
-		c := &candidate{file: f}
-		if f.ID != "" {
-			c.key = f.Path + "\x00" + f.ID
-		}
-		cands = append(cands, c)
-		return nil
-	})
+	cands, errs, err := l.candidates(t)
 	if err != nil {
 		return nil, fmt.Errorf("walk tree: %w", err)
 	}
 	if len(cands) == 0 && len(errs) == 0 {
 		return nil, ErrorList{l.noObjects()}
 	}
-	sort.Slice(cands, func(i, j int) bool { return cands[i].file.Path < cands[j].file.Path })
-
 	l.parseAll(cands)
+	objs, unchanged, fileErrs, err := l.collect(cands)
+	if err != nil {
+		return nil, err
+	}
+	errs = append(errs, fileErrs...)
+	// With some files rejected, what they define is unknown: the checks
+	// that a referenced object exists would only add false alarms.
+	keys, roots := objectKeys(cands)
+	objs, profileErrs := l.withProfiles(objs, keys, roots, unchanged, len(errs) == 0)
+	errs = append(errs, profileErrs...)
+	errs = append(errs, crossCheck(objs, len(errs) == 0, unchanged)...)
+	if len(errs) > 0 {
+		errs.Sort()
+		return nil, errs
+	}
+	return newFleet(objs), nil
+}
 
+// candidates walks t and returns the object files under the Loader's
+// directory, sorted by path, and the errors of the files that are refused
+// without being read (symlinks, submodules, files over MaxFileSize). The
+// error is a failure to walk the tree.
+func (l *Loader) candidates(t Tree) ([]*candidate, ErrorList, error) {
+	var cands []*candidate
+	var errs ErrorList
+	err := t.Walk(func(f File) error {
+		c, e := l.candidate(f)
+		switch {
+		case e != nil:
+			errs = append(errs, e)
+		case c != nil:
+			cands = append(cands, c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	sort.Slice(cands, func(i, j int) bool { return cands[i].file.Path < cands[j].file.Path })
+	return cands, errs, nil
+}
+
+// candidate classifies one file of the tree: an object file to parse, a
+// file refused on its mode or size (the Error), or neither (nil, nil) for
+// a file outside the directory, hidden, or of another extension.
+func (l *Loader) candidate(f File) (*candidate, *Error) {
+	rel, ok := l.relative(f.Path)
+	if !ok || hidden(rel) {
+		return nil, nil
+	}
+	switch f.Mode {
+	case Symlink:
+		return nil, &Error{File: f.Path, Line: 1, Col: 1,
+			Msg: "symlinks are not followed; replace the link by the file it points to, or remove it"}
+	case Submodule:
+		return nil, &Error{File: f.Path, Line: 1, Col: 1,
+			Msg: "submodules are not read; copy the objects into this repository, or remove the submodule"}
+	}
+	if !isYAML(rel) {
+		return nil, nil
+	}
+	if f.Size > MaxFileSize {
+		return nil, &Error{File: f.Path, Line: 1, Col: 1,
+			Msg: fmt.Sprintf("file is %d bytes; an object file may be at most %d bytes (1 MiB)", f.Size, MaxFileSize)}
+	}
+	c := &candidate{file: f}
+	if f.ID != "" {
+		c.key = f.Path + "\x00" + f.ID
+	}
+	return c, nil
+}
+
+// collect gathers the parsed candidates: their objects (in path order),
+// which of them the baseline holds unchanged, and the errors of each file
+// on its own. It makes the candidates the Loader's cache. The error is the
+// first failure to read a file; then the cache is left as it was.
+func (l *Loader) collect(cands []*candidate) (objs []*object, unchanged map[*object]bool, errs ErrorList, err error) {
 	next := make(map[string]*parsed, len(cands))
-	objs := make([]*object, 0, len(cands))
-	unchanged := make(map[*object]bool, len(l.baseline))
+	objs = make([]*object, 0, len(cands))
+	unchanged = make(map[*object]bool, len(l.baseline))
 	for _, c := range cands {
 		if c.err != nil {
-			return nil, c.err
+			return nil, nil, nil, c.err
 		}
 		next[c.key] = c.res
 		errs = append(errs, c.res.errs...)
@@ -228,17 +276,28 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 		}
 	}
 	l.cache, l.cacheWhole = next, true
-	// With some files rejected, what they define is unknown: the checks
-	// that a referenced object exists would only add false alarms.
-	errs = append(errs, crossCheck(objs, len(errs) == 0, unchanged)...)
-	if len(errs) > 0 {
-		errs.Sort()
-		return nil, errs
+	return objs, unchanged, errs, nil
+}
+
+// objectKeys are the cache keys of the objects of cands and the documents
+// of those parsed by this Load, in the order collect lists the objects.
+func objectKeys(cands []*candidate) (keys []string, roots []*yaml.Node) {
+	keys, roots = make([]string, 0, len(cands)), make([]*yaml.Node, 0, len(cands))
+	for _, c := range cands {
+		if c.res.obj != nil {
+			keys, roots = append(keys, c.key), append(roots, c.root)
+		}
 	}
+	return keys, roots
+}
+
+// newFleet files checked objects by kind and name.
+func newFleet(objs []*object) *Fleet {
 	f := &Fleet{
-		VMs:     map[string]*VM{},
-		Volumes: map[string]*Volume{},
-		Hosts:   map[string]*Host{},
+		VMs:      map[string]*VM{},
+		Volumes:  map[string]*Volume{},
+		Hosts:    map[string]*Host{},
+		Profiles: map[string]*Profile{},
 	}
 	for _, o := range objs {
 		switch o.kind {
@@ -248,9 +307,11 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 			f.Volumes[o.name] = o.volume
 		case KindHost:
 			f.Hosts[o.name] = o.host
+		case KindProfile:
+			f.Profiles[o.name] = o.profile
 		}
 	}
-	return f, nil
+	return f
 }
 
 // parseAll fills in res (or err) of every candidate, from the cache where
@@ -286,8 +347,8 @@ func (l *Loader) parseOne(c *candidate) {
 			return
 		}
 	}
-	obj, errs := parseFile(c.file.Path, data)
-	c.res = &parsed{obj: obj, errs: errs}
+	obj, root, errs := parseFileRoot(c.file.Path, data)
+	c.res, c.root = &parsed{obj: obj, errs: errs}, root
 }
 
 // noObjects is the error of a tree without object files under the

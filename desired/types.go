@@ -3,14 +3,17 @@ package desired
 // APIVersion is the only apiVersion this release accepts.
 const APIVersion = "gitfleet.dev/v1alpha1"
 
-// Kind names one of the three object kinds.
+// Kind names one of the object kinds.
 type Kind string
 
-// The object kinds of APIVersion.
+// The object kinds of APIVersion. VMs, volumes and hosts are what the
+// fleet runs; a Profile is part of a VM spec that VMs name (see Profile)
+// and is never on a host itself.
 const (
-	KindVM     Kind = "VM"
-	KindVolume Kind = "Volume"
-	KindHost   Kind = "Host"
+	KindVM      Kind = "VM"
+	KindVolume  Kind = "Volume"
+	KindHost    Kind = "Host"
+	KindProfile Kind = "Profile"
 )
 
 // Power is a VM's desired power state.
@@ -30,11 +33,27 @@ type Metadata struct {
 	Labels map[string]string `yaml:"labels,omitempty" json:"labels,omitempty"`
 }
 
+func (Metadata) schema() typeSchema {
+	return typeSchema{def: "metadata", desc: "The object's identity.", fields: map[string]fieldSchema{
+		"name": {shape: "name", desc: "Unique per kind in the fleet: the object's identity."},
+		"labels": {desc: "Free-form labels.",
+			keys:   &fieldSchema{pattern: labelKeyRE.String(), maxLength: MaxNameLength},
+			values: &fieldSchema{maxLength: MaxLabelValueLength}},
+	}}
+}
+
 // Artifact is a file fetched by URL (schemes http, https, file) and checked
 // against SHA256, 64 lowercase hex digits of the file's sha256.
 type Artifact struct {
 	URL    string `yaml:"url" json:"url"`
 	SHA256 string `yaml:"sha256" json:"sha256"`
+}
+
+func (Artifact) schema() typeSchema {
+	return typeSchema{def: "artifact", desc: "A file fetched by URL and checked against its sha256.", fields: map[string]fieldSchema{
+		"url":    {shape: "url"},
+		"sha256": {shape: "sha256"},
+	}}
 }
 
 // Kernel is a direct kernel boot: the kernel artifact itself, an optional
@@ -44,6 +63,15 @@ type Kernel struct {
 	SHA256  string    `yaml:"sha256" json:"sha256"`
 	Initrd  *Artifact `yaml:"initrd,omitempty" json:"initrd,omitempty"`
 	Cmdline string    `yaml:"cmdline,omitempty" json:"cmdline,omitempty"`
+}
+
+func (Kernel) schema() typeSchema {
+	return typeSchema{fields: map[string]fieldSchema{
+		"url":     {shape: "url"},
+		"sha256":  {shape: "sha256"},
+		"initrd":  {},
+		"cmdline": {desc: "Kernel command line."},
+	}}
 }
 
 // CloudInit is what the VM's NoCloud seed carries, read by cloud-init once,
@@ -63,6 +91,15 @@ type CloudInit struct {
 	EncryptedUserData *EncryptedUserData `yaml:"encryptedUserData,omitempty" json:"encryptedUserData,omitempty"`
 }
 
+func (CloudInit) schema() typeSchema {
+	return typeSchema{fields: map[string]fieldSchema{
+		"sshAuthorizedKeys": {items: &fieldSchema{minLength: 1},
+			desc: "Public SSH keys for the default user (the seed's meta-data public-keys), each one line of authorized_keys."},
+		"userData":          {desc: "The user-data document in any format cloud-init reads (#cloud-config, #cloud-config-archive, MIME multipart, script, ...), written to the seed byte for byte; read by cloud-init at the VM's first boot only."},
+		"encryptedUserData": {desc: "userData encrypted with age to the VM's Host (gitfleet encrypt writes it); only that host's agent decrypts it, when it builds the seed. Not with userData."},
+	}}
+}
+
 // EncryptedUserData is a user-data document encrypted with age to the
 // VM's Host, as gitfleet encrypt writes it. Recipient is the public key it
 // was encrypted to ("age1…"), which must be the Host's spec.ageRecipient:
@@ -74,6 +111,13 @@ type CloudInit struct {
 type EncryptedUserData struct {
 	Recipient  string `yaml:"recipient" json:"recipient"`
 	Ciphertext string `yaml:"ciphertext" json:"ciphertext"`
+}
+
+func (EncryptedUserData) schema() typeSchema {
+	return typeSchema{fields: map[string]fieldSchema{
+		"recipient":  {pattern: "^age1", desc: "The public key it is encrypted to: the Host's spec.ageRecipient."},
+		"ciphertext": {pattern: `^\s*-----BEGIN AGE ENCRYPTED FILE-----`, desc: "The ASCII-armored age file."},
+	}}
 }
 
 // VMSpec is a VM's desired state.
@@ -109,6 +153,28 @@ type VMSpec struct {
 	CloudInit *CloudInit `yaml:"cloudInit,omitempty" json:"cloudInit,omitempty"`
 }
 
+func (VMSpec) schema() typeSchema {
+	return typeSchema{
+		def:   "vmSpec",
+		desc:  "The VM's desired state. It needs an image, a kernel, or both.",
+		anyOf: [][]string{{"image"}, {"kernel"}},
+		fields: map[string]fieldSchema{
+			"host":     {shape: "name", desc: "The Host the VM runs on."},
+			"vcpus":    {ints: between(1, MaxVCPUs), desc: "Virtual CPUs."},
+			"memoryMB": {ints: between(MinMemoryMB, MaxMemoryMB), desc: "Guest memory in MiB."},
+			"diskGB":   {ints: between(1, MaxDiskGB), desc: "Root disk size in GiB; may grow, never shrink."},
+			"image":    {desc: "Bootable disk image (qcow2 or raw), cached by sha256."},
+			"kernel":   {desc: "Direct kernel boot."},
+			"power": {enum: []string{string(PowerRunning), string(PowerStopped)}, def: string(PowerRunning),
+				desc: "Desired power state."},
+			"network":   {shape: "name", desc: "A network of the VM's Host; the VM's NIC joins it instead of user-mode networking."},
+			"static":    {desc: "Fixed addresses for the NIC instead of DHCP (netplan's field names); needs network."},
+			"volumes":   {items: &fieldSchema{shape: "name"}, unique: true, desc: "Volume names on the same host, attached in order."},
+			"cloudInit": {desc: "The NoCloud seed's content (secret: never logged)."},
+		},
+	}
+}
+
 // VolumeSpec is a Volume's desired state.
 type VolumeSpec struct {
 	// Host names the Host object the volume lives on.
@@ -118,10 +184,24 @@ type VolumeSpec struct {
 	SizeGB int `yaml:"sizeGB" json:"sizeGB"`
 }
 
+func (VolumeSpec) schema() typeSchema {
+	return typeSchema{desc: "The volume's desired state.", fields: map[string]fieldSchema{
+		"host":   {shape: "name", desc: "The Host the volume lives on."},
+		"sizeGB": {ints: between(1, MaxVolumeGB), desc: "Size in GiB; a volume is never resized."},
+	}}
+}
+
 // Capacity is what a host offers its VMs. Zero fields mean "not limited".
 type Capacity struct {
 	VCPUs    int `yaml:"vcpus,omitempty" json:"vcpus,omitempty"`
 	MemoryMB int `yaml:"memoryMB,omitempty" json:"memoryMB,omitempty"`
+}
+
+func (Capacity) schema() typeSchema {
+	return typeSchema{fields: map[string]fieldSchema{
+		"vcpus":    {ints: between(0, MaxHostVCPUs), desc: "Virtual CPUs for all VMs together."},
+		"memoryMB": {ints: between(0, MaxHostMemoryMB), desc: "Memory for all VMs together, in MiB."},
+	}}
 }
 
 // StaticIP is a VM's fixed IP configuration, written into the NoCloud
@@ -142,10 +222,25 @@ type StaticIP struct {
 	Nameservers *Nameservers `yaml:"nameservers,omitempty" json:"nameservers,omitempty"`
 }
 
+func (StaticIP) schema() typeSchema {
+	return typeSchema{fields: map[string]fieldSchema{
+		"addresses":   {minItems: 1, desc: "Addresses with prefix length, such as 192.168.1.50/24."},
+		"gateway4":    {desc: "IPv4 default route's next hop; on a nat network, the network's first address by default."},
+		"nameservers": {desc: "DNS servers and search domains."},
+	}}
+}
+
 // Nameservers are DNS servers (IP addresses) and search domains.
 type Nameservers struct {
 	Addresses []string `yaml:"addresses,omitempty" json:"addresses,omitempty"`
 	Search    []string `yaml:"search,omitempty" json:"search,omitempty"`
+}
+
+func (Nameservers) schema() typeSchema {
+	return typeSchema{fields: map[string]fieldSchema{
+		"addresses": {desc: "DNS servers' IP addresses; on a nat network, the agent's dnsmasq by default."},
+		"search":    {desc: "DNS search domains."},
+	}}
 }
 
 // Network is a host network VMs can join. Exactly one of Bridge and NAT is
@@ -160,6 +255,18 @@ type Network struct {
 	NAT *NAT `yaml:"nat,omitempty" json:"nat,omitempty"`
 }
 
+func (Network) schema() typeSchema {
+	return typeSchema{
+		desc:  "A host network: bridge (an existing host bridge) or nat (a network the agent manages).",
+		oneOf: [][]string{{"bridge"}, {"nat"}},
+		fields: map[string]fieldSchema{
+			"bridge": {pattern: bridgeRE.String(), maxLength: MaxBridgeLength,
+				desc: "An existing host bridge device, such as br0; the agent adds a tap per VM."},
+			"nat": {desc: "A network the agent manages: bridge gf-<name>, dnsmasq, masquerading."},
+		},
+	}
+}
+
 // NAT is a managed network: the agent creates bridge "gf-<network name>"
 // holding the CIDR's first address, runs dnsmasq on it for DHCP and DNS,
 // and masquerades the guests' traffic out of the host. Guests reach the
@@ -171,6 +278,12 @@ type NAT struct {
 	// nat networks must not overlap; the agent leaves a network whose CIDR
 	// overlaps the host's own addresses or routes unmade.
 	CIDR string `yaml:"cidr" json:"cidr"`
+}
+
+func (NAT) schema() typeSchema {
+	return typeSchema{fields: map[string]fieldSchema{
+		"cidr": {desc: "Private IPv4 network, such as 10.77.0.0/24 (prefix length 16 to 29, inside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 or 100.64.0.0/10)."},
+	}}
 }
 
 // HostSpec is a Host's desired state.
@@ -201,6 +314,18 @@ type HostSpec struct {
 	AgentKey string `yaml:"agentKey,omitempty" json:"agentKey,omitempty"`
 }
 
+func (HostSpec) schema() typeSchema {
+	return typeSchema{desc: "The host's desired state.", fields: map[string]fieldSchema{
+		"capacity": {desc: "What the host offers its VMs; 0 or absent means not limited."},
+		"networks": {keys: &fieldSchema{shape: "name"}, desc: "Networks the host's VMs can join, by name."},
+		"suspend":  {desc: "Suspend the host's reconciliation: its agent keeps the guests running as they are, writes status and acts on nothing until this is removed."},
+		"suspendReason": {maxLength: MaxSuspendReason,
+			desc: "Why the host is suspended, shown in status; needs suspend: true."},
+		"ageRecipient": {pattern: "^age1", desc: "The public key of the host agent's age identity (gitfleet age-keygen prints it): VMs on this host may carry user-data encrypted to it."},
+		"agentKey":     {pattern: "^(ssh-|ecdsa-|sk-)", desc: "The public SSH key the host's agent signs its status commits with (gitfleet keygen prints it): deletes on this host are finalized only on acks signed by it."},
+	}}
+}
+
 // MaxSuspendReason bounds HostSpec.SuspendReason, in bytes.
 const MaxSuspendReason = 200
 
@@ -212,11 +337,16 @@ type Origin struct {
 	Col  int    `json:"col"`
 }
 
-// VM is a decoded VM object.
+// VM is a decoded VM object. Spec is its effective spec: for a VM that
+// names a profile, the profile's spec with the VM's own fields over it
+// (see Profile), which is what snapshots carry and SpecHash hashes.
 type VM struct {
 	Metadata Metadata `yaml:"metadata" json:"metadata"`
 	Spec     VMSpec   `yaml:"spec" json:"spec"`
 	Origin   Origin   `yaml:"-" json:"-"`
+	// Profile is the name of the Profile the VM's file names in
+	// spec.profile, "" for none.
+	Profile string `yaml:"-" json:"-"`
 	// fieldAt is where some fields' values were written, by field path
 	// ("spec.image.url"), for the messages that point at them.
 	fieldAt map[string]Origin
@@ -253,4 +383,7 @@ type Fleet struct {
 	VMs     map[string]*VM
 	Volumes map[string]*Volume
 	Hosts   map[string]*Host
+	// Profiles are the fleet's Profile objects; the VMs' specs already
+	// hold what they take from them.
+	Profiles map[string]*Profile
 }

@@ -37,6 +37,8 @@ const (
 	MaxHostMemoryMB = 64 << 20
 	// MaxBridgeLength is the longest Linux interface name.
 	MaxBridgeLength = 15
+	// MaxLabelValueLength is the longest value of a metadata label.
+	MaxLabelValueLength = 253
 )
 
 var (
@@ -88,15 +90,24 @@ func (d *nodeDecoder) written(field string) bool {
 // required reports a missing field and returns false, or returns whether
 // the field decoded without error.
 //
-// A field whose parent is missing or rejected is not reported again.
+// A field whose parent is missing or rejected is not reported again, nor
+// a field under spec of a partial document (a Profile, a VM that names
+// one: the other file may write it).
 func (d *nodeDecoder) required(field string) bool {
 	if !d.written(field) {
+		if d.partial && strings.HasPrefix(field, "spec.") {
+			return false
+		}
 		parent := parentPath(field)
 		if parent != "" && (!d.written(parent) || d.bad[parent]) {
 			return false
 		}
 		if p, ok := d.empty[field]; ok {
 			d.add(p, field, "missing (the value is empty)")
+			return false
+		}
+		if d.profile != "" && strings.HasPrefix(field, "spec.") {
+			d.add(d.keyPos(parent), field, "missing: neither the VM nor its profile %q sets it", d.profile)
 			return false
 		}
 		d.add(d.keyPos(parent), field, "missing")
@@ -168,6 +179,10 @@ func (d *nodeDecoder) check(o *object) {
 	case KindVM:
 		labels = o.vm.Metadata.Labels
 		d.checkVM(&o.vm.Spec)
+		d.profileName(o.vm)
+	case KindProfile:
+		labels = o.profile.Metadata.Labels
+		d.checkVM(&o.profile.Spec)
 	case KindVolume:
 		labels = o.volume.Metadata.Labels
 		if d.required("spec.host") {
@@ -185,8 +200,8 @@ func (d *nodeDecoder) check(o *object) {
 		if len(k) > MaxNameLength || !labelKeyRE.MatchString(k) {
 			d.add(d.keyPos(f), f, "label key %q must be 1 to %d letters, digits, '-', '_', '.' or '/', starting and ending with a letter or digit", safetext.Truncate(k, 70), MaxNameLength)
 		}
-		if len(v) > 253 {
-			d.add(d.valPos(f), f, "label value is %d characters; at most 253", len(v))
+		if len(v) > MaxLabelValueLength {
+			d.add(d.valPos(f), f, "label value is %d characters; at most %d", len(v), MaxLabelValueLength)
 		}
 	}
 	o.at = positions{
@@ -196,6 +211,7 @@ func (d *nodeDecoder) check(o *object) {
 		capacityVCPUs:  d.valPos("spec.capacity.vcpus"),
 		capacityMemory: d.valPos("spec.capacity.memoryMB"),
 		gateway4:       d.valPos("spec.static.gateway4"),
+		profile:        d.valPos("spec.profile"),
 		ageRecipient:   d.valPos(map[Kind]string{KindVM: "spec.cloudInit.encryptedUserData.recipient", KindHost: "spec.ageRecipient"}[o.kind]),
 	}
 	if o.kind == KindVM && o.vm.Spec.Static != nil {
@@ -225,7 +241,7 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 	if d.required("spec.diskGB") {
 		d.intRange("spec.diskGB", s.DiskGB, 1, MaxDiskGB, " GiB")
 	}
-	if s.Image == nil && s.Kernel == nil && d.written("spec") && !d.bad["spec"] && !d.bad["spec.image"] && !d.bad["spec.kernel"] {
+	if s.Image == nil && s.Kernel == nil && !d.partial && d.written("spec") && !d.bad["spec"] && !d.bad["spec.image"] && !d.bad["spec.kernel"] {
 		d.add(d.keyPos("spec"), "spec", "needs an image, a kernel, or both")
 	}
 	if s.Image != nil {
@@ -287,7 +303,11 @@ func (d *nodeDecoder) encryptedUserData(ci *CloudInit) {
 		return
 	}
 	if d.written("spec.cloudInit.userData") {
-		d.add(d.keyPos(f), f, "spec.cloudInit has both userData and encryptedUserData; a VM's user-data is one or the other (gitfleet encrypt replaces userData with encryptedUserData)")
+		hint := ""
+		if d.pos["spec.cloudInit.userData"].val.file != "" {
+			hint = fmt.Sprintf("; to leave out the userData of profile %q, write userData: null beside encryptedUserData", d.profile)
+		}
+		d.add(d.keyPos(f), f, "spec.cloudInit has both userData and encryptedUserData; a VM's user-data is one or the other (gitfleet encrypt replaces userData with encryptedUserData)%s", hint)
 	}
 	e := ci.EncryptedUserData
 	if d.required(f + ".recipient") {
@@ -315,7 +335,7 @@ func (d *nodeDecoder) userData(ud string) {
 		at, msg := fp.val, p.Msg
 		switch {
 		case p.Line > 0 && fp.literal:
-			at = pos{fp.val.line + p.Line, 1}
+			at = pos{line: fp.val.line + p.Line, col: 1, file: fp.val.file}
 			msg = fmt.Sprintf("user-data line %d: %s", p.Line, p.Msg)
 		case p.Line > 0:
 			msg = fmt.Sprintf("user-data line %d: %s", p.Line, p.Msg)
@@ -324,17 +344,10 @@ func (d *nodeDecoder) userData(ud string) {
 	}
 }
 
+// checkHost checks a Host's spec on its own: the suspend reason, the
+// public keys, the capacity and each network.
 func (d *nodeDecoder) checkHost(s *HostSpec) {
-	if rf := "spec.suspendReason"; d.written(rf) && !d.bad[rf] {
-		switch {
-		case !s.Suspend:
-			d.add(d.keyPos(rf), rf, "needs suspend: true (a reason for a host that is not suspended would say nothing true)")
-		case len(s.SuspendReason) > MaxSuspendReason:
-			d.add(d.valPos(rf), rf, "is %d bytes; at most %d", len(s.SuspendReason), MaxSuspendReason)
-		case strings.IndexFunc(s.SuspendReason, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) >= 0:
-			d.add(d.valPos(rf), rf, "holds a control character or invalid UTF-8; one line of text")
-		}
-	}
+	d.suspendReason(s)
 	if d.written("spec.ageRecipient") && !d.bad["spec.ageRecipient"] {
 		if _, err := sealed.ParseRecipient(s.AgeRecipient); err != nil {
 			d.add(d.valPos("spec.ageRecipient"), "spec.ageRecipient", "%v", err)
@@ -349,18 +362,44 @@ func (d *nodeDecoder) checkHost(s *HostSpec) {
 		d.intRange("spec.capacity.vcpus", c.VCPUs, 0, MaxHostVCPUs, " (0 means not limited)")
 		d.intRange("spec.capacity.memoryMB", c.MemoryMB, 0, MaxHostMemoryMB, " MiB (0 means not limited)")
 	}
-	names := make([]string, 0, len(s.Networks))
-	for name := range s.Networks {
+	d.hostNetworks(s.Networks)
+}
+
+// suspendReason checks spec.suspendReason: it needs suspend: true and is
+// one short line of text.
+func (d *nodeDecoder) suspendReason(s *HostSpec) {
+	const rf = "spec.suspendReason"
+	if !d.written(rf) || d.bad[rf] {
+		return
+	}
+	switch {
+	case !s.Suspend:
+		d.add(d.keyPos(rf), rf, "needs suspend: true (a reason for a host that is not suspended would say nothing true)")
+	case len(s.SuspendReason) > MaxSuspendReason:
+		d.add(d.valPos(rf), rf, "is %d bytes; at most %d", len(s.SuspendReason), MaxSuspendReason)
+	case strings.IndexFunc(s.SuspendReason, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) >= 0:
+		d.add(d.valPos(rf), rf, "holds a control character or invalid UTF-8; one line of text")
+	}
+}
+
+// natNet is a nat network of the Host being checked, for the overlap
+// check.
+type natNet struct {
+	name   string
+	prefix netip.Prefix
+}
+
+// hostNetworks checks each network of a Host, in name order, so that of
+// two overlapping nat networks the later name is reported.
+func (d *nodeDecoder) hostNetworks(networks map[string]Network) {
+	names := make([]string, 0, len(networks))
+	for name := range networks {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	type natNet struct {
-		name   string
-		prefix netip.Prefix
-	}
 	var nats []natNet
 	for _, name := range names {
-		n := s.Networks[name]
+		n := networks[name]
 		f := "spec.networks." + name
 		if msg := checkName(name); msg != "" {
 			d.add(d.keyPos(f), f, "network name %s", msg)
@@ -372,47 +411,59 @@ func (d *nodeDecoder) checkHost(s *HostSpec) {
 		switch {
 		case d.written(bf) && d.written(nf):
 			d.add(d.keyPos(nf), f, "has both bridge and nat; a network is one or the other")
-			continue
 		case !d.written(bf) && !d.written(nf):
 			d.add(d.keyPos(f), f, "needs bridge (an existing host bridge) or nat (a network the agent manages)")
-			continue
 		case d.written(bf):
-			if d.bad[bf] {
-				continue
+			d.bridge(bf, n.Bridge)
+		case n.NAT != nil && d.required(nf+".cidr"):
+			if p, ok := d.natNetwork(name, n.NAT, nats); ok {
+				nats = append(nats, natNet{name, p})
 			}
-			if len(n.Bridge) > MaxBridgeLength || !bridgeRE.MatchString(n.Bridge) {
-				d.add(d.valPos(bf), bf, "%q is not a Linux interface name (1 to %d letters, digits, '-', '_' or '.')", safetext.Truncate(n.Bridge, 70), MaxBridgeLength)
-			} else if strings.HasPrefix(n.Bridge, ManagedBridgePrefix) {
-				d.add(d.valPos(bf), bf, "%q starts with %q, the prefix of the bridges the agent makes for nat networks; name your own bridge otherwise", n.Bridge, ManagedBridgePrefix)
-			}
-		default:
-			if n.NAT == nil || !d.required(nf+".cidr") {
-				continue
-			}
-			if len(name) > MaxNATNameLength {
-				d.add(d.keyPos(f), f, "a nat network's name is at most %d characters (its bridge is %s<name>, and Linux interface names are at most %d)", MaxNATNameLength, ManagedBridgePrefix, MaxBridgeLength)
-			}
-			cf := nf + ".cidr"
-			p, err := n.NAT.Prefix()
-			if err != nil {
-				d.add(d.valPos(cf), cf, "%v", err)
-				continue
-			}
-			for _, o := range nats {
-				if o.prefix.Overlaps(p) {
-					d.add(d.valPos(cf), cf, "%s overlaps %s of network %q on this host; the nat networks of a host must not overlap", p, o.prefix, o.name)
-				}
-			}
-			nats = append(nats, natNet{name, p})
 		}
 	}
+}
+
+// bridge checks the bridge device named at field bf: a Linux interface
+// name, and not one of the agent's own.
+func (d *nodeDecoder) bridge(bf, bridge string) {
+	if d.bad[bf] {
+		return
+	}
+	if len(bridge) > MaxBridgeLength || !bridgeRE.MatchString(bridge) {
+		d.add(d.valPos(bf), bf, "%q is not a Linux interface name (1 to %d letters, digits, '-', '_' or '.')", safetext.Truncate(bridge, 70), MaxBridgeLength)
+	} else if strings.HasPrefix(bridge, ManagedBridgePrefix) {
+		d.add(d.valPos(bf), bf, "%q starts with %q, the prefix of the bridges the agent makes for nat networks; name your own bridge otherwise", bridge, ManagedBridgePrefix)
+	}
+}
+
+// natNetwork checks the nat network name of a Host, whose cidr was
+// written, against the name's length limit and against the nat networks
+// checked before it (nats). It returns the network's prefix and whether
+// the cidr parses.
+func (d *nodeDecoder) natNetwork(name string, nat *NAT, nats []natNet) (netip.Prefix, bool) {
+	f := "spec.networks." + name
+	if len(name) > MaxNATNameLength {
+		d.add(d.keyPos(f), f, "a nat network's name is at most %d characters (its bridge is %s<name>, and Linux interface names are at most %d)", MaxNATNameLength, ManagedBridgePrefix, MaxBridgeLength)
+	}
+	cf := f + ".nat.cidr"
+	p, err := nat.Prefix()
+	if err != nil {
+		d.add(d.valPos(cf), cf, "%v", err)
+		return netip.Prefix{}, false
+	}
+	for _, o := range nats {
+		if o.prefix.Overlaps(p) {
+			d.add(d.valPos(cf), cf, "%s overlaps %s of network %q on this host; the nat networks of a host must not overlap", p, o.prefix, o.name)
+		}
+	}
+	return p, true
 }
 
 // checkStatic checks a VM's static IP configuration on its own; whether
 // the addresses fit the network is a cross-object check.
 func (d *nodeDecoder) checkStatic(s *VMSpec) {
 	st := s.Static
-	if !d.written("spec.network") {
+	if !d.written("spec.network") && !d.partial {
 		d.add(d.keyPos("spec.static"), "spec.static", "needs spec.network: a static address is for a NIC on a host network")
 	}
 	if d.required("spec.static.addresses") && len(st.Addresses) == 0 {
@@ -482,13 +533,56 @@ func offLink(gw netip.Addr, addrs []string) string {
 // as the reference and the error is reported on the later one. complete is
 // false when some files were rejected: then the checks that an object
 // exists, and the capacity sums, are skipped.
+//
+// The checks run as steps in order: index the names (reporting
+// duplicates), check each object's references, then each host's capacity
+// against what its VMs ask.
 func crossCheck(objs []*object, complete bool, unchanged map[*object]bool) []*Error {
-	var errs []*Error
-	add := func(o *object, p pos, field, format string, args ...any) {
-		errs = append(errs, &Error{File: o.origin().File, Line: p.line, Col: p.col, Field: field, Msg: fmt.Sprintf(format, args...)})
+	c := newCrossChecker(objs, complete, unchanged)
+	c.indexNames()
+	for _, o := range objs {
+		if c.duplicate[o] {
+			continue
+		}
+		switch o.kind {
+		case KindVolume:
+			c.volumeHost(o)
+		case KindVM:
+			c.vmHost(o)
+			c.vmVolumes(o)
+		}
 	}
-	// Sized up front: a fleet of ten thousand VMs would grow each map a
-	// dozen times per pass.
+	c.capacity()
+	return c.errs
+}
+
+// crossChecker is the state of one crossCheck: the objects by kind and
+// name, what each host's VMs ask, which VM each volume is attached to, and
+// the errors so far.
+type crossChecker struct {
+	objs      []*object
+	complete  bool
+	unchanged map[*object]bool
+	errs      []*Error
+
+	hosts, volumes, vms, profiles map[string]*object
+	// duplicate holds the objects whose name an earlier one took; they
+	// are checked no further.
+	duplicate map[*object]bool
+	use       map[string]*hostUsage
+	attached  map[string]*object
+	statics   map[staticKey]*object
+}
+
+// hostUsage is what the VMs on one host ask for in all.
+type hostUsage struct {
+	vcpus, memoryMB, count int
+	vms                    []*object
+}
+
+// newCrossChecker sizes the indexes up front: a fleet of ten thousand VMs
+// would grow each map a dozen times per pass.
+func newCrossChecker(objs []*object, complete bool, unchanged map[*object]bool) *crossChecker {
 	var nHosts, nVolumes int
 	for _, o := range objs {
 		switch o.kind {
@@ -498,126 +592,163 @@ func crossCheck(objs []*object, complete bool, unchanged map[*object]bool) []*Er
 			nVolumes++
 		}
 	}
-	hosts := make(map[string]*object, nHosts)
-	volumes := make(map[string]*object, nVolumes)
-	vms := make(map[string]*object, len(objs)-nHosts-nVolumes)
-	duplicate := make(map[*object]bool)
-	for _, o := range objs {
+	return &crossChecker{
+		objs: objs, complete: complete, unchanged: unchanged,
+		hosts:     make(map[string]*object, nHosts),
+		volumes:   make(map[string]*object, nVolumes),
+		vms:       make(map[string]*object, len(objs)-nHosts-nVolumes),
+		duplicate: make(map[*object]bool),
+		use:       make(map[string]*hostUsage, nHosts),
+		attached:  make(map[string]*object, nVolumes),
+		statics:   make(map[staticKey]*object),
+		profiles:  make(map[string]*object),
+	}
+}
+
+// add records an error of o at p. An error at a field a VM takes from its
+// profile lies in the profile's file and names the VM (viaProfile).
+func (c *crossChecker) add(o *object, p pos, field, format string, args ...any) {
+	file, msg := o.origin().File, fmt.Sprintf(format, args...)
+	if p.file != "" && p.file != file {
+		file, msg = p.file, msg+o.viaProfile()
+	}
+	c.errs = append(c.errs, &Error{File: file, Line: p.line, Col: p.col, Field: field, Msg: msg})
+}
+
+// indexNames files every object under its kind and name. Of two objects
+// with one name, the one the change added (see Loader.SetBaseline), else
+// the later one, is reported and marked duplicate.
+func (c *crossChecker) indexNames() {
+	for _, o := range c.objs {
 		var m map[string]*object
 		switch o.kind {
 		case KindHost:
-			m = hosts
+			m = c.hosts
 		case KindVolume:
-			m = volumes
+			m = c.volumes
 		case KindVM:
-			m = vms
+			m = c.vms
+		case KindProfile:
+			m = c.profiles
 		}
-		if first, ok := m[o.name]; ok {
-			added, existing := o, first
-			if unchanged[o] && !unchanged[first] {
-				// The earlier path is the one the change added.
-				added, existing = first, o
-				m[o.name] = o
-			}
-			since := ""
-			if unchanged[existing] && !unchanged[added] {
-				since = ", defined before this change"
-			}
-			add(added, added.at.name, "metadata.name", "%s %q is also defined in %s:%d:%d%s; names are unique per kind",
-				added.kind, added.name, existing.origin().File, existing.at.name.line, existing.at.name.col, since)
-			duplicate[added] = true
+		first, ok := m[o.name]
+		if !ok {
+			m[o.name] = o
 			continue
 		}
-		m[o.name] = o
+		added, existing := o, first
+		if c.unchanged[o] && !c.unchanged[first] {
+			// The earlier path is the one the change added.
+			added, existing = first, o
+			m[o.name] = o
+		}
+		since := ""
+		if c.unchanged[existing] && !c.unchanged[added] {
+			since = ", defined before this change"
+		}
+		c.add(added, added.at.name, "metadata.name", "%s %q is also defined in %s:%d:%d%s; names are unique per kind",
+			added.kind, added.name, existing.origin().File, existing.at.name.line, existing.at.name.col, since)
+		c.duplicate[added] = true
 	}
-	type usage struct {
-		vcpus, memoryMB, count int
-		vms                    []*object
+}
+
+// volumeHost checks that a Volume's host exists.
+func (c *crossChecker) volumeHost(o *object) {
+	if _, ok := c.hosts[o.volume.Spec.Host]; !ok && c.complete {
+		c.add(o, o.at.host, "spec.host", "Host %q does not exist", o.volume.Spec.Host)
 	}
-	use := make(map[string]*usage, len(hosts))
-	attached := make(map[string]*object, len(volumes))
-	statics := make(map[staticKey]*object)
-	for _, o := range objs {
-		if duplicate[o] {
+}
+
+// vmHost checks a VM against its host: that the host exists, that the
+// VM's encrypted user-data is sealed to it, and that the VM's network and
+// static addresses exist on it; it adds the VM to the host's usage.
+func (c *crossChecker) vmHost(o *object) {
+	s := &o.vm.Spec
+	h, ok := c.hosts[s.Host]
+	if !ok {
+		if c.complete {
+			c.add(o, o.at.host, "spec.host", "Host %q does not exist", s.Host)
+		}
+		return
+	}
+	u := c.use[s.Host]
+	if u == nil {
+		u = &hostUsage{}
+		c.use[s.Host] = u
+	}
+	u.vcpus += s.VCPUs
+	u.memoryMB += s.MemoryMB
+	u.count++
+	if ci := s.CloudInit; ci != nil && ci.EncryptedUserData != nil {
+		if msg := checkSealedTo(ci.EncryptedUserData, h); msg != "" {
+			c.add(o, o.at.ageRecipient, "spec.cloudInit.encryptedUserData.recipient", "%s", msg)
+		}
+	}
+	u.vms = append(u.vms, o)
+	if s.Network == "" {
+		return
+	}
+	n, ok := h.host.Spec.Networks[s.Network]
+	if !ok && c.complete {
+		c.add(o, o.at.network, "spec.network", "Host %q has no network %q", s.Host, s.Network)
+	}
+	if ok && s.Static != nil {
+		for _, e := range checkStaticOnNetwork(s, n, c.statics, o) {
+			c.add(o, e.at, e.field, "%s", e.msg)
+		}
+	}
+}
+
+// vmVolumes checks that each volume a VM lists exists, is on the VM's
+// host and is attached to no other VM.
+func (c *crossChecker) vmVolumes(o *object) {
+	s := &o.vm.Spec
+	for i, name := range s.Volumes {
+		f := indexPath("spec.volumes", i)
+		v, ok := c.volumes[name]
+		switch {
+		case !ok:
+			if c.complete {
+				c.add(o, o.at.volumes[i], f, "Volume %q does not exist", name)
+			}
+			continue
+		case v.volume.Spec.Host != s.Host:
+			c.add(o, o.at.volumes[i], f, "Volume %q is on host %q, not on this VM's host %q", name, v.volume.Spec.Host, s.Host)
+		}
+		if other, ok := c.attached[name]; ok && other != o {
+			c.add(o, o.at.volumes[i], f, "Volume %q is already attached to VM %q (%s:%d:%d); a volume belongs to at most one VM",
+				name, other.name, other.origin().File, other.at.name.line, other.at.name.col)
 			continue
 		}
-		switch o.kind {
-		case KindVolume:
-			if _, ok := hosts[o.volume.Spec.Host]; !ok && complete {
-				add(o, o.at.host, "spec.host", "Host %q does not exist", o.volume.Spec.Host)
-			}
-		case KindVM:
-			s := &o.vm.Spec
-			h, ok := hosts[s.Host]
-			if !ok && complete {
-				add(o, o.at.host, "spec.host", "Host %q does not exist", s.Host)
-			} else if ok {
-				u := use[s.Host]
-				if u == nil {
-					u = &usage{}
-					use[s.Host] = u
-				}
-				u.vcpus += s.VCPUs
-				u.memoryMB += s.MemoryMB
-				u.count++
-				if ci := s.CloudInit; ci != nil && ci.EncryptedUserData != nil {
-					if msg := checkSealedTo(ci.EncryptedUserData, h); msg != "" {
-						add(o, o.at.ageRecipient, "spec.cloudInit.encryptedUserData.recipient", "%s", msg)
-					}
-				}
-				u.vms = append(u.vms, o)
-				if s.Network != "" {
-					n, ok := h.host.Spec.Networks[s.Network]
-					if !ok && complete {
-						add(o, o.at.network, "spec.network", "Host %q has no network %q", s.Host, s.Network)
-					}
-					if ok && s.Static != nil {
-						for _, e := range checkStaticOnNetwork(s, n, statics, o) {
-							add(o, e.at, e.field, "%s", e.msg)
-						}
-					}
-				}
-			}
-			for i, name := range s.Volumes {
-				f := indexPath("spec.volumes", i)
-				v, ok := volumes[name]
-				switch {
-				case !ok:
-					if complete {
-						add(o, o.at.volumes[i], f, "Volume %q does not exist", name)
-					}
-					continue
-				case v.volume.Spec.Host != s.Host:
-					add(o, o.at.volumes[i], f, "Volume %q is on host %q, not on this VM's host %q", name, v.volume.Spec.Host, s.Host)
-				}
-				if other, ok := attached[name]; ok && other != o {
-					add(o, o.at.volumes[i], f, "Volume %q is already attached to VM %q (%s:%d:%d); a volume belongs to at most one VM",
-						name, other.name, other.origin().File, other.at.name.line, other.at.name.col)
-					continue
-				}
-				attached[name] = o
-			}
-		}
+		c.attached[name] = o
 	}
-	for _, o := range objs {
-		if !complete || o.kind != KindHost || duplicate[o] || o.host.Spec.Capacity == nil {
+}
+
+// capacity checks, on each host that declares a capacity, that its VMs
+// (stopped ones included) fit it. It is skipped while some files are
+// rejected: they may define VMs, or the host itself.
+func (c *crossChecker) capacity() {
+	if !c.complete {
+		return
+	}
+	for _, o := range c.objs {
+		if o.kind != KindHost || c.duplicate[o] || o.host.Spec.Capacity == nil {
 			continue
 		}
-		u := use[o.name]
+		u := c.use[o.name]
 		if u == nil {
 			continue
 		}
-		c := o.host.Spec.Capacity
-		if c.VCPUs > 0 && u.vcpus > c.VCPUs {
-			add(o, o.at.capacityVCPUs, "spec.capacity.vcpus", "the %d VMs on this host ask for %d vCPUs in all, more than its capacity of %d: %s",
-				u.count, u.vcpus, c.VCPUs, askers(u.vms, func(s *VMSpec) int { return s.VCPUs }, ""))
+		hc := o.host.Spec.Capacity
+		if hc.VCPUs > 0 && u.vcpus > hc.VCPUs {
+			c.add(o, o.at.capacityVCPUs, "spec.capacity.vcpus", "the %d VMs on this host ask for %d vCPUs in all, more than its capacity of %d: %s",
+				u.count, u.vcpus, hc.VCPUs, askers(u.vms, func(s *VMSpec) int { return s.VCPUs }, ""))
 		}
-		if c.MemoryMB > 0 && u.memoryMB > c.MemoryMB {
-			add(o, o.at.capacityMemory, "spec.capacity.memoryMB", "the %d VMs on this host ask for %d MiB of memory in all, more than its capacity of %d MiB: %s",
-				u.count, u.memoryMB, c.MemoryMB, askers(u.vms, func(s *VMSpec) int { return s.MemoryMB }, " MiB"))
+		if hc.MemoryMB > 0 && u.memoryMB > hc.MemoryMB {
+			c.add(o, o.at.capacityMemory, "spec.capacity.memoryMB", "the %d VMs on this host ask for %d MiB of memory in all, more than its capacity of %d MiB: %s",
+				u.count, u.memoryMB, hc.MemoryMB, askers(u.vms, func(s *VMSpec) int { return s.MemoryMB }, " MiB"))
 		}
 	}
-	return errs
 }
 
 // checkSealedTo reports why user-data encrypted to e.Recipient cannot be
@@ -730,6 +861,8 @@ func (o *object) origin() Origin {
 		return o.vm.Origin
 	case KindVolume:
 		return o.volume.Origin
+	case KindProfile:
+		return o.profile.Origin
 	}
 	return o.host.Origin
 }

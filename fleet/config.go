@@ -143,6 +143,40 @@ type Config struct {
 // (overlapping branches, a path outside the repository) is an error
 // wrapping ErrConfig, returned before anything is opened.
 func New(cfg Config) (*Controller, error) {
+	cfg, lkeys, err := validate(withDefaults(cfg))
+	if err != nil {
+		return nil, err
+	}
+	locks, err := lockCaches(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &Controller{
+		locks:      locks,
+		cfg:        cfg,
+		repo:       cfg.Repo,
+		log:        cfg.Logger.WithField("component", "controller"),
+		clock:      cfg.Clock,
+		kick:       make(chan struct{}, 1),
+		loader:     desired.NewLoader(cfg.Path),
+		statuses:   status.NewReader(),
+		live:       newLiveness(cfg.Clock(), cfg.OfflineAfter),
+		hashes:     map[*desired.VM]desired.Hash{},
+		ignored:    map[string]bool{},
+		ledgerKeys: lkeys,
+	}
+	for _, open := range []func() error{c.registerMetrics, c.openRepo, c.openTips} {
+		if err := open(); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// withDefaults is cfg with every zero value that has a default (see
+// Config) set to it.
+func withDefaults(cfg Config) Config {
 	if cfg.Branch == "" {
 		cfg.Branch = DefaultBranch
 	}
@@ -170,29 +204,42 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.MaxDeletes == 0 {
 		cfg.MaxDeletes = DefaultMaxDeletes
 	}
+	return cfg
+}
+
+// validate refuses a configuration that must not run (an error wrapping
+// ErrConfig) and returns it with Verify parsed and Path cleaned
+// (CleanPath), with the keys whose snapshots commits the controller trusts
+// (ledgerKeys; nil without a signing key).
+func validate(cfg Config) (Config, *trust.Signers, error) {
 	mode, err := ParseVerifyMode(string(cfg.Verify))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return cfg, nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	cfg.Verify = mode
 	if mode != VerifyOff && cfg.Signers == nil {
-		return nil, fmt.Errorf("%w: verifying signatures (%s) needs allowed signers: an allowed-signers file or an OpenPGP keyring", ErrConfig, mode)
+		return cfg, nil, fmt.Errorf("%w: verifying signatures (%s) needs allowed signers: an allowed-signers file or an OpenPGP keyring", ErrConfig, mode)
 	}
 	lkeys, err := ledgerKeys(cfg)
 	if err != nil {
-		return nil, err
+		return cfg, nil, err
 	}
-	p, err := CleanPath(cfg.Path)
-	if err != nil {
-		return nil, err
+	if cfg.Path, err = CleanPath(cfg.Path); err != nil {
+		return cfg, nil, err
 	}
-	cfg.Path = p
 	if err := distinctBranches(cfg.Branch, cfg.SnapshotsBranch, cfg.StatusBranch); err != nil {
-		return nil, err
+		return cfg, nil, err
 	}
 	if cfg.TipsCacheDir != "" && filepath.Clean(cfg.TipsCacheDir) == filepath.Clean(cfg.CacheDir) {
-		return nil, fmt.Errorf("%w: the tips cache and the cache are both %s; one directory holds one clone", ErrConfig, cfg.CacheDir)
+		return cfg, nil, fmt.Errorf("%w: the tips cache and the cache are both %s; one directory holds one clone", ErrConfig, cfg.CacheDir)
 	}
+	return cfg, lkeys, nil
+}
+
+// lockCaches locks the cache directories New opens: CacheDir unless Repo
+// is given, TipsCacheDir unless TipRepo is (lockCache). It holds all of
+// them or, with an error, none.
+func lockCaches(cfg Config) ([]*cacheLock, error) {
 	var locks []*cacheLock
 	for _, dir := range []string{cfg.CacheDir, cfg.TipsCacheDir} {
 		if dir == "" || (dir == cfg.CacheDir && cfg.Repo != nil) || (dir == cfg.TipsCacheDir && cfg.TipRepo != nil) {
@@ -207,58 +254,56 @@ func New(cfg Config) (*Controller, error) {
 		}
 		locks = append(locks, l)
 	}
-	c := &Controller{
-		locks:      locks,
-		cfg:        cfg,
-		repo:       cfg.Repo,
-		log:        cfg.Logger.WithField("component", "controller"),
-		clock:      cfg.Clock,
-		kick:       make(chan struct{}, 1),
-		loader:     desired.NewLoader(cfg.Path),
-		statuses:   status.NewReader(),
-		hashes:     map[*desired.VM]desired.Hash{},
-		ignored:    map[string]bool{},
-		ledgerKeys: lkeys,
-	}
-	opened := false
-	defer func() {
-		if !opened {
-			c.Close()
-		}
-	}()
-	c.live = newLiveness(cfg.Clock(), cfg.OfflineAfter)
-	reg := cfg.Registerer
+	return locks, nil
+}
+
+// registerMetrics registers the controller's metrics with
+// Config.Registerer, or with a private registry (Registry) when it is nil.
+func (c *Controller) registerMetrics() error {
+	reg := c.cfg.Registerer
 	if reg == nil {
 		c.reg = prometheus.NewRegistry()
 		reg = c.reg
 	}
 	m, err := newMetrics(reg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	c.metrics = m
-	if c.repo == nil {
-		if cfg.URL == "" {
-			return nil, errors.New("fleet: Config needs Repo or URL")
-		}
-		repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: cfg.URL, CacheDir: cfg.CacheDir,
-			Auth: cfg.Auth, Timeout: cfg.GitTimeout, Logger: cfg.Logger})
-		if err != nil {
-			return nil, err // "open git source URL: …"
-		}
-		c.repo = repo
+	return nil
+}
+
+// openRepo opens Config.URL as the desired branch's repository, unless
+// Config.Repo is given. It does not fetch.
+func (c *Controller) openRepo() error {
+	if c.repo != nil {
+		return nil
 	}
-	c.tips = cfg.TipRepo
-	if c.tips == nil {
-		c.tips = c.repo
-		if cfg.URL != "" {
-			if err := c.renewTips(); err != nil {
-				return nil, err
-			}
-		}
+	cfg := c.cfg
+	if cfg.URL == "" {
+		return errors.New("fleet: Config needs Repo or URL")
 	}
-	opened = true
-	return c, nil
+	repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: cfg.URL, CacheDir: cfg.CacheDir,
+		Auth: cfg.Auth, Timeout: cfg.GitTimeout, Logger: cfg.Logger})
+	if err != nil {
+		return err // "open git source URL: …"
+	}
+	c.repo = repo
+	return nil
+}
+
+// openTips sets the repository of the snapshots and status branches:
+// Config.TipRepo when given, else a depth-1 clone of Config.URL
+// (renewTips), else the desired branch's repository.
+func (c *Controller) openTips() error {
+	if c.tips = c.cfg.TipRepo; c.tips != nil {
+		return nil
+	}
+	c.tips = c.repo
+	if c.cfg.URL == "" {
+		return nil
+	}
+	return c.renewTips()
 }
 
 // ErrConfig is wrapped by New's errors for a configuration that must not

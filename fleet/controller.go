@@ -389,116 +389,176 @@ func (c *Controller) Pass(ctx context.Context) (PassResult, error) {
 	return res, err
 }
 
-// pass is Pass's steps, in order; the first error stops it.
+// pass is Pass's steps, in order; the first error, or a step that ends the
+// pass (skipUnchanged), stops it.
 func (c *Controller) pass(ctx context.Context) (PassResult, error) {
-	var res PassResult
 	now := c.clock()
 	c.renewTipsWhenDue(now)
+	p := &passState{c: c, ctx: ctx, now: now,
+		read: gitsource.WithAdvertisement(ctx, &gitsource.Advertisement{})}
+	for _, step := range []func() error{p.readDesired, p.readStatuses, p.skipUnchanged, p.publish, p.record} {
+		if err := step(); err != nil || p.done {
+			return p.res, err
+		}
+	}
+	return p.res, nil
+}
 
-	// Steps 1 and 2 fetch under one ref advertisement: the desired
-	// branch's fetch records it, and the tip repository's fetch runs no
-	// upload-pack when none of its branches moved in it
-	// (gitsource.WithAdvertisement).
-	read := gitsource.WithAdvertisement(ctx, &gitsource.Advertisement{})
+// passState is the state pass's steps share.
+type passState struct {
+	c   *Controller
+	ctx context.Context
+	now time.Time
+	// read is ctx for the fetches of readDesired and readStatuses, which
+	// run under one ref advertisement: the desired branch's fetch records
+	// it, and the tip repository's fetch runs no upload-pack when none of
+	// its branches moved in it (gitsource.WithAdvertisement).
+	read context.Context
+	res  PassResult
+	// head, fl and loadErr are the desired state last read (readDesired,
+	// again after a lost race).
+	head    string
+	fl      *desired.Fleet
+	loadErr error
+	obs     observation
+	// offline is the offline hosts at now (liveness.offlineSet), in the
+	// skip key.
+	offline string
+	// sum is the summary of the last computation; out the output of the
+	// last computation of write (nil before one ran), and sw the status
+	// write planned from it. written is whether the publish moved the
+	// status tip.
+	sum     status.Summary
+	out     *output
+	sw      *statusWrite
+	written bool
+	// done ends the pass after the current step with res as it stands.
+	done bool
+}
 
-	// Step 1: read desired. Any error keeps the last good snapshots; one
-	// that is git's, not the commit's, ends the pass (every later step
-	// needs git too, and nothing is said about the commit).
-	head, fl, loadErr := c.readDesired(read)
-	res.Head = head
-	c.fetched = nil
-	switch {
-	case errors.Is(loadErr, gitsource.ErrBranchNotFound):
+// readDesired is step 1: read desired. Any error keeps the last good
+// snapshots; one that is git's, not the commit's, ends the pass (every
+// later step needs git too, and nothing is said about the commit).
+func (p *passState) readDesired() error {
+	head, fl, loadErr := p.c.readDesired(p.read)
+	p.c.fetched = nil
+	if errors.Is(loadErr, gitsource.ErrBranchNotFound) {
 		// Git answered: there is no such branch. Never an empty fleet.
-		return res, fmt.Errorf("%w: %w", ErrRefused, loadErr)
-	case loadErr != nil && !errors.Is(loadErr, desired.ErrInvalid):
-		return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
+		p.res.Head = head
+		return fmt.Errorf("%w: %w", ErrRefused, loadErr)
 	}
-	res.Rejected = loadErr
+	return p.take(head, fl, loadErr)
+}
 
-	// Step 2: read the hosts' statuses; a failure disables the sweep. A
-	// remote that stalls ends the pass: every later step waits on it too,
-	// and a pass must not cost a git timeout per step.
-	obs := c.observe(read, fl, now)
-	if errors.Is(obs.err, gitsource.ErrTimeout) {
-		return res, fmt.Errorf("%w: read the statuses: %w", ErrUnreadable, obs.err)
+// take makes the desired state read at head the pass's: a commit git
+// could not read ends the pass (ErrUnreadable); an invalid one is
+// rejected (res.Rejected).
+func (p *passState) take(head string, fl *desired.Fleet, loadErr error) error {
+	p.head, p.fl, p.loadErr = head, fl, loadErr
+	p.res.Head = head
+	if loadErr != nil && !errors.Is(loadErr, desired.ErrInvalid) {
+		return fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
 	}
+	p.res.Rejected = loadErr
+	return nil
+}
 
-	// Skip work when nothing observable changed since a pass that left
-	// nothing waiting (lastKey, set at the end of a pass).
-	// The snapshots tip is in the key too (fetched with the statuses): a
-	// hand edit of the snapshots branch is repaired at the next pass. When
-	// the fetch failed, the key holds no tip and never matches.
+// readStatuses is step 2: read the hosts' statuses; a failure disables
+// the sweep. A remote that stalls ends the pass: every later step waits on
+// it too, and a pass must not cost a git timeout per step.
+func (p *passState) readStatuses() error {
+	p.obs = p.c.observe(p.read, p.fl, p.now)
+	if errors.Is(p.obs.err, gitsource.ErrTimeout) {
+		return fmt.Errorf("%w: read the statuses: %w", ErrUnreadable, p.obs.err)
+	}
+	return nil
+}
+
+// skipUnchanged ends the pass (res.Skipped) when nothing observable changed
+// since a pass that left nothing waiting (lastKey, set by record). The
+// snapshots tip is in the key too (fetched with the statuses): a hand edit
+// of the snapshots branch is repaired at the next pass. When the fetch
+// failed, the key holds no tip and never matches.
+func (p *passState) skipUnchanged() error {
+	c := p.c
 	snapsTip, ok := c.fetched[c.cfg.SnapshotsBranch]
 	if !ok {
 		snapsTip = "unread"
 	}
-	offlineSet := c.live.offlineSet(now)
-	keyAt := func(snaps string) string {
-		return fmt.Sprintf("%s|%s|%s|%v|%s", head, snaps, obs.tip, obs.err == nil, offlineSet)
+	p.offline = c.live.offlineSet(p.now)
+	if p.loadErr == nil && p.obs.err == nil && p.key(snapsTip) == c.lastKey && !c.refreshDue(p.now) {
+		p.res.Skipped = true
+		p.done = true
 	}
-	key := keyAt(snapsTip)
-	if loadErr == nil && obs.err == nil && key == c.lastKey && !c.refreshDue(now) {
-		res.Skipped = true
-		return res, nil
-	}
+	return nil
+}
 
-	// Step 3: compute on the snapshots tip and publish in one CAS commit,
-	// pushed with step 4's in one atomic push.
-	// A publish that lost a race with another controller (errStaleHead)
-	// reads the desired branch again and computes anew, as a rejected
-	// push fetches again.
+// key is the skip key of the pass's inputs with the snapshots tip snaps.
+func (p *passState) key(snaps string) string {
+	return fmt.Sprintf("%s|%s|%s|%v|%s", p.head, snaps, p.obs.tip, p.obs.err == nil, p.offline)
+}
+
+// publish is steps 3 and 4: compute on the snapshots tip and publish in
+// one CAS commit, pushed in one atomic push with the summary on the status
+// branch. A publish that lost a race with another controller
+// (errStaleHead) reads the desired branch again and computes anew, as a
+// rejected push fetches again.
+func (p *passState) publish() error {
+	c := p.c
 	if c.beforePublish != nil {
 		c.beforePublish()
 	}
-	// Step 4, in the same write: the summary on the status branch. This
-	// pass acted: a failure recorded there is over. Statuses the
-	// computation ignored (hosts it does not know) are not shown nor
-	// copied. The summary is made from each attempt's computation.
-	var sum status.Summary
-	summary := func(out *output) (*statusWrite, error) {
-		shown := fl
-		if out.rejected != nil {
-			shown = nil // summarized without the refused state
-		}
-		sum = c.summarize(out.ledger, shown, withoutHosts(obs.reports, out.ignored), out.forgedAcks, obs.err == nil, now)
-		copies := statusCopies{tips: maps.Clone(obs.copies.tips), event: obs.copies.event}
-		for _, h := range out.ignored {
-			delete(copies.tips, h)
-		}
-		return c.planStatus(sum, copies, now)
-	}
-	out, tip, written, err := c.publish(ctx, head, fl, loadErr, obs, now, summary)
+	tip, written, err := p.write()
 	for tries := 0; errors.Is(err, errStaleHead) && tries < 3; tries++ {
 		c.log.WithError(cleanErr(err)).Info("reading the desired branch again")
-		head, fl, loadErr = c.readDesired(ctx)
-		res.Head = head
-		if loadErr != nil && !errors.Is(loadErr, desired.ErrInvalid) {
-			return res, fmt.Errorf("%w: read the desired state: %w", ErrUnreadable, loadErr)
+		if err := p.take(c.readDesired(p.ctx)); err != nil {
+			return err
 		}
-		res.Rejected = loadErr
-		out, tip, written, err = c.publish(ctx, head, fl, loadErr, obs, now, summary)
+		tip, written, err = p.write()
 	}
-	res.SnapshotsCommit = tip
-	if err != nil {
-		return res, err
+	p.res.SnapshotsCommit = tip
+	p.written = written
+	return err
+}
+
+// statusWriteFor is step 4's write, planned from one computation's output:
+// this pass acted, so a failure recorded on the status branch is over.
+// Statuses the computation ignored (hosts it does not know) are neither
+// shown nor copied.
+func (p *passState) statusWriteFor(out *output) (*statusWrite, error) {
+	shown := p.fl
+	if out.rejected != nil {
+		shown = nil // summarized without the refused state
 	}
-	c.report(&res, out)
+	p.sum = p.c.summarize(out.ledger, shown, withoutHosts(p.obs.reports, out.ignored), out.forgedAcks, p.obs.err == nil, p.now)
+	copies := statusCopies{tips: maps.Clone(p.obs.copies.tips), event: p.obs.copies.event}
+	for _, h := range out.ignored {
+		delete(copies.tips, h)
+	}
+	return p.c.planStatus(p.sum, copies, p.now)
+}
+
+// record reports the published computation in res and keeps what the next
+// pass needs: the summary, and the skip key.
+func (p *passState) record() error {
+	c, res, out := p.c, &p.res, p.out
+	c.report(res, out)
 	if out.rejected != nil {
 		// Refused by the computation: report it like any rejection.
 		res.Rejected = out.rejected
 	}
+	sum := p.sum
 	c.failing, c.lastSummary = nil, &sum
-	res.SummaryWritten = written
+	res.SummaryWritten = p.written
 	// The next pass may skip on the same inputs only when this one left
 	// nothing waiting: no rejection to retry, no tombstone waiting for an
 	// ack or for time to pass, no summary held back, and no summary just
 	// written (our write moved the status tip; the next pass reads it).
 	c.lastKey = ""
-	if res.Rejected == nil && obs.err == nil && !waiting(out.ledger) && !written && !c.summaryDue {
-		c.lastKey = keyAt(tip)
+	if res.Rejected == nil && p.obs.err == nil && !waiting(out.ledger) && !p.written && !c.summaryDue {
+		c.lastKey = p.key(res.SnapshotsCommit)
 	}
-	return res, nil
+	return nil
 }
 
 // waiting reports whether a tombstone of l waits for time to pass (the
@@ -620,114 +680,136 @@ func withoutHosts(reports []status.Report, hosts []string) []status.Report {
 	return out
 }
 
-// publish computes the pass's decisions on the snapshots tip and writes
-// them in one compare-and-swap commit (recomputed on a moved tip). It
-// returns the computation's output and the new tip (the tip also with the
-// error of a write that ran no computation).
+// write computes the pass's decisions on the snapshots tip and writes
+// them in one compare-and-swap commit (recomputed on a moved tip), leaving
+// the computation in out. It returns the new tip (also with the error of a
+// write that ran no computation) and whether the status tip moved.
 //
-// status plans the status branch's write from the output of each
-// computation (a nil write: nothing to write); both branches are written
-// in one compare-and-swap write, one push, that the remote takes whole or
-// refuses whole (a moved tip of either runs both again). The planned
-// write's done is called once it is pushed, and the third result reports
-// whether the status tip moved.
-func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet, loadErr error, obs observation, now time.Time,
-	status func(*output) (*statusWrite, error)) (*output, string, bool, error) {
-	var out *output
-	mutate := func(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		src, err := c.ledgerAt(ctx, tip, read)
-		if err != nil {
-			return nil, "", err
-		}
-		l := src.ledger
-		if err := c.checkHead(ctx, head, l); err != nil {
-			return nil, "", err
-		}
-		verify := read
-		if tip != "" && tip == c.verifiedTip {
-			verify = nil
-		}
-		in := c.input(head, fl, loadErr, obs, now, l, src.read, verify)
-		in.forged, in.tip = src.forged, desired.Hash(tip)
-		if src.adopted {
-			in.adopted = desired.Hash(tip)
-		}
-		o, err := compute(in)
-		if err != nil {
-			return nil, "", err
-		}
-		out = o
-		data, err := o.ledger.Marshal()
-		if err != nil {
-			return nil, "", err
-		}
-		old, err := read(snapshots.LedgerPath)
-		if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
-			return nil, "", fmt.Errorf("read %s: %w", snapshots.LedgerPath, err)
-		}
-		if len(o.files) == 0 && string(old) == string(data) && src.from == tip {
-			// A tip no controller key signed is written over even when
-			// nothing else changed: the next tip is signed again.
-			return nil, "", nil
-		}
-		files := o.files
-		files[snapshots.LedgerPath] = data
-		if err := src.restore(files); err != nil {
-			return nil, "", err
-		}
-		if src.adopted {
-			if err := c.dropUnadopted(tip, files, o.ledger); err != nil {
-				return nil, "", err
-			}
-		}
-		return files, commitMessage(head, o), nil
-	}
-	// The status edit runs after the snapshots edit of the same attempt:
-	// out is that attempt's computation.
-	var sw *statusWrite
-	writeStatus := func(statusTip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		sw = nil
-		if out == nil {
-			return nil, "", errors.New("no computation ran")
-		}
-		w, err := status(out)
-		if err != nil {
-			return nil, "", fmt.Errorf("write summary: %w", err)
-		}
-		if w == nil {
-			return nil, "", nil
-		}
-		sw = w
-		files, msg, err := w.mutate(statusTip, read)
-		if err != nil {
-			return nil, "", fmt.Errorf("write summary: %w", err)
-		}
-		return files, msg, nil
-	}
-	tips, err := c.updateMany(ctx, []string{c.cfg.SnapshotsBranch, c.cfg.StatusBranch}, []gitsource.Mutation{mutate, writeStatus})
-	tip, written := "", false
-	if err == nil {
-		tip = tips[0]
-		if sw != nil {
-			sw.done()
-			written = tips[1] != sw.base
-		}
-	}
+// The status branch's write is planned from the output of each
+// computation (statusWriteFor; a nil write: nothing to write); both
+// branches are written in one compare-and-swap write, one push, that the
+// remote takes whole or refuses whole (a moved tip of either runs both
+// again). The planned write's done is called once it is pushed.
+func (p *passState) write() (string, bool, error) {
+	c := p.c
+	p.out, p.sw = nil, nil
+	tips, err := c.updateMany(p.ctx, []string{c.cfg.SnapshotsBranch, c.cfg.StatusBranch},
+		[]gitsource.Mutation{p.editSnapshots, p.editStatus})
 	if err != nil {
-		return nil, "", false, fmt.Errorf("publish snapshots: %w", err)
+		return "", false, fmt.Errorf("publish snapshots: %w", err)
 	}
-	if out == nil {
-		return nil, tip, false, errors.New("publish snapshots: no computation ran")
+	tip, written := tips[0], false
+	if p.sw != nil {
+		p.sw.done()
+		written = tips[1] != p.sw.base
 	}
-	// The written ledger is the ledger at the new tip, and its files are
-	// the ones it describes.
+	if p.out == nil {
+		return tip, false, errors.New("publish snapshots: no computation ran")
+	}
+	c.recordPublished(tip, p.out.ledger)
+	return tip, written, nil
+}
+
+// editSnapshots is the snapshots branch's edit of one attempt of write:
+// compute on the ledger at tip (its output left in out), and the files and
+// message of its commit.
+func (p *passState) editSnapshots(tip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+	c := p.c
+	src, err := c.ledgerAt(p.ctx, tip, read)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := c.checkHead(p.ctx, p.head, src.ledger); err != nil {
+		return nil, "", err
+	}
+	o, err := compute(p.computeInput(tip, src, read))
+	if err != nil {
+		return nil, "", err
+	}
+	p.out = o
+	return p.snapshotsCommit(tip, src, read, o)
+}
+
+// computeInput is compute's input on tip, whose ledger src holds and whose
+// files read returns: the published files are checked unless tip is known
+// to hold them (verifiedTip).
+func (p *passState) computeInput(tip string, src *ledgerSource, read func(string) ([]byte, error)) input {
+	verify := read
+	if tip != "" && tip == p.c.verifiedTip {
+		verify = nil
+	}
+	in := p.c.input(p.head, p.fl, p.loadErr, p.obs, p.now, src.ledger, src.read, verify)
+	in.forged, in.tip = src.forged, desired.Hash(tip)
+	if src.adopted {
+		in.adopted = desired.Hash(tip)
+	}
+	return in
+}
+
+// snapshotsCommit is the files and message of the commit of o over tip:
+// o's files and ledger, what src restores, and on an adopted tip the
+// removal of every file the adoption did not vouch for (dropUnadopted).
+// None when tip holds them already.
+func (p *passState) snapshotsCommit(tip string, src *ledgerSource, read func(string) ([]byte, error), o *output) (map[string][]byte, string, error) {
+	data, err := o.ledger.Marshal()
+	if err != nil {
+		return nil, "", err
+	}
+	old, err := read(snapshots.LedgerPath)
+	if err != nil && !errors.Is(err, gitsource.ErrFileNotFound) {
+		return nil, "", fmt.Errorf("read %s: %w", snapshots.LedgerPath, err)
+	}
+	if len(o.files) == 0 && string(old) == string(data) && src.from == tip {
+		// A tip no controller key signed is written over even when
+		// nothing else changed: the next tip is signed again.
+		return nil, "", nil
+	}
+	files := o.files
+	files[snapshots.LedgerPath] = data
+	if err := src.restore(files); err != nil {
+		return nil, "", err
+	}
+	if src.adopted {
+		if err := p.c.dropUnadopted(tip, files, o.ledger); err != nil {
+			return nil, "", err
+		}
+	}
+	return files, commitMessage(p.head, o), nil
+}
+
+// editStatus is the status branch's edit of one attempt of write. It runs
+// after the snapshots edit of the same attempt: out is that attempt's
+// computation, from which statusWriteFor plans the write (left in sw).
+func (p *passState) editStatus(statusTip string, read func(string) ([]byte, error)) (map[string][]byte, string, error) {
+	p.sw = nil
+	if p.out == nil {
+		return nil, "", errors.New("no computation ran")
+	}
+	w, err := p.statusWriteFor(p.out)
+	if err != nil {
+		return nil, "", fmt.Errorf("write summary: %w", err)
+	}
+	if w == nil {
+		return nil, "", nil
+	}
+	p.sw = w
+	files, msg, err := w.mutate(statusTip, read)
+	if err != nil {
+		return nil, "", fmt.Errorf("write summary: %w", err)
+	}
+	return files, msg, nil
+}
+
+// recordPublished records tip, the snapshots commit this process just
+// wrote, as holding the ledger l and the files l describes.
+func (c *Controller) recordPublished(tip string, l *snapshots.Ledger) {
 	c.verifiedTip = tip
-	c.ledgerSrc = &ledgerSource{tip: tip, from: tip, ledger: out.ledger, read: func(p string) ([]byte, error) {
+	c.ledgerSrc = &ledgerSource{tip: tip, from: tip, ledger: l, read: func(p string) ([]byte, error) {
 		return c.tips.ReadFileMax(tip, p, snapshots.MaxSnapshotBytes)
 	}}
 	if c.ledgerKeys != nil && tip != "" {
 		c.signedOnce = true
-		c.lastSigned = &signedLedger{commit: tip, ledger: out.ledger, repo: c.tips}
+		c.lastSigned = &signedLedger{commit: tip, ledger: l, repo: c.tips}
 	}
 	if c.history != nil {
 		// The walk's clone is read no more: the next pass reads the tip
@@ -735,7 +817,6 @@ func (c *Controller) publish(ctx context.Context, head string, fl *desired.Fleet
 		c.history.Close()
 		c.history = nil
 	}
-	return out, tip, written, nil
 }
 
 // dropUnadopted adds to files a removal of every path of tip, an adopted

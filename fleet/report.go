@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -16,11 +18,7 @@ import (
 // the hosts published with their epochs, then every decision, one a line.
 func commitMessage(head string, o *output) string {
 	var b strings.Builder
-	hosts := make([]string, 0, len(o.published))
-	for h := range o.published {
-		hosts = append(hosts, h)
-	}
-	sort.Strings(hosts)
+	hosts := slices.Sorted(maps.Keys(o.published))
 	if len(hosts) > 0 {
 		fmt.Fprintf(&b, "Publish %d host snapshot(s) from %s\n\n", len(hosts), desired.Hash(head).Short())
 		for _, h := range hosts {
@@ -59,41 +57,85 @@ func refName(r ref) string { return r.Key() }
 
 // report copies the computation's decisions into res and logs them.
 func (c *Controller) report(res *PassResult, o *output) {
-	res.Published = o.published
-	res.FenceJumps = o.fenceJumps
+	fillResult(res, o)
+	c.logDeletes(o)
+	c.logSnapshots(o)
+	c.logForgeries(o)
+	c.reportIgnored(o.ignored)
+}
+
+// fillResult copies o's decisions into res, each object named as
+// "Kind name@host" (refName).
+func fillResult(res *PassResult, o *output) {
+	res.Published, res.FenceJumps, res.Held = o.published, o.fenceJumps, o.held
 	res.Epochs = make(map[string]uint64, len(o.ledger.Hosts))
 	for h, rec := range o.ledger.Hosts {
 		res.Epochs[h] = rec.Epoch
 	}
 	for p, data := range o.files {
-		if data == nil {
-			if h, ok := snapshots.HostFromPath(p); ok {
-				res.Removed = append(res.Removed, h)
-			}
+		if h, ok := snapshots.HostFromPath(p); ok && data == nil {
+			res.Removed = append(res.Removed, h)
 		}
 	}
 	sort.Strings(res.Removed)
 	for _, t := range o.tombstoned {
 		res.Tombstoned = append(res.Tombstoned, refName(t.Ref()))
-		c.log.WithFields(logrus.Fields{"host": t.Host, "kind": t.Kind, "name": t.Name,
-			"commit": t.Tombstone.Commit.Short(), "author": t.Tombstone.Author, "rewritten": t.Tombstone.Rewritten}).Info("tombstoned")
 	}
-	for _, r := range o.undeleted {
-		res.Undeleted = append(res.Undeleted, refName(r))
-		c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name}).Info("un-deleted")
-	}
-	for _, r := range o.finalized {
-		res.Finalized = append(res.Finalized, refName(r))
-		c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name}).Info("delete finalized: acked")
-	}
-	for _, r := range o.confirmed {
-		res.Confirmed = append(res.Confirmed, refName(r))
-		c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name}).Info("delete confirmed: the host's quarantine nonce is published in its tombstone")
-	}
+	res.Undeleted, res.Finalized, res.Confirmed = refNames(o.undeleted), refNames(o.finalized), refNames(o.confirmed)
 	for _, s := range o.swept {
 		res.Swept = append(res.Swept, refName(ref{Kind: s.Kind, Name: s.Name, Host: s.Host}))
-		c.log.WithFields(logrus.Fields{"host": s.Host, "kind": s.Kind, "name": s.Name}).Warn("delete finalized: " + s.Reason)
 	}
+	for _, k := range o.retained {
+		res.Retained = append(res.Retained, refName(k.Ref()))
+	}
+	res.Unretained = refNames(o.unretained)
+	res.Repaired = append(res.Repaired, o.repaired...)
+	res.ForgedAcks, res.ForgedCommits = o.forgedAcks, o.forgedCommits
+	res.IgnoredStatuses = o.ignored
+	res.Pending = len(o.ledger.Tombstones)
+	res.RetainedTotal = len(o.ledger.Retained)
+}
+
+// refNames are the names of refs (refName); nil when there are none.
+func refNames(refs []ref) []string {
+	var names []string
+	for _, r := range refs {
+		names = append(names, refName(r))
+	}
+	return names
+}
+
+// refLog is the controller's logger with the fields of r.
+func (c *Controller) refLog(r ref) *logrus.Entry {
+	return c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name})
+}
+
+// logRefs logs msg at Info for each of refs.
+func (c *Controller) logRefs(refs []ref, msg string) {
+	for _, r := range refs {
+		c.refLog(r).Info(msg)
+	}
+}
+
+// logDeletes logs every delete the pass moved: tombstoned, un-deleted,
+// finalized (acked), confirmed, or swept.
+func (c *Controller) logDeletes(o *output) {
+	for _, t := range o.tombstoned {
+		c.refLog(t.Ref()).WithFields(logrus.Fields{"commit": t.Tombstone.Commit.Short(), "author": t.Tombstone.Author,
+			"rewritten": t.Tombstone.Rewritten}).Info("tombstoned")
+	}
+	c.logRefs(o.undeleted, "un-deleted")
+	c.logRefs(o.finalized, "delete finalized: acked")
+	c.logRefs(o.confirmed, "delete confirmed: the host's quarantine nonce is published in its tombstone")
+	for _, s := range o.swept {
+		c.refLog(ref{Kind: s.Kind, Name: s.Name, Host: s.Host}).Warn("delete finalized: " + s.Reason)
+	}
+}
+
+// logSnapshots logs what the pass did to the hosts' snapshots: fence
+// jumps, publishes, objects kept after a history rewrite or desired again,
+// files repaired, and hosts held (by name).
+func (c *Controller) logSnapshots(o *output) {
 	for h, e := range o.fenceJumps {
 		c.log.WithFields(logrus.Fields{"host": h, "epoch": e}).Warn("fence recovery: a host saw an epoch above the ledger's; jumping past it")
 	}
@@ -101,32 +143,24 @@ func (c *Controller) report(res *PassResult, o *output) {
 		c.log.WithFields(logrus.Fields{"host": h, "epoch": e}).Debug("snapshot published")
 	}
 	for _, k := range o.retained {
-		res.Retained = append(res.Retained, refName(k.Ref()))
-		c.log.WithFields(logrus.Fields{"host": k.Host, "kind": k.Kind, "name": k.Name, "commit": k.Commit.Short()}).
+		c.refLog(k.Ref()).WithField("commit", k.Commit.Short()).
 			Warn("history rewritten: object absent from the new head kept, not deleted; restore its file, or re-add and delete it in a reviewed commit")
 	}
-	for _, r := range o.unretained {
-		res.Unretained = append(res.Unretained, refName(r))
-		c.log.WithFields(logrus.Fields{"host": r.Host, "kind": r.Kind, "name": r.Name}).Info("kept object desired again")
-	}
+	c.logRefs(o.unretained, "kept object desired again")
 	for _, h := range o.repaired {
-		res.Repaired = append(res.Repaired, h)
 		c.log.WithFields(logrus.Fields{"host": h, "epoch": o.published[h]}).Warn("snapshot file on the branch differed from the snapshot computed for it; published again")
 	}
-	res.Held = o.held
-	hosts := make([]string, 0, len(o.held))
-	for h := range o.held {
-		hosts = append(hosts, h)
-	}
-	sort.Strings(hosts)
-	for _, h := range hosts {
+	for _, h := range slices.Sorted(maps.Keys(o.held)) {
 		c.log.WithField("host", h).Error("snapshot held, the other hosts published: " + o.held[h])
 	}
-	res.ForgedAcks = o.forgedAcks
+}
+
+// logForgeries logs the acks and the snapshots commits the pass did not
+// act on.
+func (c *Controller) logForgeries(o *output) {
 	for _, f := range o.forgedAcks {
 		c.log.WithFields(logrus.Fields{"object": f.Ref, "commit": desired.Hash(f.Commit).Short()}).Debug("forged ack not acted on: " + f.Reason)
 	}
-	res.ForgedCommits = o.forgedCommits
 	for _, f := range o.forgedCommits {
 		if f.Signed == "" {
 			c.log.WithField("commit", desired.Hash(f.Commit).Short()).
@@ -136,10 +170,6 @@ func (c *Controller) report(res *PassResult, o *output) {
 		c.log.WithFields(logrus.Fields{"commit": desired.Hash(f.Commit).Short(), "signed": desired.Hash(f.Signed).Short()}).
 			Error("snapshots commit not signed by a controller key: its ledger and files were not acted on, and are repaired (check who can push to the snapshots branch): " + f.Reason)
 	}
-	res.IgnoredStatuses = o.ignored
-	c.reportIgnored(o.ignored)
-	res.Pending = len(o.ledger.Tombstones)
-	res.RetainedTotal = len(o.ledger.Retained)
 }
 
 // maxIgnoredLogged bounds the hosts whose ignored status is remembered as

@@ -14,8 +14,36 @@ import (
 	"github.com/gitfleet/gitfleet/status"
 )
 
-// summarize builds the README.md summary.
+// summarize builds the README.md summary: what the ledger l records, a row
+// of every host, the pending deletes beside their hosts' rows, and the VMs
+// the hosts run that no one manages.
 func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report, forged []ForgedAck, statusOK bool, now time.Time) status.Summary {
+	s := c.ledgerSummary(l, forged, now)
+	hosts := c.hostRows(l, fl, reports, statusOK, now)
+	for _, h := range hosts {
+		s.Hosts = append(s.Hosts, *h)
+	}
+	sort.Slice(s.Hosts, func(i, j int) bool { return s.Hosts[i].Name < s.Hosts[j].Name })
+	for _, t := range l.Tombstones {
+		s.Pending = append(s.Pending, c.pendingDelete(t, hosts[t.Host]))
+	}
+	s.Unmanaged = unmanaged(l, fl, reports)
+	for i, u := range s.Unmanaged {
+		// A host the summary does not list (retired, nothing delivered
+		// to it) included: its Host's last agentKey still judges it.
+		s.Unmanaged[i].Unsigned = c.unsignedNote(u.Host)
+	}
+	return s
+}
+
+// sweepsShown is how many of the ledger's sweeps, the newest, the summary
+// lists.
+const sweepsShown = 10
+
+// ledgerSummary is the summary of what l records (the applied and the
+// rejected commit, the forged snapshots commits, the retained objects, the
+// last sweeps) and of the acks this pass found forged.
+func (c *Controller) ledgerSummary(l *snapshots.Ledger, forged []ForgedAck, now time.Time) status.Summary {
 	s := status.Summary{Branch: c.cfg.Branch, AbandonGrace: c.cfg.AbandonGrace, ViewAt: now}
 	for _, f := range forged {
 		s.ForgedAcks = append(s.ForgedAcks, status.ForgedAck{Ref: f.Ref, Commit: desired.Hash(f.Commit), Reason: f.Reason})
@@ -30,6 +58,27 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		s.Rejected = &status.Rejection{Commit: l.Rejected.Commit, At: l.Rejected.At, Reason: l.Rejected.Reason,
 			SupersededBy: l.Rejected.Superseded}
 	}
+	for _, k := range l.Retained {
+		s.Retained = append(s.Retained, status.RetainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host,
+			Commit: k.Commit, Since: k.Since})
+	}
+	sweeps := l.Sweeps
+	if len(sweeps) > sweepsShown {
+		sweeps = sweeps[len(sweeps)-sweepsShown:]
+	}
+	for _, w := range sweeps {
+		s.Swept = append(s.Swept, status.SweptDelete{Kind: string(w.Kind), Name: w.Name, Host: w.Host,
+			Commit: w.Commit, At: w.At, Reason: w.Reason})
+	}
+	return s
+}
+
+// hostRows are the rows of the Hosts table, by name: every host fl
+// desires, every host l delivers a snapshot to (every host l knows when fl
+// is nil), and every host that reports but one retired and done
+// (retiredAndDone). A host is online only when the statuses were read
+// (statusOK) and it reported.
+func (c *Controller) hostRows(l *snapshots.Ledger, fl *desired.Fleet, reports []status.Report, statusOK bool, now time.Time) map[string]*status.HostSummary {
 	hosts := map[string]*status.HostSummary{}
 	get := func(name string) *status.HostSummary {
 		h := hosts[name]
@@ -53,19 +102,7 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 		if retiredAndDone(l, fl, rep.Host) {
 			continue // its VMs, if it runs any, are listed as unmanaged
 		}
-		h := get(rep.Host)
-		h.Reported = true
-		if rep.Err != nil {
-			h.StatusError = rep.Err.Error()
-			continue
-		}
-		st := rep.Status
-		h.Unsigned = c.unsignedNote(rep.Host)
-		h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
-		h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
-		h.SnapshotError = st.SnapshotError
-		h.Quarantined, h.Suspended, h.QuarantinedVolumes = st.Quarantined, st.Suspended, st.QuarantinedVolumes
-		h.Unconfirmed = unconfirmed(l, st)
+		c.fillReported(get(rep.Host), l, rep)
 	}
 	for _, h := range hosts {
 		if rec := l.Hosts[h.Name]; rec != nil {
@@ -76,52 +113,57 @@ func (c *Controller) summarize(l *snapshots.Ledger, fl *desired.Fleet, reports [
 			h.Online = !off
 		}
 		h.Retired = fl != nil && fl.Hosts[h.Name] == nil
-		s.Hosts = append(s.Hosts, *h)
 	}
-	sort.Slice(s.Hosts, func(i, j int) bool { return s.Hosts[i].Name < s.Hosts[j].Name })
-	for _, t := range l.Tombstones {
-		at, _ := time.Parse(time.RFC3339, t.Tombstone.Time)
-		p := status.PendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host,
-			Commit: t.Tombstone.Commit, Author: t.Tombstone.Author, Time: at, Epoch: t.Tombstone.Epoch,
-			Rewritten: t.Tombstone.Rewritten, Swept: t.SweptAt != nil}
-		if !t.PublishedAt.IsZero() {
-			p.SweepAt = t.PublishedAt.Add(c.cfg.AbandonGrace).UTC()
+	return hosts
+}
+
+// fillReported fills h, the row of rep's host, from rep: the status read
+// (marked when its host did not sign it: unsignedNote), or why it could
+// not be read.
+func (c *Controller) fillReported(h *status.HostSummary, l *snapshots.Ledger, rep status.Report) {
+	h.Reported = true
+	if rep.Err != nil {
+		h.StatusError = rep.Err.Error()
+		return
+	}
+	st := rep.Status
+	h.Unsigned = c.unsignedNote(rep.Host)
+	h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
+	h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
+	h.SnapshotError = st.SnapshotError
+	h.Quarantined, h.Suspended, h.QuarantinedVolumes = st.Quarantined, st.Suspended, st.QuarantinedVolumes
+	h.Unconfirmed = unconfirmed(l, st)
+}
+
+// pendingDelete is the row of t, a pending delete, beside h, the row of
+// its host (nil when the summary lists none): when the host's quarantine
+// destroys the object and whether it waits for a confirmation, taken from
+// h only when its host signed its status.
+func (c *Controller) pendingDelete(t *snapshots.TombstoneRecord, h *status.HostSummary) status.PendingDelete {
+	at, _ := time.Parse(time.RFC3339, t.Tombstone.Time)
+	p := status.PendingDelete{Kind: string(t.Kind), Name: t.Name, Host: t.Host,
+		Commit: t.Tombstone.Commit, Author: t.Tombstone.Author, Time: at, Epoch: t.Tombstone.Epoch,
+		Rewritten: t.Tombstone.Rewritten, Swept: t.SweptAt != nil}
+	if !t.PublishedAt.IsZero() {
+		p.SweepAt = t.PublishedAt.Add(c.cfg.AbandonGrace).UTC()
+	}
+	switch {
+	case h == nil:
+	case h.Unsigned != "":
+		p.HostUnverified = true
+	default:
+		list := h.Quarantined
+		if t.Kind == desired.KindVolume {
+			list = h.QuarantinedVolumes
 		}
-		if h := hosts[t.Host]; h != nil && h.Unsigned != "" {
-			p.HostUnverified = true
-		} else if h != nil {
-			list := h.Quarantined
-			if t.Kind == desired.KindVolume {
-				list = h.QuarantinedVolumes
-			}
-			for _, q := range list {
-				if q.Name == t.Name {
-					p.DestroyAt = q.DestroyAt
-					p.Unconfirmed = q.AwaitsConfirmation() && q.Confirm != t.Tombstone.Confirm
-				}
+		for _, q := range list {
+			if q.Name == t.Name {
+				p.DestroyAt = q.DestroyAt
+				p.Unconfirmed = q.AwaitsConfirmation() && q.Confirm != t.Tombstone.Confirm
 			}
 		}
-		s.Pending = append(s.Pending, p)
 	}
-	for _, k := range l.Retained {
-		s.Retained = append(s.Retained, status.RetainedObject{Kind: string(k.Kind), Name: k.Name, Host: k.Host,
-			Commit: k.Commit, Since: k.Since})
-	}
-	s.Unmanaged = unmanaged(l, fl, reports)
-	for i, u := range s.Unmanaged {
-		// A host the summary does not list (retired, nothing delivered
-		// to it) included: its Host's last agentKey still judges it.
-		s.Unmanaged[i].Unsigned = c.unsignedNote(u.Host)
-	}
-	sweeps := l.Sweeps
-	if len(sweeps) > 10 {
-		sweeps = sweeps[len(sweeps)-10:]
-	}
-	for _, w := range sweeps {
-		s.Swept = append(s.Swept, status.SweptDelete{Kind: string(w.Kind), Name: w.Name, Host: w.Host,
-			Commit: w.Commit, At: w.At, Reason: w.Reason})
-	}
-	return s
+	return p
 }
 
 // retiredAndDone reports whether host is one the desired state fl no longer
@@ -248,77 +290,105 @@ func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time
 		c.summaryDue = true
 		return nil, nil
 	}
-	copies, err := c.copyFiles(cp)
+	files, err := c.renderStatus(s, data, cp, now)
 	if err != nil {
 		return nil, err
-	}
-	liveness, err := c.liveness(s)
-	if err != nil {
-		return nil, err
-	}
-	lw := c.lastWrite(now)
-	written, err := status.MarshalLastWrite(lw)
-	if err != nil {
-		return nil, err
-	}
-	// The README says when it was written; data, which the next pass
-	// compares with, does not.
-	readme := status.StampSummary(data, lw)
-	var failing []byte
-	if s.Failing != nil {
-		var err error
-		if failing, err = status.MarshalPassFailure(s.Failing); err != nil {
-			return nil, err
-		}
 	}
 	w := &statusWrite{done: func() {
 		c.summary, c.summaryKey, c.summaryAt, c.summaryDue = data, key, now, false
 	}}
 	w.mutate = func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		w.base = tip
-		files := map[string][]byte{}
-		// Each file is read up to the size it should have: a bigger
-		// one (forged, say) differs, and costs no memory.
-		same := func(path string, want []byte) (bool, error) {
-			if tip == "" {
-				return want == nil, nil
-			}
-			old, err := c.tips.ReadFileMax(tip, path, int64(len(want)))
-			switch {
-			case errors.Is(err, gitsource.ErrFileNotFound):
-				return want == nil, nil
-			case errors.Is(err, gitsource.ErrFileTooLarge):
-				return false, nil
-			case err != nil:
-				return false, fmt.Errorf("read %s: %w", path, err)
-			}
-			return want != nil && string(old) == string(want), nil
-		}
-		// controller.yaml is there while passes fail, gone once one
-		// succeeds (a nil content removes it). last-write.yaml differs in
-		// every write: each commit says when the controller made it.
-		for path, want := range map[string][]byte{status.SummaryPath: readme, status.ControllerPath: failing, status.LivenessPath: liveness, status.LastWritePath: written} {
-			ok, err := same(path, want)
-			if err != nil {
-				return nil, "", err
-			}
-			if !ok {
-				files[path] = want
-			}
-		}
-		msg := "Update the fleet summary"
-		if len(copies) > 0 {
-			msg = fmt.Sprintf("Update the fleet summary and %d host status(es)", len(copies))
-			for path, data := range copies {
-				files[path] = data // the same content is no change
-			}
-		}
-		if len(files) == 0 {
-			return nil, "", nil
-		}
-		return files, msg, nil
+		return files.commit(c.tips, tip)
 	}
 	return w, nil
+}
+
+// statusFiles are the files of a write of the status branch: the
+// controller's own, path → content (nil: none), and the copies of the
+// hosts' statuses.
+type statusFiles struct {
+	own, copies map[string][]byte
+}
+
+// renderStatus renders the files of a write at now of s, whose rendering
+// is data, and of cp.
+func (c *Controller) renderStatus(s status.Summary, data []byte, cp statusCopies, now time.Time) (statusFiles, error) {
+	copies, err := c.copyFiles(cp)
+	if err != nil {
+		return statusFiles{}, err
+	}
+	liveness, err := c.liveness(s)
+	if err != nil {
+		return statusFiles{}, err
+	}
+	lw := c.lastWrite(now)
+	written, err := status.MarshalLastWrite(lw)
+	if err != nil {
+		return statusFiles{}, err
+	}
+	// The README says when it was written; data, which the next pass
+	// compares with, does not.
+	readme := status.StampSummary(data, lw)
+	var failing []byte
+	if s.Failing != nil {
+		if failing, err = status.MarshalPassFailure(s.Failing); err != nil {
+			return statusFiles{}, err
+		}
+	}
+	// controller.yaml is there while passes fail, gone once one succeeds
+	// (a nil content removes it). last-write.yaml differs in every write:
+	// each commit says when the controller made it.
+	own := map[string][]byte{status.SummaryPath: readme, status.ControllerPath: failing,
+		status.LivenessPath: liveness, status.LastWritePath: written}
+	return statusFiles{own: own, copies: copies}, nil
+}
+
+// commit is the files and message of the commit of f on tip, a commit of
+// repo's status branch ("" before its first): each of the controller's
+// own files tip does not hold as it is, and every copy (the same content
+// is no change). None when nothing differs.
+func (f statusFiles) commit(repo *gitsource.Repo, tip string) (map[string][]byte, string, error) {
+	files := map[string][]byte{}
+	for path, want := range f.own {
+		ok, err := sameAtTip(repo, tip, path, want)
+		if err != nil {
+			return nil, "", err
+		}
+		if !ok {
+			files[path] = want
+		}
+	}
+	msg := "Update the fleet summary"
+	if len(f.copies) > 0 {
+		msg = fmt.Sprintf("Update the fleet summary and %d host status(es)", len(f.copies))
+		for path, data := range f.copies {
+			files[path] = data // the same content is no change
+		}
+	}
+	if len(files) == 0 {
+		return nil, "", nil
+	}
+	return files, msg, nil
+}
+
+// sameAtTip reports whether tip of repo holds want at path (no file there
+// when want is nil). The file is read up to the size it should have: a
+// bigger one (forged, say) differs, and costs no memory.
+func sameAtTip(repo *gitsource.Repo, tip, path string, want []byte) (bool, error) {
+	if tip == "" {
+		return want == nil, nil
+	}
+	old, err := repo.ReadFileMax(tip, path, int64(len(want)))
+	switch {
+	case errors.Is(err, gitsource.ErrFileNotFound):
+		return want == nil, nil
+	case errors.Is(err, gitsource.ErrFileTooLarge):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("read %s: %w", path, err)
+	}
+	return want != nil && string(old) == string(want), nil
 }
 
 // refreshEvery is the longest the controller lets pass between two writes
@@ -331,14 +401,14 @@ func (c *Controller) refreshEvery() time.Duration {
 	return DefaultSummaryInterval
 }
 
-// refreshDue reports whether the status branch is due a write at now
-// although nothing on it changed: this process wrote it refreshEvery ago
-// or more. Before its first write, the first pass writes anyway.
 // lastWrite is last-write.yaml of a status commit made at now.
 func (c *Controller) lastWrite(now time.Time) status.LastWrite {
 	return status.LastWrite{At: now, RefreshSeconds: int64(c.refreshEvery() / time.Second)}
 }
 
+// refreshDue reports whether the status branch is due a write at now
+// although nothing on it changed: this process wrote it refreshEvery ago
+// or more. Before its first write, the first pass writes anyway.
 func (c *Controller) refreshDue(now time.Time) bool {
 	return !c.summaryAt.IsZero() && now.Sub(c.summaryAt) >= c.refreshEvery()
 }

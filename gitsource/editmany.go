@@ -39,63 +39,19 @@ type BranchEdit struct {
 // races, ErrNonFastForward for a refused ReplaceTip, an edit's own error as
 // it is. Edit, Update and EditMany calls on one Repo run one at a time.
 func (r *Repo) EditMany(ctx context.Context, edits []BranchEdit) ([]string, error) {
-	names := make([]string, len(edits))
 	seen := map[string]bool{}
-	for i, e := range edits {
+	for _, e := range edits {
 		if err := checkBranch(e.Branch); err != nil {
 			return nil, fmt.Errorf("update: %w", err)
 		}
 		if seen[e.Branch] {
 			return nil, fmt.Errorf("update: branch %s given twice", e.Branch)
 		}
-		seen[e.Branch], names[i] = true, e.Branch
+		seen[e.Branch] = true
 	}
-	what := strings.Join(names, ", ")
 	r.updateMu.Lock()
 	defer r.updateMu.Unlock()
-	attempts := r.attempts()
-	var lastErr error
-	for attempt := 0; attempt < attempts; attempt++ {
-		if err := r.backoff(ctx, attempt); err != nil {
-			return nil, fmt.Errorf("update %s: %w: %w (last: %v)", what, ErrConflict, err, lastErr)
-		}
-		// The branches not known are fetched together: one ref
-		// advertisement and at most one upload-pack.
-		var fetch []string
-		for _, e := range edits {
-			if attempt > 0 || !e.Known {
-				fetch = append(fetch, e.Branch)
-			}
-		}
-		var fetched map[string]string
-		if len(fetch) > 0 {
-			var err error
-			if fetched, err = r.FetchAll(ctx, fetch, nil); err != nil {
-				return nil, fmt.Errorf("update %s: %w", strings.Join(fetch, ", "), err)
-			}
-		}
-		tips := make([]string, len(edits))
-		for i, e := range edits {
-			if attempt == 0 && e.Known {
-				tips[i] = e.Tip
-			} else {
-				tips[i] = fetched[e.Branch] // "" for a branch the remote lacks
-			}
-		}
-		newTips, err := r.attemptMany(ctx, edits, tips)
-		if err == nil {
-			return newTips, nil
-		}
-		if u := r.refusedWrite(err); u != nil {
-			return nil, fmt.Errorf("update %s: %w", what, u)
-		}
-		if !errors.Is(err, errRejected) && !errors.Is(err, ErrObjectMissing) {
-			return nil, fmt.Errorf("update %s: %w", what, err)
-		}
-		r.log.WithField("branches", what).WithField("attempt", attempt+1).Debug(err.Error())
-		lastErr = err
-	}
-	return nil, fmt.Errorf("update %s: %w after %d attempts: %v", what, ErrConflict, attempts, lastErr)
+	return r.updateLoop(ctx, edits)
 }
 
 // attemptMany runs the edits on tips, builds their commits and pushes
@@ -168,6 +124,15 @@ func (r *Repo) attemptMany(ctx context.Context, edits []BranchEdit, tips []strin
 	}
 	r.maintain(ctx, refSet{branches: branchesOf(ups)})
 	return newTips, nil
+}
+
+// editedBranches names the branches of edits.
+func editedBranches(edits []BranchEdit) []string {
+	out := make([]string, len(edits))
+	for i, e := range edits {
+		out[i] = e.Branch
+	}
+	return out
 }
 
 // branchesOf names the branches of ups.

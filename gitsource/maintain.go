@@ -113,14 +113,22 @@ func packBytes(st *diskStorage) int64 {
 	if err != nil {
 		return 0
 	}
-	fs := st.Filesystem()
 	var n int64
 	for _, h := range packs {
-		if fi, err := fs.Stat(fs.Join("objects", "pack", "pack-"+h.String()+".pack")); err == nil {
-			n += fi.Size()
-		}
+		n += packSize(st, h)
 	}
 	return n
+}
+
+// packSize is the size of one pack file of a cache on disk, 0 when it
+// cannot be read.
+func packSize(st *diskStorage, pack plumbing.Hash) int64 {
+	fs := st.Filesystem()
+	fi, err := fs.Stat(fs.Join("objects", "pack", "pack-"+pack.String()+".pack"))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
 }
 
 // compact merges every pack but the largest, and the loose objects, into
@@ -128,34 +136,57 @@ func packBytes(st *diskStorage) int64 {
 // the store. Nothing is deleted unless the new pack was written whole. It
 // holds one object in memory at a time (BenchmarkCompactPeakRSS).
 func compact(st *diskStorage) (bool, error) {
-	packs, err := st.ObjectPacks()
+	packs, loose, err := packsAndLoose(st)
 	if err != nil {
 		return false, err
 	}
-	var loose []plumbing.Hash
+	if len(packs) <= maxPacks && len(loose) <= maxLoose {
+		return false, nil
+	}
+	merge := allButLargest(st, packs)
+	objs, err := mergedObjects(st, merge, loose)
+	if err != nil {
+		return false, err
+	}
+	if len(objs) == 0 {
+		return false, nil
+	}
+	made, err := writeMergedPack(st, objs)
+	if err != nil {
+		return false, err
+	}
+	return true, deleteMerged(st, merge, made, loose)
+}
+
+// packsAndLoose lists the packs and the loose objects of a cache on disk.
+func packsAndLoose(st *diskStorage) (packs, loose []plumbing.Hash, err error) {
+	if packs, err = st.ObjectPacks(); err != nil {
+		return nil, nil, err
+	}
 	err = st.ForEachObjectHash(func(h plumbing.Hash) error {
 		loose = append(loose, h)
 		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("list loose objects: %w", err)
+		return nil, nil, fmt.Errorf("list loose objects: %w", err)
 	}
-	if len(packs) <= maxPacks && len(loose) <= maxLoose {
-		return false, nil
+	return packs, loose, nil
+}
+
+// allButLargest are the packs to merge: every one but the largest, which
+// is kept as it is (most of the cache's bytes, which every compaction
+// would otherwise rewrite). It sorts packs, largest first.
+func allButLargest(st *diskStorage, packs []plumbing.Hash) []plumbing.Hash {
+	sort.Slice(packs, func(i, j int) bool { return packSize(st, packs[i]) > packSize(st, packs[j]) })
+	if len(packs) == 0 {
+		return packs
 	}
-	fs := st.Filesystem()
-	size := func(h plumbing.Hash) int64 {
-		fi, err := fs.Stat(fs.Join("objects", "pack", "pack-"+h.String()+".pack"))
-		if err != nil {
-			return 0
-		}
-		return fi.Size()
-	}
-	sort.Slice(packs, func(i, j int) bool { return size(packs[i]) > size(packs[j]) })
-	merge := packs
-	if len(packs) > 0 {
-		merge = packs[1:] // keep the largest as it is
-	}
+	return packs[1:]
+}
+
+// mergedObjects are the objects of the packs merge and the loose
+// objects, each once.
+func mergedObjects(st *diskStorage, merge, loose []plumbing.Hash) ([]plumbing.Hash, error) {
 	seen := map[plumbing.Hash]bool{}
 	var objs []plumbing.Hash
 	add := func(h plumbing.Hash) {
@@ -167,7 +198,7 @@ func compact(st *diskStorage) (bool, error) {
 	for _, p := range merge {
 		hs, err := packHashes(st, p)
 		if err != nil {
-			return false, err
+			return nil, err
 		}
 		for _, h := range hs {
 			add(h)
@@ -176,42 +207,50 @@ func compact(st *diskStorage) (bool, error) {
 	for _, h := range loose {
 		add(h)
 	}
-	if len(objs) == 0 {
-		return false, nil
-	}
+	return objs, nil
+}
+
+// writeMergedPack writes objs into the cache as one new pack and returns
+// its name (its checksum). One object at a time, whole (no delta search:
+// it would cost more CPU than the disk it saves here). go-git's encoder
+// holds every object it packs in memory at once: the merge of a few
+// hundred of the controller's ledgers (hundreds of KB each) raised its
+// RSS by 100 MB.
+func writeMergedPack(st *diskStorage, objs []plumbing.Hash) (plumbing.Hash, error) {
 	w, err := st.PackfileWriter()
 	if err != nil {
-		return false, err
+		return plumbing.ZeroHash, err
 	}
-	// One object at a time, whole (no delta search: it would cost more
-	// CPU than the disk it saves here). go-git's encoder holds every
-	// object it packs in memory at once: the merge of a few hundred of the
-	// controller's ledgers (hundreds of KB each) raised its RSS by 100 MB.
 	made, err := encodePack(w, st, objs)
 	if err != nil {
 		_ = w.Close()
-		return false, fmt.Errorf("write merged pack: %w", err)
+		return plumbing.ZeroHash, fmt.Errorf("write merged pack: %w", err)
 	}
 	if err := w.Close(); err != nil {
-		return false, fmt.Errorf("write merged pack: %w", err)
+		return plumbing.ZeroHash, fmt.Errorf("write merged pack: %w", err)
 	}
+	return made, nil
+}
+
+// deleteMerged deletes what the new pack made holds now: the packs merge
+// and the loose objects. A merged pack that is made itself, byte for
+// byte (its objects alone, as an earlier compaction wrote them), is the
+// new pack, not one to delete.
+func deleteMerged(st *diskStorage, merge []plumbing.Hash, made plumbing.Hash, loose []plumbing.Hash) error {
 	for _, p := range merge {
 		if p == made {
-			// The merge made a pack it merged, byte for byte (its
-			// objects alone, as an earlier compaction wrote them): the
-			// file is the new pack, not one to delete.
 			continue
 		}
 		if err := st.DeleteOldObjectPackAndIndex(p, time.Time{}); err != nil {
-			return true, fmt.Errorf("delete merged pack %s: %w", p, err)
+			return fmt.Errorf("delete merged pack %s: %w", p, err)
 		}
 	}
 	for _, h := range loose {
 		if err := st.DeleteLooseObject(h); err != nil {
-			return true, fmt.Errorf("delete packed loose object %s: %w", h, err)
+			return fmt.Errorf("delete packed loose object %s: %w", h, err)
 		}
 	}
-	return true, nil
+	return nil
 }
 
 // packHashes lists the objects of one pack from its index.

@@ -231,101 +231,144 @@ func spillLimit(limit, packSize int64) int64 {
 // between objects and during long copies (its error is returned).
 func indexPack(ctx context.Context, f *os.File, size, spill int64) (*idxfile.MemoryIndex, plumbing.Hash, error) {
 	sc := packfile.NewScanner(f)
-	_, count, err := sc.Header()
+	entries, err := scanPack(ctx, sc, size)
 	if err != nil {
 		return nil, plumbing.ZeroHash, err
 	}
-	// Every object takes at least two bytes: a count past that is a lie
-	// that must not size an allocation.
-	if int64(count) > size/2 {
-		return nil, plumbing.ZeroHash, fmt.Errorf("%w: %d objects claimed in %d bytes", packfile.ErrMalformedPackFile, count, size)
-	}
-	entries := make([]*packEntry, 0, count)
-	byOffset := make(map[int64]*packEntry, count)
-	for i := uint32(0); i < count; i++ {
-		if err := ctx.Err(); err != nil {
-			return nil, plumbing.ZeroHash, err
-		}
-		oh, err := sc.NextObjectHeader()
-		if err != nil {
-			return nil, plumbing.ZeroHash, wrapPackEOF(err)
-		}
-		e := &packEntry{offset: oh.Offset, typ: oh.Type}
-		var sink io.Writer = io.Discard
-		var hasher plumbing.Hasher
-		switch oh.Type {
-		case plumbing.OFSDeltaObject:
-			if _, ok := byOffset[oh.OffsetReference]; !ok {
-				return nil, plumbing.ZeroHash, fmt.Errorf("%w: delta at %d on no object (offset %d)", packfile.ErrMalformedPackFile, oh.Offset, oh.OffsetReference)
-			}
-			e.delta, e.base = true, oh.OffsetReference
-		case plumbing.REFDeltaObject:
-			e.delta, e.ref = true, oh.Reference
-		case plumbing.CommitObject, plumbing.TreeObject, plumbing.BlobObject, plumbing.TagObject:
-			hasher = plumbing.NewHasher(oh.Type, oh.Length)
-			sink = ctxWriter{ctx, hasher}
-		default:
-			return nil, plumbing.ZeroHash, fmt.Errorf("%w: object of type %v at %d", packfile.ErrMalformedPackFile, oh.Type, oh.Offset)
-		}
-		n, crc, err := sc.NextObject(sink)
-		if err != nil {
-			if cerr := ctx.Err(); cerr != nil {
-				return nil, plumbing.ZeroHash, cerr
-			}
-			return nil, plumbing.ZeroHash, wrapPackEOF(err)
-		}
-		if n != oh.Length {
-			return nil, plumbing.ZeroHash, fmt.Errorf("%w: object at %d", packfile.ErrInflatedSizeMismatch, oh.Offset)
-		}
-		e.crc = crc
-		if !e.delta {
-			e.hash = hasher.Sum()
-		}
-		entries = append(entries, e)
-		byOffset[e.offset] = e
-	}
-	sum, err := sc.Checksum()
-	if err != nil {
-		return nil, plumbing.ZeroHash, wrapPackEOF(err)
-	}
-	// Nothing may follow the checksum (git index-pack: "pack has junk
-	// at the end"): the stored file would not be the pack it is named
-	// after.
-	end, err := sc.SeekFromStart(0)
+	sum, err := packChecksum(sc, size)
 	if err != nil {
 		return nil, plumbing.ZeroHash, err
-	}
-	if end != size {
-		return nil, plumbing.ZeroHash, fmt.Errorf("%w: %d bytes after the pack's checksum", packfile.ErrMalformedPackFile, size-end)
 	}
 	d := &deltaResolver{ctx: ctx, sc: packfile.NewScanner(f), dir: filepath.Dir(f.Name()), cache: map[int64]objData{}, spillLimit: spill}
 	defer d.close()
 	if err := d.resolveAll(entries); err != nil {
 		return nil, plumbing.ZeroHash, err
 	}
-	// An object the pack holds twice would be listed once in the index,
-	// so a delta on the other copy would name a base at an offset the
-	// index does not know: unreadable, and taken for cache damage on
-	// every read. git pack-objects never repeats one.
+	if err := refuseRepeats(entries); err != nil {
+		return nil, plumbing.ZeroHash, err
+	}
+	idx, err := packIndexOf(entries, sum)
+	return idx, sum, err
+}
+
+// scanPack reads the pack's header and then each of its objects once, as
+// it streams by: a whole object through its hash, a delta to its end.
+// The entries it returns are in the pack's order, deltas unresolved.
+func scanPack(ctx context.Context, sc *packfile.Scanner, size int64) ([]*packEntry, error) {
+	_, count, err := sc.Header()
+	if err != nil {
+		return nil, err
+	}
+	// Every object takes at least two bytes: a count past that is a lie
+	// that must not size an allocation.
+	if int64(count) > size/2 {
+		return nil, fmt.Errorf("%w: %d objects claimed in %d bytes", packfile.ErrMalformedPackFile, count, size)
+	}
+	entries := make([]*packEntry, 0, count)
+	byOffset := make(map[int64]*packEntry, count)
+	for i := uint32(0); i < count; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		e, err := scanObject(ctx, sc, byOffset)
+		if err != nil {
+			return nil, err
+		}
+		entries = append(entries, e)
+		byOffset[e.offset] = e
+	}
+	return entries, nil
+}
+
+// scanObject reads the pack's next object: its type, offset and CRC, and
+// a whole object's hash, or which base a delta is on (an ofs-delta's must
+// be one of the objects before it, byOffset).
+func scanObject(ctx context.Context, sc *packfile.Scanner, byOffset map[int64]*packEntry) (*packEntry, error) {
+	oh, err := sc.NextObjectHeader()
+	if err != nil {
+		return nil, wrapPackEOF(err)
+	}
+	e := &packEntry{offset: oh.Offset, typ: oh.Type}
+	var sink io.Writer = io.Discard
+	var hasher plumbing.Hasher
+	switch oh.Type {
+	case plumbing.OFSDeltaObject:
+		if _, ok := byOffset[oh.OffsetReference]; !ok {
+			return nil, fmt.Errorf("%w: delta at %d on no object (offset %d)", packfile.ErrMalformedPackFile, oh.Offset, oh.OffsetReference)
+		}
+		e.delta, e.base = true, oh.OffsetReference
+	case plumbing.REFDeltaObject:
+		e.delta, e.ref = true, oh.Reference
+	case plumbing.CommitObject, plumbing.TreeObject, plumbing.BlobObject, plumbing.TagObject:
+		hasher = plumbing.NewHasher(oh.Type, oh.Length)
+		sink = ctxWriter{ctx, hasher}
+	default:
+		return nil, fmt.Errorf("%w: object of type %v at %d", packfile.ErrMalformedPackFile, oh.Type, oh.Offset)
+	}
+	n, crc, err := sc.NextObject(sink)
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
+		}
+		return nil, wrapPackEOF(err)
+	}
+	if n != oh.Length {
+		return nil, fmt.Errorf("%w: object at %d", packfile.ErrInflatedSizeMismatch, oh.Offset)
+	}
+	e.crc = crc
+	if !e.delta {
+		e.hash = hasher.Sum()
+	}
+	return e, nil
+}
+
+// packChecksum reads the pack's trailing checksum, after its last object.
+// Nothing may follow it (git index-pack: "pack has junk at the end"): the
+// stored file would not be the pack it is named after.
+func packChecksum(sc *packfile.Scanner, size int64) (plumbing.Hash, error) {
+	sum, err := sc.Checksum()
+	if err != nil {
+		return plumbing.ZeroHash, wrapPackEOF(err)
+	}
+	end, err := sc.SeekFromStart(0)
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	if end != size {
+		return plumbing.ZeroHash, fmt.Errorf("%w: %d bytes after the pack's checksum", packfile.ErrMalformedPackFile, size-end)
+	}
+	return sum, nil
+}
+
+// refuseRepeats refuses a pack that holds an object twice: it would be
+// listed once in the index, so a delta on the other copy would name a
+// base at an offset the index does not know: unreadable, and taken for
+// cache damage on every read. git pack-objects never repeats one.
+func refuseRepeats(entries []*packEntry) error {
 	seen := make(map[plumbing.Hash]int64, len(entries))
 	for _, e := range entries {
 		if at, ok := seen[e.hash]; ok {
-			return nil, plumbing.ZeroHash, fmt.Errorf("%w: object %s is in the pack twice, at offsets %d and %d", ErrPackRefused, e.hash, at, e.offset)
+			return fmt.Errorf("%w: object %s is in the pack twice, at offsets %d and %d", ErrPackRefused, e.hash, at, e.offset)
 		}
 		seen[e.hash] = e.offset
 	}
+	return nil
+}
+
+// packIndexOf is the index of the pack whose resolved entries and
+// checksum are given.
+func packIndexOf(entries []*packEntry, sum plumbing.Hash) (*idxfile.MemoryIndex, error) {
 	w := new(idxfile.Writer)
-	if err := w.OnHeader(count); err != nil {
-		return nil, plumbing.ZeroHash, err
+	if err := w.OnHeader(uint32(len(entries))); err != nil {
+		return nil, err
 	}
 	for _, e := range entries {
 		w.Add(e.hash, uint64(e.offset), e.crc)
 	}
 	if err := w.OnFooter(sum); err != nil {
-		return nil, plumbing.ZeroHash, err
+		return nil, err
 	}
-	idx, err := w.Index()
-	return idx, sum, err
+	return w.Index()
 }
 
 // ctxWriter is a writer that fails once its context ended, so that a
@@ -401,89 +444,125 @@ const maxDeltaDepth = 4095
 // resolveAll resolves every delta of entries: each whole object is the
 // root of a tree of deltas (ofs-deltas by their base's offset, ref-deltas
 // by its hash), walked depth first so that only the bases on the path
-// being walked are held.
+// being walked are held. A delta no tree reaches is ErrPackRefused.
 func (d *deltaResolver) resolveAll(entries []*packEntry) error {
-	ofsKids := map[int64][]*packEntry{}
-	refKids := map[plumbing.Hash][]*packEntry{}
-	deltas := 0
-	for _, e := range entries {
-		switch {
-		case !e.delta:
-		case e.ref != plumbing.ZeroHash:
-			refKids[e.ref] = append(refKids[e.ref], e)
-			deltas++
-		default:
-			ofsKids[e.base] = append(ofsKids[e.base], e)
-			deltas++
-		}
-	}
-	kids := func(e *packEntry) []*packEntry {
-		k := append(ofsKids[e.offset], refKids[e.hash]...)
-		// A hash that two objects share (a pack may repeat an object) has
-		// its ref-deltas resolved once.
-		delete(refKids, e.hash)
-		return k
-	}
-	// pending holds the deltas whose base is resolved and held, in the
-	// order they are taken (last first).
-	type step struct{ e, base *packEntry }
-	var pending []step
+	kids := groupDeltas(entries)
 	resolved := 0
 	for _, root := range entries {
 		if root.delta {
 			continue
 		}
-		k := kids(root)
-		if len(k) == 0 {
-			continue
-		}
-		d.at = root.offset
-		data, err := d.raw(root)
+		n, err := d.resolveTree(root, kids)
 		if err != nil {
 			return err
 		}
-		root.children = len(k)
-		if err := d.hold(root, data); err != nil {
+		resolved += n
+	}
+	if resolved < kids.count {
+		return unresolved(entries, kids.count-resolved, kids.count)
+	}
+	return nil
+}
+
+// deltaKids are a pack's deltas by their base: ofs-deltas by its offset,
+// ref-deltas by its hash; count is how many deltas there are.
+type deltaKids struct {
+	ofs   map[int64][]*packEntry
+	ref   map[plumbing.Hash][]*packEntry
+	count int
+}
+
+// groupDeltas finds the deltas of entries on each base.
+func groupDeltas(entries []*packEntry) *deltaKids {
+	k := &deltaKids{ofs: map[int64][]*packEntry{}, ref: map[plumbing.Hash][]*packEntry{}}
+	for _, e := range entries {
+		switch {
+		case !e.delta:
+		case e.ref != plumbing.ZeroHash:
+			k.ref[e.ref] = append(k.ref[e.ref], e)
+			k.count++
+		default:
+			k.ofs[e.base] = append(k.ofs[e.base], e)
+			k.count++
+		}
+	}
+	return k
+}
+
+// of takes the deltas on e, now that its hash is known. A hash that two
+// objects share (a pack may repeat an object) has its ref-deltas
+// resolved once.
+func (k *deltaKids) of(e *packEntry) []*packEntry {
+	out := append(k.ofs[e.offset], k.ref[e.hash]...)
+	delete(k.ref, e.hash)
+	return out
+}
+
+// resolveTree resolves the deltas on root and on them in turn, depth
+// first, holding each base until its last delta is resolved, and returns
+// how many it resolved. It reads root only when a delta is on it.
+func (d *deltaResolver) resolveTree(root *packEntry, kids *deltaKids) (int, error) {
+	k := kids.of(root)
+	if len(k) == 0 {
+		return 0, nil
+	}
+	// pending holds the deltas whose base is resolved and held, in the
+	// order they are taken (last first).
+	type step struct{ e, base *packEntry }
+	var pending []step
+	hold := func(e *packEntry, data objData, k []*packEntry) error {
+		e.children = len(k)
+		if err := d.hold(e, data); err != nil {
 			return err
 		}
 		for _, c := range k {
-			pending = append(pending, step{c, root})
+			pending = append(pending, step{c, e})
 		}
-		for len(pending) > 0 {
-			s := pending[len(pending)-1]
-			pending = pending[:len(pending)-1]
-			if err := d.ctx.Err(); err != nil {
-				return err
-			}
-			e, base := s.e, s.base
-			if e.hash != plumbing.ZeroHash {
-				continue // reached twice through a repeated base hash
-			}
-			e.depth = base.depth + 1
-			if e.depth > maxDeltaDepth {
-				return fmt.Errorf("%w: object at offset %d: delta chain deeper than %d (git's own bound)", ErrPackRefused, e.offset, maxDeltaDepth)
-			}
-			data, err := d.resolve(e, base)
-			if err != nil {
-				return err
-			}
-			resolved++
-			k := kids(e)
-			e.children = len(k)
-			if err := d.hold(e, data); err != nil {
-				return err
-			}
-			for _, c := range k {
-				pending = append(pending, step{c, e})
-			}
+		return nil
+	}
+	d.at = root.offset
+	data, err := d.raw(root)
+	if err != nil {
+		return 0, err
+	}
+	if err := hold(root, data, k); err != nil {
+		return 0, err
+	}
+	resolved := 0
+	for len(pending) > 0 {
+		s := pending[len(pending)-1]
+		pending = pending[:len(pending)-1]
+		if err := d.ctx.Err(); err != nil {
+			return 0, err
+		}
+		e, base := s.e, s.base
+		if e.hash != plumbing.ZeroHash {
+			continue // reached twice through a repeated base hash
+		}
+		e.depth = base.depth + 1
+		if e.depth > maxDeltaDepth {
+			return 0, fmt.Errorf("%w: object at offset %d: delta chain deeper than %d (git's own bound)", ErrPackRefused, e.offset, maxDeltaDepth)
+		}
+		data, err := d.resolve(e, base)
+		if err != nil {
+			return 0, err
+		}
+		resolved++
+		if err := hold(e, data, kids.of(e)); err != nil {
+			return 0, err
 		}
 	}
-	if resolved < deltas {
-		for _, e := range entries {
-			if e.delta && e.hash == plumbing.ZeroHash {
-				return fmt.Errorf("%w: %d of %d deltas never resolve, the first at offset %d (on %s): their bases are not in the pack or form a cycle (%w)",
-					ErrPackRefused, deltas-resolved, deltas, e.offset, baseName(e), packfile.ErrReferenceDeltaNotFound)
-			}
+	return resolved, nil
+}
+
+// unresolved refuses a pack in which missing of its deltas never
+// resolve (their bases are absent, or form a cycle), naming the first
+// such delta; nil when there is none.
+func unresolved(entries []*packEntry, missing, deltas int) error {
+	for _, e := range entries {
+		if e.delta && e.hash == plumbing.ZeroHash {
+			return fmt.Errorf("%w: %d of %d deltas never resolve, the first at offset %d (on %s): their bases are not in the pack or form a cycle (%w)",
+				ErrPackRefused, missing, deltas, e.offset, baseName(e), packfile.ErrReferenceDeltaNotFound)
 		}
 	}
 	return nil

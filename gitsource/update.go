@@ -148,46 +148,90 @@ func (r *Repo) EditOwn(ctx context.Context, branch string, edit EditFunc) (strin
 }
 
 // edit is Edit; first, when set, gives the tip the first attempt builds
-// on without fetching (false: fetch as every later attempt does).
+// on without fetching (false: fetch as every later attempt does). first
+// is called once the writes before this one are done, so a tip it reads
+// from the cache is the last one this Repo pushed.
 func (r *Repo) edit(ctx context.Context, branch string, edit EditFunc, first func() (string, bool)) (string, error) {
 	if err := checkBranch(branch); err != nil {
 		return "", fmt.Errorf("update: %w", err)
 	}
 	r.updateMu.Lock()
 	defer r.updateMu.Unlock()
+	e := BranchEdit{Branch: branch, Edit: edit}
+	if first != nil {
+		e.Tip, e.Known = first()
+	}
+	tips, err := r.updateLoop(ctx, []BranchEdit{e})
+	if err != nil {
+		return "", err
+	}
+	return tips[0], nil
+}
+
+// updateLoop is the one compare-and-swap loop of Update, Edit and EditMany:
+// each attempt takes the branches' tips (attemptTips), runs the edits on
+// them, builds the commits and pushes them naming those tips
+// (attemptMany). A rejection, or a tip gone from the cache (a fresh clone
+// between the fetch and the build), waits a jittered backoff and tries
+// again on tips fetched afresh, up to Options.UpdateAttempts; any other
+// error ends it. Errors name the branches ("update B1, B2: …").
+// Caller holds r.updateMu.
+func (r *Repo) updateLoop(ctx context.Context, edits []BranchEdit) ([]string, error) {
+	what := strings.Join(editedBranches(edits), ", ")
 	attempts := r.attempts()
 	var lastErr error
 	for attempt := 0; attempt < attempts; attempt++ {
 		if err := r.backoff(ctx, attempt); err != nil {
-			return "", fmt.Errorf("update %s: %w: %w (last: %v)", branch, ErrConflict, err, lastErr)
+			return nil, fmt.Errorf("update %s: %w: %w (last: %v)", what, ErrConflict, err, lastErr)
 		}
-		tip, known := "", false
-		if first != nil && attempt == 0 {
-			tip, known = first()
+		tips, err := r.attemptTips(ctx, edits, attempt)
+		if err != nil {
+			return nil, err
 		}
-		if !known {
-			var err error
-			tip, err = r.Fetch(ctx, branch)
-			if err != nil && !errors.Is(err, ErrBranchNotFound) {
-				return "", fmt.Errorf("update %s: %w", branch, err)
-			}
-		}
-		newTip, err := r.attempt(ctx, branch, tip, edit)
+		newTips, err := r.attemptMany(ctx, edits, tips)
 		if err == nil {
-			return newTip, nil
+			return newTips, nil
 		}
 		if u := r.refusedWrite(err); u != nil {
-			return "", fmt.Errorf("update %s: %w", branch, u)
+			return nil, fmt.Errorf("update %s: %w", what, u)
 		}
-		// A tip gone from the cache (a fresh clone between the fetch and
-		// the build) is retried like a rejection.
 		if !errors.Is(err, errRejected) && !errors.Is(err, ErrObjectMissing) {
-			return "", fmt.Errorf("update %s: %w", branch, err)
+			return nil, fmt.Errorf("update %s: %w", what, err)
 		}
-		r.log.WithField("branch", branch).WithField("attempt", attempt+1).Debug(err.Error())
+		r.log.WithField("branch", what).WithField("attempt", attempt+1).Debug(err.Error())
 		lastErr = err
 	}
-	return "", fmt.Errorf("update %s: %w after %d attempts: %v", branch, ErrConflict, attempts, lastErr)
+	return nil, fmt.Errorf("update %s: %w after %d attempts: %v", what, ErrConflict, attempts, lastErr)
+}
+
+// attemptTips are the tips the edits build on in attempt: an edit's own
+// Tip in the first attempt when Known, else its branch's tip fetched now
+// ("" for a branch the remote lacks). The branches to fetch are fetched
+// together: one ref advertisement and at most one upload-pack.
+func (r *Repo) attemptTips(ctx context.Context, edits []BranchEdit, attempt int) ([]string, error) {
+	given := func(e BranchEdit) bool { return attempt == 0 && e.Known }
+	var fetch []string
+	for _, e := range edits {
+		if !given(e) {
+			fetch = append(fetch, e.Branch)
+		}
+	}
+	var fetched map[string]string
+	if len(fetch) > 0 {
+		var err error
+		if fetched, err = r.FetchAll(ctx, fetch, nil); err != nil {
+			return nil, fmt.Errorf("update %s: %w", strings.Join(fetch, ", "), err)
+		}
+	}
+	tips := make([]string, len(edits))
+	for i, e := range edits {
+		if given(e) {
+			tips[i] = e.Tip
+		} else {
+			tips[i] = fetched[e.Branch]
+		}
+	}
+	return tips, nil
 }
 
 // attempts is Options.UpdateAttempts, or its default.
@@ -239,16 +283,6 @@ func (r *Repo) trackedTip(branch string) (string, bool) {
 		return "", false
 	}
 	return ref.Hash().String(), true
-}
-
-// attempt runs edit on tip, builds the commit and pushes it: EditMany's
-// attempt for one branch.
-func (r *Repo) attempt(ctx context.Context, branch, tip string, edit EditFunc) (string, error) {
-	tips, err := r.attemptMany(ctx, []BranchEdit{{Branch: branch, Edit: edit}}, []string{tip})
-	if err != nil {
-		return "", err
-	}
-	return tips[0], nil
 }
 
 // prepared is a commit an edit asked for, built in the store but not
@@ -482,121 +516,166 @@ func sortName(e object.TreeEntry) string {
 
 // edit applies edits (paths relative to the tree at h, nil data removes) and
 // returns the new tree's hash: zero when the tree ends up empty, h itself
-// when nothing changed.
+// when nothing changed. A path's write or removal replaces whatever the
+// tree holds there (a directory where a file is written, a file where a
+// directory is written under): these trees are the writer's, and an entry
+// of another kind in the way is someone else's, never a reason to stop
+// writing.
 func (b *builder) edit(h plumbing.Hash, edits map[string][]byte) (plumbing.Hash, error) {
-	var entries []object.TreeEntry
-	if !h.IsZero() {
-		t, err := b.r.tree(h)
-		if err != nil {
+	t, err := b.level(h)
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	files, dirs, err := splitEdits(edits)
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	for name, data := range files {
+		if err := b.editFile(t, name, data); err != nil {
 			return plumbing.ZeroHash, err
 		}
-		entries = append(entries, t.Entries...)
 	}
-	// Split the edits into this level's files and the subdirectories'.
-	here := map[string][]byte{}
-	below := map[string]map[string][]byte{}
+	for name, sub := range dirs {
+		if err := b.editDir(t, name, sub); err != nil {
+			return plumbing.ZeroHash, err
+		}
+	}
+	if !t.changed {
+		return h, nil
+	}
+	return b.writeLevel(t)
+}
+
+// splitEdits splits edits into this level's files (name → data) and the
+// edits under each subdirectory (name → paths relative to it). Removals
+// under a path written itself are subsumed by the write; a path written
+// both as a file and under as a directory is an error.
+func splitEdits(edits map[string][]byte) (files map[string][]byte, dirs map[string]map[string][]byte, err error) {
+	files, dirs = map[string][]byte{}, map[string]map[string][]byte{}
 	for p, data := range edits {
 		dir, rest, nested := strings.Cut(p, "/")
 		if !nested {
-			here[p] = data
+			files[p] = data
 			continue
 		}
-		if below[dir] == nil {
-			below[dir] = map[string][]byte{}
+		if dirs[dir] == nil {
+			dirs[dir] = map[string][]byte{}
 		}
-		below[dir][rest] = data
+		dirs[dir][rest] = data
 	}
-	index := map[string]int{}
-	for i, e := range entries {
-		index[e.Name] = i
-	}
-	changed := false
-	removed := map[string]bool{}
-	// A path's write or removal replaces whatever the tree holds there
-	// (a directory where a file is written, a file where a directory is
-	// written under): these trees are the writer's, and an entry of
-	// another kind in the way is someone else's, never a reason to stop
-	// writing. Removals under a path written itself are subsumed by it.
-	for name, data := range here {
-		if sub, clash := below[name]; clash {
+	for name := range files {
+		if sub, clash := dirs[name]; clash {
 			if !allNil(sub) {
-				return plumbing.ZeroHash, fmt.Errorf("write %s: also written as a directory", name)
+				return nil, nil, fmt.Errorf("write %s: also written as a directory", name)
 			}
-			delete(below, name)
+			delete(dirs, name)
 		}
-		i, exists := index[name]
-		if exists && entries[i].Mode == filemode.Dir {
-			if data == nil {
-				removed[name] = true
-				changed = true
-				continue
-			}
-			entries[i].Mode = filemode.Regular // replaced below
-			entries[i].Hash = plumbing.ZeroHash
-		}
-		if data == nil {
-			if exists {
-				removed[name] = true
-				changed = true
-			}
-			continue
-		}
-		bh, err := b.writeBlob(data)
+	}
+	return files, dirs, nil
+}
+
+// treeLevel is one tree while builder.edit changes it: its entries, each
+// one's index by name, the names removed, and whether anything changed.
+type treeLevel struct {
+	entries []object.TreeEntry
+	index   map[string]int
+	removed map[string]bool
+	changed bool
+}
+
+// level reads the tree at h (zero: a tree that does not exist yet) for
+// editing.
+func (b *builder) level(h plumbing.Hash) (*treeLevel, error) {
+	t := &treeLevel{index: map[string]int{}, removed: map[string]bool{}}
+	if !h.IsZero() {
+		tree, err := b.r.tree(h)
 		if err != nil {
-			return plumbing.ZeroHash, err
+			return nil, err
 		}
-		mode := filemode.Regular
-		if exists && entries[i].Mode == filemode.Executable {
-			mode = filemode.Executable
+		t.entries = append(t.entries, tree.Entries...)
+	}
+	for i, e := range t.entries {
+		t.index[e.Name] = i
+	}
+	return t, nil
+}
+
+// put sets name's entry to mode and hash, adding it when absent.
+func (t *treeLevel) put(name string, mode filemode.FileMode, hash plumbing.Hash) {
+	if i, exists := t.index[name]; exists {
+		if t.entries[i].Hash != hash || t.entries[i].Mode != mode {
+			t.entries[i].Hash, t.entries[i].Mode = hash, mode
+			t.changed = true
 		}
+		return
+	}
+	t.index[name] = len(t.entries)
+	t.entries = append(t.entries, object.TreeEntry{Name: name, Mode: mode, Hash: hash})
+	t.changed = true
+}
+
+// remove drops name's entry.
+func (t *treeLevel) remove(name string) {
+	t.removed[name] = true
+	t.changed = true
+}
+
+// editFile writes data as the file name of t, or removes whatever t holds
+// there when data is nil. An executable file stays executable; a
+// directory in the way is replaced.
+func (b *builder) editFile(t *treeLevel, name string, data []byte) error {
+	i, exists := t.index[name]
+	if data == nil {
 		if exists {
-			if entries[i].Hash != bh || entries[i].Mode != mode {
-				entries[i].Hash, entries[i].Mode = bh, mode
-				changed = true
-			}
-			continue
+			t.remove(name)
 		}
-		index[name] = len(entries)
-		entries = append(entries, object.TreeEntry{Name: name, Mode: mode, Hash: bh})
-		changed = true
+		return nil
 	}
-	for name, sub := range below {
-		i, exists := index[name]
-		var old plumbing.Hash
-		if exists {
-			if entries[i].Mode != filemode.Dir {
-				if allNil(sub) {
-					continue // nothing there to remove
-				}
-				entries[i].Mode = filemode.Dir // the file is replaced
-			} else {
-				old = entries[i].Hash
-			}
+	bh, err := b.writeBlob(data)
+	if err != nil {
+		return err
+	}
+	mode := filemode.Regular
+	if exists && t.entries[i].Mode == filemode.Executable {
+		mode = filemode.Executable
+	}
+	t.put(name, mode, bh)
+	return nil
+}
+
+// editDir applies sub to the directory name of t: a directory left empty
+// is removed, a file in the way is replaced, unless sub only removes
+// (there is nothing under a file to remove).
+func (b *builder) editDir(t *treeLevel, name string, sub map[string][]byte) error {
+	var old plumbing.Hash
+	if i, exists := t.index[name]; exists {
+		if t.entries[i].Mode != filemode.Dir && allNil(sub) {
+			return nil
 		}
-		nh, err := b.edit(old, sub)
-		if err != nil {
-			return plumbing.ZeroHash, fmt.Errorf("%s/%w", name, err)
-		}
-		switch {
-		case nh == old:
-		case nh.IsZero():
-			removed[name] = true
-			changed = true
-		case exists:
-			entries[i].Hash = nh
-			changed = true
-		default:
-			index[name] = len(entries)
-			entries = append(entries, object.TreeEntry{Name: name, Mode: filemode.Dir, Hash: nh})
-			changed = true
+		if t.entries[i].Mode == filemode.Dir {
+			old = t.entries[i].Hash
 		}
 	}
-	if !changed {
-		return h, nil
+	nh, err := b.edit(old, sub)
+	if err != nil {
+		return fmt.Errorf("%s/%w", name, err)
 	}
-	kept := entries[:0]
-	for _, e := range entries {
-		if !removed[e.Name] {
+	switch {
+	case nh == old:
+	case nh.IsZero():
+		t.remove(name)
+	default:
+		t.put(name, filemode.Dir, nh)
+	}
+	return nil
+}
+
+// writeLevel stores t's entries but the removed ones as a tree: zero
+// when none is left.
+func (b *builder) writeLevel(t *treeLevel) (plumbing.Hash, error) {
+	kept := t.entries[:0]
+	for _, e := range t.entries {
+		if !t.removed[e.Name] {
 			kept = append(kept, e)
 		}
 	}
@@ -633,38 +712,66 @@ var errNoAtomic = errors.New("the remote does not advertise atomic pushes")
 // naming each branch's old value as the value it must still have. With
 // atomic, the remote takes all of them or none (git's atomic capability;
 // errNoAtomic when it lacks it). A refusal because a branch moved is
-// errRejected.
+// errRejected: found in the ref advertisement before anything is sent,
+// or reported by the remote (pushOutcome).
 func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bool) error {
 	what := strings.Join(branchesOf(ups), ", ")
-	ep, err := transport.NewEndpoint(r.url)
+	sess, err := r.receivePack(what)
 	if err != nil {
 		return err
-	}
-	ep.Proxy = r.proxyOptions() // the ssh deadline (see sshdeadline.go)
-	cl, err := client.NewClient(ep)
-	if err != nil {
-		return err
-	}
-	sess, err := cl.NewReceivePackSession(ep, r.auth)
-	if err != nil {
-		return fmt.Errorf("push %s: %w", what, err)
 	}
 	defer sess.Close()
 	ar, err := sess.AdvertisedReferencesContext(ctx)
 	if err != nil {
 		return fmt.Errorf("push %s: %w", what, err)
 	}
+	req, err := pushRequest(what, ar, ups, atomic)
+	if err != nil {
+		return err
+	}
+	req.Packfile = io.NopCloser(bytes.NewReader(pack))
+	if !ar.Capabilities.Supports(capability.ReportStatus) {
+		return fmt.Errorf("push %s: the remote does not report status", what)
+	}
+	rs, err := sess.ReceivePack(ctx, req)
+	return pushOutcome(what, rs, err)
+}
+
+// receivePack opens a receive-pack session with the remote, within the
+// ssh deadline (see sshdeadline.go).
+func (r *Repo) receivePack(what string) (transport.ReceivePackSession, error) {
+	ep, err := transport.NewEndpoint(r.url)
+	if err != nil {
+		return nil, err
+	}
+	ep.Proxy = r.proxyOptions()
+	cl, err := client.NewClient(ep)
+	if err != nil {
+		return nil, err
+	}
+	sess, err := cl.NewReceivePackSession(ep, r.auth)
+	if err != nil {
+		return nil, fmt.Errorf("push %s: %w", what, err)
+	}
+	return sess, nil
+}
+
+// pushRequest is the update request for ups: one command per branch from
+// its old value to its new one, atomic when asked. A branch whose
+// advertised value is not its old one is errRejected: it moved, and
+// nothing is sent.
+func pushRequest(what string, ar *packp.AdvRefs, ups []refUpdate, atomic bool) (*packp.ReferenceUpdateRequest, error) {
 	if atomic && !ar.Capabilities.Supports(capability.Atomic) {
-		return fmt.Errorf("push %s: %w", what, errNoAtomic)
+		return nil, fmt.Errorf("push %s: %w", what, errNoAtomic)
 	}
 	refs, err := ar.AllReferences()
 	if err != nil {
-		return fmt.Errorf("push %s: %w", what, err)
+		return nil, fmt.Errorf("push %s: %w", what, err)
 	}
 	req := packp.NewReferenceUpdateRequestFromCapabilities(ar.Capabilities)
 	if atomic {
 		if err := req.Capabilities.Set(capability.Atomic); err != nil {
-			return fmt.Errorf("push %s: %w", what, err)
+			return nil, fmt.Errorf("push %s: %w", what, err)
 		}
 	}
 	for _, u := range ups {
@@ -678,15 +785,17 @@ func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bo
 			current = ref.Hash()
 		}
 		if current != old {
-			return fmt.Errorf("%w: %s moved from %s to %s", errRejected, u.branch, desired.Hash(old.String()).Short(), desired.Hash(current.String()).Short())
+			return nil, fmt.Errorf("%w: %s moved from %s to %s", errRejected, u.branch, desired.Hash(old.String()).Short(), desired.Hash(current.String()).Short())
 		}
 		req.Commands = append(req.Commands, &packp.Command{Name: name, Old: old, New: u.new})
 	}
-	req.Packfile = io.NopCloser(bytes.NewReader(pack))
-	if !ar.Capabilities.Supports(capability.ReportStatus) {
-		return fmt.Errorf("push %s: the remote does not report status", what)
-	}
-	rs, err := sess.ReceivePack(ctx, req)
+	return req, nil
+}
+
+// pushOutcome reads the remote's answer to a push, its report rs and
+// the session's err: nil when it took every update, errRejected when it
+// refused one as a lost race, else the failure.
+func pushOutcome(what string, rs *packp.ReportStatus, err error) error {
 	if rs == nil {
 		if err != nil && pushRejected(err) {
 			return fmt.Errorf("%w: %v", errRejected, err)
@@ -696,7 +805,7 @@ func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bo
 		}
 		return fmt.Errorf("push %s: no report from the remote", what)
 	}
-	if err := rs.Error(); err != nil {
+	if failed := rs.Error(); failed != nil {
 		// In an atomic push every ref reports the failure of one: git
 		// says "atomic transaction failed" for all of them when a ref's
 		// lock found another value (the old values were checked just
@@ -707,10 +816,10 @@ func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bo
 				return fmt.Errorf("%w: %v", errRejected, cerr)
 			}
 		}
-		if pushRejected(err) {
-			return fmt.Errorf("%w: %v", errRejected, err)
+		if pushRejected(failed) {
+			return fmt.Errorf("%w: %v", errRejected, failed)
 		}
-		return fmt.Errorf("push %s: %w", what, err)
+		return fmt.Errorf("push %s: %w", what, failed)
 	}
 	if err != nil {
 		return fmt.Errorf("push %s: %w", what, err)

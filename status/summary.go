@@ -224,10 +224,39 @@ func StampSummary(data []byte, w LastWrite) []byte {
 	return append(append(append(out, data[:at]...), line...), data[at:]...)
 }
 
-// RenderSummary renders s as the Markdown of README.md. Commits are shown by
-// their first 12 hex digits; times in UTC, RFC 3339.
+// RenderSummary renders s as the Markdown of README.md: the sections of
+// summarySections, in order. Commits are shown by their first 12 hex
+// digits; times in UTC, RFC 3339.
 func RenderSummary(s Summary) []byte {
 	var b bytes.Buffer
+	for _, section := range summarySections {
+		section(s, &b)
+	}
+	return b.Bytes()
+}
+
+// summarySections write the README's sections in the order a reader
+// needs them: what the controller applied and whether its passes work,
+// then the fleet (hosts, VMs, deletes), then what it refused to act on
+// and what it kept or finalized on its own. Each writes nothing, or whole
+// paragraphs ending in a blank line.
+var summarySections = []func(Summary, *bytes.Buffer){
+	Summary.writeTitle,
+	Summary.writeFailing,
+	Summary.writeRejected,
+	Summary.writeHosts,
+	Summary.writeVMs,
+	Summary.writePending,
+	Summary.writeForgedAcks,
+	Summary.writeForgedCommits,
+	Summary.writeRetained,
+	Summary.writeUnmanaged,
+	Summary.writeSwept,
+}
+
+// writeTitle writes the title, the intro and the desired branch with the
+// commit applied.
+func (s Summary) writeTitle(b *bytes.Buffer) {
 	b.WriteString("# gitfleet status\n\n")
 	b.WriteString(summaryIntro)
 	branch := s.Branch
@@ -235,75 +264,103 @@ func RenderSummary(s Summary) []byte {
 		branch = "main"
 	}
 	if s.Applied != "" {
-		fmt.Fprintf(&b, "Desired state: `%s` at `%s`.\n\n", branch, s.Applied.Short())
+		fmt.Fprintf(b, "Desired state: `%s` at `%s`.\n\n", branch, s.Applied.Short())
 	} else {
-		fmt.Fprintf(&b, "Desired state: `%s`, nothing applied yet.\n\n", branch)
+		fmt.Fprintf(b, "Desired state: `%s`, nothing applied yet.\n\n", branch)
 	}
-	if f := s.Failing; f != nil {
-		b.WriteString("## Controller passes failing\n\n")
-		why := "`unreadable`: git failed, nothing is said about the desired commit"
-		if f.Outcome == FailureRefused {
-			why = "`refused`: the controller will not act on what it read"
-		}
-		fmt.Fprintf(&b, "Since %s every pass is %s; the last good snapshots stay in place, and passes are retried with back-off.", stamp(f.Since), why)
-		if !s.ViewAt.IsZero() {
-			fmt.Fprintf(&b, " Hosts, VMs and deletes below are as of %s, the last pass that succeeded: not what they are now.", stamp(s.ViewAt))
-		}
-		b.WriteString("\n\n")
-		codeBlock(&b, f.Reason)
-	}
-	if s.Rejected != nil {
-		b.WriteString("## Last rejected commit\n\n")
-		commit := "(no commit: the desired branch could not be read)"
-		if s.Rejected.Commit != "" {
-			commit = "`" + s.Rejected.Commit.Short() + "`"
-		}
-		if s.Rejected.SupersededBy != "" {
-			fmt.Fprintf(&b, "%s at %s was rejected; `%s` has been applied since.\n\n", commit, stamp(s.Rejected.At), s.Rejected.SupersededBy.Short())
-		} else {
-			fmt.Fprintf(&b, "%s at %s was rejected; the last good snapshots stay in place.\n\n", commit, stamp(s.Rejected.At))
-		}
-		codeBlock(&b, s.Rejected.Reason)
-	}
+}
 
+// writeFailing says, while passes fail, since when and why, and that
+// what follows is as of the last good pass.
+func (s Summary) writeFailing(b *bytes.Buffer) {
+	f := s.Failing
+	if f == nil {
+		return
+	}
+	b.WriteString("## Controller passes failing\n\n")
+	why := "`unreadable`: git failed, nothing is said about the desired commit"
+	if f.Outcome == FailureRefused {
+		why = "`refused`: the controller will not act on what it read"
+	}
+	fmt.Fprintf(b, "Since %s every pass is %s; the last good snapshots stay in place, and passes are retried with back-off.", stamp(f.Since), why)
+	if !s.ViewAt.IsZero() {
+		fmt.Fprintf(b, " Hosts, VMs and deletes below are as of %s, the last pass that succeeded: not what they are now.", stamp(s.ViewAt))
+	}
+	b.WriteString("\n\n")
+	codeBlock(b, f.Reason)
+}
+
+// writeRejected writes the last rejected desired commit and whether a
+// later one has been applied since.
+func (s Summary) writeRejected(b *bytes.Buffer) {
+	r := s.Rejected
+	if r == nil {
+		return
+	}
+	b.WriteString("## Last rejected commit\n\n")
+	commit := "(no commit: the desired branch could not be read)"
+	if r.Commit != "" {
+		commit = "`" + r.Commit.Short() + "`"
+	}
+	if r.SupersededBy != "" {
+		fmt.Fprintf(b, "%s at %s was rejected; `%s` has been applied since.\n\n", commit, stamp(r.At), r.SupersededBy.Short())
+	} else {
+		fmt.Fprintf(b, "%s at %s was rejected; the last good snapshots stay in place.\n\n", commit, stamp(r.At))
+	}
+	codeBlock(b, r.Reason)
+}
+
+// writeHosts writes the table of hosts, one row each.
+func (s Summary) writeHosts(b *bytes.Buffer) {
 	b.WriteString("## Hosts\n\n")
 	if len(s.Hosts) == 0 {
 		b.WriteString("No hosts.\n\n")
-	} else {
-		tableHeader(&b, "host", "state", "heartbeat", "accel", "agent", "epoch published", "epoch seen", "VMs")
-		for _, h := range s.Hosts {
-			state := h.State()
-			if h.StatusError != "" {
-				state += ": " + h.StatusError
-			}
-			if h.Retired {
-				state += ", " + RetiredNote
-			}
-			if h.Unsigned != "" {
-				state += ", " + UnsignedNote + ": " + h.Unsigned
-			}
-			switch {
-			case h.FenceViolation:
-				state += ", fence violation"
-			case h.SnapshotError != "":
-				state += ", snapshot refused: " + strings.TrimPrefix(h.SnapshotError, "snapshot refused: ")
-			}
-			if h.Unconfirmed > 0 {
-				state += fmt.Sprintf(", %d quarantined, waiting for the controller to confirm the delete", h.Unconfirmed)
-			}
-			if h.Suspended != nil {
-				state += ", suspended (acts on nothing)"
-				if h.Suspended.Reason != "" {
-					state += ": " + h.Suspended.Reason
-				}
-			}
-			fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %d | %d | %d |\n",
-				cell(h.Name), cell(state), h.Heartbeat, cell(h.Accel), cell(h.AgentVersion),
-				h.Epoch, h.LastSeenEpoch, len(h.VMs))
-		}
-		b.WriteString("\n")
+		return
 	}
+	tableHeader(b, "host", "state", "heartbeat", "accel", "agent", "epoch published", "epoch seen", "VMs")
+	for _, h := range s.Hosts {
+		fmt.Fprintf(b, "| %s | %s | %d | %s | %s | %d | %d | %d |\n",
+			cell(h.Name), cell(h.stateCell()), h.Heartbeat, cell(h.Accel), cell(h.AgentVersion),
+			h.Epoch, h.LastSeenEpoch, len(h.VMs))
+	}
+	b.WriteString("\n")
+}
 
+// stateCell is the host's state with everything that qualifies it: why
+// its status is unreadable or unverified, a refused snapshot, deletes
+// waiting for confirmation, a suspension.
+func (h HostSummary) stateCell() string {
+	state := h.State()
+	if h.StatusError != "" {
+		state += ": " + h.StatusError
+	}
+	if h.Retired {
+		state += ", " + RetiredNote
+	}
+	if h.Unsigned != "" {
+		state += ", " + UnsignedNote + ": " + h.Unsigned
+	}
+	switch {
+	case h.FenceViolation:
+		state += ", fence violation"
+	case h.SnapshotError != "":
+		state += ", snapshot refused: " + strings.TrimPrefix(h.SnapshotError, "snapshot refused: ")
+	}
+	if h.Unconfirmed > 0 {
+		state += fmt.Sprintf(", %d quarantined, waiting for the controller to confirm the delete", h.Unconfirmed)
+	}
+	if h.Suspended != nil {
+		state += ", suspended (acts on nothing)"
+		if h.Suspended.Reason != "" {
+			state += ": " + h.Suspended.Reason
+		}
+	}
+	return state
+}
+
+// writeVMs writes the table of VMs the hosts report, running or
+// quarantined.
+func (s Summary) writeVMs(b *bytes.Buffer) {
 	b.WriteString("## VMs\n\n")
 	n := 0
 	for _, h := range s.Hosts {
@@ -311,114 +368,145 @@ func RenderSummary(s Summary) []byte {
 	}
 	if n == 0 {
 		b.WriteString("No VMs reported.\n\n")
-	} else {
-		b.WriteString("A running VM is `booting` until its guest answers (an SSH banner, a qemu-guest-agent ping or its console's ready line; a VM given SSH keys only while its sshd answers), then `ready`.\n\n")
-		tableHeader(&b, "VM", "host", "phase", "power", "address", "error", "note")
-		for _, h := range s.Hosts {
-			hostNote := VMHostNote(h.State(), h.Suspended != nil)
-			if h.Unsigned != "" {
-				hostNote = JoinNotes(UnsignedNote, hostNote)
-			}
-			for _, vm := range h.VMs {
-				addr := vm.IP
-				if vm.SSH != "" {
-					if addr != "" {
-						addr += ", "
-					}
-					addr += "ssh " + vm.SSH
-				}
-				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
-					cell(vm.Name), cell(h.Name), cell(vm.Phase), cell(vm.Power), cell(addr), cell(vm.LastError), cell(JoinNotes(vm.Message, hostNote)))
-			}
-			for _, q := range h.Quarantined {
-				fmt.Fprintf(&b, "| %s | %s | %s | stopped | - | %s | %s |\n",
-					cell(q.Name), cell(h.Name), PhaseQuarantined, cell(q.LastError), cell(QuarantineNote(q)))
-			}
-		}
-		b.WriteString("\n")
+		return
 	}
+	b.WriteString("A running VM is `booting` until its guest answers (an SSH banner, a qemu-guest-agent ping or its console's ready line; a VM given SSH keys only while its sshd answers), then `ready`.\n\n")
+	tableHeader(b, "VM", "host", "phase", "power", "address", "error", "note")
+	for _, h := range s.Hosts {
+		hostNote := VMHostNote(h.State(), h.Suspended != nil)
+		if h.Unsigned != "" {
+			hostNote = JoinNotes(UnsignedNote, hostNote)
+		}
+		for _, vm := range h.VMs {
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s |\n",
+				cell(vm.Name), cell(h.Name), cell(vm.Phase), cell(vm.Power), cell(vm.addressCell()), cell(vm.LastError), cell(JoinNotes(vm.Message, hostNote)))
+		}
+		for _, q := range h.Quarantined {
+			fmt.Fprintf(b, "| %s | %s | %s | stopped | - | %s | %s |\n",
+				cell(q.Name), cell(h.Name), PhaseQuarantined, cell(q.LastError), cell(QuarantineNote(q)))
+		}
+	}
+	b.WriteString("\n")
+}
 
+// addressCell is the VM's IP address and its SSH endpoint, either
+// or both.
+func (vm VM) addressCell() string {
+	addr := vm.IP
+	if vm.SSH != "" {
+		if addr != "" {
+			addr += ", "
+		}
+		addr += "ssh " + vm.SSH
+	}
+	return addr
+}
+
+// writePending writes the table of deletes not finalized yet.
+func (s Summary) writePending(b *bytes.Buffer) {
 	b.WriteString("## Pending deletes\n\n")
 	if len(s.Pending) == 0 {
 		b.WriteString("None.\n\n")
-	} else {
-		tableHeader(&b, "kind", "name", "host", "removed by", "author", "since", "epoch", "deadline")
-		for _, p := range s.Pending {
-			by := "`" + p.Commit.Short() + "`"
-			if p.Rewritten {
-				by += " (history rewritten)"
-			}
-			if p.Swept {
-				by += " (swept while the host was offline; waits for its ack)"
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %d | %s |\n",
-				cell(p.Kind), cell(p.Name), cell(p.Host), by, cell(p.Author), stamp(p.Time), p.Epoch, cell(p.Deadline(s.AbandonGrace)))
-		}
-		b.WriteString("\n")
+		return
 	}
+	tableHeader(b, "kind", "name", "host", "removed by", "author", "since", "epoch", "deadline")
+	for _, p := range s.Pending {
+		by := "`" + p.Commit.Short() + "`"
+		if p.Rewritten {
+			by += " (history rewritten)"
+		}
+		if p.Swept {
+			by += " (swept while the host was offline; waits for its ack)"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %d | %s |\n",
+			cell(p.Kind), cell(p.Name), cell(p.Host), by, cell(p.Author), stamp(p.Time), p.Epoch, cell(p.Deadline(s.AbandonGrace)))
+	}
+	b.WriteString("\n")
+}
 
-	if len(s.ForgedAcks) > 0 {
-		b.WriteString("## Forged acks\n\n")
-		b.WriteString("These acks were not acted on: the status commit is not signed by the key the Host's spec.agentKey names. The deletes stay pending until the host's own agent acks them with a signed status (check who can push to the host's branch).\n\n")
-		tableHeader(&b, "object", "status commit", "reason")
-		for _, f := range s.ForgedAcks {
-			commit := "-"
-			if f.Commit != "" {
-				commit = "`" + f.Commit.Short() + "`"
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s |\n", cell(f.Ref), commit, cell(f.Reason))
-		}
-		b.WriteString("\n")
+// writeForgedAcks writes the acks not acted on, if any.
+func (s Summary) writeForgedAcks(b *bytes.Buffer) {
+	if len(s.ForgedAcks) == 0 {
+		return
 	}
+	b.WriteString("## Forged acks\n\n")
+	b.WriteString("These acks were not acted on: the status commit is not signed by the key the Host's spec.agentKey names. The deletes stay pending until the host's own agent acks them with a signed status (check who can push to the host's branch).\n\n")
+	tableHeader(b, "object", "status commit", "reason")
+	for _, f := range s.ForgedAcks {
+		fmt.Fprintf(b, "| %s | %s | %s |\n", cell(f.Ref), commitCell(f.Commit), cell(f.Reason))
+	}
+	b.WriteString("\n")
+}
 
-	if len(s.ForgedCommits) > 0 {
-		b.WriteString("## Forged snapshots commits\n\n")
-		b.WriteString("These commits on the snapshots branch are not signed by a controller key: the controller never acted on their ledger or files, read the ledger of the signed commit below them instead, and wrote its next commit over them, republishing every host file that differed. A row without a signed commit is a ledger record a controller without a signing key did not act on (a retained object the desired history does not justify, a name the applied commit never held, a tombstone no desired commit made). Check who can push to the snapshots branch (docs/operating.md, \"Forged snapshots commits\").\n\n")
-		tableHeader(&b, "commit", "signed commit read instead", "found", "reason")
-		for _, f := range s.ForgedCommits {
-			signed := "-"
-			if f.Signed != "" {
-				signed = "`" + f.Signed.Short() + "`"
-			}
-			fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", f.Commit.Short(), signed, stamp(f.At), cell(f.Reason))
-		}
-		b.WriteString("\n")
+// writeForgedCommits writes the snapshots commits no controller key
+// signed, if any.
+func (s Summary) writeForgedCommits(b *bytes.Buffer) {
+	if len(s.ForgedCommits) == 0 {
+		return
 	}
+	b.WriteString("## Forged snapshots commits\n\n")
+	b.WriteString("These commits on the snapshots branch are not signed by a controller key: the controller never acted on their ledger or files, read the ledger of the signed commit below them instead, and wrote its next commit over them, republishing every host file that differed. A row without a signed commit is a ledger record a controller without a signing key did not act on (a retained object the desired history does not justify, a name the applied commit never held, a tombstone no desired commit made). Check who can push to the snapshots branch (docs/operating.md, \"Forged snapshots commits\").\n\n")
+	tableHeader(b, "commit", "signed commit read instead", "found", "reason")
+	for _, f := range s.ForgedCommits {
+		fmt.Fprintf(b, "| `%s` | %s | %s | %s |\n", f.Commit.Short(), commitCell(f.Signed), stamp(f.At), cell(f.Reason))
+	}
+	b.WriteString("\n")
+}
 
-	if len(s.Retained) > 0 {
-		b.WriteString("## Kept after a history rewrite\n\n")
-		b.WriteString("These objects left the desired state through a rewritten history (a force-push, a reset), not a reviewed delete: they keep running with their last spec. Restore the file, or re-add and delete it in a reviewed commit.\n\n")
-		tableHeader(&b, "kind", "name", "host", "state", "since")
-		for _, k := range s.Retained {
-			fmt.Fprintf(&b, "| %s | %s | %s | kept after a history rewrite at `%s`: restore the file, or re-add and delete it in a reviewed commit | %s |\n",
-				cell(k.Kind), cell(k.Name), cell(k.Host), k.Commit.Short(), stamp(k.Since))
-		}
-		b.WriteString("\n")
+// writeRetained writes the objects kept after a history rewrite, if any.
+func (s Summary) writeRetained(b *bytes.Buffer) {
+	if len(s.Retained) == 0 {
+		return
 	}
+	b.WriteString("## Kept after a history rewrite\n\n")
+	b.WriteString("These objects left the desired state through a rewritten history (a force-push, a reset), not a reviewed delete: they keep running with their last spec. Restore the file, or re-add and delete it in a reviewed commit.\n\n")
+	tableHeader(b, "kind", "name", "host", "state", "since")
+	for _, k := range s.Retained {
+		fmt.Fprintf(b, "| %s | %s | %s | kept after a history rewrite at `%s`: restore the file, or re-add and delete it in a reviewed commit | %s |\n",
+			cell(k.Kind), cell(k.Name), cell(k.Host), k.Commit.Short(), stamp(k.Since))
+	}
+	b.WriteString("\n")
+}
 
-	if len(s.Unmanaged) > 0 {
-		b.WriteString("## On hosts, not in the desired state\n\n")
-		tableHeader(&b, "VM", "host", "phase", "state")
-		for _, u := range s.Unmanaged {
-			state := "on host, not in the desired state: kept"
-			if u.Unsigned != "" {
-				state = JoinNotes(state, UnsignedNote)
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", cell(u.Name), cell(u.Host), cell(u.Phase), state)
-		}
-		b.WriteString("\n")
+// writeUnmanaged writes the VMs on hosts that the desired state does not
+// know, if any.
+func (s Summary) writeUnmanaged(b *bytes.Buffer) {
+	if len(s.Unmanaged) == 0 {
+		return
 	}
+	b.WriteString("## On hosts, not in the desired state\n\n")
+	tableHeader(b, "VM", "host", "phase", "state")
+	for _, u := range s.Unmanaged {
+		state := "on host, not in the desired state: kept"
+		if u.Unsigned != "" {
+			state = JoinNotes(state, UnsignedNote)
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", cell(u.Name), cell(u.Host), cell(u.Phase), state)
+	}
+	b.WriteString("\n")
+}
 
-	if len(s.Swept) > 0 {
-		b.WriteString("## Deletes finalized for offline hosts\n\n")
-		tableHeader(&b, "kind", "name", "host", "removed by", "finalized", "reason")
-		for _, w := range s.Swept {
-			fmt.Fprintf(&b, "| %s | %s | %s | `%s` | %s | %s |\n",
-				cell(w.Kind), cell(w.Name), cell(w.Host), w.Commit.Short(), stamp(w.At), cell(w.Reason))
-		}
-		b.WriteString("\n")
+// writeSwept writes the deletes the controller finalized for offline
+// hosts, if any.
+func (s Summary) writeSwept(b *bytes.Buffer) {
+	if len(s.Swept) == 0 {
+		return
 	}
-	return b.Bytes()
+	b.WriteString("## Deletes finalized for offline hosts\n\n")
+	tableHeader(b, "kind", "name", "host", "removed by", "finalized", "reason")
+	for _, w := range s.Swept {
+		fmt.Fprintf(b, "| %s | %s | %s | `%s` | %s | %s |\n",
+			cell(w.Kind), cell(w.Name), cell(w.Host), w.Commit.Short(), stamp(w.At), cell(w.Reason))
+	}
+	b.WriteString("\n")
+}
+
+// commitCell is a commit by its short hash in code, "-" for none.
+func commitCell(h desired.Hash) string {
+	if h == "" {
+		return "-"
+	}
+	return "`" + h.Short() + "`"
 }
 
 // QuarantineNote says, for a person, what happens to a quarantined VM and

@@ -21,6 +21,11 @@
 //	qemu.log     QEMU's own stdout and stderr (FailureReason's source)
 //	ssh-port     the forwarded SSH port on 127.0.0.1, kept across restarts
 //	network.json the host network the NIC is on (absent on user-mode networking)
+//	backup-snapshot.json, backup-fleece-N.raw, backup-nbd.sock
+//	             a disk snapshot held for a backup (fleece.go)
+//	root.qcow2.before-restore-<unix time>
+//	             a root disk a restore replaced (diskio.go); Destroy leaves it,
+//	             for an operator to remove once the restore is proven
 //
 // Destroy removes exactly these files and nothing else; volumes are never
 // touched. Downloaded artifacts live in Config.CacheDir as <sha256>; root
@@ -82,7 +87,7 @@ const (
 var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
 	PidFile, QMPSocket, SerialLog, SerialLogOld, SerialLogOld + ".partial", SerialSocket, ConsoleLock, QEMULog, PortFile, NetFile, NetFile + ".partial",
-	QGASocket, ReadyFile, ReadyFile + ".partial",
+	QGASocket, ReadyFile, ReadyFile + ".partial", SnapshotMarker, NBDSocket,
 }
 
 // Config configures the QEMU backend. Zero values take the defaults given.
@@ -123,9 +128,11 @@ type Config struct {
 	// guard (nft must be installed) that refuses connections from that
 	// user to any address of the host, so a guest cannot reach the host's
 	// loopback services through user-mode networking's gateway
-	// (10.0.2.2). QEMU opens its files as root before it drops to that
-	// user; each VM's directory stays the agent's (0700), so that user
-	// can put nothing there (vmdir.go).
+	// (10.0.2.2), and has Networks refuse that user every address of the
+	// nat networks (hostnet.Manager.UserMode), so a guest on user-mode
+	// networking reaches no guest there. QEMU opens its files as root
+	// before it drops to that user; each VM's directory stays the agent's
+	// (0700), so that user can put nothing there (vmdir.go).
 	// "" is DefaultQEMUUser when the agent runs as root, and no drop
 	// when it does not (QEMU then runs as the agent's own unprivileged
 	// user, without the guard, which needs root). "root" keeps QEMU root
@@ -207,6 +214,9 @@ type vmState struct {
 	qgaMu sync.Mutex
 	// guestAddr is the address the guest agent last reported (qga.go).
 	guestAddr guestAddr
+	// snap is the disk snapshot held for a backup (fleece.go), nil when
+	// none; guarded by mu.
+	snap *heldSnapshot
 }
 
 var (
@@ -310,7 +320,8 @@ func (p *Provisioner) Progress(sha256 string) (done, total int64, ok bool) {
 }
 
 // Preflight checks that QEMU and qemu-img run, that the cache directory is
-// writable, and that the chosen accelerator is available.
+// writable, and that the chosen accelerator is available; with a QEMU
+// user it loads the guests' guard and names that user to Networks.
 func (p *Provisioner) Preflight(ctx context.Context) error {
 	for _, bin := range []string{p.cfg.QEMU, p.cfg.QEMUImg} {
 		out, err := exec.CommandContext(ctx, bin, "--version").CombinedOutput()
@@ -346,6 +357,9 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 		if err := p.ensureGuard(ctx, true); err != nil {
 			return err
 		}
+		if p.cfg.Networks != nil {
+			p.cfg.Networks.UserMode(p.user.uid)
+		}
 	} else {
 		p.log.WithField("uid", os.Geteuid()).Warn("qemu runs as the agent's user without a guard: guests reach the host's 127.0.0.1 through 10.0.2.2 (run the agent as root with qemu.user set)")
 	}
@@ -376,10 +390,12 @@ func (p *Provisioner) state(name, dir string) *vmState {
 		st = &vmState{name: name, dir: dir}
 		p.machines[name] = st
 		// The first this process sees of the VM: its directory may be
-		// one an earlier version gave to QEMU's user.
+		// one an earlier version gave to QEMU's user, and a killed agent
+		// may have left a disk snapshot in it.
 		if err := p.claim(st); err != nil {
 			p.log.WithField("vm", name).WithError(err).Warn("VM directory")
 		}
+		p.sweepAtStart(st)
 	}
 	if dir != "" && st.dir != dir {
 		st.dir = dir

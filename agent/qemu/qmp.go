@@ -21,24 +21,11 @@ import (
 // and Run block until QEMU answers), and a hung QEMU is exactly what a
 // re-attach or a stop must survive.
 func qmpCommand(ctx context.Context, sock, command string, args any) (json.RawMessage, error) {
-	c, err := dialChannel(ctx, sock)
+	c, dec, err := qmpSession(ctx, sock)
 	if err != nil {
 		return nil, fmt.Errorf("qmp %s: %w", command, err)
 	}
 	defer c.close()
-	dec := json.NewDecoder(c.r)
-	var greeting struct {
-		QMP *json.RawMessage `json:"QMP"`
-	}
-	if err := dec.Decode(&greeting); err != nil {
-		return nil, fmt.Errorf("qmp %s: no greeting: %w", command, err)
-	}
-	if greeting.QMP == nil {
-		return nil, fmt.Errorf("qmp %s: no greeting", command)
-	}
-	if _, err := qmpExchange(c.conn, dec, "qmp_capabilities", nil); err != nil {
-		return nil, fmt.Errorf("qmp %s: negotiate capabilities: %w", command, err)
-	}
 	ret, err := qmpExchange(c.conn, dec, command, args)
 	if err != nil {
 		return nil, fmt.Errorf("qmp %s: %w", command, err)

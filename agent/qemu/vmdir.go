@@ -62,7 +62,7 @@ func claimDir(dir string) (removed []string, err error) {
 }
 
 // sockets are the names in a VM's directory where QEMU makes a socket.
-var sockets = map[string]bool{QMPSocket: true, QGASocket: true, SerialSocket: true}
+var sockets = map[string]bool{QMPSocket: true, QGASocket: true, SerialSocket: true, NBDSocket: true}
 
 // sweepPlants removes, of ownedFiles in dir but the root disk, each entry
 // that is not what the backend makes at its name.
@@ -119,24 +119,33 @@ func checkRootDisk(path, cacheDir string) (rootDisk, error) {
 		return rootDisk{}, fmt.Errorf("root disk: %w", err)
 	}
 	defer f.Close()
-	head := make([]byte, 64<<10)
-	n, err := io.ReadFull(f, head)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-		return rootDisk{}, fmt.Errorf("root disk: %w", err)
-	}
-	if !bytes.HasPrefix(head[:n], []byte(qcow2Magic)) {
-		return rootDisk{}, fmt.Errorf("root disk %s: %w: not a qcow2 image", path, ErrImageNotSelfContained)
-	}
-	h, err := parseQCOW2(head[:n])
+	d, err := readRootDiskHeader(f, cacheDir)
 	if err != nil {
 		return rootDisk{}, fmt.Errorf("root disk %s: %w", path, err)
 	}
-	d := rootDisk{virtualSize: h.virtualSize}
-	if h.backing == "" {
-		return d, nil
+	return d, nil
+}
+
+// readRootDiskHeader reads and checks, as checkRootDisk says, the qcow2
+// header at the start of f.
+func readRootDiskHeader(f *os.File, cacheDir string) (rootDisk, error) {
+	head := make([]byte, 64<<10)
+	n, err := f.ReadAt(head, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return rootDisk{}, err
 	}
-	if d.backing, err = cachedBacking(h, cacheDir); err != nil {
-		return rootDisk{}, fmt.Errorf("root disk %s: %w", path, err)
+	if !bytes.HasPrefix(head[:n], []byte(qcow2Magic)) {
+		return rootDisk{}, fmt.Errorf("%w: not a qcow2 image", ErrImageNotSelfContained)
+	}
+	h, err := parseQCOW2(head[:n])
+	if err != nil {
+		return rootDisk{}, err
+	}
+	d := rootDisk{virtualSize: h.virtualSize}
+	if h.backing != "" {
+		if d.backing, err = cachedBacking(h, cacheDir); err != nil {
+			return rootDisk{}, err
+		}
 	}
 	return d, nil
 }
