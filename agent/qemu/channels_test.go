@@ -368,3 +368,40 @@ func TestStopOfAHungQEMUIsBounded(t *testing.T) {
 	}
 	t.Logf("a stopped QEMU was shut down in %.1fs", time.Since(start).Seconds())
 }
+
+// BenchmarkQGACallOfAFloodingGuest measures what one guest agent call
+// costs the agent against a guest that streams bytes without a newline
+// into its channel: B/op is bounded by MaxReplyBytes (about 2 MiB), not by
+// what the guest sends.
+//
+//	go test ./agent/qemu -run '^$' -bench QGACallOfAFloodingGuest -benchmem
+func BenchmarkQGACallOfAFloodingGuest(b *testing.B) {
+	sock := filepath.Join(b.TempDir(), QGASocket)
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				for {
+					if _, err := c.Write(zeros); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := qgaCall(context.Background(), sock, "guest-ping", nil, nil); !errors.Is(err, ErrReplyTooLong) {
+			b.Fatalf("guest-ping: %v", err)
+		}
+	}
+}
