@@ -225,6 +225,43 @@ type Engine struct {
 
 type worker struct {
 	kick chan struct{}
+	// cancel ends the pass in flight, nil between passes; deletable is
+	// set while that pass works toward a desired VM (not its delete), so
+	// a tombstone interrupts it. Both guarded by Engine.mu.
+	cancel    context.CancelCauseFunc
+	deletable bool
+}
+
+// errDeleted is the cause a pass's context is cancelled with when its VM
+// is tombstoned while the pass works toward it (a create downloading its
+// image, an edit staging its artifacts): the delete's pass runs next.
+var errDeleted = errors.New("the VM was deleted")
+
+// passStarted records the pass of name that ctx's cancel ends; deletable
+// when it works toward the VM (want is not its tombstone). A tombstone
+// adopted since the pass read its want interrupts it at once.
+func (e *Engine) passStarted(name string, cancel context.CancelCauseFunc, deletable bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if w := e.workers[name]; w != nil {
+		w.cancel, w.deletable = cancel, deletable
+	}
+	e.interruptDeletedLocked()
+}
+
+// passEnded forgets name's pass in flight.
+func (e *Engine) passEnded(name string) { e.passStarted(name, nil, false) }
+
+// interruptDeletedLocked cancels, with errDeleted, every pass in flight
+// that works toward a VM the accepted snapshot now tombstones. e.mu held.
+func (e *Engine) interruptDeletedLocked() {
+	for name, w := range e.workers {
+		if want := e.want[name]; w.cancel != nil && w.deletable && want != nil && want.Tombstoned {
+			e.log.WithField("vm", name).Info("vm deleted while its pass was in flight; interrupting it")
+			w.cancel(errDeleted)
+			w.deletable = false
+		}
+	}
 }
 
 // NewEngine builds an Engine over cfg.Store. It binds the store to cfg.Host
@@ -693,6 +730,7 @@ func (e *Engine) adopt(snap *snapshots.Snapshot, hash string) map[string]bool {
 	e.lastEpoch, e.lastHash = snap.Epoch, hash
 	e.adoptSuspensionLocked(snap)
 	e.retryBadLocked()
+	e.interruptDeletedLocked()
 	return e.volumesInUseLocked(snap)
 }
 

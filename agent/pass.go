@@ -55,7 +55,10 @@ func (e *Engine) pass(name string) (gone bool) {
 	if skip {
 		return false
 	}
-	ctx := e.ctx
+	ctx, interrupt := context.WithCancelCause(e.ctx)
+	defer interrupt(nil)
+	e.passStarted(name, interrupt, want != nil && !want.Tombstoned)
+	defer e.passEnded(name)
 	if e.cfg.VMTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.VMTimeout)
@@ -105,6 +108,13 @@ func (p *vmPass) machine(spec desired.VMSpec) Machine {
 // the engine closing).
 func (p *vmPass) watchdogFired() bool {
 	return errors.Is(p.ctx.Err(), context.DeadlineExceeded) && p.e.ctx.Err() == nil
+}
+
+// interrupted reports whether the pass was cancelled because its VM was
+// deleted meanwhile (errDeleted): what it did costs no attempt, and the
+// delete's pass runs next.
+func (p *vmPass) interrupted() bool {
+	return errors.Is(context.Cause(p.ctx), errDeleted)
 }
 
 // vanished keeps a VM the accepted snapshot no longer names and holds no
@@ -409,6 +419,18 @@ func (p *vmPass) create() {
 		_ = p.e.commit(rec)
 		return
 	}
+	if p.createFailed(failed, err) {
+		_ = p.e.commit(rec)
+	}
+}
+
+// createFailed records why the create failed at step failed and what it
+// costs: the watchdog, the VM's delete (interrupted) and what the host
+// lacks for now spend no attempt, a permanent error fails the VM at once,
+// any other spends one of the budget. It reports whether the record is to
+// be written (not while the agent stops).
+func (p *vmPass) createFailed(failed string, err error) bool {
+	rec := p.rec
 	msg := err.Error()
 	rec.LastError = msg
 	switch {
@@ -417,7 +439,10 @@ func (p *vmPass) create() {
 		rec.Phase = status.PhaseCreating
 		p.log.WithField("step", failed).Warn("create ended by the watchdog; no attempt spent")
 	case p.e.ctx.Err() != nil:
-		return // the agent is stopping: neither an attempt nor a record write
+		return false // the agent is stopping: neither an attempt nor a record write
+	case p.interrupted():
+		rec.Phase = status.PhaseCreating
+		p.log.WithField("step", failed).Info("create interrupted by the VM's delete; no attempt spent")
 	case errors.Is(err, ErrCapacity):
 		rec.Phase = status.PhaseFailed
 	case waitsForHost(err):
@@ -448,7 +473,7 @@ func (p *vmPass) create() {
 			p.log.WithField("step", failed).WithField("attempts", rec.Attempts).WithError(err).Warn("create failed; retrying next tick")
 		}
 	}
-	_ = p.e.commit(rec)
+	return true
 }
 
 // converge keeps a created VM in its desired power state and notes its
@@ -465,7 +490,7 @@ func (p *vmPass) converge(editErr string) {
 			if err := p.boot(spec); err != nil {
 				rec.LastError = err.Error()
 				rec.Phase, rec.Power = status.PhaseFailed, string(desired.PowerStopped)
-				if !p.watchdogFired() && p.e.ctx.Err() != nil {
+				if (!p.watchdogFired() && p.e.ctx.Err() != nil) || p.interrupted() {
 					return
 				}
 				p.log.WithError(err).Warn("boot failed; retrying next tick")
@@ -706,8 +731,9 @@ func (p *vmPass) editFailed(step string, err error) {
 	switch {
 	case p.watchdogFired():
 		msg = "watchdog: " + msg
-	case p.e.ctx.Err() != nil, errors.Is(err, ErrCapacity), waitsForHost(err):
-		// Waits, as a create does: checked again every tick, no attempt.
+	case p.e.ctx.Err() != nil, p.interrupted(), errors.Is(err, ErrCapacity), waitsForHost(err):
+		// Waits, as a create does: checked again every tick, no attempt
+		// (or the delete that interrupted it runs next).
 	case IsPermanent(err):
 		rec.Attempts++
 		rec.Failed = true

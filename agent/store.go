@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
@@ -236,7 +238,7 @@ func (s *Store) LoadRecord(name string) (*Record, error) {
 	if err := checkName("vm", name); err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(s.RecordPath(name))
+	data, err := readRecordFile(s.RecordPath(name))
 	if errors.Is(err, fs.ErrNotExist) {
 		ents, derr := os.ReadDir(s.VMDir(name))
 		if errors.Is(derr, fs.ErrNotExist) || (derr == nil && len(ents) == 0) {
@@ -255,6 +257,59 @@ func (s *Store) LoadRecord(name string) (*Record, error) {
 		return nil, fmt.Errorf("vm %s: record names %q: %w", name, rec.Name, ErrRecordUnreadable)
 	}
 	return &rec, nil
+}
+
+// maxRecordBytes bounds a VM record read from disk, in bytes: a record is
+// a spec (whose user-data is at most a few MiB) and a few fields.
+const maxRecordBytes = 64 << 20
+
+// readRecordFile reads the record at path, which must be a regular file
+// with one link of at most maxRecordBytes. An earlier version gave the
+// VM's directory to QEMU's user, who could have put anything at its name:
+// what is there is checked with lstat before it is opened (a FIFO is never
+// opened), the open follows no symbolic link and does not block, and the
+// file opened is checked again.
+func readRecordFile(path string) ([]byte, error) {
+	before, err := os.Lstat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !before.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file: it is %s", path, fileType(before.Mode()))
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	if !fi.Mode().IsRegular() || !os.SameFile(before, fi) || st == nil || st.Nlink != 1 {
+		return nil, fmt.Errorf("%s is not a regular file with one link", path)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxRecordBytes+1))
+	if err == nil && len(data) > maxRecordBytes {
+		err = fmt.Errorf("%s is larger than %d bytes", path, maxRecordBytes)
+	}
+	return data, err
+}
+
+// fileType names the type of a file mode that is not a regular file's.
+func fileType(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m.IsDir():
+		return "a directory"
+	}
+	return "a special file"
 }
 
 // SaveRecord writes rec atomically to its VM's directory, creating the

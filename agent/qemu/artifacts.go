@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -33,7 +34,8 @@ const (
 var ErrArtifactRefused = errors.New("artifact refused by the agent's policy")
 
 // ArtifactPolicy says where the agent may fetch VM artifacts (images,
-// kernels, initrds) from. The agent runs as root: without a policy an
+// kernels, initrds) from, and so which spec URLs may use an artifact
+// already in the cache (checkURL). The agent runs as root: without a policy an
 // artifact URL would read any host file or reach any service the host can.
 // The zero value is the safe default: no file:// URL, http(s) only to
 // public addresses, DefaultDownloadTimeout, DefaultStallTimeout and
@@ -170,26 +172,12 @@ func (p ArtifactPolicy) client() *http.Client {
 // is caught too.
 func (p ArtifactPolicy) openFile(u *url.URL) (*os.File, int64, error) {
 	raw := redact.URL(u.String())
-	if len(p.FileRoots) == 0 {
-		return nil, 0, agent.Permanent(fmt.Errorf("%w: %s: file:// URLs are not allowed on this host (artifacts.fileRoots is empty)", ErrArtifactRefused, raw))
-	}
-	if u.Host != "" && u.Host != "localhost" {
-		return nil, 0, agent.Permanent(fmt.Errorf("%w: %s: a file:// URL names no host", ErrArtifactRefused, raw))
-	}
-	if !filepath.IsAbs(u.Path) || filepath.Clean(u.Path) != u.Path {
-		return nil, 0, agent.Permanent(fmt.Errorf("%w: %s: want a clean absolute path", ErrArtifactRefused, raw))
-	}
-	// Resolve and check before opening: a path outside the roots is never
-	// opened, and whether it exists is not told.
-	real, err := filepath.EvalSymlinks(u.Path)
+	real, err := p.checkFile(u)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) && p.underRoot(u.Path) {
-			return nil, 0, fmt.Errorf("open %s: file does not exist", raw)
-		}
-		return nil, 0, p.outsideRoots(raw)
+		return nil, 0, err
 	}
-	if !p.underRoot(real) {
-		return nil, 0, p.outsideRoots(raw)
+	if real == "" {
+		return nil, 0, fmt.Errorf("open %s: file does not exist", raw)
 	}
 	f, err := os.OpenFile(real, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
@@ -211,6 +199,76 @@ func (p ArtifactPolicy) openFile(u *url.URL) (*os.File, int64, error) {
 		return nil, 0, agent.Permanent(fmt.Errorf("%w: %s is not a regular file", ErrArtifactRefused, raw))
 	}
 	return f, fi.Size(), nil
+}
+
+// checkFile checks a file:// URL against FileRoots without opening it and
+// returns its path with symlinks resolved, or "" when it names a missing
+// file under a root. A path outside the roots is refused whether it exists
+// or not, and whether it exists is not told.
+func (p ArtifactPolicy) checkFile(u *url.URL) (string, error) {
+	raw := redact.URL(u.String())
+	if len(p.FileRoots) == 0 {
+		return "", agent.Permanent(fmt.Errorf("%w: %s: file:// URLs are not allowed on this host (artifacts.fileRoots is empty)", ErrArtifactRefused, raw))
+	}
+	if u.Host != "" && u.Host != "localhost" {
+		return "", agent.Permanent(fmt.Errorf("%w: %s: a file:// URL names no host", ErrArtifactRefused, raw))
+	}
+	if !filepath.IsAbs(u.Path) || filepath.Clean(u.Path) != u.Path {
+		return "", agent.Permanent(fmt.Errorf("%w: %s: want a clean absolute path", ErrArtifactRefused, raw))
+	}
+	real, err := filepath.EvalSymlinks(u.Path)
+	switch {
+	case errors.Is(err, os.ErrNotExist) && p.underRoot(u.Path):
+		return "", nil
+	case err != nil || !p.underRoot(real):
+		return "", p.outsideRoots(raw)
+	}
+	return real, nil
+}
+
+// checkURL checks raw against the policy as a download of it would be,
+// without fetching it: a file:// URL under FileRoots (checkFile), an
+// http(s) URL whose host is, or resolves to, at least one address the
+// deny list and AllowNetworks let a download connect to. The image cache
+// runs it before it uses an artifact it holds, so an artifact cached from
+// an allowed URL is never used for a spec whose URL is not allowed now.
+// A refusal is a permanent ErrArtifactRefused; a name that cannot be
+// resolved is a transient error.
+func (p ArtifactPolicy) checkURL(ctx context.Context, raw string) error {
+	safe := redact.URL(raw)
+	u, err := url.Parse(raw)
+	if err != nil {
+		return agent.Permanent(fmt.Errorf("artifact URL %s does not parse", safe))
+	}
+	switch u.Scheme {
+	case "file":
+		_, err := p.checkFile(u)
+		return err
+	case "http", "https":
+	default:
+		return agent.Permanent(fmt.Errorf("%w: %s: scheme %q not supported (http, https, file)", ErrArtifactRefused, safe, u.Scheme))
+	}
+	addrs, err := resolveHost(ctx, u.Hostname())
+	if err != nil {
+		return fmt.Errorf("check artifact URL %s against the policy: %s", safe, redact.Text(err.Error()))
+	}
+	for _, a := range addrs {
+		if p.addrAllowed(a) {
+			return nil
+		}
+	}
+	return agent.Permanent(fmt.Errorf("%w: %s: its host is on the deny list (loopback, link-local, private or reserved); allow it in the agent's artifacts.allowNetworks if it is a trusted mirror", ErrArtifactRefused, safe))
+}
+
+// resolveHost is host's addresses: the address itself when host is one,
+// else what the resolver says within 10 s.
+func resolveHost(ctx context.Context, host string) ([]netip.Addr, error) {
+	if a, err := netip.ParseAddr(host); err == nil {
+		return []netip.Addr{a}, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 }
 
 func (p ArtifactPolicy) outsideRoots(raw string) error {

@@ -297,3 +297,129 @@ func TestArtifactFailureIsNotShared(t *testing.T) {
 		t.Errorf("error %q carries the URL's query", err)
 	}
 }
+
+// The policy is checked against the spec's URL on every use, not only on
+// download: an artifact already in the cache (fetched by another VM from
+// an allowed URL, or under an earlier policy) is used only when the URL
+// this spec names is allowed now. Knowing an artifact's sha256 must not
+// let a spec name a file outside the roots, or an address the policy
+// denies, and get the cached content.
+func TestArtifactPolicyIsCheckedOnEveryUse(t *testing.T) {
+	root := t.TempDir()
+	data := []byte("an image fetched from an allowed place")
+	os.WriteFile(filepath.Join(root, "good.img"), data, 0o644)
+	outside := t.TempDir()
+	os.WriteFile(filepath.Join(outside, "secret.img"), data, 0o600)
+	srv, conns := serveOn(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(data) }))
+	cache := t.TempDir()
+	allowed := ArtifactPolicy{FileRoots: []string{root}, AllowNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	if _, err := newImageCache(cache, allowed, quietLog()).fetch(context.Background(), desired.Artifact{URL: "file://" + filepath.Join(root, "good.img"), SHA256: sum(data)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		policy ArtifactPolicy
+		url    string
+	}{
+		{"a file outside the roots", allowed, "file://" + filepath.Join(outside, "secret.img")},
+		{"a file:// URL once fileRoots is emptied", ArtifactPolicy{AllowNetworks: allowed.AllowNetworks}, "file://" + filepath.Join(root, "good.img")},
+		{"a missing file outside the roots", allowed, "file:///nonexistent/secret.img"},
+		{"a loopback address once allowNetworks no longer names it", ArtifactPolicy{FileRoots: allowed.FileRoots}, srv.URL + "/img"},
+		{"a name that resolves to loopback", ArtifactPolicy{FileRoots: allowed.FileRoots}, "http://localhost:1/img"},
+		{"a scheme no download takes", allowed, "ftp://mirror.example/img"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := newImageCache(cache, tc.policy, quietLog()).fetch(context.Background(), desired.Artifact{URL: tc.url, SHA256: sum(data)})
+			if !agent.IsPermanent(err) || !errors.Is(err, ErrArtifactRefused) {
+				t.Errorf("the cached artifact was used for %s: error %v, want a permanent %v", tc.url, err, ErrArtifactRefused)
+			}
+		})
+	}
+	t.Run("an allowed URL uses the cache", func(t *testing.T) {
+		c := newImageCache(cache, allowed, quietLog())
+		for _, url := range []string{srv.URL + "/img", "file://" + filepath.Join(root, "moved-away.img")} {
+			if _, err := c.fetch(context.Background(), desired.Artifact{URL: url, SHA256: sum(data)}); err != nil {
+				t.Errorf("%s: %v", url, err)
+			}
+		}
+		if n := conns.n.Load(); n != 0 {
+			t.Errorf("the server saw %d connections for a cached artifact", n)
+		}
+	})
+}
+
+// A download goes on while a fetch waits for it, and ends, its partial
+// file removed, once none does: a VM deleted while its create trickles an
+// image (its pass's context cancelled) leaves neither a download running
+// for up to DefaultDownloadTimeout nor a partial file behind. While
+// another fetch still waits, the download goes on for it.
+func TestDownloadEndsWhenNoFetchWaitsForIt(t *testing.T) {
+	data := []byte(strings.Repeat("image ", 8192))
+	var requests atomic.Int32
+	gone := make(chan struct{}, 4)
+	ended := make(chan struct{})
+	srv, _ := serveOn(t, "127.0.0.1:0", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		// One byte at a time, each well within the stall timeout.
+		for i := 0; i < len(data); i++ {
+			if _, err := w.Write(data[i : i+1]); err != nil {
+				break
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				gone <- struct{}{}
+				return
+			case <-ended:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}))
+	t.Cleanup(func() { close(ended) }) // before the server's Close
+	cache := t.TempDir()
+	c := newImageCache(cache, loopbackPolicy(), quietLog())
+	art := desired.Artifact{URL: srv.URL + "/trickle", SHA256: sum(data)}
+	partials := func() []string { m, _ := filepath.Glob(filepath.Join(cache, "*.partial-*")); return m }
+
+	start := func() (context.CancelFunc, chan error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { _, err := c.fetch(ctx, art); done <- err }()
+		return cancel, done
+	}
+	cancelA, doneA := start()
+	for requests.Load() == 0 || len(partials()) == 0 {
+		waitABit()
+	}
+	cancelB, doneB := start()
+	for _, _, ok := c.progress(art.SHA256); !ok; _, _, ok = c.progress(art.SHA256) {
+		waitABit()
+	}
+	time.Sleep(200 * time.Millisecond) // B has joined
+	cancelA()
+	if err := <-doneA; !errors.Is(err, context.Canceled) {
+		t.Errorf("the first fetch: %v, want its context's end", err)
+	}
+	select {
+	case <-gone:
+		t.Fatal("the download ended while another fetch still waited for it")
+	case <-time.After(500 * time.Millisecond):
+	}
+	cancelB()
+	<-doneB
+	select {
+	case <-gone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the download went on with no fetch waiting for it")
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(partials()) > 0; waitABit() {
+		if time.Now().After(deadline) {
+			t.Fatalf("partial files left in the cache: %v", partials())
+		}
+	}
+	if _, _, ok := c.progress(art.SHA256); ok {
+		t.Error("progress still reports the ended download")
+	}
+}

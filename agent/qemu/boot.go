@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -118,11 +119,27 @@ func (l launch) args() []string {
 	return a
 }
 
+// scopeDevices are the only device nodes a VM's scope may open, besides
+// the pseudo devices DevicePolicy=closed always allows (/dev/null,
+// /dev/zero, /dev/full, /dev/random, /dev/urandom, /dev/tty, /dev/ptmx):
+// KVM, and the tun device a host network's tap is attached through. No
+// disk, no /dev/mem: QEMU before it drops root opens nothing else, and
+// whatever it is made to open cannot reach a block device. (vhost-net is
+// not used: taps run without vhost=on.) The agent's unit
+// (examples/systemd/gitfleet-agent.service) allows the same.
+var scopeDevices = []string{"/dev/kvm rw", "/dev/net/tun rw"}
+
 // scopeArgs wraps a command so systemd runs it in its own transient scope
-// unit, outside the agent's unit: systemd-run --scope execs the command in
-// place, so the pid stays QEMU's.
+// unit, outside the agent's unit, under scopeDevices' device policy (the
+// scope leaves the agent unit's cgroup, and with it the unit's policy):
+// systemd-run --scope execs the command in place, so the pid stays
+// QEMU's.
 func scopeArgs(name string, cmd []string) []string {
-	return append([]string{"systemd-run", "--scope", "--quiet", "--collect", "--unit", "gitfleet-vm-" + name, "--"}, cmd...)
+	a := []string{"systemd-run", "--scope", "--quiet", "--collect", "--unit", "gitfleet-vm-" + name, "--property=DevicePolicy=closed"}
+	for _, d := range scopeDevices {
+		a = append(a, "--property=DeviceAllow="+d)
+	}
+	return append(append(a, "--"), cmd...)
 }
 
 // Boot puts the VM's NIC on its host network (a tap, with the network
@@ -139,6 +156,9 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	log := p.log.WithField("vm", m.Name)
+	if err := p.claim(st); err != nil {
+		return err
+	}
 	if p.running(st) {
 		return nil
 	}
@@ -148,13 +168,8 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 			return err
 		}
 	}
-	if _, err := os.Stat(st.path(RootDiskFile)); err != nil {
-		return fmt.Errorf("root disk: %w (PrepareRootDisk first)", err)
-	}
-	for _, v := range m.Volumes {
-		if _, err := os.Stat(v); err != nil {
-			return fmt.Errorf("volume: %w", err)
-		}
+	if err := p.checkDisks(st, m.Volumes); err != nil {
+		return err
 	}
 	mac := macFor(m.Name)
 	att, err := p.attach(ctx, st, m, mac)
@@ -187,9 +202,6 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	}
 	if p.user != nil {
 		l.runAs = p.user.name
-		if err := p.user.own(st.dir); err != nil {
-			return err
-		}
 	}
 	if l.memMB <= 0 {
 		l.memMB = 512
@@ -198,6 +210,27 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 		l.cmdline = m.Spec.Kernel.Cmdline
 	}
 	return p.start(ctx, st, l, log)
+}
+
+// checkDisks checks, before QEMU opens them as root, the root disk's
+// header (checkRootDisk: a disk QEMU made name a host file is a permanent
+// error) and that every volume exists.
+func (p *Provisioner) checkDisks(st *vmState, volumes []string) error {
+	_, err := checkRootDisk(st.path(RootDiskFile), p.cfg.CacheDir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%w (PrepareRootDisk first)", err)
+	case errors.Is(err, ErrImageNotSelfContained), errors.Is(err, ErrUnsafeFile):
+		return agent.Permanent(err)
+	case err != nil:
+		return err
+	}
+	for _, v := range volumes {
+		if _, err := os.Stat(v); err != nil {
+			return fmt.Errorf("volume: %w", err)
+		}
+	}
+	return nil
 }
 
 // sshPort returns the VM's forwarded SSH port, allocating and persisting
@@ -221,11 +254,7 @@ func (p *Provisioner) sshPort(st *vmState) (int, error) {
 			break
 		}
 	}
-	tmp := file + ".partial"
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(port)+"\n"), 0o644); err != nil {
-		return 0, fmt.Errorf("save ssh port: %w", err)
-	}
-	if err := os.Rename(tmp, file); err != nil {
+	if err := writeAtomic(file, []byte(strconv.Itoa(port)+"\n"), 0o644); err != nil {
 		return 0, fmt.Errorf("save ssh port: %w", err)
 	}
 	return port, nil
@@ -251,17 +280,9 @@ func (p *Provisioner) reservePort(port int, name string) bool {
 // start runs QEMU and waits until it answers on QMP.
 func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *logrus.Entry) error {
 	st.stopWatch()
-	for _, f := range []string{PidFile, QMPSocket, QGASocket, SerialSocket, ReadyFile} {
-		if err := os.Remove(st.path(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("clear stale %s: %w", f, err)
-		}
-	}
-	if err := prepareSerialLog(st.dir, time.Now()); err != nil {
-		return fmt.Errorf("boot: %w", err)
-	}
-	logf, err := os.OpenFile(st.path(QEMULog), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	logf, err := prepareStart(st)
 	if err != nil {
-		return fmt.Errorf("qemu log: %w", err)
+		return err
 	}
 	defer logf.Close()
 	argv := append([]string{p.cfg.QEMU}, l.args()...)
@@ -301,7 +322,39 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 		close(exited)
 	}()
 	log.WithFields(logrus.Fields{"pid": cmd.Process.Pid, "accel": l.accel, "ssh": l.sshPort, "tap": l.tap}).Info("qemu started")
+	status, err := p.waitQMP(ctx, st, cmd, exited, log)
+	if err != nil {
+		return err
+	}
+	log.WithFields(logrus.Fields{"status": status, "seconds": time.Since(started).Seconds()}).Info("qemu up")
+	p.watch(st, st.pid()) // probe the guest from now on
+	return nil
+}
 
+// prepareStart clears what an earlier QEMU left in the VM's directory
+// (pidfile, sockets, readiness), prepares the serial log and makes a new
+// qemu.log, returned open for QEMU's output. Every name is removed or
+// created anew, never written through (vmfile.go).
+func prepareStart(st *vmState) (*os.File, error) {
+	for _, f := range []string{PidFile, QMPSocket, QGASocket, SerialSocket, ReadyFile} {
+		if err := os.Remove(st.path(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("clear stale %s: %w", f, err)
+		}
+	}
+	if err := prepareSerialLog(st.dir, time.Now()); err != nil {
+		return nil, fmt.Errorf("boot: %w", err)
+	}
+	logf, err := createRegular(st.path(QEMULog), 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("qemu log: %w", err)
+	}
+	return logf, nil
+}
+
+// waitQMP waits until the QEMU cmd started answers on QMP and returns
+// its run state; it fails with QEMU's own output when QEMU exits first
+// (exited closes), and kills it after BootTimeout.
+func (p *Provisioner) waitQMP(ctx context.Context, st *vmState, cmd *exec.Cmd, exited chan struct{}, log *logrus.Entry) (string, error) {
 	wait, cancel := context.WithTimeout(ctx, p.cfg.BootTimeout)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -317,11 +370,11 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 			}
 			reason := p.failureText(st)
 			log.WithField("reason", reason).Error("qemu exited during boot")
-			return fmt.Errorf("%s: %s", exit, reason)
+			return "", fmt.Errorf("%s: %s", exit, reason)
 		case <-wait.Done():
 			cmd.Process.Kill()
 			<-exited
-			return fmt.Errorf("qemu did not answer on QMP within %s: %s", p.cfg.BootTimeout, p.failureText(st))
+			return "", fmt.Errorf("qemu did not answer on QMP within %s: %s", p.cfg.BootTimeout, p.failureText(st))
 		case <-tick.C:
 		}
 		if st.pid() == 0 {
@@ -331,18 +384,15 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 		status, err := qmpStatus(qctx, st.path(QMPSocket))
 		qcancel()
 		if err == nil {
-			log.WithFields(logrus.Fields{"status": status, "seconds": time.Since(started).Seconds()}).Info("qemu up")
-			p.watch(st, st.pid()) // probe the guest from now on
-			return nil
+			return status, nil
 		}
 	}
 }
 
 // failureText is QEMU's own output of the run start just began (its log
-// is truncated at every start), or "(no output)".
+// is made anew at every start), or "(no output)".
 func (p *Provisioner) failureText(st *vmState) string {
-	b, _ := os.ReadFile(st.path(QEMULog))
-	if tail := trimTail(b, 1024); len(tail) > 0 {
+	if tail := qemuLogTail(st); len(tail) > 0 {
 		return string(tail)
 	}
 	return "(no output)"

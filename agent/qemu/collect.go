@@ -37,7 +37,7 @@ func (p *Provisioner) CollectImages(ctx context.Context, vms []agent.Machine, gr
 		if dir == "" {
 			return agent.ImageCollection{}, fmt.Errorf("image cache: the directory of VM %s is unknown; nothing collected", m.Name)
 		}
-		backing, err := p.backingArtifact(ctx, filepath.Join(dir, RootDiskFile))
+		backing, err := p.backingArtifact(filepath.Join(dir, RootDiskFile))
 		if err != nil {
 			return agent.ImageCollection{}, fmt.Errorf("image cache: VM %s: %w; nothing collected", m.Name, err)
 		}
@@ -65,22 +65,16 @@ func specArtifacts(spec desired.VMSpec) []string {
 
 // backingArtifact returns the sha256 name of the cached artifact the qcow2
 // at root is backed by: "" when root does not exist or has no backing file.
-// Any backing file named like a cache entry counts, wherever it lies (a
-// cache directory moved by hand still backs the disk).
-func (p *Provisioner) backingArtifact(ctx context.Context, root string) (string, error) {
-	if _, err := os.Lstat(root); errors.Is(err, fs.ErrNotExist) {
+// The header is read in Go (checkRootDisk), never by qemu-img.
+func (p *Provisioner) backingArtifact(root string) (string, error) {
+	d, err := checkRootDisk(root, p.cfg.CacheDir)
+	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil
-	} else if err != nil {
-		return "", err
 	}
-	info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, root, formatQCOW2)
 	if err != nil {
-		return "", fmt.Errorf("read root disk %s: %w", root, err)
+		return "", fmt.Errorf("read root disk: %w", err)
 	}
-	if name := filepath.Base(info.BackingFilename); sha256Hex.MatchString(name) {
-		return name, nil
-	}
-	return "", nil
+	return d.backing, nil
 }
 
 // collect removes the cached artifacts that are not in inUse, not being

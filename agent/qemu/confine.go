@@ -68,18 +68,15 @@ func lookupQEMUUser(name string) (*qemuUser, error) {
 	return &qemuUser{name: name, uid: uid, gid: gid}, nil
 }
 
-// own gives the VM's directory to QEMU's user (mode 0700), so QEMU, once
-// it dropped root, can remove its pidfile and nobody else reads the disks.
-// QEMU opens every disk, the seed and the serial log as root before it
-// drops privileges: base images in the cache stay root's alone.
-func (u *qemuUser) own(dir string) error {
-	if u == nil {
-		return nil
+// claim makes the VM's directory the agent's again when an earlier
+// version gave it to QEMU's user (claimDir), logging what it took back.
+func (p *Provisioner) claim(st *vmState) error {
+	removed, err := claimDir(st.dir)
+	if len(removed) > 0 {
+		p.log.WithField("vm", st.name).WithField("removed", removed).
+			Warn("took the VM's directory back from QEMU's user and removed what was planted at the backend's names")
 	}
-	if err := os.Chown(dir, u.uid, u.gid); err != nil {
-		return fmt.Errorf("give %s to %s: %w", dir, u.name, err)
-	}
-	return os.Chmod(dir, 0o700)
+	return err
 }
 
 // guardTable is the nftables table that keeps guests off the host.

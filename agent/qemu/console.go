@@ -66,12 +66,12 @@ func consoleArgs(dir string) []string {
 // own, so each boot's output is found after its marker.
 func prepareSerialLog(dir string, now time.Time) error {
 	path := filepath.Join(dir, SerialLog)
-	if fi, err := os.Stat(path); err == nil && fi.Size() > SerialLogMax {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().IsRegular() && fi.Size() > SerialLogMax {
 		if err := os.Rename(path, filepath.Join(dir, SerialLogOld)); err != nil {
 			return fmt.Errorf("rotate serial log: %w", err)
 		}
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_RDWR, 0o600)
+	f, err := openRegular(path, os.O_CREATE|os.O_APPEND|os.O_RDWR, 0o600)
 	if err != nil {
 		return fmt.Errorf("serial log: %w", err)
 	}
@@ -90,28 +90,34 @@ func prepareSerialLog(dir string, now time.Time) error {
 }
 
 // rotateRunningSerialLog moves a running VM's log past SerialLogMax to
-// SerialLogOld by copying it and truncating it in place: QEMU keeps its
-// descriptor, opened with O_APPEND, and goes on writing at the new end. What
-// the guest prints between the copy and the truncation (microseconds) is
-// lost; that is the price of never interrupting QEMU.
+// SerialLogOld by copying it (as long as it was when checked) and
+// truncating it in place: QEMU keeps its descriptor, opened with O_APPEND,
+// and goes on writing at the new end. What the guest prints between the
+// check and the truncation is lost; that is the price of never
+// interrupting QEMU.
 func rotateRunningSerialLog(dir string) error {
 	path := filepath.Join(dir, SerialLog)
-	fi, err := os.Stat(path)
-	if err != nil || fi.Size() <= SerialLogMax {
+	if fi, err := os.Lstat(path); err != nil || fi.Size() <= SerialLogMax {
 		return nil
 	}
-	src, err := os.Open(path)
+	src, err := openRegular(path, os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("rotate serial log: %w", err)
 	}
 	defer src.Close()
-	old := filepath.Join(dir, SerialLogOld)
-	tmp := old + ".partial"
-	dst, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	fi, err := src.Stat()
 	if err != nil {
 		return fmt.Errorf("rotate serial log: %w", err)
 	}
-	_, err = io.Copy(dst, src)
+	old := filepath.Join(dir, SerialLogOld)
+	tmp := old + ".partial"
+	dst, err := createRegular(tmp, 0o600)
+	if err != nil {
+		return fmt.Errorf("rotate serial log: %w", err)
+	}
+	// What the guest prints during the copy is not waited for: a guest
+	// that prints faster than the copy runs would keep it going for ever.
+	_, err = io.CopyN(dst, src, fi.Size())
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}
@@ -119,7 +125,7 @@ func rotateRunningSerialLog(dir string) error {
 		err = os.Rename(tmp, old)
 	}
 	if err == nil {
-		err = os.Truncate(path, 0)
+		err = src.Truncate(0)
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -173,15 +179,16 @@ const ConsoleEscape = 0x1d
 // it. QEMU logs the guest's output to SerialLog meanwhile, as always. It
 // fails when the VM does not run (no socket answers).
 func AttachConsole(ctx context.Context, dir string, in io.Reader, out io.Writer) error {
-	lock, err := os.OpenFile(filepath.Join(dir, ConsoleLock), os.O_CREATE|os.O_RDWR, 0o600)
+	lock, err := openRegular(filepath.Join(dir, ConsoleLock), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return fmt.Errorf("console: %w", err)
 	}
 	defer lock.Close()
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			b, _ := os.ReadFile(lock.Name())
-			return fmt.Errorf("%w: attached by pid %s", ErrConsoleBusy, bytes.TrimSpace(b))
+			b := make([]byte, 32)
+			n, _ := lock.ReadAt(b, 0)
+			return fmt.Errorf("%w: attached by pid %s", ErrConsoleBusy, bytes.TrimSpace(b[:n]))
 		}
 		return fmt.Errorf("console: lock: %w", err)
 	}
@@ -190,7 +197,7 @@ func AttachConsole(ctx context.Context, dir string, in io.Reader, out io.Writer)
 		lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	conn, err := dialUnix(dctx, filepath.Join(dir, SerialSocket))
+	conn, err := dialSocket(dctx, filepath.Join(dir, SerialSocket))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("console: the VM's serial port does not answer (is it running?): %w", err)

@@ -41,7 +41,7 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 	}
 	imageKept := false
 	if spec.Image != nil {
-		imageKept = !p.imageBacksRootDisk(ctx, st, *spec.Image)
+		imageKept = !p.imageBacksRootDisk(st, *spec.Image)
 	}
 	if spec.Image != nil && !imageKept {
 		if a.image, err = fetch(*spec.Image); err != nil {
@@ -88,16 +88,12 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 // cached image removed by hand is fetched again for the VM it backs).
 // When the disk cannot be read it answers true, which fetches the image
 // as a create would.
-func (p *Provisioner) imageBacksRootDisk(ctx context.Context, st *vmState, img desired.Artifact) bool {
-	root := st.path(RootDiskFile)
-	if _, err := os.Stat(root); err != nil {
-		return true
-	}
-	info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, root, formatQCOW2)
+func (p *Provisioner) imageBacksRootDisk(st *vmState, img desired.Artifact) bool {
+	d, err := checkRootDisk(st.path(RootDiskFile), p.cfg.CacheDir)
 	if err != nil {
 		return true
 	}
-	return info.BackingFilename == p.images.path(img.SHA256)
+	return d.backing == img.SHA256
 }
 
 // Stage fetches and verifies every artifact m.Spec names that the VM
@@ -143,7 +139,7 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 	}
 	want := int64(m.Spec.DiskGB) * gib
 	root := st.path(RootDiskFile)
-	if _, err := os.Stat(root); err == nil {
+	if _, err := os.Lstat(root); err == nil {
 		return p.growRootDisk(ctx, st, want, log)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -173,14 +169,18 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 	return nil
 }
 
-// growRootDisk grows the root disk to want bytes when it is smaller.
+// growRootDisk grows the root disk to want bytes when it is smaller. Its
+// header is checked first (checkRootDisk): qemu-img opens what it names.
 func (p *Provisioner) growRootDisk(ctx context.Context, st *vmState, want int64, log *logrus.Entry) error {
 	root := st.path(RootDiskFile)
-	info, err := qemuImgInfo(ctx, p.cfg.QEMUImg, root, formatQCOW2)
+	d, err := checkRootDisk(root, p.cfg.CacheDir)
+	if errors.Is(err, ErrImageNotSelfContained) || errors.Is(err, ErrUnsafeFile) {
+		return agent.Permanent(err)
+	}
 	if err != nil {
 		return err
 	}
-	if info.VirtualSize >= want {
+	if d.virtualSize >= want {
 		return nil // never shrink
 	}
 	if p.running(st) {
@@ -190,6 +190,6 @@ func (p *Provisioner) growRootDisk(ctx context.Context, st *vmState, want int64,
 	} else if out, err := exec.CommandContext(ctx, p.cfg.QEMUImg, "resize", "-q", "-f", formatQCOW2, root, strconv.FormatInt(want, 10)).CombinedOutput(); err != nil {
 		return fmt.Errorf("qemu-img resize: %v: %s", err, trimTail(out, 1024))
 	}
-	log.WithFields(logrus.Fields{"from": info.VirtualSize, "to": want}).Info("root disk grown")
+	log.WithFields(logrus.Fields{"from": d.virtualSize, "to": want}).Info("root disk grown")
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"time"
 
@@ -22,10 +20,11 @@ import (
 	"github.com/gitfleet/gitfleet/agent/backup"
 )
 
-// Files in a VM's directory are QEMU's user's to replace (the directory
-// is that user's), so every file the backup code makes or reads there is
-// opened relative to a descriptor of the directory, never following a
-// symbolic link, and must be a regular file.
+// A VM's directory is root's (vmdir.go), but one an earlier version gave
+// to QEMU's user may still hold what that user put there, so every file
+// the backup code makes or reads there is opened relative to a
+// descriptor of the directory, never following a symbolic link, and must
+// be a regular file (as vmfile.go's helpers do for the rest).
 
 // openVMDir opens dir itself (not a link to it).
 func openVMDir(dir string) (int, error) {
@@ -37,9 +36,8 @@ func openVMDir(dir string) (int, error) {
 }
 
 // createVMFile makes dir/name anew (whatever was at name is unlinked
-// first: a leftover of ours, or something planted), mode 0600, owned by u
-// when given (QEMU opens it itself).
-func createVMFile(dir, name string, u *qemuUser) (*os.File, error) {
+// first: a leftover of ours, or something planted), mode 0600, root's.
+func createVMFile(dir, name string) (*os.File, error) {
 	dfd, err := openVMDir(dir)
 	if err != nil {
 		return nil, err
@@ -52,18 +50,12 @@ func createVMFile(dir, name string, u *qemuUser) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", name, err)
 	}
-	if u != nil {
-		if err := unix.Fchown(fd, u.uid, u.gid); err != nil {
-			unix.Close(fd)
-			return nil, fmt.Errorf("give %s to %s: %w", name, u.name, err)
-		}
-	}
 	return os.NewFile(uintptr(fd), filepath.Join(dir, name)), nil
 }
 
 // writeVMFile writes data to a new dir/name (createVMFile), synced.
-func writeVMFile(dir, name string, data []byte, u *qemuUser) error {
-	f, err := createVMFile(dir, name, u)
+func writeVMFile(dir, name string, data []byte) error {
+	f, err := createVMFile(dir, name)
 	if err != nil {
 		return err
 	}
@@ -145,13 +137,10 @@ func openDisk(path string) (*os.File, error) {
 	return f, nil
 }
 
-// hexName is an image cache entry's name.
-var hexName = regexp.MustCompile(`^[0-9a-f]{64}$`)
-
 // diskGeometry returns the virtual size of disk f in format, and for a
 // qcow2 the backing file its header names ("" for none), which must be
-// an image of the cache. Encryption and an external data file are
-// refused.
+// an image of the cache; encryption and an external data file are
+// refused (readRootDiskHeader).
 func (p *Provisioner) diskGeometry(f *os.File, format string) (int64, string, error) {
 	if format == formatRaw {
 		fi, err := f.Stat()
@@ -160,35 +149,14 @@ func (p *Provisioner) diskGeometry(f *os.File, format string) (int64, string, er
 		}
 		return fi.Size(), "", nil
 	}
-	head := make([]byte, 64<<10)
-	n, err := f.ReadAt(head, 0)
-	if err != nil && !errors.Is(err, io.EOF) {
+	d, err := readRootDiskHeader(f, p.cfg.CacheDir)
+	if err != nil {
 		return 0, "", err
 	}
-	head = head[:n]
-	if len(head) < qcow2V2HeaderLen || string(head[:4]) != qcow2Magic {
-		return 0, "", errors.New("not a qcow2 image")
+	if d.backing == "" {
+		return d.virtualSize, "", nil
 	}
-	be := binary.BigEndian
-	size := int64(be.Uint64(head[24:]))
-	if be.Uint32(head[32:]) != 0 {
-		return 0, "", errors.New("encrypted qcow2")
-	}
-	if be.Uint32(head[4:]) >= 3 && len(head) >= 80 && be.Uint64(head[72:])&qcow2IncompatDataFile != 0 {
-		return 0, "", errors.New("qcow2 with an external data file")
-	}
-	off, blen := be.Uint64(head[8:]), uint64(be.Uint32(head[16:]))
-	if off == 0 {
-		return size, "", nil
-	}
-	if blen > 1023 || off+blen > uint64(len(head)) {
-		return 0, "", errors.New("qcow2 backing file name out of bounds")
-	}
-	backing := string(head[off : off+blen])
-	if filepath.Dir(backing) != filepath.Clean(p.cfg.CacheDir) || !hexName.MatchString(filepath.Base(backing)) {
-		return 0, "", fmt.Errorf("qcow2 backing file %q is not an image of the cache %s", backing, p.cfg.CacheDir)
-	}
-	return size, backing, nil
+	return d.virtualSize, filepath.Join(p.cfg.CacheDir, d.backing), nil
 }
 
 // diskPlace is where disk of m lives and in which format: "root" is the
@@ -260,7 +228,7 @@ func (p *Provisioner) RestoreDisk(ctx context.Context, r agent.RestoreRequest, s
 	if st.pid() != 0 {
 		return fail(agent.ErrNotStopped)
 	}
-	if r.Size <= 0 || !hexName.MatchString(r.SHA256) {
+	if r.Size <= 0 || !sha256Hex.MatchString(r.SHA256) {
 		return fail(fmt.Errorf("size %d and sha256 %q: want the backup's record of the disk", r.Size, r.SHA256))
 	}
 	dir, name, format, err := diskPlace(st, r.Machine, r.Disk)
@@ -321,7 +289,7 @@ func diskExists(ctx context.Context, qemuImg, dir, name, format string) (bool, e
 // descriptors: qemu-img never opens a name in dir.
 func (p *Provisioner) writeRestored(ctx context.Context, dir, partial, format string, r agent.RestoreRequest, stream io.Reader) (*os.File, error) {
 	if format == formatRaw {
-		f, err := createVMFile(dir, partial, nil)
+		f, err := createVMFile(dir, partial)
 		if err != nil {
 			return nil, err
 		}
@@ -331,7 +299,7 @@ func (p *Provisioner) writeRestored(ctx context.Context, dir, partial, format st
 		}
 		return f, nil
 	}
-	raw, err := createVMFile(dir, partial+".raw", nil)
+	raw, err := createVMFile(dir, partial+".raw")
 	if err != nil {
 		return nil, err
 	}
@@ -340,7 +308,7 @@ func (p *Provisioner) writeRestored(ctx context.Context, dir, partial, format st
 	if err := writeSparse(raw, stream, r.Size, r.SHA256); err != nil {
 		return nil, err
 	}
-	f, err := createVMFile(dir, partial, nil)
+	f, err := createVMFile(dir, partial)
 	if err != nil {
 		return nil, err
 	}

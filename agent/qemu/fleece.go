@@ -143,7 +143,7 @@ func (p *Provisioner) SnapshotDisks(ctx context.Context, name string, opts agent
 func (p *Provisioner) takeSnapshot(ctx context.Context, st *vmState, held *heldSnapshot, opts agent.SnapshotOptions, log *logrus.Entry) (agent.DiskSnapshot, error) {
 	sock := st.path(QMPSocket)
 	m := snapshotMarker{Started: time.Now().UTC(), Freeze: opts.Freeze, Pause: len(held.disks) > 1}
-	if err := writeVMFile(st.dir, SnapshotMarker, markerJSON(m), p.user); err != nil {
+	if err := writeVMFile(st.dir, SnapshotMarker, markerJSON(m)); err != nil {
 		return agent.DiskSnapshot{}, fmt.Errorf("write %s: %w", SnapshotMarker, err)
 	}
 	for _, d := range held.disks {
@@ -164,8 +164,7 @@ func (p *Provisioner) takeSnapshot(ctx context.Context, st *vmState, held *heldS
 			return info, fmt.Errorf("disk %s: %w", d.name, err)
 		}
 	}
-	if _, err := qmpCommand(ctx, sock, "nbd-server-start", map[string]any{
-		"addr": map[string]any{"type": "unix", "data": map[string]any{"path": NBDSocket}}}); err != nil {
+	if err := qmpStartNBD(ctx, sock, st.dir, NBDSocket); err != nil {
 		return info, err
 	}
 	for _, d := range held.disks {
@@ -251,12 +250,11 @@ func checkFleeceSpace(dir string, disks []fleeceDisk) error {
 	return nil
 }
 
-// addFleece makes disk d's fleece file (sparse, d.size bytes, QEMU's
-// user's), hands QEMU its descriptor (QEMU's user cannot open a path
-// under the state directory), and adds its file and copy-before-write
-// nodes.
+// addFleece makes disk d's fleece file (sparse, d.size bytes, root's),
+// hands QEMU its descriptor (QEMU's user can open no path in the VM's
+// directory), and adds its file and copy-before-write nodes.
 func (p *Provisioner) addFleece(ctx context.Context, st *vmState, d fleeceDisk) error {
-	f, err := createVMFile(st.dir, fleeceFile(d.index), p.user)
+	f, err := createVMFile(st.dir, fleeceFile(d.index))
 	if err != nil {
 		return fmt.Errorf("disk %s: fleece file: %w", d.name, err)
 	}
@@ -461,11 +459,8 @@ func (p *Provisioner) OpenSnapshotDisk(ctx context.Context, name, disk string) (
 		if s := held.streams[disk]; s != nil && !s.isClosed() {
 			return nil, fmt.Errorf("snapshot %s: disk %s is being read already", name, disk)
 		}
-		uid := os.Geteuid()
-		if p.user != nil {
-			uid = p.user.uid
-		}
-		sockFile, err := openVMSocket(st.dir, NBDSocket, uid)
+		// The agent made the socket (qmpStartNBD).
+		sockFile, err := openVMSocket(st.dir, NBDSocket, os.Geteuid())
 		if err != nil {
 			return nil, fmt.Errorf("snapshot %s: %w", name, err)
 		}
@@ -517,7 +512,7 @@ func (p *Provisioner) release(st *vmState, held *heldSnapshot, log *logrus.Entry
 		}
 		errs = append(errs, delNodes(ctx, sock, len(held.disks), cbwNode, fleeceNode))
 	}
-	errs = append(errs, removeFleeceFiles(st.dir))
+	errs = append(errs, removeFleeceFiles(st.dir), removeVMFile(st.dir, NBDSocket))
 	if err := errors.Join(errs...); err != nil {
 		log.WithError(err).Warn("disk snapshot not fully released; the sweep tries again")
 		return err
@@ -695,7 +690,7 @@ func (p *Provisioner) sweep(ctx context.Context, st *vmState, log *logrus.Entry)
 		errs = append(errs, unswitchAll(ctx, sock))
 		errs = append(errs, delNodes(ctx, sock, n, cbwNode, fleeceNode))
 	}
-	errs = append(errs, removeFleeceFiles(st.dir))
+	errs = append(errs, removeFleeceFiles(st.dir), removeVMFile(st.dir, NBDSocket))
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -769,8 +764,9 @@ func unswitchAll(ctx context.Context, sock string) error {
 	return errors.Join(errs...)
 }
 
-// readMarker reads the VM's SnapshotMarker (hostile: the directory is
-// QEMU's user's): false when there is none or it cannot be read, in which
+// readMarker reads the VM's SnapshotMarker (with the checks every open in
+// the VM's directory makes, vmfile.go): false when there is none or it
+// cannot be read, in which
 // case the sweep assumes a freeze and a pause may be left.
 func readMarker(dir string) (snapshotMarker, bool) {
 	b, err := readVMFile(dir, SnapshotMarker, 64<<10)

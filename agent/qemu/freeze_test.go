@@ -225,7 +225,7 @@ func TestSweepThawsWhatAKilledAgentLeftFrozen(t *testing.T) {
 	}
 	t.Cleanup(func() { stand.Process.Kill(); stand.Wait() })
 	os.WriteFile(pidfile, []byte(strconv.Itoa(stand.Process.Pid)), 0o600)
-	if err := writeVMFile(j.dir, SnapshotMarker, markerJSON(snapshotMarker{Freeze: true}), nil); err != nil {
+	if err := writeVMFile(j.dir, SnapshotMarker, markerJSON(snapshotMarker{Freeze: true})); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -65,7 +65,15 @@ type download struct {
 	total atomic.Int64 // -1 while unknown
 	// waiters counts callers that joined this download after it started.
 	waiters atomic.Int32
+	// waiting counts the callers waiting for it now, the one that started
+	// it included (guarded by imageCache.mu); cancel ends it, which leave
+	// does when waiting drops to 0.
+	waiting int
+	cancel  context.CancelCauseFunc
 }
+
+// errNobodyWaits ends a download no fetch waits for any more.
+var errNobodyWaits = errors.New("download cancelled: no VM waits for it any more")
 
 func newImageCache(dir string, policy ArtifactPolicy, log *logrus.Entry) *imageCache {
 	policy = policy.withDefaults()
@@ -90,50 +98,92 @@ func (c *imageCache) progress(sum string) (done, total int64, ok bool) {
 }
 
 // fetch returns the path of the verified artifact a, downloading it when
-// it is not cached yet. Errors that a retry cannot fix (bad sha256 in the
+// it is not cached yet; a cached one is used only when the policy allows
+// a's URL now (checkURL). Errors that a retry cannot fix (bad sha256 in the
 // spec, a URL the policy refuses, checksum mismatch, HTTP 4xx, an artifact
 // over the size limit) are agent.Permanent. The download runs under the
 // policy's own deadline, apart from ctx: a caller that gives up (its ctx
-// ends) leaves it running for the others that wait on it.
+// ends) leaves it running for the others that wait on it, and the last
+// one to give up ends it (leave).
 func (c *imageCache) fetch(ctx context.Context, a desired.Artifact) (string, error) {
 	if !sha256Hex.MatchString(a.SHA256) {
 		return "", agent.Permanent(fmt.Errorf("artifact %s: sha256 is not 64 lowercase hex digits", redact.URL(a.URL)))
 	}
 	dst := c.path(a.SHA256)
-	if c.touch(dst) {
-		return dst, c.verify(dst, a.SHA256)
+	if c.cached(dst) {
+		// Allowed when it was downloaded says nothing of this URL now.
+		if err := c.policy.checkURL(ctx, a.URL); err != nil {
+			return "", err
+		}
+		if c.touch(dst) {
+			return dst, c.verify(dst, a.SHA256)
+		}
 	}
 	key := downloadKey{a.URL, a.SHA256}
 	c.mu.Lock()
 	d, running := c.inflight[key]
 	if !running {
-		d = &download{done: make(chan struct{})}
-		d.total.Store(-1)
-		c.inflight[key] = d
-		go func() {
-			d.err = c.download(a, d)
-			c.mu.Lock()
-			delete(c.inflight, key)
-			if d.err == nil {
-				c.verified[a.SHA256] = true
-			}
-			c.mu.Unlock()
-			close(d.done)
-		}()
+		d = c.start(key, a)
 	} else {
 		d.waiters.Add(1)
 	}
+	d.waiting++
 	c.mu.Unlock()
 
 	select {
 	case <-d.done:
 	case <-ctx.Done():
+		c.leave(key, d)
 		return "", fmt.Errorf("wait for download of %s: %w", redact.URL(a.URL), ctx.Err())
 	}
 	if d.err != nil {
 		return "", d.err
 	}
 	return dst, nil
+}
+
+// start runs the download of a under key, in the background. c.mu held.
+func (c *imageCache) start(key downloadKey, a desired.Artifact) *download {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	d := &download{done: make(chan struct{}), cancel: cancel}
+	d.total.Store(-1)
+	c.inflight[key] = d
+	go func() {
+		defer cancel(nil)
+		d.err = c.download(ctx, a, d)
+		c.mu.Lock()
+		if c.inflight[key] == d {
+			delete(c.inflight, key)
+		}
+		if d.err == nil {
+			c.verified[a.SHA256] = true
+		}
+		c.mu.Unlock()
+		close(d.done)
+	}()
+	return d
+}
+
+// leave is a caller of fetch giving up waiting for d (its context ended).
+// The last one to leave cancels the download (its partial file is
+// removed) and takes it out of inflight at once, so a later fetch starts
+// afresh instead of joining a download that is ending.
+func (c *imageCache) leave(key downloadKey, d *download) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d.waiting--; d.waiting > 0 {
+		return
+	}
+	d.cancel(errNobodyWaits)
+	if c.inflight[key] == d {
+		delete(c.inflight, key)
+	}
+}
+
+// cached reports whether the artifact at path is in the cache now.
+func (c *imageCache) cached(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // touch reports whether the artifact at path is cached and, when it is,
@@ -183,20 +233,20 @@ func (c *imageCache) verify(path, sum string) error {
 }
 
 // download streams a into the cache, hashing on the way, bounded by the
-// policy's timeout, stall timeout and size limit. Content that does not
-// verify is deleted and never described: the error says "sha256 mismatch"
-// and nothing of what was received.
-func (c *imageCache) download(a desired.Artifact, d *download) error {
+// policy's timeout, stall timeout and size limit, until ctx is cancelled
+// (leave: no fetch waits for it). Content that does not verify is deleted
+// and never described: the error says "sha256 mismatch" and nothing of
+// what was received. Whatever ends it, its partial file is removed.
+func (c *imageCache) download(ctx context.Context, a desired.Artifact, d *download) error {
 	safe := redact.URL(a.URL)
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return fmt.Errorf("image cache %s: %w", c.dir, err)
 	}
-	ctx, cancel := context.WithTimeoutCause(context.Background(), c.policy.Timeout,
+	ctx, cancel := context.WithTimeoutCause(ctx, c.policy.Timeout,
 		fmt.Errorf("download %s: not done within %s", safe, c.policy.Timeout))
 	defer cancel()
 	stallCtx, stall := context.WithCancelCause(ctx)
 	defer stall(nil)
-	log := c.log.WithFields(logrus.Fields{"url": safe, "sha256": a.SHA256})
 	src, size, err := c.open(stallCtx, a.URL)
 	if err != nil {
 		return err
@@ -221,12 +271,31 @@ func (c *imageCache) download(a desired.Artifact, d *download) error {
 		f.Close()
 		os.Remove(partial) // a no-op after the rename
 	}()
-	h := sha256.New()
+	log := c.log.WithFields(logrus.Fields{"url": safe, "sha256": a.SHA256})
 	log.WithField("total", size).Info("download started")
 	start := time.Now()
-	lastLog := start
+	if err := c.receive(stallCtx, body, f, a, d, log); err != nil {
+		return err
+	}
+	if err := os.Rename(partial, c.path(a.SHA256)); err != nil {
+		return fmt.Errorf("download %s: %w", safe, err)
+	}
+	log.WithFields(logrus.Fields{"bytes": d.bytes.Load(), "seconds": time.Since(start).Seconds()}).Info("download done")
+	return nil
+}
+
+// receive copies body into f, hashing it, and checks the hash and the
+// size limit; an error of ctx (the stall timer's, the deadline's, or the
+// cancel's) is returned as its cause.
+func (c *imageCache) receive(ctx context.Context, body io.Reader, f *os.File, a desired.Artifact, d *download, log *logrus.Entry) error {
+	safe := redact.URL(a.URL)
+	h := sha256.New()
+	lastLog := time.Now()
 	buf := make([]byte, 1<<20)
 	for {
+		if cause := context.Cause(ctx); cause != nil {
+			return cause // also between reads of a file://, which ctx does not interrupt
+		}
 		n, rerr := body.Read(buf)
 		if n > 0 {
 			done := d.bytes.Add(int64(n))
@@ -239,14 +308,14 @@ func (c *imageCache) download(a desired.Artifact, d *download) error {
 			h.Write(buf[:n])
 			if time.Since(lastLog) >= 5*time.Second {
 				lastLog = time.Now()
-				log.WithFields(logrus.Fields{"done": done, "total": size}).Info("download progress")
+				log.WithFields(logrus.Fields{"done": done, "total": d.total.Load()}).Info("download progress")
 			}
 		}
 		if rerr == io.EOF {
 			break
 		}
 		if rerr != nil {
-			if cause := context.Cause(stallCtx); cause != nil {
+			if cause := context.Cause(ctx); cause != nil {
 				return cause
 			}
 			return fmt.Errorf("download %s: %s", safe, redact.Text(rerr.Error()))
@@ -262,10 +331,6 @@ func (c *imageCache) download(a desired.Artifact, d *download) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("download %s: %w", safe, err)
 	}
-	if err := os.Rename(partial, c.path(a.SHA256)); err != nil {
-		return fmt.Errorf("download %s: %w", safe, err)
-	}
-	log.WithFields(logrus.Fields{"bytes": d.bytes.Load(), "seconds": time.Since(start).Seconds()}).Info("download done")
 	return nil
 }
 

@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -93,51 +92,19 @@ func inspectImage(path string) (string, error) {
 	return formatRaw, nil
 }
 
-// checkQCOW2 refuses a qcow2 header that refers outside the image.
+// checkQCOW2 refuses a qcow2 header that refers outside the image: what
+// parseQCOW2 refuses, and a backing file.
 func checkQCOW2(h []byte) error {
-	if len(h) < qcow2V2HeaderLen {
-		return fmt.Errorf("%w: qcow2 header truncated", ErrImageNotSelfContained)
+	q, err := parseQCOW2(h)
+	switch {
+	case err != nil:
+		return err
+	case q.backingOffset != 0:
+		return fmt.Errorf("%w: qcow2 backing_file_offset is %d: the image names a backing file", ErrImageNotSelfContained, q.backingOffset)
+	case q.backingSize != 0:
+		return fmt.Errorf("%w: qcow2 backing_file_size is %d: the image names a backing file", ErrImageNotSelfContained, q.backingSize)
+	case q.hasBackingFormat:
+		return fmt.Errorf("%w: qcow2 header extension backing-format: the image names a backing file", ErrImageNotSelfContained)
 	}
-	be := binary.BigEndian
-	version := be.Uint32(h[4:])
-	if version != 2 && version != 3 {
-		return fmt.Errorf("%w: qcow2 version %d: want 2 or 3", ErrImageNotSelfContained, version)
-	}
-	if off := be.Uint64(h[8:]); off != 0 {
-		return fmt.Errorf("%w: qcow2 backing_file_offset is %d: the image names a backing file", ErrImageNotSelfContained, off)
-	}
-	if size := be.Uint32(h[16:]); size != 0 {
-		return fmt.Errorf("%w: qcow2 backing_file_size is %d: the image names a backing file", ErrImageNotSelfContained, size)
-	}
-	if crypt := be.Uint32(h[32:]); crypt != 0 {
-		return fmt.Errorf("%w: qcow2 crypt_method is %d: encrypted images are not supported", ErrImageNotSelfContained, crypt)
-	}
-	headerLen := uint32(qcow2V2HeaderLen)
-	if version == 3 {
-		if len(h) < 104 {
-			return fmt.Errorf("%w: qcow2 v3 header truncated", ErrImageNotSelfContained)
-		}
-		if incompat := be.Uint64(h[72:]); incompat&qcow2IncompatDataFile != 0 {
-			return fmt.Errorf("%w: qcow2 incompatible feature data-file is set: the image keeps its data in an external file", ErrImageNotSelfContained)
-		}
-		headerLen = be.Uint32(h[100:])
-	}
-	// Header extensions follow the header, each type, length, data padded
-	// to 8 bytes, until the end marker.
-	off := int(headerLen)
-	for {
-		if off+8 > len(h) {
-			return fmt.Errorf("%w: qcow2 header extensions run past the first %d bytes", ErrImageNotSelfContained, len(h))
-		}
-		typ, length := be.Uint32(h[off:]), int(be.Uint32(h[off+4:]))
-		switch typ {
-		case qcow2ExtEnd:
-			return nil
-		case qcow2ExtDataFile:
-			return fmt.Errorf("%w: qcow2 header extension data-file names an external data file", ErrImageNotSelfContained)
-		case qcow2ExtBackingFormat:
-			return fmt.Errorf("%w: qcow2 header extension backing-format: the image names a backing file", ErrImageNotSelfContained)
-		}
-		off += 8 + (length+7)&^7
-	}
+	return nil
 }

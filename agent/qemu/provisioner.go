@@ -34,7 +34,10 @@
 //
 // QEMU runs confined: under its seccomp sandbox, and with Config.RunAs as
 // an unprivileged user behind an nftables guard that keeps guests off the
-// host's own addresses (see confine.go). Artifacts are fetched under an
+// host's own addresses (see confine.go), in a directory that stays the
+// agent's, where every open refuses what the backend did not make
+// (vmdir.go, vmfile.go). What a guest or QEMU sends is read with bounds
+// (channel.go). Artifacts are fetched under an
 // ArtifactPolicy, and images are inspected (inspectImage) before qemu-img
 // or QEMU opens them.
 //
@@ -127,8 +130,9 @@ type Config struct {
 	// loopback services through user-mode networking's gateway
 	// (10.0.2.2), and has Networks refuse that user every address of the
 	// nat networks (hostnet.Manager.UserMode), so a guest on user-mode
-	// networking reaches no guest there; each VM's directory is given to
-	// that user (0700).
+	// networking reaches no guest there. QEMU opens its files as root
+	// before it drops to that user; each VM's directory stays the agent's
+	// (0700), so that user can put nothing there (vmdir.go).
 	// "" is DefaultQEMUUser when the agent runs as root, and no drop
 	// when it does not (QEMU then runs as the agent's own unprivileged
 	// user, without the guard, which needs root). "root" keeps QEMU root
@@ -250,7 +254,13 @@ func New(cfg Config) (*Provisioner, error) {
 	if cfg.kvmDev == "" {
 		cfg.kvmDev = "/dev/kvm"
 	}
-	var err error
+	// Root disks name their backing file by its absolute path in the
+	// cache, which checkRootDisk compares with it.
+	cache, err := filepath.Abs(cfg.CacheDir)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: Config.CacheDir: %w", err)
+	}
+	cfg.CacheDir = cache
 	p := &Provisioner{cfg: cfg, machines: map[string]*vmState{}, ports: map[int]string{}}
 	p.log = cfg.Logger.WithField("component", "qemu")
 	switch cfg.Accel {
@@ -379,6 +389,12 @@ func (p *Provisioner) state(name, dir string) *vmState {
 		}
 		st = &vmState{name: name, dir: dir}
 		p.machines[name] = st
+		// The first this process sees of the VM: its directory may be
+		// one an earlier version gave to QEMU's user, and a killed agent
+		// may have left a disk snapshot in it.
+		if err := p.claim(st); err != nil {
+			p.log.WithField("vm", name).WithError(err).Warn("VM directory")
+		}
 		p.sweepAtStart(st)
 	}
 	if dir != "" && st.dir != dir {
@@ -404,7 +420,7 @@ func (st *vmState) path(file string) string { return filepath.Join(st.dir, file)
 // -name and this VM's pidfile path, so a pid reused by another process
 // never reads as the VM.
 func (st *vmState) pid() int {
-	b, err := os.ReadFile(st.path(PidFile))
+	b, err := readRegular(st.path(PidFile), 32)
 	if err != nil {
 		return 0
 	}
@@ -496,6 +512,14 @@ func (p *Provisioner) Address(name string) agent.Address {
 	return a
 }
 
+// qemuLogTail is the last KiB of QEMU's own output (QEMULog), from a line
+// start where one is near: QEMU writes as much as it likes there, and
+// only the tail is read.
+func qemuLogTail(st *vmState) []byte {
+	b, _ := readTail(st.path(QEMULog), 4<<10)
+	return trimTail(b, 1024)
+}
+
 // FailureReason is the tail of QEMU's own output (qemu.log), or, when it
 // wrote nothing, how the QEMU this Provisioner started exited.
 func (p *Provisioner) FailureReason(name string) string {
@@ -503,8 +527,7 @@ func (p *Provisioner) FailureReason(name string) string {
 	if st == nil {
 		return ""
 	}
-	b, _ := os.ReadFile(st.path(QEMULog))
-	if tail := trimTail(b, 1024); len(tail) > 0 {
+	if tail := qemuLogTail(st); len(tail) > 0 {
 		return string(tail)
 	}
 	st.exitMu.Lock()
@@ -513,11 +536,12 @@ func (p *Provisioner) FailureReason(name string) string {
 	if exit != "" {
 		return exit
 	}
-	// QEMU removes its pidfile when it exits in order; one left behind
-	// naming no live QEMU means it was killed (after an agent restart we
-	// cannot know by what).
-	if b, err := os.ReadFile(st.path(PidFile)); err == nil && st.pid() == 0 {
-		return fmt.Sprintf("qemu (pid %s) is gone without a message: killed?", strings.TrimSpace(string(b)))
+	// A pidfile left behind naming no live QEMU: it was killed, or, as
+	// QEMU's user cannot remove the pidfile from the VM's directory, it
+	// exited while no agent watched (after an agent restart we cannot
+	// know which).
+	if b, err := readRegular(st.path(PidFile), 32); err == nil && st.pid() == 0 {
+		return fmt.Sprintf("qemu (pid %s) is gone without a message: killed, or its guest powered off while no agent watched?", strings.TrimSpace(string(b)))
 	}
 	return ""
 }

@@ -9,11 +9,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"path/filepath"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // QGAChannel is the virtio-serial port name qemu-guest-agent opens in the
@@ -21,27 +18,12 @@ import (
 // qemu-guest-agent unit starts when it appears.
 const QGAChannel = "org.qemu.guest_agent.0"
 
-// dialUnix connects to the unix socket at sock within ctx. Paths longer
-// than sun_path allows are reached through /proc/self/fd/N/<base> with N
-// an O_PATH descriptor of the directory.
-func dialUnix(ctx context.Context, sock string) (net.Conn, error) {
-	addr := sock
-	if len(sock) > maxSunPath {
-		dirfd, err := unix.Open(filepath.Dir(sock), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("open socket directory: %w", err)
-		}
-		defer unix.Close(dirfd)
-		addr = fmt.Sprintf("/proc/self/fd/%d/%s", dirfd, filepath.Base(sock))
-	}
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", addr)
-}
-
 // qgaCall runs one qemu-guest-agent command over the socket at sock (the
 // host end of the VM's QGAChannel) and decodes its "return" into out (nil
-// to discard it). Every read and write is bounded by ctx (10 s when it has
-// no deadline): a guest without an agent costs at most that.
+// to discard it). The call is a channelCall: bounded by ctx and by
+// channelTimeout, and by MaxReplyBytes read in all, so a guest without an
+// agent costs at most the time, and a guest that floods the channel at
+// most the bytes (ErrReplyTooLong).
 //
 // The protocol is QMP's JSON without a greeting. The channel may still hold
 // a reply to an exchange an earlier, timed-out call abandoned, so each call
@@ -50,54 +32,66 @@ func dialUnix(ctx context.Context, sock string) (net.Conn, error) {
 // that id, and everything before is dropped. (QEMU's qemu-ga reference,
 // "guest-sync-delimited".)
 func qgaCall(ctx context.Context, sock, command string, args, out any) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-	}
-	conn, err := dialUnix(ctx, sock)
+	c, err := dialChannel(ctx, sock)
 	if err != nil {
 		return fmt.Errorf("guest agent %s: %w", command, err)
 	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(dl)
-	}
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
-	defer stop()
-
-	id := rand.Int64N(1 << 53) // exact in a JSON number
-	sync, _ := json.Marshal(map[string]any{"execute": "guest-sync-delimited", "arguments": map[string]any{"id": id}})
-	if _, err := conn.Write(append(append([]byte{0xff}, sync...), '\n')); err != nil {
+	defer c.close()
+	if err := qgaSync(c); err != nil {
 		return fmt.Errorf("guest agent %s: sync: %w", command, err)
 	}
-	r := bufio.NewReader(conn)
-	for synced := false; !synced; {
-		if _, err := r.ReadBytes(0xff); err != nil {
-			return fmt.Errorf("guest agent %s: sync: %w", command, err)
-		}
-		var resp struct {
-			Return *int64 `json:"return"`
-		}
-		line, err := r.ReadBytes('\n')
-		if err != nil {
-			return fmt.Errorf("guest agent %s: sync: %w", command, err)
-		}
-		synced = json.Unmarshal(line, &resp) == nil && resp.Return != nil && *resp.Return == id
-	}
-
 	req := map[string]any{"execute": command}
 	if args != nil {
 		req["arguments"] = args
 	}
 	b, _ := json.Marshal(req)
-	if _, err := conn.Write(append(b, '\n')); err != nil {
+	if _, err := c.conn.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("guest agent %s: %w", command, err)
 	}
+	ret, err := qgaReply(c.r)
+	if err != nil {
+		return fmt.Errorf("guest agent %s: %w", command, err)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(ret, out); err != nil {
+		return fmt.Errorf("guest agent %s: decode reply: %w", command, err)
+	}
+	return nil
+}
+
+// qgaSync sends 0xFF and guest-sync-delimited with a random id, and reads
+// until the agent's 0xFF and that id.
+func qgaSync(c *channelCall) error {
+	id := rand.Int64N(1 << 53) // exact in a JSON number
+	sync, _ := json.Marshal(map[string]any{"execute": "guest-sync-delimited", "arguments": map[string]any{"id": id}})
+	if _, err := c.conn.Write(append(append([]byte{0xff}, sync...), '\n')); err != nil {
+		return err
+	}
+	for {
+		if _, err := c.r.ReadBytes(0xff); err != nil {
+			return err
+		}
+		var resp struct {
+			Return *int64 `json:"return"`
+		}
+		line, err := c.r.ReadBytes('\n')
+		if err != nil {
+			return err
+		}
+		if json.Unmarshal(line, &resp) == nil && resp.Return != nil && *resp.Return == id {
+			return nil
+		}
+	}
+}
+
+// qgaReply reads lines until a reply: its "return", or its error.
+func qgaReply(r *bufio.Reader) (json.RawMessage, error) {
 	for {
 		line, err := r.ReadBytes('\n')
 		if err != nil {
-			return fmt.Errorf("guest agent %s: %w", command, err)
+			return nil, err
 		}
 		var resp struct {
 			Return json.RawMessage `json:"return"`
@@ -110,18 +104,11 @@ func qgaCall(ctx context.Context, sock, command string, args, out any) error {
 			continue // not a reply (a stray 0xFF, a partial line)
 		}
 		if resp.Error != nil {
-			return fmt.Errorf("guest agent %s: %s: %s", command, resp.Error.Class, resp.Error.Desc)
+			return nil, fmt.Errorf("%s: %s", resp.Error.Class, resp.Error.Desc)
 		}
-		if resp.Return == nil {
-			continue
+		if resp.Return != nil {
+			return resp.Return, nil
 		}
-		if out == nil {
-			return nil
-		}
-		if err := json.Unmarshal(resp.Return, out); err != nil {
-			return fmt.Errorf("guest agent %s: decode reply: %w", command, err)
-		}
-		return nil
 	}
 }
 
@@ -144,8 +131,8 @@ type GuestIPAddress struct {
 }
 
 // GuestInterfaces asks the named VM's qemu-guest-agent for its network
-// interfaces (guest-network-get-interfaces), within ctx (10 s when it has
-// no deadline). It fails when the VM is unknown or not running, or when
+// interfaces (guest-network-get-interfaces), within ctx and channelTimeout
+// (10 s), reading at most MaxReplyBytes. It fails when the VM is unknown or not running, or when
 // the guest runs no agent or it does not answer in time. Calls for one VM
 // are serialized with the readiness probe, since the channel carries one
 // conversation at a time.

@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -140,7 +139,7 @@ func (st *vmState) stopWatch() {
 // bootTime is when the VM's QEMU started: its pidfile's modification time
 // (QEMU writes it at start; Boot removes an old one first).
 func bootTime(st *vmState) time.Time {
-	if fi, err := os.Stat(st.path(PidFile)); err == nil {
+	if fi, err := os.Lstat(st.path(PidFile)); err == nil {
 		return fi.ModTime()
 	}
 	return time.Now()
@@ -323,32 +322,6 @@ func (p *Provisioner) probeSSH(ctx context.Context, st *vmState) (string, error)
 	return addr, p.heldByGuest(st, addr)
 }
 
-// sshBanner dials addr and reads its first line, which must start with
-// "SSH-" (RFC 4253 section 4.2; a server may send other lines first, which
-// are skipped).
-func sshBanner(ctx context.Context, addr string) error {
-	d := net.Dialer{Timeout: sshDialTimeout}
-	conn, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	conn.SetReadDeadline(time.Now().Add(sshBannerTimeout))
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
-	defer stop()
-	r := bufio.NewReaderSize(conn, 256)
-	for i := 0; i < 8; i++ {
-		line, err := r.ReadString('\n')
-		if strings.HasPrefix(line, "SSH-") {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("ssh banner from %s: %w", addr, err)
-		}
-	}
-	return fmt.Errorf("ssh banner from %s: none in the first lines", addr)
-}
-
 // probeQGA pings the guest agent.
 func (p *Provisioner) probeQGA(ctx context.Context, st *vmState) error {
 	st.qgaMu.Lock()
@@ -375,7 +348,7 @@ func newConsoleScan(path string) *consoleScan { return &consoleScan{path: path} 
 const maxConsoleLine = 4096
 
 func (c *consoleScan) probe(context.Context) (string, error) {
-	f, err := os.Open(c.path)
+	f, err := openRegular(c.path, os.O_RDONLY, 0)
 	if err != nil {
 		return "", err
 	}
@@ -418,7 +391,6 @@ func (c *consoleScan) probe(context.Context) (string, error) {
 // boot answered at <at>; a refused time other than 0 says its sshd has
 // refused since then and it is not ready.
 func writeReadyFile(path string, pid int, r agent.Readiness) error {
-	tmp := path + ".partial"
 	addr, refused := r.Addr, int64(0)
 	if addr == "" {
 		addr = "-"
@@ -427,10 +399,7 @@ func writeReadyFile(path string, pid int, r agent.Readiness) error {
 		refused = r.Refused.UnixNano()
 	}
 	line := fmt.Sprintf("%d %s %d %s %d\n", pid, r.Via, r.At.UnixNano(), addr, refused)
-	if err := os.WriteFile(tmp, []byte(line), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return writeAtomic(path, []byte(line), 0o644)
 }
 
 // readReadyFile reads a ReadyFile; ok only when it records the boot of
@@ -438,7 +407,7 @@ func writeReadyFile(path string, pid int, r agent.Readiness) error {
 // Lines of three or four fields, written before refusals were recorded,
 // read as ready.
 func readReadyFile(path string, pid int) (agent.Readiness, bool) {
-	b, err := os.ReadFile(path)
+	b, err := readRegular(path, 256)
 	if err != nil {
 		return agent.Readiness{}, false
 	}

@@ -119,7 +119,7 @@ func seedUserData(path, instanceID string) ([]byte, bool) {
 	if instanceID == "" {
 		return nil, false
 	}
-	if _, err := os.Stat(path); err != nil {
+	if _, err := os.Lstat(path); err != nil {
 		return nil, false
 	}
 	_, files, err := readSeedISO(path)
@@ -262,10 +262,11 @@ func writeSeedISO(path string, files map[string][]byte) error {
 // readSeedISO reads the files of a seed image back (used to verify a seed
 // and by tests).
 func readSeedISO(path string) (label string, files map[string][]byte, err error) {
-	b, err := file.OpenFromPath(path, true)
+	f, err := openRegular(path, os.O_RDONLY, 0)
 	if err != nil {
-		return "", nil, fmt.Errorf("open seed %s: %w", path, err)
+		return "", nil, fmt.Errorf("open seed: %w", err)
 	}
+	b := file.New(f, true)
 	defer b.Close()
 	fi, err := b.Stat()
 	if err != nil {

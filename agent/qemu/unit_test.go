@@ -3,6 +3,7 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"io/fs"
@@ -189,13 +190,27 @@ func TestSSHPortPersistedAndReallocated(t *testing.T) {
 	}
 }
 
+// qcow2Stub is the header of an empty qcow2 version 3 image of size
+// bytes: enough for checkRootDisk, in tests that never start QEMU on it.
+func qcow2Stub(size int64) []byte {
+	h := make([]byte, 112) // the 104-byte header, then the end of extensions
+	be := binary.BigEndian
+	copy(h, qcow2Magic)
+	be.PutUint32(h[4:], 3)
+	be.PutUint32(h[20:], 16) // cluster_bits
+	be.PutUint64(h[24:], uint64(size))
+	be.PutUint32(h[96:], 4)    // refcount_order
+	be.PutUint32(h[100:], 104) // header_length
+	return h
+}
+
 func TestNetworkWithoutHostNetworkingIsPermanent(t *testing.T) {
 	p, err := New(Config{CacheDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, RootDiskFile), nil, 0o600)
+	os.WriteFile(filepath.Join(dir, RootDiskFile), qcow2Stub(1<<30), 0o600)
 	lan := desired.Network{Bridge: "br0"}
 	for _, m := range []agent.Machine{
 		{Name: "web-01", Dir: dir, Spec: desired.VMSpec{Network: "lan"}, Network: &lan},

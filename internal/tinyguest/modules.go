@@ -12,11 +12,13 @@ import (
 )
 
 // wantModules are the drivers the guest's /init needs: virtio PCI, disk and
-// net, ISO9660 and FAT for the NoCloud seed, and the ACPI power button with
-// evdev so an ACPI powerdown from the host reaches it. Those built into the
+// net, ISO9660 and FAT for the NoCloud seed, the ACPI power button with
+// evdev so an ACPI powerdown from the host reaches it, and virtio_console
+// for the virtio-serial ports (/dev/vportNpM, the guest agent's channel
+// among them), which a seed's script may write to. Those built into the
 // kernel (listed in modules.builtin) are skipped.
 var wantModules = []string{
-	"virtio_pci", "virtio_blk", "virtio_net", "isofs", "vfat", "button", "evdev",
+	"virtio_pci", "virtio_blk", "virtio_net", "isofs", "vfat", "button", "evdev", "virtio_console",
 }
 
 // modName normalizes a module name as the kernel does: '-' and '_' are one.

@@ -19,6 +19,10 @@
 //	tinyguest: console <line>   (each line typed on the serial console, after ready)
 //	tinyguest: power button   (on ACPI powerdown, just before it powers off)
 //
+// The virtio-serial ports (the guest agent's channel among them) are
+// /dev/vportNpM; no udev makes /dev/virtio-ports/<name> links, so a seed's
+// script finds a port by the name in /sys/class/virtio-ports/vportNpM/name.
+//
 // Build needs busybox-static (/bin/busybox) on the host, and a Debian
 // kernel: one already extracted in the cache directory, the host's own
 // /boot/vmlinuz-* with /lib/modules, or the package linux-image-amd64
