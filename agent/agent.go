@@ -533,7 +533,9 @@ func (a *Agent) writeStatus(ctx context.Context) error {
 	if out.Refused {
 		a.log.Warn("the remote refuses non-fast-forward updates of the host branch: every status write is now a new commit (set appendStatus to say so)")
 	}
-	if out.Heartbeat != hb {
+	// Higher only: a heartbeat that points the branch back at the
+	// other heartbeat commit reports that commit's lower number.
+	if out.Heartbeat > hb {
 		if err := a.cfg.Store.SaveHeartbeat(out.Heartbeat); err != nil {
 			return err
 		}

@@ -255,6 +255,8 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
+	// Read the statuses within the liveness's look gap, jitter and all.
+	interval = min(interval, c.cfg.OfflineAfter/6)
 	// All three resolve heads only: the cache does not grow. The status
 	// branch moves for agents of the old layout, and for this
 	// controller's own summary writes.
@@ -626,9 +628,13 @@ func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Ti
 		// the host: anyone who can push its branch wrote it. (The pass
 		// judges its acks again against the ledger it computes on.)
 		unsigned := c.authenticate(fl, l, obs.reports, obs.hostTips)
+		c.live.look(now)
 		for _, rep := range obs.reports {
 			_, forged := unsigned[rep.Host]
-			if c.known(fl, rep.Host) && !forged {
+			// A signed status is a heartbeat only with a number above
+			// every one seen signed: a replayed older commit is none.
+			replayed := !forged && rep.Status != nil && c.signedHost(fl, l, rep.Host) && !c.live.fresh(rep.Host, rep.Status.Heartbeat)
+			if c.known(fl, rep.Host) && !forged && !replayed {
 				// A host the computation ignores keeps no liveness.
 				c.live.observe(rep.Host, rep.ID, now)
 			}
@@ -647,6 +653,15 @@ func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Ti
 		}
 	}
 	return obs
+}
+
+// signedHost reports whether host's statuses must be signed (its Host,
+// or its ledger record, names an agentKey).
+func (c *Controller) signedHost(fl *desired.Fleet, l *snapshots.Ledger, host string) bool {
+	if fl == nil {
+		fl = c.loadedFleet
+	}
+	return agentKey(fl, l, host) != ""
 }
 
 // known reports whether host is in fl (else the last good fleet) or in
