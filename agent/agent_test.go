@@ -478,3 +478,22 @@ func TestSourceRefusesAHugeSnapshotUnread(t *testing.T) {
 	require.ErrorIs(t, err, agent.ErrSnapshotInvalid)
 	assert.ErrorIs(t, err, gitsource.ErrFileTooLarge)
 }
+
+// With StatusRepo the agent reads its snapshot from the fleet repository
+// and writes its status to its host branch in the status repository: the
+// fleet repository gets no host branch.
+func TestAgentWritesStatusToTheStatusRepository(t *testing.T) {
+	gittest.NeedGit(t)
+	bare, statusBare := gittest.NewBare(t), gittest.NewBare(t)
+	h := newHostAgent(t, bare, newClock(), nil)
+	publish(t, bare, snap(1, vm("web-01")))
+	ag, err := agent.New(agent.Config{Host: testHost, Repo: mustOpen(t, bare), StatusRepo: mustOpen(t, statusBare), Engine: h.eng,
+		Store: mustStore(t, h.dir), Version: "test", Now: h.clock.Now, Log: quietLog()})
+	require.NoError(t, err)
+	require.NoError(t, ag.Once(context.Background()))
+	st := readStatus(t, statusBare)
+	require.NotNil(t, st, "no status on the status repository's host branch")
+	require.Len(t, st.VMs, 1)
+	assert.Equal(t, uint64(1), st.LastSeenEpoch, "the snapshot was read from the fleet repository")
+	assert.Nil(t, readStatus(t, bare), "a host branch was written to the fleet repository")
+}

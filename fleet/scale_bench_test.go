@@ -31,11 +31,11 @@ import (
 //	GITFLEET_BENCH_EVENT     each host's real change (a VM message) [6s]
 //	GITFLEET_BENCH_DELETES   reviewed deletes during the run, each acked [5]
 //
-// The fleet of the issue is 1,000 hosts for 5 minutes at a 60 s heartbeat
+// The fleet to measure is 1,000 hosts for 11 minutes at a 60 s heartbeat
 // with one change per host every 10 minutes:
 //
-//	GITFLEET_BENCH_HOSTS=1000 GITFLEET_BENCH_DURATION=5m GITFLEET_BENCH_HEARTBEAT=60s \
-//	GITFLEET_BENCH_EVENT=10m go test ./fleet -run '^$' -bench StatusFleet -benchtime 1x -timeout 30m
+//	GITFLEET_BENCH_HOSTS=1000 GITFLEET_BENCH_DURATION=11m GITFLEET_BENCH_HEARTBEAT=60s \
+//	GITFLEET_BENCH_EVENT=10m go test ./fleet -run '^$' -bench StatusFleet -benchtime 1x -timeout 60m
 type statusFleetScale struct {
 	hosts, deletes             int
 	duration, heartbeat, event time.Duration
