@@ -251,7 +251,7 @@ func (c *Controller) Kick() {
 }
 
 // Run runs passes until ctx ends: at once, then every interval (jittered,
-// default 15 s), whenever the desired branch moves (Watch: polling, and
+// default 15 s, at most OfflineAfter/6: see liveness.look), whenever the desired branch moves (Watch: polling, and
 // fsnotify on a local repository), on Kick, and when a host branch or the
 // status branch moves (at most one such pass per 2 s) — but not when the
 // status branch's tip is the one the last pass read or wrote itself. A

@@ -65,7 +65,8 @@ type Controller struct {
 	// default; gitfleet controller then clones into a private temporary
 	// directory).
 	Branch, Path, CacheDir string
-	// Interval is the poll interval (jittered).
+	// Interval is the poll interval (jittered; fleet.Controller.Run keeps it
+	// at most OfflineAfter/6).
 	Interval time.Duration
 	// Listen is the address of the webhooks and /metrics ("" off);
 	// WebhookSecret the webhooks' shared secret.
