@@ -36,7 +36,7 @@ type liveness struct {
 func (l *liveness) lookGap() time.Duration { return l.after / 3 }
 
 // look records that the statuses were read at now; after a gap longer
-// than lookGap every host's clock starts at now.
+// than lookGap the clock of every host seen alternating starts at now.
 func (l *liveness) look(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
