@@ -95,6 +95,9 @@ controller key signed, as the controller does, and says which unsigned
 commits lie above it; without it, it says that the ledger it read is
 unverified ("ledgerWarning" in the JSON).
 
+With --status-repo (the controller's), the status branch is read from
+that repository and the ledger from --repo.
+
 Exit status: 0; 1 when the status branch is missing (no agent has
 reported to this repository, or --repo names a clone rather than the
 fleet's remote: point it at the remote) or cannot be read, or the pending
