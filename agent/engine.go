@@ -334,7 +334,8 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 }
 
 // watchReadiness runs, every ReadyPollInterval, the pass of each booting
-// VM whose guest has answered or whose ReadyTimeout has just run out, and
+// VM whose guest has answered (and holds the lease of its address, or is
+// to be told why not) or whose ReadyTimeout has just run out, and
 // of each ready VM whose running guest no longer counts as answering (its
 // sshd refuses), so its phase changes within moments instead of at the
 // next tick. It asks
@@ -374,8 +375,16 @@ func (e *Engine) kickAnswered() {
 		r := e.prov.Readiness(rec.name)
 		switch rec.phase {
 		case status.PhaseBooting:
-			overdue := !r.Booted.IsZero() && e.now().Sub(r.Booted) >= e.cfg.ReadyTimeout && !strings.HasPrefix(rec.lastError, notAnswered)
-			if r.Ready || overdue {
+			late := !r.Booted.IsZero() && e.now().Sub(r.Booted) >= e.cfg.ReadyTimeout
+			if r.Ready {
+				// An answered guest waits for its lease without a pass
+				// every poll: it is due once leased, or once its
+				// lastError is to say why it is not.
+				err := e.unleased(rec.name)
+				if err == nil || (late || errors.Is(err, ErrAddressHeld)) && !strings.HasPrefix(rec.lastError, notLeased) {
+					due = append(due, rec.name)
+				}
+			} else if late && !strings.HasPrefix(rec.lastError, notAnswered) {
 				due = append(due, rec.name)
 			}
 		case status.PhaseReady:

@@ -24,3 +24,9 @@ func IsPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
 }
+
+// ErrAddressHeld: the address a VM's network reserves for it is held by
+// another machine (another MAC's DHCP lease), so the VM's guest cannot have
+// it. A LeaseReporter's Unleased wraps it; the engine names it in the VM's
+// lastError at once rather than after ReadyTimeout.
+var ErrAddressHeld = errors.New("the guest cannot have it")

@@ -55,7 +55,7 @@ func netEngineGuest(t *testing.T) *tinyguest.Guest {
 	return g
 }
 
-func newNetEngine(t *testing.T, g *tinyguest.Guest) *netEngine {
+func newNetEngine(t *testing.T, g *tinyguest.Guest, opts ...func(*agent.EngineConfig)) *netEngine {
 	t.Helper()
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.qcow2")
@@ -73,7 +73,11 @@ func newNetEngine(t *testing.T, g *tinyguest.Guest) *netEngine {
 		Artifacts:        qemu.ArtifactPolicy{FileRoots: []string{filepath.Dir(g.Kernel), filepath.Dir(g.Initrd), dir}},
 		PowerdownTimeout: 5 * time.Second, KillTimeout: 5 * time.Second, BootTimeout: 90 * time.Second, Logger: quietLog()})
 	require.NoError(t, err)
-	eng, err := agent.NewEngine(agent.EngineConfig{Host: testHost, Store: store, Provisioner: prov, MaxAttempts: 3, Log: quietLog()})
+	cfg := agent.EngineConfig{Host: testHost, Store: store, Provisioner: prov, MaxAttempts: 3, Log: quietLog()}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	eng, err := agent.NewEngine(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		eng.Close(context.Background())
@@ -153,4 +157,34 @@ func TestFirstPassOnANATNetworkStartsDnsmasqOnce(t *testing.T) {
 		n.step(t, s)
 	}
 	assert.Equal(t, 1, starts(), "dnsmasq starts after the first pass")
+}
+
+// A guest whose DHCP gets no answer (here a table of the test's own drops
+// it) answers on its console but holds no lease: it has no address, so its
+// VM is booting, not ready, and once readyTimeout has passed lastError
+// says it holds no lease of its address. It showed ready with no address.
+func TestVMWhoseGuestHoldsNoLeaseIsNotReady(t *testing.T) {
+	g := netEngineGuest(t)
+	if !netnstest.Enter(t) {
+		return
+	}
+	n := newNetEngine(t, g, func(c *agent.EngineConfig) { c.ReadyTimeout = 5 * time.Second })
+	block := exec.Command("nft", "-f", "-")
+	block.Stdin = strings.NewReader("table bridge blockdhcp {\n\tchain c {\n\t\ttype filter hook prerouting priority -300; policy accept;\n" +
+		"\t\tiifname \"" + hostnet.TapName("web-01") + "\" udp dport 67 drop\n\t}\n}\n")
+	out, err := block.CombinedOutput()
+	require.NoError(t, err, string(out))
+	s := n.snapshot("lab", map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.122.0.0/24"}}})
+	r := n.step(t, s)
+	require.Contains(t, []string{status.PhaseBooting, status.PhaseReady}, r.Phase, r.LastError)
+	deadline := time.Now().Add(2 * time.Minute)
+	// The guest answers once its DHCP client gave up (some 20 s).
+	for !strings.HasPrefix(r.LastError, "not ready: the guest holds no lease") && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+		r = row(t, n.eng.Report(), "web-01")
+	}
+	assert.Equal(t, status.PhaseBooting, r.Phase, "the guest holds no lease")
+	assert.Empty(t, r.IP)
+	assert.True(t, strings.HasPrefix(r.LastError, "not ready: the guest holds no lease of its address: no lease of address 10.122.0."), r.LastError)
+	assert.Equal(t, status.PhaseBooting, n.step(t, s).Phase, "a tick changes nothing")
 }

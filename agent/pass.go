@@ -500,22 +500,31 @@ func (p *vmPass) converge(editErr string) {
 const (
 	notAnswered = "not ready: the guest has not answered"
 	sshRefused  = "not ready: the guest's sshd refuses"
+	// notLeased starts the lastError of a VM whose guest answered but
+	// holds no lease of the address its network reserves for it
+	// (LeaseReporter).
+	notLeased = "not ready: the guest holds no lease of its address"
 )
 
 // noteReadiness sets the phase of a VM that runs: ready while its guest
 // counts as answering in this boot (Provisioner.Readiness), booting
 // otherwise. A guest still silent ReadyTimeout after its boot began keeps
 // its VM booting, with lastError saying so; so does a guest reached by SSH
-// whose sshd refuses after it answered. Neither is ever restarted or
+// whose sshd refuses after it answered, and one that answered but holds
+// no lease of its address (notLeased). None is ever restarted or
 // destroyed for it.
 func (p *vmPass) noteReadiness() {
 	rec := p.rec
 	r := p.e.prov.Readiness(rec.Name)
 	if r.Ready {
+		if err := p.e.unleased(rec.Name); err != nil {
+			p.notLeased(r, err)
+			return
+		}
 		if rec.Phase != status.PhaseReady {
 			p.log.WithFields(logrus.Fields{"via": r.Via, "addr": r.Addr, "seconds": r.At.Sub(r.Booted).Seconds()}).Info("guest answered; vm ready")
 		}
-		if strings.HasPrefix(rec.LastError, sshRefused) {
+		if strings.HasPrefix(rec.LastError, sshRefused) || strings.HasPrefix(rec.LastError, notLeased) {
 			rec.LastError = ""
 		}
 		rec.Phase = status.PhaseReady
@@ -543,6 +552,38 @@ func (p *vmPass) noteReadiness() {
 			p.log.Warn(rec.LastError)
 		}
 	}
+}
+
+// notLeased keeps booting a VM whose guest answered but holds no lease of
+// its address (why: LeaseReporter.Unleased): with lastError saying so at
+// once when another machine holds the address, else once ReadyTimeout has
+// passed since its boot.
+func (p *vmPass) notLeased(r Readiness, why error) {
+	rec := p.rec
+	if rec.Phase == status.PhaseReady {
+		p.log.WithError(why).Warn("the guest holds no lease of its address; vm booting until it does")
+	}
+	rec.Phase = status.PhaseBooting
+	if !errors.Is(why, ErrAddressHeld) && p.e.now().Sub(r.Booted) < p.e.cfg.ReadyTimeout {
+		return
+	}
+	rec.LastError = fmt.Sprintf("%s: %v; booting until it holds one; the VM is left running", notLeased, why)
+	p.e.mu.Lock()
+	prev := p.e.recs[rec.Name]
+	p.e.mu.Unlock()
+	if prev == nil || !strings.HasPrefix(prev.LastError, notLeased) {
+		p.log.Warn(rec.LastError)
+	}
+}
+
+// unleased is the provisioner's account (LeaseReporter) of why VM name's
+// guest holds no lease of its address; nil when it holds it, or when the
+// provisioner gives none.
+func (e *Engine) unleased(name string) error {
+	if lr, ok := e.prov.(LeaseReporter); ok {
+		return lr.Unleased(name)
+	}
+	return nil
 }
 
 // boot starts a created VM again: admission when it holds no reservation

@@ -138,6 +138,21 @@ type ProgressReporter interface {
 	VMProgress(name string) (done, total int64, ok bool)
 }
 
+// LeaseReporter is implemented by a Provisioner that runs the DHCP server
+// of a network its VMs join (a nat network's dnsmasq). Unleased reports,
+// for VM name while it runs, why its guest holds no lease of the address
+// the network reserves for it: nil when it holds it or takes none there (a
+// static address, a bridge network, user-mode networking, a VM that does
+// not run); wrapping ErrAddressHeld when another machine's lease holds
+// the address. A guest that answered but holds no lease has no address
+// anyone reaches it at: the engine shows it booting, not ready, and says
+// why in lastError (at once when the address is held, after ReadyTimeout
+// otherwise: a guest may answer before it asks for its lease). Unleased
+// reads files only and never waits. Optional.
+type LeaseReporter interface {
+	Unleased(name string) error
+}
+
 // NetworkReconciler is implemented by a Provisioner that attaches VMs to
 // host networks. The engine calls ReconcileNetworks on every tick with the
 // snapshot's host networks (name -> definition), members, the VMs the

@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -172,4 +174,39 @@ func TestNotReadyReasonsSurviveAnAgentRestart(t *testing.T) {
 		assert.Equal(t, status.PhaseBooting, s.Phase)
 		assert.True(t, strings.HasPrefix(s.LastError, "not ready: the guest has not answered"), s.LastError)
 	}
+}
+
+// A guest that answered but holds no lease of the address its network
+// reserves for it is not ready: it has no address anyone reaches it at.
+// When another machine's lease holds the address, lastError names that
+// MAC at once; a guest that simply has not leased yet is told so only
+// once ReadyTimeout has passed (it may answer before it asks). Once it
+// holds its lease it is ready, the complaint gone.
+func TestGuestWithoutItsLeaseIsNotReady(t *testing.T) {
+	f := newFixture(t, func(c *agent.EngineConfig) { c.ReadyTimeout = 10 * time.Minute })
+	f.prov.SetClock(f.clock.Now)
+	f.prov.SetSilentGuests(true)
+	f.step(snap(1, vm("web-01")))
+	held := fmt.Errorf("address 10.77.0.7 reserved for MAC 52:54:00:00:00:0b on network lab is leased to another MAC 52:54:00:00:00:0a (%w)", agent.ErrAddressHeld)
+	f.prov.SetUnleased("web-01", held)
+	f.prov.Answer("web-01", agent.ReadyConsole)
+	r := waitRow(t, f, "web-01", func(r status.VM) bool { return r.LastError != "" })
+	assert.Equal(t, status.PhaseBooting, r.Phase, "answered, but its address is another's")
+	assert.True(t, strings.HasPrefix(r.LastError, "not ready: the guest holds no lease of its address: address 10.77.0.7"), r.LastError)
+	assert.Contains(t, r.LastError, "is leased to another MAC 52:54:00:00:00:0a")
+	assert.Equal(t, status.PhaseBooting, row(t, f.step(nil), "web-01").Phase, "a tick changes nothing")
+
+	f.prov.SetUnleased("web-01", errors.New("no lease of address 10.77.0.7 for MAC 52:54:00:00:00:0b on network lab"))
+	r = row(t, f.step(nil), "web-01")
+	assert.Equal(t, status.PhaseBooting, r.Phase)
+	assert.Empty(t, r.LastError, "within readyTimeout a missing lease is not wrong yet")
+	f.clock.Add(11 * time.Minute)
+	r = waitRow(t, f, "web-01", func(r status.VM) bool { return r.LastError != "" })
+	assert.Equal(t, status.PhaseBooting, r.Phase)
+	assert.True(t, strings.HasPrefix(r.LastError, "not ready: the guest holds no lease of its address: no lease of address 10.77.0.7"), r.LastError)
+
+	f.prov.SetUnleased("web-01", nil)
+	r = waitRow(t, f, "web-01", func(r status.VM) bool { return r.Phase == status.PhaseReady })
+	assert.Empty(t, r.LastError, "the lease clears the complaint")
+	assert.Empty(t, f.prov.Calls(agenttest.OpShutdown), "never shut down for its lease")
 }

@@ -70,7 +70,8 @@ func (e *Engine) Report() *status.Status {
 
 // observeSuspended shows row as the provisioner finds the VM while the
 // host is suspended, when no pass records what changes: a booting guest
-// that answered is ready, a VM meant to run whose hypervisor is gone is
+// that answered (and holds the lease of its address) is ready, a VM meant
+// to run whose hypervisor is gone is
 // stopped, and the message says nothing is done about it.
 func (e *Engine) observeSuspended(row *status.VM) {
 	if row.Power != string(desired.PowerRunning) {
@@ -80,7 +81,7 @@ func (e *Engine) observeSuspended(row *status.VM) {
 	case !e.prov.Running(row.Name):
 		row.Phase, row.Power, row.IP, row.SSH = status.PhaseStopped, string(desired.PowerStopped), "", ""
 		row.Message = "not running; not booted again while the host is suspended"
-	case row.Phase == status.PhaseBooting && e.prov.Readiness(row.Name).Ready:
+	case row.Phase == status.PhaseBooting && e.prov.Readiness(row.Name).Ready && e.unleased(row.Name) == nil:
 		row.Phase = status.PhaseReady
 	}
 }

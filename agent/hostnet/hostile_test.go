@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/testsupport/hostileguest"
 	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 )
 
@@ -456,9 +457,9 @@ func TestTapsCarryOnlyTheirVMsMAC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rules := f.run("nft", "list", "table", "bridge", NftTable)
 	for vm, mac := range map[string]string{"vm-g": macG.String(), "vm-h": macH.String()} {
-		if want := `iifname "` + TapName(vm) + `" ether saddr != ` + mac + ` drop`; !strings.Contains(rules, want) {
+		rules := f.run("nft", "list", "chain", "bridge", NftTable, nicChain(TapName(vm)))
+		if want := `ether saddr != ` + mac + ` drop`; !strings.Contains(rules, want) {
 			t.Errorf("tap filter lacks %q:\n%s", want, rules)
 		}
 	}
@@ -672,45 +673,49 @@ func TestGuestDHCPDoesNotGrowTheHostsLog(t *testing.T) {
 	}
 }
 
-// A guest of a nat network is no DHCP server for the others: dnsmasq is
-// theirs, and a guest answering their DHCP requests first would hand them
-// another address (which status, reading dnsmasq's leases, would not
-// show) and itself as their gateway. On a bridge network (the LAN) a
-// guest may be the LAN's DHCP server. (The rule is pinned as loaded: in
-// the test's namespace a second DHCP server's offers did not reach the
-// other guest even without it, so a rogue server proves nothing here.)
-func TestNATGuestsServeNoDHCP(t *testing.T) {
+// A guest on a bridge network is a machine of the LAN and may be its DHCP
+// server: its answers reach the other guests (on a nat network they reach
+// nobody, TestNATGuestTakesNoNeighboursDHCP), while it still speaks only
+// with its own MAC.
+func TestBridgeNetworkGuestsMayServeDHCP(t *testing.T) {
 	if !netnstest.Enter(t) {
 		return
 	}
 	f := newFixture(t)
 	ctx := context.Background()
-	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.101.0.0/24"}}}
-	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
-		t.Fatalf("Reconcile: %v", err)
-	}
-	macR, _ := net.ParseMAC("52:54:00:00:a1:01")
-	macV, _ := net.ParseMAC("52:54:00:00:a1:02")
-	for vm, mac := range map[string]net.HardwareAddr{"vm-rogue": macR, "vm-victim": macV} {
-		if _, err := f.m.Attach(ctx, "lab", nets["lab"], vm, mac, netip.Addr{}); err != nil {
+	f.run("ip", "link", "add", "br0", "type", "bridge")
+	f.run("ip", "link", "set", "br0", "up")
+	lan := desired.Network{Bridge: "br0"}
+	macS, macC := mustMAC("52:54:00:00:a1:03"), mustMAC("52:54:00:00:a1:04")
+	for vm, mac := range map[string]net.HardwareAddr{"vm-server": macS, "vm-client": macC} {
+		if _, err := f.m.Attach(ctx, "lan", lan, vm, mac, netip.Addr{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	rules := f.run("nft", "list", "table", "bridge", NftTable)
-	if want := `iifname "` + TapName("vm-rogue") + `" udp sport 67 drop`; !strings.Contains(rules, want) {
+	gs, gc := f.peer("s", "br0", macS.String()), f.peer("c", "br0", macC.String())
+	for suffix, mac := range map[string]net.HardwareAddr{"s": macS, "c": macC} {
+		if err := f.m.recordTap(ctx, "v"+suffix, tapRecord{MAC: mac.String()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rules := f.run("nft", "list", "chain", "bridge", NftTable, nicChain(TapName("vm-server")))
+	if want := `ether saddr != ` + macS.String() + ` drop`; !strings.Contains(rules, want) {
 		t.Errorf("the tap filter lacks %q:\n%s", want, rules)
 	}
-	// A tap on a bridge network may serve DHCP to the LAN.
-	f.run("ip", "link", "add", "br0", "type", "bridge")
-	macL, _ := net.ParseMAC("52:54:00:00:a1:03")
-	if _, err := f.m.Attach(ctx, "lan", desired.Network{Bridge: "br0"}, "vm-lan", macL, netip.Addr{}); err != nil {
-		t.Fatal(err)
-	}
-	rules = f.run("nft", "list", "table", "bridge", NftTable)
-	if bad := `iifname "` + TapName("vm-lan") + `" udp sport 67 drop`; strings.Contains(rules, bad) {
-		t.Errorf("the tap filter keeps a LAN guest from serving DHCP:\n%s", rules)
-	}
-	if want := `iifname "` + TapName("vm-lan") + `" ether saddr != ` + macL.String() + ` drop`; !strings.Contains(rules, want) {
-		t.Errorf("the tap filter lacks %q:\n%s", want, rules)
+	ps, pc := f.port(gs), f.port(gc)
+	server, client := netip.MustParseAddr("192.168.61.1"), netip.MustParseAddr("192.168.61.50")
+	offer := hostileguest.DHCP{Op: hostileguest.BootReply, XID: 5, YIAddr: client, CHAddr: macC, Opts: []hostileguest.Option{
+		msgType(hostileguest.DHCPOffer), hostileguest.AddrOption(hostileguest.OptServerID, server)}}
+	got := make(chan []hostileguest.Frame)
+	go func() {
+		got <- pc.Capture(time.Second, func(fr hostileguest.Frame) bool {
+			d, ok := fr.DHCP()
+			return ok && d.Op == hostileguest.BootReply && d.XID == 5
+		})
+	}()
+	time.Sleep(100 * time.Millisecond)
+	ps.Send(hostileguest.Ethernet(hostileguest.Broadcast, macS, hostileguest.EtherIPv4, hostileguest.IPv4UDP(server, bcast4, 67, 68, offer.Marshal())))
+	if frames := <-got; len(frames) == 0 {
+		t.Error("a LAN guest's DHCP offer did not reach the other guest")
 	}
 }

@@ -4,10 +4,18 @@
 // A bridge network is an existing host bridge (the LAN): the Manager only
 // checks that it exists and adds taps to it; it never creates, changes or
 // deletes the bridge. A nat network is the Manager's own: bridge
-// gf-<name> holding the CIDR's first address, one dnsmasq for DHCP and DNS,
-// IPv4 forwarding, and the nftables table "inet gitfleet" (masquerading out
-// of the host, and an input rule that lets guests reach the host only for
-// DHCP, DNS and ping).
+// gf-<name> holding the CIDR's first address, one dnsmasq for DHCP and DNS
+// that answers the reserved MACs alone, IPv4 forwarding, and the nftables
+// table "inet gitfleet" (masquerading out of the host, an input rule that
+// lets guests reach the host only for DHCP, DNS and ping, and, with
+// UserMode, an output rule that keeps QEMU's user-mode networking off the
+// nat networks).
+//
+// Every tap the Manager makes is a NIC of a VM, held by the table "bridge
+// gitfleet" to the MAC the VM's NIC was given; on a nat network also to
+// the addresses reserved for that MAC, and away from every DHCP, DHCPv6
+// and IPv6 router's message (tapfilter.go): a guest there is a client of
+// its network and nothing more.
 //
 // Everything the Manager keeps lives under Config.Dir, one directory per
 // nat network:
@@ -17,7 +25,8 @@
 //	<dir>/<network>/dnsmasq.conf  dnsmasq's configuration, rendered from both
 //	<dir>/<network>/dnsmasq.pid   dnsmasq's pidfile
 //	<dir>/<network>/leases        dnsmasq's lease file
-//	<dir>/<network>/dnsmasq.log   dnsmasq's log
+//	<dir>/<network>/dnsmasq.log   dnsmasq's log (at most DnsmasqLogMax)
+//	<dir>/<network>/dnsmasq.log.1 the log before, moved aside by Guard
 //	<dir>/nftables.conf           the table last loaded
 //	<dir>/nftables.list           the kernel's listing of it then
 //	<dir>/taps.json               the taps made: tap -> the VM's MAC
@@ -68,7 +77,8 @@ const (
 	NftablesListFile = "nftables.list"
 	// TapsFile records the taps the Manager made: tap -> the MAC of the
 	// VM's NIC and whether the tap is on a nat network (JSON tapRecord),
-	// for the tap filter.
+	// for the tap filter, which takes a nat tap's addresses from the
+	// reservations of its MAC.
 	TapsFile = "taps.json"
 )
 
@@ -121,6 +131,24 @@ type Manager struct {
 	// named holds the nat networks the last Reconcile was given (nil
 	// before the first): their bridges are no conflict for each other.
 	named map[string]bool
+	// userModeUID is QEMU's user, whose sockets reach no nat network
+	// (UserMode); 0 for none.
+	userModeUID int
+}
+
+// UserMode names uid, the user QEMU runs as (-runas), whose sockets carry
+// the user-mode networking of the VMs on no host network: their
+// connections leave the host's own stack, where the nat networks' forward
+// rules never see them, so the table "inet gitfleet" refuses every
+// connection of that user to an address of a nat network (its CIDR, the
+// bridge's address included). 0, the default, names none (QEMU that runs
+// as root or as the agent's own user, which the agent warns of). The rule
+// is loaded at the next operation that ensures the tables (Reconcile,
+// Attach, Guard); call UserMode before the first.
+func (m *Manager) UserMode(uid int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.userModeUID = uid
 }
 
 // ours reports whether the bridge of nat network net is no conflict for
@@ -237,14 +265,19 @@ func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network
 // of the network's bridge, and returns the attachment. On a nat network it
 // also reserves the VM's address for mac: static when valid (the VM's
 // static address; an error when another VM holds it), else the address
-// reserved before, else a free one chosen from the VM's name. A VM moved
-// from another nat network loses its reservation there. Attaching an
-// attached VM is a no-op that returns the same attachment.
+// reserved before, else a free one chosen from the VM's name; the tap
+// filter holds the guest to that address. A VM moved from another nat
+// network loses its reservation and lease there (see Detach). Attaching
+// an attached VM is a no-op that returns the same attachment.
 func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) (Attachment, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var a Attachment
-	if err := m.release(vm, name); err != nil {
+	left, err := m.release(vm, name)
+	if err != nil {
+		return a, err
+	}
+	if err := m.refreshDnsmasq(ctx, left); err != nil {
 		return a, err
 	}
 	if def.NAT != nil {
@@ -367,48 +400,58 @@ func (m *Manager) Reserve(name string, def desired.Network, vm string, mac net.H
 	return err
 }
 
-// Detach removes VM vm's tap and its address reservations. Detaching a
-// VM that has none is a no-op.
+// Detach removes VM vm's tap and its address reservations, and releases
+// its leases: the dnsmasq of each network it leaves restarts at once
+// without them (in its lease file and its memory), so the VM's address
+// is free for the next VM it is reserved for. Detaching a VM that has
+// none is a no-op.
 func (m *Manager) Detach(vm string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	ctx := context.Background()
 	if err := deleteLink(TapName(vm)); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
-	if err := m.recordTap(context.Background(), TapName(vm), tapRecord{}); err != nil {
+	left, err := m.release(vm, "")
+	if err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
-	if err := m.release(vm, ""); err != nil {
+	if err := m.recordTap(ctx, TapName(vm), tapRecord{}); err != nil {
+		return fmt.Errorf("detach %s: %w", vm, err)
+	}
+	if err := m.refreshDnsmasq(ctx, left); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
 	return nil
 }
 
-// release drops VM vm's reservations on every nat network but keep. The
-// dnsmasq of a network that lost one gets its new configuration on the
-// next ensure.
-func (m *Manager) release(vm, keep string) error {
+// release drops VM vm's reservations on every nat network but keep, and
+// returns the networks that lost one: their dnsmasq is to be refreshed
+// (refreshDnsmasq), which releases the VM's lease there.
+func (m *Manager) release(vm, keep string) ([]string, error) {
 	nets, err := m.natNetworks()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var left []string
 	for _, name := range nets {
 		if name == keep {
 			continue
 		}
 		hosts, err := m.readHosts(name)
 		if err != nil {
-			return err
+			return left, err
 		}
 		if _, ok := hosts[vm]; !ok {
 			continue
 		}
 		delete(hosts, vm)
 		if err := m.writeHosts(name, hosts); err != nil {
-			return err
+			return left, err
 		}
+		left = append(left, name)
 	}
-	return nil
+	return left, nil
 }
 
 // Address reports the IPv4 address of the guest whose NIC has mac on
@@ -440,8 +483,9 @@ func (m *Manager) Address(name string, def desired.Network, mac net.HardwareAddr
 // again when missing or changed, see ensureNftables: their drop rules keep
 // guests off the host and off each other) and the dnsmasq of every nat
 // network this Manager made (one that died is started again with the
-// configuration and leases it had, so guests renew their leases). The
-// agent calls it every tick, the host suspended or not.
+// configuration and leases it had, so guests renew their leases), whose
+// log it keeps within DnsmasqLogMax. The agent calls it every tick, the
+// host suspended or not.
 func (m *Manager) Guard(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -451,6 +495,9 @@ func (m *Manager) Guard(ctx context.Context) error {
 		return errors.Join(append(errs, err)...)
 	}
 	for _, name := range made {
+		if err := capLog(filepath.Join(m.netDir(name), DnsmasqLog)); err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+		}
 		if m.dnsmasqPid(name) != 0 {
 			continue
 		}

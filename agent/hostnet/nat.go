@@ -1,7 +1,6 @@
 package hostnet
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -70,9 +69,6 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 	if err := enableForwarding(); err != nil {
 		return err
 	}
-	if err := m.ensureNftables(ctx); err != nil {
-		return err
-	}
 	hosts, err := m.readHosts(name)
 	if err != nil {
 		return err
@@ -83,7 +79,45 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 		}
 		m.log.WithField("network", name).WithField("cidr", prefix).Info("reservations renumbered into the new CIDR")
 	}
+	// The tap filter binds each guest to its reservation: loaded once
+	// the reservations are final.
+	if err := m.ensureNftables(ctx); err != nil {
+		return err
+	}
 	return m.ensureDnsmasq(ctx, name, prefix, gw, hosts)
+}
+
+// refreshDnsmasq gives the dnsmasq of each nat network of names that runs
+// (or ran: it has a configuration) the network's current reservations,
+// restarting it when they changed, so a lease of a reservation gone goes
+// with it at once (startDnsmasq). A network never ensured is left to its
+// first ensure.
+func (m *Manager) refreshDnsmasq(ctx context.Context, names []string) error {
+	var errs []error
+	for _, name := range names {
+		if _, err := os.Stat(filepath.Join(m.netDir(name), DnsmasqConf)); err != nil {
+			continue
+		}
+		var s natSpec
+		if err := readJSON(filepath.Join(m.netDir(name), SpecFile), &s); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n := desired.NAT{CIDR: s.CIDR}
+		prefix, err := n.Prefix()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+			continue
+		}
+		hosts, err := m.readHosts(name)
+		if err == nil {
+			err = m.ensureDnsmasq(ctx, name, prefix, n.Gateway(), hosts)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // foreignBridge reports (ErrHostConflict) a device of nat network name's
@@ -262,7 +296,11 @@ func pick(prefix netip.Prefix, vm string, taken map[netip.Addr]string) (netip.Ad
 }
 
 // renderDnsmasq is dnsmasq's configuration for nat network name: DHCP and
-// DNS on its bridge only, addresses handed out only to reserved MACs.
+// DNS on its bridge only, and DHCP for the reserved MACs alone: a client
+// no dhcp-host line names (tag "known") is ignored, as are the client
+// identifiers and host names clients send, so a guest neither gets an
+// address nor releases or renames a lease in another's name, nor makes
+// dnsmasq answer (or log) the clients a flood makes up.
 func (m *Manager) renderDnsmasq(name string, prefix netip.Prefix, gw netip.Addr, hosts map[string]reservation) []byte {
 	dir := m.netDir(name)
 	var b strings.Builder
@@ -272,9 +310,11 @@ func (m *Manager) renderDnsmasq(name string, prefix netip.Prefix, gw netip.Addr,
 	mask := net.IP(net.CIDRMask(prefix.Bits(), 32)).String()
 	fmt.Fprintf(&b, "dhcp-range=%s,static,%s,1h\n", prefix.Addr(), mask)
 	fmt.Fprintf(&b, "dhcp-option=option:router,%s\ndhcp-option=option:dns-server,%s\n", gw, gw)
-	// quiet-dhcp: dnsmasq logs only its errors, so a guest asking for
-	// leases in a loop writes nothing to the host's disk.
+	// quiet-dhcp: dnsmasq logs only its errors, so a guest's leases write
+	// nothing to the host's disk (what it still logs is bounded:
+	// DnsmasqLogMax).
 	b.WriteString("dhcp-authoritative\nno-hosts\ndomain-needed\nbogus-priv\nquiet-dhcp\n")
+	b.WriteString("dhcp-ignore=tag:!known\ndhcp-ignore-clid\ndhcp-ignore-names\n")
 	for _, vm := range sortedKeys(hosts) {
 		r := hosts[vm]
 		fmt.Fprintf(&b, "dhcp-host=%s,%s,%s\n", r.MAC, r.Addr, vm)
@@ -307,17 +347,36 @@ func (m *Manager) ensureDnsmasq(ctx context.Context, name string, prefix netip.P
 	return m.startDnsmasq(ctx, name)
 }
 
+// DnsmasqLogMax bounds, in bytes, every file a nat network's dnsmasq
+// writes: its log (and so the disk a guest can make it fill between two
+// of the agent's ticks) and its lease file (room for some 8,000 leases).
+// dnsmasq runs with that file size limit (RLIMIT_FSIZE, with SIGXFSZ
+// ignored: a write past it fails and dnsmasq goes on), and Guard moves a
+// log past half of it to DnsmasqLog+".1" (replacing the older one), so a
+// network's logs take at most twice DnsmasqLogMax.
+const DnsmasqLogMax = 1 << 20
+
 // startDnsmasq starts nat network name's dnsmasq with the configuration
-// file it has, and waits (up to 10 s) for its pidfile.
+// file it has, and waits (up to 10 s) for its pidfile. dnsmasq reads its
+// lease file only as it starts: the leases of addresses no longer
+// reserved for their MAC (a VM destroyed, moved or renumbered) are
+// dropped from it first, so they neither outlive their VM in status nor
+// keep their address from the VM it is reserved for now.
 func (m *Manager) startDnsmasq(ctx context.Context, name string) error {
 	conf := filepath.Join(m.netDir(name), DnsmasqConf)
 	os.Remove(filepath.Join(m.netDir(name), DnsmasqPid))
+	if err := m.pruneLeases(name); err != nil {
+		return fmt.Errorf("start dnsmasq: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	// dnsmasq forks into the background, writes its pidfile and the
 	// parent exits: a session of its own keeps it out of the agent's
-	// process group, so it outlives the agent like the guests.
-	cmd := exec.CommandContext(ctx, m.cfg.Dnsmasq, "--conf-file="+conf)
+	// process group, so it outlives the agent like the guests. The shell
+	// sets the file size limit (POSIX ulimit -f counts 512-byte blocks)
+	// and ignores SIGXFSZ, which dnsmasq inherits through exec.
+	limit := fmt.Sprintf("trap '' XFSZ && ulimit -f %d && exec \"$0\" \"$@\"", DnsmasqLogMax/512)
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", limit, m.cfg.Dnsmasq, "--conf-file="+conf)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("start dnsmasq: %v: %s", err, trim(out))
@@ -357,6 +416,28 @@ func (m *Manager) dnsmasqPid(name string) int {
 	return 0
 }
 
+// capLog moves dnsmasq's log at path to path+".1" (replacing the older
+// one) once it holds more than half of DnsmasqLogMax: copied, then
+// truncated in place, since dnsmasq keeps it open and appends (O_APPEND)
+// at the new end. Lines dnsmasq writes during the copy can be lost.
+func capLog(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil || fi.Size() <= DnsmasqLogMax/2 {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("dnsmasq log: %w", err)
+	}
+	if err := writeFile(path+".1", b); err != nil {
+		return fmt.Errorf("dnsmasq log: %w", err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		return fmt.Errorf("dnsmasq log: %w", err)
+	}
+	return nil
+}
+
 // stopProcess sends SIGTERM to pid and waits up to 5 s for it to go, then
 // SIGKILLs it.
 func stopProcess(pid int) error {
@@ -378,31 +459,139 @@ func stopProcess(pid int) error {
 	return nil
 }
 
-// leaseFor finds mac's address in a dnsmasq lease file (lines "<expiry>
-// <mac> <ip> <hostname> <client-id>"); invalid when there is none.
-func leaseFor(path string, mac net.HardwareAddr) (netip.Addr, error) {
-	f, err := os.Open(path)
+// lease is one line of a dnsmasq lease file: "<expiry> <mac> <ip>
+// <hostname> <client-id>", expiry in seconds since the epoch (0: never).
+type lease struct {
+	Expiry int64
+	MAC    string
+	Addr   netip.Addr
+}
+
+// readLeases reads the IPv4 leases of a dnsmasq lease file (none when it
+// does not exist), with every line as it is, lease or not (nil for a line
+// that is no IPv4 lease).
+func readLeases(path string) (lines []string, leases []*lease, err error) {
+	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return netip.Addr{}, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return netip.Addr{}, err
+		return nil, nil, err
 	}
-	defer f.Close()
+	for _, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		if l == "" {
+			continue
+		}
+		lines = append(lines, l)
+		fields := strings.Fields(l)
+		var le *lease
+		if len(fields) >= 3 {
+			exp, err1 := strconv.ParseInt(fields[0], 10, 64)
+			a, err2 := netip.ParseAddr(fields[2])
+			if mac := parseMAC(fields[1]); err1 == nil && err2 == nil && a.Is4() && mac != "" {
+				le = &lease{Expiry: exp, MAC: mac, Addr: a}
+			}
+		}
+		leases = append(leases, le)
+	}
+	return lines, leases, nil
+}
+
+// current reports whether l holds at now.
+func (l *lease) current(now time.Time) bool { return l.Expiry == 0 || l.Expiry > now.Unix() }
+
+// leaseFor finds mac's address in a dnsmasq lease file: of its leases,
+// the one that ends last; invalid when there is none.
+func leaseFor(path string, mac net.HardwareAddr) (netip.Addr, error) {
+	_, leases, err := readLeases(path)
 	var found netip.Addr
 	var latest int64 = -1
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 3 || !strings.EqualFold(fields[1], mac.String()) {
+	for _, l := range leases {
+		if l == nil || l.MAC != mac.String() || l.Expiry < latest {
 			continue
 		}
-		exp, _ := strconv.ParseInt(fields[0], 10, 64)
-		a, err := netip.ParseAddr(fields[2])
-		if err != nil || exp < latest {
-			continue
-		}
-		found, latest = a, exp
+		found, latest = l.Addr, l.Expiry
 	}
-	return found, sc.Err()
+	return found, err
+}
+
+// pruneLeases drops from nat network name's lease file every lease that
+// is not of an address reserved for its MAC. Call it only while the
+// network's dnsmasq does not run (it rewrites the file on every change).
+func (m *Manager) pruneLeases(name string) error {
+	hosts, err := m.readHosts(name)
+	if err != nil {
+		return err
+	}
+	reserved := map[string]bool{}
+	for _, r := range hosts {
+		reserved[parseMAC(r.MAC)+" "+r.Addr.String()] = true
+	}
+	path := filepath.Join(m.netDir(name), LeasesFile)
+	lines, leases, err := readLeases(path)
+	if err != nil {
+		return fmt.Errorf("leases: %w", err)
+	}
+	var keep []string
+	for i, l := range leases {
+		if l != nil && !reserved[l.MAC+" "+l.Addr.String()] {
+			m.log.WithField("network", name).WithField("mac", l.MAC).WithField("ip", l.Addr).Info("lease of an address no longer reserved for its MAC released")
+			continue
+		}
+		keep = append(keep, lines[i]+"\n")
+	}
+	if len(keep) == len(lines) {
+		return nil
+	}
+	if err := writeFile(path, []byte(strings.Join(keep, ""))); err != nil {
+		return fmt.Errorf("leases: %w", err)
+	}
+	return nil
+}
+
+// ErrAddressHeld: the address a nat network reserves for a VM's MAC is
+// leased to another MAC, so the VM's guest cannot have it. Unleased
+// returns it wrapped, naming that MAC.
+var ErrAddressHeld = errors.New("is leased to another MAC")
+
+// ErrNoLease: dnsmasq holds no lease for a VM's MAC of the address its
+// nat network reserves for it (the guest has not asked yet, or was
+// refused), or no address is reserved for the MAC. Unleased returns it
+// wrapped.
+var ErrNoLease = errors.New("no lease")
+
+// Unleased reports whether the guest whose NIC has mac holds the lease of
+// the address nat network name reserves for that MAC, as dnsmasq's lease
+// file says now: nil when it does; wrapping ErrAddressHeld, naming the
+// holder's MAC, when a lease of the address that has not ended is another
+// MAC's; wrapping ErrNoLease otherwise. It reads files only.
+func (m *Manager) Unleased(name string, mac net.HardwareAddr) error {
+	hosts, err := m.readHosts(name)
+	if err != nil {
+		return err
+	}
+	var addr netip.Addr
+	for _, r := range hosts {
+		if parseMAC(r.MAC) == mac.String() {
+			addr = r.Addr
+		}
+	}
+	if !addr.IsValid() {
+		return fmt.Errorf("network %s reserves no address for MAC %s: %w", name, mac, ErrNoLease)
+	}
+	_, leases, err := readLeases(filepath.Join(m.netDir(name), LeasesFile))
+	if err != nil {
+		return fmt.Errorf("network %s: leases: %w", name, err)
+	}
+	now := time.Now()
+	for _, l := range leases {
+		if l == nil || l.Addr != addr || !l.current(now) {
+			continue
+		}
+		if l.MAC == mac.String() {
+			return nil
+		}
+		return fmt.Errorf("address %s reserved for MAC %s on network %s %w %s", addr, mac, name, ErrAddressHeld, l.MAC)
+	}
+	return fmt.Errorf("%w of address %s for MAC %s on network %s", ErrNoLease, addr, mac, name)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,34 +18,6 @@ import (
 // gitfleet" (the nat networks) and "bridge gitfleet" (its taps). Only the
 // Manager writes them; they are replaced whole on every change.
 const NftTable = "gitfleet"
-
-// renderTapFilter is the "bridge gitfleet" table for the taps the Manager
-// made, replacing the table as renderNftables does: a frame a guest sends
-// with a source MAC other than the one its NIC was given is dropped where
-// it enters the bridge, so no guest speaks with another's MAC (and the
-// host's neighbour table, which addresses and readiness trust, holds a
-// VM's MAC only for that VM's traffic); and a guest of a nat network sends
-// no DHCP server's answer (dnsmasq is its network's DHCP server: a guest
-// answering first would give the others another address, which status
-// would not show, and itself as their gateway). A guest on a bridge
-// network may be the LAN's DHCP server.
-func renderTapFilter(taps map[string]tapRecord) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "table bridge %s\ndelete table bridge %s\n", NftTable, NftTable)
-	if len(taps) == 0 {
-		return b.String()
-	}
-	fmt.Fprintf(&b, "table bridge %s {\n", NftTable)
-	b.WriteString("\tchain prerouting {\n\t\ttype filter hook prerouting priority filter; policy accept;\n")
-	for _, tap := range sortedKeys(taps) {
-		fmt.Fprintf(&b, "\t\tiifname %q ether saddr != %s drop\n", tap, taps[tap].MAC)
-		if taps[tap].NAT {
-			fmt.Fprintf(&b, "\t\tiifname %q udp sport 67 drop\n", tap)
-		}
-	}
-	b.WriteString("\t}\n}\n")
-	return b.String()
-}
 
 // gateway is the bridge address of the nat network with CIDR cidr (which
 // the Manager checked when it made the network).
@@ -69,8 +42,12 @@ const LinkLocal4 = "169.254.0.0/16"
 // the bridge address but the host itself (input); the host's replies and the guests' own traffic, link-local
 // destinations aside, are forwarded, nothing from outside — another nat
 // network's guests included — starts a connection to a guest (forward); what
-// leaves the network is masqueraded (postrouting).
-func renderNftables(nets map[string]string) []byte {
+// leaves the network is masqueraded (postrouting). With userModeUID (not
+// 0), that user's sockets reach no address of any nat network (output):
+// they carry the user-mode networking of the VMs on no host network,
+// whose connections leave the host's own stack, where the forward rules
+// never see them.
+func renderNftables(nets map[string]string, userModeUID int) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s\ndelete table inet %s\n", NftTable, NftTable)
 	if len(nets) == 0 {
@@ -110,12 +87,39 @@ func renderNftables(nets map[string]string) []byte {
 		fmt.Fprintf(&b, "\t\tiifname %q drop\n", br)
 	}
 	b.WriteString("\t}\n")
+	b.WriteString(userModeGuard(nets, userModeUID))
 	b.WriteString("\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
 	for _, name := range sortedKeys(nets) {
 		fmt.Fprintf(&b, "\t\tip saddr %s ip daddr != %s masquerade\n", nets[name], nets[name])
 	}
 	b.WriteString("\t}\n}\n")
 	return []byte(b.String())
+}
+
+// userModeGuard is the output chain that keeps the sockets of uid (QEMU's
+// user) off every address of the nat networks nets (name -> CIDR), IPv4
+// or IPv6; "" for uid 0.
+func userModeGuard(nets map[string]string, uid int) string {
+	if uid == 0 {
+		return ""
+	}
+	var v4, v6 []string
+	for _, name := range sortedKeys(nets) {
+		if p, err := netip.ParsePrefix(nets[name]); err == nil && p.Addr().Is6() {
+			v6 = append(v6, nets[name])
+		} else {
+			v4 = append(v4, nets[name])
+		}
+	}
+	var b strings.Builder
+	b.WriteString("\tchain output {\n\t\ttype filter hook output priority filter; policy accept;\n")
+	for i, cidrs := range [][]string{v4, v6} {
+		if len(cidrs) > 0 {
+			fmt.Fprintf(&b, "\t\tmeta skuid %d %s daddr { %s } reject\n", uid, []string{"ip", "ip6"}[i], strings.Join(cidrs, ", "))
+		}
+	}
+	b.WriteString("\t}\n")
+	return b.String()
 }
 
 // ensureNftables loads the tables for every nat network this Manager made
@@ -139,11 +143,11 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 		}
 		nets[name] = s.CIDR
 	}
-	taps, err := m.readTaps()
+	nics, err := m.nics()
 	if err != nil {
 		return err
 	}
-	want := append(renderNftables(nets), renderTapFilter(taps)...)
+	want := append(renderNftables(nets, m.userModeUID), renderTapFilter(nics)...)
 	file, listFile := filepath.Join(m.cfg.Dir, NftablesFile), filepath.Join(m.cfg.Dir, NftablesListFile)
 	have, _ := os.ReadFile(file)
 	loaded, _ := os.ReadFile(listFile)
@@ -151,7 +155,7 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 	defer cancel()
 	live := m.listNftables(ctx)
 	switch {
-	case len(nets) == 0 && len(taps) == 0 && len(live) == 0:
+	case len(nets) == 0 && len(nics) == 0 && len(live) == 0:
 		return nil // nothing to load, nothing loaded
 	case bytes.Equal(have, want) && bytes.Equal(live, loaded):
 		return nil
@@ -170,7 +174,7 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 	if err := writeFile(file, want); err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	log := m.log.WithField("networks", len(nets)).WithField("taps", len(taps))
+	log := m.log.WithField("networks", len(nets)).WithField("taps", len(nics))
 	if bytes.Equal(have, want) {
 		log.Warn("nftables tables changed by someone else; loaded again")
 		return nil

@@ -50,11 +50,20 @@ type HostNetworks interface {
 	// Reconcile makes the host's networks match nets; see
 	// agent.NetworkReconciler.
 	Reconcile(ctx context.Context, nets map[string]desired.Network, inUse map[string]bool) error
+	// Unleased reports whether the guest with mac holds the lease of the
+	// address nat network name reserves for it; see
+	// hostnet.Manager.Unleased.
+	Unleased(name string, mac net.HardwareAddr) error
+	// UserMode names the uid QEMU runs as, whose sockets carry the
+	// user-mode networking of VMs on no host network, to keep them off
+	// every nat network; see hostnet.Manager.UserMode.
+	UserMode(uid int)
 }
 
 var (
 	_ HostNetworks            = (*hostnet.Manager)(nil)
 	_ agent.NetworkReconciler = (*Provisioner)(nil)
+	_ agent.LeaseReporter     = (*Provisioner)(nil)
 )
 
 // netRecord is NetFile's content.
@@ -255,6 +264,31 @@ func (p *Provisioner) networkAddress(st *vmState) (ip netip.Addr, ok bool) {
 		}
 	}
 	return netip.Addr{}, true
+}
+
+// Unleased implements agent.LeaseReporter: for a VM that runs on a nat
+// network and takes its address there by DHCP (no static address of its
+// inside the network's CIDR, as NetFile records them), why dnsmasq holds
+// no lease of its reserved address for its MAC (Networks.Unleased; another
+// MAC's lease holding it is agent.ErrAddressHeld too); nil otherwise.
+func (p *Provisioner) Unleased(name string) error {
+	st := p.state(name, "")
+	if st == nil || p.cfg.Networks == nil || st.pid() == 0 {
+		return nil
+	}
+	r, _ := p.netRecord(st)
+	if r == nil || r.Def.NAT == nil || staticOn(r.Def, r.Static).IsValid() {
+		return nil
+	}
+	hw, err := net.ParseMAC(r.MAC)
+	if err != nil {
+		return nil
+	}
+	err = p.cfg.Networks.Unleased(r.Network, hw)
+	if errors.Is(err, hostnet.ErrAddressHeld) {
+		return fmt.Errorf("%w (%w)", err, agent.ErrAddressHeld)
+	}
+	return err
 }
 
 // netRecord reads NetFile; ok is false when the VM is on user-mode

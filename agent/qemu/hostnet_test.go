@@ -3,12 +3,16 @@ package qemu
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -287,5 +291,156 @@ func TestLeavingANetworkDropsTheTapAndReservation(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.HostsFile))
 	if strings.Contains(string(b), m.Name) {
 		t.Errorf("reservation survived: %s", b)
+	}
+}
+
+// A guest on QEMU's user-mode network reaches no guest of a nat network:
+// its connections leave the host's own stack as QEMU's user, where the
+// nat networks' forward rules never see them. The hostile guest is the
+// tiny guest itself, on user-mode networking as QEMU's user, its
+// user-data the attack (nc); the nat network's guest, and a machine
+// beyond the host that the guest does reach, are network namespaces
+// serving TCP.
+func TestUserModeGuestReachesNoNATGuest(t *testing.T) {
+	netGuest(t)
+	testQEMUUser(t)
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newNetFixture(t)
+	m, err := hostnet.New(hostnet.Config{Dir: f.netDir, Logger: quietLog().Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{
+		CacheDir: f.cache, Accel: AccelTCG, Artifacts: loopbackPolicy(), RunAs: DefaultQEMUUser, Networks: m,
+		MachineDir:       func(n string) string { return filepath.Join(f.vmRoot, n) },
+		PowerdownTimeout: 30 * time.Second, BootTimeout: 60 * time.Second, Logger: quietLog().Logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := p.Preflight(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lab := desired.Network{NAT: &desired.NAT{CIDR: "10.120.0.0/24"}}
+	if err := p.ReconcileNetworks(ctx, map[string]desired.Network{"lab": lab}, nil, map[string]bool{}); err != nil {
+		t.Fatalf("ReconcileNetworks: %v", err)
+	}
+	if err := m.Guard(ctx); err != nil {
+		t.Fatalf("Guard: %v", err)
+	}
+	// The nat network's guest at 10.120.0.50, and a machine beyond the
+	// host at 198.51.100.2.
+	natNS, outNS := netnstest.Name()+"-n", netnstest.Name()+"-o"
+	for _, c := range []struct{ ns, link, hostAddr, addr, route string }{
+		{natNS, "vn", "", "10.120.0.50/24", "10.120.0.1"},
+		{outNS, "uplink", "198.51.100.1/24", "198.51.100.2/24", ""},
+	} {
+		run(t, "ip", "netns", "add", c.ns)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", c.ns).Run() })
+		run(t, "ip", "link", "add", c.link, "type", "veth", "peer", "name", "eth0", "netns", c.ns)
+		if c.hostAddr != "" {
+			run(t, "ip", "addr", "add", c.hostAddr, "dev", c.link)
+		} else {
+			run(t, "ip", "link", "set", c.link, "master", "gf-lab")
+		}
+		run(t, "ip", "link", "set", c.link, "up")
+		run(t, "ip", "-n", c.ns, "addr", "add", c.addr, "dev", "eth0")
+		run(t, "ip", "-n", c.ns, "link", "set", "eth0", "up")
+		if c.route != "" {
+			run(t, "ip", "-n", c.ns, "route", "add", "default", "via", c.route)
+		}
+	}
+	conns := map[string]*atomic.Int32{}
+	for _, c := range []struct{ ns, addr string }{{natNS, "10.120.0.50:7000"}, {outNS, "198.51.100.2:7001"}} {
+		l, err := netnstest.Listen(c.ns, c.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		n := &atomic.Int32{}
+		conns[c.addr] = n
+		go func() {
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				n.Add(1)
+				conn.Write([]byte("banner\n"))
+				conn.Close()
+			}
+		}()
+	}
+
+	srv := f.srv
+	spec := guestSpec(t, srv)
+	spec.CloudInit = &desired.CloudInit{UserData: "#!/bin/sh\nsleep 1\n" +
+		"for t in 10.120.0.50:7000 198.51.100.2:7001; do\n" +
+		"  out=$(nc -w 5 ${t%:*} ${t#*:} </dev/null 2>&1)\n" +
+		"  case \"$out\" in *banner*) echo \"reach $t yes\";; *) echo \"reach $t no\";; esac\n" +
+		"done\n"}
+	dir := filepath.Join(f.vmRoot, "roamer")
+	os.MkdirAll(dir, 0o700)
+	vm := agent.Machine{Name: "roamer", Dir: dir, Spec: spec, InstanceID: "i-roamer"}
+	f.boot(p, vm)
+	s := waitSerial(t, dir, "probe reach 198.51.100.2:7001")
+	lines := strings.Join(guestLines(s), "\n")
+	if !strings.Contains(lines, "probe reach 198.51.100.2:7001 yes") {
+		t.Fatalf("the user-mode guest reaches nothing beyond the host (the check below proves nothing):\n%s", lines)
+	}
+	if !strings.Contains(lines, "probe reach 10.120.0.50:7000 no") || conns["10.120.0.50:7000"].Load() != 0 {
+		t.Errorf("the user-mode guest reached a guest of nat network lab (%d connections):\n%s", conns["10.120.0.50:7000"].Load(), lines)
+	}
+}
+
+// A destroyed VM's lease goes with it: the next VM given its address (on
+// a full network, the only one free) leases it, and counts as leased. It
+// did not: dnsmasq kept the lease ("not using configured address … because
+// it is leased to <the destroyed VM's MAC>"), the new guest got no address
+// and its status said ready.
+func TestADestroyedVMsAddressGoesToTheNextVM(t *testing.T) {
+	netGuest(t)
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newNetFixture(t)
+	p, m := f.provisioner()
+	lab := desired.Network{NAT: &desired.NAT{CIDR: "10.121.0.0/29"}} // .2 to .6
+	ctx := context.Background()
+	if err := p.ReconcileNetworks(ctx, map[string]desired.Network{"lab": lab}, nil, map[string]bool{}); err != nil {
+		t.Fatalf("ReconcileNetworks: %v", err)
+	}
+	for i := 0; i < 4; i++ {
+		name := fmt.Sprintf("filler-%d", i)
+		hw, _ := net.ParseMAC(macFor(name))
+		if err := m.Reserve("lab", lab, name, hw, netip.Addr{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := f.machine("first", "lab", lab)
+	f.boot(p, first)
+	lines := strings.Join(guestLines(waitSerial(t, first.Dir, "tinyguest: ready")), "\n")
+	addr := p.Address(first.Name).IP
+	if addr == "" || !strings.Contains(lines, "lease eth0 ip="+addr+" ") {
+		t.Fatalf("the first guest's address %q; it said:\n%s", addr, lines)
+	}
+	if err := p.Destroy(ctx, first.Name); err != nil {
+		t.Fatal(err)
+	}
+
+	next := f.machine("next", "lab", lab)
+	f.boot(p, next)
+	lines = strings.Join(guestLines(waitSerial(t, next.Dir, "tinyguest: ready")), "\n")
+	if !strings.Contains(lines, "lease eth0 ip="+addr+" ") {
+		t.Errorf("the next guest did not lease the destroyed VM's %s; it said:\n%s", addr, lines)
+	}
+	if err := p.Unleased(next.Name); err != nil {
+		t.Errorf("Unleased = %v; want its lease", err)
+	}
+	if got := p.Address(next.Name).IP; got != addr {
+		t.Errorf("Address = %q; want %s", got, addr)
 	}
 }

@@ -120,7 +120,10 @@ type Config struct {
 	// guard (nft must be installed) that refuses connections from that
 	// user to any address of the host, so a guest cannot reach the host's
 	// loopback services through user-mode networking's gateway
-	// (10.0.2.2), and each VM's directory is given to that user (0700).
+	// (10.0.2.2), and has Networks refuse that user every address of the
+	// nat networks (hostnet.Manager.UserMode), so a guest on user-mode
+	// networking reaches no guest there; each VM's directory is given to
+	// that user (0700).
 	// "" is DefaultQEMUUser when the agent runs as root, and no drop
 	// when it does not (QEMU then runs as the agent's own unprivileged
 	// user, without the guard, which needs root). "root" keeps QEMU root
@@ -299,7 +302,8 @@ func (p *Provisioner) Progress(sha256 string) (done, total int64, ok bool) {
 }
 
 // Preflight checks that QEMU and qemu-img run, that the cache directory is
-// writable, and that the chosen accelerator is available.
+// writable, and that the chosen accelerator is available; with a QEMU
+// user it loads the guests' guard and names that user to Networks.
 func (p *Provisioner) Preflight(ctx context.Context) error {
 	for _, bin := range []string{p.cfg.QEMU, p.cfg.QEMUImg} {
 		out, err := exec.CommandContext(ctx, bin, "--version").CombinedOutput()
@@ -334,6 +338,9 @@ func (p *Provisioner) Preflight(ctx context.Context) error {
 	if p.user != nil {
 		if err := p.ensureGuard(ctx, true); err != nil {
 			return err
+		}
+		if p.cfg.Networks != nil {
+			p.cfg.Networks.UserMode(p.user.uid)
 		}
 	} else {
 		p.log.WithField("uid", os.Geteuid()).Warn("qemu runs as the agent's user without a guard: guests reach the host's 127.0.0.1 through 10.0.2.2 (run the agent as root with qemu.user set)")

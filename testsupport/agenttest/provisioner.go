@@ -23,6 +23,7 @@ var (
 	_ agent.Provisioner      = (*Provisioner)(nil)
 	_ agent.ProgressReporter = (*Provisioner)(nil)
 	_ agent.AccelReporter    = (*Provisioner)(nil)
+	_ agent.LeaseReporter    = (*Provisioner)(nil)
 )
 
 // Op names a Provisioner method, for recorded calls and injected errors.
@@ -57,6 +58,7 @@ type Provisioner struct {
 	mu       sync.Mutex
 	reasons  map[string]string
 	progress map[string][2]int64
+	unleased map[string]error
 	sticky   map[Op]error
 	once     map[Op]error
 	calls    []Call
@@ -70,6 +72,7 @@ func New() *Provisioner {
 		Provisioner: inmem.New(),
 		reasons:     map[string]string{},
 		progress:    map[string][2]int64{},
+		unleased:    map[string]error{},
 		sticky:      map[Op]error{},
 		once:        map[Op]error{},
 	}
@@ -231,6 +234,25 @@ func (p *Provisioner) VMProgress(name string) (done, total int64, ok bool) {
 	defer p.mu.Unlock()
 	v, ok := p.progress[name]
 	return v[0], v[1], ok
+}
+
+// SetUnleased sets what Unleased answers for name: why its guest holds no
+// lease of its address (nil: it holds it, the default).
+func (p *Provisioner) SetUnleased(name string, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.unleased[name] = err
+}
+
+// Unleased implements agent.LeaseReporter: what SetUnleased set, for a VM
+// that runs.
+func (p *Provisioner) Unleased(name string) error {
+	if !p.Running(name) {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.unleased[name]
 }
 
 // Spec is a convenience for tests: a minimal valid VM spec on host.

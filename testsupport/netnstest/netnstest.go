@@ -23,13 +23,18 @@ package netnstest
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // EnvName is set, in the child process, to the namespace's name.
@@ -93,4 +98,47 @@ func remove(t *testing.T, ns string) {
 	if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
 		t.Errorf("ip netns del %s: %v: %s", ns, err, out)
 	}
+}
+
+// Listen listens on addr (TCP) inside the named network namespace
+// (/run/netns/<ns>, as `ip netns add` makes it), standing in for a service
+// of the machine that namespace plays. The listener is the caller's to
+// close; the calling goroutine's thread is switched into the namespace
+// only while it opens it.
+func Listen(ns, addr string) (net.Listener, error) {
+	target, err := os.Open("/run/netns/" + ns)
+	if err != nil {
+		return nil, fmt.Errorf("namespace %s: %w", ns, err)
+	}
+	defer target.Close()
+	type result struct {
+		l   net.Listener
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// The switch is per thread: this goroutine keeps its thread, and
+		// a thread that cannot switch back ends with it (no Unlock).
+		runtime.LockOSThread()
+		self, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer self.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: fmt.Errorf("setns: %w", err)}
+			return
+		}
+		l, err := net.Listen("tcp", addr)
+		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		ch <- result{l, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		return nil, fmt.Errorf("listen on %s in namespace %s: %w", addr, ns, r.err)
+	}
+	return r.l, nil
 }
