@@ -191,7 +191,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	return &Agent{
 		cfg:    cfg,
-		source: NewSource(cfg.Repo, cfg.Host, cfg.SnapshotsBranch).Verified(cfg.ControllerKeys),
+		source: NewSource(cfg.Repo, cfg.Host, cfg.SnapshotsBranch).Verified(cfg.ControllerKeys, cfg.Store, cfg.Now),
 		log:    cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
 		now:    make(chan struct{}, 1),
 		writer: &status.Writer{Repo: statusRepo(cfg), Host: cfg.Host, OldBranch: cfg.StatusBranch, AppendOnly: cfg.AppendStatus,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/snapshots"
@@ -31,12 +32,24 @@ var ErrSnapshotInvalid = errors.New("snapshot refused")
 // whose key and which commit.
 var ErrSnapshotSignature = fmt.Errorf("%w: not signed by the controller", ErrSnapshotInvalid)
 
-// CommitVerifier checks a commit's signature against the keys it trusts;
-// *trust.Signers is one. Its refusals wrap trust.ErrSignature and name the
-// commit and the key.
+// CommitVerifier checks a commit's signature against the keys it trusts,
+// judging a key's validity (an allowed-signers valid-before=) at at, when
+// the agent first saw the commit; *trust.Signers is one. Its refusals wrap
+// trust.ErrSignature and name the commit and the key.
 type CommitVerifier interface {
-	Verify(c *gitsource.SignedCommit) (trust.Signer, error)
+	Verify(c *gitsource.SignedCommit, at time.Time) (trust.Signer, error)
 }
+
+// SeenStore keeps, across restarts, the snapshots commit whose signature
+// the agent last accepted and when it first saw it; *Store is one.
+type SeenStore interface {
+	SignatureSeen() (commit string, at time.Time, err error)
+	SaveSignatureSeen(commit string, at time.Time) error
+}
+
+// maxSeenTips bounds the snapshots tips whose first sight a Source keeps
+// in memory (a forger pushing tip after tip costs no more).
+const maxSeenTips = 64
 
 // Source reads one host's snapshot from the snapshots branch of a
 // repository. It parses a tip once: fetching the same tip again returns the
@@ -46,8 +59,12 @@ type Source struct {
 	host   string
 	branch string
 	// verify, when set, checks the tip's signature before the snapshot
-	// is read.
+	// is read, judging the key at the time the tip was first seen (seen,
+	// by now; the accepted tip's also in store across restarts).
 	verify CommitVerifier
+	seen   *trust.FirstSeen
+	store  SeenStore
+	now    func() time.Time
 
 	mu      sync.Mutex
 	tip     string
@@ -66,9 +83,23 @@ func NewSource(repo *gitsource.Repo, host, branch string) *Source {
 
 // Verified makes s accept a tip only when verify accepts its commit's
 // signature (the controller signs every snapshots commit; docs/DESIGN.md,
-// "Signed snapshots"); nil verifies nothing. It returns s.
-func (s *Source) Verified(verify CommitVerifier) *Source {
-	s.verify = verify
+// "Signed snapshots"), judged at the time s first saw the tip by now (nil:
+// time.Now): a controller key's valid-before counts against that, never
+// against the commit date its signer wrote. store (nil: none) keeps the
+// accepted tip's first sight across restarts, so a tip accepted while its
+// key was valid stays accepted after the key's bound. nil verify verifies
+// nothing. It returns s.
+func (s *Source) Verified(verify CommitVerifier, store SeenStore, now func() time.Time) *Source {
+	if now == nil {
+		now = time.Now
+	}
+	s.verify, s.store, s.now = verify, store, now
+	s.seen = trust.NewFirstSeen(maxSeenTips)
+	if store != nil {
+		if commit, at, err := store.SignatureSeen(); err == nil && commit != "" {
+			s.seen.Learn(commit, at)
+		}
+	}
 	return s
 }
 
@@ -139,11 +170,19 @@ func (s *Source) checkSignature(tip string) error {
 	if err != nil {
 		return fmt.Errorf("read the signature of %s@%.12s: %w", s.branch, tip, err)
 	}
-	if _, err := s.verify.Verify(c); err != nil {
+	at := s.seen.At(tip, s.now())
+	if _, err := s.verify.Verify(c, at); err != nil {
 		if !errors.Is(err, trust.ErrSignature) {
 			return fmt.Errorf("verify %s@%.12s: %w", s.branch, tip, err)
 		}
-		return fmt.Errorf("%w: %s@%.12s: %v; refused; the last accepted snapshot stays in force until one signed by a key of controllerKeys is published", ErrSnapshotSignature, s.branch, tip, err)
+		return fmt.Errorf("%w: %s@%.12s: %w; refused; the last accepted snapshot stays in force until one signed by a key of controllerKeys is published", ErrSnapshotSignature, s.branch, tip, err)
+	}
+	if s.store != nil {
+		if old, oldAt, err := s.store.SignatureSeen(); err != nil || old != tip || !oldAt.Equal(at) {
+			if err := s.store.SaveSignatureSeen(tip, at); err != nil {
+				return fmt.Errorf("record when %s@%.12s was first seen: %w", s.branch, tip, err)
+			}
+		}
 	}
 	return nil
 }

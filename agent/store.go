@@ -44,6 +44,7 @@ var (
 //	epoch                    the highest snapshot epoch accepted (decimal)
 //	accepted                 "<epoch> <sha256>": the hash of the snapshot accepted at that epoch
 //	heartbeat                the last status heartbeat written (decimal)
+//	signature-seen           "<commit> <RFC 3339>": the snapshots commit whose signature was last accepted, and when it was first seen
 //	host                     the host this directory belongs to
 const (
 	vmsDirName      = "vms"
@@ -53,6 +54,7 @@ const (
 	epochFile       = "epoch"
 	acceptedFile    = "accepted"
 	heartbeatFile   = "heartbeat"
+	seenFile        = "signature-seen"
 	hostFile        = "host"
 	partialSuffix   = ".partial"
 	tombstoneSuffix = ".tombstone"
@@ -434,6 +436,39 @@ func (s *Store) AcceptedHash() (epoch uint64, hash string, err error) {
 func (s *Store) SaveAcceptedHash(epoch uint64, hash string) error {
 	path := filepath.Join(s.root, acceptedFile)
 	if err := writeFileAtomic(path, []byte(strconv.FormatUint(epoch, 10)+" "+hash+"\n")); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// SignatureSeen returns the snapshots commit SaveSignatureSeen last
+// recorded and when it was first seen; "" when none was.
+func (s *Store) SignatureSeen() (commit string, at time.Time, err error) {
+	path := filepath.Join(s.root, seenFile)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", time.Time{}, nil
+	}
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	f := strings.Fields(string(data))
+	if len(f) != 2 {
+		return "", time.Time{}, fmt.Errorf("read %s: want \"<commit> <RFC 3339 time>\", got %q", path, strings.TrimSpace(string(data)))
+	}
+	if at, err = time.Parse(time.RFC3339Nano, f[1]); err != nil {
+		return "", time.Time{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	return f[0], at, nil
+}
+
+// SaveSignatureSeen records commit, a snapshots commit whose signature
+// the agent accepted, and at, when it first saw it: a controller key's
+// validity is judged then, after a restart too (docs/DESIGN.md, "Signed
+// snapshots").
+func (s *Store) SaveSignatureSeen(commit string, at time.Time) error {
+	path := filepath.Join(s.root, seenFile)
+	if err := writeFileAtomic(path, []byte(commit+" "+at.UTC().Format(time.RFC3339Nano)+"\n")); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil

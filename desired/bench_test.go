@@ -177,3 +177,128 @@ func BenchmarkParseVMFile(b *testing.B) {
 		}
 	}
 }
+
+// benchProfileFile is the profile of benchProfiledFiles' VMs.
+func benchProfileFile(memoryMB int) string {
+	return fmt.Sprintf(`apiVersion: gitfleet.dev/v1alpha1
+kind: Profile
+metadata: {name: web}
+spec:
+  vcpus: 2
+  memoryMB: %d
+  diskGB: 20
+  image:
+    url: https://cloud-images.ubuntu.com/releases/noble/release-20250704/ubuntu-24.04-server-cloudimg-amd64.img
+    sha256: f1652d29d497fb7c623433705c9fca6525d1311b11294a0f495eed55c7639d1f
+  network: lan
+  cloudInit:
+    userData: |
+      #cloud-config
+      packages: [nginx]
+`, memoryMB)
+}
+
+func benchProfiledVMFile(i, vcpus int) string {
+	return fmt.Sprintf(`apiVersion: gitfleet.dev/v1alpha1
+kind: VM
+metadata:
+  name: vm-%05d
+  labels: {team: t%d}
+spec:
+  profile: web
+  host: hv-%04d
+  vcpus: %d
+  cloudInit:
+    sshAuthorizedKeys: ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBenchmarkKey%05d ops@example.org"]
+`, i, i%50, i%benchHosts, vcpus, i)
+}
+
+// benchProfiledFiles is benchFiles' fleet with every VM on one profile:
+// the same effective specs (but memoryMB), from smaller VM files.
+func benchProfiledFiles(memoryMB int) map[string]string {
+	files := make(map[string]string, benchHosts+benchVMs+1)
+	for i := range benchHosts {
+		files[fmt.Sprintf("hosts/hv-%04d.yaml", i)] = benchHostFile(i)
+	}
+	for i := range benchVMs {
+		files[fmt.Sprintf("vms/%02d/vm-%05d.yaml", i%100, i)] = benchProfiledVMFile(i, 2)
+	}
+	files["profiles/web.yaml"] = benchProfileFile(memoryMB)
+	return files
+}
+
+// BenchmarkLoadProfiled is a fresh Loader's Load of 10,000 VMs on one
+// profile (a git-like tree): each VM parsed, merged with the profile and
+// its effective spec decoded and checked. Compare BenchmarkLoadTree.
+func BenchmarkLoadProfiled(b *testing.B) {
+	tree := newMemTree(benchProfiledFiles(2048), nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := NewLoader("").Load(tree); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkLoadTree is BenchmarkLoadProfiled's fleet written out, every
+// VM file whole.
+func BenchmarkLoadTree(b *testing.B) {
+	tree := newMemTree(benchFiles(), nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := NewLoader("").Load(tree); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReloadProfileChanged reloads the profiled fleet after its
+// profile changed: the one file is parsed, and the 10,000 effective
+// specs are decoded again.
+func BenchmarkReloadProfileChanged(b *testing.B) {
+	l := NewLoader("")
+	trees := [2]*memTree{newMemTree(benchProfiledFiles(2048), nil), newMemTree(benchProfiledFiles(4096), nil)}
+	if _, err := l.Load(trees[0]); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		i++
+		f, err := l.Load(trees[i%2])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if f.VMs["vm-00007"].Spec.MemoryMB != 2048*(1+i%2) {
+			b.Fatal("the change was not seen")
+		}
+	}
+}
+
+// BenchmarkReloadProfiledOneFileChanged reloads the profiled fleet after
+// one VM file changed: one file parsed, one effective spec decoded.
+func BenchmarkReloadProfiledOneFileChanged(b *testing.B) {
+	files := benchProfiledFiles(2048)
+	l := NewLoader("")
+	if _, err := l.Load(newMemTree(files, nil)); err != nil {
+		b.Fatal(err)
+	}
+	trees := [2]*memTree{}
+	for v := range trees {
+		trees[v] = newMemTree(withFiles(files, map[string]string{"vms/07/vm-00007.yaml": benchProfiledVMFile(7, 1+v)}), nil)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		i++
+		f, err := l.Load(trees[i%2])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if f.VMs["vm-00007"].Spec.VCPUs != 1+i%2 {
+			b.Fatal("the change was not seen")
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,10 +17,31 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// pos is a 1-based line and column in a file.
-type pos struct{ line, col int }
+// pos is a 1-based line and column in a file. file names the file when
+// it is not the one being decoded: a field a VM takes from its profile
+// (see mergeSpec) lies in the profile's file. "" is the decoder's own file.
+type pos struct {
+	line, col int
+	file      string
+}
 
-func nodePos(n *yaml.Node) pos { return pos{n.Line, n.Column} }
+func nodePos(n *yaml.Node) pos { return pos{line: n.Line, col: n.Column} }
+
+// at is where node n was written: its line and column, and its file when
+// n came from another file than the decoder's (nodeFile).
+func (d *nodeDecoder) at(n *yaml.Node) pos {
+	p := nodePos(n)
+	p.file = d.nodeFile[n]
+	return p
+}
+
+// fileOf is the file position p lies in.
+func (d *nodeDecoder) fileOf(p pos) string {
+	if p.file != "" {
+		return p.file
+	}
+	return d.file
+}
 
 // fieldPos is where a field was written: its key and its value. For list
 // items and the document root both are the item's position.
@@ -49,6 +71,22 @@ type nodeDecoder struct {
 	// format words document-level errors and bounds the size of a file
 	// decoded through Decode; nil for an object file.
 	format *Format
+	// nodeFile names the file of each node that came from another file
+	// than file: the fields a VM takes from its profile (mergeSpec). Nil
+	// when every node is file's.
+	nodeFile map[*yaml.Node]string
+	// partial is set while decoding a Profile, or a VM that names one:
+	// no field under spec is required and no check needs another field
+	// to be written, since the other file may write it. Load checks the
+	// effective spec in full (effectiveVM).
+	partial bool
+	// refuse maps the paths of fields this document may not hold to the
+	// reason, reported in place of decoding them (a Profile's host); they
+	// are no known fields there. Nil for none.
+	refuse map[string]string
+	// profile names the profile of the VM being decoded as its effective
+	// spec, "" otherwise, for the messages of fields neither sets.
+	profile string
 }
 
 func newNodeDecoder(file string) *nodeDecoder {
@@ -77,7 +115,7 @@ func (d *nodeDecoder) add(p pos, field, format string, args ...any) {
 		d.bad = make(map[string]bool)
 	}
 	d.bad[field] = true
-	d.errs = append(d.errs, &Error{File: d.file, Line: p.line, Col: p.col, Field: field, Msg: fmt.Sprintf(format, args...)})
+	d.errs = append(d.errs, &Error{File: d.fileOf(p), Line: p.line, Col: p.col, Field: field, Msg: fmt.Sprintf(format, args...)})
 }
 
 // keyPos returns where field was written, falling back to its nearest
@@ -88,7 +126,7 @@ func (d *nodeDecoder) keyPos(field string) pos {
 			return fp.key
 		}
 		if field == "" {
-			return pos{1, 1}
+			return pos{line: 1, col: 1}
 		}
 		field = parentPath(field)
 	}
@@ -101,7 +139,7 @@ func (d *nodeDecoder) valPos(field string) pos {
 			return fp.val
 		}
 		if field == "" {
-			return pos{1, 1}
+			return pos{line: 1, col: 1}
 		}
 		field = parentPath(field)
 	}
@@ -216,22 +254,24 @@ func isNull(n *yaml.Node) bool {
 func (d *nodeDecoder) plain(n *yaml.Node, field string) bool {
 	switch {
 	case n.Kind == yaml.AliasNode:
-		d.add(nodePos(n), field, "aliases (*%s) are not supported; write the value out in full", n.Value)
+		d.add(d.at(n), field, "aliases (*%s) are not supported; write the value out in full", n.Value)
 		return false
 	case n.Anchor != "":
-		d.add(nodePos(n), field, "anchors (&%s) are not supported; write the value out in full", n.Anchor)
+		d.add(d.at(n), field, "anchors (&%s) are not supported; write the value out in full", n.Anchor)
 		return false
 	case n.Style&yaml.TaggedStyle != 0:
-		d.add(nodePos(n), field, "explicit tags (%s) are not supported; write strings in quotes instead", n.Tag)
+		d.add(d.at(n), field, "explicit tags (%s) are not supported; write strings in quotes instead", n.Tag)
 		return false
 	}
 	return true
 }
 
-// structField is one yaml-tagged field of a struct type.
+// structField is one yaml-tagged field of a struct type; index is its
+// index sequence (reflect.Value.FieldByIndex), longer than one for a field
+// of an embedded struct tagged ",inline".
 type structField struct {
 	name  string
-	index int
+	index []int
 }
 
 type structInfo struct {
@@ -241,17 +281,31 @@ type structInfo struct {
 
 var structCache sync.Map // reflect.Type -> *structInfo
 
+// infoOf lists the fields of struct type t by their yaml names. The fields
+// of an embedded struct tagged `yaml:",inline"` are read as t's own, as
+// the yaml package reads them.
 func infoOf(t reflect.Type) *structInfo {
 	if v, ok := structCache.Load(t); ok {
 		return v.(*structInfo)
 	}
 	info := &structInfo{byName: map[string]int{}}
+	info.addFields(t, nil)
+	structCache.Store(t, info)
+	return info
+}
+
+func (info *structInfo) addFields(t reflect.Type, index []int) {
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
 		if !f.IsExported() {
 			continue
 		}
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		at := append(append(make([]int, 0, len(index)+1), index...), i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct && slices.Contains(strings.Split(opts, ","), "inline") {
+			info.addFields(f.Type, at)
+			continue
+		}
 		if name == "-" {
 			continue
 		}
@@ -259,10 +313,8 @@ func infoOf(t reflect.Type) *structInfo {
 			name = strings.ToLower(f.Name)
 		}
 		info.byName[name] = len(info.fields)
-		info.fields = append(info.fields, structField{name: name, index: i})
+		info.fields = append(info.fields, structField{name: name, index: at})
 	}
-	structCache.Store(t, info)
-	return info
 }
 
 // decode decodes n into v, reporting errors under field.
@@ -307,7 +359,7 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, field string) {
 		}
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
-			d.add(nodePos(n), field, "must be true or false, got %s", describeFor(field, n))
+			d.add(d.at(n), field, "must be true or false, got %s", describeFor(field, n))
 			return
 		}
 		switch n.Value {
@@ -316,7 +368,7 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, field string) {
 		case "false":
 			v.SetBool(false)
 		default:
-			d.add(nodePos(n), field, "must be true or false (lowercase), got %q", n.Value)
+			d.add(d.at(n), field, "must be true or false (lowercase), got %q", n.Value)
 		}
 	default:
 		panic(fmt.Sprintf("desired: no decoder for %s", v.Type()))
@@ -327,7 +379,7 @@ func (d *nodeDecoder) decode(n *yaml.Node, v reflect.Value, field string) {
 // calls fn for each key/value pair, after recording the field's position.
 func (d *nodeDecoder) mappingPairs(n *yaml.Node, field string, fn func(key string, k, val *yaml.Node, sub string)) {
 	if n.Kind != yaml.MappingNode {
-		d.add(nodePos(n), field, "must be a mapping, got %s", describeFor(field, n))
+		d.add(d.at(n), field, "must be a mapping, got %s", describeFor(field, n))
 		return
 	}
 	var seen map[string]*yaml.Node
@@ -337,14 +389,14 @@ func (d *nodeDecoder) mappingPairs(n *yaml.Node, field string, fn func(key strin
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, val := n.Content[i], n.Content[i+1]
 		if k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
-			d.add(nodePos(k), field, "merge keys (<<) are not supported; write the fields out in full")
+			d.add(d.at(k), field, "merge keys (<<) are not supported; write the fields out in full")
 			continue
 		}
 		if !d.plain(k, field) {
 			continue
 		}
 		if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
-			d.add(nodePos(k), field, "keys must be strings, got %s", describeFor(field, k))
+			d.add(d.at(k), field, "keys must be strings, got %s", describeFor(field, k))
 			continue
 		}
 		// Duplicate keys: a linear scan for the small mappings objects
@@ -365,7 +417,7 @@ func (d *nodeDecoder) mappingPairs(n *yaml.Node, field string, fn func(key strin
 		}
 		sub := joinPath(field, k.Value)
 		if first != nil {
-			d.add(nodePos(k), sub, "duplicate key %q (first written at line %d); a key may appear only once", k.Value, first.Line)
+			d.add(d.at(k), sub, "duplicate key %q (first written at line %d); a key may appear only once", k.Value, first.Line)
 			continue
 		}
 		fn(k.Value, k, val, sub)
@@ -375,19 +427,19 @@ func (d *nodeDecoder) mappingPairs(n *yaml.Node, field string, fn func(key strin
 func (d *nodeDecoder) decodeStruct(n *yaml.Node, v reflect.Value, field string) {
 	info := infoOf(v.Type())
 	d.mappingPairs(n, field, func(key string, k, val *yaml.Node, sub string) {
+		if why, refused := d.refuse[sub]; refused {
+			d.add(d.at(k), sub, "%s", why)
+			return
+		}
 		i, ok := info.byName[key]
 		if !ok {
 			msg := fmt.Sprintf("unknown field %q", key)
-			if s := suggest(key, info); s != "" {
+			if s := d.suggest(key, info, field); s != "" {
 				msg += fmt.Sprintf("; did you mean %q?", s)
 			} else {
-				names := make([]string, len(info.fields))
-				for j, f := range info.fields {
-					names[j] = f.name
-				}
-				msg += "; known fields: " + strings.Join(names, ", ")
+				msg += "; known fields: " + strings.Join(d.knownFields(info, field), ", ")
 			}
-			d.add(nodePos(k), sub, "%s", msg)
+			d.add(d.at(k), sub, "%s", msg)
 			return
 		}
 		if isNull(val) && val.Style&yaml.TaggedStyle == 0 && val.Anchor == "" {
@@ -396,11 +448,11 @@ func (d *nodeDecoder) decodeStruct(n *yaml.Node, v reflect.Value, field string) 
 			if d.empty == nil {
 				d.empty = make(map[string]pos)
 			}
-			d.empty[sub] = nodePos(k)
+			d.empty[sub] = d.at(k)
 			return
 		}
-		d.pos[sub] = fieldPos{key: nodePos(k), val: nodePos(val), literal: val.Kind == yaml.ScalarNode && val.Style&yaml.LiteralStyle != 0}
-		d.decode(val, v.Field(info.fields[i].index), sub)
+		d.pos[sub] = fieldPos{key: d.at(k), val: d.at(val), literal: val.Kind == yaml.ScalarNode && val.Style&yaml.LiteralStyle != 0}
+		d.decode(val, v.FieldByIndex(info.fields[i].index), sub)
 	})
 }
 
@@ -413,7 +465,7 @@ func (d *nodeDecoder) decodeMap(n *yaml.Node, v reflect.Value, field string) {
 	}
 	et := v.Type().Elem()
 	d.mappingPairs(n, field, func(key string, k, val *yaml.Node, sub string) {
-		d.pos[sub] = fieldPos{key: nodePos(k), val: nodePos(val)}
+		d.pos[sub] = fieldPos{key: d.at(k), val: d.at(val)}
 		e := reflect.New(et).Elem()
 		before := len(d.errs)
 		d.decode(val, e, sub)
@@ -425,13 +477,13 @@ func (d *nodeDecoder) decodeMap(n *yaml.Node, v reflect.Value, field string) {
 
 func (d *nodeDecoder) decodeSlice(n *yaml.Node, v reflect.Value, field string) {
 	if n.Kind != yaml.SequenceNode {
-		d.add(nodePos(n), field, "must be a list, got %s", describeFor(field, n))
+		d.add(d.at(n), field, "must be a list, got %s", describeFor(field, n))
 		return
 	}
 	s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
 	for i, item := range n.Content {
 		sub := indexPath(field, i)
-		d.pos[sub] = fieldPos{key: nodePos(item), val: nodePos(item)}
+		d.pos[sub] = fieldPos{key: d.at(item), val: d.at(item)}
 		d.decode(item, s.Index(i), sub)
 	}
 	v.Set(s)
@@ -443,14 +495,14 @@ func (d *nodeDecoder) decodeSlice(n *yaml.Node, v reflect.Value, field string) {
 // changed into a number and back into different text.
 func (d *nodeDecoder) scalarString(n *yaml.Node, field string) (string, bool) {
 	if n.Kind != yaml.ScalarNode {
-		d.add(nodePos(n), field, "must be a string, got %s", describeFor(field, n))
+		d.add(d.at(n), field, "must be a string, got %s", describeFor(field, n))
 		return "", false
 	}
 	if n.Tag != "!!str" {
 		if isSecretField(field) {
-			d.add(nodePos(n), field, "must be a string, got %s; if you mean the text, quote it", describeFor(field, n))
+			d.add(d.at(n), field, "must be a string, got %s; if you mean the text, quote it", describeFor(field, n))
 		} else {
-			d.add(nodePos(n), field, "must be a string, got %s; if you mean the text, quote it: %q", describe(n), n.Value)
+			d.add(d.at(n), field, "must be a string, got %s; if you mean the text, quote it: %q", describe(n), n.Value)
 		}
 		return "", false
 	}
@@ -467,7 +519,7 @@ func (d *nodeDecoder) scalarInt(n *yaml.Node, field string) (int64, bool) {
 	}
 	i, err := strconv.ParseInt(n.Value, 10, 32)
 	if err != nil {
-		d.add(nodePos(n), field, "integer %s is out of range", n.Value)
+		d.add(d.at(n), field, "integer %s is out of range", n.Value)
 		return 0, false
 	}
 	return i, true
@@ -481,7 +533,7 @@ func (d *nodeDecoder) scalarUint(n *yaml.Node, field string) (uint64, bool) {
 	}
 	u, err := strconv.ParseUint(n.Value, 10, 64)
 	if err != nil {
-		d.add(nodePos(n), field, "must be a non-negative integer below 2^64, got %s", valueFor(field, n.Value))
+		d.add(d.at(n), field, "must be a non-negative integer below 2^64, got %s", valueFor(field, n.Value))
 		return 0, false
 	}
 	return u, true
@@ -492,26 +544,38 @@ func (d *nodeDecoder) scalarUint(n *yaml.Node, field string) (uint64, bool) {
 // underscores, no sign prefix "+".
 func (d *nodeDecoder) decimal(n *yaml.Node, field string) bool {
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" && n.Tag != "!!float" {
-		d.add(nodePos(n), field, "must be an integer, got %s", describeFor(field, n))
+		d.add(d.at(n), field, "must be an integer, got %s", describeFor(field, n))
 		return false
 	}
 	if !decimal.MatchString(n.Value) {
-		d.add(nodePos(n), field, "must be a plain decimal integer such as 42, got %s", valueFor(field, n.Value))
+		d.add(d.at(n), field, "must be a plain decimal integer such as 42, got %s", valueFor(field, n.Value))
 		return false
 	}
 	return true
 }
 
-// suggest returns the known field name closest to key (case-insensitive
-// match or edit distance at most 2), or "".
-func suggest(key string, info *structInfo) string {
-	best, bestD := "", 3
+// knownFields are the names of info's fields that a mapping at field may
+// hold: all but those refused there (d.refuse).
+func (d *nodeDecoder) knownFields(info *structInfo, field string) []string {
+	names := make([]string, 0, len(info.fields))
 	for _, f := range info.fields {
-		if strings.EqualFold(f.name, key) {
-			return f.name
+		if _, refused := d.refuse[joinPath(field, f.name)]; !refused {
+			names = append(names, f.name)
 		}
-		if dd := editDistance(key, f.name); dd < bestD {
-			best, bestD = f.name, dd
+	}
+	return names
+}
+
+// suggest returns the known field name (knownFields) closest to key
+// (case-insensitive match or edit distance at most 2), or "".
+func (d *nodeDecoder) suggest(key string, info *structInfo, field string) string {
+	best, bestD := "", 3
+	for _, name := range d.knownFields(info, field) {
+		if strings.EqualFold(name, key) {
+			return name
+		}
+		if dd := editDistance(key, name); dd < bestD {
+			best, bestD = name, dd
 		}
 	}
 	return best
@@ -641,7 +705,7 @@ func blankTabLines(data []byte, keep map[int]bool) ([]byte, []pos) {
 				out = append(out, bytes.Repeat([]byte{' '}, ws)...)
 			}
 			out = append(out, data[start+ws:end]...) // the comment, or a '\r'
-			changed = append(changed, pos{line, tab + 1})
+			changed = append(changed, pos{line: line, col: tab + 1})
 		} else if out != nil {
 			out = append(out, data[start:end]...)
 		}
@@ -764,13 +828,13 @@ func blockTabLine(data []byte, line int) (pos, bool) {
 		return pos{}, false
 	}
 	if sp, _ := indentOf(lines[line-1]); sp < len(lines[line-1]) && lines[line-1][sp] == '\t' {
-		return pos{line, sp + 1}, true
+		return pos{line: line, col: sp + 1}, true
 	}
 	n := -1
 	for l := line + 1; l <= len(lines); l++ {
 		sp, content := indentOf(lines[l-1])
 		if sp < len(lines[l-1]) && lines[l-1][sp] == '\t' && (n < 0 || sp < n) {
-			return pos{l, sp + 1}, true
+			return pos{line: l, col: sp + 1}, true
 		}
 		if content && n < 0 {
 			n = sp
@@ -797,7 +861,7 @@ func (d *nodeDecoder) yamlError(data []byte, err error) {
 		return
 	}
 	line, msg := yamlErrorAt(data, err.Error())
-	p := pos{max(line, 1), 1}
+	p := pos{line: max(line, 1), col: 1}
 	switch {
 	case strings.Contains(msg, "where an indentation space is expected"):
 		if t, ok := blockTabLine(data, p.line); ok {
@@ -821,7 +885,7 @@ func tabIndent(data []byte, first, last int) (pos, bool) {
 	for l := max(first, 1); l <= min(last, len(lines)); l++ {
 		ws := len(lines[l-1]) - len(bytes.TrimLeft(lines[l-1], " \t"))
 		if tab := bytes.IndexByte(lines[l-1][:ws], '\t'); tab >= 0 && ws < len(lines[l-1]) {
-			return pos{l, tab + 1}, true
+			return pos{line: l, col: tab + 1}, true
 		}
 	}
 	return pos{}, false

@@ -1,7 +1,7 @@
-// Package desired is gitfleet's object model: the VM, Volume and Host kinds of
-// apiVersion gitfleet.dev/v1alpha1, their strict YAML decoding and validation
-// with FILE:LINE:COL errors, loading a whole repository tree into a Fleet,
-// and the Plan between two fleets. It owns the format of the object files
+// Package desired is gitfleet's object model: the VM, Volume, Host and
+// Profile kinds of apiVersion gitfleet.dev/v1alpha1, their strict YAML
+// decoding and validation with FILE:LINE:COL errors, loading a whole
+// repository tree into a Fleet, and the Plan between two fleets. It owns the format of the object files
 // on the desired branch; package snapshots owns the snapshot files the
 // controller builds from them, and Decode lends this package's strict YAML
 // decoder to every other file format gitfleet reads.
@@ -39,6 +39,15 @@
 // ErrorList of *Error values formatted FILE:LINE:COL: FIELD: message. An
 // ErrorList matches ErrInvalid; any other error from Load is a failure to
 // read the tree and says nothing about its content.
+//
+// # Profiles
+//
+// A VM that names a Profile (spec.profile) has as its spec the profile's
+// spec with its own written over it: see Profile for the three rules. The
+// merge is of YAML nodes, so the effective spec is decoded and checked
+// like any VM file, each error at the file, line and column of the value
+// that won; Fleet holds effective specs only, which is what snapshots
+// carry. ExplainVM says where each field of one came from.
 //
 // # Strict decoding
 //

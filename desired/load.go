@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strings"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/gitfleet/gitfleet/internal/parallel"
 )
 
@@ -34,6 +36,9 @@ type Loader struct {
 	// file at the commit the fleet runs; nil when unknown. Its values are
 	// unused: SetBaselineLast shares the map of an earlier cache.
 	baseline map[string]*parsed
+	// effective holds the effective VMs of the last Load's VMs that name
+	// a profile, by the two files' cache keys (withProfiles).
+	effective map[effectiveKey]*parsed
 }
 
 // SetBaseline gives the Loader the tree of the commit the fleet runs (the
@@ -140,6 +145,9 @@ type candidate struct {
 	key  string // cache key, once known
 	res  *parsed
 	err  error // failure to read
+	// root is the document of a file parsed by this Load (nil for one
+	// from the cache), kept for this Load only.
+	root *yaml.Node
 }
 
 // Load reads every object file under the Loader's directory in t, decodes
@@ -181,6 +189,9 @@ func (l *Loader) Load(t Tree) (*Fleet, error) {
 	errs = append(errs, fileErrs...)
 	// With some files rejected, what they define is unknown: the checks
 	// that a referenced object exists would only add false alarms.
+	keys, roots := objectKeys(cands)
+	objs, profileErrs := l.withProfiles(objs, keys, roots, unchanged, len(errs) == 0)
+	errs = append(errs, profileErrs...)
 	errs = append(errs, crossCheck(objs, len(errs) == 0, unchanged)...)
 	if len(errs) > 0 {
 		errs.Sort()
@@ -268,12 +279,25 @@ func (l *Loader) collect(cands []*candidate) (objs []*object, unchanged map[*obj
 	return objs, unchanged, errs, nil
 }
 
+// objectKeys are the cache keys of the objects of cands and the documents
+// of those parsed by this Load, in the order collect lists the objects.
+func objectKeys(cands []*candidate) (keys []string, roots []*yaml.Node) {
+	keys, roots = make([]string, 0, len(cands)), make([]*yaml.Node, 0, len(cands))
+	for _, c := range cands {
+		if c.res.obj != nil {
+			keys, roots = append(keys, c.key), append(roots, c.root)
+		}
+	}
+	return keys, roots
+}
+
 // newFleet files checked objects by kind and name.
 func newFleet(objs []*object) *Fleet {
 	f := &Fleet{
-		VMs:     map[string]*VM{},
-		Volumes: map[string]*Volume{},
-		Hosts:   map[string]*Host{},
+		VMs:      map[string]*VM{},
+		Volumes:  map[string]*Volume{},
+		Hosts:    map[string]*Host{},
+		Profiles: map[string]*Profile{},
 	}
 	for _, o := range objs {
 		switch o.kind {
@@ -283,6 +307,8 @@ func newFleet(objs []*object) *Fleet {
 			f.Volumes[o.name] = o.volume
 		case KindHost:
 			f.Hosts[o.name] = o.host
+		case KindProfile:
+			f.Profiles[o.name] = o.profile
 		}
 	}
 	return f
@@ -321,8 +347,8 @@ func (l *Loader) parseOne(c *candidate) {
 			return
 		}
 	}
-	obj, errs := parseFile(c.file.Path, data)
-	c.res = &parsed{obj: obj, errs: errs}
+	obj, root, errs := parseFileRoot(c.file.Path, data)
+	c.res, c.root = &parsed{obj: obj, errs: errs}, root
 }
 
 // noObjects is the error of a tree without object files under the

@@ -13,30 +13,60 @@ import (
 // bounds the time and memory any one file can cost the parser.
 const MaxFileSize = 1 << 20
 
-// object is one decoded file: exactly one of vm, volume, host is set. at
-// keeps where the fields the cross-object checks point at were written.
+// object is one decoded file: exactly one of vm, volume, host, profile is
+// set. at keeps where the fields the cross-object checks point at were
+// written.
 type object struct {
-	kind   Kind
-	name   string
-	vm     *VM
-	volume *Volume
-	host   *Host
-	at     positions
+	kind    Kind
+	name    string
+	vm      *VM
+	volume  *Volume
+	host    *Host
+	profile *Profile
+	at      positions
+	// root is a Profile's document, and src the content of the file of a
+	// VM that names a profile: Load decodes the VM's effective spec from
+	// both (decodeEffective). A VM keeps its bytes, not its nodes, which
+	// take ten times the memory; a profile's nodes serve all its VMs.
+	root *yaml.Node
+	src  []byte
 }
 
 // positions are the locations cross-object errors are reported at.
 type positions struct {
 	name, host, network, capacityVCPUs, capacityMemory, gateway4 pos
 	ageRecipient                                                 pos
-	volumes, static                                              []pos
+	// profile is where a VM's spec.profile was written.
+	profile         pos
+	volumes, static []pos
 }
 
-// vmDoc, volumeDoc and hostDoc are the on-disk shapes of the three kinds.
+// vmDoc, volumeDoc, hostDoc and profileDoc are the on-disk shapes of the
+// kinds.
 type vmDoc struct {
-	APIVersion string   `yaml:"apiVersion"`
-	Kind       string   `yaml:"kind"`
-	Metadata   Metadata `yaml:"metadata"`
-	Spec       VMSpec   `yaml:"spec"`
+	APIVersion string     `yaml:"apiVersion"`
+	Kind       string     `yaml:"kind"`
+	Metadata   Metadata   `yaml:"metadata"`
+	Spec       vmFileSpec `yaml:"spec"`
+}
+
+// vmFileSpec is the spec of a VM file: the VM's own fields and the
+// profile it takes the others from. A VM that names a profile may leave
+// out any field (its profile may set it); Load checks the effective spec
+// in full.
+type vmFileSpec struct {
+	Profile string `yaml:"profile,omitempty"`
+	VMSpec  `yaml:",inline"`
+}
+
+func (vmFileSpec) schema() typeSchema {
+	return typeSchema{
+		desc:        "The VM's desired state: its own fields, written over those of the profile it names, if any. Without a profile it needs host, vcpus, memoryMB, diskGB and an image, a kernel, or both.",
+		partialWhen: "profile",
+		fields: map[string]fieldSchema{
+			"profile": {shape: "name", desc: "A Profile whose spec this VM's fields are written over (maps merge by key, lists and values replace, an empty value removes the profile's); with it every field is optional here, and the effective spec must be complete."},
+		},
+	}
 }
 
 type volumeDoc struct {
@@ -53,23 +83,34 @@ type hostDoc struct {
 	Spec       HostSpec `yaml:"spec"`
 }
 
-func (vmDoc) schema() typeSchema     { return envelope(KindVM) }
-func (volumeDoc) schema() typeSchema { return envelope(KindVolume) }
-func (hostDoc) schema() typeSchema   { return envelope(KindHost) }
+func (vmDoc) schema() typeSchema      { return envelope(KindVM) }
+func (profileDoc) schema() typeSchema { return profileEnvelope() }
+func (volumeDoc) schema() typeSchema  { return envelope(KindVolume) }
+func (hostDoc) schema() typeSchema    { return envelope(KindHost) }
 
 // parseFile decodes and checks one object file. It returns the object when
 // the file has no errors of its own; cross-object checks come later.
 func parseFile(file string, data []byte) (*object, []*Error) {
+	obj, _, errs := parseFileRoot(file, data)
+	return obj, errs
+}
+
+// parseFileRoot is parseFile that also returns the file's document, for
+// Load to merge a VM that names a profile without parsing it again.
+func parseFileRoot(file string, data []byte) (*object, *yaml.Node, []*Error) {
 	d := newNodeDecoder(file)
 	root := d.document(data)
 	if root == nil {
-		return nil, d.errs
+		return nil, nil, d.errs
 	}
 	obj := d.object(root)
 	if len(d.errs) > 0 {
-		return nil, d.errs
+		return nil, nil, d.errs
 	}
-	return obj, nil
+	if obj.kind == KindVM && obj.vm.Profile != "" {
+		obj.src = data
+	}
+	return obj, root, nil
 }
 
 // document checks the encoding and returns the root node of the file's one
@@ -78,15 +119,15 @@ func parseFile(file string, data []byte) (*object, []*Error) {
 func (d *nodeDecoder) document(data []byte) *yaml.Node {
 	if limit := d.maxBytes(); limit >= 0 && len(data) > limit {
 		if d.format == nil {
-			d.add(pos{1, 1}, "", "file is %d bytes; an object file may be at most %d bytes (1 MiB)", len(data), MaxFileSize)
+			d.add(pos{line: 1, col: 1}, "", "file is %d bytes; an object file may be at most %d bytes (1 MiB)", len(data), MaxFileSize)
 		} else {
-			d.add(pos{1, 1}, "", "file is %d bytes; %s may be at most %d bytes", len(data), d.format.a(), limit)
+			d.add(pos{line: 1, col: 1}, "", "file is %d bytes; %s may be at most %d bytes", len(data), d.format.a(), limit)
 		}
 		return nil
 	}
 	switch {
 	case bytes.HasPrefix(data, []byte{0xFE, 0xFF}), bytes.HasPrefix(data, []byte{0xFF, 0xFE}):
-		d.add(pos{1, 1}, "", "file is UTF-16 encoded; save it as UTF-8")
+		d.add(pos{line: 1, col: 1}, "", "file is UTF-16 encoded; save it as UTF-8")
 		return nil
 	case bytes.HasPrefix(data, []byte{0xEF, 0xBB, 0xBF}):
 		data = data[3:] // a UTF-8 byte-order mark carries no content
@@ -101,7 +142,7 @@ func (d *nodeDecoder) document(data []byte) *yaml.Node {
 		return nil
 	}
 	if isLFSPointer(data) {
-		d.add(pos{1, 1}, "", "a Git LFS pointer, not the file's content: Git LFS keeps the content outside the repository, and gitfleet reads only what is committed; "+
+		d.add(pos{line: 1, col: 1}, "", "a Git LFS pointer, not the file's content: Git LFS keeps the content outside the repository, and gitfleet reads only what is committed; "+
 			"stop tracking YAML files with Git LFS (`git lfs untrack '*.yaml' '*.yml'`, then `git add --renormalize .` and commit)")
 		return nil
 	}
@@ -129,10 +170,10 @@ func (d *nodeDecoder) document(data []byte) *yaml.Node {
 	case root == nil && f != nil && f.AllowEmpty:
 		return nil
 	case root == nil && f != nil:
-		d.add(pos{1, 1}, "", "empty %s; %s is %s", f.noun(), f.a(), f.shape())
+		d.add(pos{line: 1, col: 1}, "", "empty %s; %s is %s", f.noun(), f.a(), f.shape())
 		return nil
 	case root == nil:
-		d.add(pos{1, 1}, "", "no object in file; each *.yaml / *.yml file holds exactly one object (remove the file or give it one)")
+		d.add(pos{line: 1, col: 1}, "", "no object in file; each *.yaml / *.yml file holds exactly one object (remove the file or give it one)")
 		return nil
 	case root.Kind != yaml.MappingNode && f != nil:
 		d.add(nodePos(root), "", "%s must be %s; got %s", f.a(), f.shape(), describe(root))
@@ -173,33 +214,38 @@ func firstInvalidUTF8(b []byte) int {
 func offsetPos(b []byte, off int) pos {
 	line := 1 + bytes.Count(b[:off], []byte{'\n'})
 	start := bytes.LastIndexByte(b[:off], '\n') + 1
-	return pos{line, utf8.RuneCount(b[start:off]) + 1}
+	return pos{line: line, col: utf8.RuneCount(b[start:off]) + 1}
 }
 
 // object decodes the root mapping according to its kind.
 func (d *nodeDecoder) object(root *yaml.Node) *object {
 	d.pos[""] = fieldPos{key: nodePos(root), val: nodePos(root)}
 	// Find apiVersion and kind first: the kind decides the spec's shape.
-	var apiVersion, kind *yaml.Node
+	var apiVersionKey, apiVersion, kind *yaml.Node
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k := root.Content[i]
 		switch {
 		case k.Kind != yaml.ScalarNode || k.Tag != "!!str":
 		case k.Value == "apiVersion" && apiVersion == nil:
-			apiVersion = root.Content[i+1]
+			apiVersionKey, apiVersion = k, root.Content[i+1]
 		case k.Value == "kind" && kind == nil:
 			kind = root.Content[i+1]
 		}
 	}
-	if apiVersion == nil {
+	switch {
+	case apiVersion == nil:
 		d.add(nodePos(root), "apiVersion", "missing; write apiVersion: %s", APIVersion)
-	} else if apiVersion.Kind == yaml.ScalarNode && apiVersion.Tag == "!!str" && apiVersion.Value != APIVersion {
+	case isNull(apiVersion) && apiVersion.Style&yaml.TaggedStyle == 0 && apiVersion.Anchor == "":
+		// The decoder reads an empty value as one left out, which
+		// would leave the object without an apiVersion.
+		d.add(nodePos(apiVersionKey), "apiVersion", "missing (the value is empty); write apiVersion: %s", APIVersion)
+	case apiVersion.Kind == yaml.ScalarNode && apiVersion.Tag == "!!str" && apiVersion.Value != APIVersion:
 		d.add(nodePos(apiVersion), "apiVersion", "unknown apiVersion %q; this release reads %s", apiVersion.Value, APIVersion)
 	}
 	var target any
 	switch {
 	case kind == nil:
-		d.add(nodePos(root), "kind", "missing; write kind: VM, Volume or Host")
+		d.add(nodePos(root), "kind", "missing; write kind: VM, Volume, Host or Profile")
 	case kind.Kind != yaml.ScalarNode || kind.Tag != "!!str":
 		// decodeEnvelope reports it.
 	case kind.Value == string(KindVM):
@@ -208,8 +254,11 @@ func (d *nodeDecoder) object(root *yaml.Node) *object {
 		target = &volumeDoc{}
 	case kind.Value == string(KindHost):
 		target = &hostDoc{}
+	case kind.Value == string(KindProfile):
+		target = &profileDoc{}
+		d.partial, d.refuse = true, profileRefused
 	default:
-		d.add(nodePos(kind), "kind", "unknown kind %q; must be VM, Volume or Host", kind.Value)
+		d.add(nodePos(kind), "kind", "unknown kind %q; must be VM, Volume, Host or Profile", kind.Value)
 	}
 	if target == nil {
 		d.decodeEnvelope(root)
@@ -218,29 +267,43 @@ func (d *nodeDecoder) object(root *yaml.Node) *object {
 	d.decode(root, reflect.ValueOf(target).Elem(), "")
 	d.required("metadata")
 	d.required("spec")
-	origin := Origin{File: d.file, Line: root.Line, Col: root.Column}
-	var obj *object
-	switch doc := target.(type) {
-	case *vmDoc:
-		if doc.Spec.Power == "" {
-			doc.Spec.Power = PowerRunning
-		}
-		obj = &object{kind: KindVM, name: doc.Metadata.Name, vm: &VM{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
-	case *volumeDoc:
-		obj = &object{kind: KindVolume, name: doc.Metadata.Name, volume: &Volume{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
-	case *hostDoc:
-		obj = &object{kind: KindHost, name: doc.Metadata.Name, host: &Host{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
+	obj := d.newObject(target, Origin{File: d.file, Line: root.Line, Col: root.Column})
+	if obj.profile != nil {
+		obj.root = root
 	}
 	d.check(obj)
-	if obj != nil && obj.vm != nil {
+	if obj.vm != nil {
 		obj.vm.fieldAt = make(map[string]Origin, len(artifactURLFields))
 		for _, f := range artifactURLFields {
 			if fp, ok := d.pos[f]; ok {
-				obj.vm.fieldAt[f] = Origin{File: d.file, Line: fp.val.line, Col: fp.val.col}
+				obj.vm.fieldAt[f] = Origin{File: d.fileOf(fp.val), Line: fp.val.line, Col: fp.val.col}
 			}
 		}
 	}
 	return obj
+}
+
+// newObject makes the object of a decoded document. A VM that names a
+// profile is checked as partial (d.partial): its spec need not be
+// complete, and power takes no default, until Load merges it with its
+// profile.
+func (d *nodeDecoder) newObject(target any, origin Origin) *object {
+	switch doc := target.(type) {
+	case *vmDoc:
+		d.partial = d.written("spec.profile")
+		if doc.Spec.Power == "" && !d.partial {
+			doc.Spec.Power = PowerRunning
+		}
+		vm := &VM{Metadata: doc.Metadata, Spec: doc.Spec.VMSpec, Origin: origin, Profile: doc.Spec.Profile}
+		return &object{kind: KindVM, name: doc.Metadata.Name, vm: vm}
+	case *volumeDoc:
+		return &object{kind: KindVolume, name: doc.Metadata.Name, volume: &Volume{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
+	case *hostDoc:
+		return &object{kind: KindHost, name: doc.Metadata.Name, host: &Host{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
+	case *profileDoc:
+		return &object{kind: KindProfile, name: doc.Metadata.Name, profile: &Profile{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
+	}
+	panic(fmt.Sprintf("desired: no object for %T", target))
 }
 
 // artifactURLFields are the VM fields naming a URL the agent fetches, whose

@@ -32,14 +32,16 @@ const (
 // shown at the top. Guards are the controller's checks beyond validation
 // that the change trips as it stands (a commit signature refused, the
 // mass-delete guard and the trailer it needs): the controller would reject
-// the head for each.
+// the head for each. Profiles are the profiles the change edits, each with
+// the VMs it reaches grouped by effect.
 type Plan struct {
-	Base     string     `json:"base"`
-	Head     string     `json:"head"`
-	Hosts    []HostPlan `json:"hosts"`
-	Errors   []string   `json:"errors,omitempty"`
-	Warnings []string   `json:"warnings,omitempty"`
-	Guards   []string   `json:"guards,omitempty"`
+	Base     string        `json:"base"`
+	Head     string        `json:"head"`
+	Hosts    []HostPlan    `json:"hosts"`
+	Profiles []ProfilePlan `json:"profiles,omitempty"`
+	Errors   []string      `json:"errors,omitempty"`
+	Warnings []string      `json:"warnings,omitempty"`
+	Guards   []string      `json:"guards,omitempty"`
 }
 
 // HostPlan is the changes on one host, ordered deletes first, then
@@ -124,7 +126,9 @@ func vmFieldEffect(field, old, new, basePower, power string) Effect {
 			return EffectShutsDown
 		}
 		return EffectBoots
-	case strings.HasPrefix(field, "metadata."):
+	case strings.HasPrefix(field, "metadata."), field == "spec.profile":
+		// The profile a VM names is no part of its effective spec: the
+		// fields it changes are listed with their own effects.
 		return EffectNone
 	}
 	// vcpus, memoryMB, network, volumes, kernel.*, and any field not
@@ -156,7 +160,7 @@ type PlanOptions struct {
 }
 
 // Empty reports whether the plan changes nothing and has no errors.
-func (p *Plan) Empty() bool { return len(p.Hosts) == 0 && len(p.Errors) == 0 }
+func (p *Plan) Empty() bool { return len(p.Hosts) == 0 && len(p.Profiles) == 0 && len(p.Errors) == 0 }
 
 // ComputePlan diffs two valid fleets. Either may be nil, read as empty.
 // base and head of the returned Plan are left for the caller to fill in.
@@ -236,6 +240,7 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 		p.Hosts = append(p.Hosts, HostPlan{Host: host, Changes: changes})
 	}
 	sort.Slice(p.Hosts, func(i, j int) bool { return p.Hosts[i].Host < p.Hosts[j].Host })
+	p.Profiles = profilePlans(base, head, p.Hosts)
 	return p
 }
 
@@ -422,8 +427,16 @@ func planObjects[T any](objs map[string]*T, view func(name string, o *T) (host s
 	return out
 }
 
+// vmObjects flattens each VM's effective spec and, as spec.profile, the
+// profile its file names.
 func vmObjects(f *Fleet) map[string]planObject {
-	return planObjects(f.VMs, func(_ string, vm *VM) (string, Metadata, any) { return vm.Spec.Host, vm.Metadata, vm.Spec })
+	type withProfile struct {
+		VMSpec
+		Profile string `json:"profile,omitempty"`
+	}
+	return planObjects(f.VMs, func(_ string, vm *VM) (string, Metadata, any) {
+		return vm.Spec.Host, vm.Metadata, withProfile{vm.Spec, vm.Profile}
+	})
 }
 
 func volumeObjects(f *Fleet) map[string]planObject {
@@ -537,7 +550,8 @@ func (p *Plan) Text() string {
 			fmt.Fprintf(&b, "  ! %s\n", g)
 		}
 	}
-	if len(p.Hosts) == 0 && len(p.Errors) == 0 {
+	p.profilesText(&b)
+	if p.Empty() {
 		b.WriteString("\nNo changes.\n")
 	}
 	for _, h := range p.Hosts {
@@ -576,7 +590,7 @@ func (p *Plan) Markdown() string {
 		}
 		b.WriteString("\n")
 	}
-	if len(p.Hosts) == 0 && len(p.Errors) == 0 {
+	if p.Empty() {
 		b.WriteString("No changes.\n")
 	}
 	counts := map[Action]int{}
@@ -589,6 +603,7 @@ func (p *Plan) Markdown() string {
 		fmt.Fprintf(&b, "%d to create, %d to update, %d to delete, %d to un-delete.\n\n",
 			counts[ActionCreate], counts[ActionUpdate], counts[ActionDelete], counts[ActionUndelete])
 	}
+	p.profilesMarkdown(&b)
 	for _, h := range p.Hosts {
 		fmt.Fprintf(&b, "#### host `%s`\n\n", h.Host)
 		for _, c := range h.Changes {

@@ -12,10 +12,12 @@ import (
 const SchemaID = "https://gitfleet.dev/schemas/v1alpha1/object.json"
 
 // JSONSchema returns a JSON Schema (draft 2020-12) of one object file: kind
-// must be VM, Volume or Host, and an if/then on kind checks the object
+// must be VM, Volume, Host or Profile, and an if/then on kind checks the object
 // against that kind's definition alone (so a validator reports errors of the
 // object's own kind, never of the others), each with its fields, types,
-// required fields and the per-object limits of this package (name pattern
+// required fields (none in a Profile's spec, nor in the spec of a VM that
+// names a profile: the effective spec is checked by Load) and the
+// per-object limits of this package (name pattern
 // and length, integer ranges, sha256 and URL shapes, power values). Editors
 // use it to complete and check object files as they are written. The
 // cross-object checks (references, uniqueness, capacity) and the YAML rules
@@ -38,7 +40,7 @@ func JSONSchema() []byte {
 
 // schemaKinds are the document types of the object kinds, in the order
 // the schema lists the kinds. Each one's typeSchema is envelope(kind).
-var schemaKinds = []schemaAnnotated{vmDoc{}, volumeDoc{}, hostDoc{}}
+var schemaKinds = []schemaAnnotated{vmDoc{}, volumeDoc{}, hostDoc{}, profileDoc{}}
 
 // schemaShapes are the string shapes several fields share, each a $defs
 // entry of the schema that fieldSchema.shape names.
@@ -73,6 +75,11 @@ type typeSchema struct {
 	// anyOf and oneOf are sets of fields of which at least one (anyOf) or
 	// exactly one (oneOf) set must be written in full.
 	anyOf, oneOf [][]string
+	// partialWhen names a field of a type that embeds another inline (a
+	// VM file's spec and its profile): written, it makes every other
+	// field optional at any depth (the profile may write them); left
+	// out, the embedded type's schema applies in full.
+	partialWhen string
 	// fields annotates every field, by yaml name. A field without an
 	// entry is left out of the schema (and fails TestSchemaAnnotations).
 	fields map[string]fieldSchema
@@ -104,6 +111,12 @@ type fieldSchema struct {
 	// items, keys and values annotate a list's items and a map's keys and
 	// values.
 	items, keys, values *fieldSchema
+	// partial makes every field of the (struct) value optional, at any
+	// depth, with no anyOf or oneOf: part of a VM spec, as a Profile
+	// writes it. omit lists the fields, by dotted path within the value,
+	// left out of it.
+	partial bool
+	omit    []string
 }
 
 // intRange is an inclusive range of integers.
@@ -131,7 +144,7 @@ func buildSchema() (obj, []string) {
 		"$schema":     "https://json-schema.org/draft/2020-12/schema",
 		"$id":         SchemaID,
 		"title":       "gitfleet object",
-		"description": fmt.Sprintf("One object file of a gitfleet fleet (%s): a VM, a Volume or a Host.", APIVersion),
+		"description": fmt.Sprintf("One object file of a gitfleet fleet (%s): a VM, a Volume, a Host or a Profile.", APIVersion),
 		"type":        "object",
 		"required":    []string{"kind"},
 		"properties": obj{
@@ -170,10 +183,16 @@ func onKind(def string) obj {
 type obj = map[string]any
 
 // schemaBuilder collects the $defs of the schema being built and the
-// problems of the annotations it reads.
+// problems of the annotations it reads. While it writes a partial value
+// (fieldSchema.partial) it writes every struct out in place, with no
+// required fields, and leaves out the fields in omit; rel is the dotted
+// path of the value being written within the partial one.
 type schemaBuilder struct {
 	defs     obj
 	problems map[string]bool
+	partial  bool
+	omit     map[string]bool
+	rel      string
 }
 
 func newSchemaBuilder() *schemaBuilder {
@@ -199,6 +218,9 @@ func (b *schemaBuilder) problem(at, format string, args ...any) {
 func (b *schemaBuilder) value(at string, t reflect.Type, f fieldSchema) obj {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
+	}
+	if f.partial {
+		defer b.enterPartial(f.omit)()
 	}
 	o := obj{}
 	switch {
@@ -301,7 +323,7 @@ func (b *schemaBuilder) structValue(at string, t reflect.Type, desc string) obj 
 		return obj{"type": "object"}
 	}
 	ts := ann.schema()
-	if ts.def == "" {
+	if ts.def == "" || b.partial {
 		if desc == "" {
 			desc = ts.desc
 		}
@@ -314,21 +336,36 @@ func (b *schemaBuilder) structValue(at string, t reflect.Type, desc string) obj 
 	return obj{"$ref": "#/$defs/" + ts.def}
 }
 
+// enterPartial starts writing a partial value that leaves out the fields
+// omit names, and returns the function that ends it.
+func (b *schemaBuilder) enterPartial(omit []string) func() {
+	partial, was, rel := b.partial, b.omit, b.rel
+	b.partial, b.omit, b.rel = true, map[string]bool{}, ""
+	for _, f := range omit {
+		b.omit[f] = true
+	}
+	return func() { b.partial, b.omit, b.rel = partial, was, rel }
+}
+
 // object writes out struct type t as a closed object: the fields the
-// decoder knows (infoOf), as ts annotates them.
+// decoder knows (infoOf), as ts annotates them (and the types t embeds
+// inline annotate theirs).
 func (b *schemaBuilder) object(t reflect.Type, ts typeSchema, desc string) obj {
 	info := infoOf(t)
 	props := obj{}
 	var required []string
 	for _, sf := range info.fields {
 		at := t.Name() + "." + sf.name
-		fs, ok := ts.fields[sf.name]
+		fs, ok := annotation(t, ts, sf)
 		if !ok {
 			b.problem(at, "no entry in %s's schema method; give the field its desc and limits there", t.Name())
 			continue
 		}
-		field := t.Field(sf.index)
-		p := b.value(at, field.Type, fs)
+		if b.partial && b.omit[joinPath(b.rel, sf.name)] {
+			continue
+		}
+		field := t.FieldByIndex(sf.index)
+		p := b.field(at, field.Type, fs, sf.name, ts.partialWhen)
 		if fs.constant == "" && !b.described(p) {
 			b.problem(at, "no desc, and its shape or type has none")
 		}
@@ -346,6 +383,13 @@ func (b *schemaBuilder) object(t reflect.Type, ts typeSchema, desc string) obj {
 	if desc != "" {
 		o["description"] = desc
 	}
+	if ts.partialWhen != "" {
+		b.partialUnless(t.Name(), t, ts.partialWhen, o)
+		return o
+	}
+	if b.partial {
+		return o
+	}
 	if len(required) > 0 {
 		o["required"] = required
 	}
@@ -356,6 +400,49 @@ func (b *schemaBuilder) object(t reflect.Type, ts typeSchema, desc string) obj {
 		o["oneOf"] = alt
 	}
 	return o
+}
+
+// field is the schema of field name of a struct, of Go type t, annotated
+// by fs: under a partialWhen other than name, a partial value.
+func (b *schemaBuilder) field(at string, t reflect.Type, fs fieldSchema, name, partialWhen string) obj {
+	rel := b.rel
+	b.rel = joinPath(rel, name)
+	defer func() { b.rel = rel }()
+	if partialWhen != "" && name != partialWhen && !b.partial {
+		defer b.enterPartial(nil)()
+		b.rel = name
+	}
+	return b.value(at, t, fs)
+}
+
+// partialUnless makes o, the schema of struct type t with a partialWhen
+// field, apply the schema of the type t embeds inline in full (an "else"
+// branch) unless the field is written.
+func (b *schemaBuilder) partialUnless(at string, t reflect.Type, when string, o obj) {
+	for i := 0; i < t.NumField(); i++ {
+		if f := t.Field(i); f.Anonymous {
+			o["if"] = obj{"required": []string{when}}
+			o["else"] = b.value(at+"."+f.Name, f.Type, fieldSchema{})
+			return
+		}
+	}
+	b.problem(at, "partialWhen %q, but %s embeds no type to apply in full", when, t.Name())
+}
+
+// annotation is the fieldSchema of sf, a field of struct type t that ts
+// annotates: ts's entry, or for a field of a type t embeds inline, that
+// type's.
+func annotation(t reflect.Type, ts typeSchema, sf structField) (fieldSchema, bool) {
+	if fs, ok := ts.fields[sf.name]; ok || len(sf.index) == 1 {
+		return fs, ok
+	}
+	outer := t.FieldByIndex(sf.index[:len(sf.index)-1]).Type
+	ann, ok := reflect.Zero(outer).Interface().(schemaAnnotated)
+	if !ok {
+		return fieldSchema{}, false
+	}
+	fs, ok := ann.schema().fields[sf.name]
+	return fs, ok
 }
 
 // alternatives is an anyOf or oneOf list of required sets.

@@ -43,19 +43,33 @@ func TestSchemaFieldsMatchDecoder(t *testing.T) {
 		if !ok {
 			t.Fatalf("no base object for kind %s in probeBases", kind)
 		}
-		t.Run(kind, func(t *testing.T) {
-			if _, errs := parseFile("base.yaml", yamlBytes(t, base)); errs != nil {
-				t.Fatalf("the base %s object is rejected: %v", kind, ErrorList(errs))
-			}
-			p := &schemaProbe{t: t, defs: defs, base: base}
-			p.walk(nil, defs[kind].(map[string]any), 0)
-			for _, f := range deepestFields[kind] {
-				if !slices.Contains(p.leaves, f) {
-					t.Errorf("the walk did not reach %s; it probed %v", f, p.leaves)
+		variants := map[string]map[string]any{kind: base}
+		for name, v := range probeVariants[kind] {
+			variants[name] = v
+		}
+		for name, base := range variants {
+			t.Run(name, func(t *testing.T) {
+				if _, errs := parseFile("base.yaml", yamlBytes(t, base)); errs != nil {
+					t.Fatalf("the base %s object is rejected: %v", name, ErrorList(errs))
 				}
-			}
-		})
+				p := &schemaProbe{t: t, defs: defs, base: base}
+				p.walk(nil, defs[kind].(map[string]any), 0)
+				for _, f := range deepestFields[name] {
+					if !slices.Contains(p.leaves, f) {
+						t.Errorf("the walk did not reach %s; it probed %v", f, p.leaves)
+					}
+				}
+			})
+		}
 	}
+}
+
+// probeVariants are more bases of a kind, for the parts of its schema that
+// apply only when a field is written (if/else): a VM that names a profile
+// may leave out any field of its spec.
+var probeVariants = map[string]map[string]map[string]any{
+	"VM": {"VM with a profile": {"apiVersion": APIVersion, "kind": "VM", "metadata": map[string]any{"name": "a"},
+		"spec": map[string]any{"profile": "p"}}},
 }
 
 // probeBases are valid objects of each kind, into which the probes write.
@@ -68,6 +82,8 @@ var probeBases = map[string]map[string]any{
 		"spec": map[string]any{"host": "h", "sizeGB": 1}},
 	"Host": {"apiVersion": APIVersion, "kind": "Host", "metadata": map[string]any{"name": "a"},
 		"spec": map[string]any{}},
+	"Profile": {"apiVersion": APIVersion, "kind": "Profile", "metadata": map[string]any{"name": "a"},
+		"spec": map[string]any{}},
 }
 
 // deepestFields are some of the values a walk of each kind must reach.
@@ -76,6 +92,10 @@ var deepestFields = map[string][]string{
 		"spec.static.nameservers.search[0]", "spec.cloudInit.sshAuthorizedKeys[0]", "spec.cloudInit.encryptedUserData.ciphertext"},
 	"Volume": {"spec.host", "spec.sizeGB"},
 	"Host":   {"spec.networks.x.nat.cidr", "spec.networks.x.bridge", "spec.capacity.memoryMB", "spec.suspend"},
+	"Profile": {"spec.vcpus", "spec.kernel.initrd.sha256", "spec.static.addresses[0]", "spec.static.nameservers.search[0]",
+		"spec.cloudInit.sshAuthorizedKeys[0]", "spec.cloudInit.userData", "spec.power"},
+	"VM with a profile": {"spec.profile", "spec.host", "spec.image.sha256", "spec.kernel.initrd.url", "spec.static.addresses[0]",
+		"spec.cloudInit.encryptedUserData.ciphertext"},
 }
 
 // probeKey is a key no field of any object is named like, nor close to
@@ -175,7 +195,7 @@ func (p *schemaProbe) walk(path []probeSeg, s map[string]any, depth int) {
 	s = p.resolve(s)
 	switch {
 	case s["type"] == "object" && s["properties"] != nil:
-		p.object(path, s, depth)
+		p.object(path, p.branch(path, s), depth)
 	case s["type"] == "object":
 		p.walk(append(slices.Clip(path), probeSeg{key: "x"}), s["additionalProperties"].(map[string]any), depth+1)
 	case s["type"] == "array":
@@ -185,42 +205,97 @@ func (p *schemaProbe) walk(path []probeSeg, s map[string]any, depth int) {
 	}
 }
 
-// object checks the fields and required fields the decoder knows at path
-// against s, then walks each property.
-func (p *schemaProbe) object(path []probeSeg, s map[string]any, depth int) {
-	f := probeField(path)
-	props := s["properties"].(map[string]any)
-	var names []string
-	for name := range props {
-		names = append(names, name)
-	}
-	sort.Strings(names)
+// branchedObject is an object schema as the base at one path meets it:
+// outer names the fields the object may hold; inner is what applies to
+// the base (outer itself, or its "else" when the base does not write what
+// its "if" requires), and kept are the fields of the base that choose it,
+// which every probe at the path keeps.
+type branchedObject struct {
+	outer, inner map[string]any
+	kept         map[string]any
+}
 
-	known := p.knownFields(path)
+// branch resolves the if/else of object schema s for the base at path.
+func (p *schemaProbe) branch(path []probeSeg, s map[string]any) branchedObject {
+	b := branchedObject{outer: s, inner: s, kept: map[string]any{}}
+	cond, ok := s["if"].(map[string]any)
+	if !ok {
+		return b
+	}
+	at, _ := p.baseAt(path).(map[string]any)
+	for _, r := range asList(cond["required"]) {
+		v, written := at[r.(string)]
+		if !written {
+			b.inner, b.kept = p.resolve(s["else"].(map[string]any)), map[string]any{}
+			return b
+		}
+		b.kept[r.(string)] = v
+	}
+	return b
+}
+
+// baseAt is the base's value at path (nil when it has none).
+func (p *schemaProbe) baseAt(path []probeSeg) any {
+	var v any = p.base
+	for _, s := range path {
+		m, _ := v.(map[string]any)
+		if s.index || m == nil {
+			return nil
+		}
+		v = m[s.key]
+	}
+	return v
+}
+
+// object checks the fields and required fields the decoder knows at path
+// against s, then walks each property of the schema that applies.
+func (p *schemaProbe) object(path []probeSeg, s branchedObject, depth int) {
+	f := probeField(path)
+	names := sortedKeys(s.outer["properties"].(map[string]any))
+	known := p.knownFields(path, s.kept)
 	sort.Strings(known)
 	if !slices.Equal(known, names) {
 		p.t.Errorf("at %q the decoder knows the fields %v, the schema %v", f, known, names)
 	}
 
 	required := []string{}
-	for _, r := range asList(s["required"]) {
+	for _, r := range asList(s.inner["required"]) {
 		required = append(required, r.(string))
 	}
-	missing := p.missing(path, names)
+	props := s.inner["properties"].(map[string]any)
+	missing := p.missing(path, sortedKeys(props), s.kept)
 	sort.Strings(required)
 	if !slices.Equal(missing, required) {
 		p.t.Errorf("in an empty %q the decoder reports as missing %v; the schema requires %v", f, missing, required)
 	}
-	for _, name := range names {
+	for _, name := range sortedKeys(props) {
 		p.walk(append(slices.Clip(path), probeSeg{key: name}), props[name].(map[string]any), depth+1)
 	}
 }
 
+func sortedKeys(m map[string]any) []string {
+	names := make([]string, 0, len(m))
+	for name := range m {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// withKept is v, a mapping probed at a path, with the base's fields that
+// choose the schema there.
+func withKept(v map[string]any, kept map[string]any) map[string]any {
+	for k, x := range kept {
+		v[k] = x
+	}
+	return v
+}
+
 // knownFields returns the fields the decoder lists at path when it meets
 // an unknown one there.
-func (p *schemaProbe) knownFields(path []probeSeg) []string {
+func (p *schemaProbe) knownFields(path []probeSeg, kept map[string]any) []string {
 	f := probeField(path)
-	var v any = map[string]any{probeKey: 1}
+	var v any = withKept(map[string]any{probeKey: 1}, kept)
 	if len(path) == 0 {
 		v = map[string]any{"apiVersion": APIVersion, "kind": p.base["kind"], probeKey: 1}
 	}
@@ -244,8 +319,8 @@ func (p *schemaProbe) knownFields(path []probeSeg) []string {
 
 // missing returns those of names the decoder reports as missing in an
 // empty object at path; at the root, in an object holding only its kind.
-func (p *schemaProbe) missing(path []probeSeg, names []string) []string {
-	var v any = map[string]any{}
+func (p *schemaProbe) missing(path []probeSeg, names []string, kept map[string]any) []string {
+	var v any = withKept(map[string]any{}, kept)
 	if len(path) == 0 {
 		v = map[string]any{"kind": p.base["kind"]}
 	}
@@ -375,6 +450,46 @@ func TestSchemaFieldsProbeCatches(t *testing.T) {
 			change(changed)
 			rec := &recorder{T: t}
 			p := &schemaProbe{t: rec, defs: defs, base: probeBases["Volume"]}
+			p.walk([]probeSeg{{key: "spec"}}, changed, 1)
+			if len(rec.errors) == 0 {
+				t.Errorf("the probe finds nothing wrong with the changed schema")
+			}
+			for _, e := range rec.errors {
+				t.Log("reported: " + e)
+			}
+		})
+	}
+}
+
+// TestSchemaFieldsProbeCatchesPartial shows that the probe holds the
+// schema of a VM that names a profile to the decoder too: a spec that
+// requires a field there, or that leaves a field out, is reported.
+func TestSchemaFieldsProbeCatchesPartial(t *testing.T) {
+	var schema map[string]any
+	if err := json.Unmarshal(JSONSchema(), &schema); err != nil {
+		t.Fatal(err)
+	}
+	defs := schema["$defs"].(map[string]any)
+	spec := defs["VM"].(map[string]any)["properties"].(map[string]any)["spec"].(map[string]any)
+	for name, change := range map[string]func(spec map[string]any){
+		"a field required with a profile": func(s map[string]any) { s["required"] = []any{"vcpus"} },
+		"a field missing with a profile":  func(s map[string]any) { delete(s["properties"].(map[string]any), "vcpus") },
+		"a nested field required with one": func(s map[string]any) {
+			s["properties"].(map[string]any)["image"].(map[string]any)["required"] = []any{"url"}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, err := json.Marshal(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var changed map[string]any
+			if err := json.Unmarshal(b, &changed); err != nil {
+				t.Fatal(err)
+			}
+			change(changed)
+			rec := &recorder{T: t}
+			p := &schemaProbe{t: rec, defs: defs, base: probeVariants["VM"]["VM with a profile"]}
 			p.walk([]probeSeg{{key: "spec"}}, changed, 1)
 			if len(rec.errors) == 0 {
 				t.Errorf("the probe finds nothing wrong with the changed schema")

@@ -64,8 +64,8 @@ func TestSchemaAcceptsExamplesAndTestFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) != 7 {
-		t.Fatalf("found %d example object files, want 7", len(files))
+	if len(files) != 8 {
+		t.Fatalf("found %d example object files, want 8", len(files))
 	}
 	for _, p := range files {
 		data, err := os.ReadFile(p)
@@ -85,6 +85,28 @@ func TestSchemaAcceptsExamplesAndTestFleet(t *testing.T) {
 	}
 }
 
+// TestSchemaAcceptsPartialSpecs: a Profile's spec, and the spec of a VM
+// that names a profile, need no field; nested objects none either.
+func TestSchemaAcceptsPartialSpecs(t *testing.T) {
+	sch := compileSchema(t)
+	for name, input := range map[string]string{
+		"profile":               profileFile("p", baseProfile),
+		"empty profile":         profileFile("p", "  {}\n"),
+		"profile of a cmdline":  profileFile("p", "  kernel: {cmdline: console=ttyS0}\n"),
+		"VM on a profile":       vmFile("a", "  profile: p\n  host: hv-a\n"),
+		"VM's part of a kernel": vmFile("a", "  profile: p\n  kernel: {cmdline: console=ttyS1}\n  static: {gateway4: 10.0.0.1}\n"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, errs := parseFile("obj.yaml", []byte(input)); errs != nil {
+				t.Fatalf("the decoder rejects it: %v", ErrorList(errs))
+			}
+			if err := sch.Validate(yamlInstance(t, []byte(input))); err != nil {
+				t.Errorf("the schema rejects it: %v", err)
+			}
+		})
+	}
+}
+
 func TestSchemaRejectsBadObjects(t *testing.T) {
 	sch := compileSchema(t)
 	for name, input := range map[string]string{
@@ -100,6 +122,12 @@ func TestSchemaRejectsBadObjects(t *testing.T) {
 		"unknown apiVersion":  strings.Replace(vm(vmBody), "v1alpha1", "v1", 1),
 		"volume spec on VM":   "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata: {name: a}\nspec: {host: hv-a, sizeGB: 1}\n",
 		"host without bridge": "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: a}\nspec: {networks: {lan: {}}}\n",
+		"profile with a host": profileFile("p", "  host: hv-a\n"),
+		"nested profile":      profileFile("p", "  profile: q\n"),
+		"profile vcpus zero":  profileFile("p", "  vcpus: 0\n"),
+		"profile encrypted":   profileFile("p", "  cloudInit: {encryptedUserData: {recipient: age1x, ciphertext: x}}\n"),
+		"profiled VM's typo":  vmFile("a", "  profile: p\n  vcpu: 2\n"),
+		"profiled VM's range": vmFile("a", "  profile: p\n  memoryMB: 1\n"),
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, errs := parseFile("obj.yaml", []byte(input)); errs == nil {

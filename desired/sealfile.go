@@ -13,7 +13,9 @@ import (
 // DecodeVMFile decodes data, the VM object file named file, strictly
 // (Decode's rules: no unknown field, no duplicate key, no coercion). It
 // checks the object's shape, not its values, nor the cross-object rules
-// of Load; errors are an ErrorList at FILE:LINE:COL.
+// of Load; errors are an ErrorList at FILE:LINE:COL. The VM's Spec is the
+// file's own: of a VM that names a profile (VM.Profile), it lacks what the
+// profile gives.
 func DecodeVMFile(file string, data []byte) (*VM, error) {
 	var doc vmDoc
 	if err := DecodeStrict(file, data, &doc); err != nil {
@@ -22,7 +24,7 @@ func DecodeVMFile(file string, data []byte) (*VM, error) {
 	if doc.Kind != string(KindVM) {
 		return nil, fmt.Errorf("%s: kind is %q, not VM", file, doc.Kind)
 	}
-	return &VM{Metadata: doc.Metadata, Spec: doc.Spec}, nil
+	return &VM{Metadata: doc.Metadata, Spec: doc.Spec.VMSpec, Profile: doc.Spec.Profile}, nil
 }
 
 // FindHostRecipient returns spec.ageRecipient of the Host object named

@@ -99,7 +99,7 @@ func Decode(file string, data []byte, v any, f Format) *Document {
 		d.decode(root, rv.Elem(), "")
 		doc.decoded = true
 	case len(d.errs) == 0: // an empty file, allowed
-		d.pos[""] = fieldPos{key: pos{1, 1}, val: pos{1, 1}}
+		d.pos[""] = fieldPos{key: pos{line: 1, col: 1}, val: pos{line: 1, col: 1}}
 		doc.decoded = true
 	}
 	return doc

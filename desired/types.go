@@ -3,14 +3,17 @@ package desired
 // APIVersion is the only apiVersion this release accepts.
 const APIVersion = "gitfleet.dev/v1alpha1"
 
-// Kind names one of the three object kinds.
+// Kind names one of the object kinds.
 type Kind string
 
-// The object kinds of APIVersion.
+// The object kinds of APIVersion. VMs, volumes and hosts are what the
+// fleet runs; a Profile is part of a VM spec that VMs name (see Profile)
+// and is never on a host itself.
 const (
-	KindVM     Kind = "VM"
-	KindVolume Kind = "Volume"
-	KindHost   Kind = "Host"
+	KindVM      Kind = "VM"
+	KindVolume  Kind = "Volume"
+	KindHost    Kind = "Host"
+	KindProfile Kind = "Profile"
 )
 
 // Power is a VM's desired power state.
@@ -152,6 +155,7 @@ type VMSpec struct {
 
 func (VMSpec) schema() typeSchema {
 	return typeSchema{
+		def:   "vmSpec",
 		desc:  "The VM's desired state. It needs an image, a kernel, or both.",
 		anyOf: [][]string{{"image"}, {"kernel"}},
 		fields: map[string]fieldSchema{
@@ -333,11 +337,16 @@ type Origin struct {
 	Col  int    `json:"col"`
 }
 
-// VM is a decoded VM object.
+// VM is a decoded VM object. Spec is its effective spec: for a VM that
+// names a profile, the profile's spec with the VM's own fields over it
+// (see Profile), which is what snapshots carry and SpecHash hashes.
 type VM struct {
 	Metadata Metadata `yaml:"metadata" json:"metadata"`
 	Spec     VMSpec   `yaml:"spec" json:"spec"`
 	Origin   Origin   `yaml:"-" json:"-"`
+	// Profile is the name of the Profile the VM's file names in
+	// spec.profile, "" for none.
+	Profile string `yaml:"-" json:"-"`
 	// fieldAt is where some fields' values were written, by field path
 	// ("spec.image.url"), for the messages that point at them.
 	fieldAt map[string]Origin
@@ -374,4 +383,7 @@ type Fleet struct {
 	VMs     map[string]*VM
 	Volumes map[string]*Volume
 	Hosts   map[string]*Host
+	// Profiles are the fleet's Profile objects; the VMs' specs already
+	// hold what they take from them.
+	Profiles map[string]*Profile
 }

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"math/big"
 	"mime"
 	"mime/multipart"
 	"mime/quotedprintable"
@@ -489,6 +487,8 @@ func parseYAML11(doc []byte) (*yaml.Node, []yamlProblem) {
 		n = n.Content[0]
 	}
 	probs = append(probs, repeatedKeys(n)...)
+	probs = append(probs, pyyamlLimits(n)...)
+	sort.SliceStable(probs, func(i, j int) bool { return probs[i].line < probs[j].line })
 	return n, probs
 }
 
@@ -552,7 +552,7 @@ func yaml11False(v string) bool {
 // isZero reports whether an !!int scalar is 0 in PyYAML.
 func isZero(v string) bool {
 	n, ok := pyyamlInt(v)
-	return ok && n.Sign() == 0
+	return ok && n == "0"
 }
 
 // yaml11Key is the identity PyYAML's SafeLoader gives a key in the dict it
@@ -581,7 +581,7 @@ func yaml11Key(k *yaml.Node) (id string, ok, hashable bool) {
 		return "n:0", true, true
 	case "!!int":
 		if n, ok := pyyamlInt(k.Value); ok {
-			return "n:" + n.String(), true, true
+			return "n:" + n, true, true
 		}
 	case "!!float":
 		if f, ok := pyyamlFloat(k.Value); ok {
@@ -591,121 +591,6 @@ func yaml11Key(k *yaml.Node) (id string, ok, hashable bool) {
 		return "t:" + k.Value, true, true
 	}
 	return "s:" + k.Value, true, true
-}
-
-// The implicit resolvers of PyYAML's resolver.py (YAML 1.1), which
-// cloud-init's loader uses; they differ from other YAML 1.1 libraries ("y"
-// is a string, "1e3" is a string, "1:30" is the integer 90).
-var (
-	pyyamlBool      = regexp.MustCompile(`^(?:yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$`)
-	pyyamlFloatRe   = regexp.MustCompile(`^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$`)
-	pyyamlIntRe     = regexp.MustCompile(`^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+)$`)
-	pyyamlNull      = regexp.MustCompile(`^(?:~|null|Null|NULL|)$`)
-	pyyamlTimestamp = regexp.MustCompile(`^(?:[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9][0-9]?(?:[Tt]|[ \t]+)[0-9][0-9]?:[0-9][0-9]:[0-9][0-9](?:\.[0-9]*)?(?:[ \t]*(?:Z|[-+][0-9][0-9]?(?::[0-9][0-9])?))?)$`)
-)
-
-// pyyamlResolve is the tag PyYAML's resolver gives a plain scalar, tried
-// in its order (bool, float, int, merge, null, timestamp), "!!str" when
-// none matches.
-func pyyamlResolve(v string) string {
-	switch {
-	case pyyamlBool.MatchString(v):
-		return "!!bool"
-	case pyyamlFloatRe.MatchString(v):
-		return "!!float"
-	case pyyamlIntRe.MatchString(v):
-		return "!!int"
-	case v == "<<":
-		return "!!merge"
-	case pyyamlNull.MatchString(v):
-		return "!!null"
-	case pyyamlTimestamp.MatchString(v):
-		return "!!timestamp"
-	}
-	return "!!str"
-}
-
-// pyyamlInt is PyYAML's construct_yaml_int: underscores dropped, 0b binary,
-// 0x hex, a leading 0 octal, a:b:c base 60.
-func pyyamlInt(v string) (*big.Int, bool) {
-	v = strings.ReplaceAll(v, "_", "")
-	neg := strings.HasPrefix(v, "-")
-	v = strings.TrimLeft(v, "+-")
-	n := new(big.Int)
-	ok := true
-	switch {
-	case v == "0":
-	case strings.HasPrefix(v, "0b"):
-		_, ok = n.SetString(v[2:], 2)
-	case strings.HasPrefix(v, "0x"):
-		_, ok = n.SetString(v[2:], 16)
-	case strings.HasPrefix(v, "0"):
-		_, ok = n.SetString(v, 8)
-	case strings.Contains(v, ":"):
-		for _, part := range strings.Split(v, ":") {
-			d, ok2 := new(big.Int).SetString(part, 10)
-			if !ok2 {
-				return nil, false
-			}
-			n.Mul(n, big.NewInt(60)).Add(n, d)
-		}
-	default:
-		_, ok = n.SetString(v, 10)
-	}
-	if neg {
-		n.Neg(n)
-	}
-	return n, ok
-}
-
-// pyyamlFloat is PyYAML's construct_yaml_float: underscores dropped, .inf
-// and .nan, a:b:c.d base 60, else Python's float().
-func pyyamlFloat(v string) (float64, bool) {
-	v = strings.ToLower(strings.ReplaceAll(v, "_", ""))
-	sign := 1.0
-	if strings.HasPrefix(v, "-") {
-		sign = -1
-	}
-	v = strings.TrimLeft(v, "+-")
-	switch {
-	case v == ".inf":
-		return sign * math.Inf(1), true
-	case v == ".nan":
-		return math.NaN(), true
-	case strings.Contains(v, ":"):
-		parts := strings.Split(v, ":")
-		val, base := 0.0, 1.0
-		for i := len(parts) - 1; i >= 0; i-- {
-			d, err := strconv.ParseFloat(parts[i], 64)
-			if err != nil {
-				return 0, false
-			}
-			val += d * base
-			base *= 60
-		}
-		return sign * val, true
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil && !errors.Is(err, strconv.ErrRange) {
-		return 0, false
-	}
-	return sign * f, true
-}
-
-// pyNumberKey is the identity of a float as a Python dict key: an integral
-// float is the integer it equals; PyYAML builds every .nan from one object,
-// so all NaN keys are one key.
-func pyNumberKey(f float64) string {
-	switch {
-	case math.IsNaN(f):
-		return "nan"
-	case math.IsInf(f, 0):
-		return "n:" + strconv.FormatFloat(f, 'g', -1, 64)
-	case f == math.Trunc(f):
-		n, _ := new(big.Float).SetFloat64(f).Int(nil)
-		return "n:" + n.String()
-	}
-	return "n:" + strconv.FormatFloat(f, 'g', -1, 64)
 }
 
 func linesAbove(n int) string {

@@ -90,15 +90,24 @@ func (d *nodeDecoder) written(field string) bool {
 // required reports a missing field and returns false, or returns whether
 // the field decoded without error.
 //
-// A field whose parent is missing or rejected is not reported again.
+// A field whose parent is missing or rejected is not reported again, nor
+// a field under spec of a partial document (a Profile, a VM that names
+// one: the other file may write it).
 func (d *nodeDecoder) required(field string) bool {
 	if !d.written(field) {
+		if d.partial && strings.HasPrefix(field, "spec.") {
+			return false
+		}
 		parent := parentPath(field)
 		if parent != "" && (!d.written(parent) || d.bad[parent]) {
 			return false
 		}
 		if p, ok := d.empty[field]; ok {
 			d.add(p, field, "missing (the value is empty)")
+			return false
+		}
+		if d.profile != "" && strings.HasPrefix(field, "spec.") {
+			d.add(d.keyPos(parent), field, "missing: neither the VM nor its profile %q sets it", d.profile)
 			return false
 		}
 		d.add(d.keyPos(parent), field, "missing")
@@ -170,6 +179,10 @@ func (d *nodeDecoder) check(o *object) {
 	case KindVM:
 		labels = o.vm.Metadata.Labels
 		d.checkVM(&o.vm.Spec)
+		d.profileName(o.vm)
+	case KindProfile:
+		labels = o.profile.Metadata.Labels
+		d.checkVM(&o.profile.Spec)
 	case KindVolume:
 		labels = o.volume.Metadata.Labels
 		if d.required("spec.host") {
@@ -198,6 +211,7 @@ func (d *nodeDecoder) check(o *object) {
 		capacityVCPUs:  d.valPos("spec.capacity.vcpus"),
 		capacityMemory: d.valPos("spec.capacity.memoryMB"),
 		gateway4:       d.valPos("spec.static.gateway4"),
+		profile:        d.valPos("spec.profile"),
 		ageRecipient:   d.valPos(map[Kind]string{KindVM: "spec.cloudInit.encryptedUserData.recipient", KindHost: "spec.ageRecipient"}[o.kind]),
 	}
 	if o.kind == KindVM && o.vm.Spec.Static != nil {
@@ -227,7 +241,7 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 	if d.required("spec.diskGB") {
 		d.intRange("spec.diskGB", s.DiskGB, 1, MaxDiskGB, " GiB")
 	}
-	if s.Image == nil && s.Kernel == nil && d.written("spec") && !d.bad["spec"] && !d.bad["spec.image"] && !d.bad["spec.kernel"] {
+	if s.Image == nil && s.Kernel == nil && !d.partial && d.written("spec") && !d.bad["spec"] && !d.bad["spec.image"] && !d.bad["spec.kernel"] {
 		d.add(d.keyPos("spec"), "spec", "needs an image, a kernel, or both")
 	}
 	if s.Image != nil {
@@ -289,7 +303,11 @@ func (d *nodeDecoder) encryptedUserData(ci *CloudInit) {
 		return
 	}
 	if d.written("spec.cloudInit.userData") {
-		d.add(d.keyPos(f), f, "spec.cloudInit has both userData and encryptedUserData; a VM's user-data is one or the other (gitfleet encrypt replaces userData with encryptedUserData)")
+		hint := ""
+		if d.pos["spec.cloudInit.userData"].val.file != "" {
+			hint = fmt.Sprintf("; to leave out the userData of profile %q, write userData: null beside encryptedUserData", d.profile)
+		}
+		d.add(d.keyPos(f), f, "spec.cloudInit has both userData and encryptedUserData; a VM's user-data is one or the other (gitfleet encrypt replaces userData with encryptedUserData)%s", hint)
 	}
 	e := ci.EncryptedUserData
 	if d.required(f + ".recipient") {
@@ -317,7 +335,7 @@ func (d *nodeDecoder) userData(ud string) {
 		at, msg := fp.val, p.Msg
 		switch {
 		case p.Line > 0 && fp.literal:
-			at = pos{fp.val.line + p.Line, 1}
+			at = pos{line: fp.val.line + p.Line, col: 1, file: fp.val.file}
 			msg = fmt.Sprintf("user-data line %d: %s", p.Line, p.Msg)
 		case p.Line > 0:
 			msg = fmt.Sprintf("user-data line %d: %s", p.Line, p.Msg)
@@ -445,7 +463,7 @@ func (d *nodeDecoder) natNetwork(name string, nat *NAT, nats []natNet) (netip.Pr
 // the addresses fit the network is a cross-object check.
 func (d *nodeDecoder) checkStatic(s *VMSpec) {
 	st := s.Static
-	if !d.written("spec.network") {
+	if !d.written("spec.network") && !d.partial {
 		d.add(d.keyPos("spec.static"), "spec.static", "needs spec.network: a static address is for a NIC on a host network")
 	}
 	if d.required("spec.static.addresses") && len(st.Addresses) == 0 {
@@ -547,7 +565,7 @@ type crossChecker struct {
 	unchanged map[*object]bool
 	errs      []*Error
 
-	hosts, volumes, vms map[string]*object
+	hosts, volumes, vms, profiles map[string]*object
 	// duplicate holds the objects whose name an earlier one took; they
 	// are checked no further.
 	duplicate map[*object]bool
@@ -583,11 +601,18 @@ func newCrossChecker(objs []*object, complete bool, unchanged map[*object]bool) 
 		use:       make(map[string]*hostUsage, nHosts),
 		attached:  make(map[string]*object, nVolumes),
 		statics:   make(map[staticKey]*object),
+		profiles:  make(map[string]*object),
 	}
 }
 
+// add records an error of o at p. An error at a field a VM takes from its
+// profile lies in the profile's file and names the VM (viaProfile).
 func (c *crossChecker) add(o *object, p pos, field, format string, args ...any) {
-	c.errs = append(c.errs, &Error{File: o.origin().File, Line: p.line, Col: p.col, Field: field, Msg: fmt.Sprintf(format, args...)})
+	file, msg := o.origin().File, fmt.Sprintf(format, args...)
+	if p.file != "" && p.file != file {
+		file, msg = p.file, msg+o.viaProfile()
+	}
+	c.errs = append(c.errs, &Error{File: file, Line: p.line, Col: p.col, Field: field, Msg: msg})
 }
 
 // indexNames files every object under its kind and name. Of two objects
@@ -603,6 +628,8 @@ func (c *crossChecker) indexNames() {
 			m = c.volumes
 		case KindVM:
 			m = c.vms
+		case KindProfile:
+			m = c.profiles
 		}
 		first, ok := m[o.name]
 		if !ok {
@@ -834,6 +861,8 @@ func (o *object) origin() Origin {
 		return o.vm.Origin
 	case KindVolume:
 		return o.volume.Origin
+	case KindProfile:
+		return o.profile.Origin
 	}
 	return o.host.Origin
 }

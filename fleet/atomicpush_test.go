@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/testsupport/gittest"
@@ -64,7 +65,7 @@ func (e *env) signedAt(branch string, key trusttest.SSHKey) bool {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	_, err = s.Verify(sc)
+	_, err = s.Verify(sc, time.Now())
 	return err == nil
 }
 

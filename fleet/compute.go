@@ -45,8 +45,14 @@ type input struct {
 	statusOK bool
 	// unsigned are the hosts whose status may not ack deletes (its
 	// commit is not signed by the Host's spec.agentKey): their acks are
-	// reported as forged, never acted on.
+	// reported as forged, never acted on. signed are the hosts whose
+	// status commit that key signed.
 	unsigned map[string]ackRefusal
+	signed   map[string]bool
+	// ownEpoch is the highest epoch this controller's own history holds
+	// for a host (epochMemory): the fence recovery follows a status no
+	// signature vouches for no further (nil: no bound, for tests).
+	ownEpoch func(host string) uint64
 	// offline reports whether the controller has seen no change of host's
 	// status file for offlineAfter, and for how long.
 	offline func(host string) (bool, time.Duration)
@@ -67,9 +73,10 @@ type input struct {
 	// specHash returns the spec hash of a VM of the fleet.
 	specHash func(vm *desired.VM) desired.Hash
 	// verify checks the signatures of the commits the head brings (nil:
-	// verification off); an error wrapping trust.ErrSignature rejects the
-	// head, any other is git's.
-	verify func() error
+	// verification off) and returns when each commit checked was first
+	// seen, for the ledger; an error wrapping trust.ErrSignature rejects
+	// the head, any other is git's.
+	verify func() ([]snapshots.SeenCommit, error)
 	// controllerKeys are the keys whose snapshots commits the controller
 	// trusts (nil without a signing key): no Host's agentKey may be one.
 	controllerKeys *trust.Signers
@@ -136,6 +143,10 @@ type output struct {
 	// held is host → why its snapshot was not published this pass (an
 	// epoch at the bound); every other host published.
 	held map[string]string
+	// unfollowed is host → why the fence recovery did not follow its
+	// status's lastSeenEpoch (beyond this controller's own history, and
+	// no signature vouches for it); the host published as usual.
+	unfollowed map[string]string
 	// forgedAcks are the acks not acted on: their status commit is not
 	// signed by the Host's spec.agentKey.
 	forgedAcks []ForgedAck
@@ -173,7 +184,7 @@ func fileHash(data []byte) desired.Hash {
 // partial result: an error means nothing may be written.
 func compute(in input) (*output, error) {
 	p := &computePass{in: in, l: in.ledger.Clone()}
-	p.out = &output{ledger: p.l, files: map[string][]byte{}, published: map[string]uint64{}, fenceJumps: map[string]uint64{}, held: map[string]string{}}
+	p.out = &output{ledger: p.l, files: map[string][]byte{}, published: map[string]uint64{}, fenceJumps: map[string]uint64{}, held: map[string]string{}, unfollowed: map[string]string{}}
 	for _, s := range computeSteps() {
 		if err := s.run(p); err != nil {
 			return nil, err
@@ -282,12 +293,16 @@ func (p *computePass) ignoreUnknownHosts() error {
 // know (the snapshots branch was restored from an old copy): the host's
 // epoch jumps to it and its snapshot is forced out again. An agent fenced
 // at the ledger's own epoch (it accepted other content there) gets its
-// snapshot forced out at the next epoch. A jump beyond
-// snapshots.MaxAcceptedEpoch (no agent accepts such an epoch, so the
-// status is corrupt or forged) is not followed: that host is held, and
-// every other host publishes. A status not signed by its Host's agentKey
-// (in.unsigned) moves nothing: it is as forgeable as its acks, and one
-// just under the bound would otherwise hold the host for good.
+// snapshot forced out at the next epoch. A status not signed by its
+// Host's agentKey (in.unsigned) moves nothing: it is as forgeable as its
+// acks. One no agentKey signature vouches for (a Host without agentKey)
+// is followed only as far as this controller's own history goes
+// (in.ownEpoch: the epochs it published or read in a ledger it computed
+// on): anyone who can push to a host branch can write it, and one just
+// under the bound otherwise jumped the host there and held it for good.
+// A signed one is followed up to snapshots.MaxAcceptedEpoch; a jump
+// beyond (no agent accepts such an epoch, so the agent's state is corrupt)
+// is not followed: that host is held, and every other host publishes.
 func (p *computePass) recoverFence() error {
 	fenced := make([]string, 0, len(p.in.statuses))
 	for host := range p.in.statuses {
@@ -307,6 +322,9 @@ func (p *computePass) recoverFence() error {
 			rec.Hash = ""
 			p.out.fenceJumps[host] = st.LastSeenEpoch
 		case st.LastSeenEpoch <= rec.Epoch:
+		case !p.in.signed[host] && p.in.ownEpoch != nil && st.LastSeenEpoch > p.in.ownEpoch(host):
+			p.out.unfollowed[host] = fmt.Sprintf("host %s: its status (%s on %s) reports lastSeenEpoch %d, beyond %d, the highest epoch this controller published for it, and no agentKey signature vouches for it: not followed (anyone who can push to that branch can write it); if the agent really accepted it, give its Host an agentKey, or reset the agent's epoch (docs/DESIGN.md, \"Resetting an agent's epoch\")",
+				host, status.Path(host), status.HostBranch(host), st.LastSeenEpoch, p.in.ownEpoch(host))
 		case st.LastSeenEpoch > snapshots.MaxAcceptedEpoch:
 			p.out.held[host] = fmt.Errorf("%w: host %s: its status (%s on the status branch) reports lastSeenEpoch %d, above %d, the highest epoch an agent accepts: not followed, and the host's snapshot is held; correct or remove that status file, or reset the agent's epoch (docs/DESIGN.md, \"Resetting an agent's epoch\")",
 				ErrEpochBound, host, status.Path(host), st.LastSeenEpoch, snapshots.MaxAcceptedEpoch).Error()
@@ -327,7 +345,10 @@ func (p *computePass) verifySignatures() error {
 	if p.in.fleet == nil || p.in.verify == nil {
 		return nil
 	}
-	err := p.in.verify()
+	seen, err := p.in.verify()
+	if err == nil || errors.Is(err, trust.ErrSignature) {
+		p.l.SignaturesSeen = seen
+	}
 	if err == nil {
 		return nil
 	}

@@ -321,7 +321,9 @@ func (sc *scenario) input(num int, cfg passConfig) input {
 		return rng, false, nil
 	}
 	if cfg.SignatureError != "" {
-		in.verify = func() error { return fmt.Errorf("%w: %s", trust.ErrSignature, cfg.SignatureError) }
+		in.verify = func() ([]snapshots.SeenCommit, error) {
+			return nil, fmt.Errorf("%w: %s", trust.ErrSignature, cfg.SignatureError)
+		}
 	}
 	read := func(p string) ([]byte, error) {
 		data, ok := sc.tip[p]

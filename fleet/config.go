@@ -173,6 +173,9 @@ func New(cfg Config) (*Controller, error) {
 		hashes:     map[*desired.VM]desired.Hash{},
 		ignored:    map[string]bool{},
 		ledgerKeys: lkeys,
+		seen:       trust.NewFirstSeen(snapshots.MaxSignaturesSeen),
+		snapSeen:   trust.NewFirstSeen(maxSnapshotsSeen),
+		epochs:     openEpochMemory(cfg.CacheDir, cfg.Logger.WithField("component", "controller")),
 	}
 	for _, open := range []func() error{c.registerMetrics, c.openRepo, c.openTips} {
 		if err := open(); err != nil {

@@ -135,6 +135,17 @@ type Controller struct {
 	rangeVal         []*gitsource.Commit
 	rangeTrunc       bool
 	sigErr           error
+	// seen is when this controller first saw each desired-state commit
+	// whose signature it checks (or when a signed ledger says one was),
+	// sigSeen that record of the commits of the last verdict; snapSeen
+	// the same for snapshots commits (signseen.go).
+	seen, snapSeen *trust.FirstSeen
+	sigSeen        []snapshots.SeenCommit
+	// epochs is this controller's own history of epochs (epochMemory);
+	// unfollowedLogged the status epochs it logged as not followed, by
+	// host.
+	epochs           *epochMemory
+	unfollowedLogged map[string]string
 	// ignored are the hosts whose status was ignored and logged once
 	// (unknown to the desired state and the ledger).
 	ignored map[string]bool
@@ -198,6 +209,11 @@ type PassResult struct {
 	// Held is host → why its snapshot was not published (its epoch at the
 	// bound, see ErrEpochBound); every other host was.
 	Held map[string]string
+	// EpochsNotFollowed is host → why the fence recovery did not follow
+	// its status's lastSeenEpoch: beyond the epochs this controller
+	// published, with no agentKey signature to vouch for it
+	// (docs/DESIGN.md, "Epoch bounds"). The host published as usual.
+	EpochsNotFollowed map[string]string
 	// IgnoredStatuses lists the hosts whose status file was ignored: they
 	// are neither in the desired state nor in the ledger.
 	IgnoredStatuses []string
@@ -828,6 +844,7 @@ func (p *passState) editStatus(statusTip string, read func(string) ([]byte, erro
 // recordPublished records tip, the snapshots commit this process just
 // wrote, as holding the ledger l and the files l describes.
 func (c *Controller) recordPublished(tip string, l *snapshots.Ledger) {
+	c.epochs.note(l)
 	c.verifiedTip = tip
 	c.ledgerSrc = &ledgerSource{tip: tip, from: tip, ledger: l, read: func(p string) ([]byte, error) {
 		return c.tips.ReadFileMax(tip, p, snapshots.MaxSnapshotBytes)
@@ -835,6 +852,7 @@ func (c *Controller) recordPublished(tip string, l *snapshots.Ledger) {
 	if c.ledgerKeys != nil && tip != "" {
 		c.signedOnce = true
 		c.lastSigned = &signedLedger{commit: tip, ledger: l, repo: c.tips}
+		c.snapSeen.At(tip, c.clock()) // written now, by this controller
 	}
 	if c.history != nil {
 		// The walk's clone is read no more: the next pass reads the tip
@@ -884,12 +902,20 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 	if obs.err == nil {
 		unsigned = c.authenticate(fl, l, obs.reports, obs.hostTips)
 	}
+	signed := map[string]bool{}
+	for h, v := range c.ackVerdicts {
+		signed[h] = v.why == "" && !v.retry
+	}
+	if verify != nil { // a tip another wrote; read reads the commit whose ledger l is, bounded
+		c.observeBranchEpochs(read, obs.statuses, signed)
+	}
 	return input{
 		branch: c.cfg.Branch, head: desired.Hash(head), fleet: fl, loadErr: loadErr,
 		path:   c.cfg.Path,
-		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil, unsigned: unsigned,
-		offline: func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
-		now:     now, grace: c.cfg.AbandonGrace,
+		ledger: l, statuses: obs.statuses, statusOK: obs.err == nil, unsigned: unsigned, signed: signed,
+		ownEpoch: c.epochs.bound,
+		offline:  func(h string) (bool, time.Duration) { return c.live.offline(h, now) },
+		now:      now, grace: c.cfg.AbandonGrace,
 		attribute: func(refs []ref) (map[ref]snapshots.Tombstone, error) {
 			return attribute(c.repo, c.cfg.Path, string(l.Applied.Commit), head, refs)
 		},
@@ -908,7 +934,7 @@ func (c *Controller) input(head string, fl *desired.Fleet, loadErr error, obs ob
 			all, err := WithMergedCommits(c.repo, rng)
 			return all, truncated, err
 		},
-		verify:         c.verifier(l, head),
+		verify:         c.verifier(l, head, now, c.signedLedger()),
 		controllerKeys: c.ledgerKeys,
 		deletes:        DeleteGuard{Max: c.cfg.MaxDeletes},
 		desiredAt:      c.desiredAtFunc(),
@@ -1021,32 +1047,6 @@ func (c *Controller) appliedRange(l *snapshots.Ledger, head string) ([]*gitsourc
 	}
 	c.rangeKey, c.rangeVal, c.rangeTrunc = key, rng, truncated
 	return rng, truncated, nil
-}
-
-// verifier is compute's signature check of head over l's applied commit,
-// nil when verification is off. A verdict (accepted or refused) is kept
-// for the next pass on the same pair; a git error is not.
-func (c *Controller) verifier(l *snapshots.Ledger, head string) func() error {
-	if c.cfg.Verify == VerifyOff {
-		return nil
-	}
-	return func() error {
-		applied := string(l.AppliedHash())
-		key := applied + " " + head
-		if key == c.sigKey {
-			return c.sigErr
-		}
-		rng, truncated, err := c.appliedRange(l, head)
-		if err != nil {
-			return err
-		}
-		sigs := Signatures{Mode: c.cfg.Verify, Signers: c.cfg.Signers, Repo: c.repo}
-		err = sigs.VerifyFrom(c.repo, applied, head, rng, truncated)
-		if err == nil || errors.Is(err, trust.ErrSignature) {
-			c.sigKey, c.sigErr = key, err
-		}
-		return err
-	}
 }
 
 // readDesired fetches the desired branch and loads its tree. The error is
@@ -1254,6 +1254,7 @@ func (c *Controller) ledgerAt(ctx context.Context, tip string, read func(string)
 		return nil, err
 	}
 	c.ledgerSrc = src
+	c.epochs.note(src.ledger)
 	return src, nil
 }
 

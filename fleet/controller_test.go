@@ -460,14 +460,18 @@ func TestRestartNeverSweepsAtOnce(t *testing.T) {
 func TestFenceRecovery(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.pass()
-	// The agent saw epoch 50 on a snapshots branch since restored from an
-	// old copy.
-	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: 50})
+	old := e.snapshotsTip()
+	top := e.publishEpochs(3)
+	// The agent saw epoch top on a snapshots branch since restored from
+	// an old copy, its ledger at epoch 1: the controller published top
+	// itself, so it follows the agent's status back up.
+	e.resetSnapshots(old)
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: top})
 	res := e.pass()
-	if res.FenceJumps["hv-a"] != 50 || res.Published["hv-a"] != 51 {
-		t.Fatalf("result = %+v, want hv-a jumped to 50 and published at 51", res)
+	if res.FenceJumps["hv-a"] != top || res.Published["hv-a"] != top+1 {
+		t.Fatalf("result = %+v, want hv-a jumped to %d and published at %d", res, top, top+1)
 	}
-	if s := e.snapshot("hv-a"); s.Epoch != 51 {
+	if s := e.snapshot("hv-a"); s.Epoch != top+1 {
 		t.Fatalf("hv-a epoch = %d", s.Epoch)
 	}
 	if e.snapshot("hv-b").Epoch != 1 {
@@ -503,14 +507,17 @@ func TestFenceRecoveryAtTheSameEpoch(t *testing.T) {
 func TestFenceRecoveryWhileRejected(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.pass()
+	old := e.snapshotsTip()
+	top := e.publishEpochs(3)
+	e.resetSnapshots(old)
 	e.commit(gittest.Edit{Write: map[string]string{"vms/bad.yaml": "kind: nonsense\n"}})
-	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: 50})
-	if res := e.pass(); res.Rejected == nil || e.ledger().Hosts["hv-a"].Epoch != 50 {
+	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: top})
+	if res := e.pass(); res.Rejected == nil || e.ledger().Hosts["hv-a"].Epoch != top {
 		t.Fatalf("result = %+v, ledger epoch %d", res, e.ledger().Hosts["hv-a"].Epoch)
 	}
 	e.commit(gittest.Edit{Remove: []string{"vms/bad.yaml"}})
-	if res := e.pass(); res.Published["hv-a"] != 51 {
-		t.Fatalf("result = %+v, want hv-a published at 51", res)
+	if res := e.pass(); res.Published["hv-a"] != top+1 {
+		t.Fatalf("result = %+v, want hv-a published at %d", res, top+1)
 	}
 }
 

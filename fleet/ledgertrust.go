@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -117,10 +118,16 @@ type LedgerWalk struct {
 // WalkToSigned walks the first-parent history of repo from tip, newest
 // first, to the newest commit keys verify, reading at most MaxLedgerWalk
 // unsigned commits (docs/DESIGN.md, "Authentic ledger"). It is the one
-// walk the controller and `gitfleet plan` make. A commit it cannot read
-// is an error; a signature keys refuse (trust.ErrSignature) makes the
-// commit forged; an error of keys of another kind is returned as it is.
-func WalkToSigned(repo *gitsource.Repo, tip string, keys *trust.Signers) (LedgerWalk, error) {
+// walk the controller and `gitfleet plan` make. firstSeen returns when
+// the caller first saw a commit, the time a key's validity is judged at
+// (a controller key's valid-before in --controller-keys); nil judges each
+// at the current time. A commit it cannot read is an error; a signature
+// keys refuse (trust.ErrSignature) makes the commit forged; an error of
+// keys of another kind is returned as it is.
+func WalkToSigned(repo *gitsource.Repo, tip string, keys *trust.Signers, firstSeen func(commit string) time.Time) (LedgerWalk, error) {
+	if firstSeen == nil {
+		firstSeen = func(string) time.Time { return time.Now() }
+	}
 	var w LedgerWalk
 	err := repo.FirstParents(tip, func(cm *gitsource.Commit) (bool, error) {
 		if len(w.Forged) == MaxLedgerWalk {
@@ -131,7 +138,7 @@ func WalkToSigned(repo *gitsource.Repo, tip string, keys *trust.Signers) (Ledger
 		if err != nil {
 			return false, fmt.Errorf("read the signature of %s: %w", desired.Hash(cm.Hash).Short(), err)
 		}
-		_, verr := keys.Verify(sc)
+		_, verr := keys.Verify(sc, firstSeen(cm.Hash))
 		if verr == nil {
 			w.Signed = cm.Hash
 			return false, nil
@@ -190,7 +197,7 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 	if err != nil {
 		return nil, fmt.Errorf("read the signature of %s@%s: %w", c.cfg.SnapshotsBranch, desired.Hash(tip).Short(), err)
 	}
-	if _, verr := c.ledgerKeys.Verify(sc); verr == nil {
+	if _, verr := c.ledgerKeys.Verify(sc, c.snapSeen.At(tip, c.clock())); verr == nil {
 		if c.cfg.TrustUnsignedLedgerOnce != "" && !c.trustFlagIgnored {
 			c.trustFlagIgnored = true
 			c.log.WithField("commit", tip).Warn(TrustUnsignedLedgerOnceFlag + " is set but the snapshots tip is signed by a controller key: the flag does nothing; remove it")
@@ -209,7 +216,8 @@ func (c *Controller) authenticLedger(ctx context.Context, tip string, read func(
 	if err != nil {
 		return nil, err
 	}
-	walk, err := WalkToSigned(hist, tip, c.ledgerKeys)
+	now := c.clock()
+	walk, err := WalkToSigned(hist, tip, c.ledgerKeys, func(commit string) time.Time { return c.snapSeen.At(commit, now) })
 	if err != nil {
 		return nil, fmt.Errorf("walk %s back to a commit signed by a controller key: %w", c.cfg.SnapshotsBranch, err)
 	}

@@ -61,6 +61,7 @@ func (c *Controller) report(res *PassResult, o *output) {
 	c.logDeletes(o)
 	c.logSnapshots(o)
 	c.logForgeries(o)
+	c.reportUnfollowed(res, o)
 	c.reportIgnored(o.ignored)
 }
 

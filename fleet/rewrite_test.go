@@ -282,13 +282,18 @@ func TestDotSlashPathAttributesDeletes(t *testing.T) {
 
 // A status claiming an epoch beyond the highest an agent accepts (the
 // top of uint64, 2^53, or just above snapshots.MaxAcceptedEpoch) is never
-// followed, round to epoch 0 or otherwise: that host alone is held, and
-// every other host still publishes. Just at the bound is a legal jump.
+// followed, round to epoch 0 or otherwise. Signed by the Host's agentKey
+// (the agent's own state is corrupt), that host alone is held, and every
+// other host still publishes; unsigned, it is not followed at all (no
+// controller published such an epoch: docs/DESIGN.md, "Epoch bounds"),
+// and the host publishes. A signed status just at the bound is a legal
+// jump.
 func TestEpochJumpBeyondBoundHoldsOnlyThatHost(t *testing.T) {
-	e := newEnv(t, baseFleet())
+	files, _, signer := agentKeyFleet(t)
+	e := newEnv(t, files)
 	e.pass()
 	for i, seen := range []uint64{math.MaxUint64, MaxEpoch, snapshots.MaxAcceptedEpoch + 1} {
-		writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: uint64(i + 1), LastSeenEpoch: seen})
+		writeSignedStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: uint64(i + 1), LastSeenEpoch: seen}, signer)
 		e.commit(gittest.Edit{Write: map[string]string{"vms/db-01.yaml": vmYAML("db-01", "hv-b", 3+i, "db-data")}})
 		res := e.pass()
 		why := res.Held["hv-a"]
@@ -308,7 +313,15 @@ func TestEpochJumpBeyondBoundHoldsOnlyThatHost(t *testing.T) {
 			t.Fatalf("gitfleet_controller_hosts_held = %v", got)
 		}
 	}
-	writeStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: snapshots.MaxAcceptedEpoch - 1})
+	plain := newEnv(t, baseFleet())
+	plain.pass()
+	writeStatus(t, plain.url, &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: math.MaxUint64})
+	plain.commit(gittest.Edit{Write: map[string]string{"vms/web-01.yaml": vmYAML("web-01", "hv-a", 5)}})
+	if res := plain.pass(); len(res.Held) != 0 || res.Published["hv-a"] != 2 || res.EpochsNotFollowed["hv-a"] == "" {
+		t.Fatalf("an unsigned status beyond the bound: %+v", res)
+	}
+
+	writeSignedStatus(t, e.url, &status.Status{Host: "hv-a", Heartbeat: 9, LastSeenEpoch: snapshots.MaxAcceptedEpoch - 1}, signer)
 	if res := e.pass(); res.Published["hv-a"] != snapshots.MaxAcceptedEpoch || len(res.Held) != 0 {
 		t.Fatalf("result = %+v", res)
 	}

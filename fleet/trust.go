@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
@@ -119,6 +120,20 @@ type Signatures struct {
 	Repo    interface {
 		Signed(commit string) (*gitsource.SignedCommit, error)
 	}
+	// FirstSeen returns when the verifier first saw a commit: the time
+	// its key's validity (valid-after=, valid-before=, an OpenPGP
+	// expiry or revocation) is judged at, never the commit's own dates,
+	// which its signer writes. Nil judges every commit at the current
+	// time, as first seen now (`gitfleet plan` on a pull request).
+	FirstSeen func(commit string) time.Time
+}
+
+// at is when commit is judged.
+func (s Signatures) at(commit string) time.Time {
+	if s.FirstSeen == nil {
+		return time.Now()
+	}
+	return s.FirstSeen(commit)
 }
 
 // Verify checks the commits of rng (AppliedRange: newest first, rng[0] the
@@ -145,7 +160,7 @@ func (s Signatures) Verify(rng []*gitsource.Commit, truncated bool) error {
 		if err != nil {
 			return fmt.Errorf("read the signature of %s: %w", desired.Hash(check[i].Hash).Short(), err)
 		}
-		if _, err := s.Signers.Verify(c); err != nil {
+		if _, err := s.Signers.Verify(c, s.at(c.Hash)); err != nil {
 			where := "the head"
 			if i > 0 {
 				where = fmt.Sprintf("%d first-parent commit(s) below the head %s", i, desired.Hash(rng[0].Hash).Short())
@@ -186,7 +201,7 @@ func (s Signatures) VerifyFrom(h History, applied, head string, rng []*gitsource
 	if err != nil {
 		return fmt.Errorf("read the signature of %s: %w", desired.Hash(applied).Short(), err)
 	}
-	if _, err := s.Signers.Verify(c); err != nil {
+	if _, err := s.Signers.Verify(c, s.at(c.Hash)); err != nil {
 		return fmt.Errorf("%w (the commit the ledger names as applied, where the range checked starts; start the controller once with --verify-signatures=head over a signed head to start again from there; --verify-signatures=%s)", err, s.Mode)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
@@ -107,8 +108,12 @@ func TestSignedDesiredStateSSH(t *testing.T) {
 }
 
 func TestSignedDesiredStateOpenPGP(t *testing.T) {
-	ann := trusttest.NewGPGKey(t, "Ann <ann@example.com>")
-	eve := trusttest.NewGPGKey(t, "Eve <eve@example.com>")
+	// The keys are made, and sign, before the controller's clock reads:
+	// a key is valid from when it was made.
+	made := newEnv(t, nil).clock.Now().Add(-24 * time.Hour)
+	ann := trusttest.NewGPGKeyAt(t, "Ann <ann@example.com>", made, "never")
+	eve := trusttest.NewGPGKeyAt(t, "Eve <eve@example.com>", made, "never")
+	at := made.Add(time.Hour)
 	kr, err := trust.ParseKeyring("keyring.asc", []byte(ann.Armored))
 	if err != nil {
 		t.Fatal(err)
@@ -117,15 +122,15 @@ func TestSignedDesiredStateOpenPGP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newVerifyingEnv(t, VerifyHead, signers, ann.Sign())
+	e := newVerifyingEnv(t, VerifyHead, signers, ann.SignAt(at))
 	if res := e.pass(); res.Rejected != nil {
 		t.Fatalf("signed initial fleet: %v", res.Rejected)
 	}
-	byEve := e.commit(editWeb(3, eve.Sign()))
+	byEve := e.commit(editWeb(3, eve.SignAt(at)))
 	e.wantRejected(e.pass(), byEve, 2, desired.Hash(byEve).Short(), eve.Fingerprint, "not in the keyring")
 	unsigned := e.commit(editWeb(4, nil))
 	e.wantRejected(e.pass(), unsigned, 2, "carries no signature")
-	e.commit(editWeb(5, ann.Sign()))
+	e.commit(editWeb(5, ann.SignAt(at)))
 	if res := e.pass(); res.Rejected != nil || e.snapshot("hv-a").VM("web-01").Spec.VCPUs != 5 {
 		t.Fatalf("signed by the keyring's key: %+v", res)
 	}

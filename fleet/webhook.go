@@ -12,9 +12,14 @@ import (
 )
 
 // DefaultListen is the address the documentation suggests for the
-// controller's listener (webhooks, /metrics): loopback, behind a reverse
-// proxy for webhooks. The listener is off unless one is given.
-const DefaultListen = "127.0.0.1:9780"
+// controller's /metrics and /healthz, and DefaultWebhookListen for its
+// webhooks, on a listener of their own (a flood of slow webhook clients
+// must not starve the health check): loopback, behind a reverse proxy for
+// webhooks. Each listener is off unless an address is given.
+const (
+	DefaultListen        = "127.0.0.1:9780"
+	DefaultWebhookListen = "127.0.0.1:9782"
+)
 
 // maxHookBody bounds a webhook request body (bytes): GitHub sends push
 // payloads of up to 25 MB. The body is hashed as it streams in, never held

@@ -13,7 +13,12 @@ import (
 	gitssh "github.com/go-git/go-git/v5/plumbing/transport/ssh"
 
 	"github.com/gitfleet/gitfleet/internal/redact"
+	"github.com/gitfleet/gitfleet/internal/secretfile"
 )
+
+// maxSSHKeyFile bounds an ssh private key file (an RSA 16384-bit key is
+// about 13 kB).
+const maxSSHKeyFile = 64 << 10
 
 // method builds the go-git auth method for url: nil for local remotes and
 // for a network remote without credentials; HTTP basic auth (Token as the
@@ -57,8 +62,13 @@ func (a Auth) method(url string) (transport.AuthMethod, error) {
 		if user == "" {
 			user = "git"
 		}
-		// Password, when set, unlocks an encrypted key.
-		keys, err := gitssh.NewPublicKeysFromFile(user, a.SSHKeyFile, a.Password)
+		// Refused as ssh refuses an identity file (mode, owner, a
+		// symbolic link). Password, when set, unlocks an encrypted key.
+		pem, err := secretfile.Read(a.SSHKeyFile, "ssh key", "others can read the key that pushes to the repository", maxSSHKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		keys, err := gitssh.NewPublicKeys(user, pem, a.Password)
 		if err != nil {
 			return nil, fmt.Errorf("ssh key %s: %w", a.SSHKeyFile, err)
 		}

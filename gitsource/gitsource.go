@@ -15,7 +15,8 @@
 // refspec into its remote-tracking ref (+refs/heads/B:refs/remotes/origin/B).
 // Damage to the cache (a missing object, an empty or garbage ref file, a
 // truncated pack, a stale lock, a missing HEAD, a reference changed under us,
-// a shallow-history gap) is repaired by fetching again and, as the last
+// a shallow-history gap; a pack whose trailer its index does not record is
+// dropped at Open) is repaired by fetching again and, as the last
 // resort, by cloning the cache afresh (every tracked branch fetched back in
 // one fetch); it is never read as an empty tree. Fetch, FetchPrefix and
 // FetchAll share that one loop and repair.
@@ -146,8 +147,10 @@ type Options struct {
 	// URL of the remote: file://, a local path, http(s)://, ssh:// or scp-like.
 	URL string
 	// CacheDir holds the local bare clone; empty keeps it in memory. It must
-	// be absent, empty, or a cache a previous Open made: Open refuses any
-	// other non-empty directory, since a repair may delete the cache.
+	// be absent, empty, or a cache a previous Open made (holding HEAD,
+	// objects, refs or config): Open refuses any other non-empty
+	// directory, since a repair may delete the cache. Entries of a cache
+	// that are not git's are logged and kept, a repair included.
 	// One CacheDir belongs to one Repo (one process) at a time.
 	CacheDir string
 	Auth     Auth
@@ -413,17 +416,16 @@ func (r *Repo) openStorage(fresh bool) error {
 	// fetched pack is indexed in bounded memory (see diskStorage).
 	st := &diskStorage{dir: dir, maxSpill: r.opts.MaxSpill, goGits: map[plumbing.Hash]struct{}{}, Storage: filesystem.NewStorageWithOptions(osfs.New(dir), cache.NewObjectLRU(32*cache.MiByte),
 		filesystem.Options{MaxOpenDescriptors: 2 * maxPacks, LargeObjectThreshold: largeObject})}
-	if len(ents) == 0 {
+	if init, err := r.checkCacheDir(dir, ents, fresh); err != nil || init {
+		if err != nil {
+			return err
+		}
 		repo, err := git.Init(st, nil)
 		if err != nil {
 			return fmt.Errorf("init cache %s: %w", dir, err)
 		}
 		return r.adopt(st, repo, true)
 	}
-	if !isCache(ents) {
-		return fmt.Errorf("cache dir %s is neither empty nor a git cache", dir)
-	}
-	sweepLeftovers(dir, r.log)
 	damaged := func(err error) error {
 		_ = st.Close()
 		if fresh {
@@ -465,30 +467,19 @@ func isBareRepo(dir string) bool {
 	return true
 }
 
-// cacheNames are the names git and go-git keep at the top of a bare
-// repository.
-var cacheNames = map[string]bool{
-	"HEAD": true, "config": true, "description": true, "objects": true, "refs": true,
-	"packed-refs": true, "shallow": true, "hooks": true, "info": true, "branches": true,
-	"logs": true, "index": true, "FETCH_HEAD": true, "ORIG_HEAD": true,
-}
-
 // isCache reports whether the entries of a directory are those of a git
-// cache, maybe damaged (some missing, a lock file left behind), and of
-// nothing else: a directory holding anything more is never deleted.
+// cache, maybe damaged (some missing, a lock file left behind): it holds
+// HEAD, objects, refs or config. Anything else in it is a stray (see
+// strays), kept and ignored; a directory holding none of those names is
+// no cache, and is never deleted.
 func isCache(ents []os.DirEntry) bool {
-	core := false
 	for _, e := range ents {
-		name := e.Name()
-		switch {
-		case name == "HEAD" || name == "objects" || name == "refs" || name == "config":
-			core = true
-		case cacheNames[name], strings.HasSuffix(name, ".lock"):
-		default:
-			return false
+		switch e.Name() {
+		case "HEAD", "objects", "refs", "config":
+			return true
 		}
 	}
-	return core
+	return false
 }
 
 // sweepLeftovers removes what an interrupted git leaves in a cache: lock
@@ -567,7 +558,8 @@ func moveAsideFile(dir string, log *logrus.Entry) error {
 }
 
 // removeCache deletes a cache directory, refusing anything that does not look
-// like one.
+// like one; its strays are moved back into a new, otherwise empty
+// directory at the same path.
 func removeCache(dir string) error {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -581,6 +573,9 @@ func removeCache(dir string) error {
 	}
 	old := fmt.Sprintf("%s.old-%d", dir, time.Now().UnixNano())
 	if err := os.Rename(dir, old); err != nil {
+		return err
+	}
+	if err := keepStrays(old, dir, ents); err != nil {
 		return err
 	}
 	return os.RemoveAll(old)

@@ -3,7 +3,8 @@
 # (qemu-system-x86 and qemu-utils), busybox-static and a distribution kernel
 # package (the tiny test guest boots the host distribution's kernel),
 # mmdebstrap and e2fsprogs (the Debian test guest's image),
-# qemu-guest-agent (the guest agent's protocol tests), dnsmasq, nftables
+# qemu-guest-agent (the guest agent's protocol tests), restic, libnbd-bin,
+# openssh-server and rclone (backups and their tests), dnsmasq, nftables
 # and iproute2 for host networks, and systemd-container (systemd-nspawn, the
 # test of the shipped systemd units). Only
 # what is missing is installed; apt-get update runs at most once.
@@ -31,6 +32,14 @@ command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v qemu-ga >/dev/null || [ -x /usr/sbin/qemu-ga ] || need+=(qemu-guest-agent)
 command -v nft >/dev/null || need+=(nftables)
+# Backups: restic is the backup engine; nbdcopy (libnbd-bin) streams a
+# disk from QEMU's or qemu-nbd's NBD export to restic in order; sshd
+# (openssh-server) and rclone serve the sftp and REST repositories the
+# backup tests write to.
+command -v restic >/dev/null || need+=(restic)
+command -v nbdcopy >/dev/null || need+=(libnbd-bin)
+command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v rclone >/dev/null || need+=(rclone)
 # The systemd units' test boots a Debian tree (scripts/build-systemd-rootfs.sh,
 # mmdebstrap) under systemd-nspawn and drives it with nsenter (util-linux).
 command -v systemd-nspawn >/dev/null || need+=(systemd-container)

@@ -59,7 +59,25 @@ type Ledger struct {
 	// with a signing key adopted once (--trust-unsigned-ledger-once), and
 	// when (its clock); nil when none was.
 	Adopted *Adoption `yaml:"adopted,omitempty" json:"adopted,omitempty"`
+	// SignaturesSeen are the desired-state commits whose signature the
+	// controller checks (the applied commit, and in every mode those
+	// above it), each with when it first saw it (its clock): a key's
+	// validity is judged then, never at a commit date its signer writes
+	// (docs/DESIGN.md, "Signed desired state"). A controller acts on them
+	// only in a ledger a controller key signed. At most MaxSignaturesSeen,
+	// sorted by commit.
+	SignaturesSeen []SeenCommit `yaml:"signaturesSeen,omitempty" json:"signaturesSeen,omitempty"`
 }
+
+// SeenCommit is a commit and when a controller first saw it.
+type SeenCommit struct {
+	Commit desired.Hash `yaml:"commit" json:"commit"`
+	At     time.Time    `yaml:"at" json:"at"`
+}
+
+// MaxSignaturesSeen bounds Ledger.SignaturesSeen: the applied commit and
+// the 1,000 first-parent commits above it a controller verifies at most.
+const MaxSignaturesSeen = 1001
 
 // Adoption is an unsigned ledger adopted by a controller that signs.
 type Adoption struct {
@@ -257,6 +275,9 @@ func ParseLedger(data []byte) (*Ledger, error) {
 			return nil, fmt.Errorf("parse %s: retained[%d]: needs kind VM or Volume, name and host", LedgerPath, i)
 		}
 	}
+	if len(l.SignaturesSeen) > MaxSignaturesSeen {
+		return nil, fmt.Errorf("parse %s: signaturesSeen: %d commits, more than the %d a controller writes", LedgerPath, len(l.SignaturesSeen), MaxSignaturesSeen)
+	}
 	return l, nil
 }
 
@@ -315,6 +336,12 @@ func (l *Ledger) Marshal() ([]byte, error) {
 		sortByRef(l.Retained)
 		w.b.WriteString(",\n\"retained\": [")
 		w.lines(len(l.Retained), func(i int) { w.put(l.Retained[i]) })
+		w.b.WriteString("]")
+	}
+	if len(l.SignaturesSeen) > 0 {
+		sort.Slice(l.SignaturesSeen, func(i, j int) bool { return l.SignaturesSeen[i].Commit < l.SignaturesSeen[j].Commit })
+		w.b.WriteString(",\n\"signaturesSeen\": [")
+		w.lines(len(l.SignaturesSeen), func(i int) { w.put(l.SignaturesSeen[i]) })
 		w.b.WriteString("]")
 	}
 	w.b.WriteString("}\n")
@@ -401,6 +428,7 @@ func (l *Ledger) Clone() *Ledger {
 	}
 	c.ForgedAcks = append([]ForgedAckRecord(nil), l.ForgedAcks...)
 	c.ForgedCommits = append([]ForgedCommitRecord(nil), l.ForgedCommits...)
+	c.SignaturesSeen = append([]SeenCommit(nil), l.SignaturesSeen...)
 	c.Retained = make([]*RetainedRecord, len(l.Retained))
 	for i, r := range l.Retained {
 		rr := *r

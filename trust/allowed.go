@@ -21,8 +21,10 @@ type SSHSigner struct {
 	// (matchPatternList: * and ? wildcards, a !-negated pattern that
 	// matches refuses); nil means any. A commit is signed in "git".
 	Namespaces []string
-	// ValidAfter and ValidBefore bound the commit time at which a
-	// signature counts (valid-after=, valid-before=); zero means unbounded.
+	// ValidAfter and ValidBefore bound the time a signature counts at
+	// (valid-after=, valid-before=): the time the verifier first saw the
+	// commit (Signers.Verify), never the commit's own date, which its
+	// signer writes; zero means unbounded.
 	ValidAfter, ValidBefore time.Time
 	// File and Line say where the line is, for messages.
 	File string
@@ -151,19 +153,22 @@ func parseKeyTime(v string) (time.Time, error) {
 	return t, nil
 }
 
-// allows reports whether s may sign a commit made at when (its committer
-// time) in namespace.
-func (s SSHSigner) allows(namespace string, when time.Time) error {
+// allows reports whether s may sign in namespace a commit judged at when
+// (the time the verifier first saw it; Signers.Verify). A refusal for the
+// time wraps nothing but says which: kind is ErrKeyExpired past
+// valid-before, ErrKeyNotYetValid before valid-after, nil for the
+// namespace.
+func (s SSHSigner) allows(namespace string, when time.Time) (kind, err error) {
 	if s.Namespaces != nil && !matchPatternList(namespace, s.Namespaces) {
-		return fmt.Errorf("%s:%d allows namespaces %s, not %q", s.File, s.Line, strings.Join(s.Namespaces, ","), namespace)
+		return nil, fmt.Errorf("%s:%d allows namespaces %s, not %q", s.File, s.Line, strings.Join(s.Namespaces, ","), namespace)
 	}
 	if !s.ValidAfter.IsZero() && when.Before(s.ValidAfter) {
-		return fmt.Errorf("%s:%d is valid after %s; the commit is of %s", s.File, s.Line, s.ValidAfter.UTC().Format(time.RFC3339), when.UTC().Format(time.RFC3339))
+		return ErrKeyNotYetValid, fmt.Errorf("%s:%d is valid only after %s: not yet valid", s.File, s.Line, s.ValidAfter.UTC().Format(time.RFC3339))
 	}
 	if !s.ValidBefore.IsZero() && !when.Before(s.ValidBefore) {
-		return fmt.Errorf("%s:%d is valid before %s; the commit is of %s", s.File, s.Line, s.ValidBefore.UTC().Format(time.RFC3339), when.UTC().Format(time.RFC3339))
+		return ErrKeyExpired, fmt.Errorf("%s:%d is valid before %s: expired", s.File, s.Line, s.ValidBefore.UTC().Format(time.RFC3339))
 	}
-	return nil
+	return nil, nil
 }
 
 // matchPatternList reports whether name is allowed by patterns, as

@@ -9,7 +9,7 @@
 //
 //	s, err := trust.Load("/etc/gitfleet/allowed_signers", "/etc/gitfleet/keyring.asc")
 //	c, err := repo.Signed(head)          // gitsource: signature and signed payload
-//	signer, err := s.Verify(c)           // errors.Is(err, trust.ErrSignature): refuse the commit
+//	signer, err := s.Verify(c, firstSeen) // errors.Is(err, trust.ErrSignature): refuse the commit
 //
 // SSH signatures (git's gpg.format=ssh) are checked with
 // github.com/hiddeco/sshsig in git's namespace "git"; OpenPGP signatures
@@ -20,7 +20,15 @@
 // of an OpenPGP key are reported, not matched against the commit's author
 // or committer.
 //
+// A key's validity (an allowed-signers line's valid-after= and
+// valid-before=, an OpenPGP key's expiry and revocation) is judged at a
+// time the caller gives, one the signer cannot choose: when the caller
+// first saw the commit (a controller records it, see docs/DESIGN.md,
+// "Signed desired state"), never the commit's own dates, which its signer
+// writes. FirstSeen keeps such times for a caller.
+//
 // Every refusal wraps ErrSignature (and one of ErrUnsigned, ErrUnknownKey,
-// ErrBadSignature) and names the commit and the key. A Signers is read-only
-// after Load and safe for concurrent use.
+// ErrBadSignature, ErrKeyExpired, ErrKeyNotYetValid, ErrKeyRevoked) and
+// names the commit and the key. A Signers is read-only after Load and safe
+// for concurrent use.
 package trust

@@ -89,11 +89,11 @@ func TestCommitSignerGitVerifies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := sshSigners(t, ctl.AllowedSigner("gitfleet-controller")).Verify(c)
+	got, err := sshSigners(t, ctl.AllowedSigner("gitfleet-controller")).Verify(c, time.Now())
 	if err != nil || got.Who != "gitfleet-controller" || got.Key != signer.Fingerprint() {
 		t.Errorf("Verify = %+v, %v; want gitfleet-controller %s", got, err, signer.Fingerprint())
 	}
-	if _, err := sshSigners(t, eve.AllowedSigner("eve")).Verify(c); !errors.Is(err, trust.ErrUnknownKey) {
+	if _, err := sshSigners(t, eve.AllowedSigner("eve")).Verify(c, time.Now()); !errors.Is(err, trust.ErrUnknownKey) {
 		t.Errorf("Verify against another key: %v, want ErrUnknownKey", err)
 	}
 }
@@ -108,7 +108,7 @@ func TestUnsignedWriteIsUnsigned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sshSigners(t, ctl.AllowedSigner("c")).Verify(c); !errors.Is(err, trust.ErrUnsigned) {
+	if _, err := sshSigners(t, ctl.AllowedSigner("c")).Verify(c, time.Now()); !errors.Is(err, trust.ErrUnsigned) {
 		t.Errorf("Verify = %v, want ErrUnsigned", err)
 	}
 }
@@ -215,7 +215,7 @@ func BenchmarkSnapshotSignature(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, err := verifier.Verify(c); err != nil {
+			if _, err := verifier.Verify(c, time.Now()); err != nil {
 				b.Fatal(err)
 			}
 		}

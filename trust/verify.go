@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/ProtonMail/go-crypto/openpgp"
 	"github.com/ProtonMail/go-crypto/openpgp/armor"
@@ -26,11 +27,23 @@ var (
 	// ErrUnsigned: the commit carries no signature.
 	ErrUnsigned = fmt.Errorf("%w: unsigned", ErrSignature)
 	// ErrUnknownKey: the signing key is not on the allowed-signers list
-	// (or not allowed for git's namespace or at the commit's time).
+	// (or its lines do not allow git's namespace).
 	ErrUnknownKey = fmt.Errorf("%w: key not allowed", ErrSignature)
 	// ErrBadSignature: the signature does not verify, is malformed, is of
 	// an unsupported kind (X.509), or the commit carries several.
 	ErrBadSignature = fmt.Errorf("%w: bad signature", ErrSignature)
+	// ErrKeyExpired: the signature verifies, but the key was no longer
+	// valid at the time the commit is judged at: past its allowed-signers
+	// valid-before, its OpenPGP expiry, or its signature's.
+	ErrKeyExpired = fmt.Errorf("%w: key expired", ErrSignature)
+	// ErrKeyNotYetValid: the signature verifies, but the key was not yet
+	// valid at the time the commit is judged at (before its
+	// allowed-signers valid-after, or its OpenPGP creation).
+	ErrKeyNotYetValid = fmt.Errorf("%w: key not yet valid", ErrSignature)
+	// ErrKeyRevoked: the signature verifies, but the OpenPGP key was
+	// revoked at the time the commit is judged at (or is revoked as
+	// compromised, which counts at any time).
+	ErrKeyRevoked = fmt.Errorf("%w: key revoked", ErrSignature)
 )
 
 // gitNamespace is the namespace git signs commits in with SSH keys.
@@ -138,28 +151,50 @@ func ParseKeyring(name string, data []byte) (openpgp.EntityList, error) {
 	return out, nil
 }
 
-// Verify checks c's signature against the allowed keys. The error wraps
-// ErrUnsigned, ErrUnknownKey or ErrBadSignature (and so ErrSignature), and
-// names the commit and the key.
-func (s *Signers) Verify(c *gitsource.SignedCommit) (Signer, error) {
+// Verify checks c's signature against the allowed keys, judging the
+// key's validity (an allowed-signers line's valid-after= and
+// valid-before=, an OpenPGP key's creation, expiry and revocation, an
+// OpenPGP signature's expiry) at at: a time its signer cannot choose,
+// such as when the verifier first saw the commit. The commit's own dates
+// are the signer's to write and count for nothing: a retired key's
+// commit dated back before the key's bound is judged when it was first
+// seen. at must not be zero. The error wraps ErrUnsigned, ErrUnknownKey,
+// ErrBadSignature, ErrKeyExpired, ErrKeyNotYetValid or ErrKeyRevoked (and
+// so ErrSignature), and names the commit, the key and, for a key out of
+// its validity, its bound and at.
+func (s *Signers) Verify(c *gitsource.SignedCommit, at time.Time) (Signer, error) {
 	short := desired.Hash(c.Hash).Short()
 	sig := c.Signature
 	switch {
+	case at.IsZero():
+		return Signer{}, fmt.Errorf("verify commit %s: no time to judge its key's validity at", short)
 	case strings.TrimSpace(sig) == "":
 		return Signer{}, fmt.Errorf("%w: commit %s (%s) carries no signature", ErrUnsigned, short, c.Committer)
 	case strings.Count(sig, "-----BEGIN ") > 1:
 		// As git and go-git: a commit's provenance is one signer.
 		return Signer{}, fmt.Errorf("%w: commit %s carries several signatures", ErrBadSignature, short)
 	case strings.HasPrefix(sig, "-----BEGIN SSH SIGNATURE-----"):
-		return s.verifySSH(c, short)
+		return s.verifySSH(c, short, at)
 	case strings.HasPrefix(sig, "-----BEGIN PGP SIGNATURE-----"):
-		return s.verifyPGP(c, short)
+		return s.verifyPGP(c, short, at)
 	}
 	return Signer{}, fmt.Errorf("%w: commit %s: signature kind not supported (SSH and OpenPGP are; X.509 is not)", ErrBadSignature, short)
 }
 
-// verifySSH checks an SSH signature in git's namespace.
-func (s *Signers) verifySSH(c *gitsource.SignedCommit, short string) (Signer, error) {
+// seenAt is how a refusal names the time a commit is judged at, beside
+// its committer date, which is the signer's to choose.
+func seenAt(c *gitsource.SignedCommit, at time.Time) string {
+	s := "judged at " + at.UTC().Format(time.RFC3339) + ", when it was first seen"
+	if !c.CommitTime.IsZero() {
+		s += " (its committer date, " + c.CommitTime.UTC().Format(time.RFC3339) + ", is the signer's to write and does not count)"
+	}
+	return s
+}
+
+// verifySSH checks an SSH signature in git's namespace: first that it
+// verifies with the key it names, then that a line listing the key allows
+// git's namespace and at.
+func (s *Signers) verifySSH(c *gitsource.SignedCommit, short string, at time.Time) (Signer, error) {
 	sig, err := sshsig.Unarmor([]byte(c.Signature))
 	if err != nil {
 		return Signer{}, fmt.Errorf("%w: commit %s: SSH signature malformed: %v", ErrBadSignature, short, err)
@@ -168,24 +203,31 @@ func (s *Signers) verifySSH(c *gitsource.SignedCommit, short string) (Signer, er
 	if sig.Namespace != gitNamespace {
 		return Signer{}, fmt.Errorf("%w: commit %s: signed by %s in namespace %q, not git's %q", ErrBadSignature, short, fp, sig.Namespace, gitNamespace)
 	}
-	var why []string
+	var lines []SSHSigner
 	for _, a := range s.ssh {
-		if !bytes.Equal(a.Key.Marshal(), sig.PublicKey.Marshal()) {
-			continue
+		if bytes.Equal(a.Key.Marshal(), sig.PublicKey.Marshal()) {
+			lines = append(lines, a)
 		}
-		if err := a.allows(gitNamespace, c.CommitTime); err != nil {
-			why = append(why, err.Error())
-			continue
-		}
-		if err := sshsig.Verify(bytes.NewReader(c.Payload), sig, a.Key, sig.HashAlgorithm, gitNamespace); err != nil {
-			return Signer{}, fmt.Errorf("%w: commit %s: signature by %s (%s) does not verify: %v", ErrBadSignature, short, fp, a.Principals, err)
-		}
-		return Signer{Kind: "ssh", Key: a.Fingerprint(), Who: a.Principals}, nil
 	}
-	if len(why) > 0 {
-		return Signer{}, fmt.Errorf("%w: commit %s: signed by %s, which %s", ErrUnknownKey, short, fp, strings.Join(why, "; "))
+	if len(lines) == 0 {
+		return Signer{}, fmt.Errorf("%w: commit %s: signed by %s, which is not on the allowed-signers list", ErrUnknownKey, short, fp)
 	}
-	return Signer{}, fmt.Errorf("%w: commit %s: signed by %s, which is not on the allowed-signers list", ErrUnknownKey, short, fp)
+	if err := sshsig.Verify(bytes.NewReader(c.Payload), sig, lines[0].Key, sig.HashAlgorithm, gitNamespace); err != nil {
+		return Signer{}, fmt.Errorf("%w: commit %s: signature by %s (%s) does not verify: %v", ErrBadSignature, short, fp, lines[0].Principals, err)
+	}
+	var why []string
+	refusal := ErrUnknownKey
+	for _, a := range lines {
+		kind, err := a.allows(gitNamespace, at)
+		if err == nil {
+			return Signer{Kind: "ssh", Key: a.Fingerprint(), Who: a.Principals}, nil
+		}
+		why = append(why, err.Error())
+		if kind != nil && (refusal == ErrUnknownKey || kind == ErrKeyExpired) {
+			refusal = kind
+		}
+	}
+	return Signer{}, fmt.Errorf("%w: commit %s: signed by %s, which %s; %s", refusal, short, fp, strings.Join(why, "; "), seenAt(c, at))
 }
 
 func fingerprintOf(sig *sshsig.Signature) string {
@@ -195,17 +237,35 @@ func fingerprintOf(sig *sshsig.Signature) string {
 	return sig.PublicKey.Type() + " " + ssh.FingerprintSHA256(sig.PublicKey)
 }
 
-// verifyPGP checks an armored OpenPGP detached signature.
-func (s *Signers) verifyPGP(c *gitsource.SignedCommit, short string) (Signer, error) {
-	issuer := pgpIssuer(c.Signature)
+// maxClockSkew is how far after the time a commit is judged at its
+// OpenPGP signature may say it was made and still be judged at that
+// creation time instead (a signer's clock a little ahead; judged later, a
+// key is only more likely expired or revoked). A signature made further
+// ahead is judged at the time given, where it counts as made in the
+// future: expired.
+const maxClockSkew = 10 * time.Minute
+
+// verifyPGP checks an armored OpenPGP detached signature, with the key's
+// validity judged at at (see maxClockSkew).
+func (s *Signers) verifyPGP(c *gitsource.SignedCommit, short string, at time.Time) (Signer, error) {
+	issuer, created := pgpIssuer(c.Signature)
 	if len(s.pgp) == 0 {
 		return Signer{}, fmt.Errorf("%w: commit %s: signed by OpenPGP key %s; no OpenPGP keyring is configured", ErrUnknownKey, short, issuer)
 	}
-	e, err := openpgp.CheckArmoredDetachedSignature(s.pgp, bytes.NewReader(c.Payload), strings.NewReader(c.Signature), nil)
-	if errors.Is(err, pgperrors.ErrUnknownIssuer) {
-		return Signer{}, fmt.Errorf("%w: commit %s: signed by OpenPGP key %s, which is not in the keyring", ErrUnknownKey, short, issuer)
+	judge := at
+	if created.After(at) && created.Sub(at) <= maxClockSkew {
+		judge = created
 	}
-	if err != nil {
+	cfg := &packet.Config{Time: func() time.Time { return judge }}
+	e, err := openpgp.CheckArmoredDetachedSignature(s.pgp, bytes.NewReader(c.Payload), strings.NewReader(c.Signature), cfg)
+	switch {
+	case errors.Is(err, pgperrors.ErrUnknownIssuer):
+		return Signer{}, fmt.Errorf("%w: commit %s: signed by OpenPGP key %s, which is not in the keyring", ErrUnknownKey, short, issuer)
+	case e != nil && (errors.Is(err, pgperrors.ErrKeyExpired) || errors.Is(err, pgperrors.ErrSignatureExpired) || errors.Is(err, pgperrors.ErrKeyRevoked)):
+		// The signature verified: go-crypto returns the signer with the
+		// refusal of its validity.
+		return Signer{}, pgpValidity(err, e, short, issuer, created, judge, seenAt(c, at))
+	case err != nil:
 		return Signer{}, fmt.Errorf("%w: commit %s: signature by OpenPGP key %s does not verify: %v", ErrBadSignature, short, issuer, err)
 	}
 	who := ""
@@ -217,27 +277,50 @@ func (s *Signers) verifyPGP(c *gitsource.SignedCommit, short string) (Signer, er
 	return Signer{Kind: "openpgp", Key: strings.ToUpper(fmt.Sprintf("%x", e.PrimaryKey.Fingerprint)), Who: who}, nil
 }
 
-// pgpIssuer names the key an armored signature says it was made with: its
-// issuer fingerprint, else its key ID, else "(unknown)".
-func pgpIssuer(armored string) string {
+// pgpValidity is the refusal of a verified OpenPGP signature whose key or
+// signature was not valid at judge: expired, not yet valid (a key made
+// after judge) or revoked, with the bound where the key says it.
+func pgpValidity(err error, e *openpgp.Entity, short, issuer string, created, judge time.Time, seen string) error {
+	if errors.Is(err, pgperrors.ErrKeyRevoked) {
+		return fmt.Errorf("%w: commit %s: signed by OpenPGP key %s, which was revoked; %s", ErrKeyRevoked, short, issuer, seen)
+	}
+	if e.PrimaryKey.CreationTime.After(judge) {
+		return fmt.Errorf("%w: commit %s: signed by OpenPGP key %s, made only at %s; %s", ErrKeyNotYetValid, short, issuer, e.PrimaryKey.CreationTime.UTC().Format(time.RFC3339), seen)
+	}
+	what := "whose key expired"
+	if errors.Is(err, pgperrors.ErrSignatureExpired) && created.After(judge) {
+		what = "whose signature says it was made at " + created.UTC().Format(time.RFC3339) + ", after the commit was first seen"
+	} else if errors.Is(err, pgperrors.ErrSignatureExpired) {
+		what = "whose signature (made " + created.UTC().Format(time.RFC3339) + ") expired"
+	} else if self, _ := e.PrimarySelfSignature(); self != nil && self.KeyLifetimeSecs != nil && *self.KeyLifetimeSecs > 0 {
+		end := e.PrimaryKey.CreationTime.Add(time.Duration(*self.KeyLifetimeSecs) * time.Second)
+		what = "whose key expired at " + end.UTC().Format(time.RFC3339)
+	}
+	return fmt.Errorf("%w: commit %s: signed by OpenPGP key %s, %s; %s", ErrKeyExpired, short, issuer, what, seen)
+}
+
+// pgpIssuer names the key an armored signature says it was made with
+// (its issuer fingerprint, else its key ID, else "(unknown)") and the
+// signature's creation time (zero when unreadable).
+func pgpIssuer(armored string) (string, time.Time) {
 	block, err := armor.Decode(strings.NewReader(armored))
 	if err != nil {
-		return "(unreadable)"
+		return "(unreadable)", time.Time{}
 	}
 	p, err := packet.Read(block.Body)
 	if err != nil {
-		return "(unreadable)"
+		return "(unreadable)", time.Time{}
 	}
 	sig, ok := p.(*packet.Signature)
 	switch {
 	case !ok:
-		return "(unknown)"
+		return "(unknown)", time.Time{}
 	case len(sig.IssuerFingerprint) > 0:
-		return strings.ToUpper(fmt.Sprintf("%x", sig.IssuerFingerprint))
+		return strings.ToUpper(fmt.Sprintf("%x", sig.IssuerFingerprint)), sig.CreationTime
 	case sig.IssuerKeyId != nil:
-		return fmt.Sprintf("%016X", *sig.IssuerKeyId)
+		return fmt.Sprintf("%016X", *sig.IssuerKeyId), sig.CreationTime
 	}
-	return "(unknown)"
+	return "(unknown)", sig.CreationTime
 }
 
 // Len is the number of keys: SSH keys and OpenPGP keys together.

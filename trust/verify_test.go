@@ -116,7 +116,7 @@ func TestVerifySSHCommits(t *testing.T) {
 	allowed := sshSigners(t, "# the fleet's maintainers\nann@example.com "+ann.Public+"\n")
 
 	signed := w.commit(ann.Sign())
-	got, err := allowed.Verify(signed)
+	got, err := allowed.Verify(signed, time.Now())
 	if err != nil {
 		t.Fatalf("commit signed by an allowed key: %v", err)
 	}
@@ -125,13 +125,13 @@ func TestVerifySSHCommits(t *testing.T) {
 	}
 
 	unsigned := w.commit(nil)
-	_, err = allowed.Verify(unsigned)
+	_, err = allowed.Verify(unsigned, time.Now())
 	if !errors.Is(err, trust.ErrUnsigned) || !strings.Contains(err.Error(), desiredShort(unsigned.Hash)) {
 		t.Errorf("unsigned commit: %v, want ErrUnsigned naming the commit", err)
 	}
 
 	byEve := w.commit(eve.Sign())
-	_, err = allowed.Verify(byEve)
+	_, err = allowed.Verify(byEve, time.Now())
 	if !errors.Is(err, trust.ErrUnknownKey) || !errors.Is(err, trust.ErrSignature) {
 		t.Fatalf("commit signed by an unknown key: %v, want ErrUnknownKey", err)
 	}
@@ -144,7 +144,7 @@ func TestVerifySSHCommits(t *testing.T) {
 	forged := *signed
 	forged.Payload = append([]byte(nil), signed.Payload...)
 	forged.Payload[len(forged.Payload)-2] ^= 1
-	if _, err := allowed.Verify(&forged); !errors.Is(err, trust.ErrBadSignature) {
+	if _, err := allowed.Verify(&forged, time.Now()); !errors.Is(err, trust.ErrBadSignature) {
 		t.Errorf("altered payload: %v, want ErrBadSignature", err)
 	}
 }
@@ -172,12 +172,19 @@ func TestVerifySSHRestrictions(t *testing.T) {
 		{"quoted principals", `"ann@example.com,bob@example.com" ` + ann.Public, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := sshSigners(t, tc.line).Verify(c)
+			_, err := sshSigners(t, tc.line).Verify(c, time.Now())
 			if tc.ok && err != nil {
 				t.Fatalf("want accepted: %v", err)
 			}
-			if !tc.ok && !errors.Is(err, trust.ErrUnknownKey) {
-				t.Fatalf("want ErrUnknownKey, got %v", err)
+			want := trust.ErrUnknownKey
+			switch {
+			case strings.Contains(tc.line, "valid-after"):
+				want = trust.ErrKeyNotYetValid
+			case strings.Contains(tc.line, "valid-before"):
+				want = trust.ErrKeyExpired
+			}
+			if !tc.ok && !errors.Is(err, want) {
+				t.Fatalf("want %v, got %v", want, err)
 			}
 		})
 	}
@@ -213,7 +220,7 @@ func TestVerifyOpenPGPCommits(t *testing.T) {
 	allowed := pgpSigners(t, ann.Armored)
 
 	signed := w.commit(ann.Sign())
-	got, err := allowed.Verify(signed)
+	got, err := allowed.Verify(signed, time.Now())
 	if err != nil {
 		t.Fatalf("commit signed by a key in the keyring: %v", err)
 	}
@@ -222,21 +229,21 @@ func TestVerifyOpenPGPCommits(t *testing.T) {
 	}
 
 	byEve := w.commit(eve.Sign())
-	_, err = allowed.Verify(byEve)
+	_, err = allowed.Verify(byEve, time.Now())
 	if !errors.Is(err, trust.ErrUnknownKey) || !strings.Contains(err.Error(), eve.Fingerprint) {
 		t.Errorf("commit by a key outside the keyring: %v, want ErrUnknownKey naming %s", err, eve.Fingerprint)
 	}
-	if _, err := allowed.Verify(w.commit(nil)); !errors.Is(err, trust.ErrUnsigned) {
+	if _, err := allowed.Verify(w.commit(nil), time.Now()); !errors.Is(err, trust.ErrUnsigned) {
 		t.Errorf("unsigned: %v", err)
 	}
 	// An SSH-only list refuses an OpenPGP signature as an unknown key.
 	ssh := sshSigners(t, "ann "+trusttest.NewSSHKey(t, "ann").Public)
-	if _, err := ssh.Verify(signed); !errors.Is(err, trust.ErrUnknownKey) {
+	if _, err := ssh.Verify(signed, time.Now()); !errors.Is(err, trust.ErrUnknownKey) {
 		t.Errorf("OpenPGP signature against SSH keys only: %v", err)
 	}
 	// A keyring of two armored blocks holds both keys.
 	both := pgpSigners(t, ann.Armored+eve.Armored)
-	if _, err := both.Verify(byEve); err != nil {
+	if _, err := both.Verify(byEve, time.Now()); err != nil {
 		t.Errorf("keyring of two blocks: %v", err)
 	}
 }
@@ -290,7 +297,7 @@ func BenchmarkVerify(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := s.Verify(c); err != nil {
+				if _, err := s.Verify(c, time.Now()); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -434,6 +434,9 @@ func (p *Provisioner) Destroy(ctx context.Context, name string) error {
 			return err
 		}
 	}
+	if err := p.dropSnapshot(st); err != nil {
+		return err
+	}
 	for _, f := range ownedFiles {
 		if err := os.RemoveAll(st.path(f)); err != nil {
 			return fmt.Errorf("remove %s: %w", f, err)

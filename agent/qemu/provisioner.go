@@ -21,6 +21,11 @@
 //	qemu.log     QEMU's own stdout and stderr (FailureReason's source)
 //	ssh-port     the forwarded SSH port on 127.0.0.1, kept across restarts
 //	network.json the host network the NIC is on (absent on user-mode networking)
+//	backup-snapshot.json, backup-fleece-N.raw, backup-nbd.sock
+//	             a disk snapshot held for a backup (fleece.go)
+//	root.qcow2.before-restore-<unix time>
+//	             a root disk a restore replaced (diskio.go); Destroy leaves it,
+//	             for an operator to remove once the restore is proven
 //
 // Destroy removes exactly these files and nothing else; volumes are never
 // touched. Downloaded artifacts live in Config.CacheDir as <sha256>; root
@@ -79,7 +84,7 @@ const (
 var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
 	PidFile, QMPSocket, SerialLog, SerialLogOld, SerialLogOld + ".partial", SerialSocket, ConsoleLock, QEMULog, PortFile, NetFile, NetFile + ".partial",
-	QGASocket, ReadyFile, ReadyFile + ".partial",
+	QGASocket, ReadyFile, ReadyFile + ".partial", SnapshotMarker, NBDSocket,
 }
 
 // Config configures the QEMU backend. Zero values take the defaults given.
@@ -205,6 +210,9 @@ type vmState struct {
 	qgaMu sync.Mutex
 	// guestAddr is the address the guest agent last reported (qga.go).
 	guestAddr guestAddr
+	// snap is the disk snapshot held for a backup (fleece.go), nil when
+	// none; guarded by mu.
+	snap *heldSnapshot
 }
 
 var (
@@ -371,6 +379,7 @@ func (p *Provisioner) state(name, dir string) *vmState {
 		}
 		st = &vmState{name: name, dir: dir}
 		p.machines[name] = st
+		p.sweepAtStart(st)
 	}
 	if dir != "" && st.dir != dir {
 		st.dir = dir

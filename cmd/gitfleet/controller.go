@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sirupsen/logrus"
@@ -37,9 +39,10 @@ README.md as the fleet summary and a copy of every host's status.
 
 It runs a pass at once, then every --interval (jittered), whenever the
 repository moves, on SIGHUP (gitfleet reconcile controller, systemctl
-reload), and on a signed push webhook (--listen serves
+reload), and on a signed push webhook (--webhook-listen serves
 POST /hooks/github, /hooks/gitea, /hooks/gitlab with the secret from
---webhook-secret or GITFLEET_WEBHOOK_SECRET, and GET /metrics).
+--webhook-secret or GITFLEET_WEBHOOK_SECRET; --listen serves GET /metrics
+and /healthz, apart, so no flood of webhook clients starves them).
 
 The desired, snapshots and status branches must be three different
 branches, and --path a directory inside the repository ("./fleet", "fleet/"
@@ -147,43 +150,95 @@ func controllerOnce(ctx context.Context, ctl *fleet.Controller, out io.Writer) e
 	return nil
 }
 
-// runController serves the webhooks and metrics when c.Listen is set and
-// runs the controller's loop until ctx ends.
+// runController serves /metrics and /healthz when c.Listen is set, the
+// webhooks when c.WebhookListen is, and runs the controller's loop until
+// ctx ends.
 func runController(ctx context.Context, ctl *fleet.Controller, c *config.Controller, log *logrus.Logger) error {
-	if c.Listen != "" {
-		srv, err := serveHTTP(ctl, c, log)
-		if err != nil {
-			return err
-		}
-		defer srv.Shutdown(context.Background())
+	srv, err := serveHTTP(ctl, c, log)
+	if err != nil {
+		return err
 	}
+	defer srv.Shutdown(context.Background())
 	onReconcileSignal(ctx, ctl.Kick)
-	err := ctl.Run(ctx, c.Interval)
+	err = ctl.Run(ctx, c.Interval)
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
 }
 
-// serveHTTP serves the webhooks, /metrics and /healthz on c.Listen.
-func serveHTTP(ctl *fleet.Controller, c *config.Controller, log *logrus.Logger) (*httpserve.Server, error) {
-	if c.WebhookSecret == "" {
-		log.Warn("no webhook secret: /hooks/* refuse every request")
+// listeners are the controller's HTTP servers: /metrics and /healthz on
+// one, the webhooks on another, each with its own caps (httpserve), so a
+// flood of slow webhook clients never keeps the health check from
+// answering. Either may be nil (not configured).
+type listeners struct {
+	ops, hooks *httpserve.Server
+}
+
+// Shutdown stops both.
+func (l *listeners) Shutdown(ctx context.Context) {
+	for _, s := range []*httpserve.Server{l.ops, l.hooks} {
+		if s != nil {
+			_ = s.Shutdown(ctx)
+		}
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/hooks/", fleet.WebhookHandler([]byte(c.WebhookSecret), ctl.Kick))
-	mux.Handle("/metrics", promhttp.HandlerFor(ctl.Registry(), promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", ctl.Healthz)
-	ln, err := net.Listen("tcp", c.Listen)
+}
+
+// webhookOptions bound the webhook listener: a push webhook is one short
+// request, so fewer connections, fewer per client (behind a reverse proxy,
+// the proxy is the one client) and a short wait for headers.
+var webhookOptions = httpserve.Options{MaxConns: 64, MaxConnsPerClient: 16, ReadHeaderTimeout: 5 * time.Second}
+
+// serveHTTP serves /metrics and /healthz on c.Listen and the webhooks on
+// c.WebhookListen (each when set). /hooks/* on c.Listen answers 404,
+// naming --webhook-listen, so a reverse proxy still pointed there says
+// why.
+func serveHTTP(ctl *fleet.Controller, c *config.Controller, log *logrus.Logger) (*listeners, error) {
+	l := &listeners{}
+	if c.Listen != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(ctl.Registry(), promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", ctl.Healthz)
+		var warned atomic.Bool
+		mux.HandleFunc("/hooks/", func(w http.ResponseWriter, _ *http.Request) {
+			if !warned.Swap(true) {
+				log.Warn("a webhook came to --listen, which serves only /metrics and /healthz: serve webhooks with --webhook-listen (and point the reverse proxy there)")
+			}
+			http.Error(w, "webhooks are served on the controller's --webhook-listen address", http.StatusNotFound)
+		})
+		srv, err := listen("--listen", c.Listen, mux, httpserve.Options{}, log)
+		if err != nil {
+			return nil, err
+		}
+		l.ops = srv
+		log.WithField("addr", srv.Addr().String()).Info("serving /metrics and /healthz")
+	}
+	if c.WebhookListen != "" {
+		if c.WebhookSecret == "" {
+			log.Warn("no webhook secret: /hooks/* refuse every request")
+		}
+		srv, err := listen("--webhook-listen", c.WebhookListen, fleet.WebhookHandler([]byte(c.WebhookSecret), ctl.Kick), webhookOptions, log)
+		if err != nil {
+			l.Shutdown(context.Background())
+			return nil, err
+		}
+		l.hooks = srv
+		log.WithField("addr", srv.Addr().String()).Info("serving webhooks")
+	}
+	return l, nil
+}
+
+// listen serves h on addr (flag names it in errors) under opts.
+func listen(flag, addr string, h http.Handler, opts httpserve.Options, log *logrus.Logger) (*httpserve.Server, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, &exitError{code: 2, err: fmt.Errorf("--listen %s: %w", c.Listen, err)}
+		return nil, &exitError{code: 2, err: fmt.Errorf("%s %s: %w", flag, addr, err)}
 	}
-	srv := httpserve.NewServer(ln, mux, httpserve.Options{})
+	srv := httpserve.NewServer(ln, h, opts)
 	go func() {
 		if err := srv.Serve(); err != nil {
-			log.WithError(err).Error("http server")
+			log.WithError(err).WithField("addr", addr).Error("http server")
 		}
 	}()
-	log.WithField("addr", ln.Addr().String()).Info("serving webhooks, /metrics and /healthz")
 	return srv, nil
 }

@@ -38,7 +38,7 @@ func readControllerLedger(ctx context.Context, repo *gitsource.Repo, branch stri
 	if tip == "" || keys == nil {
 		return controllerLedger{ledger: l, tip: tip}, err
 	}
-	walk, werr := fleet.WalkToSigned(repo, tip, keys)
+	walk, werr := fleet.WalkToSigned(repo, tip, keys, nil)
 	if werr != nil {
 		return controllerLedger{tip: tip}, fmt.Errorf("walk %s back to a commit signed by a controller key: %w", branch, werr)
 	}

@@ -45,13 +45,15 @@ relative to the current directory) or could not be read, 2 for usage errors.
 
 // validateReport is the --format json output of validate.
 type validateReport struct {
-	Dir     string           `json:"dir"`
-	Valid   bool             `json:"valid"`
-	Objects int              `json:"objects"`
-	VMs     int              `json:"vms"`
-	Volumes int              `json:"volumes"`
-	Hosts   int              `json:"hosts"`
-	Errors  []*desired.Error `json:"errors"`
+	Dir     string `json:"dir"`
+	Valid   bool   `json:"valid"`
+	Objects int    `json:"objects"`
+	VMs     int    `json:"vms"`
+	Volumes int    `json:"volumes"`
+	Hosts   int    `json:"hosts"`
+	// Profiles are counted in Objects too: they are object files, on no host.
+	Profiles int              `json:"profiles"`
+	Errors   []*desired.Error `json:"errors"`
 	// Warnings flag what validates but deserves a reviewer's eye: file://
 	// artifact URLs, which name paths on the host.
 	Warnings []string `json:"warnings,omitempty"`
@@ -81,8 +83,8 @@ func runValidate(out io.Writer, dir, format string) error {
 	switch {
 	case err == nil:
 		rep.Valid = true
-		rep.VMs, rep.Volumes, rep.Hosts = len(fleet.VMs), len(fleet.Volumes), len(fleet.Hosts)
-		rep.Objects = rep.VMs + rep.Volumes + rep.Hosts
+		rep.VMs, rep.Volumes, rep.Hosts, rep.Profiles = len(fleet.VMs), len(fleet.Volumes), len(fleet.Hosts), len(fleet.Profiles)
+		rep.Objects = rep.VMs + rep.Volumes + rep.Hosts + rep.Profiles
 		rep.Warnings = fleet.FileURLWarnings()
 	case errors.As(err, &list):
 		rep.Errors = list
@@ -117,10 +119,15 @@ func runValidate(out io.Writer, dir, format string) error {
 }
 
 // summary is the one line validate prints for a valid fleet, such as
-// "12 objects: 8 VMs, 2 volumes, 2 hosts".
+// "12 objects: 8 VMs, 2 volumes, 2 hosts" (and ", 1 profile" when the
+// fleet has profiles).
 func summary(r validateReport) string {
-	return fmt.Sprintf("%s: %s, %s, %s", plural(r.Objects, "object", "objects"),
+	s := fmt.Sprintf("%s: %s, %s, %s", plural(r.Objects, "object", "objects"),
 		plural(r.VMs, "VM", "VMs"), plural(r.Volumes, "volume", "volumes"), plural(r.Hosts, "host", "hosts"))
+	if r.Profiles > 0 {
+		s += ", " + plural(r.Profiles, "profile", "profiles")
+	}
+	return s
 }
 
 func plural(n int, one, many string) string {

@@ -53,7 +53,7 @@ func testVM(name string, vcpus string) string {
 
 func TestValidateExamplesFleet(t *testing.T) {
 	code, out := runCLI(t, "validate", filepath.Join("..", "..", "examples", "fleet"))
-	if code != 0 || out != "7 objects: 4 VMs, 1 volume, 2 hosts\n" {
+	if code != 0 || out != "8 objects: 4 VMs, 1 volume, 2 hosts, 1 profile\n" {
 		t.Fatalf("exit %d, output %q", code, out)
 	}
 }

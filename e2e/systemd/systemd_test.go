@@ -277,6 +277,20 @@ func TestSystemdAgentUnit(t *testing.T) {
 	f.waitFor("the controller (in its unit) publishes the snapshot", func() (bool, string) {
 		return f.snapshot() != nil, "no snapshot for " + host
 	})
+	// Its sandbox is as tight as docs/DESIGN.md says, and under it the
+	// controller answers /healthz on its listener and takes a reload.
+	out = s.sh("systemd-analyze security --no-pager gitfleet-controller.service")
+	m = regexp.MustCompile(`Overall exposure level for gitfleet-controller.service: ([0-9.]+)`).FindStringSubmatch(out)
+	require.NotNil(t, m, "systemd-analyze security: %s", out)
+	exposure, err = strconv.ParseFloat(m[1], 64)
+	require.NoError(t, err)
+	t.Logf("systemd-analyze security: controller exposure %.1f", exposure)
+	assert.LessOrEqual(t, exposure, 2.0, "the controller unit's exposure grew past what docs/DESIGN.md states")
+	health, err := s.m.Exec(ctx, "bash", "-c", `exec 3<>/dev/tcp/127.0.0.1/9780 && printf 'GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n' >&3 && cat <&3`)
+	require.NoError(t, err)
+	assert.Contains(t, string(health), "200 OK", "the sandboxed controller's /healthz")
+	s.timed("systemctl", "reload", "gitfleet-controller")
+	assert.Equal(t, "active", s.show("gitfleet-controller", "ActiveState")["ActiveState"], "the controller after a reload")
 
 	// Start: with Type=notify, `systemctl start` returns once the agent
 	// sent READY=1; active is entered then, after the process started.

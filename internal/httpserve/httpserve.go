@@ -1,7 +1,10 @@
 // Package httpserve is the HTTP server of gitfleet's listeners (the
-// controller's webhooks and /metrics, the agent's /metrics and /healthz):
-// an http.Server with every timeout set and a cap on connections, so slow
-// or idle clients cannot hold the process's file descriptors.
+// controller's webhooks, and its and the agent's /metrics and /healthz):
+// an http.Server with every timeout set, a cap on connections and a cap
+// per client, so slow or idle clients cannot hold the process's file
+// descriptors, and one client cannot take every connection. Serve
+// untrusted requests (webhooks) and health checks on listeners of their
+// own: a cap shared between them lets the first starve the second.
 package httpserve
 
 import (
@@ -9,6 +12,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,19 +20,25 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultMaxConns     = 256
-	DefaultReadTimeout  = 30 * time.Second
-	DefaultWriteTimeout = 30 * time.Second
-	DefaultIdleTimeout  = 60 * time.Second
+	DefaultMaxConns          = 256
+	DefaultMaxConnsPerClient = 16
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultWriteTimeout      = 30 * time.Second
+	DefaultIdleTimeout       = 60 * time.Second
 )
 
 // Options bound a listener.
 // Zero values take the defaults.
 type Options struct {
-	// ReadTimeout bounds reading one request, headers and body, from the
+	// ReadHeaderTimeout bounds reading one request's headers, from the
 	// moment the connection is accepted or the previous request ended
-	// (default DefaultReadTimeout). A connection that sends nothing is
-	// closed after it.
+	// (default DefaultReadHeaderTimeout). A connection that sends nothing,
+	// or its headers a byte at a time, is closed after it.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading one request, headers and body (default
+	// DefaultReadTimeout): a body sent slowly holds the connection at
+	// most this long.
 	ReadTimeout time.Duration
 	// WriteTimeout bounds writing one response (default
 	// DefaultWriteTimeout).
@@ -40,9 +50,18 @@ type Options struct {
 	// DefaultMaxConns); one over the cap is closed as soon as it is
 	// accepted, so it holds no file descriptor.
 	MaxConns int
+	// MaxConnsPerClient caps the connections served at once from one
+	// client (default DefaultMaxConnsPerClient, at most MaxConns): one
+	// IPv4 address, or one IPv6 /64 (what one host is given). One over
+	// it is closed as soon as it is accepted. Behind a reverse proxy
+	// every client is the proxy.
+	MaxConnsPerClient int
 }
 
 func (o Options) withDefaults() Options {
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
 	if o.ReadTimeout <= 0 {
 		o.ReadTimeout = DefaultReadTimeout
 	}
@@ -55,11 +74,16 @@ func (o Options) withDefaults() Options {
 	if o.MaxConns <= 0 {
 		o.MaxConns = DefaultMaxConns
 	}
+	if o.MaxConnsPerClient <= 0 {
+		o.MaxConnsPerClient = DefaultMaxConnsPerClient
+	}
+	o.MaxConnsPerClient = min(o.MaxConnsPerClient, o.MaxConns)
+	o.ReadHeaderTimeout = min(o.ReadHeaderTimeout, o.ReadTimeout)
 	return o
 }
 
-// Server is an http.Server with every timeout set and a cap on
-// connections.
+// Server is an http.Server with every timeout set, a cap on connections
+// and one per client.
 type Server struct {
 	srv *http.Server
 	ln  *capListener
@@ -72,13 +96,13 @@ func NewServer(ln net.Listener, h http.Handler, opts Options) *Server {
 	return &Server{
 		srv: &http.Server{
 			Handler:           h,
-			ReadHeaderTimeout: opts.ReadTimeout,
+			ReadHeaderTimeout: opts.ReadHeaderTimeout,
 			ReadTimeout:       opts.ReadTimeout,
 			WriteTimeout:      opts.WriteTimeout,
 			IdleTimeout:       opts.IdleTimeout,
 			MaxHeaderBytes:    64 << 10,
 		},
-		ln: &capListener{Listener: ln, max: int64(opts.MaxConns)},
+		ln: &capListener{Listener: ln, max: int64(opts.MaxConns), perClient: opts.MaxConnsPerClient, clients: map[string]int{}},
 	}
 }
 
@@ -97,11 +121,18 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx
 // Open is the number of connections the server holds now.
 func (s *Server) Open() int { return int(s.ln.open.Load()) }
 
-// capListener closes connections over its cap at once.
+// Addr is the address the server listens on.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// capListener closes connections over its caps at once.
 type capListener struct {
 	net.Listener
 	max  int64
 	open atomic.Int64
+
+	perClient int
+	mu        sync.Mutex
+	clients   map[string]int // open connections by clientKey
 }
 
 func (l *capListener) Accept() (net.Conn, error) {
@@ -110,11 +141,51 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !l.admit() {
+		key := clientKey(c.RemoteAddr())
+		if !l.admitClient(key) {
 			c.Close()
 			continue
 		}
-		return &countedConn{Conn: c, l: l}, nil
+		if !l.admit() {
+			l.releaseClient(key)
+			c.Close()
+			continue
+		}
+		return &countedConn{Conn: c, l: l, client: key}, nil
+	}
+}
+
+// clientKey is the client a connection counts against: its IPv4
+// address, or its IPv6 address's /64.
+func clientKey(a net.Addr) string {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	ip := ap.Addr().Unmap()
+	if ip.Is6() {
+		p, _ := ip.Prefix(64)
+		return p.String()
+	}
+	return ip.String()
+}
+
+// admitClient takes one of key's slots when it has one free.
+func (l *capListener) admitClient(key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.clients[key] >= l.perClient {
+		return false
+	}
+	l.clients[key]++
+	return true
+}
+
+func (l *capListener) releaseClient(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.clients[key]--; l.clients[key] <= 0 {
+		delete(l.clients, key)
 	}
 }
 
@@ -132,14 +203,18 @@ func (l *capListener) admit() bool {
 	}
 }
 
-// countedConn gives its slot back once, when closed.
+// countedConn gives its slots back once, when closed.
 type countedConn struct {
 	net.Conn
-	l    *capListener
-	once sync.Once
+	l      *capListener
+	client string
+	once   sync.Once
 }
 
 func (c *countedConn) Close() error {
-	c.once.Do(func() { c.l.open.Add(-1) })
+	c.once.Do(func() {
+		c.l.open.Add(-1)
+		c.l.releaseClient(c.client)
+	})
 	return c.Conn.Close()
 }

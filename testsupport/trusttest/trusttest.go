@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
@@ -64,6 +65,14 @@ func (k GPGKey) Sign() *gittest.Signing {
 // the test. It skips the test when gpg is missing.
 func NewGPGKey(t testing.TB, uid string) GPGKey {
 	t.Helper()
+	return newGPGKey(t, uid, "never")
+}
+
+// newGPGKey makes the key with gpg's expire argument, more of gpg's
+// options before the command, and a gpg-at wrapper in its GNUPGHOME that
+// runs gpg as if the clock read $GITFLEET_TEST_GPG_TIME (SignAt).
+func newGPGKey(t testing.TB, uid, expire string, options ...string) GPGKey {
+	t.Helper()
 	if _, err := exec.LookPath("gpg"); err != nil {
 		t.Skip("gpg is not installed (gnupg): these tests sign commits with a real OpenPGP key")
 	}
@@ -77,8 +86,12 @@ func NewGPGKey(t testing.TB, uid string) GPGKey {
 		_ = exec.Command("gpgconf", "--homedir", home, "--kill", "all").Run()
 		os.RemoveAll(home)
 	})
-	run(t, env, "gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "",
-		"--quick-generate-key", uid, "ed25519", "sign", "never")
+	wrapper := "#!/bin/sh\nexec gpg --faked-system-time \"$GITFLEET_TEST_GPG_TIME\" \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(home, "gpg-at"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"--batch", "--pinentry-mode", "loopback", "--passphrase", ""}, options...)
+	run(t, env, "gpg", append(args, "--quick-generate-key", uid, "ed25519", "sign", expire)...)
 	out := run(t, env, "gpg", "--batch", "--with-colons", "--list-secret-keys", uid)
 	fpr := ""
 	for _, line := range strings.Split(out, "\n") {
@@ -116,3 +129,42 @@ func SSHKeygen(t testing.TB, args ...string) {
 	}
 	run(t, nil, "ssh-keygen", args...)
 }
+
+// NewGPGKeyAt is NewGPGKey for a key gpg makes as if the clock read
+// created (gpg's --faked-system-time), valid for expire (gpg's expire
+// argument: "3d", "1y", "never"): a key that has expired by now, for
+// commits signed while it was valid (SignAt).
+func NewGPGKeyAt(t testing.TB, uid string, created time.Time, expire string) GPGKey {
+	t.Helper()
+	return newGPGKey(t, uid, expire, "--faked-system-time", gpgTime(created))
+}
+
+// SignAt makes git sign with the key as if gpg's clock read when (the
+// signature's creation time; the commit's dates are the caller's).
+func (k GPGKey) SignAt(when time.Time) *gittest.Signing {
+	s := k.Sign()
+	s.Config = append(s.Config, "gpg.program="+filepath.Join(k.Home, "gpg-at"))
+	s.Env = append(s.Env, "GITFLEET_TEST_GPG_TIME="+gpgTime(when))
+	return s
+}
+
+// Revoke revokes the key (gpg --edit-key's revkey, reason "no reason
+// specified", made as if the clock read at) and returns the public key
+// with the revocation, armored: a keyring that revokes it from at on.
+func (k GPGKey) Revoke(t testing.TB, at time.Time) string {
+	t.Helper()
+	env := []string{"GNUPGHOME=" + k.Home}
+	// revkey asks to confirm, why (0: no reason), a description (an empty
+	// line ends it) and to confirm again; save writes it.
+	cmd := exec.Command("gpg", "--batch", "--yes", "--command-fd", "0", "--status-fd", "2", "--faked-system-time", gpgTime(at),
+		"--pinentry-mode", "loopback", "--passphrase", "", "--edit-key", k.Fingerprint)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin = strings.NewReader("revkey\ny\n0\n\ny\nsave\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("gpg --edit-key revkey: %v: %s", err, out)
+	}
+	return run(t, env, "gpg", "--batch", "--export", "--armor", k.Fingerprint)
+}
+
+// gpgTime is t as gpg's --faked-system-time takes it (UTC, frozen).
+func gpgTime(t time.Time) string { return t.UTC().Format("20060102T150405") + "!" }

@@ -16,6 +16,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/gitsource"
+	"github.com/gitfleet/gitfleet/internal/secretfile"
 	"github.com/gitfleet/gitfleet/trust"
 )
 
@@ -536,8 +537,12 @@ func setIf(dst *string, v string) {
 	}
 }
 
+// maxSecretFile bounds a token or password file (bytes).
+const maxSecretFile = 64 << 10
+
 // auth builds the repository credentials, reading secrets from the files
-// the config names, or the token from GITFLEET_TOKEN when it names none.
+// the config names (checked as key files are: secretfile.Read), or the
+// token from GITFLEET_TOKEN when it names none.
 func (f *AgentFile) auth(path string, env Env) (gitsource.Auth, error) {
 	a := f.Repo.Auth
 	auth := gitsource.Auth{Username: a.Username, Password: a.Password, Token: a.Token,
@@ -549,9 +554,11 @@ func (f *AgentFile) auth(path string, env Env) (gitsource.Auth, error) {
 		if s.path == "" {
 			continue
 		}
-		b, err := os.ReadFile(s.path)
+		// A secret like a key file: the same refusals (mode, owner, a
+		// symbolic link), which name the file and never quote it.
+		b, err := secretfile.Read(s.path, s.field, "others can read the credential that pushes to the repository", maxSecretFile)
 		if err != nil {
-			return auth, fmt.Errorf("agent config %s: %s: %w", path, s.field, err)
+			return auth, fmt.Errorf("agent config %s: %w", path, err)
 		}
 		*s.dst = strings.TrimSpace(string(b))
 	}

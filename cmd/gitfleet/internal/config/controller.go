@@ -68,9 +68,10 @@ type Controller struct {
 	// Interval is the poll interval (jittered; fleet.Controller.Run keeps it
 	// at most OfflineAfter/6).
 	Interval time.Duration
-	// Listen is the address of the webhooks and /metrics ("" off);
-	// WebhookSecret the webhooks' shared secret.
-	Listen, WebhookSecret string
+	// Listen is the address of /metrics and /healthz ("" off);
+	// WebhookListen the address of the webhooks, on a server of their own
+	// ("" off); WebhookSecret the webhooks' shared secret.
+	Listen, WebhookListen, WebhookSecret string
 	// AbandonGrace, OfflineAfter and GitTimeout: see fleet.Config.
 	AbandonGrace, OfflineAfter, GitTimeout time.Duration
 	// SnapshotsBranch and StatusBranch: see fleet.Config.
@@ -161,7 +162,8 @@ func (c *Controller) Bind(f *Flags) {
 	f.String(&c.Path, "path", "GITFLEET_PATH", "directory of the objects in the repository; default the root")
 	f.Path(&c.CacheDir, "cache-dir", "GITFLEET_CACHE_DIR", "directory for the local clone, kept between runs; default a private temporary directory removed at exit")
 	f.Duration(&c.Interval, "interval", "GITFLEET_INTERVAL", "poll interval, jittered")
-	f.String(&c.Listen, "listen", "GITFLEET_LISTEN", "address for webhooks, /metrics and /healthz, such as "+fleet.DefaultListen+"; off when empty")
+	f.String(&c.Listen, "listen", "GITFLEET_LISTEN", "address for /metrics and /healthz, such as "+fleet.DefaultListen+"; off when empty")
+	f.String(&c.WebhookListen, "webhook-listen", "GITFLEET_WEBHOOK_LISTEN", "address for the push webhooks (/hooks/*), apart from /metrics and /healthz, such as "+fleet.DefaultWebhookListen+" behind a reverse proxy; off when empty")
 	f.String(&c.WebhookSecret, "webhook-secret", "GITFLEET_WEBHOOK_SECRET", "webhook secret; better set the variable")
 	f.Duration(&c.AbandonGrace, "abandon-grace", "GITFLEET_ABANDON_GRACE", "how long a delete waits on an offline host before the controller finalizes it")
 	f.Duration(&c.GitTimeout, "git-timeout", "GITFLEET_GIT_TIMEOUT", "bound of each git operation (fetch, ls-remote, push) on every transport")

@@ -91,7 +91,7 @@ func TestOperatingGuideRehearsal(t *testing.T) {
 			checked[name[1]] = true
 		}
 	}
-	for _, name := range []string{"repo", "cache-dir", "listen", "offline-after", "abandon-grace"} {
+	for _, name := range []string{"repo", "cache-dir", "listen", "webhook-listen", "offline-after", "abandon-grace"} {
 		assert.True(t, checked[name], "section 14 uses --%s, and the test checked it", name)
 	}
 
@@ -99,8 +99,10 @@ func TestOperatingGuideRehearsal(t *testing.T) {
 	body := regexp.MustCompile(`body='([^']*)'`).FindStringSubmatch(rehearsal)
 	hmacKey := regexp.MustCompile(`openssl dgst -sha256 -hmac (\w+)`).FindStringSubmatch(rehearsal)
 	header := regexp.MustCompile(`-H "(X-Hub-Signature-256): sha256=\$sig"`).FindStringSubmatch(rehearsal)
-	target := regexp.MustCompile(`http://127\.0\.0\.1:9780(/hooks/\w+)`).FindStringSubmatch(rehearsal)
-	require.True(t, secret != nil && body != nil && hmacKey != nil && header != nil && target != nil, "section 14 shows the webhook request whole")
+	hooks := regexp.MustCompile(`--webhook-listen (127\.0\.0\.1:[0-9]+)`).FindStringSubmatch(rehearsal)
+	require.NotNil(t, hooks, "section 14 serves the webhooks (--webhook-listen)")
+	target := regexp.MustCompile(`http://` + regexp.QuoteMeta(hooks[1]) + `(/hooks/\w+)`).FindStringSubmatch(rehearsal)
+	require.True(t, secret != nil && body != nil && hmacKey != nil && header != nil && target != nil, "section 14 shows the webhook request whole, sent to --webhook-listen")
 	require.Equal(t, secret[1], hmacKey[1], "the request is signed with the controller's secret")
 	mac := hmac.New(sha256.New, []byte(hmacKey[1]))
 	mac.Write([]byte(body[1])) // printf %s: no newline
