@@ -41,9 +41,13 @@ const lastWriteShare = 3
 type Config struct {
 	Host string
 	// Repo is the fleet repository; open it with Depth 1.
-	Repo   *gitsource.Repo
-	Engine *Engine
-	Store  *Store
+	Repo *gitsource.Repo
+	// StatusRepo, when set, is the repository of the host branch (the
+	// controller's Config.StatusURL), opened with Depth 1; nil writes the
+	// status to Repo.
+	StatusRepo *gitsource.Repo
+	Engine     *Engine
+	Store      *Store
 	// SnapshotsBranch defaults to SnapshotsBranch. The status is written
 	// to the host's own branch, status.HostBranch(Host); StatusBranch
 	// (default StatusBranch) is the shared status branch of the old
@@ -190,9 +194,17 @@ func New(cfg Config) (*Agent, error) {
 		source: NewSource(cfg.Repo, cfg.Host, cfg.SnapshotsBranch).Verified(cfg.ControllerKeys, cfg.Store, cfg.Now),
 		log:    cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
 		now:    make(chan struct{}, 1),
-		writer: &status.Writer{Repo: cfg.Repo, Host: cfg.Host, OldBranch: cfg.StatusBranch, AppendOnly: cfg.AppendStatus,
+		writer: &status.Writer{Repo: statusRepo(cfg), Host: cfg.Host, OldBranch: cfg.StatusBranch, AppendOnly: cfg.AppendStatus,
 			Signer: cfg.SigningKey},
 	}, nil
+}
+
+// statusRepo is the repository the host branch is written to.
+func statusRepo(cfg Config) *gitsource.Repo {
+	if cfg.StatusRepo != nil {
+		return cfg.StatusRepo
+	}
+	return cfg.Repo
 }
 
 // ReconcileNow asks Run for a pass at once: a fetch of the snapshot, a
@@ -533,7 +545,9 @@ func (a *Agent) writeStatus(ctx context.Context) error {
 	if out.Refused {
 		a.log.Warn("the remote refuses non-fast-forward updates of the host branch: every status write is now a new commit (set appendStatus to say so)")
 	}
-	if out.Heartbeat != hb {
+	// Higher only: a heartbeat that points the branch back at the
+	// other heartbeat commit reports that commit's lower number.
+	if out.Heartbeat > hb {
 		if err := a.cfg.Store.SaveHeartbeat(out.Heartbeat); err != nil {
 			return err
 		}

@@ -168,8 +168,10 @@ func TestAgentMakesThePublishedVMsAndReportsThem(t *testing.T) {
 }
 
 // The agent writes its own branch, gitfleet/hosts/<host>, whose history
-// grows with events: heartbeats replace the heartbeat-only tip, a change
-// is kept. With appendStatus every heartbeat is a commit.
+// grows with events: heartbeats move the branch between two heartbeat-only
+// commits (the second replaced the first; from the third on they
+// alternate, heartbeats 2 and 3), a change is kept. With appendStatus
+// every heartbeat is a commit.
 func TestAgentStatusHistoryGrowsWithEvents(t *testing.T) {
 	for _, appendStatus := range []bool{false, true} {
 		t.Run(fmt.Sprintf("appendStatus=%v", appendStatus), func(t *testing.T) {
@@ -184,7 +186,11 @@ func TestAgentStatusHistoryGrowsWithEvents(t *testing.T) {
 				clk.Add(61 * time.Second)
 				require.NoError(t, h.once())
 			}
-			assert.Equal(t, uint64(5), readStatus(t, bare).Heartbeat)
+			if appendStatus {
+				assert.Equal(t, uint64(5), readStatus(t, bare).Heartbeat)
+			} else {
+				assert.Equal(t, uint64(3), readStatus(t, bare).Heartbeat, "the fifth write points the branch back at heartbeat 3")
+			}
 			commits := gittest.Git(t, bare, "rev-list", "--count", status.HostBranch(testHost))
 			if appendStatus {
 				assert.Equal(t, "5", commits, "every write appended")
@@ -477,4 +483,23 @@ func TestSourceRefusesAHugeSnapshotUnread(t *testing.T) {
 	_, _, err := agent.NewSource(mustOpen(t, bare), "hv-a", "").Fetch(context.Background())
 	require.ErrorIs(t, err, agent.ErrSnapshotInvalid)
 	assert.ErrorIs(t, err, gitsource.ErrFileTooLarge)
+}
+
+// With StatusRepo the agent reads its snapshot from the fleet repository
+// and writes its status to its host branch in the status repository: the
+// fleet repository gets no host branch.
+func TestAgentWritesStatusToTheStatusRepository(t *testing.T) {
+	gittest.NeedGit(t)
+	bare, statusBare := gittest.NewBare(t), gittest.NewBare(t)
+	h := newHostAgent(t, bare, newClock(), nil)
+	publish(t, bare, snap(1, vm("web-01")))
+	ag, err := agent.New(agent.Config{Host: testHost, Repo: mustOpen(t, bare), StatusRepo: mustOpen(t, statusBare), Engine: h.eng,
+		Store: mustStore(t, h.dir), Version: "test", Now: h.clock.Now, Log: quietLog()})
+	require.NoError(t, err)
+	require.NoError(t, ag.Once(context.Background()))
+	st := readStatus(t, statusBare)
+	require.NotNil(t, st, "no status on the status repository's host branch")
+	require.Len(t, st.VMs, 1)
+	assert.Equal(t, uint64(1), st.LastSeenEpoch, "the snapshot was read from the fleet repository")
+	assert.Nil(t, readStatus(t, bare), "a host branch was written to the fleet repository")
 }

@@ -120,7 +120,7 @@ func (c *Controller) verifyAck(host, tip, key string) (why, brief string, retry 
 	if err != nil {
 		return err.Error(), err.Error(), false
 	}
-	sc, err := c.tips.Signed(tip)
+	sc, err := c.hosts.Signed(tip)
 	if err != nil {
 		return fmt.Sprintf("the status commit %s could not be read to verify it: %v", desired.Hash(tip).Short(), err),
 			"its status commit could not be read to verify it", true

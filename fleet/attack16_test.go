@@ -229,3 +229,56 @@ func TestAttackUnsignedStatusKeepsADeadHostOnline(t *testing.T) {
 		t.Fatal("hv-a is online on unsigned statuses alone, ten minutes after its agent stopped")
 	}
 }
+
+// The agent of hv-a, whose Host names spec.agentKey, stopped. Someone who
+// can push its branch but holds no key moves it, every minute, between
+// two commits the agent signed before (one its branch no longer holds):
+// each move changes the status file, which kept the host online for ever
+// and its deletes never swept. A signed status is a heartbeat only with a
+// number above every one seen signed, so hv-a goes offline as if nobody
+// moved its branch. Moving it back to an older signed commit hides an ack
+// for as long as it stays there, nothing more: the delete stays pending
+// (never finalized on what the replayed commit lacks) and the agent's
+// next write finalizes it.
+func TestAttackReplayedSignedStatusKeepsADeadHostOnline(t *testing.T) {
+	files, _, signer := agentKeyFleet(t)
+	e := newEnv(t, files)
+	epoch := e.pass().Published["hv-a"]
+	branch := status.HostBranch("hv-a")
+	st := &status.Status{Host: "hv-a", Heartbeat: 1, LastSeenEpoch: epoch, VMs: []status.VM{{Name: "web-01", Phase: status.PhaseReady}}}
+	writeSignedStatus(t, e.url, st, signer)
+	st.Heartbeat = 2
+	writeSignedStatus(t, e.url, st, signer)
+	old := gittest.Rev(t, e.dir, branch)
+	st.Heartbeat = 3
+	writeSignedStatus(t, e.url, st, signer)
+	last := gittest.Rev(t, e.dir, branch)
+	e.pass()
+	for i := range 10 { // the real agent is gone; the forger replays
+		e.clock.Add(time.Minute)
+		gittest.SetBranch(t, e.dir, branch, []string{old, last}[i%2])
+		e.pass()
+	}
+	if off, _ := e.c.live.offline("hv-a", e.clock.Now()); !off {
+		t.Fatal("hv-a is online on replayed signed statuses alone, ten minutes after its agent stopped")
+	}
+
+	// The agent is back and acks a delete; the forger hides the ack.
+	e.commit(gittest.Edit{Remove: []string{"vms/web-01.yaml"}, Message: "retire web-01"})
+	st.Heartbeat, st.VMs = 10, nil
+	tomb := e.pass().Published["hv-a"]
+	st.LastSeenEpoch, st.Destroyed = tomb, []string{"web-01"}
+	writeSignedStatus(t, e.url, st, signer)
+	gittest.SetBranch(t, e.dir, branch, last)
+	if res := e.pass(); len(res.Finalized) != 0 {
+		t.Fatalf("finalized %v on a replayed status without the ack", res.Finalized)
+	}
+	st.Heartbeat = 11
+	writeSignedStatus(t, e.url, st, signer)
+	if res := e.pass(); len(res.Finalized) != 1 || res.Finalized[0] != "VM web-01@hv-a" {
+		t.Fatalf("finalized %v at the agent's next write, want web-01", res.Finalized)
+	}
+	if off, _ := e.c.live.offline("hv-a", e.clock.Now()); off {
+		t.Fatal("hv-a writing again is offline")
+	}
+}

@@ -22,8 +22,26 @@ const (
 
 // bigRepo makes a bare repository whose main branch holds benchHosts Host
 // objects and benchVMs VM objects, written in one commit with git
-// fast-import (a process per file would take minutes).
+// fast-import (a process per file would take minutes), the VMs sharded in
+// 100 directories (vms/NN/vm-NNNNN.yaml).
 func bigRepo(b testing.TB) string {
+	b.Helper()
+	return bigRepoLayout(b, false)
+}
+
+// vmPath is where bigRepoLayout puts VM v: vms/NN/vm-NNNNN.yaml, or
+// vms/vm-NNNNN.yaml when flat (one directory of benchVMs files, as most
+// repositories are written).
+func vmPath(v int, flat bool) string {
+	if flat {
+		return fmt.Sprintf("vms/vm-%05d.yaml", v)
+	}
+	return fmt.Sprintf("vms/%02d/vm-%05d.yaml", v%100, v)
+}
+
+// bigRepoLayout is bigRepo, with every VM in one flat vms/ directory when
+// flat is set.
+func bigRepoLayout(b testing.TB, flat bool) string {
 	b.Helper()
 	dir := gittest.NewBare(b)
 	var s bytes.Buffer
@@ -35,7 +53,7 @@ func bigRepo(b testing.TB) string {
 		file(fmt.Sprintf("hosts/hv-%04d.yaml", h), hostYAML(fmt.Sprintf("hv-%04d", h)))
 	}
 	for v := 0; v < benchVMs; v++ {
-		file(fmt.Sprintf("vms/%02d/vm-%05d.yaml", v%100, v), vmYAML(fmt.Sprintf("vm-%05d", v), fmt.Sprintf("hv-%04d", v%benchHosts), 1+v%2))
+		file(vmPath(v, flat), vmYAML(fmt.Sprintf("vm-%05d", v), fmt.Sprintf("hv-%04d", v%benchHosts), 1+v%2))
 	}
 	cmd := exec.Command("git", "fast-import", "--quiet")
 	cmd.Dir = dir
@@ -81,9 +99,15 @@ func BenchmarkFirstPass(b *testing.B) {
 }
 
 // BenchmarkOneFileCommitPass is the steady state: a commit changing one VM
-// file, and the pass that publishes it (goal: under 100 ms).
+// file, and the pass that publishes it (goal: under 100 ms), with the VMs
+// sharded in 100 directories and in one flat vms/ directory.
 func BenchmarkOneFileCommitPass(b *testing.B) {
-	dir := bigRepo(b)
+	b.Run("sharded", func(b *testing.B) { oneFileCommitPass(b, false) })
+	b.Run("flat", func(b *testing.B) { oneFileCommitPass(b, true) })
+}
+
+func oneFileCommitPass(b *testing.B, flat bool) {
+	dir := bigRepoLayout(b, flat)
 	clk := benchClock()
 	c := benchController(b, dir, clk)
 	if _, err := c.Pass(context.Background()); err != nil {
@@ -93,7 +117,7 @@ func BenchmarkOneFileCommitPass(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		gittest.Commit(b, dir, gittest.Edit{Write: map[string]string{"vms/07/vm-00007.yaml": vmYAML("vm-00007", "hv-0007", 3+i%2)}})
+		gittest.Commit(b, dir, gittest.Edit{Write: map[string]string{vmPath(7, flat): vmYAML("vm-00007", "hv-0007", 3+i%2)}})
 		b.StartTimer()
 		s0, k0 := cpuTimes()
 		res, err := steadyPass(c)

@@ -141,6 +141,58 @@ func TestLivenessByOwnClock(t *testing.T) {
 	}
 }
 
+// A host whose status alternates between two files (an unsigned agent's
+// two heartbeat commits) looks unchanged to a controller that missed an
+// even number of its writes: after a gap in reading longer than a third
+// of offlineAfter its clock starts again, so it is never judged offline
+// on a gap. A host whose file never went back keeps its clock, and every
+// host is judged again once the reads come often.
+func TestLivenessAfterAGapInReading(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := newLiveness(start, 3*time.Minute)
+	at := func(d time.Duration) time.Time { return start.Add(d) }
+	for i, id := range []string{"a", "b", "a"} { // toggles, read every minute
+		l.look(at(time.Duration(i) * time.Minute))
+		l.observe("toggler", id, at(time.Duration(i)*time.Minute))
+		l.observe("silent", "s", at(time.Duration(i)*time.Minute))
+	}
+	// The controller reads nothing for four minutes (the git server was
+	// down): the toggler wrote four times and shows "a" again.
+	l.look(at(6 * time.Minute))
+	l.observe("toggler", "a", at(6*time.Minute))
+	l.observe("silent", "s", at(6*time.Minute))
+	if off, _ := l.offline("toggler", at(6*time.Minute)); off {
+		t.Error("an alternating host was judged offline on what a gap in reading hid")
+	}
+	if off, _ := l.offline("silent", at(6*time.Minute)); !off {
+		t.Error("a host whose file never changed was not judged offline")
+	}
+	// Read every minute again: a toggler that really stopped goes offline
+	// offlineAfter after the gap.
+	for m := 7; m <= 9; m++ {
+		l.look(at(time.Duration(m) * time.Minute))
+		l.observe("toggler", "a", at(time.Duration(m)*time.Minute))
+	}
+	if off, _ := l.offline("toggler", at(9*time.Minute)); !off {
+		t.Error("an alternating host that stopped stayed online while the controller watched it")
+	}
+}
+
+// A status signed by the host's agentKey is a heartbeat only with a
+// number above every one seen signed: an older signed commit replayed
+// is none.
+func TestLivenessSignedHeartbeatMustGrow(t *testing.T) {
+	l := newLiveness(time.Now(), 3*time.Minute)
+	for _, tc := range []struct {
+		hb   uint64
+		want bool
+	}{{5, true}, {6, true}, {6, false}, {4, false}, {7, true}} {
+		if got := l.fresh("h", tc.hb); got != tc.want {
+			t.Errorf("fresh(%d) = %v, want %v", tc.hb, got, tc.want)
+		}
+	}
+}
+
 // TestRunKickedByWebhook runs the loop against a repository served over
 // HTTP (no file watching) with a long interval: only the signed webhook can
 // start the pass that publishes a new commit.

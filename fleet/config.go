@@ -43,10 +43,19 @@ type Config struct {
 	// times its fresh clone), so neither the status branch (a commit per
 	// agent heartbeat) nor the published ledgers pile up in the
 	// controller; when nil without URL, Repo serves them too.
-	TipRepo  *gitsource.Repo
-	URL      string
-	Auth     gitsource.Auth
-	CacheDir string
+	TipRepo *gitsource.Repo
+	// StatusURL, when set and not URL, is the repository of the status
+	// branch and the host branches (the agents' statusRepo): the agents'
+	// writes and the controller's copies and summary then never touch
+	// URL's repository (its hooks, CI triggers, webhooks, protections),
+	// which keeps the desired branch and the snapshots branch. It is
+	// opened at depth 1 as TipRepo is (in memory, renewed with it), with
+	// Auth. StatusRepo, when given, serves those branches instead.
+	StatusURL  string
+	StatusRepo *gitsource.Repo
+	URL        string
+	Auth       gitsource.Auth
+	CacheDir   string
 	// TipsCacheDir keeps the depth-1 clone of the snapshots and status
 	// branches on disk (its upkeep bounds it; see gitsource); empty keeps
 	// it in memory, where every blob on those branches, a forged one too,
@@ -300,13 +309,49 @@ func (c *Controller) openRepo() error {
 // (renewTips), else the desired branch's repository.
 func (c *Controller) openTips() error {
 	if c.tips = c.cfg.TipRepo; c.tips != nil {
-		return nil
+		return c.openHosts()
 	}
 	c.tips = c.repo
 	if c.cfg.URL == "" {
-		return nil
+		return c.openHosts()
 	}
 	return c.renewTips()
+}
+
+// openHosts sets the repository of the status and host branches:
+// Config.StatusRepo when given, else Config.StatusURL's at depth 1 when
+// it is set and not URL (renewed with the tips), else the tip repository.
+func (c *Controller) openHosts() error {
+	switch {
+	case c.cfg.StatusRepo != nil:
+		c.hosts = c.cfg.StatusRepo
+	case c.splitStatus():
+		repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: c.cfg.StatusURL, Auth: c.cfg.Auth,
+			Depth: 1, Timeout: c.cfg.GitTimeout, Logger: c.cfg.Logger})
+		if err != nil {
+			return fmt.Errorf("status repository: %w", err)
+		}
+		c.hosts = repo
+	default:
+		c.hosts = c.tips
+	}
+	c.hostTrees = nil
+	return nil
+}
+
+// splitStatus reports whether the status and host branches are in a
+// repository of their own, opened from Config.StatusURL.
+func (c *Controller) splitStatus() bool {
+	return c.cfg.StatusURL != "" && c.cfg.StatusURL != c.cfg.URL
+}
+
+// repoOf is the repository that holds branch: the status branch is the
+// hosts', every other gitfleet branch the tips'.
+func (c *Controller) repoOf(branch string) *gitsource.Repo {
+	if branch == c.cfg.StatusBranch {
+		return c.hosts
+	}
+	return c.tips
 }
 
 // ErrConfig is wrapped by New's errors for a configuration that must not

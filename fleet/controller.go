@@ -31,10 +31,13 @@ type Controller struct {
 	// New or renewTips opened it (zero when it is not renewed).
 	tips       *gitsource.Repo
 	tipsOpened time.Time
-	log        *logrus.Entry
-	clock      func() time.Time
-	metrics    *metrics
-	reg        *prometheus.Registry
+	// hosts serves the status branch and the host branches: tips, or
+	// Config.StatusURL's repository (opened and renewed with tips).
+	hosts   *gitsource.Repo
+	log     *logrus.Entry
+	clock   func() time.Time
+	metrics *metrics
+	reg     *prometheus.Registry
 
 	kick chan struct{}
 	// health is the pass loop's progress, for Healthz.
@@ -237,6 +240,9 @@ func (c *Controller) renewTips() error {
 		return err // "open git source URL: …"
 	}
 	c.tips, c.hostTrees = repo, nil
+	if err := c.openHosts(); err != nil {
+		return err
+	}
 	if c.cfg.TipsCacheDir == "" {
 		// In memory: opened afresh when due. On disk the cache's own
 		// upkeep keeps it small, and one directory has one Repo.
@@ -261,7 +267,7 @@ func (c *Controller) Kick() {
 }
 
 // Run runs passes until ctx ends: at once, then every interval (jittered,
-// default 15 s), whenever the desired branch moves (Watch: polling, and
+// default 15 s, at most OfflineAfter/6: see liveness.look), whenever the desired branch moves (Watch: polling, and
 // fsnotify on a local repository), on Kick, and when a host branch or the
 // status branch moves (at most one such pass per 2 s) — but not when the
 // status branch's tip is the one the last pass read or wrote itself. A
@@ -271,12 +277,18 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
+	// Read the statuses within the liveness's look gap, jitter and all.
+	interval = min(interval, c.cfg.OfflineAfter/6)
 	// All three resolve heads only: the cache does not grow. The status
 	// branch moves for agents of the old layout, and for this
 	// controller's own summary writes.
 	mainCh := c.repo.Watch(ctx, c.cfg.Branch, interval)
-	hostsCh := c.repo.WatchPrefix(ctx, status.HostBranchPrefix, interval)
-	statusCh := c.repo.Watch(ctx, c.cfg.StatusBranch, interval)
+	watched := c.repo
+	if c.hosts != c.tips {
+		watched = c.hosts
+	}
+	hostsCh := watched.WatchPrefix(ctx, status.HostBranchPrefix, interval)
+	statusCh := watched.Watch(ctx, c.cfg.StatusBranch, interval)
 	c.health.started.Store(c.clock().UnixNano())
 	for {
 		started := time.Now()
@@ -642,9 +654,13 @@ func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Ti
 		// the host: anyone who can push its branch wrote it. (The pass
 		// judges its acks again against the ledger it computes on.)
 		unsigned := c.authenticate(fl, l, obs.reports, obs.hostTips)
+		c.live.look(now)
 		for _, rep := range obs.reports {
 			_, forged := unsigned[rep.Host]
-			if c.known(fl, rep.Host) && !forged {
+			// A signed status is a heartbeat only with a number above
+			// every one seen signed: a replayed older commit is none.
+			replayed := !forged && rep.Status != nil && c.signedHost(fl, l, rep.Host) && !c.live.fresh(rep.Host, rep.Status.Heartbeat)
+			if c.known(fl, rep.Host) && !forged && !replayed {
 				// A host the computation ignores keeps no liveness.
 				c.live.observe(rep.Host, rep.ID, now)
 			}
@@ -663,6 +679,15 @@ func (c *Controller) observe(ctx context.Context, fl *desired.Fleet, now time.Ti
 		}
 	}
 	return obs
+}
+
+// signedHost reports whether host's statuses must be signed (its Host,
+// or its ledger record, names an agentKey).
+func (c *Controller) signedHost(fl *desired.Fleet, l *snapshots.Ledger, host string) bool {
+	if fl == nil {
+		fl = c.loadedFleet
+	}
+	return agentKey(fl, l, host) != ""
 }
 
 // known reports whether host is in fl (else the last good fleet) or in
@@ -1088,14 +1113,14 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 	start := time.Now()
 	var tip string
 	var err error
-	if fetched, ok := c.fetched[branch]; ok && repo == c.tips {
+	if fetched, ok := c.fetched[branch]; ok && repo == c.repoOf(branch) {
 		// Built on the tip this pass fetched: no second fetch.
 		tip, err = repo.EditAt(ctx, branch, fetched, edit)
 	} else {
 		tip, err = repo.Edit(ctx, branch, edit)
 	}
 	c.metrics.gitOp(GitPush, time.Since(start), err != nil && (own == nil || !errors.Is(err, own)))
-	if err == nil && c.fetched != nil && repo == c.tips {
+	if err == nil && c.fetched != nil && repo == c.repoOf(branch) {
 		c.fetched[branch] = tip
 	}
 	return tip, err
@@ -1105,8 +1130,26 @@ func (c *Controller) update(ctx context.Context, repo *gitsource.Repo, branch st
 // compare-and-swap write (gitsource.EditMany: one atomic push), each
 // built on the tip this pass fetched when it fetched it, the snapshots
 // commit signed with Config.SigningKey when set (signerFor); their new
-// tips are recorded.
+// tips are recorded. With the status branch in a repository of its own
+// (Config.StatusURL) each repository's branches are one write, in the
+// order given: a later one's failure leaves the earlier written.
 func (c *Controller) updateMany(ctx context.Context, branches []string, mutates []gitsource.Mutation) ([]string, error) {
+	if c.hosts == c.tips {
+		return c.updateManyIn(ctx, c.tips, branches, mutates)
+	}
+	tips := make([]string, 0, len(branches))
+	for i, branch := range branches {
+		t, err := c.updateManyIn(ctx, c.repoOf(branch), branches[i:i+1], mutates[i:i+1])
+		if err != nil {
+			return nil, err
+		}
+		tips = append(tips, t...)
+	}
+	return tips, nil
+}
+
+// updateManyIn is updateMany of branches that repo holds.
+func (c *Controller) updateManyIn(ctx context.Context, repo *gitsource.Repo, branches []string, mutates []gitsource.Mutation) ([]string, error) {
 	var own error
 	edits := make([]gitsource.BranchEdit, len(branches))
 	for i, branch := range branches {
@@ -1114,7 +1157,7 @@ func (c *Controller) updateMany(ctx context.Context, branches []string, mutates 
 		edits[i].Tip, edits[i].Known = c.fetched[branch]
 	}
 	start := time.Now()
-	tips, err := c.tips.EditMany(ctx, edits)
+	tips, err := repo.EditMany(ctx, edits)
 	c.metrics.gitOp(GitPush, time.Since(start), err != nil && (own == nil || !errors.Is(err, own)))
 	if err == nil && c.fetched != nil {
 		for i, branch := range branches {

@@ -663,26 +663,33 @@ func TestSummaryRewrittenAtMostEveryInterval(t *testing.T) {
 // TestIdleFleetHourAddsOnlySummaryRefreshes: an idle fleet (no change,
 // heartbeats only) adds no commit to the status branch for an hour but
 // at most one summary refresh per SummaryInterval (issue 15's idle-fleet
-// figure), with the default interval and a heartbeat a minute.
+// figure), with the default interval and a heartbeat a minute. Each agent
+// keeps its Writer, as a running agent does: its heartbeats alternate
+// between two commits, and every host stays online.
 func TestIdleFleetHourAddsOnlySummaryRefreshes(t *testing.T) {
 	e := newEnv(t, baseFleet())
 	e.c.cfg.SummaryInterval = DefaultSummaryInterval
 	e.pass()
-	agents := map[string]*gitsource.Repo{}
+	agents := map[string]*status.Writer{}
 	for _, h := range []string{"hv-a", "hv-b"} {
 		repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: e.url, Logger: quietLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { repo.Close() })
-		agents[h] = repo
+		agents[h] = &status.Writer{Repo: repo, Host: h}
 	}
 	epochs := map[string]uint64{"hv-a": e.snapshot("hv-a").Epoch, "hv-b": e.snapshot("hv-b").Epoch} // idle: they stay
 	beat := uint64(1)
+	reused := 0
 	heartbeats := func() {
-		for h, repo := range agents {
-			if err := putStatus(repo, &status.Status{Host: h, Heartbeat: beat, LastSeenEpoch: epochs[h]}); err != nil {
+		for h, w := range agents {
+			out, err := w.Write(context.Background(), &status.Status{Host: h, Heartbeat: beat, LastSeenEpoch: epochs[h]})
+			if err != nil {
 				t.Fatal(err)
+			}
+			if out.Reused {
+				reused++
 			}
 		}
 		beat++
@@ -705,6 +712,14 @@ func TestIdleFleetHourAddsOnlySummaryRefreshes(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatal("an idle hour never refreshed the summary: the heartbeat counters it shows are an hour old")
+	}
+	if reused < 100 {
+		t.Fatalf("%d of 120 heartbeats pointed the branch back at a heartbeat commit, want all but the first ones", reused)
+	}
+	for h := range agents {
+		if off, _ := e.c.live.offline(h, e.clock.Now()); off {
+			t.Errorf("%s alternating its heartbeats is offline", h)
+		}
 	}
 }
 

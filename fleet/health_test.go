@@ -45,7 +45,10 @@ func TestControllerHealthz(t *testing.T) {
 	if git <= 0 {
 		git = time.Minute
 	}
-	if want := 3*(time.Hour+time.Hour/2) + 2*git; limit != want {
+	// Run waits at most OfflineAfter/6 (the liveness's look gap), not the
+	// hour asked for.
+	interval := min(time.Hour, e.c.cfg.OfflineAfter/6)
+	if want := 3*(interval+interval/2) + 2*git; limit != want {
 		t.Errorf("limit %s, want %s", limit, want)
 	}
 	e.clock.Add(limit + time.Second)

@@ -38,7 +38,7 @@ func (l fileList) Walk(fn func(desired.File) error) error {
 
 // readHostTree lists host's status file in the tree of tip.
 func (c *Controller) readHostTree(host, tip string) (hostTree, error) {
-	tree, err := c.tips.Tree(tip, "")
+	tree, err := c.hosts.Tree(tip, "")
 	if err != nil {
 		return hostTree{}, err
 	}
@@ -67,12 +67,35 @@ type statusCopies struct {
 // without fetching again). A branch the remote lacks is absent.
 func (c *Controller) fetchTips(ctx context.Context) (map[string]string, error) {
 	start := time.Now()
-	tips, err := c.tips.FetchAll(ctx, []string{c.cfg.SnapshotsBranch, c.cfg.StatusBranch}, []string{status.HostBranchPrefix})
+	var tips map[string]string
+	var err error
+	if c.hosts == c.tips {
+		tips, err = c.tips.FetchAll(ctx, []string{c.cfg.SnapshotsBranch, c.cfg.StatusBranch}, []string{status.HostBranchPrefix})
+	} else {
+		tips, err = c.fetchSplit(ctx)
+	}
 	c.metrics.gitOp(GitFetch, time.Since(start), err != nil)
 	if err != nil {
 		return nil, err // gitsource names the branches and the remote
 	}
 	c.fetched = map[string]string{c.cfg.SnapshotsBranch: tips[c.cfg.SnapshotsBranch], c.cfg.StatusBranch: tips[c.cfg.StatusBranch]}
+	return tips, nil
+}
+
+// fetchSplit is fetchTips with the status and host branches in a
+// repository of their own: one fetch of each repository.
+func (c *Controller) fetchSplit(ctx context.Context) (map[string]string, error) {
+	tips, err := c.tips.FetchAll(ctx, []string{c.cfg.SnapshotsBranch}, nil)
+	if err != nil {
+		return nil, err
+	}
+	hosts, err := c.hosts.FetchAll(ctx, []string{c.cfg.StatusBranch}, []string{status.HostBranchPrefix})
+	if err != nil {
+		return nil, fmt.Errorf("status repository: %w", err)
+	}
+	for b, t := range hosts {
+		tips[b] = t
+	}
 	return tips, nil
 }
 
@@ -112,7 +135,7 @@ func (c *Controller) readStatuses(ctx context.Context) (string, []status.Report,
 	c.hostTrees = kept
 	var statusTree desired.Tree = status.BranchFiles(nil)
 	if statusTip != "" {
-		if statusTree, err = c.tips.Tree(statusTip, ""); err != nil {
+		if statusTree, err = c.hosts.Tree(statusTip, ""); err != nil {
 			return "", nil, cp, nil, fmt.Errorf("read tree of %s: %w", desired.Hash(statusTip).Short(), err)
 		}
 	}
@@ -210,7 +233,7 @@ func tipsName(statusTip string, hostTips map[string]string) string {
 func (c *Controller) copyFiles(cp statusCopies) (map[string][]byte, error) {
 	files := make(map[string][]byte, len(cp.tips))
 	for host, tip := range cp.tips {
-		data, err := c.tips.ReadFileMax(tip, status.Path(host), status.MaxFileBytes)
+		data, err := c.hosts.ReadFileMax(tip, status.Path(host), status.MaxFileBytes)
 		if errors.Is(err, gitsource.ErrFileTooLarge) {
 			continue // refused as that host's status error; never copied
 		}

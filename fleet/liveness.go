@@ -11,18 +11,74 @@ import (
 // a host is offline when its status file has not changed for offlineAfter.
 // It lives in memory only; a restarted controller starts every host's clock
 // afresh, so a restart never makes a host look offline at once.
+//
+// A host's status may alternate between two files (an unsigned agent's
+// two heartbeat commits, status.Writer): a controller that read no status
+// for longer than lookGap could have missed an even number of changes and
+// see the file it saw before, so when a read comes that late the clock of
+// every host seen alternating starts again (look), as at a restart. Run
+// passes often enough (every OfflineAfter/6 at most) for that never to
+// happen while the statuses can be read.
 type liveness struct {
 	mu    sync.Mutex
 	after time.Duration
 	start time.Time
 	seen  map[string]sighting
+	// looked is when the statuses were last read; signed is the highest
+	// heartbeat seen in each host's signed status.
+	looked time.Time
+	signed map[string]uint64
+}
+
+// lookGap is the longest time between two reads of the statuses over
+// which the controller still judges quiet: a third of offlineAfter (one
+// agent heartbeat, at the defaults).
+func (l *liveness) lookGap() time.Duration { return l.after / 3 }
+
+// look records that the statuses were read at now; after a gap longer
+// than lookGap the clock of every host seen alternating starts at now.
+func (l *liveness) look(now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.looked.IsZero() && now.Sub(l.looked) > l.lookGap() {
+		for h, s := range l.seen {
+			if s.alternates {
+				s.since = now
+				l.seen[h] = s
+			}
+		}
+	}
+	l.looked = now
+}
+
+// fresh reports whether a status of host signed by its agentKey with
+// heartbeat hb is a heartbeat: its number is above every one seen signed
+// for host since the controller started. A forger who can push the branch
+// but holds no key can only replay the agent's older commits, whose
+// numbers are not.
+func (l *liveness) fresh(host string, hb uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.signed == nil {
+		l.signed = map[string]uint64{}
+	}
+	high, ok := l.signed[host]
+	if ok && hb <= high {
+		return false
+	}
+	l.signed[host] = hb
+	return true
 }
 
 // sighting is the last status content seen for a host (its blob hash, "" for
 // no file) and when the controller first saw it.
+//
+// prev is the content seen before id; alternates is set once the host's
+// content went back to the one before (id == prev at a change).
 type sighting struct {
-	id    string
-	since time.Time
+	id, prev   string
+	since      time.Time
+	alternates bool
 }
 
 func newLiveness(start time.Time, after time.Duration) *liveness {
@@ -35,8 +91,11 @@ func newLiveness(start time.Time, after time.Duration) *liveness {
 func (l *liveness) observe(host, id string, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if s, ok := l.seen[host]; !ok || s.id != id {
+	s, ok := l.seen[host]
+	if !ok {
 		l.seen[host] = sighting{id: id, since: now}
+	} else if s.id != id {
+		l.seen[host] = sighting{id: id, prev: s.id, since: now, alternates: s.alternates || id == s.prev}
 	}
 }
 

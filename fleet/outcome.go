@@ -176,7 +176,7 @@ func (c *Controller) recordBeforeFirstPass(ctx context.Context, outcome Outcome,
 		c.log.WithError(err).Warn("could not record the failing pass on the status branch")
 		return
 	}
-	_, err = c.update(ctx, c.tips, c.cfg.StatusBranch, func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
+	_, err = c.update(ctx, c.hosts, c.cfg.StatusBranch, func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		return map[string][]byte{status.ControllerPath: failing, status.LastWritePath: written}, "Record the failing pass", nil
 	})
 	if err != nil {

@@ -31,11 +31,11 @@ import (
 //	GITFLEET_BENCH_EVENT     each host's real change (a VM message) [6s]
 //	GITFLEET_BENCH_DELETES   reviewed deletes during the run, each acked [5]
 //
-// The fleet of the issue is 1,000 hosts for 5 minutes at a 60 s heartbeat
+// The fleet to measure is 1,000 hosts for 11 minutes at a 60 s heartbeat
 // with one change per host every 10 minutes:
 //
-//	GITFLEET_BENCH_HOSTS=1000 GITFLEET_BENCH_DURATION=5m GITFLEET_BENCH_HEARTBEAT=60s \
-//	GITFLEET_BENCH_EVENT=10m go test ./fleet -run '^$' -bench StatusFleet -benchtime 1x -timeout 30m
+//	GITFLEET_BENCH_HOSTS=1000 GITFLEET_BENCH_DURATION=11m GITFLEET_BENCH_HEARTBEAT=60s \
+//	GITFLEET_BENCH_EVENT=10m go test ./fleet -run '^$' -bench StatusFleet -benchtime 1x -timeout 60m
 type statusFleetScale struct {
 	hosts, deletes             int
 	duration, heartbeat, event time.Duration
@@ -130,9 +130,14 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 	if len(add) > 0 {
 		gittest.Commit(b, dir, gittest.Edit{Branch: "main", Write: add, Message: "VMs to delete"})
 	}
-	url := gittest.ServeWith(b, filepath.Dir(dir), gittest.ServeOptions{Wrap: workerPool(serverWorkers)}) + "/" + filepath.Base(dir)
+	tally := newServerTally()
+	base := gittest.ServeWith(b, filepath.Dir(dir), gittest.ServeOptions{
+		Wrap:    func(h http.Handler) http.Handler { return tagClients(workerPool(serverWorkers)(h)) },
+		Account: tally.add,
+	})
+	url := base + "/" + filepath.Base(dir)
 	ctx := context.Background()
-	c, err := New(Config{URL: url, Logger: quietLogger()})
+	c, err := New(Config{URL: base + "/controller/" + filepath.Base(dir), Logger: quietLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -196,10 +201,28 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 		acked[host] = time.Now()
 		mu.Unlock()
 	}
+	cli := newCLIPusher(b, dir, base+"/cli/"+filepath.Base(dir))
 	runCtx, stop := context.WithTimeout(ctx, scale.duration)
 	defer stop()
 	self0, git0 := cpuTimes()
+	tally0 := tally.snapshot()
 	start := time.Now()
+	// The git CLI pushes the same shape of commit to the same server
+	// beside the hosts, for the ratio of the server's CPU per write.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for runCtx.Err() == nil {
+			if err := cli.push(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+			select {
+			case <-runCtx.Done():
+			case <-time.After(cliEvery):
+			}
+		}
+	}()
 	for _, h := range hosts {
 		wg.Add(1)
 		go func() {
@@ -239,6 +262,7 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	self1, git1 := cpuTimes()
+	served := tallySince(tally0, tally.snapshot())
 	// One more pass sees every last write; a change is copied at once.
 	t0 := time.Now()
 	final, err := c.Pass(ctx)
@@ -269,6 +293,7 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 		acks.pass(final, t0, acked, byName)
 	}
 
+	garbage := serverGarbage(b, dir)
 	lost := lostUpdates(b, dir, hosts)
 	keptAfter := keptCommits(b, dir)
 	statusAfter := countCommits(b, dir, DefaultStatusBranch)
@@ -281,8 +306,6 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 	sort.Slice(latencies, func(i, j int) bool { return latencies[i] < latencies[j] })
 	sort.Slice(passes, func(i, j int) bool { return passes[i] < passes[j] })
 	rss, _ := peakrss.Self()
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
 	b.ReportMetric(float64(scale.hosts), "hosts")
 	b.ReportMetric(ms(percentile(latencies, 0.99)), "p99-write-ms")
 	b.ReportMetric(ms(percentile(latencies, 0.50)), "p50-write-ms")
@@ -297,6 +320,8 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 	perWrite := func(d time.Duration) float64 { return ms(d) / float64(max(writes, 1)) }
 	b.ReportMetric(perWrite(git1-git0), "git-cpu-ms/write")
 	b.ReportMetric(perWrite(self1-self0), "self-cpu-ms/write")
+	b.Logf("command: GITFLEET_BENCH_HOSTS=%d GITFLEET_BENCH_DURATION=%v GITFLEET_BENCH_HEARTBEAT=%v GITFLEET_BENCH_EVENT=%v GITFLEET_BENCH_DELETES=%d go test ./fleet -run '^$' -bench StatusFleet -benchtime 1x -timeout 60m",
+		scale.hosts, scale.duration, scale.heartbeat, scale.event, scale.deletes)
 	b.Logf("%d hosts for %v (heartbeat %v, a change every %v): %d writes (%d failed), %d changes; p50 %.0f ms, p99 %.0f ms, max %.0f ms per write",
 		scale.hosts, elapsed.Round(time.Second), scale.heartbeat, scale.event, writes, failed, events,
 		ms(percentile(latencies, 0.5)), ms(percentile(latencies, 0.99)), ms(percentile(latencies, 1)))
@@ -304,6 +329,26 @@ func runStatusFleet(b *testing.B, scale statusFleetScale) {
 		lost, keptBefore, keptAfter, float64(keptAfter-keptBefore)/float64(scale.hosts)*perDay, statusBefore, statusAfter, float64(statusAfter-statusBefore)*perDay)
 	b.Logf("CPU per status write: %.1f ms in git (http-backend and the git it runs), %.1f ms in this process (hosts and controller); the machine's load average when done: %s",
 		perWrite(git1-git0), perWrite(self1-self0), loadAverage())
+	agentCPU, cliCPU, ctlCPU := tallyTotal(served, "agent"), tallyTotal(served, "cli"), tallyTotal(served, "controller")
+	agentPer := ms(agentCPU.cpu) / float64(max(writes, 1))
+	cliPer := ms(cliCPU.cpu) / float64(max(cli.pushes, 1))
+	b.ReportMetric(agentPer, "server-cpu-ms/write")
+	b.ReportMetric(cliPer, "server-cpu-ms/cli-push")
+	b.ReportMetric(agentPer/max(cliPer, 0.001), "server-cpu-ratio-to-cli")
+	b.ReportMetric(ms(ctlCPU.cpu)/float64(max(len(passes), 1)), "server-cpu-ms/pass")
+	b.Logf("git http-backend CPU (wait4 of each request): %.1f ms per status write (%.2f requests each), %.1f ms per git CLI push of the same commit shape (%d pushes): ratio %.2f; the controller's fetches %.1f ms per pass (%d passes)",
+		agentPer, float64(agentCPU.requests)/float64(max(writes, 1)), cliPer, cli.pushes, agentPer/max(cliPer, 0.001),
+		ms(ctlCPU.cpu)/float64(max(len(passes), 1)), len(passes))
+	logTally(b, served)
+	// The git CLI baseline replaces its tip on every push: 4 objects each
+	// are its own, not the hosts'.
+	hostsGarbage := max(0, garbage.unreachable-4*cli.pushes)
+	b.ReportMetric(float64(hostsGarbage)/float64(scale.hosts)*perDay, "unreachable-objects/host/day")
+	b.ReportMetric(float64(hostsGarbage)/float64(max(events, 1)), "unreachable-objects/change")
+	b.ReportMetric(float64(garbage.sizeKiB)/1024, "server-repo-MB")
+	b.Logf("git server after the run: %d unreachable objects, %d of them the hosts' (%.0f per host per day, extrapolated; %.1f per change written), %d the git CLI baseline's; %d loose objects, %d packs, %.1f MB on disk (loose %d KiB, packs %d KiB)",
+		garbage.unreachable, hostsGarbage, float64(hostsGarbage)/float64(scale.hosts)*perDay, float64(hostsGarbage)/float64(max(events, 1)),
+		garbage.unreachable-hostsGarbage, garbage.loose, garbage.packs, float64(garbage.sizeKiB)/1024, garbage.looseKiB, garbage.packKiB)
 	b.Logf("controller: %d passes over %d statuses (%d failed): p50 %.0f ms, max %.0f ms; final pass %.0f ms (status branch written: %v); peak RSS of the process %d MB",
 		len(passes), scale.hosts, passErrs, ms(percentile(passes, 0.5)), ms(percentile(passes, 1)), ms(finalPass), final.SummaryWritten, rss/1024)
 	b.Logf("deletes: %d committed, %d tombstoned, %d acked, %d finalized; passes from an ack's write to its finalize: at most %d (want 1)",
@@ -390,6 +435,9 @@ func (t *ackTracker) unfinalized(committed []string) []string {
 // Unbounded, a thousand agents start a thousand git processes at once on
 // a machine of two cores, and every one of them times out.
 const serverWorkers = 8
+
+// cliEvery is how often BenchmarkStatusFleet's git CLI baseline pushes.
+const cliEvery = 3 * time.Second
 
 // workerPool lets n requests through at a time.
 func workerPool(n int) func(http.Handler) http.Handler {
@@ -564,6 +612,40 @@ func countCommits(b *testing.B, dir, branch string) int {
 		b.Fatal(err)
 	}
 	return n
+}
+
+// repoGarbage is what a bare repository holds: objects no ref reaches,
+// loose objects and packs, and their size on disk.
+type repoGarbage struct {
+	unreachable, loose, packs  int
+	looseKiB, packKiB, sizeKiB int
+}
+
+// serverGarbage reads git count-objects -v and git fsck --unreachable
+// (no reflogs: a bare repository keeps none) of dir. The unreachable
+// count includes the git CLI baseline's replaced commits (4 objects per
+// push).
+func serverGarbage(b *testing.B, dir string) repoGarbage {
+	var g repoGarbage
+	for _, line := range strings.Split(gittest.Git(b, dir, "count-objects", "-v"), "\n") {
+		k, v, _ := strings.Cut(line, ": ")
+		n, _ := strconv.Atoi(v)
+		switch k {
+		case "count":
+			g.loose = n
+		case "size":
+			g.looseKiB = n
+		case "packs":
+			g.packs = n
+		case "size-pack":
+			g.packKiB = n
+		}
+	}
+	g.sizeKiB = g.looseKiB + g.packKiB
+	if out := gittest.Git(b, dir, "fsck", "--unreachable", "--no-reflogs", "--no-progress"); out != "" {
+		g.unreachable = len(strings.Split(out, "\n"))
+	}
+	return g
 }
 
 // loadAverage is the first three fields of /proc/loadavg.

@@ -257,7 +257,7 @@ func (c *Controller) writeStatusBranch(ctx context.Context, s status.Summary, cp
 	if w == nil || err != nil {
 		return false, err
 	}
-	newTip, err := c.update(ctx, c.tips, c.cfg.StatusBranch, w.mutate)
+	newTip, err := c.update(ctx, c.hosts, c.cfg.StatusBranch, w.mutate)
 	if err != nil {
 		return false, err
 	}
@@ -299,7 +299,7 @@ func (c *Controller) planStatus(s status.Summary, cp statusCopies, now time.Time
 	}}
 	w.mutate = func(tip string, _ func(string) ([]byte, error)) (map[string][]byte, string, error) {
 		w.base = tip
-		return files.commit(c.tips, tip)
+		return files.commit(c.hosts, tip)
 	}
 	return w, nil
 }

@@ -194,3 +194,48 @@ func TestWatchMissingLocalBranchRunsNoGit(t *testing.T) {
 	_, err := os.Stat(count)
 	assert.ErrorIs(t, err, fs.ErrNotExist, "no git-upload-pack ran")
 }
+
+// reuseOr points the branch at reuse, else (reuse not usable) writes
+// path=content on the tip's parent.
+func reuseOr(reuse, path, content string) gitsource.EditFunc {
+	return func(tip *gitsource.Commit, _ func(string) ([]byte, error)) (gitsource.Write, error) {
+		return gitsource.Write{Files: map[string][]byte{path: []byte(content)}, Message: "built " + content,
+			ReplaceTip: true, Reuse: reuse}, nil
+	}
+}
+
+// Write.Reuse points the branch back at a sibling of its tip the cache
+// holds (same parent) without building a commit, as a compare-and-swap
+// from the tip; the remote's tree is the sibling's. A commit that is no
+// sibling (here: the parent itself) or that the cache lacks is not reused:
+// the Write is built from its files.
+func TestEditReusesASibling(t *testing.T) {
+	ctx := context.Background()
+	eachTransport(t, func(t *testing.T, rm remote) {
+		r := open(t, gitsource.Options{URL: rm.url, Depth: 1})
+		branch := "gitfleet/hosts/hv-a"
+		event, err := r.Edit(ctx, branch, replaceIf("a", "event", "event"))
+		require.NoError(t, err)
+		one, err := r.Edit(ctx, branch, replaceIf("a", "1", "replaceable"))
+		require.NoError(t, err)
+		two, err := r.Edit(ctx, branch, reuseOr("", "a", "2"))
+		require.NoError(t, err)
+		require.Equal(t, event, gittest.Rev(t, rm.dir, branch+"^"))
+		got, err := r.Edit(ctx, branch, reuseOr(one, "a", "unused"))
+		require.NoError(t, err)
+		assert.Equal(t, one, got, "the sibling is the tip again")
+		assert.Equal(t, one, gittest.Rev(t, rm.dir, branch))
+		assert.Equal(t, "1", gittest.Show(t, rm.dir, branch, "a"))
+		got, err = r.Edit(ctx, branch, reuseOr(two, "a", "unused"))
+		require.NoError(t, err)
+		assert.Equal(t, two, got)
+
+		for name, reuse := range map[string]string{"not a sibling": event, "not in the cache": strings.Repeat("ab", 20)} {
+			got, err = r.Edit(ctx, branch, reuseOr(reuse, "a", name))
+			require.NoError(t, err, name)
+			assert.NotEqual(t, reuse, got, name)
+			assert.Equal(t, name, gittest.Show(t, rm.dir, branch, "a"), "%s: built from its files", name)
+			assert.Equal(t, event, gittest.Rev(t, rm.dir, branch+"^"), name)
+		}
+	})
+}

@@ -100,11 +100,22 @@ func mutation(mutate Mutation) EditFunc {
 // gpgsig header, over the commit without that header, as `git commit -S`
 // does (trust.CommitSigner signs as gpg.format=ssh does). A signing
 // failure fails the write; nothing is pushed.
+//
+// Reuse, when it names a commit the cache holds whose first parent is the
+// tip's first parent (a sibling of the tip this Repo wrote before), points
+// the branch at that commit instead of building one: a non-fast-forward
+// compare-and-swap, as ReplaceTip's, whose push carries the commit and
+// the trees and blobs it holds that its parent's tree lacks (the remote
+// stores nothing new when it still has them). A commit the cache no
+// longer holds, or of another parent, is not reused: the Write is then
+// built from Files and Message as if Reuse were empty, so an EditFunc
+// that sets it gives both.
 type Write struct {
 	Files      map[string][]byte
 	Message    string
 	ReplaceTip bool
 	Signer     CommitSigner
+	Reuse      string
 }
 
 // CommitSigner signs a commit: payload is the commit object without its
@@ -325,6 +336,11 @@ func (r *Repo) prepare(branch, tip string, edit EditFunc) (prepared, error) {
 	if err != nil || len(w.Files) == 0 {
 		return prepared{}, err
 	}
+	if w.Reuse != "" && tipCommit != nil {
+		if p, ok := r.reuse(tipCommit, w.Reuse); ok {
+			return p, nil
+		}
+	}
 	var parents []string
 	if tipCommit != nil {
 		parents = []string{tip}
@@ -337,6 +353,75 @@ func (r *Repo) prepare(branch, tip string, edit EditFunc) (prepared, error) {
 		return prepared{}, err
 	}
 	return prepared{commit: commit, written: written, replace: w.ReplaceTip}, nil
+}
+
+// reuse prepares pointing the branch at the existing commit hash, a
+// sibling of tip (the same first parent); false when the cache does not
+// hold it whole or it is no sibling.
+func (r *Repo) reuse(tip *Commit, hash string) (prepared, bool) {
+	if len(tip.Parents) == 0 || hash == tip.Hash {
+		return prepared{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, err := r.resolve(hash)
+	if err != nil || len(c.ParentHashes) == 0 || c.ParentHashes[0].String() != tip.Parents[0] {
+		return prepared{}, false
+	}
+	parent, err := r.resolve(tip.Parents[0])
+	if err != nil {
+		return prepared{}, false
+	}
+	objs := []plumbing.Hash{c.Hash}
+	if !r.newTreeObjects(c.TreeHash, parent.TreeHash, &objs) {
+		return prepared{}, false
+	}
+	seen := map[plumbing.Hash]bool{}
+	uniq := objs[:0]
+	for _, h := range objs { // a pack holds each object once
+		if !seen[h] {
+			seen[h] = true
+			uniq = append(uniq, h)
+		}
+	}
+	return prepared{commit: c.Hash, written: uniq, replace: true}, true
+}
+
+// newTreeObjects appends to objs the tree at h and every object under it
+// that the tree at old (zero: none) lacks at the same path; false when
+// one of them is not in the cache. Caller holds r.mu.
+func (r *Repo) newTreeObjects(h, old plumbing.Hash, objs *[]plumbing.Hash) bool {
+	if h == old {
+		return true
+	}
+	t, err := object.GetTree(r.st, h)
+	if err != nil {
+		return false
+	}
+	*objs = append(*objs, h)
+	was := map[string]plumbing.Hash{}
+	if !old.IsZero() {
+		if ot, err := object.GetTree(r.st, old); err == nil {
+			for _, e := range ot.Entries {
+				was[e.Name] = e.Hash
+			}
+		}
+	}
+	for _, e := range t.Entries {
+		switch {
+		case was[e.Name] == e.Hash || e.Mode == filemode.Submodule:
+		case e.Mode == filemode.Dir:
+			if !r.newTreeObjects(e.Hash, was[e.Name], objs) {
+				return false
+			}
+		default:
+			if _, err := r.st.EncodedObject(plumbing.BlobObject, e.Hash); err != nil {
+				return false
+			}
+			*objs = append(*objs, e.Hash)
+		}
+	}
+	return true
 }
 
 // pack encodes the objects hs (each once) as a pack to push.

@@ -24,6 +24,19 @@ import (
 // refused a replacement (gitsource.ErrNonFastForward: a git host that
 // forbids non-fast-forward updates), every write is a new commit.
 //
+// A heartbeat stores nothing new on the remote once an unsigned writer
+// has two heartbeat-only commits on the same event: the write after them
+// points the branch back at the other one (gitsource.Write.Reuse, a
+// compare-and-swap from the tip this Writer left), so the branch
+// alternates between two commits whose heartbeats differ (the status file
+// changes, which is what the controller's liveness watches) and no
+// heartbeat leaves an unreachable object behind; the heartbeat number
+// then goes back and forth between the two until the next event. A
+// signed writer (Signer) writes a new commit with a higher heartbeat
+// every time: a controller takes a signed status as a heartbeat only
+// when its number is above every one it saw signed (a replayed old
+// commit is none), docs/DESIGN.md "History grows with events".
+//
 // Each write builds on the tip this Writer's Repo last saw
 // (gitsource.Repo.EditOwn): one round trip with the remote, the push, when
 // nothing else wrote the branch.
@@ -47,6 +60,21 @@ type Writer struct {
 
 	migrated  bool
 	forbidden bool
+	// last is the commit this Writer's last write left at the tip, beat
+	// its other heartbeat commit on the same parent (zero: none).
+	last, beat beatCommit
+	// high is the highest heartbeat this Writer wrote.
+	high uint64
+}
+
+// beatCommit is a commit a Writer wrote: its hash, first parent,
+// heartbeat, the EventKey of its status (a copy: the caller's Status may
+// change later) and whether it is heartbeat-only.
+type beatCommit struct {
+	commit, parent string
+	heartbeat      uint64
+	key            []byte
+	heartbeatOnly  bool
 }
 
 // Written says what one Write did: the heartbeat the status was written
@@ -59,6 +87,10 @@ type Written struct {
 	HeartbeatOnly bool
 	Replaced      bool
 	Refused       bool
+	// Reused is set when the write pointed the branch at its other
+	// heartbeat commit instead of writing one (Heartbeat is that
+	// commit's, below the last one written).
+	Reused bool
 }
 
 // Write writes st (not modified) with heartbeat st.Heartbeat, or one more
@@ -75,13 +107,42 @@ func (w *Writer) Write(ctx context.Context, st *Status) (Written, error) {
 	if err != nil {
 		return Written{}, err
 	}
-	out, err := w.write(ctx, branch, st, floor, w.AppendOnly || w.forbidden)
+	out, err := w.write(ctx, branch, st, max(floor, w.high+1), w.AppendOnly || w.forbidden)
 	if errors.Is(err, gitsource.ErrNonFastForward) {
 		w.forbidden = true
-		out, err = w.write(ctx, branch, st, floor, true)
+		out, err = w.write(ctx, branch, st, max(floor, w.high+1), true)
 		out.Refused = true
 	}
 	return out, err
+}
+
+// other is the heartbeat commit to point the branch at instead of writing
+// c, "" when there is none: the tip is the heartbeat-only commit this
+// Writer left, its other one is on the same parent and says what c says
+// but for the heartbeat. Never for a signed or appending writer.
+func (w *Writer) other(tip *gitsource.Commit, c *Status, appendOnly bool) string {
+	switch {
+	case appendOnly || w.Signer != nil || tip == nil || w.beat.commit == "":
+	case tip.Hash != w.last.commit || !w.last.heartbeatOnly || w.beat.parent != w.last.parent:
+	default:
+		if key, err := EventKey(c); err == nil && string(key) == string(w.beat.key) {
+			return w.beat.commit
+		}
+	}
+	return ""
+}
+
+// wrote records the commit one write left at the tip.
+func (w *Writer) wrote(b beatCommit, reused bool) {
+	w.high = max(w.high, b.heartbeat)
+	switch {
+	case reused:
+		w.last, w.beat = w.beat, w.last
+	case b.heartbeatOnly && w.last.heartbeatOnly && w.last.parent == b.parent && w.last.commit != b.commit:
+		w.last, w.beat = b, w.last
+	default:
+		w.last, w.beat = b, beatCommit{}
+	}
 }
 
 // write is one Edit of branch; replace allows replacing a heartbeat-only
@@ -89,6 +150,7 @@ func (w *Writer) Write(ctx context.Context, st *Status) (Written, error) {
 func (w *Writer) write(ctx context.Context, branch string, st *Status, floor uint64, appendOnly bool) (Written, error) {
 	path := Path(w.Host)
 	var out Written
+	var parent, reuse string
 	c := *st
 	tip, err := w.Repo.EditOwn(ctx, branch, func(tip *gitsource.Commit, read func(string) ([]byte, error)) (gitsource.Write, error) {
 		c.Heartbeat = max(st.Heartbeat, floor)
@@ -115,12 +177,27 @@ func (w *Writer) write(ctx context.Context, branch string, st *Status, floor uin
 			msg += "\n\n" + HeartbeatTrailer + "\n"
 		}
 		out.Replaced = !appendOnly && tip != nil && len(tip.Parents) == 1 && IsHeartbeatOnly(tip.Message)
-		return gitsource.Write{Files: map[string][]byte{path: data}, Message: msg, ReplaceTip: out.Replaced, Signer: w.Signer}, nil
+		parent, reuse = "", ""
+		if out.Replaced {
+			parent = tip.Parents[0]
+		} else if tip != nil {
+			parent = tip.Hash
+		}
+		if out.HeartbeatOnly {
+			reuse = w.other(tip, &c, appendOnly)
+		}
+		return gitsource.Write{Files: map[string][]byte{path: data}, Message: msg, ReplaceTip: out.Replaced, Signer: w.Signer, Reuse: reuse}, nil
 	})
 	if err != nil {
 		return out, fmt.Errorf("write status %s to %s: %w", path, branch, err)
 	}
 	out.Commit = tip
+	key, _ := EventKey(&c)
+	written := beatCommit{commit: tip, parent: parent, heartbeat: out.Heartbeat, key: key, heartbeatOnly: out.HeartbeatOnly}
+	if out.Reused = reuse != "" && tip == reuse; out.Reused {
+		out.Heartbeat = w.beat.heartbeat
+	}
+	w.wrote(written, out.Reused)
 	return out, nil
 }
 

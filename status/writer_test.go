@@ -51,11 +51,23 @@ func TestWriterHistoryGrowsWithEvents(t *testing.T) {
 	out := write(2)
 	assert.True(t, out.HeartbeatOnly)
 	assert.False(t, out.Replaced, "an event tip is never replaced")
-	for hb := uint64(3); hb <= 6; hb++ {
+	beat2 := out.Commit
+	out = write(3)
+	assert.True(t, out.HeartbeatOnly && out.Replaced && !out.Reused, "the second heartbeat is a new commit: %+v", out)
+	beat3 := out.Commit
+	// From then on the branch alternates between the two.
+	for hb := uint64(4); hb <= 6; hb++ {
 		out = write(hb)
-		assert.True(t, out.HeartbeatOnly && out.Replaced, "heartbeat %d: %+v", hb, out)
+		assert.True(t, out.HeartbeatOnly && out.Replaced && out.Reused, "heartbeat %d: %+v", hb, out)
+		want, wantHB := beat2, uint64(2)
+		if hb%2 == 1 {
+			want, wantHB = beat3, 3
+		}
+		assert.Equal(t, want, out.Commit, "heartbeat %d", hb)
+		assert.Equal(t, wantHB, out.Heartbeat, "heartbeat %d", hb)
+		assert.Equal(t, want, gittest.Rev(t, dir, branch))
 	}
-	assert.Equal(t, []string{"status: hv-a heartbeat 6", "status: hv-a heartbeat 1"}, history(t, dir, branch))
+	assert.Equal(t, []string{"status: hv-a heartbeat 2", "status: hv-a heartbeat 1"}, history(t, dir, branch))
 	st.VMs = []status.VM{{Name: "web-01", Phase: status.PhaseReady}}
 	out = write(7)
 	assert.False(t, out.HeartbeatOnly, "a phase is an event")
@@ -192,4 +204,87 @@ func TestWriterPastTheLargestHeartbeat(t *testing.T) {
 	out, err := w.Write(context.Background(), &status.Status{Host: "hv-a", Heartbeat: 19})
 	require.NoError(t, err)
 	assert.Equal(t, uint64(19), out.Heartbeat)
+}
+
+// unreachable counts the objects of the bare repository dir that no ref
+// reaches (git fsck --unreachable; a bare repository keeps no reflogs).
+func unreachable(t *testing.T, dir string) int {
+	out := gittest.Git(t, dir, "fsck", "--unreachable", "--no-reflogs", "--no-progress")
+	if out == "" {
+		return 0
+	}
+	return len(strings.Split(out, "\n"))
+}
+
+// countingSigner signs every commit with a made-up signature (the git
+// server does not verify it) and counts the commits it signed.
+type countingSigner struct{ n int }
+
+func (s *countingSigner) SignCommit([]byte) (string, error) {
+	s.n++
+	return "-----BEGIN SSH SIGNATURE-----\nU1NIU0lH\n-----END SSH SIGNATURE-----\n", nil
+}
+
+// Heartbeats leave no garbage on the git server: after the first two,
+// an unsigned writer points its branch back and forth between two
+// heartbeat commits, so 30 heartbeats leave at most the one heartbeat
+// commit not at the tip unreachable (its commit, two trees and blob), and
+// the server stores no new object for them. An event drops both; a signed
+// writer writes (and signs) a new commit every time, as before.
+func TestWriterHeartbeatsLeaveNoGarbage(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		signed bool
+	}{{"unsigned", false}, {"signed", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := gittest.NewBare(t)
+			url := gittest.Serve(t, dir+"/..") + "/repo.git"
+			repo, err := gitsource.Open(context.Background(), gitsource.Options{URL: url, Depth: 1})
+			require.NoError(t, err)
+			signer := &countingSigner{}
+			w := &status.Writer{Repo: repo, Host: "hv-a"}
+			if tc.signed {
+				w.Signer = signer
+			}
+			st := &status.Status{Host: "hv-a", VMs: []status.VM{{Name: "web-01", Phase: status.PhaseReady}}}
+			write := func() status.Written {
+				t.Helper()
+				st.Heartbeat++
+				st.ObservedAt = time.Unix(int64(st.Heartbeat), 0).UTC()
+				out, err := w.Write(context.Background(), st)
+				require.NoError(t, err)
+				return out
+			}
+			write()
+			write()
+			write()
+			loose := gittest.Git(t, dir, "count-objects")
+			reused := 0
+			for range 30 {
+				if write().Reused {
+					reused++
+				}
+			}
+			branch := status.HostBranch("hv-a")
+			got, err := status.Parse("x", []byte(gittest.Show(t, dir, branch, status.Path("hv-a"))+"\n"))
+			require.NoError(t, err)
+			assert.True(t, status.SameExceptHeartbeat(got, st), "the tip says what the last write said")
+			assert.Equal(t, "2", gittest.Git(t, dir, "rev-list", "--count", branch), "the event and one heartbeat commit")
+			if tc.signed {
+				assert.Zero(t, reused, "a signed heartbeat is always a new commit")
+				assert.Equal(t, 33, signer.n)
+				assert.Equal(t, 4*31, unreachable(t, dir), "each of the 31 signed heartbeats replaced leaves its commit, two trees and blob")
+				return
+			}
+			assert.Equal(t, 30, reused)
+			assert.Equal(t, loose, gittest.Git(t, dir, "count-objects"), "no object stored for 30 heartbeats")
+			assert.Equal(t, 4, unreachable(t, dir), "the heartbeat commit not at the tip, its two trees and blob")
+			// An event: both heartbeat commits leave the branch.
+			st.VMs[0].Phase = status.PhaseFailed
+			out := write()
+			assert.False(t, out.HeartbeatOnly || out.Reused)
+			assert.Equal(t, 8, unreachable(t, dir), "two heartbeat commits' objects, once per event")
+			assert.Greater(t, out.Heartbeat, uint64(33), "a new commit's heartbeat is above every one written")
+		})
+	}
 }

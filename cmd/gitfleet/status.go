@@ -95,6 +95,9 @@ controller key signed, as the controller does, and says which unsigned
 commits lie above it; without it, it says that the ledger it read is
 unverified ("ledgerWarning" in the JSON).
 
+With --status-repo (the controller's), the status branch is read from
+that repository and the ledger from --repo.
+
 Exit status: 0; 1 when the status branch is missing (no agent has
 reported to this repository, or --repo names a clone rather than the
 fleet's remote: point it at the remote) or cannot be read, or the pending
@@ -104,6 +107,7 @@ errors.`,
 	}
 	flags := config.NewFlags(cmd.Flags())
 	repo.Bind(flags)
+	repo.BindStatus(flags)
 	var controllerKeys string
 	flags.Path(&controllerKeys, "controller-keys", "GITFLEET_CONTROLLER_KEYS", "allowed-signers file of the controller's public keys (its own and --controller-keys', as agents' controllerKeysFile): read the ledger of the newest snapshots commit one of them signed, as the controller does")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -254,10 +258,20 @@ func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, sna
 		return &exitError{code: 1, err: err}
 	}
 	defer done()
+	ledgerRepo, statusURL := repo, rf.URL
+	if rf.StatusURL != "" && rf.StatusURL != rf.URL {
+		var doneStatus func()
+		repo, doneStatus, err = openScratch(ctx, gitsource.Options{URL: rf.StatusURL, Auth: rf.Auth(), Depth: 1})
+		if err != nil {
+			return &exitError{code: 1, err: fmt.Errorf("status repository: %w", err)}
+		}
+		defer doneStatus()
+		statusURL = rf.StatusURL
+	}
 	rep := statusReport{Hosts: []*status.Status{}, PendingDeletes: []pendingDelete{}, Retained: []retainedObject{}}
 	tip, err := repo.Fetch(ctx, branch)
 	if errors.Is(err, gitsource.ErrBranchNotFound) {
-		return &exitError{code: 1, err: missingStatusBranch(rf.URL, branch)}
+		return &exitError{code: 1, err: missingStatusBranch(statusURL, branch)}
 	}
 	if err != nil {
 		return &exitError{code: 1, err: err}
@@ -281,7 +295,7 @@ func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, sna
 		}
 		rep.Hosts = append(rep.Hosts, r.Status)
 	}
-	if err = readLedger(ctx, repo, snapshots, keys, &rep); err != nil {
+	if err = readLedger(ctx, ledgerRepo, snapshots, keys, &rep); err != nil {
 		rep.PendingDeletes, rep.PendingError = []pendingDelete{}, err.Error()
 	}
 	switch data, err := repo.ReadFileMax(tip, status.ControllerPath, status.MaxControllerBytes); {

@@ -60,6 +60,32 @@ func Status(t testing.TB, bare, host string) *status.Status {
 	return st
 }
 
+// Writes counts host's status writes as a poll sees them: each call of
+// its function reads the host branch's tip and returns how many times it
+// has moved since Writes was called. Every write moves it (an idle
+// unsigned agent's heartbeats alternate between two commits, so the
+// heartbeat number is no count of writes); two writes between polls count
+// as one at most, so poll faster than the agent writes.
+func Writes(t testing.TB, bare, host string) func() int {
+	t.Helper()
+	last, moves := hostTip(bare, host), 0
+	return func() int {
+		if tip := hostTip(bare, host); tip != last {
+			last, moves = tip, moves+1
+		}
+		return moves
+	}
+}
+
+// hostTip is host's branch tip in bare, "" when there is none.
+func hostTip(bare, host string) string {
+	out, err := exec.Command("git", "--git-dir", bare, "rev-parse", "--verify", "--quiet", "refs/heads/"+status.HostBranch(host)).Output()
+	if err != nil {
+		return ""
+	}
+	return string(out)
+}
+
 // Snapshot is host's snapshot on gitfleet/snapshots, nil before the
 // controller published one; a file that does not parse fails the test.
 func Snapshot(t testing.TB, bare, host string) *snapshots.Snapshot {

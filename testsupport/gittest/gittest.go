@@ -85,6 +85,14 @@ type ServeOptions struct {
 	// Wrap, when set, wraps the git handler (after the auth check): a
 	// test's own misbehaviour in front of a real git.
 	Wrap func(http.Handler) http.Handler
+	// Account, when set, is called after every request git http-backend
+	// answered, with its CPU time (the backend and the git processes it
+	// ran); the backend then runs as a CGI program of gittest's own
+	// (net/http/cgi hides the child's rusage). It may be called from
+	// several goroutines at once.
+	Account func(Request)
+	// Env is extra environment for git http-backend (GIT_TRACE2_PERF=…).
+	Env []string
 }
 
 // Serve serves every repository under projectRoot over git's smart HTTP
@@ -115,7 +123,12 @@ func ServeWith(t testing.TB, projectRoot string, opts ServeOptions) string {
 		// git's complaints (a lost ref-lock race, say) go to the test log.
 		Stderr: logWriter{t},
 	}
+	backend.Env = append(backend.Env, opts.Env...)
 	var h http.Handler = backend
+	if opts.Account != nil {
+		h = &accountingBackend{gitBin: gitBin, env: backend.Env, stderr: backend.Stderr, account: opts.Account}
+	}
+	git := h
 	if opts.Username != "" || opts.Password != "" {
 		h = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			u, p, ok := req.BasicAuth()
@@ -124,7 +137,7 @@ func ServeWith(t testing.TB, projectRoot string, opts ServeOptions) string {
 				http.Error(w, "unauthorized", http.StatusUnauthorized)
 				return
 			}
-			backend.ServeHTTP(w, req)
+			git.ServeHTTP(w, req)
 		})
 	}
 	if opts.Wrap != nil {

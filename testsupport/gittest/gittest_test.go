@@ -2,8 +2,10 @@ package gittest_test
 
 import (
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -73,4 +75,43 @@ func TestServe(t *testing.T) {
 	gittest.Git(t, work, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "--quiet", "--allow-empty", "-m", "pushed")
 	gittest.Git(t, work, "push", "--quiet", "origin", "main")
 	assert.Equal(t, gittest.Rev(t, work, "HEAD"), gittest.Rev(t, dir, "main"))
+}
+
+// Account: git's own clone and push go through the accounting CGI host
+// (with basic auth), and every request is reported with its service,
+// kind, status and the CPU its git processes used.
+func TestServeAccountsEachRequest(t *testing.T) {
+	dir := gittest.NewBare(t)
+	gittest.Commit(t, dir, gittest.Edit{Write: map[string]string{"a.yaml": "a\n"}})
+	var mu sync.Mutex
+	var got []gittest.Request
+	base := gittest.ServeWith(t, filepath.Dir(dir), gittest.ServeOptions{Username: "u", Password: "p",
+		Account: func(r gittest.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, r)
+		}})
+	url := strings.Replace(base, "http://", "http://u:p@", 1) + "/repo.git"
+	work := filepath.Join(t.TempDir(), "work")
+	gittest.Git(t, "", "clone", "--quiet", url, work)
+	require.NoError(t, os.WriteFile(filepath.Join(work, "b.yaml"), []byte("b\n"), 0o644))
+	gittest.Git(t, work, "add", "b.yaml")
+	gittest.Git(t, work, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "--quiet", "-m", "b")
+	gittest.Git(t, work, "push", "--quiet", "origin", "HEAD:main")
+	assert.Equal(t, gittest.Git(t, work, "rev-parse", "HEAD"), gittest.Rev(t, dir, "main"), "the push landed")
+	mu.Lock()
+	defer mu.Unlock()
+	kinds := map[string]int{}
+	for _, r := range got {
+		assert.Equal(t, http.StatusOK, r.Status, "%+v", r)
+		assert.Positive(t, r.CPU, "%+v", r)
+		kind := r.Service + " pack"
+		if r.Advertisement {
+			kind = r.Service + " refs"
+		}
+		kinds[kind]++
+	}
+	// The clone speaks protocol v2 (the Git-Protocol header reaches
+	// http-backend): ls-refs and fetch are two POSTs.
+	assert.Equal(t, map[string]int{"upload-pack refs": 1, "upload-pack pack": 2, "receive-pack refs": 1, "receive-pack pack": 1}, kinds)
 }

@@ -41,6 +41,7 @@ const DefaultVMTimeout = 30 * time.Minute
 //	repo:
 //	  url: https://git.example.com/infra/fleet.git
 //	  auth: {tokenFile: /etc/gitfleet/token}   # or username/password(File), sshKeyFile, knownHostsFile
+//	statusRepo: {url: https://git.example.com/infra/fleet-status.git}  # the host branch there, not in repo (same auth)
 //	host: hv-a
 //	stateDir: /var/lib/gitfleet
 //	backend: qemu                              # qemu (default) or memory
@@ -81,6 +82,11 @@ type AgentFile struct {
 			KnownHostsFile string `yaml:"knownHostsFile"`
 		} `yaml:"auth"`
 	} `yaml:"repo"`
+	// StatusRepo is the repository of the host branch when it is not
+	// repo's (the controller's --status-repo), reached with repo.auth.
+	StatusRepo struct {
+		URL string `yaml:"url"`
+	} `yaml:"statusRepo"`
 	Host     string `yaml:"host"`
 	StateDir string `yaml:"stateDir"`
 	Backend  string `yaml:"backend"`
@@ -162,6 +168,7 @@ type AgentFile struct {
 // types, by field.
 var agentFileChecks = map[string]fieldCheck{
 	"repo.url":                 checkURL,
+	"statusRepo.url":           checkURL,
 	"repo.auth.passwordFile":   checkPath,
 	"repo.auth.tokenFile":      checkPath,
 	"repo.auth.sshKeyFile":     checkPath,
@@ -250,6 +257,9 @@ type Agent struct {
 	// with the files the config names read.
 	RepoURL string
 	Auth    gitsource.Auth
+	// StatusRepoURL is the repository of the host branch when not
+	// RepoURL's ("": RepoURL's), with Auth.
+	StatusRepoURL string
 	// Host is this host's name, a DNS label (required).
 	Host string
 	// StateDir holds records, disks, volumes, networks (default
@@ -334,12 +344,13 @@ func DefaultAgent() Agent {
 	}
 }
 
-// AgentFlags are the agent's flags: --config, --repo, --host, --state-dir,
-// each with its variable (GITFLEET_CONFIG, GITFLEET_REPO, GITFLEET_HOST,
-// GITFLEET_STATE_DIR). The last three override the file.
+// AgentFlags are the agent's flags: --config, --repo, --status-repo,
+// --host, --state-dir, each with its variable (GITFLEET_CONFIG,
+// GITFLEET_REPO, GITFLEET_STATUS_REPO, GITFLEET_HOST, GITFLEET_STATE_DIR).
+// All but the first override the file.
 type AgentFlags struct {
-	flags                                 *Flags
-	file, repoURL, host, stateDir, listen string
+	flags                                            *Flags
+	file, repoURL, statusURL, host, stateDir, listen string
 }
 
 // BindAgent binds the agent's flags on fs.
@@ -347,6 +358,7 @@ func BindAgent(fs *pflag.FlagSet) *AgentFlags {
 	a := &AgentFlags{flags: NewFlags(fs)}
 	a.flags.Path(&a.file, "config", "GITFLEET_CONFIG", "agent configuration file (YAML)")
 	a.flags.URL(&a.repoURL, "repo", "GITFLEET_REPO", "fleet repository URL (overrides repo.url)")
+	a.flags.URL(&a.statusURL, "status-repo", "GITFLEET_STATUS_REPO", "repository of this host's status branch, when not the fleet repository (overrides statusRepo.url)")
 	a.flags.String(&a.host, "host", "GITFLEET_HOST", "this host's name (overrides host)")
 	a.flags.Path(&a.stateDir, "state-dir", "GITFLEET_STATE_DIR", "state directory (overrides stateDir; default "+agent.DefaultStateDir+")")
 	a.flags.String(&a.listen, "listen", "GITFLEET_AGENT_LISTEN", "address for /metrics and /healthz, such as "+agent.DefaultListen+"; off when empty (overrides listen)")
@@ -412,6 +424,7 @@ func (a *AgentFlags) Load(env Env) (*Agent, error) {
 		return nil, err
 	}
 	setIf(&f.Repo.URL, a.repoURL)
+	setIf(&f.StatusRepo.URL, a.statusURL)
 	setIf(&f.Host, a.host)
 	setIf(&f.StateDir, a.stateDir)
 	setIf(&f.Listen, a.listen)
@@ -426,7 +439,7 @@ func (a *AgentFlags) Load(env Env) (*Agent, error) {
 // it names no token. Its values were checked as ReadAgentFile read it.
 func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 	c := DefaultAgent()
-	c.File, c.RepoURL, c.Host = path, f.Repo.URL, f.Host
+	c.File, c.RepoURL, c.StatusRepoURL, c.Host = path, f.Repo.URL, f.StatusRepo.URL, f.Host
 	setIf(&c.StateDir, f.StateDir)
 	setIf(&c.Backend, f.Backend)
 	setIf(&c.QEMU.Accel, f.QEMU.Accel)

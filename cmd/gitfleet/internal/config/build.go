@@ -97,6 +97,10 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 	if err != nil {
 		return nil, err
 	}
+	statusRepo, err := c.openStatusRepo(ctx, store, log)
+	if err != nil {
+		return nil, err
+	}
 	reg := prometheus.NewRegistry()
 	metrics, err := agent.NewMetrics(reg)
 	if err != nil {
@@ -113,11 +117,30 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 		return nil, err
 	}
 	return &AgentParts{Store: store, Provisioner: prov, Engine: eng, Registry: reg, Config: agent.Config{
-		Host: c.Host, Repo: repo, Engine: eng, Store: store, Version: c.Version,
+		Host: c.Host, Repo: repo, StatusRepo: statusRepo, Engine: eng, Store: store, Version: c.Version,
 		TickInterval: c.TickInterval, PollInterval: c.PollInterval, Heartbeat: c.Heartbeat,
 		StopTimeout: c.StopTimeout, AppendStatus: c.AppendStatus, Metrics: metrics, Log: log,
 		ControllerKeys: verifier(c.ControllerKeys), SigningKey: commitSigner(signer),
 	}}, nil
+}
+
+// openStatusRepo opens StatusRepoURL at depth 1, cached beside the fleet
+// repository's clone (GitCacheDir, or StateDir/git, plus "-status"); nil
+// when the host branch is in the fleet repository.
+func (c *Agent) openStatusRepo(ctx context.Context, store *agent.Store, log *logrus.Logger) (*gitsource.Repo, error) {
+	if c.StatusRepoURL == "" || c.StatusRepoURL == c.RepoURL {
+		return nil, nil
+	}
+	repo, err := gitsource.Open(ctx, gitsource.Options{
+		URL: c.StatusRepoURL, CacheDir: orUnder(c.GitCacheDir, store, "git") + "-status", Auth: c.Auth, Depth: 1,
+		Timeout:   c.GitTimeout,
+		Committer: "gitfleet agent " + c.Host + " <agent@" + c.Host + ">",
+		Logger:    log.WithField("host", c.Host),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("status repository: %w", err)
+	}
+	return repo, nil
 }
 
 // verifier is keys as an agent.CommitVerifier: nil (verify nothing) when

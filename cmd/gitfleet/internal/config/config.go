@@ -17,6 +17,7 @@
 //	flag              environment              agent file                commands
 //	--config          GITFLEET_CONFIG          (the file itself)         agent
 //	--repo            GITFLEET_REPO            repo.url                  agent, controller, plan, status
+//	--status-repo     GITFLEET_STATUS_REPO     statusRepo.url            agent, controller, status
 //	--host            GITFLEET_HOST            host                      agent
 //	--state-dir       GITFLEET_STATE_DIR       stateDir                  agent
 //	--token           GITFLEET_TOKEN           repo.auth.token(File)     controller, plan, status; agent: variable and file

@@ -63,6 +63,7 @@ func TestControllerEnvironment(t *testing.T) {
 		want             func(*Controller)
 	}{
 		{"GITFLEET_REPO", "repo", "https://git.example.com/fleet.git", func(c *Controller) { c.Repo.URL = "https://git.example.com/fleet.git" }},
+		{"GITFLEET_STATUS_REPO", "status-repo", "https://git.example.com/fleet-status.git", func(c *Controller) { c.Repo.StatusURL = "https://git.example.com/fleet-status.git" }},
 		{"GITFLEET_TOKEN", "token", "tok", func(c *Controller) { c.Repo.Token = "tok" }},
 		{"GITFLEET_SSH_KEY", "ssh-key", "/etc/gitfleet/key", func(c *Controller) { c.Repo.SSHKey = "/etc/gitfleet/key" }},
 		{"GITFLEET_KNOWN_HOSTS", "known-hosts", "/etc/gitfleet/known_hosts", func(c *Controller) { c.Repo.KnownHosts = "/etc/gitfleet/known_hosts" }},
@@ -137,6 +138,7 @@ func TestAgentFileKeys(t *testing.T) {
 		{"repo.auth.passwordFile", "repo: {url: /srv/fleet.git, auth: {username: u, passwordFile: " + passwordFile + "}}\nhost: hv-a\n", func(a *Agent) { a.Auth.Username, a.Auth.Password = "u", "file-password" }},
 		{"repo.auth.sshKeyFile and knownHostsFile", "repo: {url: /srv/fleet.git, auth: {sshKeyFile: /k, knownHostsFile: /kh}}\nhost: hv-a\n", func(a *Agent) { a.Auth.SSHKeyFile, a.Auth.KnownHostsFile = "/k", "/kh" }},
 		{"host", "repo: {url: /srv/fleet.git}\nhost: hv-b\n", func(a *Agent) { a.Host = "hv-b" }},
+		{"statusRepo.url", head + "statusRepo: {url: 'https://git.example.com/fleet-status.git'}\n", func(a *Agent) { a.StatusRepoURL = "https://git.example.com/fleet-status.git" }},
 		{"stateDir", head + "stateDir: /srv/state\n", func(a *Agent) { a.StateDir = "/srv/state" }},
 		{"backend", head + "backend: memory\n", func(a *Agent) { a.Backend = BackendMemory }},
 		{"qemu.accel", head + "qemu: {accel: tcg}\n", func(a *Agent) { a.QEMU.Accel = "tcg" }},
@@ -193,12 +195,13 @@ func TestAgentDefaults(t *testing.T) {
 // The agent's variables and flags: flag over variable over file over
 // default, for each setting that has all of them.
 func TestAgentPrecedence(t *testing.T) {
-	file := writeFile(t, "agent.yaml", "repo: {url: /file.git}\nhost: hv-file\nstateDir: /file-state\n")
+	file := writeFile(t, "agent.yaml", "repo: {url: /file.git}\nstatusRepo: {url: /file-status.git}\nhost: hv-file\nstateDir: /file-state\n")
 	for _, tc := range []struct {
 		env, flag, fileValue, value string
 		get                         func(*Agent) string
 	}{
 		{"GITFLEET_REPO", "repo", "/file.git", "/other.git", func(a *Agent) string { return a.RepoURL }},
+		{"GITFLEET_STATUS_REPO", "status-repo", "/file-status.git", "/other-status.git", func(a *Agent) string { return a.StatusRepoURL }},
 		{"GITFLEET_HOST", "host", "hv-file", "hv-other", func(a *Agent) string { return a.Host }},
 		{"GITFLEET_STATE_DIR", "state-dir", "/file-state", "/other-state", func(a *Agent) string { return a.StateDir }},
 	} {

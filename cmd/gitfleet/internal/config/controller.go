@@ -18,6 +18,10 @@ import (
 type Repo struct {
 	// URL is a URL (file, http(s), ssh) or a local path.
 	URL string
+	// StatusURL is the repository of the status branch and the host
+	// branches when they are not in URL's ("": URL's; fleet.Config
+	// StatusURL), reached with the same credentials.
+	StatusURL string
 	// Token authenticates to an http(s) remote; SSHKey and KnownHosts are
 	// files for an ssh remote (KnownHosts default ~/.ssh/known_hosts).
 	Token, SSHKey, KnownHosts string
@@ -31,6 +35,12 @@ func (r *Repo) Bind(f *Flags) {
 	f.String(&r.Token, "token", "GITFLEET_TOKEN", "token for an http(s) remote; better set the variable, which stays off the command line")
 	f.Path(&r.SSHKey, "ssh-key", "GITFLEET_SSH_KEY", "private key file for an ssh remote")
 	f.Path(&r.KnownHosts, "known-hosts", "GITFLEET_KNOWN_HOSTS", "known_hosts file for an ssh remote (default ~/.ssh/known_hosts)")
+}
+
+// BindStatus binds --status-repo with GITFLEET_STATUS_REPO (the
+// controller and status commands).
+func (r *Repo) BindStatus(f *Flags) {
+	f.URL(&r.StatusURL, "status-repo", "GITFLEET_STATUS_REPO", "repository of the status branch and the agents' host branches, when not --repo (agents: statusRepo.url); same credentials")
 }
 
 // Check returns an ErrUsage error when no repository is named.
@@ -55,7 +65,8 @@ type Controller struct {
 	// default; gitfleet controller then clones into a private temporary
 	// directory).
 	Branch, Path, CacheDir string
-	// Interval is the poll interval (jittered).
+	// Interval is the poll interval (jittered; fleet.Controller.Run keeps it
+	// at most OfflineAfter/6).
 	Interval time.Duration
 	// Listen is the address of /metrics and /healthz ("" off);
 	// WebhookListen the address of the webhooks, on a server of their own
@@ -146,6 +157,7 @@ func DefaultController() Controller {
 // values are their defaults.
 func (c *Controller) Bind(f *Flags) {
 	c.Repo.Bind(f)
+	c.Repo.BindStatus(f)
 	f.String(&c.Branch, "branch", "GITFLEET_BRANCH", "branch holding the desired state")
 	f.String(&c.Path, "path", "GITFLEET_PATH", "directory of the objects in the repository; default the root")
 	f.Path(&c.CacheDir, "cache-dir", "GITFLEET_CACHE_DIR", "directory for the local clone, kept between runs; default a private temporary directory removed at exit")
@@ -200,7 +212,7 @@ func (c *Controller) Fleet(log *logrus.Entry) (fleet.Config, error) {
 		return fleet.Config{}, usageError(errors.New("--max-deletes 0: give 1 or more, or a negative number to turn the guard off"))
 	}
 	return fleet.Config{
-		URL: c.Repo.URL, Auth: c.Repo.Auth(), CacheDir: c.CacheDir,
+		URL: c.Repo.URL, StatusURL: c.Repo.StatusURL, Auth: c.Repo.Auth(), CacheDir: c.CacheDir,
 		Branch: c.Branch, Path: c.Path, SnapshotsBranch: c.SnapshotsBranch, StatusBranch: c.StatusBranch,
 		AbandonGrace: c.AbandonGrace, OfflineAfter: c.OfflineAfter, GitTimeout: c.GitTimeout,
 		Verify: mode, Signers: signers, MaxDeletes: c.MaxDeletes,
