@@ -272,6 +272,44 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	if cfg.Store == nil || cfg.Provisioner == nil {
 		return nil, errors.New("new engine: Store and Provisioner are required")
 	}
+	cfg = cfg.withDefaults()
+	e := &Engine{
+		cfg:      cfg,
+		store:    cfg.Store,
+		prov:     cfg.Provisioner,
+		log:      cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
+		recs:     map[string]*Record{},
+		bad:      map[string]error{},
+		want:     map[string]*snapshots.SnapshotVM{},
+		workers:  map[string]*worker{},
+		changed:  make(chan struct{}, 1),
+		awaiting: map[string]string{},
+	}
+	e.confirmDeletes.Store(cfg.ConfirmDeletes)
+	e.idle = sync.NewCond(&e.mu)
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	if err := e.claimHost(); err != nil {
+		return nil, fmt.Errorf("new engine: %w", err)
+	}
+	if err := e.restoreAccepted(); err != nil {
+		return nil, fmt.Errorf("new engine: %w", err)
+	}
+	// The records are read now, not at the first tick, so that a status
+	// written before it (the agent's git loop starts at once) shows each
+	// VM as its record says, with its phase and why it is not ready,
+	// never as pending. A failure is read again by the first tick.
+	if err := e.load(); err != nil {
+		e.log.WithError(err).Warn("vm records not read; reading them at the first tick")
+	}
+	e.wg.Add(1)
+	go e.watchReadiness()
+	cfg.Metrics.watch(e)
+	return e, nil
+}
+
+// withDefaults returns cfg with every unset knob at its Default* value,
+// the host's boot id reader, the wall clock and logrus's standard logger.
+func (cfg EngineConfig) withDefaults() EngineConfig {
 	if cfg.BootID == nil {
 		cfg.BootID = HostBootID
 	}
@@ -296,54 +334,58 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
 	}
-	e := &Engine{
-		cfg:      cfg,
-		store:    cfg.Store,
-		prov:     cfg.Provisioner,
-		log:      cfg.Log.WithField("component", "agent").WithField("host", cfg.Host),
-		recs:     map[string]*Record{},
-		bad:      map[string]error{},
-		want:     map[string]*snapshots.SnapshotVM{},
-		workers:  map[string]*worker{},
-		changed:  make(chan struct{}, 1),
-		awaiting: map[string]string{},
-	}
-	e.confirmDeletes.Store(cfg.ConfirmDeletes)
-	e.idle = sync.NewCond(&e.mu)
-	e.ctx, e.cancel = context.WithCancel(context.Background())
-	if cfg.Host != "" {
-		if err := CheckHostName(cfg.Host); err != nil {
-			return nil, fmt.Errorf("new engine: %w", err)
+	return cfg
+}
+
+// claimHost checks the configured host name and claims the state
+// directory for it (Store.ClaimHost), then applies a configured epoch
+// reset. An engine without a host name (tests) claims nothing.
+func (e *Engine) claimHost() error {
+	if e.cfg.Host != "" {
+		if err := CheckHostName(e.cfg.Host); err != nil {
+			return err
 		}
-		if err := cfg.Store.ClaimHost(cfg.Host); err != nil {
-			return nil, fmt.Errorf("new engine: %w", err)
+		if err := e.store.ClaimHost(e.cfg.Host); err != nil {
+			return err
 		}
 	}
-	if r := cfg.EpochReset; r != nil {
-		done, err := cfg.Store.ResetEpoch(r.From, r.To)
-		if err != nil {
-			return nil, fmt.Errorf("new engine: %w", err)
-		}
-		if done {
-			e.log.WithField("from", r.From).WithField("to", r.To).Warn("accepted epoch reset by the configuration's epochReset: a snapshot above the new epoch is accepted again")
-		}
+	r := e.cfg.EpochReset
+	if r == nil {
+		return nil
 	}
+	done, err := e.store.ResetEpoch(r.From, r.To)
+	if err != nil {
+		return err
+	}
+	if done {
+		e.log.WithField("from", r.From).WithField("to", r.To).Warn("accepted epoch reset by the configuration's epochReset: a snapshot above the new epoch is accepted again")
+	}
+	return nil
+}
+
+// restoreAccepted reads back the fence and the last accepted snapshot:
+// the highest epoch seen, the snapshot (accepted again when it is not
+// below that epoch) and the hash the fence compares the next snapshot
+// of the same epoch with. An unreadable snapshot or hash is logged and
+// waits for the next fetch; an unreadable epoch is an error, since the
+// fence cannot be guessed.
+func (e *Engine) restoreAccepted() error {
 	var err error
-	if e.lastEpoch, err = cfg.Store.LastEpoch(); err != nil {
-		return nil, fmt.Errorf("new engine: %w", err)
+	if e.lastEpoch, err = e.store.LastEpoch(); err != nil {
+		return err
 	}
-	snap, err := cfg.Store.LoadSnapshot()
+	snap, err := e.store.LoadSnapshot()
 	if err != nil {
 		// The epoch still fences; the snapshot comes back with the next fetch.
 		e.log.WithError(err).Warn("last accepted snapshot unreadable; waiting for a fetch")
 	}
 	if snap != nil && snap.Epoch >= e.lastEpoch {
 		if e.snapHash, err = SnapshotHash(snap); err != nil {
-			return nil, fmt.Errorf("new engine: %w", err)
+			return err
 		}
 		e.accept(snap)
 	}
-	epoch, hash, err := cfg.Store.AcceptedHash()
+	epoch, hash, err := e.store.AcceptedHash()
 	if err != nil {
 		// The snapshot on disk is the witness instead (below).
 		e.log.WithError(err).Warn("hash of the last accepted snapshot unreadable")
@@ -357,17 +399,7 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		// the epoch and the hash: the snapshot on disk is the witness.
 		e.lastHash = e.snapHash
 	}
-	// The records are read now, not at the first tick, so that a status
-	// written before it (the agent's git loop starts at once) shows each
-	// VM as its record says, with its phase and why it is not ready,
-	// never as pending. A failure is read again by the first tick.
-	if err := e.load(); err != nil {
-		e.log.WithError(err).Warn("vm records not read; reading them at the first tick")
-	}
-	e.wg.Add(1)
-	go e.watchReadiness()
-	cfg.Metrics.watch(e)
-	return e, nil
+	return nil
 }
 
 // watchReadiness runs, every ReadyPollInterval, the pass of each booting
