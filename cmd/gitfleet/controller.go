@@ -25,13 +25,8 @@ import (
 	"github.com/gitfleet/gitfleet/internal/scratchdir"
 )
 
-func newControllerCmd() *cobra.Command {
-	c := config.DefaultController()
-	var once bool
-	cmd := &cobra.Command{
-		Use:   "controller --repo URL",
-		Short: "Publish host snapshots from the desired branch and finalize deletes",
-		Long: `The controller reads the desired state on --branch, publishes one snapshot
+// controllerLong is the help text of gitfleet controller.
+const controllerLong = `The controller reads the desired state on --branch, publishes one snapshot
 per host and ledger.yaml on the gitfleet/snapshots branch, reads every host's
 status from its branch gitfleet/hosts/<host>, finalizes deletes acknowledged
 there (or abandoned by offline hosts), and keeps the gitfleet/status branch:
@@ -70,8 +65,16 @@ status commits) with an SSH key (gitfleet keygen --controller), as git -c
 gpg.format=ssh commit -S would:
 agents listing its public key in controllerKeys accept only snapshots
 signed with it. For a Host naming spec.agentKey, deletes are finalized only
-on acks whose status commit that key signed; others are reported as forged.`,
-		Args: cobra.NoArgs,
+on acks whose status commit that key signed; others are reported as forged.`
+
+func newControllerCmd() *cobra.Command {
+	c := config.DefaultController()
+	var once bool
+	cmd := &cobra.Command{
+		Use:   "controller --repo URL",
+		Short: "Publish host snapshots from the desired branch and finalize deletes",
+		Long:  controllerLong,
+		Args:  cobra.NoArgs,
 	}
 	flags := config.NewFlags(cmd.Flags())
 	c.Bind(flags)

@@ -33,13 +33,8 @@ type planArgs struct {
 	controllerKeys string
 }
 
-func newPlanCmd() *cobra.Command {
-	a := planArgs{form: "text", snapshotsBranch: snapshots.Branch, maxDeletes: fleet.DefaultMaxDeletes,
-		sigs: config.Signatures{Mode: string(fleet.VerifyOff)}}
-	cmd := &cobra.Command{
-		Use:   "plan --repo R --base REV --head REV",
-		Short: "Show what merging head over base would do, host by host",
-		Long: `Plan loads the desired state at --base and at --head and prints, per host, the creates, updates (field by field),
+// planLong is the help text of gitfleet plan.
+const planLong = `Plan loads the desired state at --base and at --head and prints, per host, the creates, updates (field by field),
 deletes, un-deletes (a pending delete the head brings back), host moves
 (destroy and create) and volume deletes (data loss). Secret fields show only
 that they changed. --format markdown is a pull-request comment.
@@ -81,8 +76,16 @@ Anyone who can push the snapshots branch can write a ledger there. With
 keys, its own included: the file agents take as controllerKeysFile), plan
 reads the ledger of the newest commit a controller key signed, as the
 controller does, and names the unsigned commits above it. Without it the
-plan says that the ledger it read is unverified.`,
-		Args: cobra.NoArgs,
+plan says that the ledger it read is unverified.`
+
+func newPlanCmd() *cobra.Command {
+	a := planArgs{form: "text", snapshotsBranch: snapshots.Branch, maxDeletes: fleet.DefaultMaxDeletes,
+		sigs: config.Signatures{Mode: string(fleet.VerifyOff)}}
+	cmd := &cobra.Command{
+		Use:   "plan --repo R --base REV --head REV",
+		Short: "Show what merging head over base would do, host by host",
+		Long:  planLong,
+		Args:  cobra.NoArgs,
 	}
 	flags := config.NewFlags(cmd.Flags())
 	a.repo.Bind(flags)

@@ -27,15 +27,8 @@ import (
 	"github.com/gitfleet/gitfleet/trust"
 )
 
-func newStatusCmd() *cobra.Command {
-	var (
-		repo                    config.Repo
-		branch, snapshots, form string
-	)
-	cmd := &cobra.Command{
-		Use:   "status --repo URL",
-		Short: "Show the fleet as the hosts report it on the status branch",
-		Long: `Status reads every host's status file on the status branch and prints the
+// statusLong is the help text of gitfleet status.
+const statusLong = `Status reads every host's status file on the status branch and prints the
 hosts (state as the controller judges it: online, offline, no status yet,
 retired; heartbeat, accelerator, agent version, last accepted epoch, fence
 violation, last report by the agent's clock); every VM a host reports (phase, power,
@@ -102,8 +95,18 @@ Exit status: 0; 1 when the status branch is missing (no agent has
 reported to this repository, or --repo names a clone rather than the
 fleet's remote: point it at the remote) or cannot be read, or the pending
 deletes cannot be read (what could be read is printed); 2 for usage
-errors.`,
-		Args: cobra.NoArgs,
+errors.`
+
+func newStatusCmd() *cobra.Command {
+	var (
+		repo                    config.Repo
+		branch, snapshots, form string
+	)
+	cmd := &cobra.Command{
+		Use:   "status --repo URL",
+		Short: "Show the fleet as the hosts report it on the status branch",
+		Long:  statusLong,
+		Args:  cobra.NoArgs,
 	}
 	flags := config.NewFlags(cmd.Flags())
 	repo.Bind(flags)
