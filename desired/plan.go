@@ -103,7 +103,8 @@ const (
 	// next booted (by this change, when it sets power to running).
 	EffectNextBoot Effect = "applies at next boot"
 	// EffectNotApplied: image, cloudInit, static addresses (cloud-init's
-	// network-config, applied at first boot) and a smaller diskGB are kept
+	// network-config, applied at first boot), rootDisk (an adopted disk is
+	// taken at create) and a smaller diskGB are kept
 	// in the spec but never applied to the existing VM; all but diskGB
 	// apply when the VM is created again.
 	EffectNotApplied Effect = "not applied to the existing VM"
@@ -114,7 +115,8 @@ const (
 // running).
 func vmFieldEffect(field, old, new, basePower, power string) Effect {
 	switch {
-	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."):
+	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."),
+		strings.HasPrefix(field, "spec.rootDisk."):
 		return EffectNotApplied
 	case field == "spec.diskGB":
 		if atoi(new) < atoi(old) {
