@@ -803,7 +803,7 @@ func (e *Engine) reconcileNetworks(ctx context.Context, snap *snapshots.Snapshot
 		if _, ok := snap.HostSpec.Networks[vm.Spec.Network]; !ok {
 			continue
 		}
-		m := NetworkMember{VM: vm.Name, Network: vm.Spec.Network, Static: vm.Spec.Static}
+		m := NetworkMember{VM: vm.Name, Network: vm.Spec.Network, Static: vm.Spec.Static, MAC: vm.Spec.MAC}
 		if rec := e.recs[vm.Name]; rec != nil && rec.BootID != "" {
 			m.Static = rec.Spec.Static // static is first-boot-only
 		}
