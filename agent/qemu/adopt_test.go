@@ -1,0 +1,162 @@
+package qemu
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gitfleet/gitfleet/adopt"
+	"github.com/gitfleet/gitfleet/agent"
+)
+
+func sha256File(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func runTool(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v: %s", name, args, err, out)
+	}
+	return string(out)
+}
+
+// TestAdoptLibvirtGuest brings in a VM made outside gitfleet: a qcow2
+// disk with data at a known offset, described by the domain XML
+// virt-manager writes (adopt/testdata/web-01.xml). The import stages it
+// by a rename; the agent adopts it (no qemu-img create: the qemu-img it
+// runs logs every call), boots it with the domain's MAC and no NoCloud
+// seed, and after a shutdown the data is where it was and the disk holds
+// what it held, byte for byte in the file, the guest having written
+// nothing. The tiny guest boots by direct kernel, so its spec gets the
+// kernel an imported VM of a bootable disk would not need.
+func TestAdoptLibvirtGuest(t *testing.T) {
+	needQEMU(t)
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io not installed (qemu-utils)")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	work := t.TempDir()
+	disk := filepath.Join(work, "images", "web-01.qcow2")
+	os.MkdirAll(filepath.Dir(disk), 0o755)
+	runTool(t, "qemu-img", "create", "-q", "-f", "qcow2", disk, "1G")
+	runTool(t, "qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 512M 64k", disk)
+	ref := filepath.Join(work, "reference.qcow2")
+	runTool(t, "cp", "--sparse=always", disk, ref)
+	before := sha256File(t, disk)
+
+	xml, err := os.ReadFile("../../adopt/testdata/web-01.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := adopt.FromLibvirt("web-01.xml", []byte(strings.ReplaceAll(string(xml), "@DISK@", disk)), adopt.Options{Host: "hv-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := adopt.Inspect(ctx, plan, "qemu-img"); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(work, "state")
+	store, err := agent.OpenStore(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged, err := adopt.Stage(disk, state, plan.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if staged.Method != adopt.MethodRename || staged.Path != store.AdoptedDisk(plan.Name) {
+		t.Fatalf("staged %+v; want a rename to %s", staged, store.AdoptedDisk(plan.Name))
+	}
+	ino := inodeOf(t, staged.Path)
+
+	// qemu-img through a wrapper that logs each call.
+	calls := filepath.Join(work, "qemu-img.calls")
+	wrapper := filepath.Join(work, "qemu-img")
+	real, _ := exec.LookPath("qemu-img")
+	os.WriteFile(wrapper, []byte("#!/bin/sh\necho \"$*\" >> "+calls+"\nexec "+real+" \"$@\"\n"), 0o755)
+
+	srv := newArtifactServer(t)
+	spec := plan.Spec
+	spec.Kernel = guestSpec(t, srv).Kernel
+	spec.Network = "" // the test host has no network "default": user-mode networking
+	m := agent.Machine{Name: plan.Name, Dir: store.VMDir(plan.Name), Spec: spec, InstanceID: "i-adopt-1"}
+	if err := os.MkdirAll(m.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{
+		CacheDir: filepath.Join(work, "cache"), Accel: AccelTCG, Artifacts: loopbackPolicy(), QEMUImg: wrapper,
+		MachineDir: store.VMDir, AdoptedDisk: store.AdoptedDisk,
+		PowerdownTimeout: 30 * time.Second, KillTimeout: 5 * time.Second, BootTimeout: 60 * time.Second,
+		Logger: quietLog().Logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Destroy(context.Background(), m.Name) })
+	if err := p.PrepareRootDisk(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(m.Dir, RootDiskFile)
+	if inodeOf(t, root) != ino {
+		t.Errorf("the root disk is not the staged disk's inode: it was copied or made")
+	}
+	if _, err := os.Stat(staged.Path); !os.IsNotExist(err) {
+		t.Errorf("the staged disk is still at %s: %v", staged.Path, err)
+	}
+	if err := p.Boot(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Join(guestLines(waitSerial(t, m.Dir, "tinyguest: ready")), "\n")
+	for _, want := range []string{"seed none", "disk vda serial=gitfleet-root bytes=1073741824", "nic eth0 mac=52:54:00:6b:3c:9a"} {
+		if !strings.Contains(lines, want) {
+			t.Errorf("the guest did not say %q:\n%s", want, lines)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(m.Dir, SeedFile)); !os.IsNotExist(err) {
+		t.Errorf("a seed was written for the adopted VM: %v", err)
+	}
+	if err := p.Shutdown(ctx, m.Name); err != nil {
+		t.Fatal(err)
+	}
+	logged, _ := os.ReadFile(calls)
+	if strings.Contains(string(logged), "create") {
+		t.Errorf("qemu-img create ran for an adopted disk:\n%s", logged)
+	}
+	if out := runTool(t, "qemu-io", "-f", "qcow2", "-r", "-c", "read -P 0x5a 512M 64k", root); !strings.Contains(out, "read 65536/65536 bytes") {
+		t.Errorf("the data at 512 MiB is gone: %s", out)
+	}
+	runTool(t, "qemu-img", "compare", "-f", "qcow2", "-F", "qcow2", ref, root)
+	if after := sha256File(t, root); after != before {
+		t.Errorf("the disk file changed: sha256 %s, was %s (the guest wrote nothing)", after, before)
+	}
+}
+
+func inodeOf(t *testing.T, path string) uint64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Ino
+}
