@@ -113,11 +113,23 @@ func (p *Plan) addPath(verdict Verdict, source, path, field, note string, args .
 	p.Report[len(p.Report)-1].Path = path
 }
 
-// ReportText is the report, one line per source field, in source order.
+// ReportText is the report, one line per source field, in source order,
+// with the host paths the fields name: for the person importing.
 func (p *Plan) ReportText() string {
 	var b strings.Builder
 	for _, l := range p.Report {
 		b.WriteString(l.String())
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// ReviewText is ReportText without host paths: for what goes into the
+// fleet repository (the VM file's comment, the commit message).
+func (p *Plan) ReviewText() string {
+	var b strings.Builder
+	for _, l := range p.Report {
+		b.WriteString(l.text())
 		b.WriteByte('\n')
 	}
 	return b.String()

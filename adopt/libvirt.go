@@ -44,7 +44,9 @@ func FromLibvirt(file string, data []byte, opts Options) (*Plan, error) {
 		}
 		return nil, fmt.Errorf("%w: %s:1:1: not a libvirt domain: %v", ErrInvalidSource, file, err)
 	}
-	m := &libvirtMapper{file: file, pos: elementPositions(data), plan: &Plan{}, opts: opts}
+	// The report places fields by the file's base name: it goes into the
+	// VM file, which names no host path.
+	m := &libvirtMapper{file: filepath.Base(file), pos: elementPositions(data), plan: &Plan{}, opts: opts}
 	if err := m.domain(&dom); err != nil {
 		return nil, err
 	}

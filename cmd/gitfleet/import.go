@@ -189,7 +189,7 @@ func stageAndWrite(ctx context.Context, out io.Writer, repo *gitsource.Repo, a i
 		branch = "import/" + p.Name
 	}
 	tip, err := repo.CreateBranch(ctx, branch, a.base, func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		return map[string][]byte{objPath: file}, fmt.Sprintf("Import VM %s on %s, adopting its disk\n\n%s", p.Name, a.host, p.ReportText()), nil
+		return map[string][]byte{objPath: file}, fmt.Sprintf("Import VM %s on %s, adopting its disk\n\n%s", p.Name, a.host, p.ReviewText()), nil
 	})
 	if err != nil {
 		if staged != nil {
