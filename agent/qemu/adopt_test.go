@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/adopt"
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/desired"
 )
 
 func sha256File(t *testing.T, path string) string {
@@ -159,4 +161,48 @@ func inodeOf(t *testing.T, path string) uint64 {
 		t.Fatal(err)
 	}
 	return fi.Sys().(*syscall.Stat_t).Ino
+}
+
+// TestAdoptRootDiskRefusals: nothing staged is ErrDiskNotStaged (the
+// engine waits for it); a staged file that is not a self-contained qcow2
+// is permanent and stays where it was staged; a backend without an adopt
+// directory refuses permanently. No root disk is made in any case.
+func TestAdoptRootDiskRefusals(t *testing.T) {
+	work := t.TempDir()
+	store, err := agent.OpenStore(filepath.Join(work, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := agent.Machine{Name: "web-01", Dir: store.VMDir("web-01"), InstanceID: "i-1"}
+	m.Spec.DiskGB, m.Spec.RootDisk = 1, &desired.RootDisk{Adopt: true}
+	os.MkdirAll(m.Dir, 0o700)
+	cfg := Config{CacheDir: filepath.Join(work, "cache"), Accel: AccelTCG, MachineDir: store.VMDir, AdoptedDisk: store.AdoptedDisk, Logger: quietLog().Logger}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := p.PrepareRootDisk(ctx, m); !errors.Is(err, agent.ErrDiskNotStaged) || agent.IsPermanent(err) {
+		t.Errorf("nothing staged: %v; want ErrDiskNotStaged, not permanent", err)
+	}
+	staged := store.AdoptedDisk("web-01")
+	os.MkdirAll(filepath.Dir(staged), 0o700)
+	os.WriteFile(staged, []byte("a raw disk, not qcow2"), 0o600)
+	if err := p.PrepareRootDisk(ctx, m); !errors.Is(err, ErrImageNotSelfContained) || !agent.IsPermanent(err) {
+		t.Errorf("raw staged disk: %v; want a permanent ErrImageNotSelfContained", err)
+	}
+	if _, err := os.Stat(staged); err != nil {
+		t.Errorf("the refused disk left its staging place: %v", err)
+	}
+	cfg.AdoptedDisk = nil
+	bare, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bare.PrepareRootDisk(ctx, m); !agent.IsPermanent(err) {
+		t.Errorf("no adopt directory: %v; want permanent", err)
+	}
+	if _, err := os.Stat(filepath.Join(m.Dir, RootDiskFile)); !os.IsNotExist(err) {
+		t.Errorf("a root disk was made: %v", err)
+	}
 }

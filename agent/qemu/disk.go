@@ -184,11 +184,6 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 // adopted reports whether spec takes an existing disk (rootDisk.adopt).
 func adopted(spec desired.VMSpec) bool { return spec.RootDisk != nil && spec.RootDisk.Adopt }
 
-// ErrNotStaged: a VM's spec adopts a disk, and none is staged for it on
-// this host (gitfleet import --stage puts it there). The create is
-// retried, so a disk staged after the merge is still taken.
-var ErrNotStaged = errors.New("adopted root disk not staged")
-
 // adoptRootDisk takes the disk staged for VM name (Config.AdoptedDisk)
 // as its root disk, by a rename within the state directory's filesystem:
 // no byte of it is copied or written. Its header is checked first, as any
@@ -202,7 +197,7 @@ func (p *Provisioner) adoptRootDisk(st *vmState, name string, log *logrus.Entry)
 	staged := p.cfg.AdoptedDisk(name)
 	if _, err := checkRootDisk(staged, p.cfg.CacheDir); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("%w at %s: run gitfleet import --stage on this host", ErrNotStaged, staged)
+			return fmt.Errorf("%w (%s): run gitfleet import --stage on this host", agent.ErrDiskNotStaged, staged)
 		}
 		if errors.Is(err, ErrImageNotSelfContained) || errors.Is(err, ErrUnsafeFile) {
 			return agent.Permanent(fmt.Errorf("adopt: %w", err))
