@@ -35,10 +35,22 @@ type Plan struct {
 	Spec desired.VMSpec
 	// Disk is the absolute path of the root disk on the host.
 	Disk string
+	// Volumes are the VM's other disks, adopted as Volumes (raw files).
+	Volumes []VolumePlan
 	// Running is set when the source says the VM runs (a libvirt domain
 	// with an id); Inspect refuses it.
 	Running string
 	Report  []Line
+}
+
+// VolumePlan is one more disk of the VM, adopted as a Volume: its name,
+// the absolute path of its raw file on the host, and its size in GiB
+// (Inspect sets it; a volume present on the host is never resized, so
+// the size only describes it).
+type VolumePlan struct {
+	Name   string
+	Disk   string
+	SizeGB int
 }
 
 // Verdict says what became of one source field.

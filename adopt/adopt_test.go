@@ -116,8 +116,10 @@ func TestFromLibvirtRefusals(t *testing.T) {
 		{"uefi", "<os>", "<os firmware='efi'>", []string{"domain/os firmware=efi"}},
 		{"hostdev", "</devices>", "<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x0000' bus='0x65' slot='0x00' function='0x0'/></source></hostdev></devices>",
 			[]string{"domain/devices/hostdev[0]"}},
-		{"second disk", "<controller type='usb'", "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='/var/lib/libvirt/images/data.qcow2'/><target dev='vdb' bus='virtio'/></disk><controller type='usb'",
-			[]string{"domain/devices/disk[2]"}},
+		{"second disk in qcow2", "<controller type='usb'", "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='/var/lib/libvirt/images/data.qcow2'/><target dev='vdb' bus='virtio'/></disk><controller type='usb'",
+			[]string{"domain/devices/disk[2] type=qcow2"}},
+		{"second disk raw: a volume", "<controller type='usb'", "<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='/var/lib/libvirt/images/data.img'/><target dev='vdb' bus='virtio'/></disk><controller type='usb'",
+			nil},
 		{"raw disk", "type='qcow2' discard='unmap'", "type='raw'", []string{"domain/devices/disk[0] type=raw"}},
 	}
 	for _, tt := range tests {

@@ -75,6 +75,35 @@ func Inspect(ctx context.Context, p *Plan, qemuImg string) error {
 	}
 	p.Spec.DiskGB = int(gb)
 	p.addPath(Mapped, "root disk's virtual size", p.Disk, "spec.diskGB", "%s", note)
+	for i := range p.Volumes {
+		if err := inspectVolume(p, &p.Volumes[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// inspectVolume checks a raw disk to adopt as a Volume (a regular file,
+// not locked by another process) and sets its SizeGB from its size,
+// rounded down, at least 1: a present volume is never resized, so the
+// file stays as it is.
+func inspectVolume(p *Plan, v *VolumePlan) error {
+	fi, err := os.Lstat(v.Disk)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", v.Name, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%w: %s (volume %s) is not a regular file (%s)", ErrUnsupportedDisk, v.Disk, v.Name, fi.Mode().Type())
+	}
+	if err := Locked(v.Disk); err != nil {
+		return err
+	}
+	v.SizeGB = max(1, int(fi.Size()>>30))
+	note := ""
+	if fi.Size()%(1<<30) != 0 {
+		note = fmt.Sprintf("the file is %d bytes, kept as it is (a present volume is never resized)", fi.Size())
+	}
+	p.addPath(Mapped, "volume "+v.Name+"'s size", v.Disk, "sizeGB", "%s", note)
 	return nil
 }
 
@@ -206,6 +235,59 @@ func Stage(original, stateDir, name string) (Staged, error) {
 	if err != nil {
 		return Staged{}, err
 	}
+	return stageAt(original, dst)
+}
+
+// StageVolume is Stage for a disk adopted as the Volume called name: it
+// goes to the agent's volumes directory (agent.VolumePathIn), where the
+// agent takes a present file as the volume and never resizes, replaces
+// or deletes it but for the Volume's own delete. Until the Volume object
+// is merged the agent lists it as an orphan.
+func StageVolume(original, stateDir, name string) (Staged, error) {
+	dst, err := agent.VolumePathIn(stateDir, name)
+	if err != nil {
+		return Staged{}, err
+	}
+	return stageAt(original, dst)
+}
+
+// StagePlan stages p's root disk (Stage) and each of its volumes
+// (StageVolume), in that order. When one fails, those staged before it
+// are put back (Unstage), so nothing is left half-staged; the error says
+// when a disk could not be put back.
+func StagePlan(p *Plan, stateDir string) ([]Staged, error) {
+	s, err := Stage(p.Disk, stateDir, p.Name)
+	if err != nil {
+		return nil, err
+	}
+	done := []Staged{s}
+	for _, v := range p.Volumes {
+		s, err := StageVolume(v.Disk, stateDir, v.Name)
+		if err != nil {
+			if uerr := UnstageAll(done); uerr != nil {
+				return nil, fmt.Errorf("%w; putting the staged disks back failed: %v", err, uerr)
+			}
+			return nil, err
+		}
+		done = append(done, s)
+	}
+	return done, nil
+}
+
+// UnstageAll unstages staged in reverse order, each even when another
+// failed, and returns the failures joined.
+func UnstageAll(staged []Staged) error {
+	var errs []error
+	for i := len(staged) - 1; i >= 0; i-- {
+		if err := staged[i].Unstage(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", staged[i].Original, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stageAt puts original at dst as Stage says.
+func stageAt(original, dst string) (Staged, error) {
 	if _, err := os.Lstat(dst); err == nil {
 		return Staged{}, fmt.Errorf("%w: %s exists", ErrAlreadyStaged, dst)
 	}
@@ -213,9 +295,10 @@ func Stage(original, stateDir, name string) (Staged, error) {
 		return Staged{}, fmt.Errorf("stage: %w", err)
 	}
 	s := Staged{Path: dst, Original: original}
+	var err error
 	if sameFilesystem(original, filepath.Dir(dst)) {
 		s.Method = MethodRename
-		if err := os.Rename(original, dst); err != nil {
+		if err := renameNoReplace(original, dst); err != nil {
 			return Staged{}, fmt.Errorf("stage %s: %w", original, err)
 		}
 	} else if s.Method, err = cloneOrCopy(original, dst); err != nil {
@@ -234,13 +317,15 @@ func Stage(original, stateDir, name string) (Staged, error) {
 // path; a clone or copy is removed (the original never left).
 func (s Staged) Unstage() error {
 	if s.Method == MethodRename {
-		if err := os.Rename(s.Path, s.Original); err != nil {
+		if err := renameNoReplace(s.Path, s.Original); err != nil {
 			return fmt.Errorf("unstage: %w", err)
 		}
 	} else if err := os.Remove(s.Path); err != nil {
 		return fmt.Errorf("unstage: %w", err)
 	}
-	os.Remove(filepath.Dir(s.Path))
+	if filepath.Base(filepath.Dir(filepath.Dir(s.Path))) == "adopt" {
+		os.Remove(filepath.Dir(s.Path)) // adopt/<vm>, empty again
+	}
 	return nil
 }
 
@@ -287,10 +372,20 @@ func cloneOrCopy(original, dst string) (method string, err error) {
 	if err = out.Close(); err != nil {
 		return "", fmt.Errorf("stage: %w", err)
 	}
-	if err = os.Rename(partial, dst); err != nil {
+	if err = renameNoReplace(partial, dst); err != nil {
 		return "", fmt.Errorf("stage: %w", err)
 	}
 	return method, nil
+}
+
+// renameNoReplace renames from to to, failing (EEXIST) rather than
+// replacing a file that appeared at to meanwhile (renameat2
+// RENAME_NOREPLACE): staging never removes anything.
+func renameNoReplace(from, to string) error {
+	if err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE); err != nil {
+		return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
+	}
+	return nil
 }
 
 // copyChecked copies src to out and compares the sha256 of what it read

@@ -205,8 +205,9 @@ func (m *libvirtMapper) os(d *libvirtxml.Domain) {
 	}
 }
 
-// disks adopts the first disk as the root disk; later disks and their
-// data do not come along, which blocks.
+// disks adopts the first disk as the root disk and each later raw file
+// disk as a Volume named <vm>-<target> (gitfleet's volumes are raw files);
+// a later disk that is not a raw file would not come along, which blocks.
 func (m *libvirtMapper) disks(disks []libvirtxml.DomainDisk) error {
 	p := m.plan
 	n := 0
@@ -222,7 +223,7 @@ func (m *libvirtMapper) disks(disks []libvirtxml.DomainDisk) error {
 		}
 		n++
 		if n > 1 {
-			p.addPath(Blocks, at, diskFile(dk), "", "only the root disk is adopted: the data of this disk would not come along (a Volume is created empty)")
+			m.volume(at, dk)
 			continue
 		}
 		if dk.Source == nil || dk.Source.File == nil || dk.Source.File.File == "" {
@@ -249,6 +250,36 @@ func (m *libvirtMapper) disks(disks []libvirtxml.DomainDisk) error {
 		return fmt.Errorf("%w: %s: the domain has no disk to adopt", ErrInvalidSource, m.at("domain/devices"))
 	}
 	return nil
+}
+
+// volume adopts a disk after the root disk as a Volume when it is a raw
+// file, and reports it as blocking otherwise.
+func (m *libvirtMapper) volume(at string, dk libvirtxml.DomainDisk) {
+	p := m.plan
+	path := diskFile(dk)
+	format := ""
+	if dk.Driver != nil {
+		format = dk.Driver.Type
+	}
+	switch {
+	case path == "":
+		p.add(Blocks, at, "spec.volumes", "not a file (a block device, a network disk): its data would not come along")
+		return
+	case format != "raw":
+		p.addPath(Blocks, at+" type="+format, path, "spec.volumes", "gitfleet's volumes are raw files: convert it first (qemu-img convert -O raw, a copy you make), or its data does not come along")
+		return
+	case !filepath.IsAbs(path):
+		p.addPath(Blocks, at, path, "spec.volumes", "the source is not an absolute path")
+		return
+	}
+	dev := fmt.Sprintf("disk%d", len(p.Volumes)+1)
+	if dk.Target != nil && dk.Target.Dev != "" {
+		dev = dk.Target.Dev
+	}
+	name := dnsLabel(p.Name + "-" + dev)
+	p.Volumes = append(p.Volumes, VolumePlan{Name: name, Disk: filepath.Clean(path)})
+	p.Spec.Volumes = append(p.Spec.Volumes, name)
+	p.addPath(Mapped, at, path, "spec.volumes", "Volume %s, staged by gitfleet import --stage into the agent's volumes directory (attached in this order, after the root disk)", name)
 }
 
 func diskFile(dk libvirtxml.DomainDisk) string {

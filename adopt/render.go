@@ -24,12 +24,56 @@ type vmMeta struct {
 
 // Path is where the VM object goes in the fleet repository, under dir
 // (the objects' directory, "" for the root): dir/vms/<name>.yaml.
-func (p *Plan) Path(dir string) string {
-	name := "vms/" + p.Name + ".yaml"
-	if dir == "" || dir == "." {
-		return name
+func (p *Plan) Path(dir string) string { return objectPath(dir, "vms", p.Name) }
+
+// Files are the objects' files for the fleet repository under dir: the
+// VM's (Path, Render) and one per volume (dir/volumes/<name>.yaml).
+func (p *Plan) Files(dir string) (map[string][]byte, error) {
+	vm, err := p.Render()
+	if err != nil {
+		return nil, err
 	}
-	return strings.TrimSuffix(dir, "/") + "/" + name
+	out := map[string][]byte{p.Path(dir): vm}
+	for _, v := range p.Volumes {
+		body, err := encodeYAML(volumeFile{APIVersion: desired.APIVersion, Kind: desired.KindVolume, Metadata: vmMeta{Name: v.Name},
+			Spec: desired.VolumeSpec{Host: p.Spec.Host, SizeGB: v.SizeGB}})
+		if err != nil {
+			return nil, fmt.Errorf("render volume %s: %w", v.Name, err)
+		}
+		out[objectPath(dir, "volumes", v.Name)] = append([]byte("# Imported by gitfleet import with VM "+p.Name+": a disk it had, adopted as a volume.\n"), body...)
+	}
+	return out, nil
+}
+
+// volumeFile is the on-disk shape of a Volume object.
+type volumeFile struct {
+	APIVersion string             `yaml:"apiVersion"`
+	Kind       desired.Kind       `yaml:"kind"`
+	Metadata   vmMeta             `yaml:"metadata"`
+	Spec       desired.VolumeSpec `yaml:"spec"`
+}
+
+// encodeYAML encodes v with two-space indents.
+func encodeYAML(v any) ([]byte, error) {
+	var body bytes.Buffer
+	enc := yaml.NewEncoder(&body)
+	enc.SetIndent(2)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return body.Bytes(), nil
+}
+
+// objectPath is dir/kind/name.yaml ("" or "." for the root).
+func objectPath(dir, kind, name string) string {
+	p := kind + "/" + name + ".yaml"
+	if dir == "" || dir == "." {
+		return p
+	}
+	return strings.TrimSuffix(dir, "/") + "/" + p
 }
 
 // Render is the VM object's file: a comment with the report (what was
@@ -42,16 +86,11 @@ func (p *Plan) Render() ([]byte, error) {
 	for _, l := range p.Report {
 		b.WriteString("#   " + strings.ReplaceAll(l.text(), "\n", " ") + "\n")
 	}
-	var body bytes.Buffer
-	enc := yaml.NewEncoder(&body)
-	enc.SetIndent(2)
-	if err := enc.Encode(vmFile{APIVersion: desired.APIVersion, Kind: desired.KindVM, Metadata: vmMeta{Name: p.Name}, Spec: p.Spec}); err != nil {
+	body, err := encodeYAML(vmFile{APIVersion: desired.APIVersion, Kind: desired.KindVM, Metadata: vmMeta{Name: p.Name}, Spec: p.Spec})
+	if err != nil {
 		return nil, fmt.Errorf("render %s: %w", p.Name, err)
 	}
-	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("render %s: %w", p.Name, err)
-	}
-	out := body.String()
+	out := string(body)
 	if p.Spec.MAC != "" {
 		// Quoted: a YAML 1.1 reader takes 52:54:00:… for a base-60 number.
 		out = strings.Replace(out, "\n  mac: "+p.Spec.MAC+"\n", "\n  mac: \""+p.Spec.MAC+"\"\n", 1)

@@ -106,6 +106,17 @@ func AdoptedDiskIn(root, name string) (string, error) {
 	return filepath.Join(root, adoptDirName, name, adoptedDiskName), nil
 }
 
+// VolumePathIn is the file of the volume called name under the state
+// directory root, as Store.VolumePath gives it, for a writer that does not
+// open the store (gitfleet import --stage). It fails with ErrInvalidName
+// when name is not a DNS label.
+func VolumePathIn(root, name string) (string, error) {
+	if err := checkName("volume", name); err != nil {
+		return "", err
+	}
+	return filepath.Join(root, volumesDirName, name), nil
+}
+
 // AdoptedDisk is AdoptedDiskIn of this store. The name must have passed
 // validName.
 func (s *Store) AdoptedDisk(name string) string {

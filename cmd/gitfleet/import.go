@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -144,13 +147,12 @@ func runImport(ctx context.Context, out io.Writer, a importArgs) error {
 	if b := p.Blocking(); len(b) > 0 && !a.acceptLoss {
 		return &exitError{code: 1, err: fmt.Errorf("%s would cost the guest its boot or data (see above); --accept-loss to import anyway", plural(len(b), "field", "fields"))}
 	}
-	file, err := p.Render()
+	files, err := p.Files(a.path)
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
-	objPath := p.Path(a.path)
 	if a.repo.URL == "" && !a.stage {
-		fmt.Fprintf(out, "\n--- %s\n%s", objPath, file)
+		printFiles(out, files)
 		return nil
 	}
 	var repo *gitsource.Repo
@@ -160,28 +162,38 @@ func runImport(ctx context.Context, out io.Writer, a importArgs) error {
 			return &exitError{code: 1, err: err}
 		}
 		defer done()
-		if err := validateImport(ctx, out, repo, a, objPath, file); err != nil {
+		if err := validateImport(ctx, out, repo, a, files); err != nil {
 			return err
 		}
 	}
-	return stageAndWrite(ctx, out, repo, a, p, objPath, file)
+	return stageAndWrite(ctx, out, repo, a, p, files)
+}
+
+// printFiles prints each file under a "--- PATH" line, in path order.
+func printFiles(out io.Writer, files map[string][]byte) {
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		fmt.Fprintf(out, "\n--- %s\n%s", name, files[name])
+	}
 }
 
 // stageAndWrite stages the disk (with --stage) and writes the branch
 // (with a repository); when the branch cannot be written, the disk is put
 // back where it was.
-func stageAndWrite(ctx context.Context, out io.Writer, repo *gitsource.Repo, a importArgs, p *adopt.Plan, objPath string, file []byte) error {
-	var staged *adopt.Staged
+func stageAndWrite(ctx context.Context, out io.Writer, repo *gitsource.Repo, a importArgs, p *adopt.Plan, files map[string][]byte) error {
+	var staged []adopt.Staged
 	if a.stage {
-		s, err := adopt.Stage(p.Disk, a.stateDir, p.Name)
-		if err != nil {
+		var err error
+		if staged, err = adopt.StagePlan(p, a.stateDir); err != nil {
 			return &exitError{code: 1, err: err}
 		}
-		staged = &s
-		fmt.Fprintf(out, "\nstaged %s at %s (%s)\n", s.Original, s.Path, stagedHow(s.Method))
+		fmt.Fprintln(out)
+		for _, s := range staged {
+			fmt.Fprintf(out, "staged %s at %s (%s)\n", s.Original, s.Path, stagedHow(s.Method))
+		}
 	}
 	if repo == nil {
-		fmt.Fprintf(out, "no --repo: write this VM file to %s yourself:\n%s", objPath, file)
+		fmt.Fprintf(out, "no --repo: add these files to the fleet repository yourself:\n")
+		printFiles(out, files)
 		return nil
 	}
 	branch := a.branch
@@ -189,19 +201,19 @@ func stageAndWrite(ctx context.Context, out io.Writer, repo *gitsource.Repo, a i
 		branch = "import/" + p.Name
 	}
 	tip, err := repo.CreateBranch(ctx, branch, a.base, func(string, func(string) ([]byte, error)) (map[string][]byte, string, error) {
-		return map[string][]byte{objPath: file}, fmt.Sprintf("Import VM %s on %s, adopting its disk\n\n%s", p.Name, a.host, p.ReviewText()), nil
+		return files, fmt.Sprintf("Import VM %s on %s, adopting its disk\n\n%s", p.Name, a.host, p.ReviewText()), nil
 	})
 	if err != nil {
-		if staged != nil {
-			if uerr := staged.Unstage(); uerr != nil {
-				return &exitError{code: 1, err: fmt.Errorf("%w; putting the disk back failed too: %v (it is at %s)", err, uerr, staged.Path)}
+		if len(staged) > 0 {
+			if uerr := adopt.UnstageAll(staged); uerr != nil {
+				return &exitError{code: 1, err: fmt.Errorf("%w; putting the disks back failed too: %v", err, uerr)}
 			}
-			fmt.Fprintf(out, "put the disk back at %s\n", staged.Original)
+			fmt.Fprintf(out, "put the disks back where they were\n")
 		}
 		return &exitError{code: 1, err: err}
 	}
-	fmt.Fprintf(out, "\nwrote %s on branch %s (%s), from %s: review and merge it.\n", objPath, branch, desired.Hash(tip).Short(), a.base)
-	if staged == nil {
+	fmt.Fprintf(out, "\nwrote %s on branch %s (%s), from %s: review and merge it.\n", strings.Join(slices.Sorted(maps.Keys(files)), ", "), branch, desired.Hash(tip).Short(), a.base)
+	if !a.stage {
 		fmt.Fprintf(out, "Before merging, stage the disk on %s: gitfleet import %s --host %s --stage (as root)\n", a.host, sourceFlag(a), a.host)
 	}
 	return nil
@@ -226,7 +238,7 @@ func sourceFlag(a importArgs) string {
 
 // validateImport loads the fleet at --base with the VM file added, as
 // the controller would load the merged branch, and prints its errors.
-func validateImport(ctx context.Context, out io.Writer, repo *gitsource.Repo, a importArgs, objPath string, file []byte) error {
+func validateImport(ctx context.Context, out io.Writer, repo *gitsource.Repo, a importArgs, files map[string][]byte) error {
 	tip, err := repo.Fetch(ctx, a.base)
 	if err != nil {
 		return &exitError{code: 1, err: fmt.Errorf("--base %s: %w", a.base, err)}
@@ -235,37 +247,45 @@ func validateImport(ctx context.Context, out io.Writer, repo *gitsource.Repo, a 
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
-	_, err = desired.NewLoader(a.path).Load(withFile{tree, objPath, file})
+	_, err = desired.NewLoader(a.path).Load(withFiles{tree, files})
 	var list desired.ErrorList
 	switch {
 	case errors.As(err, &list):
 		for _, e := range list {
 			fmt.Fprintln(out, e)
 		}
-		return &exitError{code: 1, err: fmt.Errorf("%s on %s does not validate (%s); nothing written", objPath, a.base, plural(len(list), "error", "errors"))}
+		return &exitError{code: 1, err: fmt.Errorf("the imported objects on %s do not validate (%s); nothing written", a.base, plural(len(list), "error", "errors"))}
 	case err != nil:
 		return &exitError{code: 1, err: err}
 	}
 	return nil
 }
 
-// withFile is a tree with one file added (or replaced).
-type withFile struct {
+// withFiles is a tree with files added (or replaced), path → content.
+type withFiles struct {
 	desired.Tree
-	path string
-	data []byte
+	files map[string][]byte
 }
 
-func (w withFile) Walk(fn func(desired.File) error) error {
-	clean := path.Clean(w.path)
+func (w withFiles) Walk(fn func(desired.File) error) error {
+	added := make(map[string][]byte, len(w.files))
+	for p, data := range w.files {
+		added[path.Clean(p)] = data
+	}
 	if err := w.Tree.Walk(func(f desired.File) error {
-		if path.Clean(f.Path) == clean {
+		if _, ok := added[path.Clean(f.Path)]; ok {
 			return nil
 		}
 		return fn(f)
 	}); err != nil {
 		return err
 	}
-	return fn(desired.File{Path: clean, Mode: desired.Regular, Size: int64(len(w.data)),
-		Read: func() ([]byte, error) { return w.data, nil }})
+	for _, p := range slices.Sorted(maps.Keys(added)) {
+		data := added[p]
+		if err := fn(desired.File{Path: p, Mode: desired.Regular, Size: int64(len(data)),
+			Read: func() ([]byte, error) { return data, nil }}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

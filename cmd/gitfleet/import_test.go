@@ -130,7 +130,7 @@ func TestImportRefusals(t *testing.T) {
 		{"no such network on the host", "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {}\n", nil, nil, "fleet/vms/web-01.yaml:"},
 		{"branch exists: write fails after staging", importHost, nil, func(t *testing.T, f importFixture) {
 			gittest.Commit(t, f.repo, gittest.Edit{Branch: "import/web-01", Write: map[string]string{"x": "y"}})
-		}, "put the disk back"},
+		}, "put the disks back"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -164,4 +164,68 @@ func TestImportBareDisk(t *testing.T) {
 	if code, _ := runCLI(t, "import", "--disk", f.disk, "--host", "hv-a"); code != 2 {
 		t.Errorf("--disk without sizes: exit %d, want 2", code)
 	}
+}
+
+// TestImportWithADataDisk: a second, raw disk of the domain becomes a
+// Volume (its file on the branch, the VM naming it) staged into the
+// agent's volumes directory unchanged; when staging it fails after the
+// root disk was staged (something is at its place already), the root disk
+// is put back and both disks are as they were.
+func TestImportWithADataDisk(t *testing.T) {
+	withData := func(data string) func(string) string {
+		return func(s string) string {
+			return strings.Replace(s, "<controller type='usb'", "<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='"+data+
+				"'/><target dev='vdb' bus='virtio'/></disk><controller type='usb'", 1)
+		}
+	}
+	setup := func(t *testing.T) (importFixture, string, string) {
+		data := filepath.Join(t.TempDir(), "web-01-data.img")
+		f := newImportFixture(t, importHost, withData(data))
+		// The data disk lives beside the root disk, on its filesystem.
+		moved := filepath.Join(filepath.Dir(f.disk), "web-01-data.img")
+		if err := os.WriteFile(moved, append([]byte("guest data"), make([]byte, 1<<20)...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		x, _ := os.ReadFile(f.xml)
+		os.WriteFile(f.xml, []byte(strings.ReplaceAll(string(x), data, moved)), 0o644)
+		return f, moved, fileSHA256(t, moved)
+	}
+	t.Run("adopted as a volume", func(t *testing.T) {
+		f, data, hash := setup(t)
+		code, out := runCLI(t, f.args()...)
+		if code != 0 {
+			t.Fatalf("exit %d:\n%s", code, out)
+		}
+		vol := gittest.Show(t, f.repo, "import/web-01", "fleet/volumes/web-01-vdb.yaml")
+		vm := gittest.Show(t, f.repo, "import/web-01", "fleet/vms/web-01.yaml")
+		if !strings.Contains(vol, "kind: Volume") || !strings.Contains(vol, "sizeGB: 1") || !strings.Contains(vm, "volumes:\n    - web-01-vdb") {
+			t.Errorf("volume file:\n%s\nVM file:\n%s", vol, vm)
+		}
+		if got := fileSHA256(t, filepath.Join(f.state, "volumes", "web-01-vdb")); got != hash {
+			t.Error("the staged volume is not the data disk")
+		}
+		if _, err := os.Stat(data); !os.IsNotExist(err) {
+			t.Errorf("the data disk was not renamed: %v", err)
+		}
+	})
+	t.Run("a failure staging it puts the root disk back", func(t *testing.T) {
+		f, data, hash := setup(t)
+		taken := filepath.Join(f.state, "volumes", "web-01-vdb")
+		os.MkdirAll(filepath.Dir(taken), 0o700)
+		os.WriteFile(taken, []byte("someone else's"), 0o600)
+		code, out := runCLI(t, f.args()...)
+		if code != 1 {
+			t.Fatalf("exit %d, want 1:\n%s", code, out)
+		}
+		f.untouched(t)
+		if fileSHA256(t, data) != hash {
+			t.Error("the data disk changed or moved")
+		}
+		if b, _ := os.ReadFile(taken); string(b) != "someone else's" {
+			t.Error("what was at the volume's place was replaced")
+		}
+		if err := exec.Command("git", "-C", f.repo, "rev-parse", "--verify", "--quiet", "refs/heads/import/web-01").Run(); err == nil {
+			t.Error("the branch was written")
+		}
+	})
 }
