@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -49,7 +50,8 @@ func runTool(t *testing.T, name string, args ...string) string {
 // runs logs every call), boots it with the domain's MAC and no NoCloud
 // seed, and after a shutdown the data is where it was and the disk holds
 // what it held, byte for byte in the file, the guest having written
-// nothing. The tiny guest boots by direct kernel, so its spec gets the
+// nothing. A second, raw disk of the domain comes along as a Volume, the
+// guest sees it, and it too is unchanged. The tiny guest boots by direct kernel, so its spec gets the
 // kernel an imported VM of a bootable disk would not need.
 func TestAdoptLibvirtGuest(t *testing.T) {
 	needQEMU(t)
@@ -63,6 +65,11 @@ func TestAdoptLibvirtGuest(t *testing.T) {
 	os.MkdirAll(filepath.Dir(disk), 0o755)
 	runTool(t, "qemu-img", "create", "-q", "-f", "qcow2", disk, "1G")
 	runTool(t, "qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 512M 64k", disk)
+	data := filepath.Join(work, "images", "web-01-data.img")
+	if err := os.WriteFile(data, append([]byte("guest data at offset 0"), make([]byte, 8<<20-len("guest data at offset 0"))...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dataHash := sha256File(t, data)
 	ref := filepath.Join(work, "reference.qcow2")
 	runTool(t, "cp", "--sparse=always", disk, ref)
 	before := sha256File(t, disk)
@@ -71,7 +78,10 @@ func TestAdoptLibvirtGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := adopt.FromLibvirt("web-01.xml", []byte(strings.ReplaceAll(string(xml), "@DISK@", disk)), adopt.Options{Host: "hv-a"})
+	doc := strings.ReplaceAll(string(xml), "@DISK@", disk)
+	doc = strings.Replace(doc, "<controller type='usb'", "<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='"+data+
+		"'/><target dev='vdb' bus='virtio'/></disk><controller type='usb'", 1)
+	plan, err := adopt.FromLibvirt("web-01.xml", []byte(doc), adopt.Options{Host: "hv-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,10 +93,14 @@ func TestAdoptLibvirtGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	staged, err := adopt.Stage(disk, state, plan.Name)
+	all, err := adopt.StagePlan(plan, state)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(all) != 2 || all[1].Path != store.VolumePath("web-01-vdb") {
+		t.Fatalf("staged %+v; want the root disk and volume web-01-vdb", all)
+	}
+	staged := all[0]
 	if staged.Method != adopt.MethodRename || staged.Path != store.AdoptedDisk(plan.Name) {
 		t.Fatalf("staged %+v; want a rename to %s", staged, store.AdoptedDisk(plan.Name))
 	}
@@ -102,7 +116,8 @@ func TestAdoptLibvirtGuest(t *testing.T) {
 	spec := plan.Spec
 	spec.Kernel = guestSpec(t, srv).Kernel
 	spec.Network = "" // the test host has no network "default": user-mode networking
-	m := agent.Machine{Name: plan.Name, Dir: store.VMDir(plan.Name), Spec: spec, InstanceID: "i-adopt-1"}
+	m := agent.Machine{Name: plan.Name, Dir: store.VMDir(plan.Name), Spec: spec, InstanceID: "i-adopt-1",
+		Volumes: []string{store.VolumePath("web-01-vdb")}}
 	if err := os.MkdirAll(m.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +145,8 @@ func TestAdoptLibvirtGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Join(guestLines(waitSerial(t, m.Dir, "tinyguest: ready")), "\n")
-	for _, want := range []string{"seed none", "disk vda serial=gitfleet-root bytes=1073741824", "nic eth0 mac=52:54:00:6b:3c:9a"} {
+	for _, want := range []string{"seed none", "disk vda serial=gitfleet-root bytes=1073741824",
+		"serial=web-01-vdb bytes=" + strconv.Itoa(8<<20), "nic eth0 mac=52:54:00:6b:3c:9a"} {
 		if !strings.Contains(lines, want) {
 			t.Errorf("the guest did not say %q:\n%s", want, lines)
 		}
@@ -149,6 +165,9 @@ func TestAdoptLibvirtGuest(t *testing.T) {
 		t.Errorf("the data at 512 MiB is gone: %s", out)
 	}
 	runTool(t, "qemu-img", "compare", "-f", "qcow2", "-F", "qcow2", ref, root)
+	if sha256File(t, store.VolumePath("web-01-vdb")) != dataHash {
+		t.Error("the data disk adopted as a volume changed")
+	}
 	if after := sha256File(t, root); after != before {
 		t.Errorf("the disk file changed: sha256 %s, was %s (the guest wrote nothing)", after, before)
 	}
