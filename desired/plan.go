@@ -289,6 +289,8 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 			w = append(w, "the host's acks are taken unsigned again: anyone who can push to its status branch can ack its deletes")
 		case kind == KindVM && strings.HasPrefix(f.Field, "spec.static."):
 			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot only: the created VM keeps the addresses it was created with; they apply when the VM is created again")
+		case kind == KindVM && strings.HasPrefix(f.Field, "spec.rootDisk."):
+			w = append(w, "a disk is adopted when the VM is created: the created VM keeps the root disk it has (and its seed, or none)")
 		}
 	}
 	if kind == KindHost {
