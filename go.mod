@@ -25,6 +25,7 @@ require (
 	golang.org/x/sys v0.48.0
 	golang.org/x/term v0.46.0
 	golang.org/x/tools v0.49.0
+	libvirt.org/go/libvirtxml v1.12008.0
 )
 
 require (

@@ -65,14 +65,20 @@ var (
 	// no create attempt) or not a regular file (a permanent error). The
 	// agent never deletes or replaces what is there.
 	ErrVolumeUnusable = errors.New("volume path holds no usable file")
+	// ErrDiskNotStaged: the VM's spec adopts a root disk
+	// (rootDisk.adopt) and none is staged for it on this host yet
+	// (gitfleet import --stage puts it there). A create that meets it
+	// waits: checked again every tick, no attempt spent, so a disk staged
+	// after the merge is taken at the next tick.
+	ErrDiskNotStaged = errors.New("adopted root disk not staged on this host; checked again every tick, no attempt spent")
 )
 
 // waitsForHost reports whether err is something the host lacks for now
 // and a person provides (a volume, a bridge, a dangling volume link made
-// good): a create or an edit that meets it is checked again every tick
-// and spends no attempt.
+// good, an adopted disk staged): a create or an edit that meets it is
+// checked again every tick and spends no attempt.
 func waitsForHost(err error) bool {
-	return errors.Is(err, ErrVolumeMissing) || errors.Is(err, ErrNetworkMissing) ||
+	return errors.Is(err, ErrVolumeMissing) || errors.Is(err, ErrNetworkMissing) || errors.Is(err, ErrDiskNotStaged) ||
 		(errors.Is(err, ErrVolumeUnusable) && !IsPermanent(err))
 }
 
@@ -835,7 +841,7 @@ func (e *Engine) reconcileNetworks(ctx context.Context, snap *snapshots.Snapshot
 		if _, ok := snap.HostSpec.Networks[vm.Spec.Network]; !ok {
 			continue
 		}
-		m := NetworkMember{VM: vm.Name, Network: vm.Spec.Network, Static: vm.Spec.Static}
+		m := NetworkMember{VM: vm.Name, Network: vm.Spec.Network, Static: vm.Spec.Static, MAC: vm.Spec.MAC}
 		if rec := e.recs[vm.Name]; rec != nil && rec.BootID != "" {
 			m.Static = rec.Spec.Static // static is first-boot-only
 		}

@@ -1080,6 +1080,10 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 		{name: "vcpus", edit: vcpus(4), restart: true, wantDiskGB: 5},
 		{name: "memory", edit: memoryMB(4096), restart: true, wantDiskGB: 5},
 		{name: "network", edit: network("lan"), restart: true, wantDiskGB: 5},
+		{name: "mac", edit: func(s *desired.VMSpec) { s.MAC = "52:54:00:6b:3c:9a" }, restart: true, wantDiskGB: 5},
+		{name: "an adopted root disk is not applied to the created VM", edit: func(s *desired.VMSpec) {
+			s.RootDisk = &desired.RootDisk{Adopt: true}
+		}, wantDiskGB: 5, wantMessage: agent.RootDiskNotApplied},
 		{name: "static addresses are not applied to the created VM", edit: func(s *desired.VMSpec) {
 			s.Static = &desired.StaticIP{Addresses: []string{"10.77.0.9/24"}}
 		}, wantDiskGB: 5, wantMessage: agent.StaticNotApplied},
@@ -1130,6 +1134,7 @@ func TestSpecEditsOnARunningVM(t *testing.T) {
 			want := edited.Spec
 			want.CloudInit = created.Spec.CloudInit // first boot only
 			want.Static = created.Spec.Static
+			want.RootDisk = created.Spec.RootDisk // adopted at create only
 			assert.Equal(t, want, staged.Spec, "staged with the spec to apply")
 			if tc.restart {
 				m, _ := f.prov.BootedWith("web-01")

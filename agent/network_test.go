@@ -154,3 +154,27 @@ func TestAnEditOntoAMissingBridgeWaitsWithTheVMRunning(t *testing.T) {
 	assert.Equal(t, moved.VMs[0].SpecHash, r.SpecHash, "applied once the bridge is there")
 	assert.Empty(t, r.LastError)
 }
+
+// A VM whose adopted disk is not staged on its host yet (the branch was
+// merged before gitfleet import --stage ran there) waits for it, as for a
+// missing bridge: no attempt spent, and it comes up at the first tick
+// after the disk is staged.
+func TestAnAdoptedVMWaitsForItsStagedDisk(t *testing.T) {
+	f := newFixture(t)
+	s := snap(1, vm("web-01", func(s *desired.VMSpec) { s.Image, s.RootDisk = nil, &desired.RootDisk{Adopt: true} }))
+	notStaged := fmt.Errorf("/var/lib/gitfleet/adopt/web-01/root.qcow2: %w", agent.ErrDiskNotStaged)
+	f.prov.FailAlways(agenttest.OpRootDisk, notStaged)
+	for i := 0; i < agent.DefaultMaxAttempts+2; i++ {
+		r := row(t, f.step(s), "web-01")
+		assert.Equal(t, status.PhaseCreating, r.Phase, "tick %d", i)
+		assert.Contains(t, r.LastError, agent.ErrDiskNotStaged.Error())
+	}
+	rec := f.record("web-01")
+	assert.Zero(t, rec.Attempts, "waiting spends no attempt")
+	assert.False(t, rec.Failed)
+
+	f.prov.FailAlways(agenttest.OpRootDisk, nil) // staged
+	r := row(t, f.step(s), "web-01")
+	assert.Equal(t, status.PhaseReady, r.Phase)
+	assert.Empty(t, r.LastError)
+}

@@ -754,10 +754,10 @@ func (p *vmPass) editFailed(step string, err error) {
 }
 
 // needsRestart reports whether going from old to spec takes a restart of a
-// running VM: vCPUs, memory, network, volumes or kernel changed.
+// running VM: vCPUs, memory, network, MAC, volumes or kernel changed.
 func needsRestart(old, spec desired.VMSpec) bool {
 	return old.VCPUs != spec.VCPUs || old.MemoryMB != spec.MemoryMB ||
-		old.Network != spec.Network || !slices.Equal(old.Volumes, spec.Volumes) ||
+		old.Network != spec.Network || old.MAC != spec.MAC || !slices.Equal(old.Volumes, spec.Volumes) ||
 		!reflect.DeepEqual(old.Kernel, spec.Kernel)
 }
 
@@ -770,9 +770,14 @@ func needsRestart(old, spec desired.VMSpec) bool {
 // the VM is created again, and the status message says so; the seed of
 // every later boot, and the VM's address reservation on a nat network,
 // keep what the guest was given.
+//
+// RootDisk is kept as created too: a disk is adopted at create only, and
+// an adopted VM is never seeded, so neither an adopt added to a created
+// VM nor one removed from an adopted VM changes what it boots.
 func firstBootOnly(want, applied desired.VMSpec) desired.VMSpec {
 	want.CloudInit = applied.CloudInit
 	want.Static = applied.Static
+	want.RootDisk = applied.RootDisk
 	return want
 }
 
@@ -849,6 +854,10 @@ const CloudInitNotApplied = "cloudInit changed after the VM was created: not app
 const StaticNotApplied = "static changed after the VM was created: not applied to this VM. cloud-init applies network-config at an instance's first boot only, so the guest keeps the addresses it was created with (and its seed and address reservation keep them too); " +
 	"to change them, change the guest's network configuration inside it, or create the VM again"
 
+// RootDiskNotApplied is the status message of a created VM whose spec's
+// rootDisk changed: a disk is adopted at create only.
+const RootDiskNotApplied = "rootDisk changed after the VM was created: not applied to this VM. A disk is adopted when the VM is created; the VM keeps the root disk (and the seed, or none) it was created with"
+
 // diskMessage tells a person what a spec asks of the root disk, or of
 // cloud-init, that the agent will not do to the existing VM.
 func (p *vmPass) diskMessage() string {
@@ -859,6 +868,9 @@ func (p *vmPass) diskMessage() string {
 	}
 	if p.want != nil && !reflect.DeepEqual(p.want.Spec.Static, rec.Spec.Static) {
 		msgs = append(msgs, StaticNotApplied)
+	}
+	if p.want != nil && !reflect.DeepEqual(p.want.Spec.RootDisk, rec.Spec.RootDisk) {
+		msgs = append(msgs, RootDiskNotApplied)
 	}
 	if sha := imageSHA(rec.Spec); rec.RootImage != "" && sha != rec.RootImage {
 		msgs = append(msgs, fmt.Sprintf("image changed: the existing root disk (from image sha256 %.12s) is kept; a new image applies only to a newly created VM", rec.RootImage))

@@ -189,6 +189,9 @@ type NetworkMember struct {
 	VM      string
 	Network string
 	Static  *desired.StaticIP
+	// MAC is the spec's fixed MAC of the VM's NIC ("" derives one from
+	// the name).
+	MAC string
 }
 
 // ImageCollector is implemented by a Provisioner that keeps a cache of

@@ -50,6 +50,8 @@ var (
 //	host                     the host this directory belongs to
 const (
 	vmsDirName      = "vms"
+	adoptDirName    = "adopt"
+	adoptedDiskName = "root.qcow2"
 	volumesDirName  = "volumes"
 	recordFile      = "record.json"
 	snapshotFile    = "snapshot.json"
@@ -90,6 +92,35 @@ func OpenStore(root string) (*Store, error) {
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	return &Store{root: root}, nil
+}
+
+// AdoptedDiskIn is where gitfleet import --stage puts the disk the VM
+// called name adopts, under the state directory root:
+// <root>/adopt/<name>/root.qcow2, on the filesystem of the VMs'
+// directories, so that taking it into the VM's directory is a rename. It
+// fails with ErrInvalidName when name is not a DNS label.
+func AdoptedDiskIn(root, name string) (string, error) {
+	if err := checkName("vm", name); err != nil {
+		return "", err
+	}
+	return filepath.Join(root, adoptDirName, name, adoptedDiskName), nil
+}
+
+// VolumePathIn is the file of the volume called name under the state
+// directory root, as Store.VolumePath gives it, for a writer that does not
+// open the store (gitfleet import --stage). It fails with ErrInvalidName
+// when name is not a DNS label.
+func VolumePathIn(root, name string) (string, error) {
+	if err := checkName("volume", name); err != nil {
+		return "", err
+	}
+	return filepath.Join(root, volumesDirName, name), nil
+}
+
+// AdoptedDisk is AdoptedDiskIn of this store. The name must have passed
+// validName.
+func (s *Store) AdoptedDisk(name string) string {
+	return filepath.Join(s.root, adoptDirName, name, adoptedDiskName)
 }
 
 // Root is the state directory.

@@ -27,6 +27,20 @@ func errStrings(errs []*Error) []string {
 const bomb = "b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n" +
 	"d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
 
+// TestParseAdoptedVM pins the fields of an adopted VM: a MAC written
+// unquoted (as libvirt prints it) is the string, and no image or kernel
+// is needed beside rootDisk.adopt.
+func TestParseAdoptedVM(t *testing.T) {
+	obj, errs := parseFile("obj.yaml", []byte(vm("  host: hv-a\n  vcpus: 2\n  memoryMB: 2048\n  diskGB: 20\n  mac: 52:54:00:12:34:56\n  rootDisk: {adopt: true}\n")))
+	if len(errs) > 0 {
+		t.Fatalf("errors: %v", errStrings(errs))
+	}
+	s := obj.vm.Spec
+	if s.MAC != "52:54:00:12:34:56" || s.RootDisk == nil || !s.RootDisk.Adopt {
+		t.Errorf("spec.mac = %q, spec.rootDisk = %+v; want the MAC and adopt: true", s.MAC, s.RootDisk)
+	}
+}
+
 func TestParseFileErrors(t *testing.T) {
 	sum := sumA
 	big := vm(vmBody) + "#" + strings.Repeat("x", MaxFileSize) + "\n"
@@ -237,7 +251,23 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:13:10: spec.power: must be running or stopped, got "off"`,
 		}},
 		{"no image and no kernel", vm("  host: hv-a\n  vcpus: 2\n  memoryMB: 2048\n  diskGB: 20\n"), []string{
-			`obj.yaml:5:1: spec: needs an image, a kernel, or both`,
+			`obj.yaml:5:1: spec: needs an image, a kernel, or both, or an adopted root disk (rootDisk: {adopt: true})`,
+		}},
+		{"mac not a MAC", vm(vmBody + "  mac: \"52:54:00:zz:00:01\"\n"), []string{
+			`obj.yaml:13:8: spec.mac: "52:54:00:zz:00:01" is not a MAC address: want six colon-separated hex pairs, such as 52:54:00:12:34:56`,
+		}},
+		{"mac multicast", vm(vmBody + "  mac: \"01:00:5e:00:00:01\"\n"), []string{
+			`obj.yaml:13:8: spec.mac: 01:00:5e:00:00:01 is a multicast address (the first octet is odd); a NIC needs a unicast one`,
+		}},
+		{"adopted with an image", vm(vmBody + "  rootDisk: {adopt: true}\n"), []string{
+			`obj.yaml:10:3: spec.image: an adopted root disk is not made from an image; remove image (or rootDisk to create the VM afresh)`,
+		}},
+		{"adopted with cloudInit", vm("  host: hv-a\n  vcpus: 2\n  memoryMB: 2048\n  diskGB: 20\n  rootDisk: {adopt: true}\n  cloudInit: {userData: \"#cloud-config\\n\"}\n"), []string{
+			`obj.yaml:11:3: spec.cloudInit: an adopted VM gets no NoCloud seed (its guest ran cloud-init before); remove cloudInit and change the guest from inside`,
+		}},
+		{"rootDisk without adopt", vm("  host: hv-a\n  vcpus: 2\n  memoryMB: 2048\n  diskGB: 20\n  rootDisk: {}\n"), []string{
+			`obj.yaml:5:1: spec: needs an image, a kernel, or both, or an adopted root disk (rootDisk: {adopt: true})`,
+			`obj.yaml:10:3: spec.rootDisk.adopt: missing`,
 		}},
 		{"volume listed twice", vm(vmBody + "  volumes: [data-01, data-01]\n"), []string{
 			`obj.yaml:13:22: spec.volumes[1]: volume "data-01" is listed twice (first at spec.volumes[0])`,

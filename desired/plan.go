@@ -103,7 +103,8 @@ const (
 	// next booted (by this change, when it sets power to running).
 	EffectNextBoot Effect = "applies at next boot"
 	// EffectNotApplied: image, cloudInit, static addresses (cloud-init's
-	// network-config, applied at first boot) and a smaller diskGB are kept
+	// network-config, applied at first boot), rootDisk (an adopted disk is
+	// taken at create) and a smaller diskGB are kept
 	// in the spec but never applied to the existing VM; all but diskGB
 	// apply when the VM is created again.
 	EffectNotApplied Effect = "not applied to the existing VM"
@@ -114,7 +115,8 @@ const (
 // running).
 func vmFieldEffect(field, old, new, basePower, power string) Effect {
 	switch {
-	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."):
+	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."),
+		strings.HasPrefix(field, "spec.rootDisk."):
 		return EffectNotApplied
 	case field == "spec.diskGB":
 		if atoi(new) < atoi(old) {
@@ -287,6 +289,8 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 			w = append(w, "the host's acks are taken unsigned again: anyone who can push to its status branch can ack its deletes")
 		case kind == KindVM && strings.HasPrefix(f.Field, "spec.static."):
 			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot only: the created VM keeps the addresses it was created with; they apply when the VM is created again")
+		case kind == KindVM && strings.HasPrefix(f.Field, "spec.rootDisk."):
+			w = append(w, "a disk is adopted when the VM is created: the created VM keeps the root disk it has (and its seed, or none)")
 		}
 	}
 	if kind == KindHost {

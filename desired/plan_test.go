@@ -198,6 +198,8 @@ func TestPlanSaysWhatHappensToTheGuest(t *testing.T) {
 		{"vcpus of a VM booted by the same change", []func(*VMSpec){func(s *VMSpec) { s.Power = PowerStopped }},
 			[]func(*VMSpec){func(s *VMSpec) { s.Power = PowerRunning; s.VCPUs = 4 }}, "spec.vcpus", EffectNextBoot, ""},
 		{"image", nil, []func(*VMSpec){func(s *VMSpec) { s.Image.SHA256 = strings.Repeat("c", 64) }}, "spec.image.sha256", EffectNotApplied, "existing root disk"},
+		{"mac of a running VM", nil, []func(*VMSpec){func(s *VMSpec) { s.MAC = "52:54:00:6b:3c:9a" }}, "spec.mac", EffectRestart, ""},
+		{"an adopted root disk", nil, []func(*VMSpec){func(s *VMSpec) { s.RootDisk = &RootDisk{Adopt: true} }}, "spec.rootDisk.adopt", EffectNotApplied, "keeps the root disk it has"},
 		{"key rotation", []func(*VMSpec){withKeys("ssh-ed25519 AAAAold")}, []func(*VMSpec){withKeys("ssh-ed25519 AAAAnew")},
 			"spec.cloudInit.sshAuthorizedKeys", EffectNotApplied, "to rotate an SSH key"},
 	} {

@@ -27,8 +27,8 @@ import (
 // and checked as a VM file is, each error at the FILE:LINE:COL of the
 // value that won. A profile names no other profile (they do not nest), and
 // sets neither host (a change of it would destroy every VM naming the
-// profile and create it empty elsewhere) nor cloudInit.encryptedUserData
-// (sealed to one VM and its host). A Profile is no object on a host: it is
+// profile and create it empty elsewhere), mac and rootDisk (one VM's own)
+// nor cloudInit.encryptedUserData (sealed to one VM and its host). A Profile is no object on a host: it is
 // never in a snapshot and never tombstoned; a VM's snapshot carries its
 // effective spec alone.
 type Profile struct {
@@ -53,6 +53,8 @@ var profileRefused = map[string]string{
 		"write host in each VM's file",
 	"spec.cloudInit.encryptedUserData": "a Profile does not hold encryptedUserData: encrypted user-data is sealed to one VM and its host (gitfleet encrypt VMFILE); " +
 		"write it in the VM's file, or plain userData here",
+	"spec.mac":      "a Profile does not set mac: a MAC belongs to one NIC, and every VM naming the profile would share it; write mac in the VM's file",
+	"spec.rootDisk": "a Profile does not set rootDisk: an adopted disk is one VM's own (gitfleet import); write rootDisk in the VM's file",
 }
 
 // profileEnvelope is the typeSchema of profileDoc: its spec is a VM
@@ -68,7 +70,7 @@ func profileEnvelope() typeSchema {
 	sort.Strings(omit)
 	ts.desc = fmt.Sprintf("A Profile object of %s: part of a VM spec that VMs name in spec.profile.", APIVersion)
 	ts.fields["spec"] = fieldSchema{partial: true, omit: omit,
-		desc: "Any part of a VM spec but host and cloudInit.encryptedUserData; a VM that names the profile writes its own fields over these."}
+		desc: "Any part of a VM spec but host, mac, rootDisk and cloudInit.encryptedUserData; a VM that names the profile writes its own fields over these."}
 	return ts
 }
 

@@ -14,7 +14,7 @@ import (
 func SpecHash(spec VMSpec) Hash {
 	b, err := json.Marshal(spec)
 	if err != nil {
-		// VMSpec holds only strings, ints, slices and maps with string
+		// VMSpec holds only strings, ints, bools, slices and maps with string
 		// keys: encoding cannot fail.
 		panic(fmt.Sprintf("desired: encode VMSpec: %v", err))
 	}

@@ -151,13 +151,41 @@ type VMSpec struct {
 	Volumes []string `yaml:"volumes,omitempty" json:"volumes,omitempty"`
 	// CloudInit is the NoCloud seed's content.
 	CloudInit *CloudInit `yaml:"cloudInit,omitempty" json:"cloudInit,omitempty"`
+	// MAC is the fixed MAC address of the VM's one NIC, six colon-separated
+	// hex octets of a unicast address ("52:54:00:12:34:56"); empty derives
+	// a stable one from the VM's name. An adopted VM keeps the MAC it had
+	// (gitfleet import writes it), so its guest's network configuration
+	// and DHCP reservations still match.
+	MAC string `yaml:"mac,omitempty" json:"mac,omitempty"`
+	// RootDisk, when it says adopt, takes an existing disk as the VM's
+	// root disk instead of making one from Image (see RootDisk).
+	RootDisk *RootDisk `yaml:"rootDisk,omitempty" json:"rootDisk,omitempty"`
+}
+
+// RootDisk says where a VM's root disk comes from. Adopt true: the disk
+// is one the VM already had before gitfleet (gitfleet import), staged on
+// the host in the agent's state directory at adopt/<vm>/root.qcow2 (a
+// self-contained qcow2); the agent moves it into the VM's directory at
+// create and never runs qemu-img create or writes a NoCloud seed for the
+// VM, so cloud-init inside the guest never sees a new instance. An
+// adopted spec names no image and no cloudInit (they would never be
+// used); diskGB grows the disk when it is larger than the disk, as for
+// any VM.
+type RootDisk struct {
+	Adopt bool `yaml:"adopt" json:"adopt"`
+}
+
+func (RootDisk) schema() typeSchema {
+	return typeSchema{desc: "Where the root disk comes from.", fields: map[string]fieldSchema{
+		"adopt": {desc: "Take the disk staged for this VM by gitfleet import --stage (<stateDir>/adopt/<vm>/root.qcow2) instead of making one from an image; no NoCloud seed is written for the VM."},
+	}}
 }
 
 func (VMSpec) schema() typeSchema {
 	return typeSchema{
 		def:   "vmSpec",
-		desc:  "The VM's desired state. It needs an image, a kernel, or both.",
-		anyOf: [][]string{{"image"}, {"kernel"}},
+		desc:  "The VM's desired state. It needs an image, a kernel, or both, or an adopted root disk.",
+		anyOf: [][]string{{"image"}, {"kernel"}, {"rootDisk"}},
 		fields: map[string]fieldSchema{
 			"host":     {shape: "name", desc: "The Host the VM runs on."},
 			"vcpus":    {ints: between(1, MaxVCPUs), desc: "Virtual CPUs."},
@@ -171,6 +199,8 @@ func (VMSpec) schema() typeSchema {
 			"static":    {desc: "Fixed addresses for the NIC instead of DHCP (netplan's field names); needs network."},
 			"volumes":   {items: &fieldSchema{shape: "name"}, unique: true, desc: "Volume names on the same host, attached in order."},
 			"cloudInit": {desc: "The NoCloud seed's content (secret: never logged)."},
+			"mac":       {pattern: MACPattern, desc: "Fixed MAC address of the VM's NIC (unicast, colon-separated hex); left out, one is derived from the VM's name."},
+			"rootDisk":  {desc: "An adopted root disk instead of one made from the image."},
 		},
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -241,8 +242,20 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 	if d.required("spec.diskGB") {
 		d.intRange("spec.diskGB", s.DiskGB, 1, MaxDiskGB, " GiB")
 	}
-	if s.Image == nil && s.Kernel == nil && !d.partial && d.written("spec") && !d.bad["spec"] && !d.bad["spec.image"] && !d.bad["spec.kernel"] {
-		d.add(d.keyPos("spec"), "spec", "needs an image, a kernel, or both")
+	if s.RootDisk != nil {
+		d.required("spec.rootDisk.adopt")
+	}
+	adopted := s.RootDisk != nil && s.RootDisk.Adopt
+	if s.Image == nil && s.Kernel == nil && !adopted && !d.partial && d.written("spec") && !d.bad["spec"] && !d.bad["spec.image"] && !d.bad["spec.kernel"] && !d.bad["spec.rootDisk"] {
+		d.add(d.keyPos("spec"), "spec", "needs an image, a kernel, or both, or an adopted root disk (rootDisk: {adopt: true})")
+	}
+	if adopted {
+		d.adopted(s)
+	}
+	if d.written("spec.mac") && !d.bad["spec.mac"] {
+		if msg := checkMAC(s.MAC); msg != "" {
+			d.add(d.valPos("spec.mac"), "spec.mac", "%s", msg)
+		}
 	}
 	if s.Image != nil {
 		d.artifact("spec.image", s.Image.URL, s.Image.SHA256)
@@ -291,6 +304,45 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 			d.encryptedUserData(s.CloudInit)
 		}
 	}
+}
+
+// adopted refuses, beside rootDisk.adopt, the fields an adopted VM would
+// never use: an image (its disk already exists), cloudInit and static
+// (no NoCloud seed is written over a guest that already ran cloud-init).
+func (d *nodeDecoder) adopted(s *VMSpec) {
+	why := map[string]string{
+		"spec.image":     "an adopted root disk is not made from an image; remove image (or rootDisk to create the VM afresh)",
+		"spec.cloudInit": "an adopted VM gets no NoCloud seed (its guest ran cloud-init before); remove cloudInit and change the guest from inside",
+		"spec.static":    "static addresses reach a guest in the NoCloud seed, which an adopted VM does not get; configure them inside the guest",
+	}
+	for _, f := range []string{"spec.image", "spec.cloudInit", "spec.static"} {
+		if d.written(f) {
+			d.add(d.keyPos(f), f, "%s", why[f])
+		}
+	}
+}
+
+// MACPattern is the shape of spec.mac: six colon-separated pairs of hex
+// digits (IEEE 802 MAC-48, as ip link and libvirt print it).
+const MACPattern = `^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$`
+
+var macRE = regexp.MustCompile(MACPattern)
+
+// checkMAC says what is wrong with mac as a NIC's address ("" when
+// nothing): its shape, a multicast address (bit 0 of the first octet,
+// which no NIC may take), the all-zero address.
+func checkMAC(mac string) string {
+	if !macRE.MatchString(mac) {
+		return fmt.Sprintf("%q is not a MAC address: want six colon-separated hex pairs, such as 52:54:00:12:34:56", safetext.Truncate(mac, 40))
+	}
+	first, _ := strconv.ParseUint(mac[:2], 16, 8)
+	switch {
+	case first&1 == 1:
+		return fmt.Sprintf("%s is a multicast address (the first octet is odd); a NIC needs a unicast one", mac)
+	case strings.Trim(strings.ReplaceAll(mac, ":", ""), "0") == "":
+		return "00:00:00:00:00:00 is no NIC's address"
+	}
+	return ""
 }
 
 // encryptedUserData checks spec.cloudInit.encryptedUserData without any

@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/agent/hostnet"
 )
 
 // launch is everything the QEMU command line is built from.
@@ -83,9 +84,13 @@ func (l launch) args() []string {
 	a = append(a,
 		"-drive", "file="+escapeOpt(l.root)+",if=none,id=root,format=qcow2,cache=writeback,aio=threads,discard=unmap",
 		"-device", "virtio-blk-pci,drive=root,serial=gitfleet-root,bootindex=1",
-		"-drive", "file="+escapeOpt(l.seed)+",if=none,id=seed,format=raw,readonly=on",
-		"-device", "virtio-blk-pci,drive=seed,serial="+SeedLabel,
 	)
+	if l.seed != "" {
+		a = append(a,
+			"-drive", "file="+escapeOpt(l.seed)+",if=none,id=seed,format=raw,readonly=on",
+			"-device", "virtio-blk-pci,drive=seed,serial="+SeedLabel,
+		)
+	}
 	for i, v := range l.volumes {
 		id := "vol" + strconv.Itoa(i)
 		a = append(a,
@@ -171,7 +176,7 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	if err := p.checkDisks(st, m.Volumes); err != nil {
 		return err
 	}
-	mac := macFor(m.Name)
+	mac := macOf(m.Name, m.Spec.MAC)
 	att, err := p.attach(ctx, st, m, mac)
 	if err != nil {
 		return err
@@ -180,12 +185,13 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	if err != nil {
 		return err
 	}
-	files, err := p.machineSeed(st, m, mac, staticFor(m.Spec.Static, att))
-	if err != nil {
-		return agent.Permanent(fmt.Errorf("seed: %w", err))
-	}
-	if err := writeSeedISO(st.path(SeedFile), files); err != nil {
-		return err
+	seed := ""
+	if !adopted(m.Spec) {
+		// An adopted guest gets no seed: its cloud-init ran before, under
+		// an instance-id gitfleet never knew.
+		if seed, err = p.writeSeed(st, m, mac, att); err != nil {
+			return err
+		}
 	}
 	port := 0
 	if att.Tap == "" {
@@ -196,7 +202,7 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	l := launch{
 		name: m.Name, dir: st.dir, accel: p.accel,
 		vcpus: max(m.Spec.VCPUs, 1), memMB: m.Spec.MemoryMB,
-		root: st.path(RootDiskFile), seed: st.path(SeedFile), volumes: m.Volumes,
+		root: st.path(RootDiskFile), seed: seed, volumes: m.Volumes,
 		kernel: a.kernel, initrd: a.initrd, mac: mac, sshPort: port, tap: att.Tap,
 		sandbox: !p.cfg.NoSandbox,
 	}
@@ -210,6 +216,18 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 		l.cmdline = m.Spec.Kernel.Cmdline
 	}
 	return p.start(ctx, st, l, log)
+}
+
+// writeSeed writes m's NoCloud seed and returns its path.
+func (p *Provisioner) writeSeed(st *vmState, m agent.Machine, mac string, att hostnet.Attachment) (string, error) {
+	files, err := p.machineSeed(st, m, mac, staticFor(m.Spec.Static, att))
+	if err != nil {
+		return "", agent.Permanent(fmt.Errorf("seed: %w", err))
+	}
+	if err := writeSeedISO(st.path(SeedFile), files); err != nil {
+		return "", err
+	}
+	return st.path(SeedFile), nil
 }
 
 // checkDisks checks, before QEMU opens them as root, the root disk's

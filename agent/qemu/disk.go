@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 
 	"github.com/sirupsen/logrus"
@@ -76,7 +77,7 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 			}
 		}
 	}
-	if a.image == "" && a.kernel == "" && !imageKept {
+	if a.image == "" && a.kernel == "" && !imageKept && !adopted(spec) {
 		return a, agent.Permanent(errors.New("spec has neither image nor kernel: nothing to boot"))
 	}
 	return a, nil
@@ -112,7 +113,10 @@ func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
 	}
 	// Rendered without the host network's defaults (gateway, DNS), which
 	// only attaching the VM to it gives; the rest of the seed is Boot's.
-	if _, err := p.machineSeed(st, m, macFor(m.Name), staticFor(m.Spec.Static, hostnet.Attachment{})); err != nil {
+	if adopted(m.Spec) {
+		return nil // no seed to render
+	}
+	if _, err := p.machineSeed(st, m, macOf(m.Name, m.Spec.MAC), staticFor(m.Spec.Static, hostnet.Attachment{})); err != nil {
 		return agent.Permanent(fmt.Errorf("seed: %w", err))
 	}
 	return nil
@@ -121,7 +125,9 @@ func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
 // PrepareRootDisk fetches the spec's artifacts into the cache and creates
 // the root disk: a qcow2 overlay on the cached image (backing format given
 // explicitly) of max(diskGB, image size), or a blank qcow2 of diskGB for a
-// kernel-only spec. An existing root disk is never replaced; it is grown
+// kernel-only spec. A spec with rootDisk.adopt instead takes the disk
+// staged for it (adoptRootDisk); qemu-img create never runs for it. An
+// existing root disk is never replaced; it is grown
 // to diskGB when smaller (online through QMP block_resize while the VM
 // runs) and never shrunk.
 func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) error {
@@ -143,6 +149,12 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 		return p.growRootDisk(ctx, st, want, log)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return err
+	}
+	if adopted(m.Spec) {
+		if err := p.adoptRootDisk(st, m.Name, log); err != nil {
+			return err
+		}
+		return p.growRootDisk(ctx, st, want, log)
 	}
 
 	partial := root + ".partial"
@@ -167,6 +179,50 @@ func (p *Provisioner) PrepareRootDisk(ctx context.Context, m agent.Machine) erro
 	}
 	log.WithFields(logrus.Fields{"bytes": size, "backing": a.image != ""}).Info("root disk created")
 	return nil
+}
+
+// adopted reports whether spec takes an existing disk (rootDisk.adopt).
+func adopted(spec desired.VMSpec) bool { return spec.RootDisk != nil && spec.RootDisk.Adopt }
+
+// adoptRootDisk takes the disk staged for VM name (Config.AdoptedDisk)
+// as its root disk, by a rename within the state directory's filesystem:
+// no byte of it is copied or written. Its header is checked first, as any
+// root disk's (checkRootDisk): a backing file outside the cache, an
+// external data file or a disk that is not qcow2 is refused,
+// permanently, and the staged disk is left where it is.
+func (p *Provisioner) adoptRootDisk(st *vmState, name string, log *logrus.Entry) error {
+	if p.cfg.AdoptedDisk == nil {
+		return agent.Permanent(errors.New("spec adopts a root disk, and this backend has no adopt directory"))
+	}
+	staged := p.cfg.AdoptedDisk(name)
+	if _, err := checkRootDisk(staged, p.cfg.CacheDir); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w (%s): run gitfleet import --stage on this host", agent.ErrDiskNotStaged, staged)
+		}
+		if errors.Is(err, ErrImageNotSelfContained) || errors.Is(err, ErrUnsafeFile) {
+			return agent.Permanent(fmt.Errorf("adopt: %w", err))
+		}
+		return err
+	}
+	if err := os.Rename(staged, st.path(RootDiskFile)); err != nil {
+		return fmt.Errorf("adopt root disk: %w", err)
+	}
+	if err := syncDir(st.dir); err != nil {
+		return err
+	}
+	os.Remove(filepath.Dir(staged)) // the empty adopt/<name> directory
+	log.WithField("from", staged).Info("root disk adopted")
+	return nil
+}
+
+// syncDir makes the renames in dir durable (fsync of the directory).
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // growRootDisk grows the root disk to want bytes when it is smaller. Its

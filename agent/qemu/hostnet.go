@@ -105,7 +105,7 @@ func (p *Provisioner) ReconcileNetworks(ctx context.Context, nets map[string]des
 		if !ok || def.NAT == nil {
 			continue
 		}
-		hw, err := net.ParseMAC(macFor(m.VM))
+		hw, err := net.ParseMAC(macOf(m.VM, m.MAC))
 		if err != nil {
 			return err
 		}

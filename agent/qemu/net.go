@@ -23,6 +23,15 @@ func macFor(name string) string {
 	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", h[0], h[1], h[2], h[3], h[4], h[5])
 }
 
+// macOf is the MAC of VM name's NIC: the spec's fixed mac, in lowercase,
+// when it has one, else macFor(name).
+func macOf(name, specMAC string) string {
+	if specMAC != "" {
+		return strings.ToLower(specMAC)
+	}
+	return macFor(name)
+}
+
 // freePort asks the kernel for a free TCP port on 127.0.0.1.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

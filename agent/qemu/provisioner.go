@@ -101,6 +101,10 @@ type Config struct {
 	// yet — typically right after an agent restart. Without it such a VM
 	// reads as not running and Shutdown/Destroy of it are no-ops.
 	MachineDir func(name string) string
+	// AdoptedDisk maps a VM name to where its adopted root disk is staged
+	// (agent.Store.AdoptedDisk: the state directory's adopt/<name>/root.qcow2).
+	// Nil refuses every VM whose spec says rootDisk.adopt, permanently.
+	AdoptedDisk func(name string) string
 	// Accel is "auto" (default), "kvm" or "tcg". Auto picks KVM only when
 	// /proc/cpuinfo shows vmx or svm and /dev/kvm opens read-write.
 	Accel string

@@ -105,7 +105,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(newVersionCmd(), newAgentCmd(), newControllerCmd(), newPlanCmd(),
 		newStatusCmd(), newValidateCmd(), newSchemaCmd(), newDemoCmd(), newConsoleCmd(), newReconcileCmd(),
-		newEncryptCmd(), newAgeKeygenCmd(), newKeygenCmd(), newShowCmd())
+		newEncryptCmd(), newAgeKeygenCmd(), newKeygenCmd(), newShowCmd(), newImportCmd())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return &exitError{code: 2, err: err}
 	})

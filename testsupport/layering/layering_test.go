@@ -52,6 +52,7 @@ var rank = map[string]int{
 	"agent":         4,
 	"agent/inmem":   5,
 	"agent/qemu":    5,
+	"adopt":         5,
 
 	"cmd/gitfleet/internal/config": 6,
 	"cmd/gitfleet/internal/demo":   7,

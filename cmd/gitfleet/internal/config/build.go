@@ -190,6 +190,7 @@ func (c *Agent) qemuBackend(store *agent.Store, keys *sealed.Keyring, log *logru
 		Artifacts:        c.Artifacts,
 		CacheDir:         orUnder(c.ImageCacheDir, store, "images"),
 		MachineDir:       store.VMDir,
+		AdoptedDisk:      store.AdoptedDisk,
 		Accel:            c.QEMU.Accel,
 		SystemdScope:     c.QEMU.SystemdScope,
 		BootTimeout:      c.QEMU.BootTimeout,
