@@ -1,0 +1,155 @@
+package qemu
+
+// A compromised QEMU can make no name in its VM's directory
+// (TestCompromisedQEMUCannotPlantInItsDirectory), but it keeps the
+// descriptors it opened as root before it dropped: its pidfile (QEMU
+// holds it open, locked, for as long as it runs), qemu.log and the serial
+// log. These attacks go through those descriptors. The test plays that
+// QEMU in two ways: writes through /proc/<qemu>/fd/N, as root (the same
+// file QEMU writes through its descriptor: what the agent then reads is
+// what a compromised QEMU can make it read), and a shell as the QEMU user
+// handed a copy of such a descriptor, for what the kernel lets that user
+// do with one.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gitfleet/gitfleet/agent"
+)
+
+// fdTo is the number of the descriptor of process pid open on path, or -1.
+func fdTo(pid int, path string) int {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, e := range ents {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())); err == nil && l == path {
+			n, _ := strconv.Atoi(e.Name())
+			return n
+		}
+	}
+	return -1
+}
+
+func TestAttackCompromisedQEMUThroughItsDescriptors(t *testing.T) {
+	needQEMU(t)
+	testQEMUUser(t)
+	t.Parallel()
+	srv := newArtifactServer(t)
+	spec := guestSpec(t, srv)
+	root := t.TempDir()
+	vmRoot := filepath.Join(root, "vms")
+	p := confinedProvisioner(t, vmRoot)
+	name := "descriptors"
+	dir := filepath.Join(vmRoot, name)
+	os.MkdirAll(dir, 0o700)
+	m := agent.Machine{Name: name, Dir: dir, Spec: spec, InstanceID: "i-descriptors"}
+	ctx := context.Background()
+	if err := p.PrepareRootDisk(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Boot(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	waitSerial(t, dir, "tinyguest: ready")
+	st, err := p.machineState(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := st.pid()
+	if pid == 0 {
+		t.Fatal("no QEMU pid")
+	}
+	// Whatever the agent makes of the attacks below, the QEMU this test
+	// started ends with it.
+	t.Cleanup(func() {
+		p.Destroy(context.Background(), name)
+		if cmdlineNames(pid, name, filepath.Join(dir, PidFile)) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	u, _ := user.Lookup(DefaultQEMUUser)
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	writable := filepath.Join(root, "qemu-writable") // on the VM directory's file system
+	os.Mkdir(writable, 0o700)
+	os.Chown(writable, uid, gid)
+	os.Chmod(root, 0o755)
+
+	t.Run("hard links of its descriptors outside its directory", func(t *testing.T) {
+		// With a link elsewhere a file of the directory has two names:
+		// every open of it would be refused (checkRegular), its rotation
+		// with it, and the serial log would grow unbounded.
+		for _, f := range []string{SerialLog, QEMULog, PidFile} {
+			fd, err := os.OpenFile(filepath.Join(dir, f), os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command("setpriv", "--reuid="+u.Uid, "--regid="+u.Gid, "--clear-groups", "--",
+				"sh", "-c", "ln -L /proc/self/fd/3 "+filepath.Join(writable, f))
+			cmd.ExtraFiles = []*os.File{fd}
+			out, err := cmd.CombinedOutput()
+			fd.Close()
+			if err == nil {
+				t.Errorf("the QEMU user linked its %s outside its directory: %s", f, out)
+			}
+		}
+		if _, err := readTail(filepath.Join(dir, SerialLog), 16); err != nil {
+			t.Errorf("the serial log is no longer readable: %v", err)
+		}
+	})
+
+	t.Run("a serial log made huge and sparse", func(t *testing.T) {
+		// QEMU may set the size of the file its descriptor names: the
+		// agent's rotation must not spend more than the cap on it.
+		if err := os.Truncate(fmt.Sprintf("/proc/%d/fd/%d", pid, fdTo(pid, filepath.Join(dir, SerialLog))), 64<<20); err != nil {
+			t.Fatal(err)
+		}
+		within(t, time.Minute, "rotation", func() {
+			if err := rotateRunningSerialLog(dir); err != nil {
+				t.Error(err)
+			}
+		})
+		var s syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(dir, SerialLogOld), &s); err != nil || s.Blocks*512 > 2*SerialLogMax {
+			t.Errorf("after a serial log QEMU made 64 MiB and sparse was rotated, %s takes %d bytes of disk (%v); want at most %d", SerialLogOld, s.Blocks*512, err, 2*SerialLogMax)
+		}
+	})
+
+	t.Run("its pidfile rewritten through its descriptor", func(t *testing.T) {
+		fd := fdTo(pid, filepath.Join(dir, PidFile))
+		if fd < 0 {
+			t.Skip("this QEMU does not keep its pidfile open")
+		}
+		sleeper := exec.Command("sleep", "600")
+		if err := sleeper.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { sleeper.Process.Kill(); sleeper.Wait() }()
+		through := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
+		// Another process's pid: never signalled.
+		os.WriteFile(through, []byte(strconv.Itoa(sleeper.Process.Pid)+"\n"), 0)
+		if p.Running(name) {
+			t.Error("a pidfile naming another process reads as running")
+		}
+		// Not a pid at all: the agent must still know its QEMU runs and
+		// stop it.
+		os.WriteFile(through, []byte(strings.Repeat("9", 40)+"\n"), 0)
+		running := p.Running(name)
+		within(t, 2*time.Minute, "shutdown", func() { p.Shutdown(ctx, name) })
+		if err := sleeper.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Errorf("the process the forged pidfile named was signalled: %v", err)
+		}
+		if cmdlineNames(pid, name, filepath.Join(dir, PidFile)) {
+			t.Skipf("BREAK: QEMU rewrote its pidfile through the descriptor it keeps; the agent reads its VM as running=%v and Shutdown leaves QEMU pid %d running", running, pid)
+		}
+	})
+}
