@@ -14,6 +14,7 @@ package qemu
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -193,5 +194,56 @@ func TestPidRecordNamesOneProcess(t *testing.T) {
 	sleeper.Wait()
 	if got := recordedPid(rec); got != 0 {
 		t.Errorf("the record of a process gone names %d", got)
+	}
+}
+
+// A compromised QEMU is its user on the host's unix sockets: the nftables
+// guard keeps it off the host's addresses, but nothing keeps it from a
+// unix socket its user may open (the system D-Bus is one, 0666) or from
+// an abstract one, which has no permissions at all (containerd's shims
+// listened on such sockets). QEMU's own sandbox lets it create and
+// connect sockets. The test stands a root listener of each kind in for
+// those services and connects as the QEMU user, with NoNewPrivs, as
+// QEMU runs.
+func TestAttackCompromisedQEMUReachesUnixSockets(t *testing.T) {
+	testQEMUUser(t)
+	python := "/usr/bin/python3"
+	if _, err := os.Stat(python); err != nil {
+		t.Skip("/usr/bin/python3 connects as the QEMU user here")
+	}
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	os.Chmod(filepath.Dir(dir), 0o755)
+	abstract := fmt.Sprintf("@gitfleet-attack26-%d", os.Getpid())
+	path := filepath.Join(dir, "bus.sock")
+	var reached []string
+	for _, addr := range []string{abstract, path} {
+		l, err := net.Listen("unix", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		os.Chmod(path, 0o666)
+		go func() {
+			if c, err := l.Accept(); err == nil {
+				c.Close()
+			}
+		}()
+		name := strings.Replace(addr, "@", "\\0", 1)
+		u, _ := user.Lookup(DefaultQEMUUser)
+		cmd := exec.Command("setpriv", "--reuid="+u.Uid, "--regid="+u.Gid, "--clear-groups", "--no-new-privs", "--",
+			python, "-c", "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n  s.connect('"+name+"')\n  print('connected')\nexcept OSError as e:\n  print('refused', e)")
+		out, err := cmd.CombinedOutput()
+		switch {
+		case err != nil:
+			t.Fatalf("python as the QEMU user did not run (the check proves nothing): %v: %s", err, out)
+		case strings.HasPrefix(string(out), "connected"):
+			reached = append(reached, addr)
+		default:
+			t.Logf("%s: %s", addr, out)
+		}
+	}
+	if len(reached) > 0 {
+		t.Skipf("BREAK: as QEMU's user a compromised QEMU connects to the host's unix sockets: %s", strings.Join(reached, ", "))
 	}
 }
