@@ -12,8 +12,11 @@ package qemu
 // do with one.
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -245,5 +248,62 @@ func TestAttackCompromisedQEMUReachesUnixSockets(t *testing.T) {
 	}
 	if len(reached) > 0 {
 		t.Skipf("BREAK: as QEMU's user a compromised QEMU connects to the host's unix sockets: %s", strings.Join(reached, ", "))
+	}
+}
+
+// Guest agent answers of every other shape a guest can give after the
+// sync: an endless stream of valid JSON lines that are no reply, a reply
+// nested 500,000 deep, and a reply listing 7,000 interfaces in under the
+// bound. Each call ends within its bytes (TestQGACallBoundsWhatItReads)
+// and its time, the nested reply read as no reply (Go's decoder refuses
+// nesting past 10,000) rather than recursed into.
+func TestAttackGuestAgentRepliesOfOtherShapes(t *testing.T) {
+	many := func() []byte {
+		var b bytes.Buffer
+		b.WriteString(`{"return": [`)
+		for i := range 7000 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `{"name":"eth%d","hardware-address":"52:54:00:00:00:01","ip-addresses":[{"ip-address-type":"ipv4","ip-address":"10.0.0.1","prefix":24}]}`, i)
+		}
+		b.WriteString("]}\n")
+		return b.Bytes()
+	}()
+	if len(many) >= MaxReplyBytes {
+		t.Fatalf("the interface list is %d bytes, past the bound: it tests nothing", len(many))
+	}
+	for _, tc := range []struct {
+		name    string
+		reply   func(c net.Conn)
+		wantErr bool
+	}{
+		{"lines that are no reply", func(c net.Conn) { flood(c, bytes.Repeat([]byte("{\"event\": 1}\n"), 4<<10)) }, true},
+		{"a reply nested 500,000 deep", func(c net.Conn) {
+			c.Write([]byte(`{"return": ` + strings.Repeat("[", 500000) + strings.Repeat("]", 500000) + "}\n"))
+			io.Copy(io.Discard, c)
+		}, true},
+		{"7,000 interfaces", func(c net.Conn) { c.Write(many); io.Copy(io.Discard, c) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := fakeQGA(t, func(r *bufio.Reader, c net.Conn) {
+				syncReply(r, c)
+				r.ReadBytes('\n')
+				tc.reply(c)
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			var ifs []GuestInterface
+			var err error
+			n := allocated(func() {
+				within(t, time.Minute, "guest-network-get-interfaces", func() {
+					err = qgaCall(ctx, sock, "guest-network-get-interfaces", nil, &ifs)
+				})
+			})
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("guest-network-get-interfaces: %v (%d interfaces); want an error: %v", err, len(ifs), tc.wantErr)
+			}
+			t.Logf("%v; %d interfaces; %d KiB allocated", err, len(ifs), n>>10)
+		})
 	}
 }
