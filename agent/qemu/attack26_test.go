@@ -128,6 +128,24 @@ func TestAttackCompromisedQEMUThroughItsDescriptors(t *testing.T) {
 		}
 	})
 
+	t.Run("qemu.log made huge and sparse", func(t *testing.T) {
+		// Its stdout and stderr are qemu.log: the agent reads only the
+		// tail.
+		fd := fdTo(pid, filepath.Join(dir, QEMULog))
+		if fd < 0 {
+			t.Fatal("QEMU holds no descriptor of qemu.log")
+		}
+		if err := os.Truncate(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), 64<<30); err != nil {
+			t.Fatal(err)
+		}
+		var reason string
+		n := allocated(func() { within(t, time.Minute, "FailureReason", func() { reason = p.FailureReason(name) }) })
+		if n > 16<<20 {
+			t.Errorf("FailureReason of a 64 GiB qemu.log allocated %d MiB", n>>20)
+		}
+		t.Logf("FailureReason: %d bytes, %d KiB allocated", len(reason), n>>10)
+	})
+
 	t.Run("its pidfile rewritten through its descriptor", func(t *testing.T) {
 		fd := fdTo(pid, filepath.Join(dir, PidFile))
 		if fd < 0 {
