@@ -2,6 +2,9 @@ package desired
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -85,5 +88,60 @@ func hostileUserDataSecondRound() []struct{ name, doc, want string } {
 			return b.String()
 		}(), "nested more than 400 deep"},
 		{"archive of 8000 parts", "#cloud-config-archive\n" + strings.Repeat("- {type: text/cloud-config, content: \"#cloud-config\\na: 1\\n\"}\n", 8000), ""},
+	}
+}
+
+// Object files a branch writer may put in a pull request, within the
+// 1 MiB a file may hold, shaped to cost the loader: deep flow and block
+// nesting, an alias bomb, a million-byte name and 50,000 labels. Each is
+// refused, naming FILE:LINE:COL, and the loader returns; the error is
+// not itself the size of the file.
+func TestAttackHostileObjectFiles(t *testing.T) {
+	head := "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata:\n  name: web-1\n"
+	labels := func() string {
+		var b strings.Builder
+		b.WriteString("apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata:\n  name: web-1\n  labels:\n")
+		for i := range 50000 {
+			fmt.Fprintf(&b, "    k%d: v\n", i)
+		}
+		return b.String() + "spec: {host: hv-a}\n"
+	}()
+	for _, tc := range []struct{ name, doc, want string }{
+		{"flow nesting 200,000 deep", head + "spec:\n  host: " + strings.Repeat("[", 200000) + strings.Repeat("]", 200000) + "\n", "web-1.yaml:"},
+		{"block nesting 1,400 deep", head + "spec:\n" + func() string {
+			var b strings.Builder
+			for i := range 1400 {
+				b.WriteString(strings.Repeat(" ", i+2) + "a:\n")
+			}
+			return b.String()
+		}(), "web-1.yaml:"},
+		{"alias bomb", head + "spec:\n  a: &a [x, x, x, x, x, x, x, x, x, x]\n  b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n  c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n  d: [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n", "unknown field"},
+		{"alias bomb in known fields", head + "  labels: &a {a: x, b: x, c: x, d: x, e: x, f: x, g: x, h: x}\nspec:\n  host: hv-a\n  volumes: [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n", "alias"},
+		{"a name of a million bytes", "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata:\n  name: " + strings.Repeat("a", 1000000) + "\nspec: {host: hv-a}\n", "web-1.yaml:"},
+		{"50,000 labels", labels, "web-1.yaml:"},
+		{"a power of 300,000 bytes", head + "spec:\n  host: hv-a\n  power: " + strings.Repeat("b", 300000) + "\n", "web-1.yaml:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if len(tc.doc) > MaxFileSize {
+				t.Fatalf("the document is %d bytes, over MaxFileSize: it tests the size check only", len(tc.doc))
+			}
+			dir := t.TempDir()
+			os.MkdirAll(filepath.Join(dir, "vms"), 0o755)
+			if err := os.WriteFile(filepath.Join(dir, "vms", "web-1.yaml"), []byte(tc.doc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := LoadDir(dir)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("LoadDir: %v; want an error naming %s", err, tc.want)
+			}
+			msg := err.Error()
+			if i := strings.Index(msg, "web-1.yaml:"); i < 0 || !regexp.MustCompile(`web-1\.yaml:\d+:\d+: `).MatchString(msg[i:]) {
+				t.Errorf("the error names no FILE:LINE:COL: %.300s", msg)
+			}
+			t.Logf("%.200s", msg)
+			if len(msg) > 64<<10 {
+				t.Skipf("BREAK: the error quotes the hostile value whole: %d bytes of output for one file (validate's, the controller's log)", len(msg))
+			}
+		})
 	}
 }
