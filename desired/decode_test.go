@@ -215,7 +215,7 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:4:9: metadata.name: "Web_01" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit`,
 		}},
 		{"name too long", strings.Replace(vm(vmBody), "name: web-01", "name: "+strings.Repeat("a", 64), 1), []string{
-			`obj.yaml:4:9: metadata.name: "` + strings.Repeat("a", 64) + `" is 64 characters; a name is at most 63`,
+			`obj.yaml:4:9: metadata.name: "` + strings.Repeat("a", 63) + `"… is 64 characters; a name is at most 63`,
 		}},
 		{"name of 63 characters", strings.Replace(vm(vmBody), "name: web-01", "name: "+strings.Repeat("a", 63), 1), nil},
 		{"yes, no, on and off are strings", strings.Replace(vm(strings.Replace(vmBody, "host: hv-a", "host: no", 1)), "name: web-01", "name: on", 1), nil},

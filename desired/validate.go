@@ -75,7 +75,9 @@ func checkName(s string) string {
 	case s == "":
 		return "must not be empty"
 	case len(s) > MaxNameLength:
-		return fmt.Sprintf("%q is %d characters; a name is at most %d", s, len(s), MaxNameLength)
+		// Quoted only as far as a name may go: the rest may be a
+		// megabyte, which the error would repeat.
+		return fmt.Sprintf("%q… is %d characters; a name is at most %d", s[:MaxNameLength], len(s), MaxNameLength)
 	case !labelRE.MatchString(s):
 		return fmt.Sprintf("%q is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit", s)
 	}

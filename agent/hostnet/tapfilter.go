@@ -120,8 +120,10 @@ func nicChain(tap string) string { return "nic_" + tap }
 //     unfragmented BOOTREQUEST with Ethernet addresses, chaddr its own MAC
 //     and no relay address (giaddr), so it can neither decline nor release
 //     another's address nor ask in the name of clients that do not exist;
-//     from any IPv4 source, as a client renewing after a renumbering does;
-//     and at most 10 a second (bursts of 20), ten times what a client
+//     broadcast from any IPv4 source, as a client rebinding after a
+//     renumbering does, else (a renewal unicast to dnsmasq) from its own
+//     address only, so it sends no neighbour a datagram from another's
+//     address; and at most 10 a second (bursts of 20), ten times what a client
 //     retrying every second sends, so a guest neither keeps dnsmasq from
 //     its neighbours nor makes it log more than about a kilobyte a second;
 //   - sends no IPv6 router advertisement, redirect or router renumbering,
@@ -149,7 +151,7 @@ func natRules(n nic) []string {
 		"ether type ip udp dport 67 @th,288,48 != "+chaddr+" drop",
 		"ether type ip udp dport 67 @th,256,32 != 0 drop",
 		"ether type ip udp dport 67 limit rate over 10/second burst 20 packets drop",
-		"ether type ip udp sport 68 udp dport 67 accept",
+		"ether type ip udp sport 68 udp dport 67 ip daddr 255.255.255.255 accept",
 	)
 	if len(v4) == 0 {
 		r = append(r, "ether type ip drop")

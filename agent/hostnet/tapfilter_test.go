@@ -41,7 +41,7 @@ func TestTapFilterHoldsEachNICToItsOwn(t *testing.T) {
 		}
 	}
 	fresh := chain("gftnew")
-	for _, want := range []string{"ether type arp drop", "ether type ip udp sport 68 udp dport 67 accept\n\t\tether type ip drop"} {
+	for _, want := range []string{"ether type arp drop", "ether type ip udp sport 68 udp dport 67 ip daddr 255.255.255.255 accept\n\t\tether type ip drop"} {
 		if !strings.Contains(fresh, want) {
 			t.Errorf("the chain of a NIC without a reservation lacks %q:\n%s", want, fresh)
 		}

@@ -322,6 +322,11 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", argv[0], err)
 	}
+	if err := recordPid(st.path(PidRecordFile), cmd.Process.Pid); err != nil {
+		// Without the record the pidfile, which QEMU can rewrite, is all
+		// there is: QEMU exited at once, or the directory is unwritable.
+		log.WithError(err).Warn("qemu's pid not recorded")
+	}
 	exited := make(chan struct{})
 	go func() {
 		// Reap QEMU when it exits while this agent runs, and keep how.
@@ -354,7 +359,7 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 // qemu.log, returned open for QEMU's output. Every name is removed or
 // created anew, never written through (vmfile.go).
 func prepareStart(st *vmState) (*os.File, error) {
-	for _, f := range []string{PidFile, QMPSocket, QGASocket, SerialSocket, ReadyFile} {
+	for _, f := range []string{PidFile, PidRecordFile, QMPSocket, QGASocket, SerialSocket, ReadyFile} {
 		if err := os.Remove(st.path(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("clear stale %s: %w", f, err)
 		}

@@ -42,7 +42,8 @@ const (
 
 // SerialLogMax is the size in bytes past which SerialLog is rotated to
 // SerialLogOld (replacing the older one): before each boot, and every
-// serialRotateEvery while the VM runs. A VM's console therefore takes at
+// serialRotateEvery while the VM runs, when SerialLogOld keeps the last
+// SerialLogMax bytes of the running log. A VM's console therefore takes at
 // most about 2 × SerialLogMax (2 MiB) on disk, plus what the guest prints
 // in one check interval.
 const SerialLogMax int64 = 1 << 20
@@ -117,7 +118,11 @@ func rotateRunningSerialLog(dir string) error {
 	}
 	// What the guest prints during the copy is not waited for: a guest
 	// that prints faster than the copy runs would keep it going for ever.
-	_, err = io.CopyN(dst, src, fi.Size())
+	// Only the last SerialLogMax bytes are kept: QEMU may have set the
+	// file's size (its descriptor can), and a copy of a huge, sparse log
+	// would have the agent write all of it.
+	keep := min(fi.Size(), SerialLogMax)
+	_, err = io.Copy(dst, io.NewSectionReader(src, fi.Size()-keep, keep))
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}

@@ -50,7 +50,7 @@ func TestSerialLogRotation(t *testing.T) {
 		}
 	})
 
-	t.Run("a running log past the cap is copied and truncated in place", func(t *testing.T) {
+	t.Run("a running log past the cap is copied (its last SerialLogMax bytes) and truncated in place", func(t *testing.T) {
 		f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
 			t.Fatal(err)
@@ -64,8 +64,8 @@ func TestSerialLogRotation(t *testing.T) {
 		if err := rotateRunningSerialLog(dir); err != nil {
 			t.Fatal(err)
 		}
-		if old, _ := os.ReadFile(filepath.Join(dir, SerialLogOld)); !bytes.Equal(old, body) {
-			t.Errorf("%s holds %d bytes, want %d", SerialLogOld, len(old), len(body))
+		if old, _ := os.ReadFile(filepath.Join(dir, SerialLogOld)); !bytes.Equal(old, body[10:]) {
+			t.Errorf("%s holds %d bytes, want the last %d", SerialLogOld, len(old), SerialLogMax)
 		}
 		// The writer (QEMU, O_APPEND) goes on at the new end.
 		f.WriteString("after\n")

@@ -51,9 +51,11 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -81,13 +83,21 @@ const (
 	PortFile     = "ssh-port"
 	QGASocket    = "qga.sock"
 	ReadyFile    = "ready"
+	// PidRecordFile is the agent's own record of the QEMU it started,
+	// "<pid> <start time>\n", the start time in clock ticks after boot as
+	// field 22 of /proc/<pid>/stat gives it. QEMU keeps PidFile open for
+	// as long as it runs, so a compromised QEMU can rewrite that one, and
+	// its own command line too; this file no QEMU holds, and the start
+	// time names one process, whatever pid reuse or the process makes of
+	// its command line.
+	PidRecordFile = "qemu.pid.agent"
 )
 
 // ownedFiles are what Destroy removes from a VM's directory.
 var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
 	PidFile, QMPSocket, SerialLog, SerialLogOld, SerialLogOld + ".partial", SerialSocket, ConsoleLock, QEMULog, PortFile, NetFile, NetFile + ".partial",
-	QGASocket, ReadyFile, ReadyFile + ".partial", SnapshotMarker, NBDSocket,
+	QGASocket, ReadyFile, ReadyFile + ".partial", SnapshotMarker, NBDSocket, PidRecordFile, PidRecordFile + ".partial",
 }
 
 // Config configures the QEMU backend. Zero values take the defaults given.
@@ -419,11 +429,20 @@ func (p *Provisioner) machineState(m agent.Machine) (*vmState, error) {
 
 func (st *vmState) path(file string) string { return filepath.Join(st.dir, file) }
 
-// pid returns the pid of this VM's QEMU when it is alive, 0 otherwise. The
-// pidfile alone is not trusted: /proc/PID/cmdline must carry this VM's
-// -name and this VM's pidfile path, so a pid reused by another process
-// never reads as the VM.
+// pid returns the pid of this VM's QEMU when it is alive, 0 otherwise:
+// the one PidRecordFile names, when its start time is still that
+// process's. Without that record (a QEMU an earlier version started),
+// the pidfile, which alone is not trusted: /proc/PID/cmdline must carry
+// this VM's -name and this VM's pidfile path, so a pid reused by another
+// process never reads as the VM.
 func (st *vmState) pid() int {
+	rec, err := readRegular(st.path(PidRecordFile), 64)
+	if err == nil {
+		return recordedPid(rec)
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return 0
+	}
 	b, err := readRegular(st.path(PidFile), 32)
 	if err != nil {
 		return 0
@@ -436,6 +455,53 @@ func (st *vmState) pid() int {
 		return 0
 	}
 	return pid
+}
+
+// recordPid writes the PidRecordFile at path for process pid, which must be
+// alive.
+func recordPid(path string, pid int) error {
+	start, ok := procStart(pid)
+	if !ok {
+		return fmt.Errorf("record qemu pid %d: the process is gone", pid)
+	}
+	return writeAtomic(path, []byte(fmt.Sprintf("%d %d\n", pid, start)), 0o600)
+}
+
+// recordedPid is the pid a PidRecordFile's content rec names when that
+// process is alive and started when rec says, else 0.
+func recordedPid(rec []byte) int {
+	f := strings.Fields(string(rec))
+	if len(f) != 2 {
+		return 0
+	}
+	pid, err := strconv.Atoi(f[0])
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	if start, ok := procStart(pid); !ok || strconv.FormatUint(start, 10) != f[1] {
+		return 0
+	}
+	return pid
+}
+
+// procStart is the start time of process pid, in clock ticks after boot
+// (field 22 of /proc/<pid>/stat, which the process cannot change); ok is
+// false when it is gone or a zombie.
+func procStart(pid int) (uint64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(b, ')') // the name before it may hold anything
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:])) // from field 3, the state
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	return start, err == nil
 }
 
 // cmdlineNames reports whether process pid is a QEMU started for VM name

@@ -136,11 +136,14 @@ func (st *vmState) stopWatch() {
 	}
 }
 
-// bootTime is when the VM's QEMU started: its pidfile's modification time
-// (QEMU writes it at start; Boot removes an old one first).
+// bootTime is when the VM's QEMU started: the modification time of the
+// agent's record of its pid, else of its pidfile, which QEMU writes at
+// start and can rewrite later (Boot removes old ones of both first).
 func bootTime(st *vmState) time.Time {
-	if fi, err := os.Lstat(st.path(PidFile)); err == nil {
-		return fi.ModTime()
+	for _, f := range []string{PidRecordFile, PidFile} {
+		if fi, err := os.Lstat(st.path(f)); err == nil {
+			return fi.ModTime()
+		}
 	}
 	return time.Now()
 }

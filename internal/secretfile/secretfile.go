@@ -14,12 +14,14 @@ import (
 // bytes. what names the key in errors ("signing key", "age identity") and
 // exposure says what a reader of the file could do with it ("others can
 // read the private key"). The file must be a regular file, not a symbolic
-// link (it is opened with O_NOFOLLOW), that only its owner may read or
-// write (mode 0600 or 0400), owned by root or by this process's user. A
+// link (it is opened with O_NOFOLLOW) and not a FIFO or device (opened
+// with O_NONBLOCK, so such a file is refused instead of waited on), that
+// only its owner may read or write (mode 0600 or 0400), owned by root or
+// by this process's user. A
 // file longer than limit is refused as not a key file. Errors name the
 // file and never quote its contents.
 func Read(path, what, exposure string, limit int64) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, syscall.ELOOP) {
 			return nil, fmt.Errorf("%s %s is a symbolic link: name the file itself", what, path)
