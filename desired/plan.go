@@ -126,7 +126,8 @@ func vmFieldEffect(field, old, new, basePower, power string) Effect {
 			return EffectShutsDown
 		}
 		return EffectBoots
-	case strings.HasPrefix(field, "metadata."), field == "spec.profile":
+	case strings.HasPrefix(field, "metadata."), field == "spec.profile", strings.HasPrefix(field, "spec.backup."):
+		// A backup policy is the agent's schedule: the guest never sees it.
 		// The profile a VM names is no part of its effective spec: the
 		// fields it changes are listed with their own effects.
 		return EffectNone

@@ -151,6 +151,9 @@ type VMSpec struct {
 	Volumes []string `yaml:"volumes,omitempty" json:"volumes,omitempty"`
 	// CloudInit is the NoCloud seed's content.
 	CloudInit *CloudInit `yaml:"cloudInit,omitempty" json:"cloudInit,omitempty"`
+	// Backup opts the VM into scheduled backups of all its disks (root
+	// and volumes) while it runs; nil: none.
+	Backup *BackupPolicy `yaml:"backup,omitempty" json:"backup,omitempty"`
 }
 
 func (VMSpec) schema() typeSchema {
@@ -171,6 +174,7 @@ func (VMSpec) schema() typeSchema {
 			"static":    {desc: "Fixed addresses for the NIC instead of DHCP (netplan's field names); needs network."},
 			"volumes":   {items: &fieldSchema{shape: "name"}, unique: true, desc: "Volume names on the same host, attached in order."},
 			"cloudInit": {desc: "The NoCloud seed's content (secret: never logged)."},
+			"backup":    {desc: "Scheduled backups of every disk of the VM into a BackupRepository, while it runs."},
 		},
 	}
 }
@@ -386,4 +390,6 @@ type Fleet struct {
 	// Profiles are the fleet's Profile objects; the VMs' specs already
 	// hold what they take from them.
 	Profiles map[string]*Profile
+	// BackupRepositories are the fleet's BackupRepository objects.
+	BackupRepositories map[string]*BackupRepository
 }
