@@ -387,6 +387,12 @@ func (p *vmPass) create() {
 		{StepUserData, func(context.Context) error { return p.userDataCheck(spec) }},
 		{StepPreflight, p.e.prov.Preflight},
 		{StepAdmission, func(context.Context) error { return p.admit(spec) }},
+		{StepRestore, func(ctx context.Context) error {
+			if booted {
+				return nil
+			}
+			return p.restore(ctx, &m)
+		}},
 		{StepRootDisk, func(ctx context.Context) error {
 			if booted {
 				return nil
@@ -767,12 +773,14 @@ func needsRestart(old, spec desired.VMSpec) bool {
 // and re-seeding a created VM under a new instance-id would regenerate the
 // guest's SSH host keys and re-run its first-boot modules, yet still never
 // remove a key it installed before. So an edit of either applies only when
-// the VM is created again, and the status message says so; the seed of
+// the VM is created again, and the status message says so (as does a
+// restore, which makes a new VM's disks only); the seed of
 // every later boot, and the VM's address reservation on a nat network,
 // keep what the guest was given.
 func firstBootOnly(want, applied desired.VMSpec) desired.VMSpec {
 	want.CloudInit = applied.CloudInit
 	want.Static = applied.Static
+	want.Restore = applied.Restore
 	return want
 }
 

@@ -163,6 +163,52 @@ func (s Schedule) Due(last time.Time) time.Time {
 	return day
 }
 
+// RestoreSource names the backup a new VM's disks are made from: the
+// backup Backup ("latest", or a gitfleet backup id such as
+// "20260102t030000z-1a2b3c4d", the gitfleet-backup= tag) of VM ("": the
+// VM's own name) made by Host ("": any host) in Repository, a
+// BackupRepository whose hosts include the VM's host. Its root disk is
+// the backup's, grown to diskGB when that is larger; its volumes, in
+// order, get the backup's volumes in order (the counts must match), each
+// volume file found there kept aside, never overwritten. It is read when
+// the VM is created only: on a created VM it changes nothing.
+type RestoreSource struct {
+	Repository string `yaml:"repository" json:"repository"`
+	VM         string `yaml:"vm,omitempty" json:"vm,omitempty"`
+	Host       string `yaml:"host,omitempty" json:"host,omitempty"`
+	Backup     string `yaml:"backup" json:"backup"`
+}
+
+// RestoreLatest is RestoreSource.Backup for the newest whole backup.
+const RestoreLatest = "latest"
+
+func (RestoreSource) schema() typeSchema {
+	return typeSchema{desc: "The backup a new VM's disks are made from.", fields: map[string]fieldSchema{
+		"repository": {shape: "name", desc: "A BackupRepository whose hosts include the VM's host."},
+		"vm":         {shape: "name", desc: "The VM whose backup it is; this VM's own name when left out."},
+		"host":       {shape: "name", desc: "The host that made the backup; any host when left out."},
+		"backup":     {minLength: 1, desc: `"latest", or a gitfleet backup id (the gitfleet-backup= tag, status' lastBackupID).`},
+	}}
+}
+
+// checkRestore checks a VM's spec.restore by itself.
+func (d *nodeDecoder) checkRestore(r *RestoreSource) {
+	const f = "spec.restore"
+	if d.required(f + ".repository") {
+		d.name(f+".repository", r.Repository)
+	}
+	for _, n := range []struct{ field, v string }{{"vm", r.VM}, {"host", r.Host}} {
+		if d.written(f + "." + n.field) {
+			d.name(f+"."+n.field, n.v)
+		}
+	}
+	if d.required(f+".backup") && !d.bad[f+".backup"] && r.Backup != RestoreLatest {
+		if backup.CheckName("backup id", r.Backup) != nil {
+			d.add(d.valPos(f+".backup"), f+".backup", "%q: want latest or a backup id (lowercase letters, digits, '.', '_', '-')", safetext.Truncate(r.Backup, 70))
+		}
+	}
+}
+
 // checkBackup checks a VM's (or a Profile's) spec.backup by itself;
 // whether its repository exists and serves the VM's host is a
 // cross-object check.
@@ -249,6 +295,9 @@ func (c *crossChecker) vmBackup(o *object) {
 	}
 	if s.Backup != nil {
 		check("spec.backup.repository", o.at.backupRepository, s.Backup.Repository)
+	}
+	if s.Restore != nil {
+		check("spec.restore.repository", o.at.restoreRepository, s.Restore.Repository)
 	}
 }
 

@@ -31,9 +31,24 @@ spec:
     keep: {last: 3, daily: 7, weekly: 4, monthly: 6}
 `
 
+const vmRestored = `apiVersion: gitfleet.dev/v1alpha1
+kind: VM
+metadata: {name: db-02}
+spec:
+  host: hv-a
+  vcpus: 1
+  memoryMB: 512
+  diskGB: 10
+  image: {url: "https://example.org/a.img", sha256: ` + sumA + `}
+  restore:
+    repository: nas
+    vm: db-01
+    backup: latest
+`
+
 func TestLoadBackupRepositoryAndPolicy(t *testing.T) {
 	f, err := LoadDir(writeTree(t, withFiles(goodFleet, map[string]string{
-		"backup/nas.yaml": repoNAS, "vms/db-01.yaml": vmBacked,
+		"backup/nas.yaml": repoNAS, "vms/db-01.yaml": vmBacked, "vms/db-02.yaml": vmRestored,
 	})))
 	if err != nil {
 		t.Fatalf("LoadDir: %v", err)
@@ -46,6 +61,9 @@ func TestLoadBackupRepositoryAndPolicy(t *testing.T) {
 	want := BackupPolicy{Repository: "nas", Schedule: "daily at 03:00", Keep: BackupKeep{Last: 3, Daily: 7, Weekly: 4, Monthly: 6}}
 	if b == nil || *b != want {
 		t.Fatalf("backup = %+v, want %+v", b, want)
+	}
+	if r := f.VMs["db-02"].Spec.Restore; r == nil || *r != (RestoreSource{Repository: "nas", VM: "db-01", Backup: RestoreLatest}) {
+		t.Errorf("restore = %+v", r)
 	}
 	if got := f.BackupRepositoriesOf("hv-a"); len(got) != 1 || got["nas"] != r {
 		t.Errorf("BackupRepositoriesOf(hv-a) = %v", got)
@@ -80,6 +98,10 @@ func TestBackupErrorsNameFileLineColumn(t *testing.T) {
 			[]string{`vms/db-01.yaml:11:17: spec.backup.repository: BackupRepository "nas" does not exist`}},
 		{"a repository the host does not use", map[string]string{"backup/nas.yaml": strings.Replace(repoNAS, "[hv-a, hv-b]", "[hv-b]", 1), "vms/db-01.yaml": vmBacked},
 			[]string{`vms/db-01.yaml:11:17: spec.backup.repository: BackupRepository "nas" does not list this VM's host "hv-a" in spec.hosts (backup/nas.yaml:3:18)`}},
+		{"a restore from a repository the host does not use", map[string]string{"backup/nas.yaml": strings.Replace(repoNAS, "[hv-a, hv-b]", "[hv-b]", 1) + "", "vms/db-02.yaml": vmRestored},
+			[]string{`vms/db-02.yaml:11:17: spec.restore.repository: BackupRepository "nas" does not list this VM's host "hv-a"`}},
+		{"a restore of no backup id", map[string]string{"backup/nas.yaml": repoNAS, "vms/db-02.yaml": strings.Replace(vmRestored, "backup: latest", "backup: Latest/../x", 1)},
+			[]string{`vms/db-02.yaml:13:13: spec.restore.backup: "Latest/../x": want latest or a backup id`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := LoadDir(writeTree(t, withFiles(goodFleet, tc.files)))

@@ -44,8 +44,8 @@ type positions struct {
 	volumes, static []pos
 	// backupRepository is where a VM's spec.backup.repository was
 	// written, repoHosts a BackupRepository's spec.hosts entries.
-	backupRepository pos
-	repoHosts        []pos
+	backupRepository, restoreRepository pos
+	repoHosts                           []pos
 }
 
 // vmDoc, volumeDoc, hostDoc and profileDoc are the on-disk shapes of the

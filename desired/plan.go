@@ -114,7 +114,8 @@ const (
 // running).
 func vmFieldEffect(field, old, new, basePower, power string) Effect {
 	switch {
-	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."):
+	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."),
+		strings.HasPrefix(field, "spec.restore."):
 		return EffectNotApplied
 	case field == "spec.diskGB":
 		if atoi(new) < atoi(old) {

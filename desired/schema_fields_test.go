@@ -92,7 +92,7 @@ var probeBases = map[string]map[string]any{
 var deepestFields = map[string][]string{
 	"VM": {"apiVersion", "kind", "metadata.name", "metadata.labels.x", "spec.kernel.initrd.sha256", "spec.volumes[0]",
 		"spec.static.nameservers.search[0]", "spec.cloudInit.sshAuthorizedKeys[0]", "spec.cloudInit.encryptedUserData.ciphertext",
-		"spec.backup.repository", "spec.backup.keep.monthly"},
+		"spec.backup.repository", "spec.backup.keep.monthly", "spec.restore.backup", "spec.restore.host"},
 	"Volume":           {"spec.host", "spec.sizeGB"},
 	"BackupRepository": {"spec.url", "spec.hosts[0]", "spec.maintenance"},
 	"Host":             {"spec.networks.x.nat.cidr", "spec.networks.x.bridge", "spec.capacity.memoryMB", "spec.suspend"},

@@ -154,6 +154,9 @@ type VMSpec struct {
 	// Backup opts the VM into scheduled backups of all its disks (root
 	// and volumes) while it runs; nil: none.
 	Backup *BackupPolicy `yaml:"backup,omitempty" json:"backup,omitempty"`
+	// Restore makes the VM's disks, at its create, from a backup instead
+	// of its image; nil: none. Read at create only, like cloudInit.
+	Restore *RestoreSource `yaml:"restore,omitempty" json:"restore,omitempty"`
 }
 
 func (VMSpec) schema() typeSchema {
@@ -175,6 +178,7 @@ func (VMSpec) schema() typeSchema {
 			"volumes":   {items: &fieldSchema{shape: "name"}, unique: true, desc: "Volume names on the same host, attached in order."},
 			"cloudInit": {desc: "The NoCloud seed's content (secret: never logged)."},
 			"backup":    {desc: "Scheduled backups of every disk of the VM into a BackupRepository, while it runs."},
+			"restore":   {desc: "At the VM's create only: its disks come from a backup instead of its image."},
 		},
 	}
 }

@@ -217,7 +217,8 @@ func (d *nodeDecoder) check(o *object) {
 		profile:        d.valPos("spec.profile"),
 		ageRecipient:   d.valPos(map[Kind]string{KindVM: "spec.cloudInit.encryptedUserData.recipient", KindHost: "spec.ageRecipient"}[o.kind]),
 		// backupRepository is a VM's.
-		backupRepository: d.valPos("spec.backup.repository"),
+		backupRepository:  d.valPos("spec.backup.repository"),
+		restoreRepository: d.valPos("spec.restore.repository"),
 	}
 	if o.kind == KindBackupRepository {
 		o.at.repoHosts = make([]pos, len(o.backupRepo.Spec.Hosts))
@@ -304,6 +305,9 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 	}
 	if s.Backup != nil {
 		d.checkBackup(s.Backup)
+	}
+	if s.Restore != nil {
+		d.checkRestore(s.Restore)
 	}
 }
 
