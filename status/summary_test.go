@@ -180,3 +180,22 @@ func TestDeadlineOfAnUnverifiedHost(t *testing.T) {
 		t.Errorf("deadline %q", d)
 	}
 }
+
+func TestBackupNote(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		b    *Backup
+		want string
+	}{
+		{nil, ""},
+		{&Backup{Repository: "nas", NextDue: at}, "backup to nas: none yet, next due " + stamp(at)},
+		{&Backup{Repository: "nas", LastSuccess: at, LastBackupID: "20260102t030000z-1a2b3c4d", Consistency: "crash", BytesAdded: 42,
+			NextDue: at.Add(time.Minute), LastError: "backup to nas failed: wrong password"},
+			"backup to nas: 20260102t030000z-1a2b3c4d at " + stamp(at) + " (crash, 42 bytes added), next due " + stamp(at.Add(time.Minute)) +
+				"; last failure: backup to nas failed: wrong password"},
+	} {
+		if got := BackupNote(tc.b); got != tc.want {
+			t.Errorf("BackupNote(%+v) = %q, want %q", tc.b, got, tc.want)
+		}
+	}
+}
