@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -388,11 +390,58 @@ func (e *Engine) backUpVM(ctx context.Context, j backupJob, log logrus.FieldLogg
 		return res, fmt.Errorf("%s: %w", StepBackupManifest, err)
 	}
 	made = nil // whole: it counts
-	if _, err := repo.Forget(ctx, backup.VMScope(e.cfg.Host, j.vm), j.policy.Keep.Policy(), false); err != nil {
+	if err := e.retain(ctx, repo, j.vm, j.policy.Keep.Policy()); err != nil {
 		// The backup is whole and counts; retention runs again next time.
 		log.WithError(err).Warn("retention of the vm's backups failed; retried after the next backup")
 	}
 	return res, nil
+}
+
+// retain applies the keep policy to this host's whole backups of vm: to
+// their meta snapshots (restic forget --tag gitfleet,gitfleet-vm=<vm>,
+// gitfleet-part=meta --host <host>), then forgets every other snapshot of
+// the VM made by this host whose backup id is no kept manifest's: the
+// disks of forgotten backups and those a killed run left without a
+// manifest. Applying the policy to the disks themselves would let such
+// leftovers, newer than the last whole backup, take the places the
+// policy keeps, and forget the disks a kept manifest names. It runs after
+// a whole backup, when no other backup of vm runs on this host.
+func (e *Engine) retain(ctx context.Context, repo *backup.Repository, vm string, policy backup.KeepPolicy) error {
+	metaScope := backup.Scope{Host: e.cfg.Host, Tags: []string{backup.TagOwner, backup.TagVM(vm), backup.TagMeta}}
+	res, err := repo.Forget(ctx, metaScope, policy, false)
+	if err != nil {
+		return err
+	}
+	if len(res.Kept) == 0 {
+		return fmt.Errorf("retention kept no backup of %s: nothing more is forgotten", vm)
+	}
+	scope := backup.VMScope(e.cfg.Host, vm)
+	all, err := repo.Snapshots(ctx, backup.Filter(scope))
+	if err != nil {
+		return err
+	}
+	kept := map[string]bool{}
+	for _, s := range all {
+		if slices.Contains(res.Kept, s.ID) {
+			for _, t := range s.Tags {
+				kept[t] = kept[t] || strings.HasPrefix(t, backup.TagBackup(""))
+			}
+		}
+	}
+	var drop []string
+	for _, s := range all {
+		if s.HasTag(backup.TagMeta) {
+			continue
+		}
+		whole := false
+		for _, t := range s.Tags {
+			whole = whole || kept[t]
+		}
+		if !whole {
+			drop = append(drop, s.ID)
+		}
+	}
+	return repo.ForgetSnapshots(ctx, scope, drop, false)
 }
 
 // backUpDisk streams one disk of the held view into a --stdin snapshot.
