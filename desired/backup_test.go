@@ -102,6 +102,8 @@ func TestBackupErrorsNameFileLineColumn(t *testing.T) {
 			[]string{`vms/db-02.yaml:11:17: spec.restore.repository: BackupRepository "nas" does not list this VM's host "hv-a"`}},
 		{"a restore of no backup id", map[string]string{"backup/nas.yaml": repoNAS, "vms/db-02.yaml": strings.Replace(vmRestored, "backup: latest", "backup: Latest/../x", 1)},
 			[]string{`vms/db-02.yaml:13:13: spec.restore.backup: "Latest/../x": want latest or a backup id`}},
+		{"a profile that sets restore", map[string]string{"profiles/p.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: Profile\nmetadata: {name: p}\nspec:\n  restore: {repository: nas, backup: latest}\n"},
+			[]string{`profiles/p.yaml:5:3: spec.restore: a Profile does not set restore`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := LoadDir(writeTree(t, withFiles(goodFleet, tc.files)))

@@ -53,6 +53,7 @@ var profileRefused = map[string]string{
 		"write host in each VM's file",
 	"spec.cloudInit.encryptedUserData": "a Profile does not hold encryptedUserData: encrypted user-data is sealed to one VM and its host (gitfleet encrypt VMFILE); " +
 		"write it in the VM's file, or plain userData here",
+	"spec.restore": "a Profile does not set restore: a restore names the backup of one VM; write it in the VM's file",
 }
 
 // profileEnvelope is the typeSchema of profileDoc: its spec is a VM
@@ -68,7 +69,7 @@ func profileEnvelope() typeSchema {
 	sort.Strings(omit)
 	ts.desc = fmt.Sprintf("A Profile object of %s: part of a VM spec that VMs name in spec.profile.", APIVersion)
 	ts.fields["spec"] = fieldSchema{partial: true, omit: omit,
-		desc: "Any part of a VM spec but host and cloudInit.encryptedUserData; a VM that names the profile writes its own fields over these."}
+		desc: "Any part of a VM spec but host, restore and cloudInit.encryptedUserData; a VM that names the profile writes its own fields over these."}
 	return ts
 }
 
