@@ -154,3 +154,27 @@ func TestScheduleDue(t *testing.T) {
 		}
 	}
 }
+
+func TestPlanSaysWhereARestoredVMsDisksComeFrom(t *testing.T) {
+	base, err := LoadDir(writeTree(t, withFiles(goodFleet, map[string]string{"backup/nas.yaml": repoNAS})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := LoadDir(writeTree(t, withFiles(goodFleet, map[string]string{"backup/nas.yaml": repoNAS, "vms/db-02.yaml": vmRestored})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ComputePlan(base, head, PlanOptions{})
+	want := "disks restored from backup latest of VM db-01 in repository nas, not made from the image"
+	for _, h := range p.Hosts {
+		for _, c := range h.Changes {
+			if c.Name == "db-02" && c.Action == ActionCreate {
+				if len(c.Warnings) != 1 || c.Warnings[0] != want {
+					t.Fatalf("warnings = %q, want %q", c.Warnings, want)
+				}
+				return
+			}
+		}
+	}
+	t.Fatalf("no create of db-02 in %+v", p.Hosts)
+}

@@ -225,6 +225,7 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 	diff(KindHost, hostObjects(base), hostObjects(head))
 	diff(KindVolume, volumeObjects(base), volumeObjects(head))
 	diff(KindVM, vmObjects(base), vmObjects(head))
+	restoreNotes(byHost, head)
 
 	suspendedWait(byHost, head)
 	p := &Plan{Hosts: []HostPlan{}}
@@ -244,6 +245,29 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 	sort.Slice(p.Hosts, func(i, j int) bool { return p.Hosts[i].Host < p.Hosts[j].Host })
 	p.Profiles = profilePlans(base, head, p.Hosts)
 	return p
+}
+
+// restoreNotes says, on each VM create whose spec restores from a backup,
+// where its disks come from.
+func restoreNotes(byHost map[string][]PlanChange, head *Fleet) {
+	for _, changes := range byHost {
+		for i, c := range changes {
+			vm := head.VMs[c.Name]
+			if c.Kind != KindVM || c.Action != ActionCreate || vm == nil || vm.Spec.Restore == nil {
+				continue
+			}
+			r := vm.Spec.Restore
+			from, by := r.VM, ""
+			if from == "" {
+				from = c.Name
+			}
+			if r.Host != "" {
+				by = " made by " + r.Host
+			}
+			changes[i].Warnings = append(changes[i].Warnings,
+				fmt.Sprintf("disks restored from backup %s of VM %s%s in repository %s, not made from the image", r.Backup, from, by, r.Repository))
+		}
+	}
 }
 
 var actionRank = map[Action]int{ActionDelete: 0, ActionUndelete: 1, ActionCreate: 2, ActionUpdate: 3}
