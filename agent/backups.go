@@ -99,6 +99,9 @@ type backupState struct {
 // backups is the engine's backup scheduler: the state of each VM's
 // backups, the runs in flight, and the repositories opened.
 type backups struct {
+	// setup serializes openRepository's first-time setup (init, unlock);
+	// never held with mu.
+	setup    sync.Mutex
 	mu       sync.Mutex
 	state    map[string]*backupState
 	running  map[string]bool
@@ -499,8 +502,9 @@ func newBackupID(t time.Time) string {
 // opened with this host's secrets; the first time in this process it
 // also clears the stale locks a killed restic left (restic unlock, which
 // removes only locks of dead processes on this host and old ones, never
-// --remove-all), and creates the repository when restic says there is
-// none at the URL.
+// --remove-all), and, on the repository's maintenance host only, creates
+// the repository when restic says there is none at the URL (two hosts
+// initializing one location at once would corrupt it).
 func (e *Engine) openRepository(ctx context.Context, name string, r snapshots.SnapshotBackupRepository) (*backup.Repository, error) {
 	if r.Name == "" {
 		return nil, fmt.Errorf("the host's snapshot carries no BackupRepository %q: does its spec.hosts list %s?", name, e.cfg.Host)
@@ -521,10 +525,25 @@ func (e *Engine) openRepository(ctx context.Context, name string, r snapshots.Sn
 	if unlocked {
 		return repo, nil
 	}
+	// One first-time setup at a time: a backup and the maintenance
+	// started by one tick must not both initialize the location.
+	e.bk.setup.Lock()
+	defer e.bk.setup.Unlock()
+	e.bk.mu.Lock()
+	unlocked = e.bk.unlocked[key]
+	e.bk.mu.Unlock()
+	if unlocked {
+		return repo, nil
+	}
 	_, err := repo.Snapshots(ctx, backup.Filter{Host: e.cfg.Host, Tags: []string{backup.TagOwner, backup.TagMeta}})
-	if errors.Is(err, backup.ErrRepositoryMissing) {
-		e.log.WithField("repository", name).Info("no restic repository at its URL yet; initializing it")
+	switch {
+	case errors.Is(err, backup.ErrRepositoryMissing) && r.Maintenance:
+		e.log.WithField("repository", name).Info("no restic repository at its URL yet; initializing it (this host maintains it)")
 		err = repo.Init(ctx)
+	case errors.Is(err, backup.ErrRepositoryMissing):
+		// Two hosts that both initialize one location race to write
+		// its config and keys: only the maintenance host does.
+		err = fmt.Errorf("no restic repository at its URL yet; its maintenance host initializes it at its first backup or maintenance (or run restic init): %w", err)
 	}
 	if err != nil {
 		return nil, err
