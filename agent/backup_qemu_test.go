@@ -217,7 +217,7 @@ func backupAndRestore(t *testing.T, repo backupRepo) {
 	require.Empty(t, first.LastError)
 	assert.Equal(t, "store", first.Repository)
 	assert.Equal(t, backup.ConsistencyCrash, first.Consistency, "the tiny guest has no guest agent")
-	assert.Equal(t, int64(2<<30), first.Bytes, "root (1 GiB) and volume (1 GiB)")
+	assert.Equal(t, uint64(2<<30), first.Bytes, "root (1 GiB) and volume (1 GiB)")
 	assert.NotEmpty(t, first.LastSnapshot)
 	assert.Equal(t, clk.Now().Add(time.Hour), first.NextDue)
 

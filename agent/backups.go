@@ -188,8 +188,8 @@ func (e *Engine) backupRow(vm string, policy *desired.BackupPolicy) *status.Back
 	row.LastError, row.LastFailure = st.LastError, st.LastFailure
 	if st.Repository == policy.Repository {
 		row.LastSuccess, row.LastBackupID, row.LastSnapshot = st.LastSuccess, st.BackupID, st.Snapshot
-		row.Bytes, row.BytesAdded, row.Consistency = st.Bytes, st.BytesAdded, st.Consistency
-		row.DurationSeconds = st.Duration.Seconds()
+		row.Bytes, row.BytesAdded, row.Consistency = uint64(max(st.Bytes, 0)), uint64(max(st.BytesAdded, 0)), st.Consistency
+		row.DurationSeconds = int64(st.Duration.Round(time.Second) / time.Second)
 	}
 	if due, ok := nextDue(policy, st); ok {
 		row.NextDue = due

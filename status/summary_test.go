@@ -199,3 +199,24 @@ func TestBackupNote(t *testing.T) {
 		}
 	}
 }
+
+// A VM's backup state survives the status file's strict decoder.
+func TestBackupRowRoundTrips(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+	st := &Status{Host: "hv-a", VMs: []VM{{Name: "db-01", Phase: PhaseReady, Power: "running", SpecHash: "abc",
+		Backup: &Backup{Repository: "nas", LastSuccess: at, LastBackupID: "20260102t030000z-1a2b3c4d", LastSnapshot: "0123abcd",
+			Bytes: 2 << 30, BytesAdded: 42, DurationSeconds: 17, Consistency: "crash", NextDue: at.Add(time.Hour),
+			LastError: "backup to nas failed", LastFailure: at.Add(-time.Hour)}}},
+		Quarantined: []Quarantine{}, Destroyed: []string{}}
+	data, err := Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse("hosts/hv-a.yaml", data)
+	if err != nil {
+		t.Fatalf("Parse: %v\n%s", err, data)
+	}
+	if got := back.VMs[0].Backup; got == nil || *got != *st.VMs[0].Backup {
+		t.Errorf("round trip: %+v, want %+v", got, st.VMs[0].Backup)
+	}
+}
