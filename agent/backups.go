@@ -241,7 +241,10 @@ func (e *Engine) scheduleBackups(snap *snapshots.Snapshot) {
 	for _, want := range snap.VMs {
 		b := want.Spec.Backup
 		rec := e.recs[want.Name]
-		if b == nil || want.Tombstoned || rec == nil || rec.QuarantinedAt != nil || rec.BootID == "" || e.bk.running[want.Name] {
+		// A stopped VM is not backed up (its last backup stands): reading
+		// its disks would hold their image lock against its next boot.
+		if b == nil || want.Tombstoned || rec == nil || rec.QuarantinedAt != nil || rec.BootID == "" ||
+			rec.Power != string(desired.PowerRunning) || e.bk.running[want.Name] {
 			continue
 		}
 		if due, ok := nextDue(b, e.bk.state[want.Name]); !ok || due.After(now) {
