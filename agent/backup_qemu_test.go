@@ -260,6 +260,8 @@ func backupAndRestore(t *testing.T, repo backupRepo) {
 	a.step(t, tomb)
 	clk.Add(2 * time.Minute)
 	require.Equal(t, []string{"db-01"}, a.step(t, tomb).Destroyed)
+	_, err = os.Stat(filepath.Join(a.store.Root(), "backups", "db-01.json"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "a destroyed VM's backup state goes with it")
 
 	// Host B creates the VM from the latest backup hv-a made.
 	b := newBackupHost(t, "hv-b", clk, g, base, secrets)

@@ -173,6 +173,18 @@ func (e *Engine) saveBackupState(vm string, st backupState) {
 	e.signal()
 }
 
+// forgetBackups drops the backup state of a VM destroyed here: a VM
+// created again under its name starts its schedule afresh. Its backups
+// stay in the repository (retention runs only after a new backup).
+func (e *Engine) forgetBackups(vm string) {
+	e.bk.mu.Lock()
+	delete(e.bk.state, vm)
+	e.bk.mu.Unlock()
+	if err := os.Remove(e.backupStatePath(vm)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		e.log.WithField("vm", vm).WithError(err).Warn("remove the backup state of a destroyed vm")
+	}
+}
+
 // backupRow is the status of vm's backups under policy, nil without one.
 func (e *Engine) backupRow(vm string, policy *desired.BackupPolicy) *status.Backup {
 	if policy == nil {

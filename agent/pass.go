@@ -275,6 +275,7 @@ func (p *vmPass) removeState() bool {
 		_ = p.e.commit(rec)
 		return false
 	}
+	p.e.forgetBackups(rec.Name)
 	p.e.forget(rec.Name)
 	return true
 }
