@@ -148,6 +148,10 @@ type EngineConfig struct {
 	// to EpochReset.To when NewEngine finds exactly From accepted
 	// (Store.ResetEpoch); otherwise it does nothing.
 	EpochReset *EpochReset
+	// Backups configures scheduled backups (backups.go); its zero value
+	// backs nothing up, and a VM whose spec asks for backups says so in
+	// its status.
+	Backups BackupConfig
 }
 
 // EpochReset is a reviewed instruction to trust a lower epoch again: the
@@ -227,6 +231,8 @@ type Engine struct {
 	// volQuarantined are the quarantined volumes as the last volume pass
 	// found them.
 	volQuarantined []status.Quarantine
+	// bk is the backup scheduler (backups.go).
+	bk backups
 }
 
 type worker struct {
@@ -291,6 +297,7 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 		changed:  make(chan struct{}, 1),
 		awaiting: map[string]string{},
 	}
+	e.bk.init()
 	e.confirmDeletes.Store(cfg.ConfirmDeletes)
 	e.idle = sync.NewCond(&e.mu)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
@@ -595,6 +602,7 @@ func (e *Engine) Tick(ctx context.Context, snap *snapshots.Snapshot) error {
 	e.reconcileNetworks(ctx, snap)
 	e.kickAll(vols, orphans, volQuarantined)
 	e.collectImages(ctx, snap)
+	e.scheduleBackups(snap)
 	return nil
 }
 

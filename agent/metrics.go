@@ -178,6 +178,10 @@ var (
 	suspendedDesc   = prometheus.NewDesc("gitfleet_agent_suspended", "1 while the host's Host spec suspends it (it acts on nothing), else 0.", nil, nil)
 	awaitingDesc    = prometheus.NewDesc("gitfleet_agent_deletes_awaiting_confirmation",
 		"Quarantined objects whose tombstone grace has passed and whose delete waits for the controller to confirm it (a snapshot carrying the quarantine's nonce), by kind (vm, volume): not destroyed until it does.", []string{"kind"}, nil)
+	backupSuccessDesc = prometheus.NewDesc("gitfleet_agent_backup_last_success_timestamp_seconds",
+		"When the last whole backup of a VM with a backup policy started (Unix seconds; 0: none yet), by vm.", []string{"vm"}, nil)
+	backupFailingDesc = prometheus.NewDesc("gitfleet_agent_backup_failing",
+		"1 while the last backup attempt of a VM failed (its status says why), else 0, by vm.", []string{"vm"}, nil)
 )
 
 // reportCollector exports Engine.Report as gauges at scrape time; nothing
@@ -185,7 +189,7 @@ var (
 type reportCollector struct{ m *Metrics }
 
 func (c *reportCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{vmsDesc, quarantinedDesc, vanishedDesc, epochDesc, fenceDesc, suspendedDesc, awaitingDesc} {
+	for _, d := range []*prometheus.Desc{vmsDesc, quarantinedDesc, vanishedDesc, epochDesc, fenceDesc, suspendedDesc, awaitingDesc, backupSuccessDesc, backupFailingDesc} {
 		ch <- d
 	}
 }
@@ -223,6 +227,21 @@ func (c *reportCollector) Collect(ch chan<- prometheus.Metric) {
 	now := e.now()
 	ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(awaitingConfirmation(st.Quarantined, now)), confirmVM)
 	ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(awaitingConfirmation(st.QuarantinedVolumes, now)), confirmVolume)
+	for _, vm := range st.VMs {
+		b := vm.Backup
+		if b == nil {
+			continue
+		}
+		last, failing := 0.0, 0.0
+		if !b.LastSuccess.IsZero() {
+			last = float64(b.LastSuccess.Unix())
+		}
+		if b.LastError != "" {
+			failing = 1
+		}
+		ch <- prometheus.MustNewConstMetric(backupSuccessDesc, prometheus.GaugeValue, last, vm.Name)
+		ch <- prometheus.MustNewConstMetric(backupFailingDesc, prometheus.GaugeValue, failing, vm.Name)
+	}
 }
 
 // awaitingConfirmation counts the quarantines whose grace has passed at

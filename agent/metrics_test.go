@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/testsupport/agenttest"
 	"github.com/gitfleet/gitfleet/testsupport/gittest"
 )
@@ -162,4 +163,30 @@ func TestAgentHealthz(t *testing.T) {
 	code, body = get()
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.Contains(t, body, "the reconcile loop is stuck")
+}
+
+// A VM with a backup policy on a backend that cannot read its disks: the
+// backup fails, and the gauges an alert reads say so.
+func TestBackupMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := agent.NewMetrics(reg)
+	require.NoError(t, err)
+	f := newFixture(t, func(c *agent.EngineConfig) { c.Metrics = m })
+	backed := func(s *desired.VMSpec) {
+		s.Backup = &desired.BackupPolicy{Repository: "nas", Schedule: "every 1h", Keep: desired.BackupKeep{Last: 1}}
+	}
+	f.step(snap(1, vm("web-01", backed)))
+	f.step(nil)
+	deadline := time.Now().Add(30 * time.Second)
+	for value(t, reg, "gitfleet_agent_backup_failing", "vm", "web-01") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the backup never failed: %+v", row(t, f.eng.Report(), "web-01").Backup)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	assert.Equal(t, 0.0, value(t, reg, "gitfleet_agent_backup_last_success_timestamp_seconds", "vm", "web-01"))
+	b := row(t, f.eng.Report(), "web-01").Backup
+	require.NotNil(t, b)
+	assert.Contains(t, b.LastError, agent.ErrBackupUnsupported.Error())
+	assert.Equal(t, "ready", row(t, f.eng.Report(), "web-01").Phase, "the VM is untouched")
 }

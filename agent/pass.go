@@ -275,6 +275,7 @@ func (p *vmPass) removeState() bool {
 		_ = p.e.commit(rec)
 		return false
 	}
+	p.e.forgetBackups(rec.Name)
 	p.e.forget(rec.Name)
 	return true
 }
@@ -387,6 +388,12 @@ func (p *vmPass) create() {
 		{StepUserData, func(context.Context) error { return p.userDataCheck(spec) }},
 		{StepPreflight, p.e.prov.Preflight},
 		{StepAdmission, func(context.Context) error { return p.admit(spec) }},
+		{StepRestore, func(ctx context.Context) error {
+			if booted {
+				return nil
+			}
+			return p.restore(ctx, &m)
+		}},
 		{StepRootDisk, func(ctx context.Context) error {
 			if booted {
 				return nil
@@ -767,7 +774,8 @@ func needsRestart(old, spec desired.VMSpec) bool {
 // and re-seeding a created VM under a new instance-id would regenerate the
 // guest's SSH host keys and re-run its first-boot modules, yet still never
 // remove a key it installed before. So an edit of either applies only when
-// the VM is created again, and the status message says so; the seed of
+// the VM is created again, and the status message says so (as does a
+// restore, which makes a new VM's disks only); the seed of
 // every later boot, and the VM's address reservation on a nat network,
 // keep what the guest was given.
 //
@@ -778,6 +786,7 @@ func firstBootOnly(want, applied desired.VMSpec) desired.VMSpec {
 	want.CloudInit = applied.CloudInit
 	want.Static = applied.Static
 	want.RootDisk = applied.RootDisk
+	want.Restore = applied.Restore
 	return want
 }
 

@@ -151,6 +151,7 @@ func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fe
 				LastError: rec.LastError,
 				Message:   rec.Message,
 				SpecHash:  rec.SpecHash,
+				Backup:    e.backupRow(name, want.Spec.Backup),
 			}
 			if row.Power == "" {
 				row.Power = string(desired.PowerStopped)

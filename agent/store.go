@@ -162,6 +162,10 @@ type Record struct {
 	// Spec and SpecHash are the spec last applied to the VM.
 	Spec     desired.VMSpec `json:"spec"`
 	SpecHash desired.Hash   `json:"specHash"`
+	// RestoredFrom is the backup id the VM's disks were restored from
+	// (spec.restore), set once every disk is in place: a retry of the
+	// create does not restore again.
+	RestoredFrom string `json:"restoredFrom,omitempty"`
 	// RootImage is the sha256 of the image the root disk was made from.
 	// A later image change leaves the disk as it is.
 	RootImage string `json:"rootImage,omitempty"`

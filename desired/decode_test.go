@@ -134,10 +134,10 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:1:13: apiVersion: unknown apiVersion "gitfleet.dev/v1"; this release reads gitfleet.dev/v1alpha1`,
 		}},
 		{"unknown kind", strings.Replace(vm(vmBody), "kind: VM", "kind: Vm", 1), []string{
-			`obj.yaml:2:7: kind: unknown kind "Vm"; must be VM, Volume, Host or Profile`,
+			`obj.yaml:2:7: kind: unknown kind "Vm"; must be VM, Volume, Host, Profile or BackupRepository`,
 		}},
 		{"missing kind", strings.Replace(vm(vmBody), "kind: VM\n", "", 1), []string{
-			`obj.yaml:1:1: kind: missing; write kind: VM, Volume, Host or Profile`,
+			`obj.yaml:1:1: kind: missing; write kind: VM, Volume, Host, Profile or BackupRepository`,
 		}},
 		{"empty apiVersion", strings.Replace(vm(vmBody), "apiVersion: gitfleet.dev/v1alpha1", "apiVersion:", 1), []string{
 			`obj.yaml:1:1: apiVersion: missing (the value is empty); write apiVersion: gitfleet.dev/v1alpha1`,

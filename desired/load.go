@@ -294,10 +294,11 @@ func objectKeys(cands []*candidate) (keys []string, roots []*yaml.Node) {
 // newFleet files checked objects by kind and name.
 func newFleet(objs []*object) *Fleet {
 	f := &Fleet{
-		VMs:      map[string]*VM{},
-		Volumes:  map[string]*Volume{},
-		Hosts:    map[string]*Host{},
-		Profiles: map[string]*Profile{},
+		VMs:                map[string]*VM{},
+		Volumes:            map[string]*Volume{},
+		Hosts:              map[string]*Host{},
+		Profiles:           map[string]*Profile{},
+		BackupRepositories: map[string]*BackupRepository{},
 	}
 	for _, o := range objs {
 		switch o.kind {
@@ -309,6 +310,8 @@ func newFleet(objs []*object) *Fleet {
 			f.Hosts[o.name] = o.host
 		case KindProfile:
 			f.Profiles[o.name] = o.profile
+		case KindBackupRepository:
+			f.BackupRepositories[o.name] = o.backupRepo
 		}
 	}
 	return f

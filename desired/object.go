@@ -13,7 +13,8 @@ import (
 // bounds the time and memory any one file can cost the parser.
 const MaxFileSize = 1 << 20
 
-// object is one decoded file: exactly one of vm, volume, host, profile is
+// object is one decoded file: exactly one of vm, volume, host, profile,
+// backupRepo is
 // set. at keeps where the fields the cross-object checks point at were
 // written.
 type object struct {
@@ -23,7 +24,9 @@ type object struct {
 	volume  *Volume
 	host    *Host
 	profile *Profile
-	at      positions
+	// backupRepo is a BackupRepository.
+	backupRepo *BackupRepository
+	at         positions
 	// root is a Profile's document, and src the content of the file of a
 	// VM that names a profile: Load decodes the VM's effective spec from
 	// both (decodeEffective). A VM keeps its bytes, not its nodes, which
@@ -39,6 +42,10 @@ type positions struct {
 	// profile is where a VM's spec.profile was written.
 	profile         pos
 	volumes, static []pos
+	// backupRepository is where a VM's spec.backup.repository was
+	// written, repoHosts a BackupRepository's spec.hosts entries.
+	backupRepository, restoreRepository pos
+	repoHosts                           []pos
 }
 
 // vmDoc, volumeDoc, hostDoc and profileDoc are the on-disk shapes of the
@@ -245,7 +252,7 @@ func (d *nodeDecoder) object(root *yaml.Node) *object {
 	var target any
 	switch {
 	case kind == nil:
-		d.add(nodePos(root), "kind", "missing; write kind: VM, Volume, Host or Profile")
+		d.add(nodePos(root), "kind", "missing; write kind: VM, Volume, Host, Profile or BackupRepository")
 	case kind.Kind != yaml.ScalarNode || kind.Tag != "!!str":
 		// decodeEnvelope reports it.
 	case kind.Value == string(KindVM):
@@ -257,8 +264,10 @@ func (d *nodeDecoder) object(root *yaml.Node) *object {
 	case kind.Value == string(KindProfile):
 		target = &profileDoc{}
 		d.partial, d.refuse = true, profileRefused
+	case kind.Value == string(KindBackupRepository):
+		target = &backupRepositoryDoc{}
 	default:
-		d.add(nodePos(kind), "kind", "unknown kind %q; must be VM, Volume, Host or Profile", kind.Value)
+		d.add(nodePos(kind), "kind", "unknown kind %q; must be VM, Volume, Host, Profile or BackupRepository", kind.Value)
 	}
 	if target == nil {
 		d.decodeEnvelope(root)
@@ -300,6 +309,9 @@ func (d *nodeDecoder) newObject(target any, origin Origin) *object {
 		return &object{kind: KindVolume, name: doc.Metadata.Name, volume: &Volume{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
 	case *hostDoc:
 		return &object{kind: KindHost, name: doc.Metadata.Name, host: &Host{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
+	case *backupRepositoryDoc:
+		r := &BackupRepository{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}
+		return &object{kind: KindBackupRepository, name: doc.Metadata.Name, backupRepo: r}
 	case *profileDoc:
 		return &object{kind: KindProfile, name: doc.Metadata.Name, profile: &Profile{Metadata: doc.Metadata, Spec: doc.Spec, Origin: origin}}
 	}

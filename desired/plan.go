@@ -116,7 +116,8 @@ const (
 func vmFieldEffect(field, old, new, basePower, power string) Effect {
 	switch {
 	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."),
-		strings.HasPrefix(field, "spec.rootDisk."):
+		strings.HasPrefix(field, "spec.rootDisk."),
+		strings.HasPrefix(field, "spec.restore."):
 		return EffectNotApplied
 	case field == "spec.diskGB":
 		if atoi(new) < atoi(old) {
@@ -128,7 +129,8 @@ func vmFieldEffect(field, old, new, basePower, power string) Effect {
 			return EffectShutsDown
 		}
 		return EffectBoots
-	case strings.HasPrefix(field, "metadata."), field == "spec.profile":
+	case strings.HasPrefix(field, "metadata."), field == "spec.profile", strings.HasPrefix(field, "spec.backup."):
+		// A backup policy is the agent's schedule: the guest never sees it.
 		// The profile a VM names is no part of its effective spec: the
 		// fields it changes are listed with their own effects.
 		return EffectNone
@@ -225,6 +227,7 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 	diff(KindHost, hostObjects(base), hostObjects(head))
 	diff(KindVolume, volumeObjects(base), volumeObjects(head))
 	diff(KindVM, vmObjects(base), vmObjects(head))
+	restoreNotes(byHost, head)
 
 	suspendedWait(byHost, head)
 	p := &Plan{Hosts: []HostPlan{}}
@@ -244,6 +247,29 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 	sort.Slice(p.Hosts, func(i, j int) bool { return p.Hosts[i].Host < p.Hosts[j].Host })
 	p.Profiles = profilePlans(base, head, p.Hosts)
 	return p
+}
+
+// restoreNotes says, on each VM create whose spec restores from a backup,
+// where its disks come from.
+func restoreNotes(byHost map[string][]PlanChange, head *Fleet) {
+	for _, changes := range byHost {
+		for i, c := range changes {
+			vm := head.VMs[c.Name]
+			if c.Kind != KindVM || c.Action != ActionCreate || vm == nil || vm.Spec.Restore == nil {
+				continue
+			}
+			r := vm.Spec.Restore
+			from, by := r.VM, ""
+			if from == "" {
+				from = c.Name
+			}
+			if r.Host != "" {
+				by = " made by " + r.Host
+			}
+			changes[i].Warnings = append(changes[i].Warnings,
+				fmt.Sprintf("disks restored from backup %s of VM %s%s in repository %s, not made from the image", r.Backup, from, by, r.Repository))
+		}
+	}
 }
 
 var actionRank = map[Action]int{ActionDelete: 0, ActionUndelete: 1, ActionCreate: 2, ActionUpdate: 3}

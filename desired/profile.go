@@ -55,6 +55,7 @@ var profileRefused = map[string]string{
 		"write it in the VM's file, or plain userData here",
 	"spec.mac":      "a Profile does not set mac: a MAC belongs to one NIC, and every VM naming the profile would share it; write mac in the VM's file",
 	"spec.rootDisk": "a Profile does not set rootDisk: an adopted disk is one VM's own (gitfleet import); write rootDisk in the VM's file",
+	"spec.restore": "a Profile does not set restore: a restore names the backup of one VM; write it in the VM's file",
 }
 
 // profileEnvelope is the typeSchema of profileDoc: its spec is a VM
@@ -70,7 +71,7 @@ func profileEnvelope() typeSchema {
 	sort.Strings(omit)
 	ts.desc = fmt.Sprintf("A Profile object of %s: part of a VM spec that VMs name in spec.profile.", APIVersion)
 	ts.fields["spec"] = fieldSchema{partial: true, omit: omit,
-		desc: "Any part of a VM spec but host, mac, rootDisk and cloudInit.encryptedUserData; a VM that names the profile writes its own fields over these."}
+		desc: "Any part of a VM spec but host, mac, rootDisk, restore and cloudInit.encryptedUserData; a VM that names the profile writes its own fields over these."}
 	return ts
 }
 

@@ -12,7 +12,7 @@ import (
 const SchemaID = "https://gitfleet.dev/schemas/v1alpha1/object.json"
 
 // JSONSchema returns a JSON Schema (draft 2020-12) of one object file: kind
-// must be VM, Volume, Host or Profile, and an if/then on kind checks the object
+// must be VM, Volume, Host, Profile or BackupRepository, and an if/then on kind checks the object
 // against that kind's definition alone (so a validator reports errors of the
 // object's own kind, never of the others), each with its fields, types,
 // required fields (none in a Profile's spec, nor in the spec of a VM that
@@ -40,7 +40,7 @@ func JSONSchema() []byte {
 
 // schemaKinds are the document types of the object kinds, in the order
 // the schema lists the kinds. Each one's typeSchema is envelope(kind).
-var schemaKinds = []schemaAnnotated{vmDoc{}, volumeDoc{}, hostDoc{}, profileDoc{}}
+var schemaKinds = []schemaAnnotated{vmDoc{}, volumeDoc{}, hostDoc{}, profileDoc{}, backupRepositoryDoc{}}
 
 // schemaShapes are the string shapes several fields share, each a $defs
 // entry of the schema that fieldSchema.shape names.
@@ -144,7 +144,7 @@ func buildSchema() (obj, []string) {
 		"$schema":     "https://json-schema.org/draft/2020-12/schema",
 		"$id":         SchemaID,
 		"title":       "gitfleet object",
-		"description": fmt.Sprintf("One object file of a gitfleet fleet (%s): a VM, a Volume, a Host or a Profile.", APIVersion),
+		"description": fmt.Sprintf("One object file of a gitfleet fleet (%s): a VM, a Volume, a Host, a Profile or a BackupRepository.", APIVersion),
 		"type":        "object",
 		"required":    []string{"kind"},
 		"properties": obj{

@@ -84,14 +84,18 @@ var probeBases = map[string]map[string]any{
 		"spec": map[string]any{}},
 	"Profile": {"apiVersion": APIVersion, "kind": "Profile", "metadata": map[string]any{"name": "a"},
 		"spec": map[string]any{}},
+	"BackupRepository": {"apiVersion": APIVersion, "kind": "BackupRepository", "metadata": map[string]any{"name": "a"},
+		"spec": map[string]any{"url": "/srv/restic", "hosts": []any{"h"}, "maintenance": "h"}},
 }
 
 // deepestFields are some of the values a walk of each kind must reach.
 var deepestFields = map[string][]string{
 	"VM": {"apiVersion", "kind", "metadata.name", "metadata.labels.x", "spec.kernel.initrd.sha256", "spec.volumes[0]",
-		"spec.static.nameservers.search[0]", "spec.cloudInit.sshAuthorizedKeys[0]", "spec.cloudInit.encryptedUserData.ciphertext"},
-	"Volume": {"spec.host", "spec.sizeGB"},
-	"Host":   {"spec.networks.x.nat.cidr", "spec.networks.x.bridge", "spec.capacity.memoryMB", "spec.suspend"},
+		"spec.static.nameservers.search[0]", "spec.cloudInit.sshAuthorizedKeys[0]", "spec.cloudInit.encryptedUserData.ciphertext",
+		"spec.backup.repository", "spec.backup.keep.monthly", "spec.restore.backup", "spec.restore.host"},
+	"Volume":           {"spec.host", "spec.sizeGB"},
+	"BackupRepository": {"spec.url", "spec.hosts[0]", "spec.maintenance"},
+	"Host":             {"spec.networks.x.nat.cidr", "spec.networks.x.bridge", "spec.capacity.memoryMB", "spec.suspend"},
 	"Profile": {"spec.vcpus", "spec.kernel.initrd.sha256", "spec.static.addresses[0]", "spec.static.nameservers.search[0]",
 		"spec.cloudInit.sshAuthorizedKeys[0]", "spec.cloudInit.userData", "spec.power"},
 	"VM with a profile": {"spec.profile", "spec.host", "spec.image.sha256", "spec.kernel.initrd.url", "spec.static.addresses[0]",

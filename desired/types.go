@@ -151,6 +151,12 @@ type VMSpec struct {
 	Volumes []string `yaml:"volumes,omitempty" json:"volumes,omitempty"`
 	// CloudInit is the NoCloud seed's content.
 	CloudInit *CloudInit `yaml:"cloudInit,omitempty" json:"cloudInit,omitempty"`
+	// Backup opts the VM into scheduled backups of all its disks (root
+	// and volumes) while it runs; nil: none.
+	Backup *BackupPolicy `yaml:"backup,omitempty" json:"backup,omitempty"`
+	// Restore makes the VM's disks, at its create, from a backup instead
+	// of its image; nil: none. Read at create only, like cloudInit.
+	Restore *RestoreSource `yaml:"restore,omitempty" json:"restore,omitempty"`
 	// MAC is the fixed MAC address of the VM's one NIC, six colon-separated
 	// hex octets of a unicast address ("52:54:00:12:34:56"); empty derives
 	// a stable one from the VM's name. An adopted VM keeps the MAC it had
@@ -201,6 +207,8 @@ func (VMSpec) schema() typeSchema {
 			"cloudInit": {desc: "The NoCloud seed's content (secret: never logged)."},
 			"mac":       {pattern: MACPattern, desc: "Fixed MAC address of the VM's NIC (unicast, colon-separated hex); left out, one is derived from the VM's name."},
 			"rootDisk":  {desc: "An adopted root disk instead of one made from the image."},
+			"backup":    {desc: "Scheduled backups of every disk of the VM into a BackupRepository, while it runs."},
+			"restore":   {desc: "At the VM's create only: its disks come from a backup instead of its image."},
 		},
 	}
 }
@@ -416,4 +424,6 @@ type Fleet struct {
 	// Profiles are the fleet's Profile objects; the VMs' specs already
 	// hold what they take from them.
 	Profiles map[string]*Profile
+	// BackupRepositories are the fleet's BackupRepository objects.
+	BackupRepositories map[string]*BackupRepository
 }

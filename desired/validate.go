@@ -197,6 +197,9 @@ func (d *nodeDecoder) check(o *object) {
 	case KindHost:
 		labels = o.host.Metadata.Labels
 		d.checkHost(&o.host.Spec)
+	case KindBackupRepository:
+		labels = o.backupRepo.Metadata.Labels
+		d.checkBackupRepository(&o.backupRepo.Spec)
 	}
 	for k, v := range labels {
 		f := "metadata.labels." + k
@@ -216,6 +219,15 @@ func (d *nodeDecoder) check(o *object) {
 		gateway4:       d.valPos("spec.static.gateway4"),
 		profile:        d.valPos("spec.profile"),
 		ageRecipient:   d.valPos(map[Kind]string{KindVM: "spec.cloudInit.encryptedUserData.recipient", KindHost: "spec.ageRecipient"}[o.kind]),
+		// backupRepository is a VM's.
+		backupRepository:  d.valPos("spec.backup.repository"),
+		restoreRepository: d.valPos("spec.restore.repository"),
+	}
+	if o.kind == KindBackupRepository {
+		o.at.repoHosts = make([]pos, len(o.backupRepo.Spec.Hosts))
+		for i := range o.backupRepo.Spec.Hosts {
+			o.at.repoHosts[i] = d.valPos(indexPath("spec.hosts", i))
+		}
 	}
 	if o.kind == KindVM && o.vm.Spec.Static != nil {
 		o.at.static = make([]pos, len(o.vm.Spec.Static.Addresses))
@@ -305,6 +317,12 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 		if s.CloudInit.EncryptedUserData != nil {
 			d.encryptedUserData(s.CloudInit)
 		}
+	}
+	if s.Backup != nil {
+		d.checkBackup(s.Backup)
+	}
+	if s.Restore != nil {
+		d.checkRestore(s.Restore)
 	}
 }
 
@@ -604,6 +622,9 @@ func crossCheck(objs []*object, complete bool, unchanged map[*object]bool) []*Er
 		case KindVM:
 			c.vmHost(o)
 			c.vmVolumes(o)
+			c.vmBackup(o)
+		case KindBackupRepository:
+			c.backupRepositoryHosts(o)
 		}
 	}
 	c.capacity()
@@ -619,7 +640,7 @@ type crossChecker struct {
 	unchanged map[*object]bool
 	errs      []*Error
 
-	hosts, volumes, vms, profiles map[string]*object
+	hosts, volumes, vms, profiles, backupRepos map[string]*object
 	// duplicate holds the objects whose name an earlier one took; they
 	// are checked no further.
 	duplicate map[*object]bool
@@ -648,14 +669,15 @@ func newCrossChecker(objs []*object, complete bool, unchanged map[*object]bool) 
 	}
 	return &crossChecker{
 		objs: objs, complete: complete, unchanged: unchanged,
-		hosts:     make(map[string]*object, nHosts),
-		volumes:   make(map[string]*object, nVolumes),
-		vms:       make(map[string]*object, len(objs)-nHosts-nVolumes),
-		duplicate: make(map[*object]bool),
-		use:       make(map[string]*hostUsage, nHosts),
-		attached:  make(map[string]*object, nVolumes),
-		statics:   make(map[staticKey]*object),
-		profiles:  make(map[string]*object),
+		hosts:       make(map[string]*object, nHosts),
+		volumes:     make(map[string]*object, nVolumes),
+		vms:         make(map[string]*object, len(objs)-nHosts-nVolumes),
+		duplicate:   make(map[*object]bool),
+		use:         make(map[string]*hostUsage, nHosts),
+		attached:    make(map[string]*object, nVolumes),
+		statics:     make(map[staticKey]*object),
+		profiles:    make(map[string]*object),
+		backupRepos: make(map[string]*object),
 	}
 }
 
@@ -684,6 +706,8 @@ func (c *crossChecker) indexNames() {
 			m = c.vms
 		case KindProfile:
 			m = c.profiles
+		case KindBackupRepository:
+			m = c.backupRepos
 		}
 		first, ok := m[o.name]
 		if !ok {
@@ -917,6 +941,8 @@ func (o *object) origin() Origin {
 		return o.volume.Origin
 	case KindProfile:
 		return o.profile.Origin
+	case KindBackupRepository:
+		return o.backupRepo.Origin
 	}
 	return o.host.Origin
 }

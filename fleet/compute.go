@@ -1349,6 +1349,13 @@ func buildSnapshots(f *desired.Fleet, tombs []*snapshots.TombstoneRecord, specHa
 	for name, h := range f.Hosts {
 		get(name).snap.HostSpec = h.Spec
 	}
+	for name, r := range f.BackupRepositories {
+		for _, h := range r.Spec.Hosts {
+			s := get(h)
+			s.snap.BackupRepositories = append(s.snap.BackupRepositories,
+				snapshots.SnapshotBackupRepository{Name: name, URL: r.Spec.URL, Maintenance: r.Spec.Maintenance == h})
+		}
+	}
 	for name, vm := range f.VMs {
 		s := get(vm.Spec.Host)
 		e := snapshots.SnapshotVM{Name: name, SpecHash: specHash(vm)}
@@ -1401,6 +1408,7 @@ func addTombstones(out map[string]*hostSnapshot, tombs []*snapshots.TombstoneRec
 func sortEntries(s *hostSnapshot) {
 	slices.SortFunc(s.snap.VMs, func(a, b snapshots.SnapshotVM) int { return strings.Compare(a.Name, b.Name) })
 	slices.SortFunc(s.snap.Volumes, func(a, b snapshots.SnapshotVolume) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(s.snap.BackupRepositories, func(a, b snapshots.SnapshotBackupRepository) int { return strings.Compare(a.Name, b.Name) })
 }
 
 // contentKey identifies a snapshot's content without its epoch, its source
@@ -1429,6 +1437,11 @@ func contentKey(s *snapshots.Snapshot) desired.Hash {
 	for _, v := range s.Volumes {
 		io.WriteString(h, "\x01vol\x00"+v.Name+"\x00"+strconv.Itoa(v.SizeGB)+"\x00"+strconv.FormatBool(v.Tombstoned))
 		tomb(h, v.Tombstone)
+	}
+	for _, r := range s.BackupRepositories {
+		// Only when there are some: the keys of snapshots published
+		// before repositories existed stay what they were.
+		fmt.Fprintf(h, "\x01repo\x00%s\x00%s\x00%t", r.Name, r.URL, r.Maintenance)
 	}
 	// 64 bits tell content apart as well as 256 here, at a quarter of the
 	// ledger's bytes.

@@ -318,3 +318,33 @@ func TestRunSleepsThroughItsOwnStatusWrite(t *testing.T) {
 	gittest.Commit(t, e.dir, gittest.Edit{Branch: DefaultStatusBranch, Write: map[string]string{"hosts/hv-a.yaml": "host: hv-a\nheartbeat: 1\n"}})
 	waitFor(t, func() bool { return passes() > settled })
 }
+
+// TestSnapshotsCarryTheirHostsBackupRepositories: each host's snapshot
+// lists the repositories whose spec.hosts name it (URL, no secret), marks
+// the one it maintains, and changes its content key when one changes.
+func TestSnapshotsCarryTheirHostsBackupRepositories(t *testing.T) {
+	files := baseFleet()
+	files["backup/nas.yaml"] = "apiVersion: gitfleet.dev/v1alpha1\nkind: BackupRepository\nmetadata: {name: nas}\nspec: {url: /srv/restic, hosts: [hv-a, hv-b], maintenance: hv-b}\n"
+	f := loadFiles(t, files)
+	hash := func(vm *desired.VM) desired.Hash { return desired.SpecHash(vm.Spec) }
+	snaps := buildSnapshots(f, nil, hash, true)
+	a, b := snaps["hv-a"].snap, snaps["hv-b"].snap
+	if want := []snapshots.SnapshotBackupRepository{{Name: "nas", URL: "/srv/restic"}}; !reflect.DeepEqual(a.BackupRepositories, want) {
+		t.Errorf("hv-a repositories = %+v, want %+v", a.BackupRepositories, want)
+	}
+	if want := []snapshots.SnapshotBackupRepository{{Name: "nas", URL: "/srv/restic", Maintenance: true}}; !reflect.DeepEqual(b.BackupRepositories, want) {
+		t.Errorf("hv-b repositories = %+v, want %+v", b.BackupRepositories, want)
+	}
+	data, err := snapshots.MarshalSnapshot(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, err := snapshots.ParseSnapshot(data); err != nil || !reflect.DeepEqual(back.BackupRepositories, b.BackupRepositories) {
+		t.Errorf("round trip: %+v, %v", back, err)
+	}
+	k := contentKey(a)
+	a.BackupRepositories[0].URL = "/srv/other"
+	if contentKey(a) == k {
+		t.Error("a repository's new URL did not change the content key")
+	}
+}

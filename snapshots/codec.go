@@ -3,6 +3,7 @@ package snapshots
 import (
 	"fmt"
 
+	"github.com/gitfleet/gitfleet/agent/backup"
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/safetext"
 )
@@ -63,6 +64,14 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 		}
 	}
 	checkNames(doc, "volumes", "volume", s.Volumes, func(v *SnapshotVolume) string { return v.Name })
+	checkNames(doc, "backupRepositories", "backup repository", s.BackupRepositories, func(r *SnapshotBackupRepository) string { return r.Name })
+	for i, r := range s.BackupRepositories {
+		if f := fmt.Sprintf("backupRepositories[%d].url", i); doc.Required(f) {
+			if err := backup.CheckURL(r.URL); err != nil {
+				doc.Errorf(f, "%v", err)
+			}
+		}
+	}
 	for i, vm := range s.VMs {
 		checkConfirm(doc, fmt.Sprintf("vms[%d].tombstone.confirm", i), vm.Tombstone)
 	}

@@ -30,6 +30,8 @@ func TestParseSnapshotErrors(t *testing.T) {
 			"10:11: vms[1].name: VM \"web-01\" is listed twice"},
 		{"confirm that is no nonce", strings.Replace(valid, "tombstoned: false\n", "tombstoned: true\n    tombstone: {commit: abc, author: a, time: t, epoch: 3, confirm: not-a-nonce}\n", 1),
 			"10:69: vms[0].tombstone.confirm: \"not-a-nonce\" is not a confirmation nonce (32 lowercase hex digits)"},
+		{"a backup repository with a password", strings.Replace(valid, "volumes: []\n", "volumes: []\nbackupRepositories:\n  - {name: nas, url: \"rest:https://u:hunter2@nas/r\"}\n", 1),
+			"12:22: backupRepositories[0].url: restic repository: backup configuration: location rest:https://***@nas/r: a password in the location: put RESTIC_REST_USERNAME and RESTIC_REST_PASSWORD (or the backend's credentials) in the environment file"},
 		{"bad host name", strings.Replace(valid, "host: hv-a\nepoch", "host: HV_A\nepoch", 1), "1:7: host: \"HV_A\" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit"},
 	}
 	for _, tt := range tests {

@@ -42,6 +42,28 @@ type Snapshot struct {
 	HostSpec desired.HostSpec `yaml:"hostSpec" json:"hostSpec"`
 	VMs      []SnapshotVM     `yaml:"vms" json:"vms"`
 	Volumes  []SnapshotVolume `yaml:"volumes" json:"volumes"`
+	// BackupRepositories are the BackupRepository objects whose spec.hosts
+	// list the host, sorted by name: where its VMs back up to and restore
+	// from (a VM's spec.backup.repository names one). Left out when none.
+	BackupRepositories []SnapshotBackupRepository `yaml:"backupRepositories,omitempty" json:"backupRepositories,omitempty"`
+}
+
+// SnapshotBackupRepository is a backup repository as a host's snapshot
+// carries it: its name, restic's location with no secret in it (the
+// host's agent configuration names the password and credential files
+// under Name), and whether this host runs its maintenance (prune, check).
+type SnapshotBackupRepository struct {
+	Name        string `yaml:"name" json:"name"`
+	URL         string `yaml:"url" json:"url"`
+	Maintenance bool   `yaml:"maintenance,omitempty" json:"maintenance,omitempty"`
+}
+
+// BackupRepository returns the snapshot's repository called name, or nil.
+func (s *Snapshot) BackupRepository(name string) *SnapshotBackupRepository {
+	if s == nil {
+		return nil
+	}
+	return hostfile.Entry(s.BackupRepositories, name, func(e *SnapshotBackupRepository) string { return e.Name })
 }
 
 // SnapshotSource names the desired-state commit a snapshot was computed from.

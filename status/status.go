@@ -105,6 +105,35 @@ type VM struct {
 	LastError string       `yaml:"lastError" json:"lastError"`
 	Message   string       `yaml:"message,omitempty" json:"message,omitempty"`
 	SpecHash  desired.Hash `yaml:"specHash" json:"specHash"`
+	// Backup is the state of the VM's scheduled backups, for a VM whose
+	// spec asks for them (spec.backup); nil otherwise.
+	Backup *Backup `yaml:"backup,omitempty" json:"backup,omitempty"`
+}
+
+// Backup is what the agent reports of a VM's scheduled backups
+// (docs/DESIGN.md, "Scheduled backups"). Repository is the
+// BackupRepository's name. LastSuccess is when the last whole backup
+// started (the agent's clock), LastBackupID its gitfleet backup id (the
+// gitfleet-backup= tag), LastSnapshot the restic id of its meta snapshot,
+// Bytes the virtual bytes it read (every disk), BytesAdded what the
+// repository grew by (restic's data_added, summed; both unsigned, as a
+// status file's 64-bit integers are), DurationSeconds how long it took
+// (whole seconds), Consistency "application" or "crash". NextDue is when
+// the next backup is due (a retry after a failure included); LastError
+// and LastFailure say why and when the last attempt failed, cleared by a
+// success.
+type Backup struct {
+	Repository      string    `yaml:"repository" json:"repository"`
+	LastSuccess     time.Time `yaml:"lastSuccess,omitempty" json:"lastSuccess,omitempty"`
+	LastBackupID    string    `yaml:"lastBackupID,omitempty" json:"lastBackupID,omitempty"`
+	LastSnapshot    string    `yaml:"lastSnapshot,omitempty" json:"lastSnapshot,omitempty"`
+	Bytes           uint64    `yaml:"bytes,omitempty" json:"bytes,omitempty"`
+	BytesAdded      uint64    `yaml:"bytesAdded,omitempty" json:"bytesAdded,omitempty"`
+	DurationSeconds int64     `yaml:"durationSeconds,omitempty" json:"durationSeconds,omitempty"`
+	Consistency     string    `yaml:"consistency,omitempty" json:"consistency,omitempty"`
+	NextDue         time.Time `yaml:"nextDue,omitempty" json:"nextDue,omitempty"`
+	LastError       string    `yaml:"lastError,omitempty" json:"lastError,omitempty"`
+	LastFailure     time.Time `yaml:"lastFailure,omitempty" json:"lastFailure,omitempty"`
 }
 
 // Quarantine is a tombstoned VM that has been shut down and waits for its

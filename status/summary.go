@@ -561,6 +561,26 @@ func (p PendingDelete) Deadline(abandonGrace time.Duration) string {
 	return d
 }
 
+// BackupNote is a VM's backup state in one line, for the VM tables:
+// the last success (backup id, when, consistency, bytes added), when the
+// next is due, and the last failure; "" for a VM without a backup policy.
+func BackupNote(b *Backup) string {
+	if b == nil {
+		return ""
+	}
+	note := "backup to " + b.Repository + ": none yet"
+	if !b.LastSuccess.IsZero() {
+		note = fmt.Sprintf("backup to %s: %s at %s (%s, %d bytes added)", b.Repository, b.LastBackupID, stamp(b.LastSuccess), b.Consistency, b.BytesAdded)
+	}
+	if !b.NextDue.IsZero() {
+		note += ", next due " + stamp(b.NextDue)
+	}
+	if b.LastError != "" {
+		note += "; last failure: " + b.LastError
+	}
+	return note
+}
+
 // JoinNotes joins the non-empty notes with "; ": a row's notes, in the
 // README and in `gitfleet status` alike.
 func JoinNotes(notes ...string) string {

@@ -180,3 +180,43 @@ func TestDeadlineOfAnUnverifiedHost(t *testing.T) {
 		t.Errorf("deadline %q", d)
 	}
 }
+
+func TestBackupNote(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		b    *Backup
+		want string
+	}{
+		{nil, ""},
+		{&Backup{Repository: "nas", NextDue: at}, "backup to nas: none yet, next due " + stamp(at)},
+		{&Backup{Repository: "nas", LastSuccess: at, LastBackupID: "20260102t030000z-1a2b3c4d", Consistency: "crash", BytesAdded: 42,
+			NextDue: at.Add(time.Minute), LastError: "backup to nas failed: wrong password"},
+			"backup to nas: 20260102t030000z-1a2b3c4d at " + stamp(at) + " (crash, 42 bytes added), next due " + stamp(at.Add(time.Minute)) +
+				"; last failure: backup to nas failed: wrong password"},
+	} {
+		if got := BackupNote(tc.b); got != tc.want {
+			t.Errorf("BackupNote(%+v) = %q, want %q", tc.b, got, tc.want)
+		}
+	}
+}
+
+// A VM's backup state survives the status file's strict decoder.
+func TestBackupRowRoundTrips(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+	st := &Status{Host: "hv-a", VMs: []VM{{Name: "db-01", Phase: PhaseReady, Power: "running", SpecHash: "abc",
+		Backup: &Backup{Repository: "nas", LastSuccess: at, LastBackupID: "20260102t030000z-1a2b3c4d", LastSnapshot: "0123abcd",
+			Bytes: 2 << 30, BytesAdded: 42, DurationSeconds: 17, Consistency: "crash", NextDue: at.Add(time.Hour),
+			LastError: "backup to nas failed", LastFailure: at.Add(-time.Hour)}}},
+		Quarantined: []Quarantine{}, Destroyed: []string{}}
+	data, err := Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse("hosts/hv-a.yaml", data)
+	if err != nil {
+		t.Fatalf("Parse: %v\n%s", err, data)
+	}
+	if got := back.VMs[0].Backup; got == nil || *got != *st.VMs[0].Backup {
+		t.Errorf("round trip: %+v, want %+v", got, st.VMs[0].Backup)
+	}
+}

@@ -182,7 +182,11 @@ func (r *Repository) start(s *session, op string, args []string, stdin io.Reader
 	cmd.Stdout = stdout
 	p := &proc{op: op, cmd: cmd, s: s, stderr: &tail{max: 2048}, done: make(chan struct{})}
 	cmd.Stderr = p.stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: an agent killed mid-stream closes restic's input, which
+	// restic would take for the end of the disk and save; SIGINT first
+	// makes it give up instead (a snapshot it saved anyway has no
+	// manifest and is forgotten by the next retention).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGINT}
 	if err := cmd.Start(); err != nil {
 		return nil, &Error{Op: op, ExitCode: -1, Err: err}
 	}

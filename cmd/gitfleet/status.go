@@ -682,7 +682,7 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 					addr += "ssh " + vm.SSH
 				}
 			}
-			note := vm.Message
+			note := status.JoinNotes(vm.Message, status.BackupNote(vm.Backup))
 			if hostNote != "" {
 				note = status.JoinNotes(note, hostNote)
 			}

@@ -44,7 +44,7 @@ var rank = map[string]int{
 	"desired":       1,
 	"gitsource":     2,
 	"agent/hostnet": 2,
-	"agent/backup":  2,
+	"agent/backup":  0, // desired checks repository URLs with it
 	"trust":         3,
 	"snapshots":     3,
 	"status":        3,

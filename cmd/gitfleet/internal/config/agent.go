@@ -3,9 +3,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +68,12 @@ const DefaultVMTimeout = 30 * time.Minute
 //	  - ssh-ed25519 AAAA… gitfleet-controller
 //	controllerKeysFile: /etc/gitfleet/controller_signers  # or: an allowed-signers file of them
 //	signingKey: /etc/gitfleet/agent_ed25519    # signs this host's status commits (mode 0600); the Host's spec.agentKey names its public key
+//	backupRepositories:                        # secrets of each BackupRepository this host uses, by its name (never in git)
+//	  nas:
+//	    passwordFile: /etc/gitfleet/restic/nas.password    # required; mode 0600
+//	    environmentFile: /etc/gitfleet/restic/nas.env      # backend credentials (AWS_*, RESTIC_REST_*, ...), mode 0600
+//	    sshKeyFile: /etc/gitfleet/restic/id_ed25519         # sftp: the key and the server's known_hosts (both or neither)
+//	    knownHostsFile: /etc/gitfleet/restic/known_hosts
 //
 // Durations are Go durations ("90s", "5m"). Secrets go in files
 // (passwordFile, tokenFile) or GITFLEET_TOKEN, never on the command line.
@@ -162,6 +170,18 @@ type AgentFile struct {
 	// SigningKey is the host's private SSH key file (unencrypted, mode
 	// 0600) its status commits are signed with.
 	SigningKey string `yaml:"signingKey"`
+	// BackupRepositories holds, by BackupRepository name, the files with
+	// the repository's secrets on this host.
+	BackupRepositories map[string]BackupRepositoryFile `yaml:"backupRepositories"`
+}
+
+// BackupRepositoryFile is one entry of the agent file's
+// backupRepositories: the files agent/backup's Repository reads.
+type BackupRepositoryFile struct {
+	PasswordFile    string `yaml:"passwordFile"`
+	EnvironmentFile string `yaml:"environmentFile"`
+	SSHKeyFile      string `yaml:"sshKeyFile"`
+	KnownHostsFile  string `yaml:"knownHostsFile"`
 }
 
 // agentFileChecks are the checks of AgentFile's values beyond their Go
@@ -310,6 +330,9 @@ type Agent struct {
 	ControllerKeys *trust.Signers
 	// SigningKey is the signingKey file ("" for none), loaded by Open.
 	SigningKey string
+	// BackupSecrets are the backupRepositories entries, by repository
+	// name, each file checked as secrets are (secretfile.Read).
+	BackupSecrets map[string]agent.BackupSecrets
 }
 
 // QEMU configures the QEMU backend (see qemu.Config).
@@ -497,7 +520,47 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 		return nil, err
 	}
 	c.Auth = auth
+	if c.BackupSecrets, err = f.backupSecrets(path); err != nil {
+		return nil, err
+	}
 	return &c, nil
+}
+
+// backupSecrets checks each backupRepositories entry: a repository name
+// (a DNS label), a password file, an ssh key with its known_hosts or
+// neither, and every file named readable as a secret (secretfile.Read:
+// regular, not a link, mode 0600 or 0400, owned by root or the agent).
+func (f *AgentFile) backupSecrets(path string) (map[string]agent.BackupSecrets, error) {
+	if len(f.BackupRepositories) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]agent.BackupSecrets, len(f.BackupRepositories))
+	for _, name := range slices.Sorted(maps.Keys(f.BackupRepositories)) {
+		r := f.BackupRepositories[name]
+		at := "backupRepositories." + name
+		if err := agent.CheckHostName(name); err != nil {
+			return nil, fmt.Errorf("agent config %s: %s: repository name: %w", path, at, err)
+		}
+		if r.PasswordFile == "" {
+			return nil, fmt.Errorf("agent config %s: %s.passwordFile: missing; restic needs the repository's password", path, at)
+		}
+		if (r.SSHKeyFile == "") != (r.KnownHostsFile == "") {
+			return nil, fmt.Errorf("agent config %s: %s: sshKeyFile and knownHostsFile go together (the server's key is checked strictly)", path, at)
+		}
+		for _, s := range []struct{ field, file string }{{"passwordFile", r.PasswordFile}, {"environmentFile", r.EnvironmentFile}, {"sshKeyFile", r.SSHKeyFile}} {
+			if s.file == "" {
+				continue
+			}
+			if err := checkPath(s.file); err != nil {
+				return nil, fmt.Errorf("agent config %s: %s.%s: %w", path, at, s.field, err)
+			}
+			if _, err := secretfile.Read(s.file, at+"."+s.field, "others can read the backup repository's secret", maxSecretFile); err != nil {
+				return nil, fmt.Errorf("agent config %s: %w", path, err)
+			}
+		}
+		out[name] = agent.BackupSecrets{PasswordFile: r.PasswordFile, EnvironmentFile: r.EnvironmentFile, SSHKey: r.SSHKeyFile, KnownHosts: r.KnownHostsFile}
+	}
+	return out, nil
 }
 
 // controllerKeys reads controllerKeys and controllerKeysFile into one

@@ -112,6 +112,7 @@ func (c *Agent) Open(ctx context.Context, log *logrus.Logger) (*AgentParts, erro
 		MaxAttempts: c.MaxAttempts, VMTimeout: c.VMTimeout, ReadyTimeout: c.ReadyTimeout, Log: log,
 		AgeIdentity: keys,
 		EpochReset:  c.EpochReset,
+		Backups:     agent.BackupConfig{Secrets: c.BackupSecrets},
 	})
 	if err != nil {
 		return nil, err

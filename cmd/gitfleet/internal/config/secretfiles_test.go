@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent"
 )
 
 // The agent's token and password files are secrets like its key files:
@@ -48,4 +50,37 @@ func TestAgentSecretFilesCheckedLikeKeyFiles(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Each backup repository's files are secrets too: the password file is
+// required, an ssh key comes with its known_hosts, and a password file
+// others may read is refused without quoting it.
+func TestAgentBackupRepositorySecrets(t *testing.T) {
+	config := func(entry string) string {
+		return writeFile(t, "agent.yaml", "repo: {url: /srv/fleet.git}\nhost: hv-a\nbackupRepositories:\n  nas: "+entry+"\n")
+	}
+	pw := writeFile(t, "password", "restic-s3cret\n")
+	key := writeFile(t, "id_ed25519", "key\n")
+	c, err := loadAgent(t, []string{"--config", config("{passwordFile: " + pw + ", sshKeyFile: " + key + ", knownHostsFile: /etc/gitfleet/known_hosts}")}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, agent.BackupSecrets{PasswordFile: pw, SSHKey: key, KnownHosts: "/etc/gitfleet/known_hosts"}, c.BackupSecrets["nas"])
+
+	for _, tc := range []struct{ entry, want string }{
+		{"{environmentFile: " + pw + "}", "backupRepositories.nas.passwordFile: missing"},
+		{"{passwordFile: " + pw + ", sshKeyFile: " + key + "}", "sshKeyFile and knownHostsFile go together"},
+		{"{passwordFile: /nonexistent/password}", "backupRepositories.nas.passwordFile"},
+	} {
+		_, err := loadAgent(t, []string{"--config", config(tc.entry)}, nil)
+		require.Error(t, err, tc.entry)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+	open := writeFile(t, "password", "restic-s3cret\n")
+	require.NoError(t, os.Chmod(open, 0o644))
+	_, err = loadAgent(t, []string{"--config", config("{passwordFile: " + open + "}")}, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "chmod 600")
+	assert.NotContains(t, err.Error(), "restic-s3cret")
+	_, err = loadAgent(t, []string{"--config", writeFile(t, "agent.yaml", "repo: {url: /srv/fleet.git}\nhost: hv-a\nbackupRepositories:\n  NAS: {passwordFile: "+pw+"}\n")}, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "repository name")
 }
