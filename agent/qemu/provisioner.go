@@ -23,6 +23,11 @@
 //	network.json the host network the NIC is on (absent on user-mode networking)
 //	backup-snapshot.json, backup-fleece-N.raw, backup-nbd.sock
 //	             a disk snapshot held for a backup (fleece.go)
+//	uefi-vars.fd the VM's UEFI variables, made once from the firmware's
+//	             template and never overwritten (firmware.go)
+//	tpm/         the VM's TPM 2.0 state, owned by QEMU's user (tpm.go)
+//	swtpm.pid, swtpm.log
+//	             the VM's swtpm, which runs while its QEMU does
 //	root.qcow2.before-restore-<unix time>
 //	             a root disk a restore replaced (diskio.go); Destroy leaves it,
 //	             for an operator to remove once the restore is proven
@@ -58,6 +63,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,6 +94,7 @@ var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
 	PidFile, QMPSocket, SerialLog, SerialLogOld, SerialLogOld + ".partial", SerialSocket, ConsoleLock, QEMULog, PortFile, NetFile, NetFile + ".partial",
 	QGASocket, ReadyFile, ReadyFile + ".partial", SnapshotMarker, NBDSocket,
+	UEFIVarsFile, UEFIVarsFile + ".partial", TPMDir, TPMDir + ".partial", SWTPMPidFile, SWTPMPidFile + ".partial", SWTPMLog,
 }
 
 // Config configures the QEMU backend. Zero values take the defaults given.
@@ -102,10 +109,26 @@ type Config struct {
 	// reads as not running and Shutdown/Destroy of it are no-ops.
 	MachineDir func(name string) string
 	// Accel is "auto" (default), "kvm" or "tcg". Auto picks KVM only when
-	// /proc/cpuinfo shows vmx or svm and /dev/kvm opens read-write.
+	// /proc/cpuinfo shows vmx or svm (on arm64: always) and /dev/kvm opens
+	// read-write, and TCG for guests of an Arch other than the agent's.
 	Accel string
-	// QEMU is the qemu-system-x86_64 binary (default: found in PATH).
+	// Arch is the architecture of the host's guests, "amd64" or "arm64"
+	// ("": the agent's own, runtime.GOARCH). It picks QEMU's binary
+	// (qemu-system-x86_64, qemu-system-aarch64), the default machine
+	// (q35, virt) and the firmware's target; a VM or kernel of another
+	// architecture is refused before boot.
+	Arch string
+	// QEMU is the QEMU system emulator (default: Arch's, found in PATH).
 	QEMU string
+	// FirmwareDirs are where QEMU's firmware descriptors are read from
+	// for VMs with firmware uefi (default DefaultFirmwareDirs).
+	FirmwareDirs []string
+	// SWTPM is the swtpm binary that emulates the TPM of VMs with tpm:
+	// true (default: found in PATH).
+	SWTPM string
+	// SWTPMSetup is the swtpm_setup binary that makes a VM's new TPM
+	// state (default: found in PATH).
+	SWTPMSetup string
 	// QEMUImg is the qemu-img binary (default: found in PATH).
 	QEMUImg string
 	// BootTimeout bounds how long Boot waits for QEMU to write its pidfile
@@ -170,6 +193,7 @@ type Config struct {
 // one VM are serialized.
 type Provisioner struct {
 	cfg    Config
+	arch   archInfo
 	accel  string
 	scope  bool
 	log    *logrus.Entry
@@ -230,8 +254,21 @@ func New(cfg Config) (*Provisioner, error) {
 	if cfg.CacheDir == "" {
 		return nil, errors.New("qemu: Config.CacheDir is required")
 	}
+	arch, err := hostArch(cfg.Arch)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
 	if cfg.QEMU == "" {
-		cfg.QEMU = "qemu-system-x86_64"
+		cfg.QEMU = arch.binary
+	}
+	if cfg.FirmwareDirs == nil {
+		cfg.FirmwareDirs = DefaultFirmwareDirs
+	}
+	if cfg.SWTPM == "" {
+		cfg.SWTPM = "swtpm"
+	}
+	if cfg.SWTPMSetup == "" {
+		cfg.SWTPMSetup = "swtpm_setup"
 	}
 	if cfg.QEMUImg == "" {
 		cfg.QEMUImg = "qemu-img"
@@ -261,11 +298,14 @@ func New(cfg Config) (*Provisioner, error) {
 		return nil, fmt.Errorf("qemu: Config.CacheDir: %w", err)
 	}
 	cfg.CacheDir = cache
-	p := &Provisioner{cfg: cfg, machines: map[string]*vmState{}, ports: map[int]string{}}
+	p := &Provisioner{cfg: cfg, arch: arch, machines: map[string]*vmState{}, ports: map[int]string{}}
 	p.log = cfg.Logger.WithField("component", "qemu")
 	switch cfg.Accel {
 	case "", AccelAuto:
 		p.accel = detectAccel(cfg.cpuinfo, cfg.kvmDev)
+		if string(arch.arch) != runtime.GOARCH {
+			p.accel = AccelTCG // KVM runs only the host CPU's own architecture
+		}
 	case AccelKVM, AccelTCG:
 		p.accel = cfg.Accel
 	default:
