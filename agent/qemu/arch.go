@@ -72,7 +72,7 @@ func (p *Provisioner) checkArch(spec desired.VMSpec, kernel string) error {
 	}
 	if !ok {
 		if got, ok := bootImageArch(kernel); ok && got != p.arch.arch {
-			return agent.Permanent(fmt.Errorf("arch: the kernel is a %s boot image, but this host runs %s guests", got, p.arch.arch))
+			return agent.Permanent(fmt.Errorf("arch: the kernel is a boot image for %s, but this host runs %s guests", got, p.arch.arch))
 		}
 	}
 	return nil

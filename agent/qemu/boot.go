@@ -240,10 +240,14 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 			return err
 		}
 	}
+	model, err := p.machineModel(m.Spec)
+	if err != nil {
+		return err
+	}
 	if err := p.checkDisks(st, m.Volumes); err != nil {
 		return err
 	}
-	l, err := p.prepareLaunch(ctx, st, m)
+	l, err := p.prepareLaunch(ctx, st, m, model)
 	if err != nil {
 		return err
 	}
@@ -254,14 +258,10 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	return p.start(ctx, st, l, log)
 }
 
-// prepareLaunch resolves m's machine model, attaches its NIC, fetches
-// its artifacts, writes its seed and allocates its SSH port, and returns
-// the launch they make.
-func (p *Provisioner) prepareLaunch(ctx context.Context, st *vmState, m agent.Machine) (launch, error) {
-	model, err := p.machineModel(m.Spec)
-	if err != nil {
-		return launch{}, err
-	}
+// prepareLaunch attaches m's NIC, fetches its artifacts (checking the
+// kernel's architecture), writes its seed and allocates its SSH port, and
+// returns the launch they make with machine model.
+func (p *Provisioner) prepareLaunch(ctx context.Context, st *vmState, m agent.Machine, model machineModel) (launch, error) {
 	mac := macFor(m.Name)
 	att, err := p.attach(ctx, st, m, mac)
 	if err != nil {
