@@ -4,6 +4,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gitfleet/gitfleet/agent"
+	"github.com/gitfleet/gitfleet/testsupport/gittest"
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/status"
@@ -48,4 +52,27 @@ func TestATPMEditRestartsTheVM(t *testing.T) {
 	assert.Empty(t, r.LastError)
 	assert.Equal(t, tpm.SpecHash, r.SpecHash)
 	assert.Len(t, f.prov.Calls(agenttest.OpShutdown), 1)
+}
+
+// archProvisioner is a provisioner that reports its guests' architecture.
+type archProvisioner struct {
+	*agenttest.Provisioner
+}
+
+func (archProvisioner) Arch() string   { return "arm64" }
+func (archProvisioner) Emulated() bool { return true }
+
+// The status says which architecture the host's guests are, and that
+// they are emulated, as the provisioner reports it.
+func TestStatusSaysTheGuestsArchitecture(t *testing.T) {
+	gittest.NeedGit(t)
+	bare := gittest.NewBare(t)
+	h := newHostAgent(t, bare, newClock(), func(c *agent.EngineConfig) {
+		c.Provisioner = archProvisioner{c.Provisioner.(*agenttest.Provisioner)}
+	})
+	require.NoError(t, h.once())
+	st := readStatus(t, bare)
+	require.NotNil(t, st)
+	assert.Equal(t, "arm64", st.Agent.Arch)
+	assert.True(t, st.Agent.Emulated)
 }

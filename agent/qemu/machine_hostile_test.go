@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -224,5 +225,51 @@ func TestSelectFirmwareFromDescriptors(t *testing.T) {
 	write(local, "60-plain.json", "")
 	if _, err := selectFirmware(dirs, "x86_64", "q35", false); !errors.Is(err, ErrNoFirmware) || !strings.Contains(err.Error(), "30-missing.json") {
 		t.Errorf("with 60-plain.json hidden: %v, want ErrNoFirmware naming the skipped descriptor", err)
+	}
+}
+
+// With secureBoot the distribution's Secure Boot build with Microsoft's
+// keys enrolled is chosen (it requires SMM), and real QEMU starts the VM
+// with it: q35 with SMM, the flash secure, the code read-only.
+func TestSecureBootStartsOnRealOVMF(t *testing.T) {
+	needUEFI(t)
+	fw, err := selectFirmware(DefaultFirmwareDirs, "x86_64", "q35", true)
+	if err != nil {
+		t.Skipf("no Secure Boot OVMF: %v", err)
+	}
+	if !fw.smm || !strings.Contains(fw.vars, "ms") {
+		t.Errorf("Secure Boot firmware %+v: want the SMM build with Microsoft's keys enrolled", fw)
+	}
+	srv := newArtifactServer(t)
+	spec := guestSpec(t, srv)
+	spec.Firmware, spec.SecureBoot, spec.MemoryMB = desired.FirmwareUEFI, true, 512
+	vmRoot := t.TempDir()
+	p := newTestProvisioner(t, t.TempDir(), vmRoot, srv)
+	name := "sb-01"
+	dir := filepath.Join(vmRoot, name)
+	os.MkdirAll(dir, 0o700)
+	t.Cleanup(func() { p.Destroy(context.Background(), name) })
+	m := agent.Machine{Name: name, Dir: dir, Spec: spec, InstanceID: "i-sb-1"}
+	ctx := context.Background()
+	if err := p.PrepareRootDisk(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Boot(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(p.machines[name].pid()) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.ReplaceAll(string(cmdline), "\x00", " ")
+	for _, want := range []string{"q35,accel=tcg,smm=on", "driver=cfi.pflash01,property=secure,value=on", "readonly=on,file=" + fw.code, "file=" + filepath.Join(dir, UEFIVarsFile)} {
+		if !strings.Contains(args, want) {
+			t.Errorf("QEMU's command line lacks %q:\n%s", want, args)
+		}
+	}
+	if tmpl, _ := os.ReadFile(fw.vars); len(tmpl) == 0 {
+		t.Fatal("empty template")
+	} else if got, _ := os.ReadFile(filepath.Join(dir, UEFIVarsFile)); len(got) != len(tmpl) {
+		t.Errorf("%s is %d bytes, the enrolled template %d", UEFIVarsFile, len(got), len(tmpl))
 	}
 }
