@@ -233,6 +233,7 @@ func TestSelectFirmwareFromDescriptors(t *testing.T) {
 // with it: q35 with SMM, the flash secure, the code read-only.
 func TestSecureBootStartsOnRealOVMF(t *testing.T) {
 	needUEFI(t)
+	t.Parallel()
 	fw, err := selectFirmware(DefaultFirmwareDirs, "x86_64", "q35", true)
 	if err != nil {
 		t.Skipf("no Secure Boot OVMF: %v", err)

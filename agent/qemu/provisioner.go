@@ -1,7 +1,10 @@
 // Package qemu is the agent's QEMU backend: an agent.Provisioner that runs
 // each VM as a qemu-system-x86_64 process (q35, virtio disk and net, a
-// NoCloud seed) that outlives the agent and is re-attached after an agent
-// restart. A VM's one NIC is on the host network its spec names (a tap
+// NoCloud seed; qemu-system-aarch64 and virt on an arm64 host, arch.go)
+// that outlives the agent and is re-attached after an agent restart. A VM
+// boots SeaBIOS, a direct kernel, or UEFI chosen from QEMU's firmware
+// descriptors (firmware.go), optionally with Secure Boot and a TPM 2.0 of
+// its own (tpm.go). A VM's one NIC is on the host network its spec names (a tap
 // from Config.Networks), or else on QEMU's user-mode network with an SSH
 // port forwarded on 127.0.0.1.
 //
