@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -127,6 +128,21 @@ func TestUEFIAndTPMSurviveARestart(t *testing.T) {
 	s = serial(dir)
 	if second := resetCount(t, s); second <= first {
 		t.Errorf("the TPM's resetCount went from %d to %d across a restart: its state was not kept", first, second)
+	}
+	// A swtpm that dies under a running VM makes the VM count as down,
+	// and says why.
+	if err := syscall.Kill(p.machines[name].swtpmPid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for p.Running(name) && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if p.Running(name) {
+		t.Error("the VM still counts as running without its swtpm")
+	}
+	if why := p.FailureReason(name); !strings.Contains(why, "swtpm is gone") {
+		t.Errorf("FailureReason = %q, want the swtpm named", why)
 	}
 	if err := p.Destroy(ctx, name); err != nil {
 		t.Fatal(err)

@@ -517,6 +517,12 @@ func (p *Provisioner) running(st *vmState) bool {
 	if st.pid() == 0 {
 		return false
 	}
+	if st.swtpmLost() {
+		// The guest's TPM is gone: the VM counts as down, so the next
+		// Boot stops its QEMU and starts both again.
+		p.log.WithFields(logrus.Fields{"vm": st.name}).Warn("the VM's swtpm is gone while its QEMU runs; the VM counts as not running")
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	status, err := qmpStatus(ctx, st.path(QMPSocket))
@@ -569,6 +575,9 @@ func (p *Provisioner) FailureReason(name string) string {
 	st := p.state(name, "")
 	if st == nil {
 		return ""
+	}
+	if st.swtpmLost() {
+		return "the VM's swtpm is gone while its QEMU runs: " + swtpmLogTail(st)
 	}
 	if tail := qemuLogTail(st); len(tail) > 0 {
 		return string(tail)

@@ -230,6 +230,16 @@ func (st *vmState) swtpmPid() int {
 	return pid
 }
 
+// swtpmLost reports whether the VM was started with a swtpm (its
+// pidfile is there: written at the start, removed at the stop) that no
+// longer runs while its QEMU does.
+func (st *vmState) swtpmLost() bool {
+	if _, err := os.Lstat(st.path(SWTPMPidFile)); err != nil {
+		return false
+	}
+	return st.swtpmPid() == 0 && st.pid() != 0
+}
+
 // stopSWTPM ends the VM's swtpm when one still runs (SIGTERM, then
 // SIGKILL after a second) and removes its pidfile. It runs once QEMU is
 // gone, and after a QEMU that failed to start.
