@@ -503,6 +503,9 @@ func (a *Agent) tick(ctx context.Context) error {
 func (a *Agent) report() *status.Status {
 	st := a.cfg.Engine.Report()
 	st.Agent = status.AgentInfo{Version: a.cfg.Version, BootID: a.cfg.BootID(), Accel: a.cfg.Accel}
+	if r, ok := a.cfg.Engine.prov.(ArchReporter); ok {
+		st.Agent.Arch, st.Agent.Emulated = r.Arch(), r.Emulated()
+	}
 	a.snapMu.Lock()
 	if a.snapErr != "" {
 		st.SnapshotError = a.snapErr

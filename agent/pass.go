@@ -35,6 +35,9 @@ const (
 	// the new spec's artifacts fetched and verified, its seed rendered,
 	// the running VM untouched.
 	StepStage = "stage"
+	// StepFirmware is an edit's check that it changes no created VM's
+	// firmware without the spec's opt-in (allowFirmwareChangeFrom).
+	StepFirmware = "firmware"
 )
 
 // runSteps runs steps in order and stops at the first error, which it
@@ -676,6 +679,10 @@ func (p *vmPass) edit() bool {
 		return false // this edit failed for good; only a new edit is tried
 	}
 	old, spec := rec.Spec, firstBootOnly(want.Spec, rec.Spec)
+	if err := firmwareChange(old, spec); err != nil {
+		p.editFailed(StepFirmware, err)
+		return false
+	}
 	restart := needsRestart(old, spec)
 	grow := spec.DiskGB > rec.DiskGB
 	m := p.machine(spec)
@@ -761,11 +768,28 @@ func (p *vmPass) editFailed(step string, err error) {
 }
 
 // needsRestart reports whether going from old to spec takes a restart of a
-// running VM: vCPUs, memory, network, MAC, volumes or kernel changed.
+// running VM: vCPUs, memory, network, MAC, volumes, kernel or the machine
+// model (firmware, Secure Boot, TPM, architecture, machine type, CPU
+// model) changed.
 func needsRestart(old, spec desired.VMSpec) bool {
 	return old.VCPUs != spec.VCPUs || old.MemoryMB != spec.MemoryMB ||
 		old.Network != spec.Network || old.MAC != spec.MAC || !slices.Equal(old.Volumes, spec.Volumes) ||
-		!reflect.DeepEqual(old.Kernel, spec.Kernel)
+		!reflect.DeepEqual(old.Kernel, spec.Kernel) ||
+		old.Firmware.Or(desired.FirmwareBIOS) != spec.Firmware.Or(desired.FirmwareBIOS) ||
+		old.SecureBoot != spec.SecureBoot || old.TPM != spec.TPM || old.Arch != spec.Arch ||
+		old.Machine != spec.Machine || old.CPUModel != spec.CPUModel
+}
+
+// firmwareChange refuses, as a permanent error, an edit that changes a
+// created VM's firmware from old's unless spec.AllowFirmwareChangeFrom
+// names old's: the guest was installed for its firmware (desired's
+// FirmwareChangeRefused says so in the plan too).
+func firmwareChange(old, spec desired.VMSpec) error {
+	from, to := old.Firmware.Or(desired.FirmwareBIOS), spec.Firmware.Or(desired.FirmwareBIOS)
+	if from == to || spec.AllowFirmwareChangeFrom == from {
+		return nil
+	}
+	return Permanent(fmt.Errorf(desired.FirmwareChangeRefused, from, to, from))
 }
 
 // firstBootOnly is want with the cloudInit and static addresses the VM

@@ -225,3 +225,12 @@ type ImageCollection struct {
 type AccelReporter interface {
 	Accel() string
 }
+
+// ArchReporter is implemented by a Provisioner that knows the
+// architecture of its guests ("amd64", "arm64") and whether they are
+// emulated (TCG on a CPU of another architecture), for the status
+// file's agent.arch and agent.emulated. Optional.
+type ArchReporter interface {
+	Arch() string
+	Emulated() bool
+}

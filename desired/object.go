@@ -38,7 +38,7 @@ type object struct {
 // positions are the locations cross-object errors are reported at.
 type positions struct {
 	name, host, network, capacityVCPUs, capacityMemory, gateway4 pos
-	ageRecipient                                                 pos
+	ageRecipient, arch                                           pos
 	// profile is where a VM's spec.profile was written.
 	profile         pos
 	volumes, static []pos

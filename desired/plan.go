@@ -134,8 +134,11 @@ func vmFieldEffect(field, old, new, basePower, power string) Effect {
 		// The profile a VM names is no part of its effective spec: the
 		// fields it changes are listed with their own effects.
 		return EffectNone
+	case field == "spec.allowFirmwareChangeFrom":
+		return EffectNone
 	}
-	// vcpus, memoryMB, network, volumes, kernel.*, and any field not
+	// vcpus, memoryMB, network, volumes, kernel.*, firmware, secureBoot,
+	// tpm, arch, machine, cpuModel, and any field not
 	// named above: what QEMU is started with. A VM stopped before or
 	// after the change is not restarted for it.
 	if power == string(PowerStopped) || basePower == string(PowerStopped) {
@@ -202,8 +205,11 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 							fields[i].Effect = vmFieldEffect(f.Field, o.fields[f.Field], n.fields[f.Field], o.fields["spec.power"], n.fields["spec.power"])
 						}
 					}
-					add(o.host, PlanChange{Action: ActionUpdate, Kind: kind, Name: name, Fields: fields,
-						Warnings: updateWarnings(kind, fields)})
+					w := updateWarnings(kind, fields)
+					if kind == KindVM {
+						w = append(w, firmwareWarnings(o.fields, n.fields)...)
+					}
+					add(o.host, PlanChange{Action: ActionUpdate, Kind: kind, Name: name, Fields: fields, Warnings: w})
 				}
 			}
 		}
@@ -324,6 +330,27 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 	}
 	return dedupe(w)
 }
+
+// firmwareWarnings says what a change of a VM's firmware from base's
+// fields to head's does: the guest was installed for the old firmware,
+// and the agent refuses the change unless head's
+// spec.allowFirmwareChangeFrom names the old one.
+func firmwareWarnings(base, head map[string]string) []string {
+	from := Firmware(base["spec.firmware"]).Or(FirmwareBIOS)
+	to := Firmware(head["spec.firmware"]).Or(FirmwareBIOS)
+	if from == to {
+		return nil
+	}
+	if Firmware(head["spec.allowFirmwareChangeFrom"]) == from {
+		return []string{fmt.Sprintf("firmware changes from %s to %s (allowed by allowFirmwareChangeFrom: %s): the guest's boot loader was installed for %s and will likely not boot", from, to, from, from)}
+	}
+	return []string{fmt.Sprintf(FirmwareChangeRefused, from, to, from)}
+}
+
+// FirmwareChangeRefused is the plan's warning, and the agent's error, on a
+// firmware change of a created VM without the opt-in; its verbs are the
+// old firmware, the new one and the old one again.
+const FirmwareChangeRefused = "firmware change from %s to %s refused: the guest was installed for its firmware and will likely not boot on another; the VM keeps its firmware unless the spec also sets allowFirmwareChangeFrom: %s"
 
 // RetainedRestoreWarning is the plan's note on an object kept after a
 // history rewrite whose file comes back: it is desired again, nothing is

@@ -166,6 +166,36 @@ type VMSpec struct {
 	// RootDisk, when it says adopt, takes an existing disk as the VM's
 	// root disk instead of making one from Image (see RootDisk).
 	RootDisk *RootDisk `yaml:"rootDisk,omitempty" json:"rootDisk,omitempty"`
+	// Firmware is what boots the VM: bios (the default, "" reads as it:
+	// SeaBIOS on amd64, no firmware before a direct kernel boot on arm64)
+	// or uefi (the distribution's OVMF or AAVMF, chosen from QEMU's
+	// firmware descriptors, with a variables file of the VM's own that
+	// survives restarts). A created VM's firmware changes only with
+	// AllowFirmwareChangeFrom naming the firmware it has.
+	Firmware Firmware `yaml:"firmware,omitempty" json:"firmware,omitempty"`
+	// SecureBoot boots UEFI with Secure Boot on, from variables with the
+	// distribution's enrolled keys. Needs Firmware uefi.
+	SecureBoot bool `yaml:"secureBoot,omitempty" json:"secureBoot,omitempty"`
+	// TPM gives the VM a TPM 2.0 (swtpm) whose state is the VM's own and
+	// is kept in its directory across restarts.
+	TPM bool `yaml:"tpm,omitempty" json:"tpm,omitempty"`
+	// Arch is the guest's CPU architecture, amd64 or arm64; "" is the
+	// Host's spec.arch. It must be the Host's: the agent runs guests of
+	// its own architecture, and refuses before boot an image or kernel
+	// whose architecture it reads as another.
+	Arch Arch `yaml:"arch,omitempty" json:"arch,omitempty"`
+	// Machine is QEMU's machine type ("q35", "pc-q35-7.2", "virt"); ""
+	// is q35 on amd64 and virt on arm64. Secure Boot on amd64 needs a q35
+	// machine (SMM).
+	Machine string `yaml:"machine,omitempty" json:"machine,omitempty"`
+	// CPUModel is QEMU's CPU model ("host", "max", "Skylake-Server");
+	// "" is host under KVM and QEMU's default under TCG. host needs KVM.
+	CPUModel string `yaml:"cpuModel,omitempty" json:"cpuModel,omitempty"`
+	// AllowFirmwareChangeFrom opts in to changing a created VM's firmware
+	// from the one named here to Firmware: its guest was installed for
+	// the old firmware and will likely not boot. Without it the agent
+	// refuses the edit. It must differ from Firmware.
+	AllowFirmwareChangeFrom Firmware `yaml:"allowFirmwareChangeFrom,omitempty" json:"allowFirmwareChangeFrom,omitempty"`
 }
 
 // RootDisk says where a VM's root disk comes from. Adopt true: the disk
@@ -186,6 +216,44 @@ func (RootDisk) schema() typeSchema {
 		"adopt": {desc: "Take the disk staged for this VM by gitfleet import --stage (<stateDir>/adopt/<vm>/root.qcow2) instead of making one from an image; no NoCloud seed is written for the VM."},
 	}}
 }
+
+// Firmware is a VM's boot firmware.
+type Firmware string
+
+// The firmwares a VM may ask for. The empty value is FirmwareBIOS.
+const (
+	FirmwareBIOS Firmware = "bios"
+	FirmwareUEFI Firmware = "uefi"
+)
+
+// Or is f, or def when f is empty.
+func (f Firmware) Or(def Firmware) Firmware {
+	if f == "" {
+		return def
+	}
+	return f
+}
+
+// Arch is a CPU architecture, by Debian's name for it.
+type Arch string
+
+// The architectures hosts and guests may have. The empty value of a
+// Host's spec.arch is ArchAMD64.
+const (
+	ArchAMD64 Arch = "amd64"
+	ArchARM64 Arch = "arm64"
+)
+
+// Or is a, or def when a is empty.
+func (a Arch) Or(def Arch) Arch {
+	if a == "" {
+		return def
+	}
+	return a
+}
+
+// MaxMachineLength bounds VMSpec.Machine and VMSpec.CPUModel, in bytes.
+const MaxMachineLength = 64
 
 func (VMSpec) schema() typeSchema {
 	return typeSchema{
@@ -209,6 +277,18 @@ func (VMSpec) schema() typeSchema {
 			"rootDisk":  {desc: "An adopted root disk instead of one made from the image."},
 			"backup":    {desc: "Scheduled backups of every disk of the VM into a BackupRepository, while it runs."},
 			"restore":   {desc: "At the VM's create only: its disks come from a backup instead of its image."},
+			"firmware": {enum: []string{string(FirmwareBIOS), string(FirmwareUEFI)}, def: string(FirmwareBIOS),
+				desc: "Boot firmware: bios, or uefi (OVMF/AAVMF with the VM's own variables file, kept across restarts). A created VM's firmware changes only with allowFirmwareChangeFrom."},
+			"secureBoot": {desc: "UEFI Secure Boot with the distribution's enrolled keys; needs firmware: uefi."},
+			"tpm":        {desc: "A TPM 2.0 (swtpm) of the VM's own, its state kept with the VM's disks."},
+			"arch": {enum: []string{string(ArchAMD64), string(ArchARM64)},
+				desc: "Guest CPU architecture; must be the Host's spec.arch (the default)."},
+			"machine": {pattern: machineRE.String(), maxLength: MaxMachineLength,
+				desc: "QEMU machine type; q35 on amd64 and virt on arm64 by default."},
+			"cpuModel": {pattern: machineRE.String(), maxLength: MaxMachineLength,
+				desc: "QEMU CPU model; host under KVM by default."},
+			"allowFirmwareChangeFrom": {enum: []string{string(FirmwareBIOS), string(FirmwareUEFI)},
+				desc: "Opt in to changing a created VM's firmware from this one to firmware (its guest will likely not boot); must differ from firmware."},
 		},
 	}
 }
@@ -350,6 +430,10 @@ type HostSpec struct {
 	// is signed by this key (docs/DESIGN.md, "Authentic acks"); absent,
 	// acks are taken unsigned. Optional; public.
 	AgentKey string `yaml:"agentKey,omitempty" json:"agentKey,omitempty"`
+	// Arch is the host's CPU architecture, amd64 (the default) or arm64:
+	// its VMs' spec.arch must be it. The agent reports the architecture
+	// it really runs on in status (agent.arch).
+	Arch Arch `yaml:"arch,omitempty" json:"arch,omitempty"`
 }
 
 func (HostSpec) schema() typeSchema {
@@ -361,6 +445,8 @@ func (HostSpec) schema() typeSchema {
 			desc: "Why the host is suspended, shown in status; needs suspend: true."},
 		"ageRecipient": {pattern: "^age1", desc: "The public key of the host agent's age identity (gitfleet age-keygen prints it): VMs on this host may carry user-data encrypted to it."},
 		"agentKey":     {pattern: "^(ssh-|ecdsa-|sk-)", desc: "The public SSH key the host's agent signs its status commits with (gitfleet keygen prints it): deletes on this host are finalized only on acks signed by it."},
+		"arch": {enum: []string{string(ArchAMD64), string(ArchARM64)}, def: string(ArchAMD64),
+			desc: "The host's CPU architecture; its VMs' arch must be it."},
 	}}
 }
 

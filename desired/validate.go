@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,6 +48,9 @@ var (
 	sha256RE   = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$`)
 	bridgeRE   = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]*$`)
+	// machineRE is a QEMU machine type or CPU model name: no comma, so
+	// it cannot carry options into QEMU's -machine or -cpu.
+	machineRE = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]*$`)
 	// domainLabelRE is one label of a domain name; see isDomain.
 	domainLabelRE = regexp.MustCompile(`^[A-Za-z0-9_]([-A-Za-z0-9_]*[A-Za-z0-9_])?$`)
 )
@@ -218,6 +222,7 @@ func (d *nodeDecoder) check(o *object) {
 		capacityMemory: d.valPos("spec.capacity.memoryMB"),
 		gateway4:       d.valPos("spec.static.gateway4"),
 		profile:        d.valPos("spec.profile"),
+		arch:           d.valPos("spec.arch"),
 		ageRecipient:   d.valPos(map[Kind]string{KindVM: "spec.cloudInit.encryptedUserData.recipient", KindHost: "spec.ageRecipient"}[o.kind]),
 		// backupRepository is a VM's.
 		backupRepository:  d.valPos("spec.backup.repository"),
@@ -289,6 +294,7 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 	if s.Static != nil {
 		d.checkStatic(s)
 	}
+	d.checkMachine(s)
 	seen := make(map[string]int, len(s.Volumes))
 	for i, v := range s.Volumes {
 		f := indexPath("spec.volumes", i)
@@ -365,6 +371,68 @@ func checkMAC(mac string) string {
 	return ""
 }
 
+// enumField checks that field, when written, is one of values.
+func (d *nodeDecoder) enumField(field, got string, values ...string) bool {
+	if !d.written(field) || d.bad[field] {
+		return false
+	}
+	if !slices.Contains(values, got) {
+		d.add(d.valPos(field), field, "must be %s, got %q", strings.Join(values, " or "), safetext.Truncate(got, 70))
+		return false
+	}
+	return true
+}
+
+// checkMachine checks the machine model of a VM on its own: firmware,
+// Secure Boot, architecture, machine type, CPU model and the firmware
+// change opt-in. Whether the architecture is the Host's is a
+// cross-object check.
+func (d *nodeDecoder) checkMachine(s *VMSpec) {
+	d.enumField("spec.firmware", string(s.Firmware), string(FirmwareBIOS), string(FirmwareUEFI))
+	d.enumField("spec.arch", string(s.Arch), string(ArchAMD64), string(ArchARM64))
+	for _, f := range []struct{ field, v string }{{"spec.machine", s.Machine}, {"spec.cpuModel", s.CPUModel}} {
+		if !d.written(f.field) || d.bad[f.field] {
+			continue
+		}
+		if len(f.v) > MaxMachineLength || !machineRE.MatchString(f.v) {
+			d.add(d.valPos(f.field), f.field, "%q must be 1 to %d letters, digits, '-', '_' or '.' (a QEMU name, without options)", safetext.Truncate(f.v, 70), MaxMachineLength)
+		}
+	}
+	allow := d.enumField("spec.allowFirmwareChangeFrom", string(s.AllowFirmwareChangeFrom), string(FirmwareBIOS), string(FirmwareUEFI))
+	if d.partial {
+		return // the other file may set what these need
+	}
+	fw := s.Firmware.Or(FirmwareBIOS)
+	if s.SecureBoot && fw != FirmwareUEFI && !d.bad["spec.firmware"] {
+		d.add(d.valPos("spec.secureBoot"), "spec.secureBoot", "needs firmware: uefi (Secure Boot is a UEFI feature; the VM's firmware is %s)", fw)
+	}
+	if s.Arch == ArchARM64 && fw == FirmwareBIOS && s.Kernel == nil && !d.bad["spec.firmware"] {
+		// Reported as the firmware's fault, where the arch is written
+		// when the firmware is not.
+		at := d.valPos("spec.arch")
+		if d.written("spec.firmware") {
+			at = d.valPos("spec.firmware")
+		}
+		d.add(at, "spec.firmware", "is bios, but arch arm64 has no BIOS: an image boots only with firmware: uefi (or give a kernel for a direct kernel boot)")
+	}
+	if s.SecureBoot && s.Arch.Or(ArchAMD64) == ArchAMD64 && s.Machine != "" && !d.bad["spec.machine"] && !isQ35(s.Machine) {
+		d.add(d.valPos("spec.machine"), "spec.machine", "%q: Secure Boot on amd64 needs a q35 machine (its firmware runs in SMM)", s.Machine)
+	}
+	if s.Arch == ArchARM64 && s.Machine != "" && !d.bad["spec.machine"] && s.Machine != "virt" && !strings.HasPrefix(s.Machine, "virt-") {
+		d.add(d.valPos("spec.machine"), "spec.machine", "%q: arm64 guests run on the virt machine", s.Machine)
+	}
+	if allow && s.AllowFirmwareChangeFrom == fw {
+		// The firmware asked for is what makes the opt-in meaningless;
+		// shown where the opt-in is written.
+		d.add(d.valPos("spec.allowFirmwareChangeFrom"), "spec.firmware", "is %s, and allowFirmwareChangeFrom names it too: allowFirmwareChangeFrom names the firmware a created VM is changed from, another than firmware", fw)
+	}
+}
+
+// isQ35 reports whether machine is QEMU's q35 or a versioned one of it.
+func isQ35(machine string) bool {
+	return machine == "q35" || strings.HasPrefix(machine, "pc-q35-")
+}
+
 // encryptedUserData checks spec.cloudInit.encryptedUserData without any
 // key: a recipient that parses, a ciphertext that is an armored age file,
 // and no plaintext userData beside it. Whether the recipient is its Host's
@@ -434,6 +502,7 @@ func (d *nodeDecoder) checkHost(s *HostSpec) {
 		d.intRange("spec.capacity.vcpus", c.VCPUs, 0, MaxHostVCPUs, " (0 means not limited)")
 		d.intRange("spec.capacity.memoryMB", c.MemoryMB, 0, MaxHostMemoryMB, " MiB (0 means not limited)")
 	}
+	d.enumField("spec.arch", string(s.Arch), string(ArchAMD64), string(ArchARM64))
 	d.hostNetworks(s.Networks)
 }
 
@@ -763,6 +832,12 @@ func (c *crossChecker) vmHost(o *object) {
 		}
 	}
 	u.vms = append(u.vms, o)
+	if want := h.host.Spec.Arch.Or(ArchAMD64); s.Arch != "" && s.Arch != want {
+		c.add(o, o.at.arch, "spec.arch", "is %s, but Host %q is %s (its spec.arch): a host runs guests of its own architecture", s.Arch, s.Host, want)
+	}
+	if s.Arch == "" && h.host.Spec.Arch == ArchARM64 && s.Firmware.Or(FirmwareBIOS) == FirmwareBIOS && s.Kernel == nil {
+		c.add(o, o.at.host, "spec.host", "Host %q is arm64, which has no BIOS: an image boots there only with firmware: uefi (or give a kernel for a direct kernel boot)", s.Host)
+	}
 	if s.Network == "" {
 		return
 	}

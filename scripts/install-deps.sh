@@ -5,8 +5,11 @@
 # mmdebstrap and e2fsprogs (the Debian test guest's image),
 # qemu-guest-agent (the guest agent's protocol tests), restic, libnbd-bin,
 # openssh-server and rclone (backups and their tests), dnsmasq, nftables
-# and iproute2 for host networks, and systemd-container (systemd-nspawn, the
-# test of the shipped systemd units). Only
+# and iproute2 for host networks, systemd-container (systemd-nspawn, the
+# test of the shipped systemd units), ovmf, qemu-efi-aarch64, swtpm and
+# swtpm-tools (UEFI and TPM guests), and qemu-system-arm with the arm64
+# package architecture (the arm64 tiny guest's kernel and busybox-static
+# are fetched with apt-get download). Only
 # what is missing is installed; apt-get update runs at most once.
 set -euo pipefail
 
@@ -48,6 +51,19 @@ command -v nsenter >/dev/null || need+=(util-linux)
 # (ssh-keygen) and with a throwaway OpenPGP key (gpg).
 command -v ssh-keygen >/dev/null || need+=(openssh-client)
 command -v gpg >/dev/null || need+=(gnupg)
+# UEFI guests: OVMF and AAVMF with their QEMU firmware descriptors; a TPM:
+# swtpm and swtpm_setup; arm64 guests: qemu-system-aarch64.
+[ -f /usr/share/qemu/firmware/60-edk2-x86_64.json ] || need+=(ovmf)
+[ -f /usr/share/qemu/firmware/60-edk2-aarch64.json ] || need+=(qemu-efi-aarch64)
+command -v swtpm >/dev/null || need+=(swtpm)
+command -v swtpm_setup >/dev/null || need+=(swtpm-tools)
+command -v qemu-system-aarch64 >/dev/null || need+=(qemu-system-arm)
+# The arm64 tiny guest's packages (linux-image-arm64, busybox-static) come
+# from the arm64 architecture of the same archive.
+arm64=0
+if command -v dpkg >/dev/null && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  arm64=1
+fi
 
 # The agent runs QEMU as this unprivileged system user (agent config
 # qemu.user), with an nftables guard keyed on it.
@@ -58,7 +74,16 @@ qemu_user() {
   $sudo useradd --system --no-create-home --shell /usr/sbin/nologin gitfleet-qemu
 }
 
+add_arm64() {
+  [ "$arm64" -eq 1 ] || return 0
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo dpkg --add-architecture arm64
+  $sudo apt-get update -qq
+}
+
 if [ ${#need[@]} -eq 0 ]; then
+  add_arm64
   qemu_user
   echo "install-deps: everything is present"
   exit 0
@@ -71,6 +96,7 @@ sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 echo "install-deps: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
+[ "$arm64" -eq 1 ] && $sudo dpkg --add-architecture arm64
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 qemu_user

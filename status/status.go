@@ -63,11 +63,15 @@ type Suspension struct {
 
 // AgentInfo describes the agent process that wrote a Status. BootID is the
 // host's kernel boot id (/proc/sys/kernel/random/boot_id); Accel is "kvm" or
-// "tcg".
+// "tcg". Arch is the architecture of the host's guests, "amd64" or
+// "arm64" ("" from an agent that does not say), and Emulated is true when
+// they run under TCG on a CPU of another architecture.
 type AgentInfo struct {
-	Version string `yaml:"version" json:"version"`
-	BootID  string `yaml:"bootID" json:"bootID"`
-	Accel   string `yaml:"accel" json:"accel"`
+	Version  string `yaml:"version" json:"version"`
+	BootID   string `yaml:"bootID" json:"bootID"`
+	Accel    string `yaml:"accel" json:"accel"`
+	Arch     string `yaml:"arch,omitempty" json:"arch,omitempty"`
+	Emulated bool   `yaml:"emulated,omitempty" json:"emulated,omitempty"`
 }
 
 // VM phases as reported in status. A VM that runs is booting until its

@@ -3,6 +3,7 @@ package qemu
 import (
 	"bufio"
 	"os"
+	"runtime"
 	"strings"
 )
 
@@ -19,7 +20,8 @@ const (
 // expose a /dev/kvm that opens but hangs QEMU, and there the flags are
 // missing.
 func detectAccel(cpuinfo, kvmDev string) string {
-	if !cpuHasVirt(cpuinfo) {
+	// arm64's cpuinfo names no virtualization flag: /dev/kvm alone says.
+	if runtime.GOARCH != "arm64" && !cpuHasVirt(cpuinfo) {
 		return AccelTCG
 	}
 	f, err := os.OpenFile(kvmDev, os.O_RDWR, 0)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
+	"github.com/gitfleet/gitfleet/desired"
 )
 
 // launch is everything the QEMU command line is built from.
@@ -37,7 +39,27 @@ type launch struct {
 	tap     string // the tap of a host network, or "" for user-mode networking
 	runAs   string // -runas user; "" stays root
 	sandbox bool
+	machineModel
+	// vars is the VM's UEFI variables file, with fw set.
+	vars string
+	// tpmFD is the QEMU end of the swtpm control channel as QEMU's file
+	// descriptor number, with tpm set (0 otherwise).
+	tpmFD int
 }
+
+// machineModel is what a VM's machine is, resolved from its spec for
+// this host (Provisioner.machineModel).
+type machineModel struct {
+	arch    archInfo
+	machine string // QEMU machine type
+	cpu     string // QEMU CPU model, "" for QEMU's default
+	fw      *uefiFirmware
+	tpm     bool
+}
+
+// qemuNameRE is a QEMU machine type or CPU model as desired validates
+// them: no comma, so no option rides along.
+var qemuNameRE = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]{0,63}$`)
 
 // escapeOpt doubles commas, QEMU's escape inside an option value.
 func escapeOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
@@ -57,19 +79,32 @@ func diskSerial(path string) string {
 // state directory never overflows sun_path; the pidfile is absolute and,
 // with -name, identifies the process as this VM's in /proc/PID/cmdline.
 func (l launch) args() []string {
-	machine := "q35,accel=" + l.accel
+	machine := l.machine
+	if machine == "" {
+		machine = "q35"
+	}
+	machine += ",accel=" + l.accel
+	if l.fw != nil && l.fw.smm {
+		machine += ",smm=on"
+	}
 	a := []string{
 		"-name", "guest=" + l.name,
 		"-machine", machine,
 	}
-	if l.accel == AccelKVM {
-		a = append(a, "-cpu", "host")
+	cpu := l.cpu
+	if cpu == "" && l.accel == AccelKVM {
+		cpu = "host"
+	}
+	if cpu != "" {
+		a = append(a, "-cpu", cpu)
 	}
 	a = append(a,
 		"-smp", strconv.Itoa(l.vcpus),
 		"-m", strconv.Itoa(l.memMB),
 		"-nodefaults", "-no-user-config", "-display", "none",
 	)
+	a = append(a, l.firmwareArgs()...)
+	a = append(a, l.tpmArgs()...)
 	if l.sandbox {
 		a = append(a, sandboxArgs(l.runAs != "")...)
 	}
@@ -124,6 +159,41 @@ func (l launch) args() []string {
 	return a
 }
 
+// firmwareArgs maps a UEFI firmware's code image read-only as the first
+// flash unit and the VM's variables file as the second; a build that
+// requires SMM gets its flash secure (only SMM code writes it).
+func (l launch) firmwareArgs() []string {
+	if l.fw == nil {
+		return nil
+	}
+	var a []string
+	if l.fw.smm {
+		a = append(a, "-global", "driver=cfi.pflash01,property=secure,value=on")
+	}
+	return append(a,
+		"-drive", "if=pflash,unit=0,format="+l.fw.format+",readonly=on,file="+escapeOpt(l.fw.code),
+		"-drive", "if=pflash,unit=1,format="+l.fw.format+",file="+escapeOpt(l.vars),
+	)
+}
+
+// tpmArgs gives the guest a TPM 2.0 backed by the VM's swtpm, reached
+// over the control channel QEMU inherited as tpmFD: a TIS device on x86,
+// its system-bus twin on arm64's virt.
+func (l launch) tpmArgs() []string {
+	if !l.tpm {
+		return nil
+	}
+	dev := "tpm-tis"
+	if l.arch.arch == "arm64" {
+		dev = "tpm-tis-device"
+	}
+	return []string{
+		"-chardev", "socket,id=chrtpm,fd=" + strconv.Itoa(l.tpmFD),
+		"-tpmdev", "emulator,id=tpm0,chardev=chrtpm",
+		"-device", dev + ",tpmdev=tpm0",
+	}
+}
+
 // scopeDevices are the only device nodes a VM's scope may open, besides
 // the pseudo devices DevicePolicy=closed always allows (/dev/null,
 // /dev/zero, /dev/full, /dev/random, /dev/urandom, /dev/tty, /dev/ptmx):
@@ -149,10 +219,12 @@ func scopeArgs(name string, cmd []string) []string {
 
 // Boot puts the VM's NIC on its host network (a tap, with the network
 // ensured first) or makes sure it has its SSH port on user-mode
-// networking, writes the NoCloud seed, and starts QEMU detached (its own session; under systemd with SystemdScope,
-// its own scope) so it outlives the agent. It returns once QEMU answers on
-// QMP, or with QEMU's own error output when QEMU exits first. Booting a VM
-// that runs is a no-op.
+// networking, writes the NoCloud seed, makes the VM's UEFI variables and
+// TPM state when its spec asks for them and they are not there yet,
+// starts its swtpm, and starts QEMU detached (its own session; under
+// systemd with SystemdScope, its own scope) so it outlives the agent. It
+// returns once QEMU answers on QMP, or with QEMU's own error output when
+// QEMU exits first. Booting a VM that runs is a no-op.
 func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	st, err := p.machineState(m)
 	if err != nil {
@@ -173,30 +245,49 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 			return err
 		}
 	}
+	model, err := p.machineModel(m.Spec)
+	if err != nil {
+		return err
+	}
 	if err := p.checkDisks(st, m.Volumes); err != nil {
 		return err
 	}
-	mac := macOf(m.Name, m.Spec.MAC)
-	att, err := p.attach(ctx, st, m, mac)
+	l, err := p.prepareLaunch(ctx, st, m, model)
 	if err != nil {
 		return err
 	}
+	if err := p.prepareMachine(ctx, st, l.machineModel); err != nil {
+		return err
+	}
+	l.vars = st.path(UEFIVarsFile)
+	return p.start(ctx, st, l, log)
+}
+
+// prepareLaunch attaches m's NIC, fetches its artifacts (checking the
+// kernel's architecture), writes its seed and allocates its SSH port, and
+// returns the launch they make with machine model.
+func (p *Provisioner) prepareLaunch(ctx context.Context, st *vmState, m agent.Machine, model machineModel) (launch, error) {
+	mac := macOf(m.Name, m.Spec.MAC)
+	att, err := p.attach(ctx, st, m, mac)
+	if err != nil {
+		return launch{}, err
+	}
 	a, err := p.fetchArtifacts(ctx, st, m.Spec)
 	if err != nil {
-		return err
+		return launch{}, err
 	}
 	seed := ""
 	if !adopted(m.Spec) {
 		// An adopted guest gets no seed: its cloud-init ran before, under
 		// an instance-id gitfleet never knew.
 		if seed, err = p.writeSeed(st, m, mac, att); err != nil {
-			return err
+			return launch{}, err
 		}
 	}
 	port := 0
 	if att.Tap == "" {
 		if port, err = p.sshPort(st); err != nil {
-			return err
+			return launch{}, err
 		}
 	}
 	l := launch{
@@ -204,7 +295,7 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 		vcpus: max(m.Spec.VCPUs, 1), memMB: m.Spec.MemoryMB,
 		root: st.path(RootDiskFile), seed: seed, volumes: m.Volumes,
 		kernel: a.kernel, initrd: a.initrd, mac: mac, sshPort: port, tap: att.Tap,
-		sandbox: !p.cfg.NoSandbox,
+		sandbox: !p.cfg.NoSandbox, machineModel: model,
 	}
 	if p.user != nil {
 		l.runAs = p.user.name
@@ -215,19 +306,73 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	if m.Spec.Kernel != nil {
 		l.cmdline = m.Spec.Kernel.Cmdline
 	}
-	return p.start(ctx, st, l, log)
+	return l, nil
 }
 
-// writeSeed writes m's NoCloud seed and returns its path.
-func (p *Provisioner) writeSeed(st *vmState, m agent.Machine, mac string, att hostnet.Attachment) (string, error) {
-	files, err := p.machineSeed(st, m, mac, staticFor(m.Spec.Static, att))
-	if err != nil {
-		return "", agent.Permanent(fmt.Errorf("seed: %w", err))
+// machineModel resolves spec's machine for this host: its architecture
+// (checkArch), machine type (spec's, else the architecture's default),
+// CPU model (spec's; under TCG on arm64 "max", since virt's default CPU
+// is 32-bit), and UEFI firmware from the descriptors (selectFirmware).
+// What the host cannot give (host CPU without KVM, no firmware that fits,
+// Secure Boot without UEFI, BIOS on arm64 for an image) is permanent.
+func (p *Provisioner) machineModel(spec desired.VMSpec) (machineModel, error) {
+	if err := p.checkArch(spec, ""); err != nil {
+		return machineModel{}, err
 	}
-	if err := writeSeedISO(st.path(SeedFile), files); err != nil {
-		return "", err
+	// A snapshot is checked for its hash, not validated again: names
+	// that would carry options into -machine or -cpu are refused here.
+	for _, v := range []string{spec.Machine, spec.CPUModel} {
+		if v != "" && !qemuNameRE.MatchString(v) {
+			return machineModel{}, agent.Permanent(fmt.Errorf("machine type or CPU model %q is not a QEMU name", v))
+		}
 	}
-	return st.path(SeedFile), nil
+	mm := machineModel{arch: p.arch, machine: spec.Machine, cpu: spec.CPUModel, tpm: spec.TPM}
+	if mm.machine == "" {
+		mm.machine = p.arch.machine
+	}
+	if mm.cpu == "" && p.accel == AccelTCG && p.arch.arch == desired.ArchARM64 {
+		mm.cpu = "max"
+	}
+	if mm.cpu == "host" && p.accel != AccelKVM {
+		return machineModel{}, agent.Permanent(fmt.Errorf("cpuModel host needs KVM; this host runs guests under %s (name a CPU model such as max)", p.accel))
+	}
+	fw := spec.Firmware.Or(desired.FirmwareBIOS)
+	switch {
+	case fw != desired.FirmwareBIOS && fw != desired.FirmwareUEFI:
+		return machineModel{}, agent.Permanent(fmt.Errorf("firmware %q: want bios or uefi", fw))
+	case spec.SecureBoot && fw != desired.FirmwareUEFI:
+		return machineModel{}, agent.Permanent(errors.New("secureBoot needs firmware: uefi"))
+	case fw == desired.FirmwareBIOS && p.arch.arch == desired.ArchARM64 && spec.Kernel == nil:
+		return machineModel{}, agent.Permanent(errors.New("arm64 has no BIOS: an image boots only with firmware: uefi"))
+	case fw == desired.FirmwareUEFI:
+		f, err := selectFirmware(p.cfg.FirmwareDirs, p.arch.qemuArch, mm.machine, spec.SecureBoot)
+		if err != nil {
+			return machineModel{}, agent.Permanent(err)
+		}
+		mm.fw = &f
+	}
+	return mm, nil
+}
+
+// prepareMachine makes what mm keeps in the VM's directory when it is not
+// there yet, and checks it when it is: the UEFI variables (ensureVars)
+// and the TPM's state directory (prepareTPM). Their paths are the VM
+// directory's fixed names, never taken from a spec or a snapshot.
+func (p *Provisioner) prepareMachine(ctx context.Context, st *vmState, mm machineModel) error {
+	if mm.fw != nil {
+		if err := ensureVars(st.dir, *mm.fw); err != nil {
+			return err
+		}
+	}
+	if mm.tpm {
+		for _, bin := range []string{p.cfg.SWTPM, p.cfg.SWTPMSetup} {
+			if _, err := exec.LookPath(bin); err != nil {
+				return agent.Permanent(fmt.Errorf("tpm: %w (install swtpm and swtpm-tools)", err))
+			}
+		}
+		return p.prepareTPM(ctx, st)
+	}
+	return nil
 }
 
 // checkDisks checks, before QEMU opens them as root, the root disk's
@@ -295,7 +440,9 @@ func (p *Provisioner) reservePort(port int, name string) bool {
 	return true
 }
 
-// start runs QEMU and waits until it answers on QMP.
+// start runs the VM: its swtpm first when it has a TPM, then QEMU, and
+// waits until QEMU answers on QMP. A start that fails leaves no swtpm
+// running.
 func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *logrus.Entry) error {
 	st.stopWatch()
 	logf, err := prepareStart(st)
@@ -303,6 +450,40 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 		return err
 	}
 	defer logf.Close()
+	var extra []*os.File
+	if l.tpm {
+		tpm, err := p.startSWTPM(st)
+		if err != nil {
+			return err
+		}
+		defer tpm.qemu.Close() // QEMU holds its own copy once started
+		extra = append(extra, tpm.qemu)
+		l.tpmFD = 3 // the first of cmd.ExtraFiles
+	}
+	started := time.Now()
+	cmd, exited, err := p.spawn(st, l, logf, extra)
+	if err == nil {
+		log.WithFields(logrus.Fields{"pid": cmd.Process.Pid, "accel": l.accel, "arch": l.arch.arch, "ssh": l.sshPort, "tap": l.tap, "uefi": l.fw != nil, "tpm": l.tpm}).Info("qemu started")
+		var status string
+		if status, err = p.waitQMP(ctx, st, cmd, exited, log); err == nil {
+			log.WithFields(logrus.Fields{"status": status, "seconds": time.Since(started).Seconds()}).Info("qemu up")
+			p.watch(st, st.pid()) // probe the guest from now on
+			return nil
+		}
+	}
+	if l.tpm {
+		if tail := swtpmLogTail(st); tail != "" {
+			err = fmt.Errorf("%w (swtpm: %s)", err, tail)
+		}
+		st.stopSWTPM()
+	}
+	return err
+}
+
+// spawn starts QEMU for l in the VM's directory, in a session of its own,
+// with extra as its file descriptors 3 and on, and reaps it when it
+// exits while this agent runs (exited closes then, st.exit says how).
+func (p *Provisioner) spawn(st *vmState, l launch, logf *os.File, extra []*os.File) (*exec.Cmd, chan struct{}, error) {
 	argv := append([]string{p.cfg.QEMU}, l.args()...)
 	if p.scope {
 		argv = scopeArgs(l.name, argv)
@@ -310,6 +491,7 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = st.dir
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = extra
 	// A session of its own: no signal aimed at the agent's process group
 	// (a terminal's ^C, a unit's stop) reaches QEMU.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -318,18 +500,16 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 	st.starts++
 	start := st.starts
 	st.exitMu.Unlock()
-	started := time.Now()
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", argv[0], err)
+		return nil, nil, fmt.Errorf("start %s: %w", argv[0], err)
 	}
 	if err := recordPid(st.path(PidRecordFile), cmd.Process.Pid); err != nil {
 		// Without the record the pidfile, which QEMU can rewrite, is all
 		// there is: QEMU exited at once, or the directory is unwritable.
-		log.WithError(err).Warn("qemu's pid not recorded")
+		p.log.WithField("vm", st.name).WithError(err).Warn("qemu's pid not recorded")
 	}
 	exited := make(chan struct{})
 	go func() {
-		// Reap QEMU when it exits while this agent runs, and keep how.
 		err := cmd.Wait()
 		st.exitMu.Lock()
 		// A QEMU reaped after a newer one started (a stop that saw
@@ -344,14 +524,7 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 		st.exitMu.Unlock()
 		close(exited)
 	}()
-	log.WithFields(logrus.Fields{"pid": cmd.Process.Pid, "accel": l.accel, "ssh": l.sshPort, "tap": l.tap}).Info("qemu started")
-	status, err := p.waitQMP(ctx, st, cmd, exited, log)
-	if err != nil {
-		return err
-	}
-	log.WithFields(logrus.Fields{"status": status, "seconds": time.Since(started).Seconds()}).Info("qemu up")
-	p.watch(st, st.pid()) // probe the guest from now on
-	return nil
+	return cmd, exited, nil
 }
 
 // prepareStart clears what an earlier QEMU left in the VM's directory
@@ -438,6 +611,7 @@ func (p *Provisioner) Shutdown(ctx context.Context, name string) error {
 func (p *Provisioner) stop(ctx context.Context, st *vmState, graceful bool, log *logrus.Entry) error {
 	pid := st.pid()
 	if pid == 0 {
+		st.stopSWTPM() // a QEMU gone on its own takes its swtpm along; make sure
 		return nil
 	}
 	sock := st.path(QMPSocket)
@@ -462,6 +636,7 @@ func (p *Provisioner) stop(ctx context.Context, st *vmState, graceful bool, log 
 		if p.waitGone(ctx, st, s.timeout) {
 			log.WithField("step", s.name).Info("qemu stopped")
 			st.stopWatch()
+			st.stopSWTPM() // --terminate ended it with QEMU's channel; never left behind
 			os.Remove(sock)
 			os.Remove(st.path(SerialSocket))
 			os.Remove(st.path(PidFile))
@@ -525,4 +700,16 @@ func (p *Provisioner) Destroy(ctx context.Context, name string) error {
 	p.mu.Unlock()
 	log.Info("destroyed")
 	return nil
+}
+
+// writeSeed writes m's NoCloud seed and returns its path.
+func (p *Provisioner) writeSeed(st *vmState, m agent.Machine, mac string, att hostnet.Attachment) (string, error) {
+	files, err := p.machineSeed(st, m, mac, staticFor(m.Spec.Static, att))
+	if err != nil {
+		return "", agent.Permanent(fmt.Errorf("seed: %w", err))
+	}
+	if err := writeSeedISO(st.path(SeedFile), files); err != nil {
+		return "", err
+	}
+	return st.path(SeedFile), nil
 }

@@ -80,7 +80,9 @@ func (p *Provisioner) fetchArtifacts(ctx context.Context, st *vmState, spec desi
 	if a.image == "" && a.kernel == "" && !imageKept && !adopted(spec) {
 		return a, agent.Permanent(errors.New("spec has neither image nor kernel: nothing to boot"))
 	}
-	return a, nil
+	// Before any disk is made or QEMU started: a guest of another
+	// architecture than the host's never boots here.
+	return a, p.checkArch(spec, a.kernel)
 }
 
 // imageBacksRootDisk reports whether img is the image the VM's root disk
@@ -109,6 +111,9 @@ func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
 		return err
 	}
 	if _, err := p.fetchArtifacts(ctx, st, m.Spec); err != nil {
+		return err
+	}
+	if _, err := p.machineModel(m.Spec); err != nil {
 		return err
 	}
 	// Rendered without the host network's defaults (gateway, DNS), which

@@ -1,7 +1,10 @@
 // Package qemu is the agent's QEMU backend: an agent.Provisioner that runs
 // each VM as a qemu-system-x86_64 process (q35, virtio disk and net, a
-// NoCloud seed) that outlives the agent and is re-attached after an agent
-// restart. A VM's one NIC is on the host network its spec names (a tap
+// NoCloud seed; qemu-system-aarch64 and virt on an arm64 host, arch.go)
+// that outlives the agent and is re-attached after an agent restart. A VM
+// boots SeaBIOS, a direct kernel, or UEFI chosen from QEMU's firmware
+// descriptors (firmware.go), optionally with Secure Boot and a TPM 2.0 of
+// its own (tpm.go). A VM's one NIC is on the host network its spec names (a tap
 // from Config.Networks), or else on QEMU's user-mode network with an SSH
 // port forwarded on 127.0.0.1.
 //
@@ -23,6 +26,11 @@
 //	network.json the host network the NIC is on (absent on user-mode networking)
 //	backup-snapshot.json, backup-fleece-N.raw, backup-nbd.sock
 //	             a disk snapshot held for a backup (fleece.go)
+//	uefi-vars.fd the VM's UEFI variables, made once from the firmware's
+//	             template and never overwritten (firmware.go)
+//	tpm/         the VM's TPM 2.0 state, owned by QEMU's user (tpm.go)
+//	swtpm.pid, swtpm.log
+//	             the VM's swtpm, which runs while its QEMU does
 //	root.qcow2.before-restore-<unix time>
 //	             a root disk a restore replaced (diskio.go); Destroy leaves it,
 //	             for an operator to remove once the restore is proven
@@ -60,6 +68,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -98,6 +107,7 @@ var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
 	PidFile, QMPSocket, SerialLog, SerialLogOld, SerialLogOld + ".partial", SerialSocket, ConsoleLock, QEMULog, PortFile, NetFile, NetFile + ".partial",
 	QGASocket, ReadyFile, ReadyFile + ".partial", SnapshotMarker, NBDSocket, PidRecordFile, PidRecordFile + ".partial",
+	UEFIVarsFile, UEFIVarsFile + ".partial", TPMDir, TPMDir + ".partial", SWTPMPidFile, SWTPMPidFile + ".partial", SWTPMLog,
 }
 
 // Config configures the QEMU backend. Zero values take the defaults given.
@@ -116,10 +126,26 @@ type Config struct {
 	// Nil refuses every VM whose spec says rootDisk.adopt, permanently.
 	AdoptedDisk func(name string) string
 	// Accel is "auto" (default), "kvm" or "tcg". Auto picks KVM only when
-	// /proc/cpuinfo shows vmx or svm and /dev/kvm opens read-write.
+	// /proc/cpuinfo shows vmx or svm (on arm64: always) and /dev/kvm opens
+	// read-write, and TCG for guests of an Arch other than the agent's.
 	Accel string
-	// QEMU is the qemu-system-x86_64 binary (default: found in PATH).
+	// Arch is the architecture of the host's guests, "amd64" or "arm64"
+	// ("": the agent's own, runtime.GOARCH). It picks QEMU's binary
+	// (qemu-system-x86_64, qemu-system-aarch64), the default machine
+	// (q35, virt) and the firmware's target; a VM or kernel of another
+	// architecture is refused before boot.
+	Arch string
+	// QEMU is the QEMU system emulator (default: Arch's, found in PATH).
 	QEMU string
+	// FirmwareDirs are where QEMU's firmware descriptors are read from
+	// for VMs with firmware uefi (default DefaultFirmwareDirs).
+	FirmwareDirs []string
+	// SWTPM is the swtpm binary that emulates the TPM of VMs with tpm:
+	// true (default: found in PATH).
+	SWTPM string
+	// SWTPMSetup is the swtpm_setup binary that makes a VM's new TPM
+	// state (default: found in PATH).
+	SWTPMSetup string
 	// QEMUImg is the qemu-img binary (default: found in PATH).
 	QEMUImg string
 	// BootTimeout bounds how long Boot waits for QEMU to write its pidfile
@@ -184,6 +210,7 @@ type Config struct {
 // one VM are serialized.
 type Provisioner struct {
 	cfg    Config
+	arch   archInfo
 	accel  string
 	scope  bool
 	log    *logrus.Entry
@@ -244,8 +271,21 @@ func New(cfg Config) (*Provisioner, error) {
 	if cfg.CacheDir == "" {
 		return nil, errors.New("qemu: Config.CacheDir is required")
 	}
+	arch, err := hostArch(cfg.Arch)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
 	if cfg.QEMU == "" {
-		cfg.QEMU = "qemu-system-x86_64"
+		cfg.QEMU = arch.binary
+	}
+	if cfg.FirmwareDirs == nil {
+		cfg.FirmwareDirs = DefaultFirmwareDirs
+	}
+	if cfg.SWTPM == "" {
+		cfg.SWTPM = "swtpm"
+	}
+	if cfg.SWTPMSetup == "" {
+		cfg.SWTPMSetup = "swtpm_setup"
 	}
 	if cfg.QEMUImg == "" {
 		cfg.QEMUImg = "qemu-img"
@@ -275,11 +315,14 @@ func New(cfg Config) (*Provisioner, error) {
 		return nil, fmt.Errorf("qemu: Config.CacheDir: %w", err)
 	}
 	cfg.CacheDir = cache
-	p := &Provisioner{cfg: cfg, machines: map[string]*vmState{}, ports: map[int]string{}}
+	p := &Provisioner{cfg: cfg, arch: arch, machines: map[string]*vmState{}, ports: map[int]string{}}
 	p.log = cfg.Logger.WithField("component", "qemu")
 	switch cfg.Accel {
 	case "", AccelAuto:
 		p.accel = detectAccel(cfg.cpuinfo, cfg.kvmDev)
+		if string(arch.arch) != runtime.GOARCH {
+			p.accel = AccelTCG // KVM runs only the host CPU's own architecture
+		}
 	case AccelKVM, AccelTCG:
 		p.accel = cfg.Accel
 	default:
@@ -544,6 +587,12 @@ func (p *Provisioner) running(st *vmState) bool {
 	if st.pid() == 0 {
 		return false
 	}
+	if st.swtpmLost() {
+		// The guest's TPM is gone: the VM counts as down, so the next
+		// Boot stops its QEMU and starts both again.
+		p.log.WithFields(logrus.Fields{"vm": st.name}).Warn("the VM's swtpm is gone while its QEMU runs; the VM counts as not running")
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	status, err := qmpStatus(ctx, st.path(QMPSocket))
@@ -596,6 +645,9 @@ func (p *Provisioner) FailureReason(name string) string {
 	st := p.state(name, "")
 	if st == nil {
 		return ""
+	}
+	if st.swtpmLost() {
+		return "the VM's swtpm is gone while its QEMU runs: " + swtpmLogTail(st)
 	}
 	if tail := qemuLogTail(st); len(tail) > 0 {
 		return string(tail)

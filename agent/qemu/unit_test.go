@@ -109,6 +109,19 @@ func TestArgsGolden(t *testing.T) {
 	a := tapped.args()
 	i := slices.Index(a, "-netdev")
 	got += "--- tap\n" + strings.Join(a[i:i+4], "\n") + "\n"
+	uefi := l
+	uefi.machineModel = machineModel{arch: archs[desired.ArchAMD64], machine: "q35", tpm: true,
+		fw: &uefiFirmware{code: "/usr/share/OVMF/OVMF_CODE_4M.ms.fd", vars: "/usr/share/OVMF/OVMF_VARS_4M.ms.fd", format: "raw", smm: true}}
+	uefi.vars, uefi.tpmFD = "/var/lib/gitfleet/vms/web-01/uefi-vars.fd", 3
+	a = uefi.args()
+	i = slices.Index(a, "-display")
+	got += "--- uefi secure boot tpm\n" + strings.Join(a[2:4], "\n") + "\n" + strings.Join(a[i+2:i+2+14], "\n") + "\n"
+	arm := l
+	arm.machineModel = machineModel{arch: archs[desired.ArchARM64], machine: "virt", cpu: "max", tpm: true}
+	arm.tpmFD = 3
+	a = arm.args()
+	i = slices.Index(a, "-tpmdev")
+	got += "--- arm64\n" + strings.Join(a[2:6], "\n") + "\n" + strings.Join(a[i-2:i+4], "\n") + "\n"
 	got += "--- scope\n" + strings.Join(scopeArgs("web-01", []string{"qemu-system-x86_64", "-name", "guest=web-01"}), "\n") + "\n"
 	golden := filepath.Join("testdata", "args.golden")
 	if *update {

@@ -89,7 +89,7 @@ func expected(name string, fi fs.FileInfo) bool {
 	switch {
 	case sockets[name]:
 		return fi.Mode()&fs.ModeSocket != 0
-	case name == SeedFile+".work":
+	case name == SeedFile+".work", name == TPMDir, name == TPMDir+".partial":
 		return fi.IsDir()
 	}
 	return checkRegular(name, fi) == nil

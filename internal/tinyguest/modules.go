@@ -15,10 +15,12 @@ import (
 // net, ISO9660 and FAT for the NoCloud seed, the ACPI power button with
 // evdev so an ACPI powerdown from the host reaches it, and virtio_console
 // for the virtio-serial ports (/dev/vportNpM, the guest agent's channel
-// among them), which a seed's script may write to. Those built into the
-// kernel (listed in modules.builtin) are skipped.
+// among them), which a seed's script may write to, and efivarfs, through
+// which a seed's script reads and writes UEFI variables when the guest
+// booted under UEFI. Those built into the kernel (listed in
+// modules.builtin) are skipped.
 var wantModules = []string{
-	"virtio_pci", "virtio_blk", "virtio_net", "isofs", "vfat", "button", "evdev", "virtio_console",
+	"virtio_pci", "virtio_blk", "virtio_net", "isofs", "vfat", "button", "evdev", "virtio_console", "efivarfs",
 }
 
 // modName normalizes a module name as the kernel does: '-' and '_' are one.

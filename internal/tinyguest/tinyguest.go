@@ -104,13 +104,63 @@ func Build(ctx context.Context, cacheDir string) (*Guest, error) {
 	if err != nil {
 		return nil, err
 	}
-	initrd, mods, err := buildInitrd(filepath.Join(root, "lib", "modules", release))
+	initrd, mods, err := buildInitrd(BusyboxPath, filepath.Join(root, "lib", "modules", release))
 	if err != nil {
 		return nil, err
 	}
 	g.Modules = mods
 	g.Initrd, g.InitrdSHA256, err = storeByContent(cacheDir, "initrd", "", initrd)
 	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// CmdlineARM64 is the kernel command line of the arm64 guest: its first
+// serial port is the virt machine's PL011 UART.
+const CmdlineARM64 = "console=ttyAMA0 loglevel=4"
+
+// BuildARM64 finds or builds the tiny guest for arm64 under cacheDir, as
+// Build does for the host: Debian's arm64 kernel (the package
+// linux-image-arm64:arm64 depends on) and busybox-static:arm64, fetched
+// with apt-get download (the host needs dpkg --add-architecture arm64 and
+// an apt-get update) and unpacked into cacheDir/kernel-arm64 and
+// cacheDir/busybox-arm64 once. Its initramfs is the same /init, with the
+// arm64 kernel's modules.
+func BuildARM64(ctx context.Context, cacheDir string) (*Guest, error) {
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+		return nil, fmt.Errorf("tiny guest cache %s: %w", cacheDir, err)
+	}
+	unlock, err := lockDir(cacheDir)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	root, release, ok := kernelIn(filepath.Join(cacheDir, "kernel-arm64"))
+	if !ok {
+		if err := downloadKernel(ctx, cacheDir, "linux-image-arm64:arm64", "kernel-arm64"); err != nil {
+			return nil, err
+		}
+		if root, release, ok = kernelIn(filepath.Join(cacheDir, "kernel-arm64")); !ok {
+			return nil, fmt.Errorf("find arm64 kernel: unpacked package in %s has no boot/vmlinuz-* with modules", cacheDir)
+		}
+	}
+	busybox := filepath.Join(cacheDir, "busybox-arm64", "bin", "busybox")
+	if _, err := os.Stat(busybox); err != nil {
+		if err := downloadDeb(ctx, cacheDir, "busybox-static:arm64", "busybox-arm64"); err != nil {
+			return nil, err
+		}
+	}
+	g := &Guest{KernelRelease: release, Cmdline: CmdlineARM64}
+	if g.Kernel, g.KernelSHA256, err = storeByContent(cacheDir, "vmlinuz-"+release, filepath.Join(root, "boot", "vmlinuz-"+release), nil); err != nil {
+		return nil, err
+	}
+	initrd, mods, err := buildInitrd(busybox, filepath.Join(root, "lib", "modules", release))
+	if err != nil {
+		return nil, err
+	}
+	g.Modules = mods
+	if g.Initrd, g.InitrdSHA256, err = storeByContent(cacheDir, "initrd-arm64", "", initrd); err != nil {
 		return nil, err
 	}
 	return g, nil
@@ -141,7 +191,7 @@ func findKernel(ctx context.Context, cacheDir string) (root, release string, err
 		return r, rel, nil
 	}
 	// 3. Debian's linux-image-amd64.
-	if err := downloadKernel(ctx, cacheDir); err != nil {
+	if err := downloadKernel(ctx, cacheDir, "linux-image-amd64", "kernel"); err != nil {
 		return "", "", err
 	}
 	if r, rel, ok := kernelIn(filepath.Join(cacheDir, "kernel")); ok {
@@ -184,12 +234,12 @@ func hostKernel() (string, string, bool) {
 	return r, rel, true
 }
 
-// downloadKernel fetches the kernel package linux-image-amd64 depends on
-// and unpacks it to cacheDir/kernel.
-func downloadKernel(ctx context.Context, cacheDir string) error {
-	out, err := exec.CommandContext(ctx, "apt-cache", "depends", "linux-image-amd64").CombinedOutput()
+// downloadKernel fetches the kernel package meta (linux-image-amd64,
+// linux-image-arm64:arm64) depends on and unpacks it to cacheDir/dst.
+func downloadKernel(ctx context.Context, cacheDir, meta, dst string) error {
+	out, err := exec.CommandContext(ctx, "apt-cache", "depends", meta).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("find kernel package: apt-cache depends linux-image-amd64: %v: %s", err, bytes.TrimSpace(out))
+		return fmt.Errorf("find kernel package: apt-cache depends %s: %v: %s", meta, err, bytes.TrimSpace(out))
 	}
 	pkg := ""
 	for _, line := range strings.Split(string(out), "\n") {
@@ -199,8 +249,14 @@ func downloadKernel(ctx context.Context, cacheDir string) error {
 		}
 	}
 	if pkg == "" {
-		return fmt.Errorf("find kernel package: linux-image-amd64 depends on no linux-image-* (run apt-get update?)")
+		return fmt.Errorf("find kernel package: %s depends on no linux-image-* (run apt-get update; for arm64, dpkg --add-architecture arm64 first)", meta)
 	}
+	return downloadDeb(ctx, cacheDir, pkg, dst)
+}
+
+// downloadDeb fetches the package pkg with apt-get download and unpacks
+// it with dpkg-deb -x to cacheDir/dst.
+func downloadDeb(ctx context.Context, cacheDir, pkg, dst string) error {
 	tmp, err := os.MkdirTemp(cacheDir, "download-")
 	if err != nil {
 		return fmt.Errorf("download %s: %w", pkg, err)
@@ -220,8 +276,7 @@ func downloadKernel(ctx context.Context, cacheDir string) error {
 	if out, err := exec.CommandContext(ctx, "dpkg-deb", "-x", debs[0], unpacked).CombinedOutput(); err != nil {
 		return fmt.Errorf("unpack %s: dpkg-deb -x: %v: %s", debs[0], err, bytes.TrimSpace(out))
 	}
-	dst := filepath.Join(cacheDir, "kernel")
-	if err := os.Rename(unpacked, dst); err != nil {
+	if err := os.Rename(unpacked, filepath.Join(cacheDir, dst)); err != nil {
 		return fmt.Errorf("unpack %s: %w", pkg, err)
 	}
 	return nil
@@ -229,13 +284,13 @@ func downloadKernel(ctx context.Context, cacheDir string) error {
 
 // buildInitrd assembles the gzip-compressed cpio initramfs and returns it
 // with the modules it loads.
-func buildInitrd(modDir string) ([]byte, []string, error) {
-	busybox, err := os.ReadFile(BusyboxPath)
+func buildInitrd(busyboxPath, modDir string) ([]byte, []string, error) {
+	busybox, err := os.ReadFile(busyboxPath)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read busybox (install busybox-static): %w", err)
 	}
-	if !isStatic(BusyboxPath) {
-		return nil, nil, fmt.Errorf("busybox %s is dynamically linked: install busybox-static", BusyboxPath)
+	if !isStatic(busyboxPath) {
+		return nil, nil, fmt.Errorf("busybox %s is dynamically linked: install busybox-static", busyboxPath)
 	}
 	ms, err := loadModuleSet(modDir)
 	if err != nil {

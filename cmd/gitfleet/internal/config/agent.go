@@ -17,6 +17,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/gitsource"
 	"github.com/gitfleet/gitfleet/internal/secretfile"
 	"github.com/gitfleet/gitfleet/trust"
@@ -100,6 +101,10 @@ type AgentFile struct {
 	Backend  string `yaml:"backend"`
 	QEMU     struct {
 		Accel string `yaml:"accel"`
+		// Arch is the architecture of the host's guests, amd64 or arm64
+		// (default: the agent's own); it picks qemu-system-x86_64 or
+		// qemu-system-aarch64.
+		Arch string `yaml:"arch"`
 		// SystemdScope (default true) starts each QEMU in its own
 		// transient scope when the agent runs under systemd, so a restart
 		// of the agent's unit leaves the guests running.
@@ -208,6 +213,7 @@ var agentFileChecks = map[string]fieldCheck{
 	},
 	"backend":    oneOf(BackendQEMU, BackendMemory),
 	"qemu.accel": oneOf(qemu.AccelAuto, qemu.AccelKVM, qemu.AccelTCG),
+	"qemu.arch":  oneOf(string(desired.ArchAMD64), string(desired.ArchARM64)),
 	"artifacts.fileRoots[]": func(s string) error {
 		if !filepath.IsAbs(s) {
 			return fmt.Errorf("%q is not an absolute path", s)
@@ -339,6 +345,8 @@ type Agent struct {
 type QEMU struct {
 	// Accel is auto (default), kvm or tcg.
 	Accel string
+	// Arch is amd64 or arm64, "" for the agent's own (qemu.Config.Arch).
+	Arch string
 	// SystemdScope runs each guest in its own scope under systemd
 	// (default true).
 	SystemdScope bool
@@ -466,6 +474,7 @@ func (f *AgentFile) resolve(path string, env Env) (*Agent, error) {
 	setIf(&c.StateDir, f.StateDir)
 	setIf(&c.Backend, f.Backend)
 	setIf(&c.QEMU.Accel, f.QEMU.Accel)
+	setIf(&c.QEMU.Arch, f.QEMU.Arch)
 	if f.QEMU.SystemdScope != nil {
 		c.QEMU.SystemdScope = *f.QEMU.SystemdScope
 	}

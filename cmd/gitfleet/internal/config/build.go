@@ -22,6 +22,7 @@ import (
 // The QEMU backend reports accelerator and download progress in status.
 var (
 	_ agent.AccelReporter    = (*qemu.Provisioner)(nil)
+	_ agent.ArchReporter     = (*qemu.Provisioner)(nil)
 	_ agent.ProgressReporter = (*qemu.Provisioner)(nil)
 )
 
@@ -193,6 +194,7 @@ func (c *Agent) qemuBackend(store *agent.Store, keys *sealed.Keyring, log *logru
 		MachineDir:       store.VMDir,
 		AdoptedDisk:      store.AdoptedDisk,
 		Accel:            c.QEMU.Accel,
+		Arch:             c.QEMU.Arch,
 		SystemdScope:     c.QEMU.SystemdScope,
 		BootTimeout:      c.QEMU.BootTimeout,
 		PowerdownTimeout: c.QEMU.PowerdownTimeout,
