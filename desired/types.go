@@ -147,6 +147,11 @@ type VMSpec struct {
 	// Static gives the NIC fixed addresses instead of DHCP. It needs
 	// Network; on a nat network every address must lie inside its CIDR.
 	Static *StaticIP `yaml:"static,omitempty" json:"static,omitempty"`
+	// NICs are the VM's NICs, at most MaxNICs, each on a different
+	// network of its Host, in order (the guest sees them in PCI slot
+	// order). Not with Network, which is the one-NIC form: Interfaces
+	// gives either as a list.
+	NICs []NIC `yaml:"nics,omitempty" json:"nics,omitempty"`
 	// Volumes names Volume objects on the same host, attached in order.
 	Volumes []string `yaml:"volumes,omitempty" json:"volumes,omitempty"`
 	// CloudInit is the NoCloud seed's content.
@@ -169,6 +174,7 @@ func (VMSpec) schema() typeSchema {
 				desc: "Desired power state."},
 			"network":   {shape: "name", desc: "A network of the VM's Host; the VM's NIC joins it instead of user-mode networking."},
 			"static":    {desc: "Fixed addresses for the NIC instead of DHCP (netplan's field names); needs network."},
+			"nics":      {maxItems: MaxNICs, desc: "The VM's NICs, each on a different network of its Host (at most 8); not with network, the one-NIC form."},
 			"volumes":   {items: &fieldSchema{shape: "name"}, unique: true, desc: "Volume names on the same host, attached in order."},
 			"cloudInit": {desc: "The NoCloud seed's content (secret: never logged)."},
 		},
