@@ -32,11 +32,16 @@ type launch struct {
 	initrd  string
 	cmdline string
 	mac     string
-	sshPort int    // user-mode networking's forwarded SSH port, when tap is ""
-	tap     string // the tap of a host network, or "" for user-mode networking
-	runAs   string // -runas user; "" stays root
+	sshPort int         // user-mode networking's forwarded SSH port, when tap is ""
+	tap     string      // the tap of a host network, or "" for user-mode networking
+	model   string      // the first NIC's QEMU device; "" is desired.DefaultNICModel
+	more    []launchNIC // the NICs after the first, each on a host network
+	runAs   string      // -runas user; "" stays root
 	sandbox bool
 }
+
+// launchNIC is a NIC after a VM's first: its tap, MAC and QEMU device.
+type launchNIC struct{ tap, mac, model string }
 
 // escapeOpt doubles commas, QEMU's escape inside an option value.
 func escapeOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
@@ -97,9 +102,14 @@ func (l launch) args() []string {
 	if l.tap != "" {
 		netdev = "tap,id=net0,ifname=" + l.tap + ",script=no,downscript=no"
 	}
+	a = append(a, "-netdev", netdev, "-device", nicModel(l.model)+",netdev=net0,mac="+l.mac)
+	for i, n := range l.more {
+		id := "net" + strconv.Itoa(i+1)
+		a = append(a,
+			"-netdev", "tap,id="+id+",ifname="+n.tap+",script=no,downscript=no",
+			"-device", nicModel(n.model)+",netdev="+id+",mac="+n.mac)
+	}
 	a = append(a,
-		"-netdev", netdev,
-		"-device", "virtio-net-pci,netdev=net0,mac="+l.mac,
 		"-device", "virtio-rng-pci",
 		// The guest agent's channel, always present: a guest that runs
 		// qemu-guest-agent answers on it (readiness, addresses).
@@ -171,24 +181,26 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 	if err := p.checkDisks(st, m.Volumes); err != nil {
 		return err
 	}
-	mac := macFor(m.Name)
-	att, err := p.attach(ctx, st, m, mac)
+	atts, err := p.attach(ctx, st, m)
 	if err != nil {
 		return err
 	}
+	nics := seedNICs(m, atts)
 	a, err := p.fetchArtifacts(ctx, st, m.Spec)
 	if err != nil {
 		return err
 	}
-	files, err := p.machineSeed(st, m, mac, staticFor(m.Spec.Static, att))
+	files, err := p.machineSeed(st, m, nics)
 	if err != nil {
 		return agent.Permanent(fmt.Errorf("seed: %w", err))
 	}
 	if err := writeSeedISO(st.path(SeedFile), files); err != nil {
 		return err
 	}
-	port := 0
-	if att.Tap == "" {
+	port, tap := 0, ""
+	if len(atts) > 0 {
+		tap = atts[0].Tap
+	} else {
 		if port, err = p.sshPort(st); err != nil {
 			return err
 		}
@@ -197,8 +209,11 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 		name: m.Name, dir: st.dir, accel: p.accel,
 		vcpus: max(m.Spec.VCPUs, 1), memMB: m.Spec.MemoryMB,
 		root: st.path(RootDiskFile), seed: st.path(SeedFile), volumes: m.Volumes,
-		kernel: a.kernel, initrd: a.initrd, mac: mac, sshPort: port, tap: att.Tap,
+		kernel: a.kernel, initrd: a.initrd, mac: nics[0].mac, sshPort: port, tap: tap, model: nics[0].model,
 		sandbox: !p.cfg.NoSandbox,
+	}
+	for i := 1; i < len(atts); i++ {
+		l.more = append(l.more, launchNIC{tap: atts[i].Tap, mac: nics[i].mac, model: nics[i].model})
 	}
 	if p.user != nil {
 		l.runAs = p.user.name

@@ -11,7 +11,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
@@ -112,7 +111,7 @@ func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
 	}
 	// Rendered without the host network's defaults (gateway, DNS), which
 	// only attaching the VM to it gives; the rest of the seed is Boot's.
-	if _, err := p.machineSeed(st, m, macFor(m.Name), staticFor(m.Spec.Static, hostnet.Attachment{})); err != nil {
+	if _, err := p.machineSeed(st, m, seedNICs(m, nil)); err != nil {
 		return agent.Permanent(fmt.Errorf("seed: %w", err))
 	}
 	return nil
