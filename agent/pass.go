@@ -870,8 +870,13 @@ func (p *vmPass) noteAddress() {
 	if len(a.NICs) > 0 {
 		nics := slices.Clone(a.NICs)
 		for i := range nics {
-			if nics[i].IP == "" && i < len(p.rec.NICs) && p.rec.NICs[i].MAC == nics[i].MAC {
-				nics[i].IP = p.rec.NICs[i].IP
+			if i < len(p.rec.NICs) && p.rec.NICs[i].MAC == nics[i].MAC {
+				if nics[i].IP == "" {
+					nics[i].IP = p.rec.NICs[i].IP
+				}
+				if nics[i].IPv6 == "" {
+					nics[i].IPv6 = p.rec.NICs[i].IPv6
+				}
 			}
 		}
 		p.rec.NICs = nics

@@ -284,11 +284,20 @@ type NAT struct {
 	// nat networks must not overlap; the agent leaves a network whose CIDR
 	// overlaps the host's own addresses or routes unmade.
 	CIDR string `yaml:"cidr" json:"cidr"`
+	// IPv6 is the network's optional IPv6 prefix, a unique local /64
+	// (inside fd00::/8, RFC 4193), such as "fd00:77::/64": the bridge
+	// takes its first address, the network's dnsmasq advertises the
+	// prefix (router advertisements, SLAAC, stateless DHCPv6 for DNS),
+	// and the host forwards and masquerades the guests' IPv6 as it does
+	// their IPv4 (NAT66), with the same isolation. IPv6 prefixes of one
+	// host's nat networks must not overlap.
+	IPv6 string `yaml:"ipv6,omitempty" json:"ipv6,omitempty"`
 }
 
 func (NAT) schema() typeSchema {
 	return typeSchema{fields: map[string]fieldSchema{
 		"cidr": {desc: "Private IPv4 network, such as 10.77.0.0/24 (prefix length 16 to 29, inside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 or 100.64.0.0/10)."},
+		"ipv6": {desc: "Optional unique local IPv6 /64 inside fd00::/8, such as fd00:77::/64: router advertisements and SLAAC from the network's dnsmasq, forwarded and masqueraded like IPv4."},
 	}}
 }
 

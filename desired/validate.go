@@ -435,8 +435,8 @@ func (d *nodeDecoder) suspendReason(s *HostSpec) {
 // natNet is a nat network of the Host being checked, for the overlap
 // check.
 type natNet struct {
-	name   string
-	prefix netip.Prefix
+	name            string
+	prefix, prefix6 netip.Prefix
 }
 
 // hostNetworks checks each network of a Host, in name order, so that of
@@ -467,7 +467,7 @@ func (d *nodeDecoder) hostNetworks(networks map[string]Network) {
 			d.bridge(bf, n.Bridge)
 		case n.NAT != nil && d.required(nf+".cidr"):
 			if p, ok := d.natNetwork(name, n.NAT, nats); ok {
-				nats = append(nats, natNet{name, p})
+				nats = append(nats, natNet{name, p, d.natIPv6(name, n.NAT, nats)})
 			}
 		}
 	}
@@ -507,6 +507,24 @@ func (d *nodeDecoder) natNetwork(name string, nat *NAT, nats []natNet) (netip.Pr
 		}
 	}
 	return p, true
+}
+
+// natIPv6 checks the IPv6 prefix of nat network name (Prefix6) and
+// that no nat network checked before it (nats) has it; it returns the
+// prefix, invalid when there is none or it is wrong.
+func (d *nodeDecoder) natIPv6(name string, nat *NAT, nats []natNet) netip.Prefix {
+	f := "spec.networks." + name + ".nat.ipv6"
+	p, err := nat.Prefix6()
+	if err != nil {
+		d.add(d.valPos(f), f, "%v", err)
+		return netip.Prefix{}
+	}
+	for _, o := range nats {
+		if p.IsValid() && o.prefix6.IsValid() && o.prefix6.Overlaps(p) {
+			d.add(d.valPos(f), f, "%s is also the IPv6 prefix of network %q on this host; the nat networks of a host must not overlap", p, o.name)
+		}
+	}
+	return p
 }
 
 // checkStatic checks a NIC's static IP configuration st, written at

@@ -111,12 +111,14 @@ type VM struct {
 }
 
 // NIC is one NIC of a VM on a host network: the network's name, the
-// NIC's MAC address and the guest's IPv4 address there as the agent last
-// observed it ("" while unknown).
+// NIC's MAC address and the guest's IPv4 address and, on a nat network
+// with an IPv6 prefix, its IPv6 address there as the agent last observed
+// them ("" while unknown).
 type NIC struct {
 	Network string `yaml:"network" json:"network"`
 	MAC     string `yaml:"mac" json:"mac"`
 	IP      string `yaml:"ip,omitempty" json:"ip,omitempty"`
+	IPv6    string `yaml:"ipv6,omitempty" json:"ipv6,omitempty"`
 }
 
 // Quarantine is a tombstoned VM that has been shut down and waits for its

@@ -548,6 +548,27 @@ func (m *Manager) Address(name string, def desired.Network, mac net.HardwareAddr
 	return a
 }
 
+// Address6 reports the IPv6 address of the guest whose NIC has mac on
+// nat network name (def) when the network has an IPv6 prefix: its SLAAC
+// address (desired.SLAAC, the one global address the tap filter lets it
+// use) once the host's neighbour table holds mac for it, which it does
+// after the guest talked to the host from it. Invalid otherwise.
+func (m *Manager) Address6(name string, def desired.Network, mac net.HardwareAddr) netip.Addr {
+	if def.NAT == nil {
+		return netip.Addr{}
+	}
+	p6, err := def.NAT.Prefix6()
+	if err != nil || !p6.IsValid() {
+		return netip.Addr{}
+	}
+	a := desired.SLAAC(p6, mac)
+	got, err := holder(desired.NATBridge(name), a)
+	if err != nil || got.String() != mac.String() {
+		return netip.Addr{}
+	}
+	return a
+}
+
 // Guard keeps in place what the guests that run rely on from the host,
 // changing nothing of what the networks are: the nftables tables (loaded
 // again when missing or changed, see ensureNftables: their drop rules keep

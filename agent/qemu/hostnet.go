@@ -37,6 +37,9 @@ type HostNetworks interface {
 	// Address is the guest's IPv4 address on network name, invalid when
 	// unknown.
 	Address(name string, def desired.Network, mac net.HardwareAddr) netip.Addr
+	// Address6 is the guest's IPv6 address on nat network name, invalid
+	// when unknown; see hostnet.Manager.Address6.
+	Address6(name string, def desired.Network, mac net.HardwareAddr) netip.Addr
 	// Reserve records the address of a VM's NIC nic on nat network name
 	// (def) without touching the network; see hostnet.Manager.Reserve.
 	Reserve(name string, def desired.Network, nic hostnet.NIC) error
@@ -368,6 +371,11 @@ func (p *Provisioner) nicAddresses(st *vmState) []status.NIC {
 			}
 			if a.IsValid() {
 				nic.IP = a.String()
+			}
+			if p.cfg.Networks != nil {
+				if a6 := p.cfg.Networks.Address6(n.Network, n.Def, hw); a6.IsValid() {
+					nic.IPv6 = a6.String()
+				}
 			}
 		}
 		out = append(out, nic)

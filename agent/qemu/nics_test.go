@@ -3,10 +3,12 @@ package qemu
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,5 +102,102 @@ func TestGuestWithTwoNICsGetsAnAddressOnEach(t *testing.T) {
 		if strings.Contains(string(b), m.Name) {
 			t.Errorf("%s still reserves an address for the destroyed VM: %s", name, b)
 		}
+	}
+}
+
+// A guest on a nat network with an IPv6 prefix forms its SLAAC address
+// from the network's router advertisements, routes by the bridge, pings
+// the bridge's IPv6 address (and status shows its address), yet reaches
+// no service of the host over IPv6: neither one listening on the bridge's
+// address nor one on another address of the host.
+func TestGuestOnIPv6NATNetworkGetsAnAddressAndARoute(t *testing.T) {
+	netGuest(t)
+	if !netnstest.Enter(t) {
+		return
+	}
+	f := newNetFixture(t)
+	p, _ := f.provisioner()
+	lab := desired.Network{NAT: &desired.NAT{CIDR: "10.93.0.0/24", IPv6: "fd00:93::/64"}}
+	nets := map[string]desired.Network{"lab6": lab}
+	ctx := context.Background()
+	if err := p.ReconcileNetworks(ctx, nets, []agent.NetworkMember{{VM: "six", Network: "lab6"}}, map[string]bool{}); err != nil {
+		t.Fatalf("ReconcileNetworks: %v", err)
+	}
+	// A service of the host on another address of its own.
+	run(t, "ip", "link", "add", "svc0", "type", "veth", "peer", "name", "svc1")
+	run(t, "ip", "addr", "add", "fd00:aa::1/64", "dev", "svc0", "nodad")
+	run(t, "ip", "link", "set", "svc0", "up")
+	l, err := net.Listen("tcp6", "[::]:7006")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Write([]byte("banner\n"))
+			c.Close()
+		}
+	}()
+	// The host itself reaches its listener on both addresses: the
+	// guest's "no" below is the firewall's, not a listener missing.
+	for _, a := range []string{"[fd00:93::1]:7006", "[fd00:aa::1]:7006"} {
+		c, err := net.DialTimeout("tcp6", a, 3*time.Second)
+		if err != nil {
+			t.Fatalf("the host's own listener at %s: %v", a, err)
+		}
+		c.Close()
+	}
+	before := accepted.Load()
+
+	m := f.machine("six", "lab6", lab)
+	m.Spec.CloudInit = &desired.CloudInit{UserData: "#!/bin/sh\n" +
+		"n=0; while [ $n -lt 60 ] && ! ip -6 addr show dev eth0 scope global | grep -q inet6; do sleep 0.5; n=$((n+1)); done\n" +
+		"echo \"addr6 $(ip -6 addr show dev eth0 scope global | sed -n 's/.*inet6 \\([^/ ]*\\).*/\\1/p' | head -n1)\"\n" +
+		"n=0; while [ $n -lt 20 ] && ! ip -6 route | grep -q '^default'; do sleep 0.5; n=$((n+1)); done\n" +
+		"echo \"route6 $(ip -6 route | grep '^default' | head -n1)\"\n" +
+		"if ping -6 -c 1 -W 3 fd00:93::1 >/dev/null 2>&1; then echo 'ping6 ok'; else echo 'ping6 failed'; fi\n" +
+		"for t in fd00:93::1 fd00:aa::1; do\n" +
+		"  out=$(nc -w 5 $t 7006 </dev/null 2>&1)\n" +
+		"  case \"$out\" in *banner*) echo \"reach $t yes\";; *) echo \"reach $t no\";; esac\n" +
+		"done\n" +
+		"echo done\n"}
+	f.boot(p, m)
+	lines := strings.Join(guestLines(waitSerial(t, m.Dir, "probe done")), "\n")
+
+	hw, _ := net.ParseMAC(macFor(m.Name))
+	want := desired.SLAAC(netip.MustParsePrefix("fd00:93::/64"), hw).String()
+	if !strings.Contains(lines, "probe addr6 "+want) {
+		t.Fatalf("the guest has not its SLAAC address %s:\n%s", want, lines)
+	}
+	if !strings.Contains(lines, "probe route6 default via fe80::") || !strings.Contains(lines, "dev eth0") {
+		t.Errorf("the guest has no IPv6 default route by the bridge:\n%s", lines)
+	}
+	if !strings.Contains(lines, "probe ping6 ok") {
+		t.Fatalf("the guest cannot ping the bridge's IPv6 address (the checks below prove nothing):\n%s", lines)
+	}
+	for _, a := range []string{"fd00:93::1", "fd00:aa::1"} {
+		if !strings.Contains(lines, "probe reach "+a+" no") {
+			t.Errorf("the guest reached the host's IPv6 listener at %s:\n%s", a, lines)
+		}
+	}
+	if n := accepted.Load() - before; n != 0 {
+		t.Errorf("the host's listener accepted %d connections from the guest", n)
+	}
+	var a agent.Address
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if a = p.Address(m.Name); len(a.NICs) == 1 && a.NICs[0].IPv6 != "" {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(a.NICs) != 1 || a.NICs[0].IPv6 != want {
+		t.Errorf("Address NICs = %+v; want IPv6 %s", a.NICs, want)
 	}
 }
