@@ -20,6 +20,13 @@ const (
 	MaxNATPrefix = 29
 )
 
+// MinVLAN and MaxVLAN bound a bridge network's VLAN id: 0 and 4095 are
+// reserved by IEEE 802.1Q.
+const (
+	MinVLAN = 1
+	MaxVLAN = 4094
+)
+
 // NATRanges are the ranges a nat network's CIDR must lie in: the private
 // ranges of RFC 1918 and the shared address space of RFC 6598. The host
 // routes a nat network's CIDR to the network's bridge, so any other range

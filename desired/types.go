@@ -257,6 +257,13 @@ type Network struct {
 	// deletes the bridge itself. Names starting "gf-" are the agent's own
 	// and not allowed here.
 	Bridge string `yaml:"bridge,omitempty" json:"bridge,omitempty"`
+	// VLAN, on a bridge network, is the 802.1Q VLAN id (MinVLAN to
+	// MaxVLAN) the VMs' taps join the bridge on, as access ports: the
+	// tap's only VLAN, its port VLAN id, sent untagged to the guest. The
+	// bridge must filter VLANs (vlan_filtering 1, which the host sets up,
+	// with its trunk ports); the agent changes only its own taps. 0, the
+	// default, leaves the taps in the bridge's default VLAN.
+	VLAN int `yaml:"vlan,omitempty" json:"vlan,omitempty"`
 	// NAT is a network the agent manages: see NAT.
 	NAT *NAT `yaml:"nat,omitempty" json:"nat,omitempty"`
 }
@@ -268,6 +275,8 @@ func (Network) schema() typeSchema {
 		fields: map[string]fieldSchema{
 			"bridge": {pattern: bridgeRE.String(), maxLength: MaxBridgeLength,
 				desc: "An existing host bridge device, such as br0; the agent adds a tap per VM."},
+			"vlan": {ints: between(MinVLAN, MaxVLAN),
+				desc: "On a bridge network: the VLAN id (1 to 4094) the VMs' taps join the bridge on as access ports; the bridge must have VLAN filtering on."},
 			"nat": {desc: "A network the agent manages: bridge gf-<name>, dnsmasq, masquerading."},
 		},
 	}

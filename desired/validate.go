@@ -458,6 +458,7 @@ func (d *nodeDecoder) hostNetworks(networks map[string]Network) {
 			continue
 		}
 		bf, nf := f+".bridge", f+".nat"
+		d.intRange(f+".vlan", n.VLAN, MinVLAN, MaxVLAN, "")
 		switch {
 		case d.written(bf) && d.written(nf):
 			d.add(d.keyPos(nf), f, "has both bridge and nat; a network is one or the other")
@@ -465,6 +466,8 @@ func (d *nodeDecoder) hostNetworks(networks map[string]Network) {
 			d.add(d.keyPos(f), f, "needs bridge (an existing host bridge) or nat (a network the agent manages)")
 		case d.written(bf):
 			d.bridge(bf, n.Bridge)
+		case d.written(f+".vlan") && !d.bad[f+".vlan"] && n.VLAN >= MinVLAN && n.VLAN <= MaxVLAN:
+			d.add(d.keyPos(f+".vlan"), f+".vlan", "is for a bridge network: a nat network's bridge is the agent's own, with one VLAN")
 		case n.NAT != nil && d.required(nf+".cidr"):
 			if p, ok := d.natNetwork(name, n.NAT, nats); ok {
 				nats = append(nats, natNet{name, p, d.natIPv6(name, n.NAT, nats)})

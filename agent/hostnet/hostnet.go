@@ -341,6 +341,15 @@ func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, 
 	if err := ensureTap(a.Tap, br); err != nil {
 		return a, fmt.Errorf("network %s: %w", name, err)
 	}
+	if def.NAT == nil {
+		tap, err := netlink.LinkByName(a.Tap)
+		if err == nil {
+			err = ensureAccessVLAN(a.Bridge, tap, def.VLAN)
+		}
+		if err != nil {
+			return a, fmt.Errorf("network %s: %w", name, err)
+		}
+	}
 	if err := m.recordTap(ctx, a.Tap, tapRecord{MAC: mac.String(), NAT: def.NAT != nil}); err != nil {
 		return a, fmt.Errorf("network %s: %w", name, err)
 	}
@@ -421,6 +430,9 @@ func (m *Manager) Check(name string, def desired.Network) error {
 		return nil
 	}
 	if _, err := bridgeLink(def.Bridge); err != nil {
+		return fmt.Errorf("network %s: %w", name, err)
+	}
+	if err := checkVLAN(def.Bridge, def.VLAN); err != nil {
 		return fmt.Errorf("network %s: %w", name, err)
 	}
 	return nil

@@ -2,13 +2,16 @@ package hostnet
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/gitfleet/gitfleet/desired"
@@ -331,4 +334,88 @@ func bridgePorts(bridge string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// ErrNoVLANFiltering: a bridge network names a VLAN and its bridge does
+// not filter VLANs (vlan_filtering 0), or the kernel has no bridge VLAN
+// filtering at all (CONFIG_BRIDGE_VLAN_FILTERING). The Manager never turns
+// it on: the bridge, its other ports and their VLANs are the host's.
+// Attach and Check return it wrapped, naming the bridge.
+var ErrNoVLANFiltering = errors.New("does not filter VLANs")
+
+// vlanFiltering reports whether bridge br filters VLANs, and its default
+// port VLAN id (default_pvid; 0 when none), from sysfs; ErrNoVLANFiltering
+// when the kernel has no VLAN filtering.
+func vlanFiltering(br string) (bool, int, error) {
+	dir := "/sys/class/net/" + br + "/bridge/"
+	b, err := os.ReadFile(dir + "vlan_filtering")
+	if errors.Is(err, os.ErrNotExist) {
+		return false, 0, fmt.Errorf("bridge %s %w: this kernel has no bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING)", br, ErrNoVLANFiltering)
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("bridge %s: %w", br, err)
+	}
+	if trim(b) != "1" {
+		return false, 0, nil
+	}
+	p, _ := os.ReadFile(dir + "default_pvid")
+	pvid, _ := strconv.Atoi(trim(p))
+	return true, pvid, nil
+}
+
+// checkVLAN reports whether bridge br can hold VLAN vid (1 to 4094): it
+// filters VLANs (ErrNoVLANFiltering when not). Any bridge can hold vid 0.
+func checkVLAN(br string, vid int) error {
+	if vid == 0 {
+		return nil
+	}
+	on, _, err := vlanFiltering(br)
+	if err != nil {
+		return err
+	}
+	if !on {
+		return fmt.Errorf("bridge %s %w (vlan_filtering 0): turn it on with ip link set %s type bridge vlan_filtering 1, and give its trunk ports the VLAN", br, ErrNoVLANFiltering, br)
+	}
+	return nil
+}
+
+// ensureAccessVLAN makes tap, a port of bridge br, an access port of VLAN
+// vid: vid its only VLAN, its port VLAN id, egress untagged. vid 0 puts
+// it back in the bridge's default VLAN (default_pvid) on a bridge that
+// filters VLANs, and changes nothing on one that does not. Only the tap's
+// own VLANs change; the bridge's and its other ports' are left as they
+// are.
+func ensureAccessVLAN(br string, tap netlink.Link, vid int) error {
+	if err := checkVLAN(br, vid); err != nil {
+		return err
+	}
+	on, pvid, err := vlanFiltering(br)
+	switch {
+	case vid == 0 && (err != nil || !on):
+		return nil
+	case vid == 0:
+		vid = pvid
+	}
+	all, err := netlink.BridgeVlanList()
+	if err != nil {
+		return fmt.Errorf("tap %s: VLANs: %w", tap.Attrs().Name, err)
+	}
+	have := false
+	for _, v := range all[int32(tap.Attrs().Index)] {
+		const pvidUntagged = nl.BRIDGE_VLAN_INFO_PVID | nl.BRIDGE_VLAN_INFO_UNTAGGED
+		if int(v.Vid) == vid && v.Flags&pvidUntagged == pvidUntagged {
+			have = true
+			continue
+		}
+		if err := netlink.BridgeVlanDel(tap, v.Vid, false, false, false, true); err != nil {
+			return fmt.Errorf("tap %s: remove VLAN %d: %w", tap.Attrs().Name, v.Vid, err)
+		}
+	}
+	if vid == 0 || have {
+		return nil
+	}
+	if err := netlink.BridgeVlanAdd(tap, uint16(vid), true, true, false, true); err != nil {
+		return fmt.Errorf("tap %s: VLAN %d: %w", tap.Attrs().Name, vid, err)
+	}
+	return nil
 }

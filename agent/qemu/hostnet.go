@@ -284,11 +284,12 @@ func seedNICs(m agent.Machine, atts []hostnet.Attachment) []seedNIC {
 	return out
 }
 
-// waitForNetwork marks a missing bridge, and a nat network whose CIDR the
-// host's own routes use, as agent.ErrNetworkMissing, which the engine
+// waitForNetwork marks a missing bridge, a bridge that does not filter
+// the VLANs a network names, and a nat network whose CIDR the host's own
+// routes use, as agent.ErrNetworkMissing, which the engine
 // waits for instead of spending a create attempt.
 func waitForNetwork(err error) error {
-	if errors.Is(err, hostnet.ErrBridgeMissing) || errors.Is(err, hostnet.ErrHostConflict) {
+	if errors.Is(err, hostnet.ErrBridgeMissing) || errors.Is(err, hostnet.ErrHostConflict) || errors.Is(err, hostnet.ErrNoVLANFiltering) {
 		return fmt.Errorf("%w: %w", err, agent.ErrNetworkMissing)
 	}
 	return err

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -199,5 +200,50 @@ func TestGuestOnIPv6NATNetworkGetsAnAddressAndARoute(t *testing.T) {
 	}
 	if len(a.NICs) != 1 || a.NICs[0].IPv6 != want {
 		t.Errorf("Address NICs = %+v; want IPv6 %s", a.NICs, want)
+	}
+}
+
+// A guest on VLAN 20 of a VLAN-filtering bridge reaches a peer on VLAN 20
+// and not one on VLAN 30 of the same bridge (peers are namespaces of the
+// test's own, on access ports as the host's admin would make them).
+// Skipped on a kernel without bridge VLAN filtering.
+func TestGuestOnVLANReachesItsVLANOnly(t *testing.T) {
+	netGuest(t)
+	if !netnstest.Enter(t) {
+		return
+	}
+	run(t, "ip", "link", "add", "br0", "type", "bridge")
+	if err := exec.Command("ip", "link", "set", "br0", "type", "bridge", "vlan_filtering", "1").Run(); err != nil {
+		t.Skip("this kernel has no bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING)")
+	}
+	run(t, "ip", "link", "set", "br0", "up")
+	for _, peer := range []struct{ name, vid, addr string }{{"p20", "20", "192.168.60.20/24"}, {"p30", "30", "192.168.60.30/24"}} {
+		ns := netnstest.Name() + "-" + peer.name
+		run(t, "ip", "netns", "add", ns)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+		run(t, "ip", "link", "add", "v"+peer.name, "type", "veth", "peer", "name", "eth0", "netns", ns)
+		run(t, "ip", "link", "set", "v"+peer.name, "master", "br0", "up")
+		run(t, "bridge", "vlan", "del", "dev", "v"+peer.name, "vid", "1")
+		run(t, "bridge", "vlan", "add", "dev", "v"+peer.name, "vid", peer.vid, "pvid", "untagged")
+		run(t, "ip", "netns", "exec", ns, "ip", "addr", "add", peer.addr, "dev", "eth0")
+		run(t, "ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+	}
+	f := newNetFixture(t)
+	p, _ := f.provisioner()
+	lan := desired.Network{Bridge: "br0", VLAN: 20}
+	m := f.machine("vlan-guest", "lan", lan)
+	m.Spec.CloudInit = &desired.CloudInit{UserData: "#!/bin/sh\n" +
+		"ifconfig eth0 192.168.60.10 netmask 255.255.255.0 up\n" +
+		"for a in 192.168.60.20 192.168.60.30; do\n" +
+		"  if ping -c 2 -W 2 $a >/dev/null 2>&1; then echo \"reach $a yes\"; else echo \"reach $a no\"; fi\n" +
+		"done\n" +
+		"echo done\n"}
+	f.boot(p, m)
+	lines := strings.Join(guestLines(waitSerial(t, m.Dir, "probe done")), "\n")
+	if !strings.Contains(lines, "probe reach 192.168.60.20 yes") {
+		t.Fatalf("the guest on VLAN 20 does not reach its VLAN's peer (the check below proves nothing):\n%s", lines)
+	}
+	if !strings.Contains(lines, "probe reach 192.168.60.30 no") {
+		t.Errorf("the guest on VLAN 20 reached the peer on VLAN 30:\n%s", lines)
 	}
 }
