@@ -834,8 +834,8 @@ func (e *Engine) reconcileNetworks(ctx context.Context, snap *snapshots.Snapshot
 	e.mu.Lock()
 	inUse := map[string]bool{}
 	for _, rec := range e.recs {
-		if rec.Spec.Network != "" {
-			inUse[rec.Spec.Network] = true
+		for _, nic := range rec.Spec.Interfaces() {
+			inUse[nic.Network] = true
 		}
 	}
 	if len(e.bad) > 0 {
@@ -843,19 +843,21 @@ func (e *Engine) reconcileNetworks(ctx context.Context, snap *snapshots.Snapshot
 	}
 	var members []NetworkMember
 	for _, vm := range snap.VMs {
-		if vm.Tombstoned || vm.Spec.Network == "" {
+		if vm.Tombstoned {
 			continue
 		}
-		if _, ok := snap.HostSpec.Networks[vm.Spec.Network]; !ok {
-			continue
-		}
-		m := NetworkMember{VM: vm.Name, Network: vm.Spec.Network, Static: vm.Spec.Static, MAC: vm.Spec.MAC}
+		spec := vm.Spec
 		if rec := e.recs[vm.Name]; rec != nil && rec.BootID != "" {
-			m.Static = rec.Spec.Static // static is first-boot-only
+			spec = firstBootOnly(spec, rec.Spec) // static is first-boot-only
 		}
-		members = append(members, m)
+		for i, nic := range spec.Interfaces() {
+			if _, ok := snap.HostSpec.Networks[nic.Network]; !ok {
+				continue
+			}
+			members = append(members, NetworkMember{VM: vm.Name, Network: nic.Network, Static: nic.Static, Index: i, MAC: nic.MAC})
+		}
 	}
-	sort.Slice(members, func(i, j int) bool { return members[i].VM < members[j].VM })
+	sort.SliceStable(members, func(i, j int) bool { return members[i].VM < members[j].VM })
 	e.mu.Unlock()
 	if err := nr.ReconcileNetworks(ctx, snap.HostSpec.Networks, members, inUse); err != nil {
 		e.log.WithError(err).Warn("host networks")

@@ -67,10 +67,9 @@ func TestTheHostsNetworksReachTheProvisionerAndTheVMsNIC(t *testing.T) {
 	rec.mu.Unlock()
 	m, ok := f.prov.BootedWith("db-01")
 	require.True(t, ok)
-	require.NotNil(t, m.Network, "db-01 booted without its network's definition")
-	assert.Equal(t, lab, *m.Network)
+	assert.Equal(t, map[string]desired.Network{"lab": lab}, m.Networks, "db-01 booted without its network's definition")
 	m, _ = f.prov.BootedWith("web-01")
-	assert.Nil(t, m.Network, "a VM without a network got one")
+	assert.Nil(t, m.Networks, "a VM without a network got one")
 
 	// The next tick knows db-01's record names lab.
 	f.step(nil)

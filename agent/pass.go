@@ -96,8 +96,13 @@ type vmPass struct {
 
 func (p *vmPass) machine(spec desired.VMSpec) Machine {
 	m := Machine{Name: p.rec.Name, Dir: p.e.store.VMDir(p.rec.Name), Spec: spec, InstanceID: p.rec.InstanceID}
-	if n, ok := p.hostNets[spec.Network]; ok && spec.Network != "" {
-		m.Network = &n
+	for _, nic := range spec.Interfaces() {
+		if n, ok := p.hostNets[nic.Network]; ok {
+			if m.Networks == nil {
+				m.Networks = map[string]desired.Network{}
+			}
+			m.Networks[nic.Network] = n
+		}
 	}
 	for _, v := range spec.Volumes {
 		if validName(v) {
@@ -722,10 +727,10 @@ func (p *vmPass) edit() bool {
 			return false
 		}
 	}
-	if old.Network != spec.Network {
+	if !sameNICs(old, spec) {
 		// The known address belongs to the old network: forget it rather
 		// than show it until the new one is learned.
-		rec.IP, rec.SSH = "", ""
+		rec.IP, rec.SSH, rec.NICs = "", "", nil
 	}
 	rec.Spec, rec.SpecHash = spec, want.SpecHash
 	rec.Attempts, rec.Failed, rec.LastError, rec.EditHash = 0, false, "", ""
@@ -773,7 +778,7 @@ func (p *vmPass) editFailed(step string, err error) {
 // model) changed.
 func needsRestart(old, spec desired.VMSpec) bool {
 	return old.VCPUs != spec.VCPUs || old.MemoryMB != spec.MemoryMB ||
-		old.Network != spec.Network || old.MAC != spec.MAC || !slices.Equal(old.Volumes, spec.Volumes) ||
+		!sameNICs(old, spec) || !slices.Equal(old.Volumes, spec.Volumes) ||
 		!reflect.DeepEqual(old.Kernel, spec.Kernel) ||
 		old.Firmware.Or(desired.FirmwareBIOS) != spec.Firmware.Or(desired.FirmwareBIOS) ||
 		old.SecureBoot != spec.SecureBoot || old.TPM != spec.TPM || old.Arch != spec.Arch ||
@@ -790,6 +795,22 @@ func firmwareChange(old, spec desired.VMSpec) error {
 		return nil
 	}
 	return Permanent(fmt.Errorf(desired.FirmwareChangeRefused, from, to, from))
+}
+
+// sameNICs reports whether a and b have the same NICs on the same
+// networks, MACs and models (static addresses aside: they are first-boot
+// only).
+func sameNICs(a, b desired.VMSpec) bool {
+	x, y := a.Interfaces(), b.Interfaces()
+	if len(x) != len(y) {
+		return false
+	}
+	for i := range x {
+		if x[i].Network != y[i].Network || x[i].MAC != y[i].MAC || x[i].ModelOf() != y[i].ModelOf() {
+			return false
+		}
+	}
+	return true
 }
 
 // firstBootOnly is want with the cloudInit and static addresses the VM
@@ -811,6 +832,16 @@ func firstBootOnly(want, applied desired.VMSpec) desired.VMSpec {
 	want.Static = applied.Static
 	want.RootDisk = applied.RootDisk
 	want.Restore = applied.Restore
+	if len(want.NICs) > 0 {
+		had := applied.Interfaces()
+		want.NICs = slices.Clone(want.NICs)
+		for i := range want.NICs {
+			want.NICs[i].Static = nil
+			if i < len(had) {
+				want.NICs[i].Static = had[i].Static
+			}
+		}
+	}
 	return want
 }
 
@@ -874,6 +905,32 @@ func (p *vmPass) noteAddress() {
 	if a.SSH != "" {
 		p.rec.SSH = a.SSH
 	}
+	if len(a.NICs) > 0 {
+		nics := slices.Clone(a.NICs)
+		for i := range nics {
+			if i < len(p.rec.NICs) && p.rec.NICs[i].MAC == nics[i].MAC {
+				if nics[i].IP == "" {
+					nics[i].IP = p.rec.NICs[i].IP
+				}
+				if nics[i].IPv6 == "" {
+					nics[i].IPv6 = p.rec.NICs[i].IPv6
+				}
+			}
+		}
+		p.rec.NICs = nics
+	}
+}
+
+// statics are the static configurations of s's NICs, in order.
+func statics(s desired.VMSpec) []*desired.StaticIP {
+	if len(s.NICs) == 0 {
+		return []*desired.StaticIP{s.Static}
+	}
+	var out []*desired.StaticIP
+	for _, n := range s.NICs {
+		out = append(out, n.Static)
+	}
+	return out
 }
 
 // CloudInitNotApplied is the status message of a created VM whose spec's
@@ -899,7 +956,7 @@ func (p *vmPass) diskMessage() string {
 	if p.want != nil && !reflect.DeepEqual(p.want.Spec.CloudInit, rec.Spec.CloudInit) {
 		msgs = append(msgs, CloudInitNotApplied)
 	}
-	if p.want != nil && !reflect.DeepEqual(p.want.Spec.Static, rec.Spec.Static) {
+	if p.want != nil && !reflect.DeepEqual(statics(p.want.Spec), statics(rec.Spec)) {
 		msgs = append(msgs, StaticNotApplied)
 	}
 	if p.want != nil && !reflect.DeepEqual(p.want.Spec.RootDisk, rec.Spec.RootDisk) {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/status"
 )
 
 // Machine is what a Provisioner needs to know about one VM. Dir is the VM's
@@ -16,11 +17,12 @@ type Machine struct {
 	Dir     string
 	Spec    desired.VMSpec
 	Volumes []string
-	// Network is the definition of the host network Spec.Network names,
-	// from the snapshot's host spec. nil when Spec.Network is empty (the
-	// VM's NIC is on the backend's private user-mode network) or names no
-	// network of the host (a backend refuses to boot it, permanently).
-	Network *desired.Network
+	// Networks are the definitions of the host networks the VM's NICs
+	// (Spec.Interfaces) name, by name, from the snapshot's host spec. A
+	// VM without NICs is on the backend's private user-mode network; a
+	// NIC whose network is missing here names no network of the host (a
+	// backend refuses to boot it, permanently).
+	Networks map[string]desired.Network
 	// InstanceID is stable for the VM's life (it changes only when the VM is
 	// destroyed and created again); cloud-init keys first-boot work on it.
 	InstanceID string
@@ -32,6 +34,9 @@ type Machine struct {
 type Address struct {
 	IP  string
 	SSH string
+	// NICs are the VM's NICs on host networks, in spec order, each with
+	// the guest's address there when known.
+	NICs []status.NIC
 }
 
 // Provisioner is the seam between the reconcile engine and a hypervisor. The
@@ -182,15 +187,19 @@ type HostGuard interface {
 	GuardHost(ctx context.Context) error
 }
 
-// NetworkMember is a VM the snapshot wants on host network Network, with
-// the static addresses it keeps (a created VM keeps those it was created
-// with; nil when it has none).
+// NetworkMember is a NIC of a VM the snapshot wants on host network
+// Network, with the static addresses it keeps (a created VM keeps those
+// it was created with; nil when it has none). Index is the NIC's position
+// among the VM's NICs (0-based), MAC its fixed MAC ("" when derived:
+// desired.NICMAC).
 type NetworkMember struct {
 	VM      string
 	Network string
 	Static  *desired.StaticIP
-	// MAC is the spec's fixed MAC of the VM's NIC ("" derives one from
-	// the name).
+	// Index is the NIC's place in the VM's NICs (VMSpec.Interfaces), 0
+	// for the one-NIC form.
+	Index int
+	// MAC is the NIC's fixed MAC ("" derives one: desired.NICMAC).
 	MAC string
 }
 

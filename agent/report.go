@@ -148,6 +148,7 @@ func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fe
 				Power:     rec.Power,
 				IP:        rec.IP,
 				SSH:       rec.SSH,
+				NICs:      rec.NICs,
 				LastError: rec.LastError,
 				Message:   rec.Message,
 				SpecHash:  rec.SpecHash,
@@ -160,7 +161,7 @@ func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fe
 				// A VM that is not running answers on no address: the
 				// record keeps them for the next boot, the report does
 				// not show them.
-				row.IP, row.SSH = "", ""
+				row.IP, row.SSH, row.NICs = "", "", nil
 			}
 			st.VMs = append(st.VMs, row)
 		}

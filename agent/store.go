@@ -15,6 +15,7 @@ import (
 
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/snapshots"
+	"github.com/gitfleet/gitfleet/status"
 )
 
 // DefaultStateDir is where the agent keeps its state unless configured
@@ -199,6 +200,9 @@ type Record struct {
 	// IP and SSH are the last non-empty address the provisioner reported.
 	IP  string `json:"ip,omitempty"`
 	SSH string `json:"ssh,omitempty"`
+	// NICs are the VM's NICs on host networks with the last non-empty
+	// address reported for each.
+	NICs []status.NIC `json:"nics,omitempty"`
 	// QuarantinedAt is the marker of a pending delete: when the VM was shut
 	// down for its tombstone. The tombstone grace is measured from it, by the
 	// engine's clock. It is cleared when the tombstone leaves the snapshot

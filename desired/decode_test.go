@@ -254,10 +254,13 @@ func TestParseFileErrors(t *testing.T) {
 			`obj.yaml:5:1: spec: needs an image, a kernel, or both, or an adopted root disk (rootDisk: {adopt: true})`,
 		}},
 		{"mac not a MAC", vm(vmBody + "  mac: \"52:54:00:zz:00:01\"\n"), []string{
-			`obj.yaml:13:8: spec.mac: "52:54:00:zz:00:01" is not a MAC address: want six colon-separated hex pairs, such as 52:54:00:12:34:56`,
+			`obj.yaml:13:8: spec.mac: "52:54:00:zz:00:01" is not a MAC address such as 52:54:00:12:34:56`,
 		}},
 		{"mac multicast", vm(vmBody + "  mac: \"01:00:5e:00:00:01\"\n"), []string{
-			`obj.yaml:13:8: spec.mac: 01:00:5e:00:00:01 is a multicast address (the first octet is odd); a NIC needs a unicast one`,
+			`obj.yaml:13:8: spec.mac: 01:00:5e:00:00:01 is a multicast address; a NIC's MAC is unicast (the first octet even)`,
+		}},
+		{"mac beside nics", vm(vmBody + "  mac: \"52:54:00:12:34:56\"\n  nics: [{network: lan}]\n"), []string{
+			`obj.yaml:13:3: spec.mac: is the one-NIC form's MAC; with spec.nics write each NIC's mac there`,
 		}},
 		{"adopted with an image", vm(vmBody + "  rootDisk: {adopt: true}\n"), []string{
 			`obj.yaml:10:3: spec.image: an adopted root disk is not made from an image; remove image (or rootDisk to create the VM afresh)`,

@@ -11,7 +11,7 @@ import (
 // TestLoadGolden loads each fleet under testdata/load/ and pins its whole
 // error output in testdata/load/<name>.golden.
 func TestLoadGolden(t *testing.T) {
-	for _, name := range []string{"cross", "networks", "partial", "statics", "tree", "userdata"} {
+	for _, name := range []string{"cross", "networks", "nics", "nicsnet", "partial", "statics", "tree", "userdata"} {
 		t.Run(name, func(t *testing.T) {
 			_, err := LoadDir(filepath.Join("testdata", "load", name))
 			var list ErrorList

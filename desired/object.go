@@ -37,15 +37,27 @@ type object struct {
 
 // positions are the locations cross-object errors are reported at.
 type positions struct {
-	name, host, network, capacityVCPUs, capacityMemory, gateway4 pos
-	ageRecipient, arch                                           pos
+	name, host, capacityVCPUs, capacityMemory pos
+	ageRecipient, arch                        pos
 	// profile is where a VM's spec.profile was written.
-	profile         pos
-	volumes, static []pos
+	profile pos
+	volumes []pos
 	// backupRepository is where a VM's spec.backup.repository was
 	// written, repoHosts a BackupRepository's spec.hosts entries.
 	backupRepository, restoreRepository pos
 	repoHosts                           []pos
+	// nics are where a VM's NICs were written, in VMSpec.Interfaces'
+	// order.
+	nics []nicAt
+}
+
+// nicAt is where one NIC of a VM was written: the field paths of its
+// network and static configuration ("spec.network" and "spec.static" for
+// the one-NIC form), and the positions the cross-object checks report at.
+type nicAt struct {
+	netField, staticField  string
+	network, mac, gateway4 pos
+	static                 []pos
 }
 
 // vmDoc, volumeDoc, hostDoc and profileDoc are the on-disk shapes of the

@@ -115,7 +115,7 @@ const (
 // running).
 func vmFieldEffect(field, old, new, basePower, power string) Effect {
 	switch {
-	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), strings.HasPrefix(field, "spec.static."),
+	case strings.HasPrefix(field, "spec.cloudInit."), strings.HasPrefix(field, "spec.image."), staticField(field),
 		strings.HasPrefix(field, "spec.rootDisk."),
 		strings.HasPrefix(field, "spec.restore."):
 		return EffectNotApplied
@@ -145,6 +145,24 @@ func vmFieldEffect(field, old, new, basePower, power string) Effect {
 		return EffectNextBoot
 	}
 	return EffectRestart
+}
+
+// NICsEditWarning is the plan's warning for a VM whose NICs change
+// (network, MAC, model, a NIC added or removed).
+const NICsEditWarning = "the VM restarts with its NICs as listed; a NIC added to a created VM is not in the network-config cloud-init applied at its first boot, so the guest configures it itself"
+
+// staticField reports whether field is part of a NIC's static addresses
+// (spec.static.…, spec.nics[i].static.…): first-boot-only, like cloudInit.
+func staticField(field string) bool {
+	if strings.HasPrefix(field, "spec.static.") {
+		return true
+	}
+	rest, ok := strings.CutPrefix(field, "spec.nics[")
+	if !ok {
+		return false
+	}
+	_, after, ok := strings.Cut(rest, "]")
+	return ok && strings.HasPrefix(after, ".static.")
 }
 
 // ObjectRef names one object on one host.
@@ -309,6 +327,8 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 			w = append(w, "volumes are never resized: an existing volume keeps its size")
 		case kind == KindVM && f.Field == "spec.network":
 			w = append(w, "the VM restarts with its NIC on the new network, at a new address")
+		case kind == KindVM && strings.HasPrefix(f.Field, "spec.nics") && !staticField(f.Field):
+			w = append(w, NICsEditWarning)
 		case kind == KindHost && f.Field == "spec.suspend" && f.New == "true":
 			w = append(w, SuspendWarning)
 		case kind == KindHost && f.Field == "spec.suspend" && f.Old == "true":
@@ -319,7 +339,7 @@ func updateWarnings(kind Kind, fields []FieldChange) []string {
 			w = append(w, AgentKeyWarning)
 		case kind == KindHost && f.Field == "spec.agentKey":
 			w = append(w, "the host's acks are taken unsigned again: anyone who can push to its status branch can ack its deletes")
-		case kind == KindVM && strings.HasPrefix(f.Field, "spec.static."):
+		case kind == KindVM && staticField(f.Field):
 			w = append(w, "static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot only: the created VM keeps the addresses it was created with; they apply when the VM is created again")
 		case kind == KindVM && strings.HasPrefix(f.Field, "spec.rootDisk."):
 			w = append(w, "a disk is adopted when the VM is created: the created VM keeps the root disk it has (and its seed, or none)")
@@ -514,7 +534,8 @@ var secretFields = []string{"spec.cloudInit."}
 var publicFields = []string{"spec.cloudInit.encryptedUserData.recipient"}
 
 // flatten renders v's JSON form as field path → compact value. Objects are
-// walked; lists and scalars are leaves. metadata.name is left out: it is the
+// walked, and so are lists of objects (spec.nics[1].mac); other lists and
+// scalars are leaves. metadata.name is left out: it is the
 // identity, not a field. Secret values are kept here and redacted by
 // diffFields.
 func flatten(v any) map[string]string {
@@ -540,6 +561,12 @@ func flatten(v any) map[string]string {
 			}
 			return
 		}
+		if l, ok := x.([]any); ok && len(l) > 0 && allObjects(l) {
+			for i, y := range l {
+				walk(indexPath(prefix, i), y)
+			}
+			return
+		}
 		b, _ := json.Marshal(x)
 		s := string(b)
 		if str, ok := x.(string); ok {
@@ -550,6 +577,16 @@ func flatten(v any) map[string]string {
 	walk("", tree)
 	delete(out, "metadata.name")
 	return out
+}
+
+// allObjects reports whether every item of l is a JSON object.
+func allObjects(l []any) bool {
+	for _, y := range l {
+		if _, ok := y.(map[string]any); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 func diffFields(old, new map[string]string) []FieldChange {

@@ -246,6 +246,7 @@ func TestPlanWarnsOfNetworkChanges(t *testing.T) {
 		return map[string]Network{"lan": {Bridge: "br0"}, "lab": {NAT: &NAT{CIDR: cidr}}}
 	}
 	onLab := func(s *VMSpec) { s.Network = "lab" }
+	nics := func(n ...NIC) func(*VMSpec) { return func(s *VMSpec) { s.NICs = n } }
 	suspended := func(h *Host) *Host { h.Spec.Suspend, h.Spec.SuspendReason = true, "kernel upgrade"; return h }
 	static := func(a string) func(*VMSpec) {
 		return func(s *VMSpec) { s.Network, s.Static = "lab", &StaticIP{Addresses: []string{a}} }
@@ -261,6 +262,13 @@ func TestPlanWarnsOfNetworkChanges(t *testing.T) {
 		{"a VM's static address changes", planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", static("10.77.0.5/24"))),
 			planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", static("10.77.0.6/24"))),
 			"static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot only: the created VM keeps the addresses it was created with; they apply when the VM is created again"},
+		{"a VM's NIC static address changes",
+			planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", nics(NIC{Network: "lab", Static: &StaticIP{Addresses: []string{"10.77.0.5/24"}}}))),
+			planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", nics(NIC{Network: "lab", Static: &StaticIP{Addresses: []string{"10.77.0.6/24"}}}))),
+			"static addresses reach the guest in cloud-init's network-config, which cloud-init applies at an instance's first boot only: the created VM keeps the addresses it was created with; they apply when the VM is created again"},
+		{"a VM gains a NIC", planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", nics(NIC{Network: "lab"}))),
+			planFleet(host(lab("10.77.0.0/24")), planVM("web-01", "hv-a", nics(NIC{Network: "lab"}, NIC{Network: "lan", Model: "e1000e"}))),
+			NICsEditWarning},
 		{"a nat network is renumbered", planFleet(host(lab("10.77.0.0/24"))), planFleet(host(lab("10.78.0.0/24"))),
 			"network lab is renumbered: its guests get new addresses at their next DHCP renewal (within 30 minutes) or restart"},
 		{"a network is removed", planFleet(host(lab("10.77.0.0/24"))), planFleet(host(map[string]Network{"lan": {Bridge: "br0"}})),

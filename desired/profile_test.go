@@ -199,7 +199,7 @@ func TestProfileErrors(t *testing.T) {
 		name:  "a profile that sets host",
 		files: map[string]string{"p.yaml": profileFile("p", "  host: hv-a\n  hots: x\n")},
 		want: []string{"p.yaml:6:3: spec.host: a Profile does not set host: a VM's host is where its disk lives, and a change of it destroys the VM there and creates it empty on the other host; write host in each VM's file",
-			`p.yaml:7:3: spec.hots: unknown field "hots"; known fields: vcpus, memoryMB, diskGB, image, kernel, power, network, static, volumes, cloudInit, backup, firmware, secureBoot, tpm, arch, machine, cpuModel, allowFirmwareChangeFrom`},
+			`p.yaml:7:3: spec.hots: unknown field "hots"; known fields: vcpus, memoryMB, diskGB, image, kernel, power, network, static, nics, volumes, cloudInit, backup, firmware, secureBoot, tpm, arch, machine, cpuModel, allowFirmwareChangeFrom`},
 	}, {
 		name:  "a profile that names a profile",
 		files: map[string]string{"p.yaml": profileFile("p", "  profile: q\n")},

@@ -105,9 +105,9 @@ type fieldSchema struct {
 	minLength, maxLength int
 	// ints bounds an integer field; every integer field needs it.
 	ints *intRange
-	// minItems and unique constrain a list.
-	minItems int
-	unique   bool
+	// minItems, maxItems (0: no limit) and unique constrain a list.
+	minItems, maxItems int
+	unique             bool
 	// items, keys and values annotate a list's items and a map's keys and
 	// values.
 	items, keys, values *fieldSchema
@@ -253,6 +253,9 @@ func (b *schemaBuilder) value(at string, t reflect.Type, f fieldSchema) obj {
 		o["items"] = b.value(at+"[]", t.Elem(), deref(f.items))
 		if f.minItems > 0 {
 			o["minItems"] = f.minItems
+		}
+		if f.maxItems > 0 {
+			o["maxItems"] = f.maxItems
 		}
 		if f.unique {
 			o["uniqueItems"] = true

@@ -147,6 +147,11 @@ type VMSpec struct {
 	// Static gives the NIC fixed addresses instead of DHCP. It needs
 	// Network; on a nat network every address must lie inside its CIDR.
 	Static *StaticIP `yaml:"static,omitempty" json:"static,omitempty"`
+	// NICs are the VM's NICs, at most MaxNICs, each on a different
+	// network of its Host, in order (the guest sees them in PCI slot
+	// order). Not with Network, which is the one-NIC form: Interfaces
+	// gives either as a list.
+	NICs []NIC `yaml:"nics,omitempty" json:"nics,omitempty"`
 	// Volumes names Volume objects on the same host, attached in order.
 	Volumes []string `yaml:"volumes,omitempty" json:"volumes,omitempty"`
 	// CloudInit is the NoCloud seed's content.
@@ -271,9 +276,10 @@ func (VMSpec) schema() typeSchema {
 				desc: "Desired power state."},
 			"network":   {shape: "name", desc: "A network of the VM's Host; the VM's NIC joins it instead of user-mode networking."},
 			"static":    {desc: "Fixed addresses for the NIC instead of DHCP (netplan's field names); needs network."},
+			"nics":      {maxItems: MaxNICs, desc: "The VM's NICs, each on a different network of its Host (at most 8); not with network, the one-NIC form."},
 			"volumes":   {items: &fieldSchema{shape: "name"}, unique: true, desc: "Volume names on the same host, attached in order."},
 			"cloudInit": {desc: "The NoCloud seed's content (secret: never logged)."},
-			"mac":       {pattern: MACPattern, desc: "Fixed MAC address of the VM's NIC (unicast, colon-separated hex); left out, one is derived from the VM's name."},
+			"mac":       {pattern: macPattern, desc: "Fixed MAC address of the VM's NIC (unicast, colon-separated hex); left out, one is derived from the VM's name."},
 			"rootDisk":  {desc: "An adopted root disk instead of one made from the image."},
 			"backup":    {desc: "Scheduled backups of every disk of the VM into a BackupRepository, while it runs."},
 			"restore":   {desc: "At the VM's create only: its disks come from a backup instead of its image."},
@@ -369,6 +375,13 @@ type Network struct {
 	// deletes the bridge itself. Names starting "gf-" are the agent's own
 	// and not allowed here.
 	Bridge string `yaml:"bridge,omitempty" json:"bridge,omitempty"`
+	// VLAN, on a bridge network, is the 802.1Q VLAN id (MinVLAN to
+	// MaxVLAN) the VMs' taps join the bridge on, as access ports: the
+	// tap's only VLAN, its port VLAN id, sent untagged to the guest. The
+	// bridge must filter VLANs (vlan_filtering 1, which the host sets up,
+	// with its trunk ports); the agent changes only its own taps. 0, the
+	// default, leaves the taps in the bridge's default VLAN.
+	VLAN int `yaml:"vlan,omitempty" json:"vlan,omitempty"`
 	// NAT is a network the agent manages: see NAT.
 	NAT *NAT `yaml:"nat,omitempty" json:"nat,omitempty"`
 }
@@ -380,6 +393,8 @@ func (Network) schema() typeSchema {
 		fields: map[string]fieldSchema{
 			"bridge": {pattern: bridgeRE.String(), maxLength: MaxBridgeLength,
 				desc: "An existing host bridge device, such as br0; the agent adds a tap per VM."},
+			"vlan": {ints: between(MinVLAN, MaxVLAN),
+				desc: "On a bridge network: the VLAN id (1 to 4094) the VMs' taps join the bridge on as access ports; the bridge must have VLAN filtering on."},
 			"nat": {desc: "A network the agent manages: bridge gf-<name>, dnsmasq, masquerading."},
 		},
 	}
@@ -396,11 +411,20 @@ type NAT struct {
 	// nat networks must not overlap; the agent leaves a network whose CIDR
 	// overlaps the host's own addresses or routes unmade.
 	CIDR string `yaml:"cidr" json:"cidr"`
+	// IPv6 is the network's optional IPv6 prefix, a unique local /64
+	// (inside fd00::/8, RFC 4193), such as "fd00:77::/64": the bridge
+	// takes its first address, the network's dnsmasq advertises the
+	// prefix (router advertisements, SLAAC, stateless DHCPv6 for DNS),
+	// and the host forwards and masquerades the guests' IPv6 as it does
+	// their IPv4 (NAT66), with the same isolation. IPv6 prefixes of one
+	// host's nat networks must not overlap.
+	IPv6 string `yaml:"ipv6,omitempty" json:"ipv6,omitempty"`
 }
 
 func (NAT) schema() typeSchema {
 	return typeSchema{fields: map[string]fieldSchema{
 		"cidr": {desc: "Private IPv4 network, such as 10.77.0.0/24 (prefix length 16 to 29, inside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 or 100.64.0.0/10)."},
+		"ipv6": {desc: "Optional unique local IPv6 /64 inside fd00::/8, such as fd00:77::/64: router advertisements and SLAAC from the network's dnsmasq, forwarded and masqueraded like IPv4."},
 	}}
 }
 

@@ -7,7 +7,6 @@ import (
 	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -217,10 +216,8 @@ func (d *nodeDecoder) check(o *object) {
 	o.at = positions{
 		name:           d.valPos("metadata.name"),
 		host:           d.valPos("spec.host"),
-		network:        d.valPos("spec.network"),
 		capacityVCPUs:  d.valPos("spec.capacity.vcpus"),
 		capacityMemory: d.valPos("spec.capacity.memoryMB"),
-		gateway4:       d.valPos("spec.static.gateway4"),
 		profile:        d.valPos("spec.profile"),
 		arch:           d.valPos("spec.arch"),
 		ageRecipient:   d.valPos(map[Kind]string{KindVM: "spec.cloudInit.encryptedUserData.recipient", KindHost: "spec.ageRecipient"}[o.kind]),
@@ -234,18 +231,40 @@ func (d *nodeDecoder) check(o *object) {
 			o.at.repoHosts[i] = d.valPos(indexPath("spec.hosts", i))
 		}
 	}
-	if o.kind == KindVM && o.vm.Spec.Static != nil {
-		o.at.static = make([]pos, len(o.vm.Spec.Static.Addresses))
-		for i := range o.vm.Spec.Static.Addresses {
-			o.at.static[i] = d.valPos(indexPath("spec.static.addresses", i))
-		}
-	}
 	if o.kind == KindVM {
+		o.at.nics = d.nicPositions(&o.vm.Spec)
 		o.at.volumes = make([]pos, len(o.vm.Spec.Volumes))
 		for i := range o.vm.Spec.Volumes {
 			o.at.volumes[i] = d.valPos(indexPath("spec.volumes", i))
 		}
 	}
+}
+
+// nicPositions are where the NICs of s were written, in Interfaces'
+// order.
+func (d *nodeDecoder) nicPositions(s *VMSpec) []nicAt {
+	nics := s.Interfaces()
+	out := make([]nicAt, len(nics))
+	for i, n := range nics {
+		at := nicAt{netField: "spec.network", staticField: "spec.static"}
+		if len(s.NICs) > 0 {
+			f := indexPath("spec.nics", i)
+			at = nicAt{netField: f + ".network", staticField: f + ".static", mac: d.valPos(f + ".mac")}
+		}
+		at.network = d.valPos(at.netField)
+		if n.MAC == "" {
+			at.mac = at.network
+		}
+		at.gateway4 = d.valPos(at.staticField + ".gateway4")
+		if n.Static != nil {
+			at.static = make([]pos, len(n.Static.Addresses))
+			for j := range n.Static.Addresses {
+				at.static[j] = d.valPos(indexPath(at.staticField+".addresses", j))
+			}
+		}
+		out[i] = at
+	}
+	return out
 }
 
 func (d *nodeDecoder) checkVM(s *VMSpec) {
@@ -272,8 +291,11 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 		d.adopted(s)
 	}
 	if d.written("spec.mac") && !d.bad["spec.mac"] {
-		if msg := checkMAC(s.MAC); msg != "" {
+		if msg := CheckMAC(s.MAC); msg != "" {
 			d.add(d.valPos("spec.mac"), "spec.mac", "%s", msg)
+		}
+		if len(s.NICs) > 0 {
+			d.add(d.keyPos("spec.mac"), "spec.mac", "is the one-NIC form's MAC; with spec.nics write each NIC's mac there")
 		}
 	}
 	if s.Image != nil {
@@ -292,9 +314,13 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 		d.name("spec.network", s.Network)
 	}
 	if s.Static != nil {
-		d.checkStatic(s)
+		if !d.written("spec.network") && len(s.NICs) == 0 && !d.partial {
+			d.add(d.keyPos("spec.static"), "spec.static", "needs spec.network: a static address is for a NIC on a host network")
+		}
+		d.checkStatic("spec.static", s.Static)
 	}
 	d.checkMachine(s)
+	d.checkNICs(s)
 	seen := make(map[string]int, len(s.Volumes))
 	for i, v := range s.Volumes {
 		f := indexPath("spec.volumes", i)
@@ -346,29 +372,6 @@ func (d *nodeDecoder) adopted(s *VMSpec) {
 			d.add(d.keyPos(f), f, "%s", why[f])
 		}
 	}
-}
-
-// MACPattern is the shape of spec.mac: six colon-separated pairs of hex
-// digits (IEEE 802 MAC-48, as ip link and libvirt print it).
-const MACPattern = `^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$`
-
-var macRE = regexp.MustCompile(MACPattern)
-
-// checkMAC says what is wrong with mac as a NIC's address ("" when
-// nothing): its shape, a multicast address (bit 0 of the first octet,
-// which no NIC may take), the all-zero address.
-func checkMAC(mac string) string {
-	if !macRE.MatchString(mac) {
-		return fmt.Sprintf("%q is not a MAC address: want six colon-separated hex pairs, such as 52:54:00:12:34:56", safetext.Truncate(mac, 40))
-	}
-	first, _ := strconv.ParseUint(mac[:2], 16, 8)
-	switch {
-	case first&1 == 1:
-		return fmt.Sprintf("%s is a multicast address (the first octet is odd); a NIC needs a unicast one", mac)
-	case strings.Trim(strings.ReplaceAll(mac, ":", ""), "0") == "":
-		return "00:00:00:00:00:00 is no NIC's address"
-	}
-	return ""
 }
 
 // enumField checks that field, when written, is one of values.
@@ -431,6 +434,32 @@ func (d *nodeDecoder) checkMachine(s *VMSpec) {
 // isQ35 reports whether machine is QEMU's q35 or a versioned one of it.
 func isQ35(machine string) bool {
 	return machine == "q35" || strings.HasPrefix(machine, "pc-q35-")
+}
+
+// checkNICs checks spec.nics on its own (CheckNICs, each NIC's network
+// a name and its static configuration); whether the networks exist and
+// the MACs are the fleet's only ones are cross-object checks.
+func (d *nodeDecoder) checkNICs(s *VMSpec) {
+	for i, n := range s.NICs {
+		f := indexPath("spec.nics", i)
+		if d.required(f + ".network") {
+			d.name(f+".network", n.Network)
+		}
+		if n.Static != nil {
+			d.checkStatic(f+".static", n.Static)
+		}
+	}
+	for _, p := range CheckNICs(s) {
+		f := "spec." + p.Field
+		if d.bad[f] {
+			continue
+		}
+		at := d.valPos(f)
+		if p.Field == "nics" || p.Field == "static" {
+			at = d.keyPos(f)
+		}
+		d.add(at, f, "%s", p.Msg)
+	}
 }
 
 // encryptedUserData checks spec.cloudInit.encryptedUserData without any
@@ -526,8 +555,8 @@ func (d *nodeDecoder) suspendReason(s *HostSpec) {
 // natNet is a nat network of the Host being checked, for the overlap
 // check.
 type natNet struct {
-	name   string
-	prefix netip.Prefix
+	name            string
+	prefix, prefix6 netip.Prefix
 }
 
 // hostNetworks checks each network of a Host, in name order, so that of
@@ -549,6 +578,7 @@ func (d *nodeDecoder) hostNetworks(networks map[string]Network) {
 			continue
 		}
 		bf, nf := f+".bridge", f+".nat"
+		d.intRange(f+".vlan", n.VLAN, MinVLAN, MaxVLAN, "")
 		switch {
 		case d.written(bf) && d.written(nf):
 			d.add(d.keyPos(nf), f, "has both bridge and nat; a network is one or the other")
@@ -556,9 +586,11 @@ func (d *nodeDecoder) hostNetworks(networks map[string]Network) {
 			d.add(d.keyPos(f), f, "needs bridge (an existing host bridge) or nat (a network the agent manages)")
 		case d.written(bf):
 			d.bridge(bf, n.Bridge)
+		case d.written(f+".vlan") && !d.bad[f+".vlan"] && n.VLAN >= MinVLAN && n.VLAN <= MaxVLAN:
+			d.add(d.keyPos(f+".vlan"), f+".vlan", "is for a bridge network: a nat network's bridge is the agent's own, with one VLAN")
 		case n.NAT != nil && d.required(nf+".cidr"):
 			if p, ok := d.natNetwork(name, n.NAT, nats); ok {
-				nats = append(nats, natNet{name, p})
+				nats = append(nats, natNet{name, p, d.natIPv6(name, n.NAT, nats)})
 			}
 		}
 	}
@@ -600,18 +632,33 @@ func (d *nodeDecoder) natNetwork(name string, nat *NAT, nats []natNet) (netip.Pr
 	return p, true
 }
 
-// checkStatic checks a VM's static IP configuration on its own; whether
-// the addresses fit the network is a cross-object check.
-func (d *nodeDecoder) checkStatic(s *VMSpec) {
-	st := s.Static
-	if !d.written("spec.network") && !d.partial {
-		d.add(d.keyPos("spec.static"), "spec.static", "needs spec.network: a static address is for a NIC on a host network")
+// natIPv6 checks the IPv6 prefix of nat network name (Prefix6) and
+// that no nat network checked before it (nats) has it; it returns the
+// prefix, invalid when there is none or it is wrong.
+func (d *nodeDecoder) natIPv6(name string, nat *NAT, nats []natNet) netip.Prefix {
+	f := "spec.networks." + name + ".nat.ipv6"
+	p, err := nat.Prefix6()
+	if err != nil {
+		d.add(d.valPos(f), f, "%v", err)
+		return netip.Prefix{}
 	}
-	if d.required("spec.static.addresses") && len(st.Addresses) == 0 {
-		d.add(d.valPos("spec.static.addresses"), "spec.static.addresses", "must list at least one address")
+	for _, o := range nats {
+		if p.IsValid() && o.prefix6.IsValid() && o.prefix6.Overlaps(p) {
+			d.add(d.valPos(f), f, "%s is also the IPv6 prefix of network %q on this host; the nat networks of a host must not overlap", p, o.name)
+		}
+	}
+	return p
+}
+
+// checkStatic checks a NIC's static IP configuration st, written at
+// field sf ("spec.static", "spec.nics[1].static"), on its own; whether
+// the addresses fit the network is a cross-object check.
+func (d *nodeDecoder) checkStatic(sf string, st *StaticIP) {
+	if d.required(sf+".addresses") && len(st.Addresses) == 0 {
+		d.add(d.valPos(sf+".addresses"), sf+".addresses", "must list at least one address")
 	}
 	for i, a := range st.Addresses {
-		f := indexPath("spec.static.addresses", i)
+		f := indexPath(sf+".addresses", i)
 		if d.bad[f] {
 			continue
 		}
@@ -623,22 +670,22 @@ func (d *nodeDecoder) checkStatic(s *VMSpec) {
 			d.add(d.valPos(f), f, "%q is a network address, not a host's", a)
 		}
 	}
-	if st.Gateway4 != "" && !d.bad["spec.static.gateway4"] {
+	if st.Gateway4 != "" && !d.bad[sf+".gateway4"] {
 		if a, err := netip.ParseAddr(st.Gateway4); err != nil || !a.Is4() {
-			d.add(d.valPos("spec.static.gateway4"), "spec.static.gateway4", "%q is not an IPv4 address", st.Gateway4)
+			d.add(d.valPos(sf+".gateway4"), sf+".gateway4", "%q is not an IPv4 address", st.Gateway4)
 		} else if msg := offLink(a, st.Addresses); msg != "" {
-			d.add(d.valPos("spec.static.gateway4"), "spec.static.gateway4", "%s", msg)
+			d.add(d.valPos(sf+".gateway4"), sf+".gateway4", "%s", msg)
 		}
 	}
 	if ns := st.Nameservers; ns != nil {
 		for i, a := range ns.Addresses {
-			f := indexPath("spec.static.nameservers.addresses", i)
+			f := indexPath(sf+".nameservers.addresses", i)
 			if _, err := netip.ParseAddr(a); err != nil && !d.bad[f] {
 				d.add(d.valPos(f), f, "%q is not an IP address", a)
 			}
 		}
 		for i, dom := range ns.Search {
-			f := indexPath("spec.static.nameservers.search", i)
+			f := indexPath(sf+".nameservers.search", i)
 			if !d.bad[f] && !isDomain(dom) {
 				d.add(d.valPos(f), f, "%q is not a domain name (labels of 1 to 63 letters, digits, '-' or '_', joined by '.')", safetext.Truncate(dom, 70))
 			}
@@ -692,6 +739,7 @@ func crossCheck(objs []*object, complete bool, unchanged map[*object]bool) []*Er
 			c.vmHost(o)
 			c.vmVolumes(o)
 			c.vmBackup(o)
+			c.vmMACs(o)
 		case KindBackupRepository:
 			c.backupRepositoryHosts(o)
 		}
@@ -716,6 +764,7 @@ type crossChecker struct {
 	use       map[string]*hostUsage
 	attached  map[string]*object
 	statics   map[staticKey]*object
+	macs      map[string]macOwner
 }
 
 // hostUsage is what the VMs on one host ask for in all.
@@ -738,14 +787,15 @@ func newCrossChecker(objs []*object, complete bool, unchanged map[*object]bool) 
 	}
 	return &crossChecker{
 		objs: objs, complete: complete, unchanged: unchanged,
-		hosts:       make(map[string]*object, nHosts),
-		volumes:     make(map[string]*object, nVolumes),
-		vms:         make(map[string]*object, len(objs)-nHosts-nVolumes),
-		duplicate:   make(map[*object]bool),
-		use:         make(map[string]*hostUsage, nHosts),
-		attached:    make(map[string]*object, nVolumes),
-		statics:     make(map[staticKey]*object),
-		profiles:    make(map[string]*object),
+		hosts:     make(map[string]*object, nHosts),
+		volumes:   make(map[string]*object, nVolumes),
+		vms:       make(map[string]*object, len(objs)-nHosts-nVolumes),
+		duplicate: make(map[*object]bool),
+		use:       make(map[string]*hostUsage, nHosts),
+		attached:  make(map[string]*object, nVolumes),
+		statics:   make(map[staticKey]*object),
+		macs:      make(map[string]macOwner),
+		profiles:  make(map[string]*object),
 		backupRepos: make(map[string]*object),
 	}
 }
@@ -838,17 +888,55 @@ func (c *crossChecker) vmHost(o *object) {
 	if s.Arch == "" && h.host.Spec.Arch == ArchARM64 && s.Firmware.Or(FirmwareBIOS) == FirmwareBIOS && s.Kernel == nil {
 		c.add(o, o.at.host, "spec.host", "Host %q is arm64, which has no BIOS: an image boots there only with firmware: uefi (or give a kernel for a direct kernel boot)", s.Host)
 	}
-	if s.Network == "" {
-		return
-	}
-	n, ok := h.host.Spec.Networks[s.Network]
-	if !ok && c.complete {
-		c.add(o, o.at.network, "spec.network", "Host %q has no network %q", s.Host, s.Network)
-	}
-	if ok && s.Static != nil {
-		for _, e := range checkStaticOnNetwork(s, n, c.statics, o) {
-			c.add(o, e.at, e.field, "%s", e.msg)
+	for i, nic := range s.Interfaces() {
+		if i >= len(o.at.nics) {
+			break
 		}
+		at := o.at.nics[i]
+		n, ok := h.host.Spec.Networks[nic.Network]
+		if !ok && c.complete {
+			c.add(o, at.network, at.netField, "Host %q has no network %q", s.Host, nic.Network)
+		}
+		if ok && nic.Static != nil {
+			for _, e := range checkStaticOnNetwork(s.Host, nic, n, at, c.statics, o) {
+				c.add(o, e.at, e.field, "%s", e.msg)
+			}
+		}
+	}
+}
+
+// macOwner is the NIC that holds a MAC address: NIC index of VM o.
+type macOwner struct {
+	o     *object
+	index int
+}
+
+// vmMACs checks that no NIC of VM o has the MAC of another VM's NIC
+// (fixed, or derived: NICMAC), anywhere in the fleet: the bridge networks
+// of several hosts may be one LAN, and a VM moves between hosts. The
+// later file's NIC is reported, naming the earlier one's file.
+func (c *crossChecker) vmMACs(o *object) {
+	s := &o.vm.Spec
+	for i, nic := range s.Interfaces() {
+		if i >= len(o.at.nics) || (nic.MAC != "" && CheckMAC(nic.MAC) != "") {
+			continue
+		}
+		mac := NICMAC(o.name, i, nic)
+		other, ok := c.macs[mac]
+		if !ok {
+			c.macs[mac] = macOwner{o, i}
+			continue
+		}
+		if other.o == o {
+			continue // reported on its own (CheckNICs)
+		}
+		at := o.at.nics[i]
+		field := at.netField
+		if nic.MAC != "" {
+			field = strings.TrimSuffix(at.netField, ".network") + ".mac"
+		}
+		c.add(o, at.mac, field, "MAC %s is also the MAC of VM %q's NIC %d (%s:%d:%d); a MAC belongs to one NIC in the fleet",
+			mac, other.o.name, other.index, other.o.origin().File, other.o.at.nics[other.index].mac.line, other.o.at.nics[other.index].mac.col)
 	}
 }
 
@@ -961,10 +1049,10 @@ type staticError struct {
 	msg   string
 }
 
-// checkStaticOnNetwork checks o's static addresses against network n of its
-// host, and against the addresses of the VMs checked before it (statics,
-// which it extends).
-func checkStaticOnNetwork(s *VMSpec, n Network, statics map[staticKey]*object, o *object) []staticError {
+// checkStaticOnNetwork checks the static addresses of nic, a NIC of VM o
+// on host, written at at, against network n of the host, and against the
+// addresses of the VMs checked before it (statics, which it extends).
+func checkStaticOnNetwork(host string, nic NIC, n Network, at nicAt, statics map[staticKey]*object, o *object) []staticError {
 	var errs []staticError
 	var cidr netip.Prefix
 	if n.NAT != nil {
@@ -973,36 +1061,36 @@ func checkStaticOnNetwork(s *VMSpec, n Network, statics map[staticKey]*object, o
 			return nil // reported on the Host
 		}
 	}
-	for i, a := range s.Static.Addresses {
+	for i, a := range nic.Static.Addresses {
 		p, err := netip.ParsePrefix(a)
-		if err != nil || i >= len(o.at.static) {
+		if err != nil || i >= len(at.static) {
 			continue // reported on its own
 		}
-		f := indexPath("spec.static.addresses", i)
-		at := o.at.static[i]
+		f := indexPath(at.staticField+".addresses", i)
+		at := at.static[i]
 		if cidr.IsValid() && p.Addr().Is4() {
 			switch {
 			case !cidr.Contains(p.Addr()):
-				errs = append(errs, staticError{at, f, fmt.Sprintf("%s is outside %s, the CIDR of network %q", p.Addr(), cidr, s.Network)})
+				errs = append(errs, staticError{at, f, fmt.Sprintf("%s is outside %s, the CIDR of network %q", p.Addr(), cidr, nic.Network)})
 				continue
 			case p.Bits() != cidr.Bits():
-				errs = append(errs, staticError{at, f, fmt.Sprintf("%q: the prefix length must be %d, the one of network %q (%s)", a, cidr.Bits(), s.Network, cidr)})
+				errs = append(errs, staticError{at, f, fmt.Sprintf("%q: the prefix length must be %d, the one of network %q (%s)", a, cidr.Bits(), nic.Network, cidr)})
 			case p.Addr() == n.NAT.Gateway():
-				errs = append(errs, staticError{at, f, fmt.Sprintf("%s is the address of the agent's bridge on network %q", p.Addr(), s.Network)})
+				errs = append(errs, staticError{at, f, fmt.Sprintf("%s is the address of the agent's bridge on network %q", p.Addr(), nic.Network)})
 			case p.Addr() == Broadcast(cidr):
 				errs = append(errs, staticError{at, f, fmt.Sprintf("%s is the broadcast address of %s", p.Addr(), cidr)})
 			}
 		}
-		k := staticKey{s.Host, s.Network, p.Addr()}
+		k := staticKey{host, nic.Network, p.Addr()}
 		if other, ok := statics[k]; ok && other != o {
 			errs = append(errs, staticError{at, f, fmt.Sprintf("%s is already the static address of VM %q (%s:%d:%d)", p.Addr(), other.name, other.origin().File, other.at.name.line, other.at.name.col)})
 			continue
 		}
 		statics[k] = o
 	}
-	if cidr.IsValid() && s.Static.Gateway4 != "" {
-		if g, err := netip.ParseAddr(s.Static.Gateway4); err == nil && !cidr.Contains(g) {
-			errs = append(errs, staticError{o.at.gateway4, "spec.static.gateway4", fmt.Sprintf("%s is outside %s, the CIDR of network %q", g, cidr, s.Network)})
+	if cidr.IsValid() && nic.Static.Gateway4 != "" {
+		if g, err := netip.ParseAddr(nic.Static.Gateway4); err == nil && !cidr.Contains(g) {
+			errs = append(errs, staticError{at.gateway4, at.staticField + ".gateway4", fmt.Sprintf("%s is outside %s, the CIDR of network %q", g, cidr, nic.Network)})
 		}
 	}
 	return errs

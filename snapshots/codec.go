@@ -62,6 +62,12 @@ func ParseSnapshot(data []byte) (*Snapshot, error) {
 				doc.Errorf(f+".specHash", "%q does not match the spec, whose hash is %s", safetext.Truncate(string(vm.SpecHash), 70), want)
 			}
 		}
+		// The NICs the agent would attach: a hand-made or forged
+		// snapshot past validation must not reach a host with more
+		// NICs than a VM may have, or one MAC twice.
+		for _, p := range desired.CheckNICs(&s.VMs[i].Spec) {
+			doc.Errorf(f+".spec."+p.Field, "%s", p.Msg)
+		}
 	}
 	checkNames(doc, "volumes", "volume", s.Volumes, func(v *SnapshotVolume) string { return v.Name })
 	checkNames(doc, "backupRepositories", "backup repository", s.BackupRepositories, func(r *SnapshotBackupRepository) string { return r.Name })

@@ -34,6 +34,28 @@ func TestParseSnapshotErrors(t *testing.T) {
 			"12:22: backupRepositories[0].url: restic repository: backup configuration: location rest:https://***@nas/r: a password in the location: put RESTIC_REST_USERNAME and RESTIC_REST_PASSWORD (or the backend's credentials) in the environment file"},
 		{"bad host name", strings.Replace(valid, "host: hv-a\nepoch", "host: HV_A\nepoch", 1), "1:7: host: \"HV_A\" is not a DNS label (RFC 1123): lowercase letters, digits and '-', starting and ending with a letter or digit"},
 	}
+	nics := func(list string) string {
+		s := desired.VMSpec{Host: "hv-a", VCPUs: 1, MemoryMB: 512, DiskGB: 5, Power: desired.PowerRunning}
+		doc := "host: hv-a\nepoch: 4\nsource: {commit: abc, branch: main}\nhostSpec: {}\nvms:\n  - name: web-01\n    specHash: HASH\n    spec: {host: hv-a, vcpus: 1, memoryMB: 512, diskGB: 5, power: running, nics: " + list + "}\n    tombstoned: false\nvolumes: []\n"
+		// The hash is the spec's own, as a forger would compute it.
+		probe := &Snapshot{}
+		desired.Decode("", []byte(strings.Replace(doc, "HASH", "x", 1)), probe, snapshotFormat)
+		if len(probe.VMs) == 1 {
+			s = probe.VMs[0].Spec
+		}
+		return strings.Replace(doc, "HASH", string(desired.SpecHash(s)), 1)
+	}
+	var nine []string
+	for i := 1; i <= 9; i++ {
+		nine = append(nine, fmt.Sprintf("{network: n%d}", i))
+	}
+	tests = append(tests,
+		struct{ name, input, want string }{"forged snapshot with 9 NICs", nics("[" + strings.Join(nine, ", ") + "]"),
+			"8:82: vms[0].spec.nics: lists 9 NICs; a VM has at most 8"},
+		struct{ name, input, want string }{"forged snapshot with one MAC twice",
+			nics(`[{network: a, mac: "52:54:00:00:00:01"}, {network: b, mac: "52:54:00:00:00:01"}]`),
+			"8:141: vms[0].spec.nics[1].mac: 52:54:00:00:00:01 is also nics[0]'s MAC"},
+	)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s, err := ParseSnapshot([]byte(tt.input))

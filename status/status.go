@@ -101,11 +101,14 @@ const (
 // non-error notes for a person (for example that a changed image does not
 // touch an existing root disk, or image download progress).
 type VM struct {
-	Name      string       `yaml:"name" json:"name"`
-	Phase     string       `yaml:"phase" json:"phase"`
-	Power     string       `yaml:"power" json:"power"`
-	IP        string       `yaml:"ip,omitempty" json:"ip,omitempty"`
-	SSH       string       `yaml:"ssh,omitempty" json:"ssh,omitempty"`
+	Name  string `yaml:"name" json:"name"`
+	Phase string `yaml:"phase" json:"phase"`
+	Power string `yaml:"power" json:"power"`
+	IP    string `yaml:"ip,omitempty" json:"ip,omitempty"`
+	SSH   string `yaml:"ssh,omitempty" json:"ssh,omitempty"`
+	// NICs are the VM's NICs on host networks, in the spec's order (none
+	// on user-mode networking).
+	NICs      []NIC        `yaml:"nics,omitempty" json:"nics,omitempty"`
 	LastError string       `yaml:"lastError" json:"lastError"`
 	Message   string       `yaml:"message,omitempty" json:"message,omitempty"`
 	SpecHash  desired.Hash `yaml:"specHash" json:"specHash"`
@@ -138,6 +141,17 @@ type Backup struct {
 	NextDue         time.Time `yaml:"nextDue,omitempty" json:"nextDue,omitempty"`
 	LastError       string    `yaml:"lastError,omitempty" json:"lastError,omitempty"`
 	LastFailure     time.Time `yaml:"lastFailure,omitempty" json:"lastFailure,omitempty"`
+}
+
+// NIC is one NIC of a VM on a host network: the network's name, the
+// NIC's MAC address and the guest's IPv4 address and, on a nat network
+// with an IPv6 prefix, its IPv6 address there as the agent last observed
+// them ("" while unknown).
+type NIC struct {
+	Network string `yaml:"network" json:"network"`
+	MAC     string `yaml:"mac" json:"mac"`
+	IP      string `yaml:"ip,omitempty" json:"ip,omitempty"`
+	IPv6    string `yaml:"ipv6,omitempty" json:"ipv6,omitempty"`
 }
 
 // Quarantine is a tombstoned VM that has been shut down and waits for its

@@ -50,7 +50,7 @@ func (f *fixture) tapGuest(nets map[string]desired.Network, vm, mac, suffix stri
 		f.t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := f.m.Attach(ctx, "lab", nets["lab"], vm, hw, static); err != nil {
+	if _, err := f.m.Attach(ctx, "lab", nets["lab"], NIC{VM: vm, MAC: hw, Static: static}); err != nil {
 		f.t.Fatalf("Attach %s: %v", vm, err)
 	}
 	ns := f.peer(suffix, "gf-lab", hw.String())

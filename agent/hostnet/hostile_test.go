@@ -64,7 +64,7 @@ func (f *fixture) natGuest(cidr, vm, mac, suffix string) (string, netip.Addr) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	if _, err := f.m.Attach(ctx, "lab", nets["lab"], vm, hw, netip.Addr{}); err != nil {
+	if _, err := f.m.Attach(ctx, "lab", nets["lab"], NIC{VM: vm, MAC: hw}); err != nil {
 		f.t.Fatal(err)
 	}
 	g := f.peer(suffix, "gf-lab", hw.String())
@@ -89,10 +89,10 @@ func TestNATNetworksDoNotReachEachOthersGuests(t *testing.T) {
 	}
 	macA, _ := net.ParseMAC("52:54:00:00:0a:01")
 	macB, _ := net.ParseMAC("52:54:00:00:0b:01")
-	if _, err := f.m.Attach(ctx, "a", nets["a"], "vm-a", macA, netip.Addr{}); err != nil {
+	if _, err := f.m.Attach(ctx, "a", nets["a"], NIC{VM: "vm-a", MAC: macA}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.m.Attach(ctx, "b", nets["b"], "vm-b", macB, netip.Addr{}); err != nil {
+	if _, err := f.m.Attach(ctx, "b", nets["b"], NIC{VM: "vm-b", MAC: macB}); err != nil {
 		t.Fatal(err)
 	}
 	ga := f.peer("a", "gf-a", macA.String())
@@ -113,7 +113,7 @@ func TestNATNetworksDoNotReachEachOthersGuests(t *testing.T) {
 	// Guests of one network reach each other, whether or not bridged
 	// traffic passes the host's firewall (br_netfilter).
 	macA2, _ := net.ParseMAC("52:54:00:00:0a:02")
-	if _, err := f.m.Attach(ctx, "a", nets["a"], "vm-a2", macA2, netip.Addr{}); err != nil {
+	if _, err := f.m.Attach(ctx, "a", nets["a"], NIC{VM: "vm-a2", MAC: macA2}); err != nil {
 		t.Fatal(err)
 	}
 	ga2 := f.peer("a2", "gf-a", macA2.String())
@@ -186,7 +186,7 @@ func TestNATNetworkOverlappingTheHostsRoutesIsRefused(t *testing.T) {
 			t.Errorf("Check with %s = %v; want ErrHostConflict", c.cidr, err)
 		}
 		mac, _ := net.ParseMAC("52:54:00:00:0d:01")
-		if _, err := f.m.Attach(ctx, "lab", nets["lab"], "vm-d", mac, netip.Addr{}); !errors.Is(err, ErrHostConflict) {
+		if _, err := f.m.Attach(ctx, "lab", nets["lab"], NIC{VM: "vm-d", MAC: mac}); !errors.Is(err, ErrHostConflict) {
 			t.Errorf("Attach with %s = %v; want ErrHostConflict", c.cidr, err)
 		}
 		if _, err := netlink.LinkByName("gf-lab"); err == nil {
@@ -250,7 +250,7 @@ func TestNATNetworksSwappingCIDRsConverge(t *testing.T) {
 		}
 	}
 	mac, _ := net.ParseMAC("52:54:00:00:0e:01")
-	if _, err := f.m.Attach(ctx, "a", swapped["a"], "vm-e", mac, netip.Addr{}); err != nil {
+	if _, err := f.m.Attach(ctx, "a", swapped["a"], NIC{VM: "vm-e", MAC: mac}); err != nil {
 		t.Fatal(err)
 	}
 	g := f.peer("e", "gf-a", mac.String())
@@ -353,7 +353,7 @@ func TestNATNetworkTurnedBridgeGoesOnceItsVMsMoved(t *testing.T) {
 		t.Fatalf("Reconcile: %v", err)
 	}
 	mac, _ := net.ParseMAC("52:54:00:00:91:01")
-	if _, err := f.m.Attach(ctx, "lab", nat, "vm-g", mac, netip.Addr{}); err != nil {
+	if _, err := f.m.Attach(ctx, "lab", nat, NIC{VM: "vm-g", MAC: mac}); err != nil {
 		t.Fatal(err)
 	}
 	f.run("ip", "link", "add", "br1", "type", "bridge")
@@ -367,7 +367,7 @@ func TestNATNetworkTurnedBridgeGoesOnceItsVMsMoved(t *testing.T) {
 		t.Fatalf("the nat network went while vm-g's tap is on it: %v", err)
 	}
 	// vm-g boots again, on the bridge.
-	if _, err := f.m.Attach(ctx, "lab", bridged["lab"], "vm-g", mac, netip.Addr{}); err != nil {
+	if _, err := f.m.Attach(ctx, "lab", bridged["lab"], NIC{VM: "vm-g", MAC: mac}); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.m.Reconcile(ctx, bridged, inUse); err != nil {
@@ -405,7 +405,7 @@ func TestLeftoverTapsAndDevicesThatAreNoBridge(t *testing.T) {
 	} {
 		exec.Command("ip", "link", "del", TapName("vm-h")).Run()
 		f.run("ip", leftover...)
-		a, err := f.m.Attach(ctx, "lan", lan, "vm-h", mac, netip.Addr{})
+		a, err := f.m.Attach(ctx, "lan", lan, NIC{VM: "vm-h", MAC: mac})
 		if err != nil {
 			t.Errorf("Attach over a leftover (ip %s): %v", strings.Join(leftover, " "), err)
 			continue
@@ -428,7 +428,7 @@ func TestLeftoverTapsAndDevicesThatAreNoBridge(t *testing.T) {
 		if err := f.m.Check("lan", def); err == nil || !strings.Contains(err.Error(), "not a bridge") {
 			t.Errorf("Check of bridge %s = %v; want not a bridge", dev, err)
 		}
-		if _, err := f.m.Attach(ctx, "lan", def, "vm-i", mac, netip.Addr{}); err == nil {
+		if _, err := f.m.Attach(ctx, "lan", def, NIC{VM: "vm-i", MAC: mac}); err == nil {
 			t.Errorf("Attach to bridge %s succeeded", dev)
 		}
 		if l, _ := netlink.LinkByName(TapName("vm-i")); l != nil && l.Attrs().MasterIndex != 0 {
@@ -453,7 +453,7 @@ func TestTapsCarryOnlyTheirVMsMAC(t *testing.T) {
 	macG, _ := net.ParseMAC("52:54:00:00:94:01")
 	macH, _ := net.ParseMAC("52:54:00:00:94:02")
 	for vm, mac := range map[string]net.HardwareAddr{"vm-g": macG, "vm-h": macH} {
-		if _, err := f.m.Attach(ctx, "lab", nets["lab"], vm, mac, netip.Addr{}); err != nil {
+		if _, err := f.m.Attach(ctx, "lab", nets["lab"], NIC{VM: vm, MAC: mac}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -605,7 +605,7 @@ func TestNATNetworkLeavesAForeignBridgeOfItsNameAlone(t *testing.T) {
 		t.Errorf("Check = %v; want ErrHostConflict", err)
 	}
 	mac, _ := net.ParseMAC("52:54:00:00:98:01")
-	if _, err := f.m.Attach(ctx, "lan", nets["lan"], "vm-f", mac, netip.Addr{}); !errors.Is(err, ErrHostConflict) {
+	if _, err := f.m.Attach(ctx, "lan", nets["lan"], NIC{VM: "vm-f", MAC: mac}); !errors.Is(err, ErrHostConflict) {
 		t.Errorf("Attach = %v; want ErrHostConflict", err)
 	}
 	if err := f.m.Reconcile(ctx, nil, map[string]bool{}); err != nil {
@@ -688,7 +688,7 @@ func TestBridgeNetworkGuestsMayServeDHCP(t *testing.T) {
 	lan := desired.Network{Bridge: "br0"}
 	macS, macC := mustMAC("52:54:00:00:a1:03"), mustMAC("52:54:00:00:a1:04")
 	for vm, mac := range map[string]net.HardwareAddr{"vm-server": macS, "vm-client": macC} {
-		if _, err := f.m.Attach(ctx, "lan", lan, vm, mac, netip.Addr{}); err != nil {
+		if _, err := f.m.Attach(ctx, "lan", lan, NIC{VM: vm, MAC: mac}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -53,7 +53,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -102,12 +104,38 @@ var ErrHostAddress = errors.New("(no guest holds it)")
 // TapPrefix starts the name of every tap the Manager makes.
 const TapPrefix = "gft"
 
-// TapName is the tap of VM vm's NIC: TapPrefix and 12 hex digits of the
-// sha256 of the name, 15 characters (Linux's limit), the same on every
-// call, so a restarted agent finds the tap it made.
-func TapName(vm string) string {
-	h := sha256.Sum256([]byte("gitfleet-tap:" + vm))
+// TapName is the tap of VM vm's first NIC: TapPrefix and 12 hex digits
+// of the sha256 of the name, 15 characters (Linux's limit), the same on
+// every call, so a restarted agent finds the tap it made.
+func TapName(vm string) string { return NICTap(vm, 0) }
+
+// NICTap is the tap of NIC index i (0-based) of VM vm: TapName for the
+// first, and for the others the same from the name with "#<i>" after it.
+func NICTap(vm string, i int) string {
+	seed := "gitfleet-tap:" + vm
+	if i > 0 {
+		seed += "#" + strconv.Itoa(i)
+	}
+	h := sha256.Sum256([]byte(seed))
 	return TapPrefix + hex.EncodeToString(h[:])[:12]
+}
+
+// NIC is the NIC of a VM that Attach and Reserve put on a network.
+type NIC struct {
+	// VM is the VM's name.
+	VM string
+	// Index is the NIC's position among the VM's NICs (0-based); it
+	// names the tap (NICTap).
+	Index int
+	// MAC is the NIC's MAC address; the tap filter holds the guest to it.
+	MAC net.HardwareAddr
+	// Static is the VM's static IPv4 on a nat network, invalid when none.
+	Static netip.Addr
+	// Networks are the networks of all the VM's NICs, in order: Attach
+	// releases the VM's reservations on every other nat network, and
+	// removes the taps of NICs past the last. nil keeps only the network
+	// attached to, as for a VM of one NIC.
+	Networks []string
 }
 
 // Config configures a Manager. Zero values take the defaults given.
@@ -261,20 +289,29 @@ func (m *Manager) Reconcile(ctx context.Context, nets map[string]desired.Network
 	return errors.Join(errs...)
 }
 
-// Attach ensures network name (def) and VM vm's tap on it, up and a port
-// of the network's bridge, and returns the attachment. On a nat network it
-// also reserves the VM's address for mac: static when valid (the VM's
-// static address; an error when another VM holds it), else the address
-// reserved before, else a free one chosen from the VM's name; the tap
-// filter holds the guest to that address. A VM moved from another nat
-// network loses its reservation and lease there (see Detach). Attaching
-// an attached VM is a no-op that returns the same attachment.
-func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) (Attachment, error) {
+// Attach ensures network name (def) and the tap of nic on it, up and a
+// port of the network's bridge, and returns the attachment. On a nat
+// network it also reserves the VM's address for nic.MAC: nic.Static when
+// valid (the VM's static address; an error when another VM holds it),
+// else the address reserved before, else a free one chosen from the VM's
+// name; the tap filter holds the guest to that address. A VM moved off a
+// nat network (none of nic.Networks) loses its reservation and lease
+// there (see Detach), and the taps of NICs it no longer has are removed.
+// Attaching an attached NIC is a no-op that returns the same attachment.
+func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, nic NIC) (Attachment, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var a Attachment
-	left, err := m.release(vm, name)
+	vm, mac, static := nic.VM, nic.MAC, nic.Static
+	keep := nic.Networks
+	if keep == nil {
+		keep = []string{name}
+	}
+	left, err := m.release(vm, keep...)
 	if err != nil {
+		return a, err
+	}
+	if err := m.dropTaps(ctx, vm, max(len(keep), nic.Index+1)); err != nil {
 		return a, err
 	}
 	if err := m.refreshDnsmasq(ctx, left); err != nil {
@@ -300,9 +337,18 @@ func (m *Manager) Attach(ctx context.Context, name string, def desired.Network, 
 	if err != nil {
 		return a, fmt.Errorf("network %s: %w", name, err)
 	}
-	a.Tap = TapName(vm)
+	a.Tap = NICTap(vm, nic.Index)
 	if err := ensureTap(a.Tap, br); err != nil {
 		return a, fmt.Errorf("network %s: %w", name, err)
+	}
+	if def.NAT == nil {
+		tap, err := netlink.LinkByName(a.Tap)
+		if err == nil {
+			err = ensureAccessVLAN(a.Bridge, tap, def.VLAN)
+		}
+		if err != nil {
+			return a, fmt.Errorf("network %s: %w", name, err)
+		}
 	}
 	if err := m.recordTap(ctx, a.Tap, tapRecord{MAC: mac.String(), NAT: def.NAT != nil}); err != nil {
 		return a, fmt.Errorf("network %s: %w", name, err)
@@ -340,18 +386,26 @@ func (m *Manager) recordTap(ctx context.Context, tap string, r tapRecord) error 
 		} else {
 			taps[tap] = r
 		}
-		b, err := json.MarshalIndent(taps, "", "  ")
-		if err != nil {
+		if err := m.writeTaps(taps); err != nil {
 			return err
-		}
-		if err := os.MkdirAll(m.cfg.Dir, 0o700); err != nil {
-			return err
-		}
-		if err := writeFile(filepath.Join(m.cfg.Dir, TapsFile), append(b, '\n')); err != nil {
-			return fmt.Errorf("taps: %w", err)
 		}
 	}
 	return m.ensureNftables(ctx)
+}
+
+// writeTaps writes taps to TapsFile.
+func (m *Manager) writeTaps(taps map[string]tapRecord) error {
+	b, err := json.MarshalIndent(taps, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(m.cfg.Dir, 0o700); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(m.cfg.Dir, TapsFile), append(b, '\n')); err != nil {
+		return fmt.Errorf("taps: %w", err)
+	}
+	return nil
 }
 
 // Check reports whether network name (def) can take a VM now, changing
@@ -378,6 +432,9 @@ func (m *Manager) Check(name string, def desired.Network) error {
 	if _, err := bridgeLink(def.Bridge); err != nil {
 		return fmt.Errorf("network %s: %w", name, err)
 	}
+	if err := checkVLAN(def.Bridge, def.VLAN); err != nil {
+		return fmt.Errorf("network %s: %w", name, err)
+	}
 	return nil
 }
 
@@ -386,7 +443,7 @@ func (m *Manager) Check(name string, def desired.Network) error {
 // making the network or a tap: the agent reserves the addresses of every
 // VM a snapshot puts on a network before it ensures the network, so its
 // dnsmasq starts with all of them. A bridge network takes no reservation.
-func (m *Manager) Reserve(name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) error {
+func (m *Manager) Reserve(name string, def desired.Network, nic NIC) error {
 	if def.NAT == nil {
 		return nil
 	}
@@ -396,27 +453,24 @@ func (m *Manager) Reserve(name string, def desired.Network, vm string, mac net.H
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, err = m.reserve(name, prefix, vm, mac, static)
+	_, err = m.reserve(name, prefix, nic.VM, nic.MAC, nic.Static)
 	return err
 }
 
-// Detach removes VM vm's tap and its address reservations, and releases
-// its leases: the dnsmasq of each network it leaves restarts at once
-// without them (in its lease file and its memory), so the VM's address
-// is free for the next VM it is reserved for. Detaching a VM that has
-// none is a no-op.
+// Detach removes the taps of all VM vm's NICs and its address
+// reservations, and releases its leases: the dnsmasq of each network it
+// leaves restarts at once without them (in its lease file and its
+// memory), so the VM's address is free for the next VM it is reserved
+// for. Detaching a VM that has none is a no-op.
 func (m *Manager) Detach(vm string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ctx := context.Background()
-	if err := deleteLink(TapName(vm)); err != nil {
+	if err := m.dropTaps(ctx, vm, 0); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
-	left, err := m.release(vm, "")
+	left, err := m.release(vm)
 	if err != nil {
-		return fmt.Errorf("detach %s: %w", vm, err)
-	}
-	if err := m.recordTap(ctx, TapName(vm), tapRecord{}); err != nil {
 		return fmt.Errorf("detach %s: %w", vm, err)
 	}
 	if err := m.refreshDnsmasq(ctx, left); err != nil {
@@ -425,17 +479,45 @@ func (m *Manager) Detach(vm string) error {
 	return nil
 }
 
-// release drops VM vm's reservations on every nat network but keep, and
-// returns the networks that lost one: their dnsmasq is to be refreshed
-// (refreshDnsmasq), which releases the VM's lease there.
-func (m *Manager) release(vm, keep string) ([]string, error) {
+// dropTaps removes the taps of VM vm's NICs from index from on (up to
+// desired.MaxNICs) and their records; a tap that does not exist is
+// skipped.
+func (m *Manager) dropTaps(ctx context.Context, vm string, from int) error {
+	taps, err := m.readTaps()
+	if err != nil {
+		return err
+	}
+	changed := false
+	for i := from; i < desired.MaxNICs; i++ {
+		tap := NICTap(vm, i)
+		if err := deleteLink(tap); err != nil {
+			return err
+		}
+		if _, ok := taps[tap]; ok {
+			delete(taps, tap)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := m.writeTaps(taps); err != nil {
+		return err
+	}
+	return m.ensureNftables(ctx)
+}
+
+// release drops VM vm's reservations on every nat network but those of
+// keep, and returns the networks that lost one: their dnsmasq is to be
+// refreshed (refreshDnsmasq), which releases the VM's lease there.
+func (m *Manager) release(vm string, keep ...string) ([]string, error) {
 	nets, err := m.natNetworks()
 	if err != nil {
 		return nil, err
 	}
 	var left []string
 	for _, name := range nets {
-		if name == keep {
+		if slices.Contains(keep, name) {
 			continue
 		}
 		hosts, err := m.readHosts(name)
@@ -474,6 +556,27 @@ func (m *Manager) Address(name string, def desired.Network, mac net.HardwareAddr
 	a, err := neighbourFor(bridge, mac)
 	if err != nil {
 		m.log.WithField("network", name).WithError(err).Debug("neighbour lookup")
+	}
+	return a
+}
+
+// Address6 reports the IPv6 address of the guest whose NIC has mac on
+// nat network name (def) when the network has an IPv6 prefix: its SLAAC
+// address (desired.SLAAC, the one global address the tap filter lets it
+// use) once the host's neighbour table holds mac for it, which it does
+// after the guest talked to the host from it. Invalid otherwise.
+func (m *Manager) Address6(name string, def desired.Network, mac net.HardwareAddr) netip.Addr {
+	if def.NAT == nil {
+		return netip.Addr{}
+	}
+	p6, err := def.NAT.Prefix6()
+	if err != nil || !p6.IsValid() {
+		return netip.Addr{}
+	}
+	a := desired.SLAAC(p6, mac)
+	got, err := holder(desired.NATBridge(name), a)
+	if err != nil || got.String() != mac.String() {
+		return netip.Addr{}
 	}
 	return a
 }

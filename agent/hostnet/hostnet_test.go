@@ -174,7 +174,7 @@ func TestNATNetworkServesGuestsAndIsolatesTheHost(t *testing.T) {
 	}
 
 	mac, _ := net.ParseMAC("52:54:00:12:34:56")
-	a, err := f.m.Attach(ctx, "lab", nets["lab"], "web-01", mac, netip.Addr{})
+	a, err := f.m.Attach(ctx, "lab", nets["lab"], NIC{VM: "web-01", MAC: mac})
 	if err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
@@ -273,7 +273,7 @@ func TestNATNetworkSurvivesARestartWithoutDuplicates(t *testing.T) {
 	if err := f.m.Reconcile(ctx, nets, nil); err != nil {
 		t.Fatalf("Reconcile: %v", err)
 	}
-	first, err := f.m.Attach(ctx, "lab", nets["lab"], "db-01", mac, netip.Addr{})
+	first, err := f.m.Attach(ctx, "lab", nets["lab"], NIC{VM: "db-01", MAC: mac})
 	if err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
@@ -288,7 +288,7 @@ func TestNATNetworkSurvivesARestartWithoutDuplicates(t *testing.T) {
 		if err := m.Reconcile(ctx, nets, map[string]bool{"lab": true}); err != nil {
 			t.Fatalf("Reconcile after restart: %v", err)
 		}
-		again, err := m.Attach(ctx, "lab", nets["lab"], "db-01", mac, netip.Addr{})
+		again, err := m.Attach(ctx, "lab", nets["lab"], NIC{VM: "db-01", MAC: mac})
 		if err != nil || again != first {
 			t.Fatalf("Attach after restart = %+v, %v; want %+v", again, err, first)
 		}
@@ -369,7 +369,7 @@ func TestBridgeNetworkAttachesToTheExistingBridgeOnly(t *testing.T) {
 	ctx := context.Background()
 	lan := desired.Network{Bridge: "br0"}
 	mac, _ := net.ParseMAC("52:54:00:00:0b:01")
-	if _, err := f.m.Attach(ctx, "lan", lan, "web-01", mac, netip.Addr{}); !errors.Is(err, ErrBridgeMissing) || !strings.Contains(err.Error(), "br0 does not exist") {
+	if _, err := f.m.Attach(ctx, "lan", lan, NIC{VM: "web-01", MAC: mac}); !errors.Is(err, ErrBridgeMissing) || !strings.Contains(err.Error(), "br0 does not exist") {
 		t.Fatalf("Attach to a missing bridge: %v; want ErrBridgeMissing, naming it", err)
 	}
 	if err := f.m.Check("lan", lan); !errors.Is(err, ErrBridgeMissing) {
@@ -393,7 +393,7 @@ func TestBridgeNetworkAttachesToTheExistingBridgeOnly(t *testing.T) {
 	if err := f.m.Reconcile(ctx, map[string]desired.Network{"lan": lan}, nil); err != nil {
 		t.Fatalf("Reconcile: %v", err)
 	}
-	a, err := f.m.Attach(ctx, "lan", lan, "web-01", mac, netip.Addr{})
+	a, err := f.m.Attach(ctx, "lan", lan, NIC{VM: "web-01", MAC: mac})
 	if err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
@@ -441,11 +441,11 @@ func TestAVMMovedToAnotherNetworkLeavesTheFirst(t *testing.T) {
 	a := desired.Network{NAT: &desired.NAT{CIDR: "10.82.0.0/24"}}
 	b := desired.Network{NAT: &desired.NAT{CIDR: "10.83.0.0/24"}}
 	mac, _ := net.ParseMAC("52:54:00:00:0c:01")
-	if _, err := f.m.Attach(ctx, "one", a, "app-01", mac, netip.Addr{}); err != nil {
+	if _, err := f.m.Attach(ctx, "one", a, NIC{VM: "app-01", MAC: mac}); err != nil {
 		t.Fatalf("Attach one: %v", err)
 	}
 	static := netip.MustParseAddr("10.83.0.40")
-	att, err := f.m.Attach(ctx, "two", b, "app-01", mac, static)
+	att, err := f.m.Attach(ctx, "two", b, NIC{VM: "app-01", MAC: mac, Static: static})
 	if err != nil {
 		t.Fatalf("Attach two: %v", err)
 	}
@@ -467,7 +467,7 @@ func TestAVMMovedToAnotherNetworkLeavesTheFirst(t *testing.T) {
 	}
 	// Another VM may not take that static address.
 	other, _ := net.ParseMAC("52:54:00:00:0c:02")
-	if _, err := f.m.Attach(ctx, "two", b, "app-02", other, static); err == nil || !strings.Contains(err.Error(), "app-01") {
+	if _, err := f.m.Attach(ctx, "two", b, NIC{VM: "app-02", MAC: other, Static: static}); err == nil || !strings.Contains(err.Error(), "app-01") {
 		t.Errorf("a second VM took app-01's static address: %v", err)
 	}
 }
@@ -480,7 +480,7 @@ func TestRenumberingANATNetworkMovesItsReservations(t *testing.T) {
 	ctx := context.Background()
 	mac, _ := net.ParseMAC("52:54:00:00:0d:01")
 	old := desired.Network{NAT: &desired.NAT{CIDR: "10.90.0.0/24"}}
-	if _, err := f.m.Attach(ctx, "lab", old, "app-01", mac, netip.Addr{}); err != nil {
+	if _, err := f.m.Attach(ctx, "lab", old, NIC{VM: "app-01", MAC: mac}); err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
 	renumbered := desired.Network{NAT: &desired.NAT{CIDR: "10.91.0.0/24"}}

@@ -2,13 +2,16 @@ package hostnet
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/gitfleet/gitfleet/desired"
@@ -31,9 +34,12 @@ func bridgeLink(name string) (netlink.Link, error) {
 }
 
 // ensureBridge makes bridge name exist and be up with addr (the network's
-// first address and prefix length) as its only IPv4 address. It creates
-// the bridge when missing and errors when name is another kind of device.
-func ensureBridge(name string, addr netip.Prefix) (netlink.Link, error) {
+// first address and prefix length) as its only IPv4 address, and addr6
+// (the first address of its IPv6 prefix) as its only global IPv6 one, or
+// none when addr6 is invalid (link-local addresses are the kernel's and
+// kept). It creates the bridge when missing and errors when name is
+// another kind of device.
+func ensureBridge(name string, addr, addr6 netip.Prefix) (netlink.Link, error) {
 	l, err := netlink.LinkByName(name)
 	switch {
 	case isNotFound(err):
@@ -49,25 +55,11 @@ func ensureBridge(name string, addr netip.Prefix) (netlink.Link, error) {
 	if _, ok := l.(*netlink.Bridge); !ok {
 		return nil, fmt.Errorf("%s is a %s device, not a bridge; remove it or rename the network", name, l.Type())
 	}
-	have, err := netlink.AddrList(l, netlink.FAMILY_V4)
-	if err != nil {
-		return nil, fmt.Errorf("bridge %s: addresses: %w", name, err)
+	if err := ensureAddr(l, netlink.FAMILY_V4, addr); err != nil {
+		return nil, err
 	}
-	want := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
-	found := false
-	for _, a := range have {
-		if a.IPNet.String() == want.String() {
-			found = true
-			continue
-		}
-		if err := netlink.AddrDel(l, &a); err != nil {
-			return nil, fmt.Errorf("bridge %s: remove old address %s: %w", name, a.IPNet, err)
-		}
-	}
-	if !found {
-		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: want}); err != nil {
-			return nil, fmt.Errorf("bridge %s: add address %s: %w", name, want, err)
-		}
+	if err := ensureAddr(l, netlink.FAMILY_V6, addr6); err != nil {
+		return nil, err
 	}
 	if l.Attrs().Flags&net.FlagUp == 0 {
 		if err := netlink.LinkSetUp(l); err != nil {
@@ -75,6 +67,46 @@ func ensureBridge(name string, addr netip.Prefix) (netlink.Link, error) {
 		}
 	}
 	return l, nil
+}
+
+// ensureAddr makes addr the one address of family on link l (for IPv6
+// the one global address: link-local ones are kept), none when addr is
+// invalid. An IPv6 address is added without duplicate address detection
+// (the bridge's address is the network's own, and DAD would hold it
+// tentative, unusable for dnsmasq, for a second).
+func ensureAddr(l netlink.Link, family int, addr netip.Prefix) error {
+	name := l.Attrs().Name
+	have, err := netlink.AddrList(l, family)
+	if err != nil {
+		return fmt.Errorf("bridge %s: addresses: %w", name, err)
+	}
+	var want *net.IPNet
+	if addr.IsValid() {
+		want = &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), addr.Addr().BitLen())}
+	}
+	found := false
+	for _, a := range have {
+		if family == netlink.FAMILY_V6 && a.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		if want != nil && a.IPNet.String() == want.String() {
+			found = true
+			continue
+		}
+		if err := netlink.AddrDel(l, &a); err != nil {
+			return fmt.Errorf("bridge %s: remove old address %s: %w", name, a.IPNet, err)
+		}
+	}
+	if want != nil && !found {
+		a := &netlink.Addr{IPNet: want}
+		if family == netlink.FAMILY_V6 {
+			a.Flags = unix.IFA_F_NODAD
+		}
+		if err := netlink.AddrAdd(l, a); err != nil {
+			return fmt.Errorf("bridge %s: add address %s: %w", name, want, err)
+		}
+	}
+	return nil
 }
 
 // ensureTap makes tap name exist (persistent, so it outlives QEMU and the
@@ -170,9 +202,16 @@ func neighbourFor(bridge string, mac net.HardwareAddr) (netip.Addr, error) {
 
 // validIPv4 is the IPv4 address of neighbour entry n when the kernel holds
 // it as valid (not failed or incomplete).
-func validIPv4(n netlink.Neigh) (netip.Addr, bool) {
+func validIPv4(n netlink.Neigh) (netip.Addr, bool) { return validNeigh(n, netlink.FAMILY_V4) }
+
+// validNeigh is the address of neighbour entry n of family (netlink's
+// FAMILY_V4 or FAMILY_V6) when the kernel holds it as valid.
+func validNeigh(n netlink.Neigh, family int) (netip.Addr, bool) {
 	if n.State&(unix.NUD_FAILED|unix.NUD_INCOMPLETE) != 0 {
 		return netip.Addr{}, false
+	}
+	if family == netlink.FAMILY_V6 {
+		return netip.AddrFromSlice(n.IP.To16())
 	}
 	return netip.AddrFromSlice(n.IP.To4())
 }
@@ -189,7 +228,11 @@ func validIPv4(n netlink.Neigh) (netip.Addr, bool) {
 // guests. nil when nothing conflicts; wraps ErrHostConflict when
 // something does.
 func hostConflict(prefix netip.Prefix, ours func(network string) bool) error {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	family := netlink.FAMILY_V4
+	if prefix.Addr().Is6() {
+		family = netlink.FAMILY_V6
+	}
+	routes, err := netlink.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return fmt.Errorf("list the host's routes: %w", err)
 	}
@@ -198,7 +241,11 @@ func hostConflict(prefix netip.Prefix, ours func(network string) bool) error {
 			continue
 		}
 		ones, _ := r.Dst.Mask.Size()
-		dst, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		ip := r.Dst.IP
+		if family == netlink.FAMILY_V4 {
+			ip = ip.To4()
+		}
+		dst, ok := netip.AddrFromSlice(ip)
 		if !ok || ones == 0 || !netip.PrefixFrom(dst, ones).Overlaps(prefix) {
 			continue
 		}
@@ -250,12 +297,16 @@ func holder(bridge string, addr netip.Addr) (net.HardwareAddr, error) {
 	if len(routes) == 0 || routes[0].LinkIndex != l.Attrs().Index || routes[0].Gw != nil {
 		return nil, nil
 	}
-	neigh, err := netlink.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	family := netlink.FAMILY_V4
+	if addr.Is6() {
+		family = netlink.FAMILY_V6
+	}
+	neigh, err := netlink.NeighList(l.Attrs().Index, family)
 	if err != nil {
 		return nil, fmt.Errorf("neighbours of %s: %w", bridge, err)
 	}
 	for _, n := range neigh {
-		if a, ok := validIPv4(n); ok && a == addr && len(n.HardwareAddr) > 0 {
+		if a, ok := validNeigh(n, family); ok && a == addr && len(n.HardwareAddr) > 0 {
 			return n.HardwareAddr, nil
 		}
 	}
@@ -283,4 +334,88 @@ func bridgePorts(bridge string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// ErrNoVLANFiltering: a bridge network names a VLAN and its bridge does
+// not filter VLANs (vlan_filtering 0), or the kernel has no bridge VLAN
+// filtering at all (CONFIG_BRIDGE_VLAN_FILTERING). The Manager never turns
+// it on: the bridge, its other ports and their VLANs are the host's.
+// Attach and Check return it wrapped, naming the bridge.
+var ErrNoVLANFiltering = errors.New("does not filter VLANs")
+
+// vlanFiltering reports whether bridge br filters VLANs, and its default
+// port VLAN id (default_pvid; 0 when none), from sysfs; ErrNoVLANFiltering
+// when the kernel has no VLAN filtering.
+func vlanFiltering(br string) (bool, int, error) {
+	dir := "/sys/class/net/" + br + "/bridge/"
+	b, err := os.ReadFile(dir + "vlan_filtering")
+	if errors.Is(err, os.ErrNotExist) {
+		return false, 0, fmt.Errorf("bridge %s %w: this kernel has no bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING)", br, ErrNoVLANFiltering)
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("bridge %s: %w", br, err)
+	}
+	if trim(b) != "1" {
+		return false, 0, nil
+	}
+	p, _ := os.ReadFile(dir + "default_pvid")
+	pvid, _ := strconv.Atoi(trim(p))
+	return true, pvid, nil
+}
+
+// checkVLAN reports whether bridge br can hold VLAN vid (1 to 4094): it
+// filters VLANs (ErrNoVLANFiltering when not). Any bridge can hold vid 0.
+func checkVLAN(br string, vid int) error {
+	if vid == 0 {
+		return nil
+	}
+	on, _, err := vlanFiltering(br)
+	if err != nil {
+		return err
+	}
+	if !on {
+		return fmt.Errorf("bridge %s %w (vlan_filtering 0): turn it on with ip link set %s type bridge vlan_filtering 1, and give its trunk ports the VLAN", br, ErrNoVLANFiltering, br)
+	}
+	return nil
+}
+
+// ensureAccessVLAN makes tap, a port of bridge br, an access port of VLAN
+// vid: vid its only VLAN, its port VLAN id, egress untagged. vid 0 puts
+// it back in the bridge's default VLAN (default_pvid) on a bridge that
+// filters VLANs, and changes nothing on one that does not. Only the tap's
+// own VLANs change; the bridge's and its other ports' are left as they
+// are.
+func ensureAccessVLAN(br string, tap netlink.Link, vid int) error {
+	if err := checkVLAN(br, vid); err != nil {
+		return err
+	}
+	on, pvid, err := vlanFiltering(br)
+	switch {
+	case vid == 0 && (err != nil || !on):
+		return nil
+	case vid == 0:
+		vid = pvid
+	}
+	all, err := netlink.BridgeVlanList()
+	if err != nil {
+		return fmt.Errorf("tap %s: VLANs: %w", tap.Attrs().Name, err)
+	}
+	have := false
+	for _, v := range all[int32(tap.Attrs().Index)] {
+		const pvidUntagged = nl.BRIDGE_VLAN_INFO_PVID | nl.BRIDGE_VLAN_INFO_UNTAGGED
+		if int(v.Vid) == vid && v.Flags&pvidUntagged == pvidUntagged {
+			have = true
+			continue
+		}
+		if err := netlink.BridgeVlanDel(tap, v.Vid, false, false, false, true); err != nil {
+			return fmt.Errorf("tap %s: remove VLAN %d: %w", tap.Attrs().Name, v.Vid, err)
+		}
+	}
+	if vid == 0 || have {
+		return nil
+	}
+	if err := netlink.BridgeVlanAdd(tap, uint16(vid), true, true, false, true); err != nil {
+		return fmt.Errorf("tap %s: VLAN %d: %w", tap.Attrs().Name, vid, err)
+	}
+	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/gitfleet/gitfleet/desired"
 )
@@ -32,7 +33,11 @@ type reservation struct {
 // natSpec is what spec.json records of a nat network.
 type natSpec struct {
 	CIDR string `json:"cidr"`
+	IPv6 string `json:"ipv6,omitempty"`
 }
+
+// nat is the network s records.
+func (s natSpec) nat() desired.NAT { return desired.NAT{CIDR: s.CIDR, IPv6: s.IPv6} }
 
 func (m *Manager) netDir(name string) string { return filepath.Join(m.cfg.Dir, name) }
 
@@ -45,8 +50,17 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 	if err != nil {
 		return err
 	}
+	prefix6, err := n.Prefix6()
+	if err != nil {
+		return err
+	}
 	if err := hostConflict(prefix, m.ours(name)); err != nil {
 		return err
+	}
+	if prefix6.IsValid() {
+		if err := hostConflict(prefix6, m.ours(name)); err != nil {
+			return err
+		}
 	}
 	dir := m.netDir(name)
 	br := desired.NATBridge(name)
@@ -56,18 +70,27 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
-	spec, _ := json.Marshal(natSpec{CIDR: n.CIDR})
+	spec, _ := json.Marshal(natSpec{CIDR: n.CIDR, IPv6: n.IPv6})
 	if b, err := os.ReadFile(filepath.Join(dir, SpecFile)); err != nil || !bytes.Equal(b, spec) {
 		if err := writeFile(filepath.Join(dir, SpecFile), spec); err != nil {
 			return fmt.Errorf("state directory: %w", err)
 		}
 	}
 	gw := n.Gateway()
-	if _, err := ensureBridge(br, netip.PrefixFrom(gw, prefix.Bits())); err != nil {
+	var gw6 netip.Prefix
+	if prefix6.IsValid() {
+		gw6 = netip.PrefixFrom(n.Gateway6(), prefix6.Bits())
+	}
+	if _, err := ensureBridge(br, netip.PrefixFrom(gw, prefix.Bits()), gw6); err != nil {
 		return err
 	}
 	if err := enableForwarding(); err != nil {
 		return err
+	}
+	if prefix6.IsValid() {
+		if err := enableForwarding6(); err != nil {
+			return err
+		}
 	}
 	hosts, err := m.readHosts(name)
 	if err != nil {
@@ -84,7 +107,7 @@ func (m *Manager) ensureNAT(ctx context.Context, name string, n desired.NAT) err
 	if err := m.ensureNftables(ctx); err != nil {
 		return err
 	}
-	return m.ensureDnsmasq(ctx, name, prefix, gw, hosts)
+	return m.ensureDnsmasq(ctx, name, n, hosts)
 }
 
 // refreshDnsmasq gives the dnsmasq of each nat network of names that runs
@@ -103,15 +126,14 @@ func (m *Manager) refreshDnsmasq(ctx context.Context, names []string) error {
 			errs = append(errs, err)
 			continue
 		}
-		n := desired.NAT{CIDR: s.CIDR}
-		prefix, err := n.Prefix()
-		if err != nil {
+		n := s.nat()
+		if _, err := n.Prefix(); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
 			continue
 		}
 		hosts, err := m.readHosts(name)
 		if err == nil {
-			err = m.ensureDnsmasq(ctx, name, prefix, n.Gateway(), hosts)
+			err = m.ensureDnsmasq(ctx, name, n, hosts)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", name, err))
@@ -180,6 +202,41 @@ func enableForwarding() error {
 	}
 	if err := os.WriteFile(f, []byte("1\n"), 0o644); err != nil {
 		return fmt.Errorf("enable IPv4 forwarding: %w", err)
+	}
+	return nil
+}
+
+// enableForwarding6 turns IPv6 forwarding on for the whole network
+// namespace (net.ipv6.conf.all.forwarding=1; the kernel forwards IPv6 by
+// that switch alone). A forwarding host ignores router advertisements on
+// every interface whose accept_ra is 1, so a host that takes its own
+// IPv6 route from them would lose it: an interface with a route learned
+// from an advertisement and accept_ra 1 is an ErrHostConflict, naming the
+// interface and the setting that keeps its route (accept_ra=2), and
+// forwarding is left off, as libvirt does.
+func enableForwarding6() error {
+	const f = "/proc/sys/net/ipv6/conf/all/forwarding"
+	b, err := os.ReadFile(f)
+	if err == nil && trim(b) == "1" {
+		return nil
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Protocol: unix.RTPROT_RA}, netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return fmt.Errorf("enable IPv6 forwarding: list routes: %w", err)
+	}
+	for _, r := range routes {
+		l, err := netlink.LinkByIndex(r.LinkIndex)
+		if err != nil {
+			continue
+		}
+		name := l.Attrs().Name
+		ra, _ := os.ReadFile("/proc/sys/net/ipv6/conf/" + name + "/accept_ra")
+		if trim(ra) == "1" {
+			return fmt.Errorf("enable IPv6 forwarding: interface %s takes IPv6 route %s from router advertisements, which the kernel ignores once forwarding is on; set net.ipv6.conf.%s.accept_ra=2 to keep it (%w)", name, r.Dst, name, ErrHostConflict)
+		}
+	}
+	if err := os.WriteFile(f, []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("enable IPv6 forwarding: %w", err)
 	}
 	return nil
 }
@@ -301,11 +358,24 @@ func pick(prefix netip.Prefix, vm string, taken map[netip.Addr]string) (netip.Ad
 // identifiers and host names clients send, so a guest neither gets an
 // address nor releases or renames a lease in another's name, nor makes
 // dnsmasq answer (or log) the clients a flood makes up.
-func (m *Manager) renderDnsmasq(name string, prefix netip.Prefix, gw netip.Addr, hosts map[string]reservation) []byte {
+func (m *Manager) renderDnsmasq(name string, n desired.NAT, hosts map[string]reservation) []byte {
 	dir := m.netDir(name)
+	prefix, _ := n.Prefix()
+	prefix6, _ := n.Prefix6()
+	gw := n.Gateway()
 	var b strings.Builder
 	fmt.Fprintf(&b, "# gitfleet nat network %s (%s); rendered by the agent, do not edit\n", name, prefix)
 	fmt.Fprintf(&b, "interface=%s\nbind-interfaces\nexcept-interface=lo\nlisten-address=%s\n", desired.NATBridge(name), gw)
+	if prefix6.IsValid() {
+		// Router advertisements of the prefix, for SLAAC, with this
+		// dnsmasq as the DNS server (RDNSS) and stateless DHCPv6 for
+		// the same: no address is leased over DHCPv6, so a guest's one
+		// global address is its EUI-64 one, which the tap filter holds
+		// it to.
+		fmt.Fprintf(&b, "listen-address=%s\nenable-ra\n", n.Gateway6())
+		fmt.Fprintf(&b, "dhcp-range=%s,ra-stateless,%d,1h\n", prefix6.Addr(), prefix6.Bits())
+		fmt.Fprintf(&b, "dhcp-option=option6:dns-server,[%s]\n", n.Gateway6())
+	}
 	fmt.Fprintf(&b, "pid-file=%s\ndhcp-leasefile=%s\nlog-facility=%s\n", filepath.Join(dir, DnsmasqPid), filepath.Join(dir, LeasesFile), filepath.Join(dir, DnsmasqLog))
 	mask := net.IP(net.CIDRMask(prefix.Bits(), 32)).String()
 	fmt.Fprintf(&b, "dhcp-range=%s,static,%s,1h\n", prefix.Addr(), mask)
@@ -326,9 +396,9 @@ func (m *Manager) renderDnsmasq(name string, prefix netip.Prefix, gw netip.Addr,
 // nat network name: it adopts a running one whose configuration is
 // unchanged, restarts one whose configuration changed (its leases stay in
 // the lease file), and starts one when none runs.
-func (m *Manager) ensureDnsmasq(ctx context.Context, name string, prefix netip.Prefix, gw netip.Addr, hosts map[string]reservation) error {
+func (m *Manager) ensureDnsmasq(ctx context.Context, name string, n desired.NAT, hosts map[string]reservation) error {
 	conf := filepath.Join(m.netDir(name), DnsmasqConf)
-	want := m.renderDnsmasq(name, prefix, gw, hosts)
+	want := m.renderDnsmasq(name, n, hosts)
 	have, _ := os.ReadFile(conf)
 	pid := m.dnsmasqPid(name)
 	if pid != 0 && bytes.Equal(have, want) {

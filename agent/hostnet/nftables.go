@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,11 +28,12 @@ func gateway(cidr string) string {
 // none of it: a link-local address is never routed, so all a guest finds
 // there through the host is the host's own link, where a cloud's metadata
 // service (169.254.169.254) answers the host's (masqueraded) requests with
-// the host's credentials. (IPv6 from a nat network is not forwarded.)
+// the host's credentials. (IPv6 link-local addresses are never
+// forwarded.)
 const LinkLocal4 = "169.254.0.0/16"
 
 // renderNftables is the whole "inet gitfleet" table for the nat networks
-// nets (name -> CIDR), as one nft script that replaces the table
+// nets (by name), as one nft script that replaces the table
 // atomically: declaring the table first makes "delete" succeed when it
 // does not exist yet, and nft applies a script as one transaction.
 //
@@ -47,7 +47,14 @@ const LinkLocal4 = "169.254.0.0/16"
 // they carry the user-mode networking of the VMs on no host network,
 // whose connections leave the host's own stack, where the forward rules
 // never see them.
-func renderNftables(nets map[string]string, userModeUID int) []byte {
+//
+// A network with an IPv6 prefix gets the same over IPv6 (inet6Rules):
+// guests reach the host only for neighbour discovery, router
+// solicitations, DHCPv6, DNS and ping at the bridge's IPv6 address, and
+// their traffic from the prefix is forwarded and masqueraded (NAT66);
+// a network without one forwards no IPv6 at all (the forward chain's
+// last rule for its bridge drops it).
+func renderNftables(nets map[string]desired.NAT, userModeUID int) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s\ndelete table inet %s\n", NftTable, NftTable)
 	if len(nets) == 0 {
@@ -56,8 +63,11 @@ func renderNftables(nets map[string]string, userModeUID int) []byte {
 	fmt.Fprintf(&b, "table inet %s {\n", NftTable)
 	b.WriteString("\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n")
 	for _, name := range sortedKeys(nets) {
-		br, gw := desired.NATBridge(name), gateway(nets[name])
+		br, gw := desired.NATBridge(name), gateway(nets[name].CIDR)
 		fmt.Fprintf(&b, "\t\tiifname %q ct state established,related accept\n", br)
+		for _, r := range inet6Input(nets[name]) {
+			fmt.Fprintf(&b, "\t\tiifname %q %s\n", br, r)
+		}
 		fmt.Fprintf(&b, "\t\tiifname %q ip daddr { %s, 255.255.255.255 } udp dport 67 accept\n", br, gw)
 		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s udp dport 53 accept\n", br, gw)
 		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s tcp dport 53 accept\n", br, gw)
@@ -65,6 +75,9 @@ func renderNftables(nets map[string]string, userModeUID int) []byte {
 		fmt.Fprintf(&b, "\t\tiifname %q drop\n", br)
 		// The bridge address serves its guests and the host alone.
 		fmt.Fprintf(&b, "\t\tiifname != { %q, \"lo\" } ip daddr %s drop\n", br, gw)
+		if gw6 := nets[name].Gateway6(); gw6.IsValid() {
+			fmt.Fprintf(&b, "\t\tiifname != { %q, \"lo\" } ip6 daddr %s drop\n", br, gw6)
+		}
 	}
 	b.WriteString("\t}\n")
 	b.WriteString("\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n")
@@ -83,32 +96,57 @@ func renderNftables(nets map[string]string, userModeUID int) []byte {
 	for _, name := range sortedKeys(nets) {
 		br := desired.NATBridge(name)
 		fmt.Fprintf(&b, "\t\tiifname %q ip daddr %s drop\n", br, LinkLocal4)
-		fmt.Fprintf(&b, "\t\tiifname %q ip saddr %s accept\n", br, nets[name])
+		fmt.Fprintf(&b, "\t\tiifname %q ip saddr %s accept\n", br, nets[name].CIDR)
+		if p6, _ := nets[name].Prefix6(); p6.IsValid() {
+			fmt.Fprintf(&b, "\t\tiifname %q ip6 saddr %s accept\n", br, p6)
+		}
 		fmt.Fprintf(&b, "\t\tiifname %q drop\n", br)
 	}
 	b.WriteString("\t}\n")
 	b.WriteString(userModeGuard(nets, userModeUID))
 	b.WriteString("\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
 	for _, name := range sortedKeys(nets) {
-		fmt.Fprintf(&b, "\t\tip saddr %s ip daddr != %s masquerade\n", nets[name], nets[name])
+		fmt.Fprintf(&b, "\t\tip saddr %s ip daddr != %s masquerade\n", nets[name].CIDR, nets[name].CIDR)
+		if p6, _ := nets[name].Prefix6(); p6.IsValid() {
+			fmt.Fprintf(&b, "\t\tip6 saddr %s ip6 daddr != %s masquerade\n", p6, p6)
+		}
 	}
 	b.WriteString("\t}\n}\n")
 	return []byte(b.String())
 }
 
+// inet6Input are the input rules, after the bridge's iifname, that let
+// the guests of nat network n reach the host over IPv6: neighbour
+// discovery and router solicitations (dnsmasq answers with an
+// advertisement), DHCPv6 to the servers' multicast group or the bridge,
+// DNS and ping at the bridge's address. The chain drops the rest. None
+// without an IPv6 prefix.
+func inet6Input(n desired.NAT) []string {
+	gw6 := n.Gateway6()
+	if !gw6.IsValid() {
+		return nil
+	}
+	return []string{
+		"icmpv6 type { nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255 accept",
+		fmt.Sprintf("ip6 daddr { %s, ff02::1:2 } udp dport 547 accept", gw6),
+		fmt.Sprintf("ip6 daddr %s udp dport 53 accept", gw6),
+		fmt.Sprintf("ip6 daddr %s tcp dport 53 accept", gw6),
+		fmt.Sprintf("ip6 daddr %s icmpv6 type echo-request accept", gw6),
+	}
+}
+
 // userModeGuard is the output chain that keeps the sockets of uid (QEMU's
-// user) off every address of the nat networks nets (name -> CIDR), IPv4
-// or IPv6; "" for uid 0.
-func userModeGuard(nets map[string]string, uid int) string {
+// user) off every address of the nat networks nets, IPv4 or IPv6; "" for
+// uid 0.
+func userModeGuard(nets map[string]desired.NAT, uid int) string {
 	if uid == 0 {
 		return ""
 	}
 	var v4, v6 []string
 	for _, name := range sortedKeys(nets) {
-		if p, err := netip.ParsePrefix(nets[name]); err == nil && p.Addr().Is6() {
-			v6 = append(v6, nets[name])
-		} else {
-			v4 = append(v4, nets[name])
+		v4 = append(v4, nets[name].CIDR)
+		if p6, _ := nets[name].Prefix6(); p6.IsValid() {
+			v6 = append(v6, p6.String())
 		}
 	}
 	var b strings.Builder
@@ -135,13 +173,13 @@ func (m *Manager) ensureNftables(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	nets := map[string]string{}
+	nets := map[string]desired.NAT{}
 	for _, name := range made {
 		var s natSpec
 		if err := readJSON(filepath.Join(m.netDir(name), SpecFile), &s); err != nil {
 			return err
 		}
-		nets[name] = s.CIDR
+		nets[name] = s.nat()
 	}
 	nics, err := m.nics()
 	if err != nil {

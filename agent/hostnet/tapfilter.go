@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/gitfleet/gitfleet/desired"
 )
 
 // nic is one VM NIC as the tap filter holds it: the tap it enters its
@@ -41,9 +44,19 @@ func (m *Manager) nics() ([]nic, error) {
 		if err != nil {
 			return nil, err
 		}
+		var s natSpec
+		if err := readJSON(filepath.Join(m.netDir(name), SpecFile), &s); err != nil {
+			return nil, err
+		}
+		p6, _ := s.nat().Prefix6()
 		for _, r := range hosts {
 			mac := parseMAC(r.MAC)
 			reserved[mac] = append(reserved[mac], r.Addr)
+			// On a network with an IPv6 prefix the guest speaks from
+			// its SLAAC address too (and link-local, as everywhere).
+			if hw, err := net.ParseMAC(mac); err == nil && p6.IsValid() {
+				reserved[mac] = append(reserved[mac], desired.SLAAC(p6, hw))
+			}
 		}
 	}
 	out := make([]nic, 0, len(taps))
@@ -101,15 +114,17 @@ func renderTapFilter(nics []nic) string {
 // nicChain is the name of the chain of the NIC with tap.
 func nicChain(tap string) string { return "nic_" + tap }
 
-// natRules hold a NIC of a nat network, whose only DHCP server is the
-// network's dnsmasq and which offers no IPv6, to what a guest there needs
+// natRules hold a NIC of a nat network, whose only DHCP server and IPv6
+// router is the network's dnsmasq, to what a guest there needs
 // and nothing more. Its guest:
 //   - sends only untagged IPv4, ARP and IPv6 (a VLAN tag would carry IPv4
 //     past the rules below);
 //   - claims no address but its own: ARP only with its own MAC and one of
 //     its addresses as the sender (or 0.0.0.0 when probing one of its
 //     own, RFC 5227), IPv4 only from its addresses, IPv6 only from a
-//     link-local address (or one of its own) — so no guest takes the
+//     link-local address, the unspecified one (duplicate address
+//     detection) or, on a network with an IPv6 prefix, its SLAAC
+//     address (desired.SLAAC of its MAC) — so no guest takes the
 //     gateway's address or a neighbour's, in the neighbours' tables or the
 //     host's;
 //   - sends no DHCP server's message: none to a DHCP client's port, none

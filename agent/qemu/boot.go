@@ -17,7 +17,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
 )
 
@@ -35,9 +34,11 @@ type launch struct {
 	initrd  string
 	cmdline string
 	mac     string
-	sshPort int    // user-mode networking's forwarded SSH port, when tap is ""
-	tap     string // the tap of a host network, or "" for user-mode networking
-	runAs   string // -runas user; "" stays root
+	sshPort int         // user-mode networking's forwarded SSH port, when tap is ""
+	tap     string      // the tap of a host network, or "" for user-mode networking
+	model   string      // the first NIC's QEMU device; "" is desired.DefaultNICModel
+	more    []launchNIC // the NICs after the first, each on a host network
+	runAs   string      // -runas user; "" stays root
 	sandbox bool
 	machineModel
 	// vars is the VM's UEFI variables file, with fw set.
@@ -46,6 +47,9 @@ type launch struct {
 	// descriptor number, with tpm set (0 otherwise).
 	tpmFD int
 }
+
+// launchNIC is a NIC after a VM's first: its tap, MAC and QEMU device.
+type launchNIC struct{ tap, mac, model string }
 
 // machineModel is what a VM's machine is, resolved from its spec for
 // this host (Provisioner.machineModel).
@@ -137,9 +141,14 @@ func (l launch) args() []string {
 	if l.tap != "" {
 		netdev = "tap,id=net0,ifname=" + l.tap + ",script=no,downscript=no"
 	}
+	a = append(a, "-netdev", netdev, "-device", nicModel(l.model)+",netdev=net0,mac="+l.mac)
+	for i, n := range l.more {
+		id := "net" + strconv.Itoa(i+1)
+		a = append(a,
+			"-netdev", "tap,id="+id+",ifname="+n.tap+",script=no,downscript=no",
+			"-device", nicModel(n.model)+",netdev="+id+",mac="+n.mac)
+	}
 	a = append(a,
-		"-netdev", netdev,
-		"-device", "virtio-net-pci,netdev=net0,mac="+l.mac,
 		"-device", "virtio-rng-pci",
 		// The guest agent's channel, always present: a guest that runs
 		// qemu-guest-agent answers on it (readiness, addresses).
@@ -267,11 +276,11 @@ func (p *Provisioner) Boot(ctx context.Context, m agent.Machine) error {
 // kernel's architecture), writes its seed and allocates its SSH port, and
 // returns the launch they make with machine model.
 func (p *Provisioner) prepareLaunch(ctx context.Context, st *vmState, m agent.Machine, model machineModel) (launch, error) {
-	mac := macOf(m.Name, m.Spec.MAC)
-	att, err := p.attach(ctx, st, m, mac)
+	atts, err := p.attach(ctx, st, m)
 	if err != nil {
 		return launch{}, err
 	}
+	nics := seedNICs(m, atts)
 	a, err := p.fetchArtifacts(ctx, st, m.Spec)
 	if err != nil {
 		return launch{}, err
@@ -280,12 +289,14 @@ func (p *Provisioner) prepareLaunch(ctx context.Context, st *vmState, m agent.Ma
 	if !adopted(m.Spec) {
 		// An adopted guest gets no seed: its cloud-init ran before, under
 		// an instance-id gitfleet never knew.
-		if seed, err = p.writeSeed(st, m, mac, att); err != nil {
+		if seed, err = p.writeSeed(st, m, nics); err != nil {
 			return launch{}, err
 		}
 	}
-	port := 0
-	if att.Tap == "" {
+	port, tap := 0, ""
+	if len(atts) > 0 {
+		tap = atts[0].Tap
+	} else {
 		if port, err = p.sshPort(st); err != nil {
 			return launch{}, err
 		}
@@ -294,8 +305,11 @@ func (p *Provisioner) prepareLaunch(ctx context.Context, st *vmState, m agent.Ma
 		name: m.Name, dir: st.dir, accel: p.accel,
 		vcpus: max(m.Spec.VCPUs, 1), memMB: m.Spec.MemoryMB,
 		root: st.path(RootDiskFile), seed: seed, volumes: m.Volumes,
-		kernel: a.kernel, initrd: a.initrd, mac: mac, sshPort: port, tap: att.Tap,
+		kernel: a.kernel, initrd: a.initrd, mac: nics[0].mac, sshPort: port, tap: tap, model: nics[0].model,
 		sandbox: !p.cfg.NoSandbox, machineModel: model,
+	}
+	for i := 1; i < len(atts); i++ {
+		l.more = append(l.more, launchNIC{tap: atts[i].Tap, mac: nics[i].mac, model: nics[i].model})
 	}
 	if p.user != nil {
 		l.runAs = p.user.name
@@ -703,8 +717,8 @@ func (p *Provisioner) Destroy(ctx context.Context, name string) error {
 }
 
 // writeSeed writes m's NoCloud seed and returns its path.
-func (p *Provisioner) writeSeed(st *vmState, m agent.Machine, mac string, att hostnet.Attachment) (string, error) {
-	files, err := p.machineSeed(st, m, mac, staticFor(m.Spec.Static, att))
+func (p *Provisioner) writeSeed(st *vmState, m agent.Machine, nics []seedNIC) (string, error) {
+	files, err := p.machineSeed(st, m, nics)
 	if err != nil {
 		return "", agent.Permanent(fmt.Errorf("seed: %w", err))
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/internal/redact"
 )
@@ -121,7 +120,7 @@ func (p *Provisioner) Stage(ctx context.Context, m agent.Machine) error {
 	if adopted(m.Spec) {
 		return nil // no seed to render
 	}
-	if _, err := p.machineSeed(st, m, macOf(m.Name, m.Spec.MAC), staticFor(m.Spec.Static, hostnet.Attachment{})); err != nil {
+	if _, err := p.machineSeed(st, m, seedNICs(m, nil)); err != nil {
 		return agent.Permanent(fmt.Errorf("seed: %w", err))
 	}
 	return nil

@@ -194,7 +194,7 @@ func TestStaticAddressesAreReservedBeforePickedOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 	mac, _ := net.ParseMAC(macFor("a-dyn"))
-	if err := scratch.Reserve("lab", lab, "a-dyn", mac, netip.Addr{}); err != nil {
+	if err := scratch.Reserve("lab", lab, hostnet.NIC{VM: "a-dyn", MAC: mac}); err != nil {
 		t.Fatal(err)
 	}
 	var hosts map[string]struct{ Addr netip.Addr }

@@ -13,6 +13,7 @@ import (
 	"github.com/gitfleet/gitfleet/agent"
 	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
+	"github.com/gitfleet/gitfleet/status"
 	"github.com/google/renameio/v2"
 )
 
@@ -24,10 +25,9 @@ const NetFile = "network.json"
 // HostNetworks attaches VMs to host networks; *hostnet.Manager implements
 // it. Methods are safe for concurrent use.
 type HostNetworks interface {
-	// Attach ensures network name (def) and VM vm's tap on it; static is
-	// the VM's static IPv4 on a nat network (invalid when none). See
-	// hostnet.Manager.Attach.
-	Attach(ctx context.Context, name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) (hostnet.Attachment, error)
+	// Attach ensures network name (def) and the tap of a VM's NIC nic on
+	// it. See hostnet.Manager.Attach.
+	Attach(ctx context.Context, name string, def desired.Network, nic hostnet.NIC) (hostnet.Attachment, error)
 	// Check reports whether network name (def) can take a VM now,
 	// changing nothing; hostnet.ErrBridgeMissing when a bridge network's
 	// bridge does not exist. See hostnet.Manager.Check.
@@ -37,9 +37,12 @@ type HostNetworks interface {
 	// Address is the guest's IPv4 address on network name, invalid when
 	// unknown.
 	Address(name string, def desired.Network, mac net.HardwareAddr) netip.Addr
-	// Reserve records VM vm's address on nat network name (def) without
-	// touching the network; see hostnet.Manager.Reserve.
-	Reserve(name string, def desired.Network, vm string, mac net.HardwareAddr, static netip.Addr) error
+	// Address6 is the guest's IPv6 address on nat network name, invalid
+	// when unknown; see hostnet.Manager.Address6.
+	Address6(name string, def desired.Network, mac net.HardwareAddr) netip.Addr
+	// Reserve records the address of a VM's NIC nic on nat network name
+	// (def) without touching the network; see hostnet.Manager.Reserve.
+	Reserve(name string, def desired.Network, nic hostnet.NIC) error
 	// Holder is the MAC address of the machine holding addr on network
 	// name, as the host's neighbour table knows it; nil when that cannot
 	// be known. See hostnet.Manager.Holder.
@@ -66,13 +69,25 @@ var (
 	_ agent.LeaseReporter     = (*Provisioner)(nil)
 )
 
-// netRecord is NetFile's content.
+// netRecord is NetFile's content: the VM's first NIC, and in More the
+// others, in order.
 type netRecord struct {
 	Network string            `json:"network"`
 	Def     desired.Network   `json:"def"`
 	Tap     string            `json:"tap"`
 	MAC     string            `json:"mac"`
 	Static  *desired.StaticIP `json:"static,omitempty"`
+	More    []netRecord       `json:"more,omitempty"`
+}
+
+// nics is every NIC r records, the first one first.
+func (r *netRecord) nics() []netRecord {
+	if r == nil {
+		return nil
+	}
+	first := *r
+	first.More = nil
+	return append([]netRecord{first}, r.More...)
 }
 
 // ReconcileNetworks hands the host's networks to Config.Networks, first
@@ -105,11 +120,12 @@ func (p *Provisioner) ReconcileNetworks(ctx context.Context, nets map[string]des
 		if !ok || def.NAT == nil {
 			continue
 		}
-		hw, err := net.ParseMAC(macOf(m.VM, m.MAC))
+		hw, err := net.ParseMAC(desired.NICMAC(m.VM, m.Index, desired.NIC{MAC: m.MAC}))
 		if err != nil {
 			return err
 		}
-		if err := p.cfg.Networks.Reserve(m.Network, def, m.VM, hw, staticOn(def, m.Static)); err != nil {
+		nic := hostnet.NIC{VM: m.VM, Index: m.Index, MAC: hw, Static: staticOn(def, m.Static)}
+		if err := p.cfg.Networks.Reserve(m.Network, def, nic); err != nil {
 			errs = append(errs, fmt.Errorf("vm %s: %w", m.VM, err))
 		}
 	}
@@ -131,78 +147,149 @@ func staticOn(def desired.Network, s *desired.StaticIP) netip.Addr {
 	return netip.Addr{}
 }
 
-// attach puts the VM's NIC on its host network, or leaves it on user-mode
-// networking when the spec names none: then the returned attachment has
-// no tap. It records the choice in NetFile; a VM on a host network keeps
-// no SSH forward.
-func (p *Provisioner) attach(ctx context.Context, st *vmState, m agent.Machine, mac string) (hostnet.Attachment, error) {
-	if m.Spec.Network == "" {
-		// Back to user-mode networking: drop the tap and reservation of
-		// a network the VM was on.
+// attach puts each of the VM's NICs on its host network, or leaves the
+// VM on user-mode networking when the spec names none: then it returns
+// no attachments. It records the choice in NetFile; a VM on host
+// networks keeps no SSH forward.
+func (p *Provisioner) attach(ctx context.Context, st *vmState, m agent.Machine) ([]hostnet.Attachment, error) {
+	nics := m.Spec.Interfaces()
+	if len(nics) == 0 {
+		// Back to user-mode networking: drop the taps and reservations
+		// of the networks the VM was on.
 		if _, err := os.Stat(st.path(NetFile)); err == nil && p.cfg.Networks != nil {
 			if err := p.cfg.Networks.Detach(m.Name); err != nil {
-				return hostnet.Attachment{}, err
+				return nil, err
 			}
 		}
 		if err := os.Remove(st.path(NetFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return hostnet.Attachment{}, err
+			return nil, err
 		}
-		return hostnet.Attachment{}, nil
+		return nil, nil
 	}
+	if err := nicsUsable(m); err != nil {
+		return nil, err
+	}
+	names := make([]string, len(nics))
+	for i, nic := range nics {
+		names[i] = nic.Network
+	}
+	var atts []hostnet.Attachment
+	var recs []netRecord
+	for i, nic := range nics {
+		def, err := p.nicNetwork(m, nic)
+		if err != nil {
+			return nil, err
+		}
+		mac := desired.NICMAC(m.Name, i, nic)
+		hw, err := net.ParseMAC(mac)
+		if err != nil {
+			return nil, agent.Permanent(fmt.Errorf("nic %d: %w", i, err))
+		}
+		att, err := p.cfg.Networks.Attach(ctx, nic.Network, def,
+			hostnet.NIC{VM: m.Name, Index: i, MAC: hw, Static: staticOn(def, nic.Static), Networks: names})
+		if err != nil {
+			return nil, waitForNetwork(err)
+		}
+		atts = append(atts, att)
+		recs = append(recs, netRecord{Network: nic.Network, Def: def, Tap: att.Tap, MAC: mac, Static: nic.Static})
+	}
+	rec := recs[0]
+	rec.More = recs[1:]
+	if err := p.recordNetwork(st, m.Name, rec); err != nil {
+		return nil, err
+	}
+	return atts, nil
+}
+
+// nicsUsable refuses, permanently, NICs a snapshot's checks should have
+// kept from the agent (desired.CheckNICs): too many, one MAC twice.
+func nicsUsable(m agent.Machine) error {
+	if probs := desired.CheckNICs(&m.Spec); len(probs) > 0 {
+		return agent.Permanent(fmt.Errorf("%s: %s", probs[0].Field, probs[0].Msg))
+	}
+	return nil
+}
+
+// nicNetwork is the definition of the network NIC nic of m names.
+func (p *Provisioner) nicNetwork(m agent.Machine, nic desired.NIC) (desired.Network, error) {
+	def, ok := m.Networks[nic.Network]
 	switch {
-	case m.Network == nil:
-		return hostnet.Attachment{}, agent.Permanent(fmt.Errorf("network %q: the host defines no such network", m.Spec.Network))
+	case !ok:
+		return def, agent.Permanent(fmt.Errorf("network %q: the host defines no such network", nic.Network))
 	case p.cfg.Networks == nil:
-		return hostnet.Attachment{}, agent.Permanent(fmt.Errorf("network %q: this agent runs without host networking", m.Spec.Network))
+		return def, agent.Permanent(fmt.Errorf("network %q: this agent runs without host networking", nic.Network))
 	}
-	hw, err := net.ParseMAC(mac)
+	return def, nil
+}
+
+// recordNetwork writes rec to the VM's NetFile and drops its user-mode
+// SSH port.
+func (p *Provisioner) recordNetwork(st *vmState, vm string, rec netRecord) error {
+	b, err := json.Marshal(rec)
 	if err != nil {
-		return hostnet.Attachment{}, err
+		return err
 	}
-	att, err := p.cfg.Networks.Attach(ctx, m.Spec.Network, *m.Network, m.Name, hw, staticOn(*m.Network, m.Spec.Static))
-	if err != nil {
-		return att, waitForNetwork(err)
-	}
-	rec, err := json.Marshal(netRecord{Network: m.Spec.Network, Def: *m.Network, Tap: att.Tap, MAC: mac, Static: m.Spec.Static})
-	if err != nil {
-		return att, err
-	}
-	if err := renameio.WriteFile(st.path(NetFile), rec, 0o644, renameio.WithTempDir(st.dir)); err != nil {
-		return att, fmt.Errorf("record network: %w", err)
+	if err := renameio.WriteFile(st.path(NetFile), b, 0o644, renameio.WithTempDir(st.dir)); err != nil {
+		return fmt.Errorf("record network: %w", err)
 	}
 	if err := os.Remove(st.path(PortFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return att, err
+		return err
 	}
 	p.mu.Lock()
 	for port, owner := range p.ports {
-		if owner == m.Name {
+		if owner == vm {
 			delete(p.ports, port)
 		}
 	}
 	p.mu.Unlock()
-	return att, nil
+	return nil
 }
 
-// checkNetwork reports whether the host network m's spec names can take
+// checkNetwork reports whether the host networks m's NICs name can take
 // the VM now (Stage: an edit must not stop a VM for a network it cannot
 // join); nil for user-mode networking.
 func (p *Provisioner) checkNetwork(m agent.Machine) error {
-	switch {
-	case m.Spec.Network == "":
-		return nil
-	case m.Network == nil:
-		return agent.Permanent(fmt.Errorf("network %q: the host defines no such network", m.Spec.Network))
-	case p.cfg.Networks == nil:
-		return agent.Permanent(fmt.Errorf("network %q: this agent runs without host networking", m.Spec.Network))
+	if err := nicsUsable(m); err != nil {
+		return err
 	}
-	return waitForNetwork(p.cfg.Networks.Check(m.Spec.Network, *m.Network))
+	for _, nic := range m.Spec.Interfaces() {
+		def, err := p.nicNetwork(m, nic)
+		if err != nil {
+			return err
+		}
+		if err := p.cfg.Networks.Check(nic.Network, def); err != nil {
+			return waitForNetwork(err)
+		}
+	}
+	return nil
 }
 
-// waitForNetwork marks a missing bridge, and a nat network whose CIDR the
-// host's own routes use, as agent.ErrNetworkMissing, which the engine
+// seedNICs are the NICs m's seed and command line give the VM, with the
+// attachments atts of its NICs (nil before they are attached): for each
+// NIC its MAC, model and static configuration with a nat network's
+// defaults (staticFor); for a VM on user-mode networking one NIC.
+func seedNICs(m agent.Machine, atts []hostnet.Attachment) []seedNIC {
+	nics := m.Spec.Interfaces()
+	if len(nics) == 0 {
+		return []seedNIC{{mac: macOf(m.Name, m.Spec.MAC)}}
+	}
+	out := make([]seedNIC, len(nics))
+	for i, nic := range nics {
+		var att hostnet.Attachment
+		if i < len(atts) {
+			att = atts[i]
+		}
+		out[i] = seedNIC{mac: desired.NICMAC(m.Name, i, nic), static: staticFor(nic.Static, att), model: nic.Model}
+	}
+	return out
+}
+
+// waitForNetwork marks a missing bridge, a bridge that does not filter
+// the VLANs a network names, and a nat network whose CIDR the host's own
+// routes use, as agent.ErrNetworkMissing, which the engine
 // waits for instead of spending a create attempt.
 func waitForNetwork(err error) error {
-	if errors.Is(err, hostnet.ErrBridgeMissing) || errors.Is(err, hostnet.ErrHostConflict) {
+	if errors.Is(err, hostnet.ErrBridgeMissing) || errors.Is(err, hostnet.ErrHostConflict) || errors.Is(err, hostnet.ErrNoVLANFiltering) {
 		return fmt.Errorf("%w: %w", err, agent.ErrNetworkMissing)
 	}
 	return err
@@ -266,10 +353,41 @@ func (p *Provisioner) networkAddress(st *vmState) (ip netip.Addr, ok bool) {
 	return netip.Addr{}, true
 }
 
-// Unleased implements agent.LeaseReporter: for a VM that runs on a nat
-// network and takes its address there by DHCP (no static address of its
-// inside the network's CIDR, as NetFile records them), why dnsmasq holds
-// no lease of its reserved address for its MAC (Networks.Unleased; another
+// nicAddresses are the VM's NICs as NetFile records them, each with the
+// guest's address there while the VM runs: what Config.Networks observes
+// (its lease, or the host's neighbour table), else what its
+// qemu-guest-agent reports for the NIC's MAC.
+func (p *Provisioner) nicAddresses(st *vmState) []status.NIC {
+	r, _ := p.netRecord(st)
+	var out []status.NIC
+	for _, n := range r.nics() {
+		nic := status.NIC{Network: n.Network, MAC: n.MAC}
+		if hw, err := net.ParseMAC(n.MAC); err == nil && st.pid() != 0 {
+			var a netip.Addr
+			if p.cfg.Networks != nil {
+				a = p.cfg.Networks.Address(n.Network, n.Def, hw)
+			}
+			if !a.IsValid() {
+				a = p.guestAgentAddress(st, hw)
+			}
+			if a.IsValid() {
+				nic.IP = a.String()
+			}
+			if p.cfg.Networks != nil {
+				if a6 := p.cfg.Networks.Address6(n.Network, n.Def, hw); a6.IsValid() {
+					nic.IPv6 = a6.String()
+				}
+			}
+		}
+		out = append(out, nic)
+	}
+	return out
+}
+
+// Unleased implements agent.LeaseReporter: for each NIC of a VM that
+// runs on a nat network and takes its address there by DHCP (no static
+// address of its inside the network's CIDR, as NetFile records them), in
+// order, why dnsmasq holds no lease of its reserved address for its MAC (Networks.Unleased; another
 // MAC's lease holding it is agent.ErrAddressHeld too); nil otherwise.
 func (p *Provisioner) Unleased(name string) error {
 	st := p.state(name, "")
@@ -277,18 +395,23 @@ func (p *Provisioner) Unleased(name string) error {
 		return nil
 	}
 	r, _ := p.netRecord(st)
-	if r == nil || r.Def.NAT == nil || staticOn(r.Def, r.Static).IsValid() {
-		return nil
+	for _, n := range r.nics() {
+		if n.Def.NAT == nil || staticOn(n.Def, n.Static).IsValid() {
+			continue
+		}
+		hw, err := net.ParseMAC(n.MAC)
+		if err != nil {
+			continue
+		}
+		err = p.cfg.Networks.Unleased(n.Network, hw)
+		if errors.Is(err, hostnet.ErrAddressHeld) {
+			return fmt.Errorf("%w (%w)", err, agent.ErrAddressHeld)
+		}
+		if err != nil {
+			return err
+		}
 	}
-	hw, err := net.ParseMAC(r.MAC)
-	if err != nil {
-		return nil
-	}
-	err = p.cfg.Networks.Unleased(r.Network, hw)
-	if errors.Is(err, hostnet.ErrAddressHeld) {
-		return fmt.Errorf("%w (%w)", err, agent.ErrAddressHeld)
-	}
-	return err
+	return nil
 }
 
 // netRecord reads NetFile; ok is false when the VM is on user-mode

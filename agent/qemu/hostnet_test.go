@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -73,7 +74,7 @@ func (f *netFixture) machine(name, network string, def desired.Network) agent.Ma
 	}
 	spec := guestSpec(f.t, f.srv)
 	spec.Network = network
-	return agent.Machine{Name: name, Dir: dir, Spec: spec, Network: &def, InstanceID: "i-" + name}
+	return agent.Machine{Name: name, Dir: dir, Spec: spec, Networks: map[string]desired.Network{network: def}, InstanceID: "i-" + name}
 }
 
 func (f *netFixture) boot(p *Provisioner, m agent.Machine) {
@@ -174,7 +175,7 @@ func TestGuestOnNATNetworkGetsItsReservedLease(t *testing.T) {
 		if got := p2.machines[m.Name].pid(); got != pid {
 			t.Errorf("QEMU pid %d after restart; want %d", got, pid)
 		}
-		if got := p2.Address(m.Name); got != addr {
+		if got := p2.Address(m.Name); !reflect.DeepEqual(got, addr) {
 			t.Errorf("Address after restart = %+v; want %+v", got, addr)
 		}
 		if b, _ := os.ReadFile(filepath.Join(f.netDir, "lab", hostnet.DnsmasqPid)); string(b) != string(dnsmasq) {
@@ -268,18 +269,18 @@ func TestLeavingANetworkDropsTheTapAndReservation(t *testing.T) {
 	lab := desired.Network{NAT: &desired.NAT{CIDR: "10.84.0.0/24"}}
 	dir := filepath.Join(f.vmRoot, "app-01")
 	os.MkdirAll(dir, 0o700)
-	m := agent.Machine{Name: "app-01", Dir: dir, Spec: desired.VMSpec{Network: "lab"}, Network: &lab}
+	m := agent.Machine{Name: "app-01", Dir: dir, Spec: desired.VMSpec{Network: "lab"}, Networks: map[string]desired.Network{"lab": lab}}
 	st, _ := p.machineState(m)
 	ctx := context.Background()
-	att, err := p.attach(ctx, st, m, macFor(m.Name))
-	if err != nil {
-		t.Fatalf("attach: %v", err)
+	atts, err := p.attach(ctx, st, m)
+	if err != nil || len(atts) != 1 {
+		t.Fatalf("attach = %+v, %v", atts, err)
 	}
-	if _, err := netlink.LinkByName(att.Tap); err != nil {
+	if _, err := netlink.LinkByName(atts[0].Tap); err != nil {
 		t.Fatalf("tap: %v", err)
 	}
-	m.Spec.Network, m.Network = "", nil
-	if att, err := p.attach(ctx, st, m, macFor(m.Name)); err != nil || att.Tap != "" {
+	m.Spec.Network, m.Networks = "", nil
+	if att, err := p.attach(ctx, st, m); err != nil || len(att) != 0 {
 		t.Fatalf("attach to user-mode networking = %+v, %v", att, err)
 	}
 	if _, err := netlink.LinkByName(hostnet.TapName(m.Name)); err == nil {
@@ -416,7 +417,7 @@ func TestADestroyedVMsAddressGoesToTheNextVM(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		name := fmt.Sprintf("filler-%d", i)
 		hw, _ := net.ParseMAC(macFor(name))
-		if err := m.Reserve("lab", lab, name, hw, netip.Addr{}); err != nil {
+		if err := m.Reserve("lab", lab, hostnet.NIC{VM: name, MAC: hw}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,27 +1,24 @@
 package qemu
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/gitfleet/gitfleet/desired"
 )
 
 // GuestIP is the guest's address on QEMU's user-mode network (slirp hands
 // out 10.0.2.15 to the first DHCP client of each VM's private network).
 const GuestIP = "10.0.2.15"
 
-// macFor derives a VM's MAC from its name: stable across reboots, restarts
-// and hosts, locally administered (bit 1 of the first octet set) and
-// unicast (bit 0 clear), so it never collides with a vendor's range.
-func macFor(name string) string {
-	h := sha256.Sum256([]byte("gitfleet-mac:" + name))
-	h[0] = (h[0] | 0x02) &^ 0x01
-	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", h[0], h[1], h[2], h[3], h[4], h[5])
-}
+// macFor is the MAC of a VM's first NIC when the spec fixes none
+// (desired.NICMAC): derived from its name, stable across reboots,
+// restarts and hosts, locally administered and unicast.
+func macFor(name string) string { return desired.NICMAC(name, 0, desired.NIC{}) }
 
 // macOf is the MAC of VM name's NIC: the spec's fixed mac, in lowercase,
 // when it has one, else macFor(name).

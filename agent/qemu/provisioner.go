@@ -620,6 +620,7 @@ func (p *Provisioner) Address(name string) agent.Address {
 		if ip.IsValid() {
 			a.IP, a.SSH = ip.String(), netip.AddrPortFrom(ip, 22).String()
 		}
+		a.NICs = p.nicAddresses(st)
 		return a
 	}
 	if port, err := readPort(st.path(PortFile)); err == nil && port > 0 {

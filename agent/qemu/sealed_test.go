@@ -70,7 +70,7 @@ func seedOf(t *testing.T, p *Provisioner, m agent.Machine) (map[string][]byte, e
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, err := p.machineSeed(st, m, macFor(m.Name), nil)
+	files, err := p.machineSeed(st, m, seedNICs(m, nil))
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	diskfs "github.com/diskfs/go-diskfs"
@@ -28,6 +29,9 @@ const SeedLabel = "cidata"
 // and networkd renderers write a config for an interface that does not exist.
 const NICName = "nic0"
 
+// nicModel is the QEMU device of a NIC of model m ("" is the default).
+func nicModel(m string) string { return desired.NIC{Model: m}.ModelOf() }
+
 // seedFiles renders the NoCloud documents for a VM:
 //
 //   - meta-data: instance-id, local-hostname, and public-keys (the spec's
@@ -43,6 +47,26 @@ const NICName = "nic0"
 // ci's user-data must be plaintext by now (machineSeed opens an encrypted
 // one); an encrypted one here is an error, never written as it is.
 func seedFiles(name, instanceID, mac string, ci *desired.CloudInit, static *desired.StaticIP) (map[string][]byte, error) {
+	return seedFilesNICs(name, instanceID, []seedNIC{{mac: mac, static: static}}, ci)
+}
+
+// seedNIC is one NIC as the seed's network-config and QEMU's command line
+// know it: its MAC, its static configuration (nil for DHCP) and its QEMU
+// device ("" for desired.DefaultNICModel).
+type seedNIC struct {
+	mac    string
+	static *desired.StaticIP
+	model  string
+}
+
+// nicName is the name network-config gives NIC i: NICName for the
+// first, nic1, nic2, ... for the others.
+func nicName(i int) string { return "nic" + strconv.Itoa(i) }
+
+// seedFilesNICs is seedFiles for a VM with the NICs nics, at least one:
+// network-config has an entry for each, matched by its MAC and named
+// nicName(i).
+func seedFilesNICs(name, instanceID string, nics []seedNIC, ci *desired.CloudInit) (map[string][]byte, error) {
 	var keys []string
 	userData := ""
 	if ci != nil {
@@ -55,15 +79,19 @@ func seedFiles(name, instanceID, mac string, ci *desired.CloudInit, static *desi
 	if err != nil {
 		return nil, err
 	}
-	nic := map[string]any{
-		"match":    map[string]string{"macaddress": mac},
-		"set-name": NICName,
-		"dhcp4":    true,
+	ethernets := map[string]any{}
+	for i, n := range nics {
+		nic := map[string]any{
+			"match":    map[string]string{"macaddress": n.mac},
+			"set-name": nicName(i),
+			"dhcp4":    true,
+		}
+		applyStatic(nic, n.static)
+		ethernets[nicName(i)] = nic
 	}
-	applyStatic(nic, static)
 	netcfg, err := yaml11(map[string]any{
 		"version":   2,
-		"ethernets": map[string]any{NICName: nic},
+		"ethernets": ethernets,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("network-config: %w", err)
@@ -71,9 +99,9 @@ func seedFiles(name, instanceID, mac string, ci *desired.CloudInit, static *desi
 	return map[string][]byte{"meta-data": meta, "user-data": []byte(userData), "network-config": netcfg}, nil
 }
 
-// machineSeed renders m's seed (seedFiles) with its user-data opened
-// (userData).
-func (p *Provisioner) machineSeed(st *vmState, m agent.Machine, mac string, static *desired.StaticIP) (map[string][]byte, error) {
+// machineSeed renders m's seed (seedFilesNICs) for its NICs nics with
+// its user-data opened (userData).
+func (p *Provisioner) machineSeed(st *vmState, m agent.Machine, nics []seedNIC) (map[string][]byte, error) {
 	ci := m.Spec.CloudInit
 	if ci != nil && ci.EncryptedUserData != nil {
 		ud, err := p.userData(st, m)
@@ -82,7 +110,7 @@ func (p *Provisioner) machineSeed(st *vmState, m agent.Machine, mac string, stat
 		}
 		ci = &desired.CloudInit{SSHAuthorizedKeys: ci.SSHAuthorizedKeys, UserData: string(ud)}
 	}
-	return seedFiles(m.Name, m.InstanceID, mac, ci, static)
+	return seedFilesNICs(m.Name, m.InstanceID, nics, ci)
 }
 
 // userData is the user-data m's seed carries: the spec's userData as

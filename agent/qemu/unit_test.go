@@ -122,6 +122,12 @@ func TestArgsGolden(t *testing.T) {
 	a = arm.args()
 	i = slices.Index(a, "-tpmdev")
 	got += "--- arm64\n" + strings.Join(a[2:6], "\n") + "\n" + strings.Join(a[i-2:i+4], "\n") + "\n"
+	nics := tapped
+	nics.model = "e1000e"
+	nics.more = []launchNIC{{tap: "gft00000000000b", mac: "52:54:00:91:92:01"}, {tap: "gft00000000000c", mac: "52:54:00:91:92:02", model: "rtl8139"}}
+	a = nics.args()
+	i = slices.Index(a, "-netdev")
+	got += "--- nics\n" + strings.Join(a[i:i+12], "\n") + "\n"
 	got += "--- scope\n" + strings.Join(scopeArgs("web-01", []string{"qemu-system-x86_64", "-name", "guest=web-01"}), "\n") + "\n"
 	golden := filepath.Join("testdata", "args.golden")
 	if *update {
@@ -226,12 +232,12 @@ func TestNetworkWithoutHostNetworkingIsPermanent(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, RootDiskFile), qcow2Stub(1<<30), 0o600)
 	lan := desired.Network{Bridge: "br0"}
 	for _, m := range []agent.Machine{
-		{Name: "web-01", Dir: dir, Spec: desired.VMSpec{Network: "lan"}, Network: &lan},
+		{Name: "web-01", Dir: dir, Spec: desired.VMSpec{Network: "lan"}, Networks: map[string]desired.Network{"lan": lan}},
 		{Name: "web-01", Dir: dir, Spec: desired.VMSpec{Network: "lan"}},
 	} {
 		err := p.Boot(context.Background(), m)
 		if !agent.IsPermanent(err) || !strings.Contains(err.Error(), `network "lan"`) {
-			t.Errorf("Boot on network %q (definition %v) = %v; want a permanent error naming it", m.Spec.Network, m.Network, err)
+			t.Errorf("Boot on network %q (definition %v) = %v; want a permanent error naming it", m.Spec.Network, m.Networks, err)
 		}
 	}
 	if err := p.ReconcileNetworks(context.Background(), map[string]desired.Network{"lan": lan}, nil, nil); err == nil {
@@ -294,6 +300,56 @@ func TestSeedStaticAddressesRenderWithCloudInit(t *testing.T) {
 	for _, want := range []string{"MACAddress=" + mac, "DHCP=no", "Address=10.77.0.20/24", "Gateway=10.77.0.1", "DNS=10.77.0.1", "Domains=lab.example"} {
 		if !bytes.Contains(rendered, []byte(want)) {
 			t.Errorf("networkd config lacks %q:\n%s\nfrom\n%s", want, rendered, files["network-config"])
+		}
+	}
+}
+
+// TestSeedTwoNICsRenderWithCloudInit: the network-config of a VM with two
+// NICs, one by DHCP and one static, is what cloud-init's own renderer
+// turns into a networkd config for each, each matched by its MAC.
+func TestSeedTwoNICsRenderWithCloudInit(t *testing.T) {
+	ci, err := exec.LookPath("cloud-init")
+	if err != nil {
+		t.Skip("cloud-init is not installed")
+	}
+	first, second := macFor("router"), "52:54:00:91:92:01"
+	static := staticFor(&desired.StaticIP{Addresses: []string{"10.92.0.20/24"}},
+		hostnet.Attachment{Gateway: netip.MustParseAddr("10.92.0.1")})
+	files, err := seedFilesNICs("router", "i-1", []seedNIC{{mac: first}, {mac: second, static: static}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	in := filepath.Join(dir, "network-config")
+	os.WriteFile(in, files["network-config"], 0o600)
+	out, err := exec.Command(ci, "devel", "net-convert", "-p", in, "-k", "yaml", "-d", filepath.Join(dir, "out"),
+		"-D", "debian", "-O", "networkd", "-m", "eth0,"+first, "-m", "eth1,"+second).CombinedOutput()
+	if err != nil {
+		t.Fatalf("net-convert: %v: %s", err, out)
+	}
+	rendered := map[string]string{}
+	filepath.WalkDir(filepath.Join(dir, "out"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".network") {
+			b, _ := os.ReadFile(p)
+			rendered[filepath.Base(p)] = string(b)
+		}
+		return nil
+	})
+	var nic0, nic1 string
+	for _, b := range rendered {
+		switch {
+		case strings.Contains(b, "MACAddress="+first):
+			nic0 = b
+		case strings.Contains(b, "MACAddress="+second):
+			nic1 = b
+		}
+	}
+	if !strings.Contains(nic0, "DHCP=ipv4") || !strings.Contains(nic0, "Name=nic0") {
+		t.Errorf("first NIC's networkd config is not DHCP on nic0:\n%s\nfrom\n%s", nic0, files["network-config"])
+	}
+	for _, want := range []string{"Name=nic1", "Address=10.92.0.20/24", "Gateway=10.92.0.1"} {
+		if !strings.Contains(nic1, want) {
+			t.Errorf("second NIC's networkd config lacks %q:\n%s\nfrom\n%s", want, nic1, files["network-config"])
 		}
 	}
 }
