@@ -787,15 +787,15 @@ func newCrossChecker(objs []*object, complete bool, unchanged map[*object]bool) 
 	}
 	return &crossChecker{
 		objs: objs, complete: complete, unchanged: unchanged,
-		hosts:     make(map[string]*object, nHosts),
-		volumes:   make(map[string]*object, nVolumes),
-		vms:       make(map[string]*object, len(objs)-nHosts-nVolumes),
-		duplicate: make(map[*object]bool),
-		use:       make(map[string]*hostUsage, nHosts),
-		attached:  make(map[string]*object, nVolumes),
-		statics:   make(map[staticKey]*object),
-		macs:      make(map[string]macOwner),
-		profiles:  make(map[string]*object),
+		hosts:       make(map[string]*object, nHosts),
+		volumes:     make(map[string]*object, nVolumes),
+		vms:         make(map[string]*object, len(objs)-nHosts-nVolumes),
+		duplicate:   make(map[*object]bool),
+		use:         make(map[string]*hostUsage, nHosts),
+		attached:    make(map[string]*object, nVolumes),
+		statics:     make(map[staticKey]*object),
+		macs:        make(map[string]macOwner),
+		profiles:    make(map[string]*object),
 		backupRepos: make(map[string]*object),
 	}
 }
