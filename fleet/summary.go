@@ -128,7 +128,7 @@ func (c *Controller) fillReported(h *status.HostSummary, l *snapshots.Ledger, re
 	}
 	st := rep.Status
 	h.Unsigned = c.unsignedNote(rep.Host)
-	h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
+	h.Heartbeat, h.Accel, h.AgentVersion, h.LastStatus = st.Heartbeat, st.Agent.Accel, st.Agent.Version, st.ObservedAt
 	h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
 	h.SnapshotError = st.SnapshotError
 	h.Quarantined, h.Suspended, h.QuarantinedVolumes = st.Quarantined, st.Suspended, st.QuarantinedVolumes

@@ -86,8 +86,12 @@ type HostSummary struct {
 	Online   bool
 	Reported bool // a status file exists
 	// StatusError says why the host's status file could not be read.
-	StatusError    string
-	Heartbeat      uint64
+	StatusError string
+	Heartbeat   uint64
+	// LastStatus is the observedAt of the host's status (the agent's
+	// clock); shown only for an offline host (NoStatusSince), so the
+	// summary changes with it only when it says something.
+	LastStatus     time.Time
 	Accel          string
 	AgentVersion   string
 	Epoch          uint64
@@ -333,6 +337,9 @@ func (h HostSummary) stateCell() string {
 	state := h.State()
 	if h.StatusError != "" {
 		state += ": " + h.StatusError
+	}
+	if state == StateOffline && !h.LastStatus.IsZero() {
+		state += ": " + NoStatusSince(h.LastStatus)
 	}
 	if h.Retired {
 		state += ", " + RetiredNote
