@@ -78,6 +78,7 @@ func (l launch) args() []string {
 	a = append(a,
 		"-pidfile", filepath.Join(l.dir, PidFile),
 		"-qmp", "unix:"+QMPSocket+",server=on,wait=off",
+		"-qmp", "unix:"+QMPEventsSocket+",server=on,wait=off",
 	)
 	a = append(a, consoleArgs(l.dir)...)
 	a = append(a,
@@ -336,7 +337,7 @@ func (p *Provisioner) start(ctx context.Context, st *vmState, l launch, log *log
 // qemu.log, returned open for QEMU's output. Every name is removed or
 // created anew, never written through (vmfile.go).
 func prepareStart(st *vmState) (*os.File, error) {
-	for _, f := range []string{PidFile, QMPSocket, QGASocket, SerialSocket, ReadyFile} {
+	for _, f := range []string{PidFile, QMPSocket, QMPEventsSocket, QGASocket, SerialSocket, ReadyFile} {
 		if err := os.Remove(st.path(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("clear stale %s: %w", f, err)
 		}
