@@ -221,6 +221,9 @@ type Engine struct {
 	// volQuarantined are the quarantined volumes as the last volume pass
 	// found them.
 	volQuarantined []status.Quarantine
+	// netHealth is what the last tick's NetworkHealthReporter said of the
+	// host networks (nethealth.go).
+	netHealth map[string]string
 }
 
 type worker struct {
@@ -550,6 +553,7 @@ func (e *Engine) Tick(ctx context.Context, snap *snapshots.Snapshot) error {
 	}
 	inUse := e.adopt(snap, hash)
 	e.guardHost(ctx)
+	e.checkNetworks(ctx, snap)
 	if e.suspendedNow() {
 		return nil
 	}

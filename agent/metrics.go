@@ -199,7 +199,9 @@ var (
 	epochDesc       = prometheus.NewDesc("gitfleet_agent_snapshot_epoch", "Epoch of the last accepted snapshot.", nil, nil)
 	fenceDesc       = prometheus.NewDesc("gitfleet_agent_fence_violation", "1 while the host refuses its snapshot (fenced), else 0.", nil, nil)
 	suspendedDesc   = prometheus.NewDesc("gitfleet_agent_suspended", "1 while the host's Host spec suspends it (it acts on nothing), else 0.", nil, nil)
-	awaitingDesc    = prometheus.NewDesc("gitfleet_agent_deletes_awaiting_confirmation",
+	networkDesc     = prometheus.NewDesc("gitfleet_agent_network_degraded",
+		"1 while something on the host keeps a host network's guests' traffic from flowing (a foreign firewall's drop on the forward path, a route over a nat network's CIDR, a missing bridge: the status's networks[].degraded says what), else 0, by network.", []string{"network"}, nil)
+	awaitingDesc = prometheus.NewDesc("gitfleet_agent_deletes_awaiting_confirmation",
 		"Quarantined objects whose tombstone grace has passed and whose delete waits for the controller to confirm it (a snapshot carrying the quarantine's nonce), by kind (vm, volume): not destroyed until it does.", []string{"kind"}, nil)
 )
 
@@ -208,7 +210,7 @@ var (
 type reportCollector struct{ m *Metrics }
 
 func (c *reportCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{vmsDesc, quarantinedDesc, vanishedDesc, epochDesc, fenceDesc, suspendedDesc, awaitingDesc} {
+	for _, d := range []*prometheus.Desc{vmsDesc, quarantinedDesc, vanishedDesc, epochDesc, fenceDesc, suspendedDesc, networkDesc, awaitingDesc} {
 		ch <- d
 	}
 }
@@ -243,6 +245,13 @@ func (c *reportCollector) Collect(ch chan<- prometheus.Metric) {
 		suspended = 1
 	}
 	ch <- prometheus.MustNewConstMetric(suspendedDesc, prometheus.GaugeValue, suspended)
+	for _, n := range st.Networks {
+		degraded := 0.0
+		if n.Degraded != "" {
+			degraded = 1
+		}
+		ch <- prometheus.MustNewConstMetric(networkDesc, prometheus.GaugeValue, degraded, n.Name)
+	}
 	now := e.now()
 	ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(awaitingConfirmation(st.Quarantined, now)), confirmVM)
 	ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(awaitingConfirmation(st.QuarantinedVolumes, now)), confirmVolume)

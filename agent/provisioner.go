@@ -170,6 +170,19 @@ type NetworkReconciler interface {
 	ReconcileNetworks(ctx context.Context, nets map[string]desired.Network, members []NetworkMember, inUse map[string]bool) error
 }
 
+// NetworkHealthReporter is implemented by a Provisioner that attaches VMs
+// to host networks. NetworkHealth says, for each network of nets (the
+// snapshot's host networks), what on the host now keeps its guests'
+// traffic from flowing — another firewall's drop on the forward path, a
+// route over a nat network's CIDR, a missing bridge — "" when nothing
+// it checks does. The engine asks at every tick (the host suspended or
+// not) and shows a reason on the network in the host's status, on each
+// VM there and in gitfleet_agent_network_degraded; guests are left as
+// they are. Bounded in time; changes nothing. Optional.
+type NetworkHealthReporter interface {
+	NetworkHealth(ctx context.Context, nets map[string]desired.Network) map[string]string
+}
+
 // HostGuard is implemented by a Provisioner that keeps host-side pieces
 // its running guests rely on: firewall rules between the guests and the
 // host (nftables tables that anyone with root can flush: `systemctl

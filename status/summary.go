@@ -123,6 +123,9 @@ type HostSummary struct {
 	// Host's spec.agentKey ("" when it is, or the Host names none): what
 	// the status reports is unverified, and none of it is acted on.
 	Unsigned string
+	// Networks are the host's networks as its status reports them; a
+	// degraded one is named in the host's state.
+	Networks []NetworkHealth
 }
 
 // PendingDelete is a tombstone not finalized yet: who removed what, with
@@ -355,6 +358,11 @@ func (h HostSummary) stateCell() string {
 	}
 	if h.Unconfirmed > 0 {
 		state += fmt.Sprintf(", %d quarantined, waiting for the controller to confirm the delete", h.Unconfirmed)
+	}
+	for _, n := range h.Networks {
+		if note := DegradedNote(n); note != "" {
+			state += ", " + note
+		}
 	}
 	if h.Suspended != nil {
 		state += ", suspended (acts on nothing)"

@@ -58,12 +58,16 @@ type HostNetworks interface {
 	// user-mode networking of VMs on no host network, to keep them off
 	// every nat network; see hostnet.Manager.UserMode.
 	UserMode(uid int)
+	// Health says what on the host keeps each network's guests' traffic
+	// from flowing; see hostnet.Manager.Health.
+	Health(ctx context.Context, nets map[string]desired.Network) map[string]string
 }
 
 var (
-	_ HostNetworks            = (*hostnet.Manager)(nil)
-	_ agent.NetworkReconciler = (*Provisioner)(nil)
-	_ agent.LeaseReporter     = (*Provisioner)(nil)
+	_ HostNetworks                = (*hostnet.Manager)(nil)
+	_ agent.NetworkReconciler     = (*Provisioner)(nil)
+	_ agent.LeaseReporter         = (*Provisioner)(nil)
+	_ agent.NetworkHealthReporter = (*Provisioner)(nil)
 )
 
 // netRecord is NetFile's content.
@@ -73,6 +77,15 @@ type netRecord struct {
 	Tap     string            `json:"tap"`
 	MAC     string            `json:"mac"`
 	Static  *desired.StaticIP `json:"static,omitempty"`
+}
+
+// NetworkHealth implements agent.NetworkHealthReporter through
+// Config.Networks (hostnet.Manager.Health); nil without it.
+func (p *Provisioner) NetworkHealth(ctx context.Context, nets map[string]desired.Network) map[string]string {
+	if p.cfg.Networks == nil {
+		return nil
+	}
+	return p.cfg.Networks.Health(ctx, nets)
 }
 
 // ReconcileNetworks hands the host's networks to Config.Networks, first

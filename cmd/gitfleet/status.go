@@ -632,6 +632,9 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 		if sus := st.Suspended; sus != nil {
 			note = strings.TrimSpace(fmt.Sprintf("suspended since epoch %d, acts on nothing: %s %s", sus.Epoch, sus.Reason, note))
 		}
+		for _, n := range st.Networks {
+			note = status.JoinNotes(note, status.DegradedNote(n))
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", dash(st.Host), dash(reportedHostState(rep, st)), st.Heartbeat, st.LastSeenEpoch,
 			dash(st.Agent.Accel), dash(st.Agent.Version), len(st.VMs), stampOrDash(st.ObservedAt), dash(note))
 	}
