@@ -119,6 +119,9 @@ const ConsoleReadyMarker = "GITFLEET-GUEST-READY"
 // answer, by any way, and stays set until the VM stops. At is when the
 // guest first answered in this boot, Via how (ReadySSH, ReadyGuestAgent or
 // ReadyConsole) and Addr, for ReadySSH, the host:port that answered.
+// HeldBy is set with Refused when the refusal was another machine
+// answering at Addr instead of the guest: its MAC address, or "host" for
+// the host's own address ("" for a refusal of the guest's own sshd).
 type Readiness struct {
 	Booted      time.Time
 	SSHRequired bool
@@ -127,6 +130,7 @@ type Readiness struct {
 	Via         string
 	Addr        string
 	Refused     time.Time
+	HeldBy      string
 }
 
 // ProgressReporter is implemented by a Provisioner that downloads

@@ -302,7 +302,7 @@ func (w *bootWatch) answered(via, addr string, now time.Time, readyFile string, 
 	if !again {
 		w.r.At, w.r.Via, w.r.Addr = now, via, addr
 	}
-	w.r.Ready, w.r.Refused = true, time.Time{}
+	w.r.Ready, w.r.Refused, w.r.HeldBy = true, time.Time{}, ""
 	if err := writeReadyFile(readyFile, w.pid, w.r); err != nil {
 		log.WithError(err).Warn("save readiness")
 	}
@@ -324,12 +324,16 @@ func (w *bootWatch) refused(now time.Time, why error, readyFile string, log *log
 	if !w.r.Ready || w.reset {
 		return
 	}
-	w.r.Ready, w.r.Refused = false, now
+	w.r.Ready, w.r.Refused, w.r.HeldBy = false, now, heldBy(why)
 	if err := writeReadyFile(readyFile, w.pid, w.r); err != nil {
 		log.WithError(err).Warn("save the refusal")
 		if err := os.Remove(readyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.WithError(err).Warn("drop saved readiness")
 		}
+	}
+	if w.r.HeldBy != "" {
+		log.WithError(why).Warn("another machine answers at the guest's address; not ready until the guest answers again")
+		return
 	}
 	log.WithError(why).Warn("guest's sshd refuses after it answered; not ready until it answers again")
 }
@@ -436,18 +440,22 @@ func (c *consoleScan) probe(context.Context) (string, error) {
 }
 
 // writeReadyFile records what the boot of QEMU pid proved: one line
-// "<pid> <via> <at, Unix ns> <addr or -> <refused, Unix ns or 0>". The
-// boot answered at <at>; a refused time other than 0 says its sshd has
-// refused since then and it is not ready.
+// "<pid> <via> <at, Unix ns> <addr or -> <refused, Unix ns or 0> <held by
+// or ->". The boot answered at <at>; a refused time other than 0 says
+// its sshd has refused since then and it is not ready; held by, when set,
+// that the refusal was another machine answering there (Readiness.HeldBy).
 func writeReadyFile(path string, pid int, r agent.Readiness) error {
-	addr, refused := r.Addr, int64(0)
+	addr, refused, holder := r.Addr, int64(0), r.HeldBy
 	if addr == "" {
 		addr = "-"
+	}
+	if holder == "" || strings.ContainsAny(holder, " \n") {
+		holder = "-"
 	}
 	if !r.Refused.IsZero() {
 		refused = r.Refused.UnixNano()
 	}
-	line := fmt.Sprintf("%d %s %d %s %d\n", pid, r.Via, r.At.UnixNano(), addr, refused)
+	line := fmt.Sprintf("%d %s %d %s %d %s\n", pid, r.Via, r.At.UnixNano(), addr, refused, holder)
 	return writeAtomic(path, []byte(line), 0o644)
 }
 
@@ -479,6 +487,9 @@ func readReadyFile(path string, pid int) (agent.Readiness, bool) {
 		}
 		if refused != 0 {
 			r.Ready, r.Refused = false, time.Unix(0, refused)
+			if len(f) > 5 && f[5] != "-" {
+				r.HeldBy = f[5]
+			}
 		}
 	}
 	return r, true
