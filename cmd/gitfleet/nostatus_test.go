@@ -42,3 +42,11 @@ func TestStatusOfflineHostSaysNoStatusSince(t *testing.T) {
 		t.Errorf("the offline host's VM is not marked:\n%s", b.String())
 	}
 }
+
+// A degraded network is in its host's note.
+func TestStatusHostNoteNamesADegradedNetwork(t *testing.T) {
+	st := &status.Status{Host: "hv-a", Networks: []status.NetworkHealth{{Name: "lab", Degraded: "bridge gf-lab is missing"}, {Name: "lan"}}}
+	if got := hostNote(st); got != "network lab degraded: bridge gf-lab is missing" {
+		t.Errorf("note = %q", got)
+	}
+}
