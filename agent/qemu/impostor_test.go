@@ -87,7 +87,7 @@ func TestAnotherMachineTakingTheAddressIsNamed(t *testing.T) {
 	}
 	waitFor("ready", func(r agent.Readiness) bool { return r.Ready })
 
-	run(t, "ip", "link", "del", "vg") // the guest leaves the LAN
+	run(t, "ip", "link", "del", "vg")   // the guest leaves the LAN
 	time.Sleep(1100 * time.Millisecond) // the neighbour table's locktime
 	machine("o", otherMAC)
 	r := waitFor("not ready", func(r agent.Readiness) bool { return !r.Ready })
