@@ -137,6 +137,11 @@ type Agent struct {
 	// started is when Run began (Healthz).
 	started atomic.Pointer[time.Time]
 
+	// refused is set while the remote refuses the status writes
+	// (gitsource.ErrPushRefused), for Healthz and the metrics; nil once
+	// one is taken.
+	refused atomic.Pointer[writeRefusal]
+
 	// statusMu serializes status writes.
 	statusMu  sync.Mutex
 	writer    *status.Writer
@@ -542,6 +547,7 @@ func (a *Agent) writeStatus(ctx context.Context) error {
 	start := time.Now()
 	out, err := a.writer.Write(ctx, st)
 	a.cfg.Metrics.gitOp(GitPush, time.Since(start), err)
+	a.noteRefusal(err, now)
 	if err != nil {
 		return err
 	}
@@ -557,6 +563,45 @@ func (a *Agent) writeStatus(ctx context.Context) error {
 	}
 	a.lastKey, a.lastWrite = &key, now
 	return nil
+}
+
+// writeRefusal is the remote refusing the status writes: since when
+// (the agent's clock at the first refused write) and what the last one
+// said, the remote's own message included.
+type writeRefusal struct {
+	Since time.Time
+	Error string
+	// Said is the remote's own message (gitsource.RemoteMessage).
+	Said string
+}
+
+// noteRefusal records the outcome of one status write at now: a refusal
+// by the remote (gitsource.ErrPushRefused) is logged at error level when
+// its text changes, with the remote's message, and kept for Healthz and
+// the metrics; a write taken clears it. Another failure (git
+// unreachable, a timeout) changes nothing: it says nothing about
+// whether the remote would take the write.
+func (a *Agent) noteRefusal(err error, now time.Time) {
+	prev := a.refused.Load()
+	switch {
+	case err == nil:
+		if prev != nil {
+			a.log.WithField("since", prev.Since.UTC().Format(time.RFC3339)).Info("the remote takes the status writes again")
+			a.refused.Store(nil)
+			a.cfg.Metrics.statusRefused(nil)
+		}
+	case errors.Is(err, gitsource.ErrPushRefused):
+		r := &writeRefusal{Since: now, Error: safetext.Line(err.Error()), Said: gitsource.RemoteMessage(err)}
+		if prev != nil {
+			r.Since = prev.Since
+		}
+		if prev == nil || prev.Error != r.Error {
+			a.log.WithField("branch", status.HostBranch(a.cfg.Host)).WithField("error", r.Error).
+				Error("the remote refuses this host's status writes: the controller sees no status from this host (offline) until it takes them; VMs keep being reconciled")
+		}
+		a.refused.Store(r)
+		a.cfg.Metrics.statusRefused(r)
+	}
 }
 
 // jitter returns d scaled by a random factor in [0.9, 1.1].

@@ -233,6 +233,9 @@ type Engine struct {
 	volQuarantined []status.Quarantine
 	// bk is the backup scheduler (backups.go).
 	bk backups
+	// netHealth is what the last tick's NetworkHealthReporter said of the
+	// host networks (nethealth.go).
+	netHealth map[string]string
 }
 
 type worker struct {
@@ -595,6 +598,7 @@ func (e *Engine) Tick(ctx context.Context, snap *snapshots.Snapshot) error {
 	}
 	inUse := e.adopt(snap, hash)
 	e.guardHost(ctx)
+	e.checkNetworks(ctx, snap)
 	if e.suspendedNow() {
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/assert"
@@ -187,4 +188,60 @@ func TestVMWhoseGuestHoldsNoLeaseIsNotReady(t *testing.T) {
 	assert.Empty(t, r.IP)
 	assert.True(t, strings.HasPrefix(r.LastError, "not ready: the guest holds no lease of its address: no lease of address 10.122.0."), r.LastError)
 	assert.Equal(t, status.PhaseBooting, n.step(t, s).Phase, "a tick changes nothing")
+}
+
+// Host health that decides whether a nat guest's traffic flows is shown,
+// and the guest keeps running: another firewall's table with a drop
+// policy on the forward hook (what Docker installs), then a route over
+// the network's CIDR that appears after it was made, are named on the
+// network in the host's status, on the VM's note and in
+// gitfleet_agent_network_degraded; once they are gone, all say so.
+func TestHostHealthThatCutsAGuestOffIsShown(t *testing.T) {
+	g := netEngineGuest(t)
+	if !netnstest.Enter(t) {
+		return
+	}
+	reg := prometheus.NewRegistry()
+	m, err := agent.NewMetrics(reg)
+	require.NoError(t, err)
+	n := newNetEngine(t, g, func(c *agent.EngineConfig) { c.Metrics = m })
+	nets := map[string]desired.Network{"lab": {NAT: &desired.NAT{CIDR: "10.123.0.0/24"}}}
+	s := n.snapshot("lab", nets)
+	r := n.step(t, s)
+	for deadline := time.Now().Add(3 * time.Minute); r.Phase != status.PhaseReady && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+		r = n.step(t, s)
+	}
+	require.Equal(t, status.PhaseReady, r.Phase, r.LastError)
+	assert.Equal(t, []status.NetworkHealth{{Name: "lab"}}, n.eng.Report().Networks)
+	assert.Equal(t, 0.0, value(t, reg, "gitfleet_agent_network_degraded", "network", "lab"))
+
+	sh := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		require.NoError(t, err, "%s: %s", strings.Join(args, " "), out)
+	}
+	sh("nft", "add table ip filter; add chain ip filter FORWARD { type filter hook forward priority 0; policy drop; }")
+	r = n.step(t, s)
+	st := n.eng.Report()
+	require.Len(t, st.Networks, 1)
+	assert.Equal(t, "table ip filter chain FORWARD on the forward hook has policy drop", st.Networks[0].Degraded)
+	assert.Contains(t, r.Message, "network lab degraded: table ip filter chain FORWARD on the forward hook has policy drop")
+	assert.Equal(t, status.PhaseReady, r.Phase, "the guest keeps running")
+	assert.Equal(t, 1.0, value(t, reg, "gitfleet_agent_network_degraded", "network", "lab"))
+	sh("nft", "delete table ip filter")
+
+	sh("ip", "link", "add", "vpn0", "type", "veth", "peer", "name", "vpn0p")
+	sh("ip", "link", "set", "vpn0p", "up")
+	sh("ip", "link", "set", "vpn0", "up")
+	sh("ip", "route", "add", "10.123.0.0/25", "dev", "vpn0")
+	r = n.step(t, s)
+	assert.Contains(t, r.Message, "network lab degraded: 10.123.0.0/24 overlaps the host's route to 10.123.0.0/25 (device vpn0, table main)")
+	assert.Equal(t, "running", r.Power)
+	sh("ip", "route", "del", "10.123.0.0/25", "dev", "vpn0")
+
+	r = n.step(t, s)
+	assert.NotContains(t, r.Message, "degraded")
+	assert.Equal(t, []status.NetworkHealth{{Name: "lab"}}, n.eng.Report().Networks)
+	assert.Equal(t, 0.0, value(t, reg, "gitfleet_agent_network_degraded", "network", "lab"))
 }

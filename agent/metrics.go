@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gitfleet/gitfleet/internal/safetext"
 	"github.com/gitfleet/gitfleet/status"
 )
 
@@ -25,6 +26,10 @@ type Metrics struct {
 	imageBytes   prometheus.Gauge
 	imageRemoved prometheus.Counter
 	refusals     *prometheus.CounterVec
+	// writeRefused is gitfleet_agent_status_write_refused: one series,
+	// labelled with the remote's message, while the remote refuses the
+	// status writes.
+	writeRefused *prometheus.GaugeVec
 	// lastTick is the Unix nanoseconds of the last tick the agent's
 	// reconcile loop finished (LastTick).
 	lastTick atomic.Int64
@@ -77,8 +82,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Cached artifacts removed because no VM used them for the image grace."}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gitfleet_agent_snapshot_refusals_total",
 			Help: "Snapshots commits refused before any epoch fence, once per commit, by reason: signature (not signed by a key of controllerKeys) or invalid (does not parse, names another host, too large)."}, []string{"reason"}),
+		writeRefused: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gitfleet_agent_status_write_refused",
+			Help: "1 while the remote refuses this host's status writes (a pre-receive hook, a protected branch), labelled with what the remote said (at most 256 bytes; empty when it sent none); absent while it takes them."}, []string{"error"}),
 	}
-	for _, c := range []prometheus.Collector{m.passes, m.creates, m.git, m.gitErrors, m.imageBytes, m.imageRemoved, m.refusals, &reportCollector{m: m}} {
+	for _, c := range []prometheus.Collector{m.passes, m.creates, m.git, m.gitErrors, m.imageBytes, m.imageRemoved, m.refusals, m.writeRefused, &reportCollector{m: m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -142,6 +149,22 @@ func (m *Metrics) refused(err error) {
 	m.refusals.WithLabelValues(reason).Inc()
 }
 
+// statusRefused sets gitfleet_agent_status_write_refused from r (nil:
+// the remote takes the writes).
+func (m *Metrics) statusRefused(r *writeRefusal) {
+	if m == nil {
+		return
+	}
+	m.writeRefused.Reset()
+	if r != nil {
+		m.writeRefused.WithLabelValues(safetext.Truncate(r.Said, maxRefusalLabel)).Set(1)
+	}
+}
+
+// maxRefusalLabel bounds the error label of
+// gitfleet_agent_status_write_refused, in bytes.
+const maxRefusalLabel = 256
+
 func (m *Metrics) images(res ImageCollection) {
 	if m == nil {
 		return
@@ -176,7 +199,9 @@ var (
 	epochDesc       = prometheus.NewDesc("gitfleet_agent_snapshot_epoch", "Epoch of the last accepted snapshot.", nil, nil)
 	fenceDesc       = prometheus.NewDesc("gitfleet_agent_fence_violation", "1 while the host refuses its snapshot (fenced), else 0.", nil, nil)
 	suspendedDesc   = prometheus.NewDesc("gitfleet_agent_suspended", "1 while the host's Host spec suspends it (it acts on nothing), else 0.", nil, nil)
-	awaitingDesc    = prometheus.NewDesc("gitfleet_agent_deletes_awaiting_confirmation",
+	networkDesc     = prometheus.NewDesc("gitfleet_agent_network_degraded",
+		"1 while something on the host keeps a host network's guests' traffic from flowing (a foreign firewall's drop on the forward path, a route over a nat network's CIDR, a missing bridge: the status's networks[].degraded says what), else 0, by network.", []string{"network"}, nil)
+	awaitingDesc = prometheus.NewDesc("gitfleet_agent_deletes_awaiting_confirmation",
 		"Quarantined objects whose tombstone grace has passed and whose delete waits for the controller to confirm it (a snapshot carrying the quarantine's nonce), by kind (vm, volume): not destroyed until it does.", []string{"kind"}, nil)
 	backupSuccessDesc = prometheus.NewDesc("gitfleet_agent_backup_last_success_timestamp_seconds",
 		"When the last whole backup of a VM with a backup policy started (Unix seconds; 0: none yet), by vm.", []string{"vm"}, nil)
@@ -189,7 +214,7 @@ var (
 type reportCollector struct{ m *Metrics }
 
 func (c *reportCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{vmsDesc, quarantinedDesc, vanishedDesc, epochDesc, fenceDesc, suspendedDesc, awaitingDesc, backupSuccessDesc, backupFailingDesc} {
+	for _, d := range []*prometheus.Desc{vmsDesc, quarantinedDesc, vanishedDesc, epochDesc, fenceDesc, suspendedDesc, networkDesc, awaitingDesc, backupSuccessDesc, backupFailingDesc} {
 		ch <- d
 	}
 }
@@ -224,6 +249,13 @@ func (c *reportCollector) Collect(ch chan<- prometheus.Metric) {
 		suspended = 1
 	}
 	ch <- prometheus.MustNewConstMetric(suspendedDesc, prometheus.GaugeValue, suspended)
+	for _, n := range st.Networks {
+		degraded := 0.0
+		if n.Degraded != "" {
+			degraded = 1
+		}
+		ch <- prometheus.MustNewConstMetric(networkDesc, prometheus.GaugeValue, degraded, n.Name)
+	}
 	now := e.now()
 	ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(awaitingConfirmation(st.Quarantined, now)), confirmVM)
 	ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(awaitingConfirmation(st.QuarantinedVolumes, now)), confirmVolume)
@@ -260,7 +292,11 @@ func awaitingConfirmation(qs []status.Quarantine, now time.Time) int {
 // reconcile loop has finished a tick within three tick intervals, 503 with
 // the reason otherwise. A failing git does not make the agent unhealthy: it
 // keeps reconciling the last accepted snapshot (see
-// gitfleet_agent_git_errors_total); a wedged reconcile loop does.
+// gitfleet_agent_git_errors_total); a wedged reconcile loop does, and so
+// does a remote that refuses the status writes (503 with the remote's
+// message, since the first refused write, until one is taken): the
+// controller then sees the host as offline, and only a person can change
+// the remote's rule.
 func (a *Agent) Healthz(w http.ResponseWriter, _ *http.Request) {
 	code, msg := a.health(a.cfg.Now())
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -268,8 +304,19 @@ func (a *Agent) Healthz(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintln(w, msg)
 }
 
-// health is Healthz's answer at now.
+// health is Healthz's answer at now: the reconcile loop's, then the
+// status writes'.
 func (a *Agent) health(now time.Time) (int, string) {
+	code, msg := a.loopHealth(now)
+	if r := a.refused.Load(); r != nil && code == http.StatusOK {
+		return http.StatusServiceUnavailable, fmt.Sprintf("the remote refuses the status writes since %s (the controller sees this host offline): %s",
+			r.Since.UTC().Format(time.RFC3339), r.Error)
+	}
+	return code, msg
+}
+
+// loopHealth is whether the reconcile loop ticks, at now.
+func (a *Agent) loopHealth(now time.Time) (int, string) {
 	limit := 3 * a.cfg.TickInterval
 	last := a.cfg.Metrics.LastTick()
 	switch {

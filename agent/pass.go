@@ -544,6 +544,9 @@ const (
 	// holds no lease of the address its network reserves for it
 	// (LeaseReporter).
 	notLeased = "not ready: the guest holds no lease of its address"
+	// heldByOther starts the lastError of a VM whose address another
+	// machine answers at, not its guest (Readiness.HeldBy).
+	heldByOther = "not ready: another machine answers at the guest's address"
 )
 
 // noteReadiness sets the phase of a VM that runs: ready while its guest
@@ -564,17 +567,24 @@ func (p *vmPass) noteReadiness() {
 		if rec.Phase != status.PhaseReady {
 			p.log.WithFields(logrus.Fields{"via": r.Via, "addr": r.Addr, "seconds": r.At.Sub(r.Booted).Seconds()}).Info("guest answered; vm ready")
 		}
-		if strings.HasPrefix(rec.LastError, sshRefused) || strings.HasPrefix(rec.LastError, notLeased) {
+		if strings.HasPrefix(rec.LastError, sshRefused) || strings.HasPrefix(rec.LastError, notLeased) || strings.HasPrefix(rec.LastError, heldByOther) {
 			rec.LastError = ""
 		}
 		rec.Phase = status.PhaseReady
 		return
 	}
 	if rec.Phase == status.PhaseReady && !r.Booted.IsZero() {
-		p.log.WithField("addr", r.Addr).Warn("the guest's sshd refuses; vm booting until it answers again")
+		if r.HeldBy != "" {
+			p.log.WithField("addr", r.Addr).WithField("heldBy", r.HeldBy).Warn("another machine answers at the guest's address; vm booting until the guest answers again")
+		} else {
+			p.log.WithField("addr", r.Addr).Warn("the guest's sshd refuses; vm booting until it answers again")
+		}
 	}
 	rec.Phase = status.PhaseBooting
 	switch {
+	case !r.Refused.IsZero() && r.HeldBy != "":
+		rec.LastError = fmt.Sprintf("%s %s (%s), not the guest, since %s (the guest answered at %s); booting until the guest answers again; the VM is left running",
+			heldByOther, r.Addr, holderText(r.HeldBy), r.Refused.UTC().Format(time.RFC3339), r.At.UTC().Format(time.RFC3339))
 	case !r.Refused.IsZero():
 		rec.LastError = fmt.Sprintf("%s at %s since %s (it answered at %s); booting until it answers again; the VM is left running",
 			sshRefused, r.Addr, r.Refused.UTC().Format(time.RFC3339), r.At.UTC().Format(time.RFC3339))
@@ -976,4 +986,12 @@ func imageSHA(spec desired.VMSpec) string {
 		return ""
 	}
 	return spec.Image.SHA256
+}
+
+// holderText names the machine of Readiness.HeldBy for a person.
+func holderText(heldBy string) string {
+	if heldBy == "host" {
+		return "the host's own address"
+	}
+	return "MAC " + heldBy
 }

@@ -124,6 +124,9 @@ const ConsoleReadyMarker = "GITFLEET-GUEST-READY"
 // answer, by any way, and stays set until the VM stops. At is when the
 // guest first answered in this boot, Via how (ReadySSH, ReadyGuestAgent or
 // ReadyConsole) and Addr, for ReadySSH, the host:port that answered.
+// HeldBy is set with Refused when the refusal was another machine
+// answering at Addr instead of the guest: its MAC address, or "host" for
+// the host's own address ("" for a refusal of the guest's own sshd).
 type Readiness struct {
 	Booted      time.Time
 	SSHRequired bool
@@ -132,6 +135,7 @@ type Readiness struct {
 	Via         string
 	Addr        string
 	Refused     time.Time
+	HeldBy      string
 }
 
 // ProgressReporter is implemented by a Provisioner that downloads
@@ -173,6 +177,19 @@ type LeaseReporter interface {
 // Optional.
 type NetworkReconciler interface {
 	ReconcileNetworks(ctx context.Context, nets map[string]desired.Network, members []NetworkMember, inUse map[string]bool) error
+}
+
+// NetworkHealthReporter is implemented by a Provisioner that attaches VMs
+// to host networks. NetworkHealth says, for each network of nets (the
+// snapshot's host networks), what on the host now keeps its guests'
+// traffic from flowing — another firewall's drop on the forward path, a
+// route over a nat network's CIDR, a missing bridge — "" when nothing
+// it checks does. The engine asks at every tick (the host suspended or
+// not) and shows a reason on the network in the host's status, on each
+// VM there and in gitfleet_agent_network_degraded; guests are left as
+// they are. Bounded in time; changes nothing. Optional.
+type NetworkHealthReporter interface {
+	NetworkHealth(ctx context.Context, nets map[string]desired.Network) map[string]string
 }
 
 // HostGuard is implemented by a Provisioner that keeps host-side pieces

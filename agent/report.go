@@ -166,6 +166,7 @@ func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fe
 			st.VMs = append(st.VMs, row)
 		}
 	}
+	e.networksLocked(st)
 	sort.Slice(st.Vanished, func(i, j int) bool { return st.Vanished[i].Name < st.Vanished[j].Name })
 	sort.Slice(st.Quarantined, func(i, j int) bool { return st.Quarantined[i].Name < st.Quarantined[j].Name })
 	return st, e.snap, e.fenced

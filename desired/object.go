@@ -330,9 +330,10 @@ func (d *nodeDecoder) newObject(target any, origin Origin) *object {
 	panic(fmt.Sprintf("desired: no object for %T", target))
 }
 
-// artifactURLFields are the VM fields naming a URL the agent fetches, whose
-// positions FileURLWarnings points at.
-var artifactURLFields = []string{"spec.image.url", "spec.kernel.url", "spec.kernel.initrd.url"}
+// artifactURLFields are the VM fields whose positions warnings point at:
+// the URLs the agent fetches (FileURLWarnings) and the user-data
+// (CloudInitUserWarnings).
+var artifactURLFields = []string{"spec.image.url", "spec.kernel.url", "spec.kernel.initrd.url", "spec.cloudInit.userData"}
 
 // decodeEnvelope reports unknown and duplicate top-level fields and the
 // metadata's errors of an object whose kind is missing or unknown.

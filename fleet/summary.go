@@ -128,9 +128,9 @@ func (c *Controller) fillReported(h *status.HostSummary, l *snapshots.Ledger, re
 	}
 	st := rep.Status
 	h.Unsigned = c.unsignedNote(rep.Host)
-	h.Heartbeat, h.Accel, h.AgentVersion = st.Heartbeat, st.Agent.Accel, st.Agent.Version
+	h.Heartbeat, h.Accel, h.AgentVersion, h.LastStatus = st.Heartbeat, st.Agent.Accel, st.Agent.Version, st.ObservedAt
 	h.LastSeenEpoch, h.FenceViolation, h.VMs = st.LastSeenEpoch, st.FenceViolation, st.VMs
-	h.SnapshotError = st.SnapshotError
+	h.SnapshotError, h.Networks = st.SnapshotError, st.Networks
 	h.Quarantined, h.Suspended, h.QuarantinedVolumes = st.Quarantined, st.Suspended, st.QuarantinedVolumes
 	h.Unconfirmed = unconfirmed(l, st)
 }

@@ -234,11 +234,16 @@ func (s *commandSession) ReceivePack(ctx context.Context, req *packp.ReferenceUp
 		return nil, s.Close()
 	}
 	var r io.Reader = s.stdout
+	var d *sideband.Demuxer
 	switch {
 	case req.Capabilities.Supports(capability.Sideband64k):
-		r = sideband.NewDemuxer(sideband.Sideband64k, r)
+		d = sideband.NewDemuxer(sideband.Sideband64k, r)
 	case req.Capabilities.Supports(capability.Sideband):
-		r = sideband.NewDemuxer(sideband.Sideband, r)
+		d = sideband.NewDemuxer(sideband.Sideband, r)
+	}
+	if d != nil {
+		d.Progress = req.Progress // the remote's messages (a hook's output)
+		r = d
 	}
 	report := packp.NewReportStatus()
 	if err := report.Decode(r); err != nil {

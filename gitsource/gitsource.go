@@ -98,6 +98,13 @@ var (
 	// receive.denyNonFastForwards, a protected branch or a ruleset that
 	// blocks force pushes). It is not retried: write without ReplaceTip.
 	ErrNonFastForward = errors.New("remote refuses non-fast-forward updates")
+	// ErrPushRefused: the remote refused a ref update for a reason other
+	// than a lost race (a pre-receive hook declined, a protected branch,
+	// a quota). The error's text carries the remote's own message where
+	// it sent one ("the remote says: …", at most 2 KiB, one printable
+	// line). It is not retried: nothing changes until the remote's
+	// owner does.
+	ErrPushRefused = errors.New("the remote refused the update")
 	// ErrObjectMissing: an object the cache should hold is absent or
 	// unreadable. Fetch repairs the cache; the read is never taken as empty.
 	ErrObjectMissing = errors.New("git object missing from cache")

@@ -818,8 +818,9 @@ func (r *Repo) push(ctx context.Context, ups []refUpdate, pack []byte, atomic bo
 	if !ar.Capabilities.Supports(capability.ReportStatus) {
 		return fmt.Errorf("push %s: the remote does not report status", what)
 	}
+	said := askRemoteMessages(ar, req)
 	rs, err := sess.ReceivePack(ctx, req)
-	return pushOutcome(what, rs, err)
+	return pushOutcome(what, rs, err, said)
 }
 
 // receivePack opens a receive-pack session with the remote, within the
@@ -879,14 +880,15 @@ func pushRequest(what string, ar *packp.AdvRefs, ups []refUpdate, atomic bool) (
 
 // pushOutcome reads the remote's answer to a push, its report rs and
 // the session's err: nil when it took every update, errRejected when it
-// refused one as a lost race, else the failure.
-func pushOutcome(what string, rs *packp.ReportStatus, err error) error {
+// refused one as a lost race, else the failure; a refused update is
+// ErrPushRefused, with what the remote said (said) during the push.
+func pushOutcome(what string, rs *packp.ReportStatus, err error, said *remoteMessages) error {
 	if rs == nil {
 		if err != nil && pushRejected(err) {
 			return fmt.Errorf("%w: %v", errRejected, err)
 		}
 		if err != nil {
-			return fmt.Errorf("push %s: %w", what, err)
+			return fmt.Errorf("push %s: %w%s", what, err, remoteSays(said))
 		}
 		return fmt.Errorf("push %s: no report from the remote", what)
 	}
@@ -904,12 +906,49 @@ func pushOutcome(what string, rs *packp.ReportStatus, err error) error {
 		if pushRejected(failed) {
 			return fmt.Errorf("%w: %v", errRejected, failed)
 		}
-		return fmt.Errorf("push %s: %w", what, failed)
+		return fmt.Errorf("push %s: %w", what, &refusedError{reason: failed, said: said.said()})
 	}
 	if err != nil {
 		return fmt.Errorf("push %s: %w", what, err)
 	}
 	return nil
+}
+
+// remoteSays is "; the remote says: …" with what the remote said during
+// a push, "" when it said nothing.
+func remoteSays(said *remoteMessages) string {
+	if s := said.said(); s != "" {
+		return "; the remote says: " + s
+	}
+	return ""
+}
+
+// refusedError is a ref update the remote refused (ErrPushRefused): its
+// report's reason, and what the remote said during the push.
+type refusedError struct {
+	reason error
+	said   string
+}
+
+func (e *refusedError) Error() string {
+	msg := ErrPushRefused.Error() + ": " + e.reason.Error()
+	if e.said != "" {
+		msg += "; the remote says: " + e.said
+	}
+	return msg
+}
+
+func (e *refusedError) Unwrap() []error { return []error{ErrPushRefused, e.reason} }
+
+// RemoteMessage is what the remote said when it refused a push in err's
+// chain (ErrPushRefused): its hook's output, one printable line of at
+// most 2 KiB; "" when err holds no refusal or the remote said nothing.
+func RemoteMessage(err error) string {
+	var r *refusedError
+	if errors.As(err, &r) {
+		return r.said
+	}
+	return ""
 }
 
 // refusedNonFastForward recognizes a remote's refusal of a push that

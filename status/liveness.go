@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -123,6 +124,19 @@ const RetiredNote = "retired: no Host object; listed until it acks the deletes d
 // state of a host whose status commit is not signed by its Host's
 // spec.agentKey, and each of its VM rows to its note.
 const UnsignedNote = "status not signed by the Host's agentKey: unverified, not acted on"
+
+// NoStatusSince is what the Hosts table and `gitfleet status` add to the
+// state of an offline host whose last status was observed at at (its
+// observedAt; nothing when zero): the controller sees no status, and
+// cannot tell a host that is down from one cut off from git or one whose
+// writes git refuses (the agent's log, gitfleet_agent_status_write_refused
+// and /healthz say which).
+func NoStatusSince(at time.Time) string {
+	if at.IsZero() {
+		return ""
+	}
+	return "no status since " + at.UTC().Format(time.RFC3339) + " (down, cut off from git, or its writes refused: its agent's log and /healthz say which)"
+}
 
 // VMHostNote is the note a VM's row carries for what its host's state
 // means for it, "" when nothing: the row of an offline host is its last

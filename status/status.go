@@ -51,6 +51,30 @@ type Status struct {
 	// the host (spec.suspend): the agent keeps its guests as they are and
 	// acts on nothing. Omitted when the host is not suspended.
 	Suspended *Suspension `yaml:"suspended,omitempty" json:"suspended,omitempty"`
+	// Networks are the host networks of the accepted snapshot's Host
+	// spec, sorted by name, each with what on the host keeps its guests'
+	// traffic from flowing (Degraded, "" when nothing the agent checks
+	// does). Omitted when the host has none, or its agent checks none.
+	Networks []NetworkHealth `yaml:"networks,omitempty" json:"networks,omitempty"`
+}
+
+// NetworkHealth is one host network as its agent finds the host: Degraded
+// says why its guests' traffic does not flow (another firewall's drop on
+// the forward path, a route over a nat network's CIDR, a missing bridge),
+// "" when nothing the agent checks keeps it from flowing. The guests keep
+// running either way.
+type NetworkHealth struct {
+	Name     string `yaml:"name" json:"name"`
+	Degraded string `yaml:"degraded,omitempty" json:"degraded,omitempty"`
+}
+
+// DegradedNote is what a VM's row and its host's state say of network
+// n while it is degraded, "" when it is not.
+func DegradedNote(n NetworkHealth) string {
+	if n.Degraded == "" {
+		return ""
+	}
+	return "network " + n.Name + " degraded: " + n.Degraded
 }
 
 // Suspension is why a host's reconciliation is suspended: the epoch of the

@@ -86,8 +86,12 @@ type HostSummary struct {
 	Online   bool
 	Reported bool // a status file exists
 	// StatusError says why the host's status file could not be read.
-	StatusError    string
-	Heartbeat      uint64
+	StatusError string
+	Heartbeat   uint64
+	// LastStatus is the observedAt of the host's status (the agent's
+	// clock); shown only for an offline host (NoStatusSince), so the
+	// summary changes with it only when it says something.
+	LastStatus     time.Time
 	Accel          string
 	AgentVersion   string
 	Epoch          uint64
@@ -119,6 +123,9 @@ type HostSummary struct {
 	// Host's spec.agentKey ("" when it is, or the Host names none): what
 	// the status reports is unverified, and none of it is acted on.
 	Unsigned string
+	// Networks are the host's networks as its status reports them; a
+	// degraded one is named in the host's state.
+	Networks []NetworkHealth
 }
 
 // PendingDelete is a tombstone not finalized yet: who removed what, with
@@ -334,6 +341,9 @@ func (h HostSummary) stateCell() string {
 	if h.StatusError != "" {
 		state += ": " + h.StatusError
 	}
+	if state == StateOffline && !h.LastStatus.IsZero() {
+		state += ": " + NoStatusSince(h.LastStatus)
+	}
 	if h.Retired {
 		state += ", " + RetiredNote
 	}
@@ -348,6 +358,11 @@ func (h HostSummary) stateCell() string {
 	}
 	if h.Unconfirmed > 0 {
 		state += fmt.Sprintf(", %d quarantined, waiting for the controller to confirm the delete", h.Unconfirmed)
+	}
+	for _, n := range h.Networks {
+		if note := DegradedNote(n); note != "" {
+			state += ", " + note
+		}
 	}
 	if h.Suspended != nil {
 		state += ", suspended (acts on nothing)"

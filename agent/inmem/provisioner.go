@@ -186,7 +186,7 @@ func (p *Provisioner) answerLocked(name, via string) {
 			v.Boot.Addr = v.Addr.SSH
 		}
 	}
-	v.Boot.Ready, v.Boot.Refused = true, time.Time{}
+	v.Boot.Ready, v.Boot.Refused, v.Boot.HeldBy = true, time.Time{}, ""
 }
 
 // Refuse plays the running guest name, ready by SSH, having its sshd
@@ -201,6 +201,19 @@ func (p *Provisioner) Refuse(name string) {
 		return
 	}
 	v.Boot.SSHRequired, v.Boot.Ready, v.Boot.Refused = true, false, p.now()
+}
+
+// Impostor plays another machine, holder (a MAC address, or "host"),
+// answering at the running guest name's SSH address after the guest was
+// ready by SSH: as Refuse, with Readiness.HeldBy set to holder.
+func (p *Provisioner) Impostor(name, holder string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v := p.st.VMs[name]
+	if v == nil || !v.Running || !v.Boot.Ready || v.Boot.Via != agent.ReadySSH {
+		return
+	}
+	v.Boot.SSHRequired, v.Boot.Ready, v.Boot.Refused, v.Boot.HeldBy = true, false, p.now(), holder
 }
 
 // SetLateAddress switches to the shape of a host-run DHCP server: Boot

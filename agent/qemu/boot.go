@@ -118,6 +118,7 @@ func (l launch) args() []string {
 	a = append(a,
 		"-pidfile", filepath.Join(l.dir, PidFile),
 		"-qmp", "unix:"+QMPSocket+",server=on,wait=off",
+		"-qmp", "unix:"+QMPEventsSocket+",server=on,wait=off",
 	)
 	a = append(a, consoleArgs(l.dir)...)
 	a = append(a,
@@ -546,7 +547,7 @@ func (p *Provisioner) spawn(st *vmState, l launch, logf *os.File, extra []*os.Fi
 // qemu.log, returned open for QEMU's output. Every name is removed or
 // created anew, never written through (vmfile.go).
 func prepareStart(st *vmState) (*os.File, error) {
-	for _, f := range []string{PidFile, PidRecordFile, QMPSocket, QGASocket, SerialSocket, ReadyFile} {
+	for _, f := range []string{PidFile, PidRecordFile, QMPSocket, QMPEventsSocket, QGASocket, SerialSocket, ReadyFile} {
 		if err := os.Remove(st.path(f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("clear stale %s: %w", f, err)
 		}

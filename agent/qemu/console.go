@@ -72,12 +72,24 @@ func prepareSerialLog(dir string, now time.Time) error {
 			return fmt.Errorf("rotate serial log: %w", err)
 		}
 	}
+	return appendBootMarker(path, now, "")
+}
+
+// appendBootMarker appends a BootMarker line for a boot that began at now
+// to the serial log at path (created when missing), on a line of its
+// own; note, when set, says more ("guest reset") before the closing
+// " ---".
+func appendBootMarker(path string, now time.Time, note string) error {
 	f, err := openRegular(path, os.O_CREATE|os.O_APPEND|os.O_RDWR, 0o600)
 	if err != nil {
 		return fmt.Errorf("serial log: %w", err)
 	}
 	defer f.Close()
-	line := BootMarker + now.UTC().Format(time.RFC3339) + " ---\n"
+	line := BootMarker + now.UTC().Format(time.RFC3339)
+	if note != "" {
+		line += " (" + note + ")"
+	}
+	line += " ---\n"
 	if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
 		last := make([]byte, 1)
 		if _, err := f.ReadAt(last, fi.Size()-1); err == nil && last[0] != '\n' {

@@ -61,12 +61,16 @@ type HostNetworks interface {
 	// user-mode networking of VMs on no host network, to keep them off
 	// every nat network; see hostnet.Manager.UserMode.
 	UserMode(uid int)
+	// Health says what on the host keeps each network's guests' traffic
+	// from flowing; see hostnet.Manager.Health.
+	Health(ctx context.Context, nets map[string]desired.Network) map[string]string
 }
 
 var (
-	_ HostNetworks            = (*hostnet.Manager)(nil)
-	_ agent.NetworkReconciler = (*Provisioner)(nil)
-	_ agent.LeaseReporter     = (*Provisioner)(nil)
+	_ HostNetworks                = (*hostnet.Manager)(nil)
+	_ agent.NetworkReconciler     = (*Provisioner)(nil)
+	_ agent.LeaseReporter         = (*Provisioner)(nil)
+	_ agent.NetworkHealthReporter = (*Provisioner)(nil)
 )
 
 // netRecord is NetFile's content: the VM's first NIC, and in More the
@@ -88,6 +92,15 @@ func (r *netRecord) nics() []netRecord {
 	first := *r
 	first.More = nil
 	return append([]netRecord{first}, r.More...)
+}
+
+// NetworkHealth implements agent.NetworkHealthReporter through
+// Config.Networks (hostnet.Manager.Health); nil without it.
+func (p *Provisioner) NetworkHealth(ctx context.Context, nets map[string]desired.Network) map[string]string {
+	if p.cfg.Networks == nil {
+		return nil
+	}
+	return p.cfg.Networks.Health(ctx, nets)
 }
 
 // ReconcileNetworks hands the host's networks to Config.Networks, first
@@ -459,6 +472,26 @@ func (p *Provisioner) staticSSH(st *vmState) string {
 // answer.
 var errAnotherHolder = errors.New("answered by another machine")
 
+// anotherHolder is errAnotherHolder for the machine that answered: its
+// MAC address, or "host" for the host's own address.
+type anotherHolder struct {
+	holder string
+	err    error
+}
+
+func (e *anotherHolder) Error() string { return e.err.Error() }
+func (e *anotherHolder) Unwrap() error { return e.err }
+
+// heldBy is who answered instead of the guest when err is
+// errAnotherHolder ("" otherwise).
+func heldBy(err error) string {
+	var h *anotherHolder
+	if errors.As(err, &h) {
+		return h.holder
+	}
+	return ""
+}
+
 // heldByGuest checks that the machine that answered at addr ("ip:port")
 // on the VM's host network is the VM: the host's neighbour table holds
 // the VM's MAC for that address. It is nil for a VM on user-mode
@@ -485,13 +518,13 @@ func (p *Provisioner) heldByGuest(st *vmState, addr string) error {
 	mac, err := p.cfg.Networks.Holder(r.Network, r.Def, ap.Addr())
 	switch {
 	case errors.Is(err, hostnet.ErrHostAddress):
-		return fmt.Errorf("%w: %w", errAnotherHolder, err)
+		return &anotherHolder{holder: "host", err: fmt.Errorf("%w: %w", errAnotherHolder, err)}
 	case err != nil:
 		return fmt.Errorf("%s: %w (%w)", ap.Addr(), err, errNoAddress)
 	case mac == nil:
 		return nil
 	case !bytes.Equal(mac, want):
-		return fmt.Errorf("%s: %w (MAC %s), not the guest (MAC %s)", ap.Addr(), errAnotherHolder, mac, want)
+		return &anotherHolder{holder: mac.String(), err: fmt.Errorf("%s: %w (MAC %s), not the guest (MAC %s)", ap.Addr(), errAnotherHolder, mac, want)}
 	}
 	return nil
 }

@@ -15,6 +15,8 @@
 //	seed.iso     NoCloud seed, ISO9660 labelled cidata
 //	qemu.pid     QEMU's pidfile
 //	qmp.sock     QMP monitor socket
+//	qmp-events.sock
+//	             a second QMP monitor, kept connected for its events (events.go)
 //	qga.sock     host end of the guest agent's virtio-serial channel
 //	ready        the first answer of the current boot (pid, how, when)
 //	serial.log   the guest's first serial port, kept across restarts (console.go)
@@ -105,7 +107,7 @@ const (
 // ownedFiles are what Destroy removes from a VM's directory.
 var ownedFiles = []string{
 	RootDiskFile, RootDiskFile + ".partial", SeedFile, SeedFile + ".partial", SeedFile + ".work",
-	PidFile, QMPSocket, SerialLog, SerialLogOld, SerialLogOld + ".partial", SerialSocket, ConsoleLock, QEMULog, PortFile, NetFile, NetFile + ".partial",
+	PidFile, QMPSocket, QMPEventsSocket, SerialLog, SerialLogOld, SerialLogOld + ".partial", SerialSocket, ConsoleLock, QEMULog, PortFile, NetFile, NetFile + ".partial",
 	QGASocket, ReadyFile, ReadyFile + ".partial", SnapshotMarker, NBDSocket, PidRecordFile, PidRecordFile + ".partial",
 	UEFIVarsFile, UEFIVarsFile + ".partial", TPMDir, TPMDir + ".partial", SWTPMPidFile, SWTPMPidFile + ".partial", SWTPMLog,
 }
@@ -248,9 +250,12 @@ type vmState struct {
 	// fetching is the sha256 of the artifact the VM waits for ("" or nil
 	// when none).
 	fetching atomic.Value
-	// watch probes the current boot's readiness (ready.go).
-	watchMu sync.Mutex
-	watch   *bootWatch
+	// watch probes the current boot's readiness (ready.go); resetAt is
+	// when the QEMU of resetPid last reset its guest (events.go).
+	watchMu  sync.Mutex
+	watch    *bootWatch
+	resetPid int
+	resetAt  time.Time
 	// qgaMu serializes conversations on the guest agent's channel.
 	qgaMu sync.Mutex
 	// guestAddr is the address the guest agent last reported (qga.go).

@@ -41,19 +41,27 @@ const (
 // guest whose seed gives SSH keys (Readiness.SSHRequired) only its SSH
 // banner counts, and readiness follows it: a refusal after an answer
 // makes the guest not ready until it answers again. Any other guest is
-// ready from the first answer of any way until the process is gone. The
+// ready from the first answer of any way until the process is gone. A
+// guest reset (QEMU's RESET event, events.go) ends the watch: the next
+// boot in the same process has its own, and is not ready until it
+// answers. The
 // current answer is kept in memory and in ReadyFile, so an agent
 // restarted during the same boot reads the guest as ready at once (and,
 // for SSHRequired, reads its banner again at once).
 type bootWatch struct {
-	pid    int
-	cancel context.CancelFunc
+	pid int
+	// cancel ends the watch (its probes, the serial log's rotation, the
+	// event reader); probed ends its probes only, once one answered.
+	cancel, probed context.CancelFunc
 	// recheck and recheckLate are the SSH recheck paces
 	// (SSHRecheckInterval, SSHRecheckLate unless a test sets them).
 	recheck, recheckLate time.Duration
 
 	mu sync.Mutex
 	r  agent.Readiness
+	// reset is set once the guest reset (guestReset): the boot this
+	// watch probed is over, and no answer is recorded for it any more.
+	reset bool
 }
 
 func (w *bootWatch) readiness() agent.Readiness {
@@ -93,6 +101,9 @@ func (p *Provisioner) watch(st *vmState, pid int) *bootWatch {
 	log := p.log.WithField("vm", st.name)
 	w := &bootWatch{pid: pid, recheck: SSHRecheckInterval, recheckLate: SSHRecheckLate}
 	w.r.Booted = bootTime(st)
+	if st.resetPid == pid && st.resetAt.After(w.r.Booted) {
+		w.r.Booted = st.resetAt // this boot began with the guest's reset
+	}
 	sshRequired, err := seedGivesSSHKeys(st.path(SeedFile))
 	if err != nil {
 		log.WithError(err).Warn("seed unreadable: any way the guest answers counts")
@@ -100,9 +111,12 @@ func (p *Provisioner) watch(st *vmState, pid int) *bootWatch {
 	w.r.SSHRequired = sshRequired
 	w.r = restoreReadiness(st.path(ReadyFile), pid, w.r)
 	ctx, cancel := context.WithCancel(context.Background())
-	w.cancel = cancel
+	probes, probed := context.WithCancel(ctx)
+	w.cancel, w.probed = cancel, probed
 	st.watch = w
 	go p.rotateLoop(ctx, st)
+	go eventLoop(ctx, st.path(QMPEventsSocket), log, func(at time.Time, reason string) { p.guestReset(st, w, at, reason) })
+	ctx = probes
 	switch {
 	case sshRequired:
 		ssh := func(ctx context.Context) (string, error) { return p.probeSSH(ctx, st) }
@@ -117,6 +131,41 @@ func (p *Provisioner) watch(st *vmState, pid int) *bootWatch {
 		}
 	}
 	return w
+}
+
+// guestReset ends w, the watch of a boot whose guest QEMU reset at at
+// (reason: the QMP event), and starts watching the new boot in the same
+// process: the VM is not ready until that boot answers. ReadyFile is
+// removed and a BootMarker line appended to the serial log, so an agent
+// restarted meanwhile, and the console probe, look only at the new boot.
+func (p *Provisioner) guestReset(st *vmState, w *bootWatch, at time.Time, reason string) {
+	st.watchMu.Lock()
+	if st.watch != w {
+		st.watchMu.Unlock()
+		return
+	}
+	w.cancel()
+	st.watch, st.resetPid, st.resetAt = nil, w.pid, at
+	st.watchMu.Unlock()
+	w.mu.Lock()
+	w.reset = true // a probe that ends now records nothing
+	wasReady := w.r.Ready
+	w.mu.Unlock()
+	log := p.log.WithField("vm", st.name).WithField("event", reason)
+	if err := removeVMFile(st.dir, ReadyFile); err != nil {
+		log.WithError(err).Warn("drop the readiness of the boot before the reset")
+	}
+	if err := appendBootMarker(st.path(SerialLog), at, "guest reset"); err != nil {
+		log.WithError(err).Warn("mark the new boot in the serial log")
+	}
+	if wasReady {
+		log.Warn("guest reset: not ready until the new boot answers")
+	} else {
+		log.Info("guest reset")
+	}
+	if pid := st.pid(); pid == w.pid {
+		p.watch(st, pid)
+	}
 }
 
 // currentWatch is the VM's bootWatch, nil when none runs.
@@ -180,7 +229,7 @@ func (w *bootWatch) probeLoop(ctx context.Context, via string, probe func(contex
 		addr, err := probe(ctx)
 		if err == nil {
 			w.answered(via, addr, time.Now(), readyFile, log)
-			w.cancel()
+			w.probed()
 			return
 		}
 		t.Reset(ProbeInterval)
@@ -249,14 +298,14 @@ func (w *bootWatch) nextSSHProbe(now time.Time) time.Duration {
 func (w *bootWatch) answered(via, addr string, now time.Time, readyFile string, log *logrus.Entry) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.r.Ready {
+	if w.r.Ready || w.reset {
 		return
 	}
 	again := !w.r.At.IsZero()
 	if !again {
 		w.r.At, w.r.Via, w.r.Addr = now, via, addr
 	}
-	w.r.Ready, w.r.Refused = true, time.Time{}
+	w.r.Ready, w.r.Refused, w.r.HeldBy = true, time.Time{}, ""
 	if err := writeReadyFile(readyFile, w.pid, w.r); err != nil {
 		log.WithError(err).Warn("save readiness")
 	}
@@ -275,15 +324,19 @@ func (w *bootWatch) answered(via, addr string, now time.Time, readyFile string, 
 func (w *bootWatch) refused(now time.Time, why error, readyFile string, log *logrus.Entry) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.r.Ready {
+	if !w.r.Ready || w.reset {
 		return
 	}
-	w.r.Ready, w.r.Refused = false, now
+	w.r.Ready, w.r.Refused, w.r.HeldBy = false, now, heldBy(why)
 	if err := writeReadyFile(readyFile, w.pid, w.r); err != nil {
 		log.WithError(err).Warn("save the refusal")
 		if err := os.Remove(readyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.WithError(err).Warn("drop saved readiness")
 		}
+	}
+	if w.r.HeldBy != "" {
+		log.WithError(why).Warn("another machine answers at the guest's address; not ready until the guest answers again")
+		return
 	}
 	log.WithError(why).Warn("guest's sshd refuses after it answered; not ready until it answers again")
 }
@@ -390,18 +443,22 @@ func (c *consoleScan) probe(context.Context) (string, error) {
 }
 
 // writeReadyFile records what the boot of QEMU pid proved: one line
-// "<pid> <via> <at, Unix ns> <addr or -> <refused, Unix ns or 0>". The
-// boot answered at <at>; a refused time other than 0 says its sshd has
-// refused since then and it is not ready.
+// "<pid> <via> <at, Unix ns> <addr or -> <refused, Unix ns or 0> <held by
+// or ->". The boot answered at <at>; a refused time other than 0 says
+// its sshd has refused since then and it is not ready; held by, when set,
+// that the refusal was another machine answering there (Readiness.HeldBy).
 func writeReadyFile(path string, pid int, r agent.Readiness) error {
-	addr, refused := r.Addr, int64(0)
+	addr, refused, holder := r.Addr, int64(0), r.HeldBy
 	if addr == "" {
 		addr = "-"
+	}
+	if holder == "" || strings.ContainsAny(holder, " \n") {
+		holder = "-"
 	}
 	if !r.Refused.IsZero() {
 		refused = r.Refused.UnixNano()
 	}
-	line := fmt.Sprintf("%d %s %d %s %d\n", pid, r.Via, r.At.UnixNano(), addr, refused)
+	line := fmt.Sprintf("%d %s %d %s %d %s\n", pid, r.Via, r.At.UnixNano(), addr, refused, holder)
 	return writeAtomic(path, []byte(line), 0o644)
 }
 
@@ -433,6 +490,9 @@ func readReadyFile(path string, pid int) (agent.Readiness, bool) {
 		}
 		if refused != 0 {
 			r.Ready, r.Refused = false, time.Unix(0, refused)
+			if len(f) > 5 && f[5] != "-" {
+				r.HeldBy = f[5]
+			}
 		}
 	}
 	return r, true

@@ -62,7 +62,7 @@ func claimDir(dir string) (removed []string, err error) {
 }
 
 // sockets are the names in a VM's directory where QEMU makes a socket.
-var sockets = map[string]bool{QMPSocket: true, QGASocket: true, SerialSocket: true, NBDSocket: true}
+var sockets = map[string]bool{QMPSocket: true, QMPEventsSocket: true, QGASocket: true, SerialSocket: true, NBDSocket: true}
 
 // sweepPlants removes, of ownedFiles in dir but the root disk, each entry
 // that is not what the backend makes at its name.

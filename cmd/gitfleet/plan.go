@@ -202,6 +202,7 @@ func runPlan(ctx context.Context, out io.Writer, a planArgs, keys *trust.Signers
 	if headErr == nil {
 		p = desired.ComputePlan(baseFleet, headFleet, desired.PlanOptions{Pending: pendingDeletes(ledger), Retained: retainedObjects(ledger)})
 		warnings = append(warnings, headFleet.FileURLWarnings()...)
+		warnings = append(warnings, headFleet.CloudInitUserWarnings()...)
 		var allowed []string
 		if p.Guards, allowed, err = planGuards(repo, a, baseCommit, headCommit, baseFleet, p); err != nil {
 			return &exitError{code: 1, err: err}

@@ -628,14 +628,8 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOST\tSTATE\tHEARTBEAT\tEPOCH\tACCEL\tAGENT\tVMS\tREPORTED\tNOTE")
 	for _, st := range rep.Hosts {
-		note := st.SnapshotError
-		if st.FenceViolation {
-			note = "fence violation " + note
-		}
-		if sus := st.Suspended; sus != nil {
-			note = strings.TrimSpace(fmt.Sprintf("suspended since epoch %d, acts on nothing: %s %s", sus.Epoch, sus.Reason, note))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", dash(st.Host), dash(hostState(rep, st.Host)), st.Heartbeat, st.LastSeenEpoch,
+		note := hostNote(st)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", dash(st.Host), dash(reportedHostState(rep, st)), st.Heartbeat, st.LastSeenEpoch,
 			dash(st.Agent.Accel), dash(st.Agent.Version), len(st.VMs), stampOrDash(st.ObservedAt), dash(note))
 	}
 	bad := make([]string, 0, len(rep.Unreadable))
@@ -713,6 +707,35 @@ func writeHostsAndVMs(out io.Writer, rep statusReport) error {
 // notInFleetNote is the note of each VM row of a host liveness.yaml does
 // not list.
 const notInFleetNote = "host not in the fleet: its status is neither verified nor acted on"
+
+// hostNote is the NOTE of st's host row: a refused snapshot or a fence
+// violation, a suspension, and each degraded network.
+func hostNote(st *status.Status) string {
+	note := st.SnapshotError
+	if st.FenceViolation {
+		note = "fence violation " + note
+	}
+	if sus := st.Suspended; sus != nil {
+		note = strings.TrimSpace(fmt.Sprintf("suspended since epoch %d, acts on nothing: %s %s", sus.Epoch, sus.Reason, note))
+	}
+	for _, n := range st.Networks {
+		note = status.JoinNotes(note, status.DegradedNote(n))
+	}
+	return note
+}
+
+// reportedHostState is hostState of st's host; an offline one's says
+// since when it sent no status (st's observedAt), all the controller and
+// this command can know.
+func reportedHostState(rep statusReport, st *status.Status) string {
+	state := hostState(rep, st.Host)
+	if h, ok := rep.Liveness[st.Host]; ok && h.State == status.StateOffline && rep.LivenessError == "" {
+		if since := status.NoStatusSince(st.ObservedAt); since != "" {
+			state = strings.Replace(state, status.StateOffline, status.StateOffline+": "+since, 1)
+		}
+	}
+	return state
+}
 
 // hostState is host's state as the controller judges it (liveness.yaml),
 // with the retired note and the unsigned one; a host the file does not list is retired with

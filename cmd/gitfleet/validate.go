@@ -85,7 +85,7 @@ func runValidate(out io.Writer, dir, format string) error {
 		rep.Valid = true
 		rep.VMs, rep.Volumes, rep.Hosts, rep.Profiles = len(fleet.VMs), len(fleet.Volumes), len(fleet.Hosts), len(fleet.Profiles)
 		rep.Objects = rep.VMs + rep.Volumes + rep.Hosts + rep.Profiles
-		rep.Warnings = fleet.FileURLWarnings()
+		rep.Warnings = append(fleet.FileURLWarnings(), fleet.CloudInitUserWarnings()...)
 	case errors.As(err, &list):
 		rep.Errors = list
 	default:

@@ -61,6 +61,16 @@ if ifconfig eth0 up 2>/dev/null; then
 else
 	say "nic none"
 fi
+# A root disk (virtio serial gitfleet-root) that begins with
+# "tinyguest-silent" makes a boot that never declares itself up: a seed's
+# script writes it and reboots, to play a guest that rebooted into a
+# system with no sshd, no guest agent and no readiness marker.
+for d in /sys/block/vd*; do
+	if [ "$(cat "$d/serial" 2>/dev/null)" = gitfleet-root ] && [ "$(head -c 16 "/dev/${d##*/}" 2>/dev/null)" = tinyguest-silent ]; then
+		say "silent boot"
+		while :; do sleep 3600; done
+	fi
+done
 say "ready"
 # gitfleet's console readiness marker (agent.ConsoleReadyMarker): this guest
 # runs neither sshd nor a guest agent, so it declares itself up this way.

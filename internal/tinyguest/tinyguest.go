@@ -13,6 +13,7 @@
 //	tinyguest: nic eth0 mac=<mac>
 //	tinyguest: lease eth0 ip=<ip> router=<ip>
 //	tinyguest: ping <router> ok   (or "failed": one ICMP echo to the router)
+//	tinyguest: silent boot   (instead of what follows, when the root disk begins with "tinyguest-silent")
 //	tinyguest: ready
 //	GITFLEET-GUEST-READY   (gitfleet's console readiness marker, alone on its line)
 //	tinyguest: probe <line>   (each line the seed's user-data prints, when it is a #!/bin/sh script)

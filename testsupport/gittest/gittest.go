@@ -456,3 +456,18 @@ func Files(t testing.TB, dir, rev string) []string {
 	}
 	return strings.Split(out, "\n")
 }
+
+// Hook installs script (a shell script, "#!/bin/sh" added) as the bare
+// repository dir's hook name ("pre-receive", "update"): git runs it
+// for every push, over any transport, and a non-zero exit refuses the
+// push with what it printed sent to the pusher.
+func Hook(t testing.TB, dir, name, script string) {
+	t.Helper()
+	path := filepath.Join(dir, "hooks", name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+script+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/gitfleet/gitfleet/agent/qemu"
 	"github.com/gitfleet/gitfleet/internal/tinyguest"
 )
 
@@ -34,6 +35,31 @@ func (c *console) skip() {
 		if c.offset == at {
 			return
 		}
+	}
+}
+
+// fromLastBoot makes the next read start at the current boot: just past
+// the log's last qemu.BootMarker line (the backend writes one before each
+// QEMU start and at each guest reset), from the top when it has none.
+// Without it a console made for a guest that just booted replayed the
+// boots of earlier runs, which the log keeps.
+func (c *console) fromLastBoot() {
+	c.restart()
+	data, err := os.ReadFile(c.path)
+	if err != nil {
+		return
+	}
+	i := bytes.LastIndex(data, []byte(qemu.BootMarker))
+	for i > 0 && data[i-1] != '\n' {
+		i = bytes.LastIndex(data[:i], []byte(qemu.BootMarker))
+	}
+	if i < 0 {
+		return
+	}
+	if end := bytes.IndexByte(data[i:], '\n'); end >= 0 {
+		c.offset = int64(i + end + 1)
+	} else {
+		c.offset, c.tail = int64(len(data)), nil
 	}
 }
 

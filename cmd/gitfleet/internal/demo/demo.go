@@ -291,7 +291,7 @@ func watch(ctx context.Context, cfg Config, l Layout, url string, start time.Tim
 		w.observe(st)
 		if !settled && w.settled(st) {
 			settled = true
-			fmt.Fprintf(cfg.Out, "\nThe fleet is up after %.1fs: %s.\n\n", time.Since(start).Seconds(), w.upSummary(st))
+			fmt.Fprintf(cfg.Out, "\nThe fleet is up after %.1fs: %s.\n\n", w.upAfter(st, time.Now()).Seconds(), w.upSummary(st))
 			printSummary(cfg.Out, cfg, l, url, st)
 			if cfg.OnSettled != nil {
 				cfg.OnSettled(st)
@@ -507,6 +507,7 @@ type watcher struct {
 	seen        map[string]status.VM
 	consoles    map[string]*console
 	upAt        map[string]time.Time // when a VM's QEMU was last seen coming up
+	readyAt     map[string]time.Time // when a VM was last seen becoming ready
 	msgAt       map[string]time.Time // when a VM's line was last printed
 	quarantined map[string]bool
 	vanished    map[string]string // name → the state last printed
@@ -518,7 +519,7 @@ type watcher struct {
 
 func newWatcher(out io.Writer, start time.Time, l Layout) *watcher {
 	return &watcher{out: out, start: start, layout: l, seen: map[string]status.VM{},
-		consoles: map[string]*console{}, upAt: map[string]time.Time{}, msgAt: map[string]time.Time{},
+		consoles: map[string]*console{}, upAt: map[string]time.Time{}, readyAt: map[string]time.Time{}, msgAt: map[string]time.Time{},
 		quarantined: map[string]bool{}, vanished: map[string]string{}, attached: map[string]bool{}}
 }
 
@@ -541,6 +542,22 @@ func (w *watcher) settled(st *status.Status) bool {
 		}
 	}
 	return true
+}
+
+// upAfter is how long after the demo's start a settled st was up: when
+// the last of its ready guests answered (a destroy or a silent guest the
+// settling waited for is no part of it), or now when none is ready.
+func (w *watcher) upAfter(st *status.Status, now time.Time) time.Duration {
+	var last time.Time
+	for _, vm := range st.VMs {
+		if at, ok := w.readyAt[vm.Name]; ok && vm.Phase == status.PhaseReady && at.After(last) {
+			last = at
+		}
+	}
+	if last.IsZero() {
+		last = now
+	}
+	return last.Sub(w.start)
 }
 
 // upSummary says what "up" means for a settled st: how many guests have
@@ -609,7 +626,7 @@ func (w *watcher) observe(st *status.Status) {
 		if !w.quarantined[q.Name] {
 			w.quarantined[q.Name] = true
 			delete(w.seen, q.Name)
-			w.line(rowFormat, q.Name, status.PhaseQuarantined, "stopped", "its file was deleted: shut down, destroyed after the grace")
+			w.line(rowFormat, q.Name, status.PhaseQuarantined, "stopped", "no longer in the desired state (its file deleted, or the VM renamed): shut down, destroyed after the grace")
 		}
 	}
 	for name := range w.quarantined {
@@ -661,6 +678,9 @@ func up(phase string) bool { return phase == status.PhaseBooting || phase == sta
 func (w *watcher) phaseChanged(vm, old status.VM) {
 	cameUp := up(vm.Phase) && !up(old.Phase)
 	attached := cameUp && old.Phase == "" && w.attached[vm.Name]
+	if vm.Phase == status.PhaseReady && old.Phase != status.PhaseReady {
+		w.readyAt[vm.Name] = time.Now()
+	}
 	var notes []string
 	switch {
 	case vm.LastError != "":
@@ -689,6 +709,7 @@ func (w *watcher) phaseChanged(vm, old status.VM) {
 		// same log: the console reads on from where it was.
 		if c == nil {
 			c = &console{path: w.layout.SerialLog(vm.Name)}
+			c.fromLastBoot() // this run's boot, not an earlier run's
 			w.consoles[vm.Name] = c
 		}
 		if attached {
@@ -739,8 +760,8 @@ cloud image, "ssh -p PORT user@127.0.0.1" reaches the guest through the forward.
 
 Change the fleet with git, from another terminal:
   git clone %[1]s demo-fleet && cd demo-fleet
-  sed 's/hello-2/hello-3/g' vms/hello-2.yaml > vms/hello-3.yaml    # add a third VM
-  sed -i 's/power: running/power: stopped/' vms/hello-2.yaml       # stop hello-2
+  sed 's/%[4]s/%[4]s-b/g' vms/%[4]s.yaml > vms/%[4]s-b.yaml    # add a VM
+  sed -i 's/power: running/power: stopped/' vms/%[4]s.yaml       # stop %[4]s
   git add -A && git commit -m "change the demo fleet" && git push
   # watch it land: this terminal prints each change; the live state is on
   # the gitfleet/status branch, README.md there is the controller's summary:
@@ -751,7 +772,20 @@ Deleting a VM's file quarantines it; its disk is destroyed %[3]s later.
 This demo applies pushes until Ctrl-C. Then it shuts the VMs down (their
 disks stay; the next run boots them again), or leaves them running with --keep.
 
-`, url, cfg.Command, cfg.TombstoneGrace)
+`, url, cfg.Command, cfg.TombstoneGrace, hintVM(st))
+}
+
+// hintVM is the VM the printed hints edit: the last running one of st
+// (the fleet as it is now: a VM renamed or deleted since is not named),
+// else its last one, else the demo's own hello-2.
+func hintVM(st *status.Status) string {
+	name := "hello-2"
+	for i, vm := range st.VMs {
+		if i == 0 || vm.Power == "running" {
+			name = vm.Name
+		}
+	}
+	return name
 }
 
 // lockDir takes an exclusive, non-blocking flock on dir/.lock.

@@ -108,16 +108,16 @@ func TestFleetFilesValidate(t *testing.T) {
 		p := filepath.Join(dir, "vms", "hello-2.yaml")
 		b, err := os.ReadFile(p)
 		require.NoError(t, err)
-		third := strings.ReplaceAll(string(b), "hello-2", "hello-3")
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "vms", "hello-3.yaml"), []byte(third), 0o644))
+		third := strings.ReplaceAll(string(b), "hello-2", "hello-2-b")
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "vms", "hello-2-b.yaml"), []byte(third), 0o644))
 		stopped := strings.Replace(string(b), "power: running", "power: stopped", 1)
 		require.NotEqual(t, string(b), stopped, "the stop edit must change the file")
 		require.NoError(t, os.WriteFile(p, []byte(stopped), 0o644))
 		f, err := desired.LoadDir(dir)
 		require.NoError(t, err)
 		assert.Equal(t, desired.PowerStopped, f.VMs["hello-2"].Spec.Power)
-		if assert.Contains(t, f.VMs, "hello-3") {
-			assert.Equal(t, desired.PowerRunning, f.VMs["hello-3"].Spec.Power)
+		if assert.Contains(t, f.VMs, "hello-2-b") {
+			assert.Equal(t, desired.PowerRunning, f.VMs["hello-2-b"].Spec.Power)
 		}
 	})
 }
@@ -470,7 +470,7 @@ func TestRunBootsTheFleetAppliesAPushAndResumes(t *testing.T) {
 	order := []string{
 		"controller applied main at " + del[:12] + ": snapshot published for demo (epoch 3)",
 		"controller published the delete of VM hello-2 on demo (removed by " + del[:12] + ")",
-		"hello-2    quarantined stopped  its file was deleted",
+		"hello-2    quarantined stopped  no longer in the desired state (its file deleted, or the VM renamed)",
 		"hello-2    destroyed",
 		finalized,
 	}
@@ -594,7 +594,7 @@ func TestWatcherPrintsEachChangeOnce(t *testing.T) {
 			"hello-1    vanished    stopped  absent from the snapshot"},
 		{&status.Status{Vanished: []status.Vanished{{Name: "hello-1", Power: "stopped", Reason: "absent from the snapshot"}}}, ""},
 		{&status.Status{Quarantined: []status.Quarantine{{Name: "hello-1"}}},
-			"hello-1    quarantined stopped  its file was deleted: shut down, destroyed after the grace"},
+			"hello-1    quarantined stopped  no longer in the desired state (its file deleted, or the VM renamed): shut down, destroyed after the grace"},
 		{&status.Status{Quarantined: []status.Quarantine{{Name: "hello-1"}}}, ""},
 		{&status.Status{Destroyed: []string{"hello-1"}},
 			"hello-1    destroyed: its disks are removed; volumes stay until their own file is deleted"},
@@ -732,4 +732,47 @@ func TestDefaultCacheDir(t *testing.T) {
 			assert.Equal(t, want, DefaultCacheDir())
 		})
 	}
+}
+
+// A console made for a guest that just booted starts at its boot's marker:
+// the log keeps earlier runs' boots (a "0.0s after QEMU started" line, an
+// old power-button line), which are not this boot's.
+func TestConsoleStartsAtTheCurrentBoot(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "serial.log")
+	old := "--- gitfleet: boot 2026-01-01T00:00:00Z ---\ntinyguest: init 6.1.0\ntinyguest: power button\n"
+	require.NoError(t, os.WriteFile(path, []byte(old+"--- gitfleet: boot 2026-01-02T00:00:00Z ---\ntinyguest: init 6.1.1\n"), 0o644))
+	c := &console{path: path}
+	c.fromLastBoot()
+	assert.Equal(t, []string{"init 6.1.1"}, c.read(), "only the current boot's lines")
+
+	require.NoError(t, os.WriteFile(path, []byte("tinyguest: init 6.1.0\n"), 0o644))
+	c.fromLastBoot()
+	assert.Equal(t, []string{"init 6.1.0"}, c.read(), "a log without a marker is read from the top")
+}
+
+// "Up" is timed from the guests' readiness: a fleet that settles later
+// (it waited for a destroy) was up when its last guest answered.
+func TestUpIsTimedFromTheGuestsReadiness(t *testing.T) {
+	start := time.Now().Add(-20 * time.Second)
+	w := newWatcher(io.Discard, start, Layout{})
+	w.phaseChanged(status.VM{Name: "a", Phase: status.PhaseReady, Power: "running"}, status.VM{Name: "a", Phase: status.PhaseBooting})
+	assert.False(t, w.readyAt["a"].IsZero(), "becoming ready is recorded")
+	w.readyAt["a"] = start.Add(6 * time.Second)
+	w.readyAt["b"] = start.Add(5 * time.Second)
+	st := &status.Status{VMs: []status.VM{{Name: "a", Phase: status.PhaseReady}, {Name: "b", Phase: status.PhaseReady}}}
+	assert.Equal(t, 6*time.Second, w.upAfter(st, time.Now()))
+	none := &status.Status{VMs: []status.VM{{Name: "c", Phase: status.PhaseStopped}}}
+	assert.Equal(t, 20*time.Second, w.upAfter(none, start.Add(20*time.Second)))
+}
+
+// The printed hints name the fleet as it is: after hello-2 was renamed
+// web-9, the edits the demo prints are web-9's.
+func TestHintsFollowTheCurrentFleet(t *testing.T) {
+	var b strings.Builder
+	st := &status.Status{VMs: []status.VM{{Name: "hello-1", Power: "running"}, {Name: "web-9", Power: "running"}}}
+	printSummary(&b, Config{Command: "gitfleet"}, Layout{}, "file:///tmp/demo.git", st)
+	out := b.String()
+	assert.Contains(t, out, "sed 's/web-9/web-9-b/g' vms/web-9.yaml > vms/web-9-b.yaml")
+	assert.Contains(t, out, "# stop web-9")
+	assert.NotContains(t, out, "hello-2")
 }
