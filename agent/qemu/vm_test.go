@@ -133,7 +133,7 @@ func guestLines(s string) []string {
 // waitReady polls Readiness until the guest has answered (at most 2 min).
 func waitReady(t *testing.T, p *Provisioner, name string) agent.Readiness {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		r := p.Readiness(name)
 		if r.Ready {
