@@ -130,7 +130,7 @@ func guestLines(s string) []string {
 	return out
 }
 
-// waitReady polls Readiness until the guest has answered (at most 2 min).
+// waitReady polls Readiness until the guest has answered (at most 5 min).
 func waitReady(t *testing.T, p *Provisioner, name string) agent.Readiness {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Minute)
