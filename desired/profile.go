@@ -55,7 +55,7 @@ var profileRefused = map[string]string{
 		"write it in the VM's file, or plain userData here",
 	"spec.mac":      "a Profile does not set mac: a MAC belongs to one NIC, and every VM naming the profile would share it; write mac in the VM's file",
 	"spec.rootDisk": "a Profile does not set rootDisk: an adopted disk is one VM's own (gitfleet import); write rootDisk in the VM's file",
-	"spec.restore": "a Profile does not set restore: a restore names the backup of one VM; write it in the VM's file",
+	"spec.restore":  "a Profile does not set restore: a restore names the backup of one VM; write it in the VM's file",
 }
 
 // profileEnvelope is the typeSchema of profileDoc: its spec is a VM
