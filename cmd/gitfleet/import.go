@@ -55,7 +55,8 @@ has an id) and a disk another process locks (a QEMU that has it open)
 are refused. The disk must be a self-contained qcow2.
 
 With --repo, the VM file (vms/<name>.yaml under --path) is validated
-against the fleet at --base and written as one commit on a new branch
+against the fleet at --base (refused when a file of that path is there
+already: a VM of that name) and written as one commit on a new branch
 (--branch, default import/<name>) for review; --base is not touched.
 With --stage, run on the VM's host as root, the disk is moved into the
 agent's state directory (<state-dir>/adopt/<name>/root.qcow2): by a
@@ -247,6 +248,9 @@ func validateImport(ctx context.Context, out io.Writer, repo *gitsource.Repo, a 
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
+	if err := refuseReplacing(out, tree, a.base, files); err != nil {
+		return &exitError{code: 1, err: err}
+	}
 	_, err = desired.NewLoader(a.path).Load(withFiles{tree, files})
 	var list desired.ErrorList
 	switch {
@@ -257,6 +261,31 @@ func validateImport(ctx context.Context, out io.Writer, repo *gitsource.Repo, a 
 		return &exitError{code: 1, err: fmt.Errorf("the imported objects on %s do not validate (%s); nothing written", a.base, plural(len(list), "error", "errors"))}
 	case err != nil:
 		return &exitError{code: 1, err: err}
+	}
+	return nil
+}
+
+// refuseReplacing refuses files when one of their paths is in tree (the
+// fleet at base) already: importing would replace that object's file on
+// the branch (a VM of the same name, or whatever lives at that path). It
+// prints each such path to out.
+func refuseReplacing(out io.Writer, tree desired.Tree, base string, files map[string][]byte) error {
+	var taken []string
+	err := tree.Walk(func(f desired.File) error {
+		if _, ok := files[path.Clean(f.Path)]; ok {
+			taken = append(taken, f.Path)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(taken) > 0 {
+		slices.Sort(taken)
+		for _, p := range taken {
+			fmt.Fprintf(out, "%s: in the fleet at %s already; importing would replace it\n", p, base)
+		}
+		return fmt.Errorf("%s is in the fleet at %s already: importing would replace it; --name to choose another name; nothing written", strings.Join(taken, ", "), base)
 	}
 	return nil
 }
