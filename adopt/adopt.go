@@ -69,6 +69,10 @@ const (
 	// disk whose data would not come along). Import stops unless told
 	// to accept the loss.
 	Blocks Verdict = "not expressible, blocks"
+	// MappedLoss: the field is in the VM object, but what the source kept
+	// in it does not come along (a TPM's state: secrets sealed to it are
+	// lost). It blocks as Blocks does.
+	MappedLoss Verdict = "mapped with loss, blocks"
 )
 
 // Line is one field of the source and what became of it: Source names it
@@ -104,11 +108,11 @@ func (l Line) text() string {
 	return s
 }
 
-// Blocking lists the lines whose verdict is Blocks.
+// Blocking lists the lines whose verdict is Blocks or MappedLoss.
 func (p *Plan) Blocking() []Line {
 	var out []Line
 	for _, l := range p.Report {
-		if l.Verdict == Blocks {
+		if l.Verdict == Blocks || l.Verdict == MappedLoss {
 			out = append(out, l)
 		}
 	}

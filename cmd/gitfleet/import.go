@@ -48,8 +48,11 @@ libvirt domain's XML (virsh dumpxml NAME, or /etc/libvirt/qemu/NAME.xml;
 no libvirtd is needed), or a bare qcow2 disk with --name, --cpus, --memory
 (MiB) and, to keep the guest's network identity, --mac.
 
-What would cost the guest its boot or data (UEFI firmware, a passthrough
-device, a TPM, a second disk, a raw disk) blocks the import unless
+UEFI firmware, Secure Boot, a TPM, the machine type and a host-passthrough
+CPU map to firmware, secureBoot, tpm, machine and cpuModel; the UEFI
+variables are not carried (the VM starts with fresh ones). What would cost
+the guest its boot or data (a passthrough device, a TPM's state, a disk
+that is not a file) blocks the import unless
 --accept-loss. The original must not run: a domain libvirt runs (its XML
 has an id) and a disk another process locks (a QEMU that has it open)
 are refused. The disk must be a self-contained qcow2.
@@ -91,7 +94,7 @@ disk failed, 2 for usage errors.`,
 	f.BoolVar(&a.stage, "stage", false, "move the disk into the agent's state directory on this host")
 	f.StringVar(&a.stateDir, "state-dir", a.stateDir, "the agent's state directory (its stateDir), with --stage")
 	f.StringVar(&a.qemuImg, "qemu-img", a.qemuImg, "the qemu-img binary")
-	f.BoolVar(&a.acceptLoss, "accept-loss", false, "import even when fields that block (UEFI, passthrough, a second disk) would be lost")
+	f.BoolVar(&a.acceptLoss, "accept-loss", false, "import even when fields that block (passthrough, a TPM's state, a disk that is not a file) would be lost")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := flags.FromEnv(config.OS); err != nil {
 			return usageOr(err)

@@ -126,7 +126,9 @@ func TestImportRefusals(t *testing.T) {
 		{"libvirt runs it", importHost, func(s string) string {
 			return strings.Replace(s, "<domain type='kvm'>", "<domain type='kvm' id='3'>", 1)
 		}, nil, ""},
-		{"uefi blocks", importHost, func(s string) string { return strings.Replace(s, "<os>", "<os firmware='efi'>", 1) }, nil, "not expressible, blocks"},
+		{"a TPM blocks: its state is lost", importHost, func(s string) string {
+			return strings.Replace(s, "</devices>", "<tpm model='tpm-crb'><backend type='emulator' version='2.0'/></tpm></devices>", 1)
+		}, nil, "mapped with loss, blocks"},
 		{"no such network on the host", "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {}\n", nil, nil, "fleet/vms/web-01.yaml:"},
 		{"a VM of that name is in the fleet", importHost, nil, func(t *testing.T, f importFixture) {
 			gittest.Commit(t, f.repo, gittest.Edit{Branch: "main", Write: map[string]string{"fleet/vms/web-01.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata: {name: web-01}\nspec: {host: hv-a, vcpus: 1, memoryMB: 128}\n"}})
