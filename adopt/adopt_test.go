@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -145,6 +146,18 @@ func TestFromLibvirtRefusals(t *testing.T) {
 			t.Errorf("err = %v; want ErrInvalidSource at dom.xml:11", err)
 		}
 	})
+	for _, bad := range []struct{ from, to, want string }{
+		{"<vcpu placement='static'>1</vcpu>", "<vcpu placement='static'>two</vcpu>", `dom.xml:11:3: <vcpu> "two" is not a number`},
+		{"<memory unit='KiB'>131072</memory>", `<memory unit="GiB">x</memory>`, `dom.xml:9:3: <memory> "x" is not a number`},
+		{"<vcpu placement='static'>1</vcpu>", "<vcpu placement='static' current='one'>1</vcpu>", `dom.xml:11:3: <vcpu> current="one" is not a number`},
+	} {
+		t.Run("bad number "+bad.to, func(t *testing.T) {
+			_, err := FromLibvirt("dom.xml", []byte(strings.Replace(base, bad.from, bad.to, 1)), Options{Host: "hv-a"})
+			if !errors.Is(err, ErrInvalidSource) || !strings.Contains(fmt.Sprint(err), bad.want) || strings.Contains(fmt.Sprint(err), "strconv") {
+				t.Errorf("err = %v; want ErrInvalidSource with %q", err, bad.want)
+			}
+		})
+	}
 	t.Run("running domain", func(t *testing.T) {
 		p, err := FromLibvirt("dom.xml", []byte(strings.Replace(base, "<domain type='kvm'>", "<domain type='kvm' id='7'>", 1)), Options{Host: "hv-a"})
 		if err != nil {

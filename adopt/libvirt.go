@@ -42,6 +42,12 @@ func FromLibvirt(file string, data []byte, opts Options) (*Plan, error) {
 		if errors.As(err, &se) {
 			return nil, fmt.Errorf("%w: %s:%d:1: %s", ErrInvalidSource, file, se.Line, se.Msg)
 		}
+		var ne *strconv.NumError
+		if errors.As(err, &ne) {
+			if at, what, ok := locateValue(data, ne.Num); ok {
+				return nil, fmt.Errorf("%w: %s:%s is not a number", ErrInvalidSource, file, at+": "+what)
+			}
+		}
 		return nil, fmt.Errorf("%w: %s:1:1: not a libvirt domain: %v", ErrInvalidSource, file, err)
 	}
 	// The report places fields by the file's base name: it goes into the
@@ -531,6 +537,39 @@ func elementPositions(doc []byte) map[string]string {
 			stack = append(stack, frame{path: path, count: map[string]int{}})
 		case xml.EndElement:
 			stack = stack[:len(stack)-1]
+		}
+	}
+}
+
+// locateValue finds the first element of doc whose text or attribute is
+// val (the value a number did not parse from): its LINE:COL and what it
+// is, as <vcpu> "two" or <vcpu> current="one".
+func locateValue(doc []byte, val string) (at, what string, ok bool) {
+	dec := xml.NewDecoder(bytes.NewReader(doc))
+	type open struct{ name, pos string }
+	var stack []open
+	for {
+		off := dec.InputOffset()
+		tok, err := dec.Token()
+		if err != nil {
+			return "", "", false
+		}
+		switch t := tok.(type) {
+		case xml.StartElement:
+			e := open{t.Name.Local, lineCol(doc, off)}
+			for _, a := range t.Attr {
+				if a.Value == val {
+					return e.pos, fmt.Sprintf("<%s> %s=%q", e.name, a.Name.Local, val), true
+				}
+			}
+			stack = append(stack, e)
+		case xml.EndElement:
+			stack = stack[:len(stack)-1]
+		case xml.CharData:
+			if len(stack) > 0 && strings.TrimSpace(string(t)) == val {
+				e := stack[len(stack)-1]
+				return e.pos, fmt.Sprintf("<%s> %q", e.name, val), true
+			}
 		}
 	}
 }
