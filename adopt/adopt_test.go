@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -176,6 +177,42 @@ func TestFromLibvirtRefusals(t *testing.T) {
 			t.Errorf("no graphics line at its position:\n%s", p.ReportText())
 		}
 	})
+}
+
+// TestFromLibvirtReportComplete: every element of the domain that says
+// something of the guest is in the report — PS/2 input, features, clock,
+// power management, the on_* actions — and the report is in line order.
+func TestFromLibvirtReportComplete(t *testing.T) {
+	p, err := FromLibvirt("dom.xml", virtManagerXML(t, "/var/lib/libvirt/images/web-01.qcow2"), Options{Host: "hv-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := p.ReviewText()
+	for _, want := range []string{
+		"dom.xml:17:5 domain/features/acpi: QEMU's default",
+		"dom.xml:18:5 domain/features/apic: QEMU's default",
+		"not expressible        dom.xml:19:5 domain/features/vmport",
+		"dom.xml:22:3 domain/clock offset=utc: QEMU's default",
+		"dom.xml:23:5 domain/clock/timer[0] name=rtc",
+		"dom.xml:27:3 domain/on_poweroff destroy",
+		"dom.xml:28:3 domain/on_reboot restart: QEMU's default",
+		"dom.xml:29:3 domain/on_crash destroy",
+		"dom.xml:30:3 domain/pm",
+		"dom.xml:88:5 domain/devices/input[1] type=mouse bus=ps2: QEMU's default",
+		"dom.xml:89:5 domain/devices/input[2] type=keyboard bus=ps2: QEMU's default",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q:\n%s", want, report)
+		}
+	}
+	last := 0
+	for _, l := range p.Report {
+		line, _ := strconv.Atoi(strings.Split(strings.Fields(l.Source)[0], ":")[1])
+		if line < last {
+			t.Errorf("the report is not in line order: %q after line %d\n%s", l.Source, last, report)
+		}
+		last = line
+	}
 }
 
 // TestFromLibvirtMachine: firmware, Secure Boot, TPM, machine type and

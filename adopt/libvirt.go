@@ -56,6 +56,7 @@ func FromLibvirt(file string, data []byte, opts Options) (*Plan, error) {
 	if err := m.domain(&dom); err != nil {
 		return nil, err
 	}
+	m.plan.sortReport()
 	return m.plan, nil
 }
 
@@ -89,6 +90,9 @@ func (m *libvirtMapper) domain(d *libvirtxml.Domain) error {
 	}
 	m.os(d)
 	m.cpu(d)
+	m.features()
+	m.clock(d)
+	m.lifecycle(d)
 	if d.Devices == nil {
 		return fmt.Errorf("%w: %s: domain %s has no devices: no disk to adopt", ErrInvalidSource, m.at("domain"), d.Name)
 	}
@@ -270,7 +274,73 @@ func (m *libvirtMapper) cpu(d *libvirtxml.Domain) {
 		m.plan.add(Mapped, at, "spec.cpuModel", "host (QEMU's -cpu host; it needs KVM)")
 		return
 	}
-	m.plan.add(Dropped, at, "", "not expressible: the VM gets gitfleet's default CPU model (host under KVM, QEMU's default under TCG)")
+	m.plan.add(Dropped, at, "", "the VM gets gitfleet's default CPU model (host under KVM, QEMU's default under TCG)")
+}
+
+// qemuFeatures are the <features> QEMU gives a q35 (or virt) guest
+// without being asked.
+var qemuFeatures = map[string]bool{"acpi": true, "apic": true, "pae": true, "gic": true}
+
+// features reports each child of <features>: ACPI, APIC, PAE and GIC as
+// QEMU's default, any other (vmport, hyperv, smm, kvm) as not
+// expressible.
+func (m *libvirtMapper) features() {
+	const parent = "domain/features/"
+	for path := range m.pos {
+		name, ok := strings.CutPrefix(path, parent)
+		if !ok || strings.ContainsAny(name, "/[") {
+			continue
+		}
+		if qemuFeatures[name] {
+			m.plan.add(Ignored, m.at(path), "", "QEMU's default: the guest has it")
+			continue
+		}
+		m.plan.add(Dropped, m.at(path), "", "the guest runs with QEMU's default for it")
+	}
+}
+
+// clock reports <clock>: offset utc is QEMU's default; another offset
+// (localtime, a timezone, variable) and each timer policy are not
+// expressible.
+func (m *libvirtMapper) clock(d *libvirtxml.Domain) {
+	c := d.Clock
+	if c == nil {
+		return
+	}
+	offset := c.Offset
+	if offset == "" {
+		offset = "utc"
+	}
+	if offset == "utc" {
+		m.plan.add(Ignored, m.at("domain/clock")+" offset=utc", "", "QEMU's default: the guest's RTC runs in UTC")
+	} else {
+		m.plan.add(Dropped, m.at("domain/clock")+" offset="+offset, "", "the guest's RTC runs in UTC (a guest that keeps local time, such as Windows, shows UTC)")
+	}
+	for i, tm := range c.Timer {
+		m.plan.add(Dropped, fmt.Sprintf("%s name=%s", m.at(fmt.Sprintf("domain/clock/timer[%d]", i)), tm.Name), "", "the guest gets QEMU's default for this timer")
+	}
+}
+
+// lifecycle reports <on_poweroff>, <on_reboot>, <on_crash> and <pm>: a
+// reboot that restarts the guest is QEMU's default; what follows a
+// poweroff or crash is gitfleet's (the VM's desired state), and power
+// management is QEMU's default.
+func (m *libvirtMapper) lifecycle(d *libvirtxml.Domain) {
+	p := m.plan
+	if d.OnPoweroff != "" {
+		p.add(Dropped, m.at("domain/on_poweroff")+" "+d.OnPoweroff, "", "what follows a guest's poweroff is gitfleet's, by the VM's desired state")
+	}
+	if d.OnReboot == "restart" {
+		p.add(Ignored, m.at("domain/on_reboot")+" restart", "", "QEMU's default: a reboot restarts the guest")
+	} else if d.OnReboot != "" {
+		p.add(Dropped, m.at("domain/on_reboot")+" "+d.OnReboot, "", "a reboot restarts the guest")
+	}
+	if d.OnCrash != "" {
+		p.add(Dropped, m.at("domain/on_crash")+" "+d.OnCrash, "", "what follows a guest's crash is gitfleet's, by the VM's desired state")
+	}
+	if d.PM != nil {
+		p.add(Dropped, m.at("domain/pm"), "", "the guest gets QEMU's default suspend states")
+	}
 }
 
 // disks adopts the first disk as the root disk and each later raw file
@@ -440,6 +510,7 @@ func (m *libvirtMapper) devices(d *libvirtxml.DomainDeviceList) {
 	}
 	for i, in := range d.Inputs {
 		if in.Bus == "ps2" {
+			p.add(Ignored, fmt.Sprintf("%s type=%s bus=ps2", m.at(fmt.Sprintf("domain/devices/input[%d]", i)), in.Type), "", "QEMU's default: the machine's PS/2 controller")
 			continue
 		}
 		p.add(Dropped, fmt.Sprintf("%s type=%s bus=%s", m.at(fmt.Sprintf("domain/devices/input[%d]", i)), in.Type, in.Bus), "", "no input device beside the serial console")
