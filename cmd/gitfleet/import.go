@@ -68,7 +68,8 @@ path; no byte is copied), else by a reflink clone or a copy checked by
 sha256 (the original stays). The agent takes it from there when the VM is
 created and never runs qemu-img create or writes a NoCloud seed for it.
 A failure after staging (the branch could not be written) puts the disk
-back. The VM file names no host path.
+back. Run again after a rename (the original gone, the disk staged), it
+says "already staged at PATH", reads the staged disk and leaves it. The VM file names no host path.
 
 Without --repo and --stage, the VM file is printed.
 
@@ -143,6 +144,12 @@ func runImport(ctx context.Context, out io.Writer, a importArgs) error {
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
+	if a.stage {
+		// A run again after a rename: the disk is where Stage put it.
+		if _, err := p.UseStaged(a.stateDir); err != nil {
+			return &exitError{code: 1, err: err}
+		}
+	}
 	if err := adopt.Inspect(ctx, p, a.qemuImg); err != nil {
 		fmt.Fprint(out, p.ReportText())
 		return &exitError{code: 1, err: err}
@@ -192,6 +199,10 @@ func stageAndWrite(ctx context.Context, out io.Writer, repo *gitsource.Repo, a i
 		}
 		fmt.Fprintln(out)
 		for _, s := range staged {
+			if s.Method == adopt.MethodAlready {
+				fmt.Fprintf(out, "already staged at %s (by an earlier --stage; nothing moved)\n", s.Path)
+				continue
+			}
 			fmt.Fprintf(out, "staged %s at %s (%s)\n", s.Original, s.Path, stagedHow(s.Method))
 		}
 	}
@@ -208,11 +219,11 @@ func stageAndWrite(ctx context.Context, out io.Writer, repo *gitsource.Repo, a i
 		return files, fmt.Sprintf("Import VM %s on %s, adopting its disk\n\n%s", p.Name, a.host, p.ReviewText()), nil
 	})
 	if err != nil {
-		if len(staged) > 0 {
+		if slices.ContainsFunc(staged, func(s adopt.Staged) bool { return s.Method != adopt.MethodAlready }) {
 			if uerr := adopt.UnstageAll(staged); uerr != nil {
 				return &exitError{code: 1, err: fmt.Errorf("%w; putting the disks back failed too: %v", err, uerr)}
 			}
-			fmt.Fprintf(out, "put the disks back where they were\n")
+			fmt.Fprintf(out, "put the disks back where they were (those staged before this run stay)\n")
 		}
 		return &exitError{code: 1, err: err}
 	}
