@@ -70,7 +70,7 @@ const (
 	// device, not its data or its boot.
 	Dropped Verdict = "not expressible"
 	// Blocks: gitfleet cannot express it, and the guest may not boot or
-	// may lose data without it (UEFI firmware, a passthrough device, a
+	// may lose data without it (a kernel from a host path, a passthrough device, a
 	// disk whose data would not come along). Import stops unless told
 	// to accept the loss.
 	Blocks Verdict = "not expressible, blocks"

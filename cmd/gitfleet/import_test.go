@@ -154,6 +154,9 @@ func TestImportRefusals(t *testing.T) {
 		{"a VM of that name is in the fleet", importHost, nil, func(t *testing.T, f importFixture) {
 			gittest.Commit(t, f.repo, gittest.Edit{Branch: "main", Write: map[string]string{"fleet/vms/web-01.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata: {name: web-01}\nspec: {host: hv-a, vcpus: 1, memoryMB: 128}\n"}})
 		}, "fleet/vms/web-01.yaml: in the fleet at main already"},
+		{"a VM of that name in another file", importHost, nil, func(t *testing.T, f importFixture) {
+			gittest.Commit(t, f.repo, gittest.Edit{Branch: "main", Write: map[string]string{"fleet/vms/web.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata: {name: web-01}\nspec: {host: hv-a, vcpus: 1, memoryMB: 128}\n"}})
+		}, "fleet/vms/web.yaml"},
 		{"branch exists: write fails after staging", importHost, nil, func(t *testing.T, f importFixture) {
 			gittest.Commit(t, f.repo, gittest.Edit{Branch: "import/web-01", Write: map[string]string{"x": "y"}})
 		}, "put the disks back"},
