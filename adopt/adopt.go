@@ -22,6 +22,8 @@ package adopt
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gitfleet/gitfleet/desired"
@@ -60,15 +62,22 @@ type Verdict string
 const (
 	// Mapped: the field is in the VM object (Field names it).
 	Mapped Verdict = "mapped"
+	// Ignored: gitfleet does not write it, and the guest gets it anyway,
+	// as QEMU's default (ACPI, a PS/2 keyboard, an RTC in UTC).
+	Ignored Verdict = "ignored"
 	// Dropped: gitfleet cannot express it, and the guest runs without it
 	// (a display, a USB tablet, a sound card): the guest loses that
 	// device, not its data or its boot.
 	Dropped Verdict = "not expressible"
 	// Blocks: gitfleet cannot express it, and the guest may not boot or
-	// may lose data without it (UEFI firmware, a passthrough device, a
+	// may lose data without it (a kernel from a host path, a passthrough device, a
 	// disk whose data would not come along). Import stops unless told
 	// to accept the loss.
 	Blocks Verdict = "not expressible, blocks"
+	// MappedLoss: the field is in the VM object, but what the source kept
+	// in it does not come along (a TPM's state: secrets sealed to it are
+	// lost). It blocks as Blocks does.
+	MappedLoss Verdict = "mapped with loss, blocks"
 )
 
 // Line is one field of the source and what became of it: Source names it
@@ -104,11 +113,11 @@ func (l Line) text() string {
 	return s
 }
 
-// Blocking lists the lines whose verdict is Blocks.
+// Blocking lists the lines whose verdict is Blocks or MappedLoss.
 func (p *Plan) Blocking() []Line {
 	var out []Line
 	for _, l := range p.Report {
-		if l.Verdict == Blocks {
+		if l.Verdict == Blocks || l.Verdict == MappedLoss {
 			out = append(out, l)
 		}
 	}
@@ -123,6 +132,38 @@ func (p *Plan) add(verdict Verdict, source, field, note string, args ...any) {
 func (p *Plan) addPath(verdict Verdict, source, path, field, note string, args ...any) {
 	p.add(verdict, source, field, note, args...)
 	p.Report[len(p.Report)-1].Path = path
+}
+
+// sortReport orders the report by the line and column its Sources
+// name (FILE:LINE:COL first), keeping the order of equal places; lines
+// that name no place keep their order after the others.
+func (p *Plan) sortReport() {
+	slices.SortStableFunc(p.Report, func(a, b Line) int {
+		la, ca, oka := place(a.Source)
+		lb, cb, okb := place(b.Source)
+		switch {
+		case oka != okb:
+			if oka {
+				return -1
+			}
+			return 1
+		case la != lb:
+			return la - lb
+		}
+		return ca - cb
+	})
+}
+
+// place is the LINE and COL of a Source that starts with FILE:LINE:COL.
+func place(source string) (line, col int, ok bool) {
+	first, _, _ := strings.Cut(source, " ")
+	parts := strings.Split(first, ":")
+	if len(parts) < 3 {
+		return 0, 0, false
+	}
+	line, err1 := strconv.Atoi(parts[len(parts)-2])
+	col, err2 := strconv.Atoi(parts[len(parts)-1])
+	return line, col, err1 == nil && err2 == nil
 }
 
 // ReportText is the report, one line per source field, in source order,

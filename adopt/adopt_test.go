@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -113,7 +115,7 @@ func TestFromLibvirtRefusals(t *testing.T) {
 		name, from, to string
 		blocks         []string // Sources of the blocking lines, by prefix after FILE:LINE:COL
 	}{
-		{"uefi", "<os>", "<os firmware='efi'>", []string{"domain/os firmware=efi"}},
+		{"tpm: a new one", "</devices>", "<tpm model='tpm-crb'><backend type='emulator' version='2.0'/></tpm></devices>", []string{"domain/devices/tpm[0]"}},
 		{"hostdev", "</devices>", "<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x0000' bus='0x65' slot='0x00' function='0x0'/></source></hostdev></devices>",
 			[]string{"domain/devices/hostdev[0]"}},
 		{"second disk in qcow2", "<controller type='usb'", "<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='/var/lib/libvirt/images/data.qcow2'/><target dev='vdb' bus='virtio'/></disk><controller type='usb'",
@@ -145,6 +147,18 @@ func TestFromLibvirtRefusals(t *testing.T) {
 			t.Errorf("err = %v; want ErrInvalidSource at dom.xml:11", err)
 		}
 	})
+	for _, bad := range []struct{ from, to, want string }{
+		{"<vcpu placement='static'>1</vcpu>", "<vcpu placement='static'>two</vcpu>", `dom.xml:11:3: <vcpu> "two" is not a number`},
+		{"<memory unit='KiB'>131072</memory>", `<memory unit="GiB">x</memory>`, `dom.xml:9:3: <memory> "x" is not a number`},
+		{"<vcpu placement='static'>1</vcpu>", "<vcpu placement='static' current='one'>1</vcpu>", `dom.xml:11:3: <vcpu> current="one" is not a number`},
+	} {
+		t.Run("bad number "+bad.to, func(t *testing.T) {
+			_, err := FromLibvirt("dom.xml", []byte(strings.Replace(base, bad.from, bad.to, 1)), Options{Host: "hv-a"})
+			if !errors.Is(err, ErrInvalidSource) || !strings.Contains(fmt.Sprint(err), bad.want) || strings.Contains(fmt.Sprint(err), "strconv") {
+				t.Errorf("err = %v; want ErrInvalidSource with %q", err, bad.want)
+			}
+		})
+	}
 	t.Run("running domain", func(t *testing.T) {
 		p, err := FromLibvirt("dom.xml", []byte(strings.Replace(base, "<domain type='kvm'>", "<domain type='kvm' id='7'>", 1)), Options{Host: "hv-a"})
 		if err != nil {
@@ -163,6 +177,94 @@ func TestFromLibvirtRefusals(t *testing.T) {
 			t.Errorf("no graphics line at its position:\n%s", p.ReportText())
 		}
 	})
+}
+
+// TestFromLibvirtReportComplete: every element of the domain that says
+// something of the guest is in the report — PS/2 input, features, clock,
+// power management, the on_* actions — and the report is in line order.
+func TestFromLibvirtReportComplete(t *testing.T) {
+	p, err := FromLibvirt("dom.xml", virtManagerXML(t, "/var/lib/libvirt/images/web-01.qcow2"), Options{Host: "hv-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := p.ReviewText()
+	for _, want := range []string{
+		"dom.xml:17:5 domain/features/acpi: QEMU's default",
+		"dom.xml:18:5 domain/features/apic: QEMU's default",
+		"not expressible        dom.xml:19:5 domain/features/vmport",
+		"dom.xml:22:3 domain/clock offset=utc: QEMU's default",
+		"dom.xml:23:5 domain/clock/timer[0] name=rtc",
+		"dom.xml:27:3 domain/on_poweroff destroy",
+		"dom.xml:28:3 domain/on_reboot restart: QEMU's default",
+		"dom.xml:29:3 domain/on_crash destroy",
+		"dom.xml:30:3 domain/pm",
+		"dom.xml:88:5 domain/devices/input[1] type=mouse bus=ps2: QEMU's default",
+		"dom.xml:89:5 domain/devices/input[2] type=keyboard bus=ps2: QEMU's default",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q:\n%s", want, report)
+		}
+	}
+	last := 0
+	for _, l := range p.Report {
+		line, _ := strconv.Atoi(strings.Split(strings.Fields(l.Source)[0], ":")[1])
+		if line < last {
+			t.Errorf("the report is not in line order: %q after line %d\n%s", l.Source, last, report)
+		}
+		last = line
+	}
+}
+
+// TestFromLibvirtMachine: firmware, Secure Boot, TPM, machine type and
+// CPU mode map to the VM's machine fields; what does not come along (the
+// UEFI variables, a TPM's state, host-model) is reported.
+func TestFromLibvirtMachine(t *testing.T) {
+	base := string(virtManagerXML(t, "/var/lib/libvirt/images/web-01.qcow2"))
+	const osQ35 = "<type arch='x86_64' machine='pc-q35-7.2'>hvm</type>"
+	tests := []struct {
+		name     string
+		from, to string
+		want     func(s desired.VMSpec) bool
+		report   string // in the report
+		blocking int
+	}{
+		{"bios, q35, host-passthrough", "", "", func(s desired.VMSpec) bool {
+			return s.Firmware == "" && s.Machine == "pc-q35-7.2" && s.CPUModel == "host" && !s.TPM
+		}, "domain/os/type machine=pc-q35-7.2 → spec.machine", 0},
+		{"efi firmware", "<os>", "<os firmware='efi'>", func(s desired.VMSpec) bool {
+			return s.Firmware == desired.FirmwareUEFI && !s.SecureBoot
+		}, "domain/os firmware=efi → spec.firmware", 0},
+		{"pflash loader, secure, nvram", osQ35, osQ35 + "<loader readonly='yes' secure='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.ms.fd</loader><nvram>/var/lib/libvirt/qemu/nvram/web-01_VARS.fd</nvram>",
+			func(s desired.VMSpec) bool { return s.Firmware == desired.FirmwareUEFI && s.SecureBoot },
+			"domain/os/nvram: not carried: the VM starts with fresh UEFI variables from the template; boot entries must be re-created", 0},
+		{"tpm", "</devices>", "<tpm model='tpm-crb'><backend type='emulator' version='2.0'/></tpm></devices>",
+			func(s desired.VMSpec) bool { return s.TPM }, "domain/devices/tpm[0] → spec.tpm: a new TPM: the old TPM's state is not carried", 1},
+		{"host-model", "mode='host-passthrough'", "mode='host-model'", func(s desired.VMSpec) bool { return s.CPUModel == "" },
+			"not expressible        dom.xml:21:3 domain/cpu mode=host-model", 0},
+		{"machine that is no QEMU name", "machine='pc-q35-7.2'", "machine='pc,q35'", func(s desired.VMSpec) bool { return s.Machine == "" },
+			"domain/os/type machine=pc,q35: not a QEMU machine name", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			doc := base
+			if tt.from != "" {
+				if !strings.Contains(doc, tt.from) {
+					t.Fatalf("fixture lacks %q", tt.from)
+				}
+				doc = strings.Replace(doc, tt.from, tt.to, 1)
+			}
+			p, err := FromLibvirt("dom.xml", []byte(doc), Options{Host: "hv-a"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.want(p.Spec) || !strings.Contains(p.ReviewText(), tt.report) || len(p.Blocking()) != tt.blocking {
+				t.Errorf("spec %+v, %d blocking (want %d); want %q in the report:\n%s", p.Spec, len(p.Blocking()), tt.blocking, tt.report, p.ReviewText())
+			}
+			if strings.Contains(p.ReportText(), "SeaBIOS") && p.Spec.Firmware == desired.FirmwareUEFI {
+				t.Errorf("a UEFI guest's report speaks of SeaBIOS:\n%s", p.ReportText())
+			}
+		})
+	}
 }
 
 // TestLockedByRunningQEMU starts a real QEMU on a disk: the lock probe

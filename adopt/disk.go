@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -210,7 +211,48 @@ const (
 	// MethodCopy: another filesystem: a full copy, checked by sha256
 	// against the original, which stays where it was.
 	MethodCopy = "copy"
+	// MethodAlready: an earlier Stage put the disk there (UseStaged);
+	// nothing moved, and Unstage leaves it.
+	MethodAlready = "already"
 )
+
+// UseStaged points p at the disks an earlier Stage renamed into
+// stateDir: for the root disk and each volume whose original path does
+// not exist while a file is at its staged place, the plan's path becomes
+// the staged one, so Inspect reads the staged disk and StagePlan leaves
+// it (MethodAlready). It returns the staged paths it took, and fails
+// only when the state directory's paths cannot be formed or looked at.
+func (p *Plan) UseStaged(stateDir string) ([]string, error) {
+	var took []string
+	use := func(disk *string, dst string, err error) error {
+		if err != nil {
+			return err
+		}
+		if _, err := os.Lstat(*disk); !errors.Is(err, fs.ErrNotExist) {
+			return nil // the original is there (or cannot be looked at: Inspect says why)
+		}
+		if _, err := os.Lstat(dst); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return fmt.Errorf("staged disk: %w", err)
+		}
+		*disk = dst
+		took = append(took, dst)
+		return nil
+	}
+	dst, err := agent.AdoptedDiskIn(stateDir, p.Name)
+	if err := use(&p.Disk, dst, err); err != nil {
+		return nil, err
+	}
+	for i := range p.Volumes {
+		dst, err := agent.VolumePathIn(stateDir, p.Volumes[i].Name)
+		if err := use(&p.Volumes[i].Disk, dst, err); err != nil {
+			return nil, err
+		}
+	}
+	return took, nil
+}
 
 // Staged is a disk Stage put in the state directory.
 type Staged struct {
@@ -288,6 +330,9 @@ func UnstageAll(staged []Staged) error {
 
 // stageAt puts original at dst as Stage says.
 func stageAt(original, dst string) (Staged, error) {
+	if original == dst {
+		return Staged{Path: dst, Original: original, Method: MethodAlready}, nil
+	}
 	if _, err := os.Lstat(dst); err == nil {
 		return Staged{}, fmt.Errorf("%w: %s exists", ErrAlreadyStaged, dst)
 	}
@@ -316,6 +361,9 @@ func stageAt(original, dst string) (Staged, error) {
 // Unstage undoes Stage: a renamed disk is renamed back to its original
 // path; a clone or copy is removed (the original never left).
 func (s Staged) Unstage() error {
+	if s.Method == MethodAlready {
+		return nil // staged before this run: it stays
+	}
 	if s.Method == MethodRename {
 		if err := renameNoReplace(s.Path, s.Original); err != nil {
 			return fmt.Errorf("unstage: %w", err)

@@ -42,6 +42,12 @@ func FromLibvirt(file string, data []byte, opts Options) (*Plan, error) {
 		if errors.As(err, &se) {
 			return nil, fmt.Errorf("%w: %s:%d:1: %s", ErrInvalidSource, file, se.Line, se.Msg)
 		}
+		var ne *strconv.NumError
+		if errors.As(err, &ne) {
+			if at, what, ok := locateValue(data, ne.Num); ok {
+				return nil, fmt.Errorf("%w: %s:%s is not a number", ErrInvalidSource, file, at+": "+what)
+			}
+		}
 		return nil, fmt.Errorf("%w: %s:1:1: not a libvirt domain: %v", ErrInvalidSource, file, err)
 	}
 	// The report places fields by the file's base name: it goes into the
@@ -50,6 +56,7 @@ func FromLibvirt(file string, data []byte, opts Options) (*Plan, error) {
 	if err := m.domain(&dom); err != nil {
 		return nil, err
 	}
+	m.plan.sortReport()
 	return m.plan, nil
 }
 
@@ -82,9 +89,10 @@ func (m *libvirtMapper) domain(d *libvirtxml.Domain) error {
 		return err
 	}
 	m.os(d)
-	if d.CPU != nil && d.CPU.Mode != "" {
-		p.add(Dropped, m.at("domain/cpu")+" mode="+d.CPU.Mode, "", "gitfleet runs -cpu host under KVM and QEMU's default model under TCG")
-	}
+	m.cpu(d)
+	m.features()
+	m.clock(d)
+	m.lifecycle(d)
 	if d.Devices == nil {
 		return fmt.Errorf("%w: %s: domain %s has no devices: no disk to adopt", ErrInvalidSource, m.at("domain"), d.Name)
 	}
@@ -180,28 +188,158 @@ func unitOr(u string) string {
 	return u
 }
 
-// os reports the firmware and boot of <os>: BIOS is what gitfleet boots;
-// UEFI and a kernel from a host path are not expressible.
+// os maps the firmware, Secure Boot and machine type of <os>: UEFI (the
+// firmware attribute or a pflash loader) to firmware uefi, a secure
+// loader or an enabled secure-boot feature to secureBoot, the machine
+// type as written when it is a QEMU name. The guest's UEFI variables
+// (<nvram>) are not carried, and a kernel from a host path blocks.
 func (m *libvirtMapper) os(d *libvirtxml.Domain) {
 	p, o := m.plan, d.OS
 	if o == nil {
 		return
 	}
-	efi := o.Firmware == "efi" || (o.Loader != nil && o.Loader.Type == "pflash")
-	switch {
-	case efi:
-		p.add(Blocks, m.at("domain/os")+" firmware=efi", "", "UEFI firmware: gitfleet has no firmware field and boots SeaBIOS; a guest installed for UEFI does not boot from it")
-	default:
-		p.add(Mapped, m.at("domain/os")+" firmware=bios", "", "gitfleet boots SeaBIOS, as libvirt's default")
+	if o.Firmware == "efi" || (o.Loader != nil && o.Loader.Type == "pflash") {
+		p.Spec.Firmware = desired.FirmwareUEFI
+		p.add(Mapped, m.at("domain/os")+" firmware=efi", "spec.firmware", "uefi: the Host's OVMF (AAVMF on arm64), from its firmware descriptors")
+		if secureBoot(o) {
+			p.Spec.SecureBoot = true
+			p.add(Mapped, m.at("domain/os")+" secure-boot", "spec.secureBoot", "Secure Boot, from variables with the distribution's enrolled keys")
+		}
+	} else {
+		p.add(Mapped, m.at("domain/os")+" firmware=bios", "spec.firmware", "bios (SeaBIOS), libvirt's default and gitfleet's")
 	}
+	m.arch(o)
 	if o.Type != nil && o.Type.Machine != "" {
-		p.add(Dropped, m.at("domain/os/type")+" machine="+o.Type.Machine, "", "gitfleet picks its own machine type (q35); the guest sees new PCI addresses")
+		machine := o.Type.Machine
+		if desired.ValidQEMUName(machine) {
+			p.Spec.Machine = machine
+			p.add(Mapped, m.at("domain/os/type")+" machine="+machine, "spec.machine", "")
+		} else {
+			p.add(Dropped, m.at("domain/os/type")+" machine="+machine, "", "not a QEMU machine name; gitfleet picks its own (q35 on amd64), and the guest sees new PCI addresses")
+		}
 	}
 	if o.Kernel != "" {
 		p.add(Blocks, m.at("domain/os/kernel"), "spec.kernel", "a kernel from a host path: gitfleet's kernel is an artifact with url and sha256; write spec.kernel by hand")
 	}
 	if o.NVRam != nil {
-		p.add(Dropped, m.at("domain/os/nvram"), "", "the NVRAM variables are not carried over")
+		p.addPath(Dropped, m.at("domain/os/nvram"), o.NVRam.NVRam, "", "not carried: the VM starts with fresh UEFI variables from the template; boot entries must be re-created")
+	}
+}
+
+// secureBoot reports whether <os> asks for Secure Boot: a loader with
+// secure='yes', or <firmware><feature name='secure-boot' enabled='yes'/>.
+func secureBoot(o *libvirtxml.DomainOS) bool {
+	if o.Loader != nil && o.Loader.Secure == "yes" {
+		return true
+	}
+	if o.FirmwareInfo != nil {
+		for _, f := range o.FirmwareInfo.Features {
+			if f.Name == "secure-boot" && f.Enabled == "yes" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// arch maps <os><type arch>: x86_64 is gitfleet's default (amd64),
+// aarch64 is arm64; another architecture blocks (the guest's code does
+// not run on the Host).
+func (m *libvirtMapper) arch(o *libvirtxml.DomainOS) {
+	if o.Type == nil || o.Type.Arch == "" {
+		return
+	}
+	at := m.at("domain/os/type") + " arch=" + o.Type.Arch
+	switch o.Type.Arch {
+	case "x86_64":
+		m.plan.add(Mapped, at, "spec.arch", "amd64, the default")
+	case "aarch64":
+		m.plan.Spec.Arch = desired.ArchARM64
+		m.plan.add(Mapped, at, "spec.arch", "arm64")
+	default:
+		m.plan.add(Blocks, at, "spec.arch", "gitfleet runs amd64 and arm64 guests")
+	}
+}
+
+// cpu maps <cpu mode>: host-passthrough is cpuModel host; host-model
+// and a custom model are not expressible (the VM gets gitfleet's
+// default model).
+func (m *libvirtMapper) cpu(d *libvirtxml.Domain) {
+	if d.CPU == nil || d.CPU.Mode == "" {
+		return
+	}
+	at := m.at("domain/cpu") + " mode=" + d.CPU.Mode
+	if d.CPU.Mode == "host-passthrough" {
+		m.plan.Spec.CPUModel = "host"
+		m.plan.add(Mapped, at, "spec.cpuModel", "host (QEMU's -cpu host; it needs KVM)")
+		return
+	}
+	m.plan.add(Dropped, at, "", "the VM gets gitfleet's default CPU model (host under KVM, QEMU's default under TCG)")
+}
+
+// qemuFeatures are the <features> QEMU gives a q35 (or virt) guest
+// without being asked.
+var qemuFeatures = map[string]bool{"acpi": true, "apic": true, "pae": true, "gic": true}
+
+// features reports each child of <features>: ACPI, APIC, PAE and GIC as
+// QEMU's default, any other (vmport, hyperv, smm, kvm) as not
+// expressible.
+func (m *libvirtMapper) features() {
+	const parent = "domain/features/"
+	for path := range m.pos {
+		name, ok := strings.CutPrefix(path, parent)
+		if !ok || strings.ContainsAny(name, "/[") {
+			continue
+		}
+		if qemuFeatures[name] {
+			m.plan.add(Ignored, m.at(path), "", "QEMU's default: the guest has it")
+			continue
+		}
+		m.plan.add(Dropped, m.at(path), "", "the guest runs with QEMU's default for it")
+	}
+}
+
+// clock reports <clock>: offset utc is QEMU's default; another offset
+// (localtime, a timezone, variable) and each timer policy are not
+// expressible.
+func (m *libvirtMapper) clock(d *libvirtxml.Domain) {
+	c := d.Clock
+	if c == nil {
+		return
+	}
+	offset := c.Offset
+	if offset == "" {
+		offset = "utc"
+	}
+	if offset == "utc" {
+		m.plan.add(Ignored, m.at("domain/clock")+" offset=utc", "", "QEMU's default: the guest's RTC runs in UTC")
+	} else {
+		m.plan.add(Dropped, m.at("domain/clock")+" offset="+offset, "", "the guest's RTC runs in UTC (a guest that keeps local time, such as Windows, shows UTC)")
+	}
+	for i, tm := range c.Timer {
+		m.plan.add(Dropped, fmt.Sprintf("%s name=%s", m.at(fmt.Sprintf("domain/clock/timer[%d]", i)), tm.Name), "", "the guest gets QEMU's default for this timer")
+	}
+}
+
+// lifecycle reports <on_poweroff>, <on_reboot>, <on_crash> and <pm>: a
+// reboot that restarts the guest is QEMU's default; what follows a
+// poweroff or crash is gitfleet's (the VM's desired state), and power
+// management is QEMU's default.
+func (m *libvirtMapper) lifecycle(d *libvirtxml.Domain) {
+	p := m.plan
+	if d.OnPoweroff != "" {
+		p.add(Dropped, m.at("domain/on_poweroff")+" "+d.OnPoweroff, "", "what follows a guest's poweroff is gitfleet's, by the VM's desired state")
+	}
+	if d.OnReboot == "restart" {
+		p.add(Ignored, m.at("domain/on_reboot")+" restart", "", "QEMU's default: a reboot restarts the guest")
+	} else if d.OnReboot != "" {
+		p.add(Dropped, m.at("domain/on_reboot")+" "+d.OnReboot, "", "a reboot restarts the guest")
+	}
+	if d.OnCrash != "" {
+		p.add(Dropped, m.at("domain/on_crash")+" "+d.OnCrash, "", "what follows a guest's crash is gitfleet's, by the VM's desired state")
+	}
+	if d.PM != nil {
+		p.add(Dropped, m.at("domain/pm"), "", "the guest gets QEMU's default suspend states")
 	}
 }
 
@@ -372,6 +510,7 @@ func (m *libvirtMapper) devices(d *libvirtxml.DomainDeviceList) {
 	}
 	for i, in := range d.Inputs {
 		if in.Bus == "ps2" {
+			p.add(Ignored, fmt.Sprintf("%s type=%s bus=ps2", m.at(fmt.Sprintf("domain/devices/input[%d]", i)), in.Type), "", "QEMU's default: the machine's PS/2 controller")
 			continue
 		}
 		p.add(Dropped, fmt.Sprintf("%s type=%s bus=%s", m.at(fmt.Sprintf("domain/devices/input[%d]", i)), in.Type, in.Bus), "", "no input device beside the serial console")
@@ -397,7 +536,10 @@ func (m *libvirtMapper) devices(d *libvirtxml.DomainDeviceList) {
 	each("panic", len(d.Panics), Dropped, "no panic device")
 	each("parallel", len(d.Parallels), Dropped, "no parallel port")
 	each("hostdev", len(d.Hostdevs), Blocks, "host device passthrough: the guest loses the device (a GPU, a NIC, a disk controller) and what it holds")
-	each("tpm", len(d.TPMs), Blocks, "a TPM: secrets the guest sealed to it (disk encryption keys) do not come along")
+	for i := range d.TPMs {
+		p.Spec.TPM = true
+		p.add(MappedLoss, m.at(fmt.Sprintf("domain/devices/tpm[%d]", i)), "spec.tpm", "a new TPM: the old TPM's state is not carried (secrets the guest sealed to it, such as disk encryption keys, are lost)")
+	}
 	each("filesystem", len(d.Filesystems), Blocks, "a shared host directory: the guest loses what it mounts from there")
 	each("shmem", len(d.Shmems), Dropped, "no shared memory device")
 	if d.MemBalloon != nil && d.MemBalloon.Model != "none" {
@@ -466,6 +608,39 @@ func elementPositions(doc []byte) map[string]string {
 			stack = append(stack, frame{path: path, count: map[string]int{}})
 		case xml.EndElement:
 			stack = stack[:len(stack)-1]
+		}
+	}
+}
+
+// locateValue finds the first element of doc whose text or attribute is
+// val (the value a number did not parse from): its LINE:COL and what it
+// is, as <vcpu> "two" or <vcpu> current="one".
+func locateValue(doc []byte, val string) (at, what string, ok bool) {
+	dec := xml.NewDecoder(bytes.NewReader(doc))
+	type open struct{ name, pos string }
+	var stack []open
+	for {
+		off := dec.InputOffset()
+		tok, err := dec.Token()
+		if err != nil {
+			return "", "", false
+		}
+		switch t := tok.(type) {
+		case xml.StartElement:
+			e := open{t.Name.Local, lineCol(doc, off)}
+			for _, a := range t.Attr {
+				if a.Value == val {
+					return e.pos, fmt.Sprintf("<%s> %s=%q", e.name, a.Name.Local, val), true
+				}
+			}
+			stack = append(stack, e)
+		case xml.EndElement:
+			stack = stack[:len(stack)-1]
+		case xml.CharData:
+			if len(stack) > 0 && strings.TrimSpace(string(t)) == val {
+				e := stack[len(stack)-1]
+				return e.pos, fmt.Sprintf("<%s> %q", e.name, val), true
+			}
 		}
 	}
 }

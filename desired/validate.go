@@ -397,7 +397,7 @@ func (d *nodeDecoder) checkMachine(s *VMSpec) {
 		if !d.written(f.field) || d.bad[f.field] {
 			continue
 		}
-		if len(f.v) > MaxMachineLength || !machineRE.MatchString(f.v) {
+		if !ValidQEMUName(f.v) {
 			d.add(d.valPos(f.field), f.field, "%q must be 1 to %d letters, digits, '-', '_' or '.' (a QEMU name, without options)", safetext.Truncate(f.v, 70), MaxMachineLength)
 		}
 	}
@@ -429,6 +429,14 @@ func (d *nodeDecoder) checkMachine(s *VMSpec) {
 		// shown where the opt-in is written.
 		d.add(d.valPos("spec.allowFirmwareChangeFrom"), "spec.firmware", "is %s, and allowFirmwareChangeFrom names it too: allowFirmwareChangeFrom names the firmware a created VM is changed from, another than firmware", fw)
 	}
+}
+
+// ValidQEMUName reports whether s is a QEMU machine type or CPU model
+// name spec.machine and spec.cpuModel accept: 1 to MaxMachineLength
+// letters, digits, '-', '_' or '.', starting with a letter or digit (no
+// comma, so no options).
+func ValidQEMUName(s string) bool {
+	return len(s) <= MaxMachineLength && machineRE.MatchString(s)
 }
 
 // isQ35 reports whether machine is QEMU's q35 or a versioned one of it.

@@ -48,14 +48,18 @@ libvirt domain's XML (virsh dumpxml NAME, or /etc/libvirt/qemu/NAME.xml;
 no libvirtd is needed), or a bare qcow2 disk with --name, --cpus, --memory
 (MiB) and, to keep the guest's network identity, --mac.
 
-What would cost the guest its boot or data (UEFI firmware, a passthrough
-device, a TPM, a second disk, a raw disk) blocks the import unless
+UEFI firmware, Secure Boot, a TPM, the machine type and a host-passthrough
+CPU map to firmware, secureBoot, tpm, machine and cpuModel; the UEFI
+variables are not carried (the VM starts with fresh ones). What would cost
+the guest its boot or data (a passthrough device, a TPM's state, a disk
+that is not a file) blocks the import unless
 --accept-loss. The original must not run: a domain libvirt runs (its XML
 has an id) and a disk another process locks (a QEMU that has it open)
 are refused. The disk must be a self-contained qcow2.
 
 With --repo, the VM file (vms/<name>.yaml under --path) is validated
-against the fleet at --base and written as one commit on a new branch
+against the fleet at --base (refused when a file of that path is there
+already: a VM of that name) and written as one commit on a new branch
 (--branch, default import/<name>) for review; --base is not touched.
 With --stage, run on the VM's host as root, the disk is moved into the
 agent's state directory (<state-dir>/adopt/<name>/root.qcow2): by a
@@ -64,7 +68,8 @@ path; no byte is copied), else by a reflink clone or a copy checked by
 sha256 (the original stays). The agent takes it from there when the VM is
 created and never runs qemu-img create or writes a NoCloud seed for it.
 A failure after staging (the branch could not be written) puts the disk
-back. The VM file names no host path.
+back. Run again after a rename (the original gone, the disk staged), it
+says "already staged at PATH", reads the staged disk and leaves it. The VM file names no host path.
 
 Without --repo and --stage, the VM file is printed.
 
@@ -90,7 +95,7 @@ disk failed, 2 for usage errors.`,
 	f.BoolVar(&a.stage, "stage", false, "move the disk into the agent's state directory on this host")
 	f.StringVar(&a.stateDir, "state-dir", a.stateDir, "the agent's state directory (its stateDir), with --stage")
 	f.StringVar(&a.qemuImg, "qemu-img", a.qemuImg, "the qemu-img binary")
-	f.BoolVar(&a.acceptLoss, "accept-loss", false, "import even when fields that block (UEFI, passthrough, a second disk) would be lost")
+	f.BoolVar(&a.acceptLoss, "accept-loss", false, "import even when fields that block (passthrough, a TPM's state, a disk that is not a file) would be lost")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := flags.FromEnv(config.OS); err != nil {
 			return usageOr(err)
@@ -138,6 +143,12 @@ func runImport(ctx context.Context, out io.Writer, a importArgs) error {
 	p, err := a.plan()
 	if err != nil {
 		return &exitError{code: 1, err: err}
+	}
+	if a.stage {
+		// A run again after a rename: the disk is where Stage put it.
+		if _, err := p.UseStaged(a.stateDir); err != nil {
+			return &exitError{code: 1, err: err}
+		}
 	}
 	if err := adopt.Inspect(ctx, p, a.qemuImg); err != nil {
 		fmt.Fprint(out, p.ReportText())
@@ -188,6 +199,10 @@ func stageAndWrite(ctx context.Context, out io.Writer, repo *gitsource.Repo, a i
 		}
 		fmt.Fprintln(out)
 		for _, s := range staged {
+			if s.Method == adopt.MethodAlready {
+				fmt.Fprintf(out, "already staged at %s (by an earlier --stage; nothing moved)\n", s.Path)
+				continue
+			}
 			fmt.Fprintf(out, "staged %s at %s (%s)\n", s.Original, s.Path, stagedHow(s.Method))
 		}
 	}
@@ -204,11 +219,11 @@ func stageAndWrite(ctx context.Context, out io.Writer, repo *gitsource.Repo, a i
 		return files, fmt.Sprintf("Import VM %s on %s, adopting its disk\n\n%s", p.Name, a.host, p.ReviewText()), nil
 	})
 	if err != nil {
-		if len(staged) > 0 {
+		if slices.ContainsFunc(staged, func(s adopt.Staged) bool { return s.Method != adopt.MethodAlready }) {
 			if uerr := adopt.UnstageAll(staged); uerr != nil {
 				return &exitError{code: 1, err: fmt.Errorf("%w; putting the disks back failed too: %v", err, uerr)}
 			}
-			fmt.Fprintf(out, "put the disks back where they were\n")
+			fmt.Fprintf(out, "put the disks back where they were (those staged before this run stay)\n")
 		}
 		return &exitError{code: 1, err: err}
 	}
@@ -247,6 +262,9 @@ func validateImport(ctx context.Context, out io.Writer, repo *gitsource.Repo, a 
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
+	if err := refuseReplacing(out, tree, a.base, files); err != nil {
+		return &exitError{code: 1, err: err}
+	}
 	_, err = desired.NewLoader(a.path).Load(withFiles{tree, files})
 	var list desired.ErrorList
 	switch {
@@ -257,6 +275,31 @@ func validateImport(ctx context.Context, out io.Writer, repo *gitsource.Repo, a 
 		return &exitError{code: 1, err: fmt.Errorf("the imported objects on %s do not validate (%s); nothing written", a.base, plural(len(list), "error", "errors"))}
 	case err != nil:
 		return &exitError{code: 1, err: err}
+	}
+	return nil
+}
+
+// refuseReplacing refuses files when one of their paths is in tree (the
+// fleet at base) already: importing would replace that object's file on
+// the branch (a VM of the same name, or whatever lives at that path). It
+// prints each such path to out.
+func refuseReplacing(out io.Writer, tree desired.Tree, base string, files map[string][]byte) error {
+	var taken []string
+	err := tree.Walk(func(f desired.File) error {
+		if _, ok := files[path.Clean(f.Path)]; ok {
+			taken = append(taken, f.Path)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(taken) > 0 {
+		slices.Sort(taken)
+		for _, p := range taken {
+			fmt.Fprintf(out, "%s: in the fleet at %s already; importing would replace it\n", p, base)
+		}
+		return fmt.Errorf("%s is in the fleet at %s already: importing would replace it; --name to choose another name; nothing written", strings.Join(taken, ", "), base)
 	}
 	return nil
 }

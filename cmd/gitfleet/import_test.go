@@ -111,6 +111,27 @@ func TestImportLibvirtDomain(t *testing.T) {
 	}
 }
 
+// TestImportStageAgain: --stage without --repo renames the disk; a run
+// again, with --repo, finds the original gone and the disk staged, says
+// so, leaves it where it is and writes the branch.
+func TestImportStageAgain(t *testing.T) {
+	f := newImportFixture(t, importHost, nil)
+	if code, out := runCLI(t, "import", "--libvirt-xml", f.xml, "--host", "hv-a", "--stage", "--state-dir", f.state); code != 0 {
+		t.Fatalf("first --stage: exit %d:\n%s", code, out)
+	}
+	staged := filepath.Join(f.state, "adopt", "web-01", "root.qcow2")
+	code, out := runCLI(t, f.args()...)
+	if code != 0 || !strings.Contains(out, "already staged at "+staged) {
+		t.Fatalf("again: exit %d, want 0 saying %q:\n%s", code, "already staged at "+staged, out)
+	}
+	if fileSHA256(t, staged) != f.hash {
+		t.Error("the staged disk changed")
+	}
+	if vm := gittest.Show(t, f.repo, "import/web-01", "fleet/vms/web-01.yaml"); !strings.Contains(vm, "diskGB: 1") || strings.Contains(vm, f.state) {
+		t.Errorf("the VM file lacks its disk size or names the state directory:\n%s", vm)
+	}
+}
+
 // TestImportRefusals: whatever stops an import — the original runs, a
 // field would be lost, the file does not validate, the branch cannot be
 // written after the disk was staged — leaves the disk exactly as it was,
@@ -126,8 +147,16 @@ func TestImportRefusals(t *testing.T) {
 		{"libvirt runs it", importHost, func(s string) string {
 			return strings.Replace(s, "<domain type='kvm'>", "<domain type='kvm' id='3'>", 1)
 		}, nil, ""},
-		{"uefi blocks", importHost, func(s string) string { return strings.Replace(s, "<os>", "<os firmware='efi'>", 1) }, nil, "not expressible, blocks"},
+		{"a TPM blocks: its state is lost", importHost, func(s string) string {
+			return strings.Replace(s, "</devices>", "<tpm model='tpm-crb'><backend type='emulator' version='2.0'/></tpm></devices>", 1)
+		}, nil, "mapped with loss, blocks"},
 		{"no such network on the host", "apiVersion: gitfleet.dev/v1alpha1\nkind: Host\nmetadata: {name: hv-a}\nspec: {}\n", nil, nil, "fleet/vms/web-01.yaml:"},
+		{"a VM of that name is in the fleet", importHost, nil, func(t *testing.T, f importFixture) {
+			gittest.Commit(t, f.repo, gittest.Edit{Branch: "main", Write: map[string]string{"fleet/vms/web-01.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata: {name: web-01}\nspec: {host: hv-a, vcpus: 1, memoryMB: 128}\n"}})
+		}, "fleet/vms/web-01.yaml: in the fleet at main already"},
+		{"a VM of that name in another file", importHost, nil, func(t *testing.T, f importFixture) {
+			gittest.Commit(t, f.repo, gittest.Edit{Branch: "main", Write: map[string]string{"fleet/vms/web.yaml": "apiVersion: gitfleet.dev/v1alpha1\nkind: VM\nmetadata: {name: web-01}\nspec: {host: hv-a, vcpus: 1, memoryMB: 128}\n"}})
+		}, "fleet/vms/web.yaml"},
 		{"branch exists: write fails after staging", importHost, nil, func(t *testing.T, f importFixture) {
 			gittest.Commit(t, f.repo, gittest.Edit{Branch: "import/web-01", Write: map[string]string{"x": "y"}})
 		}, "put the disks back"},
