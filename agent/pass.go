@@ -788,7 +788,7 @@ func (p *vmPass) editFailed(step string, err error) {
 // model) changed.
 func needsRestart(old, spec desired.VMSpec) bool {
 	return old.VCPUs != spec.VCPUs || old.MemoryMB != spec.MemoryMB ||
-		!sameNICs(old, spec) || !slices.Equal(old.Volumes, spec.Volumes) ||
+		!sameNICs(old, spec) || old.MAC != spec.MAC || !slices.Equal(old.Volumes, spec.Volumes) ||
 		!reflect.DeepEqual(old.Kernel, spec.Kernel) ||
 		old.Firmware.Or(desired.FirmwareBIOS) != spec.Firmware.Or(desired.FirmwareBIOS) ||
 		old.SecureBoot != spec.SecureBoot || old.TPM != spec.TPM || old.Arch != spec.Arch ||
