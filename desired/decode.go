@@ -5,6 +5,7 @@ import (
 	"encoding"
 	"errors"
 	"fmt"
+	"github.com/gitfleet/gitfleet/internal/safetext"
 	"io"
 	"reflect"
 	"regexp"
@@ -97,7 +98,19 @@ func newNodeDecoder(file string) *nodeDecoder {
 // garbage file yields a readable report.
 const maxErrorsPerFile = 50
 
+// maxQuoted bounds each string a decoder message quotes, so a hostile
+// value of a megabyte costs validate's output and the controller's log a
+// line, not a megabyte; legitimate arguments (a field list, a list of
+// VMs) stay well below it.
+const maxQuoted = 1024
+
 func (d *nodeDecoder) add(p pos, field, format string, args ...any) {
+	for i, a := range args {
+		// Any string kind: the spec's named types (Power, Firmware) too.
+		if v := reflect.ValueOf(a); v.Kind() == reflect.String && v.Len() > maxQuoted {
+			args[i] = safetext.Truncate(v.String(), maxQuoted)
+		}
+	}
 	if len(d.errs) == maxErrorsPerFile {
 		d.errs = append(d.errs, &Error{File: d.file, Line: p.line, Col: p.col,
 			Msg: fmt.Sprintf("too many errors in this file; stopped after %d", maxErrorsPerFile)})
