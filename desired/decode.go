@@ -5,7 +5,6 @@ import (
 	"encoding"
 	"errors"
 	"fmt"
-	"github.com/gitfleet/gitfleet/internal/safetext"
 	"io"
 	"reflect"
 	"regexp"
@@ -16,6 +15,8 @@ import (
 	"sync"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/gitfleet/gitfleet/internal/safetext"
 )
 
 // pos is a 1-based line and column in a file. file names the file when
