@@ -217,17 +217,8 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 				add(n.host, PlanChange{Action: ActionCreate, Kind: kind, Name: name, MovedFrom: o.host,
 					Warnings: []string{fmt.Sprintf("host move from %s: created empty here, nothing is copied", o.host)}})
 			default:
-				if fields := diffFields(o.fields, n.fields); len(fields) > 0 {
-					if kind == KindVM {
-						for i, f := range fields {
-							fields[i].Effect = vmFieldEffect(f.Field, o.fields[f.Field], n.fields[f.Field], o.fields["spec.power"], n.fields["spec.power"])
-						}
-					}
-					w := updateWarnings(kind, fields)
-					if kind == KindVM {
-						w = append(w, firmwareWarnings(o.fields, n.fields)...)
-					}
-					add(o.host, PlanChange{Action: ActionUpdate, Kind: kind, Name: name, Fields: fields, Warnings: w})
+				if c, ok := updateChange(kind, name, o, n); ok {
+					add(o.host, c)
 				}
 			}
 		}
@@ -254,7 +245,35 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 	restoreNotes(byHost, head)
 
 	suspendedWait(byHost, head)
-	p := &Plan{Hosts: []HostPlan{}}
+	p := &Plan{Hosts: sortedHostPlans(byHost)}
+	p.Profiles = profilePlans(base, head, p.Hosts)
+	return p
+}
+
+// updateChange is the update of object name of kind from o to n, with
+// each field's effect on a VM and the warnings it needs; false when no
+// field changed.
+func updateChange(kind Kind, name string, o, n planObject) (PlanChange, bool) {
+	fields := diffFields(o.fields, n.fields)
+	if len(fields) == 0 {
+		return PlanChange{}, false
+	}
+	if kind == KindVM {
+		for i, f := range fields {
+			fields[i].Effect = vmFieldEffect(f.Field, o.fields[f.Field], n.fields[f.Field], o.fields["spec.power"], n.fields["spec.power"])
+		}
+	}
+	w := updateWarnings(kind, fields)
+	if kind == KindVM {
+		w = append(w, firmwareWarnings(o.fields, n.fields)...)
+	}
+	return PlanChange{Action: ActionUpdate, Kind: kind, Name: name, Fields: fields, Warnings: w}, true
+}
+
+// sortedHostPlans is byHost as host plans sorted by host, each host's
+// changes by action (actionRank), kind (kindRank) and name.
+func sortedHostPlans(byHost map[string][]PlanChange) []HostPlan {
+	hosts := []HostPlan{}
 	for host, changes := range byHost {
 		sort.Slice(changes, func(i, j int) bool {
 			a, b := changes[i], changes[j]
@@ -266,11 +285,10 @@ func ComputePlan(base, head *Fleet, opts PlanOptions) *Plan {
 			}
 			return a.Name < b.Name
 		})
-		p.Hosts = append(p.Hosts, HostPlan{Host: host, Changes: changes})
+		hosts = append(hosts, HostPlan{Host: host, Changes: changes})
 	}
-	sort.Slice(p.Hosts, func(i, j int) bool { return p.Hosts[i].Host < p.Hosts[j].Host })
-	p.Profiles = profilePlans(base, head, p.Hosts)
-	return p
+	sort.Slice(hosts, func(i, j int) bool { return hosts[i].Host < hosts[j].Host })
+	return hosts
 }
 
 // restoreNotes says, on each VM create whose spec restores from a backup,
