@@ -332,23 +332,7 @@ func (d *nodeDecoder) checkVM(s *VMSpec) {
 		seen[v] = i
 	}
 	if s.CloudInit != nil {
-		for i, k := range s.CloudInit.SSHAuthorizedKeys {
-			f := indexPath("spec.cloudInit.sshAuthorizedKeys", i)
-			switch {
-			case d.bad[f]:
-			case strings.TrimSpace(k) == "":
-				d.add(d.valPos(f), f, "must not be empty")
-			case strings.ContainsAny(k, "\r\n"):
-				// cloud-init writes each entry as one line of
-				// authorized_keys: a line break would install a key
-				// the list does not show as one.
-				d.add(d.valPos(f), f, "holds a line break: each entry is one line of authorized_keys; list each key as its own entry")
-			}
-		}
-		d.userData(s.CloudInit.UserData)
-		if s.CloudInit.EncryptedUserData != nil {
-			d.encryptedUserData(s.CloudInit)
-		}
+		d.checkCloudInit(s.CloudInit)
 	}
 	if s.Backup != nil {
 		d.checkBackup(s.Backup)
@@ -384,6 +368,28 @@ func (d *nodeDecoder) enumField(field, got string, values ...string) bool {
 		return false
 	}
 	return true
+}
+
+// checkCloudInit checks a VM's cloudInit on its own: each SSH key one
+// non-empty line, the user-data, the sealed user-data.
+func (d *nodeDecoder) checkCloudInit(ci *CloudInit) {
+	for i, k := range ci.SSHAuthorizedKeys {
+		f := indexPath("spec.cloudInit.sshAuthorizedKeys", i)
+		switch {
+		case d.bad[f]:
+		case strings.TrimSpace(k) == "":
+			d.add(d.valPos(f), f, "must not be empty")
+		case strings.ContainsAny(k, "\r\n"):
+			// cloud-init writes each entry as one line of
+			// authorized_keys: a line break would install a key
+			// the list does not show as one.
+			d.add(d.valPos(f), f, "holds a line break: each entry is one line of authorized_keys; list each key as its own entry")
+		}
+	}
+	d.userData(ci.UserData)
+	if ci.EncryptedUserData != nil {
+		d.encryptedUserData(ci)
+	}
 }
 
 // checkMachine checks the machine model of a VM on its own: firmware,
