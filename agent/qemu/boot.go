@@ -121,34 +121,8 @@ func (l launch) args() []string {
 		"-qmp", "unix:"+QMPEventsSocket+",server=on,wait=off",
 	)
 	a = append(a, consoleArgs(l.dir)...)
-	a = append(a,
-		"-drive", "file="+escapeOpt(l.root)+",if=none,id=root,format=qcow2,cache=writeback,aio=threads,discard=unmap",
-		"-device", "virtio-blk-pci,drive=root,serial=gitfleet-root,bootindex=1",
-	)
-	if l.seed != "" {
-		a = append(a,
-			"-drive", "file="+escapeOpt(l.seed)+",if=none,id=seed,format=raw,readonly=on",
-			"-device", "virtio-blk-pci,drive=seed,serial="+SeedLabel,
-		)
-	}
-	for i, v := range l.volumes {
-		id := "vol" + strconv.Itoa(i)
-		a = append(a,
-			"-drive", "file="+escapeOpt(v)+",if=none,id="+id+",format=raw,cache=writeback,aio=threads,discard=unmap",
-			"-device", "virtio-blk-pci,drive="+id+",serial="+diskSerial(v),
-		)
-	}
-	netdev := fmt.Sprintf("user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22", l.sshPort)
-	if l.tap != "" {
-		netdev = "tap,id=net0,ifname=" + l.tap + ",script=no,downscript=no"
-	}
-	a = append(a, "-netdev", netdev, "-device", nicModel(l.model)+",netdev=net0,mac="+l.mac)
-	for i, n := range l.more {
-		id := "net" + strconv.Itoa(i+1)
-		a = append(a,
-			"-netdev", "tap,id="+id+",ifname="+n.tap+",script=no,downscript=no",
-			"-device", nicModel(n.model)+",netdev="+id+",mac="+n.mac)
-	}
+	a = append(a, l.diskArgs()...)
+	a = append(a, l.nicArgs()...)
 	a = append(a,
 		"-device", "virtio-rng-pci",
 		// The guest agent's channel, always present: a guest that runs
@@ -165,6 +139,47 @@ func (l launch) args() []string {
 		if l.cmdline != "" {
 			a = append(a, "-append", l.cmdline)
 		}
+	}
+	return a
+}
+
+// diskArgs attaches the root disk (qcow2, booted first), the NoCloud
+// seed read-only when there is one, and each volume (raw), each with
+// the serial the guest finds it by.
+func (l launch) diskArgs() []string {
+	a := []string{
+		"-drive", "file=" + escapeOpt(l.root) + ",if=none,id=root,format=qcow2,cache=writeback,aio=threads,discard=unmap",
+		"-device", "virtio-blk-pci,drive=root,serial=gitfleet-root,bootindex=1",
+	}
+	if l.seed != "" {
+		a = append(a,
+			"-drive", "file="+escapeOpt(l.seed)+",if=none,id=seed,format=raw,readonly=on",
+			"-device", "virtio-blk-pci,drive=seed,serial="+SeedLabel,
+		)
+	}
+	for i, v := range l.volumes {
+		id := "vol" + strconv.Itoa(i)
+		a = append(a,
+			"-drive", "file="+escapeOpt(v)+",if=none,id="+id+",format=raw,cache=writeback,aio=threads,discard=unmap",
+			"-device", "virtio-blk-pci,drive="+id+",serial="+diskSerial(v),
+		)
+	}
+	return a
+}
+
+// nicArgs gives the first NIC user-mode networking with the SSH port
+// forwarded on loopback, or its tap; every further NIC its tap.
+func (l launch) nicArgs() []string {
+	netdev := fmt.Sprintf("user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22", l.sshPort)
+	if l.tap != "" {
+		netdev = "tap,id=net0,ifname=" + l.tap + ",script=no,downscript=no"
+	}
+	a := []string{"-netdev", netdev, "-device", nicModel(l.model) + ",netdev=net0,mac=" + l.mac}
+	for i, n := range l.more {
+		id := "net" + strconv.Itoa(i+1)
+		a = append(a,
+			"-netdev", "tap,id="+id+",ifname="+n.tap+",script=no,downscript=no",
+			"-device", nicModel(n.model)+",netdev="+id+",mac="+n.mac)
 	}
 	return a
 }
