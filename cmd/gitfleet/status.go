@@ -301,6 +301,29 @@ func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, sna
 	if err = readLedger(ctx, ledgerRepo, snapshots, keys, &rep); err != nil {
 		rep.PendingDeletes, rep.PendingError = []pendingDelete{}, err.Error()
 	}
+	readControllerFiles(repo, tip, &rep, now)
+	if format == "json" {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(rep)
+	} else {
+		err = writeStatusTable(out, rep)
+	}
+	if err != nil {
+		return err
+	}
+	if rep.PendingError != "" {
+		return &exitError{code: 1, err: fmt.Errorf("pending deletes: %s", rep.PendingError)}
+	}
+	return nil
+}
+
+// readControllerFiles reads what the controller writes on the status
+// branch at tip beside the hosts' files into rep: its failing pass, the
+// hosts' liveness (and with it when pending deletes are destroyed) and
+// its last write. A file that is absent leaves its part empty; one that
+// cannot be read or parsed is its part's error, never the command's.
+func readControllerFiles(repo *gitsource.Repo, tip string, rep *statusReport, now time.Time) {
 	switch data, err := repo.ReadFileMax(tip, status.ControllerPath, status.MaxControllerBytes); {
 	case errors.Is(err, gitsource.ErrFileNotFound):
 	case err != nil:
@@ -319,7 +342,7 @@ func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, sna
 			rep.LivenessError = err.Error()
 		}
 	}
-	destroyAt(&rep)
+	destroyAt(rep)
 	switch data, err := repo.ReadFileMax(tip, status.LastWritePath, status.MaxLastWriteBytes); {
 	case errors.Is(err, gitsource.ErrFileNotFound):
 	case err != nil:
@@ -332,20 +355,6 @@ func runStatusAt(ctx context.Context, out io.Writer, rf config.Repo, branch, sna
 		}
 		rep.ControllerWrote = &controllerWrote{LastWrite: w, AgeSeconds: int64(w.Age(now) / time.Second), Stale: w.Stale(now)}
 	}
-	if format == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(rep)
-	} else {
-		err = writeStatusTable(out, rep)
-	}
-	if err != nil {
-		return err
-	}
-	if rep.PendingError != "" {
-		return &exitError{code: 1, err: fmt.Errorf("pending deletes: %s", rep.PendingError)}
-	}
-	return nil
 }
 
 // missingStatusBranch explains a repository without the status branch. A
