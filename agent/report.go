@@ -142,34 +142,40 @@ func (e *Engine) reportLocked() (st *status.Status, snap *snapshots.Snapshot, fe
 			}
 			st.Vanished = append(st.Vanished, v)
 		default:
-			row := status.VM{
-				Name:      name,
-				Phase:     rec.Phase,
-				Power:     rec.Power,
-				IP:        rec.IP,
-				SSH:       rec.SSH,
-				NICs:      rec.NICs,
-				LastError: rec.LastError,
-				Message:   rec.Message,
-				SpecHash:  rec.SpecHash,
-				Backup:    e.backupRow(name, want.Spec.Backup),
-			}
-			if row.Power == "" {
-				row.Power = string(desired.PowerStopped)
-			}
-			if row.Power != string(desired.PowerRunning) {
-				// A VM that is not running answers on no address: the
-				// record keeps them for the next boot, the report does
-				// not show them.
-				row.IP, row.SSH, row.NICs = "", "", nil
-			}
-			st.VMs = append(st.VMs, row)
+			st.VMs = append(st.VMs, e.vmRow(name, rec, want))
 		}
 	}
 	e.networksLocked(st)
 	sort.Slice(st.Vanished, func(i, j int) bool { return st.Vanished[i].Name < st.Vanished[j].Name })
 	sort.Slice(st.Quarantined, func(i, j int) bool { return st.Quarantined[i].Name < st.Quarantined[j].Name })
 	return st, e.snap, e.fenced
+}
+
+// vmRow is the status row of a VM this host has a record of and the
+// snapshot wants: its record's phase, power, addresses and errors, and
+// its backup state.
+func (e *Engine) vmRow(name string, rec *Record, want *snapshots.SnapshotVM) status.VM {
+	row := status.VM{
+		Name:      name,
+		Phase:     rec.Phase,
+		Power:     rec.Power,
+		IP:        rec.IP,
+		SSH:       rec.SSH,
+		NICs:      rec.NICs,
+		LastError: rec.LastError,
+		Message:   rec.Message,
+		SpecHash:  rec.SpecHash,
+		Backup:    e.backupRow(name, want.Spec.Backup),
+	}
+	if row.Power == "" {
+		row.Power = string(desired.PowerStopped)
+	}
+	if row.Power != string(desired.PowerRunning) {
+		// A VM that is not running answers on no address: the record
+		// keeps them for the next boot, the report does not show them.
+		row.IP, row.SSH, row.NICs = "", "", nil
+	}
+	return row
 }
 
 // vanishedRow reports a VM the snapshot dropped without a tombstone. A
