@@ -116,6 +116,10 @@ func TestAdoptLibvirtGuest(t *testing.T) {
 	spec := plan.Spec
 	spec.Kernel = guestSpec(t, srv).Kernel
 	spec.Network = "" // the test host has no network "default": user-mode networking
+	if spec.CPUModel != "host" {
+		t.Fatalf("host-passthrough mapped to cpuModel %q, want host", spec.CPUModel)
+	}
+	spec.CPUModel = "" // host needs KVM; this machine runs TCG, as the import's report says
 	m := agent.Machine{Name: plan.Name, Dir: store.VMDir(plan.Name), Spec: spec, InstanceID: "i-adopt-1",
 		Volumes: []string{store.VolumePath("web-01-vdb")}}
 	if err := os.MkdirAll(m.Dir, 0o700); err != nil {
