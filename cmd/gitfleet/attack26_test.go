@@ -1,10 +1,6 @@
 package main
 
 import (
-	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -12,32 +8,13 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/sirupsen/logrus"
-
-	"github.com/gitfleet/gitfleet/cmd/gitfleet/internal/config"
-	"github.com/gitfleet/gitfleet/fleet"
 )
 
 // Slow clients from several addresses, each within the per-client cap,
 // against both listeners: /healthz stays answerable whatever the webhook
 // listener suffers, and one more client's signed webhook is served.
 func TestAttackSlowClientsFromManyAddresses(t *testing.T) {
-	dir := cliFleet(t)
-	ctl, err := fleet.New(fleet.Config{URL: dir, Path: "fleet"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ctl.Close()
-	c := config.DefaultController()
-	c.Listen, c.WebhookListen = "127.0.0.1:0", "127.0.0.1:0"
-	c.WebhookSecret = "s3cret"
-	srv, err := serveHTTP(ctl, &c, logrus.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(context.Background())
-	hooks, ops := srv.hooks.Addr().String(), srv.ops.Addr().String()
+	hooks, ops := serveTestListeners(t)
 
 	var slow []net.Conn
 	defer func() {
@@ -71,12 +48,7 @@ func TestAttackSlowClientsFromManyAddresses(t *testing.T) {
 	client := &http.Client{Timeout: 3 * time.Second}
 	_, healthErr := client.Get("http://" + ops + "/healthz")
 
-	other := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
-	mac := hmac.New(sha256.New, []byte("s3cret"))
-	mac.Write([]byte("{}"))
-	req, _ := http.NewRequest(http.MethodPost, "http://"+hooks+"/hooks/github", strings.NewReader("{}"))
-	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
-	resp, hookErr := other.Do(req)
+	resp, hookErr := signedWebhookFrom(t, "127.0.0.2", hooks, 3*time.Second)
 	if hookErr == nil {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusAccepted {

@@ -25,21 +25,7 @@ import (
 // once were all the slow ones'.) A webhook sent to --listen is told where
 // they are served.
 func TestSlowWebhookClientsDoNotStarveHealthz(t *testing.T) {
-	dir := cliFleet(t)
-	ctl, err := fleet.New(fleet.Config{URL: dir, Path: "fleet"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ctl.Close()
-	c := config.DefaultController()
-	c.Listen, c.WebhookListen = "127.0.0.1:0", "127.0.0.1:0"
-	c.WebhookSecret = "s3cret"
-	srv, err := serveHTTP(ctl, &c, logrus.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(context.Background())
-	hooks, ops := srv.hooks.Addr().String(), srv.ops.Addr().String()
+	hooks, ops := serveTestListeners(t)
 
 	var slow []net.Conn
 	defer func() {
@@ -70,15 +56,7 @@ func TestSlowWebhookClientsDoNotStarveHealthz(t *testing.T) {
 	}
 	// The webhook listener serves another client: the slow one holds
 	// only its share of connections.
-	other := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
-	mac := hmac.New(sha256.New, []byte("s3cret"))
-	mac.Write([]byte("{}"))
-	req, err := http.NewRequest(http.MethodPost, "http://"+hooks+"/hooks/github", strings.NewReader("{}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
-	resp, err := other.Do(req)
+	resp, err := signedWebhookFrom(t, "127.0.0.2", hooks, 10*time.Second)
 	if err != nil {
 		t.Fatalf("a signed webhook from another client while the slow one is connected: %v", err)
 	}
@@ -96,4 +74,41 @@ func TestSlowWebhookClientsDoNotStarveHealthz(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "--webhook-listen") {
 		t.Errorf("a webhook on --listen: %s %q", resp.Status, body)
 	}
+}
+
+// serveTestListeners serves a controller of a fresh CLI fleet on two
+// loopback listeners, webhooks (secret "s3cret") apart from /healthz and
+// /metrics, until the test ends, and returns their addresses.
+func serveTestListeners(t *testing.T) (hooks, ops string) {
+	t.Helper()
+	ctl, err := fleet.New(fleet.Config{URL: cliFleet(t), Path: "fleet"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctl.Close() })
+	c := config.DefaultController()
+	c.Listen, c.WebhookListen = "127.0.0.1:0", "127.0.0.1:0"
+	c.WebhookSecret = "s3cret"
+	srv, err := serveHTTP(ctl, &c, logrus.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	return srv.hooks.Addr().String(), srv.ops.Addr().String()
+}
+
+// signedWebhookFrom posts a GitHub push webhook signed with the test
+// listeners' secret to hooks, from the loopback address from, within
+// timeout.
+func signedWebhookFrom(t *testing.T, from, hooks string, timeout time.Duration) (*http.Response, error) {
+	t.Helper()
+	client := &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}).DialContext}}
+	mac := hmac.New(sha256.New, []byte("s3cret"))
+	mac.Write([]byte("{}"))
+	req, err := http.NewRequest(http.MethodPost, "http://"+hooks+"/hooks/github", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
+	return client.Do(req)
 }
