@@ -40,36 +40,8 @@ func TestSSHReadinessOnANetworkCountsOnlyTheVMsMAC(t *testing.T) {
 	run(t, "ip", "link", "set", "br0", "up")
 	lan := desired.Network{Bridge: "br0"}
 
-	// peer is a machine on the LAN with mac and addr, serving an SSH
-	// banner on port 22.
-	peer := func(suffix, mac, addr string) {
-		ns := netnstest.Name() + "-" + suffix
-		run(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-		run(t, "ip", "link", "add", "v"+suffix, "type", "veth", "peer", "name", "eth0", "netns", ns)
-		run(t, "ip", "link", "set", "v"+suffix, "master", "br0", "up")
-		run(t, "ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "address", mac, "up")
-		run(t, "ip", "netns", "exec", ns, "ip", "addr", "add", addr+"/24", "dev", "eth0")
-		script := filepath.Join(root, "banner-"+suffix)
-		os.WriteFile(script, []byte("#!/bin/sh\necho SSH-2.0-"+suffix+"\n"), 0o755)
-		cmd := exec.Command("ip", "netns", "exec", ns, "busybox", "nc", "-ll", "-p", "22", "-e", script)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	}
-	// vm records a VM on the LAN with mac and a static address, as Boot
-	// leaves it.
-	vm := func(name, mac, static string) *vmState {
-		st := p.state(name, "")
-		os.MkdirAll(st.dir, 0o700)
-		rec, _ := json.Marshal(netRecord{Network: "lan", Def: lan, Tap: hostnet.TapName(name), MAC: mac,
-			Static: &desired.StaticIP{Addresses: []string{static + "/24"}}})
-		if err := os.WriteFile(st.path(NetFile), rec, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
+	peer := func(suffix, mac, addr string) { bannerOnLAN(t, root, suffix, mac, addr, "") }
+	vm := func(name, mac, static string) *vmState { return recordOnLAN(t, p, lan, name, mac, static) }
 	peer("o", "52:54:00:00:70:01", "192.168.70.50") // another machine at web-01's address
 	peer("w", "52:54:00:00:70:02", "192.168.70.51") // db-01 itself
 
@@ -297,4 +269,44 @@ func networkedProvisioner(t *testing.T, root, runAs string) *Provisioner {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// bannerOnLAN puts a network namespace on bridge br0 (a veth named
+// v<suffix>) as a machine with mac at addr/24 serving an SSH banner
+// ("SSH-2.0-<suffix>") on port 22, until the test ends. With gateway set
+// it pings it once, so the host's neighbour table learns its MAC.
+func bannerOnLAN(t *testing.T, root, suffix, mac, addr, gateway string) {
+	t.Helper()
+	ns := netnstest.Name() + "-" + suffix
+	run(t, "ip", "netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	run(t, "ip", "link", "add", "v"+suffix, "type", "veth", "peer", "name", "eth0", "netns", ns)
+	run(t, "ip", "link", "set", "v"+suffix, "master", "br0", "up")
+	run(t, "ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "address", mac, "up")
+	run(t, "ip", "netns", "exec", ns, "ip", "addr", "add", addr+"/24", "dev", "eth0")
+	script := filepath.Join(root, "banner-"+suffix)
+	os.WriteFile(script, []byte("#!/bin/sh\necho SSH-2.0-"+suffix+"\n"), 0o755)
+	cmd := exec.Command("ip", "netns", "exec", ns, "busybox", "nc", "-ll", "-p", "22", "-e", script)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if gateway != "" {
+		exec.Command("ip", "netns", "exec", ns, "busybox", "ping", "-c", "1", "-W", "1", gateway).Run()
+	}
+}
+
+// recordOnLAN writes the network record Boot leaves for VM name on
+// network lan with mac and static address static/24, and returns its
+// state.
+func recordOnLAN(t *testing.T, p *Provisioner, lan desired.Network, name, mac, static string) *vmState {
+	t.Helper()
+	st := p.state(name, "")
+	os.MkdirAll(st.dir, 0o700)
+	rec, _ := json.Marshal(netRecord{Network: "lan", Def: lan, Tap: hostnet.TapName(name), MAC: mac,
+		Static: &desired.StaticIP{Addresses: []string{static + "/24"}}})
+	if err := os.WriteFile(st.path(NetFile), rec, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

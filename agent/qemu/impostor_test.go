@@ -2,8 +2,6 @@ package qemu
 
 import (
 	"context"
-	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -12,7 +10,6 @@ import (
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/agent/hostnet"
 	"github.com/gitfleet/gitfleet/desired"
 	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 )
@@ -37,33 +34,9 @@ func TestAnotherMachineTakingTheAddressIsNamed(t *testing.T) {
 	run(t, "ip", "link", "set", "br0", "up")
 	lan := desired.Network{Bridge: "br0"}
 	const addr, guestMAC, otherMAC = "192.168.71.50", "52:54:00:00:71:03", "52:54:00:00:71:01"
-	// machine puts a namespace on the LAN with mac at addr, serving an
-	// SSH banner on port 22.
-	machine := func(suffix, mac string) {
-		ns := netnstest.Name() + "-" + suffix
-		run(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-		run(t, "ip", "link", "add", "v"+suffix, "type", "veth", "peer", "name", "eth0", "netns", ns)
-		run(t, "ip", "link", "set", "v"+suffix, "master", "br0", "up")
-		run(t, "ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "address", mac, "up")
-		run(t, "ip", "netns", "exec", ns, "ip", "addr", "add", addr+"/24", "dev", "eth0")
-		script := filepath.Join(root, "banner-"+suffix)
-		os.WriteFile(script, []byte("#!/bin/sh\necho SSH-2.0-"+suffix+"\n"), 0o755)
-		cmd := exec.Command("ip", "netns", "exec", ns, "busybox", "nc", "-ll", "-p", "22", "-e", script)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		// It speaks first, so the host's neighbour table learns its MAC.
-		exec.Command("ip", "netns", "exec", ns, "busybox", "ping", "-c", "1", "-W", "1", "192.168.71.1").Run()
-	}
-	st := p.state("web-01", "")
-	os.MkdirAll(st.dir, 0o700)
-	rec, _ := json.Marshal(netRecord{Network: "lan", Def: lan, Tap: hostnet.TapName("web-01"), MAC: guestMAC,
-		Static: &desired.StaticIP{Addresses: []string{addr + "/24"}}})
-	if err := os.WriteFile(st.path(NetFile), rec, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	// machine is another host on the LAN with mac at the guest's address.
+	machine := func(suffix, mac string) { bannerOnLAN(t, root, suffix, mac, addr, "192.168.71.1") }
+	st := recordOnLAN(t, p, lan, "web-01", guestMAC, addr)
 	machine("g", guestMAC)
 
 	readyFile := filepath.Join(root, ReadyFile)
