@@ -276,22 +276,9 @@ echo flooding
 func TestHostileGuestFloodsItsChannels(t *testing.T) {
 	needQEMU(t)
 	t.Parallel()
-	srv := newArtifactServer(t)
-	spec := guestSpec(t, srv)
-	spec.CloudInit = &desired.CloudInit{UserData: floodScript}
-	vmRoot := t.TempDir()
-	p := newTestProvisioner(t, t.TempDir(), vmRoot, srv)
-	name := "flood"
-	m := agent.Machine{Name: name, Dir: filepath.Join(vmRoot, name), Spec: spec, InstanceID: "i-flood"}
-	os.MkdirAll(m.Dir, 0o700)
-	t.Cleanup(func() { p.Destroy(context.Background(), name) })
+	p, m, _ := bootScripted(t, "flood", floodScript)
+	name := m.Name
 	ctx := context.Background()
-	if err := p.PrepareRootDisk(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Boot(ctx, m); err != nil {
-		t.Fatal(err)
-	}
 	s := waitSerial(t, m.Dir, "probe flooding")
 	if !strings.Contains(s, "probe qga port /dev/vport") {
 		t.Fatalf("the guest found no guest agent port:\n%s", strings.Join(guestLines(s), "\n"))
@@ -404,4 +391,27 @@ func BenchmarkQGACallOfAFloodingGuest(b *testing.B) {
 			b.Fatalf("guest-ping: %v", err)
 		}
 	}
+}
+
+// bootScripted boots the tiny guest as VM name with userData as its
+// cloud-init script, on its own provisioner (its VMs under
+// filepath.Dir(m.Dir)), destroyed when the test ends, and returns the
+// artifact server it fetched the guest from.
+func bootScripted(t *testing.T, name, userData string) (*Provisioner, agent.Machine, *artifactServer) {
+	t.Helper()
+	srv := newArtifactServer(t)
+	spec := guestSpec(t, srv)
+	spec.CloudInit = &desired.CloudInit{UserData: userData}
+	vmRoot := t.TempDir()
+	p := newTestProvisioner(t, t.TempDir(), vmRoot, srv)
+	m := agent.Machine{Name: name, Dir: filepath.Join(vmRoot, name), Spec: spec, InstanceID: "i-" + name}
+	os.MkdirAll(m.Dir, 0o700)
+	t.Cleanup(func() { p.Destroy(context.Background(), name) })
+	if err := p.PrepareRootDisk(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Boot(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	return p, m, srv
 }

@@ -1,15 +1,10 @@
 package qemu
 
 import (
-	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/gitfleet/gitfleet/agent"
-	"github.com/gitfleet/gitfleet/desired"
 )
 
 // rebootSilentScript makes the tiny guest, once up, mark its root disk
@@ -32,22 +27,8 @@ reboot -f
 func TestGuestRebootEndsReadiness(t *testing.T) {
 	needQEMU(t)
 	t.Parallel()
-	srv := newArtifactServer(t)
-	spec := guestSpec(t, srv)
-	spec.CloudInit = &desired.CloudInit{UserData: rebootSilentScript}
-	vmRoot := t.TempDir()
-	p := newTestProvisioner(t, t.TempDir(), vmRoot, srv)
-	name := "reboots"
-	m := agent.Machine{Name: name, Dir: filepath.Join(vmRoot, name), Spec: spec, InstanceID: "i-reboots"}
-	os.MkdirAll(m.Dir, 0o700)
-	t.Cleanup(func() { p.Destroy(context.Background(), name) })
-	ctx := context.Background()
-	if err := p.PrepareRootDisk(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Boot(ctx, m); err != nil {
-		t.Fatal(err)
-	}
+	p, m, srv := bootScripted(t, "reboots", rebootSilentScript)
+	name := m.Name
 	first := waitReady(t, p, name)
 	pid := p.machines[name].pid()
 	s := waitSerial(t, m.Dir, "tinyguest: silent boot")
@@ -73,7 +54,7 @@ func TestGuestRebootEndsReadiness(t *testing.T) {
 	}
 	// A new provisioner (an agent restarted) watching the same process
 	// does not read it ready either.
-	q := newTestProvisioner(t, t.TempDir(), vmRoot, srv)
+	q := newTestProvisioner(t, t.TempDir(), filepath.Dir(m.Dir), srv)
 	time.Sleep(time.Second)
 	if r := q.Readiness(name); r.Ready {
 		t.Errorf("a restarted agent reads the rebooted guest ready: %+v", r)
