@@ -86,32 +86,43 @@ var BusyboxPath = "/bin/busybox"
 // processes, serialize on a lock file there. It fails when busybox is
 // missing or not static, or when no kernel can be found or downloaded.
 func Build(ctx context.Context, cacheDir string) (*Guest, error) {
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
-		return nil, fmt.Errorf("tiny guest cache %s: %w", cacheDir, err)
-	}
-	unlock, err := lockDir(cacheDir)
+	unlock, err := openCache(cacheDir)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-
 	root, release, err := findKernel(ctx, cacheDir)
 	if err != nil {
 		return nil, err
 	}
-	g := &Guest{KernelRelease: release, Cmdline: Cmdline}
-	vmlinuz := filepath.Join(root, "boot", "vmlinuz-"+release)
-	g.Kernel, g.KernelSHA256, err = storeByContent(cacheDir, "vmlinuz-"+release, vmlinuz, nil)
-	if err != nil {
+	return assemble(cacheDir, root, release, BusyboxPath, Cmdline, "initrd")
+}
+
+// openCache makes cacheDir when it is missing and takes its lock; the
+// caller runs the returned unlock when done.
+func openCache(cacheDir string) (unlock func(), err error) {
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+		return nil, fmt.Errorf("tiny guest cache %s: %w", cacheDir, err)
+	}
+	return lockDir(cacheDir)
+}
+
+// assemble stores the kernel of release found under root and an
+// initramfs of busybox and that kernel's modules in cacheDir, by
+// content (the initramfs as initrdName), and returns the guest they
+// make with kernel command line cmdline.
+func assemble(cacheDir, root, release, busybox, cmdline, initrdName string) (*Guest, error) {
+	g := &Guest{KernelRelease: release, Cmdline: cmdline}
+	var err error
+	if g.Kernel, g.KernelSHA256, err = storeByContent(cacheDir, "vmlinuz-"+release, filepath.Join(root, "boot", "vmlinuz-"+release), nil); err != nil {
 		return nil, err
 	}
-	initrd, mods, err := buildInitrd(BusyboxPath, filepath.Join(root, "lib", "modules", release))
+	initrd, mods, err := buildInitrd(busybox, filepath.Join(root, "lib", "modules", release))
 	if err != nil {
 		return nil, err
 	}
 	g.Modules = mods
-	g.Initrd, g.InitrdSHA256, err = storeByContent(cacheDir, "initrd", "", initrd)
-	if err != nil {
+	if g.Initrd, g.InitrdSHA256, err = storeByContent(cacheDir, initrdName, "", initrd); err != nil {
 		return nil, err
 	}
 	return g, nil
@@ -129,10 +140,7 @@ const CmdlineARM64 = "console=ttyAMA0 loglevel=4"
 // cacheDir/busybox-arm64 once. Its initramfs is the same /init, with the
 // arm64 kernel's modules.
 func BuildARM64(ctx context.Context, cacheDir string) (*Guest, error) {
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
-		return nil, fmt.Errorf("tiny guest cache %s: %w", cacheDir, err)
-	}
-	unlock, err := lockDir(cacheDir)
+	unlock, err := openCache(cacheDir)
 	if err != nil {
 		return nil, err
 	}
@@ -152,19 +160,7 @@ func BuildARM64(ctx context.Context, cacheDir string) (*Guest, error) {
 			return nil, err
 		}
 	}
-	g := &Guest{KernelRelease: release, Cmdline: CmdlineARM64}
-	if g.Kernel, g.KernelSHA256, err = storeByContent(cacheDir, "vmlinuz-"+release, filepath.Join(root, "boot", "vmlinuz-"+release), nil); err != nil {
-		return nil, err
-	}
-	initrd, mods, err := buildInitrd(busybox, filepath.Join(root, "lib", "modules", release))
-	if err != nil {
-		return nil, err
-	}
-	g.Modules = mods
-	if g.Initrd, g.InitrdSHA256, err = storeByContent(cacheDir, "initrd-arm64", "", initrd); err != nil {
-		return nil, err
-	}
-	return g, nil
+	return assemble(cacheDir, root, release, busybox, CmdlineARM64, "initrd-arm64")
 }
 
 // lockDir takes an exclusive flock on dir/.lock.
