@@ -788,7 +788,7 @@ func (p *vmPass) editFailed(step string, err error) {
 // model) changed.
 func needsRestart(old, spec desired.VMSpec) bool {
 	return old.VCPUs != spec.VCPUs || old.MemoryMB != spec.MemoryMB ||
-		!sameNICs(old, spec) || old.MAC != spec.MAC || !slices.Equal(old.Volumes, spec.Volumes) ||
+		!sameNICs(old, spec) || !slices.Equal(old.Volumes, spec.Volumes) ||
 		!reflect.DeepEqual(old.Kernel, spec.Kernel) ||
 		old.Firmware.Or(desired.FirmwareBIOS) != spec.Firmware.Or(desired.FirmwareBIOS) ||
 		old.SecureBoot != spec.SecureBoot || old.TPM != spec.TPM || old.Arch != spec.Arch ||
@@ -809,10 +809,11 @@ func firmwareChange(old, spec desired.VMSpec) error {
 
 // sameNICs reports whether a and b have the same NICs on the same
 // networks, MACs and models (static addresses aside: they are first-boot
-// only).
+// only). A VM on user-mode networking has no Interfaces, but a NIC all
+// the same, with spec.mac when set.
 func sameNICs(a, b desired.VMSpec) bool {
 	x, y := a.Interfaces(), b.Interfaces()
-	if len(x) != len(y) {
+	if len(x) != len(y) || a.MAC != b.MAC {
 		return false
 	}
 	for i := range x {
