@@ -20,14 +20,9 @@ const GuestIP = "10.0.2.15"
 // restarts and hosts, locally administered and unicast.
 func macFor(name string) string { return desired.NICMAC(name, 0, desired.NIC{}) }
 
-// macOf is the MAC of VM name's NIC: the spec's fixed mac, in lowercase,
-// when it has one, else macFor(name).
-func macOf(name, specMAC string) string {
-	if specMAC != "" {
-		return strings.ToLower(specMAC)
-	}
-	return macFor(name)
-}
+// macOf is the MAC of VM name's first NIC: the spec's fixed mac when it
+// has one, else macFor(name) (desired.NICMAC either way).
+func macOf(name, specMAC string) string { return desired.NICMAC(name, 0, desired.NIC{MAC: specMAC}) }
 
 // freePort asks the kernel for a free TCP port on 127.0.0.1.
 func freePort() (int, error) {
