@@ -531,7 +531,7 @@ func (m *libvirtMapper) devices(d *libvirtxml.DomainDeviceList) {
 	each("redirdev", len(d.RedirDevs), Dropped, "no USB redirection")
 	each("hub", len(d.Hubs), Dropped, "no USB hub")
 	each("smartcard", len(d.Smartcards), Dropped, "no smartcard")
-	each("rng", len(d.RNGs), Dropped, "no virtio-rng: the guest seeds its entropy itself")
+	each("rng", len(d.RNGs), Mapped, "gitfleet gives every VM a virtio-rng device")
 	each("watchdog", len(d.Watchdogs), Dropped, "no watchdog device")
 	each("panic", len(d.Panics), Dropped, "no panic device")
 	each("parallel", len(d.Parallels), Dropped, "no parallel port")

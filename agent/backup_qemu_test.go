@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,27 +25,6 @@ import (
 	"github.com/gitfleet/gitfleet/testsupport/netnstest"
 	"github.com/gitfleet/gitfleet/testsupport/resticserver"
 )
-
-// knownDataScript is the tiny guest's user-data: at its first boot it
-// writes the marker to 4 KiB at 1 MiB of its root disk and of its volume
-// "db-01-data", synced; at a boot that finds the marker on the root disk
-// it says so. Every boot it prints the sha256 of the first 4 MiB of both
-// disks, read inside the guest.
-const knownDataScript = `#!/bin/sh
-for d in /sys/block/vd*; do
-  case "$(cat $d/serial)" in gitfleet-root) root=/dev/${d##*/};; db-01-data) vol=/dev/${d##*/};; esac
-done
-if dd if=$root bs=4096 skip=256 count=1 2>/dev/null | grep -q MARKER; then
-  echo "found MARKER"
-else
-  printf 'MARKER\n' > /tmp/m
-  dd if=/tmp/m of=$root bs=4096 seek=256 conv=notrunc,sync,fsync 2>/dev/null
-  dd if=/tmp/m of=$vol bs=4096 seek=256 conv=notrunc,sync,fsync 2>/dev/null
-  echo "wrote MARKER"
-fi
-echo "hash root $(dd if=$root bs=1M count=4 2>/dev/null | sha256sum | cut -d' ' -f1)"
-echo "hash vol $(dd if=$vol bs=1M count=4 2>/dev/null | sha256sum | cut -d' ' -f1)"
-`
 
 // backupHost is one agent host of the backup tests: a store, the QEMU
 // backend and the engine over them, on the test's clock.
@@ -190,7 +168,7 @@ func backupAndRestore(t *testing.T, repo backupRepo) {
 		return desired.VMSpec{Host: host, VCPUs: 1, MemoryMB: 128, DiskGB: 1, Power: desired.PowerRunning, Image: &image,
 			Kernel:    &desired.Kernel{URL: kernel.URL, SHA256: kernel.SHA256, Initrd: &initrd, Cmdline: g.Cmdline},
 			Volumes:   []string{"db-01-data"},
-			CloudInit: &desired.CloudInit{UserData: strings.ReplaceAll(knownDataScript, "MARKER", marker)}}
+			CloudInit: &desired.CloudInit{UserData: tinyguest.KnownDataScript(marker)}}
 	}
 	repos := []snapshots.SnapshotBackupRepository{{Name: "store", URL: repo.url, Maintenance: true}}
 	secrets := map[string]agent.BackupSecrets{"store": repo.secrets}

@@ -15,36 +15,16 @@ import (
 
 	"github.com/gitfleet/gitfleet/agent/backup"
 	"github.com/gitfleet/gitfleet/agent/qemu"
+	"github.com/gitfleet/gitfleet/internal/tinyguest"
 	"github.com/gitfleet/gitfleet/status"
 	"github.com/gitfleet/gitfleet/testsupport/e2etest"
 )
-
-// knownData is the guest's user-data: at the first boot it writes a
-// marker at 1 MiB of its root disk and of its volume (the disk whose
-// serial starts with "db-01-data"), synced; a boot that finds the marker
-// says so. Every boot prints the sha256 of both disks' first 4 MiB, read
-// inside the guest.
-const knownData = `#!/bin/sh
-for d in /sys/block/vd*; do
-  case "$(cat $d/serial)" in gitfleet-root) root=/dev/${d##*/};; db-01-data*) vol=/dev/${d##*/};; esac
-done
-if dd if=$root bs=4096 skip=256 count=1 2>/dev/null | grep -q MARKER; then
-  echo "found MARKER"
-else
-  printf 'MARKER\n' > /tmp/m
-  dd if=/tmp/m of=$root bs=4096 seek=256 conv=notrunc,sync,fsync 2>/dev/null
-  dd if=/tmp/m of=$vol bs=4096 seek=256 conv=notrunc,sync,fsync 2>/dev/null
-  echo "wrote MARKER"
-fi
-echo "hash root $(dd if=$root bs=1M count=4 2>/dev/null | sha256sum | cut -d' ' -f1)"
-echo "hash vol $(dd if=$vol bs=1M count=4 2>/dev/null | sha256sum | cut -d' ' -f1)"
-`
 
 // backedUpVM is db-01's file on hostName with a volume and extra spec
 // lines (its backup policy, or where it is restored from).
 func (a *artifacts) backedUpVM(hostName, volume, marker, extra string) string {
 	var ud strings.Builder
-	for _, l := range strings.Split(strings.TrimSuffix(strings.ReplaceAll(knownData, "MARKER", marker), "\n"), "\n") {
+	for _, l := range strings.Split(strings.TrimSuffix(tinyguest.KnownDataScript(marker), "\n"), "\n") {
 		ud.WriteString("      " + l + "\n")
 	}
 	return fmt.Sprintf(`apiVersion: gitfleet.dev/v1alpha1
