@@ -131,7 +131,7 @@ func (e *Engine) loadBackupStatesLocked() {
 	b.loaded = true
 	entries, _ := os.ReadDir(filepath.Join(e.store.Root(), backupStateDirName))
 	for _, ent := range entries {
-		name, ok := cutSuffix(ent.Name(), ".json")
+		name, ok := strings.CutSuffix(ent.Name(), ".json")
 		if !ok || !validName(name) {
 			continue
 		}
@@ -146,13 +146,6 @@ func (e *Engine) loadBackupStatesLocked() {
 		}
 		b.state[name] = &st
 	}
-}
-
-func cutSuffix(s, suffix string) (string, bool) {
-	if len(s) <= len(suffix) || s[len(s)-len(suffix):] != suffix {
-		return "", false
-	}
-	return s[:len(s)-len(suffix)], true
 }
 
 // saveBackupState writes st for vm (atomically) and publishes it.
