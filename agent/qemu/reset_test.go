@@ -9,11 +9,16 @@ import (
 
 // rebootSilentScript makes the tiny guest, once up, mark its root disk
 // and reboot itself (the same QEMU process): the next boot prints no
-// readiness marker and runs neither sshd nor a guest agent.
+// readiness marker and runs neither sshd nor a guest agent. It waits
+// 20 s first: a reset that comes before the agent saw the first boot
+// answer rightly discards that boot's readiness, and the first boot
+// would then never count as ready (on a loaded machine the probe can
+// lag the guest by seconds).
 const rebootSilentScript = `#!/bin/sh
 for d in /sys/block/vd*; do
 	[ "$(cat "$d/serial")" = gitfleet-root ] && root=/dev/${d##*/}
 done
+sleep 20
 printf tinyguest-silent > "$root" && sync
 echo rebooting
 reboot -f
